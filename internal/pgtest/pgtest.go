@@ -1,0 +1,99 @@
+// Package pgtest gives each test an isolated Postgres schema with the
+// migrations it needs applied, and drops the schema when the test ends.
+//
+// The server is taken from MILLWRIGHT_TEST_DATABASE_URL, defaulting to the
+// local server (postgres://postgres@127.0.0.1:5432/test?sslmode=disable).
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+
+	_ "github.com/lib/pq" // registers the "postgres" driver
+
+	"github.com/millwright/millwright/migrate"
+)
+
+// EnvDatabaseURL names the environment variable holding the test server's URL.
+const EnvDatabaseURL = "MILLWRIGHT_TEST_DATABASE_URL"
+
+// DefaultURL is the local server every development and CI machine has.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// BaseURL returns the URL of the test server.
+func BaseURL() string {
+	if u := os.Getenv(EnvDatabaseURL); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// Schema is an isolated schema created for one test.
+type Schema struct {
+	// Name of the schema, e.g. "t_3f9a0c1d2e".
+	Name string
+	// URL reaches the server with search_path set to the schema, for code
+	// that opens its own connections (watermill-sql, separate processes).
+	URL string
+	// DB is a pool on URL, closed at test cleanup.
+	DB *sql.DB
+}
+
+// New creates a fresh schema, applies the given migrations to it and
+// registers cleanup that closes the pool and drops the schema.
+func New(tb testing.TB, sources ...migrate.Source) *Schema {
+	tb.Helper()
+	ctx := context.Background()
+
+	admin, err := sql.Open("postgres", BaseURL())
+	if err != nil {
+		tb.Fatalf("pgtest: open %s: %v", EnvDatabaseURL, err)
+	}
+	admin.SetMaxOpenConns(2)
+
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	name := "t_" + hex.EncodeToString(b[:])
+	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA `+name); err != nil {
+		admin.Close()
+		tb.Fatalf("pgtest: create schema (is Postgres running? set %s): %v", EnvDatabaseURL, err)
+	}
+
+	u := WithSearchPath(BaseURL(), name)
+	db, err := sql.Open("postgres", u)
+	if err != nil {
+		tb.Fatalf("pgtest: open schema pool: %v", err)
+	}
+	db.SetMaxOpenConns(20)
+	tb.Cleanup(func() {
+		db.Close()
+		_, _ = admin.ExecContext(context.Background(), `DROP SCHEMA `+name+` CASCADE`)
+		admin.Close()
+	})
+	if len(sources) > 0 {
+		if _, err := migrate.Up(ctx, db, sources...); err != nil {
+			tb.Fatalf("pgtest: migrate: %v", err)
+		}
+	}
+	return &Schema{Name: name, URL: u, DB: db}
+}
+
+// WithSearchPath returns rawURL with its search_path set to schema.
+// lib/pq passes unknown URL parameters to the server as run-time settings.
+func WithSearchPath(rawURL, schema string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil || !strings.HasPrefix(u.Scheme, "postgres") {
+		// key=value DSN
+		return rawURL + " search_path=" + schema
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}

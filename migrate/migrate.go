@@ -1,0 +1,171 @@
+// Package migrate applies the versioned SQL migrations that each millwright
+// component embeds (outbox, idempotency, dlq, saga, ...).
+//
+// A component ships its migrations as files named NNN_description.sql in an
+// embedded file system. Up applies, per component, every version not yet
+// recorded in the millwright_migrations table, each in its own transaction,
+// while holding a Postgres advisory lock so that several processes starting
+// at once apply each migration exactly once. Tables are created unqualified,
+// so they land in the first schema of the connection's search_path; tests use
+// that to get an isolated schema each.
+package migrate
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+)
+
+// Source is one component's migrations.
+type Source struct {
+	// Component names the component ("outbox"); it scopes the version numbers.
+	Component string
+	// FS holds files named NNN_description.sql at its root.
+	FS fs.FS
+}
+
+// Migration is one parsed migration file.
+type Migration struct {
+	Component string
+	Version   int
+	Name      string
+	SQL       string
+}
+
+// Applied reports a migration that Up applied.
+type Applied struct {
+	Component string
+	Version   int
+	Name      string
+}
+
+// lockKey is the advisory lock key taken while migrating ("millwrig" in ASCII).
+const lockKey int64 = 0x6d696c6c77726967
+
+var fileRe = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.sql$`)
+
+// Load parses the migrations of one source, sorted by version.
+func Load(src Source) ([]Migration, error) {
+	if src.Component == "" {
+		return nil, errors.New("migrate: source has an empty Component name")
+	}
+	entries, err := fs.ReadDir(src.FS, ".")
+	if err != nil {
+		return nil, fmt.Errorf("migrate: reading migrations of %s: %w", src.Component, err)
+	}
+	var out []Migration
+	seen := map[int]string{}
+	for _, e := range entries {
+		if e.IsDir() || path.Ext(e.Name()) != ".sql" {
+			continue
+		}
+		m := fileRe.FindStringSubmatch(e.Name())
+		if m == nil {
+			return nil, fmt.Errorf("migrate: %s: file %q is not named NNN_description.sql", src.Component, e.Name())
+		}
+		v, _ := strconv.Atoi(m[1])
+		if prev, dup := seen[v]; dup {
+			return nil, fmt.Errorf("migrate: %s: version %d used by both %q and %q", src.Component, v, prev, e.Name())
+		}
+		seen[v] = e.Name()
+		body, err := fs.ReadFile(src.FS, e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("migrate: reading %s/%s: %w", src.Component, e.Name(), err)
+		}
+		out = append(out, Migration{Component: src.Component, Version: v, Name: m[2], SQL: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// Up applies every pending migration of the given sources, in order.
+func Up(ctx context.Context, db *sql.DB, sources ...Source) ([]Applied, error) {
+	var all []Migration
+	for _, src := range sources {
+		ms, err := Load(src)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, ms...)
+	}
+
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: connecting: %w", err)
+	}
+	defer conn.Close()
+
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, lockKey); err != nil {
+		return nil, fmt.Errorf("migrate: taking advisory lock: %w", err)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, lockKey) //nolint:errcheck // released with the session anyway
+
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS millwright_migrations (
+		component  TEXT        NOT NULL,
+		version    INT         NOT NULL,
+		name       TEXT        NOT NULL,
+		applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+		PRIMARY KEY (component, version)
+	)`); err != nil {
+		return nil, fmt.Errorf("migrate: creating millwright_migrations: %w", err)
+	}
+
+	done := map[string]map[int]bool{}
+	rows, err := conn.QueryContext(ctx, `SELECT component, version FROM millwright_migrations`)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: reading millwright_migrations: %w", err)
+	}
+	for rows.Next() {
+		var c string
+		var v int
+		if err := rows.Scan(&c, &v); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("migrate: reading millwright_migrations: %w", err)
+		}
+		if done[c] == nil {
+			done[c] = map[int]bool{}
+		}
+		done[c][v] = true
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+
+	var applied []Applied
+	for _, m := range all {
+		if done[m.Component][m.Version] {
+			continue
+		}
+		if err := apply(ctx, conn, m); err != nil {
+			return applied, err
+		}
+		applied = append(applied, Applied{Component: m.Component, Version: m.Version, Name: m.Name})
+	}
+	return applied, nil
+}
+
+func apply(ctx context.Context, conn *sql.Conn, m Migration) error {
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("migrate: %s %03d_%s: begin: %w", m.Component, m.Version, m.Name, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+	if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+		return fmt.Errorf("migrate: %s %03d_%s: %w", m.Component, m.Version, m.Name, err)
+	}
+	if _, err := tx.ExecContext(ctx,
+		`INSERT INTO millwright_migrations (component, version, name) VALUES ($1, $2, $3)`,
+		m.Component, m.Version, m.Name); err != nil {
+		return fmt.Errorf("migrate: recording %s %03d_%s: %w", m.Component, m.Version, m.Name, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("migrate: %s %03d_%s: commit: %w", m.Component, m.Version, m.Name, err)
+	}
+	return nil
+}
