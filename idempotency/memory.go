@@ -1,0 +1,131 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// MemoryStore keeps marks in process memory, for unit tests of handlers and
+// for single-process tools. It behaves like the Postgres store: marks of a
+// unit of work are invisible until Commit, and a Mark that meets another
+// unit's uncommitted mark waits for that unit to finish. Marks are never
+// expired; the store is not for production consumers.
+type MemoryStore struct {
+	mu    sync.Mutex
+	marks map[memKey]*memMark
+}
+
+type memKey struct{ consumer, eventID string }
+
+type memMark struct {
+	owner       *memTx // nil once committed
+	processedAt time.Time
+	settled     chan struct{} // closed when owner commits or rolls back
+}
+
+// NewMemoryStore returns an empty in-memory store.
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{marks: map[memKey]*memMark{}}
+}
+
+// Begin starts a unit of work.
+func (s *MemoryStore) Begin(ctx context.Context) (Tx, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return &memTx{store: s}, nil
+}
+
+// Processed reports whether a committed mark exists.
+func (s *MemoryStore) Processed(ctx context.Context, consumer, eventID string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.marks[memKey{consumer, eventID}]
+	return ok && m.owner == nil, nil
+}
+
+// Len returns the number of committed marks.
+func (s *MemoryStore) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, m := range s.marks {
+		if m.owner == nil {
+			n++
+		}
+	}
+	return n
+}
+
+var errMemTxDone = errors.New("idempotency: memory store unit of work already committed or rolled back")
+
+type memTx struct {
+	store *MemoryStore
+	keys  []memKey
+	done  bool
+}
+
+func (t *memTx) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
+	k := memKey{consumer, eventID}
+	s := t.store
+	for {
+		s.mu.Lock()
+		if t.done {
+			s.mu.Unlock()
+			return false, errMemTxDone
+		}
+		m, ok := s.marks[k]
+		switch {
+		case !ok:
+			s.marks[k] = &memMark{owner: t, processedAt: time.Now(), settled: make(chan struct{})}
+			t.keys = append(t.keys, k)
+			s.mu.Unlock()
+			return true, nil
+		case m.owner == nil || m.owner == t:
+			s.mu.Unlock()
+			return false, nil
+		}
+		settled := m.settled
+		s.mu.Unlock()
+		select {
+		case <-settled:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+}
+
+func (t *memTx) Commit() error {
+	return t.finish(true)
+}
+
+func (t *memTx) Rollback() error {
+	_ = t.finish(false)
+	return nil
+}
+
+func (t *memTx) finish(commit bool) error {
+	s := t.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.done {
+		return errMemTxDone
+	}
+	t.done = true
+	for _, k := range t.keys {
+		m := s.marks[k]
+		if commit {
+			m.owner = nil
+		} else {
+			delete(s.marks, k)
+		}
+		close(m.settled)
+	}
+	t.keys = nil
+	return nil
+}

@@ -1,0 +1,282 @@
+package idempotency
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millwright/millwright/metadata"
+)
+
+// Mode chooses when the processed mark is written.
+type Mode int
+
+const (
+	// Transactional writes the mark first, in a transaction that the handler
+	// shares (TxFromContext), and commits both after the handler succeeds.
+	// Effects written through that transaction happen exactly once. The
+	// default.
+	Transactional Mode = iota
+	// MarkAfterSuccess checks for a mark, runs the handler with no
+	// transaction held, then writes the mark. For handlers whose effect is
+	// outside the database (an HTTP call). The effect is at least once: see
+	// the package documentation for the windows in which it repeats.
+	MarkAfterSuccess
+)
+
+// String returns the mode's name.
+func (m Mode) String() string {
+	switch m {
+	case Transactional:
+		return "transactional"
+	case MarkAfterSuccess:
+		return "mark-after-success"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// ErrNoEventID is returned (wrapped) by the middleware for a message that has
+// no event id: neither the metadata.EventID key nor Config.KeyFunc gave one.
+// Such a message cannot be deduplicated, so it is neither processed nor
+// acked; retrying it cannot help, so route it to the poison queue / DLQ
+// (errors.Is(err, ErrNoEventID)).
+var ErrNoEventID = errors.New("message has no event id")
+
+// KeyFunc derives an event id from a message that lacks the metadata.EventID
+// key. It returns "" (or an error) when the message has no usable id.
+type KeyFunc func(msg *message.Message) (string, error)
+
+// KeyFromUUID is a KeyFunc that uses Watermill's message UUID. It only
+// deduplicates redeliveries of one published message: a producer that
+// publishes the same event twice with fresh UUIDs defeats it.
+func KeyFromUUID(msg *message.Message) (string, error) { return msg.UUID, nil }
+
+// Metric names, each with a "consumer" label.
+const (
+	// MetricDuplicates counts messages skipped because the consumer had
+	// already processed their event.
+	MetricDuplicates = "millwright_idempotency_duplicates_total"
+	// MetricProcessed counts messages whose handler ran and whose mark was
+	// committed.
+	MetricProcessed = "millwright_idempotency_processed_total"
+	// MetricRepeatedEffects counts, in MarkAfterSuccess mode, handler runs
+	// that found the mark already written when they finished: two deliveries
+	// ran at once and the effect happened twice.
+	MetricRepeatedEffects = "millwright_idempotency_repeated_effects_total"
+)
+
+// Config configures a Middleware.
+type Config struct {
+	// Consumer names the consuming service or handler; marks are scoped by
+	// it, so two consumers of one event each process it once. Required.
+	// Keep it stable across deploys: renaming it reprocesses every event.
+	Consumer string
+	// Mode chooses when the mark is written. Default Transactional.
+	Mode Mode
+	// KeyFunc gives the event id of a message without the metadata.EventID
+	// key. Default nil: such a message fails with ErrNoEventID.
+	KeyFunc KeyFunc
+	// Registerer receives the middleware's counters. Default
+	// prometheus.DefaultRegisterer. Middlewares sharing a Registerer share
+	// the counters (told apart by the consumer label).
+	Registerer prometheus.Registerer
+	// Logger logs duplicates (debug) and repeated effects (error).
+	// Default watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+func (c *Config) setDefaults() {
+	if c.Registerer == nil {
+		c.Registerer = prometheus.DefaultRegisterer
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	if c.Consumer == "" {
+		return errors.New(`idempotency: Config.Consumer is empty: set it to the consuming service's stable name, e.g. "billing.order-created"`)
+	}
+	if c.Mode != Transactional && c.Mode != MarkAfterSuccess {
+		return fmt.Errorf("idempotency: invalid Config.Mode %d: want Transactional or MarkAfterSuccess", int(c.Mode))
+	}
+	return nil
+}
+
+// Middleware deduplicates messages by event id for one consumer. It is safe
+// for concurrent use, also by several routers.
+type Middleware struct {
+	store    Store
+	cfg      Config
+	dups     prometheus.Counter
+	done     prometheus.Counter
+	repeated prometheus.Counter
+}
+
+// NewMiddleware returns a middleware that records processed events in store.
+func NewMiddleware(store Store, cfg Config) (*Middleware, error) {
+	if store == nil {
+		return nil, errors.New("idempotency: NewMiddleware: store is nil; pass NewPostgresStore(db) or NewMemoryStore()")
+	}
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Middleware{store: store, cfg: cfg}
+	var err error
+	if m.dups, err = counter(cfg, MetricDuplicates, "Messages skipped because the consumer had already processed their event."); err != nil {
+		return nil, err
+	}
+	if m.done, err = counter(cfg, MetricProcessed, "Messages processed with their mark committed."); err != nil {
+		return nil, err
+	}
+	if m.repeated, err = counter(cfg, MetricRepeatedEffects, "MarkAfterSuccess handler runs whose event had been marked meanwhile: the effect happened twice."); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func counter(cfg Config, name, help string) (prometheus.Counter, error) {
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"consumer"})
+	if err := cfg.Registerer.Register(vec); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		existing, ok := vec, false
+		if errors.As(err, &are) {
+			existing, ok = are.ExistingCollector.(*prometheus.CounterVec)
+		}
+		if !ok {
+			return nil, fmt.Errorf("idempotency: registering metric %s: %w", name, err)
+		}
+		vec = existing
+	}
+	return vec.WithLabelValues(cfg.Consumer), nil
+}
+
+// EventID returns the id the middleware deduplicates msg by: the
+// metadata.EventID value, else Config.KeyFunc's. The error wraps
+// ErrNoEventID when there is none.
+func (m *Middleware) EventID(msg *message.Message) (string, error) {
+	if id := msg.Metadata.Get(metadata.EventID); id != "" {
+		return id, nil
+	}
+	if m.cfg.KeyFunc != nil {
+		id, err := m.cfg.KeyFunc(msg)
+		if err != nil {
+			return "", fmt.Errorf("idempotency: consumer %q: message %s: KeyFunc: %w (%w)", m.cfg.Consumer, msg.UUID, err, ErrNoEventID)
+		}
+		if id != "" {
+			return id, nil
+		}
+	}
+	return "", fmt.Errorf("idempotency: consumer %q: message %s: %w: set the %q metadata key when publishing (the outbox does) or configure Config.KeyFunc",
+		m.cfg.Consumer, msg.UUID, ErrNoEventID, metadata.EventID)
+}
+
+// Middleware wraps h so that each event is processed once by this consumer.
+func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	if m.cfg.Mode == MarkAfterSuccess {
+		return func(msg *message.Message) ([]*message.Message, error) { return m.markAfter(h, msg) }
+	}
+	return func(msg *message.Message) ([]*message.Message, error) { return m.transactional(h, msg) }
+}
+
+func (m *Middleware) transactional(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
+	id, err := m.EventID(msg)
+	if err != nil {
+		return nil, err
+	}
+	ctx := msg.Context()
+	tx, err := m.store.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: consumer %q event %q: %w", m.cfg.Consumer, id, err)
+	}
+	committed := false
+	defer func() {
+		// Also runs when the handler panics, so the connection and any
+		// row lock go back at once.
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+
+	fresh, err := tx.Mark(ctx, m.cfg.Consumer, id)
+	if err != nil {
+		return nil, err
+	}
+	if !fresh {
+		m.duplicate(msg, id)
+		return nil, nil
+	}
+
+	msg.SetContext(withTx(ctx, tx))
+	produced, err := func() ([]*message.Message, error) {
+		defer msg.SetContext(ctx) // Watermill #467: later middlewares and retries see the original context
+		return h(msg)
+	}()
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("idempotency: consumer %q event %q: handler succeeded but its transaction did not commit, the message will be redelivered: %w",
+			m.cfg.Consumer, id, err)
+	}
+	committed = true
+	m.done.Inc()
+	return produced, nil
+}
+
+func (m *Middleware) markAfter(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	id, err := m.EventID(msg)
+	if err != nil {
+		return nil, err
+	}
+	ctx := msg.Context()
+	seen, err := m.store.Processed(ctx, m.cfg.Consumer, id)
+	if err != nil {
+		return nil, err
+	}
+	if seen {
+		m.duplicate(msg, id)
+		return nil, nil
+	}
+	produced, err := h(msg)
+	if err != nil {
+		return nil, err
+	}
+
+	tx, err := m.store.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: consumer %q event %q: handler succeeded but the mark could not be written, the redelivery will run it again: %w",
+			m.cfg.Consumer, id, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	fresh, err := tx.Mark(ctx, m.cfg.Consumer, id)
+	if err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: consumer %q event %q: handler succeeded but the mark could not be written, the redelivery will run it again: %w",
+			m.cfg.Consumer, id, err)
+	}
+	if !fresh {
+		m.repeated.Inc()
+		m.cfg.Logger.Error("Event processed twice: another delivery finished first", nil, watermill.LogFields{
+			"consumer": m.cfg.Consumer, "event_id": id, "message_uuid": msg.UUID, "mode": m.cfg.Mode.String(),
+		})
+		return produced, nil
+	}
+	m.done.Inc()
+	return produced, nil
+}
+
+func (m *Middleware) duplicate(msg *message.Message, id string) {
+	m.dups.Inc()
+	m.cfg.Logger.Debug("Skipping duplicate event", watermill.LogFields{
+		"consumer": m.cfg.Consumer, "event_id": id, "message_uuid": msg.UUID,
+	})
+}
