@@ -1,0 +1,174 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/millwright/millwright/metadata"
+)
+
+// Executor runs statements in the caller's transaction. *sql.Tx, *sql.DB
+// and *sql.Conn satisfy it. Passing a *sql.DB writes the event in its own
+// transaction, which gives up the outbox's atomicity with business writes.
+type Executor interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// Event is one event to publish, written with Add.
+type Event struct {
+	// Topic the relay publishes the event to. Required.
+	Topic string
+	// AggregateType and AggregateID name the aggregate the event belongs to.
+	// Events of one aggregate are published in order, and the aggregate
+	// becomes the message's metadata.OrderingKey ("type/id", or just the id
+	// when AggregateType is empty). An empty AggregateID makes the event
+	// unordered: it is its own aggregate, keyed by its event id.
+	AggregateType string
+	AggregateID   string
+	// EventType is the CloudEvents type, e.g. "order.created.v1". Optional.
+	EventType string
+	// Payload is the message body. Valid JSON is stored in the JSONB payload
+	// column, queryable but normalised by Postgres (key order and whitespace
+	// may change, the value does not); anything else, or any payload when
+	// RawPayload is set, is stored byte for byte in payload_raw.
+	Payload []byte
+	// RawPayload keeps a JSON payload byte for byte (signed payloads).
+	RawPayload bool
+	// Metadata is copied to the published message. Keys set here win over
+	// the ones Add fills in, except metadata.EventID, which always equals ID.
+	Metadata map[string]string
+	// ID is the CloudEvents id (metadata.EventID) and the Watermill message
+	// UUID. Default: a random UUID.
+	ID string
+	// Source is the CloudEvents source (metadata.EventSource). Optional.
+	Source string
+}
+
+// ErrInvalidEvent is returned (wrapped) by Add and TxPublisher.Publish for an
+// event that cannot be stored; the message names the field to fix.
+var ErrInvalidEvent = errors.New("invalid outbox event")
+
+// maxRowsPerInsert keeps one INSERT under lib/pq's 65535 parameter limit.
+const maxRowsPerInsert = 1000
+
+// Add writes events to the outbox through exec, normally the caller's
+// transaction: they are published if and only if it commits. Several events
+// are written with one multi-row INSERT per 1,000 events.
+//
+// Add fills in the CloudEvents metadata (id, type, source, subject, time,
+// specversion, datacontenttype), the aggregate keys, and the W3C traceparent
+// of the OpenTelemetry span in ctx when Event.Metadata has none.
+func Add(ctx context.Context, exec Executor, events ...Event) error {
+	if exec == nil {
+		return fmt.Errorf("outbox: Add: nil Executor: pass the *sql.Tx of the business transaction")
+	}
+	for len(events) > 0 {
+		n := min(len(events), maxRowsPerInsert)
+		if err := insert(ctx, exec, events[:n]); err != nil {
+			return err
+		}
+		events = events[n:]
+	}
+	return nil
+}
+
+const insertColumns = 7
+
+func insert(ctx context.Context, exec Executor, events []Event) error {
+	var q strings.Builder
+	q.WriteString(`INSERT INTO millwright_outbox (event_id, topic, aggregate_type, aggregate_id, event_type, payload, payload_raw, metadata) VALUES `)
+	args := make([]any, 0, len(events)*(insertColumns+1))
+	now := time.Now().UTC()
+	for i, ev := range events {
+		row, err := prepare(ctx, ev, now)
+		if err != nil {
+			return fmt.Errorf("outbox: event %d (topic %q): %w", i, ev.Topic, err)
+		}
+		if i > 0 {
+			q.WriteByte(',')
+		}
+		b := len(args)
+		q.WriteString("($" + strconv.Itoa(b+1))
+		for j := 2; j <= 8; j++ {
+			q.WriteString(",$" + strconv.Itoa(b+j))
+		}
+		q.WriteByte(')')
+		args = append(args, row...)
+	}
+	if _, err := exec.ExecContext(ctx, q.String(), args...); err != nil {
+		return fmt.Errorf("outbox: inserting %d event(s) into millwright_outbox (did `millwright migrate` run?): %w", len(events), err)
+	}
+	return nil
+}
+
+// prepare validates ev and returns its row's arguments.
+func prepare(ctx context.Context, ev Event, now time.Time) ([]any, error) {
+	if ev.Topic == "" {
+		return nil, fmt.Errorf("%w: Topic is empty: set the topic the relay should publish to", ErrInvalidEvent)
+	}
+	if ev.ID == "" {
+		ev.ID = uuid.NewString()
+	}
+	aggID := ev.AggregateID
+	if aggID == "" {
+		aggID = ev.ID
+	}
+	md := make(map[string]string, len(ev.Metadata)+10)
+	md[metadata.EventSpecVersion] = "1.0"
+	md[metadata.EventTime] = now.Format(time.RFC3339Nano)
+	md[metadata.EventSubject] = aggID
+	md[metadata.AggregateID] = aggID
+	md[metadata.OrderingKey] = orderingKey(ev.AggregateType, aggID)
+	if ev.AggregateType != "" {
+		md[metadata.AggregateType] = ev.AggregateType
+	}
+	if ev.EventType != "" {
+		md[metadata.EventType] = ev.EventType
+	}
+	if ev.Source != "" {
+		md[metadata.EventSource] = ev.Source
+	}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		md[metadata.TraceParent] = fmt.Sprintf("00-%s-%s-%s", sc.TraceID(), sc.SpanID(), sc.TraceFlags())
+		if ts := sc.TraceState().String(); ts != "" {
+			md[metadata.TraceState] = ts
+		}
+	}
+	var payload, raw any
+	if !ev.RawPayload && json.Valid(ev.Payload) {
+		payload = string(ev.Payload)
+		md[metadata.EventDataContentType] = "application/json"
+	} else {
+		if ev.Payload == nil {
+			ev.Payload = []byte{}
+		}
+		raw = ev.Payload
+	}
+	for k, v := range ev.Metadata {
+		md[k] = v
+	}
+	md[metadata.EventID] = ev.ID
+	mdJSON, err := json.Marshal(md)
+	if err != nil {
+		return nil, fmt.Errorf("%w: metadata: %v", ErrInvalidEvent, err)
+	}
+	return []any{ev.ID, ev.Topic, ev.AggregateType, aggID, ev.EventType, payload, raw, string(mdJSON)}, nil
+}
+
+// orderingKey is the metadata.OrderingKey of an aggregate.
+func orderingKey(aggType, aggID string) string {
+	if aggType == "" {
+		return aggID
+	}
+	return aggType + "/" + aggID
+}

@@ -1,0 +1,59 @@
+-- The transactional outbox. Writers insert rows in their own transaction;
+-- relays claim, publish and mark them. See outbox/doc.go for the protocol.
+CREATE TABLE millwright_outbox (
+    -- id orders the events of one aggregate: relays publish the pending rows
+    -- of an aggregate in id order, one relay per aggregate at a time.
+    id              BIGSERIAL   PRIMARY KEY,
+    -- event_id is the CloudEvents id (metadata.EventID), the Watermill UUID.
+    event_id        TEXT        NOT NULL,
+    topic           TEXT        NOT NULL,
+    aggregate_type  TEXT        NOT NULL DEFAULT '',
+    aggregate_id    TEXT        NOT NULL,
+    event_type      TEXT        NOT NULL DEFAULT '',
+    -- Exactly one of payload (valid JSON) and payload_raw (any bytes) is set.
+    payload         JSONB,
+    payload_raw     BYTEA,
+    metadata        JSONB       NOT NULL DEFAULT '{}',
+    status          TEXT        NOT NULL DEFAULT 'pending',
+    created_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    published_at    TIMESTAMPTZ,
+    retry_count     INT         NOT NULL DEFAULT 0,
+    -- next_attempt_at is both the backoff after a failure and the lease of a
+    -- claiming relay: a row is claimable once it has passed.
+    next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    last_error      TEXT,
+    CONSTRAINT millwright_outbox_status_check CHECK (status IN ('pending', 'published', 'failed')),
+    CONSTRAINT millwright_outbox_payload_check CHECK ((payload IS NULL) <> (payload_raw IS NULL))
+);
+
+-- The relay's claim scans only pending rows, in id order: the index stays as
+-- small as the backlog however many published rows the table holds.
+CREATE INDEX millwright_outbox_pending_idx ON millwright_outbox (id)
+    WHERE status = 'pending';
+
+-- Finds the oldest pending row of an aggregate (the only claimable one) and
+-- its followers.
+CREATE INDEX millwright_outbox_pending_aggregate_idx
+    ON millwright_outbox (aggregate_type, aggregate_id, id)
+    WHERE status = 'pending';
+
+-- Keeps outbox_failed_count and `millwright outbox retry-failed` cheap.
+CREATE INDEX millwright_outbox_failed_idx ON millwright_outbox (id)
+    WHERE status = 'failed';
+
+-- Wakes listening relays when events commit. One notification per inserting
+-- statement; Postgres folds identical notifications of one transaction and
+-- delivers them at commit, so a rolled-back transaction wakes nobody. The
+-- channel carries the schema so relays of different schemas do not wake
+-- each other.
+CREATE FUNCTION millwright_outbox_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('millwright_outbox:' || TG_TABLE_SCHEMA, '');
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER millwright_outbox_notify
+    AFTER INSERT ON millwright_outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION millwright_outbox_notify();

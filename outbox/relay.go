@@ -1,0 +1,666 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/retry"
+)
+
+// Metadata keys the relay adds to the copy of an event it sends to
+// RelayConfig.DeadLetterTopic.
+const (
+	// MetadataDeadLetterError holds the last publish error of the event.
+	MetadataDeadLetterError = "outbox_last_error"
+	// MetadataDeadLetterTopic holds the topic the event was meant for.
+	MetadataDeadLetterTopic = "outbox_topic"
+)
+
+// batchPublisher has the method set of transport.BatchPublisher; the relay
+// uses it when the publisher has it. It is declared here so that the outbox
+// does not import every transport through package transport.
+type batchPublisher interface {
+	PublishBatch(topic string, msgs ...*message.Message) error
+}
+
+// RelayConfig configures a Relay. The zero value is valid.
+type RelayConfig struct {
+	// BatchSize is the most rows claimed, published and marked at a time.
+	// Default 500; valid 1..10000.
+	BatchSize int
+	// PollInterval is how often the relay looks for rows when no
+	// notification wakes it (and the wake-up for rows whose backoff ends).
+	// Default 1s; minimum 1ms.
+	PollInterval time.Duration
+	// ListenURL is a Postgres URL on which the relay LISTENs for the
+	// notifications the outbox's insert trigger sends at commit, so that
+	// events go out without waiting out PollInterval. It must reach the
+	// same database and search_path as the relay's *sql.DB. Default ""
+	// (polling only).
+	ListenURL string
+	// Lease is how long claimed rows stay reserved for this relay. A relay
+	// that dies mid-batch delays its rows by at most Lease; they are then
+	// claimed again and republished. It must exceed the slowest publish of
+	// a batch, or another relay republishes rows still in flight
+	// (duplicates, never losses). Default 30s; minimum 1ms.
+	Lease time.Duration
+	// Retry is the backoff between publish attempts of a failing row.
+	// Default: InitialInterval 500ms, MaxInterval 1m, MaxAttempts 20 (about
+	// 15 minutes of retrying, enough to ride out a broker restart), full
+	// jitter. MaxElapsedTime counts from the row's creation.
+	Retry retry.Policy
+	// DeadLetterTopic, when set, receives a copy of every event that
+	// exhausts its attempts, with MetadataDeadLetterError and
+	// MetadataDeadLetterTopic added. The row becomes failed either way and
+	// stays in the table for `millwright outbox retry-failed`. Default ""
+	// (rows are only marked failed).
+	DeadLetterTopic string
+	// PublishConcurrency is the number of aggregates published at once
+	// when the publisher has no PublishBatch. Default 8; valid 1..1024.
+	PublishConcurrency int
+	// Registerer, when set, receives the relay's metrics (see the Metric
+	// constants). Default nil: no metrics are registered.
+	Registerer prometheus.Registerer
+	// MetricsInterval is how often the backlog gauges are refreshed when
+	// Registerer is set. Default 15s; minimum 10ms.
+	MetricsInterval time.Duration
+	// CloseTimeout bounds how long Close waits for the batch in flight
+	// before cancelling it. Default 30s.
+	CloseTimeout time.Duration
+	// Logger. Default watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+func (c *RelayConfig) setDefaults() {
+	if c.BatchSize == 0 {
+		c.BatchSize = 500
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = time.Second
+	}
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.Retry.InitialInterval == 0 {
+		c.Retry.InitialInterval = 500 * time.Millisecond
+	}
+	if c.Retry.MaxInterval == 0 {
+		c.Retry.MaxInterval = time.Minute
+	}
+	if c.Retry.MaxAttempts == 0 {
+		c.Retry.MaxAttempts = 20
+	}
+	c.Retry = c.Retry.WithDefaults()
+	if c.PublishConcurrency == 0 {
+		c.PublishConcurrency = 8
+	}
+	if c.MetricsInterval == 0 {
+		c.MetricsInterval = 15 * time.Second
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Validate reports the first invalid field, naming it.
+func (c RelayConfig) Validate() error {
+	var errs []error
+	if c.BatchSize < 1 || c.BatchSize > 10000 {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.BatchSize %d: want 1..10000", c.BatchSize))
+	}
+	if c.PollInterval < time.Millisecond {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.PollInterval %s: want at least 1ms", c.PollInterval))
+	}
+	if c.Lease < time.Millisecond {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.Lease %s: want at least 1ms", c.Lease))
+	}
+	if c.PublishConcurrency < 1 || c.PublishConcurrency > 1024 {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.PublishConcurrency %d: want 1..1024", c.PublishConcurrency))
+	}
+	if c.MetricsInterval < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.MetricsInterval %s: want at least 10ms", c.MetricsInterval))
+	}
+	if c.CloseTimeout < 0 {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.CloseTimeout %s is negative", c.CloseTimeout))
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.Retry: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Relay publishes committed outbox rows through a Watermill publisher. Any
+// number of relays, in any number of processes, may run on one table.
+type Relay struct {
+	db    *sql.DB
+	pub   message.Publisher
+	batch batchPublisher
+	cfg   RelayConfig
+	m     *metrics
+
+	started   atomic.Bool
+	running   chan struct{}
+	closing   chan struct{}
+	closeOnce sync.Once
+	done      chan struct{}
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+
+	// afterPublish, when set (tests), runs after the broker calls of a batch
+	// and before the rows are marked.
+	afterPublish func(ctx context.Context, published []int64)
+}
+
+// NewRelay returns a relay reading the outbox through db and publishing with
+// pub. When pub also has PublishBatch (transport.BatchPublisher), each batch
+// goes out in one call per topic. The relay does not close pub.
+func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error) {
+	if db == nil {
+		return nil, errors.New("outbox: NewRelay: nil *sql.DB")
+	}
+	if pub == nil {
+		return nil, errors.New("outbox: NewRelay: nil publisher: pass the transport's message.Publisher")
+	}
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: registering relay metrics: %w", err)
+	}
+	r := &Relay{
+		db:      db,
+		pub:     pub,
+		cfg:     cfg,
+		m:       m,
+		running: make(chan struct{}),
+		closing: make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	if bp, ok := pub.(batchPublisher); ok {
+		r.batch = bp
+	}
+	return r, nil
+}
+
+// Running is closed once Run is listening and about to claim its first batch.
+func (r *Relay) Running() <-chan struct{} { return r.running }
+
+// Run publishes rows until ctx is cancelled or Close is called. Cancelling
+// ctx stops at once: rows of the batch in flight that were published but
+// not marked are republished by the next relay after Lease. Close lets that
+// batch finish. Run may be called once.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.started.CompareAndSwap(false, true) {
+		return errors.New("outbox: Relay.Run called twice: create one Relay per Run")
+	}
+	defer close(r.done)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r.mu.Lock()
+	r.cancel = cancel
+	r.mu.Unlock()
+
+	select {
+	case <-r.closing:
+		close(r.running)
+		return nil
+	default:
+	}
+
+	wake := make(chan struct{}, 1)
+	if r.cfg.ListenURL != "" {
+		stop, err := r.listen(ctx, wake)
+		if err != nil {
+			r.cfg.Logger.Error("outbox relay: LISTEN failed, polling only", err, watermill.LogFields{"poll_interval": r.cfg.PollInterval})
+		} else {
+			defer stop()
+		}
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if r.cfg.Registerer != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.refreshLoop(ctx)
+		}()
+	}
+	close(r.running)
+
+	var due time.Time // earliest end of a backoff this relay scheduled
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.closing:
+			return nil
+		default:
+		}
+		n, next, err := r.runOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			r.cfg.Logger.Error("outbox relay: batch failed, retrying after the poll interval", err, nil)
+		}
+		if !next.IsZero() && (due.IsZero() || next.Before(due)) {
+			due = next
+		}
+		if n > 0 && err == nil {
+			continue
+		}
+		wait := r.cfg.PollInterval
+		if !due.IsZero() {
+			if d := time.Until(due); d < wait {
+				wait = max(d, 0)
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-r.closing:
+			t.Stop()
+			return nil
+		case <-wake:
+		case <-t.C:
+		}
+		t.Stop()
+		if !due.IsZero() && !time.Now().Before(due) {
+			due = time.Time{}
+		}
+	}
+}
+
+// Close stops Run after the batch in flight, waiting at most CloseTimeout
+// before cancelling it. It is idempotent and safe to call before Run.
+func (r *Relay) Close() error {
+	r.closeOnce.Do(func() { close(r.closing) })
+	if !r.started.Load() {
+		return nil
+	}
+	t := time.NewTimer(r.cfg.CloseTimeout)
+	defer t.Stop()
+	select {
+	case <-r.done:
+	case <-t.C:
+		r.mu.Lock()
+		if r.cancel != nil {
+			r.cancel()
+		}
+		r.mu.Unlock()
+		<-r.done
+	}
+	return nil
+}
+
+// listen starts a LISTEN on the outbox's notification channel and forwards
+// notifications (and reconnections, after which some may have been missed)
+// to wake.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), err error) {
+	var schema string
+	if err := r.db.QueryRowContext(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'millwright_outbox'::regclass`).Scan(&schema); err != nil {
+		return nil, fmt.Errorf("finding the schema of millwright_outbox (did `millwright migrate` run?): %w", err)
+	}
+	l := pq.NewListener(r.cfg.ListenURL, 100*time.Millisecond, 10*time.Second, func(ev pq.ListenerEventType, err error) {
+		if err != nil {
+			r.cfg.Logger.Info("outbox relay: listener event", watermill.LogFields{"event": ev, "err": err.Error()})
+		}
+	})
+	if err := l.Listen(NotifyChannel(schema)); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("LISTEN %q: %w", NotifyChannel(schema), err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-l.NotificationChannel():
+				if !ok {
+					return
+				}
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return func() {
+		l.Close()
+		<-done
+	}, nil
+}
+
+// NotifyChannel is the LISTEN channel of the outbox table in schema.
+func NotifyChannel(schema string) string { return "millwright_outbox:" + schema }
+
+func (r *Relay) refreshLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.MetricsInterval)
+	defer t.Stop()
+	for {
+		if err := r.m.refreshGauges(ctx, r.db); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Error("outbox relay: refreshing backlog gauges", err, nil)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// row is one claimed outbox row.
+type row struct {
+	id         int64
+	topic      string
+	aggKey     string
+	retryCount int
+	createdAt  time.Time
+	msg        *message.Message
+}
+
+// claimSQL claims at most $1 rows, leasing them for $2 milliseconds, in one
+// autocommitted statement, so no transaction stays open while publishing.
+//
+// heads are the oldest pending row of each aggregate whose time has come,
+// locked with SKIP LOCKED so concurrent relays take disjoint aggregates. A
+// row is a head only if no older row of its aggregate is pending; a leased
+// or backing-off head therefore holds back its whole aggregate and nothing
+// else. Each head brings its aggregate's next pending rows (an equal share
+// of the batch): no other relay can claim them while their head is pending.
+const claimSQL = `WITH heads AS (
+	SELECT o.id, o.aggregate_type, o.aggregate_id
+	FROM millwright_outbox o
+	WHERE o.status = 'pending' AND o.next_attempt_at <= now()
+	  AND NOT EXISTS (
+		SELECT 1 FROM millwright_outbox p
+		WHERE p.status = 'pending' AND p.aggregate_type = o.aggregate_type
+		  AND p.aggregate_id = o.aggregate_id AND p.id < o.id)
+	ORDER BY o.id
+	LIMIT $1
+	FOR UPDATE OF o SKIP LOCKED
+), claimed AS (
+	SELECT f.id FROM heads h CROSS JOIN LATERAL (
+		SELECT p.id FROM millwright_outbox p
+		WHERE p.status = 'pending' AND p.aggregate_type = h.aggregate_type
+		  AND p.aggregate_id = h.aggregate_id AND p.id >= h.id
+		ORDER BY p.id
+		LIMIT GREATEST(1, $1 / (SELECT count(*) FROM heads))
+	) f
+)
+UPDATE millwright_outbox t
+SET next_attempt_at = now() + $2 * interval '1 millisecond'
+FROM claimed c
+WHERE t.id = c.id AND t.status = 'pending'
+RETURNING t.id, t.event_id, t.topic, t.aggregate_type, t.aggregate_id,
+	t.payload::text, t.payload_raw, t.metadata::text, t.retry_count, t.created_at`
+
+func (r *Relay) claim(ctx context.Context) ([]row, error) {
+	rows, err := r.db.QueryContext(ctx, claimSQL, r.cfg.BatchSize, r.cfg.Lease.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
+	}
+	defer rows.Close()
+	var out []row
+	for rows.Next() {
+		var (
+			rw              row
+			eventID, aggTyp string
+			aggID           string
+			payload         sql.NullString
+			raw             []byte
+			mdJSON          string
+		)
+		if err := rows.Scan(&rw.id, &eventID, &rw.topic, &aggTyp, &aggID, &payload, &raw, &mdJSON, &rw.retryCount, &rw.createdAt); err != nil {
+			return nil, fmt.Errorf("outbox relay: reading claimed row: %w", err)
+		}
+		body := raw
+		if payload.Valid {
+			body = []byte(payload.String)
+		}
+		msg := message.NewMessage(eventID, body)
+		if err := json.Unmarshal([]byte(mdJSON), &msg.Metadata); err != nil {
+			// Unreachable through Add; a hand-written row. Publish without
+			// metadata rather than drop the event.
+			r.cfg.Logger.Error("outbox relay: row metadata is not a string map", err, watermill.LogFields{"id": rw.id})
+			msg.Metadata = message.Metadata{}
+		}
+		if msg.Metadata == nil {
+			msg.Metadata = message.Metadata{}
+		}
+		msg.SetContext(ctx)
+		rw.aggKey = aggTyp + "\x00" + aggID
+		rw.msg = msg
+		out = append(out, rw)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out, nil
+}
+
+// errHeldBack marks a row not attempted (or whose publish does not count)
+// because an earlier row of its aggregate failed in the same batch.
+var errHeldBack = errors.New("held back behind a failed event of the same aggregate")
+
+// runOnce claims, publishes and marks one batch. It returns the number of
+// rows claimed and the earliest backoff it scheduled.
+func (r *Relay) runOnce(ctx context.Context) (int, time.Time, error) {
+	rows, err := r.claim(ctx)
+	if err != nil || len(rows) == 0 {
+		return 0, time.Time{}, err
+	}
+	results := r.publish(rows)
+	// Within an aggregate, nothing after a failure counts as published: it
+	// is released and republished after the failed row (at-least-once,
+	// never out of order for a consumer that drops duplicates).
+	blocked := map[string]bool{}
+	var published, held []int64
+	var failedIdx []int
+	for i, rw := range rows {
+		switch {
+		case blocked[rw.aggKey]:
+			held = append(held, rw.id)
+		case results[i] == nil:
+			published = append(published, rw.id)
+		default:
+			blocked[rw.aggKey] = true
+			failedIdx = append(failedIdx, i)
+		}
+	}
+	if r.afterPublish != nil {
+		r.afterPublish(ctx, published)
+	}
+	var errs []error
+	if len(published) > 0 {
+		if _, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id = ANY($1) AND status = 'pending'`, pq.Array(published)); err != nil {
+			errs = append(errs, fmt.Errorf("outbox relay: marking %d row(s) published (they will be republished after the lease): %w", len(published), err))
+		} else {
+			r.m.published.Add(float64(len(published)))
+		}
+	}
+	if len(held) > 0 {
+		if _, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox SET next_attempt_at = now() WHERE id = ANY($1) AND status = 'pending'`, pq.Array(held)); err != nil {
+			errs = append(errs, fmt.Errorf("outbox relay: releasing %d row(s): %w", len(held), err))
+		}
+	}
+	var next time.Time
+	if len(failedIdx) > 0 {
+		n, err := r.fail(ctx, rows, results, failedIdx)
+		next = n
+		errs = append(errs, err)
+	}
+	return len(rows), next, errors.Join(errs...)
+}
+
+// publish sends the rows and returns one error per row (nil: accepted).
+func (r *Relay) publish(rows []row) []error {
+	results := make([]error, len(rows))
+	if r.batch != nil {
+		byTopic := map[string][]int{}
+		var topics []string
+		for i, rw := range rows {
+			if _, ok := byTopic[rw.topic]; !ok {
+				topics = append(topics, rw.topic)
+			}
+			byTopic[rw.topic] = append(byTopic[rw.topic], i)
+		}
+		for _, topic := range topics {
+			idx := byTopic[topic]
+			msgs := make([]*message.Message, len(idx))
+			for j, i := range idx {
+				msgs[j] = rows[i].msg
+			}
+			start := time.Now()
+			err := r.batch.PublishBatch(topic, msgs...)
+			r.m.latency.Observe(time.Since(start).Seconds())
+			if err == nil {
+				continue
+			}
+			var be *batch.Error
+			if errors.As(err, &be) {
+				for j, e := range be.Failed {
+					if j >= 0 && j < len(idx) {
+						results[idx[j]] = e
+					}
+				}
+				continue
+			}
+			for _, i := range idx {
+				results[i] = err
+			}
+		}
+		return results
+	}
+
+	// One chain per aggregate, published in order by one of the workers.
+	var chains [][]int
+	pos := map[string]int{}
+	for i, rw := range rows {
+		c, ok := pos[rw.aggKey]
+		if !ok {
+			c = len(chains)
+			pos[rw.aggKey] = c
+			chains = append(chains, nil)
+		}
+		chains[c] = append(chains[c], i)
+	}
+	work := make(chan []int)
+	var wg sync.WaitGroup
+	for w := 0; w < min(r.cfg.PublishConcurrency, len(chains)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for chain := range work {
+				for k, i := range chain {
+					start := time.Now()
+					err := r.pub.Publish(rows[i].topic, rows[i].msg)
+					r.m.latency.Observe(time.Since(start).Seconds())
+					if err != nil {
+						results[i] = err
+						for _, j := range chain[k+1:] {
+							results[j] = errHeldBack
+						}
+						break
+					}
+				}
+			}
+		}()
+	}
+	for _, c := range chains {
+		work <- c
+	}
+	close(work)
+	wg.Wait()
+	return results
+}
+
+// fail records failed attempts: a backoff, or the failed state once the
+// retry policy is exhausted (with a copy to the dead-letter topic).
+func (r *Relay) fail(ctx context.Context, rows []row, results []error, idx []int) (time.Time, error) {
+	ids := make([]int64, len(idx))
+	delays := make([]int64, len(idx))
+	msgs := make([]string, len(idx))
+	final := make([]bool, len(idx))
+	var next time.Time
+	now := time.Now()
+	for k, i := range idx {
+		rw := rows[i]
+		attempt := rw.retryCount + 1
+		ids[k] = rw.id
+		msgs[k] = results[i].Error()
+		r.m.publishErrors.Inc()
+		if r.cfg.Retry.Exhausted(attempt, now.Sub(rw.createdAt)) {
+			final[k] = true
+			r.deadLetter(rw, results[i])
+			r.cfg.Logger.Error("outbox relay: event failed for good", results[i], watermill.LogFields{"id": rw.id, "topic": rw.topic, "attempts": attempt})
+			continue
+		}
+		d := r.cfg.Retry.Delay(attempt, 0)
+		delays[k] = d.Milliseconds()
+		if due := now.Add(d); next.IsZero() || due.Before(next) {
+			next = due
+		}
+	}
+	res, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox t SET
+		retry_count = t.retry_count + 1,
+		last_error = u.err,
+		status = CASE WHEN u.final THEN 'failed' ELSE 'pending' END,
+		next_attempt_at = now() + u.delay_ms * interval '1 millisecond'
+	FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bool[]) AS u(id, delay_ms, err, final)
+	WHERE t.id = u.id AND t.status = 'pending'`,
+		pq.Array(ids), pq.Array(delays), pq.Array(msgs), pq.Array(final))
+	if err != nil {
+		return next, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(ids), err)
+	}
+	if _, err := res.RowsAffected(); err == nil {
+		for _, f := range final {
+			if f {
+				r.m.failed.Inc()
+			}
+		}
+	}
+	return next, nil
+}
+
+// deadLetter sends a copy of a failed event to the dead-letter topic, if one
+// is configured. The row is marked failed whatever happens here, so the
+// event stays in the outbox for the operator.
+func (r *Relay) deadLetter(rw row, cause error) {
+	if r.cfg.DeadLetterTopic == "" {
+		return
+	}
+	m := rw.msg.Copy()
+	m.Metadata.Set(MetadataDeadLetterError, cause.Error())
+	m.Metadata.Set(MetadataDeadLetterTopic, rw.topic)
+	m.SetContext(rw.msg.Context())
+	if err := r.pub.Publish(r.cfg.DeadLetterTopic, m); err != nil {
+		r.cfg.Logger.Error("outbox relay: publishing to the dead-letter topic failed; the row stays failed in the outbox", err,
+			watermill.LogFields{"id": rw.id, "dead_letter_topic": r.cfg.DeadLetterTopic})
+	}
+}
