@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/retry"
 )
 
 // Mode chooses when the processed mark is written.
@@ -38,11 +39,12 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
-// ErrNoEventID is returned (wrapped) by the middleware for a message that has
-// no event id: neither the metadata.EventID key nor Config.KeyFunc gave one.
-// Such a message cannot be deduplicated, so it is neither processed nor
-// acked; retrying it cannot help, so route it to the poison queue / DLQ
-// (errors.Is(err, ErrNoEventID)).
+// ErrNoEventID is returned by the middleware, wrapped in retry.Permanent,
+// for a message that has no event id: neither the metadata.EventID key nor
+// Config.KeyFunc gave one. Such a message cannot be deduplicated, so it is
+// not processed and not acked; retrying cannot help, so the retry middleware
+// stops at once and the dead-letter path parks it with this reason. Test
+// with errors.Is(err, ErrNoEventID).
 var ErrNoEventID = errors.New("message has no event id")
 
 // KeyFunc derives an event id from a message that lacks the metadata.EventID
@@ -158,8 +160,8 @@ func counter(cfg Config, name, help string) (prometheus.Counter, error) {
 }
 
 // EventID returns the id the middleware deduplicates msg by: the
-// metadata.EventID value, else Config.KeyFunc's. The error wraps
-// ErrNoEventID when there is none.
+// metadata.EventID value, else Config.KeyFunc's. When there is none the
+// error wraps ErrNoEventID and is marked retry.Permanent.
 func (m *Middleware) EventID(msg *message.Message) (string, error) {
 	if id := msg.Metadata.Get(metadata.EventID); id != "" {
 		return id, nil
@@ -167,14 +169,14 @@ func (m *Middleware) EventID(msg *message.Message) (string, error) {
 	if m.cfg.KeyFunc != nil {
 		id, err := m.cfg.KeyFunc(msg)
 		if err != nil {
-			return "", fmt.Errorf("idempotency: consumer %q: message %s: KeyFunc: %w (%w)", m.cfg.Consumer, msg.UUID, err, ErrNoEventID)
+			return "", retry.Permanent(fmt.Errorf("idempotency: consumer %q: message %s: KeyFunc: %w (%w)", m.cfg.Consumer, msg.UUID, err, ErrNoEventID))
 		}
 		if id != "" {
 			return id, nil
 		}
 	}
-	return "", fmt.Errorf("idempotency: consumer %q: message %s: %w: set the %q metadata key when publishing (the outbox does) or configure Config.KeyFunc",
-		m.cfg.Consumer, msg.UUID, ErrNoEventID, metadata.EventID)
+	return "", retry.Permanent(fmt.Errorf("idempotency: consumer %q: message %s: %w: set the %q metadata key when publishing (the outbox does) or configure Config.KeyFunc",
+		m.cfg.Consumer, msg.UUID, ErrNoEventID, metadata.EventID))
 }
 
 // Middleware wraps h so that each event is processed once by this consumer.

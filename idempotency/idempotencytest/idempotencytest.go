@@ -1,0 +1,187 @@
+package idempotencytest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/metadata"
+)
+
+// NewMessage returns a message with a fresh UUID whose metadata.EventID is
+// eventID, as the outbox publishes it. Each call makes a new delivery of the
+// same event when eventID repeats.
+func NewMessage(eventID string, payload []byte) *message.Message {
+	msg := message.NewMessage(watermill.NewUUID(), payload)
+	msg.Metadata.Set(metadata.EventID, eventID)
+	return msg
+}
+
+// Exercise runs the shared Store suite. newStore returns an empty store for
+// one subtest; it is called once per subtest, which may run in parallel.
+func Exercise(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
+	t.Helper()
+
+	t.Run("CommittedMarkIsADuplicate", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		s := newStore(t)
+
+		seen, err := s.Processed(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.False(t, seen, "fresh store has no marks")
+
+		tx := begin(t, s)
+		fresh, err := tx.Mark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.True(t, fresh, "first mark is fresh")
+		again, err := tx.Mark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.False(t, again, "second mark in the same unit of work is not fresh")
+
+		seen, err = s.Processed(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.False(t, seen, "uncommitted mark is invisible to Processed")
+		require.NoError(t, tx.Commit())
+
+		seen, err = s.Processed(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.True(t, seen, "committed mark is visible")
+
+		tx2 := begin(t, s)
+		fresh, err = tx2.Mark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.False(t, fresh, "mark committed earlier makes a duplicate")
+		require.NoError(t, tx2.Rollback())
+	})
+
+	t.Run("RollbackRemovesMark", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		s := newStore(t)
+
+		tx := begin(t, s)
+		fresh, err := tx.Mark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.True(t, fresh)
+		require.NoError(t, tx.Rollback())
+		require.NoError(t, tx.Rollback(), "second Rollback is harmless")
+
+		seen, err := s.Processed(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.False(t, seen, "rolled back mark is gone")
+
+		tx2 := begin(t, s)
+		fresh, err = tx2.Mark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.True(t, fresh, "after rollback the event can be marked again")
+		require.NoError(t, tx2.Commit())
+	})
+
+	t.Run("ScopedByConsumer", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		s := newStore(t)
+
+		for _, consumer := range []string{"billing", "shipping"} {
+			tx := begin(t, s)
+			fresh, err := tx.Mark(ctx, consumer, "e1")
+			require.NoError(t, err)
+			require.True(t, fresh, "consumer %s marks e1 once", consumer)
+			require.NoError(t, tx.Commit())
+		}
+		seen, err := s.Processed(ctx, "inventory", "e1")
+		require.NoError(t, err)
+		require.False(t, seen, "a third consumer has not processed e1")
+		seen, err = s.Processed(ctx, "billing", "e2")
+		require.NoError(t, err)
+		require.False(t, seen, "another event is not marked")
+	})
+
+	// The second unit of work may reach Mark before or after the first
+	// commits; either way it must return false. A store that let it through
+	// while the first was pending would fail whenever it ran first.
+	t.Run("ConcurrentMarkWaitsThenSeesCommit", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		s := newStore(t)
+
+		first := begin(t, s)
+		fresh, err := first.Mark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.True(t, fresh)
+
+		result := markAsync(ctx, t, s, "c", "e1")
+		require.NoError(t, first.Commit())
+		r := <-result
+		require.NoError(t, r.err)
+		require.False(t, r.fresh, "second unit of work sees the committed mark")
+	})
+
+	t.Run("ConcurrentMarkWaitsThenTakesOverAfterRollback", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		s := newStore(t)
+
+		first := begin(t, s)
+		fresh, err := first.Mark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.True(t, fresh)
+
+		result := markAsync(ctx, t, s, "c", "e1")
+		require.NoError(t, first.Rollback())
+		r := <-result
+		require.NoError(t, r.err)
+		require.True(t, r.fresh, "after the first rolled back, the second writes the mark")
+	})
+
+	t.Run("WaitingMarkStopsWithContext", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		s := newStore(t)
+
+		first := begin(t, s)
+		fresh, err := first.Mark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.True(t, fresh)
+
+		waitCtx, cancel := context.WithCancel(ctx)
+		result := markAsync(waitCtx, t, s, "c", "e1")
+		cancel()
+		r := <-result
+		require.Error(t, r.err, "a Mark waiting on an uncommitted mark returns when its context is cancelled")
+		require.NoError(t, first.Commit())
+	})
+}
+
+type markResult struct {
+	fresh bool
+	err   error
+}
+
+// markAsync marks in a new unit of work on another goroutine, rolls it back
+// and sends the result.
+func markAsync(ctx context.Context, t *testing.T, s idempotency.Store, consumer, eventID string) <-chan markResult {
+	t.Helper()
+	out := make(chan markResult, 1)
+	tx, err := s.Begin(context.Background())
+	require.NoError(t, err)
+	go func() {
+		fresh, err := tx.Mark(ctx, consumer, eventID)
+		_ = tx.Rollback()
+		out <- markResult{fresh, err}
+	}()
+	return out
+}
+
+func begin(t *testing.T, s idempotency.Store) idempotency.Tx {
+	t.Helper()
+	tx, err := s.Begin(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	return tx
+}
