@@ -236,7 +236,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		cancel() // stops the refresh loop; Close does not cancel ctx
+		wg.Wait()
+	}()
 	if r.cfg.Registerer != nil {
 		wg.Add(1)
 		go func() {

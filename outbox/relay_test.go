@@ -1,0 +1,448 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/retry"
+)
+
+type bundle struct {
+	db     *sql.DB
+	schema *pgtest.Schema
+	pubsub *gochannel.GoChannel
+}
+
+func setup(t *testing.T) bundle {
+	t.Helper()
+	s := pgtest.New(t, Migrations())
+	s.DB.SetMaxOpenConns(8)
+	// Blocking until acked keeps gochannel in publish order; it otherwise
+	// delivers each message from its own goroutine.
+	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 100000, BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = ps.Close() })
+	return bundle{db: s.DB, schema: s, pubsub: ps}
+}
+
+// collector records every message of a topic.
+type collector struct {
+	mu   sync.Mutex
+	msgs []*message.Message
+}
+
+func (b bundle) collect(t *testing.T, topic string) *collector {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ch, err := b.pubsub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	c := &collector{}
+	go func() {
+		for m := range ch {
+			c.mu.Lock()
+			c.msgs = append(c.msgs, m)
+			c.mu.Unlock()
+			m.Ack()
+		}
+	}()
+	return c
+}
+
+func (c *collector) all() []*message.Message {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*message.Message(nil), c.msgs...)
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, d time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s: "+msg, append([]any{d}, args...)...)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func startRelay(t *testing.T, db *sql.DB, pub message.Publisher, cfg RelayConfig) *Relay {
+	t.Helper()
+	r, err := NewRelay(db, pub, cfg)
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(context.Background()) }()
+	t.Cleanup(func() {
+		require.NoError(t, r.Close())
+		require.NoError(t, <-errc)
+	})
+	<-r.Running()
+	return r
+}
+
+func count(t *testing.T, db *sql.DB, where string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM millwright_outbox WHERE `+where).Scan(&n))
+	return n
+}
+
+func TestAdd_RollbackLeavesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	tx, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, Add(ctx, tx, Event{Topic: "orders", AggregateID: "o1", Payload: []byte(`{"a":1}`)}))
+	pub, err := NewTxPublisher(tx, PublisherConfig{})
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("raw"))))
+	require.Equal(t, 2, countTx(t, tx))
+	require.NoError(t, tx.Rollback())
+	require.Equal(t, 0, count(t, b.db, "true"))
+}
+
+func countTx(t *testing.T, tx *sql.Tx) int {
+	var n int
+	require.NoError(t, tx.QueryRow(`SELECT count(*) FROM millwright_outbox`).Scan(&n))
+	return n
+}
+
+func TestAdd_Validation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	err := Add(context.Background(), b.db, Event{AggregateID: "x"})
+	require.ErrorIs(t, err, ErrInvalidEvent)
+	require.ErrorContains(t, err, "Topic is empty")
+	require.Error(t, Add(context.Background(), nil, Event{Topic: "t"}))
+}
+
+func TestRelay_CommittedEventsArePublished(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := b.collect(t, "orders")
+	ctx := context.Background()
+
+	tx, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, Add(ctx, tx, Event{Topic: "orders", AggregateType: "order", AggregateID: "o1", EventType: "order.created.v1",
+		Payload: []byte(`{"total": 10}`), ID: "ev-1", Metadata: map[string]string{metadata.TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}))
+	pub, err := NewTxPublisher(tx, PublisherConfig{Source: "svc"})
+	require.NoError(t, err)
+	wm := message.NewMessage("ev-2", []byte{0xff, 0x00, 0x01}) // not JSON: stored as bytes
+	wm.Metadata.Set(metadata.AggregateID, "o1")
+	wm.Metadata.Set(metadata.AggregateType, "order")
+	wm.Metadata.Set("custom", "yes")
+	require.NoError(t, pub.Publish("orders", wm))
+	require.NoError(t, tx.Commit())
+
+	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL})
+	eventually(t, 10*time.Second, func() bool { return len(got.all()) == 2 }, "want 2 messages")
+	msgs := got.all()
+	require.Equal(t, "ev-1", msgs[0].UUID)
+	require.JSONEq(t, `{"total": 10}`, string(msgs[0].Payload))
+	require.Equal(t, "ev-1", msgs[0].Metadata.Get(metadata.EventID))
+	require.Equal(t, "order/o1", msgs[0].Metadata.Get(metadata.OrderingKey))
+	require.Equal(t, "order.created.v1", msgs[0].Metadata.Get(metadata.EventType))
+	require.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", msgs[0].Metadata.Get(metadata.TraceParent))
+	require.Equal(t, "ev-2", msgs[1].UUID)
+	require.Equal(t, []byte{0xff, 0x00, 0x01}, []byte(msgs[1].Payload))
+	require.Equal(t, "yes", msgs[1].Metadata.Get("custom"))
+	require.Equal(t, "svc", msgs[1].Metadata.Get(metadata.EventSource))
+	eventually(t, 5*time.Second, func() bool { return count(t, b.db, "status = 'published'") == 2 }, "rows marked published")
+}
+
+func TestRelay_ListenWakesWithoutPolling(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := b.collect(t, "t")
+	// A poll interval far beyond the deadline: only NOTIFY can deliver.
+	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
+	// The first claim ran before anything was written; now write.
+	time.Sleep(0) // no synchronisation needed: LISTEN is active once Running is closed
+	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
+	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "NOTIFY should wake the relay")
+}
+
+// hookPublisher wraps a publisher with fault injection.
+type hookPublisher struct {
+	message.Publisher
+	fail func(topic string, m *message.Message) error
+}
+
+func (p *hookPublisher) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if p.fail != nil {
+			if err := p.fail(topic, m); err != nil {
+				return err
+			}
+		}
+		if err := p.Publisher.Publish(topic, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func TestRelay_KilledBetweenPublishAndMarkRepublishes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := b.collect(t, "t")
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: strconv.Itoa(i % 4), Payload: []byte(strconv.Itoa(i))}))
+	}
+
+	r1, err := NewRelay(b.db, b.pubsub, RelayConfig{Lease: 200 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	runCtx, kill := context.WithCancel(ctx)
+	var killed atomic.Bool
+	r1.afterPublish = func(context.Context, []int64) {
+		killed.Store(true)
+		kill() // dies after the broker accepted the batch, before marking it
+	}
+	require.NoError(t, r1.Run(runCtx))
+	require.True(t, killed.Load())
+	require.Equal(t, 0, count(t, b.db, "status = 'published'"), "nothing may be marked after the kill")
+	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 20 }, "the killed relay published its batch")
+
+	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 20 * time.Millisecond})
+	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "second relay drains")
+	seen := map[string]int{}
+	for _, m := range got.all() {
+		seen[m.UUID]++
+	}
+	require.Len(t, seen, 20, "every event published")
+	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 40 }, "the killed batch is republished once (at-least-once)")
+	for id, n := range seen {
+		require.LessOrEqual(t, n, 2, id)
+	}
+}
+
+// writeSequences appends events with per-aggregate sequence numbers from
+// several goroutines, one or two events per transaction. Each writer owns
+// its aggregates, as an application serialises writers of one aggregate by
+// locking its row.
+func writeSequences(t *testing.T, db *sql.DB, topic string, aggregates, perAggregate, writers int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next := map[int]int{}
+			for done := false; !done; {
+				done = true
+				for a := w; a < aggregates; a += writers {
+					seq := next[a] + 1
+					if seq > perAggregate {
+						continue
+					}
+					done = false
+					n := 1
+					if seq%3 == 0 && seq < perAggregate {
+						n = 2
+					}
+					var evs []Event
+					for k := 0; k < n; k++ {
+						evs = append(evs, Event{Topic: topic, AggregateType: "acct", AggregateID: fmt.Sprint("a", a),
+							Payload: []byte(strconv.Itoa(seq + k))})
+					}
+					tx, err := db.Begin()
+					if err != nil {
+						errs <- err
+						return
+					}
+					if err := Add(context.Background(), tx, evs...); err != nil {
+						_ = tx.Rollback()
+						errs <- err
+						return
+					}
+					if err := tx.Commit(); err != nil {
+						errs <- err
+						return
+					}
+					next[a] = seq + n - 1
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+// checkOrder asserts that, dropping duplicates, each aggregate's events
+// arrived as 1, 2, 3, ... n.
+func checkOrder(t *testing.T, msgs []*message.Message, aggregates, perAggregate int) {
+	t.Helper()
+	next := map[string]int{}
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		if seen[m.UUID] {
+			continue
+		}
+		seen[m.UUID] = true
+		agg := m.Metadata.Get(metadata.AggregateID)
+		seq, err := strconv.Atoi(string(m.Payload))
+		require.NoError(t, err)
+		require.Equal(t, next[agg]+1, seq, "aggregate %s out of order", agg)
+		next[agg] = seq
+	}
+	require.Len(t, next, aggregates)
+	for agg, n := range next {
+		require.Equal(t, perAggregate, n, "aggregate %s incomplete", agg)
+	}
+}
+
+func TestRelay_PerAggregateOrderWithConcurrentRelays(t *testing.T) {
+	t.Parallel()
+	for _, relays := range []int{2, 4} {
+		t.Run(fmt.Sprint(relays, "relays"), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			got := b.collect(t, "t")
+			// Publishes fail now and then: failures must hold back only
+			// their aggregate and never reorder it.
+			var calls atomic.Int64
+			pub := &hookPublisher{Publisher: b.pubsub, fail: func(string, *message.Message) error {
+				if calls.Add(1)%17 == 0 {
+					return errors.New("broker hiccup")
+				}
+				return nil
+			}}
+			cfg := RelayConfig{BatchSize: 50, PollInterval: 5 * time.Millisecond, ListenURL: b.schema.URL,
+				Retry: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: -1}}
+			for i := 0; i < relays; i++ {
+				startRelay(t, b.db, pub, cfg)
+			}
+			const aggregates, perAggregate = 12, 40
+			writeSequences(t, b.db, "t", aggregates, perAggregate, 4)
+			eventually(t, 20*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "drain")
+			checkOrder(t, got.all(), aggregates, perAggregate)
+			require.Equal(t, 0, count(t, b.db, "status = 'failed'"))
+		})
+	}
+}
+
+// fakeBatch is a BatchPublisher over gochannel that can fail some messages.
+type fakeBatch struct {
+	message.Publisher
+	calls  atomic.Int64
+	failAt func(call int64, i int) bool
+}
+
+func (p *fakeBatch) PublishBatch(topic string, msgs ...*message.Message) error {
+	call := p.calls.Add(1)
+	be := &batch.Error{Failed: map[int]error{}}
+	for i, m := range msgs {
+		if p.failAt != nil && p.failAt(call, i) {
+			be.Failed[i] = errors.New("partition leader moved")
+			continue
+		}
+		if err := p.Publisher.Publish(topic, m); err != nil {
+			be.Failed[i] = err
+		}
+	}
+	if len(be.Failed) > 0 {
+		return be
+	}
+	return nil
+}
+
+func TestRelay_BatchPublisherKeepsOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := b.collect(t, "t")
+	// Fail the first message of every third call: later messages of its
+	// aggregate in the batch may have reached the broker; the relay must
+	// republish them after it.
+	pub := &fakeBatch{Publisher: b.pubsub, failAt: func(call int64, i int) bool { return call%3 == 0 && i == 0 }}
+	const aggregates, perAggregate = 6, 50
+	writeSequences(t, b.db, "t", aggregates, perAggregate, 3)
+	cfg := RelayConfig{BatchSize: 64, PollInterval: 5 * time.Millisecond,
+		Retry: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond, MaxAttempts: -1}}
+	startRelay(t, b.db, pub, cfg)
+	startRelay(t, b.db, pub, cfg)
+	eventually(t, 20*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "drain")
+	// The consumer may see a later event early (it went out in the batch
+	// of a failed one), but never misses one and gets every event again
+	// after its predecessor; check the order of the last deliveries.
+	msgs := got.all()
+	last := map[string]int{}
+	for i, m := range msgs {
+		last[m.UUID] = i
+	}
+	var final []*message.Message
+	for i, m := range msgs {
+		if last[m.UUID] == i {
+			final = append(final, m)
+		}
+	}
+	checkOrder(t, final, aggregates, perAggregate)
+	require.Greater(t, pub.calls.Load(), int64(1))
+}
+
+func TestRelay_PoisonRowFailsWhileOthersFlow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := b.collect(t, "t")
+	dlq := b.collect(t, "t.dead")
+	ctx := context.Background()
+	pub := &hookPublisher{Publisher: b.pubsub, fail: func(topic string, m *message.Message) error {
+		if string(m.Payload) == `"poison"` && topic == "t" {
+			return errors.New("message too large")
+		}
+		return nil
+	}}
+	require.NoError(t, Add(ctx, b.db,
+		Event{Topic: "t", AggregateID: "bad", Payload: []byte(`"poison"`)},
+		Event{Topic: "t", AggregateID: "bad", Payload: []byte(`"after"`)}))
+	for i := 0; i < 30; i++ {
+		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: fmt.Sprint("good", i%3), Payload: []byte(`"ok"`)}))
+	}
+	reg := newTestRegistry()
+	startRelay(t, b.db, pub, RelayConfig{PollInterval: 5 * time.Millisecond, DeadLetterTopic: "t.dead", Registerer: reg, MetricsInterval: 10 * time.Millisecond,
+		Retry: retry.Policy{InitialInterval: 2 * time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: 3}})
+	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'failed'") == 1 }, "poison row fails")
+	var retries int
+	var lastErr string
+	require.NoError(t, b.db.QueryRow(`SELECT retry_count, last_error FROM millwright_outbox WHERE status = 'failed'`).Scan(&retries, &lastErr))
+	require.Equal(t, 3, retries)
+	require.Contains(t, lastErr, "message too large")
+	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the rest drains")
+	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 31 && len(dlq.all()) == 1 }, "31 published, 1 dead-lettered")
+	msgs := got.all()
+	require.Equal(t, `"after"`, string(msgs[len(msgs)-1].Payload), "the poison row's successor waits for it")
+	require.Equal(t, "message too large", dlq.all()[0].Metadata.Get(MetadataDeadLetterError))
+	eventually(t, 5*time.Second, func() bool { return reg.value(t, MetricFailedCount) == 1 }, "failed gauge")
+	require.Equal(t, 1.0, reg.value(t, MetricFailed))
+	require.Equal(t, 31.0, reg.value(t, MetricPublished))
+	require.Equal(t, 3.0, reg.value(t, MetricPublishErrors))
+}
+
+func TestRelayConfig_Validate(t *testing.T) {
+	t.Parallel()
+	_, err := NewRelay(&sql.DB{}, gochannel.NewGoChannel(gochannel.Config{}, nil), RelayConfig{BatchSize: 20000})
+	require.ErrorContains(t, err, "BatchSize 20000: want 1..10000")
+	_, err = NewRelay(nil, nil, RelayConfig{})
+	require.Error(t, err)
+}
