@@ -37,7 +37,8 @@
 //   - The wait between attempts ends as soon as the message's context (or
 //     Do's ctx) ends: shutdown never waits out a backoff. The result is then
 //     an *Error with Interrupted set, which the dlq package does not park:
-//     the message is nacked and redelivered.
+//     the message is nacked and redelivered. A message whose context has
+//     already ended is not handled at all.
 //   - Every attempt starts with the message's original context, whatever the
 //     previous attempt did to it (Watermill issue #467), and the middleware
 //     restores it before returning. Attempt(msg.Context()) gives the attempt

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 )
 
@@ -59,7 +60,31 @@ type PanicError struct {
 // newPanicError records the current stack; call it from the deferred
 // function that recovered.
 func newPanicError(v any) *PanicError {
-	return &PanicError{Value: v, stack: string(debug.Stack())}
+	return &PanicError{Value: v, stack: trimStack(string(debug.Stack()))}
+}
+
+// trimStack drops the frames of the recovery machinery (debug.Stack, the
+// deferred function, runtime's panic) so the stack starts at the function
+// that panicked: dead letters truncate long values, and the top frames are
+// the ones an operator needs.
+func trimStack(s string) string {
+	header, rest, ok := strings.Cut(s, "\n")
+	if !ok {
+		return s
+	}
+	i := strings.Index(rest, "\npanic(")
+	if i < 0 {
+		return s
+	}
+	after := rest[i+1:]
+	// Skip the "panic(...)" line and its file:line line.
+	for range 2 {
+		_, after, ok = strings.Cut(after, "\n")
+		if !ok {
+			return s
+		}
+	}
+	return header + "\n" + after
 }
 
 // Error describes the panic value; the stack is available from Stack so

@@ -169,8 +169,9 @@ func (m *Middleware) notify(msg *message.Message, ctx context.Context, attempt i
 // attempt number (see Attempt). Do returns nil on success, or an *Error
 // wrapping the last error; when ctx ends during a wait it returns at once
 // with an *Error marked Interrupted that also matches ctx.Err() via
-// errors.Is. The zero Policy uses the defaults; an invalid policy is
-// returned as an error before fn runs.
+// errors.Is; it does not call fn at all when ctx has already ended. The
+// zero Policy uses the defaults; an invalid policy is returned as an error
+// before fn runs.
 func Do(ctx context.Context, p Policy, fn func(ctx context.Context) error) error {
 	p = p.WithDefaults()
 	if err := p.Validate(); err != nil {
@@ -198,6 +199,11 @@ func run(ctx context.Context, p Policy, fn func(context.Context) error, notify f
 		prevDelay   time.Duration
 	)
 	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			// Shutting down (or the message was cancelled): do not start
+			// work that cannot finish; the message is redelivered.
+			return &Error{Err: err, Attempts: attempt - 1, FirstFailure: first, LastFailure: last, Interrupted: true}
+		}
 		err := callRecovering(context.WithValue(ctx, attemptKey{}, attempt), fn)
 		if err == nil {
 			return nil

@@ -3,6 +3,7 @@ package retry_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -192,6 +193,10 @@ func TestMiddlewareRecoversPanicWithStack(t *testing.T) {
 	require.ErrorAs(t, err, &pe)
 	require.Equal(t, "kaboom", pe.Value)
 	require.Contains(t, pe.Stack(), "retry_test.panicker", "stack names the panicking function")
+	require.NotContains(t, pe.Stack(), "runtime/debug.Stack", "recovery frames are trimmed")
+	require.True(t, strings.HasPrefix(pe.Stack(), "goroutine "), pe.Stack())
+	lines := strings.SplitN(pe.Stack(), "\n", 3)
+	require.Contains(t, lines[1], "retry_test.panicker", "the first frame is the panicking function")
 	require.Equal(t, "panic: kaboom", pe.Error())
 
 	// panic(err) is visible to errors.Is.
@@ -318,4 +323,21 @@ func TestPermanent(t *testing.T) {
 	var pe *retry.PermanentError
 	require.ErrorAs(t, wrapped, &pe)
 	require.Equal(t, errBoom, pe.Err)
+}
+
+func TestMiddlewareSkipsMessageWhoseContextEnded(t *testing.T) {
+	t.Parallel()
+	m := newMiddleware(t, retry.Config{Policy: fast})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	msg := newMsg()
+	msg.SetContext(ctx)
+	calls := 0
+	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) {
+		calls++
+		return nil, nil
+	})(msg)
+	require.Equal(t, 0, calls)
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, retry.Final(err))
 }

@@ -1,0 +1,132 @@
+// Package dlqtest holds reusable tests of the dead-letter middleware that
+// take a transport as arguments, so every transport (and every user's own
+// publisher/subscriber setup) can be checked the same way.
+package dlqtest
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/retry"
+)
+
+// Timeout bounds how long TestPoisonDoesNotBlock waits for the messages; it
+// is generous because some emulated brokers deliver slowly on a busy machine.
+var Timeout = 90 * time.Second
+
+// PoisonAttempts is the retry MaxAttempts TestPoisonDoesNotBlock uses.
+const PoisonAttempts = 3
+
+// TestPoisonDoesNotBlock checks that a message that always fails does not
+// stop the messages published after it on the same topic (with the same
+// ordering key), and that it reaches the dead-letter topic after exactly
+// PoisonAttempts attempts with its metadata.
+//
+// pub and sub must reach the same broker; sub subscribes to topic and to
+// dlq.DefaultTopic(topic). topic should be unique to the test. Subscribers
+// that start at the newest offset must have joined before publishing: the
+// helper subscribes before it publishes, and waits for the router to run.
+func TestPoisonDoesNotBlock(t *testing.T, pub message.Publisher, sub message.Subscriber, topic string) {
+	t.Helper()
+	const good = 10
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+
+	dlTopic := dlq.DefaultTopic(topic)
+	dead, err := sub.Subscribe(ctx, dlTopic)
+	require.NoError(t, err, "subscribing to the dead-letter topic %s", dlTopic)
+
+	mw, err := dlq.NewMiddleware(pub, dlq.Config{
+		ConsumerGroup: "dlqtest",
+		Retry:         retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: PoisonAttempts},
+	})
+	require.NoError(t, err)
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	var (
+		mu            sync.Mutex
+		poisonTries   int
+		processed     = map[string]bool{}
+		processedDone = make(chan struct{})
+	)
+	router.AddConsumerHandler("dlqtest-"+topic, topic, sub, func(msg *message.Message) error {
+		if string(msg.Payload) == "poison" {
+			mu.Lock()
+			poisonTries++
+			mu.Unlock()
+			return fmt.Errorf("poison message %s always fails", msg.UUID)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !processed[msg.UUID] {
+			processed[msg.UUID] = true
+			if len(processed) == good {
+				close(processedDone)
+			}
+		}
+		return nil
+	}).AddMiddleware(mw.Middleware)
+
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(ctx) }()
+	t.Cleanup(func() {
+		_ = router.Close()
+		<-routerDone
+	})
+	select {
+	case <-router.Running():
+	case <-ctx.Done():
+		t.Fatalf("router for topic %s did not start within %s", topic, Timeout)
+	}
+
+	msgs := make([]*message.Message, 0, good+1)
+	poison := message.NewMessage(watermill.NewUUID(), []byte("poison"))
+	poison.Metadata.Set(metadata.OrderingKey, "dlqtest")
+	poison.Metadata.Set(metadata.TraceParent, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	msgs = append(msgs, poison)
+	for i := range good {
+		m := message.NewMessage(watermill.NewUUID(), []byte("good "+strconv.Itoa(i)))
+		m.Metadata.Set(metadata.OrderingKey, "dlqtest")
+		msgs = append(msgs, m)
+	}
+	for _, m := range msgs {
+		require.NoError(t, pub.Publish(topic, m), "publishing to %s", topic)
+	}
+
+	select {
+	case <-processedDone:
+	case <-ctx.Done():
+		mu.Lock()
+		n := len(processed)
+		mu.Unlock()
+		t.Fatalf("only %d of %d messages behind the poison message were processed within %s", n, good, Timeout)
+	}
+
+	select {
+	case dl := <-dead:
+		dl.Ack()
+		require.Equal(t, poison.UUID, dl.Metadata.Get(metadata.DeadLetterOriginalMessageID))
+		require.Equal(t, topic, dl.Metadata.Get(metadata.DeadLetterOriginalTopic))
+		require.Equal(t, dlq.ReasonExhausted, dl.Metadata.Get(metadata.DeadLetterReason))
+		require.Equal(t, strconv.Itoa(PoisonAttempts), dl.Metadata.Get(metadata.DeadLetterAttempts))
+		require.Contains(t, dl.Metadata.Get(metadata.DeadLetterError), "always fails")
+		require.Equal(t, poison.Metadata.Get(metadata.TraceParent), dl.Metadata.Get(metadata.TraceParent))
+		require.Equal(t, "poison", string(dl.Payload))
+	case <-ctx.Done():
+		t.Fatalf("poison message did not reach dead-letter topic %s within %s", dlTopic, Timeout)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, PoisonAttempts, poisonTries, "attempts on the poison message")
+}

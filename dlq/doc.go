@@ -1,0 +1,66 @@
+// Package dlq parks messages that keep failing on a dead-letter topic, with
+// everything needed to understand and replay them, so that a poison message
+// neither blocks its queue nor vanishes.
+//
+// # One middleware
+//
+// NewMiddleware is the one composition of panic recovery, retry and
+// dead-lettering, stacked in the only order that works:
+//
+//	recover -> dead-letter -> retry (recovering each attempt) -> handler
+//
+// Use it instead of Watermill's Retry, Recoverer and PoisonQueue (Watermill
+// issue #580 shows how easily those are stacked wrongly):
+//
+//	mw, err := dlq.NewMiddleware(publisher, dlq.Config{
+//		ConsumerGroup: "billing",
+//		Retry:         retry.Policy{InitialInterval: 500 * time.Millisecond, MaxAttempts: 5},
+//		Logger:        logger,
+//		Registerer:    prometheus.DefaultRegisterer,
+//	})
+//	if err != nil { ... }
+//	router.AddMiddleware(mw.Middleware)
+//
+// Handlers return retry.Permanent(err) for errors retrying cannot fix, and
+// Malformed(err) (or DecodeJSON's error) for payloads they cannot read: both
+// go to the dead-letter topic after one attempt.
+//
+// # Guarantees
+//
+//   - A message is acked only when its handler succeeded or when it was
+//     published to its dead-letter topic. If that publish fails, the handler
+//     error is returned and the router nacks the message: nothing is lost.
+//   - It is dead-lettered when the retry policy is exhausted or the error is
+//     permanent. When the message's context ends mid-backoff (shutdown), it
+//     is nacked instead, for redelivery.
+//   - The dead letter has the original payload, UUID and metadata (trace
+//     context included) plus the metadata.DeadLetter* keys: original topic,
+//     dead-letter topic, consumer group, handler, reason, error text and Go
+//     type, panic stack, attempt count, first and last failure time and
+//     original message id. Error and stack are cut to Config.MaxValueBytes
+//     (1 KiB by default, the Pub/Sub attribute limit).
+//   - One Error-level log line per dead letter names the message UUID, the
+//     topic and the error. Counters MetricDeadLetters and
+//     retry.MetricRetries are labelled by topic and reason.
+//   - A poison message does not stop the messages behind it: it holds its
+//     consumer only for its retries (dlqtest.TestPoisonDoesNotBlock checks
+//     this against any transport).
+//
+// # Inspection and replay
+//
+// Dead letters are stored in Postgres (table millwright_dead_letters, see
+// Migrations) by a Store consuming the dead-letter topics:
+//
+//	store := dlq.NewStore(db)
+//	router.AddConsumerHandler("dlq-recorder", "orders.dlq", subscriber, store.Record)
+//
+// The middleware does not write the table itself: the dead-letter publish is
+// the single durable step that decides the ack, and a second write in the
+// handler's path would be a dual write that can disagree with it. Record is
+// idempotent, so redelivered dead letters are stored once.
+//
+// Store.List and Store.Get inspect them; Replay publishes them back (to the
+// original topic by default) at a bounded rate, with a dry run, and marks
+// each replayed row so that a second run does not publish it again unless
+// forced. The millwright CLI wraps these as `millwright dlq list|show|replay`.
+package dlq
