@@ -1,0 +1,101 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var evs []Event
+	for i := 0; i < 300; i++ {
+		evs = append(evs, Event{Topic: "t", AggregateID: fmt.Sprint(i % 7), Payload: []byte(`{}`)})
+	}
+	require.NoError(t, Add(ctx, b.db, evs...))
+	// 250 old published, 20 recently published, 20 pending, 10 failed (old).
+	_, err := b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '8 days' WHERE id <= (SELECT min(id) + 249 FROM millwright_outbox)`)
+	require.NoError(t, err)
+	_, err = b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '1 day' WHERE id IN (SELECT id FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 20)`)
+	require.NoError(t, err)
+	_, err = b.db.Exec(`UPDATE millwright_outbox SET status = 'failed', created_at = now() - interval '30 days' WHERE id IN (SELECT id FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 10)`)
+	require.NoError(t, err)
+
+	c, err := NewCleaner(b.db, CleanerConfig{BatchSize: 7})
+	require.NoError(t, err)
+
+	// Writers keep adding while the cleaner deletes.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var written [3]int
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := Add(ctx, b.db, Event{Topic: "t", AggregateID: "w"}); err != nil {
+					t.Error(err)
+					return
+				}
+				written[w]++
+			}
+		}()
+	}
+	n, err := c.CleanOnce(ctx)
+	close(stop)
+	wg.Wait()
+	require.NoError(t, err)
+	require.EqualValues(t, 250, n)
+	require.Equal(t, 20, count(t, b.db, "status = 'published'"))
+	require.Equal(t, 10, count(t, b.db, "status = 'failed'"))
+	require.Equal(t, 20+written[0]+written[1]+written[2], count(t, b.db, "status = 'pending'"))
+}
+
+func TestCleaner_OneInstanceAtATime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	conn, err := b.db.Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_lock(hashtext('millwright_outbox_cleaner:' || $1))`, b.schema.Name)
+	require.NoError(t, err)
+
+	c, err := NewCleaner(b.db, CleanerConfig{})
+	require.NoError(t, err)
+	_, err = c.CleanOnce(ctx)
+	require.ErrorIs(t, err, ErrCleanerLocked)
+
+	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock(hashtext('millwright_outbox_cleaner:' || $1))`, b.schema.Name)
+	require.NoError(t, err)
+	_, err = c.CleanOnce(ctx)
+	require.NoError(t, err)
+}
+
+func TestCleaner_RunAndClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
+	_, err := b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '2 hours'`)
+	require.NoError(t, err)
+	c, err := NewCleaner(b.db, CleanerConfig{Retention: time.Hour, Interval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(context.Background()) }()
+	<-c.Running()
+	eventually(t, 5*time.Second, func() bool { return count(t, b.db, "true") == 0 }, "cleaner deletes the old row")
+	require.NoError(t, c.Close())
+	require.NoError(t, <-errc)
+	require.NoError(t, c.Close(), "Close is idempotent")
+}

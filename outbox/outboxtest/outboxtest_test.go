@@ -1,0 +1,42 @@
+package outboxtest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/outboxtest"
+)
+
+func TestWaitDrained(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, outbox.Migrations())
+	ctx := context.Background()
+	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB), "an empty outbox is drained")
+
+	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: "t", AggregateID: "a", Payload: []byte(`{}`)}))
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	err := outboxtest.WaitDrained(short, s.DB)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "1 pending")
+
+	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	r, err := outbox.NewRelay(s.DB, ps, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	go func() { _ = r.Run(ctx) }()
+	defer r.Close()
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	require.NoError(t, outboxtest.WaitDrained(wctx, s.DB))
+
+	_, err = s.DB.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, status) VALUES ('x', 't', 'b', '{}', 'failed')`)
+	require.NoError(t, err)
+	require.ErrorIs(t, outboxtest.WaitDrained(wctx, s.DB), outboxtest.ErrFailedEvents)
+}
