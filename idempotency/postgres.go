@@ -5,6 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/lib/pq"
+
+	"github.com/millwright/millwright/retry"
 )
 
 // PostgresStore keeps marks in the millwright_processed_events table (see
@@ -38,15 +44,33 @@ func (s *PostgresStore) Begin(ctx context.Context) (Tx, error) {
 
 // Processed reports whether a committed mark exists.
 func (s *PostgresStore) Processed(ctx context.Context, consumer, eventID string) (bool, error) {
+	if err := checkKey(consumer, eventID); err != nil {
+		return false, err
+	}
 	var found bool
 	err := s.db.QueryRowContext(ctx,
-		`SELECT EXISTS (SELECT 1 FROM millwright_processed_events WHERE consumer = $1 AND event_id = $2)`,
-		consumer, eventID).Scan(&found)
+		`SELECT EXISTS (SELECT 1 FROM millwright_processed_events WHERE consumer = `+pq.QuoteLiteral(consumer)+
+			` AND event_id = `+pq.QuoteLiteral(eventID)+`)`).Scan(&found)
 	if err != nil {
 		return false, fmt.Errorf("idempotency: reading mark of consumer %q event %q: %w", consumer, eventID, err)
 	}
 	return found, nil
 }
+
+// checkKey rejects what a Postgres TEXT cannot hold, so that such a message
+// fails permanently instead of being retried against a database error.
+func checkKey(consumer, eventID string) error {
+	if strings.IndexByte(consumer, 0) >= 0 || strings.IndexByte(eventID, 0) >= 0 || !utf8.ValidString(consumer) || !utf8.ValidString(eventID) {
+		return retry.Permanent(fmt.Errorf("idempotency: consumer %q event %q: %w: ids must be valid UTF-8 without NUL bytes", consumer, eventID, ErrNoEventID))
+	}
+	return nil
+}
+
+// The statements inline the ids as quoted literals (pq.QuoteLiteral, the
+// libpq escaping algorithm) instead of $n parameters: lib/pq sends a
+// statement without parameters in one round trip and a parameterised one in
+// two, and the mark is on every message's path. Measured with `millwright
+// bench idempotency`.
 
 type pgTx struct {
 	tx *sql.Tx
@@ -55,10 +79,12 @@ type pgTx struct {
 func (t *pgTx) SQLTx() *sql.Tx { return t.tx }
 
 func (t *pgTx) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
+	if err := checkKey(consumer, eventID); err != nil {
+		return false, err
+	}
 	res, err := t.tx.ExecContext(ctx,
-		`INSERT INTO millwright_processed_events (consumer, event_id) VALUES ($1, $2)
-		 ON CONFLICT (consumer, event_id) DO NOTHING`,
-		consumer, eventID)
+		`INSERT INTO millwright_processed_events (consumer, event_id) VALUES (`+
+			pq.QuoteLiteral(consumer)+`, `+pq.QuoteLiteral(eventID)+`) ON CONFLICT (consumer, event_id) DO NOTHING`)
 	if err != nil {
 		return false, fmt.Errorf("idempotency: marking consumer %q event %q (did you run the idempotency migrations?): %w",
 			consumer, eventID, err)
