@@ -304,3 +304,14 @@ func TestMiddlewareSharedRegisterer(t *testing.T) {
 	require.EqualValues(t, 1, metric(t, reg, idempotency.MetricDuplicates, "a"))
 	require.EqualValues(t, 1, metric(t, reg, idempotency.MetricDuplicates, "b"))
 }
+
+func TestPostgresStoreRejectsNULInID(t *testing.T) {
+	t.Parallel()
+	b := setupPG(t)
+	m, _ := newMiddleware(t, b.store, idempotency.Config{Consumer: "billing"})
+	var calls atomic.Int64
+	_, err := m.Middleware(countingHandler(&calls))(idempotencytest.NewMessage("evt\x00-1", nil))
+	require.ErrorIs(t, err, idempotency.ErrNoEventID)
+	require.True(t, retry.IsPermanent(err), "retrying cannot fix the id")
+	require.Zero(t, calls.Load())
+}

@@ -2,6 +2,7 @@ package idempotencytest
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -100,6 +101,28 @@ func Exercise(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		seen, err = s.Processed(ctx, "billing", "e2")
 		require.NoError(t, err)
 		require.False(t, seen, "another event is not marked")
+	})
+
+	t.Run("IDsAreOpaqueStrings", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		s := newStore(t)
+		ids := []string{`it's`, `back\slash`, `'); DROP TABLE millwright_processed_events; --`, "$1", "ünïcødé-✓", strings.Repeat("x", 2000)}
+		for _, id := range ids {
+			tx := begin(t, s)
+			fresh, err := tx.Mark(ctx, "c'"+id, id)
+			require.NoError(t, err, "id %q", id)
+			require.True(t, fresh, "id %q", id)
+			require.NoError(t, tx.Commit())
+		}
+		for _, id := range ids {
+			seen, err := s.Processed(ctx, "c'"+id, id)
+			require.NoError(t, err)
+			require.True(t, seen, "id %q round-trips", id)
+			seen, err = s.Processed(ctx, "c'"+id, id+"x")
+			require.NoError(t, err)
+			require.False(t, seen, "a different id %q is not marked", id+"x")
+		}
 	})
 
 	// The second unit of work may reach Mark before or after the first
