@@ -1,0 +1,101 @@
+// Package outbox is the transactional outbox: a service writes its business
+// rows and the events they cause in one Postgres transaction, and relays
+// publish those events to the broker through any Watermill publisher.
+//
+// # Writing
+//
+// Add writes events through the caller's transaction (any Executor: *sql.Tx,
+// *sql.Conn, *sql.DB); TxPublisher does the same behind Watermill's
+// message.Publisher, so existing Watermill code, CQRS event buses included,
+// gets the outbox by swapping its publisher for one bound to the
+// transaction:
+//
+//	tx, _ := db.BeginTx(ctx, nil)
+//	// ... business writes in tx ...
+//	err := outbox.Add(ctx, tx, outbox.Event{
+//		Topic: "orders", AggregateType: "order", AggregateID: order.ID,
+//		EventType: "order.created.v1", Payload: payload,
+//	})
+//	err = tx.Commit()
+//
+// Every event gets a CloudEvents id (metadata.EventID, also the Watermill
+// UUID), type, time and subject, the aggregate as metadata.OrderingKey, and
+// the W3C traceparent of the OpenTelemetry span in ctx. Valid JSON payloads
+// go to the JSONB payload column (Postgres normalises whitespace and key
+// order); other payloads, or any with Event.RawPayload, are kept byte for
+// byte in payload_raw. Nothing is rejected for its payload.
+//
+// # Relaying
+//
+// Run a Relay (and a Cleaner) beside the service, as many instances as you
+// like. Each round, a relay:
+//
+//  1. claims up to BatchSize rows in ONE autocommitted statement (UPDATE ...
+//     RETURNING over a SELECT ... FOR UPDATE SKIP LOCKED) that also leases
+//     them (next_attempt_at = now() + Lease). No transaction is open while
+//     the broker is called: the claim transaction lasts one statement, and
+//     the lease, not a lock, keeps other relays off the rows;
+//  2. publishes them, with one PublishBatch call per topic when the
+//     publisher has it (transport.BatchPublisher), else with Publish,
+//     PublishConcurrency aggregates at a time;
+//  3. marks the published rows with one UPDATE ... WHERE id = ANY($1), and
+//     records failures with one more.
+//
+// Relays wake on the NOTIFY that the table's insert trigger sends at commit
+// (RelayConfig.ListenURL) and poll every PollInterval as the fallback.
+//
+// # Guarantees
+//
+//   - A rolled-back transaction leaves no event; a committed one is
+//     published at least once. A relay that dies at any point (even between
+//     publishing and marking) leaves its rows leased; after Lease they are
+//     claimed again and republished. Consumers drop duplicates by
+//     metadata.EventID (package idempotency).
+//   - Per-aggregate order: only the oldest pending row of an aggregate can
+//     be claimed (with the rows after it), so one relay at a time holds an
+//     aggregate and publishes its rows in id order. Rows committed later
+//     with a smaller id (concurrent writers of one aggregate) are published
+//     when they become visible, so the order is commit order as long as the
+//     writers of one aggregate are serialised, e.g. by locking the
+//     aggregate's row, which a consistent aggregate needs anyway. Different
+//     aggregates go in parallel, across relays and within one.
+//   - Within a batch, nothing after a failed row of the same aggregate counts
+//     as published: those rows are released and republished after it, so a
+//     consumer that drops duplicates sees each aggregate in order even when
+//     a broker accepted part of a batch.
+//   - A failing row backs off (RelayConfig.Retry, with jitter) and holds back
+//     only its own aggregate. After the last attempt it becomes failed
+//     (counted in outbox_failed_count; copied to DeadLetterTopic if set),
+//     its aggregate moves on, and it stays in the table until an operator
+//     runs `millwright outbox retry-failed`. No event is ever dropped.
+//   - Lease must exceed the slowest publish of a batch; if it does not,
+//     another relay may republish rows still in flight (duplicates, never
+//     loss or reordering after deduplication).
+//
+// # Retention
+//
+// A Cleaner deletes published rows older than Retention (default 7 days)
+// in batches of BatchSize rows, each its own short transaction, under a
+// per-schema advisory lock so one instance cleans at a time. Pending and
+// failed rows are never deleted. Sizing: the table holds about
+// rate x retention published rows (200 events/s for 7 days is 121 million
+// rows, at roughly 300 bytes of payload plus 250 bytes of row and index
+// overhead each, about 65 GB); the cleaner must delete at least the write
+// rate (one batch of 1,000 takes a few milliseconds here, so its default of
+// one round a minute keeps up with far more than 10,000 events/s as each
+// round loops until nothing is left). The relay's claim reads only the
+// partial indexes on pending rows, so its cost does not grow with the
+// published rows (see `millwright bench outbox`). For very large volumes,
+// partition the table by day on created_at (declarative partitioning, the
+// same indexes per partition) and drop whole partitions older than the
+// retention instead of running the Cleaner: dropping a partition costs
+// nothing in WAL or vacuum.
+//
+// # Metrics
+//
+// With RelayConfig.Registerer set, the relay exports the Metric* constants:
+// the backlog gauges (outbox_pending_count, outbox_oldest_pending_age_seconds,
+// outbox_failed_count, refreshed every MetricsInterval from index-only
+// queries), relay_publish_latency_seconds and the published/failed
+// counters. Package outboxtest waits for a drained outbox in tests.
+package outbox

@@ -1,0 +1,95 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/outboxtest"
+)
+
+// exampleDB opens a scratch schema on the local test server with the
+// outbox's migrations applied.
+func exampleDB() (*sql.DB, func()) {
+	admin, err := sql.Open("postgres", pgtest.BaseURL())
+	if err != nil {
+		panic(err)
+	}
+	schema := fmt.Sprintf("example_%d", time.Now().UnixNano())
+	if _, err := admin.Exec(`CREATE SCHEMA ` + schema); err != nil {
+		fmt.Fprintln(os.Stderr, "example needs Postgres:", err)
+		os.Exit(1)
+	}
+	db, _ := sql.Open("postgres", pgtest.WithSearchPath(pgtest.BaseURL(), schema))
+	if _, err := migrate.Up(context.Background(), db, outbox.Migrations()); err != nil {
+		panic(err)
+	}
+	return db, func() {
+		db.Close()
+		admin.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
+		admin.Close()
+	}
+}
+
+func Example() {
+	ctx := context.Background()
+	db, cleanup := exampleDB()
+	defer cleanup()
+
+	broker := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	received, _ := broker.Subscribe(ctx, "orders")
+
+	// The business transaction writes its event with it.
+	tx, _ := db.BeginTx(ctx, nil)
+	_ = outbox.Add(ctx, tx, outbox.Event{
+		Topic: "orders", AggregateType: "order", AggregateID: "o-1",
+		EventType: "order.created.v1", Payload: []byte(`{"total":42}`),
+	})
+	_ = tx.Commit()
+
+	relay, _ := outbox.NewRelay(db, broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
+	go relay.Run(ctx)
+	defer relay.Close()
+
+	msg := <-received
+	msg.Ack()
+	fmt.Println(msg.Metadata.Get(metadata.EventType), msg.Metadata.Get(metadata.OrderingKey), string(msg.Payload))
+
+	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	fmt.Println("drained:", outboxtest.WaitDrained(wait, db) == nil)
+	// Output:
+	// order.created.v1 order/o-1 {"total": 42}
+	// drained: true
+}
+
+// A Watermill publisher bound to the transaction: code that publishes with
+// message.Publisher (a CQRS EventBus, say) writes to the outbox instead.
+func ExampleNewTxPublisher() {
+	ctx := context.Background()
+	db, cleanup := exampleDB()
+	defer cleanup()
+
+	tx, _ := db.BeginTx(ctx, nil)
+	var pub message.Publisher
+	pub, _ = outbox.NewTxPublisher(tx, outbox.PublisherConfig{Source: "orders-service"})
+	msg := message.NewMessage(watermill.NewUUID(), []byte("not JSON, kept as bytes"))
+	msg.Metadata.Set(metadata.AggregateID, "o-1")
+	_ = pub.Publish("orders", msg)
+	_ = tx.Rollback() // a rolled-back transaction leaves nothing
+
+	s, _ := outbox.ReadStats(ctx, db)
+	fmt.Println("pending after rollback:", s.Pending)
+	// Output:
+	// pending after rollback: 0
+}
