@@ -1,0 +1,333 @@
+package main
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/transport"
+)
+
+func init() {
+	registerMigrations(dlq.Migrations())
+	rootCmd.AddCommand(dlqCmd())
+}
+
+func dlqCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dlq",
+		Short: "Inspect and replay dead letters stored in millwright_dead_letters",
+		Long: `Dead letters are messages the dlq middleware parked on a dead-letter topic;
+dlq.Store.Record, consuming those topics, stores them in Postgres. These
+commands read that table and replay rows to their original topic (or another).`,
+	}
+	cmd.AddCommand(dlqListCmd(), dlqShowCmd(), dlqReplayCmd())
+	return cmd
+}
+
+// addDLQFilterFlags adds the row selection flags shared by list and replay.
+func addDLQFilterFlags(cmd *cobra.Command, defaultLimit int) {
+	f := cmd.Flags()
+	f.String("topic", "", "only dead letters from this original topic")
+	f.String("since", "", "only dead letters whose last failure is at or after this time (RFC 3339, or a duration such as 24h meaning that long ago)")
+	f.String("until", "", "only dead letters whose last failure is before this time (RFC 3339 or a duration ago)")
+	f.String("error", "", "only dead letters whose error contains this text (case-insensitive)")
+	f.Int("limit", defaultLimit, "at most this many rows, oldest first (0: no limit)")
+	f.Int64Slice("id", nil, "only these row ids (repeat or comma-separate)")
+	addDatabaseFlag(cmd)
+}
+
+func dlqFilterFromFlags(cmd *cobra.Command) (dlq.Filter, error) {
+	var f dlq.Filter
+	fl := cmd.Flags()
+	f.Topic, _ = fl.GetString("topic")
+	f.ErrorContains, _ = fl.GetString("error")
+	f.Limit, _ = fl.GetInt("limit")
+	f.IDs, _ = fl.GetInt64Slice("id")
+	if f.Limit < 0 {
+		return f, fmt.Errorf("--limit %d: want >= 0 (0 means no limit)", f.Limit)
+	}
+	var err error
+	since, _ := fl.GetString("since")
+	if f.Since, err = dlqParseWhen(since, "--since"); err != nil {
+		return f, err
+	}
+	until, _ := fl.GetString("until")
+	if f.Until, err = dlqParseWhen(until, "--until"); err != nil {
+		return f, err
+	}
+	return f, nil
+}
+
+// dlqParseWhen reads an RFC 3339 time or a duration meaning that long ago.
+func dlqParseWhen(s, flag string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		return time.Now().Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("%s %q: want an RFC 3339 time (2026-01-02T15:04:05Z) or a duration ago (24h, 90m)", flag, s)
+}
+
+func dlqListCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List dead letters, oldest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := dlqFilterFromFlags(cmd)
+			if err != nil {
+				return err
+			}
+			f.Pending, _ = cmd.Flags().GetBool("pending")
+			db, err := openDB(cmd)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			rows, err := dlq.NewStore(db).List(cmd.Context(), f)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if len(rows) == 0 {
+				fmt.Fprintln(out, "no dead letters match")
+				return nil
+			}
+			w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tLAST FAILURE\tTOPIC\tREASON\tATTEMPTS\tREPLAYED\tMESSAGE\tERROR")
+			for _, d := range rows {
+				replayed := "-"
+				if d.ReplayedAt != nil {
+					replayed = fmt.Sprintf("%dx %s", d.ReplayCount, d.ReplayedAt.UTC().Format(time.RFC3339))
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.LastFailure.UTC().Format(time.RFC3339),
+					d.OriginalTopic, d.Reason, d.Attempts, replayed, d.MessageUUID, dlqOneLine(d.Error, 80))
+			}
+			return w.Flush()
+		},
+	}
+	addDLQFilterFlags(cmd, 50)
+	cmd.Flags().Bool("pending", false, "only dead letters never replayed")
+	return cmd
+}
+
+// dlqOneLine shortens s to one line of at most n runes.
+func dlqOneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+func dlqShowCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show one dead letter: its failure, metadata, payload and stack",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil {
+				return fmt.Errorf("dead letter id %q is not a number: see the ID column of `millwright dlq list`", args[0])
+			}
+			db, err := openDB(cmd)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			d, err := dlq.NewStore(db).Get(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			printDLQDeadLetter(cmd.OutOrStdout(), d)
+			return nil
+		},
+	}
+	addDatabaseFlag(cmd)
+	return cmd
+}
+
+func printDLQDeadLetter(out io.Writer, d dlq.DeadLetter) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
+	row("id", d.ID)
+	row("message uuid", d.MessageUUID)
+	row("original topic", d.OriginalTopic)
+	row("dead-letter topic", d.DeadLetterTopic)
+	row("consumer group", d.ConsumerGroup)
+	row("handler", d.Handler)
+	row("reason", d.Reason)
+	row("error", d.Error)
+	row("error type", d.ErrorType)
+	row("attempts", d.Attempts)
+	row("first failure", d.FirstFailure.UTC().Format(time.RFC3339Nano))
+	row("last failure", d.LastFailure.UTC().Format(time.RFC3339Nano))
+	row("recorded", d.CreatedAt.UTC().Format(time.RFC3339Nano))
+	if d.ReplayedAt != nil {
+		row("replayed", fmt.Sprintf("%d times, last %s", d.ReplayCount, d.ReplayedAt.UTC().Format(time.RFC3339Nano)))
+	} else {
+		row("replayed", "never")
+	}
+	_ = w.Flush()
+	fmt.Fprintln(out, "metadata:")
+	keys := make([]string, 0, len(d.Metadata))
+	for k := range d.Metadata {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Fprintf(out, "  %s: %s\n", k, d.Metadata[k])
+	}
+	if utf8.Valid(d.Payload) {
+		fmt.Fprintf(out, "payload (%d bytes):\n%s\n", len(d.Payload), d.Payload)
+	} else {
+		fmt.Fprintf(out, "payload (%d bytes, binary, hex dump):\n%s", len(d.Payload), hex.Dump(d.Payload))
+	}
+	if d.Stack != "" {
+		fmt.Fprintf(out, "stack:\n%s\n", d.Stack)
+	}
+}
+
+func dlqReplayCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Publish dead letters back to their original topic (or --target)",
+		Long: `Publish the selected dead letters, oldest first, to their original topic (or
+--target) with their original UUID, payload and metadata, and mark each row
+replayed. Rows already replayed are skipped unless --force. --dry-run prints
+exactly which message would go to which topic and publishes nothing. At least
+one filter flag, or --all, is required, so a bare command cannot replay
+everything by accident.
+
+The publisher comes from the transport named by --transport (a kind or URL,
+default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
+		Args: cobra.NoArgs,
+		RunE: runDLQReplay,
+	}
+	addDLQFilterFlags(cmd, 0)
+	f := cmd.Flags()
+	f.Bool("dry-run", false, "print what would be published where; publish and mark nothing")
+	f.Float64("rate", 10, "publish at most this many messages per second (0: unlimited)")
+	f.String("target", "", "publish to this topic instead of each dead letter's original topic")
+	f.Bool("force", false, "also replay dead letters replayed before")
+	f.Bool("all", false, "replay every dead letter the other flags allow (required when no filter is given)")
+	f.String("transport", "", "transport kind or URL to publish with (default $MILLWRIGHT_TRANSPORT)")
+	return cmd
+}
+
+func runDLQReplay(cmd *cobra.Command, _ []string) error {
+	filter, err := dlqFilterFromFlags(cmd)
+	if err != nil {
+		return err
+	}
+	fl := cmd.Flags()
+	var opts dlq.ReplayOptions
+	opts.Filter = filter
+	opts.DryRun, _ = fl.GetBool("dry-run")
+	opts.Rate, _ = fl.GetFloat64("rate")
+	opts.Target, _ = fl.GetString("target")
+	opts.Force, _ = fl.GetBool("force")
+	all, _ := fl.GetBool("all")
+	filtered := false
+	for _, name := range []string{"topic", "since", "until", "error", "id", "limit"} {
+		filtered = filtered || fl.Changed(name)
+	}
+	if !filtered && !all {
+		return errors.New("dlq replay: no filter given: pass --topic, --since, --until, --error, --id or --limit, or --all to replay every dead letter")
+	}
+	if opts.Rate < 0 {
+		return fmt.Errorf("--rate %v: want >= 0 (0 means unlimited)", opts.Rate)
+	}
+
+	db, err := openDB(cmd)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	store := dlq.NewStore(db)
+	out := cmd.OutOrStdout()
+
+	if opts.DryRun {
+		rep, err := store.Replay(cmd.Context(), nil, opts)
+		printDLQReplay(out, rep)
+		return err
+	}
+
+	tcfg, err := dlqTransportConfig(cmd)
+	if err != nil {
+		return err
+	}
+	tr, err := transport.Open(cmd.Context(), tcfg)
+	if err != nil {
+		return err
+	}
+	rep, err := store.Replay(cmd.Context(), tr.Publisher(), opts)
+	printDLQReplay(out, rep)
+	if cerr := tr.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("closing transport %s (messages above were published): %w", tr, cerr)
+	}
+	return err
+}
+
+// dlqTransportConfig reads the transport from --transport or the
+// environment. A URL is parsed as is; a bare kind name is exported as
+// MILLWRIGHT_TRANSPORT so that the other MILLWRIGHT_* variables fill in
+// that kind's settings.
+func dlqTransportConfig(cmd *cobra.Command) (transport.Config, error) {
+	v, _ := cmd.Flags().GetString("transport")
+	if strings.Contains(v, "://") {
+		cfg, err := transport.ParseURL(v)
+		if err != nil {
+			return cfg, fmt.Errorf("--transport: %w", err)
+		}
+		return cfg, nil
+	}
+	if v != "" {
+		if err := os.Setenv(transport.EnvTransport, v); err != nil {
+			return transport.Config{}, err
+		}
+	}
+	cfg, err := transport.FromEnv()
+	if err != nil {
+		return cfg, fmt.Errorf("dlq replay needs a transport to publish with (or use --dry-run): %w", err)
+	}
+	return cfg, nil
+}
+
+func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
+	verb := "published"
+	if rep.DryRun {
+		verb = "would publish"
+	}
+	for _, it := range rep.Items {
+		fmt.Fprintf(out, "%s dead letter %d (message %s) from %s to %s\n", verb, it.ID, it.MessageUUID, it.From, it.To)
+	}
+	summary := fmt.Sprintf("%s %d message(s)", verb, len(rep.Items))
+	if rep.SkippedReplayed > 0 {
+		summary += fmt.Sprintf("; skipped %d already replayed (use --force to replay them again)", rep.SkippedReplayed)
+	}
+	if rep.SkippedConcurrent > 0 {
+		summary += fmt.Sprintf("; skipped %d taken by a concurrent replay", rep.SkippedConcurrent)
+	}
+	if rep.DryRun {
+		summary += " (dry run: nothing published, nothing marked)"
+	}
+	fmt.Fprintln(out, summary)
+}
