@@ -1,0 +1,256 @@
+// Package amqp is millwright's RabbitMQ transport, built on watermill-amqp.
+// Applications reach it through package transport.
+//
+// Topology: each topic is a durable fanout exchange; each consumer group is a
+// durable queue named "<topic>_<group>" bound to it, so every group gets
+// every message and the members of a group share the work. Messages are
+// persistent. Publishes wait for the broker's confirm by default, so a
+// publish that returned nil survived a broker restart.
+//
+// Where it falls short: a fanout exchange drops messages published while no
+// queue is bound, so a group's queue must exist before events for it are
+// published. Subscribe once at deployment, or list the groups in
+// Config.DeclareGroups so the publisher declares their queues itself.
+// Ordering holds per queue only while one consumer with prefetch 1 reads it;
+// a nacked message is requeued and can overtake later ones.
+package amqp
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+)
+
+// Config selects and tunes the RabbitMQ connection.
+type Config struct {
+	// URL is amqp://user:pass@host:5672/vhost or amqps://... Required.
+	URL string
+	// TLS configures amqps. Default nil: the system roots when the URL is
+	// amqps://, plaintext for amqp://.
+	TLS *tls.Config
+	// Prefetch is how many unacked messages a consumer holds. Default 100;
+	// 1 gives strict ordering with one consumer.
+	Prefetch int
+	// ChannelPoolSize is the number of publishing channels. Default 8.
+	ChannelPoolSize int
+	// NoConfirm turns off publisher confirms (faster; a publish may then be
+	// lost if the broker dies right after it). Default false: confirms on.
+	NoConfirm bool
+	// DeclareGroups lists consumer groups whose queues the publisher
+	// declares and binds before its first publish to a topic, so no message
+	// is dropped before their subscribers start. Default none.
+	DeclareGroups []string
+	// ConnectTimeout bounds Open's connection attempt. Default 10s.
+	ConnectTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Prefetch == 0 {
+		c.Prefetch = 100
+	}
+	if c.ChannelPoolSize == 0 {
+		c.ChannelPoolSize = 8
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 10 * time.Second
+	}
+}
+
+// Validate reports configuration that cannot work, naming the field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.URL == "" {
+		errs = append(errs, errors.New("amqp: URL is empty: set amqp://user:pass@host:5672/vhost (env MILLWRIGHT_AMQP_URL)"))
+	} else if u, err := url.Parse(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("amqp: URL is malformed: %v", redactErr(err, c.URL)))
+	} else if u.Scheme != "amqp" && u.Scheme != "amqps" {
+		errs = append(errs, fmt.Errorf("amqp: URL scheme %q: want amqp or amqps", u.Scheme))
+	} else if u.Host == "" {
+		errs = append(errs, errors.New("amqp: URL has no host: want amqp://user:pass@host:5672/vhost"))
+	}
+	if c.Prefetch < 0 {
+		errs = append(errs, fmt.Errorf("amqp: Prefetch %d is negative", c.Prefetch))
+	}
+	if c.ChannelPoolSize < 0 {
+		errs = append(errs, fmt.Errorf("amqp: ChannelPoolSize %d is negative", c.ChannelPoolSize))
+	}
+	for _, g := range c.DeclareGroups {
+		if g == "" {
+			errs = append(errs, errors.New("amqp: DeclareGroups has an empty group name"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Transport is an open connection to RabbitMQ, shared by its publisher and
+// subscribers.
+type Transport struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	conn   *wamqp.ConnectionWrapper
+	pub    *wamqp.Publisher
+
+	mu     sync.Mutex
+	subs   []*wamqp.Subscriber
+	closed bool
+}
+
+// Open connects within ConnectTimeout and creates the publisher.
+func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	timeout := cfg.ConnectTimeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = time.Until(dl)
+	}
+	ac := &amqp091.Config{
+		Dial:            amqp091.DefaultDial(timeout),
+		TLSClientConfig: cfg.TLS,
+		Heartbeat:       10 * time.Second,
+		Locale:          "en_US",
+	}
+	conn, err := wamqp.NewConnection(wamqp.ConnectionConfig{AmqpURI: cfg.URL, AmqpConfig: ac}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("amqp: cannot connect to %s: %w (check MILLWRIGHT_AMQP_URL and that RabbitMQ is up)", redactURL(cfg.URL), redactErr(err, cfg.URL))
+	}
+	t := &Transport{cfg: cfg, logger: logger, conn: conn}
+	pc := t.config("")
+	pc.Publish.ChannelPoolSize = cfg.ChannelPoolSize
+	pc.Publish.ConfirmDelivery = !cfg.NoConfirm
+	if len(cfg.DeclareGroups) > 0 {
+		pc.TopologyBuilder = &declaringBuilder{groups: cfg.DeclareGroups}
+	}
+	pub, err := wamqp.NewPublisherWithConnection(pc, logger, conn)
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("amqp: creating publisher: %w", redactErr(err, cfg.URL))
+	}
+	t.pub = pub
+	return t, nil
+}
+
+// QueueName is the durable queue of a consumer group on a topic.
+func QueueName(topic, group string) string {
+	if group == "" {
+		return topic
+	}
+	return topic + "_" + group
+}
+
+func (t *Transport) config(group string) wamqp.Config {
+	c := wamqp.NewDurablePubSubConfig(t.cfg.URL, func(topic string) string { return QueueName(topic, group) })
+	c.Consume.Qos.PrefetchCount = t.cfg.Prefetch
+	return c
+}
+
+// Publisher returns the transport's publisher, safe for concurrent use.
+func (t *Transport) Publisher() message.Publisher { return t.pub }
+
+// Subscriber returns a subscriber reading the group's durable queue of each
+// topic it subscribes to. Group "" uses a queue named after the topic.
+func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, errors.New("amqp: transport is closed")
+	}
+	sub, err := wamqp.NewSubscriberWithConnection(t.config(group), t.logger, t.conn)
+	if err != nil {
+		return nil, fmt.Errorf("amqp: creating subscriber for group %q: %w", group, redactErr(err, t.cfg.URL))
+	}
+	t.subs = append(t.subs, sub)
+	return sub, nil
+}
+
+// Close closes the subscribers, the publisher, then the connection.
+// It is idempotent.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	subs := t.subs
+	t.mu.Unlock()
+	var errs []error
+	for _, s := range subs {
+		if err := s.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := t.pub.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := t.conn.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// declaringBuilder declares, with each topic's exchange, the durable queues
+// of the configured groups, so a publish before their subscribers start is
+// kept rather than dropped by the fanout exchange.
+type declaringBuilder struct {
+	wamqp.DefaultTopologyBuilder
+	groups []string
+}
+
+func (b *declaringBuilder) ExchangeDeclare(ch *amqp091.Channel, exchange string, c wamqp.Config) error {
+	if err := b.DefaultTopologyBuilder.ExchangeDeclare(ch, exchange, c); err != nil {
+		return err
+	}
+	for _, g := range b.groups {
+		q := QueueName(exchange, g)
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("amqp: declaring queue %s: %w", q, err)
+		}
+		if err := ch.QueueBind(q, "", exchange, false, nil); err != nil {
+			return fmt.Errorf("amqp: binding queue %s to %s: %w", q, exchange, err)
+		}
+	}
+	return nil
+}
+
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "<malformed URL>"
+	}
+	return u.Redacted()
+}
+
+// redactErr removes the URL's password from an error's text.
+func redactErr(err error, raw string) error {
+	if err == nil {
+		return nil
+	}
+	u, perr := url.Parse(raw)
+	pw := ""
+	if perr == nil && u.User != nil {
+		pw, _ = u.User.Password()
+	}
+	if perr != nil {
+		// The parser's own error quotes the URL: never show it.
+		return errors.New("cannot parse URL (it is not shown because it may hold a password)")
+	}
+	if pw == "" || !strings.Contains(err.Error(), pw) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
+}

@@ -1,0 +1,261 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"github.com/millwright/millwright/transport/kafka"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// EnvPrefix is the prefix of every environment variable millwright reads.
+const EnvPrefix = "MILLWRIGHT_"
+
+// Environment variables read by FromEnv.
+const (
+	// EnvTransport selects the transport: a kind name (kafka, amqp,
+	// googlecloud, sql, gochannel) or a URL (see ParseURL).
+	EnvTransport = EnvPrefix + "TRANSPORT"
+
+	EnvKafkaBrokers       = EnvPrefix + "KAFKA_BROKERS"        // comma-separated host:port
+	EnvKafkaTLS           = EnvPrefix + "KAFKA_TLS"            // true: TLS with system roots
+	EnvKafkaTLSCAFile     = EnvPrefix + "KAFKA_TLS_CA_FILE"    // PEM CA bundle; implies TLS
+	EnvKafkaSASLMechanism = EnvPrefix + "KAFKA_SASL_MECHANISM" // PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+	EnvKafkaSASLUser      = EnvPrefix + "KAFKA_SASL_USER"
+	EnvKafkaSASLPassword  = EnvPrefix + "KAFKA_SASL_PASSWORD"
+	EnvKafkaPartitions    = EnvPrefix + "KAFKA_PARTITIONS" // partitions of topics the subscriber creates
+
+	EnvAMQPURL      = EnvPrefix + "AMQP_URL" // amqp://user:pass@host:5672/vhost or amqps://
+	EnvAMQPPrefetch = EnvPrefix + "AMQP_PREFETCH"
+
+	EnvPubSubProject         = EnvPrefix + "PUBSUB_PROJECT"
+	EnvPubSubEmulatorHost    = EnvPrefix + "PUBSUB_EMULATOR_HOST"
+	EnvPubSubCredentialsFile = EnvPrefix + "PUBSUB_CREDENTIALS_FILE"
+
+	EnvSQLURL      = EnvPrefix + "SQL_URL"      // postgres://...; falls back to EnvDatabaseURL
+	EnvDatabaseURL = EnvPrefix + "DATABASE_URL" // the service's own database
+
+	// EnvDeclareGroups lists consumer groups (comma-separated) whose AMQP
+	// queues or Pub/Sub subscriptions the publisher creates up front.
+	EnvDeclareGroups = EnvPrefix + "DECLARE_GROUPS"
+)
+
+// FromEnv builds a Config from the MILLWRIGHT_ environment variables.
+// MILLWRIGHT_TRANSPORT selects the kind, by name or by URL; the per-kind
+// variables fill in or override the rest.
+func FromEnv() (Config, error) { return fromLookup(os.LookupEnv) }
+
+func fromLookup(lookup func(string) (string, bool)) (Config, error) {
+	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
+	var cfg Config
+	sel := get(EnvTransport)
+	switch {
+	case sel == "":
+		return cfg, fmt.Errorf("%w: set %s to one of %s, or to a URL such as kafka://host:9092", errNoKind, EnvTransport, kindList())
+	case strings.Contains(sel, "://"):
+		c, err := ParseURL(sel)
+		if err != nil {
+			return cfg, fmt.Errorf("%s: %w", EnvTransport, err)
+		}
+		cfg = c
+	default:
+		cfg.Kind = Kind(strings.ToLower(sel))
+		if !isKind(cfg.Kind) {
+			return cfg, fmt.Errorf("%s: invalid transport %q: want one of %s", EnvTransport, sel, kindList())
+		}
+	}
+
+	var errs []error
+	if v := get(EnvKafkaBrokers); v != "" {
+		cfg.Kafka.Brokers = splitList(v)
+	}
+	tlsOn, err := parseBool(EnvKafkaTLS, get(EnvKafkaTLS))
+	errs = append(errs, err)
+	if ca := get(EnvKafkaTLSCAFile); tlsOn || ca != "" {
+		t, err := loadTLS(ca, false)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", EnvKafkaTLSCAFile, err))
+		}
+		cfg.Kafka.TLS = t
+	}
+	if v := get(EnvKafkaSASLMechanism); v != "" {
+		cfg.Kafka.SASL.Mechanism = strings.ToUpper(v)
+	}
+	if v := get(EnvKafkaSASLUser); v != "" {
+		cfg.Kafka.SASL.User = v
+	}
+	if v, ok := lookup(EnvKafkaSASLPassword); ok {
+		cfg.Kafka.SASL.Password = v
+	}
+	if v := get(EnvKafkaPartitions); v != "" {
+		n, err := strconv.ParseInt(v, 10, 32)
+		if err != nil || n < 1 {
+			errs = append(errs, fmt.Errorf("%s=%q: want a positive integer", EnvKafkaPartitions, v))
+		}
+		cfg.Kafka.Partitions = int32(n)
+	}
+
+	if v := get(EnvAMQPURL); v != "" {
+		cfg.AMQP.URL = v
+	}
+	if v := get(EnvAMQPPrefetch); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			errs = append(errs, fmt.Errorf("%s=%q: want a positive integer", EnvAMQPPrefetch, v))
+		}
+		cfg.AMQP.Prefetch = n
+	}
+
+	if v := get(EnvPubSubProject); v != "" {
+		cfg.GoogleCloud.ProjectID = v
+	}
+	if v := get(EnvPubSubEmulatorHost); v != "" {
+		cfg.GoogleCloud.EmulatorHost = v
+	}
+	if v := get(EnvPubSubCredentialsFile); v != "" {
+		cfg.GoogleCloud.CredentialsFile = v
+	}
+
+	if v := get(EnvSQLURL); v != "" {
+		cfg.SQL.URL = v
+	} else if v := get(EnvDatabaseURL); v != "" && cfg.SQL.URL == "" {
+		cfg.SQL.URL = v
+	}
+
+	if v := get(EnvDeclareGroups); v != "" {
+		g := splitList(v)
+		cfg.AMQP.DeclareGroups = g
+		cfg.GoogleCloud.DeclareGroups = g
+	}
+	if err := errors.Join(errs...); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+func isKind(k Kind) bool {
+	for _, x := range Kinds {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// ParseURL builds a Config from a URL:
+//
+//	kafka://h1:9092,h2:9092                 Kafka bootstrap brokers
+//	kafka://user:pass@h1:9093?sasl=SCRAM-SHA-512&tls=true
+//	amqp://user:pass@host:5672/vhost         RabbitMQ (amqps:// for TLS)
+//	gcppubsub://PROJECT                      Google Cloud Pub/Sub
+//	gcppubsub://PROJECT?emulator=host:8085   ... through an emulator
+//	postgres://user:pass@host:5432/db        Postgres (watermill-sql)
+//	mem://                                   in-process (gochannel)
+//
+// Errors never include the password.
+func ParseURL(raw string) (Config, error) {
+	var cfg Config
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok || scheme == "" {
+		return cfg, fmt.Errorf("transport: URL %s has no scheme: want kafka://, amqp://, amqps://, gcppubsub://, postgres:// or mem://", redact(raw))
+	}
+	switch strings.ToLower(scheme) {
+	case "kafka":
+		c, err := parseKafkaURL(rest)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Kind, cfg.Kafka = Kafka, c
+	case "amqp", "amqps":
+		if _, err := url.Parse(raw); err != nil {
+			return cfg, errors.New("transport: malformed amqp URL (not shown: it may hold a password): want amqp://user:pass@host:5672/vhost")
+		}
+		cfg.Kind, cfg.AMQP.URL = AMQP, raw
+	case "gcppubsub", "pubsub":
+		u, err := url.Parse(raw)
+		if err != nil {
+			return cfg, fmt.Errorf("transport: malformed gcppubsub URL: want gcppubsub://PROJECT: %v", err)
+		}
+		if u.Host == "" {
+			return cfg, errors.New("transport: gcppubsub URL has no project id: want gcppubsub://PROJECT")
+		}
+		cfg.Kind = GoogleCloud
+		cfg.GoogleCloud.ProjectID = u.Host
+		cfg.GoogleCloud.EmulatorHost = u.Query().Get("emulator")
+		cfg.GoogleCloud.CredentialsFile = u.Query().Get("credentials_file")
+	case "postgres", "postgresql":
+		if _, err := url.Parse(raw); err != nil {
+			return cfg, errors.New("transport: malformed postgres URL (not shown: it may hold a password): want postgres://user:pass@host:5432/db")
+		}
+		cfg.Kind, cfg.SQL.URL = SQL, raw
+	case "mem", "gochannel":
+		cfg.Kind = GoChannel
+	default:
+		return cfg, fmt.Errorf("transport: unknown URL scheme %q: want kafka, amqp, amqps, gcppubsub, postgres or mem", scheme)
+	}
+	return cfg, cfg.Validate()
+}
+
+// parseKafkaURL parses [user[:pass]@]h1:p1,h2:p2[/][?sasl=...&tls=...&ca_file=...].
+// net/url cannot: it refuses a comma-separated host list.
+func parseKafkaURL(rest string) (c kafka.Config, err error) {
+	rest, query, _ := strings.Cut(rest, "?")
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		userinfo := rest[:at]
+		rest = rest[at+1:]
+		user, pass, _ := strings.Cut(userinfo, ":")
+		if user, err = url.PathUnescape(user); err != nil {
+			return c, errors.New("transport: kafka URL has a malformed user name")
+		}
+		if pass, err = url.PathUnescape(pass); err != nil {
+			return c, errors.New("transport: kafka URL has a malformed password (not shown)")
+		}
+		c.SASL.User, c.SASL.Password = user, pass
+		c.SASL.Mechanism = "PLAIN"
+	}
+	rest = strings.TrimSuffix(rest, "/")
+	c.Brokers = splitList(rest)
+	if len(c.Brokers) == 0 {
+		return c, errors.New("transport: kafka URL has no brokers: want kafka://host1:9092,host2:9092")
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return c, fmt.Errorf("transport: kafka URL has a malformed query: %v", err)
+	}
+	if m := q.Get("sasl"); m != "" {
+		c.SASL.Mechanism = strings.ToUpper(m)
+	}
+	tlsOn, err := parseBool("tls", q.Get("tls"))
+	if err != nil {
+		return c, fmt.Errorf("transport: kafka URL: %w", err)
+	}
+	if ca := q.Get("ca_file"); tlsOn || ca != "" {
+		t, err := loadTLS(ca, false)
+		if err != nil {
+			return c, fmt.Errorf("transport: kafka URL ca_file: %w", err)
+		}
+		c.TLS = t
+	}
+	return c, nil
+}
+
+// redact hides the password of a URL.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "<malformed URL, not shown>"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,72 @@
+// Package embedded starts brokers inside the current process for
+// development, examples and tests, and returns the transport.Config that
+// reaches them.
+//
+// THESE ARE IN-PROCESS FAKES, NOT FOR PRODUCTION. Kafka is franz-go's kfake,
+// a Kafka wire-protocol cluster kept in memory; Pub/Sub is the Google Cloud
+// client's pstest. Both lose everything when the process exits, neither
+// authenticates, and their timing differs from the real services (pstest,
+// for one, caps delivery at about 800 msg/s and delivers one message per
+// ordering key at a time). Use them to try millwright without a broker and
+// to run tests; point the same code at a real cluster through configuration.
+package embedded
+
+import (
+	"fmt"
+
+	"cloud.google.com/go/pubsub/pstest"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/millwright/millwright/transport"
+)
+
+// KafkaCluster is an in-process fake Kafka cluster.
+type KafkaCluster struct {
+	// Cluster gives access to kfake's fault injection (ControlKey).
+	Cluster *kfake.Cluster
+}
+
+// Kafka starts a 3-broker kfake cluster that creates topics on first use
+// (extra kfake options are appended).
+func Kafka(opts ...kfake.Opt) (*KafkaCluster, error) {
+	base := []kfake.Opt{kfake.NumBrokers(3), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1)}
+	c, err := kfake.NewCluster(append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("embedded: starting kfake cluster: %w", err)
+	}
+	return &KafkaCluster{Cluster: c}, nil
+}
+
+// Config returns the transport configuration that reaches the cluster.
+func (k *KafkaCluster) Config() transport.Config {
+	cfg := transport.Config{Kind: transport.Kafka}
+	cfg.Kafka.Brokers = k.Cluster.ListenAddrs()
+	return cfg
+}
+
+// Close stops the cluster.
+func (k *KafkaCluster) Close() error { k.Cluster.Close(); return nil }
+
+// PubSubServer is an in-process fake Pub/Sub service.
+type PubSubServer struct {
+	// Server gives access to pstest's controls.
+	Server *pstest.Server
+	// ProjectID is the project the returned Config uses.
+	ProjectID string
+}
+
+// PubSub starts a pstest server.
+func PubSub() (*PubSubServer, error) {
+	return &PubSubServer{Server: pstest.NewServer(), ProjectID: "millwright-dev"}, nil
+}
+
+// Config returns the transport configuration that reaches the server.
+func (p *PubSubServer) Config() transport.Config {
+	cfg := transport.Config{Kind: transport.GoogleCloud}
+	cfg.GoogleCloud.ProjectID = p.ProjectID
+	cfg.GoogleCloud.EmulatorHost = p.Server.Addr
+	return cfg
+}
+
+// Close stops the server.
+func (p *PubSubServer) Close() error { return p.Server.Close() }

@@ -1,0 +1,64 @@
+// Package gochannel is millwright's in-process transport, built on
+// Watermill's GoChannel: for unit tests and single-process development.
+//
+// Every subscriber receives every message: there are no consumer groups,
+// and a group name is accepted and ignored. Nothing survives the process.
+// With Persistent (the default) messages published before a subscriber
+// started are replayed to it, which keeps them all in memory for the life
+// of the transport.
+package gochannel
+
+import (
+	"context"
+	"errors"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wgochannel "github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+)
+
+// Config tunes the in-process transport.
+type Config struct {
+	// Buffer is each subscriber's output channel size. Default 1024.
+	Buffer int64
+	// NotPersistent drops messages published while no subscriber listens
+	// and keeps none in memory. Default false: persistent.
+	NotPersistent bool
+}
+
+// Validate reports configuration that cannot work.
+func (c Config) Validate() error {
+	if c.Buffer < 0 {
+		return errors.New("gochannel: Buffer is negative")
+	}
+	return nil
+}
+
+// Transport is one in-process pub/sub.
+type Transport struct{ ps *wgochannel.GoChannel }
+
+// Open creates the in-process pub/sub.
+func Open(_ context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Buffer == 0 {
+		cfg.Buffer = 1024
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Transport{ps: wgochannel.NewGoChannel(wgochannel.Config{
+		OutputChannelBuffer: cfg.Buffer,
+		Persistent:          !cfg.NotPersistent,
+	}, logger)}, nil
+}
+
+// Publisher returns the pub/sub.
+func (t *Transport) Publisher() message.Publisher { return t.ps }
+
+// Subscriber returns the pub/sub; the group is ignored.
+func (t *Transport) Subscriber(string) (message.Subscriber, error) { return t.ps, nil }
+
+// Close closes the pub/sub. It is idempotent.
+func (t *Transport) Close() error { return t.ps.Close() }

@@ -1,0 +1,298 @@
+// Package googlecloud is millwright's Google Cloud Pub/Sub transport, built
+// on watermill-googlecloud. Applications reach it through package transport.
+//
+// Each consumer group is a subscription named "<topic>_<group>" (created on
+// first subscribe, as is the topic), so every group gets every message and
+// the members of a group share the work. Message ordering is enabled on
+// publisher and subscriptions: messages with the same metadata.OrderingKey
+// are delivered in publish order; others are unordered. A nack makes
+// Pub/Sub redeliver; an unacked message is redelivered after its deadline.
+//
+// Where it falls short: a subscription only receives messages published
+// after it was created, so create the groups' subscriptions before
+// publishing (subscribe once at deployment, or list the groups in
+// Config.DeclareGroups); messages are limited to 10 MB; an ordering key
+// whose publish failed is paused until resumed (this transport resumes it
+// automatically and returns the error).
+package googlecloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync"
+	"time"
+
+	"cloud.google.com/go/pubsub"
+	"github.com/ThreeDotsLabs/watermill"
+	wgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/millwright/millwright/metadata"
+)
+
+// Config selects and tunes the Pub/Sub project.
+type Config struct {
+	// ProjectID is the Google Cloud project. Required.
+	ProjectID string
+	// EmulatorHost, if set (host:port), reaches a Pub/Sub emulator without
+	// credentials. The client also honours PUBSUB_EMULATOR_HOST.
+	EmulatorHost string
+	// CredentialsFile is a service-account JSON key file. Default: the
+	// application default credentials.
+	CredentialsFile string
+	// ClientOptions are passed to the Pub/Sub client last (escape hatch).
+	ClientOptions []option.ClientOption
+	// PublishTimeout bounds one Publish call. Default 30s.
+	PublishTimeout time.Duration
+	// PublishDelay is the client's batching delay. Default 1ms (the
+	// library's 10ms makes every synchronous publish wait 10ms).
+	PublishDelay time.Duration
+	// MaxExtension bounds how long a received message's lease is extended
+	// while its handler runs. Default 10 minutes; a closed subscriber's
+	// messages are redelivered after at most this long.
+	MaxExtension time.Duration
+	// DeclareGroups lists consumer groups whose subscriptions the
+	// publisher creates before its first publish to a topic, so messages
+	// published before their subscribers start are kept. Default none.
+	DeclareGroups []string
+	// ConnectTimeout bounds Open's first contact. Default 10s.
+	ConnectTimeout time.Duration
+}
+
+var projectRe = regexp.MustCompile(`^[a-z][a-z0-9-]{4,28}[a-z0-9]$|^[a-zA-Z0-9._:-]+$`)
+
+func (c *Config) setDefaults() {
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = 30 * time.Second
+	}
+	if c.PublishDelay == 0 {
+		c.PublishDelay = time.Millisecond
+	}
+	if c.MaxExtension == 0 {
+		c.MaxExtension = 10 * time.Minute
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 10 * time.Second
+	}
+}
+
+// Validate reports configuration that cannot work, naming the field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ProjectID == "" {
+		errs = append(errs, errors.New("googlecloud: ProjectID is empty: set it (env MILLWRIGHT_PUBSUB_PROJECT or gcppubsub://PROJECT)"))
+	} else if !projectRe.MatchString(c.ProjectID) {
+		errs = append(errs, fmt.Errorf("googlecloud: ProjectID %q is not a valid project id", c.ProjectID))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"PublishTimeout", c.PublishTimeout}, {"PublishDelay", c.PublishDelay}, {"MaxExtension", c.MaxExtension}, {"ConnectTimeout", c.ConnectTimeout}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("googlecloud: %s %s is negative", d.name, d.v))
+		}
+	}
+	for _, g := range c.DeclareGroups {
+		if g == "" {
+			errs = append(errs, errors.New("googlecloud: DeclareGroups has an empty group name"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) clientOptions() []option.ClientOption {
+	var opts []option.ClientOption
+	if c.EmulatorHost != "" {
+		opts = append(opts,
+			option.WithEndpoint(c.EmulatorHost),
+			option.WithoutAuthentication(),
+			option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
+			option.WithTelemetryDisabled(),
+		)
+	} else if c.CredentialsFile != "" {
+		opts = append(opts, option.WithCredentialsFile(c.CredentialsFile))
+	}
+	return append(opts, c.ClientOptions...)
+}
+
+// Transport is an open Pub/Sub client pair (publisher, admin).
+type Transport struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	admin  *pubsub.Client
+	pub    *Publisher
+
+	mu     sync.Mutex
+	subs   []*wgc.Subscriber
+	closed bool
+}
+
+// Open creates the clients and checks, within ConnectTimeout, that the
+// service answers.
+func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	cctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+	defer cancel()
+	admin, err := pubsub.NewClient(cctx, cfg.ProjectID, cfg.clientOptions()...)
+	if err != nil {
+		return nil, fmt.Errorf("googlecloud: creating client for project %s: %w", cfg.ProjectID, err)
+	}
+	// The gRPC connection is lazy: ask something cheap to learn whether
+	// the service answers at all.
+	if _, err := admin.Topic("millwright-probe").Exists(cctx); err != nil && status.Code(err) != codes.PermissionDenied {
+		admin.Close()
+		return nil, fmt.Errorf("googlecloud: Pub/Sub for project %s did not answer within %s (check MILLWRIGHT_PUBSUB_EMULATOR_HOST or credentials): %w", cfg.ProjectID, cfg.ConnectTimeout, err)
+	}
+	wp, err := wgc.NewPublisher(wgc.PublisherConfig{
+		ProjectID:             cfg.ProjectID,
+		EnableMessageOrdering: true,
+		EnableMessageOrderingAutoResumePublishOnError: true,
+		ConnectTimeout: cfg.ConnectTimeout,
+		PublishTimeout: cfg.PublishTimeout,
+		PublishSettings: &pubsub.PublishSettings{
+			DelayThreshold: cfg.PublishDelay,
+			CountThreshold: pubsub.DefaultPublishSettings.CountThreshold,
+			ByteThreshold:  pubsub.DefaultPublishSettings.ByteThreshold,
+			Timeout:        cfg.PublishTimeout,
+		},
+		ClientOptions: cfg.clientOptions(),
+		Marshaler:     wgc.NewOrderingMarshaler(orderingKey),
+	}, logger)
+	if err != nil {
+		admin.Close()
+		return nil, fmt.Errorf("googlecloud: creating publisher: %w", err)
+	}
+	t := &Transport{cfg: cfg, logger: logger, admin: admin}
+	t.pub = &Publisher{Publisher: wp, t: t, declared: map[string]bool{}}
+	return t, nil
+}
+
+func orderingKey(_ string, msg *message.Message) (string, error) {
+	return msg.Metadata.Get(metadata.OrderingKey), nil
+}
+
+func restoreOrderingKey(key string, msg *message.Message) error {
+	if key != "" {
+		msg.Metadata.Set(metadata.OrderingKey, key)
+	}
+	return nil
+}
+
+// SubscriptionName is the subscription of a consumer group on a topic.
+func SubscriptionName(topic, group string) string {
+	if group == "" {
+		return topic
+	}
+	return topic + "_" + group
+}
+
+// Publisher returns the transport's publisher, safe for concurrent use.
+func (t *Transport) Publisher() message.Publisher { return t.pub }
+
+// Subscriber returns a subscriber for consumer group `group`.
+func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, errors.New("googlecloud: transport is closed")
+	}
+	sub, err := wgc.NewSubscriber(wgc.SubscriberConfig{
+		ProjectID:                t.cfg.ProjectID,
+		GenerateSubscriptionName: func(topic string) string { return SubscriptionName(topic, group) },
+		ReceiveSettings: pubsub.ReceiveSettings{
+			MaxExtensionPeriod:     t.cfg.MaxExtension,
+			MaxOutstandingMessages: pubsub.DefaultReceiveSettings.MaxOutstandingMessages,
+			MaxOutstandingBytes:    pubsub.DefaultReceiveSettings.MaxOutstandingBytes,
+			NumGoroutines:          pubsub.DefaultReceiveSettings.NumGoroutines,
+		},
+		SubscriptionConfig: pubsub.SubscriptionConfig{EnableMessageOrdering: true},
+		ClientOptions:      t.cfg.clientOptions(),
+		Unmarshaler:        wgc.NewOrderingUnmarshaler(restoreOrderingKey),
+	}, t.logger)
+	if err != nil {
+		return nil, fmt.Errorf("googlecloud: creating subscriber for group %q: %w", group, err)
+	}
+	t.subs = append(t.subs, sub)
+	return sub, nil
+}
+
+// Close closes subscribers, publisher and clients. It is idempotent.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	subs := t.subs
+	t.mu.Unlock()
+	var errs []error
+	for _, s := range subs {
+		if err := s.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := t.pub.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := t.admin.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Publisher is watermill-googlecloud's publisher that first creates the
+// subscriptions of Config.DeclareGroups on each topic it publishes to.
+type Publisher struct {
+	*wgc.Publisher
+	t *Transport
+
+	mu       sync.Mutex
+	declared map[string]bool
+}
+
+// Publish publishes msgs to topic, in order for each ordering key.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if len(p.t.cfg.DeclareGroups) > 0 {
+		if err := p.declare(topic); err != nil {
+			return err
+		}
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+func (p *Publisher) declare(topic string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.declared[topic] {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.t.cfg.ConnectTimeout)
+	defer cancel()
+	tp := p.t.admin.Topic(topic)
+	if _, err := p.t.admin.CreateTopic(ctx, topic); err != nil && status.Code(err) != codes.AlreadyExists {
+		return fmt.Errorf("googlecloud: creating topic %s: %w", topic, err)
+	}
+	for _, g := range p.t.cfg.DeclareGroups {
+		name := SubscriptionName(topic, g)
+		_, err := p.t.admin.CreateSubscription(ctx, name, pubsub.SubscriptionConfig{Topic: tp, EnableMessageOrdering: true})
+		if err != nil && status.Code(err) != codes.AlreadyExists {
+			return fmt.Errorf("googlecloud: creating subscription %s: %w", name, err)
+		}
+	}
+	p.declared[topic] = true
+	return nil
+}

@@ -1,0 +1,406 @@
+// Package kafka is millwright's Kafka transport, built on watermill-kafka
+// (Sarama). Applications reach it through package transport; import it
+// directly only to tune Sarama.
+//
+// Guarantees: consumer groups are Kafka group ids; messages with the same
+// metadata.OrderingKey become the same Kafka message key and land, through
+// Sarama's hash partitioner, on one partition, in publish order (the producer
+// keeps one request in flight per broker so retries cannot reorder them).
+// Publishes wait for all in-sync replicas. A nacked message is redelivered to
+// the same consumer after NackResendSleep; offsets are committed after ack.
+package kafka
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/xdg-go/scram"
+
+	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/metadata"
+)
+
+// SASL mechanisms accepted in SASL.Mechanism.
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
+)
+
+// Config selects and tunes the Kafka cluster.
+type Config struct {
+	// Brokers lists bootstrap broker addresses (host:port). Required.
+	Brokers []string
+	// ClientID identifies this client to the brokers. Default "millwright".
+	ClientID string
+	// TLS enables TLS with this configuration. Default nil: plaintext.
+	TLS *tls.Config
+	// SASL authenticates the client. Default: none.
+	SASL SASL
+	// InitialOffset is where a new consumer group starts: "oldest" (default,
+	// so events published before the group first joined are not skipped) or
+	// "newest".
+	InitialOffset string
+	// Partitions is the partition count of topics the subscriber creates
+	// (SubscribeInitialize); the replication factor is the broker's default.
+	// Default 8.
+	Partitions int32
+	// ConnectTimeout bounds Open's first contact with the cluster. Default 10s.
+	ConnectTimeout time.Duration
+	// Tune, if set, adjusts the Sarama configuration last (escape hatch).
+	Tune func(*sarama.Config)
+}
+
+// SASL holds SASL credentials.
+type SASL struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty disables SASL.
+	Mechanism string
+	User      string
+	Password  string
+}
+
+func (c *Config) setDefaults() {
+	if c.ClientID == "" {
+		c.ClientID = "millwright"
+	}
+	if c.InitialOffset == "" {
+		c.InitialOffset = "oldest"
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 10 * time.Second
+	}
+	if c.Partitions == 0 {
+		c.Partitions = 8
+	}
+}
+
+// Validate reports configuration that cannot work, naming the field.
+func (c Config) Validate() error {
+	var errs []error
+	if len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("kafka: Brokers is empty: set at least one host:port (env MILLWRIGHT_KAFKA_BROKERS or kafka://host:9092)"))
+	}
+	for _, b := range c.Brokers {
+		if strings.TrimSpace(b) == "" || !strings.Contains(b, ":") {
+			errs = append(errs, fmt.Errorf("kafka: broker address %q: want host:port", b))
+		}
+	}
+	switch c.InitialOffset {
+	case "", "oldest", "newest":
+	default:
+		errs = append(errs, fmt.Errorf("kafka: InitialOffset %q: want oldest or newest", c.InitialOffset))
+	}
+	switch strings.ToUpper(c.SASL.Mechanism) {
+	case "":
+	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
+		if c.SASL.User == "" {
+			errs = append(errs, fmt.Errorf("kafka: SASL mechanism %s needs a user", c.SASL.Mechanism))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("kafka: SASL mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", c.SASL.Mechanism))
+	}
+	if c.Partitions < 0 {
+		errs = append(errs, fmt.Errorf("kafka: Partitions %d is negative", c.Partitions))
+	}
+	if c.ConnectTimeout < 0 {
+		errs = append(errs, fmt.Errorf("kafka: ConnectTimeout %s is negative", c.ConnectTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// Transport is an open connection to a Kafka cluster.
+type Transport struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	pub    *Publisher
+
+	mu     sync.Mutex
+	subs   []*wkafka.Subscriber
+	closed bool
+}
+
+// Open checks the configuration, reaches the cluster within ConnectTimeout
+// and creates the publisher.
+func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	sc, err := cfg.saramaConfig()
+	if err != nil {
+		return nil, err
+	}
+
+	type result struct {
+		p   sarama.SyncProducer
+		err error
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+	defer cancel()
+	ch := make(chan result, 1)
+	go func() {
+		p, err := sarama.NewSyncProducer(cfg.Brokers, sc)
+		ch <- result{p, err}
+	}()
+	var producer sarama.SyncProducer
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("kafka: cannot reach brokers %s: %w (check MILLWRIGHT_KAFKA_BROKERS and that the cluster is up)", strings.Join(cfg.Brokers, ","), r.err)
+		}
+		producer = r.p
+	case <-ctx.Done():
+		go func() { // the dial finishes on its own; release what it made
+			if r := <-ch; r.err == nil {
+				_ = r.p.Close()
+			}
+		}()
+		return nil, fmt.Errorf("kafka: brokers %s did not answer within %s (check MILLWRIGHT_KAFKA_BROKERS and that the cluster is up): %w", strings.Join(cfg.Brokers, ","), cfg.ConnectTimeout, ctx.Err())
+	}
+
+	return &Transport{
+		cfg:    cfg,
+		logger: logger,
+		pub:    &Publisher{producer: producer, marshaler: Marshaler{}, logger: logger},
+	}, nil
+}
+
+func (c Config) saramaConfig() (*sarama.Config, error) {
+	sc := wkafka.DefaultSaramaSubscriberConfig() // a superset of the publisher's defaults
+	sc.ClientID = c.ClientID
+	sc.Producer.Return.Successes = true
+	sc.Producer.Return.Errors = true
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Producer.Retry.Max = 10
+	sc.Producer.Partitioner = sarama.NewHashPartitioner
+	// One request in flight per broker: a retried batch cannot overtake a
+	// later one, so messages with one key keep their order.
+	sc.Net.MaxOpenRequests = 1
+	sc.Net.DialTimeout = c.ConnectTimeout
+	sc.Metadata.Retry.Max = 2
+	sc.Metadata.Retry.Backoff = 250 * time.Millisecond
+	sc.Admin.Timeout = 30 * time.Second
+	sc.ChannelBufferSize = 10240
+	sc.Consumer.Group.Heartbeat.Interval = 500 * time.Millisecond
+	sc.Consumer.Group.Rebalance.Timeout = 3 * time.Second
+	sc.Version = sarama.V2_6_0_0 // CreateTopics with the broker's default replication factor
+	if c.InitialOffset == "newest" {
+		sc.Consumer.Offsets.Initial = sarama.OffsetNewest
+	} else {
+		sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	}
+	if c.TLS != nil {
+		sc.Net.TLS.Enable = true
+		sc.Net.TLS.Config = c.TLS
+	}
+	if m := strings.ToUpper(c.SASL.Mechanism); m != "" {
+		sc.Net.SASL.Enable = true
+		sc.Net.SASL.User = c.SASL.User
+		sc.Net.SASL.Password = c.SASL.Password
+		sc.Net.SASL.Handshake = true
+		switch m {
+		case SASLPlain:
+			sc.Net.SASL.Mechanism = sarama.SASLTypePlaintext
+		case SASLScramSHA256:
+			sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA256
+			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.SHA256} }
+		case SASLScramSHA512:
+			sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA512
+			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.SHA512} }
+		}
+	}
+	if c.Tune != nil {
+		c.Tune(sc)
+	}
+	if err := sc.Validate(); err != nil {
+		return nil, fmt.Errorf("kafka: invalid Sarama configuration: %w", err)
+	}
+	return sc, nil
+}
+
+// Publisher returns the transport's publisher; it is safe for concurrent use
+// and implements transport.BatchPublisher.
+func (t *Transport) Publisher() message.Publisher { return t.pub }
+
+// Subscriber returns a subscriber in consumer group `group`. An empty group
+// reads every partition without committing offsets (each subscriber gets
+// every message).
+func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, errors.New("kafka: transport is closed")
+	}
+	sc, err := t.cfg.saramaConfig()
+	if err != nil {
+		return nil, err
+	}
+	details := &sarama.TopicDetail{NumPartitions: t.cfg.Partitions, ReplicationFactor: -1}
+	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+		Brokers:                t.cfg.Brokers,
+		Unmarshaler:            Marshaler{},
+		OverwriteSaramaConfig:  sc,
+		ConsumerGroup:          group,
+		InitializeTopicDetails: details,
+	}, t.logger)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: creating subscriber for group %q: %w", group, err)
+	}
+	t.subs = append(t.subs, sub)
+	return sub, nil
+}
+
+// Close closes every subscriber made by the transport, then the publisher.
+// It is idempotent.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	subs := t.subs
+	t.mu.Unlock()
+	var errs []error
+	for _, s := range subs {
+		if err := s.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := t.pub.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Marshaler is watermill-kafka's default marshaler plus the ordering key:
+// a message carrying metadata.OrderingKey gets it as its Kafka key; other
+// messages get no key (Sarama then spreads them over partitions).
+type Marshaler struct{ wkafka.DefaultMarshaler }
+
+// Marshal implements wkafka.Marshaler.
+func (m Marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
+	pm, err := m.DefaultMarshaler.Marshal(topic, msg)
+	if err != nil {
+		return nil, err
+	}
+	if k := msg.Metadata.Get(metadata.OrderingKey); k != "" {
+		pm.Key = sarama.StringEncoder(k)
+	}
+	return pm, nil
+}
+
+// Publisher publishes through one Sarama sync producer. Publish sends
+// messages one by one, as watermill-kafka does; PublishBatch hands Sarama
+// the whole batch at once.
+type Publisher struct {
+	producer  sarama.SyncProducer
+	marshaler wkafka.Marshaler
+	logger    watermill.LoggerAdapter
+
+	closeOnce sync.Once
+	mu        sync.RWMutex
+	closed    bool
+}
+
+// Publish sends msgs to topic in order, waiting for each acknowledgement.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return errors.New("kafka: publisher is closed")
+	}
+	for _, msg := range msgs {
+		km, err := p.marshaler.Marshal(topic, msg)
+		if err != nil {
+			return fmt.Errorf("kafka: marshaling message %s: %w", msg.UUID, err)
+		}
+		if _, _, err := p.producer.SendMessage(km); err != nil {
+			return fmt.Errorf("kafka: publishing message %s to %s: %w", msg.UUID, topic, err)
+		}
+	}
+	return nil
+}
+
+// PublishBatch sends msgs to topic in one round trip per broker. On partial
+// failure it returns a *batch.Error (transport.BatchError) naming the
+// messages that were not acknowledged.
+func (p *Publisher) PublishBatch(topic string, msgs ...*message.Message) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return errors.New("kafka: publisher is closed")
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	kms := make([]*sarama.ProducerMessage, len(msgs))
+	index := make(map[*sarama.ProducerMessage]int, len(msgs))
+	for i, msg := range msgs {
+		km, err := p.marshaler.Marshal(topic, msg)
+		if err != nil {
+			return fmt.Errorf("kafka: marshaling message %s: %w", msg.UUID, err)
+		}
+		kms[i] = km
+		index[km] = i
+	}
+	err := p.producer.SendMessages(kms)
+	if err == nil {
+		return nil
+	}
+	var perrs sarama.ProducerErrors
+	if errors.As(err, &perrs) {
+		be := &batch.Error{Failed: make(map[int]error, len(perrs))}
+		for _, pe := range perrs {
+			if i, ok := index[pe.Msg]; ok {
+				be.Failed[i] = fmt.Errorf("kafka: publishing message %s to %s: %w", msgs[i].UUID, topic, pe.Err)
+			}
+		}
+		if len(be.Failed) > 0 {
+			return be
+		}
+	}
+	return fmt.Errorf("kafka: publishing %d messages to %s: %w", len(msgs), topic, err)
+}
+
+// Close closes the producer. It is idempotent.
+func (p *Publisher) Close() error {
+	var err error
+	p.closeOnce.Do(func() {
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
+		err = p.producer.Close()
+	})
+	return err
+}
+
+// scramClient adapts xdg-go/scram to sarama.SCRAMClient.
+type scramClient struct {
+	hash scram.HashGeneratorFcn
+	conv *scram.ClientConversation
+}
+
+func (s *scramClient) Begin(user, password, authzID string) error {
+	c, err := s.hash.NewClient(user, password, authzID)
+	if err != nil {
+		return err
+	}
+	s.conv = c.NewConversation()
+	return nil
+}
+
+func (s *scramClient) Step(challenge string) (string, error) { return s.conv.Step(challenge) }
+func (s *scramClient) Done() bool                            { return s.conv.Done() }

@@ -1,0 +1,253 @@
+// Package sql is millwright's Postgres transport, built on watermill-sql
+// (lib/pq). Applications reach it through package transport.
+//
+// Each topic is a table; each consumer group keeps its own offset per topic
+// and reads messages in offset order, acking one batch at a time, so a
+// group sees a topic in publish order (across commits, watermill-sql orders
+// by transaction id). A nack rolls back and the message is redelivered.
+// Messages persist until the table is truncated by the operator.
+//
+// Where it falls short: throughput is that of one Postgres; every consumer
+// group polls (PollInterval, default 100ms); topic names become table names
+// and must match [A-Za-z0-9_.:$-] (watermill-sql refuses others).
+package sql
+
+import (
+	"context"
+	stdsql "database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	_ "github.com/lib/pq" // registers the "postgres" driver
+)
+
+// Config selects and tunes the Postgres transport.
+type Config struct {
+	// URL is postgres://user:pass@host:5432/db?sslmode=... Required unless DB is set.
+	URL string
+	// DB, if set, is used instead of opening URL (share the service's pool).
+	// Close does not close it.
+	DB *stdsql.DB
+	// MaxOpenConns bounds the pool opened from URL. Default 10.
+	MaxOpenConns int
+	// PollInterval is how often an idle subscriber polls. Default 100ms.
+	PollInterval time.Duration
+	// ConnectTimeout bounds Open's first ping. Default 10s.
+	ConnectTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxOpenConns == 0 {
+		c.MaxOpenConns = 10
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 100 * time.Millisecond
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 10 * time.Second
+	}
+}
+
+// Validate reports configuration that cannot work, naming the field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.DB == nil {
+		if c.URL == "" {
+			errs = append(errs, errors.New("sql: URL is empty: set postgres://user:pass@host:5432/db (env MILLWRIGHT_SQL_URL)"))
+		} else if u, err := url.Parse(c.URL); err != nil {
+			errs = append(errs, errors.New("sql: URL is malformed (not shown: it may hold a password): want postgres://user:pass@host:5432/db"))
+		} else if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+			errs = append(errs, fmt.Errorf("sql: URL scheme %q: want postgres", u.Scheme))
+		}
+	}
+	if c.MaxOpenConns < 0 {
+		errs = append(errs, fmt.Errorf("sql: MaxOpenConns %d is negative", c.MaxOpenConns))
+	}
+	if c.PollInterval < 0 {
+		errs = append(errs, fmt.Errorf("sql: PollInterval %s is negative", c.PollInterval))
+	}
+	return errors.Join(errs...)
+}
+
+// Transport is an open Postgres pool with a watermill-sql publisher.
+type Transport struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	db     *stdsql.DB
+	ownDB  bool
+	pub    *wsql.Publisher
+
+	mu     sync.Mutex
+	subs   []*wsql.Subscriber
+	closed bool
+}
+
+// Open opens (or adopts) the pool, pings it within ConnectTimeout and
+// creates the publisher.
+func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	db, own := cfg.DB, false
+	if db == nil {
+		var err error
+		db, err = stdsql.Open("postgres", cfg.URL)
+		if err != nil {
+			return nil, fmt.Errorf("sql: opening %s: %w", redactURL(cfg.URL), err)
+		}
+		db.SetMaxOpenConns(cfg.MaxOpenConns)
+		db.SetMaxIdleConns(cfg.MaxOpenConns)
+		own = true
+	}
+	pctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		if own {
+			db.Close()
+		}
+		return nil, fmt.Errorf("sql: cannot reach %s within %s: %w (check MILLWRIGHT_SQL_URL and that Postgres is up)", redactURL(cfg.URL), cfg.ConnectTimeout, redactErr(err, cfg.URL))
+	}
+	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: Schema(), AutoInitializeSchema: true}, logger)
+	if err != nil {
+		if own {
+			db.Close()
+		}
+		return nil, fmt.Errorf("sql: creating publisher: %w", err)
+	}
+	return &Transport{cfg: cfg, logger: logger, db: db, ownDB: own, pub: pub}, nil
+}
+
+// Schema is the watermill-sql schema adapter millwright uses: one table per
+// topic named watermill_<topic>, payload stored as BYTEA so any payload
+// (not only JSON) round-trips.
+func Schema() wsql.SchemaAdapter {
+	return raceFreeSchema{wsql.DefaultPostgreSQLSchema{
+		GeneratePayloadType: func(string) string { return "BYTEA" },
+	}}
+}
+
+// OffsetsAdapter is the watermill-sql offsets adapter millwright uses.
+func OffsetsAdapter() wsql.OffsetsAdapter {
+	return raceFreeOffsets{wsql.DefaultPostgreSQLOffsetsAdapter{}}
+}
+
+// Two sessions running CREATE TABLE IF NOT EXISTS for one new topic at
+// once can both pass the existence check, and the loser fails with a
+// unique violation on pg_class (or duplicate_object on the row type).
+// watermill-sql runs its schema queries outside a transaction, on a pool,
+// so a lock cannot be held across them; instead each argument-free query
+// is wrapped in a block that treats "already exists" as success.
+type raceFreeSchema struct{ wsql.DefaultPostgreSQLSchema }
+
+func (s raceFreeSchema) SchemaInitializingQueries(topic string) []wsql.Query {
+	return tolerateExisting(s.DefaultPostgreSQLSchema.SchemaInitializingQueries(topic))
+}
+
+type raceFreeOffsets struct{ wsql.DefaultPostgreSQLOffsetsAdapter }
+
+func (a raceFreeOffsets) SchemaInitializingQueries(topic string) []wsql.Query {
+	return tolerateExisting(a.DefaultPostgreSQLOffsetsAdapter.SchemaInitializingQueries(topic))
+}
+
+func tolerateExisting(qs []wsql.Query) []wsql.Query {
+	out := make([]wsql.Query, len(qs))
+	for i, q := range qs {
+		if len(q.Args) > 0 || strings.Contains(q.Query, "$mw$") {
+			out[i] = q
+			continue
+		}
+		out[i] = wsql.Query{Query: "DO $mw$ BEGIN " + strings.TrimRight(strings.TrimSpace(q.Query), ";") +
+			"; EXCEPTION WHEN unique_violation OR duplicate_table OR duplicate_object THEN NULL; END $mw$"}
+	}
+	return out
+}
+
+// DB returns the transport's pool.
+func (t *Transport) DB() *stdsql.DB { return t.db }
+
+// Publisher returns the transport's publisher, safe for concurrent use.
+func (t *Transport) Publisher() message.Publisher { return t.pub }
+
+// Subscriber returns a subscriber in consumer group `group` (its own offset
+// per topic). Group "" is watermill-sql's default group.
+func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, errors.New("sql: transport is closed")
+	}
+	sub, err := wsql.NewSubscriber(t.db, wsql.SubscriberConfig{
+		ConsumerGroup:    group,
+		PollInterval:     t.cfg.PollInterval,
+		SchemaAdapter:    Schema(),
+		OffsetsAdapter:   OffsetsAdapter(),
+		InitializeSchema: true,
+	}, t.logger)
+	if err != nil {
+		return nil, fmt.Errorf("sql: creating subscriber for group %q: %w", group, err)
+	}
+	t.subs = append(t.subs, sub)
+	return sub, nil
+}
+
+// Close closes the subscribers, the publisher and the pool it opened.
+// It is idempotent.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	subs := t.subs
+	t.mu.Unlock()
+	var errs []error
+	for _, s := range subs {
+		if err := s.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := t.pub.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if t.ownDB {
+		if err := t.db.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func redactURL(raw string) string {
+	if raw == "" {
+		return "the shared pool"
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "<malformed URL>"
+	}
+	return u.Redacted()
+}
+
+func redactErr(err error, raw string) error {
+	u, perr := url.Parse(raw)
+	if perr != nil || u.User == nil {
+		return err
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
+}

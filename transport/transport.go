@@ -1,0 +1,223 @@
+package transport
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/transport/amqp"
+	"github.com/millwright/millwright/transport/gochannel"
+	"github.com/millwright/millwright/transport/googlecloud"
+	"github.com/millwright/millwright/transport/kafka"
+	"github.com/millwright/millwright/transport/sql"
+)
+
+// Kind names a transport.
+type Kind string
+
+// The transport kinds.
+const (
+	Kafka       Kind = "kafka"
+	AMQP        Kind = "amqp"
+	GoogleCloud Kind = "googlecloud"
+	SQL         Kind = "sql"
+	GoChannel   Kind = "gochannel"
+)
+
+// Kinds lists every kind, in documentation order.
+var Kinds = []Kind{Kafka, AMQP, GoogleCloud, SQL, GoChannel}
+
+// OrderingKey is the metadata key whose value keeps messages in order
+// (metadata.OrderingKey, repeated here for discoverability).
+const OrderingKey = metadata.OrderingKey
+
+// Config selects a transport kind and holds the settings of every kind;
+// only the selected kind's settings are used.
+type Config struct {
+	// Kind selects the transport. Required.
+	Kind Kind
+	// Kafka settings, used when Kind is kafka.
+	Kafka kafka.Config
+	// AMQP settings, used when Kind is amqp.
+	AMQP amqp.Config
+	// GoogleCloud settings, used when Kind is googlecloud.
+	GoogleCloud googlecloud.Config
+	// SQL settings, used when Kind is sql.
+	SQL sql.Config
+	// GoChannel settings, used when Kind is gochannel.
+	GoChannel gochannel.Config
+	// Logger receives the transport's logs. Default: none.
+	Logger watermill.LoggerAdapter
+}
+
+// Validate reports a configuration that cannot work, naming the field and
+// the fix. It checks only the selected kind.
+func (c Config) Validate() error {
+	switch c.Kind {
+	case Kafka:
+		return c.Kafka.Validate()
+	case AMQP:
+		return c.AMQP.Validate()
+	case GoogleCloud:
+		return c.GoogleCloud.Validate()
+	case SQL:
+		return c.SQL.Validate()
+	case GoChannel:
+		return c.GoChannel.Validate()
+	case "":
+		return fmt.Errorf("transport: Kind is empty: want one of %s (env %s)", kindList(), EnvTransport)
+	default:
+		return fmt.Errorf("transport: invalid transport %q: want one of %s", string(c.Kind), kindList())
+	}
+}
+
+func kindList() string {
+	s := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		s[i] = string(k)
+	}
+	return strings.Join(s, ", ")
+}
+
+// String describes the configuration without secrets, for logs.
+func (c Config) String() string {
+	switch c.Kind {
+	case Kafka:
+		s := "kafka://" + strings.Join(c.Kafka.Brokers, ",")
+		if c.Kafka.SASL.Mechanism != "" {
+			s += " sasl=" + c.Kafka.SASL.Mechanism + " user=" + c.Kafka.SASL.User
+		}
+		if c.Kafka.TLS != nil {
+			s += " tls"
+		}
+		return s
+	case AMQP:
+		return redact(c.AMQP.URL)
+	case GoogleCloud:
+		s := "gcppubsub://" + c.GoogleCloud.ProjectID
+		if c.GoogleCloud.EmulatorHost != "" {
+			s += "?emulator=" + c.GoogleCloud.EmulatorHost
+		}
+		return s
+	case SQL:
+		if c.SQL.URL == "" {
+			return "sql (shared pool)"
+		}
+		return redact(c.SQL.URL)
+	case GoChannel:
+		return "mem://"
+	}
+	return fmt.Sprintf("transport %q", string(c.Kind))
+}
+
+// backend is what every kind's Transport provides.
+type backend interface {
+	Publisher() message.Publisher
+	Subscriber(group string) (message.Subscriber, error)
+	Close() error
+}
+
+// Transport is an open transport of one kind: a publisher shared by the
+// application, subscribers per consumer group, and Close.
+type Transport struct {
+	kind Kind
+	desc string
+	b    backend
+}
+
+// Open validates cfg and connects to the broker. A broker that does not
+// answer makes Open fail within the kind's ConnectTimeout (default 10s).
+func Open(ctx context.Context, cfg Config) (*Transport, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	var (
+		b   backend
+		err error
+	)
+	switch cfg.Kind {
+	case Kafka:
+		b, err = openAs(kafka.Open(ctx, cfg.Kafka, cfg.Logger))
+	case AMQP:
+		b, err = openAs(amqp.Open(ctx, cfg.AMQP, cfg.Logger))
+	case GoogleCloud:
+		b, err = openAs(googlecloud.Open(ctx, cfg.GoogleCloud, cfg.Logger))
+	case SQL:
+		b, err = openAs(sql.Open(ctx, cfg.SQL, cfg.Logger))
+	case GoChannel:
+		b, err = openAs(gochannel.Open(ctx, cfg.GoChannel, cfg.Logger))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("transport: opening %s: %w", cfg, err)
+	}
+	return &Transport{kind: cfg.Kind, desc: cfg.String(), b: b}, nil
+}
+
+func openAs[T backend](t T, err error) (backend, error) {
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Kind returns the transport's kind.
+func (t *Transport) Kind() Kind { return t.kind }
+
+// String describes the transport without secrets.
+func (t *Transport) String() string { return t.desc }
+
+// Publisher returns the transport's publisher. It is safe for concurrent
+// use; it implements BatchPublisher where the kind supports batches (kafka).
+// Do not close it: Close does, after the subscribers.
+func (t *Transport) Publisher() message.Publisher { return t.b.Publisher() }
+
+// Subscriber returns a subscriber that belongs to consumer group `group`:
+// every group receives every message of a topic, and the subscribers of one
+// group share them. See the README's table for each kind's mapping.
+func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
+	return t.b.Subscriber(group)
+}
+
+// Close closes every subscriber the transport made, then its publisher and
+// connections. It is idempotent. Stop the router that uses them first, so
+// handlers can drain (Watermill issue #446).
+func (t *Transport) Close() error { return t.b.Close() }
+
+// loadTLS builds a TLS configuration from a CA file ("" = system roots).
+func loadTLS(caFile string, insecure bool) (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: insecure} //nolint:gosec // opt-in, documented
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA file %s holds no PEM certificate", caFile)
+		}
+		c.RootCAs = pool
+	}
+	return c, nil
+}
+
+func parseBool(name, v string) (bool, error) {
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%s=%q: want true or false", name, v)
+	}
+	return b, nil
+}
+
+var errNoKind = errors.New("transport: no transport configured")
