@@ -134,7 +134,10 @@ func NewMiddleware(pub message.Publisher, cfg Config) (*Middleware, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	rm, err := retry.NewMiddleware(retry.Config{Policy: cfg.Retry, Logger: cfg.Logger, Registerer: cfg.Registerer, OnRetry: cfg.OnRetry})
+	rm, err := retry.NewMiddleware(retry.Config{
+		Policy: cfg.Retry, Logger: cfg.Logger, Registerer: cfg.Registerer, OnRetry: cfg.OnRetry,
+		SilentGiveUp: true, // we log one line per dead letter (or failed publish) instead
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -98,8 +98,9 @@ func (b *bundle) nextDead(t *testing.T) *message.Message {
 func TestPoisonReachesDLQAfterExactlyNAttempts(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
+	logger := watermill.NewCaptureLogger()
 	start := time.Now()
-	b := setup(t, dlq.Config{Retry: fastRetry, ConsumerGroup: "billing", Registerer: reg}, nil, func(*message.Message) error {
+	b := setup(t, dlq.Config{Retry: fastRetry, ConsumerGroup: "billing", Registerer: reg, Logger: logger}, nil, func(*message.Message) error {
 		return errors.New("payment service said no")
 	})
 	orig := b.publish(t, `{"order":1}`)
@@ -130,6 +131,14 @@ func TestPoisonReachesDLQAfterExactlyNAttempts(t *testing.T) {
 
 	require.Equal(t, 1.0, counterValue(t, reg, dlq.MetricDeadLetters, "orders", dlq.ReasonExhausted))
 	require.Equal(t, 2.0, counterValue(t, reg, retry.MetricRetries, "orders", retry.ReasonError))
+
+	errorLines := logger.Captured()[watermill.ErrorLogLevel]
+	require.Len(t, errorLines, 1, "one error line per dead letter: %v", errorLines)
+	line := errorLines[0]
+	require.Equal(t, "Message dead-lettered", line.Msg)
+	require.Equal(t, orig.UUID, line.Fields["message_uuid"])
+	require.Equal(t, "orders", line.Fields["topic"])
+	require.ErrorContains(t, line.Err, "payment service said no")
 }
 
 // counterValue reads one series of a counter from reg.

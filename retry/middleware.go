@@ -22,6 +22,10 @@ type Config struct {
 	// Registerer registers the retry counter (MetricRetries). Default nil:
 	// no metrics. Several middlewares may share one Registerer.
 	Registerer prometheus.Registerer
+	// SilentGiveUp suppresses the Error line logged when the middleware
+	// gives up, for a caller that logs the outcome itself (the dlq
+	// middleware logs one line per dead letter). Default false.
+	SilentGiveUp bool
 	// OnRetry, when set, is called before each backoff wait with the
 	// attempt that failed (1-based), its error and the chosen delay. It runs
 	// on the handler's goroutine and must not block.
@@ -43,6 +47,7 @@ const (
 type Middleware struct {
 	policy  Policy
 	logger  watermill.LoggerAdapter
+	silent  bool
 	retries *prometheus.CounterVec
 	onRetry func(*message.Message, int, error, time.Duration)
 }
@@ -77,7 +82,7 @@ func NewMiddleware(cfg Config) (*Middleware, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Middleware{policy: cfg.Policy, logger: cfg.Logger, onRetry: cfg.OnRetry}
+	m := &Middleware{policy: cfg.Policy, logger: cfg.Logger, silent: cfg.SilentGiveUp, onRetry: cfg.OnRetry}
 	if cfg.Registerer != nil {
 		cv := prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricRetries,
@@ -126,7 +131,7 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		})
 		if err != nil {
 			var re *Error
-			if errors.As(err, &re) && !re.Interrupted {
+			if errors.As(err, &re) && !re.Interrupted && !m.silent {
 				m.logger.Error("Giving up on message", err, watermill.LogFields{
 					"message_uuid": msg.UUID,
 					"topic":        message.SubscribeTopicFromCtx(original),
