@@ -51,9 +51,11 @@ type Config struct {
 	// "newest".
 	InitialOffset string
 	// Partitions is the partition count of topics the subscriber creates
-	// (SubscribeInitialize); the replication factor is the broker's default.
-	// Default 8.
+	// (SubscribeInitialize). Default 8. Production topics are best created
+	// by their owners with the partition count they need.
 	Partitions int32
+	// ReplicationFactor of topics the subscriber creates. Default 1.
+	ReplicationFactor int16
 	// ConnectTimeout bounds Open's first contact with the cluster. Default 10s.
 	ConnectTimeout time.Duration
 	// Tune, if set, adjusts the Sarama configuration last (escape hatch).
@@ -80,6 +82,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Partitions == 0 {
 		c.Partitions = 8
+	}
+	if c.ReplicationFactor == 0 {
+		c.ReplicationFactor = 1
 	}
 }
 
@@ -195,7 +200,7 @@ func (c Config) saramaConfig() (*sarama.Config, error) {
 	sc.ChannelBufferSize = 10240
 	sc.Consumer.Group.Heartbeat.Interval = 500 * time.Millisecond
 	sc.Consumer.Group.Rebalance.Timeout = 3 * time.Second
-	sc.Version = sarama.V2_6_0_0 // CreateTopics with the broker's default replication factor
+	sc.Version = sarama.V2_1_0_0
 	if c.InitialOffset == "newest" {
 		sc.Consumer.Offsets.Initial = sarama.OffsetNewest
 	} else {
@@ -247,7 +252,7 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 	if err != nil {
 		return nil, err
 	}
-	details := &sarama.TopicDetail{NumPartitions: t.cfg.Partitions, ReplicationFactor: -1}
+	details := &sarama.TopicDetail{NumPartitions: t.cfg.Partitions, ReplicationFactor: t.cfg.ReplicationFactor}
 	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
 		Brokers:                t.cfg.Brokers,
 		Unmarshaler:            Marshaler{},
