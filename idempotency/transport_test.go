@@ -1,0 +1,172 @@
+package idempotency_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/idempotency/idempotencytest"
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/transport"
+	tramqp "github.com/millwright/millwright/transport/amqp"
+	"github.com/millwright/millwright/transport/embedded"
+)
+
+// Through every transport kind: the relay publishes some events twice, the
+// Duplicator runs every delivery twice, and the consumer "dies" after the
+// commit of one event but before its ack (the delivery is nacked, so the
+// broker redelivers it). Each event's effect is applied once.
+func TestEveryTransportAppliesOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts in-process Kafka and Pub/Sub and uses RabbitMQ; skipped with -short")
+	}
+	t.Parallel()
+
+	configs := map[transport.Kind]func(t *testing.T, s *pgtest.Schema) transport.Config{
+		transport.GoChannel: func(*testing.T, *pgtest.Schema) transport.Config {
+			return transport.Config{Kind: transport.GoChannel}
+		},
+		transport.SQL: func(_ *testing.T, s *pgtest.Schema) transport.Config {
+			c := transport.Config{Kind: transport.SQL}
+			c.SQL.DB = s.DB
+			return c
+		},
+		transport.AMQP: func(*testing.T, *pgtest.Schema) transport.Config {
+			c := transport.Config{Kind: transport.AMQP}
+			c.AMQP.URL = "amqp://guest:guest@127.0.0.1:5672/"
+			return c
+		},
+		transport.Kafka: func(t *testing.T, _ *pgtest.Schema) transport.Config {
+			k, err := embedded.Kafka()
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = k.Close() })
+			return k.Config()
+		},
+		transport.GoogleCloud: func(t *testing.T, _ *pgtest.Schema) transport.Config {
+			p, err := embedded.PubSub()
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = p.Close() })
+			return p.Config()
+		},
+	}
+	for _, kind := range transport.Kinds {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			b := setupPG(t)
+			cfg := configs[kind](t, b.schema)
+			tr, err := transport.Open(context.Background(), cfg)
+			require.NoError(t, err)
+
+			var r [4]byte
+			_, _ = rand.Read(r[:])
+			suffix := hex.EncodeToString(r[:])
+			topic, group := "idem_orders_"+suffix, "idem_billing_"+suffix
+			sub, err := tr.Subscriber(group)
+			require.NoError(t, err)
+			if init, ok := sub.(message.SubscribeInitializer); ok {
+				// Kafka: a consumer group that joins before its topic exists
+				// waits for a metadata refresh.
+				require.NoError(t, init.SubscribeInitialize(topic))
+			}
+
+			m, reg := newMiddleware(t, b.store, idempotency.Config{Consumer: "billing"})
+			router, err := message.NewRouter(message.RouterConfig{}, nil)
+			require.NoError(t, err)
+
+			const unique, republished = 6, 3
+			handled := make(chan string, 4*(unique+republished))
+			var crashOnce sync.Once
+			router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+				return func(msg *message.Message) ([]*message.Message, error) {
+					out, err := h(msg)
+					if err != nil {
+						return nil, err
+					}
+					crashed := false
+					if msg.Metadata.Get("ce_id") == "evt-0" {
+						crashOnce.Do(func() { crashed = true })
+					}
+					if crashed {
+						// Effect committed, ack lost: the broker redelivers.
+						return nil, testError("consumer died before ack")
+					}
+					handled <- msg.Metadata.Get("ce_id")
+					return out, nil
+				}
+			}, middleware.Duplicator, m.Middleware)
+			router.AddConsumerHandler("billing", topic, sub, func(msg *message.Message) error {
+				_, err := effectHandler("billing")(msg)
+				return err
+			})
+
+			ctx, cancel := context.WithCancel(context.Background())
+			runErr := make(chan error, 1)
+			go func() { runErr <- router.Run(ctx) }()
+			t.Cleanup(func() {
+				cancel()
+				<-runErr
+				_ = tr.Close()
+				if kind == transport.AMQP {
+					deleteAMQP(t, cfg.AMQP.URL, topic, tramqp.QueueName(topic, group))
+				}
+			})
+			select {
+			case <-router.Running():
+			case err := <-runErr:
+				t.Fatalf("router stopped: %v", err)
+			}
+
+			pub := tr.Publisher()
+			for i := range unique {
+				require.NoError(t, pub.Publish(topic, idempotencytest.NewMessage(fmt.Sprintf("evt-%d", i), nil)))
+			}
+			for i := range republished {
+				require.NoError(t, pub.Publish(topic, idempotencytest.NewMessage(fmt.Sprintf("evt-%d", i), nil)))
+			}
+
+			timeout := time.After(60 * time.Second)
+			for range unique + republished {
+				select {
+				case <-handled:
+				case <-timeout:
+					t.Fatalf("timed out: %d effects", countRows(t, b.schema.DB, `SELECT count(*) FROM effects`))
+				}
+			}
+			require.Equal(t, unique, countRows(t, b.schema.DB, `SELECT count(*) FROM effects`))
+			require.Equal(t, unique, countRows(t, b.schema.DB, `SELECT count(DISTINCT event_id) FROM effects`))
+			require.EqualValues(t, unique, metric(t, reg, idempotency.MetricProcessed, "billing"))
+		})
+	}
+}
+
+// deleteAMQP removes the test's exchange and queue from the shared server.
+func deleteAMQP(t *testing.T, url, exchange, queue string) {
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		t.Logf("cleanup: dial %s: %v", url, err)
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Logf("cleanup: channel: %v", err)
+		return
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
+		t.Logf("cleanup: delete queue %s: %v", queue, err)
+	}
+	if err := ch.ExchangeDelete(exchange, false, false); err != nil {
+		t.Logf("cleanup: delete exchange %s: %v", exchange, err)
+	}
+}
