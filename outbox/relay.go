@@ -163,6 +163,10 @@ type Relay struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc
 
+	// schema of the outbox table, set once LISTEN works (only Run's
+	// goroutine reads it).
+	schema string
+
 	// afterPublish, when set (tests), runs after the broker calls of a batch
 	// and before the rows are marked.
 	afterPublish func(ctx context.Context, published []int64)
@@ -250,6 +254,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	close(r.running)
 
 	var due time.Time // earliest end of a backoff this relay scheduled
+	listening := r.schema != ""
 	for {
 		select {
 		case <-ctx.Done():
@@ -272,6 +277,29 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		wait := r.cfg.PollInterval
+		if listening && err == nil {
+			// Ask writers for a NOTIFY, then look once more: rows
+			// committed before the request went unannounced.
+			settled, err := r.announceIdle(ctx)
+			if err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Error("outbox relay: announcing idleness failed, polling", err, nil)
+			}
+			n, next, err = r.runOnce(ctx)
+			if ctx.Err() != nil {
+				return nil
+			}
+			if !next.IsZero() && (due.IsZero() || next.Before(due)) {
+				due = next
+			}
+			if n > 0 && err == nil {
+				continue
+			}
+			if !settled {
+				// A writer that may have missed the request is still
+				// in its transaction: look again soon.
+				wait = min(wait, idleSettleTimeout)
+			}
+		}
 		if !due.IsZero() {
 			if d := time.Until(due); d < wait {
 				wait = max(d, 0)
@@ -291,6 +319,41 @@ func (r *Relay) Run(ctx context.Context) error {
 		t.Stop()
 		if !due.IsZero() && !time.Now().Before(due) {
 			due = time.Time{}
+		}
+	}
+}
+
+// idleSettleTimeout bounds how long announceIdle waits for in-flight
+// writers, and how soon the relay looks again when they did not finish.
+const idleSettleTimeout = 20 * time.Millisecond
+
+// announceIdle sets relay_waiting so the next writer notifies, then waits
+// (at most idleSettleTimeout, never queueing behind writers) until no
+// writer that read the flag before it was set is still in its transaction.
+// It reports whether that point was reached. See migrations/001_outbox.sql.
+func (r *Relay) announceIdle(ctx context.Context) (bool, error) {
+	if _, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox_wakeup SET relay_waiting = true WHERE NOT relay_waiting`); err != nil {
+		return false, fmt.Errorf("setting millwright_outbox_wakeup.relay_waiting: %w", err)
+	}
+	key := "millwright_outbox_wakeup:" + r.schema
+	deadline := time.Now().Add(idleSettleTimeout)
+	for {
+		var ok bool
+		if err := r.db.QueryRowContext(ctx, `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1)) THEN pg_advisory_unlock(hashtext($1)) ELSE false END`, key).Scan(&ok); err != nil {
+			return false, fmt.Errorf("probing writers in flight: %w", err)
+		}
+		if ok {
+			return true, nil
+		}
+		if time.Now().After(deadline) {
+			return false, nil
+		}
+		t := time.NewTimer(time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, ctx.Err()
+		case <-t.C:
 		}
 	}
 }
@@ -334,6 +397,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), 
 		l.Close()
 		return nil, fmt.Errorf("LISTEN %q: %w", NotifyChannel(schema), err)
 	}
+	r.schema = schema
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -395,14 +459,20 @@ type row struct {
 // or backing-off head therefore holds back its whole aggregate and nothing
 // else. Each head brings its aggregate's next pending rows (an equal share
 // of the batch): no other relay can claim them while their head is pending.
+//
+// The head test is a correlated min() rather than NOT EXISTS so that the
+// planner probes the aggregate index per candidate while walking the
+// pending index in id order, and stops after $1 heads, instead of hashing
+// the whole backlog on every claim. The UPDATE takes its ids as an array so
+// that it uses the index too.
 const claimSQL = `WITH heads AS (
 	SELECT o.id, o.aggregate_type, o.aggregate_id
 	FROM millwright_outbox o
 	WHERE o.status = 'pending' AND o.next_attempt_at <= now()
-	  AND NOT EXISTS (
-		SELECT 1 FROM millwright_outbox p
+	  AND o.id = (
+		SELECT min(p.id) FROM millwright_outbox p
 		WHERE p.status = 'pending' AND p.aggregate_type = o.aggregate_type
-		  AND p.aggregate_id = o.aggregate_id AND p.id < o.id)
+		  AND p.aggregate_id = o.aggregate_id)
 	ORDER BY o.id
 	LIMIT $1
 	FOR UPDATE OF o SKIP LOCKED
@@ -417,8 +487,7 @@ const claimSQL = `WITH heads AS (
 )
 UPDATE millwright_outbox t
 SET next_attempt_at = now() + $2 * interval '1 millisecond'
-FROM claimed c
-WHERE t.id = c.id AND t.status = 'pending'
+WHERE t.id = ANY(ARRAY(SELECT id FROM claimed)) AND t.status = 'pending'
 RETURNING t.id, t.event_id, t.topic, t.aggregate_type, t.aggregate_id,
 	t.payload::text, t.payload_raw, t.metadata::text, t.retry_count, t.created_at`
 
@@ -465,6 +534,15 @@ func (r *Relay) claim(ctx context.Context) ([]row, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
 	return out, nil
+}
+
+// RunOnce claims, publishes and marks one batch and returns the number of
+// rows it claimed (0: nothing was due). It is for tools, benchmarks and
+// tests that drive a relay step by step; a service calls Run. RunOnce is
+// safe to call concurrently with itself and with Run.
+func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	n, _, err := r.runOnce(ctx)
+	return n, err
 }
 
 // errHeldBack marks a row not attempted (or whose publish does not count)

@@ -446,3 +446,48 @@ func TestRelayConfig_Validate(t *testing.T) {
 	_, err = NewRelay(nil, nil, RelayConfig{})
 	require.Error(t, err)
 }
+
+// A writer that inserted before the relay went idle, and so saw no request
+// for a notification, commits after the relay's last look: the relay must
+// still publish its event without waiting out the poll interval.
+func TestRelay_NoLostWakeupForWriterInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := b.collect(t, "t")
+	ctx := context.Background()
+	tx, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, Add(ctx, tx, Event{Topic: "t", AggregateID: "a"}))
+	var waiting bool
+	require.NoError(t, b.db.QueryRow(`SELECT relay_waiting FROM millwright_outbox_wakeup`).Scan(&waiting))
+	require.False(t, waiting, "the writer read the flag before any relay asked")
+
+	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
+	eventually(t, 5*time.Second, func() bool {
+		require.NoError(t, b.db.QueryRow(`SELECT relay_waiting FROM millwright_outbox_wakeup`).Scan(&waiting))
+		return waiting
+	}, "idle relay asks for a notification")
+	require.NoError(t, tx.Commit())
+	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "event published without a notification or poll")
+}
+
+// Writers do not notify while relays are busy or absent: only the first
+// writer after a relay asked for it does.
+func TestTrigger_NotifiesOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
+	var waiting bool
+	_, err := b.db.Exec(`UPDATE millwright_outbox_wakeup SET relay_waiting = true`)
+	require.NoError(t, err)
+	tx, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, Add(ctx, tx, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, tx.Rollback())
+	require.NoError(t, b.db.QueryRow(`SELECT relay_waiting FROM millwright_outbox_wakeup`).Scan(&waiting))
+	require.True(t, waiting, "a rolled-back writer leaves the request for the next one")
+	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, b.db.QueryRow(`SELECT relay_waiting FROM millwright_outbox_wakeup`).Scan(&waiting))
+	require.False(t, waiting, "the first committed writer takes the request")
+}

@@ -1,0 +1,786 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
+	"github.com/spf13/cobra"
+
+	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/embedded"
+)
+
+func init() {
+	registerMigrations(outbox.Migrations())
+	rootCmd.AddCommand(outboxCmd())
+	benchCmd.AddCommand(benchOutboxCmd())
+}
+
+func outboxCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "outbox",
+		Short: "Inspect and repair the transactional outbox",
+	}
+
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "Pending and failed events, oldest pending age, per topic",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			db, err := openDB(cmd)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			ctx := cmd.Context()
+			total, err := outbox.ReadStats(ctx, db)
+			if err != nil {
+				return err
+			}
+			topics, err := outbox.ReadTopicStats(ctx, db)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON, _ := cmd.Flags().GetBool("json"); asJSON {
+				enc := json.NewEncoder(out)
+				for _, t := range topics {
+					if err := enc.Encode(map[string]any{"topic": t.Topic, "pending": t.Pending, "oldest_pending_age_seconds": t.OldestPendingAge.Seconds(), "failed": t.Failed}); err != nil {
+						return err
+					}
+				}
+				return enc.Encode(map[string]any{"topic": "*", "pending": total.Pending, "oldest_pending_age_seconds": total.OldestPendingAge.Seconds(), "failed": total.Failed})
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST PENDING\tFAILED")
+			for _, t := range topics {
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", t.Topic, t.Pending, t.OldestPendingAge.Round(time.Millisecond), t.Failed)
+			}
+			fmt.Fprintf(tw, "(all)\t%d\t%s\t%d\n", total.Pending, total.OldestPendingAge.Round(time.Millisecond), total.Failed)
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if total.Failed > 0 {
+				fmt.Fprintln(out, "failed events wait for `millwright outbox retry-failed` (try --dry-run first)")
+			}
+			return nil
+		},
+	}
+	addDatabaseFlag(status)
+	status.Flags().Bool("json", false, "print one JSON object per topic, then the total")
+
+	retryFailed := &cobra.Command{
+		Use:   "retry-failed",
+		Short: "Put failed events back to pending with a fresh retry budget",
+		Long: `Puts the outbox rows in the failed state (those that exhausted their
+publish attempts) back to pending with a fresh retry budget, and wakes the
+relays. --topic and --id narrow the selection; --dry-run only lists it.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			topic, _ := cmd.Flags().GetString("topic")
+			ids, _ := cmd.Flags().GetInt64Slice("id")
+			dry, _ := cmd.Flags().GetBool("dry-run")
+			db, err := openDB(cmd)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			evs, err := outbox.RetryFailed(cmd.Context(), db, outbox.FailedFilter{Topic: topic, IDs: ids}, dry)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tEVENT ID\tTOPIC\tAGGREGATE\tATTEMPTS\tLAST ERROR")
+			for _, e := range evs {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", e.ID, e.EventID, e.Topic, e.AggregateID, e.RetryCount, oneLine(e.LastError, 80))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if dry {
+				fmt.Fprintf(out, "dry run: %d failed event(s) would be retried\n", len(evs))
+			} else {
+				fmt.Fprintf(out, "%d failed event(s) back to pending\n", len(evs))
+			}
+			return nil
+		},
+	}
+	addDatabaseFlag(retryFailed)
+	retryFailed.Flags().String("topic", "", "retry only this topic's failed events")
+	retryFailed.Flags().Int64Slice("id", nil, "retry only these row ids (repeat or comma-separate)")
+	retryFailed.Flags().Bool("dry-run", false, "list the events that would be retried, change nothing")
+
+	cmd.AddCommand(status, retryFailed)
+	return cmd
+}
+
+func oneLine(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > n {
+		return s[:n-3] + "..."
+	}
+	return s
+}
+
+func benchOutboxCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "outbox",
+		Short: "Outbox write overhead, relay drain rate, claim cost at 1M published rows, commit-to-consumer latency",
+		Long: `Measures, in a scratch schema dropped at the end:
+
+  write overhead   a business transaction inserting one row, with and without
+                   one outbox event (300-byte JSON) in the same transaction;
+  drain            time for relays to publish a --backlog of events spread
+                   over 1,000 aggregates, with 1 and 2 relays, beside a bare
+                   loop (SKIP LOCKED batch of 100, publish, one UPDATE, all
+                   in one transaction) on the same publisher, per --kinds;
+  claim            one relay round (claim, no-op publish, mark) with nothing
+                   due and with 100 rows due, on an empty table and on one
+                   holding --published-rows published rows;
+  latency          commit-to-consumer p50/p99 at --rate events/s with LISTEN
+                   wake-up and a 1 s poll fallback, per --kinds.
+
+Every figure is the median of --rounds runs. Kinds: gochannel, kafka (embedded
+kfake), amqp (--amqp-url), sql (the same Postgres).`,
+		RunE: runBenchOutbox,
+	}
+	addDatabaseFlag(cmd)
+	cmd.Flags().Bool("json", false, "print one JSON object per row instead of the table")
+	cmd.Flags().Int("rounds", 3, "runs per figure; the median is reported")
+	cmd.Flags().Int("writes", 2000, "transactions per write-overhead run")
+	cmd.Flags().Int("backlog", 20000, "events per drain run")
+	cmd.Flags().Int("published-rows", 1000000, "published rows for the claim benchmark (0 skips it)")
+	cmd.Flags().StringSlice("kinds", []string{"gochannel", "kafka"}, "transports for drain and latency: gochannel, kafka, amqp, sql")
+	cmd.Flags().String("amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL for --kinds amqp")
+	cmd.Flags().Int("rate", 200, "events/s for the latency run")
+	cmd.Flags().Duration("latency-duration", 5*time.Second, "length of each latency run")
+	cmd.Flags().StringSlice("sections", []string{"write", "drain", "claim", "latency"}, "which parts to run")
+	return cmd
+}
+
+// outboxBenchRow is one line of the table, and one object with --json.
+type outboxBenchRow struct {
+	Bench    string    `json:"bench"`
+	Case     string    `json:"case"`
+	Variant  string    `json:"variant"`
+	Value    float64   `json:"value"`
+	Unit     string    `json:"unit"`
+	Baseline float64   `json:"baseline,omitempty"`
+	Ratio    float64   `json:"ratio,omitempty"`
+	Target   string    `json:"target,omitempty"`
+	Runs     []float64 `json:"runs"`
+}
+
+type outboxBench struct {
+	db      *sql.DB
+	url     string
+	rounds  int
+	payload []byte
+	out     io.Writer
+	asJSON  bool
+	rows    []outboxBenchRow
+}
+
+func (b *outboxBench) emit(r outboxBenchRow) {
+	r.Bench = "outbox"
+	if b.asJSON {
+		_ = json.NewEncoder(b.out).Encode(r)
+	}
+	b.rows = append(b.rows, r)
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func runBenchOutbox(cmd *cobra.Command, _ []string) error {
+	ctx := cmd.Context()
+	rounds, _ := cmd.Flags().GetInt("rounds")
+	writes, _ := cmd.Flags().GetInt("writes")
+	backlog, _ := cmd.Flags().GetInt("backlog")
+	published, _ := cmd.Flags().GetInt("published-rows")
+	kinds, _ := cmd.Flags().GetStringSlice("kinds")
+	amqpURL, _ := cmd.Flags().GetString("amqp-url")
+	rate, _ := cmd.Flags().GetInt("rate")
+	latDur, _ := cmd.Flags().GetDuration("latency-duration")
+	sections, _ := cmd.Flags().GetStringSlice("sections")
+	asJSON, _ := cmd.Flags().GetBool("json")
+	if rounds < 1 || writes < 1 || backlog < 1 || rate < 1 || published < 0 {
+		return errors.New("bench outbox: --rounds, --writes, --backlog and --rate must be at least 1, --published-rows at least 0")
+	}
+	want := map[string]bool{}
+	for _, s := range sections {
+		want[s] = true
+	}
+
+	admin, err := openDB(cmd)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	var rb [5]byte
+	_, _ = rand.Read(rb[:])
+	schema := "mw_bench_" + hex.EncodeToString(rb[:])
+	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
+		return fmt.Errorf("creating scratch schema %s: %w", schema, err)
+	}
+	defer admin.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA `+schema+` CASCADE`) //nolint:errcheck // best effort
+	flagURL, _ := cmd.Flags().GetString("database-url")
+	su, err := url.Parse(databaseURL(flagURL))
+	if err != nil {
+		return fmt.Errorf("parsing database URL: %w", err)
+	}
+	q := su.Query()
+	q.Set("search_path", schema)
+	su.RawQuery = q.Encode()
+	db, err := sql.Open("postgres", su.String())
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(24)
+	db.SetMaxIdleConns(24)
+	if _, err := migrate.Up(ctx, db, outbox.Migrations()); err != nil {
+		return err
+	}
+
+	payload := []byte(`{"order_id":"00000000-0000-0000-0000-000000000000","customer":"c-000000","currency":"EUR","items":[{"sku":"sku-0001","qty":1,"price":1999},{"sku":"sku-0002","qty":2,"price":599}],"note":"`)
+	for len(payload) < 297 {
+		payload = append(payload, 'x')
+	}
+	payload = append(payload, `"}`...)
+	b := &outboxBench{db: db, url: su.String(), rounds: rounds, payload: payload, out: cmd.OutOrStdout(), asJSON: asJSON}
+
+	progress := func(format string, args ...any) {
+		if !asJSON {
+			fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", args...)
+		}
+	}
+	if want["write"] {
+		progress("write overhead ...")
+		if err := b.benchWrite(ctx, writes); err != nil {
+			return fmt.Errorf("write overhead: %w", err)
+		}
+	}
+	if want["drain"] {
+		for _, k := range kinds {
+			progress("drain via %s ...", k)
+			if err := b.withTransport(ctx, k, amqpURL, func(t *transport.Transport) error { return b.benchDrain(ctx, k, t, backlog) }); err != nil {
+				return fmt.Errorf("drain via %s: %w", k, err)
+			}
+		}
+	}
+	if want["claim"] && published > 0 {
+		progress("claim cost (inserting %d published rows) ...", published)
+		if err := b.benchClaim(ctx, published); err != nil {
+			return fmt.Errorf("claim: %w", err)
+		}
+	}
+	if want["latency"] {
+		for _, k := range kinds {
+			progress("latency via %s ...", k)
+			if err := b.withTransport(ctx, k, amqpURL, func(t *transport.Transport) error { return b.benchLatency(ctx, k, t, rate, latDur) }); err != nil {
+				return fmt.Errorf("latency via %s: %w", k, err)
+			}
+		}
+	}
+	if asJSON {
+		return nil
+	}
+	tw := tabwriter.NewWriter(b.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "CASE\tVARIANT\tVALUE\tUNIT\tBASELINE\tRATIO\tTARGET\n")
+	for _, r := range b.rows {
+		base, ratio := "", ""
+		if r.Baseline != 0 {
+			base = strconv.FormatFloat(r.Baseline, 'f', 2, 64)
+		}
+		if r.Ratio != 0 {
+			ratio = strconv.FormatFloat(r.Ratio, 'f', 2, 64) + "x"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\n", r.Case, r.Variant, r.Value, r.Unit, base, ratio, r.Target)
+	}
+	fmt.Fprintf(tw, "(medians of %d runs)\n", rounds)
+	return tw.Flush()
+}
+
+// withTransport opens a transport of the given kind for one section.
+func (b *outboxBench) withTransport(ctx context.Context, kind, amqpURL string, f func(*transport.Transport) error) error {
+	var cfg transport.Config
+	switch kind {
+	case "gochannel":
+		cfg = transport.Config{Kind: transport.GoChannel}
+		cfg.GoChannel.NotPersistent = true
+	case "kafka":
+		k, err := embedded.Kafka()
+		if err != nil {
+			return err
+		}
+		defer k.Close()
+		cfg = k.Config()
+	case "amqp":
+		cfg = transport.Config{Kind: transport.AMQP}
+		cfg.AMQP.URL = amqpURL
+	case "sql":
+		cfg = transport.Config{Kind: transport.SQL}
+		cfg.SQL.DB = b.db
+	default:
+		return fmt.Errorf("unknown kind %q: want gochannel, kafka, amqp or sql", kind)
+	}
+	t, err := transport.Open(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	return f(t)
+}
+
+func (b *outboxBench) benchWrite(ctx context.Context, n int) error {
+	if _, err := b.db.ExecContext(ctx, `CREATE TABLE bench_orders (id BIGSERIAL PRIMARY KEY, customer TEXT NOT NULL, total INT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
+		return err
+	}
+	run := func(writers int, withOutbox bool) (float64, error) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, writers)
+		start := time.Now()
+		for range writers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+					if err := b.oneWrite(ctx, i, withOutbox); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			return 0, err
+		}
+		return float64(n) / time.Since(start).Seconds(), nil
+	}
+	for _, writers := range []int{1, 8} {
+		var base, with []float64
+		if _, err := run(writers, true); err != nil { // warm-up
+			return err
+		}
+		for range b.rounds {
+			r0, err := run(writers, false)
+			if err != nil {
+				return err
+			}
+			r1, err := run(writers, true)
+			if err != nil {
+				return err
+			}
+			base, with = append(base, r0), append(with, r1)
+		}
+		if _, err := b.db.ExecContext(ctx, `TRUNCATE millwright_outbox, bench_orders`); err != nil {
+			return err
+		}
+		mb, mw := median(base), median(with)
+		b.emit(outboxBenchRow{Case: "write", Variant: fmt.Sprintf("%d writer(s): order row only", writers), Value: mb, Unit: "tx/s", Runs: base})
+		b.emit(outboxBenchRow{Case: "write", Variant: fmt.Sprintf("%d writer(s): order row + outbox event", writers), Value: mw, Unit: "tx/s",
+			Baseline: mb, Ratio: mb / mw, Target: "cost <= 1.35x", Runs: with})
+	}
+	return nil
+}
+
+func (b *outboxBench) oneWrite(ctx context.Context, i int64, withOutbox bool) error {
+	tx, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+	cust := "c-" + strconv.FormatInt(i%5000, 10)
+	if _, err := tx.ExecContext(ctx, `INSERT INTO bench_orders (customer, total) VALUES ($1, $2)`, cust, i); err != nil {
+		return err
+	}
+	if withOutbox {
+		if err := outbox.Add(ctx, tx, outbox.Event{Topic: "orders", AggregateType: "customer", AggregateID: cust, EventType: "order.created.v1", Payload: b.payload}); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// fill truncates the outbox and writes n events over 1,000 aggregates.
+func (b *outboxBench) fill(ctx context.Context, topic string, n int) error {
+	if _, err := b.db.ExecContext(ctx, `TRUNCATE millwright_outbox`); err != nil {
+		return err
+	}
+	evs := make([]outbox.Event, 0, 1000)
+	for i := 0; i < n; i++ {
+		evs = append(evs, outbox.Event{Topic: topic, AggregateType: "order", AggregateID: strconv.Itoa(i % 1000), EventType: "order.created.v1", Payload: b.payload})
+		if len(evs) == cap(evs) || i == n-1 {
+			if err := outbox.Add(ctx, b.db, evs...); err != nil {
+				return err
+			}
+			evs = evs[:0]
+		}
+	}
+	_, err := b.db.ExecContext(ctx, `ANALYZE millwright_outbox`)
+	return err
+}
+
+func (b *outboxBench) waitDrained(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		s, err := outbox.ReadStats(ctx, b.db)
+		if err != nil {
+			return err
+		}
+		if s.Pending == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not drained after %s: %d pending", timeout, s.Pending)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (b *outboxBench) benchDrain(ctx context.Context, kind string, t *transport.Transport, n int) error {
+	pub := t.Publisher()
+	topic := "bench_outbox_drain"
+	variants := []struct {
+		name string
+		run  func() error
+	}{
+		{"bare loop (batch 100, tx across publish)", func() error { return bareLoop(ctx, b.db, pub) }},
+	}
+	for _, relays := range []int{1, 2} {
+		variants = append(variants, struct {
+			name string
+			run  func() error
+		}{fmt.Sprintf("outbox relay x%d", relays), func() error {
+			var rs []*outbox.Relay
+			var wg sync.WaitGroup
+			for range relays {
+				r, err := outbox.NewRelay(b.db, pub, outbox.RelayConfig{})
+				if err != nil {
+					return err
+				}
+				rs = append(rs, r)
+				wg.Add(1)
+				go func() { defer wg.Done(); _ = r.Run(ctx) }()
+			}
+			err := b.waitDrained(ctx, 5*time.Minute)
+			for _, r := range rs {
+				_ = r.Close()
+			}
+			wg.Wait()
+			return err
+		}})
+	}
+	_, batched := pub.(transport.BatchPublisher)
+	results := make([][]float64, len(variants))
+	for range b.rounds {
+		for i, v := range variants {
+			if err := b.fill(ctx, topic, n); err != nil {
+				return err
+			}
+			start := time.Now()
+			if err := v.run(); err != nil {
+				return fmt.Errorf("%s: %w", v.name, err)
+			}
+			results[i] = append(results[i], float64(n)/time.Since(start).Seconds())
+		}
+	}
+	base := median(results[0])
+	for i, v := range variants {
+		row := outboxBenchRow{Case: "drain " + kind, Variant: fmt.Sprintf("%s, %d events", v.name, n), Value: median(results[i]), Unit: "events/s", Runs: results[i]}
+		if i > 0 {
+			row.Baseline, row.Ratio = base, row.Value/base
+			if kind == "kafka" {
+				row.Target = map[int]string{1: ">= 15000/s", 2: ">= 20000/s"}[i]
+			}
+		}
+		if batched {
+			row.Variant += " (PublishBatch)"
+		}
+		b.emit(row)
+	}
+	return nil
+}
+
+// bareLoop is the hand-written relay the issue measures against: one
+// transaction per batch of 100 held across the publish, no ordering, no
+// retries, no metrics.
+func bareLoop(ctx context.Context, db *sql.DB, pub message.Publisher) error {
+	bp, batched := pub.(transport.BatchPublisher)
+	for {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT id, event_id, topic, aggregate_id, payload::text FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
+		if err != nil {
+			tx.Rollback() //nolint:errcheck
+			return err
+		}
+		var ids []int64
+		var msgs []*message.Message
+		var topic string
+		for rows.Next() {
+			var id int64
+			var eid, agg, p string
+			if err := rows.Scan(&id, &eid, &topic, &agg, &p); err != nil {
+				rows.Close()
+				tx.Rollback() //nolint:errcheck
+				return err
+			}
+			m := message.NewMessage(eid, []byte(p))
+			m.Metadata.Set(transport.OrderingKey, agg)
+			ids, msgs = append(ids, id), append(msgs, m)
+		}
+		rows.Close()
+		if len(ids) == 0 {
+			return tx.Commit()
+		}
+		if batched {
+			err = bp.PublishBatch(topic, msgs...)
+		} else {
+			err = pub.Publish(topic, msgs...)
+		}
+		if err != nil {
+			tx.Rollback() //nolint:errcheck
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id = ANY($1)`, pq.Array(ids)); err != nil {
+			tx.Rollback() //nolint:errcheck
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+	}
+}
+
+// discardPublisher accepts everything: the claim benchmark measures the
+// database side of a relay round.
+type discardPublisher struct{}
+
+func (discardPublisher) Publish(string, ...*message.Message) error { return nil }
+func (discardPublisher) Close() error                              { return nil }
+
+func (b *outboxBench) benchClaim(ctx context.Context, published int) error {
+	r, err := outbox.NewRelay(b.db, discardPublisher{}, outbox.RelayConfig{BatchSize: 100})
+	if err != nil {
+		return err
+	}
+	measure := func() (idle, busy []float64, err error) {
+		for range b.rounds {
+			var xs []time.Duration
+			for range 200 {
+				start := time.Now()
+				if _, err := r.RunOnce(ctx); err != nil {
+					return nil, nil, err
+				}
+				xs = append(xs, time.Since(start))
+			}
+			idle = append(idle, medianDur(xs))
+			xs = xs[:0]
+			for i := range 50 {
+				evs := make([]outbox.Event, 100)
+				for j := range evs {
+					evs[j] = outbox.Event{Topic: "bench_claim", AggregateID: strconv.Itoa(i*100 + j), Payload: b.payload}
+				}
+				if err := outbox.Add(ctx, b.db, evs...); err != nil {
+					return nil, nil, err
+				}
+				start := time.Now()
+				n, err := r.RunOnce(ctx)
+				if err != nil {
+					return nil, nil, err
+				}
+				if n != 100 {
+					return nil, nil, fmt.Errorf("claimed %d rows, want 100", n)
+				}
+				xs = append(xs, time.Since(start))
+			}
+			busy = append(busy, medianDur(xs))
+		}
+		return idle, busy, nil
+	}
+	if _, err := b.db.ExecContext(ctx, `TRUNCATE millwright_outbox`); err != nil {
+		return err
+	}
+	idle0, busy0, err := measure()
+	if err != nil {
+		return err
+	}
+	if _, err := b.db.ExecContext(ctx, `TRUNCATE millwright_outbox`); err != nil {
+		return err
+	}
+	if _, err := b.db.ExecContext(ctx, `INSERT INTO millwright_outbox (event_id, topic, aggregate_type, aggregate_id, event_type, payload, status, published_at, created_at)
+		SELECT 'bench-' || g, 'bench_claim', 'order', (g % 100000)::text, 'order.created.v1', $2::jsonb, 'published', now() - interval '1 hour', now() - interval '1 hour'
+		FROM generate_series(1, $1::int) g`, published, string(b.payload)); err != nil {
+		return err
+	}
+	if _, err := b.db.ExecContext(ctx, `VACUUM ANALYZE millwright_outbox`); err != nil {
+		return err
+	}
+	idle1, busy1, err := measure()
+	if err != nil {
+		return err
+	}
+	b.emit(outboxBenchRow{Case: "claim", Variant: "round, nothing due, empty table", Value: median(idle0), Unit: "ms", Runs: idle0})
+	b.emit(outboxBenchRow{Case: "claim", Variant: fmt.Sprintf("round, nothing due, %d published rows", published), Value: median(idle1), Unit: "ms",
+		Baseline: median(idle0), Ratio: median(idle1) / median(idle0), Target: "<= 1.5x", Runs: idle1})
+	b.emit(outboxBenchRow{Case: "claim", Variant: "round of 100 rows, empty table", Value: median(busy0), Unit: "ms", Runs: busy0})
+	b.emit(outboxBenchRow{Case: "claim", Variant: fmt.Sprintf("round of 100 rows, %d published rows", published), Value: median(busy1), Unit: "ms",
+		Baseline: median(busy0), Ratio: median(busy1) / median(busy0), Target: "<= 1.5x", Runs: busy1})
+	return nil
+}
+
+func medianDur(xs []time.Duration) float64 {
+	fs := make([]float64, len(xs))
+	for i, x := range xs {
+		fs[i] = float64(x) / float64(time.Millisecond)
+	}
+	return median(fs)
+}
+
+func (b *outboxBench) benchLatency(ctx context.Context, kind string, t *transport.Transport, rate int, d time.Duration) error {
+	if _, err := b.db.ExecContext(ctx, `TRUNCATE millwright_outbox`); err != nil {
+		return err
+	}
+	var p50s, p99s []float64
+	for round := range b.rounds {
+		topic := fmt.Sprintf("bench_outbox_latency_%d_%d", time.Now().UnixNano(), round)
+		sub, err := t.Subscriber("bench")
+		if err != nil {
+			return err
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		ch, err := sub.Subscribe(sctx, topic)
+		if err != nil {
+			cancel()
+			return err
+		}
+		var committed sync.Map // event id -> commit time
+		var mu sync.Mutex
+		var lat []time.Duration
+		warm := make(chan struct{}, 1)
+		go func() {
+			for m := range ch {
+				now := time.Now()
+				if v, ok := committed.Load(m.UUID); ok {
+					mu.Lock()
+					lat = append(lat, now.Sub(v.(time.Time)))
+					mu.Unlock()
+				} else {
+					select {
+					case warm <- struct{}{}:
+					default:
+					}
+				}
+				m.Ack()
+			}
+		}()
+		r, err := outbox.NewRelay(b.db, t.Publisher(), outbox.RelayConfig{ListenURL: b.url, PollInterval: time.Second})
+		if err != nil {
+			cancel()
+			return err
+		}
+		go func() { _ = r.Run(ctx) }()
+		<-r.Running()
+		// Warm up until the subscriber receives (consumer group joins).
+		warmDeadline := time.Now().Add(60 * time.Second)
+	warmup:
+		for {
+			if err := outbox.Add(ctx, b.db, outbox.Event{Topic: topic, AggregateID: "warmup", Payload: b.payload}); err != nil {
+				cancel()
+				return err
+			}
+			select {
+			case <-warm:
+				break warmup
+			case <-time.After(time.Second):
+				if time.Now().After(warmDeadline) {
+					cancel()
+					return errors.New("subscriber received nothing within 60s")
+				}
+			}
+		}
+		interval := time.Second / time.Duration(rate)
+		total := int(d / interval)
+		tick := time.NewTicker(interval)
+		for i := range total {
+			<-tick.C
+			id := watermill.NewUUID()
+			tx, err := b.db.BeginTx(ctx, nil)
+			if err != nil {
+				cancel()
+				return err
+			}
+			if err := outbox.Add(ctx, tx, outbox.Event{ID: id, Topic: topic, AggregateType: "order", AggregateID: strconv.Itoa(i % 100), Payload: b.payload}); err != nil {
+				tx.Rollback() //nolint:errcheck
+				cancel()
+				return err
+			}
+			// Stamped before COMMIT (the event may arrive before Commit
+			// returns): the figure includes the commit's own duration.
+			committed.Store(id, time.Now())
+			if err := tx.Commit(); err != nil {
+				cancel()
+				return err
+			}
+		}
+		tick.Stop()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			mu.Lock()
+			got := len(lat)
+			mu.Unlock()
+			if got >= total || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		_ = r.Close()
+		cancel()
+		mu.Lock()
+		xs := append([]time.Duration(nil), lat...)
+		mu.Unlock()
+		if len(xs) < total {
+			return fmt.Errorf("received %d of %d events within 30s", len(xs), total)
+		}
+		sort.Slice(xs, func(i, j int) bool { return xs[i] < xs[j] })
+		p50s = append(p50s, float64(xs[len(xs)/2])/float64(time.Millisecond))
+		p99s = append(p99s, float64(xs[len(xs)*99/100])/float64(time.Millisecond))
+	}
+	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("commit to consumer p50 at %d/s, LISTEN + 1s poll", rate), Value: median(p50s), Unit: "ms", Runs: p50s})
+	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("commit to consumer p99 at %d/s, LISTEN + 1s poll", rate), Value: median(p99s), Unit: "ms", Target: "<= 25 ms", Runs: p99s})
+	return nil
+}
