@@ -49,6 +49,20 @@ func (s *MemoryStore) Processed(ctx context.Context, consumer, eventID string) (
 	return ok && m.owner == nil, nil
 }
 
+// Mark writes one mark in a unit of work of its own (Marker).
+func (s *MemoryStore) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	fresh, err := tx.Mark(ctx, consumer, eventID)
+	if err != nil {
+		_ = tx.Rollback()
+		return false, err
+	}
+	return fresh, tx.Commit()
+}
+
 // Len returns the number of committed marks.
 func (s *MemoryStore) Len() int {
 	s.mu.Lock()

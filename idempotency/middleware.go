@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -251,16 +252,7 @@ func (m *Middleware) markAfter(h message.HandlerFunc, msg *message.Message) ([]*
 		return nil, err
 	}
 
-	tx, err := m.store.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("idempotency: consumer %q event %q: handler succeeded but the mark could not be written, the redelivery will run it again: %w",
-			m.cfg.Consumer, id, err)
-	}
-	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	fresh, err := tx.Mark(ctx, m.cfg.Consumer, id)
-	if err == nil {
-		err = tx.Commit()
-	}
+	fresh, err := m.markAlone(msg.Context(), id)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: consumer %q event %q: handler succeeded but the mark could not be written, the redelivery will run it again: %w",
 			m.cfg.Consumer, id, err)
@@ -274,6 +266,23 @@ func (m *Middleware) markAfter(h message.HandlerFunc, msg *message.Message) ([]*
 	}
 	m.done.Inc()
 	return produced, nil
+}
+
+// markAlone writes one mark in a unit of work of its own.
+func (m *Middleware) markAlone(ctx context.Context, id string) (bool, error) {
+	if mk, ok := m.store.(Marker); ok {
+		return mk.Mark(ctx, m.cfg.Consumer, id)
+	}
+	tx, err := m.store.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	fresh, err := tx.Mark(ctx, m.cfg.Consumer, id)
+	if err != nil {
+		return false, err
+	}
+	return fresh, tx.Commit()
 }
 
 func (m *Middleware) duplicate(msg *message.Message, id string) {

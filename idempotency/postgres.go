@@ -72,6 +72,15 @@ func checkKey(consumer, eventID string) error {
 // two, and the mark is on every message's path. Measured with `millwright
 // bench idempotency`.
 
+// Mark writes one mark in an autocommit statement (Marker).
+func (s *PostgresStore) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
+	return mark(ctx, s.db, consumer, eventID)
+}
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
 type pgTx struct {
 	tx *sql.Tx
 }
@@ -79,10 +88,14 @@ type pgTx struct {
 func (t *pgTx) SQLTx() *sql.Tx { return t.tx }
 
 func (t *pgTx) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
+	return mark(ctx, t.tx, consumer, eventID)
+}
+
+func mark(ctx context.Context, db execer, consumer, eventID string) (bool, error) {
 	if err := checkKey(consumer, eventID); err != nil {
 		return false, err
 	}
-	res, err := t.tx.ExecContext(ctx,
+	res, err := db.ExecContext(ctx,
 		`INSERT INTO millwright_processed_events (consumer, event_id) VALUES (`+
 			pq.QuoteLiteral(consumer)+`, `+pq.QuoteLiteral(eventID)+`) ON CONFLICT (consumer, event_id) DO NOTHING`)
 	if err != nil {

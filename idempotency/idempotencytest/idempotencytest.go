@@ -162,6 +162,40 @@ func Exercise(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		require.True(t, r.fresh, "after the first rolled back, the second writes the mark")
 	})
 
+	t.Run("MarkerWritesOneCommittedMark", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		s := newStore(t)
+		mk, ok := s.(idempotency.Marker)
+		if !ok {
+			t.Skip("store does not implement idempotency.Marker")
+		}
+		fresh, err := mk.Mark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.True(t, fresh)
+		seen, err := s.Processed(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.True(t, seen, "Marker.Mark commits")
+		fresh, err = mk.Mark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.False(t, fresh)
+
+		// It waits for a unit of work holding the same mark.
+		first := begin(t, s)
+		fresh, err = first.Mark(ctx, "c", "e2")
+		require.NoError(t, err)
+		require.True(t, fresh)
+		result := make(chan markResult, 1)
+		go func() {
+			fresh, err := mk.Mark(ctx, "c", "e2")
+			result <- markResult{fresh, err}
+		}()
+		require.NoError(t, first.Commit())
+		r := <-result
+		require.NoError(t, r.err)
+		require.False(t, r.fresh)
+	})
+
 	t.Run("WaitingMarkStopsWithContext", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
