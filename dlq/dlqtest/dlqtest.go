@@ -33,9 +33,9 @@ const PoisonAttempts = 3
 // PoisonAttempts attempts with its metadata.
 //
 // pub and sub must reach the same broker; sub subscribes to topic and to
-// dlq.DefaultTopic(topic). topic should be unique to the test. Subscribers
-// that start at the newest offset must have joined before publishing: the
-// helper subscribes before it publishes, and waits for the router to run.
+// dlq.DefaultTopic(topic). topic should be unique to the test. The helper
+// initializes both topics when sub is a message.SubscribeInitializer,
+// subscribes before it publishes and waits for the router to run.
 func TestPoisonDoesNotBlock(t *testing.T, pub message.Publisher, sub message.Subscriber, topic string) {
 	t.Helper()
 	const good = 10
@@ -43,6 +43,13 @@ func TestPoisonDoesNotBlock(t *testing.T, pub message.Publisher, sub message.Sub
 	defer cancel()
 
 	dlTopic := dlq.DefaultTopic(topic)
+	// Create the topics first where the transport needs it (Kafka): a
+	// consumer that subscribed to a missing topic may not see it appear.
+	if si, ok := sub.(message.SubscribeInitializer); ok {
+		for _, tp := range []string{topic, dlTopic} {
+			require.NoError(t, si.SubscribeInitialize(tp), "initializing topic %s", tp)
+		}
+	}
 	dead, err := sub.Subscribe(ctx, dlTopic)
 	require.NoError(t, err, "subscribing to the dead-letter topic %s", dlTopic)
 
