@@ -210,7 +210,7 @@ func (c *Cleaner) RunOnce(ctx context.Context) (CleanStats, error) {
 				FOR UPDATE SKIP LOCKED)`,
 			c.cfg.Retention.Seconds(), c.cfg.BatchSize)
 		if err != nil {
-			return stats, fmt.Errorf("idempotency: cleaner: deleting marks older than %s (did you run the idempotency migrations?): %w", c.cfg.Retention, err)
+			return stats, fmt.Errorf("idempotency: cleaner: deleting marks older than %s%s: %w", c.cfg.Retention, migrationHint(err), err)
 		}
 		n, err := res.RowsAffected()
 		if err != nil {

@@ -89,5 +89,13 @@
 //
 // PostgresStore is the production store. MemoryStore keeps marks in memory
 // with the same transactional behaviour, for unit tests of handlers. Both
-// pass the shared suite idempotencytest.Exercise.
+// pass the shared suite idempotencytest.Exercise, and both implement the
+// optional Marker (one mark in a unit of work of its own), which
+// MarkAfterSuccess mode uses when present.
+//
+// # Cost
+//
+// Transactional mode adds one statement to the handler's transaction; the
+// Postgres store sends it in one round trip. `millwright bench idempotency`
+// compares a handler inserting one row with and without the middleware.
 package idempotency

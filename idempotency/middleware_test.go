@@ -12,6 +12,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/idempotency/idempotencytest"
+	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -313,5 +314,17 @@ func TestPostgresStoreRejectsNULInID(t *testing.T) {
 	_, err := m.Middleware(countingHandler(&calls))(idempotencytest.NewMessage("evt\x00-1", nil))
 	require.ErrorIs(t, err, idempotency.ErrNoEventID)
 	require.True(t, retry.IsPermanent(err), "retrying cannot fix the id")
+	require.Zero(t, calls.Load())
+}
+
+func TestPostgresStoreNamesMissingMigration(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t) // no migrations
+	store, err := idempotency.NewPostgresStore(s.DB)
+	require.NoError(t, err)
+	m, _ := newMiddleware(t, store, idempotency.Config{Consumer: "billing"})
+	var calls atomic.Int64
+	_, err = m.Middleware(countingHandler(&calls))(idempotencytest.NewMessage("evt-1", nil))
+	require.ErrorContains(t, err, "millwright migrate")
 	require.Zero(t, calls.Load())
 }

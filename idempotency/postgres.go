@@ -52,9 +52,18 @@ func (s *PostgresStore) Processed(ctx context.Context, consumer, eventID string)
 		`SELECT EXISTS (SELECT 1 FROM millwright_processed_events WHERE consumer = `+pq.QuoteLiteral(consumer)+
 			` AND event_id = `+pq.QuoteLiteral(eventID)+`)`).Scan(&found)
 	if err != nil {
-		return false, fmt.Errorf("idempotency: reading mark of consumer %q event %q: %w", consumer, eventID, err)
+		return false, fmt.Errorf("idempotency: reading mark of consumer %q event %q%s: %w", consumer, eventID, migrationHint(err), err)
 	}
 	return found, nil
+}
+
+// migrationHint suggests the fix when the table is missing.
+func migrationHint(err error) string {
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) && pqErr.Code == "42P01" { // undefined_table
+		return " (table missing: run `millwright migrate` or migrate.Up with idempotency.Migrations())"
+	}
+	return ""
 }
 
 // checkKey rejects what a Postgres TEXT cannot hold, so that such a message
@@ -99,8 +108,8 @@ func mark(ctx context.Context, db execer, consumer, eventID string) (bool, error
 		`INSERT INTO millwright_processed_events (consumer, event_id) VALUES (`+
 			pq.QuoteLiteral(consumer)+`, `+pq.QuoteLiteral(eventID)+`) ON CONFLICT (consumer, event_id) DO NOTHING`)
 	if err != nil {
-		return false, fmt.Errorf("idempotency: marking consumer %q event %q (did you run the idempotency migrations?): %w",
-			consumer, eventID, err)
+		return false, fmt.Errorf("idempotency: marking consumer %q event %q%s: %w",
+			consumer, eventID, migrationHint(err), err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
