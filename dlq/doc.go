@@ -21,6 +21,11 @@
 //	if err != nil { ... }
 //	router.AddMiddleware(mw.Middleware)
 //
+// Put it outside the idempotency middleware, so each attempt goes through
+// the deduplication and a replayed dead letter is processed at most once:
+//
+//	handler.AddMiddleware(mw.Middleware, dedup.Middleware) // outermost first
+//
 // Handlers return retry.Permanent(err) for errors retrying cannot fix, and
 // Malformed(err) (or DecodeJSON's error) for payloads they cannot read: both
 // go to the dead-letter topic after one attempt.
@@ -42,6 +47,11 @@
 //   - One Error-level log line per dead letter names the message UUID, the
 //     topic and the error. Counters MetricDeadLetters and
 //     retry.MetricRetries are labelled by topic and reason.
+//   - A dead letter consumed from its own dead-letter topic (by the
+//     recorder) is never dead-lettered again: when its handler gives up it
+//     is nacked and stays on the dead-letter topic.
+//   - Config.Retry must be bounded (MaxAttempts or MaxElapsedTime): an
+//     unbounded policy is rejected, since it would block the queue forever.
 //   - A poison message does not stop the messages behind it: it holds its
 //     consumer only for its retries (dlqtest.TestPoisonDoesNotBlock checks
 //     this against any transport).

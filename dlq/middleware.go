@@ -98,6 +98,9 @@ func (c Config) Validate() error {
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("dlq: invalid Config.Retry: %w", err))
 	}
+	if c.Retry.MaxAttempts < 0 && c.Retry.MaxElapsedTime == 0 {
+		errs = append(errs, errors.New("dlq: Config.Retry has no limit (MaxAttempts -1, MaxElapsedTime 0): a poison message would be retried forever and block its queue; set MaxAttempts or MaxElapsedTime"))
+	}
 	if c.MaxValueBytes < -1 || (c.MaxValueBytes >= 0 && c.MaxValueBytes < 64) {
 		errs = append(errs, fmt.Errorf("dlq: Config.MaxValueBytes %d: want >= 64, or -1 for no limit", c.MaxValueBytes))
 	}
@@ -173,8 +176,10 @@ func registerCounter(reg prometheus.Registerer, name, help string, labels ...str
 //
 // It returns nil (ack) when h succeeds or when the message was published to
 // its dead-letter topic; it returns an error (nack, redelivery) when the
-// retries were interrupted by the message's context ending or when the
-// dead-letter publish failed.
+// retries were interrupted by the message's context ending, when the
+// dead-letter publish failed, or when the message is itself a dead letter
+// consumed from its dead-letter topic (a failing recorder does not park
+// dead letters on "<topic>.dlq.dlq").
 func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	inner := m.retry.Middleware(h)
 	return func(msg *message.Message) (produced []*message.Message, err error) {
@@ -191,6 +196,16 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return produced, nil
 		}
 		if !retry.Final(err) {
+			return nil, err
+		}
+		if isDeadLetter(msg) {
+			// A dead letter that cannot be handled (the recorder's database
+			// is down) is nacked, not parked on "<topic>.dlq.dlq" where
+			// nobody looks: it stays on its dead-letter topic.
+			m.cfg.Logger.Error("Handling a dead letter failed; nacked, not dead-lettered again", err, watermill.LogFields{
+				"message_uuid": msg.UUID,
+				"topic":        message.SubscribeTopicFromCtx(msg.Context()),
+			})
 			return nil, err
 		}
 		if perr := m.deadLetter(msg, err); perr != nil {
@@ -338,6 +353,13 @@ func typeName(err error) string {
 		}
 		err = next
 	}
+}
+
+// isDeadLetter reports whether msg was consumed from the dead-letter topic
+// the middleware published it to.
+func isDeadLetter(msg *message.Message) bool {
+	dl := msg.Metadata.Get(metadata.DeadLetterTopic)
+	return dl != "" && dl == message.SubscribeTopicFromCtx(msg.Context())
 }
 
 func isDeadLetterKey(k string) bool {

@@ -348,6 +348,8 @@ func TestNewMiddlewareValidates(t *testing.T) {
 	require.ErrorContains(t, err, "MaxValueBytes")
 	_, err = dlq.NewMiddleware(&flakyPublisher{}, dlq.Config{Retry: retry.Policy{MaxAttempts: -5}})
 	require.ErrorContains(t, err, "MaxAttempts")
+	_, err = dlq.NewMiddleware(&flakyPublisher{}, dlq.Config{Retry: retry.Policy{MaxAttempts: -1}})
+	require.ErrorContains(t, err, "retried forever")
 }
 
 func TestPoisonDoesNotBlockGoChannel(t *testing.T) {
@@ -383,4 +385,40 @@ func (l *errorLogger) lines() []logLine {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]logLine(nil), l.got...)
+}
+
+// TestDeadLetterIsNotDeadLetteredAgain: a handler consuming the dead-letter
+// topic (a recorder whose database is down) nacks instead of parking the
+// dead letter on "orders.dlq.dlq".
+func TestDeadLetterIsNotDeadLetteredAgain(t *testing.T) {
+	t.Parallel()
+	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = ps.Close() })
+	dlPub := &recordingPublisher{}
+	mw, err := dlq.NewMiddleware(dlPub, dlq.Config{Retry: retry.Policy{MaxAttempts: 1}})
+	require.NoError(t, err)
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	require.NoError(t, err)
+	nacked := make(chan struct{})
+	var calls atomic.Int64
+	router.AddConsumerHandler("recorder", "orders.dlq", ps, func(msg *message.Message) error {
+		if calls.Add(1) == 2 {
+			close(nacked) // redelivered: the first delivery was nacked
+		}
+		return errors.New("database down")
+	}).AddMiddleware(mw.Middleware)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = router.Run(context.Background()) }()
+	t.Cleanup(func() { _ = router.Close(); <-done })
+	<-router.Running()
+
+	dl := message.NewMessage(watermill.NewUUID(), nil)
+	dl.Metadata.Set(metadata.DeadLetterTopic, "orders.dlq")
+	require.NoError(t, ps.Publish("orders.dlq", dl))
+	select {
+	case <-nacked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("dead letter not redelivered")
+	}
+	require.Empty(t, dlPub.published(), "a dead letter was dead-lettered again")
 }
