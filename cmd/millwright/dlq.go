@@ -119,7 +119,13 @@ func dlqListCmd() *cobra.Command {
 				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.LastFailure.UTC().Format(time.RFC3339),
 					d.OriginalTopic, d.Reason, d.Attempts, replayed, d.MessageUUID, dlqOneLine(d.Error, 80))
 			}
-			return w.Flush()
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			if f.Limit > 0 && len(rows) == f.Limit {
+				fmt.Fprintf(out, "(first %d rows; narrow the filters or pass --limit 0 for all)\n", f.Limit)
+			}
+			return nil
 		},
 	}
 	addDLQFilterFlags(cmd, 50)

@@ -1,6 +1,3 @@
-// Package dlqtest holds reusable tests of the dead-letter middleware that
-// take a transport as arguments, so every transport (and every user's own
-// publisher/subscriber setup) can be checked the same way.
 package dlqtest
 
 import (
