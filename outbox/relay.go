@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -273,10 +275,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		if !next.IsZero() && (due.IsZero() || next.Before(due)) {
 			due = next
 		}
-		if n > 0 && err == nil {
+		if n >= r.cfg.BatchSize && err == nil {
 			continue
 		}
 		wait := r.cfg.PollInterval
+		if n > 0 && err == nil && !listening {
+			continue
+		}
 		if listening && err == nil {
 			// Ask writers for a NOTIFY, then look once more: rows
 			// committed before the request went unannounced.
@@ -297,7 +302,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			if !settled {
 				// A writer that may have missed the request is still
 				// in its transaction: look again soon.
-				wait = min(wait, idleSettleTimeout)
+				wait = min(wait, idleRecheck)
 			}
 		}
 		if !due.IsZero() {
@@ -323,39 +328,29 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// idleSettleTimeout bounds how long announceIdle waits for in-flight
-// writers, and how soon the relay looks again when they did not finish.
-const idleSettleTimeout = 20 * time.Millisecond
+// idleRecheck is how soon an idle relay looks again when a writer that may
+// have missed its request for a notification is still in its transaction.
+const idleRecheck = 5 * time.Millisecond
 
-// announceIdle sets relay_waiting so the next writer notifies, then waits
-// (at most idleSettleTimeout, never queueing behind writers) until no
-// writer that read the flag before it was set is still in its transaction.
-// It reports whether that point was reached. See migrations/001_outbox.sql.
+// announceIdle sets relay_waiting so the next writer notifies, then checks,
+// without queueing behind writers, whether any writer that read the flag
+// before it was set may still be in its transaction: such a writer will not
+// notify, so the relay must look again soon. It reports whether none can
+// be. See migrations/001_outbox.sql.
 func (r *Relay) announceIdle(ctx context.Context) (bool, error) {
-	if _, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox_wakeup SET relay_waiting = true WHERE NOT relay_waiting`); err != nil {
+	// Two statements, in this order: the flag must be committed before
+	// the probe. Neither has parameters, so lib/pq sends each in one
+	// round trip.
+	if _, err := r.db.ExecContext(ctx, `INSERT INTO millwright_outbox_wakeup (id, relay_waiting) VALUES (true, true)
+		ON CONFLICT (id) DO UPDATE SET relay_waiting = true WHERE NOT millwright_outbox_wakeup.relay_waiting`); err != nil {
 		return false, fmt.Errorf("setting millwright_outbox_wakeup.relay_waiting: %w", err)
 	}
-	key := "millwright_outbox_wakeup:" + r.schema
-	deadline := time.Now().Add(idleSettleTimeout)
-	for {
-		var ok bool
-		if err := r.db.QueryRowContext(ctx, `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1)) THEN pg_advisory_unlock(hashtext($1)) ELSE false END`, key).Scan(&ok); err != nil {
-			return false, fmt.Errorf("probing writers in flight: %w", err)
-		}
-		if ok {
-			return true, nil
-		}
-		if time.Now().After(deadline) {
-			return false, nil
-		}
-		t := time.NewTimer(time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false, ctx.Err()
-		case <-t.C:
-		}
+	key := "hashtext(" + pq.QuoteLiteral("millwright_outbox_wakeup:"+r.schema) + ")"
+	var ok bool
+	if err := r.db.QueryRowContext(ctx, `SELECT CASE WHEN pg_try_advisory_lock(`+key+`) THEN pg_advisory_unlock(`+key+`) ELSE false END`).Scan(&ok); err != nil {
+		return false, fmt.Errorf("probing writers in flight: %w", err)
 	}
+	return ok, nil
 }
 
 // Close stops Run after the batch in flight, waiting at most CloseTimeout
@@ -492,7 +487,10 @@ RETURNING t.id, t.event_id, t.topic, t.aggregate_type, t.aggregate_id,
 	t.payload::text, t.payload_raw, t.metadata::text, t.retry_count, t.created_at`
 
 func (r *Relay) claim(ctx context.Context) ([]row, error) {
-	rows, err := r.db.QueryContext(ctx, claimSQL, r.cfg.BatchSize, r.cfg.Lease.Milliseconds())
+	// Integers inlined: without parameters lib/pq sends the statement in
+	// one round trip instead of two.
+	q := strings.NewReplacer("$1", strconv.Itoa(r.cfg.BatchSize), "$2", strconv.FormatInt(r.cfg.Lease.Milliseconds(), 10)).Replace(claimSQL)
+	rows, err := r.db.QueryContext(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
@@ -579,14 +577,14 @@ func (r *Relay) runOnce(ctx context.Context) (int, time.Time, error) {
 	}
 	var errs []error
 	if len(published) > 0 {
-		if _, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id = ANY($1) AND status = 'pending'`, pq.Array(published)); err != nil {
+		if _, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id = ANY(`+idArray(published)+`) AND status = 'pending'`); err != nil {
 			errs = append(errs, fmt.Errorf("outbox relay: marking %d row(s) published (they will be republished after the lease): %w", len(published), err))
 		} else {
 			r.m.published.Add(float64(len(published)))
 		}
 	}
 	if len(held) > 0 {
-		if _, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox SET next_attempt_at = now() WHERE id = ANY($1) AND status = 'pending'`, pq.Array(held)); err != nil {
+		if _, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox SET next_attempt_at = now() WHERE id = ANY(`+idArray(held)+`) AND status = 'pending'`); err != nil {
 			errs = append(errs, fmt.Errorf("outbox relay: releasing %d row(s): %w", len(held), err))
 		}
 	}
@@ -597,6 +595,21 @@ func (r *Relay) runOnce(ctx context.Context) (int, time.Time, error) {
 		errs = append(errs, err)
 	}
 	return len(rows), next, errors.Join(errs...)
+}
+
+// idArray renders ids as a bigint[] literal, so that hot statements carry
+// no parameters (one round trip with lib/pq instead of two).
+func idArray(ids []int64) string {
+	var b strings.Builder
+	b.WriteString("'{")
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(id, 10))
+	}
+	b.WriteString("}'::bigint[]")
+	return b.String()
 }
 
 // publish sends the rows and returns one error per row (nil: accepted).

@@ -688,16 +688,17 @@ func (b *outboxBench) benchLatency(ctx context.Context, kind string, t *transpor
 			cancel()
 			return err
 		}
-		var committed sync.Map // event id -> commit time
+		var committed sync.Map // event id -> time before COMMIT
 		var mu sync.Mutex
-		var lat []time.Duration
+		received := map[string]time.Time{}
+		commitDone := map[string]time.Time{}
 		warm := make(chan struct{}, 1)
 		go func() {
 			for m := range ch {
 				now := time.Now()
-				if v, ok := committed.Load(m.UUID); ok {
+				if _, ok := committed.Load(m.UUID); ok {
 					mu.Lock()
-					lat = append(lat, now.Sub(v.(time.Time)))
+					received[m.UUID] = now
 					mu.Unlock()
 				} else {
 					select {
@@ -749,19 +750,23 @@ func (b *outboxBench) benchLatency(ctx context.Context, kind string, t *transpor
 				cancel()
 				return err
 			}
-			// Stamped before COMMIT (the event may arrive before Commit
-			// returns): the figure includes the commit's own duration.
+			// Marked known before COMMIT (the event may arrive before
+			// Commit returns); latency counts from Commit's return, 0 for
+			// an event that arrived earlier.
 			committed.Store(id, time.Now())
 			if err := tx.Commit(); err != nil {
 				cancel()
 				return err
 			}
+			mu.Lock()
+			commitDone[id] = time.Now()
+			mu.Unlock()
 		}
 		tick.Stop()
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			mu.Lock()
-			got := len(lat)
+			got := len(received)
 			mu.Unlock()
 			if got >= total || time.Now().After(deadline) {
 				break
@@ -771,7 +776,10 @@ func (b *outboxBench) benchLatency(ctx context.Context, kind string, t *transpor
 		_ = r.Close()
 		cancel()
 		mu.Lock()
-		xs := append([]time.Duration(nil), lat...)
+		var xs []time.Duration
+		for id, at := range received {
+			xs = append(xs, max(at.Sub(commitDone[id]), 0))
+		}
 		mu.Unlock()
 		if len(xs) < total {
 			return fmt.Errorf("received %d of %d events within 30s", len(xs), total)

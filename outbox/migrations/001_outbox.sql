@@ -54,7 +54,12 @@ CREATE INDEX millwright_outbox_failed_idx ON millwright_outbox (id)
 -- relay_waiting, takes it exclusively (without waiting) before its last
 -- look at the table. Once it has it, every writer that could have read
 -- relay_waiting before it was set has committed, and its rows are visible.
-CREATE TABLE millwright_outbox_wakeup (
+--
+-- The table is UNLOGGED: setting and clearing the flag writes no WAL and
+-- waits for no fsync. After a crash it is empty, writers then notify nobody
+-- until a relay recreates the row on its next idle moment (relays upsert
+-- it), and relays meanwhile poll.
+CREATE UNLOGGED TABLE millwright_outbox_wakeup (
     id            BOOLEAN PRIMARY KEY DEFAULT true CHECK (id),
     relay_waiting BOOLEAN NOT NULL DEFAULT false
 );
