@@ -165,6 +165,9 @@ type Relay struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc
 
+	stmtMu sync.Mutex
+	stmt   *sql.Stmt
+
 	// schema of the outbox table, set once LISTEN works (only Run's
 	// goroutine reads it).
 	schema string
@@ -439,6 +442,8 @@ func (r *Relay) refreshLoop(ctx context.Context) {
 type row struct {
 	id         int64
 	topic      string
+	aggType    string
+	aggID      string
 	aggKey     string
 	retryCount int
 	createdAt  time.Time
@@ -455,29 +460,51 @@ type row struct {
 // else. Each head brings its aggregate's next pending rows (an equal share
 // of the batch): no other relay can claim them while their head is pending.
 //
-// The head test is a correlated min() rather than NOT EXISTS so that the
-// planner probes the aggregate index per candidate while walking the
-// pending index in id order, and stops after $1 heads, instead of hashing
-// the whole backlog on every claim. The UPDATE takes its ids as an array so
-// that it uses the index too.
+// Heads are looked for among the first $3 due rows in id order only (the
+// window, windowFactor x BatchSize), so a claim costs at most $3 index
+// probes however large the backlog, where walking until $1 heads are found
+// would read the whole backlog whenever it holds fewer aggregates than that
+// (the forwarder's cost). Rows that cannot be heads stay out of the window:
+// followers of a claimed head are leased with it and those of a failing
+// head are parked until its next attempt (see fail). Only a backlog of more
+// than $3 due rows of aggregates already claimed by other relays keeps a
+// relay from seeing heads behind them, until the backlog shrinks.
+//
+// The window is walked lazily: the walk stops as soon as $1 heads are
+// found. Heads are locked afterwards (SKIP LOCKED), so two relays claiming
+// at the same instant may pick the same heads and one gets fewer; it
+// claims again before going idle. "id <= min()" is the same test as
+// "id = min()" (the row itself is pending) but keeps the planner's
+// estimate sane, and ids are passed as arrays, so every step is an index
+// probe.
 const claimSQL = `WITH heads AS (
+	SELECT c.id
+	FROM (
+		SELECT o.id, o.aggregate_type, o.aggregate_id
+		FROM millwright_outbox o
+		WHERE o.status = 'pending' AND o.next_attempt_at <= now()
+		ORDER BY o.id
+		LIMIT $3
+	) c
+	WHERE c.id <= (
+		SELECT min(p.id) FROM millwright_outbox p
+		WHERE p.status = 'pending' AND p.aggregate_type = c.aggregate_type
+		  AND p.aggregate_id = c.aggregate_id)
+	ORDER BY c.id
+	LIMIT $1
+), locked AS (
 	SELECT o.id, o.aggregate_type, o.aggregate_id
 	FROM millwright_outbox o
-	WHERE o.status = 'pending' AND o.next_attempt_at <= now()
-	  AND o.id = (
-		SELECT min(p.id) FROM millwright_outbox p
-		WHERE p.status = 'pending' AND p.aggregate_type = o.aggregate_type
-		  AND p.aggregate_id = o.aggregate_id)
-	ORDER BY o.id
-	LIMIT $1
+	WHERE o.id = ANY(ARRAY(SELECT id FROM heads))
+	  AND o.status = 'pending' AND o.next_attempt_at <= now()
 	FOR UPDATE OF o SKIP LOCKED
 ), claimed AS (
-	SELECT f.id FROM heads h CROSS JOIN LATERAL (
+	SELECT f.id FROM locked h CROSS JOIN LATERAL (
 		SELECT p.id FROM millwright_outbox p
 		WHERE p.status = 'pending' AND p.aggregate_type = h.aggregate_type
 		  AND p.aggregate_id = h.aggregate_id AND p.id >= h.id
 		ORDER BY p.id
-		LIMIT GREATEST(1, $1 / (SELECT count(*) FROM heads))
+		LIMIT GREATEST(1, $1 / (SELECT count(*) FROM locked))
 	) f
 )
 UPDATE millwright_outbox t
@@ -486,11 +513,33 @@ WHERE t.id = ANY(ARRAY(SELECT id FROM claimed)) AND t.status = 'pending'
 RETURNING t.id, t.event_id, t.topic, t.aggregate_type, t.aggregate_id,
 	t.payload::text, t.payload_raw, t.metadata::text, t.retry_count, t.created_at`
 
+// windowFactor sizes the claim's window: windowFactor x BatchSize due rows.
+const windowFactor = 4
+
+// claimStmt prepares the claim once per relay (database/sql prepares it
+// again on each pooled connection): a prepared statement runs in one round
+// trip and, after a few executions, skips planning, which costs more than
+// executing the claim.
+func (r *Relay) claimStmt(ctx context.Context) (*sql.Stmt, error) {
+	r.stmtMu.Lock()
+	defer r.stmtMu.Unlock()
+	if r.stmt != nil {
+		return r.stmt, nil
+	}
+	stmt, err := r.db.PrepareContext(ctx, claimSQL)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: preparing the claim (did `millwright migrate` run?): %w", err)
+	}
+	r.stmt = stmt
+	return stmt, nil
+}
+
 func (r *Relay) claim(ctx context.Context) ([]row, error) {
-	// Integers inlined: without parameters lib/pq sends the statement in
-	// one round trip instead of two.
-	q := strings.NewReplacer("$1", strconv.Itoa(r.cfg.BatchSize), "$2", strconv.FormatInt(r.cfg.Lease.Milliseconds(), 10)).Replace(claimSQL)
-	rows, err := r.db.QueryContext(ctx, q)
+	stmt, err := r.claimStmt(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := stmt.QueryContext(ctx, r.cfg.BatchSize, r.cfg.Lease.Milliseconds(), windowFactor*r.cfg.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
@@ -523,6 +572,7 @@ func (r *Relay) claim(ctx context.Context) ([]row, error) {
 			msg.Metadata = message.Metadata{}
 		}
 		msg.SetContext(ctx)
+		rw.aggType, rw.aggID = aggTyp, aggID
 		rw.aggKey = aggTyp + "\x00" + aggID
 		rw.msg = msg
 		out = append(out, rw)
@@ -731,6 +781,24 @@ func (r *Relay) fail(ctx context.Context, rows []row, results []error, idx []int
 		pq.Array(ids), pq.Array(delays), pq.Array(msgs), pq.Array(final))
 	if err != nil {
 		return next, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(ids), err)
+	}
+	// Park the followers of each row that will be retried until its next
+	// attempt, so they stay out of every relay's claim window.
+	var pTypes, pIDs []string
+	var pHeads, pDelays []int64
+	for k, i := range idx {
+		if !final[k] {
+			pTypes, pIDs = append(pTypes, rows[i].aggType), append(pIDs, rows[i].aggID)
+			pHeads, pDelays = append(pHeads, rows[i].id), append(pDelays, delays[k])
+		}
+	}
+	if len(pHeads) > 0 {
+		if _, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox t SET next_attempt_at = now() + u.delay_ms * interval '1 millisecond'
+			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS u(atype, aid, head, delay_ms)
+			WHERE t.status = 'pending' AND t.aggregate_type = u.atype AND t.aggregate_id = u.aid AND t.id > u.head`,
+			pq.Array(pTypes), pq.Array(pIDs), pq.Array(pHeads), pq.Array(pDelays)); err != nil {
+			return next, fmt.Errorf("outbox relay: parking the followers of %d failing event(s): %w", len(pHeads), err)
+		}
 	}
 	if _, err := res.RowsAffected(); err == nil {
 		for _, f := range final {

@@ -491,3 +491,31 @@ func TestTrigger_NotifiesOnlyWhenAsked(t *testing.T) {
 	require.NoError(t, b.db.QueryRow(`SELECT relay_waiting FROM millwright_outbox_wakeup`).Scan(&waiting))
 	require.False(t, waiting, "the first committed writer takes the request")
 }
+
+// A failing aggregate with a backlog larger than the claim window must not
+// hide the aggregates behind it: its followers are parked with it.
+func TestRelay_FailingAggregateBacklogDoesNotBlockOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := b.collect(t, "t")
+	ctx := context.Background()
+	var evs []Event
+	for i := 0; i < 60; i++ { // 12 x the window of BatchSize 5
+		evs = append(evs, Event{Topic: "t", AggregateID: "bad", Payload: []byte(strconv.Itoa(i))})
+	}
+	for i := 0; i < 20; i++ {
+		evs = append(evs, Event{Topic: "t", AggregateID: fmt.Sprint("good", i), Payload: []byte(`"ok"`)})
+	}
+	require.NoError(t, Add(ctx, b.db, evs...))
+	pub := &hookPublisher{Publisher: b.pubsub, fail: func(_ string, m *message.Message) error {
+		if m.Metadata.Get(metadata.AggregateID) == "bad" {
+			return errors.New("bad aggregate")
+		}
+		return nil
+	}}
+	startRelay(t, b.db, pub, RelayConfig{BatchSize: 5, PollInterval: 5 * time.Millisecond,
+		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: -1}})
+	eventually(t, 10*time.Second, func() bool { return len(got.all()) == 20 }, "the other aggregates flow")
+	require.Equal(t, 60, count(t, b.db, "status = 'pending' AND aggregate_id = 'bad'"))
+	eventually(t, 5*time.Second, func() bool { return count(t, b.db, "aggregate_id = 'bad' AND retry_count >= 2") == 1 }, "the bad head keeps retrying")
+}
