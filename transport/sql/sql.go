@@ -110,9 +110,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		db.SetMaxIdleConns(cfg.MaxOpenConns)
 		own = true
 	}
-	pctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
+	if err := ping(ctx, db, cfg.ConnectTimeout); err != nil {
 		if own {
 			db.Close()
 		}
@@ -126,6 +124,22 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		return nil, fmt.Errorf("sql: creating publisher: %w", err)
 	}
 	return &Transport{cfg: cfg, logger: logger, db: db, ownDB: own, pub: pub}, nil
+}
+
+// ping checks the pool within timeout. lib/pq does not watch the context
+// while it waits for the server's startup reply, so a server that accepts
+// and never answers would hang PingContext: the wait is bounded here.
+func ping(ctx context.Context, db *stdsql.DB, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- db.PingContext(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Schema is the watermill-sql schema adapter millwright uses: one table per
