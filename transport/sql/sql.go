@@ -168,7 +168,9 @@ func (s raceFreeSchema) SchemaInitializingQueries(topic string) []wsql.Query {
 	return tolerateExisting(s.DefaultPostgreSQLSchema.SchemaInitializingQueries(topic))
 }
 
-type raceFreeOffsets struct{ wsql.DefaultPostgreSQLOffsetsAdapter }
+type raceFreeOffsets struct {
+	wsql.DefaultPostgreSQLOffsetsAdapter
+}
 
 func (a raceFreeOffsets) SchemaInitializingQueries(topic string) []wsql.Query {
 	return tolerateExisting(a.DefaultPostgreSQLOffsetsAdapter.SchemaInitializingQueries(topic))
