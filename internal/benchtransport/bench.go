@@ -265,7 +265,7 @@ func direct(_ context.Context, cfg transport.Config) (pair, error) {
 		}
 		pub, err := wgc.NewPublisher(wgc.PublisherConfig{
 			ProjectID: cfg.GoogleCloud.ProjectID, EnableMessageOrdering: true, EnableMessageOrderingAutoResumePublishOnError: true,
-			PublishTimeout: 30 * time.Second,
+			PublishTimeout:  30 * time.Second,
 			PublishSettings: &pubsub.PublishSettings{DelayThreshold: time.Millisecond, CountThreshold: 100, ByteThreshold: 1e6, Timeout: 30 * time.Second},
 			ClientOptions:   opts,
 		}, logger)
