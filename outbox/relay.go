@@ -260,6 +260,19 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	var due time.Time // earliest end of a backoff this relay scheduled
 	listening := r.schema != ""
+	var ahead <-chan claimed // a batch claimed while the last was published
+	defer func() {
+		// Close drains: a batch claimed ahead is published before Run
+		// returns rather than left leased until the lease expires. On a
+		// cancelled ctx it stays leased and is republished after Lease.
+		if ahead != nil {
+			if c := <-ahead; len(c.rows) > 0 && ctx.Err() == nil {
+				if _, err := r.process(ctx, c.rows); err != nil {
+					r.cfg.Logger.Error("outbox relay: last batch failed", err, nil)
+				}
+			}
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -268,7 +281,22 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		default:
 		}
-		n, next, err := r.runOnce(ctx)
+		var rows []row
+		var err error
+		if ahead != nil {
+			c := <-ahead
+			rows, err, ahead = c.rows, c.err, nil
+		} else {
+			rows, err = r.claim(ctx)
+		}
+		n := len(rows)
+		var next time.Time
+		if n > 0 {
+			if n >= r.cfg.BatchSize && err == nil {
+				ahead = r.prefetch(ctx) // more is likely due: claim it meanwhile
+			}
+			next, err = r.process(ctx, rows)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -604,6 +632,31 @@ func (r *Relay) runOnce(ctx context.Context) (int, time.Time, error) {
 	if err != nil || len(rows) == 0 {
 		return 0, time.Time{}, err
 	}
+	next, err := r.process(ctx, rows)
+	return len(rows), next, err
+}
+
+// claimed is the result of a claim made ahead of time.
+type claimed struct {
+	rows []row
+	err  error
+}
+
+// prefetch claims the next batch while the current one is being
+// published. This is safe for ordering: while the current batch is leased
+// and unmarked, its aggregates' heads are pending, so the next claim can
+// take none of their rows.
+func (r *Relay) prefetch(ctx context.Context) <-chan claimed {
+	ch := make(chan claimed, 1)
+	go func() {
+		rows, err := r.claim(ctx)
+		ch <- claimed{rows, err}
+	}()
+	return ch
+}
+
+// process publishes claimed rows and marks them.
+func (r *Relay) process(ctx context.Context, rows []row) (time.Time, error) {
 	results := r.publish(rows)
 	// Within an aggregate, nothing after a failure counts as published: it
 	// is released and republished after the failed row (at-least-once,
@@ -644,7 +697,7 @@ func (r *Relay) runOnce(ctx context.Context) (int, time.Time, error) {
 		next = n
 		errs = append(errs, err)
 	}
-	return len(rows), next, errors.Join(errs...)
+	return next, errors.Join(errs...)
 }
 
 // idArray renders ids as a bigint[] literal, so that hot statements carry
