@@ -1,0 +1,260 @@
+// Command quickstart shows millwright end to end on one machine: an order
+// and its event are written in one Postgres transaction through the outbox,
+// a relay publishes the event through the configured transport, and an
+// idempotent consumer (with retry and dead-lettering) applies its effect
+// exactly once, even though every message is delivered twice.
+//
+//	go run ./examples/quickstart                         # Postgres transport (default)
+//	go run ./examples/quickstart -transport amqp://guest:guest@127.0.0.1:5672/
+//	go run ./examples/quickstart -embedded kafka         # in-process Kafka fake
+//	go run ./examples/quickstart -embedded googlecloud   # in-process Pub/Sub fake
+//
+// It prints one summary line counted from the database:
+//
+//	orders=20 published=20 effects=20 duplicates_skipped=20 lost=0 duplicate_effects=0
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	_ "github.com/lib/pq"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/embedded"
+)
+
+const (
+	topic    = "quickstart.order_created"
+	consumer = "quickstart-notifier"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	dbURL := flag.String("database-url", envOr("MILLWRIGHT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL of the service database")
+	transportSel := flag.String("transport", os.Getenv(transport.EnvTransport), "transport kind or URL (default: sql on --database-url)")
+	emb := flag.String("embedded", "", "start an in-process broker: kafka or googlecloud (not for production)")
+	n := flag.Int("orders", 20, "orders to place")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	wlog := watermill.NewSlogLogger(log)
+
+	db, err := sql.Open("postgres", *dbURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(10)
+	if _, err := migrate.Up(ctx, db, outbox.Migrations(), idempotency.Migrations(), dlq.Migrations()); err != nil {
+		return fmt.Errorf("migrating (is Postgres running at --database-url?): %w", err)
+	}
+	if _, err := db.ExecContext(ctx, `
+		CREATE TABLE IF NOT EXISTS quickstart_orders (id TEXT PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL DEFAULT now());
+		CREATE TABLE IF NOT EXISTS quickstart_notifications (order_id TEXT NOT NULL, sent_at TIMESTAMPTZ NOT NULL DEFAULT now());`); err != nil {
+		return err
+	}
+
+	// The transport comes from configuration alone.
+	cfg, err := transportConfig(*transportSel, *emb, *dbURL)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = wlog
+	tr, err := transport.Open(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	sub, err := tr.Subscriber(consumer)
+	if err != nil {
+		return err
+	}
+
+	// Consumer: dead-letter stack (recover, retry with jitter, DLQ) around
+	// the idempotency middleware, which runs the handler in the transaction
+	// that records the event id. Duplicator delivers every message twice to
+	// show that the effect still happens once.
+	reg := prometheus.NewRegistry()
+	store, err := idempotency.NewPostgresStore(db)
+	if err != nil {
+		return err
+	}
+	idem, err := idempotency.NewMiddleware(store, idempotency.Config{Consumer: consumer, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	dead, err := dlq.NewMiddleware(tr.Publisher(), dlq.Config{ConsumerGroup: consumer, Registerer: reg, Logger: wlog,
+		Retry: retry.Policy{InitialInterval: 50 * time.Millisecond, MaxAttempts: 5}})
+	if err != nil {
+		return err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, wlog)
+	if err != nil {
+		return err
+	}
+	router.AddConsumerHandler("notify", topic, sub, func(msg *message.Message) error {
+		tx, ok := idempotency.TxFromContext(msg.Context())
+		if !ok {
+			return retry.Permanent(errors.New("notify: no idempotency transaction in the message context"))
+		}
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO quickstart_notifications (order_id) VALUES ($1)`, string(msg.Payload))
+		return err
+	})
+	router.AddMiddleware(dead.Middleware, middleware.Duplicator, idem.Middleware)
+
+	// Relay: publishes committed outbox rows through the transport.
+	relay, err := outbox.NewRelay(db, tr.Publisher(), outbox.RelayConfig{ListenURL: *dbURL, Logger: wlog, PollInterval: time.Second})
+	if err != nil {
+		return err
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	go func() { errc <- router.Run(runCtx) }()
+	go func() { errc <- relay.Run(runCtx) }()
+	<-router.Running()
+
+	// Place orders: business row and event in one transaction.
+	runID := watermill.NewShortUUID()
+	ids := make([]string, *n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s-%03d", runID, i)
+		if err := placeOrder(ctx, db, ids[i]); err != nil {
+			return err
+		}
+	}
+
+	// Wait until every event is published and every notification applied.
+	waitCtx, waitCancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer waitCancel()
+	if err := outboxtest.WaitDrained(waitCtx, db); err != nil {
+		return fmt.Errorf("waiting for the relay: %w", err)
+	}
+	var effects, distinct int
+	for {
+		if err := db.QueryRowContext(waitCtx, `SELECT count(*), count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1`, runID+"-%").Scan(&effects, &distinct); err != nil {
+			return err
+		}
+		if distinct == *n {
+			break
+		}
+		select {
+		case <-waitCtx.Done():
+			return fmt.Errorf("only %d of %d notifications after 2 minutes: %w", distinct, *n, waitCtx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	var published int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM millwright_outbox WHERE status = 'published' AND aggregate_id LIKE $1`, runID+"-%").Scan(&published); err != nil {
+		return err
+	}
+	dups := counterValue(reg, idempotency.MetricDuplicates)
+
+	cancel()
+	_ = relay.Close()
+	_ = router.Close()
+	for i := 0; i < 2; i++ {
+		if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+			log.Warn("shutdown", "error", err)
+		}
+	}
+	fmt.Printf("transport=%s orders=%d published=%d effects=%d duplicates_skipped=%.0f lost=%d duplicate_effects=%d\n",
+		tr.Kind(), *n, published, effects, dups, *n-distinct, effects-distinct)
+	if distinct != *n || effects != distinct {
+		return errors.New("effects do not match orders")
+	}
+	return nil
+}
+
+func placeOrder(ctx context.Context, db *sql.DB, id string) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+	if _, err := tx.ExecContext(ctx, `INSERT INTO quickstart_orders (id) VALUES ($1)`, id); err != nil {
+		return err
+	}
+	if err := outbox.Add(ctx, tx, outbox.Event{
+		Topic: topic, AggregateType: "order", AggregateID: id, EventType: "order.created.v1",
+		Payload: []byte(id), Source: "examples/quickstart",
+	}); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func transportConfig(sel, emb, dbURL string) (transport.Config, error) {
+	switch emb {
+	case "kafka":
+		k, err := embedded.Kafka()
+		if err != nil {
+			return transport.Config{}, err
+		}
+		return k.Config(), nil
+	case "googlecloud":
+		p, err := embedded.PubSub()
+		if err != nil {
+			return transport.Config{}, err
+		}
+		return p.Config(), nil
+	case "":
+	default:
+		return transport.Config{}, fmt.Errorf("-embedded %q: want kafka or googlecloud", emb)
+	}
+	if sel == "" {
+		return transport.ParseURL(dbURL)
+	}
+	os.Setenv(transport.EnvTransport, sel)
+	if os.Getenv(transport.EnvDatabaseURL) == "" {
+		os.Setenv(transport.EnvDatabaseURL, dbURL)
+	}
+	return transport.FromEnv()
+}
+
+func counterValue(reg *prometheus.Registry, name string) float64 {
+	mfs, _ := reg.Gather()
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				v += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
