@@ -32,17 +32,26 @@
 //
 //  1. claims up to BatchSize rows in ONE autocommitted statement (UPDATE ...
 //     RETURNING over a SELECT ... FOR UPDATE SKIP LOCKED) that also leases
-//     them (next_attempt_at = now() + Lease). No transaction is open while
-//     the broker is called: the claim transaction lasts one statement, and
-//     the lease, not a lock, keeps other relays off the rows;
+//     them (next_attempt_at = now() + Lease). That is how the claim
+//     transaction is bounded: it lasts one statement, a few milliseconds,
+//     and no transaction is open while the broker is called; the lease,
+//     not a lock, keeps other relays off the rows. The claim reads at most
+//     4 x BatchSize due rows through the partial index on pending rows, so
+//     its cost depends on neither the backlog nor the published rows;
 //  2. publishes them, with one PublishBatch call per topic when the
 //     publisher has it (transport.BatchPublisher), else with Publish,
-//     PublishConcurrency aggregates at a time;
-//  3. marks the published rows with one UPDATE ... WHERE id = ANY($1), and
+//     PublishConcurrency aggregates at a time, while it already claims the
+//     next batch;
+//  3. marks the published rows with one UPDATE ... WHERE id = ANY(...), and
 //     records failures with one more.
 //
-// Relays wake on the NOTIFY that the table's insert trigger sends at commit
-// (RelayConfig.ListenURL) and poll every PollInterval as the fallback.
+// With RelayConfig.ListenURL set, an idle relay asks writers for a NOTIFY
+// and sleeps; the first writer to commit after that notifies, later ones
+// do not. A NOTIFY in every transaction would serialise all commits of the
+// database (NOTIFY holds a global lock through commit). An advisory-lock
+// handshake makes sure no event committed around the moment the relay went
+// idle waits for the poll (see migrations/001_outbox.sql). PollInterval
+// (default 1 s) is the fallback.
 //
 // # Guarantees
 //

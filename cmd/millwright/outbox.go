@@ -292,7 +292,8 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		for _, k := range kinds {
 			progress("drain via %s ...", k)
 			if err := b.withTransport(ctx, k, amqpURL, func(t *transport.Transport) error { return b.benchDrain(ctx, k, t, backlog) }); err != nil {
-				return fmt.Errorf("drain via %s: %w", k, err)
+				// One broker being unavailable does not void the others.
+				fmt.Fprintf(cmd.ErrOrStderr(), "drain via %s: %v (skipped)\n", k, err)
 			}
 		}
 	}
@@ -306,7 +307,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		for _, k := range kinds {
 			progress("latency via %s ...", k)
 			if err := b.withTransport(ctx, k, amqpURL, func(t *transport.Transport) error { return b.benchLatency(ctx, k, t, rate, latDur) }); err != nil {
-				return fmt.Errorf("latency via %s: %w", k, err)
+				fmt.Fprintf(cmd.ErrOrStderr(), "latency via %s: %v (skipped)\n", k, err)
 			}
 		}
 	}
