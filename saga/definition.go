@@ -1,0 +1,221 @@
+package saga
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/millwright/millwright/retry"
+)
+
+// Command is a message the orchestrator sends to a participant, through the
+// outbox, in the transaction of the transition that causes it.
+type Command struct {
+	// Topic the command is published to. Required.
+	Topic string
+	// Type is the command's CloudEvents type, e.g. "inventory.reserve.v1".
+	// Optional.
+	Type string
+	// Payload is marshalled with encoding/json; a []byte or json.RawMessage
+	// is sent as is.
+	Payload any
+	// Metadata is copied to the message; the saga keys (metadata.SagaID,
+	// ...) are added and win.
+	Metadata map[string]string
+}
+
+// Reply is a participant's answer to a command, as the orchestrator received
+// it.
+type Reply struct {
+	// Type is the reply type: metadata.SagaReplyType, else metadata.EventType.
+	Type string
+	// Payload is the message body.
+	Payload []byte
+	// Metadata of the message.
+	Metadata map[string]string
+}
+
+// Decode unmarshals the reply's JSON payload into v.
+func (r Reply) Decode(v any) error {
+	if err := json.Unmarshal(r.Payload, v); err != nil {
+		return fmt.Errorf("saga: decoding reply %q payload into %T: %w", r.Type, v, err)
+	}
+	return nil
+}
+
+// Step is one step of a saga whose data has type D.
+type Step[D any] struct {
+	// Name identifies the step in history, metadata and diagrams. Required,
+	// unique within the saga; letters, digits, '_', '-' and '.'.
+	Name string
+	// Command builds the step's command from the saga data. Required.
+	Command func(data D) (Command, error)
+	// SuccessReply and FailureReply are the reply types that mean the step
+	// succeeded or failed. Default Name+".succeeded" and Name+".failed".
+	SuccessReply string
+	FailureReply string
+	// OnSuccess, when set, updates the saga data from the success reply
+	// (a reservation id, a payment id) before the next command is built.
+	// An error fails the reply handling, which is retried by redelivery.
+	OnSuccess func(data *D, reply Reply) error
+	// Compensation builds the command that undoes the step. Nil means the
+	// step has nothing to undo (a read, a notification).
+	Compensation func(data D) (Command, error)
+	// CompensatedReply and CompensationFailedReply are the reply types of
+	// the compensation command. Default Name+".compensated" and
+	// Name+".compensation_failed".
+	CompensatedReply        string
+	CompensationFailedReply string
+	// Timeout is how long the orchestrator waits for a reply to the step's
+	// command. Default 1 minute; minimum 1ms.
+	Timeout time.Duration
+	// CompensationTimeout is how long it waits for a reply to one
+	// compensation attempt; an unanswered attempt counts as failed. Default
+	// Timeout.
+	CompensationTimeout time.Duration
+	// Retry is the backoff between attempts of a failed (or unanswered)
+	// compensation; when it is exhausted the saga becomes stuck. Default:
+	// retry.Policy defaults (5 attempts, from 100ms, full jitter).
+	// MaxAttempts -1 retries forever.
+	Retry retry.Policy
+}
+
+// DefaultTimeout is Step.Timeout's default.
+const DefaultTimeout = time.Minute
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+
+// Definition is a saga type: a name and ordered steps. It is immutable once
+// defined and safe for concurrent use.
+type Definition[D any] struct {
+	name  string
+	steps []Step[D]
+	index map[string]int
+}
+
+// Define declares a saga type named name whose steps run in the given
+// order. The name is stored with every instance (keep it stable across
+// deploys) and also names the default reply topic (name + "_replies").
+func Define[D any](name string, steps ...Step[D]) (*Definition[D], error) {
+	var errs []error
+	if !nameRE.MatchString(name) {
+		errs = append(errs, fmt.Errorf("saga: Define: name %q: want letters, digits, '_', '-' or '.', not empty", name))
+	}
+	if len(steps) == 0 {
+		errs = append(errs, fmt.Errorf("saga: Define(%q): no steps: pass at least one saga.Step", name))
+	}
+	d := &Definition[D]{name: name, index: make(map[string]int, len(steps))}
+	for i, s := range steps {
+		if !nameRE.MatchString(s.Name) {
+			errs = append(errs, fmt.Errorf("saga: %q step %d: Name %q: want letters, digits, '_', '-' or '.', not empty", name, i, s.Name))
+		} else if _, dup := d.index[s.Name]; dup {
+			errs = append(errs, fmt.Errorf("saga: %q step %d: Name %q is used by an earlier step: step names must be unique", name, i, s.Name))
+		}
+		d.index[s.Name] = i
+		if s.Command == nil {
+			errs = append(errs, fmt.Errorf("saga: %q step %q: Command is nil: set the function that builds the step's command", name, s.Name))
+		}
+		if s.SuccessReply == "" {
+			s.SuccessReply = s.Name + ".succeeded"
+		}
+		if s.FailureReply == "" {
+			s.FailureReply = s.Name + ".failed"
+		}
+		if s.CompensatedReply == "" {
+			s.CompensatedReply = s.Name + ".compensated"
+		}
+		if s.CompensationFailedReply == "" {
+			s.CompensationFailedReply = s.Name + ".compensation_failed"
+		}
+		if s.SuccessReply == s.FailureReply || s.CompensatedReply == s.CompensationFailedReply {
+			errs = append(errs, fmt.Errorf("saga: %q step %q: success and failure reply types must differ", name, s.Name))
+		}
+		if s.Timeout == 0 {
+			s.Timeout = DefaultTimeout
+		}
+		if s.CompensationTimeout == 0 {
+			s.CompensationTimeout = s.Timeout
+		}
+		if s.Timeout < time.Millisecond || s.CompensationTimeout < time.Millisecond {
+			errs = append(errs, fmt.Errorf("saga: %q step %q: Timeout %s, CompensationTimeout %s: want at least 1ms", name, s.Name, s.Timeout, s.CompensationTimeout))
+		}
+		s.Retry = s.Retry.WithDefaults()
+		if err := s.Retry.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("saga: %q step %q: Retry: %w", name, s.Name, err))
+		}
+		d.steps = append(d.steps, s)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// MustDefine is Define for package-level definitions: it panics on an
+// invalid definition, which is a programming error found at start-up.
+func MustDefine[D any](name string, steps ...Step[D]) *Definition[D] {
+	d, err := Define(name, steps...)
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
+// Name returns the saga type's name.
+func (d *Definition[D]) Name() string { return d.name }
+
+// Steps returns the step names in order.
+func (d *Definition[D]) Steps() []string {
+	names := make([]string, len(d.steps))
+	for i, s := range d.steps {
+		names[i] = s.Name
+	}
+	return names
+}
+
+// Mermaid returns the saga type as a Mermaid state diagram: the forward
+// path, where each failure or timeout leads, and the compensations in
+// reverse order.
+func (d *Definition[D]) Mermaid() string {
+	var b strings.Builder
+	id := func(s string) string { return strings.NewReplacer(".", "_", "-", "_").Replace(s) }
+	fmt.Fprintf(&b, "stateDiagram-v2\n")
+	fmt.Fprintf(&b, "    %% saga %s\n", d.name)
+	fmt.Fprintf(&b, "    [*] --> %s\n", id(d.steps[0].Name))
+	// compTarget(i) is the first compensation at or below step i, or the
+	// end state when no step down from i has one.
+	compTarget := func(i int) string {
+		for j := i; j >= 0; j-- {
+			if d.steps[j].Compensation != nil {
+				return "undo_" + id(d.steps[j].Name)
+			}
+		}
+		return "Compensated"
+	}
+	for i, s := range d.steps {
+		next := "Completed"
+		if i+1 < len(d.steps) {
+			next = id(d.steps[i+1].Name)
+		}
+		fmt.Fprintf(&b, "    %s --> %s: %s\n", id(s.Name), next, s.SuccessReply)
+		fmt.Fprintf(&b, "    %s --> %s: %s\n", id(s.Name), compTarget(i-1), s.FailureReply)
+		fmt.Fprintf(&b, "    %s --> %s: timeout %s\n", id(s.Name), compTarget(i), s.Timeout)
+	}
+	for i := len(d.steps) - 1; i >= 0; i-- {
+		s := d.steps[i]
+		if s.Compensation == nil {
+			continue
+		}
+		u := "undo_" + id(s.Name)
+		fmt.Fprintf(&b, "    %s --> %s: %s\n", u, compTarget(i-1), s.CompensatedReply)
+		fmt.Fprintf(&b, "    %s --> %s: %s (retry)\n", u, u, s.CompensationFailedReply)
+		fmt.Fprintf(&b, "    %s --> Stuck: retries exhausted\n", u)
+	}
+	fmt.Fprintf(&b, "    Stuck --> %s: saga resolve\n", "Resolved")
+	fmt.Fprintf(&b, "    Completed --> [*]\n")
+	fmt.Fprintf(&b, "    Compensated --> [*]\n")
+	return b.String()
+}

@@ -1,0 +1,442 @@
+package saga_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/saga"
+	"github.com/millwright/millwright/transport"
+)
+
+// Order is the saga data of the test saga.
+type Order struct {
+	ID            string `json:"id"`
+	Amount        int    `json:"amount"`
+	ReservationID string `json:"reservation_id,omitempty"`
+	PaymentID     string `json:"payment_id,omitempty"`
+}
+
+// topics of one test run: unique, so runs sharing a broker do not mix.
+type topics struct{ inventory, payment, shipping, replies string }
+
+func newTopics() topics {
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	s := hex.EncodeToString(r[:])
+	return topics{"saga_inventory_" + s, "saga_payment_" + s, "saga_shipping_" + s, "saga_replies_" + s}
+}
+
+func (tp topics) all() []string { return []string{tp.inventory, tp.payment, tp.shipping, tp.replies} }
+
+type defOpts struct {
+	// timeouts of the steps' commands by step name; default 30s.
+	timeouts map[string]time.Duration
+	retry    retry.Policy
+}
+
+func (o defOpts) timeout(step string) time.Duration {
+	if d, ok := o.timeouts[step]; ok {
+		return d
+	}
+	return 30 * time.Second
+}
+
+// ordersDef is the example saga: reserve inventory, charge payment,
+// schedule shipping; compensations release and refund.
+func ordersDef(t *testing.T, tp topics, o defOpts) *saga.Definition[Order] {
+	t.Helper()
+	if o.retry.MaxAttempts == 0 {
+		o.retry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: 5, Jitter: retry.JitterNone}
+	}
+	def, err := saga.Define("orders",
+		saga.Step[Order]{
+			Name: "reserve_inventory",
+			Command: func(o Order) (saga.Command, error) {
+				return saga.Command{Topic: tp.inventory, Type: "inventory.reserve.v1", Payload: o}, nil
+			},
+			OnSuccess: func(o *Order, r saga.Reply) error {
+				var body struct{ ID string }
+				if err := r.Decode(&body); err != nil {
+					return err
+				}
+				o.ReservationID = body.ID
+				return nil
+			},
+			Compensation: func(o Order) (saga.Command, error) {
+				return saga.Command{Topic: tp.inventory, Type: "inventory.release.v1", Payload: map[string]string{"reservation": o.ReservationID}}, nil
+			},
+			Timeout: o.timeout("reserve_inventory"), CompensationTimeout: 30 * time.Second, Retry: o.retry,
+		},
+		saga.Step[Order]{
+			Name: "charge_payment",
+			Command: func(o Order) (saga.Command, error) {
+				return saga.Command{Topic: tp.payment, Type: "payment.charge.v1", Payload: o}, nil
+			},
+			OnSuccess: func(o *Order, r saga.Reply) error {
+				var body struct{ ID string }
+				if err := r.Decode(&body); err != nil {
+					return err
+				}
+				o.PaymentID = body.ID
+				return nil
+			},
+			Compensation: func(o Order) (saga.Command, error) {
+				return saga.Command{Topic: tp.payment, Type: "payment.refund.v1", Payload: o}, nil
+			},
+			Timeout: o.timeout("charge_payment"), CompensationTimeout: 30 * time.Second, Retry: o.retry,
+		},
+		saga.Step[Order]{
+			Name: "schedule_shipping",
+			Command: func(o Order) (saga.Command, error) {
+				return saga.Command{Topic: tp.shipping, Type: "shipping.schedule.v1", Payload: o}, nil
+			},
+			Timeout: o.timeout("schedule_shipping"), CompensationTimeout: 30 * time.Second, Retry: o.retry,
+		},
+	)
+	require.NoError(t, err)
+	return def
+}
+
+// action is what a participant does with a command.
+type action int
+
+const (
+	succeed action = iota
+	fail
+	ignore // never reply (the step times out)
+)
+
+// participants are the in-process services answering the saga's commands.
+// decide picks each reply; log records every command once, in arrival
+// order, as "step/phase/attempt".
+type participants struct {
+	mu     sync.Mutex
+	log    map[string][]string // by saga id
+	seen   map[string]bool     // event ids: participants are idempotent
+	cmds   map[string]*message.Message
+	decide func(sagaID, step, phase string, attempt int) action
+	// before, when set, runs before each reply is sent (outside the lock).
+	before func(sagaID, step, phase string)
+	pub    message.Publisher
+}
+
+func newParticipants(pub message.Publisher) *participants {
+	return &participants{
+		log: map[string][]string{}, seen: map[string]bool{}, cmds: map[string]*message.Message{},
+		decide: func(string, string, string, int) action { return succeed },
+		pub:    pub,
+	}
+}
+
+func (p *participants) setDecide(f func(sagaID, step, phase string, attempt int) action) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.decide = f
+}
+
+func (p *participants) commands(sagaID string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.log[sagaID]...)
+}
+
+// command returns the first command received for the step and phase.
+func (p *participants) command(sagaID, step, phase string) *message.Message {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmds[sagaID+"/"+step+"/"+phase]
+}
+
+func (p *participants) handle(msg *message.Message) error {
+	md := msg.Metadata
+	id, step, phase, attempt := md.Get(metadata.SagaID), md.Get(metadata.SagaStep), md.Get(metadata.SagaPhase), md.Get(metadata.SagaAttempt)
+	var n int
+	_, _ = fmt.Sscan(attempt, &n)
+	p.mu.Lock()
+	if p.seen[md.Get(metadata.EventID)] {
+		p.mu.Unlock()
+		return nil
+	}
+	p.seen[md.Get(metadata.EventID)] = true
+	entry := step + "/" + phase + "/" + attempt
+	p.log[id] = append(p.log[id], entry)
+	if _, ok := p.cmds[id+"/"+step+"/"+phase]; !ok {
+		p.cmds[id+"/"+step+"/"+phase] = msg.Copy()
+	}
+	act := p.decide(id, step, phase, n)
+	before := p.before
+	p.mu.Unlock()
+	if before != nil {
+		before(id, step, phase)
+	}
+
+	var typ string
+	switch {
+	case act == ignore:
+		return nil
+	case phase == saga.PhaseForward && act == succeed:
+		typ = step + ".succeeded"
+	case phase == saga.PhaseForward:
+		typ = step + ".failed"
+	case act == succeed:
+		typ = step + ".compensated"
+	default:
+		typ = step + ".compensation_failed"
+	}
+	reply, err := saga.NewReply(msg, typ, map[string]string{"ID": step + "-" + id})
+	if err != nil {
+		return err
+	}
+	if act == fail {
+		reply.Metadata.Set(metadata.SagaError, step+" "+phase+" refused")
+	}
+	return p.pub.Publish(saga.ReplyTopic(msg), reply)
+}
+
+// bundle is what a saga test needs.
+type bundle struct {
+	schema *pgtest.Schema
+	tr     *transport.Transport
+	tp     topics
+	def    *saga.Definition[Order]
+	parts  *participants
+	store  *idempotency.PostgresStore
+}
+
+// setup opens a schema, a transport (gochannel by default), starts an
+// outbox relay and a router with the participants. Orchestrators are added
+// with startOrchestrator.
+func setup(t *testing.T, tcfg *transport.Config, o defOpts) *bundle {
+	t.Helper()
+	b := &bundle{tp: newTopics()}
+	b.schema = pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), saga.Migrations())
+	b.schema.DB.SetMaxOpenConns(8)
+	cfg := transport.Config{Kind: transport.GoChannel}
+	if tcfg != nil {
+		cfg = *tcfg
+	}
+	if cfg.Kind == transport.SQL && cfg.SQL.DB == nil {
+		cfg.SQL.DB = b.schema.DB
+	}
+	tr, err := transport.Open(context.Background(), cfg)
+	require.NoError(t, err)
+	b.tr = tr
+	t.Cleanup(func() { _ = tr.Close() })
+	b.def = ordersDef(t, b.tp, o)
+	b.store, err = idempotency.NewPostgresStore(b.schema.DB)
+	require.NoError(t, err)
+
+	relay, err := outbox.NewRelay(b.schema.DB, tr.Publisher(), outbox.RelayConfig{
+		PollInterval: 20 * time.Millisecond, ListenURL: b.schema.URL, BatchSize: 100,
+	})
+	require.NoError(t, err)
+	runBackground(t, "relay", relay.Run, relay.Close)
+
+	b.parts = newParticipants(tr.Publisher())
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, nil)
+	require.NoError(t, err)
+	for _, topic := range []string{b.tp.inventory, b.tp.payment, b.tp.shipping} {
+		sub, err := tr.Subscriber("participant_" + topic)
+		require.NoError(t, err)
+		initTopic(t, sub, topic)
+		router.AddConsumerHandler("participant_"+topic, topic, sub, b.parts.handle)
+	}
+	runRouter(t, router)
+	return b
+}
+
+func initTopic(t *testing.T, sub message.Subscriber, topic string) {
+	if init, ok := sub.(message.SubscribeInitializer); ok {
+		require.NoError(t, init.SubscribeInitialize(topic))
+	}
+}
+
+// runRouter runs r until the test ends and waits for it to be running.
+func runRouter(t *testing.T, r *message.Router) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}
+	t.Cleanup(stop)
+	select {
+	case <-r.Running():
+	case err := <-done:
+		t.Fatalf("router stopped: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("router did not start in 30s")
+	}
+	return stop
+}
+
+// runBackground runs a Run/Close component until the test ends.
+func runBackground(t *testing.T, what string, run func(context.Context) error, closeFn func() error) (stop func()) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- run(context.Background()) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = closeFn()
+			if err := <-done; err != nil {
+				t.Errorf("%s: Run: %v", what, err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// orch is one orchestrator instance with its reply router and timeout loop.
+type orch struct {
+	o    *saga.Orchestrator[Order]
+	reg  *prometheus.Registry
+	stop func()
+}
+
+// startOrchestrator starts an orchestrator instance: a reply consumer
+// behind the idempotency middleware and the timeout loop.
+func (b *bundle) startOrchestrator(t *testing.T) *orch {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	o, err := saga.NewOrchestrator(b.schema.DB, b.def, saga.Config{
+		ReplyTopic: b.tp.replies, PollInterval: 20 * time.Millisecond, Registerer: reg,
+	})
+	require.NoError(t, err)
+	dedup, err := idempotency.NewMiddleware(b.store, idempotency.Config{Consumer: "orders-saga", Registerer: reg})
+	require.NoError(t, err)
+	sub, err := b.tr.Subscriber("orders_saga")
+	require.NoError(t, err)
+	initTopic(t, sub, b.tp.replies)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, nil)
+	require.NoError(t, err)
+	router.AddConsumerHandler("orders-saga", b.tp.replies, sub, o.HandleReply).AddMiddleware(dedup.Middleware)
+	stopRouter := runRouter(t, router)
+	stopLoop := runBackground(t, "orchestrator", o.Run, o.Close)
+	return &orch{o: o, reg: reg, stop: func() { stopLoop(); stopRouter() }}
+}
+
+// start starts a saga in its own transaction.
+func (b *bundle) start(t *testing.T, o *orch, id string) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.schema.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, o.o.Start(ctx, tx, id, Order{ID: id, Amount: 42}))
+	require.NoError(t, tx.Commit())
+}
+
+// waitState polls until saga id is in state, or fails the test.
+func (b *bundle) waitState(t *testing.T, id string, want saga.State) saga.Info {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var last saga.Info
+	for time.Now().Before(deadline) {
+		info, _, err := saga.Get(context.Background(), b.schema.DB, id)
+		if err == nil {
+			last = info
+			if info.State == want {
+				return info
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h, _ := saga.History(context.Background(), b.schema.DB, id)
+	t.Fatalf("saga %s: want state %s, still %s after 30s (last error %q); history %+v; commands %v", id, want, last.State, last.LastError, h, b.parts.commands(id))
+	return last
+}
+
+// waitHistory polls until saga id's history has an entry of kind.
+func (b *bundle) waitHistory(t *testing.T, id, kind string) []saga.HistoryEntry {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		h, err := saga.History(context.Background(), b.schema.DB, id)
+		require.NoError(t, err)
+		for _, e := range h {
+			if e.Kind == kind {
+				return h
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("saga %s: no %s entry in history after 30s", id, kind)
+	return nil
+}
+
+// waitCommand waits until a participant received the command
+// "step/phase/attempt" of saga id.
+func (b *bundle) waitCommand(t *testing.T, id, entry string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if slices.Contains(b.parts.commands(id), entry) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("saga %s: command %s not received in 30s; got %v", id, entry, b.parts.commands(id))
+}
+
+func historyKinds(h []saga.HistoryEntry) []string {
+	out := make([]string, len(h))
+	for i, e := range h {
+		out[i] = e.Step + ":" + e.Kind
+	}
+	return out
+}
+
+func metricValue(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if matches(m, labels) {
+				if c := m.GetCounter(); c != nil {
+					return c.GetValue()
+				}
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return 0
+}
+
+func matches(m *dto.Metric, labels map[string]string) bool {
+	n := 0
+	for _, lp := range m.GetLabel() {
+		if v, ok := labels[lp.GetName()]; ok {
+			if v != lp.GetValue() {
+				return false
+			}
+			n++
+		}
+	}
+	return n == len(labels)
+}

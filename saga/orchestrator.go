@@ -1,0 +1,912 @@
+package saga
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/retry"
+)
+
+// State is the state of a saga instance.
+type State string
+
+// Saga states. Completed and Compensated are final; Stuck waits for an
+// operator (Resolve, `millwright saga resolve`).
+const (
+	StateRunning      State = "running"
+	StateCompensating State = "compensating"
+	StateCompleted    State = "completed"
+	StateCompensated  State = "compensated"
+	StateStuck        State = "stuck"
+)
+
+// Phases, the values of metadata.SagaPhase.
+const (
+	PhaseForward      = "forward"
+	PhaseCompensation = "compensation"
+)
+
+// History kinds, the kind column of millwright_saga_steps.
+const (
+	KindCommand           = "command"
+	KindCompensation      = "compensation"
+	KindReply             = "reply"
+	KindCompensationReply = "compensation_reply"
+	KindTimeout           = "timeout"
+	KindLateReply         = "late_reply"
+	KindDuplicate         = "duplicate"
+	KindStuck             = "stuck"
+	KindResolved          = "resolved"
+	KindCompleted         = "completed"
+	KindCompensated       = "compensated"
+)
+
+// Metric names, each with a "type" label (the saga type).
+const (
+	// MetricStarted counts sagas started.
+	MetricStarted = "millwright_saga_started_total"
+	// MetricCompleted counts sagas whose every step succeeded.
+	MetricCompleted = "millwright_saga_completed_total"
+	// MetricCompensated counts sagas that failed and were fully compensated.
+	MetricCompensated = "millwright_saga_compensated_total"
+	// MetricStuck counts sagas that entered the stuck state: a compensation
+	// spent its retry budget and an operator must resolve the saga.
+	MetricStuck = "millwright_saga_stuck_total"
+	// MetricIgnoredReplies counts replies recorded and ignored, with a
+	// "kind" label: late_reply or duplicate.
+	MetricIgnoredReplies = "millwright_saga_ignored_replies_total"
+	// MetricDuration observes the seconds from start to completed or
+	// compensated, with an "outcome" label (completed, compensated).
+	MetricDuration = "millwright_saga_duration_seconds"
+)
+
+// ErrAlreadyStarted is returned (wrapped) by Start when an instance with the
+// id exists: a saga id starts one saga, so a redelivered start request is
+// harmless.
+var ErrAlreadyStarted = errors.New("saga: instance already exists")
+
+// ErrNotFound is returned (wrapped) when no saga instance has the id.
+var ErrNotFound = errors.New("saga: instance not found")
+
+// errConflict means another transition of the instance committed first.
+var errConflict = errors.New("saga: concurrent transition")
+
+// maxConflictRetries bounds how often one reply re-reads an instance that
+// other transitions keep changing before it gives up and is redelivered.
+const maxConflictRetries = 10
+
+// Config configures an Orchestrator.
+type Config struct {
+	// ReplyTopic is the topic participants reply to (carried on every
+	// command as metadata.SagaReplyTo). Consume it with HandleReply.
+	// Default the definition's name + "_replies".
+	ReplyTopic string
+	// PollInterval is how often Run looks for due deadlines (step timeouts,
+	// compensation backoffs, resolved sagas). A step timeout fires at most
+	// this late. Default 1s; minimum 1ms.
+	PollInterval time.Duration
+	// BatchSize is the most due instances Run claims in one transaction.
+	// Default 100; valid 1..10000.
+	BatchSize int
+	// Source is the CloudEvents source of commands. Default "" (none).
+	Source string
+	// CloseTimeout bounds how long Close waits for the round in flight.
+	// Default 30s.
+	CloseTimeout time.Duration
+	// Registerer receives the Metric* series. Default nil: none registered
+	// (counters still work, unexported). Orchestrators sharing a Registerer
+	// share the series, told apart by the type label.
+	Registerer prometheus.Registerer
+	// Logger. Default watermill.NopLogger. Stuck sagas are logged at error
+	// level, timeouts and ignored replies at info.
+	Logger watermill.LoggerAdapter
+}
+
+func (c *Config) setDefaults(name string) {
+	if c.ReplyTopic == "" {
+		c.ReplyTopic = name + "_replies"
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = time.Second
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Validate reports every invalid field, naming it.
+func (c Config) Validate() error {
+	var errs []error
+	if c.PollInterval < time.Millisecond {
+		errs = append(errs, fmt.Errorf("saga: Config.PollInterval %s: want at least 1ms", c.PollInterval))
+	}
+	if c.BatchSize < 1 || c.BatchSize > 10000 {
+		errs = append(errs, fmt.Errorf("saga: Config.BatchSize %d: want 1..10000", c.BatchSize))
+	}
+	if c.CloseTimeout < 0 {
+		errs = append(errs, fmt.Errorf("saga: Config.CloseTimeout %s is negative", c.CloseTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+type metrics struct {
+	started, completed, compensated, stuck prometheus.Counter
+	late, duplicate                        prometheus.Counter
+	durCompleted, durCompensated           prometheus.Observer
+}
+
+// Orchestrator runs the instances of one saga type: it starts them, applies
+// replies (HandleReply) and fires deadlines (Run). Any number of
+// orchestrators of one type may run at once, in one process or many; each
+// transition commits once. It is safe for concurrent use.
+type Orchestrator[D any] struct {
+	db  *sql.DB
+	def *Definition[D]
+	cfg Config
+	m   metrics
+
+	closeOnce sync.Once
+	closing   chan struct{}
+	running   chan struct{}
+	mu        sync.Mutex
+	runDone   chan struct{}
+	cancelRun context.CancelFunc
+}
+
+// NewOrchestrator returns an orchestrator of def's instances stored in db
+// (with saga, outbox and idempotency migrations applied).
+func NewOrchestrator[D any](db *sql.DB, def *Definition[D], cfg Config) (*Orchestrator[D], error) {
+	if db == nil {
+		return nil, errors.New("saga: NewOrchestrator: db is nil: pass the *sql.DB holding the saga and outbox tables")
+	}
+	if def == nil {
+		return nil, errors.New("saga: NewOrchestrator: definition is nil: build one with saga.Define")
+	}
+	cfg.setDefaults(def.name)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o := &Orchestrator[D]{db: db, def: def, cfg: cfg, closing: make(chan struct{}), running: make(chan struct{})}
+	var err error
+	if o.m, err = newMetrics(cfg.Registerer, def.name); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func newMetrics(reg prometheus.Registerer, typ string) (metrics, error) {
+	var m metrics
+	counters := map[string]*prometheus.CounterVec{}
+	for name, help := range map[string]string{
+		MetricStarted:     "Sagas started.",
+		MetricCompleted:   "Sagas whose every step succeeded.",
+		MetricCompensated: "Sagas that failed and were fully compensated.",
+		MetricStuck:       "Sagas that entered the stuck state (compensation retries exhausted); resolve with `millwright saga resolve`.",
+	} {
+		vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"type"})
+		if err := register(reg, &vec); err != nil {
+			return m, err
+		}
+		counters[name] = vec
+	}
+	ignored := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricIgnoredReplies,
+		Help: "Saga replies recorded in the step history and ignored (late or duplicate)."}, []string{"type", "kind"})
+	if err := register(reg, &ignored); err != nil {
+		return m, err
+	}
+	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricDuration,
+		Help:    "Seconds from saga start to its final state.",
+		Buckets: prometheus.ExponentialBuckets(0.01, 2.5, 12)}, []string{"type", "outcome"})
+	if err := register(reg, &dur); err != nil {
+		return m, err
+	}
+	m.started = counters[MetricStarted].WithLabelValues(typ)
+	m.completed = counters[MetricCompleted].WithLabelValues(typ)
+	m.compensated = counters[MetricCompensated].WithLabelValues(typ)
+	m.stuck = counters[MetricStuck].WithLabelValues(typ)
+	m.late = ignored.WithLabelValues(typ, KindLateReply)
+	m.duplicate = ignored.WithLabelValues(typ, KindDuplicate)
+	m.durCompleted = dur.WithLabelValues(typ, string(StateCompleted))
+	m.durCompensated = dur.WithLabelValues(typ, string(StateCompensated))
+	return m, nil
+}
+
+// register registers *c, or replaces it with the collector already
+// registered under its name.
+func register[C prometheus.Collector](reg prometheus.Registerer, c *C) error {
+	if reg == nil {
+		return nil
+	}
+	if err := reg.Register(*c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				*c = existing
+				return nil
+			}
+		}
+		return fmt.Errorf("saga: registering metrics: %w", err)
+	}
+	return nil
+}
+
+// Definition returns the saga type the orchestrator runs.
+func (o *Orchestrator[D]) Definition() *Definition[D] { return o.def }
+
+// ReplyTopic returns the topic to consume with HandleReply.
+func (o *Orchestrator[D]) ReplyTopic() string { return o.cfg.ReplyTopic }
+
+// instance is a row of millwright_saga_instances.
+type instance struct {
+	id           string
+	typ          string
+	state        State
+	step         int
+	data         []byte
+	version      int64
+	deadline     sql.NullTime
+	awaiting     bool
+	compAttempts int
+	compStarted  sql.NullTime
+	lastError    sql.NullString
+	createdAt    time.Time
+}
+
+const instanceColumns = `id, type, state, current_step, data, version, deadline_at, awaiting_reply,
+	compensation_attempts, compensation_started_at, last_error, created_at`
+
+func scanInstance(sc interface{ Scan(...any) error }) (instance, error) {
+	var in instance
+	err := sc.Scan(&in.id, &in.typ, &in.state, &in.step, &in.data, &in.version, &in.deadline, &in.awaiting,
+		&in.compAttempts, &in.compStarted, &in.lastError, &in.createdAt)
+	return in, err
+}
+
+// histRow is one row of millwright_saga_steps.
+type histRow struct {
+	step, kind, detail string
+	attempt            int
+	err                string
+}
+
+// transition is what one event does to an instance: the new row, history
+// and commands, written together by apply.
+type transition struct {
+	in     instance
+	hist   []histRow
+	events []outbox.Event
+	// effects run after the statements succeed (metrics, logs).
+	effects []func()
+}
+
+func (t *transition) record(step, kind, detail string, attempt int, err string) {
+	t.hist = append(t.hist, histRow{step: step, kind: kind, detail: detail, attempt: attempt, err: err})
+}
+
+// Start creates saga instance id with data and writes the first step's
+// command to the outbox, both through exec, normally the caller's
+// transaction: the saga starts if and only if it commits. It returns an
+// error wrapping ErrAlreadyStarted when the id exists.
+func (o *Orchestrator[D]) Start(ctx context.Context, exec outbox.Executor, id string, data D) error {
+	if exec == nil {
+		return errors.New("saga: Start: nil Executor: pass the *sql.Tx of the business transaction")
+	}
+	if id == "" {
+		return errors.New("saga: Start: empty saga id: pass a unique id, e.g. the order id or a UUID")
+	}
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return fmt.Errorf("saga %s: Start(%q): marshalling data %T: %w", o.def.name, id, data, err)
+	}
+	now := time.Now()
+	t := &transition{in: instance{id: id, typ: o.def.name, state: StateRunning, data: raw, awaiting: true, createdAt: now}}
+	if err := o.sendCommand(t, 0, data, now); err != nil {
+		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
+	}
+	res, err := exec.ExecContext(ctx, `INSERT INTO millwright_saga_instances
+		(id, type, state, current_step, data, deadline_at, awaiting_reply, created_at, updated_at)
+		VALUES ($1, $2, $3, 0, $4, $5, true, $6, $6) ON CONFLICT (id) DO NOTHING`,
+		id, o.def.name, StateRunning, string(raw), t.in.deadline, now)
+	if err != nil {
+		return fmt.Errorf("saga %s: Start(%q): inserting into millwright_saga_instances (did `millwright migrate` run?): %w", o.def.name, id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, ErrAlreadyStarted)
+	}
+	if err := o.write(ctx, exec, t); err != nil {
+		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
+	}
+	o.m.started.Inc()
+	return nil
+}
+
+// sendCommand makes step i's command current.
+func (o *Orchestrator[D]) sendCommand(t *transition, i int, data D, now time.Time) error {
+	s := o.def.steps[i]
+	cmd, err := s.Command(data)
+	if err != nil {
+		return fmt.Errorf("step %q: building command: %w", s.Name, err)
+	}
+	ev, err := o.event(t.in.id, s.Name, PhaseForward, 1, cmd)
+	if err != nil {
+		return fmt.Errorf("step %q: %w", s.Name, err)
+	}
+	t.in.state, t.in.step, t.in.awaiting = StateRunning, i, true
+	t.in.deadline = sql.NullTime{Time: now.Add(s.Timeout), Valid: true}
+	t.events = append(t.events, ev)
+	t.record(s.Name, KindCommand, cmd.Type, 1, "")
+	return nil
+}
+
+// event turns a command into an outbox event carrying the saga keys.
+func (o *Orchestrator[D]) event(sagaID, step, phase string, attempt int, cmd Command) (outbox.Event, error) {
+	if cmd.Topic == "" {
+		return outbox.Event{}, errors.New("command has no Topic: set Command.Topic to the participant's command topic")
+	}
+	var payload []byte
+	switch p := cmd.Payload.(type) {
+	case []byte:
+		payload = p
+	case json.RawMessage:
+		payload = p
+	default:
+		var err error
+		if payload, err = json.Marshal(p); err != nil {
+			return outbox.Event{}, fmt.Errorf("marshalling command payload %T: %w", p, err)
+		}
+	}
+	md := make(map[string]string, len(cmd.Metadata)+6)
+	for k, v := range cmd.Metadata {
+		md[k] = v
+	}
+	md[metadata.SagaID] = sagaID
+	md[metadata.SagaType] = o.def.name
+	md[metadata.SagaStep] = step
+	md[metadata.SagaPhase] = phase
+	md[metadata.SagaAttempt] = strconv.Itoa(attempt)
+	md[metadata.SagaReplyTo] = o.cfg.ReplyTopic
+	return outbox.Event{
+		Topic:         cmd.Topic,
+		AggregateType: "saga",
+		AggregateID:   sagaID,
+		EventType:     cmd.Type,
+		Payload:       payload,
+		Metadata:      md,
+		Source:        o.cfg.Source,
+	}, nil
+}
+
+// write inserts the transition's history and commands.
+func (o *Orchestrator[D]) write(ctx context.Context, exec outbox.Executor, t *transition) error {
+	if len(t.hist) > 0 {
+		steps := make([]string, len(t.hist))
+		kinds := make([]string, len(t.hist))
+		details := make([]string, len(t.hist))
+		attempts := make([]int64, len(t.hist))
+		errs := make([]sql.NullString, len(t.hist))
+		for i, h := range t.hist {
+			steps[i], kinds[i], details[i], attempts[i] = h.step, h.kind, h.detail, int64(h.attempt)
+			errs[i] = sql.NullString{String: h.err, Valid: h.err != ""}
+		}
+		errArr := make([]string, len(errs))
+		isNull := make([]bool, len(errs))
+		for i, e := range errs {
+			errArr[i], isNull[i] = e.String, !e.Valid
+		}
+		if _, err := exec.ExecContext(ctx, `INSERT INTO millwright_saga_steps (saga_id, step, kind, detail, attempt, error)
+			SELECT $1, s, k, d, a, CASE WHEN n THEN NULL ELSE e END
+			FROM unnest($2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::bool[]) WITH ORDINALITY AS u(s, k, d, a, e, n, o)
+			ORDER BY o`,
+			t.in.id, pq.Array(steps), pq.Array(kinds), pq.Array(details), pq.Array(attempts), pq.Array(errArr), pq.Array(isNull)); err != nil {
+			return fmt.Errorf("recording step history: %w", err)
+		}
+	}
+	if len(t.events) > 0 {
+		if err := outbox.Add(ctx, exec, t.events...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// save writes the instance row if its version is still old.version.
+func (o *Orchestrator[D]) save(ctx context.Context, exec outbox.Executor, old int64, t *transition) error {
+	in := t.in
+	res, err := exec.ExecContext(ctx, `UPDATE millwright_saga_instances SET
+		state = $3, current_step = $4, data = $5, version = version + 1, deadline_at = $6,
+		awaiting_reply = $7, compensation_attempts = $8, compensation_started_at = $9,
+		last_error = $10, updated_at = now()
+		WHERE id = $1 AND version = $2`,
+		in.id, old, in.state, in.step, string(in.data), in.deadline, in.awaiting, in.compAttempts, in.compStarted, in.lastError)
+	if err != nil {
+		return fmt.Errorf("updating saga instance %q: %w", in.id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errConflict
+	}
+	return nil
+}
+
+func (o *Orchestrator[D]) decode(in instance) (D, error) {
+	var d D
+	if err := json.Unmarshal(in.data, &d); err != nil {
+		return d, fmt.Errorf("saga %s %q: decoding data into %T: %w", o.def.name, in.id, d, err)
+	}
+	return d, nil
+}
+
+// replyInfo is what a reply message says about itself.
+type replyInfo struct {
+	sagaID, step, phase string
+	attempt             int
+	reply               Reply
+	stepIdx             int
+}
+
+func (o *Orchestrator[D]) parseReply(msg *message.Message) (replyInfo, error) {
+	var r replyInfo
+	md := msg.Metadata
+	r.sagaID = md.Get(metadata.SagaID)
+	if r.sagaID == "" {
+		return r, fmt.Errorf("saga %s: reply %s has no %q metadata: participants must copy the command's saga keys (use saga.NewReply or saga.ReplyEvent)", o.def.name, msg.UUID, metadata.SagaID)
+	}
+	if typ := md.Get(metadata.SagaType); typ != "" && typ != o.def.name {
+		return r, fmt.Errorf("saga %s: reply %s is for saga type %q: give each saga type its own reply topic (Config.ReplyTopic)", o.def.name, msg.UUID, typ)
+	}
+	r.step, r.phase = md.Get(metadata.SagaStep), md.Get(metadata.SagaPhase)
+	idx, ok := o.def.index[r.step]
+	if !ok {
+		return r, fmt.Errorf("saga %s %q: reply %s names unknown step %q: want one of %s", o.def.name, r.sagaID, msg.UUID, r.step, strings.Join(o.def.Steps(), ", "))
+	}
+	r.stepIdx = idx
+	if r.phase != PhaseForward && r.phase != PhaseCompensation {
+		return r, fmt.Errorf("saga %s %q: reply %s has %s %q: want %q or %q", o.def.name, r.sagaID, msg.UUID, metadata.SagaPhase, r.phase, PhaseForward, PhaseCompensation)
+	}
+	att, err := strconv.Atoi(md.Get(metadata.SagaAttempt))
+	if err != nil || att < 1 {
+		return r, fmt.Errorf("saga %s %q: reply %s has %s %q: want a positive integer copied from the command", o.def.name, r.sagaID, msg.UUID, metadata.SagaAttempt, md.Get(metadata.SagaAttempt))
+	}
+	r.attempt = att
+	r.reply = Reply{Type: md.Get(metadata.SagaReplyType), Payload: msg.Payload, Metadata: map[string]string(md)}
+	if r.reply.Type == "" {
+		r.reply.Type = md.Get(metadata.EventType)
+	}
+	s := o.def.steps[idx]
+	want := []string{s.SuccessReply, s.FailureReply}
+	if r.phase == PhaseCompensation {
+		want = []string{s.CompensatedReply, s.CompensationFailedReply}
+	}
+	if r.reply.Type != want[0] && r.reply.Type != want[1] {
+		return r, fmt.Errorf("saga %s %q: step %q %s reply %s has type %q: want %q or %q (set %s)",
+			o.def.name, r.sagaID, r.step, r.phase, msg.UUID, r.reply.Type, want[0], want[1], metadata.SagaReplyType)
+	}
+	return r, nil
+}
+
+// HandleReply applies a participant's reply. Consume Config.ReplyTopic with
+// it behind the idempotency middleware: it then writes through the
+// middleware's transaction (idempotency.TxFromContext), so the processed
+// mark, the state change, the history and the next command commit together.
+// Without the middleware it uses a transaction of its own, and a redelivered
+// reply is recorded as a duplicate.
+//
+// A reply that cannot belong to this saga type (no saga id, unknown step or
+// reply type) returns an error marked retry.Permanent, for the dead-letter
+// path. A reply to a command that is no longer current (the step timed out,
+// was compensated, or was answered before) is recorded in the history as
+// late_reply or duplicate and acknowledged.
+func (o *Orchestrator[D]) HandleReply(msg *message.Message) error {
+	ctx := msg.Context()
+	r, err := o.parseReply(msg)
+	if err != nil {
+		return retry.Permanent(err)
+	}
+	tx, ok := idempotency.TxFromContext(ctx)
+	if ok {
+		return o.applyReply(ctx, tx, r)
+	}
+	own, err := o.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("saga %s %q: begin: %w", o.def.name, r.sagaID, err)
+	}
+	defer func() { _ = own.Rollback() }()
+	if err := o.applyReply(ctx, own, r); err != nil {
+		return err
+	}
+	if err := own.Commit(); err != nil {
+		return fmt.Errorf("saga %s %q: commit: %w", o.def.name, r.sagaID, err)
+	}
+	return nil
+}
+
+func (o *Orchestrator[D]) applyReply(ctx context.Context, tx *sql.Tx, r replyInfo) error {
+	for try := 0; ; try++ {
+		row := tx.QueryRowContext(ctx, `SELECT `+instanceColumns+` FROM millwright_saga_instances WHERE id = $1`, r.sagaID)
+		in, err := scanInstance(row)
+		if errors.Is(err, sql.ErrNoRows) {
+			return retry.Permanent(fmt.Errorf("saga %s: reply for %q: %w (was the instance deleted?)", o.def.name, r.sagaID, ErrNotFound))
+		}
+		if err != nil {
+			return fmt.Errorf("saga %s %q: loading instance (did `millwright migrate` run?): %w", o.def.name, r.sagaID, err)
+		}
+		if in.typ != o.def.name {
+			return retry.Permanent(fmt.Errorf("saga %s: reply for %q, an instance of saga type %q: give each saga type its own reply topic", o.def.name, r.sagaID, in.typ))
+		}
+		t, err := o.onReply(ctx, tx, in, r)
+		if err != nil {
+			return err
+		}
+		if t.in.version != 0 { // changed: optimistic update
+			if err := o.save(ctx, tx, in.version, t); err != nil {
+				if errors.Is(err, errConflict) && try < maxConflictRetries {
+					continue
+				}
+				return fmt.Errorf("saga %s %q: %w", o.def.name, r.sagaID, err)
+			}
+		}
+		if err := o.write(ctx, tx, t); err != nil {
+			return fmt.Errorf("saga %s %q: %w", o.def.name, r.sagaID, err)
+		}
+		for _, f := range t.effects {
+			f()
+		}
+		return nil
+	}
+}
+
+// onReply computes what reply r does to instance in. A transition whose
+// in.version is 0 only records history.
+func (o *Orchestrator[D]) onReply(ctx context.Context, tx *sql.Tx, in instance, r replyInfo) (*transition, error) {
+	s := o.def.steps[r.stepIdx]
+	current := in.step == r.stepIdx && in.awaiting
+	histKind := KindReply
+	if r.phase == PhaseForward {
+		current = current && in.state == StateRunning
+	} else {
+		histKind = KindCompensationReply
+		current = current && in.state == StateCompensating && in.compAttempts == r.attempt
+	}
+	if !current {
+		var answered bool
+		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM millwright_saga_steps
+			WHERE saga_id = $1 AND step = $2 AND kind = $3 AND attempt = $4)`, in.id, s.Name, histKind, r.attempt).Scan(&answered); err != nil {
+			return nil, fmt.Errorf("saga %s %q: reading history: %w", o.def.name, in.id, err)
+		}
+		kind, c := KindLateReply, o.m.late
+		if answered {
+			kind, c = KindDuplicate, o.m.duplicate
+		}
+		t := &transition{in: instance{id: in.id}}
+		t.record(s.Name, kind, r.reply.Type, r.attempt, "")
+		t.effects = append(t.effects, c.Inc, func() {
+			o.cfg.Logger.Info("saga: reply ignored", watermill.LogFields{"saga_type": o.def.name, "saga_id": in.id,
+				"step": s.Name, "phase": r.phase, "attempt": r.attempt, "reply": r.reply.Type, "kind": kind, "state": string(in.state)})
+		})
+		return t, nil
+	}
+
+	now := time.Now()
+	t := &transition{in: in}
+	data, err := o.decode(in)
+	if err != nil {
+		return nil, err
+	}
+	switch r.reply.Type {
+	case s.SuccessReply:
+		t.record(s.Name, KindReply, r.reply.Type, r.attempt, "")
+		if s.OnSuccess != nil {
+			if err := s.OnSuccess(&data, r.reply); err != nil {
+				return nil, fmt.Errorf("saga %s %q: step %q OnSuccess: %w", o.def.name, in.id, s.Name, err)
+			}
+			if t.in.data, err = json.Marshal(data); err != nil {
+				return nil, fmt.Errorf("saga %s %q: marshalling data %T: %w", o.def.name, in.id, data, err)
+			}
+		}
+		if r.stepIdx+1 == len(o.def.steps) {
+			t.in.state, t.in.deadline = StateCompleted, sql.NullTime{}
+			t.record(s.Name, KindCompleted, "", 0, "")
+			t.effects = append(t.effects, o.m.completed.Inc, func() { o.m.durCompleted.Observe(time.Since(in.createdAt).Seconds()) })
+			break
+		}
+		if err := o.sendCommand(t, r.stepIdx+1, data, now); err != nil {
+			// The next step cannot even be asked: it fails, and the steps
+			// done so far (this one included) are compensated.
+			msg := err.Error()
+			t.record(o.def.steps[r.stepIdx+1].Name, KindCommand, "", 1, msg)
+			t.in.lastError = sql.NullString{String: msg, Valid: true}
+			o.compensateFrom(t, r.stepIdx, data, now)
+		}
+	case s.FailureReply:
+		e := replyError(r.reply)
+		t.record(s.Name, KindReply, r.reply.Type, r.attempt, e)
+		t.in.lastError = sql.NullString{String: fmt.Sprintf("step %q failed: %s", s.Name, e), Valid: true}
+		o.compensateFrom(t, r.stepIdx-1, data, now)
+	case s.CompensatedReply:
+		t.record(s.Name, KindCompensationReply, r.reply.Type, r.attempt, "")
+		o.compensateFrom(t, r.stepIdx-1, data, now)
+	case s.CompensationFailedReply:
+		e := replyError(r.reply)
+		t.record(s.Name, KindCompensationReply, r.reply.Type, r.attempt, e)
+		o.compensationFailed(t, fmt.Sprintf("compensation of step %q failed (attempt %d): %s", s.Name, r.attempt, e), now)
+	}
+	return t, nil
+}
+
+// replyError is the failure reason a reply carries.
+func replyError(r Reply) string {
+	if e := r.Metadata[metadata.SagaError]; e != "" {
+		return e
+	}
+	if len(r.Payload) > 0 {
+		return truncate(string(r.Payload), 1024)
+	}
+	return r.Type
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// compensateFrom starts compensating at step i and below: the first step at
+// or below i that has a compensation gets its command; with none left the
+// saga is compensated.
+func (o *Orchestrator[D]) compensateFrom(t *transition, i int, data D, now time.Time) {
+	for ; i >= 0 && o.def.steps[i].Compensation == nil; i-- {
+	}
+	t.in.compAttempts, t.in.compStarted = 0, sql.NullTime{}
+	if i < 0 {
+		t.in.state, t.in.step, t.in.deadline, t.in.awaiting = StateCompensated, -1, sql.NullTime{}, false
+		t.record("", KindCompensated, "", 0, "")
+		created := t.in.createdAt
+		t.effects = append(t.effects, o.m.compensated.Inc, func() { o.m.durCompensated.Observe(time.Since(created).Seconds()) })
+		return
+	}
+	t.in.state, t.in.step = StateCompensating, i
+	o.sendCompensation(t, data, now)
+}
+
+// sendCompensation sends the next attempt of the current step's
+// compensation.
+func (o *Orchestrator[D]) sendCompensation(t *transition, data D, now time.Time) {
+	s := o.def.steps[t.in.step]
+	t.in.compAttempts++
+	if !t.in.compStarted.Valid {
+		t.in.compStarted = sql.NullTime{Time: now, Valid: true}
+	}
+	cmd, err := s.Compensation(data)
+	var ev outbox.Event
+	if err == nil {
+		ev, err = o.event(t.in.id, s.Name, PhaseCompensation, t.in.compAttempts, cmd)
+	}
+	if err != nil {
+		msg := fmt.Sprintf("compensation of step %q (attempt %d): building command: %v", s.Name, t.in.compAttempts, err)
+		t.record(s.Name, KindCompensation, "", t.in.compAttempts, msg)
+		o.compensationFailed(t, msg, now)
+		return
+	}
+	t.events = append(t.events, ev)
+	t.record(s.Name, KindCompensation, cmd.Type, t.in.compAttempts, "")
+	t.in.awaiting = true
+	t.in.deadline = sql.NullTime{Time: now.Add(s.CompensationTimeout), Valid: true}
+}
+
+// compensationFailed schedules the next attempt of the current compensation
+// after its backoff, or makes the saga stuck when the budget is spent.
+func (o *Orchestrator[D]) compensationFailed(t *transition, reason string, now time.Time) {
+	s := o.def.steps[t.in.step]
+	t.in.lastError = sql.NullString{String: reason, Valid: true}
+	if s.Retry.Exhausted(t.in.compAttempts, now.Sub(t.in.compStarted.Time)) {
+		t.in.state, t.in.deadline, t.in.awaiting = StateStuck, sql.NullTime{}, false
+		t.record(s.Name, KindStuck, "", t.in.compAttempts, reason)
+		id, attempts := t.in.id, t.in.compAttempts
+		t.effects = append(t.effects, o.m.stuck.Inc, func() {
+			o.cfg.Logger.Error("saga: stuck: compensation retries exhausted; fix the participant, then run `millwright saga resolve "+id+"`",
+				errors.New(reason), watermill.LogFields{"saga_type": o.def.name, "saga_id": id, "step": s.Name, "attempts": attempts})
+		})
+		return
+	}
+	t.in.awaiting = false
+	t.in.deadline = sql.NullTime{Time: now.Add(s.Retry.Delay(t.in.compAttempts, 0)), Valid: true}
+}
+
+// onDeadline computes what a passed deadline does to instance in.
+func (o *Orchestrator[D]) onDeadline(in instance, now time.Time) (*transition, error) {
+	t := &transition{in: in}
+	data, err := o.decode(in)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case in.state == StateRunning:
+		s := o.def.steps[in.step]
+		msg := fmt.Sprintf("step %q timed out after %s", s.Name, s.Timeout)
+		t.record(s.Name, KindTimeout, "", 1, msg)
+		t.in.lastError = sql.NullString{String: msg, Valid: true}
+		// The step's outcome is unknown: it may have taken effect and its
+		// reply be late. Its own compensation runs too, so a late success
+		// can be ignored safely; compensations must therefore accept
+		// commands whose forward effect never happened.
+		t.effects = append(t.effects, func() {
+			o.cfg.Logger.Info("saga: step timed out", watermill.LogFields{"saga_type": o.def.name, "saga_id": in.id, "step": s.Name})
+		})
+		o.compensateFrom(t, in.step, data, now)
+	case in.state == StateCompensating && in.step < 0:
+		o.compensateFrom(t, -1, data, now)
+	case in.state == StateCompensating && in.awaiting:
+		s := o.def.steps[in.step]
+		msg := fmt.Sprintf("compensation of step %q (attempt %d) timed out after %s", s.Name, in.compAttempts, s.CompensationTimeout)
+		t.record(s.Name, KindTimeout, "", in.compAttempts, msg)
+		o.compensationFailed(t, msg, now)
+	case in.state == StateCompensating && in.compAttempts == 0:
+		// Resolved by an operator: start afresh at the current step.
+		o.compensateFrom(t, in.step, data, now)
+	case in.state == StateCompensating:
+		o.sendCompensation(t, data, now)
+	default:
+		// Final or stuck states have no deadline; clear a stray one.
+		t.in.deadline = sql.NullTime{}
+	}
+	return t, nil
+}
+
+// Running is closed once Run has started its loop.
+func (o *Orchestrator[D]) Running() <-chan struct{} { return o.running }
+
+// Run fires due deadlines until ctx ends or Close is called: step timeouts
+// start compensation, compensation timeouts and backoffs resend, and sagas
+// an operator resolved resume. Each round claims up to BatchSize due
+// instances of this saga type with FOR UPDATE SKIP LOCKED, so every
+// orchestrator instance may run it; a deadline is fired by one of them, and
+// survives restarts because it is a column. Database errors are logged and
+// the round is retried after PollInterval. Run returns nil after Close or
+// when ctx ends.
+func (o *Orchestrator[D]) Run(ctx context.Context) error {
+	o.mu.Lock()
+	if o.runDone != nil {
+		o.mu.Unlock()
+		return errors.New("saga: Run called twice: start one Run per Orchestrator")
+	}
+	select {
+	case <-o.closing:
+		o.mu.Unlock()
+		return nil
+	default:
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	o.cancelRun = cancel
+	o.runDone = make(chan struct{})
+	o.mu.Unlock()
+	defer close(o.runDone)
+	defer cancel()
+	close(o.running)
+
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-o.closing:
+			return nil
+		case <-timer.C:
+		}
+		n, err := o.RunOnce(ctx)
+		wait := o.cfg.PollInterval
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			o.cfg.Logger.Error("saga: firing deadlines", err, watermill.LogFields{"saga_type": o.def.name})
+		} else if n == o.cfg.BatchSize {
+			wait = 0 // more may be due
+		}
+		timer.Reset(wait)
+	}
+}
+
+// RunOnce fires up to BatchSize due deadlines in one transaction and
+// returns how many it fired.
+func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
+	tx, err := o.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("saga %s: begin: %w", o.def.name, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	rows, err := tx.QueryContext(ctx, `SELECT `+instanceColumns+` FROM millwright_saga_instances
+		WHERE type = $1 AND deadline_at <= now()
+		ORDER BY deadline_at LIMIT $2 FOR UPDATE SKIP LOCKED`, o.def.name, o.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("saga %s: claiming due deadlines (did `millwright migrate` run?): %w", o.def.name, err)
+	}
+	var due []instance
+	for rows.Next() {
+		in, err := scanInstance(rows)
+		if err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("saga %s: scanning instance: %w", o.def.name, err)
+		}
+		due = append(due, in)
+	}
+	if err := rows.Close(); err != nil {
+		return 0, err
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("saga %s: claiming due deadlines: %w", o.def.name, err)
+	}
+	var effects []func()
+	now := time.Now()
+	for _, in := range due {
+		t, err := o.onDeadline(in, now)
+		if err != nil {
+			// Undecodable data: the saga cannot go on; park it for an
+			// operator rather than retrying it every round.
+			t = &transition{in: in}
+			t.in.state, t.in.deadline = StateStuck, sql.NullTime{}
+			t.in.lastError = sql.NullString{String: err.Error(), Valid: true}
+			t.record("", KindStuck, "", 0, err.Error())
+			t.effects = append(t.effects, o.m.stuck.Inc)
+		}
+		// The row is locked by this transaction: the version cannot move.
+		if err := o.save(ctx, tx, in.version, t); err != nil {
+			return 0, fmt.Errorf("saga %s %q: %w", o.def.name, in.id, err)
+		}
+		if err := o.write(ctx, tx, t); err != nil {
+			return 0, fmt.Errorf("saga %s %q: %w", o.def.name, in.id, err)
+		}
+		effects = append(effects, t.effects...)
+	}
+	if len(due) == 0 {
+		return 0, nil
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("saga %s: commit of %d fired deadline(s): %w", o.def.name, len(due), err)
+	}
+	for _, f := range effects {
+		f()
+	}
+	return len(due), nil
+}
+
+// Close stops Run, waiting up to CloseTimeout for the round in flight (its
+// transaction then rolls back and another instance fires those deadlines).
+// It is idempotent. Close the reply consumers (the router) separately.
+func (o *Orchestrator[D]) Close() error {
+	o.closeOnce.Do(func() { close(o.closing) })
+	o.mu.Lock()
+	done, cancel := o.runDone, o.cancelRun
+	o.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+	case <-time.After(o.cfg.CloseTimeout):
+		cancel()
+		<-done
+	}
+	return nil
+}

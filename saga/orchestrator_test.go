@@ -1,0 +1,273 @@
+package saga_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/saga"
+)
+
+const (
+	reserve  = "reserve_inventory"
+	charge   = "charge_payment"
+	shipping = "schedule_shipping"
+)
+
+func fwd(step string) string { return step + "/forward/1" }
+func comp(step string, attempt int) string {
+	return fmt.Sprintf("%s/compensation/%d", step, attempt)
+}
+
+func TestHappyPath(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, defOpts{})
+	o := b.startOrchestrator(t)
+	b.start(t, o, "order-1")
+
+	info := b.waitState(t, "order-1", saga.StateCompleted)
+	require.Equal(t, []string{fwd(reserve), fwd(charge), fwd(shipping)}, b.parts.commands("order-1"))
+	require.JSONEq(t, `{"id":"order-1","amount":42,"reservation_id":"reserve_inventory-order-1","payment_id":"charge_payment-order-1"}`, string(info.Data))
+	require.Empty(t, info.Step)
+	require.True(t, info.Deadline.IsZero(), "a completed saga has no deadline")
+
+	_, h, err := saga.Get(context.Background(), b.schema.DB, "order-1")
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		reserve + ":command", reserve + ":reply",
+		charge + ":command", charge + ":reply",
+		shipping + ":command", shipping + ":reply", shipping + ":completed",
+	}, historyKinds(h))
+	require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricCompleted, map[string]string{"type": "orders"}))
+	require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricDuration, map[string]string{"type": "orders", "outcome": "completed"}))
+
+	// A second Start with the same id does nothing.
+	tx, err := b.schema.DB.Begin()
+	require.NoError(t, err)
+	defer tx.Rollback()
+	require.ErrorIs(t, o.o.Start(context.Background(), tx, "order-1", Order{}), saga.ErrAlreadyStarted)
+}
+
+// Failure at step i runs exactly the compensations of steps i-1..0.
+func TestFailureAtEachStepCompensatesEarlierStepsInReverse(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, defOpts{})
+	o := b.startOrchestrator(t)
+	failAt := map[string]string{"fail-0": reserve, "fail-1": charge, "fail-2": shipping}
+	b.parts.setDecide(func(id, step, phase string, _ int) action {
+		if phase == saga.PhaseForward && failAt[id] == step {
+			return fail
+		}
+		return succeed
+	})
+	for id := range failAt {
+		b.start(t, o, id)
+	}
+	want := map[string][]string{
+		"fail-0": {fwd(reserve)},
+		"fail-1": {fwd(reserve), fwd(charge), comp(reserve, 1)},
+		"fail-2": {fwd(reserve), fwd(charge), fwd(shipping), comp(charge, 1), comp(reserve, 1)},
+	}
+	for id, cmds := range want {
+		info := b.waitState(t, id, saga.StateCompensated)
+		require.Equal(t, cmds, b.parts.commands(id), id)
+		require.Contains(t, info.LastError, failAt[id]+" forward refused")
+	}
+	_, h, err := saga.Get(context.Background(), b.schema.DB, "fail-2")
+	require.NoError(t, err)
+	require.Equal(t, shipping+" forward refused", h[5].Error)
+	require.EqualValues(t, 3, metricValue(t, o.reg, saga.MetricCompensated, map[string]string{"type": "orders"}))
+}
+
+// A step that never answers times out; its own compensation runs too (its
+// effect is unknown), then the earlier ones. Its late success is recorded
+// and ignored.
+func TestStepTimeoutAndLateReply(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, defOpts{timeouts: map[string]time.Duration{charge: 300 * time.Millisecond}})
+	o := b.startOrchestrator(t)
+	b.parts.setDecide(func(_, step, phase string, _ int) action {
+		if step == charge && phase == saga.PhaseForward {
+			return ignore
+		}
+		return succeed
+	})
+	b.start(t, o, "slow")
+	info := b.waitState(t, "slow", saga.StateCompensated)
+	require.Equal(t, []string{fwd(reserve), fwd(charge), comp(charge, 1), comp(reserve, 1)}, b.parts.commands("slow"))
+	require.Contains(t, info.LastError, `step "charge_payment" timed out after 300ms`)
+
+	// The payment service answers at last.
+	late, err := saga.NewReply(b.parts.command("slow", charge, saga.PhaseForward), charge+".succeeded", map[string]string{"ID": "p1"})
+	require.NoError(t, err)
+	require.NoError(t, b.tr.Publisher().Publish(b.tp.replies, late))
+	h := b.waitHistory(t, "slow", saga.KindLateReply)
+	after, _, err := saga.Get(context.Background(), b.schema.DB, "slow")
+	require.NoError(t, err)
+	require.Equal(t, saga.StateCompensated, after.State)
+	require.Equal(t, info.Version, after.Version, "a late reply changes nothing")
+	require.Equal(t, charge+":timeout", historyKinds(h)[3])
+	require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricIgnoredReplies, map[string]string{"type": "orders", "kind": "late_reply"}))
+}
+
+// The same reply delivered twice is dropped by the idempotency middleware;
+// a second, different reply to an answered command is recorded as a
+// duplicate and ignored.
+func TestDuplicateReplies(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, defOpts{})
+	o := b.startOrchestrator(t)
+	b.start(t, o, "dup")
+	before := b.waitState(t, "dup", saga.StateCompleted)
+
+	cmd := b.parts.command("dup", reserve, saga.PhaseForward)
+	again, err := saga.NewReply(cmd, reserve+".succeeded", map[string]string{"ID": "other"})
+	require.NoError(t, err)
+	require.NoError(t, b.tr.Publisher().Publish(b.tp.replies, again))
+	b.waitHistory(t, "dup", saga.KindDuplicate)
+
+	// The very same message again (same event id): the middleware skips it.
+	require.NoError(t, b.tr.Publisher().Publish(b.tp.replies, again.Copy()))
+	require.Eventually(t, func() bool {
+		return metricValue(t, o.reg, idempotency.MetricDuplicates, map[string]string{"consumer": "orders-saga"}) >= 1
+	}, 30*time.Second, 10*time.Millisecond)
+
+	after, h, err := saga.Get(context.Background(), b.schema.DB, "dup")
+	require.NoError(t, err)
+	require.Equal(t, before.Version, after.Version)
+	require.Equal(t, before.Data, after.Data, "the duplicate's payload is not applied")
+	n := 0
+	for _, e := range h {
+		if e.Kind == saga.KindDuplicate {
+			n++
+		}
+	}
+	require.Equal(t, 1, n)
+}
+
+func TestCompensationFailsThenSucceeds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, defOpts{})
+	o := b.startOrchestrator(t)
+	b.parts.setDecide(func(_, step, phase string, attempt int) action {
+		switch {
+		case step == shipping:
+			return fail
+		case step == charge && phase == saga.PhaseCompensation && attempt < 3:
+			return fail
+		}
+		return succeed
+	})
+	b.start(t, o, "flaky-refund")
+	b.waitState(t, "flaky-refund", saga.StateCompensated)
+	require.Equal(t, []string{
+		fwd(reserve), fwd(charge), fwd(shipping),
+		comp(charge, 1), comp(charge, 2), comp(charge, 3), comp(reserve, 1),
+	}, b.parts.commands("flaky-refund"))
+}
+
+// A compensation that keeps failing makes the saga stuck (metric, state);
+// an operator fixes the participant and resolves it.
+func TestCompensationPastBudgetIsStuckThenResolved(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, defOpts{retry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxAttempts: 3, Jitter: retry.JitterNone}})
+	o := b.startOrchestrator(t)
+	refundBroken := true
+	b.parts.setDecide(func(_, step, phase string, _ int) action {
+		switch {
+		case step == shipping:
+			return fail
+		case step == charge && phase == saga.PhaseCompensation && refundBroken:
+			return fail
+		}
+		return succeed
+	})
+	ctx := context.Background()
+	b.start(t, o, "stuck-retry")
+	b.start(t, o, "stuck-skip")
+	for _, id := range []string{"stuck-retry", "stuck-skip"} {
+		info := b.waitState(t, id, saga.StateStuck)
+		require.Equal(t, charge, info.Step)
+		require.Equal(t, 3, info.CompensationAttempts)
+		require.Contains(t, info.LastError, "charge_payment compensation refused")
+		require.Equal(t, []string{fwd(reserve), fwd(charge), fwd(shipping), comp(charge, 1), comp(charge, 2), comp(charge, 3)}, b.parts.commands(id))
+	}
+	require.EqualValues(t, 2, metricValue(t, o.reg, saga.MetricStuck, map[string]string{"type": "orders"}))
+
+	// Dry run: says what it would do, changes nothing.
+	r, err := saga.Resolve(ctx, b.schema.DB, "stuck-retry", saga.ResolveRetry, "", true)
+	require.NoError(t, err)
+	require.Contains(t, r.Description, `resend the compensation of step "charge_payment"`)
+	info, _, err := saga.Get(ctx, b.schema.DB, "stuck-retry")
+	require.NoError(t, err)
+	require.Equal(t, saga.StateStuck, info.State)
+
+	b.parts.setDecide(func(_, step, _ string, _ int) action {
+		if step == shipping {
+			return fail
+		}
+		return succeed
+	})
+	refundBroken = false
+	_, err = saga.Resolve(ctx, b.schema.DB, "stuck-retry", saga.ResolveRetry, "payment service fixed", false)
+	require.NoError(t, err)
+	b.waitState(t, "stuck-retry", saga.StateCompensated)
+	require.Equal(t, []string{comp(charge, 1), comp(reserve, 1)}, b.parts.commands("stuck-retry")[6:])
+
+	// Skip: the refund was done by hand; only the release follows.
+	_, err = saga.Resolve(ctx, b.schema.DB, "stuck-skip", saga.ResolveSkip, "refunded by hand", false)
+	require.NoError(t, err)
+	b.waitState(t, "stuck-skip", saga.StateCompensated)
+	require.Equal(t, []string{comp(reserve, 1)}, b.parts.commands("stuck-skip")[6:])
+	h, err := saga.History(ctx, b.schema.DB, "stuck-skip")
+	require.NoError(t, err)
+	require.Contains(t, historyKinds(h), charge+":resolved")
+
+	_, err = saga.Resolve(ctx, b.schema.DB, "stuck-skip", saga.ResolveRetry, "", false)
+	require.ErrorIs(t, err, saga.ErrNotStuck)
+	_, err = saga.Resolve(ctx, b.schema.DB, "nope", saga.ResolveRetry, "", false)
+	require.ErrorIs(t, err, saga.ErrNotFound)
+}
+
+// Two orchestrator instances; one dies mid-saga, the other finishes every
+// saga: replies and deadlines alike.
+func TestCrashWithTwoOrchestrators(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, defOpts{timeouts: map[string]time.Duration{charge: time.Second}})
+	held, hold := make(chan struct{}), make(chan struct{})
+	b.parts.setDecide(func(id, step, phase string, _ int) action {
+		if id == "timeout-after-crash" && step == charge && phase == saga.PhaseForward {
+			return ignore
+		}
+		return succeed
+	})
+	// The payment service answers "survivor" only after A has died.
+	b.parts.before = func(id, step, phase string) {
+		if id == "survivor" && step == charge && phase == saga.PhaseForward {
+			close(held)
+			<-hold
+		}
+	}
+	a := b.startOrchestrator(t)
+	other := b.startOrchestrator(t)
+
+	b.start(t, a, "survivor")
+	b.start(t, a, "timeout-after-crash")
+	<-held
+	b.waitCommand(t, "timeout-after-crash", fwd(charge))
+	a.stop()
+	close(hold)
+
+	b.waitState(t, "survivor", saga.StateCompleted)
+	b.waitState(t, "timeout-after-crash", saga.StateCompensated)
+	require.Equal(t, []string{fwd(reserve), fwd(charge), fwd(shipping)}, b.parts.commands("survivor"))
+	require.Equal(t, []string{fwd(reserve), fwd(charge), comp(charge, 1), comp(reserve, 1)}, b.parts.commands("timeout-after-crash"))
+	require.EqualValues(t, 1, metricValue(t, other.reg, saga.MetricCompensated, map[string]string{"type": "orders"}),
+		"the surviving instance fired the timeout")
+	require.EqualValues(t, 1, metricValue(t, other.reg, saga.MetricCompleted, map[string]string{"type": "orders"}))
+}

@@ -1,0 +1,86 @@
+package saga
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
+)
+
+// replyKeys are the command's saga keys a reply must carry back.
+var replyKeys = []string{metadata.SagaID, metadata.SagaType, metadata.SagaStep, metadata.SagaPhase, metadata.SagaAttempt}
+
+// ReplyTopic returns the topic a participant must send its reply to
+// command cmd to (metadata.SagaReplyTo).
+func ReplyTopic(cmd *message.Message) string { return cmd.Metadata.Get(metadata.SagaReplyTo) }
+
+// IsCommand reports whether msg is a saga command (it has metadata.SagaID).
+func IsCommand(msg *message.Message) bool { return msg.Metadata.Get(metadata.SagaID) != "" }
+
+// ReplyEvent returns the reply to command cmd as an outbox event, for a
+// participant that writes its effect and its reply in one transaction (the
+// way to answer exactly once per effect):
+//
+//	ev, err := saga.ReplyEvent(cmd, "reserve.succeeded", reservation)
+//	err = outbox.Add(ctx, tx, ev)
+//
+// replyType is one of the step's reply types (Step.SuccessReply, ...);
+// payload is marshalled with encoding/json ([]byte is sent as is). For a
+// failure reply, set ev.Metadata[metadata.SagaError] to the reason: it is
+// recorded in the saga's history.
+func ReplyEvent(cmd *message.Message, replyType string, payload any) (outbox.Event, error) {
+	topic := ReplyTopic(cmd)
+	if topic == "" || !IsCommand(cmd) {
+		return outbox.Event{}, fmt.Errorf("saga: replying to message %s: it has no %q or %q metadata: is it a saga command?", cmd.UUID, metadata.SagaID, metadata.SagaReplyTo)
+	}
+	body, err := marshalPayload(payload)
+	if err != nil {
+		return outbox.Event{}, fmt.Errorf("saga: replying to %s: %w", cmd.UUID, err)
+	}
+	md := make(map[string]string, len(replyKeys)+1)
+	for _, k := range replyKeys {
+		md[k] = cmd.Metadata.Get(k)
+	}
+	md[metadata.SagaReplyType] = replyType
+	sagaID := cmd.Metadata.Get(metadata.SagaID)
+	return outbox.Event{Topic: topic, AggregateType: "saga", AggregateID: sagaID, EventType: replyType, Payload: body, Metadata: md}, nil
+}
+
+// NewReply returns the reply to command cmd as a message with a fresh
+// event id, to publish on ReplyTopic(cmd). Prefer ReplyEvent with the
+// outbox when the participant has a database effect.
+func NewReply(cmd *message.Message, replyType string, payload any) (*message.Message, error) {
+	ev, err := ReplyEvent(cmd, replyType, payload)
+	if err != nil {
+		return nil, err
+	}
+	id := uuid.NewString()
+	msg := message.NewMessage(id, ev.Payload)
+	for k, v := range ev.Metadata {
+		msg.Metadata.Set(k, v)
+	}
+	msg.Metadata.Set(metadata.EventID, id)
+	msg.Metadata.Set(metadata.EventType, replyType)
+	msg.Metadata.Set(metadata.OrderingKey, "saga/"+ev.AggregateID)
+	return msg, nil
+}
+
+func marshalPayload(p any) ([]byte, error) {
+	switch v := p.(type) {
+	case nil:
+		return []byte("{}"), nil
+	case []byte:
+		return v, nil
+	case json.RawMessage:
+		return v, nil
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("marshalling payload %T: %w", p, err)
+	}
+	return b, nil
+}
