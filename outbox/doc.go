@@ -77,6 +77,11 @@
 //     (counted in outbox_failed_count; copied to DeadLetterTopic if set),
 //     its aggregate moves on, and it stays in the table until an operator
 //     runs `millwright outbox retry-failed`. No event is ever dropped.
+//   - A claim looks at the oldest 4 x BatchSize due rows only. Followers
+//     of failing rows are parked with them, so a failing aggregate never
+//     hides others; but when one aggregate's backlog of more than that many
+//     rows is being published by one relay, other relays see no work until
+//     it shrinks (the aggregate itself cannot go faster: it is ordered).
 //   - Lease must exceed the slowest publish of a batch; if it does not,
 //     another relay may republish rows still in flight (duplicates, never
 //     loss or reordering after deduplication).
