@@ -70,8 +70,9 @@ type RelayConfig struct {
 	// stays in the table for `millwright outbox retry-failed`. Default ""
 	// (rows are only marked failed).
 	DeadLetterTopic string
-	// PublishConcurrency is the number of aggregates published at once
-	// when the publisher has no PublishBatch. Default 8; valid 1..1024.
+	// PublishConcurrency is the number of concurrent Publish calls a batch
+	// is split into (by aggregate) when the publisher has no PublishBatch.
+	// Default 8; valid 1..1024.
 	PublishConcurrency int
 	// Registerer, when set, receives the relay's metrics (see the Metric
 	// constants). Default nil: no metrics are registered.
@@ -621,10 +622,6 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	return n, err
 }
 
-// errHeldBack marks a row not attempted (or whose publish does not count)
-// because an earlier row of its aggregate failed in the same batch.
-var errHeldBack = errors.New("held back behind a failed event of the same aggregate")
-
 // runOnce claims, publishes and marks one batch. It returns the number of
 // rows claimed and the earliest backoff it scheduled.
 func (r *Relay) runOnce(ctx context.Context) (int, time.Time, error) {
@@ -755,44 +752,56 @@ func (r *Relay) publish(rows []row) []error {
 		return results
 	}
 
-	// One chain per aggregate, published in order by one of the workers.
-	var chains [][]int
-	pos := map[string]int{}
+	// Aggregates are spread over PublishConcurrency workers; each worker
+	// sends its share with one Publish call per topic (in id order, so each
+	// aggregate stays in order): a transport whose Publish takes many
+	// messages at once (watermill-sql inserts them in one statement) gets
+	// them at once. If a call fails, all its messages count as failed: some
+	// may have gone out and will go again (at-least-once).
+	workers := min(r.cfg.PublishConcurrency, len(rows))
+	share := make([][]int, workers)
+	slot := map[string]int{}
 	for i, rw := range rows {
-		c, ok := pos[rw.aggKey]
+		w, ok := slot[rw.aggKey]
 		if !ok {
-			c = len(chains)
-			pos[rw.aggKey] = c
-			chains = append(chains, nil)
+			w = len(slot) % workers
+			slot[rw.aggKey] = w
 		}
-		chains[c] = append(chains[c], i)
+		share[w] = append(share[w], i)
 	}
-	work := make(chan []int)
 	var wg sync.WaitGroup
-	for w := 0; w < min(r.cfg.PublishConcurrency, len(chains)); w++ {
+	for _, idx := range share {
+		if len(idx) == 0 {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for chain := range work {
-				for k, i := range chain {
-					start := time.Now()
-					err := r.pub.Publish(rows[i].topic, rows[i].msg)
-					r.m.latency.Observe(time.Since(start).Seconds())
-					if err != nil {
+			var topics []string
+			byTopic := map[string][]int{}
+			for _, i := range idx {
+				if _, ok := byTopic[rows[i].topic]; !ok {
+					topics = append(topics, rows[i].topic)
+				}
+				byTopic[rows[i].topic] = append(byTopic[rows[i].topic], i)
+			}
+			for _, topic := range topics {
+				ti := byTopic[topic]
+				msgs := make([]*message.Message, len(ti))
+				for j, i := range ti {
+					msgs[j] = rows[i].msg
+				}
+				start := time.Now()
+				err := r.pub.Publish(topic, msgs...)
+				r.m.latency.Observe(time.Since(start).Seconds())
+				if err != nil {
+					for _, i := range ti {
 						results[i] = err
-						for _, j := range chain[k+1:] {
-							results[j] = errHeldBack
-						}
-						break
 					}
 				}
 			}
 		}()
 	}
-	for _, c := range chains {
-		work <- c
-	}
-	close(work)
 	wg.Wait()
 	return results
 }
