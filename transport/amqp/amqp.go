@@ -13,14 +13,21 @@
 // Config.DeclareGroups so the publisher declares their queues itself.
 // Ordering holds per queue only while one consumer with prefetch 1 reads it;
 // a nacked message is requeued and can overtake later ones.
+//
+// CloudEvents (AMQP protocol binding, binary mode): the metadata.Event*
+// attributes travel as application properties (headers) "cloudEvents:<attr>"
+// and datacontenttype as the content-type property; consumers get the same
+// metadata keys back.
 package amqp
 
 import (
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +36,9 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/millwright/millwright/cloudevent"
+	"github.com/millwright/millwright/metadata"
 )
 
 // Config selects and tunes the RabbitMQ connection.
@@ -155,7 +165,84 @@ func QueueName(topic, group string) string {
 func (t *Transport) config(group string) wamqp.Config {
 	c := wamqp.NewDurablePubSubConfig(t.cfg.URL, func(topic string) string { return QueueName(topic, group) })
 	c.Consume.Qos.PrefetchCount = t.cfg.Prefetch
+	c.Marshaler = Marshaler{}
 	return c
+}
+
+// Marshaler is watermill-amqp's default marshaler (persistent messages,
+// metadata as headers) plus the CloudEvents AMQP binding in binary mode:
+// attributes travel as application properties (headers) named
+// "cloudEvents:<attr>", and datacontenttype as the message's content-type
+// property. Unmarshal maps them back to the metadata.Event* keys, accepts
+// the "cloudEvents_" prefix of earlier drafts, and turns the binding's
+// native AMQP values (timestamp, integers, booleans) into their canonical
+// strings, as the binding requires receivers to.
+type Marshaler struct{ wamqp.DefaultMarshaler }
+
+// Marshal implements wamqp.Marshaler.
+func (m Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
+	p, err := m.DefaultMarshaler.Marshal(msg)
+	if err != nil {
+		return p, err
+	}
+	for k, v := range msg.Metadata {
+		w := cloudevent.AMQP.WireKey(k)
+		switch {
+		case w == k:
+			continue
+		case w == "": // datacontenttype: the content-type property
+			p.ContentType = v
+		default:
+			p.Headers[w] = v
+		}
+		delete(p.Headers, k)
+	}
+	return p, nil
+}
+
+// Unmarshal implements wamqp.Marshaler.
+func (m Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
+	headers := make(amqp091.Table, len(d.Headers))
+	for k, v := range d.Headers {
+		if mk := cloudevent.AMQP.MetadataKey(k); mk != k {
+			s, err := canonicalString(v)
+			if err != nil {
+				return nil, fmt.Errorf("amqp: message %s: application property %s: %w", d.MessageId, k, err)
+			}
+			headers[k] = s
+			continue
+		}
+		headers[k] = v
+	}
+	d.Headers = headers
+	msg, err := m.DefaultMarshaler.Unmarshal(d)
+	if err != nil {
+		return nil, err
+	}
+	cloudevent.AMQP.Decode(msg.Metadata)
+	if d.ContentType != "" {
+		msg.Metadata.Set(metadata.EventDataContentType, d.ContentType)
+	}
+	return msg, nil
+}
+
+// canonicalString renders an AMQP value of a CloudEvents attribute as the
+// attribute's canonical string (CloudEvents type system).
+func canonicalString(v any) (string, error) {
+	switch x := v.(type) {
+	case string:
+		return x, nil
+	case time.Time:
+		return x.UTC().Format(time.RFC3339Nano), nil
+	case bool:
+		return strconv.FormatBool(x), nil
+	case int8, int16, int32, int64, int, uint8, uint16, uint32, uint64:
+		return fmt.Sprint(x), nil
+	case []byte:
+		return base64.StdEncoding.EncodeToString(x), nil
+	default:
+		return "", fmt.Errorf("value of type %T is not a CloudEvents type (want string, timestamp, integer, boolean or binary)", v)
+	}
 }
 
 // Publisher returns the transport's publisher, safe for concurrent use.

@@ -6,6 +6,9 @@
 // With Persistent (the default) messages published before a subscriber
 // started are replayed to it, which keeps them all in memory for the life
 // of the transport.
+//
+// CloudEvents: messages are passed in memory; the metadata.Event* keys are
+// kept as they are.
 package gochannel
 
 import (

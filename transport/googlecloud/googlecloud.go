@@ -14,6 +14,10 @@
 // Config.DeclareGroups); messages are limited to 10 MB; an ordering key
 // whose publish failed is paused until resumed (this transport resumes it
 // automatically and returns the error).
+//
+// CloudEvents (Pub/Sub protocol binding, binary mode): the metadata.Event*
+// attributes travel as attributes "ce-<attr>" and datacontenttype as the
+// "Content-Type" attribute; consumers get the same metadata keys back.
 package googlecloud
 
 import (
@@ -34,6 +38,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/millwright/millwright/cloudevent"
 	"github.com/millwright/millwright/metadata"
 )
 
@@ -169,7 +174,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 			Timeout:        cfg.PublishTimeout,
 		},
 		ClientOptions: cfg.clientOptions(),
-		Marshaler:     wgc.NewOrderingMarshaler(orderingKey),
+		Marshaler:     Marshaler{wgc.NewOrderingMarshaler(orderingKey)},
 	}, logger)
 	if err != nil {
 		admin.Close()
@@ -189,6 +194,41 @@ func restoreOrderingKey(key string, msg *message.Message) error {
 		msg.Metadata.Set(metadata.OrderingKey, key)
 	}
 	return nil
+}
+
+// Marshaler wraps a watermill-googlecloud marshaler with the CloudEvents
+// Pub/Sub binding in binary mode: attributes travel as Pub/Sub attributes
+// named "ce-<attr>", and datacontenttype as the "Content-Type" attribute.
+type Marshaler struct{ wgc.Marshaler }
+
+// Marshal implements wgc.Marshaler.
+func (m Marshaler) Marshal(topic string, msg *message.Message) (*pubsub.Message, error) {
+	pm, err := m.Marshaler.Marshal(topic, msg)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range msg.Metadata {
+		if w := cloudevent.PubSub.WireKey(k); w != k {
+			delete(pm.Attributes, k)
+			pm.Attributes[w] = v
+		}
+	}
+	return pm, nil
+}
+
+// Unmarshaler wraps a watermill-googlecloud unmarshaler: it maps the
+// CloudEvents Pub/Sub binding's attributes ("ce-<attr>" in any case,
+// "Content-Type") back to the metadata.Event* keys.
+type Unmarshaler struct{ wgc.Unmarshaler }
+
+// Unmarshal implements wgc.Unmarshaler.
+func (u Unmarshaler) Unmarshal(pm *pubsub.Message) (*message.Message, error) {
+	msg, err := u.Unmarshaler.Unmarshal(pm)
+	if err != nil {
+		return nil, err
+	}
+	cloudevent.PubSub.Decode(msg.Metadata)
+	return msg, nil
 }
 
 // SubscriptionName is the subscription of a consumer group on a topic.
@@ -220,7 +260,7 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 		},
 		SubscriptionConfig: pubsub.SubscriptionConfig{EnableMessageOrdering: true},
 		ClientOptions:      t.cfg.clientOptions(),
-		Unmarshaler:        wgc.NewOrderingUnmarshaler(restoreOrderingKey),
+		Unmarshaler:        Unmarshaler{wgc.NewOrderingUnmarshaler(restoreOrderingKey)},
 	}, t.logger)
 	if err != nil {
 		return nil, fmt.Errorf("googlecloud: creating subscriber for group %q: %w", group, err)

@@ -8,6 +8,10 @@
 // keeps one request in flight per broker so retries cannot reorder them).
 // Publishes wait for all in-sync replicas. A nacked message is redelivered to
 // the same consumer after NackResendSleep; offsets are committed after ack.
+//
+// CloudEvents (Kafka protocol binding, binary mode): the metadata.Event*
+// attributes travel as "ce_<attr>" headers and datacontenttype as the
+// "content-type" header; consumers get the same metadata keys back.
 package kafka
 
 import (
@@ -25,6 +29,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/xdg-go/scram"
 
+	"github.com/millwright/millwright/cloudevent"
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/metadata"
 )
@@ -290,9 +295,15 @@ func (t *Transport) Close() error {
 	return errors.Join(errs...)
 }
 
-// Marshaler is watermill-kafka's default marshaler plus the ordering key:
-// a message carrying metadata.OrderingKey gets it as its Kafka key; other
-// messages get no key (Sarama then spreads them over partitions).
+// Marshaler is watermill-kafka's default marshaler plus the ordering key
+// and the CloudEvents Kafka binding (binary mode):
+//
+//   - a message carrying metadata.OrderingKey gets it as its Kafka key;
+//     other messages get no key (Sarama then spreads them over partitions);
+//   - CloudEvents attributes travel as "ce_<attr>" headers, the names the
+//     metadata keys already have, except datacontenttype, which travels as
+//     the "content-type" header; Unmarshal maps it back to
+//     metadata.EventDataContentType.
 type Marshaler struct{ wkafka.DefaultMarshaler }
 
 // Marshal implements wkafka.Marshaler.
@@ -304,7 +315,22 @@ func (m Marshaler) Marshal(topic string, msg *message.Message) (*sarama.Producer
 	if k := msg.Metadata.Get(metadata.OrderingKey); k != "" {
 		pm.Key = sarama.StringEncoder(k)
 	}
+	for i, h := range pm.Headers {
+		if w := cloudevent.Kafka.WireKey(string(h.Key)); w != string(h.Key) {
+			pm.Headers[i].Key = []byte(w)
+		}
+	}
 	return pm, nil
+}
+
+// Unmarshal implements wkafka.Unmarshaler.
+func (m Marshaler) Unmarshal(km *sarama.ConsumerMessage) (*message.Message, error) {
+	msg, err := m.DefaultMarshaler.Unmarshal(km)
+	if err != nil {
+		return nil, err
+	}
+	cloudevent.Kafka.Decode(msg.Metadata)
+	return msg, nil
 }
 
 // Publisher publishes through one Sarama sync producer. Publish sends

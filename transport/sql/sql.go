@@ -10,6 +10,9 @@
 // Where it falls short: throughput is that of one Postgres; every consumer
 // group polls (PollInterval, default 100ms); topic names become table names
 // and must match [A-Za-z0-9_.:$-] (watermill-sql refuses others).
+//
+// CloudEvents: there is no protocol binding for SQL tables; the row's JSON
+// metadata keeps the metadata.Event* keys ("ce_id", ...) as they are.
 package sql
 
 import (

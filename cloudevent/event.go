@@ -1,0 +1,132 @@
+package cloudevent
+
+import (
+	"errors"
+	"fmt"
+	"mime"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millwright/millwright/metadata"
+)
+
+// SpecVersion is the CloudEvents version millwright writes.
+const SpecVersion = "1.0"
+
+// Attributes are the CloudEvents context attributes millwright carries in
+// message metadata (the metadata.Event* keys).
+type Attributes struct {
+	// ID is unique per event (metadata.EventID). Required.
+	ID string
+	// Source is the producing service, a URI-reference such as
+	// "/orders-service" (metadata.EventSource). Required.
+	Source string
+	// Type is the versioned event type, "order.created.v1"
+	// (metadata.EventType). Required.
+	Type string
+	// SpecVersion defaults to "1.0" in Apply.
+	SpecVersion string
+	// Time the event happened (metadata.EventTime, RFC 3339). Optional.
+	Time time.Time
+	// Subject is the aggregate id (metadata.EventSubject). Optional.
+	Subject string
+	// DataContentType is the payload's media type, "application/json"
+	// (metadata.EventDataContentType). Optional.
+	DataContentType string
+}
+
+// Apply writes the attributes into msg's metadata; empty ones are left
+// unset. It does not validate: call Validate(msg) after, where wanted.
+func (a Attributes) Apply(msg *message.Message) {
+	set := func(k, v string) {
+		if v != "" {
+			msg.Metadata.Set(k, v)
+		}
+	}
+	if a.SpecVersion == "" {
+		a.SpecVersion = SpecVersion
+	}
+	set(metadata.EventID, a.ID)
+	set(metadata.EventSource, a.Source)
+	set(metadata.EventType, a.Type)
+	set(metadata.EventSpecVersion, a.SpecVersion)
+	if !a.Time.IsZero() {
+		set(metadata.EventTime, a.Time.UTC().Format(time.RFC3339Nano))
+	}
+	set(metadata.EventSubject, a.Subject)
+	set(metadata.EventDataContentType, a.DataContentType)
+}
+
+// FromMessage reads and validates msg's CloudEvents attributes.
+func FromMessage(msg *message.Message) (Attributes, error) {
+	if err := Validate(msg); err != nil {
+		return Attributes{}, err
+	}
+	md := msg.Metadata
+	a := Attributes{
+		ID:              md.Get(metadata.EventID),
+		Source:          md.Get(metadata.EventSource),
+		Type:            md.Get(metadata.EventType),
+		SpecVersion:     md.Get(metadata.EventSpecVersion),
+		Subject:         md.Get(metadata.EventSubject),
+		DataContentType: md.Get(metadata.EventDataContentType),
+	}
+	if t := md.Get(metadata.EventTime); t != "" {
+		a.Time, _ = time.Parse(time.RFC3339Nano, t) // checked by Validate
+	}
+	return a, nil
+}
+
+// Validate reports every way msg's metadata is not a valid CloudEvents 1.0
+// event in binary mode, each error naming the metadata key and the fix. It
+// checks what the CloudEvents spec requires: id, source, type and
+// specversion present and non-empty, specversion 1.0, source a
+// URI-reference, time an RFC 3339 timestamp, datacontenttype an RFC 2046
+// media type, subject non-empty when present.
+func Validate(msg *message.Message) error {
+	if msg == nil {
+		return errors.New("cloudevent: message is nil")
+	}
+	md := msg.Metadata
+	var errs []error
+	required := func(k, hint string) string {
+		v, ok := md[k]
+		if !ok || v == "" {
+			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s is missing: set it (%s)", msg.UUID, k, hint))
+		}
+		return v
+	}
+	required(metadata.EventID, "a unique id per event; the outbox sets it")
+	if src := required(metadata.EventSource, `the producing service as a URI-reference, e.g. "/orders-service"`); src != "" {
+		if _, err := url.Parse(src); err != nil {
+			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %q is not a URI-reference: %v", msg.UUID, metadata.EventSource, src, err))
+		}
+	}
+	if typ := required(metadata.EventType, `a versioned type such as "order.created.v1"`); typ != "" && strings.TrimSpace(typ) != typ {
+		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %q has surrounding spaces", msg.UUID, metadata.EventType, typ))
+	}
+	if sv := required(metadata.EventSpecVersion, `"1.0"`); sv != "" && sv != SpecVersion {
+		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %q: want %q", msg.UUID, metadata.EventSpecVersion, sv, SpecVersion))
+	}
+	if t, ok := md[metadata.EventTime]; ok {
+		if _, err := time.Parse(time.RFC3339Nano, t); err != nil {
+			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %q is not an RFC 3339 timestamp (want e.g. 2026-01-02T15:04:05Z)", msg.UUID, metadata.EventTime, t))
+		}
+	}
+	if s, ok := md[metadata.EventSubject]; ok && s == "" {
+		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s is empty: remove it or set the aggregate id", msg.UUID, metadata.EventSubject))
+	}
+	if ct, ok := md[metadata.EventDataContentType]; ok {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err == nil && !strings.Contains(mt, "/") {
+			err = errors.New("no type/subtype")
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %q is not a media type (want e.g. application/json): %v", msg.UUID, metadata.EventDataContentType, ct, err))
+		}
+	}
+	return errors.Join(errs...)
+}
