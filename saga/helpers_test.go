@@ -224,7 +224,13 @@ type bundle struct {
 // with startOrchestrator.
 func setup(t *testing.T, tcfg *transport.Config, o defOpts) *bundle {
 	t.Helper()
-	b := &bundle{tp: newTopics()}
+	return setupTopics(t, tcfg, o, newTopics())
+}
+
+// setupTopics is setup with the given topic names.
+func setupTopics(t *testing.T, tcfg *transport.Config, o defOpts, tp topics) *bundle {
+	t.Helper()
+	b := &bundle{tp: tp}
 	b.schema = pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), saga.Migrations())
 	b.schema.DB.SetMaxOpenConns(8)
 	cfg := transport.Config{Kind: transport.GoChannel}
