@@ -1,0 +1,308 @@
+package app
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/saga"
+)
+
+// App is the order example: the services of one process, sharing one
+// database pool, transport and metrics registry.
+type App struct {
+	cfg    Config
+	db     *sql.DB
+	topics Topics
+	orch   *saga.Orchestrator[Fulfilment]
+	store  *dlq.Store
+
+	mu   sync.Mutex
+	subs map[string]message.Subscriber
+}
+
+// New validates cfg and builds the example's components. It registers the
+// saga and dead-letter metrics on cfg.Registerer; the others register when
+// Run starts them.
+func New(cfg Config) (*App, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	a := &App{cfg: cfg, db: cfg.DB, topics: NewTopics(cfg.TopicPrefix), store: dlq.NewStore(cfg.DB), subs: map[string]message.Subscriber{}}
+	def, err := a.definition()
+	if err != nil {
+		return nil, err
+	}
+	a.orch, err = saga.NewOrchestrator(cfg.DB, def, saga.Config{
+		ReplyTopic: a.topics.Replies, PollInterval: cfg.SagaPollInterval, Source: "examples/orders/orchestrator",
+		Registerer: cfg.Registerer, Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Registerer.Register(dlq.NewDepthCollector(a.store)); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return nil, fmt.Errorf("orders: registering the dead-letter depth gauge: %w", err)
+		}
+	}
+	return a, nil
+}
+
+// Topics returns the example's topic names.
+func (a *App) Topics() Topics { return a.topics }
+
+// MetricsHandler serves every metric registered on Config.Registerer when it
+// is a prometheus.Gatherer (the default registry is), else the default
+// gatherer.
+func (a *App) MetricsHandler() http.Handler {
+	g, ok := a.cfg.Registerer.(prometheus.Gatherer)
+	if !ok {
+		g = prometheus.DefaultGatherer
+	}
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{})
+}
+
+// Seed sets the stock of each SKU to at least the given quantity (a SKU
+// already stocked keeps its stock).
+func (a *App) Seed(ctx context.Context, stock map[string]int64) error {
+	for sku, n := range stock {
+		if _, err := a.db.ExecContext(ctx, `INSERT INTO orders_stock (sku, initial, available) VALUES ($1, $2, $2) ON CONFLICT (sku) DO NOTHING`, sku, n); err != nil {
+			return fmt.Errorf("seeding stock of %s (did the migrations run?): %w", sku, err)
+		}
+	}
+	return nil
+}
+
+func (a *App) subscriber(group string) (message.Subscriber, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s, ok := a.subs[group]; ok {
+		return s, nil
+	}
+	s, err := a.cfg.Transport.Subscriber(group)
+	if err != nil {
+		return nil, fmt.Errorf("orders: subscriber for group %q: %w", group, err)
+	}
+	a.subs[group] = s
+	return s, nil
+}
+
+// consumer adds a handler with the full reliability stack: recover, retry
+// and dead-letter outermost, optionally Duplicator, then the idempotency
+// middleware that runs h in the transaction recording the event id.
+func (a *App) consumer(r *message.Router, name, topic, group string, h message.NoPublishHandlerFunc) error {
+	sub, err := a.subscriber(group)
+	if err != nil {
+		return err
+	}
+	if si, ok := sub.(message.SubscribeInitializer); ok {
+		if err := si.SubscribeInitialize(topic); err != nil {
+			return fmt.Errorf("orders: initializing topic %s for %s: %w", topic, name, err)
+		}
+	}
+	store, err := idempotency.NewPostgresStore(a.db)
+	if err != nil {
+		return err
+	}
+	idem, err := idempotency.NewMiddleware(store, idempotency.Config{Consumer: name, Registerer: a.cfg.Registerer, Logger: a.cfg.Logger})
+	if err != nil {
+		return err
+	}
+	dead, err := dlq.NewMiddleware(a.cfg.Transport.Publisher(), dlq.Config{ConsumerGroup: group, Retry: a.cfg.ConsumerRetry,
+		Registerer: a.cfg.Registerer, Logger: a.cfg.Logger, MaxValueBytes: dlq.DefaultMaxValueBytes})
+	if err != nil {
+		return err
+	}
+	mws := []message.HandlerMiddleware{dead.Middleware}
+	if a.cfg.Duplicate {
+		mws = append(mws, middleware.Duplicator)
+	}
+	mws = append(mws, idem.Middleware)
+	r.AddConsumerHandler(name, topic, sub, h).AddMiddleware(mws...)
+	return nil
+}
+
+// Run runs the given services (all of them when none is given) until ctx
+// ends; see Start.
+func (a *App) Run(ctx context.Context, services ...Service) error {
+	p, err := a.Start(ctx, services...)
+	if err != nil {
+		return err
+	}
+	return p.Wait()
+}
+
+// Process is a set of services started by Start.
+type Process struct {
+	cancel  context.CancelFunc
+	running chan struct{}
+	done    chan struct{}
+	err     error
+}
+
+// Running is closed once every consumer has subscribed and the relay and
+// timeout loops have started.
+func (p *Process) Running() <-chan struct{} { return p.running }
+
+// Done is closed once the services have stopped.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Wait blocks until the services have stopped and returns the first error
+// that stopped them (nil after a clean stop).
+func (p *Process) Wait() error { <-p.done; return p.err }
+
+// Stop stops the services and waits for them (Wait).
+func (p *Process) Stop() error { p.cancel(); return p.Wait() }
+
+// Start starts the given services (all of them when none is given) in the
+// background until ctx ends or Stop is called. Stopping closes the
+// consumers first, so their handlers drain, then the relay and the
+// orchestrator's timeout loop. The Orders service's HTTP API is served by
+// Handler; Start only checks the database for it.
+func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) {
+	if len(services) == 0 {
+		services = AllServices
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, a.cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	type loop struct {
+		run     func(context.Context) error
+		running <-chan struct{}
+		close   func() error
+	}
+	var loops []loop
+	consumers := 0
+	for _, s := range services {
+		var err error
+		switch s {
+		case Orders:
+			err = a.db.PingContext(ctx)
+		case Inventory:
+			err = a.consumer(router, "inventory", a.topics.InventoryCommands, GroupInventory,
+				participant("inventory", validStock, reserve, release))
+			consumers++
+		case Billing:
+			err = a.consumer(router, "billing", a.topics.BillingCommands, GroupBilling,
+				participant("billing", validPayment, a.charge, refund))
+			consumers++
+		case Shipping:
+			err = a.consumer(router, "shipping", a.topics.ShippingCommands, GroupShipping,
+				participant("shipping", validShipment, schedule, nil))
+			consumers++
+		case Notify:
+			err = a.consumer(router, "notify", a.topics.OrderEvents, GroupNotify, a.notify)
+			consumers++
+		case Orchestrator:
+			err = errors.Join(
+				a.consumer(router, "orchestrator.start", a.topics.OrderEvents, GroupOrchestrator, a.startSaga),
+				a.consumer(router, "orchestrator.replies", a.topics.Replies, GroupOrchestrator, a.handleReply))
+			loops = append(loops, loop{a.orch.Run, a.orch.Running(), a.orch.Close})
+			consumers += 2
+		case DeadLetters:
+			err = a.recorders(router)
+			consumers++
+		case Relay:
+			var relay *outbox.Relay
+			relay, err = a.NewRelay(a.cfg.Transport.Publisher())
+			if err == nil {
+				loops = append(loops, loop{relay.Run, relay.Running(), relay.Close})
+			}
+		default:
+			err = fmt.Errorf("unknown service %q", s)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("orders: starting %s: %w", s, err)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	p := &Process{cancel: cancel, running: make(chan struct{}), done: make(chan struct{})}
+	errc := make(chan error, len(loops)+1)
+	for _, l := range loops {
+		go func() { errc <- l.run(ctx) }()
+	}
+	n := len(loops)
+	if consumers > 0 {
+		go func() { errc <- router.Run(ctx) }()
+		n++
+	}
+	go func() {
+		defer close(p.done)
+		for i := 0; i < n; i++ {
+			if err := <-errc; err != nil && !errors.Is(err, context.Canceled) && p.err == nil {
+				p.err = err
+			}
+			cancel()
+		}
+		_ = router.Close()
+		for _, l := range loops {
+			if err := l.close(); err != nil && p.err == nil {
+				p.err = err
+			}
+		}
+	}()
+	go func() {
+		if consumers > 0 {
+			select {
+			case <-router.Running():
+			case <-p.done:
+				return
+			}
+		}
+		for _, l := range loops {
+			select {
+			case <-l.running:
+			case <-p.done:
+				return
+			}
+		}
+		close(p.running)
+	}()
+	return p, nil
+}
+
+// NewRelay returns an outbox relay configured like the one Run starts,
+// publishing through pub (wrapped by Config.RelayPublisher when set).
+func (a *App) NewRelay(pub message.Publisher) (*outbox.Relay, error) {
+	if a.cfg.RelayPublisher != nil {
+		pub = a.cfg.RelayPublisher(pub)
+	}
+	return outbox.NewRelay(a.db, pub, outbox.RelayConfig{
+		ListenURL: a.cfg.DatabaseURL, Lease: a.cfg.RelayLease, Retry: a.cfg.RelayRetry,
+		Registerer: a.cfg.Registerer, MetricsInterval: time.Second, Logger: a.cfg.Logger,
+	})
+}
+
+// recorders store the dead letters of every topic in millwright_dead_letters.
+func (a *App) recorders(r *message.Router) error {
+	sub, err := a.subscriber(GroupDeadLetters)
+	if err != nil {
+		return err
+	}
+	for _, t := range a.topics.All() {
+		dt := dlq.DefaultTopic(t)
+		if si, ok := sub.(message.SubscribeInitializer); ok {
+			if err := si.SubscribeInitialize(dt); err != nil {
+				return fmt.Errorf("initializing dead-letter topic %s: %w", dt, err)
+			}
+		}
+		r.AddConsumerHandler("dlq-recorder."+t, dt, sub, a.store.Record)
+	}
+	return nil
+}

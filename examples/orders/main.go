@@ -1,0 +1,389 @@
+// Command orders is millwright's order workflow example: an order service,
+// a saga orchestrator, inventory, billing and shipping participants and a
+// notification consumer, on any of the five transports.
+//
+//	go run ./examples/orders demo -orders 100              # everything in one process, sql transport
+//	go run ./examples/orders demo -embedded kafka          # in-process Kafka fake
+//	MILLWRIGHT_TRANSPORT=amqp://guest:guest@127.0.0.1:5672/ go run ./examples/orders demo
+//	go run ./examples/orders serve orders -http :8080      # one service per process
+//	go run ./examples/orders serve relay
+//
+// See README.md for the walkthrough.
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	_ "github.com/lib/pq"
+
+	"github.com/millwright/millwright/examples/orders/app"
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/embedded"
+)
+
+const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+const usage = `usage:
+  orders demo  [flags]              place N orders, wait until they settle, print one summary line
+  orders serve [flags] [service...] run services until interrupted (default: all of them)
+
+services: orders (HTTP API), orchestrator, inventory, billing, shipping, notify, relay, dlq
+
+The transport comes from -transport or MILLWRIGHT_TRANSPORT (kafka, amqp,
+googlecloud, sql, gochannel, or a URL; see the transport package), default
+the sql transport on the database. -embedded kafka|googlecloud starts an
+in-process fake broker (demo, or serve with every service in one process).
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "demo":
+		err = demo(os.Args[2:])
+	case "serve":
+		err = serve(os.Args[2:])
+	case "-h", "-help", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "orders: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "orders:", err)
+		os.Exit(1)
+	}
+}
+
+// common are the flags of every command.
+type common struct {
+	databaseURL, schema, transport, embedded, logLevel string
+}
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.databaseURL, "database-url", envOr(transport.EnvDatabaseURL, defaultDatabaseURL), "Postgres URL (env "+transport.EnvDatabaseURL+")")
+	fs.StringVar(&c.schema, "schema", envOr("MILLWRIGHT_ORDERS_SCHEMA", "millwright_orders"), "Postgres schema of the example's tables, created if missing (\"\" = the URL's search_path)")
+	fs.StringVar(&c.transport, "transport", os.Getenv(transport.EnvTransport), "transport kind or URL (env "+transport.EnvTransport+"; default: sql on the database)")
+	fs.StringVar(&c.embedded, "embedded", "", "start an in-process broker: kafka or googlecloud (not for production)")
+	fs.StringVar(&c.logLevel, "log", "error", "log level: debug, info, warn, error")
+}
+
+// env is what a command runs with.
+type env struct {
+	db  *sql.DB
+	tr  *transport.Transport
+	app *app.App
+	url string
+	log watermill.LoggerAdapter
+}
+
+func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return nil, nil, fmt.Errorf("-log %q: want debug, info, warn or error", c.logLevel)
+	}
+	log := watermill.NewSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
+	var closers []func()
+	cleanup := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	dbURL := c.databaseURL
+	if c.schema != "" {
+		if err := createSchema(ctx, dbURL, c.schema); err != nil {
+			return nil, nil, err
+		}
+		dbURL = withSearchPath(dbURL, c.schema)
+	}
+	db, err := sql.Open("postgres", dbURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	db.SetMaxOpenConns(20)
+	closers = append(closers, func() { db.Close() })
+	if _, err := migrate.Up(ctx, db, app.AllMigrations()...); err != nil {
+		cleanup()
+		return nil, nil, fmt.Errorf("migrating (is Postgres running at -database-url?): %w", err)
+	}
+	cfg, closeBroker, err := c.transportConfig(dbURL)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	closers = append(closers, closeBroker)
+	cfg.Logger = log
+	tr, err := transport.Open(ctx, cfg)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	closers = append(closers, func() { _ = tr.Close() })
+	a, err := app.New(app.Config{DB: db, DatabaseURL: dbURL, Transport: tr, Logger: log, Duplicate: duplicate})
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	return &env{db: db, tr: tr, app: a, url: dbURL, log: log}, cleanup, nil
+}
+
+func (c *common) transportConfig(dbURL string) (transport.Config, func(), error) {
+	switch c.embedded {
+	case "kafka":
+		k, err := embedded.Kafka()
+		if err != nil {
+			return transport.Config{}, nil, err
+		}
+		return k.Config(), func() { _ = k.Close() }, nil
+	case "googlecloud":
+		p, err := embedded.PubSub()
+		if err != nil {
+			return transport.Config{}, nil, err
+		}
+		return p.Config(), func() { _ = p.Close() }, nil
+	case "":
+	default:
+		return transport.Config{}, nil, fmt.Errorf("-embedded %q: want kafka or googlecloud", c.embedded)
+	}
+	if c.transport == "" {
+		cfg, err := transport.ParseURL(dbURL)
+		return cfg, func() {}, err
+	}
+	os.Setenv(transport.EnvTransport, c.transport)
+	if os.Getenv(transport.EnvSQLURL) == "" {
+		os.Setenv(transport.EnvSQLURL, dbURL)
+	}
+	cfg, err := transport.FromEnv()
+	return cfg, func() {}, err
+}
+
+func demo(args []string) error {
+	fs := flag.NewFlagSet("demo", flag.ExitOnError)
+	var c common
+	c.register(fs)
+	n := fs.Int("orders", 50, "orders to place")
+	failEvery := fs.Int("fail-payment-every", 5, "every k-th order fails payment (0: none)")
+	shipEvery := fs.Int("fail-shipping-every", 9, "every k-th order fails shipping, so its payment is refunded (0: none)")
+	duplicate := fs.Bool("duplicate", true, "deliver every message twice (Watermill's Duplicator)")
+	poison := fs.Bool("poison", true, "send one malformed command, which must end in the dead-letter queue")
+	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait for the orders to settle")
+	_ = fs.Parse(args)
+	if *n < 0 || *failEvery < 0 || *shipEvery < 0 {
+		return errors.New("-orders, -fail-payment-every and -fail-shipping-every must not be negative")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	e, cleanup, err := c.open(ctx, *duplicate)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if err := e.app.Seed(ctx, map[string]int64{"book": 1_000_000, "lamp": 1_000_000}); err != nil {
+		return err
+	}
+	proc, err := e.app.Start(ctx)
+	if err != nil {
+		return err
+	}
+	defer proc.Stop() //nolint:errcheck // reported by Wait below
+	select {
+	case <-proc.Running():
+	case <-proc.Done():
+		return proc.Wait()
+	}
+
+	// The order service's HTTP API, on a free local port.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: e.app.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	base := "http://" + ln.Addr().String()
+
+	run := watermill.NewShortUUID()
+	for i := 1; i <= *n; i++ {
+		o := app.Order{ID: fmt.Sprintf("%s-%05d", run, i), SKU: []string{"book", "lamp"}[i%2], Qty: 1 + i%3, AmountCents: int64(1000 + 37*i)}
+		switch {
+		case *failEvery > 0 && i%*failEvery == 0:
+			o.FailPayment = true
+		case *shipEvery > 0 && i%*shipEvery == 0:
+			o.FailShipping = true
+		}
+		if err := post(ctx, base+"/orders", o); err != nil {
+			return err
+		}
+	}
+	wantDLQ := 0
+	if *poison {
+		wantDLQ = 1
+		id := run + "-poison"
+		msg := message.NewMessage(id, []byte("{not json"))
+		msg.Metadata.Set(metadata.EventID, id)
+		msg.Metadata.Set(metadata.SagaID, id)
+		msg.Metadata.Set(metadata.SagaPhase, "forward")
+		if err := e.tr.Publisher().Publish(e.app.Topics().BillingCommands, msg); err != nil {
+			return fmt.Errorf("publishing the poison message: %w", err)
+		}
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	s, waitErr := e.app.WaitSettled(wctx, run+"-%", wantDLQ)
+	fmt.Println(s)
+	fmt.Fprintf(os.Stderr, "transport=%s metrics: curl %s/metrics (while running)\n", e.tr, base)
+	if err := proc.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "orders: stopping:", err)
+	}
+	switch {
+	case waitErr != nil:
+		return waitErr
+	case s.Pending != 0 || s.DuplicateEffects != 0:
+		return fmt.Errorf("lost=%d duplicate_effects=%d: want 0", s.Pending, s.DuplicateEffects)
+	}
+	return nil
+}
+
+func post(ctx context.Context, u string, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("POST %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return fmt.Errorf("POST %s: %s: %s", u, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return nil
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	var c common
+	c.register(fs)
+	addr := fs.String("http", envOr("MILLWRIGHT_HTTP_ADDR", ""), "HTTP address: the orders API and /metrics (orders), /metrics only (other services); default :8080 with orders, none otherwise")
+	duplicate := fs.Bool("duplicate", false, "deliver every message twice (Watermill's Duplicator)")
+	_ = fs.Parse(args)
+	var services []app.Service
+	for _, name := range fs.Args() {
+		s, err := app.ParseService(name)
+		if err != nil {
+			return err
+		}
+		services = append(services, s)
+	}
+	if len(services) == 0 {
+		services = app.AllServices
+	}
+	withOrders := false
+	for _, s := range services {
+		withOrders = withOrders || s == app.Orders
+	}
+	if *addr == "" && withOrders {
+		*addr = ":8080"
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	e, cleanup, err := c.open(ctx, *duplicate)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if err := e.app.Seed(ctx, map[string]int64{"book": 1_000_000, "lamp": 1_000_000}); err != nil {
+		return err
+	}
+	proc, err := e.app.Start(ctx, services...)
+	if err != nil {
+		return err
+	}
+	if *addr != "" {
+		h := e.app.MetricsHandler()
+		if withOrders {
+			h = e.app.Handler()
+		} else {
+			mux := http.NewServeMux()
+			mux.Handle("GET /metrics", h)
+			h = mux
+		}
+		srv := &http.Server{Addr: *addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				e.log.Error("HTTP server", err, nil)
+				stop()
+			}
+		}()
+		defer srv.Close()
+	}
+	fmt.Fprintf(os.Stderr, "orders: serving %v on transport %s (http %q); Ctrl-C stops\n", services, e.tr, *addr)
+	return proc.Wait()
+}
+
+func createSchema(ctx context.Context, dbURL, schema string) error {
+	db, err := sql.Open("postgres", dbURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+quoteIdent(schema)); err != nil {
+		return fmt.Errorf("creating schema %s (is Postgres running at -database-url?): %w", schema, err)
+	}
+	return nil
+}
+
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// withSearchPath sets search_path on a postgres:// URL (lib/pq passes
+// unknown parameters to the server as settings) or a key=value DSN.
+func withSearchPath(raw, schema string) string {
+	u, err := url.Parse(raw)
+	if err != nil || !strings.HasPrefix(u.Scheme, "postgres") {
+		return raw + " search_path=" + schema
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
