@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
@@ -37,6 +38,13 @@ var (
 	pubsubErr  error
 )
 
+// envTestFull runs Watermill's suite with its full message counts; by
+// default it runs in its short mode even without -short, which keeps the
+// race-enabled CI run within minutes.
+const envTestFull = "MILLWRIGHT_TEST_FULL"
+
+func short() bool { return os.Getenv(envTestFull) == "" }
+
 // kafkaConfig reaches MILLWRIGHT_TEST_KAFKA_BROKERS, or an embedded kfake
 // cluster shared by the package's tests.
 func kafkaConfig(t *testing.T) transport.Config {
@@ -63,6 +71,7 @@ func pubsubConfig(t *testing.T) transport.Config {
 		if h := os.Getenv(envTestPubSubHost); h != "" {
 			pubsubCfg = transport.Config{Kind: transport.GoogleCloud}
 			pubsubCfg.GoogleCloud.EmulatorHost = h
+			pubsubCfg.GoogleCloud.MaxExtension = 10 * time.Second
 			pubsubCfg.GoogleCloud.ProjectID = "millwright-test"
 			if p := os.Getenv(envTestPubSubProject); p != "" {
 				pubsubCfg.GoogleCloud.ProjectID = p
@@ -121,6 +130,7 @@ func TestConformance(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tr.Close() })
 		tests.TestPubSub(t, tests.Features{
+			ForceShort:            short(),
 			ConsumerGroups:        false,
 			ExactlyOnceDelivery:   true,
 			GuaranteedOrder:       false,
@@ -140,6 +150,7 @@ func TestConformance(t *testing.T) {
 		schema := pgtest.New(t)
 		pub, group := constructors(func(*testing.T) transport.Config { return sqlConfig(schema.DB) }, "test")
 		tests.TestPubSub(t, tests.Features{
+			ForceShort:          short(),
 			ConsumerGroups:      true,
 			ExactlyOnceDelivery: true,
 			GuaranteedOrder:     true,
@@ -151,6 +162,7 @@ func TestConformance(t *testing.T) {
 		t.Parallel()
 		pub, group := constructors(func(*testing.T) transport.Config { return amqpConfig() }, "")
 		tests.TestPubSub(t, tests.Features{
+			ForceShort:          short(),
 			ConsumerGroups:      true,
 			ExactlyOnceDelivery: false,
 			// Prefetch 100 (the default) lets a requeued message fall
@@ -165,6 +177,7 @@ func TestConformance(t *testing.T) {
 		t.Parallel()
 		pub, group := constructors(kafkaConfig, "test")
 		tests.TestPubSub(t, tests.Features{
+			ForceShort:          short(),
 			ConsumerGroups:      true,
 			ExactlyOnceDelivery: false,
 			GuaranteedOrder:     false,
@@ -176,6 +189,7 @@ func TestConformance(t *testing.T) {
 		t.Parallel()
 		pub, group := constructors(pubsubConfig, "")
 		tests.TestPubSub(t, tests.Features{
+			ForceShort:          short(),
 			ConsumerGroups:      true,
 			ExactlyOnceDelivery: false,
 			GuaranteedOrder:     false,

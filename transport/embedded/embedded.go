@@ -13,6 +13,7 @@ package embedded
 
 import (
 	"fmt"
+	"time"
 
 	"cloud.google.com/go/pubsub/pstest"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -65,6 +66,9 @@ func (p *PubSubServer) Config() transport.Config {
 	cfg := transport.Config{Kind: transport.GoogleCloud}
 	cfg.GoogleCloud.ProjectID = p.ProjectID
 	cfg.GoogleCloud.EmulatorHost = p.Server.Addr
+	// A subscriber closed mid-read leaves its messages leased until the
+	// extension ends; keep that short so they come back quickly.
+	cfg.GoogleCloud.MaxExtension = 10 * time.Second
 	return cfg
 }
 
