@@ -24,7 +24,11 @@ CREATE TABLE millwright_outbox (
     last_error      TEXT,
     CONSTRAINT millwright_outbox_status_check CHECK (status IN ('pending', 'published', 'failed')),
     CONSTRAINT millwright_outbox_payload_check CHECK ((payload IS NULL) <> (payload_raw IS NULL))
-) WITH (fillfactor = 70);
+)
+-- Free space in each page lets the relay's lease (an update of
+-- next_attempt_at, which no index contains) be a HOT update: no index
+-- entries, less WAL.
+WITH (fillfactor = 70);
 
 -- The relay's claim scans only pending rows, in id order: the index stays as
 -- small as the backlog however many published rows the table holds.
