@@ -1,0 +1,426 @@
+package app_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/examples/orders/app"
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/transport"
+	tramqp "github.com/millwright/millwright/transport/amqp"
+	"github.com/millwright/millwright/transport/embedded"
+)
+
+// EnvSoakOrders sets the number of orders of every transport's reliability
+// run (e.g. 500 for a soak); by default each kind places a number that keeps
+// the whole suite within a few minutes on a small machine.
+const EnvSoakOrders = "MILLWRIGHT_SOAK_ORDERS"
+
+// defaultOrders per kind: pstest delivers one message per ordering key at a
+// time (about 10/s per key) and caps at about 800 msg/s, so it gets fewer.
+var defaultOrders = map[transport.Kind]int{
+	transport.GoChannel:   100,
+	transport.SQL:         100,
+	transport.Kafka:       100,
+	transport.AMQP:        60,
+	transport.GoogleCloud: 30,
+}
+
+const amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// faults says how a kind's "broker refuses publishes" fault is made.
+type faults struct {
+	// refuse starts refusing publishes for d; nil: wrap the relay's
+	// publisher instead.
+	refuse func(d time.Duration)
+	// refused counts the publish requests the broker refused.
+	refused *atomic.Int64
+}
+
+// TestReliability runs the order workflow on every transport kind while
+// faults are injected, and checks from the database that nothing was lost
+// and nothing applied twice:
+//
+//   - the first relay is killed in the middle of its first batch (its
+//     context cancelled and its publisher failing from the n-th message on,
+//     so the rows it published are never marked and wait out the lease);
+//   - the broker refuses publishes for a few seconds (kfake fails every
+//     Produce request for Kafka; for the other kinds a publisher wrapped
+//     around the relay's fails every publish for the window: a real outage
+//     of RabbitMQ, Postgres or pstest cannot be made and undone from a test
+//     without disturbing other tests sharing the server);
+//   - every message is delivered twice to every consumer (Duplicator);
+//   - one poison (malformed) command is published.
+func TestReliability(t *testing.T) {
+	for _, kind := range []transport.Kind{transport.GoChannel, transport.SQL, transport.Kafka, transport.AMQP, transport.GoogleCloud} {
+		t.Run(string(kind), func(t *testing.T) {
+			n := defaultOrders[kind]
+			if v := os.Getenv(EnvSoakOrders); v != "" {
+				var err error
+				n, err = strconv.Atoi(v)
+				require.NoError(t, err, "%s=%q: want a number of orders", EnvSoakOrders, v)
+			}
+			if testing.Short() && n > 30 {
+				n = 30
+			}
+			runReliability(t, kind, n)
+		})
+	}
+}
+
+type bundle struct {
+	schema *pgtest.Schema
+	tr     *transport.Transport
+	app    *app.App
+	faults faults
+}
+
+func setup(t *testing.T, kind transport.Kind) *bundle {
+	t.Helper()
+	schema := pgtest.New(t, app.AllMigrations()...)
+	schema.DB.SetMaxOpenConns(12)
+	prefix := "t" + randHex(5) + "."
+	var (
+		cfg transport.Config
+		f   faults
+	)
+	switch kind {
+	case transport.GoChannel:
+		cfg.Kind = transport.GoChannel
+	case transport.SQL:
+		c, err := transport.ParseURL(schema.URL)
+		require.NoError(t, err)
+		cfg = c
+	case transport.AMQP:
+		cfg.Kind = transport.AMQP
+		cfg.AMQP.URL = amqpURL
+		t.Cleanup(func() { deleteAMQP(t, app.NewTopics(prefix)) })
+	case transport.Kafka:
+		k, err := embedded.Kafka()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = k.Close() })
+		cfg = k.Config()
+		f.refused = new(atomic.Int64)
+		f.refuse = func(d time.Duration) { refuseProduce(k, d, f.refused) }
+	case transport.GoogleCloud:
+		p, err := embedded.PubSub()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+		cfg = p.Config()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tr, err := transport.Open(ctx, cfg)
+	require.NoError(t, err, "opening %s (is the broker running?)", kind)
+	a, err := app.New(app.Config{
+		DB: schema.DB, DatabaseURL: schema.URL, Transport: tr, TopicPrefix: prefix,
+		Duplicate:     true,
+		ConsumerRetry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 500 * time.Millisecond, MaxAttempts: 20},
+		RelayLease:    time.Second,
+		RelayRetry:    retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 500 * time.Millisecond, MaxAttempts: 1000},
+		StepTimeout:   2 * time.Minute, SagaPollInterval: 200 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	// Transport closed after the services (registered first, runs last).
+	t.Cleanup(func() { _ = tr.Close() })
+	require.NoError(t, a.Seed(ctx, map[string]int64{"book": 1_000_000, "lamp": 1_000_000}))
+	return &bundle{schema: schema, tr: tr, app: a, faults: f}
+}
+
+func runReliability(t *testing.T, kind transport.Kind, n int) {
+	b := setup(t, kind)
+	ctx := context.Background()
+
+	// Every service but the relay, which the test runs itself.
+	proc, err := b.app.Start(ctx, app.DeadLetters, app.Inventory, app.Billing, app.Shipping, app.Notify, app.Orchestrator, app.Orders)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, proc.Stop()) })
+	select {
+	case <-proc.Running():
+	case <-proc.Done():
+		t.Fatalf("services stopped: %v", proc.Wait())
+	}
+
+	// Orders, every 5th declined by billing, every 9th refused by shipping.
+	want := placeOrders(t, b.app, n)
+
+	// The poison message: a command billing cannot decode.
+	poisonID := "poison-" + randHex(4)
+	poison := message.NewMessage(poisonID, []byte("{not json"))
+	poison.Metadata.Set(metadata.EventID, poisonID)
+	poison.Metadata.Set(metadata.SagaID, poisonID)
+	poison.Metadata.Set(metadata.SagaPhase, "forward")
+	require.NoError(t, b.tr.Publisher().Publish(b.app.Topics().BillingCommands, poison))
+
+	// Relay 1 dies in the middle of its first batch (all n order.created
+	// rows are pending when it starts).
+	killCtx, kill := context.WithCancel(ctx)
+	dying := &killingPublisher{Publisher: b.tr.Publisher(), after: int64(max(n/3, 1)), kill: kill}
+	r1, err := b.app.NewRelay(dying)
+	require.NoError(t, err)
+	r1Done := make(chan error, 1)
+	go func() { r1Done <- r1.Run(killCtx) }()
+	select {
+	case <-r1Done:
+	case <-time.After(time.Minute):
+		t.Fatal("relay 1 was not killed within a minute: it published fewer messages than planned")
+	}
+	require.GreaterOrEqual(t, dying.published.Load(), dying.after)
+
+	// Relay 2 takes over; the broker refuses publishes for a while.
+	pub := b.tr.Publisher()
+	window := 3 * time.Second
+	flaky := &refusingPublisher{Publisher: pub}
+	if b.faults.refuse != nil {
+		b.faults.refuse(window)
+	} else {
+		flaky.refuseFor(window)
+		pub = flaky
+	}
+	r2, err := b.app.NewRelay(pub)
+	require.NoError(t, err)
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	r2Done := make(chan error, 1)
+	go func() { r2Done <- r2.Run(relayCtx) }()
+	t.Cleanup(func() {
+		stopRelay()
+		require.NoError(t, <-r2Done)
+	})
+
+	wctx, cancel := context.WithTimeout(ctx, 150*time.Second)
+	defer cancel()
+	s, err := b.app.WaitSettled(wctx, "%", 1)
+	require.NoError(t, err, "summary: %s", s)
+	refused := flaky.refused.Load()
+	if b.faults.refused != nil {
+		refused = b.faults.refused.Load()
+	}
+	t.Logf("%s: %s (relay 1 killed after %d publishes; %d publish requests refused)", kind, s, dying.after, refused)
+	require.Positive(t, refused, "the broker outage was not exercised")
+
+	db := b.schema.DB
+	require.Equal(t, n, s.Orders)
+	require.Zero(t, s.Pending, "lost orders")
+	require.Equal(t, want.completed, s.Completed, "completed orders")
+	require.Equal(t, n-want.completed, s.Compensated, "compensated orders")
+	require.Zero(t, s.DuplicateEffects, "effects applied twice: %v", duplicateEffects(t, db))
+	require.Zero(t, s.UnnotifiedEvents)
+	require.Equal(t, 2*n, s.Notifications, "one notification per order event")
+
+	// Inventory balances: what left the stock is exactly what completed
+	// orders hold; cancelled orders hold nothing.
+	require.Zero(t, count(t, db, `SELECT count(*) FROM orders_stock st WHERE st.initial - st.available <>
+		(SELECT COALESCE(sum(r.qty), 0) FROM orders_reservations r WHERE r.sku = st.sku AND r.status = 'reserved')`), "stock out of balance")
+	require.Zero(t, count(t, db, `SELECT count(*) FROM orders_orders o FULL JOIN
+		(SELECT * FROM orders_reservations WHERE status = 'reserved') r ON r.order_id = o.id
+		WHERE (o.status = 'completed') IS DISTINCT FROM (r.order_id IS NOT NULL) OR r.qty <> o.qty`), "reservations do not match completed orders")
+	// Payments balance: charged exactly the completed orders' amounts;
+	// every charge of a cancelled order was refunded.
+	require.Zero(t, count(t, db, `SELECT count(*) FROM orders_orders o FULL JOIN
+		(SELECT * FROM orders_payments WHERE status = 'charged') p ON p.order_id = o.id
+		WHERE (o.status = 'completed') IS DISTINCT FROM (p.order_id IS NOT NULL) OR p.amount_cents <> o.amount_cents`), "payments do not match completed orders")
+	require.Equal(t, want.refunded, count(t, db, `SELECT count(*) FROM orders_payments WHERE status = 'refunded' AND amount_cents > 0`), "refunds")
+	require.Equal(t, want.completed, count(t, db, `SELECT count(*) FROM orders_shipments WHERE status = 'scheduled'`), "shipments")
+	// Every saga finished; every outbox row was published.
+	require.Equal(t, n, count(t, db, `SELECT count(*) FROM millwright_saga_instances WHERE state IN ('completed', 'compensated')`))
+	require.Zero(t, count(t, db, `SELECT count(*) FROM millwright_outbox WHERE status <> 'published'`), "outbox rows not published")
+	// The dead-letter queue holds exactly the poison message.
+	dead, err := dlq.NewStore(db).List(ctx, dlq.Filter{})
+	require.NoError(t, err)
+	require.NotEmpty(t, dead)
+	for _, d := range dead {
+		require.Equal(t, poisonID, d.MessageUUID, "unexpected dead letter: %+v", d)
+		require.Equal(t, b.app.Topics().BillingCommands, d.OriginalTopic)
+	}
+}
+
+type expectation struct{ completed, refunded int }
+
+func placeOrders(t *testing.T, a *app.App, n int) expectation {
+	var (
+		want expectation
+		wg   sync.WaitGroup
+		errs = make(chan error, n)
+		sem  = make(chan struct{}, 8)
+	)
+	for i := 1; i <= n; i++ {
+		o := app.Order{ID: fmt.Sprintf("o-%05d", i), SKU: []string{"book", "lamp"}[i%2], Qty: 1 + i%3, AmountCents: int64(1000 + 37*i)}
+		switch {
+		case i%5 == 0:
+			o.FailPayment = true
+		case i%9 == 0:
+			o.FailShipping = true
+			want.refunded++
+		default:
+			want.completed++
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			_, err := a.PlaceOrder(context.Background(), o)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	return want
+}
+
+// killingPublisher publishes `after` messages, then kills its relay (cancels
+// its context) and fails every later publish, so the relay dies between
+// publishing part of a batch and marking it.
+type killingPublisher struct {
+	message.Publisher
+	after     int64
+	kill      context.CancelFunc
+	published atomic.Int64
+}
+
+var errKilled = errors.New("relay killed by the test")
+
+func (p *killingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if p.published.Load() >= p.after {
+			p.kill()
+			return errKilled
+		}
+		if err := p.Publisher.Publish(topic, m); err != nil {
+			return err
+		}
+		if p.published.Add(1) >= p.after {
+			p.kill()
+		}
+	}
+	return nil
+}
+
+// refusingPublisher fails every publish until a deadline, like a broker
+// that refuses connections.
+type refusingPublisher struct {
+	message.Publisher
+	until   atomic.Int64
+	refused atomic.Int64
+}
+
+func (p *refusingPublisher) refuseFor(d time.Duration) { p.until.Store(time.Now().Add(d).UnixNano()) }
+
+func (p *refusingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if time.Now().UnixNano() < p.until.Load() {
+		p.refused.Add(1)
+		return errors.New("broker unavailable (injected by the test)")
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+// refuseProduce makes the kfake cluster answer every Produce request with
+// NOT_ENOUGH_REPLICAS for d.
+func refuseProduce(k *embedded.KafkaCluster, d time.Duration, refused *atomic.Int64) {
+	until := time.Now().Add(d)
+	k.Cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if time.Now().After(until) {
+			k.Cluster.DropControl()
+			return nil, nil, false
+		}
+		k.Cluster.KeepControl()
+		refused.Add(1)
+		preq := req.(*kmsg.ProduceRequest)
+		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range preq.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			st.TopicID = rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.NotEnoughReplicas.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+}
+
+func count(t *testing.T, db *sql.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(q, args...).Scan(&n), q)
+	return n
+}
+
+func duplicateEffects(t *testing.T, db *sql.DB) []string {
+	rows, err := db.Query(`SELECT service || ' ' || order_id || ' ' || action || ' x' || count(*) FROM orders_effects
+		GROUP BY service, order_id, action HAVING count(*) > 1 LIMIT 20`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	return out
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// deleteAMQP removes the test's exchanges and queues from the shared
+// RabbitMQ server.
+func deleteAMQP(t *testing.T, topics app.Topics) {
+	conn, err := amqp091.Dial(amqpURL)
+	if err != nil {
+		t.Logf("cleanup: dial RabbitMQ: %v", err)
+		return
+	}
+	defer conn.Close()
+	for _, topic := range topics.All() {
+		for _, tp := range []string{topic, dlq.DefaultTopic(topic)} {
+			for _, g := range app.Groups {
+				ch, err := conn.Channel()
+				if err != nil {
+					t.Logf("cleanup: channel: %v", err)
+					return
+				}
+				_, _ = ch.QueueDelete(tramqp.QueueName(tp, g), false, false, false)
+				_ = ch.Close()
+			}
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Logf("cleanup: channel: %v", err)
+				return
+			}
+			if err := ch.ExchangeDelete(tp, false, false); err != nil {
+				t.Logf("cleanup: delete exchange %s: %v", tp, err)
+			}
+			_ = ch.Close()
+		}
+	}
+}
