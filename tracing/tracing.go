@@ -147,6 +147,44 @@ func (c Config) StartWrite(ctx context.Context, topic string, msg *message.Messa
 	return ctx, span
 }
 
+// StartWriteSpan starts the "outbox write" span for a write of n events
+// whose trace context is taken from ctx by the writer itself (outbox.Add
+// stores the traceparent of the span in ctx): call it first in the write
+// and end the span when the write returns.
+//
+//	ctx, span := tracing.StartWriteSpan(ctx, len(events)); defer span.End()
+func StartWriteSpan(ctx context.Context, n int) (context.Context, trace.Span) {
+	return Config{}.StartWriteSpan(ctx, n)
+}
+
+// StartWriteSpan is the package-level StartWriteSpan with c's provider.
+func (c Config) StartWriteSpan(ctx context.Context, n int) (context.Context, trace.Span) {
+	return c.tracer().Start(ctx, SpanWrite, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("messaging.operation.name", "create"), attribute.Int("messaging.batch.message_count", n)))
+}
+
+// RelayPublish starts a "relay publish <topic>" span per message (see
+// StartRelayPublish) before one publish call of several messages, and
+// returns the function that ends them all with the call's error:
+//
+//	end := tracing.RelayPublish(topic, msgs...); err := pub.Publish(topic, msgs...); end(err)
+func RelayPublish(topic string, msgs ...*message.Message) (end func(error)) {
+	return Config{}.RelayPublish(topic, msgs...)
+}
+
+// RelayPublish is the package-level RelayPublish with c's provider.
+func (c Config) RelayPublish(topic string, msgs ...*message.Message) (end func(error)) {
+	spans := make([]trace.Span, len(msgs))
+	for i, m := range msgs {
+		_, spans[i] = c.StartRelayPublish(topic, m)
+	}
+	return func(err error) {
+		for _, s := range spans {
+			EndSpan(s, err)
+		}
+	}
+}
+
 // StartRelayPublish starts the span of the outbox relay publishing msg: its
 // parent is the trace context stored with the event (metadata.TraceParent),
 // so the relay's work joins the writer's trace although it runs in another

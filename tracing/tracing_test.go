@@ -2,6 +2,7 @@ package tracing_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -222,4 +223,32 @@ func TestHelpers(t *testing.T) {
 	require.Equal(t, watermill.LogFields{"message_uuid": "u1", "event_id": "e1", "topic": "orders", "trace_id": span.SpanContext().TraceID().String()}, f)
 	msg.Metadata.Set(metadata.TraceParent, "garbage")
 	require.Equal(t, "", tracing.TraceID(msg))
+}
+
+// The one-line forms the outbox and relay use: a write span whose context
+// the writer stores, and relay spans for a publish call of several events.
+func TestWriteSpanAndRelayPublish(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, span := b.cfg.StartWriteSpan(context.Background(), 2)
+	msgs := []*message.Message{message.NewMessage("a", nil), message.NewMessage("b", nil)}
+	for _, m := range msgs {
+		b.cfg.Inject(ctx, m) // what outbox.Add does with ctx's span
+	}
+	span.End()
+	end := b.cfg.RelayPublish("orders", msgs...)
+	end(errors.New("broker down"))
+
+	spans := b.exp.GetSpans()
+	require.Len(t, spans, 3)
+	write := spans[0]
+	require.Equal(t, tracing.SpanWrite, write.Name)
+	for _, s := range spans[1:] {
+		require.Equal(t, tracing.SpanRelayPublish+" orders", s.Name)
+		requireChild(t, write, s)
+		require.Equal(t, "Error", s.Status.Code.String())
+	}
+	require.NotEqual(t, spans[1].SpanContext.SpanID(), spans[2].SpanContext.SpanID())
+	// Each message now carries its own relay span as parent for consumers.
+	require.Contains(t, msgs[0].Metadata.Get(metadata.TraceParent), spans[1].SpanContext.SpanID().String())
 }
