@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/lib/pq"
 	"github.com/spf13/cobra"
@@ -178,15 +180,17 @@ kfake), amqp (--amqp-url), sql (the same Postgres).`,
 
 // outboxBenchRow is one line of the table, and one object with --json.
 type outboxBenchRow struct {
-	Bench    string    `json:"bench"`
-	Case     string    `json:"case"`
-	Variant  string    `json:"variant"`
-	Value    float64   `json:"value"`
-	Unit     string    `json:"unit"`
-	Baseline float64   `json:"baseline,omitempty"`
-	Ratio    float64   `json:"ratio,omitempty"`
-	Target   string    `json:"target,omitempty"`
-	Runs     []float64 `json:"runs"`
+	Bench    string  `json:"bench"`
+	Case     string  `json:"case"`
+	Variant  string  `json:"variant"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit"`
+	Baseline float64 `json:"baseline,omitempty"`
+	Ratio    float64 `json:"ratio,omitempty"`
+	Target   string  `json:"target,omitempty"`
+	// VsForwarder is Value over Watermill's forwarder in the same run.
+	VsForwarder float64   `json:"vs_forwarder,omitempty"`
+	Runs        []float64 `json:"runs"`
 }
 
 type outboxBench struct {
@@ -321,16 +325,19 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(b.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "CASE\tVARIANT\tVALUE\tUNIT\tBASELINE\tRATIO\tTARGET\n")
+	fmt.Fprintf(tw, "CASE\tVARIANT\tVALUE\tUNIT\tBASELINE\tRATIO\tVS FORWARDER\tTARGET\n")
 	for _, r := range b.rows {
-		base, ratio := "", ""
+		base, ratio, vsf := "", "", ""
+		if r.VsForwarder != 0 {
+			vsf = strconv.FormatFloat(r.VsForwarder, 'f', 2, 64) + "x"
+		}
 		if r.Baseline != 0 {
 			base = strconv.FormatFloat(r.Baseline, 'f', 2, 64)
 		}
 		if r.Ratio != 0 {
 			ratio = strconv.FormatFloat(r.Ratio, 'f', 2, 64) + "x"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\n", r.Case, r.Variant, r.Value, r.Unit, base, ratio, r.Target)
+		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\n", r.Case, r.Variant, r.Value, r.Unit, base, ratio, vsf, r.Target)
 	}
 	fmt.Fprintf(tw, "(medians of %d runs)\n", rounds)
 	return tw.Flush()
@@ -511,8 +518,8 @@ func (b *outboxBench) benchDrain(ctx context.Context, kind string, t *transport.
 		}})
 	}
 	_, batched := pub.(transport.BatchPublisher)
-	results := make([][]float64, len(variants))
-	for range b.rounds {
+	results := make([][]float64, len(variants)+1)
+	for round := range b.rounds {
 		for i, v := range variants {
 			if err := b.fill(ctx, topic, n); err != nil {
 				return err
@@ -523,8 +530,18 @@ func (b *outboxBench) benchDrain(ctx context.Context, kind string, t *transport.
 			}
 			results[i] = append(results[i], float64(n)/time.Since(start).Seconds())
 		}
+		rate, err := b.forwarderDrain(ctx, pub, fmt.Sprintf("bench_fwd_%d_%d", time.Now().UnixNano(), round), topic, n)
+		if err != nil {
+			return fmt.Errorf("watermill forwarder: %w", err)
+		}
+		results[len(variants)] = append(results[len(variants)], rate)
 	}
+	variants = append(variants, struct {
+		name string
+		run  func() error
+	}{name: "watermill forwarder + watermill-sql (defaults)"})
 	base := median(results[0])
+	fwd := median(results[len(results)-1])
 	for i, v := range variants {
 		row := outboxBenchRow{Case: "drain " + kind, Variant: fmt.Sprintf("%s, %d events", v.name, n), Value: median(results[i]), Unit: "events/s", Runs: results[i]}
 		if i > 0 {
@@ -533,12 +550,83 @@ func (b *outboxBench) benchDrain(ctx context.Context, kind string, t *transport.
 				row.Target = map[int]string{1: ">= 15000/s", 2: ">= 20000/s"}[i]
 			}
 		}
-		if batched {
-			row.Variant += " (PublishBatch)"
+		if i < len(variants)-1 {
+			row.VsForwarder = row.Value / fwd
+			if batched {
+				row.Variant += " (PublishBatch)"
+			}
 		}
 		b.emit(row)
 	}
 	return nil
+}
+
+// countingPublisher counts what the forwarder sends and signals when n
+// messages went out.
+type countingPublisher struct {
+	message.Publisher
+	n    int64
+	sent atomic.Int64
+	done chan struct{}
+	once sync.Once
+}
+
+func (p *countingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	if p.sent.Add(int64(len(msgs))) >= p.n {
+		p.once.Do(func() { close(p.done) })
+	}
+	return nil
+}
+
+// forwarderDrain measures Watermill's own outbox on the same backlog:
+// events written through forwarder.NewPublisher over watermill-sql, then
+// forwarded to pub by forwarder.NewForwarder with its defaults.
+func (b *outboxBench) forwarderDrain(ctx context.Context, pub message.Publisher, fwdTopic, topic string, n int) (float64, error) {
+	logger := watermill.NopLogger{}
+	sqlPub, err := wsql.NewPublisher(b.db, wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}, AutoInitializeSchema: true}, logger)
+	if err != nil {
+		return 0, err
+	}
+	fwdPub := forwarder.NewPublisher(sqlPub, forwarder.PublisherConfig{ForwarderTopic: fwdTopic})
+	for i := 0; i < n; i += 1000 {
+		msgs := make([]*message.Message, 0, 1000)
+		for j := i; j < min(i+1000, n); j++ {
+			m := message.NewMessage(watermill.NewUUID(), b.payload)
+			m.Metadata.Set(transport.OrderingKey, strconv.Itoa(j%1000))
+			msgs = append(msgs, m)
+		}
+		if err := fwdPub.Publish(topic, msgs...); err != nil {
+			return 0, err
+		}
+	}
+	sub, err := wsql.NewSubscriber(b.db, wsql.SubscriberConfig{
+		SchemaAdapter: wsql.DefaultPostgreSQLSchema{}, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{}, InitializeSchema: true,
+	}, logger)
+	if err != nil {
+		return 0, err
+	}
+	out := &countingPublisher{Publisher: pub, n: int64(n), done: make(chan struct{})}
+	fwd, err := forwarder.NewForwarder(sub, out, logger, forwarder.Config{ForwarderTopic: fwdTopic})
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	errc := make(chan error, 1)
+	go func() { errc <- fwd.Run(ctx) }()
+	select {
+	case <-out.done:
+	case err := <-errc:
+		return 0, fmt.Errorf("forwarder stopped: %v", err)
+	case <-time.After(5 * time.Minute):
+		return 0, errors.New("forwarder did not drain within 5 minutes")
+	}
+	rate := float64(n) / time.Since(start).Seconds()
+	_ = fwd.Close()
+	_ = sub.Close()
+	return rate, nil
 }
 
 // bareLoop is the hand-written relay the issue measures against: one
