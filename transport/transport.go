@@ -129,9 +129,11 @@ type backend interface {
 // Transport is an open transport of one kind: a publisher shared by the
 // application, subscribers per consumer group, and Close.
 type Transport struct {
-	kind Kind
-	desc string
-	b    backend
+	kind  Kind
+	desc  string
+	b     backend
+	pub   message.Publisher
+	names *nameCache
 }
 
 // Open validates cfg and connects to the broker. A broker that does not
@@ -159,7 +161,8 @@ func Open(ctx context.Context, cfg Config) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transport: opening %s: %w", cfg, err)
 	}
-	return &Transport{kind: cfg.Kind, desc: cfg.String(), b: b}, nil
+	names := &nameCache{kind: cfg.Kind}
+	return &Transport{kind: cfg.Kind, desc: cfg.String(), b: b, pub: wrapPublisher(b.Publisher(), names), names: names}, nil
 }
 
 func openAs[T backend](t T, err error) (backend, error) {
@@ -178,13 +181,27 @@ func (t *Transport) String() string { return t.desc }
 // Publisher returns the transport's publisher. It is safe for concurrent
 // use; it implements BatchPublisher where the kind supports batches (kafka).
 // Do not close it: Close does, after the subscribers.
-func (t *Transport) Publisher() message.Publisher { return t.b.Publisher() }
+//
+// Topics outside the allow-list (see ValidateName) are refused.
+func (t *Transport) Publisher() message.Publisher { return t.pub }
 
 // Subscriber returns a subscriber that belongs to consumer group `group`:
 // every group receives every message of a topic, and the subscribers of one
 // group share them. See the README's table for each kind's mapping.
+//
+// Group and topic names outside the allow-list (see ValidateName) are
+// refused; group "" is allowed and means the kind's default.
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
-	return t.b.Subscriber(group)
+	if group != "" {
+		if err := ValidateName(t.kind, "consumer group", group); err != nil {
+			return nil, err
+		}
+	}
+	sub, err := t.b.Subscriber(group)
+	if err != nil {
+		return nil, err
+	}
+	return wrapSubscriber(sub, t.names), nil
 }
 
 // Close closes every subscriber the transport made, then its publisher and

@@ -1,0 +1,106 @@
+package transport
+
+import (
+	"fmt"
+	"regexp"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Topic and consumer-group names reach SQL (watermill-sql makes tables of
+// them) and broker administration (exchanges, queues, subscriptions), so
+// they are checked against an allow-list before any of that happens: a
+// name shaped like SQL or a path is refused with an error, never quoted
+// and passed on.
+var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// maxNameLen is the longest topic or group name each kind accepts. Postgres
+// truncates identifiers at 63 bytes, and watermill-sql prefixes topics with
+// "watermill_offsets_" (18 bytes); Pub/Sub caps names at 255 and AMQP
+// at 255 bytes including the "_<group>" suffix.
+var maxNameLen = map[Kind]int{
+	Kafka:       249,
+	AMQP:        120,
+	GoogleCloud: 120,
+	SQL:         45,
+	GoChannel:   255,
+}
+
+// ErrInvalidName is wrapped by the errors of Publish, Subscribe and
+// Subscriber for a topic or group name outside the allow-list.
+var ErrInvalidName = fmt.Errorf("invalid name")
+
+// ValidateName reports whether name may be used as a topic or consumer
+// group on kind: 1 to the kind's maximum length of letters, digits, '.',
+// '_' and '-', starting with a letter or digit (Pub/Sub: at least 3,
+// starting with a letter).
+func ValidateName(kind Kind, what, name string) error {
+	max := maxNameLen[kind]
+	if max == 0 {
+		max = 45
+	}
+	switch {
+	case name == "":
+		return fmt.Errorf("transport: %w: %s is empty", ErrInvalidName, what)
+	case len(name) > max:
+		return fmt.Errorf("transport: %w: %s %.40q... is %d bytes, %s allows %d", ErrInvalidName, what, name, len(name), kind, max)
+	case !nameRe.MatchString(name):
+		return fmt.Errorf("transport: %w: %s %q: use letters, digits, '.', '_' and '-', starting with a letter or digit", ErrInvalidName, what, name)
+	case kind == GoogleCloud && (len(name) < 3 || !(name[0] >= 'A' && name[0] <= 'Z' || name[0] >= 'a' && name[0] <= 'z')):
+		return fmt.Errorf("transport: %w: %s %q: Pub/Sub names have at least 3 characters and start with a letter", ErrInvalidName, what, name)
+	}
+	return nil
+}
+
+// nameCache remembers names already validated, so the check costs one map
+// read per publish.
+type nameCache struct {
+	kind Kind
+	ok   sync.Map
+}
+
+func (c *nameCache) check(what, name string) error {
+	if _, ok := c.ok.Load(name); ok {
+		return nil
+	}
+	if err := ValidateName(c.kind, what, name); err != nil {
+		return err
+	}
+	c.ok.Store(name, struct{}{})
+	return nil
+}
+
+// checkedPublisher refuses topics outside the allow-list.
+type checkedPublisher struct {
+	message.Publisher
+	names *nameCache
+}
+
+func (p *checkedPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.names.check("topic", topic); err != nil {
+		return err
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+// checkedBatchPublisher is checkedPublisher for a BatchPublisher.
+type checkedBatchPublisher struct {
+	checkedPublisher
+	batch BatchPublisher
+}
+
+func (p *checkedBatchPublisher) PublishBatch(topic string, msgs ...*message.Message) error {
+	if err := p.names.check("topic", topic); err != nil {
+		return err
+	}
+	return p.batch.PublishBatch(topic, msgs...)
+}
+
+func wrapPublisher(pub message.Publisher, names *nameCache) message.Publisher {
+	cp := checkedPublisher{Publisher: pub, names: names}
+	if bp, ok := pub.(BatchPublisher); ok {
+		return &checkedBatchPublisher{checkedPublisher: cp, batch: bp}
+	}
+	return &cp
+}
