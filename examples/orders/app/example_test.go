@@ -1,0 +1,49 @@
+package app_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	_ "github.com/lib/pq"
+
+	"github.com/millwright/millwright/examples/orders/app"
+	"github.com/millwright/millwright/transport"
+)
+
+// The order workflow as a Mermaid diagram (no database is reached: sql.Open
+// does not connect).
+func Example() {
+	db, _ := sql.Open("postgres", "postgres://127.0.0.1:1/none")
+	defer db.Close()
+	tr, _ := transport.Open(context.Background(), transport.Config{Kind: transport.GoChannel})
+	defer tr.Close()
+	a, err := app.New(app.Config{DB: db, Transport: tr})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Print(a.Mermaid())
+	// Output:
+	// stateDiagram-v2
+	//     % saga order_fulfilment
+	//     [*] --> reserve
+	//     reserve --> charge: reserve.succeeded
+	//     reserve --> Compensated: reserve.failed
+	//     reserve --> undo_reserve: timeout 1m0s
+	//     charge --> ship: charge.succeeded
+	//     charge --> undo_reserve: charge.failed
+	//     charge --> undo_charge: timeout 1m0s
+	//     ship --> Completed: ship.succeeded
+	//     ship --> undo_charge: ship.failed
+	//     ship --> undo_charge: timeout 1m0s
+	//     undo_charge --> undo_reserve: charge.compensated
+	//     undo_charge --> undo_charge: charge.compensation_failed (retry)
+	//     undo_charge --> Stuck: retries exhausted
+	//     undo_reserve --> Compensated: reserve.compensated
+	//     undo_reserve --> undo_reserve: reserve.compensation_failed (retry)
+	//     undo_reserve --> Stuck: retries exhausted
+	//     Stuck --> Resolved: saga resolve
+	//     Completed --> [*]
+	//     Compensated --> [*]
+}
