@@ -183,7 +183,7 @@ func (d *Definition[D]) Mermaid() string {
 	var b strings.Builder
 	id := func(s string) string { return strings.NewReplacer(".", "_", "-", "_").Replace(s) }
 	fmt.Fprintf(&b, "stateDiagram-v2\n")
-	fmt.Fprintf(&b, "    %% saga %s\n", d.name)
+	fmt.Fprintf(&b, "    %%%% saga %s\n", d.name)
 	fmt.Fprintf(&b, "    [*] --> %s\n", id(d.steps[0].Name))
 	// compTarget(i) is the first compensation at or below step i, or the
 	// end state when no step down from i has one.
@@ -204,17 +204,23 @@ func (d *Definition[D]) Mermaid() string {
 		fmt.Fprintf(&b, "    %s --> %s: %s\n", id(s.Name), compTarget(i-1), s.FailureReply)
 		fmt.Fprintf(&b, "    %s --> %s: timeout %s\n", id(s.Name), compTarget(i), s.Timeout)
 	}
+	stuck := false
 	for i := len(d.steps) - 1; i >= 0; i-- {
 		s := d.steps[i]
 		if s.Compensation == nil {
 			continue
 		}
+		stuck = true
 		u := "undo_" + id(s.Name)
 		fmt.Fprintf(&b, "    %s --> %s: %s\n", u, compTarget(i-1), s.CompensatedReply)
 		fmt.Fprintf(&b, "    %s --> %s: %s (retry)\n", u, u, s.CompensationFailedReply)
 		fmt.Fprintf(&b, "    %s --> Stuck: retries exhausted\n", u)
 	}
-	fmt.Fprintf(&b, "    Stuck --> %s: saga resolve\n", "Resolved")
+	if stuck {
+		// Resolve sends the stuck compensation again (retry) or goes on
+		// with the next one (skip).
+		fmt.Fprintf(&b, "    note right of Stuck: millwright saga resolve ID (retry or skip)\n")
+	}
 	fmt.Fprintf(&b, "    Completed --> [*]\n")
 	fmt.Fprintf(&b, "    Compensated --> [*]\n")
 	return b.String()
