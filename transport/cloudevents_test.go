@@ -142,7 +142,7 @@ func TestCloudEventsBinaryMode(t *testing.T) {
 			tr, err := transport.Open(context.Background(), cfg)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tr.Close() })
-			sub, err := tr.Subscriber("ce")
+			sub, err := tr.Subscriber("cegroup")
 			require.NoError(t, err)
 			topic := "ce_" + watermill.NewShortUUID()
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -188,7 +188,7 @@ func bindRawQueue(t *testing.T, url, topic string) {
 	require.NoError(t, ch.QueueBind(q, "", topic, false, nil))
 	t.Cleanup(func() {
 		_, _ = ch.QueueDelete(q, false, false, false)
-		_, _ = ch.QueueDelete(topic+"_ce", false, false, false)
+		_, _ = ch.QueueDelete(topic+"_cegroup", false, false, false)
 		_ = ch.ExchangeDelete(topic, false, false)
 	})
 }
