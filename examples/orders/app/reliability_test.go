@@ -206,7 +206,7 @@ func runReliability(t *testing.T, kind transport.Kind, n int) {
 		require.NoError(t, <-r2Done)
 	})
 
-	wctx, cancel := context.WithTimeout(ctx, 150*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute+time.Duration(n)*400*time.Millisecond)
 	defer cancel()
 	s, err := b.app.WaitSettled(wctx, "%", 1)
 	require.NoError(t, err, "summary: %s", s)
