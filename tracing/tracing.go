@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -282,6 +283,13 @@ func Middleware(cfg Config) func(message.HandlerFunc) message.HandlerFunc {
 			ctx, span := cfg.tracer().Start(cfg.Extract(orig, msg), spanName(SpanHandle, topic),
 				trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 			msg.SetContext(ctx)
+			defer func() {
+				if r := recover(); r != nil { // end the span, restore, re-panic
+					msg.SetContext(orig)
+					EndSpan(span, fmt.Errorf("panic: %v", r))
+					panic(r)
+				}
+			}()
 			produced, err := h(msg)
 			msg.SetContext(orig)
 			for _, m := range produced {

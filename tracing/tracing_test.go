@@ -252,3 +252,16 @@ func TestWriteSpanAndRelayPublish(t *testing.T) {
 	// Each message now carries its own relay span as parent for consumers.
 	require.Contains(t, msgs[0].Metadata.Get(metadata.TraceParent), spans[1].SpanContext.SpanID().String())
 }
+
+func TestMiddlewarePanic(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msg := message.NewMessage("p", nil)
+	orig := msg.Context()
+	h := tracing.Middleware(b.cfg)(func(*message.Message) ([]*message.Message, error) { panic("boom") })
+	require.PanicsWithValue(t, "boom", func() { _, _ = h(msg) })
+	require.Equal(t, orig, msg.Context(), "context restored after a panic")
+	spans := b.exp.GetSpans()
+	require.Len(t, spans, 1)
+	require.Equal(t, "Error", spans[0].Status.Code.String())
+}
