@@ -2,8 +2,11 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/stretchr/testify/require"
 
@@ -24,10 +27,22 @@ func TestAdd_AwkwardValuesRoundTrip(t *testing.T) {
 		{Topic: "it's", AggregateID: "a", Payload: []byte{0, 1, 2, '\\', '\'', 0xff}},            // binary
 		{Topic: "it's", AggregateID: "a", Payload: []byte(` {"spaced" : 1} `), RawPayload: true}, // byte-exact JSON
 	}
+	for i := range evs {
+		evs[i].ID = fmt.Sprint("ev-", i)
+	}
 	require.NoError(t, Add(ctx, b.db, evs...))
 	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 10 * time.Millisecond})
 	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 4 }, "4 messages")
-	msgs := got.all()
+	// Different aggregates go out in parallel: look messages up by id.
+	byID := map[string]*message.Message{}
+	for _, m := range got.all() {
+		byID[m.UUID] = m
+	}
+	msgs := make([]*message.Message, len(evs))
+	for i := range evs {
+		msgs[i] = byID[evs[i].ID]
+		require.NotNil(t, msgs[i], evs[i].ID)
+	}
 	require.Equal(t, tricky, msgs[0].Metadata.Get(metadata.AggregateID))
 	require.Equal(t, tricky, msgs[0].Metadata.Get("k'\\"))
 	require.JSONEq(t, string(evs[0].Payload), string(msgs[0].Payload))
