@@ -298,9 +298,18 @@ func serve(args []string) error {
 	c.register(fs)
 	addr := fs.String("http", envOr("MILLWRIGHT_HTTP_ADDR", ""), "HTTP address: the orders API and /metrics (orders), /metrics only (other services); default :8080 with orders, none otherwise")
 	duplicate := fs.Bool("duplicate", false, "deliver every message twice (Watermill's Duplicator)")
-	_ = fs.Parse(args)
+	// Flags may come before or after the service names.
+	var names []string
+	for rest := args; ; {
+		_ = fs.Parse(rest)
+		if fs.NArg() == 0 {
+			break
+		}
+		names = append(names, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
 	var services []app.Service
-	for _, name := range fs.Args() {
+	for _, name := range names {
 		s, err := app.ParseService(name)
 		if err != nil {
 			return err

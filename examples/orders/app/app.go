@@ -233,11 +233,13 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Process{cancel: cancel, running: make(chan struct{}), done: make(chan struct{})}
-	errc := make(chan error, len(loops)+1)
+	errc := make(chan error, len(loops)+2)
 	for _, l := range loops {
 		go func() { errc <- l.run(ctx) }()
 	}
-	n := len(loops)
+	// Services without a loop (the order service) run until ctx ends.
+	go func() { <-ctx.Done(); errc <- nil }()
+	n := len(loops) + 1
 	if consumers > 0 {
 		go func() { errc <- router.Run(ctx) }()
 		n++
