@@ -30,7 +30,8 @@
 // A step's reply types default to "<step>.succeeded" and "<step>.failed",
 // its compensation's to "<step>.compensated" and
 // "<step>.compensation_failed". Definition.Mermaid draws the saga as a
-// state diagram (`millwright saga diagram` prints one for the example).
+// Mermaid state diagram (see its example): render it in docs or in a
+// test that keeps a checked-in diagram up to date.
 //
 // # Running
 //
@@ -50,6 +51,14 @@
 // both copy the saga keys (metadata.SagaID, SagaStep, SagaPhase,
 // SagaAttempt) and set metadata.SagaReplyType. A failure reply carries its
 // reason in metadata.SagaError.
+//
+// # Operating
+//
+// `millwright saga list --type orders --state stuck` lists instances,
+// `millwright saga show ID` prints one with its step history (times,
+// reply types, errors), and `millwright saga resolve ID [--action skip]
+// [--dry-run]` hands a stuck saga back to the orchestrators.
+// `millwright bench saga` measures completed sagas per second.
 //
 // # Guarantees
 //
