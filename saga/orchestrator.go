@@ -324,17 +324,19 @@ func (o *Orchestrator[D]) Start(ctx context.Context, exec outbox.Executor, id st
 	if err := o.sendCommand(t, 0, data, now); err != nil {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
 	}
-	res, err := exec.ExecContext(ctx, `INSERT INTO millwright_saga_instances
+	// One statement inserts the row and its history: a conflict inserts
+	// neither.
+	args := append([]any{id, o.def.name, StateRunning, string(raw), t.in.deadline, now}, histArgs(t)...)
+	res, err := exec.ExecContext(ctx, `WITH x AS (INSERT INTO millwright_saga_instances
 		(id, type, state, current_step, data, deadline_at, awaiting_reply, created_at, updated_at)
-		VALUES ($1, $2, $3, 0, $4, $5, true, $6, $6) ON CONFLICT (id) DO NOTHING`,
-		id, o.def.name, StateRunning, string(raw), t.in.deadline, now)
+		VALUES ($1, $2, $3, 0, $4, $5, true, $6, $6) ON CONFLICT (id) DO NOTHING RETURNING id) `+histInsert("x", 7), args...)
 	if err != nil {
 		return fmt.Errorf("saga %s: Start(%q): inserting into millwright_saga_instances (did `millwright migrate` run?): %w", o.def.name, id, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, ErrAlreadyStarted)
 	}
-	if err := o.write(ctx, exec, t); err != nil {
+	if err := outbox.Add(ctx, exec, t.events...); err != nil {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
 	}
 	o.m.started.Inc()
@@ -397,53 +399,66 @@ func (o *Orchestrator[D]) event(sagaID, step, phase string, attempt int, cmd Com
 	}, nil
 }
 
-// write inserts the transition's history and commands.
-func (o *Orchestrator[D]) write(ctx context.Context, exec outbox.Executor, t *transition) error {
-	if len(t.hist) > 0 {
-		steps := make([]string, len(t.hist))
-		kinds := make([]string, len(t.hist))
-		details := make([]string, len(t.hist))
-		attempts := make([]int64, len(t.hist))
-		errs := make([]sql.NullString, len(t.hist))
-		for i, h := range t.hist {
-			steps[i], kinds[i], details[i], attempts[i] = h.step, h.kind, h.detail, int64(h.attempt)
-			errs[i] = sql.NullString{String: h.err, Valid: h.err != ""}
-		}
-		errArr := make([]string, len(errs))
-		isNull := make([]bool, len(errs))
-		for i, e := range errs {
-			errArr[i], isNull[i] = e.String, !e.Valid
-		}
-		if _, err := exec.ExecContext(ctx, `INSERT INTO millwright_saga_steps (saga_id, step, kind, detail, attempt, error)
-			SELECT $1, s, k, d, a, CASE WHEN n THEN NULL ELSE e END
-			FROM unnest($2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::bool[]) WITH ORDINALITY AS u(s, k, d, a, e, n, o)
-			ORDER BY o`,
-			t.in.id, pq.Array(steps), pq.Array(kinds), pq.Array(details), pq.Array(attempts), pq.Array(errArr), pq.Array(isNull)); err != nil {
+// histArgs returns the history of t as the six array parameters of
+// histInsert.
+func histArgs(t *transition) []any {
+	n := len(t.hist)
+	steps, kinds, details, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	attempts, null := make([]int64, n), make([]bool, n)
+	for i, h := range t.hist {
+		steps[i], kinds[i], details[i], attempts[i], errs[i], null[i] = h.step, h.kind, h.detail, int64(h.attempt), h.err, h.err == ""
+	}
+	return []any{pq.Array(steps), pq.Array(kinds), pq.Array(details), pq.Array(attempts), pq.Array(errs), pq.Array(null)}
+}
+
+// histInsert is the INSERT of histArgs' rows (parameters $first to
+// $first+5) for the saga ids that src (a CTE or table with an id column)
+// yields, in order.
+func histInsert(src string, first int) string {
+	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
+	return `INSERT INTO millwright_saga_steps (saga_id, step, kind, detail, attempt, error)
+		SELECT x.id, u.s, u.k, u.d, u.a, CASE WHEN u.n THEN NULL ELSE u.e END
+		FROM ` + src + ` x, unnest(` + p(0) + `::text[], ` + p(1) + `::text[], ` + p(2) + `::text[], ` + p(3) + `::int[], ` + p(4) + `::text[], ` + p(5) + `::bool[])
+			WITH ORDINALITY AS u(s, k, d, a, e, n, o)
+		ORDER BY u.o`
+}
+
+// commit writes transition t: the instance row if its version is still
+// old (else errConflict, having written nothing), the history and the
+// commands. A transition whose in.version is 0 only records history.
+func (o *Orchestrator[D]) commit(ctx context.Context, exec outbox.Executor, old int64, t *transition) error {
+	in := t.in
+	switch {
+	case in.version == 0:
+		if _, err := exec.ExecContext(ctx, `WITH x AS (SELECT $1::text AS id) `+histInsert("x", 2), append([]any{in.id}, histArgs(t)...)...); err != nil {
 			return fmt.Errorf("recording step history: %w", err)
+		}
+	default:
+		// The row update and its history in one statement (one round trip
+		// less per transition); the history rows exist only if the update
+		// matched, so zero rows means a conflict.
+		q := `UPDATE millwright_saga_instances SET
+			state = $3, current_step = $4, data = $5, version = version + 1, deadline_at = $6,
+			awaiting_reply = $7, compensation_attempts = $8, compensation_started_at = $9,
+			last_error = $10, updated_at = now()
+			WHERE id = $1 AND version = $2`
+		args := []any{in.id, old, in.state, in.step, string(in.data), in.deadline, in.awaiting, in.compAttempts, in.compStarted, in.lastError}
+		if len(t.hist) > 0 {
+			q = `WITH x AS (` + q + ` RETURNING id) ` + histInsert("x", 11)
+			args = append(args, histArgs(t)...)
+		}
+		res, err := exec.ExecContext(ctx, q, args...)
+		if err != nil {
+			return fmt.Errorf("updating saga instance %q: %w", in.id, err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return errConflict
 		}
 	}
 	if len(t.events) > 0 {
 		if err := outbox.Add(ctx, exec, t.events...); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// save writes the instance row if its version is still old.version.
-func (o *Orchestrator[D]) save(ctx context.Context, exec outbox.Executor, old int64, t *transition) error {
-	in := t.in
-	res, err := exec.ExecContext(ctx, `UPDATE millwright_saga_instances SET
-		state = $3, current_step = $4, data = $5, version = version + 1, deadline_at = $6,
-		awaiting_reply = $7, compensation_attempts = $8, compensation_started_at = $9,
-		last_error = $10, updated_at = now()
-		WHERE id = $1 AND version = $2`,
-		in.id, old, in.state, in.step, string(in.data), in.deadline, in.awaiting, in.compAttempts, in.compStarted, in.lastError)
-	if err != nil {
-		return fmt.Errorf("updating saga instance %q: %w", in.id, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return errConflict
 	}
 	return nil
 }
@@ -557,15 +572,10 @@ func (o *Orchestrator[D]) applyReply(ctx context.Context, tx *sql.Tx, r replyInf
 		if err != nil {
 			return err
 		}
-		if t.in.version != 0 { // changed: optimistic update
-			if err := o.save(ctx, tx, in.version, t); err != nil {
-				if errors.Is(err, errConflict) && try < maxConflictRetries {
-					continue
-				}
-				return fmt.Errorf("saga %s %q: %w", o.def.name, r.sagaID, err)
+		if err := o.commit(ctx, tx, in.version, t); err != nil {
+			if errors.Is(err, errConflict) && try < maxConflictRetries {
+				continue
 			}
-		}
-		if err := o.write(ctx, tx, t); err != nil {
 			return fmt.Errorf("saga %s %q: %w", o.def.name, r.sagaID, err)
 		}
 		for _, f := range t.effects {
@@ -871,10 +881,7 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 			t.effects = append(t.effects, o.m.stuck.Inc)
 		}
 		// The row is locked by this transaction: the version cannot move.
-		if err := o.save(ctx, tx, in.version, t); err != nil {
-			return 0, fmt.Errorf("saga %s %q: %w", o.def.name, in.id, err)
-		}
-		if err := o.write(ctx, tx, t); err != nil {
+		if err := o.commit(ctx, tx, in.version, t); err != nil {
 			return 0, fmt.Errorf("saga %s %q: %w", o.def.name, in.id, err)
 		}
 		effects = append(effects, t.effects...)
