@@ -26,7 +26,7 @@ func Example() {
 	fmt.Print(a.Mermaid())
 	// Output:
 	// stateDiagram-v2
-	//     % saga order_fulfilment
+	//     %% saga order_fulfilment
 	//     [*] --> reserve
 	//     reserve --> charge: reserve.succeeded
 	//     reserve --> Compensated: reserve.failed
@@ -43,7 +43,7 @@ func Example() {
 	//     undo_reserve --> Compensated: reserve.compensated
 	//     undo_reserve --> undo_reserve: reserve.compensation_failed (retry)
 	//     undo_reserve --> Stuck: retries exhausted
-	//     Stuck --> Resolved: saga resolve
+	//     note right of Stuck: millwright saga resolve ID (retry or skip)
 	//     Completed --> [*]
 	//     Compensated --> [*]
 }
