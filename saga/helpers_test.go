@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -319,6 +320,7 @@ func runBackground(t *testing.T, what string, run func(context.Context) error, c
 type orch struct {
 	o    *saga.Orchestrator[Order]
 	reg  *prometheus.Registry
+	logs *watermill.CaptureLoggerAdapter
 	stop func()
 }
 
@@ -327,8 +329,9 @@ type orch struct {
 func (b *bundle) startOrchestrator(t *testing.T) *orch {
 	t.Helper()
 	reg := prometheus.NewRegistry()
+	logs := watermill.NewCaptureLogger()
 	o, err := saga.NewOrchestrator(b.schema.DB, b.def, saga.Config{
-		ReplyTopic: b.tp.replies, PollInterval: 20 * time.Millisecond, Registerer: reg,
+		ReplyTopic: b.tp.replies, PollInterval: 20 * time.Millisecond, Registerer: reg, Logger: logs,
 	})
 	require.NoError(t, err)
 	dedup, err := idempotency.NewMiddleware(b.store, idempotency.Config{Consumer: "orders-saga", Registerer: reg})
@@ -341,7 +344,7 @@ func (b *bundle) startOrchestrator(t *testing.T) *orch {
 	router.AddConsumerHandler("orders-saga", b.tp.replies, sub, o.HandleReply).AddMiddleware(dedup.Middleware)
 	stopRouter := runRouter(t, router)
 	stopLoop := runBackground(t, "orchestrator", o.Run, o.Close)
-	return &orch{o: o, reg: reg, stop: func() { stopLoop(); stopRouter() }}
+	return &orch{o: o, reg: reg, logs: logs, stop: func() { stopLoop(); stopRouter() }}
 }
 
 // start starts a saga in its own transaction.

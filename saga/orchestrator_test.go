@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
@@ -199,6 +200,14 @@ func TestCompensationPastBudgetIsStuckThenResolved(t *testing.T) {
 		require.Equal(t, []string{fwd(reserve), fwd(charge), fwd(shipping), comp(charge, 1), comp(charge, 2), comp(charge, 3)}, b.parts.commands(id))
 	}
 	require.EqualValues(t, 2, metricValue(t, o.reg, saga.MetricStuck, map[string]string{"type": "orders"}))
+	var stuckLines []string
+	for _, l := range o.logs.Captured()[watermill.ErrorLogLevel] {
+		require.Contains(t, l.Msg, "saga: stuck")
+		require.Equal(t, charge, l.Fields["step"])
+		require.ErrorContains(t, l.Err, "charge_payment compensation refused")
+		stuckLines = append(stuckLines, l.Fields["saga_id"].(string))
+	}
+	require.ElementsMatch(t, []string{"stuck-retry", "stuck-skip"}, stuckLines, "one error line per stuck saga")
 
 	// Dry run: says what it would do, changes nothing.
 	r, err := saga.Resolve(ctx, b.schema.DB, "stuck-retry", saga.ResolveRetry, "", true)
