@@ -1,0 +1,84 @@
+package sagatest_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/saga"
+	"github.com/millwright/millwright/saga/sagatest"
+)
+
+func exampleDB() (*sql.DB, func()) {
+	admin, err := sql.Open("postgres", pgtest.BaseURL())
+	if err != nil {
+		panic(err)
+	}
+	schema := fmt.Sprintf("example_%d", time.Now().UnixNano())
+	if _, err := admin.Exec(`CREATE SCHEMA ` + schema); err != nil {
+		fmt.Fprintln(os.Stderr, "example needs Postgres:", err)
+		os.Exit(1)
+	}
+	db, _ := sql.Open("postgres", pgtest.WithSearchPath(pgtest.BaseURL(), schema))
+	if _, err := migrate.Up(context.Background(), db, outbox.Migrations(), saga.Migrations()); err != nil {
+		panic(err)
+	}
+	return db, func() {
+		db.Close()
+		admin.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
+		admin.Close()
+	}
+}
+
+// A scripted participant refuses the second step; the first is compensated.
+func ExampleParticipant() {
+	ctx := context.Background()
+	db, cleanup := exampleDB()
+	defer cleanup()
+	broker := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+
+	cmd := func(o struct{}) (saga.Command, error) { return saga.Command{Topic: "commands", Payload: o}, nil }
+	def := saga.MustDefine("transfer",
+		saga.Step[struct{}]{Name: "debit", Command: cmd, Compensation: cmd},
+		saga.Step[struct{}]{Name: "credit", Command: cmd},
+	)
+	o, _ := saga.NewOrchestrator(db, def, saga.Config{})
+	p := sagatest.NewParticipant(broker)
+	p.Script(func(c sagatest.Command) sagatest.Answer {
+		if c.Step == "credit" {
+			return sagatest.Fail
+		}
+		return sagatest.Succeed
+	})
+
+	router, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	router.AddConsumerHandler("participant", "commands", broker, p.Handle)
+	// Without the idempotency middleware HandleReply uses its own
+	// transaction; production code adds the middleware.
+	router.AddConsumerHandler("orchestrator", o.ReplyTopic(), broker, o.HandleReply)
+	go router.Run(ctx)
+	defer router.Close()
+	<-router.Running()
+	relay, _ := outbox.NewRelay(db, broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
+	go relay.Run(ctx)
+	defer relay.Close()
+
+	_ = o.Start(ctx, db, "t-1", struct{}{})
+	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	info, err := sagatest.WaitState(wait, db, "t-1", saga.StateCompleted, saga.StateCompensated)
+	fmt.Println(info.State, err)
+	fmt.Println(p.Trace("t-1"))
+	// Output:
+	// compensated <nil>
+	// [debit/forward/1 credit/forward/1 debit/compensation/1]
+}
