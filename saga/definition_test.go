@@ -1,0 +1,99 @@
+package saga_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/saga"
+)
+
+func TestDefineRejectsInvalidDefinitions(t *testing.T) {
+	t.Parallel()
+	cmd := func(struct{}) (saga.Command, error) { return saga.Command{Topic: "t"}, nil }
+	for name, tc := range map[string]struct {
+		name  string
+		steps []saga.Step[struct{}]
+		want  string
+	}{
+		"bad name":        {name: "a b", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd}}, want: `name "a b"`},
+		"no steps":        {name: "x", want: "no steps"},
+		"duplicate step":  {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd}, {Name: "s", Command: cmd}}, want: "used by an earlier step"},
+		"nil command":     {name: "x", steps: []saga.Step[struct{}]{{Name: "s"}}, want: "Command is nil"},
+		"same replies":    {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd, SuccessReply: "r", FailureReply: "r"}}, want: "must differ"},
+		"tiny timeout":    {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd, Timeout: time.Microsecond}}, want: "want at least 1ms"},
+		"bad retry":       {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd, Retry: retry.Policy{Multiplier: 0.5}}}, want: "Multiplier"},
+		"empty step name": {name: "x", steps: []saga.Step[struct{}]{{Command: cmd}}, want: `Name ""`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := saga.Define(tc.name, tc.steps...)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+	require.Panics(t, func() { saga.MustDefine[struct{}]("x") })
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, saga.Migrations())
+	def := saga.MustDefine("x", saga.Step[struct{}]{Name: "s", Command: func(struct{}) (saga.Command, error) { return saga.Command{Topic: "t"}, nil }})
+	_, err := saga.NewOrchestrator(s.DB, def, saga.Config{BatchSize: 20000})
+	require.ErrorContains(t, err, "BatchSize 20000")
+	_, err = saga.NewOrchestrator(s.DB, def, saga.Config{PollInterval: time.Microsecond})
+	require.ErrorContains(t, err, "PollInterval")
+	_, err = saga.NewOrchestrator(nil, def, saga.Config{})
+	require.ErrorContains(t, err, "db is nil")
+	_, err = saga.NewOrchestrator[struct{}](s.DB, nil, saga.Config{})
+	require.ErrorContains(t, err, "saga.Define")
+	o, err := saga.NewOrchestrator(s.DB, def, saga.Config{})
+	require.NoError(t, err)
+	require.Equal(t, "x_replies", o.ReplyTopic())
+	require.Equal(t, []string{"s"}, o.Definition().Steps())
+}
+
+// Replies that cannot belong to the saga type fail permanently (for the
+// dead-letter path) and change nothing.
+func TestHandleReplyRejectsForeignReplies(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), saga.Migrations())
+	s.DB.SetMaxOpenConns(4)
+	tp := newTopics()
+	o, err := saga.NewOrchestrator(s.DB, ordersDef(t, tp, defOpts{}), saga.Config{ReplyTopic: tp.replies})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, o.Start(ctx, s.DB, "o-1", Order{ID: "o-1"}))
+
+	cmd := commandFor("o-1", reserve, saga.PhaseForward, "1", tp.replies)
+	for name, tc := range map[string]struct {
+		edit func(m map[string]string)
+		want string
+	}{
+		"no saga id":   {func(m map[string]string) { delete(m, metadata.SagaID) }, "participants must copy the command's saga keys"},
+		"other type":   {func(m map[string]string) { m[metadata.SagaType] = "invoices" }, "own reply topic"},
+		"unknown step": {func(m map[string]string) { m[metadata.SagaStep] = "teleport" }, `unknown step "teleport"`},
+		"bad phase":    {func(m map[string]string) { m[metadata.SagaPhase] = "sideways" }, `want "forward" or "compensation"`},
+		"bad attempt":  {func(m map[string]string) { m[metadata.SagaAttempt] = "x" }, "positive integer"},
+		"bad type":     {func(m map[string]string) { m[metadata.SagaReplyType] = "reserve_inventory.maybe" }, `want "reserve_inventory.succeeded" or "reserve_inventory.failed"`},
+		"unknown saga": {func(m map[string]string) { m[metadata.SagaID] = "o-404" }, "instance not found"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			reply, err := saga.NewReply(cmd, reserve+".succeeded", nil)
+			require.NoError(t, err)
+			tc.edit(reply.Metadata)
+			err = o.HandleReply(reply)
+			require.ErrorContains(t, err, tc.want)
+			require.True(t, retry.IsPermanent(err), "permanent: %v", err)
+		})
+	}
+	info, h, err := saga.Get(ctx, s.DB, "o-1")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, info.Version)
+	require.Len(t, h, 1)
+}
