@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/pubsub/pstest"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -63,11 +64,12 @@ type faults struct {
 //   - the first relay is killed in the middle of its first batch (its
 //     context cancelled and its publisher failing from the n-th message on,
 //     so the rows it published are never marked and wait out the lease);
-//   - the broker refuses publishes for a few seconds (kfake fails every
-//     Produce request for Kafka; for the other kinds a publisher wrapped
-//     around the relay's fails every publish for the window: a real outage
-//     of RabbitMQ, Postgres or pstest cannot be made and undone from a test
-//     without disturbing other tests sharing the server);
+//   - the broker refuses publishes for a few seconds: kfake fails every
+//     Produce request (Kafka); a TCP proxy in front of the server closes the
+//     transport's connections and refuses new ones (RabbitMQ, Postgres: the
+//     shared server itself stays up for other tests); pstest answers Publish
+//     with UNAVAILABLE (Pub/Sub); gochannel has no broker, so a publisher
+//     wrapped around the relay's fails every publish instead;
 //   - every message is delivered twice to every consumer (Duplicator);
 //   - one poison (malformed) command is published.
 func TestReliability(t *testing.T) {
@@ -107,12 +109,18 @@ func setup(t *testing.T, kind transport.Kind) *bundle {
 	case transport.GoChannel:
 		cfg.Kind = transport.GoChannel
 	case transport.SQL:
-		c, err := transport.ParseURL(schema.URL)
+		// The transport reaches Postgres through a proxy that can cut it
+		// off; the services' own pool does not.
+		proxy := newFaultProxy(t, "127.0.0.1:5432")
+		c, err := transport.ParseURL(proxy.proxiedURL(t, schema.URL))
 		require.NoError(t, err)
 		cfg = c
+		f.refuse, f.refused = proxy.outage, &proxy.refused
 	case transport.AMQP:
+		proxy := newFaultProxy(t, "127.0.0.1:5672")
 		cfg.Kind = transport.AMQP
-		cfg.AMQP.URL = amqpURL
+		cfg.AMQP.URL = proxy.proxiedURL(t, amqpURL)
+		f.refuse, f.refused = proxy.outage, &proxy.refused
 		t.Cleanup(func() { deleteAMQP(t, app.NewTopics(prefix)) })
 	case transport.Kafka:
 		k, err := embedded.Kafka()
@@ -122,10 +130,11 @@ func setup(t *testing.T, kind transport.Kind) *bundle {
 		f.refused = new(atomic.Int64)
 		f.refuse = func(d time.Duration) { refuseProduce(k, d, f.refused) }
 	case transport.GoogleCloud:
-		p, err := embedded.PubSub()
-		require.NoError(t, err)
+		r := &unavailablePublish{}
+		p := &embedded.PubSubServer{Server: pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: r}), ProjectID: "millwright-test"}
 		t.Cleanup(func() { _ = p.Close() })
 		cfg = p.Config()
+		f.refuse, f.refused = r.outage, &r.refused
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -214,7 +223,7 @@ func runReliability(t *testing.T, kind transport.Kind, n int) {
 	if b.faults.refused != nil {
 		refused = b.faults.refused.Load()
 	}
-	t.Logf("%s: %s (relay 1 killed after %d publishes; %d publish requests refused)", kind, s, dying.after, refused)
+	t.Logf("%s: %s (relay 1 killed after %d publishes; outage refused %d requests or connections)", kind, s, dying.after, refused)
 	require.Positive(t, refused, "the broker outage was not exercised")
 
 	db := b.schema.DB
