@@ -126,4 +126,3 @@ func (r *unavailablePublish) React(any) (bool, any, error) {
 	}
 	return false, nil, nil
 }
-
