@@ -291,7 +291,7 @@ type histRow struct {
 }
 
 // transition is what one event does to an instance: the new row, history
-// and commands, written together by apply.
+// and commands, written together by commit.
 type transition struct {
 	in     instance
 	hist   []histRow

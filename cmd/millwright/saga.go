@@ -236,6 +236,7 @@ For scale: dtm reports 575 global transactions/s on a 4-core MySQL host.`,
 	cmd.Flags().Int("starters", 16, "goroutines starting sagas")
 	cmd.Flags().StringSlice("kinds", []string{"gochannel", "kafka"}, "transports: gochannel, kafka")
 	cmd.Flags().Duration("timeout", 5*time.Minute, "give up a run after this long")
+	cmd.Flags().Bool("keep-schema", false, "keep each run's scratch schema (printed) for inspection")
 	return cmd
 }
 
@@ -244,6 +245,7 @@ type sagaBenchResult struct {
 	rate          float64
 	p50, p99, max float64 // milliseconds
 	elapsed       time.Duration
+	schema        string
 }
 
 func runBenchSaga(cmd *cobra.Command, _ []string) error {
@@ -252,6 +254,7 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	starters, _ := cmd.Flags().GetInt("starters")
 	kinds, _ := cmd.Flags().GetStringSlice("kinds")
 	timeout, _ := cmd.Flags().GetDuration("timeout")
+	keep, _ := cmd.Flags().GetBool("keep-schema")
 	if n < 1 || starters < 1 {
 		return errors.New("bench saga: --sagas and --starters must be at least 1")
 	}
@@ -270,7 +273,7 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	for _, kind := range kinds {
 		fmt.Fprintf(cmd.ErrOrStderr(), "%s: %d sagas ...\n", kind, n)
 		rctx, cancel := context.WithTimeout(ctx, timeout)
-		r, err := benchSagaKind(rctx, admin, databaseURL(flagURL), kind, n, starters)
+		r, err := benchSagaKind(rctx, admin, databaseURL(flagURL), kind, n, starters, keep)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("bench saga %s: %w", kind, err)
@@ -296,6 +299,11 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
+	if keep {
+		for _, r := range results {
+			fmt.Fprintf(out, "%s kept in schema %s\n", r.kind, r.schema)
+		}
+	}
 	fmt.Fprintln(out, "(3 steps, 4 transactions per saga: start + 3 replies; for scale, dtm: 575 global transactions/s on 4 cores)")
 	return nil
 }
@@ -304,7 +312,7 @@ type benchOrder struct {
 	ID string `json:"id"`
 }
 
-func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL, kind string, n, starters int) (sagaBenchResult, error) {
+func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL, kind string, n, starters int, keep bool) (sagaBenchResult, error) {
 	res := sagaBenchResult{kind: kind}
 	var rb [5]byte
 	_, _ = rand.Read(rb[:])
@@ -312,7 +320,10 @@ func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL, kind string, n, 
 	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
 		return res, fmt.Errorf("creating scratch schema %s: %w", schema, err)
 	}
-	defer admin.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA `+schema+` CASCADE`) //nolint:errcheck // best effort
+	res.schema = schema
+	if !keep {
+		defer admin.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA `+schema+` CASCADE`) //nolint:errcheck // best effort
+	}
 	su, err := url.Parse(baseURL)
 	if err != nil {
 		return res, fmt.Errorf("parsing database URL: %w", err)
