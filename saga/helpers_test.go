@@ -218,6 +218,9 @@ type bundle struct {
 	def    *saga.Definition[Order]
 	parts  *participants
 	store  *idempotency.PostgresStore
+	// replyMiddleware, when set, runs inside the idempotency middleware
+	// of orchestrators started afterwards.
+	replyMiddleware message.HandlerMiddleware
 }
 
 // setup opens a schema, a transport (gochannel by default), starts an
@@ -341,7 +344,11 @@ func (b *bundle) startOrchestrator(t *testing.T) *orch {
 	initTopic(t, sub, b.tp.replies)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, nil)
 	require.NoError(t, err)
-	router.AddConsumerHandler("orders-saga", b.tp.replies, sub, o.HandleReply).AddMiddleware(dedup.Middleware)
+	h := router.AddConsumerHandler("orders-saga", b.tp.replies, sub, o.HandleReply)
+	h.AddMiddleware(dedup.Middleware)
+	if b.replyMiddleware != nil {
+		h.AddMiddleware(b.replyMiddleware)
+	}
 	stopRouter := runRouter(t, router)
 	stopLoop := runBackground(t, "orchestrator", o.Run, o.Close)
 	return &orch{o: o, reg: reg, logs: logs, stop: func() { stopLoop(); stopRouter() }}

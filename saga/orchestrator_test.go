@@ -2,15 +2,18 @@ package saga_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 )
@@ -283,4 +286,44 @@ func TestCrashWithTwoOrchestrators(t *testing.T) {
 	require.EqualValues(t, 1, metricValue(t, other.reg, saga.MetricCompensated, map[string]string{"type": "orders"}),
 		"the surviving instance fired the timeout")
 	require.EqualValues(t, 1, metricValue(t, other.reg, saga.MetricCompleted, map[string]string{"type": "orders"}))
+}
+
+// The orchestrator dies after applying a reply but before its transaction
+// commits (the handler fails inside the idempotency middleware): the state
+// change, history and next command roll back together, the reply is
+// redelivered, and each command is written exactly once.
+func TestCrashBeforeCommitWritesEachCommandOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, defOpts{})
+	var crashed sync.Map
+	b.replyMiddleware = func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil {
+				if _, done := crashed.LoadOrStore(msg.Metadata.Get(metadata.SagaStep), true); !done {
+					return nil, errors.New("orchestrator died before commit")
+				}
+			}
+			return out, err
+		}
+	}
+	o := b.startOrchestrator(t)
+	b.start(t, o, "crashy")
+	b.waitState(t, "crashy", saga.StateCompleted)
+	require.Equal(t, []string{fwd(reserve), fwd(charge), fwd(shipping)}, b.parts.commands("crashy"))
+
+	var perTopic []int
+	rows, err := b.schema.DB.Query(`SELECT count(*) FROM millwright_outbox GROUP BY topic ORDER BY topic`)
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var n int
+		require.NoError(t, rows.Scan(&n))
+		perTopic = append(perTopic, n)
+	}
+	require.Equal(t, []int{1, 1, 1}, perTopic, "one command per step")
+	h, err := saga.History(context.Background(), b.schema.DB, "crashy")
+	require.NoError(t, err)
+	require.Len(t, h, 7, "%v", historyKinds(h))
+	require.EqualValues(t, 3, metricValue(t, o.reg, idempotency.MetricProcessed, map[string]string{"consumer": "orders-saga"}))
 }
