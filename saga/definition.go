@@ -51,7 +51,9 @@ type Step[D any] struct {
 	// Name identifies the step in history, metadata and diagrams. Required,
 	// unique within the saga; letters, digits, '_', '-' and '.'.
 	Name string
-	// Command builds the step's command from the saga data. Required.
+	// Command builds the step's command from the saga data. Required. An
+	// error is returned by Start for the first step; for a later step it
+	// fails the saga there, and the steps done so far are compensated.
 	Command func(data D) (Command, error)
 	// SuccessReply and FailureReply are the reply types that mean the step
 	// succeeded or failed. Default Name+".succeeded" and Name+".failed".
@@ -62,7 +64,8 @@ type Step[D any] struct {
 	// An error fails the reply handling, which is retried by redelivery.
 	OnSuccess func(data *D, reply Reply) error
 	// Compensation builds the command that undoes the step. Nil means the
-	// step has nothing to undo (a read, a notification).
+	// step has nothing to undo (a read, a notification). An error counts as
+	// a failed compensation attempt (retried, then stuck).
 	Compensation func(data D) (Command, error)
 	// CompensatedReply and CompensationFailedReply are the reply types of
 	// the compensation command. Default Name+".compensated" and

@@ -87,6 +87,9 @@ func ordersDef(t *testing.T, tp topics, o defOpts) *saga.Definition[Order] {
 		saga.Step[Order]{
 			Name: "charge_payment",
 			Command: func(o Order) (saga.Command, error) {
+				if o.Amount < 0 {
+					return saga.Command{}, fmt.Errorf("negative amount %d", o.Amount)
+				}
 				return saga.Command{Topic: tp.payment, Type: "payment.charge.v1", Payload: o}, nil
 			},
 			OnSuccess: func(o *Order, r saga.Reply) error {

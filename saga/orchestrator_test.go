@@ -327,3 +327,19 @@ func TestCrashBeforeCommitWritesEachCommandOnce(t *testing.T) {
 	require.Len(t, h, 7, "%v", historyKinds(h))
 	require.EqualValues(t, 3, metricValue(t, o.reg, idempotency.MetricProcessed, map[string]string{"consumer": "orders-saga"}))
 }
+
+// A command that cannot be built fails the saga at its step: the steps
+// done so far are compensated, and the history names the error.
+func TestCommandBuildErrorCompensates(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, defOpts{})
+	o := b.startOrchestrator(t)
+	require.NoError(t, o.o.Start(context.Background(), b.schema.DB, "negative", Order{ID: "negative", Amount: -1}))
+	info := b.waitState(t, "negative", saga.StateCompensated)
+	require.Equal(t, []string{fwd(reserve), comp(reserve, 1)}, b.parts.commands("negative"))
+	require.Contains(t, info.LastError, `step "charge_payment": building command: negative amount -1`)
+	h, err := saga.History(context.Background(), b.schema.DB, "negative")
+	require.NoError(t, err)
+	require.Equal(t, charge+":command", historyKinds(h)[2])
+	require.Contains(t, h[2].Error, "negative amount")
+}
