@@ -63,7 +63,7 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "demo":
-		err = demo(os.Args[2:])
+		err = demo(os.Args[2:], os.Stdout)
 	case "serve":
 		err = serve(os.Args[2:])
 	case "-h", "-help", "--help", "help":
@@ -181,7 +181,7 @@ func (c *common) transportConfig(dbURL string) (transport.Config, func(), error)
 	return cfg, func() {}, err
 }
 
-func demo(args []string) error {
+func demo(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ExitOnError)
 	var c common
 	c.register(fs)
@@ -228,6 +228,7 @@ func demo(args []string) error {
 	base := "http://" + ln.Addr().String()
 
 	run := watermill.NewShortUUID()
+	started := time.Now()
 	for i := 1; i <= *n; i++ {
 		o := app.Order{ID: fmt.Sprintf("%s-%05d", run, i), SKU: []string{"book", "lamp"}[i%2], Qty: 1 + i%3, AmountCents: int64(1000 + 37*i)}
 		switch {
@@ -256,8 +257,8 @@ func demo(args []string) error {
 	wctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	s, waitErr := e.app.WaitSettled(wctx, run+"-%", wantDLQ)
-	fmt.Println(s)
-	fmt.Fprintf(os.Stderr, "transport=%s metrics: curl %s/metrics (while running)\n", e.tr, base)
+	fmt.Fprintln(stdout, s)
+	fmt.Fprintf(os.Stderr, "orders: transport %s, settled in %s\n", e.tr, time.Since(started).Round(time.Millisecond))
 	if err := proc.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "orders: stopping:", err)
 	}
