@@ -225,6 +225,9 @@ orchestrator consumes them behind the idempotency middleware. Runs in a
 scratch schema per transport kind (dropped at the end). gochannel is the
 baseline without a broker; kafka is franz-go's in-process kfake.
 
+Two runs per kind: "throughput" starts all sagas as fast as the starters can
+(durations then include queueing), "latency" starts --latency-sagas at
+--latency-rate sagas/s, below capacity, so durations show one saga's path.
 Figures: sagas/s = sagas / (first start .. last completion); duration = start
 to completion per saga (created_at to the completed history entry).
 For scale: dtm reports 575 global transactions/s on a 4-core MySQL host.`,
@@ -236,12 +239,15 @@ For scale: dtm reports 575 global transactions/s on a 4-core MySQL host.`,
 	cmd.Flags().Int("starters", 16, "goroutines starting sagas")
 	cmd.Flags().StringSlice("kinds", []string{"gochannel", "kafka"}, "transports: gochannel, kafka")
 	cmd.Flags().Duration("timeout", 5*time.Minute, "give up a run after this long")
+	cmd.Flags().Int("latency-sagas", 200, "sagas in the latency run (0 skips it)")
+	cmd.Flags().Float64("latency-rate", 20, "sagas started per second in the latency run")
 	cmd.Flags().Bool("keep-schema", false, "keep each run's scratch schema (printed) for inspection")
 	return cmd
 }
 
 type sagaBenchResult struct {
-	kind          string
+	kind, mode    string
+	n             int
 	rate          float64
 	p50, p99, max float64 // milliseconds
 	elapsed       time.Duration
@@ -255,8 +261,10 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	kinds, _ := cmd.Flags().GetStringSlice("kinds")
 	timeout, _ := cmd.Flags().GetDuration("timeout")
 	keep, _ := cmd.Flags().GetBool("keep-schema")
-	if n < 1 || starters < 1 {
-		return errors.New("bench saga: --sagas and --starters must be at least 1")
+	latN, _ := cmd.Flags().GetInt("latency-sagas")
+	latRate, _ := cmd.Flags().GetFloat64("latency-rate")
+	if n < 1 || starters < 1 || latN < 0 || latRate <= 0 {
+		return errors.New("bench saga: --sagas and --starters must be at least 1, --latency-sagas at least 0, --latency-rate above 0")
 	}
 	for _, k := range kinds {
 		if k != "gochannel" && k != "kafka" {
@@ -269,32 +277,46 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	}
 	defer admin.Close()
 	flagURL, _ := cmd.Flags().GetString("database-url")
+	type run struct {
+		mode string
+		n    int
+		rate float64
+	}
+	runs := []run{{"throughput", n, 0}}
+	if latN > 0 {
+		runs = append(runs, run{"latency", latN, latRate})
+	}
 	var results []sagaBenchResult
 	for _, kind := range kinds {
-		fmt.Fprintf(cmd.ErrOrStderr(), "%s: %d sagas ...\n", kind, n)
-		rctx, cancel := context.WithTimeout(ctx, timeout)
-		r, err := benchSagaKind(rctx, admin, databaseURL(flagURL), kind, n, starters, keep)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("bench saga %s: %w", kind, err)
+		for _, rn := range runs {
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s %s: %d sagas ...\n", kind, rn.mode, rn.n)
+			rctx, cancel := context.WithTimeout(ctx, timeout)
+			r, err := benchSagaKind(rctx, admin, databaseURL(flagURL), kind, rn.n, starters, rn.rate, keep)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("bench saga %s %s: %w", kind, rn.mode, err)
+			}
+			r.mode = rn.mode
+			results = append(results, r)
 		}
-		results = append(results, r)
 	}
 	out := cmd.OutOrStdout()
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "TRANSPORT\tSAGAS\tSAGAS/S\tP50 MS\tP99 MS\tMAX MS\tVS GOCHANNEL")
-	var base float64
+	fmt.Fprintln(w, "TRANSPORT\tRUN\tSAGAS\tSAGAS/S\tP50 MS\tP99 MS\tMAX MS\tVS GOCHANNEL")
+	base := map[string]sagaBenchResult{}
 	for _, r := range results {
 		if r.kind == "gochannel" {
-			base = r.rate
+			base[r.mode] = r
 		}
 	}
 	for _, r := range results {
 		ratio := "-"
-		if base > 0 {
-			ratio = fmt.Sprintf("%.2fx", r.rate/base)
+		if b, ok := base[r.mode]; ok && r.mode == "throughput" {
+			ratio = fmt.Sprintf("%.2fx rate", r.rate/b.rate)
+		} else if ok {
+			ratio = fmt.Sprintf("%.2fx p50", r.p50/b.p50)
 		}
-		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%s\n", r.kind, n, r.rate, r.p50, r.p99, r.max, ratio)
+		fmt.Fprintf(w, "%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%s\n", r.kind, r.mode, r.n, r.rate, r.p50, r.p99, r.max, ratio)
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -312,8 +334,10 @@ type benchOrder struct {
 	ID string `json:"id"`
 }
 
-func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL, kind string, n, starters int, keep bool) (sagaBenchResult, error) {
-	res := sagaBenchResult{kind: kind}
+// benchSagaKind runs n sagas on one transport kind; rate > 0 paces the
+// starts at that many per second.
+func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL, kind string, n, starters int, rate float64, keep bool) (sagaBenchResult, error) {
+	res := sagaBenchResult{kind: kind, n: n}
 	var rb [5]byte
 	_, _ = rand.Read(rb[:])
 	schema := "mw_bench_saga_" + hex.EncodeToString(rb[:])
@@ -460,6 +484,15 @@ func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL, kind string, n, 
 				i := next.Add(1)
 				if i > int64(n) {
 					return
+				}
+				if rate > 0 {
+					at := begin.Add(time.Duration(float64(i-1) / rate * float64(time.Second)))
+					select {
+					case <-time.After(time.Until(at)):
+					case <-ctx.Done():
+						errc <- ctx.Err()
+						return
+					}
 				}
 				id := fmt.Sprintf("bench-%07d", i)
 				tx, err := db.BeginTx(ctx, nil)
