@@ -164,7 +164,13 @@ func OffsetsAdapter() wsql.OffsetsAdapter {
 // unique violation on pg_class (or duplicate_object on the row type).
 // watermill-sql runs its schema queries outside a transaction, on a pool,
 // so a lock cannot be held across them; instead each argument-free query
-// is wrapped in a block that treats "already exists" as success.
+// is wrapped in a block that, on such a conflict, runs it again (up to 10
+// times): a conflict surfaces only once the other session has committed, so
+// the next attempt sees its objects and IF NOT EXISTS skips the table.
+// Running it again (rather than ignoring the error) matters when the
+// conflict was on an implicit object of a different table: two new topics
+// whose long names truncate to the same 63-byte sequence name collide on
+// that sequence, and a later attempt picks a free name.
 type raceFreeSchema struct{ wsql.DefaultPostgreSQLSchema }
 
 func (s raceFreeSchema) SchemaInitializingQueries(topic string) []wsql.Query {
@@ -186,8 +192,9 @@ func tolerateExisting(qs []wsql.Query) []wsql.Query {
 			out[i] = q
 			continue
 		}
-		out[i] = wsql.Query{Query: "DO $mw$ BEGIN " + strings.TrimRight(strings.TrimSpace(q.Query), ";") +
-			"; EXCEPTION WHEN unique_violation OR duplicate_table OR duplicate_object THEN NULL; END $mw$"}
+		stmt := strings.TrimRight(strings.TrimSpace(q.Query), ";")
+		out[i] = wsql.Query{Query: "DO $mw$ BEGIN FOR attempt IN 1..10 LOOP BEGIN " + stmt +
+			"; EXIT; EXCEPTION WHEN unique_violation OR duplicate_table OR duplicate_object THEN IF attempt = 10 THEN RAISE; END IF; END; END LOOP; END $mw$"}
 	}
 	return out
 }
