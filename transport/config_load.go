@@ -169,7 +169,8 @@ func ParseURL(raw string) (Config, error) {
 	var cfg Config
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok || scheme == "" {
-		return cfg, fmt.Errorf("transport: URL %s has no scheme: want kafka://, amqp://, amqps://, gcppubsub://, postgres:// or mem://", redact(raw))
+		// Not echoed: without a scheme nothing tells which part is a password.
+		return cfg, errors.New("transport: URL has no scheme (not shown: it may hold a password): want kafka://, amqp://, amqps://, gcppubsub://, postgres:// or mem://")
 	}
 	switch strings.ToLower(scheme) {
 	case "kafka":
