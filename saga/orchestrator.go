@@ -20,6 +20,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/tracing"
 )
 
 // State is the state of a saga instance.
@@ -531,12 +532,16 @@ func (o *Orchestrator[D]) parseReply(msg *message.Message) (replyInfo, error) {
 // path. A reply to a command that is no longer current (the step timed out,
 // was compensated, or was answered before) is recorded in the history as
 // late_reply or duplicate and acknowledged.
-func (o *Orchestrator[D]) HandleReply(msg *message.Message) error {
-	ctx := msg.Context()
+func (o *Orchestrator[D]) HandleReply(msg *message.Message) (err error) {
 	r, err := o.parseReply(msg)
 	if err != nil {
 		return retry.Permanent(err)
 	}
+	// The step's span continues the reply's trace; the commands this
+	// transition writes to the outbox carry it on (outbox.Add stores the
+	// traceparent of ctx).
+	ctx, span := tracing.StartSagaStep(msg.Context(), o.def.name, r.step, msg)
+	defer func() { tracing.EndSpan(span, err) }()
 	tx, ok := idempotency.TxFromContext(ctx)
 	if ok {
 		return o.applyReply(ctx, tx, r)
