@@ -220,9 +220,22 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 		case Relay:
 			var relay *outbox.Relay
 			relay, err = a.NewRelay(a.cfg.Transport.Publisher())
-			if err == nil {
-				loops = append(loops, loop{relay.Run, relay.Running(), relay.Close})
+			if err != nil {
+				break
 			}
+			loops = append(loops, loop{relay.Run, relay.Running(), relay.Close})
+			// Retention: published outbox rows and processed-event marks
+			// older than 7 days go (one cleaner of each per schema works at
+			// a time, whatever the number of relay processes).
+			var oc *outbox.Cleaner
+			if oc, err = outbox.NewCleaner(a.db, outbox.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
+				break
+			}
+			var ic *idempotency.Cleaner
+			if ic, err = idempotency.NewCleaner(a.db, idempotency.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
+				break
+			}
+			loops = append(loops, loop{oc.Run, oc.Running(), oc.Close}, loop{ic.Run, ic.Running(), ic.Close})
 		default:
 			err = fmt.Errorf("unknown service %q", s)
 		}

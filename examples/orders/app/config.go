@@ -38,7 +38,8 @@ const (
 	// Notify is a second reader of the order events (fan-out): it records
 	// one notification per order event.
 	Notify Service = "notify"
-	// Relay publishes the outbox through the transport.
+	// Relay publishes the outbox through the transport, and runs the
+	// outbox and idempotency cleaners (7-day retention).
 	Relay Service = "relay"
 	// DeadLetters records every dead-letter topic in millwright_dead_letters.
 	DeadLetters Service = "dlq"
