@@ -169,10 +169,12 @@ func (p *Process) Wait() error { <-p.done; return p.err }
 func (p *Process) Stop() error { p.cancel(); return p.Wait() }
 
 // Start starts the given services (all of them when none is given) in the
-// background until ctx ends or Stop is called. Stopping closes the
-// consumers first, so their handlers drain, then the relay and the
-// orchestrator's timeout loop. The Orders service's HTTP API is served by
-// Handler; Start only checks the database for it.
+// background until ctx ends, Stop is called or one of them fails, which
+// stops the others. Wait returns once the router's handlers have drained
+// (up to 30 s) and the relay, cleaners and timeout loop have returned:
+// close the transport only after that, since the dead-letter middleware
+// publishes through it (Watermill issue #446). The Orders service's HTTP
+// API is served by Handler; Start only checks the database for it.
 func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) {
 	if len(services) == 0 {
 		services = AllServices
