@@ -67,8 +67,8 @@ func TestHTTPOrderLifecycle(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
 
-	// One order completes, one fails payment, one finds no stock (11 > 10
-	// left after the first), all three settle.
+	// One order completes, one fails payment, one finds no stock (11 > the
+	// 10 in stock); all three settle.
 	place := func(body string) app.Order {
 		resp, err := http.Post(srv.URL+"/orders", "application/json", strings.NewReader(body))
 		require.NoError(t, err)
