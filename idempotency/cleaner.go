@@ -177,6 +177,19 @@ func (c *Cleaner) Close() error {
 	return nil
 }
 
+// CountExpired returns how many marks RunOnce would delete now: those
+// older than the retention period. It takes no lock and changes nothing
+// (the operator CLI's dry run).
+func (c *Cleaner) CountExpired(ctx context.Context) (int64, error) {
+	var n int64
+	err := c.db.QueryRowContext(ctx, `SELECT count(*) FROM millwright_processed_events
+		WHERE processed_at < now() - make_interval(secs => $1)`, c.cfg.Retention.Seconds()).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("idempotency: cleaner: counting marks older than %s%s: %w", c.cfg.Retention, migrationHint(err), err)
+	}
+	return n, nil
+}
+
 // RunOnce deletes every mark older than the retention period, BatchSize rows
 // per statement, unless another cleaner of the same schema holds the lock.
 // Each batch is its own transaction and skips rows locked by others, so

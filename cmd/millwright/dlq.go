@@ -220,7 +220,8 @@ func dlqReplayCmd() *cobra.Command {
 replayed. Rows already replayed are skipped unless --force. --dry-run prints
 exactly which message would go to which topic and publishes nothing. At least
 one filter flag, or --all, is required, so a bare command cannot replay
-everything by accident.
+everything by accident. On a terminal it shows the selection and asks to
+confirm; elsewhere --yes is required. Every run is recorded in millwright_audit.
 
 The publisher comes from the transport named by --transport (a kind or URL,
 default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
@@ -235,10 +236,11 @@ default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
 	f.Bool("force", false, "also replay dead letters replayed before")
 	f.Bool("all", false, "replay every dead letter the other flags allow (required when no filter is given)")
 	f.String("transport", "", "transport kind or URL to publish with (default $MILLWRIGHT_TRANSPORT)")
+	addSafetyFlags(cmd)
 	return cmd
 }
 
-func runDLQReplay(cmd *cobra.Command, _ []string) error {
+func runDLQReplay(cmd *cobra.Command, args []string) error {
 	filter, err := dlqFilterFromFlags(cmd)
 	if err != nil {
 		return err
@@ -261,35 +263,56 @@ func runDLQReplay(cmd *cobra.Command, _ []string) error {
 	if opts.Rate < 0 {
 		return fmt.Errorf("--rate %v: want >= 0 (0 means unlimited)", opts.Rate)
 	}
+	change, err := newChange(cmd, args)
+	if err != nil {
+		return err
+	}
 
 	db, err := openDB(cmd)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	if err := change.ready(db); err != nil {
+		return err
+	}
 	store := dlq.NewStore(db)
 	out := cmd.OutOrStdout()
 
 	if opts.DryRun {
 		rep, err := store.Replay(cmd.Context(), nil, opts)
 		printDLQReplay(out, rep)
+		return change.finish(int64(len(rep.Items)), err)
+	}
+	err = change.confirm(func() (string, error) {
+		preview := opts
+		preview.DryRun = true
+		rep, err := store.Replay(cmd.Context(), nil, preview)
+		if err != nil {
+			return "", err
+		}
+		var b strings.Builder
+		printDLQReplay(&b, rep)
+		return firstLines(b.String(), 20), nil
+	})
+	if err != nil {
 		return err
 	}
 
 	tcfg, err := dlqTransportConfig(cmd)
 	if err != nil {
-		return err
+		return change.finish(0, err)
 	}
 	tr, err := transport.Open(cmd.Context(), tcfg)
 	if err != nil {
-		return err
+		return change.finish(0, err)
 	}
 	rep, err := store.Replay(cmd.Context(), tr.Publisher(), opts)
 	printDLQReplay(out, rep)
 	if cerr := tr.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("closing transport %s (messages above were published): %w", tr, cerr)
 	}
-	return err
+	return change.finish(int64(len(rep.Items)), err)
 }
 
 // dlqTransportConfig reads the transport from --transport or the

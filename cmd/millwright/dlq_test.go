@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/metadata"
 )
@@ -24,6 +25,7 @@ func runDLQ(t *testing.T, url string, args ...string) (string, error) {
 	cmd := dlqCmd()
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
+	cmd.SetIn(strings.NewReader("")) // not a terminal: state changes need --yes
 	cmd.SetArgs(args)
 	for _, c := range cmd.Commands() {
 		_ = c.Flags().Set("database-url", url)
@@ -56,7 +58,7 @@ func seedDeadLetters(t *testing.T, db *dlq.Store) []int64 {
 
 func TestDLQCommands(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	store := dlq.NewStore(s.DB)
 	ids := seedDeadLetters(t, store)
@@ -97,10 +99,10 @@ func TestDLQCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, pending, "dry run marked nothing")
 
-	out, err = runDLQ(t, s.URL, "replay", "--topic", "orders", "--transport", "mem://", "--rate", "0")
+	out, err = runDLQ(t, s.URL, "replay", "--topic", "orders", "--transport", "mem://", "--rate", "0", "--yes")
 	require.NoError(t, err, out)
 	require.Contains(t, out, "published 2 message(s)")
-	out, err = runDLQ(t, s.URL, "replay", "--topic", "orders", "--transport", "mem://")
+	out, err = runDLQ(t, s.URL, "replay", "--topic", "orders", "--transport", "mem://", "--yes")
 	require.NoError(t, err, out)
 	require.Contains(t, out, "published 0 message(s); skipped 2 already replayed")
 }

@@ -38,33 +38,60 @@ func idempotencyCmd() *cobra.Command {
 		Short: "Delete processed marks older than the retention period, once",
 		Long: `Delete processed marks older than --retention from millwright_processed_events,
 --batch-size rows per statement. Skips (and says so) when another cleaner holds
-the lock.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+the lock. --dry-run counts the marks that would be deleted. On a terminal it
+shows that count and asks to confirm; elsewhere --yes is required. Every run
+is recorded in millwright_audit.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			change, err := newChange(cmd, args)
+			if err != nil {
+				return err
+			}
 			db, err := openDB(cmd)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
+			if err := change.ready(db); err != nil {
+				return err
+			}
 			retention, _ := cmd.Flags().GetDuration("retention")
 			batch, _ := cmd.Flags().GetInt("batch-size")
 			c, err := idempotency.NewCleaner(db, idempotency.CleanerConfig{Retention: retention, BatchSize: batch})
 			if err != nil {
 				return err
 			}
-			stats, err := c.RunOnce(cmd.Context())
+			ctx := cmd.Context()
+			out := cmd.OutOrStdout()
+			if change.dryRun {
+				n, err := c.CountExpired(ctx)
+				if err == nil {
+					fmt.Fprintf(out, "dry run: would delete %d marks older than %s\n", n, retention)
+				}
+				return change.finish(n, err)
+			}
+			err = change.confirm(func() (string, error) {
+				n, err := c.CountExpired(ctx)
+				return fmt.Sprintf("will delete %d processed marks older than %s (redeliveries of those events will be processed again)", n, retention), err
+			})
 			if err != nil {
 				return err
 			}
-			if stats.Skipped {
-				fmt.Fprintln(cmd.OutOrStdout(), "another cleaner holds the lock; nothing done")
-				return nil
+			stats, err := c.RunOnce(ctx)
+			if err != nil {
+				return change.finish(stats.Deleted, err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "deleted %d marks in %d batches\n", stats.Deleted, stats.Batches)
-			return nil
+			if stats.Skipped {
+				fmt.Fprintln(out, "another cleaner holds the lock; nothing done")
+				return change.finish(0, nil)
+			}
+			fmt.Fprintf(out, "deleted %d marks in %d batches\n", stats.Deleted, stats.Batches)
+			return change.finish(stats.Deleted, nil)
 		},
 	}
 	clean.Flags().Duration("retention", idempotency.DefaultRetention, "keep marks this long")
 	clean.Flags().Int("batch-size", 1000, "rows per DELETE statement (1 to 100000)")
+	addSafetyFlags(clean)
 	addDatabaseFlag(clean)
 
 	stats := &cobra.Command{

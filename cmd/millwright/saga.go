@@ -181,34 +181,59 @@ participant is fixed:
                   compensations of the earlier steps.
 
 The next round of any running orchestrator of the saga's type acts on it.
---dry-run prints what would be done and changes nothing.`,
+--dry-run prints what would be done and changes nothing. On a terminal it
+shows the resolution and asks to confirm; elsewhere --yes is required. Every
+run is recorded in millwright_audit.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			action, _ := cmd.Flags().GetString("action")
 			note, _ := cmd.Flags().GetString("note")
 			dry, _ := cmd.Flags().GetBool("dry-run")
+			change, err := newChange(cmd, args)
+			if err != nil {
+				return err
+			}
 			db, err := openDB(cmd)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			r, err := saga.Resolve(cmd.Context(), db, args[0], saga.ResolveAction(action), note, dry)
+			if err := change.ready(db); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			out := cmd.OutOrStdout()
+			if dry {
+				r, err := saga.Resolve(ctx, db, args[0], saga.ResolveAction(action), note, true)
+				if err != nil {
+					return change.finish(0, err)
+				}
+				fmt.Fprintf(out, "dry run: would %s (saga %s, type %s)\n", r.Description, r.Info.ID, r.Info.Type)
+				return change.finish(1, nil)
+			}
+			err = change.confirm(func() (string, error) {
+				r, err := saga.Resolve(ctx, db, args[0], saga.ResolveAction(action), note, true)
+				if err != nil {
+					return "", err
+				}
+				return fmt.Sprintf("will %s (saga %s, type %s)", r.Description, r.Info.ID, r.Info.Type), nil
+			})
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			if dry {
-				fmt.Fprintf(out, "dry run: would %s (saga %s, type %s)\n", r.Description, r.Info.ID, r.Info.Type)
-				return nil
+			r, err := saga.Resolve(ctx, db, args[0], saga.ResolveAction(action), note, false)
+			if err != nil {
+				return change.finish(0, err)
 			}
 			fmt.Fprintf(out, "resolved saga %s (type %s): will %s; a running orchestrator of type %s acts on it within its poll interval\n",
 				r.Info.ID, r.Info.Type, r.Description, r.Info.Type)
-			return nil
+			return change.finish(1, nil)
 		},
 	}
 	cmd.Flags().String("action", string(saga.ResolveRetry), "retry (send the stuck compensation again) or skip (it was done by hand)")
 	cmd.Flags().String("note", "", "recorded in the saga's history with the action")
 	cmd.Flags().Bool("dry-run", false, "print what would be done and change nothing")
+	addSafetyFlags(cmd)
 	addDatabaseFlag(cmd)
 	return cmd
 }

@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/saga"
 )
@@ -18,6 +20,7 @@ func runSaga(t *testing.T, url string, args ...string) (string, error) {
 	cmd := sagaCmd()
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
+	cmd.SetIn(strings.NewReader("")) // not a terminal: state changes need --yes
 	cmd.SetArgs(args)
 	for _, c := range cmd.Commands() {
 		_ = c.Flags().Set("database-url", url)
@@ -28,7 +31,7 @@ func runSaga(t *testing.T, url string, args ...string) (string, error) {
 
 func TestSagaCommands(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, saga.Migrations())
+	s := pgtest.New(t, saga.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	_, err := s.DB.Exec(`INSERT INTO millwright_saga_instances (id, type, state, current_step, data, version, compensation_attempts, last_error, created_at)
 		VALUES ('o-1', 'orders', 'stuck', 1, '{"id":"o-1"}', 9, 3, 'compensation of step "charge_payment" failed (attempt 3): card service down', now() - interval '1 minute'),
@@ -76,7 +79,7 @@ func TestSagaCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, saga.StateStuck, in.State)
 
-	out, err = runSaga(t, s.URL, "resolve", "o-1", "--action", "skip", "--note", "refunded by hand")
+	out, err = runSaga(t, s.URL, "resolve", "o-1", "--action", "skip", "--note", "refunded by hand", "--yes")
 	require.NoError(t, err)
 	require.Contains(t, out, "resolved saga o-1")
 	in, h, err := saga.Get(context.Background(), s.DB, "o-1")
@@ -85,8 +88,8 @@ func TestSagaCommands(t *testing.T) {
 	require.Equal(t, 0, in.StepIndex)
 	require.Equal(t, "skip: refunded by hand", h[len(h)-1].Detail)
 
-	_, err = runSaga(t, s.URL, "resolve", "o-1")
+	_, err = runSaga(t, s.URL, "resolve", "o-1", "--yes")
 	require.ErrorIs(t, err, saga.ErrNotStuck)
-	_, err = runSaga(t, s.URL, "resolve", "o-1", "--action", "undo")
+	_, err = runSaga(t, s.URL, "resolve", "o-1", "--action", "undo", "--yes")
 	require.ErrorContains(t, err, `unknown action "undo"`)
 }

@@ -1,0 +1,233 @@
+package audit
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"os/user"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/lib/pq"
+
+	"github.com/millwright/millwright/migrate"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migrations returns the SQL migrations creating millwright_audit in the
+// first schema of the search_path.
+func Migrations() migrate.Source {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		// fs.Sub fails only on an invalid path; "migrations" is a constant.
+		panic(err)
+	}
+	return migrate.Source{Component: "audit", FS: sub}
+}
+
+// Entry is one audited command run.
+type Entry struct {
+	// ID is the row id, set by List.
+	ID int64
+	// At is when the row was written, set by the database.
+	At time.Time
+	// User is the operating-system user who ran the command ($USER, else
+	// the account's name).
+	User string
+	// Host is the machine's hostname.
+	Host string
+	// Command is the full command path, e.g. "millwright dlq replay".
+	Command string
+	// Args are the positional arguments and the flags set, as
+	// "--name=value", with secrets redacted (see RedactArgs).
+	Args []string
+	// DryRun is true when the command only showed what it would do.
+	DryRun bool
+	// Confirmed says how the change was allowed: "--yes", "prompt" or
+	// "dry-run".
+	Confirmed string
+	// Affected is the number of rows changed (or that would be, for a dry
+	// run).
+	Affected int64
+	// Error is the command's error when it failed, possibly after changing
+	// Affected rows; empty on success.
+	Error string
+}
+
+// Execer is the part of *sql.DB, *sql.Tx and *sql.Conn that Record needs.
+type Execer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// ErrNotMigrated is returned by Ready and Record when millwright_audit does
+// not exist in the search_path: run `millwright migrate`.
+var ErrNotMigrated = errors.New("audit: table millwright_audit does not exist: run `millwright migrate` first")
+
+// Ready returns ErrNotMigrated when the audit table is missing, so a
+// command can refuse before it changes anything it could not audit.
+func Ready(ctx context.Context, db Execer) error {
+	var name sql.NullString
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass('millwright_audit')::text`).Scan(&name); err != nil {
+		return fmt.Errorf("audit: checking for table millwright_audit: %w", err)
+	}
+	if !name.Valid {
+		return ErrNotMigrated
+	}
+	return nil
+}
+
+// Record writes e and returns the row id. User, Host and Args are stored
+// as given: pass Args through RedactArgs.
+func Record(ctx context.Context, db Execer, e Entry) (int64, error) {
+	if e.Command == "" {
+		return 0, errors.New("audit: Entry.Command is empty: name the command run")
+	}
+	if e.Args == nil {
+		e.Args = []string{}
+	}
+	var id int64
+	err := db.QueryRowContext(ctx, `INSERT INTO millwright_audit
+		(os_user, hostname, command, args, dry_run, confirmed, affected, error)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, '')) RETURNING id`,
+		e.User, e.Host, e.Command, pq.Array(e.Args), e.DryRun, e.Confirmed, e.Affected, e.Error).Scan(&id)
+	if err != nil {
+		var pqErr *pq.Error
+		if errors.As(err, &pqErr) && pqErr.Code == "42P01" {
+			return 0, ErrNotMigrated
+		}
+		return 0, fmt.Errorf("audit: writing to millwright_audit: %w", err)
+	}
+	return id, nil
+}
+
+// Querier is the part of *sql.DB that List needs.
+type Querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// List returns the newest limit rows, newest first (limit <= 0: all).
+func List(ctx context.Context, db Querier, limit int) ([]Entry, error) {
+	q := `SELECT id, at, os_user, hostname, command, args, dry_run, confirmed, affected, COALESCE(error, '')
+		FROM millwright_audit ORDER BY id DESC`
+	var args []any
+	if limit > 0 {
+		q += ` LIMIT $1`
+		args = append(args, limit)
+	}
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("audit: reading millwright_audit (run `millwright migrate` first?): %w", err)
+	}
+	defer rows.Close()
+	var out []Entry
+	for rows.Next() {
+		var e Entry
+		if err := rows.Scan(&e.ID, &e.At, &e.User, &e.Host, &e.Command, pq.Array(&e.Args), &e.DryRun, &e.Confirmed, &e.Affected, &e.Error); err != nil {
+			return nil, fmt.Errorf("audit: reading millwright_audit: %w", err)
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// CurrentUser names who runs this process: $USER when set, else the
+// account name, else "unknown".
+func CurrentUser() string {
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "unknown"
+}
+
+// Hostname returns the machine's name, or "unknown".
+func Hostname() string {
+	if h, err := os.Hostname(); err == nil && h != "" {
+		return h
+	}
+	return "unknown"
+}
+
+// Redacted replaces a secret.
+const Redacted = "xxxxx"
+
+// secretName matches names of flags, query parameters and DSN keys whose
+// values are secrets.
+var secretName = regexp.MustCompile(`(?i)(pass|secret|token|credential|apikey|api_key|private)`)
+
+// dsnSecret matches key=value secrets inside a libpq key/value DSN
+// ("host=h password=p") or a query string.
+var dsnSecret = regexp.MustCompile(`(?i)\b([a-z_]*(?:pass|secret|token|credential|apikey|api_key)[a-z_]*)\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]*)`)
+
+// RedactArgs returns args with secrets replaced by Redacted: the password
+// of every URL, query parameters and key=value pairs named like a secret,
+// and the value of every "--flag=value" whose flag name is. It never
+// returns the input slice.
+func RedactArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = redactArg(a)
+	}
+	return out
+}
+
+func redactArg(a string) string {
+	if strings.HasPrefix(a, "--") {
+		if name, val, ok := strings.Cut(a[2:], "="); ok {
+			if secretName.MatchString(name) {
+				return "--" + name + "=" + Redacted
+			}
+			return "--" + name + "=" + RedactValue(val)
+		}
+	}
+	return RedactValue(a)
+}
+
+// urlInText finds URLs inside free text such as an error message.
+var urlInText = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>]+`)
+
+// RedactValue hides the secrets of one value: a URL's password and secret
+// query parameters, secret key=value pairs, and the same inside free text
+// (URLs embedded in an error message).
+func RedactValue(v string) string {
+	if strings.Contains(v, "://") {
+		v = urlInText.ReplaceAllStringFunc(v, redactURL)
+	}
+	return dsnSecret.ReplaceAllString(v, "${1}="+Redacted)
+}
+
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// A value that looks like a URL but does not parse may still hold
+		// a password after the scheme: hide all of it.
+		return "<unparseable URL, not shown>"
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), Redacted)
+	}
+	if u.RawQuery != "" {
+		q := u.Query()
+		changed := false
+		for k := range q {
+			if secretName.MatchString(k) {
+				q.Set(k, Redacted)
+				changed = true
+			}
+		}
+		if changed {
+			u.RawQuery = q.Encode()
+		}
+	}
+	return u.String()
+}
