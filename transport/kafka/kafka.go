@@ -365,9 +365,18 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
-// PublishBatch sends msgs to topic in one round trip per broker. On partial
-// failure it returns a *batch.Error (transport.BatchError) naming the
-// messages that were not acknowledged.
+// PublishBatch sends msgs to topic with as few round trips as ordering
+// allows. On partial failure it returns a *batch.Error
+// (transport.BatchError) naming the messages that were not acknowledged.
+//
+// Sarama does not stop the messages behind a failed one: when a message
+// exhausts its retries, a later message with the same key can still be
+// written, overtaking it. So messages are sent in rounds: round r holds the
+// r-th message of each ordering key (and every unkeyed message goes in the
+// first), each round waits for its acknowledgements, and a key that failed
+// sends nothing more: its remaining messages are reported failed, not
+// sent. With one message per key, as when many aggregates are relayed, the
+// whole batch is one round.
 func (p *Publisher) PublishBatch(topic string, msgs ...*message.Message) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
@@ -377,33 +386,76 @@ func (p *Publisher) PublishBatch(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	kms := make([]*sarama.ProducerMessage, len(msgs))
-	index := make(map[*sarama.ProducerMessage]int, len(msgs))
+	var rounds [][]int
+	nth := map[string]int{}
 	for i, msg := range msgs {
-		km, err := p.marshaler.Marshal(topic, msg)
-		if err != nil {
-			return fmt.Errorf("kafka: marshaling message %s: %w", msg.UUID, err)
+		r := 0
+		if k := msg.Metadata.Get(metadata.OrderingKey); k != "" {
+			r = nth[k]
+			nth[k]++
 		}
-		kms[i] = km
-		index[km] = i
+		if r == len(rounds) {
+			rounds = append(rounds, nil)
+		}
+		rounds[r] = append(rounds[r], i)
 	}
-	err := p.producer.SendMessages(kms)
-	if err == nil {
-		return nil
-	}
-	var perrs sarama.ProducerErrors
-	if errors.As(err, &perrs) {
-		be := &batch.Error{Failed: make(map[int]error, len(perrs))}
+
+	failed := map[int]error{}
+	failedKeys := map[string]bool{}
+	for _, round := range rounds {
+		kms := make([]*sarama.ProducerMessage, 0, len(round))
+		index := make(map[*sarama.ProducerMessage]int, len(round))
+		for _, i := range round {
+			k := msgs[i].Metadata.Get(metadata.OrderingKey)
+			if k != "" && failedKeys[k] {
+				failed[i] = fmt.Errorf("kafka: message %s not sent: an earlier message with ordering key %q failed", msgs[i].UUID, k)
+				continue
+			}
+			km, err := p.marshaler.Marshal(topic, msgs[i])
+			if err != nil {
+				failed[i] = fmt.Errorf("kafka: marshaling message %s: %w", msgs[i].UUID, err)
+				if k != "" {
+					failedKeys[k] = true
+				}
+				continue
+			}
+			kms = append(kms, km)
+			index[km] = i
+		}
+		if len(kms) == 0 {
+			continue
+		}
+		err := p.producer.SendMessages(kms)
+		if err == nil {
+			continue
+		}
+		var perrs sarama.ProducerErrors
+		if !errors.As(err, &perrs) {
+			// Nothing is known of this round: all of it failed.
+			for _, km := range kms {
+				i := index[km]
+				failed[i] = fmt.Errorf("kafka: publishing message %s to %s: %w", msgs[i].UUID, topic, err)
+				if k := msgs[i].Metadata.Get(metadata.OrderingKey); k != "" {
+					failedKeys[k] = true
+				}
+			}
+			continue
+		}
 		for _, pe := range perrs {
-			if i, ok := index[pe.Msg]; ok {
-				be.Failed[i] = fmt.Errorf("kafka: publishing message %s to %s: %w", msgs[i].UUID, topic, pe.Err)
+			i, ok := index[pe.Msg]
+			if !ok {
+				continue
+			}
+			failed[i] = fmt.Errorf("kafka: publishing message %s to %s: %w", msgs[i].UUID, topic, pe.Err)
+			if k := msgs[i].Metadata.Get(metadata.OrderingKey); k != "" {
+				failedKeys[k] = true
 			}
 		}
-		if len(be.Failed) > 0 {
-			return be
-		}
 	}
-	return fmt.Errorf("kafka: publishing %d messages to %s: %w", len(msgs), topic, err)
+	if len(failed) == 0 {
+		return nil
+	}
+	return &batch.Error{Failed: failed}
 }
 
 // Close closes the producer. It is idempotent.
