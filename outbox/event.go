@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/tracing"
 )
 
 // Executor runs statements in the caller's transaction. *sql.Tx, *sql.DB
@@ -70,7 +71,9 @@ const maxRowsPerInsert = 1000
 // Add fills in the CloudEvents metadata (id, type, source, subject, time,
 // specversion, datacontenttype), the aggregate keys, and the W3C traceparent
 // of the OpenTelemetry span in ctx when Event.Metadata has none.
-func Add(ctx context.Context, exec Executor, events ...Event) error {
+func Add(ctx context.Context, exec Executor, events ...Event) (err error) {
+	ctx, span := tracing.StartWriteSpan(ctx, len(events))
+	defer func() { tracing.EndSpan(span, err) }()
 	if exec == nil {
 		return fmt.Errorf("outbox: Add: nil Executor: pass the *sql.Tx of the business transaction")
 	}

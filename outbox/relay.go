@@ -20,6 +20,7 @@ import (
 
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/tracing"
 )
 
 // Metadata keys the relay adds to the copy of an event it sends to
@@ -731,7 +732,9 @@ func (r *Relay) publish(rows []row) []error {
 				msgs[j] = rows[i].msg
 			}
 			start := time.Now()
+			end := tracing.RelayPublish(topic, msgs...)
 			err := r.batch.PublishBatch(topic, msgs...)
+			end(err)
 			r.m.latency.Observe(time.Since(start).Seconds())
 			if err == nil {
 				continue
@@ -792,7 +795,9 @@ func (r *Relay) publish(rows []row) []error {
 					msgs[j] = rows[i].msg
 				}
 				start := time.Now()
+				end := tracing.RelayPublish(topic, msgs...)
 				err := r.pub.Publish(topic, msgs...)
+				end(err)
 				r.m.latency.Observe(time.Since(start).Seconds())
 				if err != nil {
 					for _, i := range ti {
