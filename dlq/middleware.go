@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 )
@@ -85,6 +86,10 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
+	}
+	if _, nop := c.Logger.(watermill.NopLogger); !nop {
+		// Handler errors often quote a DSN or URL with its password.
+		c.Logger = redact.Logger(c.Logger)
 	}
 	if c.MaxValueBytes == 0 {
 		c.MaxValueBytes = DefaultMaxValueBytes
@@ -332,7 +337,11 @@ func classify(err error) (reason, text, typ, stack string) {
 	if isPanic {
 		stack = pe.Stack()
 	}
-	text = cause.Error()
+	// Handler errors often quote a DSN or URL with its password (net/url
+	// and lib/pq put the whole URL in parse errors); a dead letter is read
+	// by many more people than the service's configuration.
+	text = redact.Text(cause.Error())
+	stack = redact.Text(stack)
 	if IsMalformed(err) {
 		text = "malformed message: " + text
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millwright/millwright/internal/redact"
 )
 
 // Config configures the retry middleware. The zero value is usable.
@@ -56,6 +58,10 @@ func (c *Config) setDefaults() {
 	c.Policy = c.Policy.WithDefaults()
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
+	}
+	if _, nop := c.Logger.(watermill.NopLogger); !nop {
+		// Handler errors often quote a DSN or URL with its password.
+		c.Logger = redact.Logger(c.Logger)
 	}
 }
 

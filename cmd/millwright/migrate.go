@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/migrate"
 )
 
@@ -55,11 +56,12 @@ func openDB(cmd *cobra.Command) (*sql.DB, error) {
 	u = databaseURL(u)
 	db, err := sql.Open("postgres", u)
 	if err != nil {
-		return nil, fmt.Errorf("opening database %s: %w", redactURL(u), err)
+		return nil, fmt.Errorf("opening database %s: %w", redactURL(u), redact.Error(err))
 	}
 	if err := db.PingContext(cmd.Context()); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("connecting to database %s: %w", redactURL(u), err)
+		// lib/pq's URL parse errors quote the whole URL, password included.
+		return nil, fmt.Errorf("connecting to database %s: %w", redactURL(u), redact.Error(err))
 	}
 	return db, nil
 }

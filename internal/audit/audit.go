@@ -7,15 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"os"
 	"os/user"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/lib/pq"
 
+	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/migrate"
 )
 
@@ -159,15 +158,7 @@ func Hostname() string {
 }
 
 // Redacted replaces a secret.
-const Redacted = "xxxxx"
-
-// secretName matches names of flags, query parameters and DSN keys whose
-// values are secrets.
-var secretName = regexp.MustCompile(`(?i)(pass|secret|token|credential|apikey|api_key|private)`)
-
-// dsnSecret matches key=value secrets inside a libpq key/value DSN
-// ("host=h password=p") or a query string.
-var dsnSecret = regexp.MustCompile(`(?i)\b([a-z_]*(?:pass|secret|token|credential|apikey|api_key)[a-z_]*)\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]*)`)
+const Redacted = redact.Mask
 
 // RedactArgs returns args with secrets replaced by Redacted: the password
 // of every URL, query parameters and key=value pairs named like a secret,
@@ -184,7 +175,7 @@ func RedactArgs(args []string) []string {
 func redactArg(a string) string {
 	if strings.HasPrefix(a, "--") {
 		if name, val, ok := strings.Cut(a[2:], "="); ok {
-			if secretName.MatchString(name) {
+			if redact.SecretName(name) {
 				return "--" + name + "=" + Redacted
 			}
 			return "--" + name + "=" + RedactValue(val)
@@ -193,41 +184,6 @@ func redactArg(a string) string {
 	return RedactValue(a)
 }
 
-// urlInText finds URLs inside free text such as an error message.
-var urlInText = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>]+`)
-
-// RedactValue hides the secrets of one value: a URL's password and secret
-// query parameters, secret key=value pairs, and the same inside free text
-// (URLs embedded in an error message).
-func RedactValue(v string) string {
-	if strings.Contains(v, "://") {
-		v = urlInText.ReplaceAllStringFunc(v, redactURL)
-	}
-	return dsnSecret.ReplaceAllString(v, "${1}="+Redacted)
-}
-
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		// A value that looks like a URL but does not parse may still hold
-		// a password after the scheme: hide all of it.
-		return "<unparseable URL, not shown>"
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), Redacted)
-	}
-	if u.RawQuery != "" {
-		q := u.Query()
-		changed := false
-		for k := range q {
-			if secretName.MatchString(k) {
-				q.Set(k, Redacted)
-				changed = true
-			}
-		}
-		if changed {
-			u.RawQuery = q.Encode()
-		}
-	}
-	return u.String()
-}
+// RedactValue hides the secrets of one value or free text (see
+// internal/redact.Text).
+func RedactValue(v string) string { return redact.Text(v) }

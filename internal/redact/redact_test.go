@@ -1,0 +1,65 @@
+package redact_test
+
+import (
+	"errors"
+	"io/fs"
+	"strings"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/redact"
+)
+
+const secret = "Sup3rS3cretPW"
+
+func TestTextHidesSecrets(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		"postgres://postgres:" + secret + "@127.0.0.1:5432/test?sslmode=disable",
+		`parse "postgres://app:` + secret + `@db:badport/orders": invalid port ":badport" after host`,
+		"kafka://b:9092?sasl_user=u&sasl_password=" + secret,
+		"host=h user=u password=" + secret + " dbname=d",
+		"host=h password='" + secret + " x' dbname=d",
+		`token="` + secret + `"`,
+		"amqp://g:" + secret + "@r/ and amqps://h:" + secret + "@s/",
+		"http://%zz:" + secret + "@host/",
+	} {
+		got := redact.Text(in)
+		require.NotContains(t, got, secret, "from %q", in)
+	}
+	require.Equal(t, "no secrets here: topic=orders", redact.Text("no secrets here: topic=orders"))
+	require.Equal(t, `parse "postgres://app:xxxxx@db:badport/orders": invalid port`,
+		redact.Text(`parse "postgres://app:`+secret+`@db:badport/orders": invalid port`), "a URL net/url refuses keeps its shape")
+	require.Equal(t, "x://u:xxxxx@h:badport/p?password=xxxxx", redact.Text("x://u:p/w@d@h:badport/p?password="+secret))
+	require.Equal(t, "dial postgres://u:xxxxx@h:5432/db?sslmode=disable: refused",
+		redact.Text("dial postgres://u:"+secret+"@h:5432/db?sslmode=disable: refused"))
+}
+
+func TestErrorKeepsTheChain(t *testing.T) {
+	t.Parallel()
+	base := errors.Join(fs.ErrNotExist, errors.New("open postgres://u:"+secret+"@h/db"))
+	err := redact.Error(base)
+	require.NotContains(t, err.Error(), secret)
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	plain := errors.New("nothing to hide")
+	require.Same(t, plain, redact.Error(plain))
+	require.NoError(t, redact.Error(nil))
+}
+
+func TestLoggerRedactsMessageErrorAndFields(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	l := redact.Logger(watermill.NewStdLoggerWithOut(&b, true, true))
+	require.Equal(t, l, redact.Logger(l), "not wrapped twice")
+	url := "postgres://u:" + secret + "@h/db"
+	l.Error("failed at "+url, errors.New("dial "+url), watermill.LogFields{"dsn": url, "password": secret, "n": 3, "err": errors.New(url)})
+	l.Info("info "+url, watermill.LogFields{"dsn": url})
+	l.Debug("debug", watermill.LogFields{"x": "password=" + secret})
+	l.With(watermill.LogFields{"dsn": url}).Trace("trace", nil)
+	out := b.String()
+	require.NotContains(t, out, secret)
+	require.Equal(t, 4, strings.Count(out, "\n"), out)
+	require.Contains(t, out, "n=3")
+}
