@@ -55,19 +55,32 @@ func ValidateName(kind Kind, what, name string) error {
 
 // nameCache remembers names already validated, so the check costs one map
 // read per publish.
+// A map under a read lock, not a sync.Map: boxing the string key for
+// sync.Map costs an allocation per publish.
 type nameCache struct {
 	kind Kind
-	ok   sync.Map
+	mu   sync.RWMutex
+	ok   map[string]struct{}
 }
 
 func (c *nameCache) check(what, name string) error {
-	if _, ok := c.ok.Load(name); ok {
+	c.mu.RLock()
+	_, ok := c.ok[name]
+	c.mu.RUnlock()
+	if ok {
 		return nil
 	}
 	if err := ValidateName(c.kind, what, name); err != nil {
 		return err
 	}
-	c.ok.Store(name, struct{}{})
+	c.mu.Lock()
+	if c.ok == nil {
+		c.ok = map[string]struct{}{}
+	}
+	if len(c.ok) < 10000 { // bounded: topics are few; a flood of names is not cached
+		c.ok[name] = struct{}{}
+	}
+	c.mu.Unlock()
 	return nil
 }
 
