@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/tracing"
 )
 
 // Dead-letter reasons: the metadata.DeadLetterReason value, the reason
@@ -263,15 +264,13 @@ func (m *Middleware) deadLetter(msg *message.Message, cause error) error {
 	// it into a redelivery of a message that already used its attempts.
 	dl.SetContext(context.WithoutCancel(ctx))
 
-	fields := watermill.LogFields{
-		"message_uuid": msg.UUID,
-		"topic":        topic,
-		"dlq_topic":    dlTopic,
-		"handler":      message.HandlerNameFromCtx(ctx),
-		"reason":       f.Reason,
-		"attempts":     f.Attempts,
-		"error_type":   f.ErrorType,
-	}
+	fields := tracing.LogFields(topic, msg).Add(watermill.LogFields{
+		"dlq_topic":  dlTopic,
+		"handler":    message.HandlerNameFromCtx(ctx),
+		"reason":     f.Reason,
+		"attempts":   f.Attempts,
+		"error_type": f.ErrorType,
+	})
 	if err := m.pub.Publish(dlTopic, dl); err != nil {
 		if m.publishFailure != nil {
 			m.publishFailure.WithLabelValues(topic).Inc()

@@ -829,7 +829,7 @@ func (r *Relay) fail(ctx context.Context, rows []row, results []error, idx []int
 		if r.cfg.Retry.Exhausted(attempt, now.Sub(rw.createdAt)) {
 			final[k] = true
 			r.deadLetter(rw, results[i])
-			r.cfg.Logger.Error("outbox relay: event failed for good", results[i], watermill.LogFields{"id": rw.id, "topic": rw.topic, "attempts": attempt})
+			r.cfg.Logger.Error("outbox relay: event failed for good", results[i], tracing.LogFields(rw.topic, rw.msg).Add(watermill.LogFields{"id": rw.id, "attempts": attempt}))
 			continue
 		}
 		d := r.cfg.Retry.Delay(attempt, 0)
@@ -890,6 +890,6 @@ func (r *Relay) deadLetter(rw row, cause error) {
 	m.SetContext(rw.msg.Context())
 	if err := r.pub.Publish(r.cfg.DeadLetterTopic, m); err != nil {
 		r.cfg.Logger.Error("outbox relay: publishing to the dead-letter topic failed; the row stays failed in the outbox", err,
-			watermill.LogFields{"id": rw.id, "dead_letter_topic": r.cfg.DeadLetterTopic})
+			tracing.LogFields(rw.topic, rw.msg).Add(watermill.LogFields{"id": rw.id, "dead_letter_topic": r.cfg.DeadLetterTopic}))
 	}
 }

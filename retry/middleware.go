@@ -8,6 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millwright/millwright/tracing"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/internal/redact"
@@ -138,13 +140,11 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			var re *Error
 			if errors.As(err, &re) && !re.Interrupted && !m.silent {
-				m.logger.Error("Giving up on message", err, watermill.LogFields{
-					"message_uuid": msg.UUID,
-					"topic":        message.SubscribeTopicFromCtx(original),
-					"handler":      message.HandlerNameFromCtx(original),
-					"attempts":     re.Attempts,
-					"permanent":    IsPermanent(err),
-				})
+				m.logger.Error("Giving up on message", err, tracing.LogFields(message.SubscribeTopicFromCtx(original), msg).Add(watermill.LogFields{
+					"handler":   message.HandlerNameFromCtx(original),
+					"attempts":  re.Attempts,
+					"permanent": IsPermanent(err),
+				}))
 			}
 			return nil, err
 		}
@@ -162,13 +162,11 @@ func (m *Middleware) notify(msg *message.Message, ctx context.Context, attempt i
 	if m.retries != nil {
 		m.retries.WithLabelValues(topic, reason).Inc()
 	}
-	m.logger.Info("Handler failed, retrying", watermill.LogFields{
-		"message_uuid": msg.UUID,
-		"topic":        topic,
-		"attempt":      attempt,
-		"delay":        delay.String(),
-		"error":        err.Error(),
-	})
+	m.logger.Info("Handler failed, retrying", tracing.LogFields(topic, msg).Add(watermill.LogFields{
+		"attempt": attempt,
+		"delay":   delay.String(),
+		"error":   err.Error(),
+	}))
 	if m.onRetry != nil {
 		m.onRetry(msg, attempt, err, delay)
 	}
