@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"
+	"github.com/millwright/millwright/tracing"
 )
 
 // App is the order example: the services of one process, sharing one
@@ -127,7 +128,9 @@ func (a *App) consumer(r *message.Router, name, topic, group string, h message.N
 	if err != nil {
 		return err
 	}
-	mws := []message.HandlerMiddleware{dead.Middleware}
+	// Tracing outermost: the handle span continues the trace the message
+	// carries, and the handler's outbox writes carry it on.
+	mws := []message.HandlerMiddleware{tracing.Middleware(tracing.Config{}), dead.Middleware}
 	if a.cfg.Duplicate {
 		mws = append(mws, middleware.Duplicator)
 	}
