@@ -89,8 +89,10 @@ func (b Binding) eq(x, y string) bool {
 
 // Decode renames md's wire keys to metadata keys in place (MetadataKey on
 // every key). When two wire keys map to one metadata key, the one already
-// named as the metadata key loses to the wire form, and the ContentType key
-// wins over a prefixed datacontenttype.
+// named as the metadata key loses to the wire form, the ContentType key
+// wins over a prefixed datacontenttype, and among several wire forms of one
+// attribute ("ce-ID" and "ce-id" on case-insensitive Pub/Sub) the last in
+// byte order wins, so the result never depends on map order.
 func (b Binding) Decode(md map[string]string) {
 	type rename struct{ from, to string }
 	var rs []rename
@@ -101,8 +103,12 @@ func (b Binding) Decode(md map[string]string) {
 	}
 	// The content-type key is the binding's own carrier of
 	// datacontenttype: it wins over a prefixed duplicate.
-	sort.SliceStable(rs, func(i, j int) bool {
-		return !b.eq(rs[i].from, b.ContentType) && b.eq(rs[j].from, b.ContentType)
+	sort.Slice(rs, func(i, j int) bool {
+		ci, cj := b.ContentType != "" && b.eq(rs[i].from, b.ContentType), b.ContentType != "" && b.eq(rs[j].from, b.ContentType)
+		if ci != cj {
+			return cj
+		}
+		return rs[i].from < rs[j].from
 	})
 	for _, r := range rs {
 		md[r.to] = md[r.from]

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"mime"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -102,18 +103,18 @@ func Validate(msg *message.Message) error {
 	required(metadata.EventID, "a unique id per event; the outbox sets it")
 	if src := required(metadata.EventSource, `the producing service as a URI-reference, e.g. "/orders-service"`); src != "" {
 		if _, err := url.Parse(src); err != nil {
-			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %q is not a URI-reference: %v", msg.UUID, metadata.EventSource, src, err))
+			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s is not a URI-reference: %v", msg.UUID, metadata.EventSource, quote(src), shortErr(err)))
 		}
 	}
 	if typ := required(metadata.EventType, `a versioned type such as "order.created.v1"`); typ != "" && strings.TrimSpace(typ) != typ {
-		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %q has surrounding spaces", msg.UUID, metadata.EventType, typ))
+		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s has surrounding spaces", msg.UUID, metadata.EventType, quote(typ)))
 	}
 	if sv := required(metadata.EventSpecVersion, `"1.0"`); sv != "" && sv != SpecVersion {
-		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %q: want %q", msg.UUID, metadata.EventSpecVersion, sv, SpecVersion))
+		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s: want %q", msg.UUID, metadata.EventSpecVersion, quote(sv), SpecVersion))
 	}
 	if t, ok := md[metadata.EventTime]; ok {
 		if _, err := time.Parse(time.RFC3339Nano, t); err != nil {
-			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %q is not an RFC 3339 timestamp (want e.g. 2026-01-02T15:04:05Z)", msg.UUID, metadata.EventTime, t))
+			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s is not an RFC 3339 timestamp (want e.g. 2026-01-02T15:04:05Z)", msg.UUID, metadata.EventTime, quote(t)))
 		}
 	}
 	if s, ok := md[metadata.EventSubject]; ok && s == "" {
@@ -125,8 +126,29 @@ func Validate(msg *message.Message) error {
 			err = errors.New("no type/subtype")
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %q is not a media type (want e.g. application/json): %v", msg.UUID, metadata.EventDataContentType, ct, err))
+			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s is not a media type (want e.g. application/json): %v", msg.UUID, metadata.EventDataContentType, quote(ct), shortErr(err)))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// maxQuoted bounds how much of a hostile value an error quotes.
+const maxQuoted = 64
+
+// quote quotes v for an error message, cut to maxQuoted bytes.
+func quote(v string) string {
+	if len(v) <= maxQuoted {
+		return strconv.Quote(v)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", v[:maxQuoted], len(v))
+}
+
+// shortErr is err's text cut to a bounded length: parse errors quote the
+// whole input.
+func shortErr(err error) string {
+	s := err.Error()
+	if len(s) <= 4*maxQuoted {
+		return s
+	}
+	return s[:4*maxQuoted] + "..."
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/lib/pq"
@@ -79,28 +80,13 @@ func (s *Store) Record(msg *message.Message) error {
 // Insert stores msg like Record and returns the row id, or 0 when the row
 // already existed.
 func (s *Store) Insert(ctx context.Context, msg *message.Message) (int64, error) {
-	md := msg.Metadata
-	now := time.Now()
-	dlTopic := md.Get(metadata.DeadLetterTopic)
+	dlTopic := msg.Metadata.Get(metadata.DeadLetterTopic)
 	if dlTopic == "" {
 		dlTopic = message.SubscribeTopicFromCtx(ctx)
 	}
-	attempts, _ := strconv.Atoi(md.Get(metadata.DeadLetterAttempts))
-	first := parseTime(md.Get(metadata.DeadLetterFirstFailure), now)
-	last := parseTime(md.Get(metadata.DeadLetterLastFailure), first)
-	orig := map[string]string{}
-	for k, v := range md {
-		if !isDeadLetterKey(k) {
-			orig[k] = v
-		}
-	}
-	mdJSON, err := json.Marshal(orig)
+	r, err := parseEnvelope(msg, dlTopic, time.Now())
 	if err != nil {
-		return 0, fmt.Errorf("dlq: encoding metadata of dead letter %s: %w", msg.UUID, err)
-	}
-	payload := msg.Payload
-	if payload == nil {
-		payload = []byte{}
+		return 0, err
 	}
 	var id int64
 	err = s.db.QueryRowContext(ctx, `
@@ -109,17 +95,74 @@ INSERT INTO millwright_dead_letters (message_uuid, original_topic, dlq_topic, co
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
 ON CONFLICT (dlq_topic, message_uuid, last_failure_at) DO NOTHING
 RETURNING id`,
-		msg.UUID, md.Get(metadata.DeadLetterOriginalTopic), dlTopic, md.Get(metadata.DeadLetterConsumerGroup),
-		md.Get(metadata.DeadLetterHandler), md.Get(metadata.DeadLetterReason), md.Get(metadata.DeadLetterError),
-		md.Get(metadata.DeadLetterErrorType), md.Get(metadata.DeadLetterStack), attempts, first, last,
-		payload, string(mdJSON)).Scan(&id)
+		r.MessageUUID, r.OriginalTopic, r.DeadLetterTopic, r.ConsumerGroup, r.Handler, r.Reason, r.Error,
+		r.ErrorType, r.Stack, r.Attempts, r.FirstFailure, r.LastFailure, r.Payload, r.metadataJSON).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("dlq: recording dead letter %s from %s (did `millwright migrate` run?): %w", msg.UUID, dlTopic, err)
+		return 0, fmt.Errorf("dlq: recording dead letter %s from %s (did `millwright migrate` run?): %w", r.MessageUUID, r.DeadLetterTopic, err)
 	}
 	return id, nil
+}
+
+// envelope is a dead letter read from a message, ready to insert.
+type envelope struct {
+	DeadLetter
+	metadataJSON string
+}
+
+// maxAttempts is the largest attempts value stored (the column is an int4).
+const maxAttempts = 1<<31 - 1
+
+// parseEnvelope reads the dead-letter metadata of msg. Whatever reaches
+// the dead-letter topic is stored, since a refused row would be redelivered
+// forever: text Postgres refuses (invalid UTF-8, NUL bytes, also inside
+// the metadata JSON) is stored with U+FFFD in place of the bad bytes; an
+// attempts value that is not a number in 0..2^31-1 is stored as 0 or
+// clamped; a time that is not RFC 3339 becomes now (first failure) or the
+// first failure (last failure). The payload is kept byte for byte.
+func parseEnvelope(msg *message.Message, dlTopic string, now time.Time) (envelope, error) {
+	md := msg.Metadata
+	var r envelope
+	r.MessageUUID = storable(msg.UUID)
+	r.OriginalTopic = storable(md.Get(metadata.DeadLetterOriginalTopic))
+	r.DeadLetterTopic = storable(dlTopic)
+	r.ConsumerGroup = storable(md.Get(metadata.DeadLetterConsumerGroup))
+	r.Handler = storable(md.Get(metadata.DeadLetterHandler))
+	r.Reason = storable(md.Get(metadata.DeadLetterReason))
+	r.Error = storable(md.Get(metadata.DeadLetterError))
+	r.ErrorType = storable(md.Get(metadata.DeadLetterErrorType))
+	r.Stack = storable(md.Get(metadata.DeadLetterStack))
+	if n, err := strconv.ParseInt(strings.TrimSpace(md.Get(metadata.DeadLetterAttempts)), 10, 64); err == nil && n > 0 {
+		r.Attempts = int(min(n, maxAttempts))
+	}
+	r.FirstFailure = parseTime(md.Get(metadata.DeadLetterFirstFailure), now)
+	r.LastFailure = parseTime(md.Get(metadata.DeadLetterLastFailure), r.FirstFailure)
+	r.Metadata = map[string]string{}
+	for k, v := range md {
+		if !isDeadLetterKey(k) {
+			r.Metadata[storable(k)] = storable(v)
+		}
+	}
+	b, err := json.Marshal(r.Metadata)
+	if err != nil {
+		return r, fmt.Errorf("dlq: encoding metadata of dead letter %s: %w", r.MessageUUID, err)
+	}
+	r.metadataJSON = string(b)
+	r.Payload = msg.Payload
+	if r.Payload == nil {
+		r.Payload = []byte{}
+	}
+	return r, nil
+}
+
+// storable returns s as text Postgres accepts: valid UTF-8 without NUL.
+func storable(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 func parseTime(s string, def time.Time) time.Time {

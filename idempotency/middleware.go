@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/tracing"
 )
 
 // Mode chooses when the processed mark is written.
@@ -47,6 +50,20 @@ func (m Mode) String() string {
 // stops at once and the dead-letter path parks it with this reason. Test
 // with errors.Is(err, ErrNoEventID).
 var ErrNoEventID = errors.New("message has no event id")
+
+// ErrInvalidEventID is returned by the middleware, wrapped in
+// retry.Permanent, for a message whose event id cannot be stored: longer
+// than MaxEventIDBytes, not valid UTF-8, or holding a NUL byte. Such a
+// message is not processed; the dead-letter path parks it. Test with
+// errors.Is(err, ErrInvalidEventID); the error also matches ErrNoEventID
+// (the message has no usable id).
+var ErrInvalidEventID = errors.New("invalid event id")
+
+// MaxEventIDBytes bounds an event id. Postgres cannot index a key above
+// about 2,700 bytes (a third of a page), so a longer id would fail on every
+// redelivery; 1,024 leaves room for the consumer name and is far above any
+// UUID, ULID or "order-123:created" id.
+const MaxEventIDBytes = 1024
 
 // KeyFunc derives an event id from a message that lacks the metadata.EventID
 // key. It returns "" (or an error) when the message has no usable id.
@@ -165,7 +182,7 @@ func counter(cfg Config, name, help string) (prometheus.Counter, error) {
 // error wraps ErrNoEventID and is marked retry.Permanent.
 func (m *Middleware) EventID(msg *message.Message) (string, error) {
 	if id := msg.Metadata.Get(metadata.EventID); id != "" {
-		return id, nil
+		return m.checkEventID(msg, id, "metadata "+metadata.EventID)
 	}
 	if m.cfg.KeyFunc != nil {
 		id, err := m.cfg.KeyFunc(msg)
@@ -173,11 +190,33 @@ func (m *Middleware) EventID(msg *message.Message) (string, error) {
 			return "", retry.Permanent(fmt.Errorf("idempotency: consumer %q: message %s: KeyFunc: %w (%w)", m.cfg.Consumer, msg.UUID, err, ErrNoEventID))
 		}
 		if id != "" {
-			return id, nil
+			return m.checkEventID(msg, id, "Config.KeyFunc's id")
 		}
 	}
 	return "", retry.Permanent(fmt.Errorf("idempotency: consumer %q: message %s: %w: set the %q metadata key when publishing (the outbox does) or configure Config.KeyFunc",
 		m.cfg.Consumer, msg.UUID, ErrNoEventID, metadata.EventID))
+}
+
+// checkEventID refuses an id no store can keep, permanently: retrying
+// cannot change it. The error quotes at most 64 bytes of it.
+func (m *Middleware) checkEventID(msg *message.Message, id, from string) (string, error) {
+	var problem string
+	switch {
+	case len(id) > MaxEventIDBytes:
+		problem = fmt.Sprintf("is %d bytes long: want at most %d", len(id), MaxEventIDBytes)
+	case !utf8.ValidString(id):
+		problem = "is not valid UTF-8"
+	case strings.IndexByte(id, 0) >= 0:
+		problem = "holds a NUL byte"
+	default:
+		return id, nil
+	}
+	shown := id
+	if len(shown) > 64 {
+		shown = strings.ToValidUTF8(shown[:64], "") + "..."
+	}
+	return "", retry.Permanent(fmt.Errorf("idempotency: consumer %q: message %s: %s %q %s: %w (%w)",
+		m.cfg.Consumer, msg.UUID, from, shown, problem, ErrInvalidEventID, ErrNoEventID))
 }
 
 // Middleware wraps h so that each event is processed once by this consumer.
@@ -259,9 +298,9 @@ func (m *Middleware) markAfter(h message.HandlerFunc, msg *message.Message) ([]*
 	}
 	if !fresh {
 		m.repeated.Inc()
-		m.cfg.Logger.Error("Event processed twice: another delivery finished first", nil, watermill.LogFields{
-			"consumer": m.cfg.Consumer, "event_id": id, "message_uuid": msg.UUID, "mode": m.cfg.Mode.String(),
-		})
+		m.cfg.Logger.Error("Event processed twice: another delivery finished first", nil, tracing.LogFields("", msg).Add(watermill.LogFields{
+			"consumer": m.cfg.Consumer, "event_id": id, "mode": m.cfg.Mode.String(),
+		}))
 		return produced, nil
 	}
 	m.done.Inc()
@@ -287,7 +326,7 @@ func (m *Middleware) markAlone(ctx context.Context, id string) (bool, error) {
 
 func (m *Middleware) duplicate(msg *message.Message, id string) {
 	m.dups.Inc()
-	m.cfg.Logger.Debug("Skipping duplicate event", watermill.LogFields{
-		"consumer": m.cfg.Consumer, "event_id": id, "message_uuid": msg.UUID,
-	})
+	m.cfg.Logger.Debug("Skipping duplicate event", tracing.LogFields("", msg).Add(watermill.LogFields{
+		"consumer": m.cfg.Consumer, "event_id": id,
+	}))
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -487,6 +488,10 @@ func (o *Orchestrator[D]) parseReply(msg *message.Message) (replyInfo, error) {
 	if r.sagaID == "" {
 		return r, fmt.Errorf("saga %s: reply %s has no %q metadata: participants must copy the command's saga keys (use saga.NewReply or saga.ReplyEvent)", o.def.name, msg.UUID, metadata.SagaID)
 	}
+	if storableText(r.sagaID) != r.sagaID {
+		// Saga ids are stored as text: this one cannot name a saga.
+		return r, fmt.Errorf("saga %s: reply %s has %s %q that is not valid UTF-8 or holds a NUL byte: no saga has that id", o.def.name, msg.UUID, metadata.SagaID, r.sagaID)
+	}
 	if typ := md.Get(metadata.SagaType); typ != "" && typ != o.def.name {
 		return r, fmt.Errorf("saga %s: reply %s is for saga type %q: give each saga type its own reply topic (Config.ReplyTopic)", o.def.name, msg.UUID, typ)
 	}
@@ -668,20 +673,40 @@ func (o *Orchestrator[D]) onReply(ctx context.Context, tx *sql.Tx, in instance, 
 	return t, nil
 }
 
-// replyError is the failure reason a reply carries.
+// maxReplyErrorBytes bounds the failure text a reply puts in last_error
+// and the history.
+const maxReplyErrorBytes = 1024
+
+// replyError is the failure reason a reply carries, made storable: the
+// participant's text may be binary, hold NUL bytes or be cut mid-rune,
+// and Postgres refuses such text, which would fail the reply on every
+// redelivery.
 func replyError(r Reply) string {
-	if e := r.Metadata[metadata.SagaError]; e != "" {
-		return e
+	e := r.Metadata[metadata.SagaError]
+	if e == "" && len(r.Payload) > 0 {
+		e = string(r.Payload)
 	}
-	if len(r.Payload) > 0 {
-		return truncate(string(r.Payload), 1024)
+	if e == "" {
+		return r.Type
 	}
-	return r.Type
+	return truncate(storableText(e), maxReplyErrorBytes)
 }
 
+// storableText returns s as valid UTF-8 without NUL bytes.
+func storableText(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
+// truncate cuts s to at most n bytes on a rune boundary, marking the cut.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "..."
 }

@@ -1,0 +1,92 @@
+package dlq
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/metadata"
+)
+
+func isStorable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+
+func hostileEnvelope(uuid, attempts, first, last, errText, key, value string, payload []byte) *message.Message {
+	msg := message.NewMessage(uuid, payload)
+	msg.Metadata.Set(metadata.DeadLetterOriginalTopic, "orders")
+	msg.Metadata.Set(metadata.DeadLetterAttempts, attempts)
+	msg.Metadata.Set(metadata.DeadLetterFirstFailure, first)
+	msg.Metadata.Set(metadata.DeadLetterLastFailure, last)
+	msg.Metadata.Set(metadata.DeadLetterError, errText)
+	msg.Metadata.Set(key, value)
+	return msg
+}
+
+// FuzzParseEnvelope reads hostile dead-letter metadata back: no panic, and
+// every value it produces is one Postgres stores (a row it refused would
+// be redelivered to the store forever).
+func FuzzParseEnvelope(f *testing.F) {
+	f.Add("u-1", "5", "2026-01-02T15:04:05Z", "2026-01-02T15:05:05.123456789+02:00", "payment declined", "ce_id", "evt-1", []byte(`{}`))
+	f.Add("u\x00", "99999999999", "not a time", "", "bad\xff\x00", "k\x00", "v\xfe", []byte("\x00\xff"))
+	f.Add("", "-3", "0000-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "", "", "", []byte(nil))
+	f.Add("u-2", " 7 ", "2026-01-02T15:04:05Z", "2026-01-02T15:04:04Z", strings.Repeat("é", 600), "dlq_reason", "spoofed", []byte("x"))
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, uuid, attempts, first, last, errText, key, value string, payload []byte) {
+		r, err := parseEnvelope(hostileEnvelope(uuid, attempts, first, last, errText, key, value, payload), "orders.dlq", now)
+		if err != nil {
+			t.Fatalf("refused an envelope (it would be redelivered forever): %v", err)
+		}
+		for name, s := range map[string]string{"uuid": r.MessageUUID, "topic": r.OriginalTopic, "dlq topic": r.DeadLetterTopic,
+			"error": r.Error, "metadata": r.metadataJSON} {
+			if !isStorable(s) {
+				t.Fatalf("%s %q cannot be stored", name, s)
+			}
+		}
+		if strings.Contains(r.metadataJSON, `\u0000`) {
+			t.Fatalf("metadata JSON %s holds a NUL escape: jsonb refuses it", r.metadataJSON)
+		}
+		if !json.Valid([]byte(r.metadataJSON)) {
+			t.Fatalf("metadata JSON %s is not valid", r.metadataJSON)
+		}
+		if r.Attempts < 0 || r.Attempts > maxAttempts {
+			t.Fatalf("attempts %d out of the column's range", r.Attempts)
+		}
+		if r.FirstFailure.IsZero() || r.LastFailure.IsZero() {
+			t.Fatal("zero failure time")
+		}
+		if string(r.Payload) != string(payload) {
+			t.Fatal("payload changed")
+		}
+		for k := range r.Metadata {
+			if isDeadLetterKey(k) {
+				t.Fatalf("dead-letter key %q kept in the original metadata", k)
+			}
+		}
+	})
+}
+
+// TestHostileEnvelopeIsStored proves the fuzzer's rule on the real table:
+// an envelope with NUL bytes, invalid UTF-8 and an out-of-range attempt
+// count is stored, not refused.
+func TestHostileEnvelopeIsStored(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, Migrations())
+	s.DB.SetMaxOpenConns(2)
+	store := NewStore(s.DB)
+	msg := hostileEnvelope("u\x00-1", "99999999999", "2026-01-02T15:04:05Z", "x", "bad\xff\x00text", "k\x00", "v\xfe", []byte("\x00\xffbin"))
+	msg.Metadata.Set(metadata.DeadLetterTopic, "orders.dlq")
+	id, err := store.Insert(context.Background(), msg)
+	require.NoError(t, err)
+	d, err := store.Get(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, maxAttempts, d.Attempts)
+	require.Equal(t, "bad\uFFFD\uFFFDtext", d.Error)
+	require.Equal(t, "v\uFFFD", d.Metadata["k\uFFFD"])
+	require.Equal(t, []byte("\x00\xffbin"), d.Payload, "payload kept byte for byte")
+}
