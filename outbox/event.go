@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -56,6 +57,22 @@ type Event struct {
 	// Source is the CloudEvents source (metadata.EventSource). Optional.
 	Source string
 }
+
+// DefaultMaxEventBytes is the default of MaxEventBytes: 1 MiB, Kafka's
+// default message.max.bytes, the smallest limit among the transports
+// (Pub/Sub takes 10 MB, RabbitMQ 128 MB by default).
+const DefaultMaxEventBytes = 1 << 20
+
+// MaxEventBytes bounds payload plus metadata of one event; Add and
+// TxPublisher.Publish refuse a larger event with ErrInvalidEvent, at write
+// time, in the business transaction, rather than leave the relay to find
+// out from the broker. Set it once at start-up to your broker's limit (0
+// or less: no limit).
+var MaxEventBytes = func() *atomic.Int64 {
+	var v atomic.Int64
+	v.Store(DefaultMaxEventBytes)
+	return &v
+}()
 
 // ErrInvalidEvent is returned (wrapped) by Add and TxPublisher.Publish for an
 // event that cannot be stored; the message names the field to fix.
@@ -185,6 +202,12 @@ func prepare(ctx context.Context, ev Event, now time.Time) ([]any, error) {
 	mdJSON, err := json.Marshal(md)
 	if err != nil {
 		return nil, fmt.Errorf("%w: metadata: %v", ErrInvalidEvent, err)
+	}
+	if limit := MaxEventBytes.Load(); limit > 0 {
+		if size := int64(len(ev.Payload) + len(mdJSON)); size > limit {
+			return nil, fmt.Errorf("%w: event %s for topic %s is %d bytes (payload %d, metadata %d), over the limit of %d (outbox.MaxEventBytes; match it to your broker: Kafka message.max.bytes, Pub/Sub 10 MB): store large data elsewhere and send a reference",
+				ErrInvalidEvent, ev.ID, ev.Topic, size, len(ev.Payload), len(mdJSON), limit)
+		}
 	}
 	return []any{ev.ID, ev.Topic, ev.AggregateType, aggID, ev.EventType, payload, raw, string(mdJSON)}, nil
 }

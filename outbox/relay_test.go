@@ -519,3 +519,25 @@ func TestRelay_FailingAggregateBacklogDoesNotBlockOthers(t *testing.T) {
 	require.Equal(t, 60, count(t, b.db, "status = 'pending' AND aggregate_id = 'bad'"))
 	eventually(t, 5*time.Second, func() bool { return count(t, b.db, "aggregate_id = 'bad' AND retry_count >= 2") == 1 }, "the bad head keeps retrying")
 }
+
+func TestAdd_RefusesOversizedEventAtWriteTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	big := make([]byte, DefaultMaxEventBytes+1)
+	for i := range big {
+		big[i] = 'x'
+	}
+	tx, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer tx.Rollback() //nolint:errcheck // test
+	err = Add(ctx, tx, Event{Topic: "orders", AggregateID: "o-1", Payload: big})
+	require.ErrorIs(t, err, ErrInvalidEvent)
+	require.ErrorContains(t, err, "over the limit of 1048576")
+	require.ErrorContains(t, err, "topic orders")
+	// A payload just under the limit (metadata included) is stored.
+	require.NoError(t, Add(ctx, tx, Event{Topic: "orders", AggregateID: "o-2", Payload: big[:DefaultMaxEventBytes-1024]}))
+	require.NoError(t, tx.Commit())
+	require.Equal(t, 1, count(t, b.db, "aggregate_id = 'o-2'"))
+	require.Zero(t, count(t, b.db, "aggregate_id = 'o-1'"))
+}
