@@ -163,7 +163,7 @@ func (c *change) finish(affected int64, runErr error) error {
 		return runErr
 	}
 	if c.confirmed == "" {
-		// The run failed before confirmation (e.g. a bad id in the preview).
+		// confirm was not reached: a dry run, or a failure before it.
 		c.confirmed = "none"
 		if c.dryRun {
 			c.confirmed = "dry-run"
