@@ -94,44 +94,75 @@ func outboxCmd() *cobra.Command {
 		Short: "Put failed events back to pending with a fresh retry budget",
 		Long: `Puts the outbox rows in the failed state (those that exhausted their
 publish attempts) back to pending with a fresh retry budget, and wakes the
-relays. --topic and --id narrow the selection; --dry-run only lists it.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+relays. --topic and --id narrow the selection; --dry-run only lists it. On a
+terminal it shows the selection and asks to confirm; elsewhere --yes is
+required. Every run is recorded in millwright_audit.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
 			topic, _ := cmd.Flags().GetString("topic")
 			ids, _ := cmd.Flags().GetInt64Slice("id")
 			dry, _ := cmd.Flags().GetBool("dry-run")
+			change, err := newChange(cmd, args)
+			if err != nil {
+				return err
+			}
 			db, err := openDB(cmd)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			evs, err := outbox.RetryFailed(cmd.Context(), db, outbox.FailedFilter{Topic: topic, IDs: ids}, dry)
+			if err := change.ready(db); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			filter := outbox.FailedFilter{Topic: topic, IDs: ids}
+			err = change.confirm(func() (string, error) {
+				evs, err := outbox.RetryFailed(ctx, db, filter, true)
+				if err != nil {
+					return "", err
+				}
+				var b strings.Builder
+				printFailedEvents(&b, evs)
+				fmt.Fprintf(&b, "%d failed event(s) will go back to pending", len(evs))
+				return firstLines(b.String(), 20), nil
+			})
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tEVENT ID\tTOPIC\tAGGREGATE\tATTEMPTS\tLAST ERROR")
-			for _, e := range evs {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", e.ID, e.EventID, e.Topic, e.AggregateID, e.RetryCount, oneLine(e.LastError, 80))
+			evs, err := outbox.RetryFailed(ctx, db, filter, dry)
+			if err != nil {
+				return change.finish(0, err)
 			}
-			if err := tw.Flush(); err != nil {
-				return err
+			out := cmd.OutOrStdout()
+			if err := printFailedEvents(out, evs); err != nil {
+				return change.finish(int64(len(evs)), err)
 			}
 			if dry {
 				fmt.Fprintf(out, "dry run: %d failed event(s) would be retried\n", len(evs))
 			} else {
 				fmt.Fprintf(out, "%d failed event(s) back to pending\n", len(evs))
 			}
-			return nil
+			return change.finish(int64(len(evs)), nil)
 		},
 	}
 	addDatabaseFlag(retryFailed)
 	retryFailed.Flags().String("topic", "", "retry only this topic's failed events")
 	retryFailed.Flags().Int64Slice("id", nil, "retry only these row ids (repeat or comma-separate)")
 	retryFailed.Flags().Bool("dry-run", false, "list the events that would be retried, change nothing")
+	addSafetyFlags(retryFailed)
 
 	cmd.AddCommand(status, retryFailed)
 	return cmd
+}
+
+// printFailedEvents lists failed outbox events as a table.
+func printFailedEvents(out io.Writer, evs []outbox.FailedEvent) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tEVENT ID\tTOPIC\tAGGREGATE\tATTEMPTS\tLAST ERROR")
+	for _, e := range evs {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", e.ID, e.EventID, e.Topic, e.AggregateID, e.RetryCount, oneLine(e.LastError, 80))
+	}
+	return tw.Flush()
 }
 
 func oneLine(s string, n int) string {

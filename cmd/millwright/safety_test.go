@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -65,7 +66,7 @@ func pendingDeadLetters(t *testing.T, store *dlq.Store) int {
 
 func TestStateChangingCommandsRefuseWithoutYesOffTerminal(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations(), saga.Migrations(), idempotency.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), saga.Migrations(), idempotency.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	store := dlq.NewStore(s.DB)
 	seedDeadLetters(t, store)
@@ -76,6 +77,7 @@ func TestStateChangingCommandsRefuseWithoutYesOffTerminal(t *testing.T) {
 		{dlqCmd(), []string{"replay", "--all", "--transport", "mem://"}},
 		{sagaCmd(), []string{"resolve", "o-1"}},
 		{idempotencyCmd(), []string{"clean"}},
+		{outboxCmd(), []string{"retry-failed"}},
 	} {
 		_, _, err := runCLI(t, tc.root, nil, s.URL, tc.args...)
 		require.ErrorIs(t, err, errNeedsYes, "%v", tc.args)

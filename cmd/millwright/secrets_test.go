@@ -24,6 +24,7 @@ import (
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
@@ -101,7 +102,7 @@ func TestSecretsNeverShown(t *testing.T) {
 	t.Parallel()
 	var l leaks
 	defer l.check(t)
-	s := pgtest.New(t, dlq.Migrations(), saga.Migrations(), idempotency.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), saga.Migrations(), idempotency.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	dbURL := withPassword(t, s.URL, "postgres")
 	require.Contains(t, dbURL, thePassword)
@@ -127,13 +128,16 @@ func TestSecretsNeverShown(t *testing.T) {
 			{dbURL, []string{"saga", "resolve", "nope", "--yes"}, true},
 			{dbURL, []string{"idempotency", "stats"}, false},
 			{dbURL, []string{"idempotency", "clean", "--yes"}, false},
+			{dbURL, []string{"outbox", "status"}, false},
+			{dbURL, []string{"outbox", "retry-failed", "--yes"}, false},
+			{badPort, []string{"outbox", "retry-failed", "--dry-run"}, true},
 			{dbURL, []string{"audit", "list"}, false},
 			{badPort, []string{"dlq", "list"}, true},
 			{badPort, []string{"saga", "resolve", "x", "--yes"}, true},
 			{refused, []string{"idempotency", "clean", "--yes"}, true},
 		}
 		for _, r := range runs {
-			root := map[string]func() *cobra.Command{"dlq": dlqCmd, "saga": sagaCmd, "idempotency": idempotencyCmd, "audit": auditCmd}[r.args[0]]()
+			root := map[string]func() *cobra.Command{"dlq": dlqCmd, "saga": sagaCmd, "idempotency": idempotencyCmd, "outbox": outboxCmd, "audit": auditCmd}[r.args[0]]()
 			out, errOut, err := runCLI(t, root, nil, r.url, r.args[1:]...)
 			where := "millwright " + strings.Join(r.args, " ")
 			l.add(where+" stdout", out)
