@@ -69,6 +69,10 @@ type ReplayReport struct {
 // fails after a successful publish, the row may be published again by a
 // later replay: delivery is at least once. Replay stops at the first
 // failed publish and returns the report so far with the error.
+//
+// Memory stays bounded whatever the backlog: rows are read 500 references
+// at a time (id order, keyset paging) and each payload only inside its own
+// transaction; the report keeps one small item per message.
 func (s *Store) Replay(ctx context.Context, pub message.Publisher, opts ReplayOptions) (ReplayReport, error) {
 	rep := ReplayReport{DryRun: opts.DryRun}
 	if opts.Rate < 0 {
@@ -79,10 +83,6 @@ func (s *Store) Replay(ctx context.Context, pub message.Publisher, opts ReplayOp
 	}
 	f := opts.Filter
 	f.Pending = !opts.Force
-	rows, err := s.List(ctx, f)
-	if err != nil {
-		return rep, err
-	}
 	if !opts.Force {
 		all := opts.Filter
 		all.Pending, all.Limit = false, 0
@@ -104,38 +104,100 @@ func (s *Store) Replay(ctx context.Context, pub message.Publisher, opts ReplayOp
 		interval = time.Duration(float64(time.Second) / opts.Rate)
 	}
 	next := time.Now()
-	for _, d := range rows {
-		item := ReplayItem{ID: d.ID, MessageUUID: d.MessageUUID, From: d.OriginalTopic, To: opts.Target, Error: d.Error}
-		if item.To == "" {
-			item.To = d.OriginalTopic
+	page := s.replayPage
+	if page <= 0 {
+		page = defaultReplayPage
+	}
+	// Keyset paging by id: memory holds one page of row references (not
+	// payloads: replayOne reads each row in its own transaction), however
+	// many dead letters the filter selects.
+	remaining := f.Limit
+	for {
+		pf := f
+		pf.Limit = page
+		if remaining > 0 {
+			pf.Limit = min(page, remaining)
 		}
-		if item.To == "" {
-			return rep, fmt.Errorf("dlq: dead letter %d has no original topic recorded: pass a target topic", d.ID)
-		}
-		if opts.DryRun {
-			rep.Items = append(rep.Items, item)
-			continue
-		}
-		if interval > 0 {
-			if err := sleepUntil(ctx, next); err != nil {
-				return rep, err
-			}
-			next = next.Add(interval)
-			if now := time.Now(); next.Before(now) {
-				next = now
-			}
-		}
-		published, err := s.replayOne(ctx, pub, d.ID, item.To, opts.Force)
+		refs, err := s.listRefs(ctx, pf)
 		if err != nil {
 			return rep, err
 		}
-		if !published {
-			rep.SkippedConcurrent++
-			continue
+		for _, d := range refs {
+			item := ReplayItem{ID: d.id, MessageUUID: d.uuid, From: d.topic, To: opts.Target, Error: d.err}
+			if item.To == "" {
+				item.To = d.topic
+			}
+			if item.To == "" {
+				return rep, fmt.Errorf("dlq: dead letter %d has no original topic recorded: pass a target topic", d.id)
+			}
+			if opts.DryRun {
+				rep.Items = append(rep.Items, item)
+				continue
+			}
+			if interval > 0 {
+				if err := sleepUntil(ctx, next); err != nil {
+					return rep, err
+				}
+				next = next.Add(interval)
+				if now := time.Now(); next.Before(now) {
+					next = now
+				}
+			}
+			published, err := s.replayOne(ctx, pub, d.id, item.To, opts.Force)
+			if err != nil {
+				return rep, err
+			}
+			if !published {
+				rep.SkippedConcurrent++
+				continue
+			}
+			rep.Items = append(rep.Items, item)
 		}
-		rep.Items = append(rep.Items, item)
+		if len(refs) < pf.Limit {
+			return rep, nil
+		}
+		f.afterID = refs[len(refs)-1].id
+		if remaining > 0 {
+			if remaining -= len(refs); remaining == 0 {
+				return rep, nil
+			}
+		}
 	}
-	return rep, nil
+}
+
+// defaultReplayPage is how many row references Replay reads at a time.
+const defaultReplayPage = 500
+
+// rowRef is what Replay needs of a row before locking it.
+type rowRef struct {
+	id               int64
+	uuid, topic, err string
+}
+
+// listRefs returns the references of the rows f selects, by id.
+func (s *Store) listRefs(ctx context.Context, f Filter) ([]rowRef, error) {
+	where, args := f.where()
+	q := "SELECT id, message_uuid, original_topic, error FROM millwright_dead_letters" + where + " ORDER BY id"
+	if f.Limit > 0 {
+		q += " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: listing dead letters to replay (did `millwright migrate` run?): %w", err)
+	}
+	defer rows.Close()
+	var out []rowRef
+	for rows.Next() {
+		var r rowRef
+		if err := rows.Scan(&r.id, &r.uuid, &r.topic, &r.err); err != nil {
+			return nil, fmt.Errorf("dlq: reading dead letter to replay: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("dlq: listing dead letters to replay: %w", err)
+	}
+	return out, nil
 }
 
 // replayOne publishes and marks one row inside a transaction holding its

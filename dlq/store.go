@@ -58,6 +58,9 @@ type DeadLetter struct {
 // safe for concurrent use. The table comes from Migrations.
 type Store struct {
 	db *sql.DB
+	// replayPage is how many rows Replay reads at a time; 0 means
+	// defaultReplayPage. Tests set it small.
+	replayPage int
 }
 
 // NewStore returns a Store on db, whose search_path must reach the
@@ -188,6 +191,9 @@ type Filter struct {
 	Pending bool
 	// Limit caps the number of rows, oldest first. 0 means no limit.
 	Limit int
+
+	// afterID selects rows with a larger id: Replay's keyset paging.
+	afterID int64
 }
 
 // where returns the WHERE clause and its arguments.
@@ -217,6 +223,9 @@ func (f Filter) where() (string, []any) {
 	}
 	if f.Pending {
 		conds = append(conds, "replayed_at IS NULL")
+	}
+	if f.afterID > 0 {
+		add("id > ?", f.afterID)
 	}
 	if len(conds) == 0 {
 		return "", nil
