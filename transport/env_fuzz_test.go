@@ -1,0 +1,37 @@
+package transport
+
+import (
+	"strings"
+	"testing"
+)
+
+// FuzzFromEnv feeds arbitrary values to every MILLWRIGHT_ variable: no
+// panic, an accepted configuration is valid, and errors and descriptions
+// never show the SASL password or a URL's password.
+func FuzzFromEnv(f *testing.F) {
+	f.Add("kafka", "h1:9092,h2:9092", "SCRAM-SHA-512", "u", "secretpw", "", "3", "")
+	f.Add("amqp://u:secretpw@h:5672/", "", "", "", "", "many", "", "a,b")
+	f.Add("gcppubsub://p-1?emulator=h:1", "", "", "", "", "", "", "")
+	f.Add("rabbit", ",,,", "GSSAPI", "", "secretpw", "-1", "0", ",")
+	f.Add("postgres://u:secretpw@h/db", "", "", "", "", "", "", "")
+	f.Fuzz(func(t *testing.T, sel, brokers, mech, user, pass, prefetch, partitions, groups string) {
+		env := map[string]string{
+			EnvTransport: sel, EnvKafkaBrokers: brokers, EnvKafkaSASLMechanism: mech, EnvKafkaSASLUser: user,
+			EnvKafkaSASLPassword: pass, EnvAMQPPrefetch: prefetch, EnvKafkaPartitions: partitions, EnvDeclareGroups: groups,
+		}
+		cfg, err := fromLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok && v != "" })
+		secret := len(pass) >= 6 && !strings.Contains(sel+brokers+mech+user+prefetch+partitions+groups, pass)
+		if err != nil {
+			if secret && strings.Contains(err.Error(), pass) {
+				t.Fatalf("error shows the SASL password: %v", err)
+			}
+			return
+		}
+		if verr := cfg.Validate(); verr != nil {
+			t.Fatalf("FromEnv accepted a configuration Validate refuses: %v", verr)
+		}
+		if secret && strings.Contains(cfg.String(), pass) {
+			t.Fatalf("String shows the SASL password: %s", cfg.String())
+		}
+	})
+}
