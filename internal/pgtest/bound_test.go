@@ -21,7 +21,7 @@ import (
 )
 
 // poolLimit is what pgtest.New gives each schema's pool.
-const poolLimit = 20
+const poolLimit = pgtest.MaxOpenConns
 
 // TestPoolsStayBoundedUnderLoad runs a representative heavy workload, the
 // idempotency middleware in Transactional mode (one transaction held per

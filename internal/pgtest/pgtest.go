@@ -34,6 +34,11 @@ func BaseURL() string {
 	return DefaultURL
 }
 
+// MaxOpenConns bounds each test schema's pool. With go test running two
+// packages at a time and a few parallel tests each, this keeps the suite
+// far below the server's 100 connections.
+const MaxOpenConns = 10
+
 // Schema is an isolated schema created for one test.
 type Schema struct {
 	// Name of the schema, e.g. "t_3f9a0c1d2e".
@@ -70,7 +75,7 @@ func New(tb testing.TB, sources ...migrate.Source) *Schema {
 	if err != nil {
 		tb.Fatalf("pgtest: open schema pool: %v", err)
 	}
-	db.SetMaxOpenConns(20)
+	db.SetMaxOpenConns(MaxOpenConns)
 	tb.Cleanup(func() {
 		db.Close()
 		_, _ = admin.ExecContext(context.Background(), `DROP SCHEMA `+name+` CASCADE`)
