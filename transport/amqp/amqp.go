@@ -29,7 +29,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -38,6 +37,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/millwright/millwright/cloudevent"
+	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/metadata"
 )
 
@@ -110,9 +110,7 @@ type Transport struct {
 	conn   *wamqp.ConnectionWrapper
 	pub    *wamqp.Publisher
 
-	mu     sync.Mutex
-	subs   []*wamqp.Subscriber
-	closed bool
+	subs closers.Set
 }
 
 // Open connects within ConnectTimeout and creates the publisher.
@@ -251,43 +249,23 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 // Subscriber returns a subscriber reading the group's durable queue of each
 // topic it subscribes to. Group "" uses a queue named after the topic.
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return nil, errors.New("amqp: transport is closed")
-	}
-	sub, err := wamqp.NewSubscriberWithConnection(t.config(group), t.logger, t.conn)
+	sub, err := closers.Add(&t.subs, "amqp", func() (*wamqp.Subscriber, error) {
+		sub, err := wamqp.NewSubscriberWithConnection(t.config(group), t.logger, t.conn)
+		if err != nil {
+			return nil, fmt.Errorf("amqp: creating subscriber for group %q: %w", group, redactErr(err, t.cfg.URL))
+		}
+		return sub, nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("amqp: creating subscriber for group %q: %w", group, redactErr(err, t.cfg.URL))
+		return nil, err // not a typed nil in the interface
 	}
-	t.subs = append(t.subs, sub)
 	return sub, nil
 }
 
 // Close closes the subscribers, the publisher, then the connection.
 // It is idempotent.
 func (t *Transport) Close() error {
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		return nil
-	}
-	t.closed = true
-	subs := t.subs
-	t.mu.Unlock()
-	var errs []error
-	for _, s := range subs {
-		if err := s.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := t.pub.Close(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := t.conn.Close(); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return t.subs.Close(t.pub.Close, t.conn.Close)
 }
 
 // declaringBuilder declares, with each topic's exchange, the durable queues

@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/millwright/millwright/cloudevent"
+	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/metadata"
 )
 
@@ -134,9 +135,7 @@ type Transport struct {
 	admin  *pubsub.Client
 	pub    *Publisher
 
-	mu     sync.Mutex
-	subs   []*wgc.Subscriber
-	closed bool
+	subs closers.Set
 }
 
 // Open creates the clients and checks, within ConnectTimeout, that the
@@ -244,54 +243,34 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 
 // Subscriber returns a subscriber for consumer group `group`.
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return nil, errors.New("googlecloud: transport is closed")
-	}
-	sub, err := wgc.NewSubscriber(wgc.SubscriberConfig{
-		ProjectID:                t.cfg.ProjectID,
-		GenerateSubscriptionName: func(topic string) string { return SubscriptionName(topic, group) },
-		ReceiveSettings: pubsub.ReceiveSettings{
-			MaxExtensionPeriod:     t.cfg.MaxExtension,
-			MaxOutstandingMessages: pubsub.DefaultReceiveSettings.MaxOutstandingMessages,
-			MaxOutstandingBytes:    pubsub.DefaultReceiveSettings.MaxOutstandingBytes,
-			NumGoroutines:          pubsub.DefaultReceiveSettings.NumGoroutines,
-		},
-		SubscriptionConfig: pubsub.SubscriptionConfig{EnableMessageOrdering: true},
-		ClientOptions:      t.cfg.clientOptions(),
-		Unmarshaler:        Unmarshaler{wgc.NewOrderingUnmarshaler(restoreOrderingKey)},
-	}, t.logger)
+	sub, err := closers.Add(&t.subs, "googlecloud", func() (*wgc.Subscriber, error) {
+		sub, err := wgc.NewSubscriber(wgc.SubscriberConfig{
+			ProjectID:                t.cfg.ProjectID,
+			GenerateSubscriptionName: func(topic string) string { return SubscriptionName(topic, group) },
+			ReceiveSettings: pubsub.ReceiveSettings{
+				MaxExtensionPeriod:     t.cfg.MaxExtension,
+				MaxOutstandingMessages: pubsub.DefaultReceiveSettings.MaxOutstandingMessages,
+				MaxOutstandingBytes:    pubsub.DefaultReceiveSettings.MaxOutstandingBytes,
+				NumGoroutines:          pubsub.DefaultReceiveSettings.NumGoroutines,
+			},
+			SubscriptionConfig: pubsub.SubscriptionConfig{EnableMessageOrdering: true},
+			ClientOptions:      t.cfg.clientOptions(),
+			Unmarshaler:        Unmarshaler{wgc.NewOrderingUnmarshaler(restoreOrderingKey)},
+		}, t.logger)
+		if err != nil {
+			return nil, fmt.Errorf("googlecloud: creating subscriber for group %q: %w", group, err)
+		}
+		return sub, nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("googlecloud: creating subscriber for group %q: %w", group, err)
+		return nil, err // not a typed nil in the interface
 	}
-	t.subs = append(t.subs, sub)
 	return sub, nil
 }
 
 // Close closes subscribers, publisher and clients. It is idempotent.
 func (t *Transport) Close() error {
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		return nil
-	}
-	t.closed = true
-	subs := t.subs
-	t.mu.Unlock()
-	var errs []error
-	for _, s := range subs {
-		if err := s.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := t.pub.Close(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := t.admin.Close(); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return t.subs.Close(t.pub.Close, t.admin.Close)
 }
 
 // Publisher is watermill-googlecloud's publisher that first creates the

@@ -31,6 +31,7 @@ import (
 
 	"github.com/millwright/millwright/cloudevent"
 	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/metadata"
 )
 
@@ -133,9 +134,7 @@ type Transport struct {
 	logger watermill.LoggerAdapter
 	pub    *Publisher
 
-	mu     sync.Mutex
-	subs   []*wkafka.Subscriber
-	closed bool
+	subs closers.Set
 }
 
 // Open checks the configuration, reaches the cluster within ConnectTimeout
@@ -248,51 +247,34 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 // reads every partition without committing offsets (each subscriber gets
 // every message).
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return nil, errors.New("kafka: transport is closed")
-	}
-	sc, err := t.cfg.saramaConfig()
+	sub, err := closers.Add(&t.subs, "kafka", func() (*wkafka.Subscriber, error) {
+		sc, err := t.cfg.saramaConfig()
+		if err != nil {
+			return nil, err
+		}
+		details := &sarama.TopicDetail{NumPartitions: t.cfg.Partitions, ReplicationFactor: t.cfg.ReplicationFactor}
+		sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+			Brokers:                t.cfg.Brokers,
+			Unmarshaler:            Marshaler{},
+			OverwriteSaramaConfig:  sc,
+			ConsumerGroup:          group,
+			InitializeTopicDetails: details,
+		}, t.logger)
+		if err != nil {
+			return nil, fmt.Errorf("kafka: creating subscriber for group %q: %w", group, err)
+		}
+		return sub, nil
+	})
 	if err != nil {
-		return nil, err
+		return nil, err // not a typed nil in the interface
 	}
-	details := &sarama.TopicDetail{NumPartitions: t.cfg.Partitions, ReplicationFactor: t.cfg.ReplicationFactor}
-	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-		Brokers:                t.cfg.Brokers,
-		Unmarshaler:            Marshaler{},
-		OverwriteSaramaConfig:  sc,
-		ConsumerGroup:          group,
-		InitializeTopicDetails: details,
-	}, t.logger)
-	if err != nil {
-		return nil, fmt.Errorf("kafka: creating subscriber for group %q: %w", group, err)
-	}
-	t.subs = append(t.subs, sub)
 	return sub, nil
 }
 
 // Close closes every subscriber made by the transport, then the publisher.
 // It is idempotent.
 func (t *Transport) Close() error {
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		return nil
-	}
-	t.closed = true
-	subs := t.subs
-	t.mu.Unlock()
-	var errs []error
-	for _, s := range subs {
-		if err := s.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := t.pub.Close(); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return t.subs.Close(t.pub.Close)
 }
 
 // Marshaler is watermill-kafka's default marshaler plus the ordering key

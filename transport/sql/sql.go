@@ -22,13 +22,14 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/lib/pq" // registers the "postgres" driver
+
+	"github.com/millwright/millwright/internal/closers"
 )
 
 // Config selects and tunes the Postgres transport.
@@ -87,9 +88,7 @@ type Transport struct {
 	ownDB  bool
 	pub    *wsql.Publisher
 
-	mu     sync.Mutex
-	subs   []*wsql.Subscriber
-	closed bool
+	subs closers.Set
 }
 
 // Open opens (or adopts) the pool, pings it within ConnectTimeout and
@@ -208,51 +207,34 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 // Subscriber returns a subscriber in consumer group `group` (its own offset
 // per topic). Group "" is watermill-sql's default group.
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return nil, errors.New("sql: transport is closed")
-	}
-	sub, err := wsql.NewSubscriber(t.db, wsql.SubscriberConfig{
-		ConsumerGroup:    group,
-		PollInterval:     t.cfg.PollInterval,
-		SchemaAdapter:    Schema(),
-		OffsetsAdapter:   OffsetsAdapter(),
-		InitializeSchema: true,
-	}, t.logger)
+	sub, err := closers.Add(&t.subs, "sql", func() (*wsql.Subscriber, error) {
+		sub, err := wsql.NewSubscriber(t.db, wsql.SubscriberConfig{
+			ConsumerGroup:    group,
+			PollInterval:     t.cfg.PollInterval,
+			SchemaAdapter:    Schema(),
+			OffsetsAdapter:   OffsetsAdapter(),
+			InitializeSchema: true,
+		}, t.logger)
+		if err != nil {
+			return nil, fmt.Errorf("sql: creating subscriber for group %q: %w", group, err)
+		}
+		return sub, nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("sql: creating subscriber for group %q: %w", group, err)
+		return nil, err // not a typed nil in the interface
 	}
-	t.subs = append(t.subs, sub)
 	return sub, nil
 }
 
 // Close closes the subscribers, the publisher and the pool it opened.
 // It is idempotent.
 func (t *Transport) Close() error {
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
+	return t.subs.Close(t.pub.Close, func() error {
+		if t.ownDB {
+			return t.db.Close()
+		}
 		return nil
-	}
-	t.closed = true
-	subs := t.subs
-	t.mu.Unlock()
-	var errs []error
-	for _, s := range subs {
-		if err := s.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := t.pub.Close(); err != nil {
-		errs = append(errs, err)
-	}
-	if t.ownDB {
-		if err := t.db.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	})
 }
 
 func redactURL(raw string) string {
