@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/tracing"
 )
@@ -587,19 +588,11 @@ func (r *Relay) claim(ctx context.Context) ([]row, error) {
 		if err := rows.Scan(&rw.id, &eventID, &rw.topic, &aggTyp, &aggID, &payload, &raw, &mdJSON, &rw.retryCount, &rw.createdAt); err != nil {
 			return nil, fmt.Errorf("outbox relay: reading claimed row: %w", err)
 		}
-		body := raw
-		if payload.Valid {
-			body = []byte(payload.String)
-		}
-		msg := message.NewMessage(eventID, body)
-		if err := json.Unmarshal([]byte(mdJSON), &msg.Metadata); err != nil {
-			// Unreachable through Add; a hand-written row. Publish without
-			// metadata rather than drop the event.
-			r.cfg.Logger.Error("outbox relay: row metadata is not a string map", err, watermill.LogFields{"id": rw.id})
-			msg.Metadata = message.Metadata{}
-		}
-		if msg.Metadata == nil {
-			msg.Metadata = message.Metadata{}
+		msg, err := rowMessage(eventID, aggTyp, aggID, payload, raw, mdJSON)
+		if err != nil {
+			// Unreachable through Add; a hand-written row. Publish it with
+			// the row's identity rather than drop the event.
+			r.cfg.Logger.Error("outbox relay: row metadata is not a string map; published with its id and ordering key only", err, watermill.LogFields{"id": rw.id, "topic": rw.topic, "message_uuid": eventID})
 		}
 		msg.SetContext(ctx)
 		rw.aggType, rw.aggID = aggTyp, aggID
@@ -612,6 +605,33 @@ func (r *Relay) claim(ctx context.Context) ([]row, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
 	return out, nil
+}
+
+// rowMessage builds the message of a claimed row. The row's event_id
+// column is authoritative for the message UUID and metadata.EventID, and
+// the aggregate gives the ordering key when the metadata has none. A
+// metadata column that is not a JSON object of strings (only a
+// hand-written row can have one) yields that minimal metadata and an
+// error for the log; the event is still published.
+func rowMessage(eventID, aggType, aggID string, payload sql.NullString, raw []byte, mdJSON string) (*message.Message, error) {
+	body := raw
+	if payload.Valid {
+		body = []byte(payload.String)
+	}
+	msg := message.NewMessage(eventID, body)
+	var err error
+	if uerr := json.Unmarshal([]byte(mdJSON), &msg.Metadata); uerr != nil {
+		err = uerr
+		msg.Metadata = message.Metadata{}
+	}
+	if msg.Metadata == nil {
+		msg.Metadata = message.Metadata{}
+	}
+	msg.Metadata.Set(metadata.EventID, eventID)
+	if msg.Metadata.Get(metadata.OrderingKey) == "" && aggID != "" {
+		msg.Metadata.Set(metadata.OrderingKey, orderingKey(aggType, aggID))
+	}
+	return msg, err
 }
 
 // RunOnce claims, publishes and marks one batch and returns the number of
