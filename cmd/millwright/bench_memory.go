@@ -69,13 +69,18 @@ func runBenchMemory(cmd *cobra.Command, _ []string) error {
 		sizes = append(sizes, n)
 	}
 	u, _ := f.GetString("database-url")
+	admin, err := openDB(cmd)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
 	out := cmd.OutOrStdout()
 	if !asJSON {
 		fmt.Fprintf(out, "relay memory: one relay (BatchSize 500) draining N pending 300-byte events into a discarding publisher\n")
 		fmt.Fprintf(out, "%10s %16s %14s %16s %10s %12s\n", "pending", "peak heap MiB", "peak RSS MiB", "heap before MiB", "drain s", "events/s")
 	}
 	for _, n := range sizes {
-		row, err := measureRelayMemory(ctx, databaseURL(u), n)
+		row, err := measureRelayMemory(ctx, admin, databaseURL(u), n)
 		if err != nil {
 			return err
 		}
@@ -88,9 +93,9 @@ func runBenchMemory(cmd *cobra.Command, _ []string) error {
 	return nil
 }
 
-func measureRelayMemory(ctx context.Context, base string, n int) (memRow, error) {
+func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) (memRow, error) {
 	row := memRow{Bench: "relay-memory", Pending: n}
-	scratch, drop, err := scratchSchema(ctx, base)
+	_, scratch, drop, err := scratchSchema(ctx, admin, base, "bench")
 	if err != nil {
 		return row, err
 	}

@@ -1,10 +1,6 @@
 package main
 
 import (
-	"context"
-	"crypto/rand"
-	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -13,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/internal/benchtransport"
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/embedded"
 )
@@ -107,8 +102,13 @@ func runBenchTransport(cmd *cobra.Command, _ []string) error {
 			}
 			configs[kind] = c
 		case transport.SQL:
+			admin, err := openDB(cmd)
+			if err != nil {
+				return err
+			}
+			defer admin.Close()
 			u, _ := f.GetString("database-url")
-			scratch, drop, err := scratchSchema(ctx, databaseURL(u))
+			_, scratch, drop, err := scratchSchema(ctx, admin, databaseURL(u), "bench")
 			if err != nil {
 				return err
 			}
@@ -136,24 +136,4 @@ func runBenchTransport(cmd *cobra.Command, _ []string) error {
 		fmt.Fprintf(out, "%-12s %10d %17.0f %16.0f %7.3f\n", r.Kind, r.Publishers, r.Millwright, r.Watermill, r.Ratio)
 	})
 	return err
-}
-
-// scratchSchema creates a throw-away schema and returns a URL whose
-// search_path points at it, and a function that drops it.
-func scratchSchema(ctx context.Context, base string) (string, func(), error) {
-	db, err := sql.Open("postgres", base)
-	if err != nil {
-		return "", nil, err
-	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	name := "bench_" + hex.EncodeToString(b[:])
-	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+name); err != nil {
-		db.Close()
-		return "", nil, fmt.Errorf("creating scratch schema on %s: %w", redactURL(base), err)
-	}
-	return pgtest.WithSearchPath(base, name), func() {
-		_, _ = db.ExecContext(context.Background(), "DROP SCHEMA "+name+" CASCADE")
-		db.Close()
-	}, nil
 }

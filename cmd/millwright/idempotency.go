@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"sync"
 	"time"
@@ -167,23 +164,13 @@ func runBenchIdempotency(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer admin.Close()
-	var b [5]byte
-	_, _ = rand.Read(b[:])
-	schema := "mw_bench_" + hex.EncodeToString(b[:])
-	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
-		return fmt.Errorf("creating scratch schema %s: %w", schema, err)
-	}
-	defer admin.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA `+schema+` CASCADE`) //nolint:errcheck // best effort
-
 	u, _ := cmd.Flags().GetString("database-url")
-	su, err := url.Parse(databaseURL(u))
+	_, schemaURL, drop, err := scratchSchema(ctx, admin, databaseURL(u), "mw_bench")
 	if err != nil {
-		return fmt.Errorf("parsing database URL: %w", err)
+		return err
 	}
-	q := su.Query()
-	q.Set("search_path", schema)
-	su.RawQuery = q.Encode()
-	db, err := sql.Open("postgres", su.String())
+	defer drop()
+	db, err := sql.Open("postgres", schemaURL)
 	if err != nil {
 		return err
 	}

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -280,22 +278,13 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer admin.Close()
-	var rb [5]byte
-	_, _ = rand.Read(rb[:])
-	schema := "mw_bench_" + hex.EncodeToString(rb[:])
-	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
-		return fmt.Errorf("creating scratch schema %s: %w", schema, err)
-	}
-	defer admin.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA `+schema+` CASCADE`) //nolint:errcheck // best effort
 	flagURL, _ := cmd.Flags().GetString("database-url")
-	su, err := url.Parse(databaseURL(flagURL))
+	_, schemaURL, drop, err := scratchSchema(ctx, admin, databaseURL(flagURL), "mw_bench")
 	if err != nil {
-		return fmt.Errorf("parsing database URL: %w", err)
+		return err
 	}
-	q := su.Query()
-	q.Set("search_path", schema)
-	su.RawQuery = q.Encode()
-	db, err := sql.Open("postgres", su.String())
+	defer drop()
+	db, err := sql.Open("postgres", schemaURL)
 	if err != nil {
 		return err
 	}
@@ -311,7 +300,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		payload = append(payload, 'x')
 	}
 	payload = append(payload, `"}`...)
-	b := &outboxBench{db: db, url: su.String(), rounds: rounds, payload: payload, out: cmd.OutOrStdout(), asJSON: asJSON}
+	b := &outboxBench{db: db, url: schemaURL, rounds: rounds, payload: payload, out: cmd.OutOrStdout(), asJSON: asJSON}
 	defer func() {
 		for _, f := range b.cleanup {
 			f()

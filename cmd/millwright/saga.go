@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -363,24 +360,15 @@ type benchOrder struct {
 // starts at that many per second.
 func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL, kind string, n, starters int, rate float64, keep bool) (sagaBenchResult, error) {
 	res := sagaBenchResult{kind: kind, n: n}
-	var rb [5]byte
-	_, _ = rand.Read(rb[:])
-	schema := "mw_bench_saga_" + hex.EncodeToString(rb[:])
-	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
-		return res, fmt.Errorf("creating scratch schema %s: %w", schema, err)
+	schema, schemaURL, drop, err := scratchSchema(ctx, admin, baseURL, "mw_bench_saga")
+	if err != nil {
+		return res, err
 	}
 	res.schema = schema
 	if !keep {
-		defer admin.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA `+schema+` CASCADE`) //nolint:errcheck // best effort
+		defer drop()
 	}
-	su, err := url.Parse(baseURL)
-	if err != nil {
-		return res, fmt.Errorf("parsing database URL: %w", err)
-	}
-	q := su.Query()
-	q.Set("search_path", schema)
-	su.RawQuery = q.Encode()
-	db, err := sql.Open("postgres", su.String())
+	db, err := sql.Open("postgres", schemaURL)
 	if err != nil {
 		return res, err
 	}
@@ -480,7 +468,7 @@ func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL, kind string, n, 
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{ListenURL: su.String(), PollInterval: 100 * time.Millisecond})
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond})
 	if err != nil {
 		return res, err
 	}

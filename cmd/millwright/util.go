@@ -1,10 +1,17 @@
 package main
 
 import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 
 	_ "github.com/lib/pq" // registers the "postgres" driver
+
+	"github.com/millwright/millwright/internal/pgtest"
 )
 
 // defaultDatabaseURL is the local development server.
@@ -27,4 +34,19 @@ func redactURL(raw string) string {
 		return "<unparseable URL>"
 	}
 	return u.Redacted()
+}
+
+// scratchSchema creates a throw-away schema named prefix_<random> through
+// admin, on the server base reaches. It returns the schema, a URL like base
+// whose search_path points at it, and a function that drops it.
+func scratchSchema(ctx context.Context, admin *sql.DB, base, prefix string) (schema, schemaURL string, drop func(), err error) {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	schema = prefix + "_" + hex.EncodeToString(b[:])
+	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
+		return "", "", nil, fmt.Errorf("creating scratch schema %s on %s: %w", schema, redactURL(base), err)
+	}
+	return schema, pgtest.WithSearchPath(base, schema), func() {
+		_, _ = admin.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA `+schema+` CASCADE`)
+	}, nil
 }
