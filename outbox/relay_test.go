@@ -173,8 +173,8 @@ func TestRelay_ListenWakesWithoutPolling(t *testing.T) {
 	got := b.collect(t, "t")
 	// A poll interval far beyond the deadline: only NOTIFY can deliver.
 	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
-	// The first claim ran before anything was written; now write.
-	time.Sleep(0) // no synchronisation needed: LISTEN is active once Running is closed
+	// LISTEN is active once Running is closed (startRelay waits for it):
+	// the first claim ran before anything was written; now write.
 	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
 	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "NOTIFY should wake the relay")
 }

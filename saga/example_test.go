@@ -130,8 +130,12 @@ func Example() {
 	}
 	_ = tx.Commit()
 
-	for {
+	for deadline := time.Now().Add(time.Minute); ; {
 		info, _, _ := saga.Get(ctx, db, "order-7")
+		if time.Now().After(deadline) {
+			fmt.Println("still", info.State, "after a minute")
+			break
+		}
 		if info.State == saga.StateCompensated {
 			fmt.Println("state:", info.State, "| reservation:", string(info.Data))
 			fmt.Println("last error:", info.LastError)
