@@ -110,9 +110,8 @@ func insert(ctx context.Context, exec Executor, events []Event) error {
 	// outbox's cost in the caller's transaction.
 	var q strings.Builder
 	q.WriteString(`INSERT INTO millwright_outbox (event_id, topic, aggregate_type, aggregate_id, event_type, payload, payload_raw, metadata) VALUES `)
-	now := time.Now().UTC()
 	for i, ev := range events {
-		row, err := prepare(ctx, ev, now)
+		row, err := prepare(ctx, ev)
 		if err != nil {
 			return fmt.Errorf("outbox: event %d (topic %q): %w", i, ev.Topic, err)
 		}
@@ -142,7 +141,7 @@ func insert(ctx context.Context, exec Executor, events []Event) error {
 }
 
 // prepare validates ev and returns its row's arguments.
-func prepare(ctx context.Context, ev Event, now time.Time) ([]any, error) {
+func prepare(ctx context.Context, ev Event) ([]any, error) {
 	if ev.Topic == "" {
 		return nil, fmt.Errorf("%w: Topic is empty: set the topic the relay should publish to", ErrInvalidEvent)
 	}
@@ -153,30 +152,9 @@ func prepare(ctx context.Context, ev Event, now time.Time) ([]any, error) {
 	if aggID == "" {
 		aggID = ev.ID
 	}
-	md := make(map[string]string, len(ev.Metadata)+10)
-	md[metadata.EventSpecVersion] = "1.0"
-	md[metadata.EventTime] = now.Format(time.RFC3339Nano)
-	md[metadata.EventSubject] = aggID
-	md[metadata.AggregateID] = aggID
-	md[metadata.OrderingKey] = orderingKey(ev.AggregateType, aggID)
-	if ev.AggregateType != "" {
-		md[metadata.AggregateType] = ev.AggregateType
-	}
-	if ev.EventType != "" {
-		md[metadata.EventType] = ev.EventType
-	}
-	if ev.Source != "" {
-		md[metadata.EventSource] = ev.Source
-	}
-	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
-		md[metadata.TraceParent] = fmt.Sprintf("00-%s-%s-%s", sc.TraceID(), sc.SpanID(), sc.TraceFlags())
-		if ts := sc.TraceState().String(); ts != "" {
-			md[metadata.TraceState] = ts
-		}
-	}
-	for name, v := range map[string]string{"Topic": ev.Topic, "AggregateType": ev.AggregateType, "AggregateID": aggID, "EventType": ev.EventType, "ID": ev.ID, "Source": ev.Source} {
-		if strings.ContainsRune(v, 0) {
-			return nil, fmt.Errorf("%w: %s contains a NUL byte, which Postgres text cannot store", ErrInvalidEvent, name)
+	for _, f := range [...]struct{ name, v string }{{"Topic", ev.Topic}, {"AggregateType", ev.AggregateType}, {"AggregateID", aggID}, {"EventType", ev.EventType}, {"ID", ev.ID}, {"Source", ev.Source}} {
+		if strings.IndexByte(f.v, 0) >= 0 {
+			return nil, fmt.Errorf("%w: %s contains a NUL byte, which Postgres text cannot store", ErrInvalidEvent, f.name)
 		}
 	}
 	for k, v := range ev.Metadata {
@@ -184,32 +162,94 @@ func prepare(ctx context.Context, ev Event, now time.Time) ([]any, error) {
 			return nil, fmt.Errorf("%w: metadata %q contains a NUL byte, which Postgres JSONB cannot store", ErrInvalidEvent, k)
 		}
 	}
+	// The metadata column keeps only what the row's other columns do not
+	// say (see storedMetadata): the relay derives the rest when it reads
+	// the row. Every byte here is written, indexed nowhere but logged to
+	// the WAL in the caller's transaction.
+	var md map[string]string
+	set := func(k, v string) {
+		if md == nil {
+			md = make(map[string]string, len(ev.Metadata)+3)
+		}
+		md[k] = v
+	}
+	if ev.Source != "" {
+		set(metadata.EventSource, ev.Source)
+	}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		set(metadata.TraceParent, fmt.Sprintf("00-%s-%s-%s", sc.TraceID(), sc.SpanID(), sc.TraceFlags()))
+		if ts := sc.TraceState().String(); ts != "" {
+			set(metadata.TraceState, ts)
+		}
+	}
+	for k, v := range ev.Metadata {
+		if k != metadata.EventID { // the event_id column is authoritative
+			set(k, v)
+		}
+	}
 	var payload, raw any
 	// JSONB rejects the \u0000 escape: such payloads are kept as bytes.
-	if !ev.RawPayload && json.Valid(ev.Payload) && !bytes.Contains(ev.Payload, []byte(`\u0000`)) {
+	isJSON := !ev.RawPayload && json.Valid(ev.Payload) && !bytes.Contains(ev.Payload, []byte(`\u0000`))
+	if isJSON {
 		payload = string(ev.Payload)
-		md[metadata.EventDataContentType] = "application/json"
 	} else {
 		if ev.Payload == nil {
 			ev.Payload = []byte{}
 		}
 		raw = ev.Payload
 	}
-	for k, v := range ev.Metadata {
-		md[k] = v
-	}
-	md[metadata.EventID] = ev.ID
-	mdJSON, err := json.Marshal(md)
-	if err != nil {
-		return nil, fmt.Errorf("%w: metadata: %v", ErrInvalidEvent, err)
+	mdJSON := []byte("{}")
+	if md != nil {
+		var err error
+		if mdJSON, err = json.Marshal(md); err != nil {
+			return nil, fmt.Errorf("%w: metadata: %v", ErrInvalidEvent, err)
+		}
 	}
 	if limit := MaxEventBytes.Load(); limit > 0 {
-		if size := int64(len(ev.Payload) + len(mdJSON)); size > limit {
+		// What the broker gets: the payload, the stored metadata and the
+		// metadata the relay derives (with the longest ce_time).
+		mdSize := len(mdJSON)
+		derivedMetadata(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
+			if _, ok := md[k]; !ok {
+				mdSize += len(k) + len(v) + 6 // quotes, colon, comma
+			}
+		})
+		if size := int64(len(ev.Payload) + mdSize); size > limit {
 			return nil, fmt.Errorf("%w: event %s for topic %s is %d bytes (payload %d, metadata %d), over the limit of %d (outbox.MaxEventBytes; match it to your broker: Kafka message.max.bytes, Pub/Sub 10 MB): store large data elsewhere and send a reference",
-				ErrInvalidEvent, ev.ID, ev.Topic, size, len(ev.Payload), len(mdJSON), limit)
+				ErrInvalidEvent, ev.ID, ev.Topic, size, len(ev.Payload), mdSize, limit)
 		}
 	}
 	return []any{ev.ID, ev.Topic, ev.AggregateType, aggID, ev.EventType, payload, raw, string(mdJSON)}, nil
+}
+
+// derivedMetadata calls set with the metadata of an event that its row's
+// columns give, and that Add therefore does not store in the metadata
+// column: the CloudEvents id, specversion, time (created_at, the writing
+// transaction's start; the zero time stands for the longest value), subject,
+// type and datacontenttype, the aggregate and the ordering key. Stored
+// metadata wins over these, except the id.
+func derivedMetadata(eventID, aggType, aggID, eventType string, isJSON bool, created time.Time, set func(k, v string)) {
+	set(metadata.EventID, eventID)
+	set(metadata.EventSpecVersion, "1.0")
+	if created.IsZero() {
+		set(metadata.EventTime, "2006-01-02T15:04:05.999999-07:00")
+	} else {
+		set(metadata.EventTime, created.UTC().Format(time.RFC3339Nano))
+	}
+	if aggID != "" {
+		set(metadata.EventSubject, aggID)
+		set(metadata.AggregateID, aggID)
+		set(metadata.OrderingKey, orderingKey(aggType, aggID))
+	}
+	if aggType != "" {
+		set(metadata.AggregateType, aggType)
+	}
+	if eventType != "" {
+		set(metadata.EventType, eventType)
+	}
+	if isJSON {
+		set(metadata.EventDataContentType, "application/json")
+	}
 }
 
 // orderingKey is the metadata.OrderingKey of an aggregate.

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/stretchr/testify/require"
+	trace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/millwright/millwright/metadata"
 )
@@ -54,4 +55,53 @@ func TestAdd_AwkwardValuesRoundTrip(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidEvent)
 	require.ErrorContains(t, err, "NUL")
 	require.ErrorIs(t, Add(ctx, b.db, Event{Topic: "t\x00", AggregateID: "a"}), ErrInvalidEvent)
+}
+
+// The metadata column keeps only what the other columns do not say; the
+// published message still carries the full CloudEvents metadata, derived
+// from the row, with the event's own metadata winning (except the id).
+func TestAdd_PublishedMetadataIsCompleteAndStoredOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := b.collect(t, "orders")
+	ctx := context.Background()
+	tp := trace.NewTracerProvider()
+	ctx, span := tp.Tracer("test").Start(ctx, "write")
+	sc := span.SpanContext()
+	span.End()
+	before := time.Now()
+	require.NoError(t, Add(ctx, b.db,
+		Event{ID: "e-1", Topic: "orders", AggregateType: "order", AggregateID: "o-1", EventType: "order.created.v1", Source: "/orders",
+			Payload: []byte(`{"a":1}`), Metadata: map[string]string{"tenant": "t-1", metadata.EventSubject: "custom", metadata.EventID: "forged"}}))
+	require.NoError(t, Add(context.Background(), b.db, Event{ID: "e-2", Topic: "orders", Payload: []byte("bytes")}))
+	var stored string
+	require.NoError(t, b.db.QueryRow(`SELECT metadata::text FROM millwright_outbox WHERE event_id = 'e-1'`).Scan(&stored))
+	require.JSONEq(t, `{"tenant":"t-1","ce_subject":"custom","ce_source":"/orders","traceparent":"00-`+sc.TraceID().String()+`-`+sc.SpanID().String()+`-01"}`, stored)
+	require.NoError(t, b.db.QueryRow(`SELECT metadata::text FROM millwright_outbox WHERE event_id = 'e-2'`).Scan(&stored))
+	require.Equal(t, `{}`, stored)
+
+	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 10 * time.Millisecond})
+	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 2 }, "2 messages")
+	byID := map[string]message.Metadata{}
+	for _, m := range got.all() {
+		byID[m.UUID] = m.Metadata
+	}
+	m1 := byID["e-1"]
+	at, err := time.Parse(time.RFC3339Nano, m1.Get(metadata.EventTime))
+	require.NoError(t, err)
+	require.WithinDuration(t, before, at, 5*time.Second)
+	delete(m1, metadata.EventTime)
+	require.Equal(t, message.Metadata{
+		metadata.EventID: "e-1", metadata.EventSpecVersion: "1.0", metadata.EventSource: "/orders", metadata.EventType: "order.created.v1",
+		metadata.EventSubject: "custom", metadata.EventDataContentType: "application/json",
+		metadata.AggregateType: "order", metadata.AggregateID: "o-1", metadata.OrderingKey: "order/o-1",
+		metadata.TraceParent: "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-01", "tenant": "t-1",
+	}, m1)
+	m2 := byID["e-2"]
+	require.NotEmpty(t, m2.Get(metadata.EventTime))
+	delete(m2, metadata.EventTime)
+	require.Equal(t, message.Metadata{
+		metadata.EventID: "e-2", metadata.EventSpecVersion: "1.0",
+		metadata.EventSubject: "e-2", metadata.AggregateID: "e-2", metadata.OrderingKey: "e-2",
+	}, m2)
 }

@@ -171,9 +171,12 @@ type Relay struct {
 	stmtMu sync.Mutex
 	stmt   *sql.Stmt
 
-	// schema of the outbox table, set once LISTEN works (only Run's
-	// goroutine reads it).
-	schema string
+	// schema and oid of the outbox table, and the connection holding the
+	// wake-up lock while the relay is idle; set once LISTEN works (only
+	// Run's goroutine reads them).
+	schema   string
+	tableOID uint32
+	waitDB   *sql.DB
 
 	// afterPublish, when set (tests), runs after the broker calls of a batch
 	// and before the rows are marked.
@@ -316,21 +319,26 @@ func (r *Relay) Run(ctx context.Context) error {
 		if n > 0 && err == nil && !listening {
 			continue
 		}
+		release := func() {}
 		if listening && err == nil {
 			// Ask writers for a NOTIFY, then look once more: rows
 			// committed before the request went unannounced.
-			settled, err := r.announceIdle(ctx)
-			if err != nil && ctx.Err() == nil {
-				r.cfg.Logger.Error("outbox relay: announcing idleness failed, polling", err, nil)
+			var settled bool
+			var aerr error
+			release, settled, aerr = r.announceIdle(ctx)
+			if aerr != nil && ctx.Err() == nil {
+				r.cfg.Logger.Error("outbox relay: announcing idleness failed, polling", aerr, nil)
 			}
 			n, next, err = r.runOnce(ctx)
 			if ctx.Err() != nil {
+				release()
 				return nil
 			}
 			if !next.IsZero() && (due.IsZero() || next.Before(due)) {
 				due = next
 			}
 			if n > 0 && err == nil {
+				release()
 				continue
 			}
 			if !settled {
@@ -348,14 +356,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			release()
 			return nil
 		case <-r.closing:
 			t.Stop()
+			release()
 			return nil
 		case <-wake:
 		case <-t.C:
 		}
 		t.Stop()
+		release()
 		if !due.IsZero() && !time.Now().Before(due) {
 			due = time.Time{}
 		}
@@ -366,25 +377,48 @@ func (r *Relay) Run(ctx context.Context) error {
 // have missed its request for a notification is still in its transaction.
 const idleRecheck = 5 * time.Millisecond
 
-// announceIdle sets relay_waiting so the next writer notifies, then checks,
-// without queueing behind writers, whether any writer that read the flag
-// before it was set may still be in its transaction: such a writer will not
-// notify, so the relay must look again soon. It reports whether none can
-// be. See migrations/001_outbox.sql.
-func (r *Relay) announceIdle(ctx context.Context) (bool, error) {
-	// Two statements, in this order: the flag must be committed before
-	// the probe. Neither has parameters, so lib/pq sends each in one
-	// round trip.
-	if _, err := r.db.ExecContext(ctx, `INSERT INTO millwright_outbox_wakeup (id, relay_waiting) VALUES (true, true)
-		ON CONFLICT (id) DO UPDATE SET relay_waiting = true WHERE NOT millwright_outbox_wakeup.relay_waiting`); err != nil {
-		return false, fmt.Errorf("setting millwright_outbox_wakeup.relay_waiting: %w", err)
+// wakeLockClass is the first half of the wake-up lock's key ("mwox" in
+// ASCII); the second is the outbox table's oid. See
+// migrations/002_outbox_wakeup_lock.sql.
+const wakeLockClass = 1836543864
+
+// announceIdle asks writers for a NOTIFY by taking the wake-up lock on the
+// relay's own connection, without waiting. While a relay holds it, every
+// writing transaction notifies at commit; release gives it back (call it
+// when the relay wakes). It reports settled when no writer that committed
+// unannounced can be in flight: true once the lock is held (every writer
+// that took it shared has ended, so a look at the table now sees its rows)
+// or when another relay holds it (writers notify it, and every relay
+// LISTENs); false while writers hold it shared, so the relay must look again
+// soon.
+func (r *Relay) announceIdle(ctx context.Context) (release func(), settled bool, err error) {
+	release = func() {}
+	key := fmt.Sprintf("%d, %d", wakeLockClass, int32(r.tableOID))
+	var state string
+	// One statement without parameters: one round trip with lib/pq.
+	if err := r.waitDB.QueryRowContext(ctx, `SELECT CASE
+		WHEN pg_try_advisory_lock(`+key+`) THEN 'held'
+		WHEN EXISTS (SELECT 1 FROM pg_locks
+			WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND classid = `+strconv.Itoa(wakeLockClass)+` AND objid = '`+strconv.FormatUint(uint64(r.tableOID), 10)+`'::oid AND objsubid = 2)
+		THEN 'other' ELSE 'writers' END`).Scan(&state); err != nil {
+		return release, false, fmt.Errorf("taking the outbox wake-up lock: %w", err)
 	}
-	key := "hashtext(" + pq.QuoteLiteral("millwright_outbox_wakeup:"+r.schema) + ")"
-	var ok bool
-	if err := r.db.QueryRowContext(ctx, `SELECT CASE WHEN pg_try_advisory_lock(`+key+`) THEN pg_advisory_unlock(`+key+`) ELSE false END`).Scan(&ok); err != nil {
-		return false, fmt.Errorf("probing writers in flight: %w", err)
+	switch state {
+	case "held":
+		return func() {
+			// A failed unlock leaves the lock to the session's end:
+			// writers notify a little longer, nothing is lost.
+			if _, err := r.waitDB.ExecContext(context.Background(), `SELECT pg_advisory_unlock(`+key+`)`); err != nil {
+				r.cfg.Logger.Info("outbox relay: releasing the wake-up lock failed; the connection's end releases it", watermill.LogFields{"err": err.Error()})
+			}
+		}, true, nil
+	case "other":
+		return release, true, nil
+	default:
+		return release, false, nil
 	}
-	return ok, nil
 }
 
 // Close stops Run after the batch in flight, waiting at most CloseTimeout
@@ -411,11 +445,31 @@ func (r *Relay) Close() error {
 
 // listen starts a LISTEN on the outbox's notification channel and forwards
 // notifications (and reconnections, after which some may have been missed)
-// to wake.
+// to wake. It also opens the connection on which the idle relay holds the
+// wake-up lock (announceIdle): both are on ListenURL, outside the caller's
+// pool, so a small pool cannot starve them.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), err error) {
-	var schema string
-	if err := r.db.QueryRowContext(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'millwright_outbox'::regclass`).Scan(&schema); err != nil {
+	const q = `SELECT n.nspname, c.oid::int8, current_database() FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'millwright_outbox'::regclass`
+	var schema, dbName string
+	var oid int64
+	if err := r.db.QueryRowContext(ctx, q).Scan(&schema, &oid, &dbName); err != nil {
 		return nil, fmt.Errorf("finding the schema of millwright_outbox (did `millwright migrate` run?): %w", err)
+	}
+	waitDB, err := sql.Open("postgres", r.cfg.ListenURL)
+	if err != nil {
+		return nil, fmt.Errorf("RelayConfig.ListenURL: %w", err)
+	}
+	waitDB.SetMaxOpenConns(1)
+	waitDB.SetMaxIdleConns(1)
+	var lSchema, lDB string
+	var lOID int64
+	if err := waitDB.QueryRowContext(ctx, q).Scan(&lSchema, &lOID, &lDB); err != nil {
+		waitDB.Close()
+		return nil, fmt.Errorf("RelayConfig.ListenURL does not reach millwright_outbox (it must reach the relay's database and search_path): %w", err)
+	}
+	if lOID != oid {
+		waitDB.Close()
+		return nil, fmt.Errorf("RelayConfig.ListenURL reaches millwright_outbox in %s.%s, the relay's *sql.DB the one in %s.%s: point both at the same database and search_path", lDB, lSchema, dbName, schema)
 	}
 	l := pq.NewListener(r.cfg.ListenURL, 100*time.Millisecond, 10*time.Second, func(ev pq.ListenerEventType, err error) {
 		if err != nil {
@@ -424,9 +478,10 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), 
 	})
 	if err := l.Listen(NotifyChannel(schema)); err != nil {
 		l.Close()
+		waitDB.Close()
 		return nil, fmt.Errorf("LISTEN %q: %w", NotifyChannel(schema), err)
 	}
-	r.schema = schema
+	r.schema, r.tableOID, r.waitDB = schema, uint32(oid), waitDB
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -448,6 +503,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), 
 	return func() {
 		l.Close()
 		<-done
+		waitDB.Close()
 	}, nil
 }
 
@@ -541,7 +597,7 @@ const claimSQL = `WITH heads AS (
 UPDATE millwright_outbox t
 SET next_attempt_at = now() + $2 * interval '1 millisecond'
 WHERE t.id = ANY(ARRAY(SELECT id FROM claimed)) AND t.status = 'pending'
-RETURNING t.id, t.event_id, t.topic, t.aggregate_type, t.aggregate_id,
+RETURNING t.id, t.event_id, t.topic, t.aggregate_type, t.aggregate_id, t.event_type,
 	t.payload::text, t.payload_raw, t.metadata::text, t.retry_count, t.created_at`
 
 // windowFactor sizes the claim's window: windowFactor x BatchSize due rows.
@@ -578,25 +634,22 @@ func (r *Relay) claim(ctx context.Context) ([]row, error) {
 	var out []row
 	for rows.Next() {
 		var (
-			rw              row
-			eventID, aggTyp string
-			aggID           string
-			payload         sql.NullString
-			raw             []byte
-			mdJSON          string
+			rw row
+			sr storedRow
 		)
-		if err := rows.Scan(&rw.id, &eventID, &rw.topic, &aggTyp, &aggID, &payload, &raw, &mdJSON, &rw.retryCount, &rw.createdAt); err != nil {
+		if err := rows.Scan(&rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &sr.metadata, &rw.retryCount, &sr.createdAt); err != nil {
 			return nil, fmt.Errorf("outbox relay: reading claimed row: %w", err)
 		}
-		msg, err := rowMessage(eventID, aggTyp, aggID, payload, raw, mdJSON)
+		rw.createdAt = sr.createdAt
+		msg, err := rowMessage(sr)
 		if err != nil {
 			// Unreachable through Add; a hand-written row. Publish it with
-			// the row's identity rather than drop the event.
-			r.cfg.Logger.Error("outbox relay: row metadata is not a string map; published with its id and ordering key only", err, watermill.LogFields{"id": rw.id, "topic": rw.topic, "message_uuid": eventID})
+			// the metadata its columns give rather than drop the event.
+			r.cfg.Logger.Error("outbox relay: row metadata is not a string map; published with the metadata its columns give", err, watermill.LogFields{"id": rw.id, "topic": rw.topic, "message_uuid": sr.eventID})
 		}
 		msg.SetContext(ctx)
-		rw.aggType, rw.aggID = aggTyp, aggID
-		rw.aggKey = aggTyp + "\x00" + aggID
+		rw.aggType, rw.aggID = sr.aggType, sr.aggID
+		rw.aggKey = sr.aggType + "\x00" + sr.aggID
 		rw.msg = msg
 		out = append(out, rw)
 	}
@@ -607,30 +660,38 @@ func (r *Relay) claim(ctx context.Context) ([]row, error) {
 	return out, nil
 }
 
-// rowMessage builds the message of a claimed row. The row's event_id
-// column is authoritative for the message UUID and metadata.EventID, and
-// the aggregate gives the ordering key when the metadata has none. A
-// metadata column that is not a JSON object of strings (only a
-// hand-written row can have one) yields that minimal metadata and an
-// error for the log; the event is still published.
-func rowMessage(eventID, aggType, aggID string, payload sql.NullString, raw []byte, mdJSON string) (*message.Message, error) {
-	body := raw
-	if payload.Valid {
-		body = []byte(payload.String)
+// storedRow is an outbox row as read back for publishing.
+type storedRow struct {
+	eventID, aggType, aggID, eventType string
+	payload                            sql.NullString
+	raw                                []byte
+	metadata                           string // JSON
+	createdAt                          time.Time
+}
+
+// rowMessage builds the message of a claimed row: the metadata the row's
+// columns give (derivedMetadata), overridden by the metadata column. The
+// event_id column is authoritative for the message UUID and
+// metadata.EventID. A metadata column that is not a JSON object of strings
+// (only a hand-written row can have one) is ignored and reported for the
+// log; the event is still published.
+func rowMessage(r storedRow) (*message.Message, error) {
+	body := r.raw
+	if r.payload.Valid {
+		body = []byte(r.payload.String)
 	}
-	msg := message.NewMessage(eventID, body)
-	var err error
-	if uerr := json.Unmarshal([]byte(mdJSON), &msg.Metadata); uerr != nil {
-		err = uerr
-		msg.Metadata = message.Metadata{}
+	msg := message.NewMessage(r.eventID, body)
+	var stored map[string]string
+	err := json.Unmarshal([]byte(r.metadata), &stored)
+	if err != nil {
+		stored = nil
 	}
-	if msg.Metadata == nil {
-		msg.Metadata = message.Metadata{}
+	msg.Metadata = make(message.Metadata, len(stored)+10)
+	derivedMetadata(r.eventID, r.aggType, r.aggID, r.eventType, r.payload.Valid, r.createdAt, msg.Metadata.Set)
+	for k, v := range stored {
+		msg.Metadata.Set(k, v)
 	}
-	msg.Metadata.Set(metadata.EventID, eventID)
-	if msg.Metadata.Get(metadata.OrderingKey) == "" && aggID != "" {
-		msg.Metadata.Set(metadata.OrderingKey, orderingKey(aggType, aggID))
-	}
+	msg.Metadata.Set(metadata.EventID, r.eventID)
 	return msg, err
 }
 

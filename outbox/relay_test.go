@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/batch"
@@ -321,11 +322,16 @@ func TestRelay_PerAggregateOrderWithConcurrentRelays(t *testing.T) {
 			b := setup(t)
 			got := b.collect(t, "t")
 			// Publishes fail now and then: failures must hold back only
-			// their aggregate and never reorder it.
+			// their aggregate and never reorder it. Each message fails at
+			// most once: a plain "every 17th message" would fail every
+			// Publish call of 17 messages or more, forever.
 			var calls atomic.Int64
-			pub := &hookPublisher{Publisher: b.pubsub, fail: func(string, *message.Message) error {
+			var failed sync.Map
+			pub := &hookPublisher{Publisher: b.pubsub, fail: func(_ string, m *message.Message) error {
 				if calls.Add(1)%17 == 0 {
-					return errors.New("broker hiccup")
+					if _, again := failed.LoadOrStore(m.UUID, true); !again {
+						return errors.New("broker hiccup")
+					}
 				}
 				return nil
 			}}
@@ -447,9 +453,19 @@ func TestRelayConfig_Validate(t *testing.T) {
 	require.Error(t, err)
 }
 
-// A writer that inserted before the relay went idle, and so saw no request
-// for a notification, commits after the relay's last look: the relay must
-// still publish its event without waiting out the poll interval.
+// tableOID is the oid of the test schema's outbox table, the second half of
+// the wake-up lock's key.
+func tableOID(t *testing.T, db *sql.DB) int64 {
+	t.Helper()
+	var oid int64
+	require.NoError(t, db.QueryRow(`SELECT 'millwright_outbox'::regclass::oid::int8`).Scan(&oid))
+	return oid
+}
+
+// A writer in its transaction when the relay goes idle holds the wake-up
+// lock shared: it will not notify, and the relay cannot take the lock. The
+// relay must still publish its event once it commits, without waiting out
+// the poll interval.
 func TestRelay_NoLostWakeupForWriterInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -458,38 +474,88 @@ func TestRelay_NoLostWakeupForWriterInFlight(t *testing.T) {
 	tx, err := b.db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	require.NoError(t, Add(ctx, tx, Event{Topic: "t", AggregateID: "a"}))
-	var waiting bool
-	require.NoError(t, b.db.QueryRow(`SELECT relay_waiting FROM millwright_outbox_wakeup`).Scan(&waiting))
-	require.False(t, waiting, "the writer read the flag before any relay asked")
 
 	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
+	// The relay has gone idle and tried the lock: its waiting connection
+	// ran the try (and failed, since the writer holds it shared).
+	try := fmt.Sprintf("%%pg_try_advisory_lock(%d, %d)%%", wakeLockClass, int32(tableOID(t, b.db)))
 	eventually(t, 5*time.Second, func() bool {
-		require.NoError(t, b.db.QueryRow(`SELECT relay_waiting FROM millwright_outbox_wakeup`).Scan(&waiting))
-		return waiting
-	}, "idle relay asks for a notification")
+		var n int
+		require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE query LIKE $1 AND pid <> pg_backend_pid()`, try).Scan(&n))
+		return n > 0
+	}, "idle relay tries the wake-up lock")
 	require.NoError(t, tx.Commit())
 	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "event published without a notification or poll")
 }
 
-// Writers do not notify while relays are busy or absent: only the first
-// writer after a relay asked for it does.
-func TestTrigger_NotifiesOnlyWhenAsked(t *testing.T) {
+// Writers notify only while a relay holds the wake-up lock (is idle), and a
+// rolled-back writer notifies nobody. Notifications reach a listener in
+// commit order, so a marker sent after a write shows whether the write
+// notified.
+func TestTrigger_NotifiesOnlyWhileARelayWaits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
+	var schema string
+	require.NoError(t, b.db.QueryRow(`SELECT current_schema()`).Scan(&schema))
+	l := pq.NewListener(b.schema.URL, time.Millisecond, time.Second, nil)
+	t.Cleanup(func() { _ = l.Close() })
+	require.NoError(t, l.Listen(NotifyChannel(schema)))
+	marker := func(name string) {
+		_, err := b.db.Exec(`SELECT pg_notify($1, $2)`, NotifyChannel(schema), name)
+		require.NoError(t, err)
+	}
+	next := func() string {
+		select {
+		case n := <-l.NotificationChannel():
+			require.NotNil(t, n)
+			return n.Extra
+		case <-time.After(10 * time.Second):
+			t.Fatal("no notification")
+			return ""
+		}
+	}
+
 	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
-	var waiting bool
-	_, err := b.db.Exec(`UPDATE millwright_outbox_wakeup SET relay_waiting = true`)
+	marker("m1")
+	require.Equal(t, "m1", next(), "no relay waits: the writer did not notify")
+
+	// An idle relay: a session holding the lock exclusively.
+	waiter, err := b.db.Conn(ctx)
 	require.NoError(t, err)
+	defer waiter.Close()
+	key := fmt.Sprintf("%d, %d", wakeLockClass, int32(tableOID(t, b.db)))
+	var held bool
+	require.NoError(t, waiter.QueryRowContext(ctx, `SELECT pg_try_advisory_lock(`+key+`)`).Scan(&held))
+	require.True(t, held)
 	tx, err := b.db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	require.NoError(t, Add(ctx, tx, Event{Topic: "t", AggregateID: "a"}))
 	require.NoError(t, tx.Rollback())
-	require.NoError(t, b.db.QueryRow(`SELECT relay_waiting FROM millwright_outbox_wakeup`).Scan(&waiting))
-	require.True(t, waiting, "a rolled-back writer leaves the request for the next one")
 	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
-	require.NoError(t, b.db.QueryRow(`SELECT relay_waiting FROM millwright_outbox_wakeup`).Scan(&waiting))
-	require.False(t, waiting, "the first committed writer takes the request")
+	marker("m2")
+	require.Equal(t, "", next(), "the committed writer notified the waiting relay")
+	require.Equal(t, "m2", next(), "the rolled-back writer did not")
+
+	_, err = waiter.ExecContext(ctx, `SELECT pg_advisory_unlock(`+key+`)`)
+	require.NoError(t, err)
+	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
+	marker("m3")
+	require.Equal(t, "m3", next(), "the relay woke: writers stop notifying")
+}
+
+// ListenURL must reach the relay's outbox table; one in another schema
+// would take a wake-up lock no writer of this table tries, so listen
+// refuses it (Run then logs the error and polls).
+func TestRelay_ListenURLOfAnotherSchemaIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	other := pgtest.New(t, Migrations())
+	r, err := NewRelay(b.db, b.pubsub, RelayConfig{ListenURL: other.URL})
+	require.NoError(t, err)
+	_, err = r.listen(context.Background(), make(chan struct{}, 1))
+	require.ErrorContains(t, err, "RelayConfig.ListenURL reaches millwright_outbox in")
+	require.ErrorContains(t, err, "point both at the same database and search_path")
 }
 
 // A failing aggregate with a backlog larger than the claim window must not

@@ -17,7 +17,7 @@ func FuzzRowMessage(f *testing.F) {
 	f.Add("e-4", "order", "o-4", true, `"s"`, []byte(nil), `{"ce_id":"forged","n":1}`)
 	f.Add("e-5", "t", "a", true, `[]`, []byte(nil), `null`)
 	f.Fuzz(func(t *testing.T, eventID, aggType, aggID string, valid bool, payload string, raw []byte, md string) {
-		msg, _ := rowMessage(eventID, aggType, aggID, sql.NullString{String: payload, Valid: valid}, raw, md)
+		msg, _ := rowMessage(storedRow{eventID: eventID, aggType: aggType, aggID: aggID, payload: sql.NullString{String: payload, Valid: valid}, raw: raw, metadata: md})
 		if msg == nil || msg.Metadata == nil {
 			t.Fatal("nil message or metadata")
 		}

@@ -1,0 +1,45 @@
+-- Cheaper wake-up: writers try a lock instead of reading and clearing a
+-- flag.
+--
+-- 001 had every writing statement take an advisory lock and run an UPDATE
+-- on millwright_outbox_wakeup; that UPDATE was about a sixth of what one
+-- outbox event adds to a business transaction. Now the flag is the lock
+-- itself:
+--
+--   * an idle relay holds the wake-up lock exclusively, on a connection of
+--     its own, while it waits (session level, taken without waiting);
+--   * a writing statement tries to take it shared, without waiting, until
+--     its transaction ends. If it cannot, a relay is waiting: it NOTIFYs
+--     (delivered at commit). Otherwise nobody is waiting and it notifies
+--     nobody; NOTIFY serialises commits, so writers must not notify while
+--     relays are busy.
+--
+-- No wake-up is lost: a relay takes the lock only after every writer that
+-- took it shared has ended, so its look at the table after taking it sees
+-- their rows; every writer after that notifies. Writers never wait for the
+-- lock, and neither do relays (one that cannot take it looks again soon,
+-- or, when another relay holds it, waits for the notifications that relay
+-- causes).
+--
+-- The lock key is (1836543864, oid of the outbox table): "mwox" in ASCII and
+-- the table, so outboxes in different schemas of one database do not
+-- interfere. See Relay.announceIdle.
+
+DROP TRIGGER millwright_outbox_notify ON millwright_outbox;
+DROP FUNCTION millwright_outbox_notify();
+DROP TABLE millwright_outbox_wakeup;
+
+CREATE FUNCTION millwright_outbox_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock_shared(1836543864, TG_RELID::int4) THEN
+        -- Delivered at commit; a rolled-back transaction wakes nobody.
+        PERFORM pg_notify('millwright_outbox:' || TG_TABLE_SCHEMA, '');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER millwright_outbox_notify
+    AFTER INSERT ON millwright_outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION millwright_outbox_notify();
