@@ -40,6 +40,9 @@ BEGIN
 END;
 $$;
 
+-- BEFORE, not AFTER as in 001: the lock is then held across the insert
+-- as well, and a BEFORE STATEMENT trigger skips the after-trigger queue
+-- (measured: 2-3 % of a one-event business transaction).
 CREATE TRIGGER millwright_outbox_notify
-    AFTER INSERT ON millwright_outbox
+    BEFORE INSERT ON millwright_outbox
     FOR EACH STATEMENT EXECUTE FUNCTION millwright_outbox_notify();
