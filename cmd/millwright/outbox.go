@@ -23,6 +23,7 @@ import (
 	"github.com/lib/pq"
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/transport"
@@ -220,7 +221,10 @@ type outboxBenchRow struct {
 	Ratio    float64 `json:"ratio,omitempty"`
 	Target   string  `json:"target,omitempty"`
 	// VsForwarder is Value over Watermill's forwarder in the same run.
-	VsForwarder float64   `json:"vs_forwarder,omitempty"`
+	VsForwarder float64 `json:"vs_forwarder,omitempty"`
+	// VsPublisher is Value over the transport's Watermill publisher alone,
+	// without a database, in the same run.
+	VsPublisher float64   `json:"vs_publisher,omitempty"`
 	Runs        []float64 `json:"runs"`
 }
 
@@ -347,11 +351,14 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(b.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "CASE\tVARIANT\tVALUE\tUNIT\tBASELINE\tRATIO\tVS FORWARDER\tTARGET\n")
+	fmt.Fprintf(tw, "CASE\tVARIANT\tVALUE\tUNIT\tBASELINE\tRATIO\tVS FORWARDER\tVS PUBLISHER\tTARGET\n")
 	for _, r := range b.rows {
-		base, ratio, vsf := "", "", ""
+		base, ratio, vsf, vsp := "", "", "", ""
 		if r.VsForwarder != 0 {
 			vsf = strconv.FormatFloat(r.VsForwarder, 'f', 2, 64) + "x"
+		}
+		if r.VsPublisher != 0 {
+			vsp = strconv.FormatFloat(r.VsPublisher, 'f', 2, 64) + "x"
 		}
 		if r.Baseline != 0 {
 			base = strconv.FormatFloat(r.Baseline, 'f', 2, 64)
@@ -359,7 +366,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		if r.Ratio != 0 {
 			ratio = strconv.FormatFloat(r.Ratio, 'f', 2, 64) + "x"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\n", r.Case, r.Variant, r.Value, r.Unit, base, ratio, vsf, r.Target)
+		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Case, r.Variant, r.Value, r.Unit, base, ratio, vsf, vsp, r.Target)
 	}
 	fmt.Fprintf(tw, "(medians of %d runs)\n", rounds)
 	return tw.Flush()
@@ -586,6 +593,7 @@ func (b *outboxBench) benchDrain(ctx context.Context, kind string, t *transport.
 	}
 	_, batched := pub.(transport.BatchPublisher)
 	results := make([][]float64, len(variants)+1)
+	var alone []float64
 	for round := range b.rounds {
 		for i, v := range variants {
 			if err := b.fill(ctx, topic, n); err != nil {
@@ -602,6 +610,11 @@ func (b *outboxBench) benchDrain(ctx context.Context, kind string, t *transport.
 			return fmt.Errorf("watermill forwarder: %w", err)
 		}
 		results[len(variants)] = append(results[len(variants)], rate)
+		rate, err = b.publisherAlone(pub, topic, n)
+		if err != nil {
+			return fmt.Errorf("watermill publisher alone: %w", err)
+		}
+		alone = append(alone, rate)
 	}
 	variants = append(variants, struct {
 		name string
@@ -609,12 +622,16 @@ func (b *outboxBench) benchDrain(ctx context.Context, kind string, t *transport.
 	}{name: "watermill forwarder + watermill-sql (defaults)"})
 	base := median(results[0])
 	fwd := median(results[len(results)-1])
+	pubRate := median(alone)
 	for i, v := range variants {
 		row := outboxBenchRow{Case: "drain " + kind, Variant: fmt.Sprintf("%s, %d events", v.name, n), Value: median(results[i]), Unit: "events/s", Runs: results[i]}
 		if i > 0 {
 			row.Baseline, row.Ratio = base, row.Value/base
-			if kind == "kafka" {
+			switch {
+			case kind == "kafka":
 				row.Target = map[int]string{1: ">= 15000/s", 2: ">= 20000/s"}[i]
+			case i <= 2 && (kind == "amqp" || kind == "sql"):
+				row.Target = ">= 0.50x publisher"
 			}
 		}
 		if i < len(variants)-1 {
@@ -623,9 +640,60 @@ func (b *outboxBench) benchDrain(ctx context.Context, kind string, t *transport.
 				row.Variant += " (PublishBatch)"
 			}
 		}
+		row.VsPublisher = row.Value / pubRate
 		b.emit(row)
 	}
+	b.emit(outboxBenchRow{Case: "drain " + kind, Variant: fmt.Sprintf("watermill publisher alone, no database (Publish, 100 per call, 8 goroutines), %d events", n),
+		Value: pubRate, Unit: "events/s", Runs: alone})
 	return nil
+}
+
+// publisherAlone measures the transport's Watermill publisher with no
+// database in the way: n messages shaped like the relay's (same payload,
+// the CloudEvents metadata the relay sends), with Publish (never
+// PublishBatch), 100 messages per call from 8 goroutines. It is the "what
+// Watermill's own publisher reaches on that broker" the relay is compared
+// with.
+func (b *outboxBench) publisherAlone(pub message.Publisher, topic string, n int) (float64, error) {
+	msgs := make([]*message.Message, n)
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	for i := range msgs {
+		id := watermill.NewUUID()
+		agg := "a-" + strconv.Itoa(i%1000)
+		m := message.NewMessage(id, b.payload)
+		for k, v := range map[string]string{metadata.EventID: id, metadata.EventSpecVersion: "1.0", metadata.EventTime: now,
+			metadata.EventSubject: agg, metadata.AggregateID: agg, metadata.AggregateType: "bench", metadata.OrderingKey: "bench/" + agg,
+			metadata.EventType: "bench.event.v1", metadata.EventDataContentType: "application/json"} {
+			m.Metadata.Set(k, v)
+		}
+		msgs[i] = m
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	start := time.Now()
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				from := int(next.Add(100)) - 100
+				if from >= n {
+					return
+				}
+				if err := pub.Publish(topic, msgs[from:min(from+100, n)]...); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
 }
 
 // countingPublisher counts what the forwarder sends and signals when n
@@ -873,120 +941,185 @@ func (b *outboxBench) benchLatency(ctx context.Context, kind string, t *transpor
 	if _, err := b.db.ExecContext(ctx, `TRUNCATE millwright_outbox`); err != nil {
 		return err
 	}
-	var p50s, p99s []float64
+	var p50s, p99s, fp50s, fp99s []float64
 	for round := range b.rounds {
-		topic := fmt.Sprintf("bench_outbox_latency_%d_%d", time.Now().UnixNano(), round)
-		sub, err := t.Subscriber("bench")
-		if err != nil {
-			return err
+		// millwright: outbox.Add in the transaction, a relay with LISTEN
+		// and a 1 s poll fallback.
+		relayWrite := func(ctx context.Context, tx *sql.Tx, topic, id, agg string) error {
+			return outbox.Add(ctx, tx, outbox.Event{ID: id, Topic: topic, AggregateType: "order", AggregateID: agg, Payload: b.payload})
 		}
-		sctx, cancel := context.WithCancel(ctx)
-		ch, err := sub.Subscribe(sctx, topic)
-		if err != nil {
-			cancel()
-			return err
-		}
-		var committed sync.Map // event id -> time before COMMIT
-		var mu sync.Mutex
-		received := map[string]time.Time{}
-		commitDone := map[string]time.Time{}
-		warm := make(chan struct{}, 1)
-		go func() {
-			for m := range ch {
-				now := time.Now()
-				if _, ok := committed.Load(m.UUID); ok {
-					mu.Lock()
-					received[m.UUID] = now
-					mu.Unlock()
-				} else {
-					select {
-					case warm <- struct{}{}:
-					default:
-					}
-				}
-				m.Ack()
-			}
-		}()
-		r, err := outbox.NewRelay(b.db, t.Publisher(), outbox.RelayConfig{ListenURL: b.url, PollInterval: time.Second})
-		if err != nil {
-			cancel()
-			return err
-		}
-		go func() { _ = r.Run(ctx) }()
-		<-r.Running()
-		// Warm up until the subscriber receives (consumer group joins).
-		warmDeadline := time.Now().Add(60 * time.Second)
-	warmup:
-		for {
-			if err := outbox.Add(ctx, b.db, outbox.Event{Topic: topic, AggregateID: "warmup", Payload: b.payload}); err != nil {
-				cancel()
-				return err
-			}
-			select {
-			case <-warm:
-				break warmup
-			case <-time.After(time.Second):
-				if time.Now().After(warmDeadline) {
-					cancel()
-					return errors.New("subscriber received nothing within 60s")
-				}
-			}
-		}
-		interval := time.Second / time.Duration(rate)
-		total := int(d / interval)
-		tick := time.NewTicker(interval)
-		for i := range total {
-			<-tick.C
-			id := watermill.NewUUID()
-			tx, err := b.db.BeginTx(ctx, nil)
+		relayStart := func() (func(), error) {
+			r, err := outbox.NewRelay(b.db, t.Publisher(), outbox.RelayConfig{ListenURL: b.url, PollInterval: time.Second})
 			if err != nil {
-				cancel()
+				return nil, err
+			}
+			done := make(chan struct{})
+			go func() { defer close(done); _ = r.Run(ctx) }()
+			<-r.Running()
+			return func() { _ = r.Close(); <-done }, nil
+		}
+		p50, p99, err := b.latencyRun(ctx, t, fmt.Sprintf("bench_outbox_latency_%d_%d", time.Now().UnixNano(), round), rate, d, relayWrite, relayStart)
+		if err != nil {
+			return fmt.Errorf("relay: %w", err)
+		}
+		p50s, p99s = append(p50s, p50), append(p99s, p99)
+
+		// Watermill: forwarder.NewPublisher over a watermill-sql publisher
+		// on the transaction, forwarder.NewForwarder with its defaults (a
+		// watermill-sql subscriber polling every second).
+		fwdTopic := fmt.Sprintf("bench_fwd_latency_%d_%d", time.Now().UnixNano(), round)
+		fwdWrite := func(ctx context.Context, tx *sql.Tx, topic, id, agg string) error {
+			sp, err := wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, watermill.NopLogger{})
+			if err != nil {
 				return err
 			}
-			if err := outbox.Add(ctx, tx, outbox.Event{ID: id, Topic: topic, AggregateType: "order", AggregateID: strconv.Itoa(i % 100), Payload: b.payload}); err != nil {
-				tx.Rollback() //nolint:errcheck
-				cancel()
-				return err
+			m := message.NewMessage(id, b.payload)
+			m.Metadata.Set(transport.OrderingKey, agg)
+			return forwarder.NewPublisher(sp, forwarder.PublisherConfig{ForwarderTopic: fwdTopic}).Publish(topic, m)
+		}
+		fwdStart := func() (func(), error) {
+			sub, err := wsql.NewSubscriber(b.db, wsql.SubscriberConfig{
+				SchemaAdapter: wsql.DefaultPostgreSQLSchema{}, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{}, InitializeSchema: true,
+			}, watermill.NopLogger{})
+			if err != nil {
+				return nil, err
 			}
-			// Marked known before COMMIT (the event may arrive before
-			// Commit returns); latency counts from Commit's return, 0 for
-			// an event that arrived earlier.
-			committed.Store(id, time.Now())
-			if err := tx.Commit(); err != nil {
-				cancel()
-				return err
+			// The forwarder topic's table, created outside the writers'
+			// transactions.
+			if err := sub.SubscribeInitialize(fwdTopic); err != nil {
+				_ = sub.Close()
+				return nil, err
 			}
-			mu.Lock()
-			commitDone[id] = time.Now()
-			mu.Unlock()
-		}
-		tick.Stop()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			mu.Lock()
-			got := len(received)
-			mu.Unlock()
-			if got >= total || time.Now().After(deadline) {
-				break
+			fwd, err := forwarder.NewForwarder(sub, t.Publisher(), watermill.NopLogger{}, forwarder.Config{ForwarderTopic: fwdTopic})
+			if err != nil {
+				_ = sub.Close()
+				return nil, err
 			}
-			time.Sleep(10 * time.Millisecond)
+			done := make(chan struct{})
+			go func() { defer close(done); _ = fwd.Run(ctx) }()
+			<-fwd.Running()
+			return func() { _ = fwd.Close(); <-done; _ = sub.Close() }, nil
 		}
-		_ = r.Close()
-		cancel()
-		mu.Lock()
-		var xs []time.Duration
-		for id, at := range received {
-			xs = append(xs, max(at.Sub(commitDone[id]), 0))
+		p50, p99, err = b.latencyRun(ctx, t, fmt.Sprintf("bench_fwd_latency_out_%d_%d", time.Now().UnixNano(), round), rate, d, fwdWrite, fwdStart)
+		if err != nil {
+			return fmt.Errorf("watermill forwarder: %w", err)
 		}
-		mu.Unlock()
-		if len(xs) < total {
-			return fmt.Errorf("received %d of %d events within 30s", len(xs), total)
-		}
-		sort.Slice(xs, func(i, j int) bool { return xs[i] < xs[j] })
-		p50s = append(p50s, float64(xs[len(xs)/2])/float64(time.Millisecond))
-		p99s = append(p99s, float64(xs[len(xs)*99/100])/float64(time.Millisecond))
+		fp50s, fp99s = append(fp50s, p50), append(fp99s, p99)
 	}
-	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("commit to consumer p50 at %d/s, LISTEN + 1s poll", rate), Value: median(p50s), Unit: "ms", Runs: p50s})
-	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("commit to consumer p99 at %d/s, LISTEN + 1s poll", rate), Value: median(p99s), Unit: "ms", Target: "<= 25 ms", Runs: p99s})
+	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("outbox relay: commit to consumer p50 at %d/s, LISTEN + 1s poll", rate), Value: median(p50s), Unit: "ms", Runs: p50s})
+	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("outbox relay: commit to consumer p99 at %d/s, LISTEN + 1s poll", rate), Value: median(p99s), Unit: "ms", Target: "<= 25 ms", Runs: p99s})
+	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("watermill forwarder (defaults, 1s poll): commit to consumer p50 at %d/s", rate), Value: median(fp50s), Unit: "ms", Runs: fp50s})
+	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("watermill forwarder (defaults, 1s poll): commit to consumer p99 at %d/s", rate), Value: median(fp99s), Unit: "ms", Runs: fp99s})
 	return nil
+}
+
+// latencyRun writes events at rate per second for d, each in its own
+// transaction through write, while the relaying side started by start
+// forwards them to topic on t, and returns the p50 and p99 of the time
+// from Commit's return to the consumer's receipt, in milliseconds.
+func (b *outboxBench) latencyRun(ctx context.Context, t *transport.Transport, topic string, rate int, d time.Duration,
+	write func(ctx context.Context, tx *sql.Tx, topic, id, agg string) error, start func() (stop func(), err error)) (p50, p99 float64, err error) {
+	sub, err := t.Subscriber("bench")
+	if err != nil {
+		return 0, 0, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := sub.Subscribe(sctx, topic)
+	if err != nil {
+		return 0, 0, err
+	}
+	var committed sync.Map // event ids written
+	var mu sync.Mutex
+	received := map[string]time.Time{}
+	commitDone := map[string]time.Time{}
+	warm := make(chan struct{}, 1)
+	go func() {
+		for m := range ch {
+			now := time.Now()
+			if _, ok := committed.Load(m.UUID); ok {
+				mu.Lock()
+				received[m.UUID] = now
+				mu.Unlock()
+			} else {
+				select {
+				case warm <- struct{}{}:
+				default:
+				}
+			}
+			m.Ack()
+		}
+	}()
+	stop, err := start()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer stop()
+	writeOne := func(id, agg string) error {
+		tx, err := b.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := write(ctx, tx, topic, id, agg); err != nil {
+			tx.Rollback() //nolint:errcheck
+			return err
+		}
+		return tx.Commit()
+	}
+	// Warm up until the subscriber receives (consumer group joins).
+	warmDeadline := time.Now().Add(60 * time.Second)
+warmup:
+	for {
+		if err := writeOne(watermill.NewUUID(), "warmup"); err != nil {
+			return 0, 0, err
+		}
+		select {
+		case <-warm:
+			break warmup
+		case <-time.After(time.Second):
+			if time.Now().After(warmDeadline) {
+				return 0, 0, errors.New("subscriber received nothing within 60s")
+			}
+		}
+	}
+	interval := time.Second / time.Duration(rate)
+	total := int(d / interval)
+	tick := time.NewTicker(interval)
+	for i := range total {
+		<-tick.C
+		id := watermill.NewUUID()
+		// Marked known before COMMIT (the event may arrive before Commit
+		// returns); latency counts from Commit's return, 0 for an event
+		// that arrived earlier.
+		committed.Store(id, true)
+		if err := writeOne(id, strconv.Itoa(i%100)); err != nil {
+			tick.Stop()
+			return 0, 0, err
+		}
+		mu.Lock()
+		commitDone[id] = time.Now()
+		mu.Unlock()
+	}
+	tick.Stop()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		got := len(received)
+		mu.Unlock()
+		if got >= total || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var xs []time.Duration
+	for id, at := range received {
+		xs = append(xs, max(at.Sub(commitDone[id]), 0))
+	}
+	if len(xs) < total {
+		return 0, 0, fmt.Errorf("received %d of %d events within 30s", len(xs), total)
+	}
+	sort.Slice(xs, func(i, j int) bool { return xs[i] < xs[j] })
+	return float64(xs[len(xs)/2]) / float64(time.Millisecond), float64(xs[len(xs)*99/100]) / float64(time.Millisecond), nil
 }
