@@ -201,8 +201,23 @@ func tolerateExisting(qs []wsql.Query) []wsql.Query {
 // DB returns the transport's pool.
 func (t *Transport) DB() *stdsql.DB { return t.db }
 
-// Publisher returns the transport's publisher, safe for concurrent use.
-func (t *Transport) Publisher() message.Publisher { return t.pub }
+// Publisher returns the transport's publisher, safe for concurrent use. It
+// has PublishBatch (transport.BatchPublisher).
+func (t *Transport) Publisher() message.Publisher { return batchPublisher{t.pub} }
+
+// batchPublisher adds PublishBatch to watermill-sql's publisher.
+type batchPublisher struct{ *wsql.Publisher }
+
+// PublishBatch inserts msgs with one INSERT statement, committed on its own:
+// all or none are published, in the order given (watermill-sql's offsets
+// follow the VALUES order), so every ordering key keeps its order. It is
+// Publish with many messages: watermill-sql already inserts them at once;
+// having the method tells the outbox relay to send a whole batch in one
+// call (one commit, one WAL flush) rather than split it over
+// PublishConcurrency calls and commits.
+func (p batchPublisher) PublishBatch(topic string, msgs ...*message.Message) error {
+	return p.Publish(topic, msgs...)
+}
 
 // Subscriber returns a subscriber in consumer group `group` (its own offset
 // per topic). Group "" is watermill-sql's default group.
