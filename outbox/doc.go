@@ -24,7 +24,8 @@
 // columns do not already say (source, traceparent, the event's own
 // Metadata) is stored in the metadata column; the relay derives the rest
 // from the row when it publishes, and ce_time is created_at, the start of
-// the writing transaction. Valid JSON payloads go to the JSONB payload
+// the writing transaction. (Upgrading from a version whose relays did not
+// derive it: deploy relays first; see migrations/002_outbox_wakeup_lock.sql.) Valid JSON payloads go to the JSONB payload
 // column (Postgres normalises whitespace and key order); other payloads, or
 // any with Event.RawPayload, are kept byte for byte in payload_raw. Nothing
 // is rejected for its payload.

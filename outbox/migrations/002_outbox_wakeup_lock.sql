@@ -21,6 +21,14 @@
 -- or, when another relay holds it, waits for the notifications that relay
 -- causes).
 --
+-- Upgrading a running system: deploy relays of this version before
+-- writers of this version. Writers of this version store only the metadata
+-- the row's columns do not give, and an older relay does not derive the
+-- rest (it would publish their events without ce_type, ce_time and the
+-- aggregate keys). Relays of this version publish rows of older writers
+-- unchanged. Relays of the older version poll after this migration (their
+-- wake-up table is gone; they log it).
+--
 -- The lock key is (1836543864, oid of the outbox table): "mwox" in ASCII and
 -- the table, so outboxes in different schemas of one database do not
 -- interfere. See Relay.announceIdle.
