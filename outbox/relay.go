@@ -52,8 +52,12 @@ type RelayConfig struct {
 	// ListenURL is a Postgres URL on which the relay LISTENs for the
 	// notifications the outbox's insert trigger sends at commit, so that
 	// events go out without waiting out PollInterval. It must reach the
-	// same database and search_path as the relay's *sql.DB. Default ""
-	// (polling only).
+	// same database and search_path as the relay's *sql.DB (Run checks,
+	// and polls if it does not), directly or through a session-pooling
+	// proxy: the relay opens two connections on it, one for LISTEN and one
+	// holding the wake-up lock while it is idle (a session advisory lock),
+	// which a transaction-pooling PgBouncer breaks. Default "" (polling
+	// only).
 	ListenURL string
 	// Lease is how long claimed rows stay reserved for this relay. A relay
 	// that dies mid-batch delays its rows by at most Lease; they are then
