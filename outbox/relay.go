@@ -413,8 +413,11 @@ func (r *Relay) announceIdle(ctx context.Context) (release func(), settled bool,
 	case "held":
 		return func() {
 			// A failed unlock leaves the lock to the session's end:
-			// writers notify a little longer, nothing is lost.
-			if _, err := r.waitDB.ExecContext(context.Background(), `SELECT pg_advisory_unlock(`+key+`)`); err != nil {
+			// writers notify a little longer, nothing is lost. Bounded,
+			// so an unreachable server cannot stall the relay here.
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if _, err := r.waitDB.ExecContext(uctx, `SELECT pg_advisory_unlock(`+key+`)`); err != nil {
 				r.cfg.Logger.Info("outbox relay: releasing the wake-up lock failed; the connection's end releases it", watermill.LogFields{"err": err.Error()})
 			}
 		}, true, nil
