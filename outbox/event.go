@@ -163,9 +163,9 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 		}
 	}
 	// The metadata column keeps only what the row's other columns do not
-	// say (see storedMetadata): the relay derives the rest when it reads
-	// the row. Every byte here is written, indexed nowhere but logged to
-	// the WAL in the caller's transaction.
+	// say: the relay derives the rest when it reads the row (see
+	// derivedMetadata). Every byte stored here is written to the table and
+	// the WAL inside the caller's transaction.
 	var md map[string]string
 	set := func(k, v string) {
 		if md == nil {
@@ -182,14 +182,17 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 			set(metadata.TraceState, ts)
 		}
 	}
+	// JSONB rejects the \u0000 escape: such payloads are kept as bytes.
+	isJSON := !ev.RawPayload && json.Valid(ev.Payload) && !bytes.Contains(ev.Payload, []byte(`\u0000`))
 	for k, v := range ev.Metadata {
-		if k != metadata.EventID { // the event_id column is authoritative
+		// The event_id column is authoritative for the id; a key whose
+		// value the relay derives anyway (a TxPublisher message carries
+		// them all) is not stored twice.
+		if k != metadata.EventID && !derivable(k, v, ev, aggID, isJSON) {
 			set(k, v)
 		}
 	}
 	var payload, raw any
-	// JSONB rejects the \u0000 escape: such payloads are kept as bytes.
-	isJSON := !ev.RawPayload && json.Valid(ev.Payload) && !bytes.Contains(ev.Payload, []byte(`\u0000`))
 	if isJSON {
 		payload = string(ev.Payload)
 	} else {
@@ -220,6 +223,28 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 		}
 	}
 	return []any{ev.ID, ev.Topic, ev.AggregateType, aggID, ev.EventType, payload, raw, string(mdJSON)}, nil
+}
+
+// derivable reports whether metadata k=v of ev is what derivedMetadata
+// gives its row anyway (ce_time aside: created_at is not known yet).
+func derivable(k, v string, ev Event, aggID string, isJSON bool) bool {
+	switch k {
+	case metadata.EventSpecVersion:
+		return v == "1.0"
+	case metadata.EventSubject, metadata.AggregateID:
+		return v == aggID
+	case metadata.OrderingKey:
+		return v == orderingKey(ev.AggregateType, aggID)
+	case metadata.AggregateType:
+		return v == ev.AggregateType && v != ""
+	case metadata.EventType:
+		return v == ev.EventType && v != ""
+	case metadata.EventDataContentType:
+		return isJSON && v == "application/json"
+	case metadata.EventSource:
+		return v == ev.Source && v != "" // stored from ev.Source
+	}
+	return false
 }
 
 // derivedMetadata calls set with the metadata of an event that its row's

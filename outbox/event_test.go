@@ -105,3 +105,39 @@ func TestAdd_PublishedMetadataIsCompleteAndStoredOnce(t *testing.T) {
 		metadata.EventSubject: "e-2", metadata.AggregateID: "e-2", metadata.OrderingKey: "e-2",
 	}, m2)
 }
+
+// A TxPublisher message carries its CloudEvents metadata in full: what the
+// row's columns give is not stored twice, and the consumer gets exactly
+// what was sent (plus the id and content type the outbox fills in).
+func TestTxPublisher_StoresMetadataOnceAndDeliversItUnchanged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := b.collect(t, "orders")
+	ctx := context.Background()
+	msg := message.NewMessage("e-9", []byte(`{"a":1}`))
+	sent := map[string]string{
+		metadata.EventType: "order.created.v1", metadata.EventSpecVersion: "1.0", metadata.EventSubject: "o-1",
+		metadata.AggregateType: "order", metadata.AggregateID: "o-1", metadata.OrderingKey: "order/o-1",
+		metadata.EventTime: "2026-01-02T03:04:05Z", metadata.EventSource: "/orders", "tenant": "t-1",
+	}
+	for k, v := range sent {
+		msg.Metadata.Set(k, v)
+	}
+	tx, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	pub, err := NewTxPublisher(tx, PublisherConfig{})
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish("orders", msg))
+	require.NoError(t, tx.Commit())
+	var stored string
+	require.NoError(t, b.db.QueryRow(`SELECT metadata::text FROM millwright_outbox WHERE event_id = 'e-9'`).Scan(&stored))
+	require.JSONEq(t, `{"ce_time":"2026-01-02T03:04:05Z","ce_source":"/orders","tenant":"t-1"}`, stored)
+
+	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 10 * time.Millisecond})
+	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "1 message")
+	want := message.Metadata{metadata.EventID: "e-9", metadata.EventDataContentType: "application/json"}
+	for k, v := range sent {
+		want[k] = v
+	}
+	require.Equal(t, want, got.all()[0].Metadata)
+}
