@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -140,4 +142,18 @@ func TestTxPublisher_StoresMetadataOnceAndDeliversItUnchanged(t *testing.T) {
 		want[k] = v
 	}
 	require.Equal(t, want, got.all()[0].Metadata)
+}
+
+// Rows written before the metadata column was trimmed carry their full
+// metadata; the relay publishes it as it was written.
+func TestRowMessage_RowOfAnEarlierVersionKeepsItsMetadata(t *testing.T) {
+	t.Parallel()
+	old := `{"ce_id":"e-1","ce_specversion":"1.0","ce_time":"2026-01-02T03:04:05.123456789Z","ce_subject":"o-1",` +
+		`"aggregate_id":"o-1","aggregate_type":"order","ordering_key":"order/o-1","ce_type":"order.created.v1","ce_datacontenttype":"application/json"}`
+	msg, err := rowMessage(storedRow{eventID: "e-1", aggType: "order", aggID: "o-1", eventType: "order.created.v1",
+		payload: sql.NullString{String: `{"a":1}`, Valid: true}, metadata: old, createdAt: time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC)})
+	require.NoError(t, err)
+	var want message.Metadata
+	require.NoError(t, json.Unmarshal([]byte(old), &want))
+	require.Equal(t, want, msg.Metadata)
 }
