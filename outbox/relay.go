@@ -181,6 +181,9 @@ type Relay struct {
 	schema   string
 	tableOID uint32
 	waitDB   *sql.DB
+	// holdGuard: the server has idle_session_timeout (Postgres 14+), set
+	// while the wake-up lock is held.
+	holdGuard bool
 
 	// afterPublish, when set (tests), runs after the broker calls of a batch
 	// and before the rows are marked.
@@ -398,10 +401,20 @@ const wakeLockClass = 1836543864
 func (r *Relay) announceIdle(ctx context.Context) (release func(), settled bool, err error) {
 	release = func() {}
 	key := fmt.Sprintf("%d, %d", wakeLockClass, int32(r.tableOID))
+	held, unlock := `'held'`, `SELECT pg_advisory_unlock(`+key+`)`
+	if r.holdGuard {
+		// A holder that stops answering (a hung process, a half-open
+		// connection) would otherwise keep every writer notifying, and
+		// commits serialised, until TCP gives up on it: the server ends a
+		// holding session idle for longer than the relay ever is while
+		// alive (it unlocks and takes the lock again every PollInterval).
+		held = `CASE WHEN set_config('idle_session_timeout', '` + strconv.FormatInt(r.holdTimeout().Milliseconds(), 10) + `', false) IS NOT NULL THEN 'held' END`
+		unlock += `, set_config('idle_session_timeout', '0', false)`
+	}
 	var state string
 	// One statement without parameters: one round trip with lib/pq.
 	if err := r.waitDB.QueryRowContext(ctx, `SELECT CASE
-		WHEN pg_try_advisory_lock(`+key+`) THEN 'held'
+		WHEN pg_try_advisory_lock(`+key+`) THEN `+held+`
 		WHEN EXISTS (SELECT 1 FROM pg_locks
 			WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted
 			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -417,7 +430,7 @@ func (r *Relay) announceIdle(ctx context.Context) (release func(), settled bool,
 			// so an unreachable server cannot stall the relay here.
 			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if _, err := r.waitDB.ExecContext(uctx, `SELECT pg_advisory_unlock(`+key+`)`); err != nil {
+			if _, err := r.waitDB.ExecContext(uctx, unlock); err != nil {
 				r.cfg.Logger.Info("outbox relay: releasing the wake-up lock failed; the connection's end releases it", watermill.LogFields{"err": err.Error()})
 			}
 		}, true, nil
@@ -427,6 +440,10 @@ func (r *Relay) announceIdle(ctx context.Context) (release func(), settled bool,
 		return release, false, nil
 	}
 }
+
+// holdTimeout is the idle_session_timeout of a session holding the wake-up
+// lock: well beyond the longest a live relay leaves it idle (PollInterval).
+func (r *Relay) holdTimeout() time.Duration { return 3*r.cfg.PollInterval + 2*time.Second }
 
 // Close stops Run after the batch in flight, waiting at most CloseTimeout
 // before cancelling it. It is idempotent and safe to call before Run.
@@ -488,7 +505,13 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), 
 		waitDB.Close()
 		return nil, fmt.Errorf("LISTEN %q: %w", NotifyChannel(schema), err)
 	}
-	r.schema, r.tableOID, r.waitDB = schema, uint32(oid), waitDB
+	var version int
+	if err := waitDB.QueryRowContext(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		l.Close()
+		waitDB.Close()
+		return nil, fmt.Errorf("reading the server version on RelayConfig.ListenURL: %w", err)
+	}
+	r.schema, r.tableOID, r.waitDB, r.holdGuard = schema, uint32(oid), waitDB, version >= 140000
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -607,3 +607,44 @@ func TestAdd_RefusesOversizedEventAtWriteTime(t *testing.T) {
 	require.Equal(t, 1, count(t, b.db, "aggregate_id = 'o-2'"))
 	require.Zero(t, count(t, b.db, "aggregate_id = 'o-1'"))
 }
+
+// A relay that stops answering while it holds the wake-up lock (a hung
+// process, a half-open connection) must not keep writers notifying for
+// good: the server ends the holding session once it has been idle for
+// holdTimeout, which frees the lock, and the relay takes it again on a new
+// connection.
+func TestRelay_HungHolderLosesTheWakeupLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var version int
+	require.NoError(t, b.db.QueryRow(`SELECT current_setting('server_version_num')::int`).Scan(&version))
+	if version < 140000 {
+		t.Skip("idle_session_timeout needs Postgres 14")
+	}
+	r, err := NewRelay(b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Millisecond})
+	require.NoError(t, err)
+	ctx := context.Background()
+	stop, err := r.listen(ctx, make(chan struct{}, 1))
+	require.NoError(t, err)
+	defer stop()
+	require.True(t, r.holdGuard)
+	held := func() bool {
+		var n int
+		require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND granted`,
+			wakeLockClass, tableOID(t, b.db)).Scan(&n))
+		return n > 0
+	}
+	_, settled, err := r.announceIdle(ctx) // and never released: hung
+	require.NoError(t, err)
+	require.True(t, settled)
+	require.True(t, held())
+	eventually(t, 4*r.holdTimeout(), func() bool { return !held() }, "the server ends the idle holder's session")
+	eventually(t, 10*time.Second, func() bool {
+		release, settled, err := r.announceIdle(ctx) // the first try may meet the ended session
+		if err != nil || !settled || !held() {
+			return false
+		}
+		release()
+		return !held()
+	}, "the relay takes and releases the lock again")
+}
