@@ -188,6 +188,9 @@ type Relay struct {
 	// afterPublish, when set (tests), runs after the broker calls of a batch
 	// and before the rows are marked.
 	afterPublish func(ctx context.Context, published []int64)
+	// beforeIdleLook, when set (tests), runs after announceIdle and before
+	// the look at the table that follows it.
+	beforeIdleLook func()
 }
 
 // NewRelay returns a relay reading the outbox through db and publishing with
@@ -326,7 +329,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if n > 0 && err == nil && !listening {
 			continue
 		}
-		release := func() {}
+		release := func(bool) {}
 		if listening && err == nil {
 			// Ask writers for a NOTIFY, then look once more: rows
 			// committed before the request went unannounced.
@@ -334,18 +337,33 @@ func (r *Relay) Run(ctx context.Context) error {
 			var aerr error
 			release, settled, aerr = r.announceIdle(ctx)
 			if aerr != nil && ctx.Err() == nil {
+				// The wake-up connection is failing: poll at
+				// PollInterval until it works again.
 				r.cfg.Logger.Error("outbox relay: announcing idleness failed, polling", aerr, nil)
+				settled = true
 			}
-			n, next, err = r.runOnce(ctx)
+			if r.beforeIdleLook != nil {
+				r.beforeIdleLook()
+			}
+			var rows []row
+			rows, err = r.claim(ctx)
+			n, next = len(rows), time.Time{}
+			if n > 0 || err != nil {
+				// Not idle after all: publish without the lock, or
+				// writers would notify while this relay is busy.
+				release(false)
+			}
+			if n > 0 {
+				next, err = r.process(ctx, rows)
+			}
 			if ctx.Err() != nil {
-				release()
+				release(true)
 				return nil
 			}
 			if !next.IsZero() && (due.IsZero() || next.Before(due)) {
 				due = next
 			}
 			if n > 0 && err == nil {
-				release()
 				continue
 			}
 			if !settled {
@@ -363,17 +381,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			release()
+			release(true)
 			return nil
 		case <-r.closing:
 			t.Stop()
-			release()
+			release(true)
 			return nil
 		case <-wake:
 		case <-t.C:
 		}
 		t.Stop()
-		release()
+		release(false)
 		if !due.IsZero() && !time.Now().Before(due) {
 			due = time.Time{}
 		}
@@ -391,15 +409,20 @@ const wakeLockClass = 1836543864
 
 // announceIdle asks writers for a NOTIFY by taking the wake-up lock on the
 // relay's own connection, without waiting. While a relay holds it, every
-// writing transaction notifies at commit; release gives it back (call it
-// when the relay wakes). It reports settled when no writer that committed
-// unannounced can be in flight: true once the lock is held (every writer
-// that took it shared has ended, so a look at the table now sees its rows)
-// or when another relay holds it (writers notify it, and every relay
-// LISTENs); false while writers hold it shared, so the relay must look again
-// soon.
-func (r *Relay) announceIdle(ctx context.Context) (release func(), settled bool, err error) {
-	release = func() {}
+// writing transaction notifies at commit. It reports settled when no
+// writer that committed unannounced can be in flight: true once the lock
+// is held (every writer that took it shared has ended, so a look at the
+// table now sees its rows) or when another relay holds it (writers notify
+// it, and every relay LISTENs); false while writers hold it shared, so the
+// relay must look again soon.
+//
+// release gives the lock back; call it as soon as the relay has work, and
+// when it wakes. With handOver (the relay is stopping) it also notifies,
+// so that relays sleeping on this one's lock wake and one of them takes it
+// over; without it they would sleep until their poll. release is
+// idempotent.
+func (r *Relay) announceIdle(ctx context.Context) (release func(handOver bool), settled bool, err error) {
+	release = func(bool) {}
 	key := fmt.Sprintf("%d, %d", wakeLockClass, int32(r.tableOID))
 	held, unlock := `'held'`, `SELECT pg_advisory_unlock(`+key+`)`
 	if r.holdGuard {
@@ -424,13 +447,22 @@ func (r *Relay) announceIdle(ctx context.Context) (release func(), settled bool,
 	}
 	switch state {
 	case "held":
-		return func() {
+		done := false
+		return func(handOver bool) {
+			if done {
+				return
+			}
+			done = true
+			q := unlock
+			if handOver {
+				q += `, pg_notify(` + pq.QuoteLiteral(NotifyChannel(r.schema)) + `, '')`
+			}
 			// A failed unlock leaves the lock to the session's end:
 			// writers notify a little longer, nothing is lost. Bounded,
 			// so an unreachable server cannot stall the relay here.
 			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if _, err := r.waitDB.ExecContext(uctx, unlock); err != nil {
+			if _, err := r.waitDB.ExecContext(uctx, q); err != nil {
 				r.cfg.Logger.Info("outbox relay: releasing the wake-up lock failed; the connection's end releases it", watermill.LogFields{"err": err.Error()})
 			}
 		}, true, nil

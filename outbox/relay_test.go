@@ -644,7 +644,128 @@ func TestRelay_HungHolderLosesTheWakeupLock(t *testing.T) {
 		if err != nil || !settled || !held() {
 			return false
 		}
-		release()
+		release(false)
 		return !held()
 	}, "the relay takes and releases the lock again")
+}
+
+// listenNotifications LISTENs on the test schema's outbox channel and
+// returns a function that sends a marker notification and one that
+// returns the next notification's payload. Notifications reach a listener
+// in commit order, so a marker sent after some writes shows whether they
+// notified.
+func listenNotifications(t *testing.T, b bundle) (marker func(string), next func() string) {
+	t.Helper()
+	var schema string
+	require.NoError(t, b.db.QueryRow(`SELECT current_schema()`).Scan(&schema))
+	l := pq.NewListener(b.schema.URL, time.Millisecond, time.Second, nil)
+	t.Cleanup(func() { _ = l.Close() })
+	require.NoError(t, l.Listen(NotifyChannel(schema)))
+	marker = func(name string) {
+		_, err := b.db.Exec(`SELECT pg_notify($1, $2)`, NotifyChannel(schema), name)
+		require.NoError(t, err)
+	}
+	next = func() string {
+		select {
+		case n := <-l.NotificationChannel():
+			require.NotNil(t, n)
+			return n.Extra
+		case <-time.After(10 * time.Second):
+			t.Fatal("no notification")
+			return ""
+		}
+	}
+	return marker, next
+}
+
+// triedWakeupLock reports how many sessions last ran the wake-up lock's try
+// for the test schema's outbox: relays that went idle.
+func triedWakeupLock(t *testing.T, b bundle) int {
+	t.Helper()
+	try := fmt.Sprintf("%%pg_try_advisory_lock(%d, %d)%%", wakeLockClass, int32(tableOID(t, b.db)))
+	var n int
+	require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE query LIKE $1 AND pid <> pg_backend_pid()`, try).Scan(&n))
+	return n
+}
+
+// A relay whose look under the wake-up lock finds work gives the lock back
+// before publishing: writers must not notify (serialising their commits)
+// while it is busy.
+func TestRelay_PublishesWithoutHoldingTheWakeupLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	marker, next := listenNotifications(t, b)
+	ctx := context.Background()
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	pub := &hookPublisher{Publisher: b.pubsub, fail: func(_ string, m *message.Message) error {
+		if string(m.Payload) == `"slow"` {
+			once.Do(func() { close(entered); <-proceed })
+		}
+		return nil
+	}}
+	r, err := NewRelay(b.db, pub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
+	require.NoError(t, err)
+	var planted sync.Once
+	r.beforeIdleLook = func() {
+		// The relay holds the lock now; an event committed without the
+		// trigger (replica role) is what its look finds.
+		planted.Do(func() {
+			tx, err := b.db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			_, err = tx.Exec(`SET LOCAL session_replication_role = replica`)
+			require.NoError(t, err)
+			require.NoError(t, Add(ctx, tx, Event{Topic: "t", AggregateID: "a", Payload: []byte(`"slow"`)}))
+			require.NoError(t, tx.Commit())
+		})
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		require.NoError(t, r.Close())
+		require.NoError(t, <-errc)
+	})
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(proceed) }) }) // runs first, also on failure
+	<-entered                                                   // the relay is publishing what its look under the lock found
+	for i := 0; i < 3; i++ {
+		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: fmt.Sprint("w", i)}))
+	}
+	marker("m")
+	require.Equal(t, "m", next(), "writers notified while the relay was publishing")
+}
+
+// A relay that stops while it holds the wake-up lock hands it over: the
+// other relays, asleep because it held the lock, wake and one takes it, so
+// the next event is not left to their poll.
+func TestRelay_StoppingHolderHandsOverTheWakeup(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := b.collect(t, "t")
+	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour}
+	relays := []*Relay{startRelay(t, b.db, b.pubsub, cfg), startRelay(t, b.db, b.pubsub, cfg)}
+	holderPID := func() int {
+		var pid int
+		err := b.db.QueryRow(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND granted`,
+			wakeLockClass, tableOID(t, b.db)).Scan(&pid)
+		if errors.Is(err, sql.ErrNoRows) {
+			return 0
+		}
+		require.NoError(t, err)
+		return pid
+	}
+	// Both are idle: one holds the lock, the other found it held.
+	eventually(t, 5*time.Second, func() bool { return triedWakeupLock(t, b) == 2 && holderPID() != 0 }, "both relays idle, one holding the lock")
+	var holder *Relay
+	for _, r := range relays {
+		var pid int
+		require.NoError(t, r.waitDB.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
+		if pid == holderPID() {
+			holder = r
+		}
+	}
+	require.NotNil(t, holder)
+	require.NoError(t, holder.Close())
+	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
+	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "the other relay publishes without waiting for its poll")
 }
