@@ -63,10 +63,13 @@
 // the lock shared, without waiting, from the insert trigger; a relay takes
 // it only once no writer holds it, so no event committed around the moment
 // the relay went idle waits for the poll (see
-// migrations/002_outbox_wakeup_lock.sql). A holder that stops answering
-// loses the lock after 3 x PollInterval + 2 s (idle_session_timeout on its
-// session, Postgres 14+), so a hung relay cannot leave writers notifying.
-// PollInterval (default 1 s) is the fallback. A relay with ListenURL uses two connections of its own besides
+// migrations/002_outbox_wakeup_lock.sql). A relay gives the lock back as
+// soon as it has work, and a stopping relay hands it over (other idle
+// relays wake and one takes it). A holder that stops answering loses it
+// after 3 x PollInterval + 2 s (idle_session_timeout on its session,
+// Postgres 14+), so a hung relay cannot leave writers notifying; until
+// then, and after a holder crashes, the other relays fall back to
+// PollInterval (default 1 s). A relay with ListenURL uses two connections of its own besides
 // its *sql.DB: the LISTEN and the wake-up lock.
 //
 // # Guarantees
