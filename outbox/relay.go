@@ -360,6 +360,9 @@ func (r *Relay) Run(ctx context.Context) error {
 				release(true)
 				return nil
 			}
+			if err != nil {
+				r.cfg.Logger.Error("outbox relay: batch failed, retrying after the poll interval", err, nil)
+			}
 			if !next.IsZero() && (due.IsZero() || next.Before(due)) {
 				due = next
 			}
