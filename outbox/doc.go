@@ -69,7 +69,10 @@
 // after 3 x PollInterval + 2 s (idle_session_timeout on its session,
 // Postgres 14+), so a hung relay cannot leave writers notifying; until
 // then, and after a holder crashes, the other relays fall back to
-// PollInterval (default 1 s). A relay with ListenURL uses two connections of its own besides
+// PollInterval (default 1 s). Postgres refuses PREPARE TRANSACTION after a
+// NOTIFY: services that write the outbox in two-phase transactions must
+// run their relays without ListenURL (polling), so that no writer ever
+// notifies. A relay with ListenURL uses two connections of its own besides
 // its *sql.DB: the LISTEN and the wake-up lock.
 //
 // # Guarantees
