@@ -263,19 +263,11 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 	if opts.Rate < 0 {
 		return fmt.Errorf("--rate %v: want >= 0 (0 means unlimited)", opts.Rate)
 	}
-	change, err := newChange(cmd, args)
-	if err != nil {
-		return err
-	}
-
-	db, err := openDB(cmd)
+	change, db, err := openChange(cmd, args)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if err := change.ready(db); err != nil {
-		return err
-	}
 	store := dlq.NewStore(db)
 	out := cmd.OutOrStdout()
 

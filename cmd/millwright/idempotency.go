@@ -40,18 +40,11 @@ shows that count and asks to confirm; elsewhere --yes is required. Every run
 is recorded in millwright_audit.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			change, err := newChange(cmd, args)
-			if err != nil {
-				return err
-			}
-			db, err := openDB(cmd)
+			change, db, err := openChange(cmd, args)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			if err := change.ready(db); err != nil {
-				return err
-			}
 			retention, _ := cmd.Flags().GetDuration("retention")
 			batch, _ := cmd.Flags().GetInt("batch-size")
 			c, err := idempotency.NewCleaner(db, idempotency.CleanerConfig{Retention: retention, BatchSize: batch})

@@ -101,18 +101,11 @@ required. Every run is recorded in millwright_audit.`,
 			topic, _ := cmd.Flags().GetString("topic")
 			ids, _ := cmd.Flags().GetInt64Slice("id")
 			dry, _ := cmd.Flags().GetBool("dry-run")
-			change, err := newChange(cmd, args)
-			if err != nil {
-				return err
-			}
-			db, err := openDB(cmd)
+			change, db, err := openChange(cmd, args)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			if err := change.ready(db); err != nil {
-				return err
-			}
 			ctx := cmd.Context()
 			filter := outbox.FailedFilter{Topic: topic, IDs: ids}
 			err = change.confirm(func() (string, error) {

@@ -116,6 +116,25 @@ func newChange(cmd *cobra.Command, args []string) (*change, error) {
 	return c, nil
 }
 
+// openChange starts a state-changing command: it checks the flags
+// (newChange, before connecting), opens the database and checks that the
+// change can be audited (ready). The caller closes the returned db.
+func openChange(cmd *cobra.Command, args []string) (*change, *sql.DB, error) {
+	c, err := newChange(cmd, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := openDB(cmd)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := c.ready(db); err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return c, db, nil
+}
+
 // ready checks that the audit table exists in db, so nothing is changed
 // that could not be audited; finish writes there.
 func (c *change) ready(db *sql.DB) error {

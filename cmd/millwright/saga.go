@@ -186,18 +186,11 @@ run is recorded in millwright_audit.`,
 			action, _ := cmd.Flags().GetString("action")
 			note, _ := cmd.Flags().GetString("note")
 			dry, _ := cmd.Flags().GetBool("dry-run")
-			change, err := newChange(cmd, args)
-			if err != nil {
-				return err
-			}
-			db, err := openDB(cmd)
+			change, db, err := openChange(cmd, args)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			if err := change.ready(db); err != nil {
-				return err
-			}
 			ctx := cmd.Context()
 			out := cmd.OutOrStdout()
 			if dry {
