@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
 )
 
@@ -92,16 +93,11 @@ func insert(t *testing.T, store *dlq.Store, msgs ...*message.Message) []int64 {
 	return ids
 }
 
-// eventually polls cond until it holds or 10 s pass.
+// eventually polls cond until it holds or 10 s pass: for state that
+// another connection or goroutine changes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, cond, "%s", what)
 }
 
 // TestRecorderStoresDeadLetters runs the whole path: a failing handler, the

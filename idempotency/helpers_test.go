@@ -12,6 +12,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/poll"
 )
 
 // pgBundle is a fresh schema with the idempotency table and an effects table
@@ -89,17 +90,11 @@ func metric(t *testing.T, reg prometheus.Gatherer, name, consumer string) float6
 	return 0
 }
 
-// eventually polls cond until it holds or the deadline passes: for database
-// state that another connection changes.
+// eventually polls cond until it holds or 10 s pass: for state that
+// another connection or goroutine changes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, cond, "%s", what)
 }
 
 var bg = context.Background()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 )
@@ -70,17 +71,8 @@ func (c *collector) all() []*message.Message {
 	return append([]*message.Message(nil), c.msgs...)
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, d time.Duration, cond func() bool, msg string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s: "+msg, append([]any{d}, args...)...)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// eventually polls cond until it holds or d passes.
+var eventually = poll.Until
 
 func startRelay(t *testing.T, db *sql.DB, pub message.Publisher, cfg RelayConfig) *Relay {
 	t.Helper()
