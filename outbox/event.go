@@ -185,12 +185,26 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 	// JSONB rejects the \u0000 escape: such payloads are kept as bytes.
 	isJSON := !ev.RawPayload && json.Valid(ev.Payload) && !bytes.Contains(ev.Payload, []byte(`\u0000`))
 	for k, v := range ev.Metadata {
-		// The event_id column is authoritative for the id; a key whose
-		// value the relay derives anyway (a TxPublisher message carries
-		// them all) is not stored twice.
-		if k != metadata.EventID && !derivable(k, v, ev, aggID, isJSON) {
+		if k != metadata.EventID { // the event_id column is authoritative
 			set(k, v)
 		}
+	}
+	// A key whose value the relay derives anyway (a TxPublisher message
+	// carries them all) is not stored twice; ce_time is kept, created_at
+	// is not known yet. derivedSize counts what the relay adds, for
+	// MaxEventBytes.
+	derivedSize := 0
+	derivedMetadata(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
+		if sv, ok := md[k]; ok {
+			if sv != v || k == metadata.EventTime {
+				return // stored, and wins
+			}
+			delete(md, k)
+		}
+		derivedSize += len(k) + len(v) + 6 // quotes, colon, comma
+	})
+	if len(md) == 0 {
+		md = nil
 	}
 	var payload, raw any
 	if isJSON {
@@ -211,40 +225,13 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 	if limit := MaxEventBytes.Load(); limit > 0 {
 		// What the broker gets: the payload, the stored metadata and the
 		// metadata the relay derives (with the longest ce_time).
-		mdSize := len(mdJSON)
-		derivedMetadata(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
-			if _, ok := md[k]; !ok {
-				mdSize += len(k) + len(v) + 6 // quotes, colon, comma
-			}
-		})
+		mdSize := len(mdJSON) + derivedSize
 		if size := int64(len(ev.Payload) + mdSize); size > limit {
 			return nil, fmt.Errorf("%w: event %s for topic %s is %d bytes (payload %d, metadata %d), over the limit of %d (outbox.MaxEventBytes; match it to your broker: Kafka message.max.bytes, Pub/Sub 10 MB): store large data elsewhere and send a reference",
 				ErrInvalidEvent, ev.ID, ev.Topic, size, len(ev.Payload), mdSize, limit)
 		}
 	}
 	return []any{ev.ID, ev.Topic, ev.AggregateType, aggID, ev.EventType, payload, raw, string(mdJSON)}, nil
-}
-
-// derivable reports whether metadata k=v of ev is what derivedMetadata
-// gives its row anyway (ce_time aside: created_at is not known yet).
-func derivable(k, v string, ev Event, aggID string, isJSON bool) bool {
-	switch k {
-	case metadata.EventSpecVersion:
-		return v == "1.0"
-	case metadata.EventSubject, metadata.AggregateID:
-		return v == aggID
-	case metadata.OrderingKey:
-		return v == orderingKey(ev.AggregateType, aggID)
-	case metadata.AggregateType:
-		return v == ev.AggregateType && v != ""
-	case metadata.EventType:
-		return v == ev.EventType && v != ""
-	case metadata.EventDataContentType:
-		return isJSON && v == "application/json"
-	case metadata.EventSource:
-		return v == ev.Source && v != "" // stored from ev.Source
-	}
-	return false
 }
 
 // derivedMetadata calls set with the metadata of an event that its row's
