@@ -184,6 +184,9 @@ type Relay struct {
 	// holdGuard: the server has idle_session_timeout (Postgres 14+), set
 	// while the wake-up lock is held.
 	holdGuard bool
+	// The wake-up lock's statements (see announceIdle), built once by
+	// listen.
+	tryLockSQL, unlockSQL, handOverSQL string
 
 	// afterPublish, when set (tests), runs after the broker calls of a batch
 	// and before the rows are marked.
@@ -426,26 +429,8 @@ const wakeLockClass = 1836543864
 // idempotent.
 func (r *Relay) announceIdle(ctx context.Context) (release func(handOver bool), settled bool, err error) {
 	release = func(bool) {}
-	key := fmt.Sprintf("%d, %d", wakeLockClass, int32(r.tableOID))
-	held, unlock := `'held'`, `SELECT pg_advisory_unlock(`+key+`)`
-	if r.holdGuard {
-		// A holder that stops answering (a hung process, a half-open
-		// connection) would otherwise keep every writer notifying, and
-		// commits serialised, until TCP gives up on it: the server ends a
-		// holding session idle for longer than the relay ever is while
-		// alive (it unlocks and takes the lock again every PollInterval).
-		held = `CASE WHEN set_config('idle_session_timeout', '` + strconv.FormatInt(r.holdTimeout().Milliseconds(), 10) + `', false) IS NOT NULL THEN 'held' END`
-		unlock += `, set_config('idle_session_timeout', '0', false)`
-	}
 	var state string
-	// One statement without parameters: one round trip with lib/pq.
-	if err := r.waitDB.QueryRowContext(ctx, `SELECT CASE
-		WHEN pg_try_advisory_lock(`+key+`) THEN `+held+`
-		WHEN EXISTS (SELECT 1 FROM pg_locks
-			WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted
-			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			  AND classid = `+strconv.Itoa(wakeLockClass)+` AND objid = '`+strconv.FormatUint(uint64(r.tableOID), 10)+`'::oid AND objsubid = 2)
-		THEN 'other' ELSE 'writers' END`).Scan(&state); err != nil {
+	if err := r.waitDB.QueryRowContext(ctx, r.tryLockSQL).Scan(&state); err != nil {
 		return release, false, fmt.Errorf("taking the outbox wake-up lock: %w", err)
 	}
 	switch state {
@@ -456,9 +441,9 @@ func (r *Relay) announceIdle(ctx context.Context) (release func(handOver bool), 
 				return
 			}
 			done = true
-			q := unlock
+			q := r.unlockSQL
 			if handOver {
-				q += `, pg_notify(` + pq.QuoteLiteral(NotifyChannel(r.schema)) + `, '')`
+				q = r.handOverSQL
 			}
 			// A failed unlock leaves the lock to the session's end:
 			// writers notify a little longer, nothing is lost. Bounded,
@@ -474,6 +459,33 @@ func (r *Relay) announceIdle(ctx context.Context) (release func(handOver bool), 
 	default:
 		return release, false, nil
 	}
+}
+
+// setWakeStatements builds the wake-up lock's statements, each without
+// parameters (one round trip with lib/pq): the try, which reports 'held',
+// 'other' (another relay holds it) or 'writers' (writers hold it shared);
+// the unlock; and the unlock that also notifies (hand-over).
+func (r *Relay) setWakeStatements() {
+	key := fmt.Sprintf("%d, %d", wakeLockClass, int32(r.tableOID))
+	held, unlock := `'held'`, `SELECT pg_advisory_unlock(`+key+`)`
+	if r.holdGuard {
+		// A holder that stops answering (a hung process, a half-open
+		// connection) would otherwise keep every writer notifying, and
+		// commits serialised, until TCP gives up on it: the server ends a
+		// holding session idle for longer than the relay ever is while
+		// alive (it unlocks and takes the lock again every PollInterval).
+		held = `CASE WHEN set_config('idle_session_timeout', '` + strconv.FormatInt(r.holdTimeout().Milliseconds(), 10) + `', false) IS NOT NULL THEN 'held' END`
+		unlock += `, set_config('idle_session_timeout', '0', false)`
+	}
+	r.tryLockSQL = `SELECT CASE
+		WHEN pg_try_advisory_lock(` + key + `) THEN ` + held + `
+		WHEN EXISTS (SELECT 1 FROM pg_locks
+			WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND classid = ` + strconv.Itoa(wakeLockClass) + ` AND objid = '` + strconv.FormatUint(uint64(r.tableOID), 10) + `'::oid AND objsubid = 2)
+		THEN 'other' ELSE 'writers' END`
+	r.unlockSQL = unlock
+	r.handOverSQL = unlock + `, pg_notify(` + pq.QuoteLiteral(NotifyChannel(r.schema)) + `, '')`
 }
 
 // holdTimeout is the idle_session_timeout of a session holding the wake-up
@@ -508,10 +520,12 @@ func (r *Relay) Close() error {
 // wake-up lock (announceIdle): both are on ListenURL, outside the caller's
 // pool, so a small pool cannot starve them.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), err error) {
-	const q = `SELECT n.nspname, c.oid::int8, current_database() FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'millwright_outbox'::regclass`
+	const q = `SELECT n.nspname, c.oid::int8, current_database(), current_setting('server_version_num')::int
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'millwright_outbox'::regclass`
 	var schema, dbName string
 	var oid int64
-	if err := r.db.QueryRowContext(ctx, q).Scan(&schema, &oid, &dbName); err != nil {
+	var version int
+	if err := r.db.QueryRowContext(ctx, q).Scan(&schema, &oid, &dbName, &version); err != nil {
 		return nil, fmt.Errorf("finding the schema of millwright_outbox (did `millwright migrate` run?): %w", err)
 	}
 	waitDB, err := sql.Open("postgres", r.cfg.ListenURL)
@@ -522,7 +536,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), 
 	waitDB.SetMaxIdleConns(1)
 	var lSchema, lDB string
 	var lOID int64
-	if err := waitDB.QueryRowContext(ctx, q).Scan(&lSchema, &lOID, &lDB); err != nil {
+	if err := waitDB.QueryRowContext(ctx, q).Scan(&lSchema, &lOID, &lDB, &version); err != nil {
 		waitDB.Close()
 		return nil, fmt.Errorf("RelayConfig.ListenURL does not reach millwright_outbox (it must reach the relay's database and search_path): %w", err)
 	}
@@ -540,13 +554,8 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), 
 		waitDB.Close()
 		return nil, fmt.Errorf("LISTEN %q: %w", NotifyChannel(schema), err)
 	}
-	var version int
-	if err := waitDB.QueryRowContext(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
-		l.Close()
-		waitDB.Close()
-		return nil, fmt.Errorf("reading the server version on RelayConfig.ListenURL: %w", err)
-	}
 	r.schema, r.tableOID, r.waitDB, r.holdGuard = schema, uint32(oid), waitDB, version >= 140000
+	r.setWakeStatements()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
