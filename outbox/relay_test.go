@@ -470,12 +470,7 @@ func TestRelay_NoLostWakeupForWriterInFlight(t *testing.T) {
 	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
 	// The relay has gone idle and tried the lock: its waiting connection
 	// ran the try (and failed, since the writer holds it shared).
-	try := fmt.Sprintf("%%pg_try_advisory_lock(%d, %d)%%", wakeLockClass, int32(tableOID(t, b.db)))
-	eventually(t, 5*time.Second, func() bool {
-		var n int
-		require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE query LIKE $1 AND pid <> pg_backend_pid()`, try).Scan(&n))
-		return n > 0
-	}, "idle relay tries the wake-up lock")
+	eventually(t, 5*time.Second, func() bool { return triedWakeupLock(t, b) > 0 }, "idle relay tries the wake-up lock")
 	require.NoError(t, tx.Commit())
 	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "event published without a notification or poll")
 }
@@ -488,25 +483,7 @@ func TestTrigger_NotifiesOnlyWhileARelayWaits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	var schema string
-	require.NoError(t, b.db.QueryRow(`SELECT current_schema()`).Scan(&schema))
-	l := pq.NewListener(b.schema.URL, time.Millisecond, time.Second, nil)
-	t.Cleanup(func() { _ = l.Close() })
-	require.NoError(t, l.Listen(NotifyChannel(schema)))
-	marker := func(name string) {
-		_, err := b.db.Exec(`SELECT pg_notify($1, $2)`, NotifyChannel(schema), name)
-		require.NoError(t, err)
-	}
-	next := func() string {
-		select {
-		case n := <-l.NotificationChannel():
-			require.NotNil(t, n)
-			return n.Extra
-		case <-time.After(10 * time.Second):
-			t.Fatal("no notification")
-			return ""
-		}
-	}
+	marker, next := listenNotifications(t, b)
 
 	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
 	marker("m1")
@@ -620,12 +597,7 @@ func TestRelay_HungHolderLosesTheWakeupLock(t *testing.T) {
 	require.NoError(t, err)
 	defer stop()
 	require.True(t, r.holdGuard)
-	held := func() bool {
-		var n int
-		require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND granted`,
-			wakeLockClass, tableOID(t, b.db)).Scan(&n))
-		return n > 0
-	}
+	held := func() bool { return wakeupLockHolder(t, b) != 0 }
 	_, settled, err := r.announceIdle(ctx) // and never released: hung
 	require.NoError(t, err)
 	require.True(t, settled)
@@ -668,6 +640,20 @@ func listenNotifications(t *testing.T, b bundle) (marker func(string), next func
 		}
 	}
 	return marker, next
+}
+
+// wakeupLockHolder returns the pid of the session holding the test
+// schema's wake-up lock, 0 when none does.
+func wakeupLockHolder(t *testing.T, b bundle) int {
+	t.Helper()
+	var pid int
+	err := b.db.QueryRow(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND granted`,
+		wakeLockClass, tableOID(t, b.db)).Scan(&pid)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0
+	}
+	require.NoError(t, err)
+	return pid
 }
 
 // triedWakeupLock reports how many sessions last ran the wake-up lock's try
@@ -736,16 +722,7 @@ func TestRelay_StoppingHolderHandsOverTheWakeup(t *testing.T) {
 	got := b.collect(t, "t")
 	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour}
 	relays := []*Relay{startRelay(t, b.db, b.pubsub, cfg), startRelay(t, b.db, b.pubsub, cfg)}
-	holderPID := func() int {
-		var pid int
-		err := b.db.QueryRow(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND granted`,
-			wakeLockClass, tableOID(t, b.db)).Scan(&pid)
-		if errors.Is(err, sql.ErrNoRows) {
-			return 0
-		}
-		require.NoError(t, err)
-		return pid
-	}
+	holderPID := func() int { return wakeupLockHolder(t, b) }
 	// Both are idle: one holds the lock, the other found it held.
 	eventually(t, 5*time.Second, func() bool { return triedWakeupLock(t, b) == 2 && holderPID() != 0 }, "both relays idle, one holding the lock")
 	var holder *Relay
