@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"strconv"
 	"strings"
@@ -18,20 +17,12 @@ import (
 	"github.com/millwright/millwright/metadata"
 )
 
-// runDLQ runs `millwright dlq args...` against the schema and returns stdout.
+// runDLQ runs `millwright dlq args...` against the schema (stdin not a
+// terminal) and returns its stdout and stderr.
 func runDLQ(t *testing.T, url string, args ...string) (string, error) {
 	t.Helper()
-	var out bytes.Buffer
-	cmd := dlqCmd()
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetIn(strings.NewReader("")) // not a terminal: state changes need --yes
-	cmd.SetArgs(args)
-	for _, c := range cmd.Commands() {
-		_ = c.Flags().Set("database-url", url)
-	}
-	err := cmd.ExecuteContext(context.Background())
-	return out.String(), err
+	stdout, stderr, err := runCLI(t, dlqCmd(), nil, url, args...)
+	return stdout + stderr, err
 }
 
 func seedDeadLetters(t *testing.T, db *dlq.Store) []int64 {

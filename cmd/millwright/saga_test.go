@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,20 +11,12 @@ import (
 	"github.com/millwright/millwright/saga"
 )
 
-// runSaga runs `millwright saga args...` against the schema and returns its output.
+// runSaga runs `millwright saga args...` against the schema (stdin not a
+// terminal) and returns its stdout and stderr.
 func runSaga(t *testing.T, url string, args ...string) (string, error) {
 	t.Helper()
-	var out bytes.Buffer
-	cmd := sagaCmd()
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetIn(strings.NewReader("")) // not a terminal: state changes need --yes
-	cmd.SetArgs(args)
-	for _, c := range cmd.Commands() {
-		_ = c.Flags().Set("database-url", url)
-	}
-	err := cmd.ExecuteContext(context.Background())
-	return out.String(), err
+	stdout, stderr, err := runCLI(t, sagaCmd(), nil, url, args...)
+	return stdout + stderr, err
 }
 
 func TestSagaCommands(t *testing.T) {
