@@ -30,6 +30,18 @@ type Source struct {
 	FS fs.FS
 }
 
+// Embedded returns the Source of component whose migrations are the files
+// in directory dir of fsys, normally a //go:embed dir/*.sql file system. A
+// dir that is not a valid path (fs.Sub's only failure) is a programming
+// error: Embedded panics, naming the component.
+func Embedded(component string, fsys fs.FS, dir string) Source {
+	sub, err := fs.Sub(fsys, dir)
+	if err != nil {
+		panic(component + ": embedded migrations missing: " + err.Error())
+	}
+	return Source{Component: component, FS: sub}
+}
+
 // Migration is one parsed migration file.
 type Migration struct {
 	Component string

@@ -76,3 +76,12 @@ func TestLoadRejectsBadFileNames(t *testing.T) {
 	_, err = migrate.Load(migrate.Source{FS: fstest.MapFS{}})
 	require.ErrorContains(t, err, "empty Component")
 }
+
+func TestEmbedded(t *testing.T) {
+	fsys := fstest.MapFS{"migrations/001_a.sql": {Data: []byte(`SELECT 1`)}}
+	ms, err := migrate.Load(migrate.Embedded("demo", fsys, "migrations"))
+	require.NoError(t, err)
+	require.Len(t, ms, 1)
+	require.Equal(t, "demo", ms[0].Component)
+	require.PanicsWithValue(t, `demo: embedded migrations missing: sub ../x: invalid argument`, func() { migrate.Embedded("demo", fsys, "../x") })
+}

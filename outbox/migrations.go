@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"embed"
-	"io/fs"
 
 	"github.com/millwright/millwright/migrate"
 )
@@ -13,10 +12,5 @@ var migrationFiles embed.FS
 // Migrations returns the outbox's SQL migrations for migrate.Up. They create
 // the millwright_outbox table in the first schema of the search_path.
 func Migrations() migrate.Source {
-	sub, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		// fs.Sub fails only on an invalid path; "migrations" is a constant.
-		panic(err)
-	}
-	return migrate.Source{Component: "outbox", FS: sub}
+	return migrate.Embedded("outbox", migrationFiles, "migrations")
 }

@@ -2,7 +2,6 @@ package saga
 
 import (
 	"embed"
-	"io/fs"
 
 	"github.com/millwright/millwright/migrate"
 )
@@ -15,10 +14,5 @@ var migrationsFS embed.FS
 // need outbox.Migrations() and, for the reply handler's deduplication,
 // idempotency.Migrations().
 func Migrations() migrate.Source {
-	sub, err := fs.Sub(migrationsFS, "migrations")
-	if err != nil {
-		// The directory is embedded at compile time; Sub cannot fail on it.
-		panic("saga: embedded migrations missing: " + err.Error())
-	}
-	return migrate.Source{Component: "saga", FS: sub}
+	return migrate.Embedded("saga", migrationsFS, "migrations")
 }

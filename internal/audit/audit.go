@@ -6,7 +6,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/user"
 	"strings"
@@ -24,12 +23,7 @@ var migrationFiles embed.FS
 // Migrations returns the SQL migrations creating millwright_audit in the
 // first schema of the search_path.
 func Migrations() migrate.Source {
-	sub, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		// fs.Sub fails only on an invalid path; "migrations" is a constant.
-		panic(err)
-	}
-	return migrate.Source{Component: "audit", FS: sub}
+	return migrate.Embedded("audit", migrationFiles, "migrations")
 }
 
 // Entry is one audited command run.

@@ -2,7 +2,6 @@ package app
 
 import (
 	"embed"
-	"io/fs"
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
@@ -16,12 +15,7 @@ var migrationFiles embed.FS
 
 // Migrations returns the example's own tables (orders_* prefix).
 func Migrations() migrate.Source {
-	sub, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		// The directory is embedded at compile time; Sub cannot fail on it.
-		panic("orders: embedded migrations missing: " + err.Error())
-	}
-	return migrate.Source{Component: "orders_example", FS: sub}
+	return migrate.Embedded("orders_example", migrationFiles, "migrations")
 }
 
 // AllMigrations returns every migration the example needs: millwright's
