@@ -11,7 +11,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
@@ -117,7 +116,9 @@ func TestEveryTransportAppliesOnce(t *testing.T) {
 				<-runErr
 				_ = tr.Close()
 				if kind == transport.AMQP {
-					deleteAMQP(t, cfg.AMQP.URL, topic, tramqp.QueueName(topic, group))
+					if err := tramqp.DeleteTopology(cfg.AMQP.URL, []string{topic}, group); err != nil {
+						t.Logf("cleanup: %v", err)
+					}
 				}
 			})
 			select {
@@ -146,27 +147,5 @@ func TestEveryTransportAppliesOnce(t *testing.T) {
 			require.Equal(t, unique, countRows(t, b.schema.DB, `SELECT count(DISTINCT event_id) FROM effects`))
 			require.EqualValues(t, unique, metric(t, reg, idempotency.MetricProcessed, "billing"))
 		})
-	}
-}
-
-// deleteAMQP removes the test's exchange and queue from the shared server.
-func deleteAMQP(t *testing.T, url, exchange, queue string) {
-	conn, err := amqp091.Dial(url)
-	if err != nil {
-		t.Logf("cleanup: dial %s: %v", url, err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Logf("cleanup: channel: %v", err)
-		return
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
-		t.Logf("cleanup: delete queue %s: %v", queue, err)
-	}
-	if err := ch.ExchangeDelete(exchange, false, false); err != nil {
-		t.Logf("cleanup: delete exchange %s: %v", exchange, err)
 	}
 }

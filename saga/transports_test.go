@@ -3,7 +3,6 @@ package saga_test
 import (
 	"testing"
 
-	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/saga"
@@ -75,28 +74,13 @@ func TestEveryTransport(t *testing.T) {
 
 // deleteAMQP removes the test's exchanges and queues from the shared server.
 func deleteAMQP(t *testing.T, tp topics) {
-	conn, err := amqp091.Dial(amqpURL)
-	if err != nil {
-		t.Logf("cleanup: dial: %v", err)
-		return
-	}
-	defer conn.Close()
 	for _, topic := range tp.all() {
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Logf("cleanup: channel: %v", err)
-			return
-		}
 		group := "participant_" + topic
 		if topic == tp.replies {
 			group = "orders_saga"
 		}
-		if _, err := ch.QueueDelete(tramqp.QueueName(topic, group), false, false, false); err != nil {
-			t.Logf("cleanup: delete queue of %s: %v", topic, err)
+		if err := tramqp.DeleteTopology(amqpURL, []string{topic}, group); err != nil {
+			t.Logf("cleanup: %v", err)
 		}
-		if err := ch.ExchangeDelete(topic, false, false); err != nil {
-			t.Logf("cleanup: delete exchange %s: %v", topic, err)
-		}
-		_ = ch.Close()
 	}
 }

@@ -21,12 +21,12 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wgochannel "github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
-	amqp091 "github.com/rabbitmq/amqp091-go"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/amqp"
 )
 
 // Row is one measured case.
@@ -180,18 +180,7 @@ func measure(ctx context.Context, p pair, topic string, n, pubs int, payload []b
 // deleteAMQP removes the exchange and group queue a run declared, so
 // benchmarks leave nothing behind on a shared broker.
 func deleteAMQP(url, topic, group string) {
-	conn, err := amqp091.Dial(url)
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return
-	}
-	defer ch.Close()
-	_, _ = ch.QueueDelete(topic+"_"+group, false, false, false)
-	_ = ch.ExchangeDelete(topic, false, false)
+	_ = amqp.DeleteTopology(url, []string{topic}, group)
 }
 
 func viaTransport(ctx context.Context, cfg transport.Config) (pair, error) {

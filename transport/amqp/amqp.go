@@ -160,6 +160,38 @@ func QueueName(topic, group string) string {
 	return topic + "_" + group
 }
 
+// DeleteTopology deletes, at url, the queue (QueueName) of each group on
+// each topic and then the topic's exchange: for tests and benchmarks that
+// must leave a shared broker as they found it. Each deletion gets its own
+// channel (a failed one closes its channel), and every failure is returned,
+// joined; deleting what does not exist is not one.
+func DeleteTopology(url string, topics []string, groups ...string) error {
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		return fmt.Errorf("amqp: dial: %w", err)
+	}
+	defer conn.Close()
+	var errs []error
+	do := func(what string, f func(ch *amqp091.Channel) error) {
+		ch, err := conn.Channel()
+		if err == nil {
+			err = f(ch)
+			_ = ch.Close()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("amqp: deleting %s: %w", what, err))
+		}
+	}
+	for _, topic := range topics {
+		for _, g := range groups {
+			q := QueueName(topic, g)
+			do("queue "+q, func(ch *amqp091.Channel) error { _, err := ch.QueueDelete(q, false, false, false); return err })
+		}
+		do("exchange "+topic, func(ch *amqp091.Channel) error { return ch.ExchangeDelete(topic, false, false) })
+	}
+	return errors.Join(errs...)
+}
+
 func (t *Transport) config(group string) wamqp.Config {
 	c := wamqp.NewDurablePubSubConfig(t.cfg.URL, func(topic string) string { return QueueName(topic, group) })
 	c.Consume.Qos.PrefetchCount = t.cfg.Prefetch

@@ -25,10 +25,9 @@ import (
 	"testing"
 	"time"
 
-	amqp091 "github.com/rabbitmq/amqp091-go"
-
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/embedded"
 )
 
@@ -146,25 +145,6 @@ func Open(t testing.TB, kind transport.Kind) *transport.Transport {
 func DeleteAMQPTopology(t testing.TB, topics []string, groups ...string) {
 	t.Helper()
 	t.Cleanup(func() {
-		conn, err := amqp091.Dial(AMQPURL())
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			return
-		}
-		defer ch.Close()
-		for _, topic := range topics {
-			for _, g := range append([]string{""}, groups...) {
-				q := topic
-				if g != "" {
-					q = topic + "_" + g
-				}
-				_, _ = ch.QueueDelete(q, false, false, false)
-			}
-			_ = ch.ExchangeDelete(topic, false, false)
-		}
+		_ = amqp.DeleteTopology(AMQPURL(), topics, append([]string{""}, groups...)...)
 	})
 }

@@ -16,7 +16,6 @@ import (
 
 	"cloud.google.com/go/pubsub/pstest"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -410,32 +409,11 @@ func randHex(n int) string {
 // deleteAMQP removes the test's exchanges and queues from the shared
 // RabbitMQ server.
 func deleteAMQP(t *testing.T, topics app.Topics) {
-	conn, err := amqp091.Dial(amqpURL)
-	if err != nil {
-		t.Logf("cleanup: dial RabbitMQ: %v", err)
-		return
-	}
-	defer conn.Close()
+	var all []string
 	for _, topic := range topics.All() {
-		for _, tp := range []string{topic, dlq.DefaultTopic(topic)} {
-			for _, g := range app.Groups {
-				ch, err := conn.Channel()
-				if err != nil {
-					t.Logf("cleanup: channel: %v", err)
-					return
-				}
-				_, _ = ch.QueueDelete(tramqp.QueueName(tp, g), false, false, false)
-				_ = ch.Close()
-			}
-			ch, err := conn.Channel()
-			if err != nil {
-				t.Logf("cleanup: channel: %v", err)
-				return
-			}
-			if err := ch.ExchangeDelete(tp, false, false); err != nil {
-				t.Logf("cleanup: delete exchange %s: %v", tp, err)
-			}
-			_ = ch.Close()
-		}
+		all = append(all, topic, dlq.DefaultTopic(topic))
+	}
+	if err := tramqp.DeleteTopology(amqpURL, all, app.Groups...); err != nil {
+		t.Logf("cleanup: %v", err)
 	}
 }
