@@ -101,6 +101,8 @@ type env struct {
 	log watermill.LoggerAdapter
 }
 
+// open connects, migrates, opens the transport and the app, and stocks the
+// shop; cleanup closes what it opened.
 func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
@@ -145,6 +147,11 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 	closers = append(closers, func() { _ = tr.Close() })
 	a, err := app.New(app.Config{DB: db, DatabaseURL: dbURL, Transport: tr, Logger: log, Duplicate: duplicate})
 	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	// Stock for every order the commands place.
+	if err := a.Seed(ctx, map[string]int64{"book": 1_000_000, "lamp": 1_000_000}); err != nil {
 		cleanup()
 		return nil, nil, err
 	}
@@ -203,9 +210,6 @@ func demo(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer cleanup()
-	if err := e.app.Seed(ctx, map[string]int64{"book": 1_000_000, "lamp": 1_000_000}); err != nil {
-		return err
-	}
 	proc, err := e.app.Start(ctx)
 	if err != nil {
 		return err
@@ -335,9 +339,6 @@ func serve(args []string) error {
 		return err
 	}
 	defer cleanup()
-	if err := e.app.Seed(ctx, map[string]int64{"book": 1_000_000, "lamp": 1_000_000}); err != nil {
-		return err
-	}
 	proc, err := e.app.Start(ctx, services...)
 	if err != nil {
 		return err
