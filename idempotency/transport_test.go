@@ -15,10 +15,9 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/idempotency/idempotencytest"
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/transport"
 	tramqp "github.com/millwright/millwright/transport/amqp"
-	"github.com/millwright/millwright/transport/embedded"
+	"github.com/millwright/millwright/transport/transporttest"
 )
 
 // Through every transport kind: the relay publishes some events twice, the
@@ -30,39 +29,17 @@ func TestEveryTransportAppliesOnce(t *testing.T) {
 		t.Skip("starts in-process Kafka and Pub/Sub and uses RabbitMQ; skipped with -short")
 	}
 	t.Parallel()
-
-	configs := map[transport.Kind]func(t *testing.T, s *pgtest.Schema) transport.Config{
-		transport.GoChannel: func(*testing.T, *pgtest.Schema) transport.Config {
-			return transport.Config{Kind: transport.GoChannel}
-		},
-		transport.SQL: func(_ *testing.T, s *pgtest.Schema) transport.Config {
-			c := transport.Config{Kind: transport.SQL}
-			c.SQL.DB = s.DB
-			return c
-		},
-		transport.AMQP: func(*testing.T, *pgtest.Schema) transport.Config {
-			c := transport.Config{Kind: transport.AMQP}
-			c.AMQP.URL = "amqp://guest:guest@127.0.0.1:5672/"
-			return c
-		},
-		transport.Kafka: func(t *testing.T, _ *pgtest.Schema) transport.Config {
-			k, err := embedded.Kafka()
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = k.Close() })
-			return k.Config()
-		},
-		transport.GoogleCloud: func(t *testing.T, _ *pgtest.Schema) transport.Config {
-			p, err := embedded.PubSub()
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = p.Close() })
-			return p.Config()
-		},
-	}
 	for _, kind := range transport.Kinds {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			b := setupPG(t)
-			cfg := configs[kind](t, b.schema)
+			// The broker named by MILLWRIGHT_TEST_* when set, else an
+			// embedded one; SQL in the test's own schema.
+			cfg := transport.Config{Kind: transport.SQL}
+			cfg.SQL.DB = b.schema.DB
+			if kind != transport.SQL {
+				cfg = transporttest.Config(t, kind)
+			}
 			tr, err := transport.Open(context.Background(), cfg)
 			require.NoError(t, err)
 

@@ -8,10 +8,8 @@ import (
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 	tramqp "github.com/millwright/millwright/transport/amqp"
-	"github.com/millwright/millwright/transport/embedded"
+	"github.com/millwright/millwright/transport/transporttest"
 )
-
-const amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
 
 // The happy path and a compensation, through every transport kind: the
 // relay publishes commands and participants publish replies through the
@@ -22,32 +20,15 @@ func TestEveryTransport(t *testing.T) {
 		t.Skip("starts in-process Kafka and Pub/Sub and uses RabbitMQ; skipped with -short")
 	}
 	t.Parallel()
-	configs := map[transport.Kind]func(t *testing.T) transport.Config{
-		transport.GoChannel: func(*testing.T) transport.Config { return transport.Config{Kind: transport.GoChannel} },
-		// setup points the SQL transport at the test's schema.
-		transport.SQL: func(*testing.T) transport.Config { return transport.Config{Kind: transport.SQL} },
-		transport.AMQP: func(*testing.T) transport.Config {
-			c := transport.Config{Kind: transport.AMQP}
-			c.AMQP.URL = amqpURL
-			return c
-		},
-		transport.Kafka: func(t *testing.T) transport.Config {
-			k, err := embedded.Kafka()
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = k.Close() })
-			return k.Config()
-		},
-		transport.GoogleCloud: func(t *testing.T) transport.Config {
-			p, err := embedded.PubSub()
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = p.Close() })
-			return p.Config()
-		},
-	}
 	for _, kind := range transport.Kinds {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
-			cfg := configs[kind](t)
+			// The broker named by MILLWRIGHT_TEST_* when set, else an
+			// embedded one; setup points SQL at the test's schema.
+			cfg := transport.Config{Kind: transport.SQL}
+			if kind != transport.SQL {
+				cfg = transporttest.Config(t, kind)
+			}
 			tp := newTopics()
 			if kind == transport.AMQP {
 				// Cleanups run last in, first out: registered first, this
@@ -79,7 +60,7 @@ func deleteAMQP(t *testing.T, tp topics) {
 		if topic == tp.replies {
 			group = "orders_saga"
 		}
-		if err := tramqp.DeleteTopology(amqpURL, []string{topic}, group); err != nil {
+		if err := tramqp.DeleteTopology(transporttest.AMQPURL(), []string{topic}, group); err != nil {
 			t.Logf("cleanup: %v", err)
 		}
 	}
