@@ -172,8 +172,17 @@ type Relay struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc
 
-	stmtMu sync.Mutex
-	stmt   *sql.Stmt
+	stmtMu   sync.Mutex
+	stmt     *sql.Stmt // claimSQL
+	moveStmt *sql.Stmt // moveSQL
+
+	// inDB is pub when it can publish in the database (transport sql); see
+	// canMove. moveSame: 0 not checked yet, 1 same database as the
+	// outbox's, -1 another.
+	inDB         inDatabasePublisher
+	moveMu       sync.Mutex
+	moveSame     int
+	moveOffUntil time.Time
 
 	// schema and oid of the outbox table, and the connection holding the
 	// wake-up lock while the relay is idle; set once LISTEN works (only
@@ -225,6 +234,9 @@ func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error
 	}
 	if bp, ok := pub.(batchPublisher); ok {
 		r.batch = bp
+	}
+	if ip, ok := pub.(inDatabasePublisher); ok {
+		r.inDB = ip
 	}
 	return r, nil
 }
@@ -280,6 +292,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	var due time.Time // earliest end of a backoff this relay scheduled
 	listening := r.schema != ""
 	var ahead <-chan claimed // a batch claimed while the last was published
+	// heldWait is how long to wait while other relays hold every due row
+	// this one could take (see move): it doubles from idleRecheck up to
+	// PollInterval while that lasts.
+	var heldWait time.Duration
 	defer func() {
 		// Close drains: a batch claimed ahead is published before Run
 		// returns rather than left leased until the lease expires. On a
@@ -301,16 +317,21 @@ func (r *Relay) Run(ctx context.Context) error {
 		default:
 		}
 		var rows []row
+		var moved int
+		var held bool
 		var err error
 		if ahead != nil {
 			c := <-ahead
 			rows, err, ahead = c.rows, c.err, nil
 		} else {
-			rows, err = r.claim(ctx)
+			rows, moved, held, err = r.take(ctx)
 		}
-		n := len(rows)
-		var next time.Time
+		n := len(rows) + moved
 		if n > 0 {
+			heldWait = 0
+		}
+		var next time.Time
+		if len(rows) > 0 {
 			if n >= r.cfg.BatchSize && err == nil {
 				ahead = r.prefetch(ctx) // more is likely due: claim it meanwhile
 			}
@@ -349,14 +370,15 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.beforeIdleLook()
 			}
 			var rows []row
-			rows, err = r.claim(ctx)
-			n, next = len(rows), time.Time{}
+			var moved int
+			rows, moved, held, err = r.take(ctx)
+			n, next = len(rows)+moved, time.Time{}
 			if n > 0 || err != nil {
 				// Not idle after all: publish without the lock, or
 				// writers would notify while this relay is busy.
 				release(false)
 			}
-			if n > 0 {
+			if len(rows) > 0 {
 				next, err = r.process(ctx, rows)
 			}
 			if ctx.Err() != nil {
@@ -377,6 +399,12 @@ func (r *Relay) Run(ctx context.Context) error {
 				// in its transaction: look again soon.
 				wait = min(wait, idleRecheck)
 			}
+		}
+		if held {
+			heldWait = min(max(2*heldWait, idleRecheck), r.cfg.PollInterval)
+			wait = min(wait, heldWait)
+		} else {
+			heldWait = 0
 		}
 		if !due.IsZero() {
 			if d := time.Until(due); d < wait {
@@ -611,7 +639,7 @@ type row struct {
 	msg        *message.Message
 }
 
-// claimSQL claims at most $1 rows, leasing them for $2 milliseconds, in one
+// claimSQL claims at most $1 rows, leasing them for $3 milliseconds, in one
 // autocommitted statement, so no transaction stays open while publishing.
 //
 // heads are the oldest pending row of each aggregate whose time has come,
@@ -622,13 +650,13 @@ type row struct {
 // of the batch): no other relay can claim them while their head is pending.
 //
 // Heads are looked for among the first $3 due rows in id order only (the
-// window, windowFactor x BatchSize), so a claim costs at most $3 index
+// window, windowFactor x BatchSize), so a claim costs at most $2 index
 // probes however large the backlog, where walking until $1 heads are found
 // would read the whole backlog whenever it holds fewer aggregates than that
 // (the forwarder's cost). Rows that cannot be heads stay out of the window:
 // followers of a claimed head are leased with it and those of a failing
 // head are parked until its next attempt (see fail). Only a backlog of more
-// than $3 due rows of aggregates already claimed by other relays keeps a
+// than $2 due rows of aggregates already claimed by other relays keeps a
 // relay from seeing heads behind them, until the backlog shrinks.
 //
 // The window is walked lazily: the walk stops as soon as $1 heads are
@@ -641,27 +669,35 @@ type row struct {
 // "id = min()" (the row itself is pending) but keeps the planner's
 // estimate sane, and ids are passed as arrays, so every step is an index
 // probe.
-const claimSQL = `WITH heads AS (
-	SELECT c.id
+const claimSQL = claimCTE + `
+UPDATE millwright_outbox t
+SET next_attempt_at = now() + $3 * interval '1 millisecond'
+WHERE t.id = ANY(ARRAY(SELECT id FROM claimed)) AND t.status = 'pending'
+RETURNING t.id, t.event_id, t.topic, t.aggregate_type, t.aggregate_id, t.event_type,
+	t.payload::text, t.payload_raw, t.metadata::text, t.retry_count, t.created_at`
+
+// claimCTE finds the rows a claim takes ($1: batch size, $2: window) as
+// CTE claimed; see claimSQL.
+const claimCTE = `WITH locked AS (
+	SELECT l.id, l.aggregate_type, l.aggregate_id
 	FROM (
 		SELECT o.id, o.aggregate_type, o.aggregate_id
 		FROM millwright_outbox o
 		WHERE o.status = 'pending' AND o.next_attempt_at <= now()
 		ORDER BY o.id
-		LIMIT $3
+		LIMIT $2
 	) c
+	CROSS JOIN LATERAL (
+		SELECT o.id, o.aggregate_type, o.aggregate_id
+		FROM millwright_outbox o
+		WHERE o.id = c.id AND o.status = 'pending' AND o.next_attempt_at <= now()
+		FOR UPDATE OF o SKIP LOCKED
+	) l
 	WHERE c.id <= (
 		SELECT min(p.id) FROM millwright_outbox p
 		WHERE p.status = 'pending' AND p.aggregate_type = c.aggregate_type
 		  AND p.aggregate_id = c.aggregate_id)
-	ORDER BY c.id
 	LIMIT $1
-), locked AS (
-	SELECT o.id, o.aggregate_type, o.aggregate_id
-	FROM millwright_outbox o
-	WHERE o.id = ANY(ARRAY(SELECT id FROM heads))
-	  AND o.status = 'pending' AND o.next_attempt_at <= now()
-	FOR UPDATE OF o SKIP LOCKED
 ), claimed AS (
 	SELECT id FROM locked
 	UNION ALL
@@ -672,12 +708,7 @@ const claimSQL = `WITH heads AS (
 		ORDER BY p.id
 		LIMIT GREATEST(1, $1 / (SELECT count(*) FROM locked)) - 1
 	) f
-)
-UPDATE millwright_outbox t
-SET next_attempt_at = now() + $2 * interval '1 millisecond'
-WHERE t.id = ANY(ARRAY(SELECT id FROM claimed)) AND t.status = 'pending'
-RETURNING t.id, t.event_id, t.topic, t.aggregate_type, t.aggregate_id, t.event_type,
-	t.payload::text, t.payload_raw, t.metadata::text, t.retry_count, t.created_at`
+)`
 
 // windowFactor sizes the claim's window: windowFactor x BatchSize due rows.
 const windowFactor = 4
@@ -687,17 +718,22 @@ const windowFactor = 4
 // trip and, after a few executions, skips planning, which costs more than
 // executing the claim.
 func (r *Relay) claimStmt(ctx context.Context) (*sql.Stmt, error) {
+	return r.prepare(ctx, &r.stmt, claimSQL)
+}
+
+// prepare prepares query into *stmt once.
+func (r *Relay) prepare(ctx context.Context, stmt **sql.Stmt, query string) (*sql.Stmt, error) {
 	r.stmtMu.Lock()
 	defer r.stmtMu.Unlock()
-	if r.stmt != nil {
-		return r.stmt, nil
+	if *stmt != nil {
+		return *stmt, nil
 	}
-	stmt, err := r.db.PrepareContext(ctx, claimSQL)
+	s, err := r.db.PrepareContext(ctx, query)
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: preparing the claim (did `millwright migrate` run?): %w", err)
 	}
-	r.stmt = stmt
-	return stmt, nil
+	*stmt = s
+	return s, nil
 }
 
 func (r *Relay) claim(ctx context.Context) ([]row, error) {
@@ -705,7 +741,7 @@ func (r *Relay) claim(ctx context.Context) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, err := stmt.QueryContext(ctx, r.cfg.BatchSize, r.cfg.Lease.Milliseconds(), windowFactor*r.cfg.BatchSize)
+	rows, err := stmt.QueryContext(ctx, r.cfg.BatchSize, windowFactor*r.cfg.BatchSize, r.cfg.Lease.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
@@ -786,9 +822,9 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 // runOnce claims, publishes and marks one batch. It returns the number of
 // rows claimed and the earliest backoff it scheduled.
 func (r *Relay) runOnce(ctx context.Context) (int, time.Time, error) {
-	rows, err := r.claim(ctx)
+	rows, moved, _, err := r.take(ctx)
 	if err != nil || len(rows) == 0 {
-		return 0, time.Time{}, err
+		return moved, time.Time{}, err
 	}
 	next, err := r.process(ctx, rows)
 	return len(rows), next, err

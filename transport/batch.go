@@ -1,6 +1,9 @@
 package transport
 
 import (
+	"context"
+	"database/sql"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/internal/batch"
@@ -22,3 +25,28 @@ type BatchPublisher interface {
 
 // BatchError reports which messages of a PublishBatch call were not published.
 type BatchError = batch.Error
+
+// InDatabasePublisher is the optional ability of a publisher whose broker
+// is a Postgres database (kind sql) to publish rows that are already in
+// that database: the outbox relay, when its table lives in the same
+// database, moves a claimed batch into the topic's table with one INSERT
+// ... SELECT in the transaction that marks the batch published, instead of
+// reading the rows out and publishing them (no duplicates, no per-message
+// work outside the database).
+//
+// Implementations must be safe for concurrent use.
+type InDatabasePublisher interface {
+	message.Publisher
+	// DB is the database the publisher writes to. A caller runs
+	// InsertSelect's statement on its own connection only after checking
+	// that the connection reaches this same database.
+	DB() *sql.DB
+	// InsertSelect returns one statement that publishes to topic the rows
+	// query selects, ordered by its column position. query must select the
+	// columns uuid (text: the message UUID), payload (bytea), metadata
+	// (json: an object of strings) and position (any ordered type). The
+	// statement runs in the caller's transaction: the messages are
+	// published when it commits, and not at all if it rolls back.
+	// InsertSelect may create the topic's storage first, on DB.
+	InsertSelect(ctx context.Context, topic, query string) (string, error)
+}

@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
 	"regexp"
 	"sync"
@@ -110,10 +112,31 @@ func (p *checkedBatchPublisher) PublishBatch(topic string, msgs ...*message.Mess
 	return p.batch.PublishBatch(topic, msgs...)
 }
 
+// checkedInDatabasePublisher is checkedBatchPublisher for a publisher that
+// is also an InDatabasePublisher (kind sql).
+type checkedInDatabasePublisher struct {
+	checkedBatchPublisher
+	inDB InDatabasePublisher
+}
+
+func (p *checkedInDatabasePublisher) DB() *sql.DB { return p.inDB.DB() }
+
+func (p *checkedInDatabasePublisher) InsertSelect(ctx context.Context, topic, query string) (string, error) {
+	if err := p.names.check("topic", topic); err != nil {
+		return "", err
+	}
+	return p.inDB.InsertSelect(ctx, topic, query)
+}
+
 func wrapPublisher(pub message.Publisher, names *nameCache) message.Publisher {
 	cp := checkedPublisher{Publisher: pub, names: names}
-	if bp, ok := pub.(BatchPublisher); ok {
-		return &checkedBatchPublisher{checkedPublisher: cp, batch: bp}
+	bp, ok := pub.(BatchPublisher)
+	if !ok {
+		return &cp
 	}
-	return &cp
+	cb := checkedBatchPublisher{checkedPublisher: cp, batch: bp}
+	if ip, ok := pub.(InDatabasePublisher); ok {
+		return &checkedInDatabasePublisher{checkedBatchPublisher: cb, inDB: ip}
+	}
+	return &cb
 }

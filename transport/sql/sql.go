@@ -21,7 +21,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -87,6 +89,7 @@ type Transport struct {
 	db     *stdsql.DB
 	ownDB  bool
 	pub    *wsql.Publisher
+	bp     *publisher
 
 	subs closers.Set
 }
@@ -125,7 +128,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		}
 		return nil, fmt.Errorf("sql: creating publisher: %w", err)
 	}
-	return &Transport{cfg: cfg, logger: logger, db: db, ownDB: own, pub: pub}, nil
+	return &Transport{cfg: cfg, logger: logger, db: db, ownDB: own, pub: pub, bp: &publisher{Publisher: pub, db: db}}, nil
 }
 
 // ping checks the pool within timeout. lib/pq does not watch the context
@@ -202,11 +205,18 @@ func tolerateExisting(qs []wsql.Query) []wsql.Query {
 func (t *Transport) DB() *stdsql.DB { return t.db }
 
 // Publisher returns the transport's publisher, safe for concurrent use. It
-// has PublishBatch (transport.BatchPublisher).
-func (t *Transport) Publisher() message.Publisher { return batchPublisher{t.pub} }
+// has PublishBatch (transport.BatchPublisher) and InsertSelect
+// (transport.InDatabasePublisher).
+func (t *Transport) Publisher() message.Publisher { return t.bp }
 
-// batchPublisher adds PublishBatch to watermill-sql's publisher.
-type batchPublisher struct{ *wsql.Publisher }
+// publisher adds PublishBatch and InsertSelect to watermill-sql's publisher.
+type publisher struct {
+	*wsql.Publisher
+	db *stdsql.DB
+
+	mu     sync.Mutex
+	tables map[string]string // topic -> its table, schema-qualified
+}
 
 // PublishBatch inserts msgs with one INSERT statement, committed on its own:
 // all or none are published, in the order given (watermill-sql's offsets
@@ -215,9 +225,64 @@ type batchPublisher struct{ *wsql.Publisher }
 // having the method tells the outbox relay to send a whole batch in one
 // call (one commit, one WAL flush) rather than split it over
 // PublishConcurrency calls and commits.
-func (p batchPublisher) PublishBatch(topic string, msgs ...*message.Message) error {
+func (p *publisher) PublishBatch(topic string, msgs ...*message.Message) error {
 	return p.Publish(topic, msgs...)
 }
+
+// DB is the database the publisher writes to.
+func (p *publisher) DB() *stdsql.DB { return p.db }
+
+// InsertSelect returns the statement that publishes to topic the rows
+// query selects (see transport.InDatabasePublisher): one INSERT into the
+// topic's table, named with its schema so that it means the same table on
+// any connection to this database. It creates the table first if needed,
+// on the publisher's pool, as Publish does.
+func (p *publisher) InsertSelect(ctx context.Context, topic, query string) (string, error) {
+	table, err := p.table(ctx, topic)
+	if err != nil {
+		return "", err
+	}
+	// Columns as in DefaultPostgreSQLSchema.InsertQuery; transaction_id is
+	// what watermill-sql's subscriber orders commits by.
+	return `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id)
+SELECT q.uuid, q.payload, q.metadata, pg_current_xact_id() FROM (` + query + `) q ORDER BY q.position`, nil
+}
+
+// table creates topic's table if needed and returns its schema-qualified
+// name, once per topic.
+func (p *publisher) table(ctx context.Context, topic string) (string, error) {
+	p.mu.Lock()
+	name, ok := p.tables[topic]
+	p.mu.Unlock()
+	if ok {
+		return name, nil
+	}
+	if disallowedTopic.MatchString(topic) {
+		return "", fmt.Errorf("sql: topic %q: %w", topic, wsql.ErrInvalidTopicName)
+	}
+	for _, q := range Schema().SchemaInitializingQueries(topic) {
+		if _, err := p.db.ExecContext(ctx, q.Query, q.Args...); err != nil {
+			return "", fmt.Errorf("sql: creating the table of topic %q: %w", topic, err)
+		}
+	}
+	err := p.db.QueryRowContext(ctx, `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass($1)`, Schema().(raceFreeSchema).MessagesTable(topic)).Scan(&name)
+	if err != nil {
+		return "", fmt.Errorf("sql: finding the table of topic %q: %w", topic, err)
+	}
+	p.mu.Lock()
+	if p.tables == nil {
+		p.tables = map[string]string{}
+	}
+	p.tables[topic] = name
+	p.mu.Unlock()
+	return name, nil
+}
+
+// disallowedTopic is watermill-sql's rule for topic names (they become
+// table names).
+var disallowedTopic = regexp.MustCompile(`[^A-Za-z0-9\-\$\:\.\_]`)
 
 // Subscriber returns a subscriber in consumer group `group` (its own offset
 // per topic). Group "" is watermill-sql's default group.

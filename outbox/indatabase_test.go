@@ -1,0 +1,196 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/outboxtest"
+	tsql "github.com/millwright/millwright/transport/sql"
+)
+
+// publisherOnly hides every optional ability of a publisher: the relay
+// publishes through Publish.
+type publisherOnly struct{ message.Publisher }
+
+// inDatabaseFixture is an outbox and a Postgres transport on the same
+// database (the transport adopts the outbox's pool).
+func inDatabaseFixture(t *testing.T) (*pgtest.Schema, *tsql.Transport) {
+	t.Helper()
+	s := pgtest.New(t, outbox.Migrations())
+	tr, err := tsql.Open(context.Background(), tsql.Config{DB: s.DB, PollInterval: 10 * time.Millisecond}, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	return s, tr
+}
+
+// receive reads n messages of topic from the transport.
+func receive(t *testing.T, ctx context.Context, tr *tsql.Transport, topic string, n int) []*message.Message {
+	t.Helper()
+	sub, err := tr.Subscriber("test")
+	require.NoError(t, err)
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	var out []*message.Message
+	for len(out) < n {
+		select {
+		case m := <-ch:
+			m.Ack()
+			out = append(out, m)
+		case <-ctx.Done():
+			t.Fatalf("topic %s: received %d of %d messages: %v", topic, len(out), n, ctx.Err())
+		}
+	}
+	return out
+}
+
+// movedInOneTransaction counts the messages of topic whose outbox row was
+// marked published by the transaction that inserted the message.
+func movedInOneTransaction(t *testing.T, db *sql.DB, topic string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM "watermill_`+topic+`" w
+		JOIN millwright_outbox o ON o.event_id = w.uuid
+		WHERE o.status = 'published' AND o.xmin::text::bigint = (w.transaction_id::text::numeric % 4294967296)::bigint`).Scan(&n))
+	return n
+}
+
+// TestInDatabasePublishSendsWhatThePublisherSends writes the same events,
+// of every shape a row can have, for two topics on a Postgres transport
+// sharing the outbox's database: one relay publishes them in the database
+// (INSERT ... SELECT in the transaction that marks them), the other
+// through Publish. The consumer must get the same payload and metadata
+// from both, and only the first may publish and mark in one transaction.
+func TestInDatabasePublishSendsWhatThePublisherSends(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, tr := inDatabaseFixture(t)
+	inDB, viaPublish := "indb_"+watermill.NewShortUUID(), "pub_"+watermill.NewShortUUID()
+
+	shapes := []outbox.Event{
+		{AggregateType: "order", AggregateID: "o-1", EventType: "order.created.v1", Payload: []byte(`{"n": 1, "b": [true, null]}`)},
+		{AggregateID: "o-2", Payload: []byte("not json \x00\xff bytes")},
+		{AggregateType: "order", AggregateID: `o-"3"\ é ✓`, EventType: `type "quoted"`, Payload: []byte(`{"n":3}`), RawPayload: true},
+		{AggregateType: "order", AggregateID: "o-4", Payload: []byte(`{"n":4}`), Source: "/orders",
+			Metadata: map[string]string{"tenant": `a"b\c é`, metadata.TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}},
+		{AggregateType: "order", AggregateID: "o-5", EventType: "order.created.v1", Payload: []byte(`{"n":5}`),
+			Metadata: map[string]string{metadata.EventType: "overridden.v2", metadata.OrderingKey: "custom-key", "x": "y"}},
+		{AggregateType: "order", AggregateID: "o-6", Payload: []byte("[1,   2.50, \"\\u00e9\"]")},
+	}
+	tx, err := s.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	for i, ev := range shapes {
+		for _, topic := range []string{inDB, viaPublish} {
+			e := ev
+			e.Topic, e.ID = topic, fmt.Sprintf("%s-%d", topic, i)
+			require.NoError(t, outbox.Add(ctx, tx, e), "shape %d", i)
+		}
+	}
+	require.NoError(t, tx.Commit())
+	// The first relay takes only inDB's rows (the others are set aside
+	// meanwhile), the second the rest.
+	moved, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{})
+	require.NoError(t, err)
+	published, err := outbox.NewRelay(s.DB, publisherOnly{tr.Publisher()}, outbox.RelayConfig{})
+	require.NoError(t, err)
+	_, err = s.DB.ExecContext(ctx, `UPDATE millwright_outbox SET status = 'failed' WHERE topic = $1`, viaPublish)
+	require.NoError(t, err)
+	n, err := moved.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(shapes), n)
+	_, err = s.DB.ExecContext(ctx, `UPDATE millwright_outbox SET status = 'pending' WHERE topic = $1`, viaPublish)
+	require.NoError(t, err)
+	n, err = published.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(shapes), n)
+	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
+
+	require.Equal(t, len(shapes), movedInOneTransaction(t, s.DB, inDB))
+	require.Zero(t, movedInOneTransaction(t, s.DB, viaPublish))
+
+	// Without PublishBatch the publisher path sends aggregates from
+	// concurrent Publish calls: its messages are matched by id.
+	a, b := receive(t, ctx, tr, inDB, len(shapes)), map[string]*message.Message{}
+	for _, m := range receive(t, ctx, tr, viaPublish, len(shapes)) {
+		b[m.UUID] = m
+	}
+	for i := range shapes {
+		require.Equal(t, fmt.Sprintf("%s-%d", inDB, i), a[i].UUID, "in-database order")
+		b := b[fmt.Sprintf("%s-%d", viaPublish, i)]
+		require.NotNil(t, b, "shape %d through the publisher", i)
+		require.Equal(t, string(b.Payload), string(a[i].Payload), "shape %d payload", i)
+		require.Equal(t, a[i].UUID, a[i].Metadata.Get(metadata.EventID))
+		ma, mb := map[string]string(a[i].Metadata), map[string]string(b.Metadata)
+		delete(ma, metadata.EventID)
+		delete(mb, metadata.EventID)
+		require.Equal(t, mb, ma, "shape %d metadata", i)
+	}
+	require.Equal(t, "overridden.v2", a[4].Metadata.Get(metadata.EventType))
+	require.Equal(t, "custom-key", a[4].Metadata.Get(metadata.OrderingKey))
+}
+
+// TestInDatabasePublishHandsOddRowsToThePublisher: a hand-written row
+// whose metadata is not an object of strings, or a row the topic's table
+// refuses (an event id longer than watermill-sql's uuid column), makes the
+// in-database publish of its batch give way to the publisher, which
+// publishes the first (with the metadata its columns give, as it does on
+// every transport) and backs the second off, while other topics' rows
+// still go out.
+func TestInDatabasePublishHandsOddRowsToThePublisher(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	t.Run("metadata not a string map", func(t *testing.T) {
+		s, tr := inDatabaseFixture(t)
+		topic := "odd_" + watermill.NewShortUUID()
+		require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateID: "a", ID: "plain", Payload: []byte(`{}`)}))
+		_, err := s.DB.ExecContext(ctx, `INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, metadata)
+			VALUES ('hand-written', $1, 'b', '{}', '{"n": 1}')`, topic)
+		require.NoError(t, err)
+		relay, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{})
+		require.NoError(t, err)
+		n, err := relay.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		got := receive(t, ctx, tr, topic, 2)
+		require.ElementsMatch(t, []string{"plain", "hand-written"}, []string{got[0].UUID, got[1].UUID})
+		for _, m := range got {
+			require.Equal(t, m.UUID, m.Metadata.Get(metadata.EventID))
+			require.NotEmpty(t, m.Metadata.Get(metadata.OrderingKey))
+			require.Empty(t, m.Metadata.Get("n"))
+		}
+		require.Zero(t, movedInOneTransaction(t, s.DB, topic), "the batch went through the publisher")
+	})
+
+	t.Run("row the table refuses", func(t *testing.T) {
+		s, tr := inDatabaseFixture(t)
+		bad, good := "bad_"+watermill.NewShortUUID(), "good_"+watermill.NewShortUUID()
+		require.NoError(t, outbox.Add(ctx, s.DB,
+			outbox.Event{Topic: bad, AggregateID: "a", ID: fmt.Sprintf("%040d", 7), Payload: []byte(`{}`)},
+			outbox.Event{Topic: good, AggregateID: "b", ID: "fine", Payload: []byte(`{}`)}))
+		relay, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{})
+		require.NoError(t, err)
+		n, err := relay.RunOnce(ctx)
+		require.NoError(t, err, "a failed publish is the row's (backoff), not the relay's")
+		require.Equal(t, 2, n)
+		got := receive(t, ctx, tr, good, 1)
+		require.Equal(t, "fine", got[0].UUID)
+		var status, lastErr string
+		var retries int
+		require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT status, retry_count, coalesce(last_error, '') FROM millwright_outbox WHERE topic = $1`, bad).Scan(&status, &retries, &lastErr))
+		require.Equal(t, "pending", status, "the refused row backs off")
+		require.Equal(t, 1, retries)
+		require.Contains(t, lastErr, "too long")
+	})
+}
