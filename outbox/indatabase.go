@@ -21,7 +21,8 @@ import (
 // (declared here for the reason batchPublisher is).
 type inDatabasePublisher interface {
 	DB() *sql.DB
-	InsertSelect(ctx context.Context, topic, query string) (string, error)
+	PrepareTopic(ctx context.Context, topic string) error
+	InsertSelect(topic, query string) (string, error)
 }
 
 // moveSQL is the claim of the in-database path: the rows claimCTE finds are
@@ -252,6 +253,17 @@ func (r *Relay) move(ctx context.Context) (n int, held bool, err error) {
 	if !plain {
 		return 0, false, errPlainMetadata
 	}
+	var unprepared []string
+	for _, topic := range topics {
+		if !r.prepared(topic) {
+			unprepared = append(unprepared, topic)
+		}
+	}
+	if len(unprepared) > 0 {
+		// Tables are created on the publisher's pool, which may be this
+		// one: not while this transaction holds a connection.
+		return 0, false, unpreparedTopics(unprepared)
+	}
 	overrides, end := traceMoved(traced)
 	fail := func(err error) (int, bool, error) {
 		end(err)
@@ -264,7 +276,7 @@ func (r *Relay) move(ctx context.Context) (n int, held bool, err error) {
 			query = moveSelect(true) + o + ` tr(id, meta) ON tr.id = o.id
 WHERE o.id = ANY(` + idArray(ids) + `)`
 		}
-		q, err := r.inDB.InsertSelect(ctx, topic, query)
+		q, err := r.inDB.InsertSelect(topic, query)
 		if err != nil {
 			return fail(fmt.Errorf("outbox relay: publishing %d event(s) to %q in the database: %w", len(ids), topic, err))
 		}
@@ -339,6 +351,39 @@ func traceMoved(rows []tracedRow) (overrides map[string]string, end func(error))
 	}
 }
 
+// unpreparedTopics: a claimed batch has topics the publisher has not
+// prepared for this relay yet (see prepareTopics).
+type unpreparedTopics []string
+
+func (u unpreparedTopics) Error() string {
+	return fmt.Sprintf("outbox relay: topics %q not prepared for publishing in the database", []string(u))
+}
+
+// prepared reports whether topic's storage was prepared by this relay.
+func (r *Relay) prepared(topic string) bool {
+	r.moveMu.Lock()
+	defer r.moveMu.Unlock()
+	_, ok := r.movable[topic]
+	return ok
+}
+
+// prepareTopics has the publisher create the topics' storage, outside any
+// transaction of the relay's.
+func (r *Relay) prepareTopics(ctx context.Context, topics []string) error {
+	for _, topic := range topics {
+		if err := r.inDB.PrepareTopic(ctx, topic); err != nil {
+			return fmt.Errorf("outbox relay: preparing topic %q for publishing in the database: %w", topic, err)
+		}
+		r.moveMu.Lock()
+		if r.movable == nil {
+			r.movable = map[string]struct{}{}
+		}
+		r.movable[topic] = struct{}{}
+		r.moveMu.Unlock()
+	}
+	return nil
+}
+
 // heldSQL: are any of the first $1 pending rows due? Bounded, unlike a
 // look for any due row, which could walk a long backlog of rows backing
 // off.
@@ -353,6 +398,12 @@ const heldSQL = `SELECT EXISTS (SELECT 1 FROM (
 func (r *Relay) take(ctx context.Context) (rows []row, moved int, held bool, err error) {
 	if r.canMove(ctx) {
 		moved, held, err = r.move(ctx)
+		var up unpreparedTopics
+		if errors.As(err, &up) {
+			if err = r.prepareTopics(ctx, up); err == nil {
+				moved, held, err = r.move(ctx)
+			}
+		}
 		switch {
 		case err == nil:
 			return nil, moved, held, nil

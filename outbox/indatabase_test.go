@@ -194,3 +194,23 @@ func TestInDatabasePublishHandsOddRowsToThePublisher(t *testing.T) {
 		require.Contains(t, lastErr, "too long")
 	})
 }
+
+// TestInDatabasePublishOnAPoolOfOneConnection: the transport shares the
+// outbox's pool and the pool has one connection. The relay's transaction
+// holds it, so the new topic's table must be created before the
+// transaction starts, not from inside it (that would wait forever).
+func TestInDatabasePublishOnAPoolOfOneConnection(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, tr := inDatabaseFixture(t)
+	s.DB.SetMaxOpenConns(1)
+	topic := "one_conn_" + watermill.NewShortUUID()
+	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
+	relay, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{})
+	require.NoError(t, err)
+	n, err := relay.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, movedInOneTransaction(t, s.DB, topic))
+}

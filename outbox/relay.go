@@ -183,6 +183,7 @@ type Relay struct {
 	moveMu       sync.Mutex
 	moveSame     int
 	moveOffUntil time.Time
+	movable      map[string]struct{} // topics prepared with inDB.PrepareTopic
 
 	// schema and oid of the outbox table, and the connection holding the
 	// wake-up lock while the relay is idle; set once LISTEN works (only

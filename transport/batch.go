@@ -41,12 +41,16 @@ type InDatabasePublisher interface {
 	// InsertSelect's statement on its own connection only after checking
 	// that the connection reaches this same database.
 	DB() *sql.DB
-	// InsertSelect returns one statement that publishes to topic the rows
-	// query selects, ordered by its column position. query must select the
-	// columns uuid (text: the message UUID), payload (bytea), metadata
-	// (json: an object of strings) and position (any ordered type). The
-	// statement runs in the caller's transaction: the messages are
-	// published when it commits, and not at all if it rolls back.
-	// InsertSelect may create the topic's storage first, on DB.
-	InsertSelect(ctx context.Context, topic, query string) (string, error)
+	// PrepareTopic creates topic's storage if needed, on DB (so not from
+	// inside a transaction that holds DB's last free connection). It is
+	// cheap once a topic is prepared.
+	PrepareTopic(ctx context.Context, topic string) error
+	// InsertSelect returns, without I/O, one statement that publishes to a
+	// prepared topic the rows query selects, ordered by its column
+	// position. query must select the columns uuid (text: the message
+	// UUID), payload (bytea), metadata (json: an object of strings) and
+	// position (any ordered type). The statement runs in the caller's
+	// transaction: the messages are published when it commits, and not at
+	// all if it rolls back.
+	InsertSelect(topic, query string) (string, error)
 }

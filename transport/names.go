@@ -121,11 +121,15 @@ type checkedInDatabasePublisher struct {
 
 func (p *checkedInDatabasePublisher) DB() *sql.DB { return p.inDB.DB() }
 
-func (p *checkedInDatabasePublisher) InsertSelect(ctx context.Context, topic, query string) (string, error) {
+func (p *checkedInDatabasePublisher) PrepareTopic(ctx context.Context, topic string) error {
 	if err := p.names.check("topic", topic); err != nil {
-		return "", err
+		return err
 	}
-	return p.inDB.InsertSelect(ctx, topic, query)
+	return p.inDB.PrepareTopic(ctx, topic)
+}
+
+func (p *checkedInDatabasePublisher) InsertSelect(topic, query string) (string, error) {
+	return p.inDB.InsertSelect(topic, query)
 }
 
 func wrapPublisher(pub message.Publisher, names *nameCache) message.Publisher {

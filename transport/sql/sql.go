@@ -205,11 +205,12 @@ func tolerateExisting(qs []wsql.Query) []wsql.Query {
 func (t *Transport) DB() *stdsql.DB { return t.db }
 
 // Publisher returns the transport's publisher, safe for concurrent use. It
-// has PublishBatch (transport.BatchPublisher) and InsertSelect
-// (transport.InDatabasePublisher).
+// has PublishBatch (transport.BatchPublisher), PrepareTopic and
+// InsertSelect (transport.InDatabasePublisher).
 func (t *Transport) Publisher() message.Publisher { return t.bp }
 
-// publisher adds PublishBatch and InsertSelect to watermill-sql's publisher.
+// publisher adds PublishBatch, PrepareTopic and InsertSelect to
+// watermill-sql's publisher.
 type publisher struct {
 	*wsql.Publisher
 	db *stdsql.DB
@@ -232,15 +233,23 @@ func (p *publisher) PublishBatch(topic string, msgs ...*message.Message) error {
 // DB is the database the publisher writes to.
 func (p *publisher) DB() *stdsql.DB { return p.db }
 
+// PrepareTopic creates topic's table if needed, on the publisher's pool, as
+// Publish does, and finds its schema, once per topic.
+func (p *publisher) PrepareTopic(ctx context.Context, topic string) error {
+	_, err := p.table(ctx, topic)
+	return err
+}
+
 // InsertSelect returns the statement that publishes to topic the rows
 // query selects (see transport.InDatabasePublisher): one INSERT into the
 // topic's table, named with its schema so that it means the same table on
-// any connection to this database. It creates the table first if needed,
-// on the publisher's pool, as Publish does.
-func (p *publisher) InsertSelect(ctx context.Context, topic, query string) (string, error) {
-	table, err := p.table(ctx, topic)
-	if err != nil {
-		return "", err
+// any connection to this database.
+func (p *publisher) InsertSelect(topic, query string) (string, error) {
+	p.mu.Lock()
+	table, ok := p.tables[topic]
+	p.mu.Unlock()
+	if !ok {
+		return "", fmt.Errorf("sql: topic %q: InsertSelect before PrepareTopic", topic)
 	}
 	// Columns as in DefaultPostgreSQLSchema.InsertQuery; transaction_id is
 	// what watermill-sql's subscriber orders commits by.
