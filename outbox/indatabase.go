@@ -351,6 +351,29 @@ func traceMoved(rows []tracedRow) (overrides map[string]string, end func(error))
 	}
 }
 
+// help publishes in the database beside Run's loop while the backlog is
+// deep: Run starts it when a batch moved full, and it stops at the first
+// batch that is not (or on Close, after its batch). One relay then keeps
+// two of the database's connections, and cores, busy rather than one (a
+// move is all database work: claim, insert, commit); with several relays
+// their batches soon come back partial or held, and helpers stop rather
+// than crowd one another out of the claim's window.
+func (r *Relay) help(ctx context.Context) (alone bool) {
+	for {
+		select {
+		case <-ctx.Done():
+			return true
+		case <-r.closing:
+			return true
+		default:
+		}
+		n, held, err := r.move(ctx)
+		if err != nil || held || n < r.cfg.BatchSize {
+			return n == 0 && !held
+		}
+	}
+}
+
 // unpreparedTopics: a claimed batch has topics the publisher has not
 // prepared for this relay yet (see prepareTopics).
 type unpreparedTopics []string

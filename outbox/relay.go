@@ -297,6 +297,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	// this one could take (see move): it doubles from idleRecheck up to
 	// PollInterval while that lasts.
 	var heldWait time.Duration
+	// A second mover while the backlog is deep (see help); waited for
+	// before ctx is cancelled, so that its batch finishes on Close.
+	var helper sync.WaitGroup
+	var helping atomic.Bool
+	var helpAfter atomic.Value
+	helpAfter.Store(time.Time{})
+	defer helper.Wait()
 	defer func() {
 		// Close drains: a batch claimed ahead is published before Run
 		// returns rather than left leased until the lease expires. On a
@@ -330,6 +337,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		n := len(rows) + moved
 		if n > 0 {
 			heldWait = 0
+		}
+		if moved >= r.cfg.BatchSize && err == nil && time.Now().After(helpAfter.Load().(time.Time)) && helping.CompareAndSwap(false, true) {
+			helper.Add(1)
+			go func() {
+				defer helper.Done()
+				defer helping.Store(false)
+				if !r.help(ctx) {
+					helpAfter.Store(time.Now().Add(helpCooldown))
+				}
+			}()
 		}
 		var next time.Time
 		if len(rows) > 0 {
@@ -402,7 +419,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 		if held {
-			heldWait = min(max(2*heldWait, idleRecheck), r.cfg.PollInterval)
+			heldWait = min(max(2*heldWait, idleRecheck), r.cfg.PollInterval, maxHeldWait)
 			wait = min(wait, heldWait)
 		} else {
 			heldWait = 0
@@ -432,6 +449,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// helpCooldown is how long a relay runs without a helper after its
+// helper met other relays' batches (see help).
+const helpCooldown = time.Second
+
+// maxHeldWait bounds the wait of a relay whose claims find only rows other
+// relays are publishing in the database: they are released when the
+// holder commits, within a batch's time.
+const maxHeldWait = 40 * time.Millisecond
 
 // idleRecheck is how soon an idle relay looks again when a writer that may
 // have missed its request for a notification is still in its transaction.
@@ -828,7 +854,7 @@ func (r *Relay) runOnce(ctx context.Context) (int, time.Time, error) {
 		return moved, time.Time{}, err
 	}
 	next, err := r.process(ctx, rows)
-	return len(rows), next, err
+	return len(rows) + moved, next, err
 }
 
 // claimed is the result of a claim made ahead of time.
