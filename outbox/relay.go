@@ -331,7 +331,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ahead != nil {
 			c := <-ahead
 			rows, err, ahead = c.rows, c.err, nil
-		} else {
+		}
+		if len(rows) == 0 && err == nil {
+			// Nothing claimed ahead says little: it ran while the last
+			// batch still held its aggregates.
 			rows, moved, held, err = r.take(ctx)
 		}
 		n := len(rows) + moved
