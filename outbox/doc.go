@@ -55,6 +55,31 @@
 //  3. marks the published rows with one UPDATE ... WHERE id = ANY(...), and
 //     records failures with one more.
 //
+// # Publishing in the database
+//
+// When the broker is the outbox's own Postgres (the publisher is the sql
+// transport's, transport.InDatabasePublisher, and reaches the same database
+// of the same cluster, checked once), a relay publishes without reading the
+// rows out: in one transaction it claims a batch, marking it published, and
+// copies it into each topic's watermill-sql table with INSERT ... SELECT,
+// the metadata built in SQL exactly as the publisher path sends it (tested
+// shape by shape). Publish and mark commit together, so there is no lease
+// and no duplicate: a relay killed at any point leaves either both or
+// neither. Rows other relays are moving stay due until those commit, so a
+// claim that finds only such rows looks again within 40 ms. While its
+// batches come back full, a relay runs a second mover beside its loop (a
+// move is all database work; two keep two database cores busy); the helper
+// stops at the first batch that is not full, and after meeting other
+// relays' batches waits 1 s before it starts again. A batch the database
+// refuses (a topic table it cannot create, an id longer than watermill-sql's
+// 36-character uuid column) goes through the publisher instead, with the
+// per-row backoff below, and the relay publishes through the publisher for
+// 30 s before trying the database again; a hand-written row whose metadata
+// is not an object of strings also goes through the publisher, which logs
+// it. Rows carrying a trace context still get the relay's span, and the
+// consumer's span is its child. Wrap the publisher (any decorator hides
+// the interface) to keep the publisher path.
+//
 // With RelayConfig.ListenURL set, an idle relay holds a wake-up lock (an
 // advisory lock, on a connection of its own) and sleeps; while it does,
 // every writing transaction NOTIFYs at commit, and while relays are busy
@@ -78,7 +103,8 @@
 // # Guarantees
 //
 //   - A rolled-back transaction leaves no event; a committed one is
-//     published at least once. A relay that dies at any point (even between
+//     published at least once (exactly once when published in the
+//     database, above). A relay that dies at any point (even between
 //     publishing and marking) leaves its rows leased; after Lease they are
 //     claimed again and republished. Consumers drop duplicates by
 //     metadata.EventID (package idempotency).
