@@ -385,6 +385,10 @@ func (b *outboxBench) withTransport(ctx context.Context, kind, amqpURL string, f
 	case "sql":
 		cfg = transport.Config{Kind: transport.SQL}
 		cfg.SQL.DB = b.db
+		// watermill-sql's subscriber has no wake-up: it polls. At its
+		// default 100 ms the latency rows would show that poll, not the
+		// relay's part; the forwarder is measured with the same consumer.
+		cfg.SQL.PollInterval = sqlConsumerPoll
 	default:
 		return fmt.Errorf("unknown kind %q: want gochannel, kafka, amqp or sql", kind)
 	}
@@ -930,6 +934,10 @@ func medianDur(xs []time.Duration) float64 {
 	return median(fs)
 }
 
+// sqlConsumerPoll is the poll interval of the sql kind's consumer in the
+// benchmark.
+const sqlConsumerPoll = 10 * time.Millisecond
+
 func (b *outboxBench) benchLatency(ctx context.Context, kind string, t *transport.Transport, rate int, d time.Duration) error {
 	if _, err := b.db.ExecContext(ctx, `TRUNCATE millwright_outbox`); err != nil {
 		return err
@@ -999,10 +1007,14 @@ func (b *outboxBench) benchLatency(ctx context.Context, kind string, t *transpor
 		}
 		fp50s, fp99s = append(fp50s, p50), append(fp99s, p99)
 	}
-	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("outbox relay: commit to consumer p50 at %d/s, LISTEN + 1s poll", rate), Value: median(p50s), Unit: "ms", Runs: p50s})
-	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("outbox relay: commit to consumer p99 at %d/s, LISTEN + 1s poll", rate), Value: median(p99s), Unit: "ms", Target: "<= 25 ms", Runs: p99s})
-	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("watermill forwarder (defaults, 1s poll): commit to consumer p50 at %d/s", rate), Value: median(fp50s), Unit: "ms", Runs: fp50s})
-	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("watermill forwarder (defaults, 1s poll): commit to consumer p99 at %d/s", rate), Value: median(fp99s), Unit: "ms", Runs: fp99s})
+	consumer := ""
+	if kind == "sql" {
+		consumer = fmt.Sprintf(" (consumer polls every %s)", sqlConsumerPoll)
+	}
+	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("outbox relay: commit to consumer p50 at %d/s, LISTEN + 1s poll%s", rate, consumer), Value: median(p50s), Unit: "ms", Runs: p50s})
+	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("outbox relay: commit to consumer p99 at %d/s, LISTEN + 1s poll%s", rate, consumer), Value: median(p99s), Unit: "ms", Target: "<= 25 ms", Runs: p99s})
+	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("watermill forwarder (defaults, 1s poll): commit to consumer p50 at %d/s%s", rate, consumer), Value: median(fp50s), Unit: "ms", Runs: fp50s})
+	b.emit(outboxBenchRow{Case: "latency " + kind, Variant: fmt.Sprintf("watermill forwarder (defaults, 1s poll): commit to consumer p99 at %d/s%s", rate, consumer), Value: median(fp99s), Unit: "ms", Runs: fp99s})
 	return nil
 }
 
