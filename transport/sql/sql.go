@@ -13,6 +13,10 @@
 //
 // CloudEvents: there is no protocol binding for SQL tables; the row's JSON
 // metadata keeps the metadata.Event* keys ("ce_id", ...) as they are.
+//
+// The publisher is a transport.InDatabasePublisher: an outbox relay on the
+// same database publishes a batch with one INSERT ... SELECT in the
+// transaction that marks it published (see package outbox).
 package sql
 
 import (
