@@ -30,15 +30,15 @@ type inDatabasePublisher interface {
 // their topics' tables (move). It returns each row's id and topic, and
 // whether its metadata is a JSON object of strings (every row Add wrote);
 // a hand-written row with other metadata goes through the publisher,
-// which reports it (see rowMessage). It also returns the event id and any
-// stored trace context, for the relay's span (see traceMoved).
+// which reports it (see rowMessage). It also returns what the relay's span
+// of each row needs (see traceMoved).
 const moveSQL = claimCTE + `
 UPDATE millwright_outbox t
 SET status = 'published', published_at = now()
 WHERE t.id = ANY(ARRAY(SELECT id FROM claimed)) AND t.status = 'pending'
 RETURNING t.id, t.topic, jsonb_typeof(t.metadata) = 'object' AND NOT EXISTS (
 	SELECT 1 FROM jsonb_each(t.metadata) e WHERE jsonb_typeof(e.value) <> 'string'),
-	t.event_id, t.metadata->>'` + metadata.TraceParent + `', t.metadata->>'` + metadata.TraceState + `'`
+	t.event_id, t.event_type, t.metadata->>'` + metadata.TraceParent + `', t.metadata->>'` + metadata.TraceState + `'`
 
 // moveSelect selects claimed rows as the messages the publisher path would
 // send: the metadata derivedMetadata gives, overridden by the metadata
@@ -170,10 +170,12 @@ func (r *Relay) moveOff(err error) {
 }
 
 // sameDatabase reports whether a and b reach the same database of the same
-// cluster (a physical replica shares the cluster's identifier; writes to
-// it fail on either path).
+// running server: its name and oid, and the server's start time (to the
+// microsecond), which a copy of the database (a restore, a branch, a
+// promoted standby) does not share. Every role may read all three.
 func sameDatabase(ctx context.Context, a, b *sql.DB) (bool, error) {
-	const q = `SELECT (SELECT system_identifier FROM pg_control_system())::text || '/' || current_database()`
+	const q = `SELECT current_database() || '/' || d.oid::text || '/' || pg_postmaster_start_time()::text
+		FROM pg_database d WHERE d.datname = current_database()`
 	var ida, idb string
 	if err := a.QueryRowContext(ctx, q).Scan(&ida); err != nil {
 		return false, fmt.Errorf("identifying the outbox's database: %w", err)
@@ -208,6 +210,11 @@ func (r *Relay) move(ctx context.Context) (n int, held bool, err error) {
 		return 0, false, fmt.Errorf("outbox relay: starting the in-database publish: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	// The transaction is the batch's lease: a relay that stalls in it
+	// (paused, cut off) loses it, and its rows, after Lease.
+	if _, err := tx.ExecContext(ctx, r.moveLeaseSQL); err != nil {
+		return 0, false, fmt.Errorf("outbox relay: starting the in-database publish: %w", err)
+	}
 	rows, err := tx.StmtContext(ctx, stmt).QueryContext(ctx, r.cfg.BatchSize, windowFactor*r.cfg.BatchSize)
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox relay: claiming rows: %w", err)
@@ -224,9 +231,10 @@ func (r *Relay) move(ctx context.Context) (n int, held bool, err error) {
 			topic      string
 			ok         bool
 			eventID    string
+			eventType  string
 			tp, tstate sql.NullString
 		)
-		if err := rows.Scan(&id, &topic, &ok, &eventID, &tp, &tstate); err != nil {
+		if err := rows.Scan(&id, &topic, &ok, &eventID, &eventType, &tp, &tstate); err != nil {
 			rows.Close()
 			return 0, false, fmt.Errorf("outbox relay: reading claimed row: %w", err)
 		}
@@ -235,13 +243,14 @@ func (r *Relay) move(ctx context.Context) (n int, held bool, err error) {
 		}
 		byTopic[topic] = append(byTopic[topic], id)
 		plain = plain && ok
-		if tp.Valid {
-			traced = append(traced, tracedRow{id: id, topic: topic, eventID: eventID, traceParent: tp.String, traceState: tstate})
-		}
+		traced = append(traced, tracedRow{id: id, topic: topic, eventID: eventID, eventType: eventType, traceParent: tp, traceState: tstate})
 		n++
 	}
 	if err := rows.Err(); err != nil {
 		return 0, false, fmt.Errorf("outbox relay: claiming rows: %w", err)
+	}
+	if r.afterMoveClaim != nil {
+		r.afterMoveClaim()
 	}
 	if n == 0 {
 		err := tx.QueryRowContext(ctx, heldSQL, windowFactor*r.cfg.BatchSize).Scan(&held)
@@ -294,20 +303,19 @@ WHERE o.id = ANY(` + idArray(ids) + `)`
 	return n, false, nil
 }
 
-// tracedRow is a claimed row that carries a trace context.
+// tracedRow is what the relay's span of a claimed row needs.
 type tracedRow struct {
-	id             int64
-	topic, eventID string
-	traceParent    string
-	traceState     sql.NullString
+	id                        int64
+	topic, eventID, eventType string
+	traceParent, traceState   sql.NullString
 }
 
-// traceMoved starts the relay's span of each traced row, as the publisher
-// path does (tracing.RelayPublish: a child of the stored context), and
-// returns, per topic, the rows whose trace context the span changes as a
-// VALUES list of (id, metadata to merge), and the function that ends the
-// spans. With no tracer installed the span keeps the stored context and
-// nothing is overridden.
+// traceMoved starts the relay's span of each row, as the publisher path
+// does (tracing.RelayPublish: a child of the stored trace context, if any,
+// with the same attributes), and returns, per topic, the rows whose trace
+// context the span changes as a VALUES list of (id, metadata to merge),
+// and the function that ends the spans. With no tracer installed a span
+// keeps the stored context (or none) and nothing is overridden.
 func traceMoved(rows []tracedRow) (overrides map[string]string, end func(error)) {
 	if len(rows) == 0 {
 		return nil, func(error) {}
@@ -316,13 +324,19 @@ func traceMoved(rows []tracedRow) (overrides map[string]string, end func(error))
 	lists := map[string]*strings.Builder{}
 	for _, rw := range rows {
 		msg := message.NewMessage(rw.eventID, nil)
-		msg.Metadata.Set(metadata.TraceParent, rw.traceParent)
+		msg.Metadata.Set(metadata.EventID, rw.eventID)
+		if rw.eventType != "" {
+			msg.Metadata.Set(metadata.EventType, rw.eventType)
+		}
+		if rw.traceParent.Valid {
+			msg.Metadata.Set(metadata.TraceParent, rw.traceParent.String)
+		}
 		if rw.traceState.Valid {
 			msg.Metadata.Set(metadata.TraceState, rw.traceState.String)
 		}
 		ends = append(ends, tracing.RelayPublish(rw.topic, msg))
 		tp, ts := msg.Metadata.Get(metadata.TraceParent), msg.Metadata.Get(metadata.TraceState)
-		if tp == rw.traceParent && ts == rw.traceState.String {
+		if tp == rw.traceParent.String && ts == rw.traceState.String {
 			continue
 		}
 		meta := map[string]string{metadata.TraceParent: tp}
@@ -368,7 +382,15 @@ func (r *Relay) help(ctx context.Context) (alone bool) {
 		default:
 		}
 		n, held, err := r.move(ctx)
-		if err != nil || held || n < r.cfg.BatchSize {
+		if err != nil {
+			// Run's own loop handles it (new topics, the publisher
+			// path); the helper just stops.
+			if ctx.Err() == nil && !errors.Is(err, errPlainMetadata) && !errors.As(err, new(unpreparedTopics)) {
+				r.cfg.Logger.Error("outbox relay: in-database publish beside the relay's loop failed", err, nil)
+			}
+			return false
+		}
+		if held || n < r.cfg.BatchSize {
 			return n == 0 && !held
 		}
 	}
@@ -407,13 +429,19 @@ func (r *Relay) prepareTopics(ctx context.Context, topics []string) error {
 	return nil
 }
 
-// heldSQL: are any of the first $1 pending rows due? Bounded, unlike a
-// look for any due row, which could walk a long backlog of rows backing
-// off.
+// heldSQL: is any of the first $1 pending rows a due head (the oldest
+// pending row of its aggregate)? After a claim that took nothing, such a
+// head is locked by another relay's claim. Rows that arrived behind a head
+// that is backing off are due but are not heads: they do not count.
+// Bounded by $1, unlike a look for any due head, which could walk a long
+// backlog of rows backing off.
 const heldSQL = `SELECT EXISTS (SELECT 1 FROM (
-	SELECT o.next_attempt_at FROM millwright_outbox o
+	SELECT o.id, o.aggregate_type, o.aggregate_id, o.next_attempt_at FROM millwright_outbox o
 	WHERE o.status = 'pending' ORDER BY o.id LIMIT $1) w
-	WHERE w.next_attempt_at <= now())`
+	WHERE w.next_attempt_at <= now() AND w.id <= (
+		SELECT min(p.id) FROM millwright_outbox p
+		WHERE p.status = 'pending' AND p.aggregate_type = w.aggregate_type
+		  AND p.aggregate_id = w.aggregate_id))`
 
 // take publishes one batch in the database when it can (moved: the number
 // of rows published; held: see move) and otherwise claims rows for the
@@ -421,8 +449,14 @@ const heldSQL = `SELECT EXISTS (SELECT 1 FROM (
 func (r *Relay) take(ctx context.Context) (rows []row, moved int, held bool, err error) {
 	if r.canMove(ctx) {
 		moved, held, err = r.move(ctx)
+		// A batch with topics new to this relay: prepare them, outside
+		// the transaction, and move again (a few times: the next batch
+		// may bring other new topics).
 		var up unpreparedTopics
-		if errors.As(err, &up) {
+		for range 3 {
+			if !errors.As(err, &up) {
+				break
+			}
 			if err = r.prepareTopics(ctx, up); err == nil {
 				moved, held, err = r.move(ctx)
 			}
@@ -432,7 +466,7 @@ func (r *Relay) take(ctx context.Context) (rows []row, moved int, held bool, err
 			return nil, moved, held, nil
 		case ctx.Err() != nil:
 			return nil, 0, false, err
-		case !errors.Is(err, errPlainMetadata):
+		case !errors.Is(err, errPlainMetadata) && !errors.As(err, &up):
 			r.moveOff(err)
 		}
 	}

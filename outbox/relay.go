@@ -184,6 +184,7 @@ type Relay struct {
 	moveSame     int
 	moveOffUntil time.Time
 	movable      map[string]struct{} // topics prepared with inDB.PrepareTopic
+	moveLeaseSQL string              // bounds a move's transaction to Lease
 
 	// schema and oid of the outbox table, and the connection holding the
 	// wake-up lock while the relay is idle; set once LISTEN works (only
@@ -198,6 +199,9 @@ type Relay struct {
 	// listen.
 	tryLockSQL, unlockSQL, handOverSQL string
 
+	// afterMoveClaim, when set (tests), runs in move after the claim, with
+	// the transaction open.
+	afterMoveClaim func()
 	// afterPublish, when set (tests), runs after the broker calls of a batch
 	// and before the rows are marked.
 	afterPublish func(ctx context.Context, published []int64)
@@ -238,6 +242,8 @@ func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error
 	}
 	if ip, ok := pub.(inDatabasePublisher); ok {
 		r.inDB = ip
+		ms := strconv.FormatInt(cfg.Lease.Milliseconds(), 10)
+		r.moveLeaseSQL = "SET LOCAL statement_timeout = " + ms + "; SET LOCAL idle_in_transaction_session_timeout = " + ms
 	}
 	return r, nil
 }
@@ -679,7 +685,7 @@ type row struct {
 // else. Each head brings its aggregate's next pending rows (an equal share
 // of the batch): no other relay can claim them while their head is pending.
 //
-// Heads are looked for among the first $3 due rows in id order only (the
+// Heads are looked for among the first $2 due rows in id order only (the
 // window, windowFactor x BatchSize), so a claim costs at most $2 index
 // probes however large the backlog, where walking until $1 heads are found
 // would read the whole backlog whenever it holds fewer aggregates than that
@@ -690,9 +696,10 @@ type row struct {
 // relay from seeing heads behind them, until the backlog shrinks.
 //
 // The window is walked lazily: the walk stops as soon as $1 heads are
-// found. Heads are locked afterwards (SKIP LOCKED), so two relays claiming
-// at the same instant may pick the same heads and one gets fewer; it
-// claims again before going idle. Each locked head then brings up to
+// locked. Each head is locked as the walk reaches it (FOR UPDATE SKIP
+// LOCKED in a lateral subquery, under the LIMIT), so a relay skips the
+// heads another relay is claiming and walks on to the next ones instead
+// of coming back with fewer. Each locked head then brings up to
 // share-1 followers (share = $1 / locked heads); with as many heads as the
 // batch holds, LIMIT 0 skips the follower probes altogether (a 500-head
 // claim: 17-19 ms -> 13-15 ms under EXPLAIN ANALYZE). "id <= min()" is the same test as
