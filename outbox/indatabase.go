@@ -224,6 +224,10 @@ func (r *Relay) move(ctx context.Context) (n int, held bool, err error) {
 		byTopic = map[string][]int64{}
 		plain   = true
 		traced  []tracedRow
+		// Without a tracer that records, a row's span only matters for
+		// the trace context it stored (the publisher path's span keeps
+		// it, or sets none): rows without one are not traced.
+		recording = tracing.Recording()
 	)
 	for rows.Next() {
 		var (
@@ -243,7 +247,9 @@ func (r *Relay) move(ctx context.Context) (n int, held bool, err error) {
 		}
 		byTopic[topic] = append(byTopic[topic], id)
 		plain = plain && ok
-		traced = append(traced, tracedRow{id: id, topic: topic, eventID: eventID, eventType: eventType, traceParent: tp, traceState: tstate})
+		if tp.Valid || recording {
+			traced = append(traced, tracedRow{id: id, topic: topic, eventID: eventID, eventType: eventType, traceParent: tp, traceState: tstate})
+		}
 		n++
 	}
 	if err := rows.Err(); err != nil {

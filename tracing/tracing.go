@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -12,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/millwright/millwright/metadata"
 )
@@ -40,11 +42,37 @@ type Config struct {
 }
 
 func (c Config) tracer() trace.Tracer {
-	tp := c.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
+	return c.provider().Tracer(InstrumentationName)
+}
+
+func (c Config) provider() trace.TracerProvider {
+	if c.TracerProvider != nil {
+		return c.TracerProvider
 	}
-	return tp.Tracer(InstrumentationName)
+	return otel.GetTracerProvider()
+}
+
+// Recording reports whether spans started with the provider can be
+// recorded: false when no OpenTelemetry SDK is installed (the global
+// provider's default, or a no-op provider), where a span does nothing and
+// keeps its parent's context, so code that builds a message only to start
+// its span may skip it. Cheap: call it per batch (an SDK installed later
+// is seen).
+func Recording() bool { return Config{}.Recording() }
+
+// Recording is the package-level Recording with c's provider.
+func (c Config) Recording() bool {
+	tp := c.provider()
+	if _, ok := tp.(noop.TracerProvider); ok {
+		return false
+	}
+	// The global default (before otel.SetTracerProvider) and the
+	// deprecated trace.NewNoopTracerProvider have unexported types.
+	switch reflect.TypeOf(tp).String() {
+	case "*global.tracerProvider", "trace.noopTracerProvider":
+		return false
+	}
+	return true
 }
 
 func (c Config) propagator() propagation.TextMapPropagator {

@@ -13,6 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/metadata"
@@ -264,4 +265,11 @@ func TestMiddlewarePanic(t *testing.T) {
 	spans := b.exp.GetSpans()
 	require.Len(t, spans, 1)
 	require.Equal(t, "Error", spans[0].Status.Code.String())
+}
+
+func TestRecording(t *testing.T) {
+	require.False(t, tracing.Recording(), "no test of this package installs an SDK globally")
+	require.False(t, tracing.Config{TracerProvider: noop.NewTracerProvider()}.Recording())
+	require.False(t, tracing.Config{TracerProvider: trace.NewNoopTracerProvider()}.Recording()) //nolint:staticcheck // the deprecated no-op provider is still in use
+	require.True(t, tracing.Config{TracerProvider: sdktrace.NewTracerProvider()}.Recording())
 }
