@@ -65,7 +65,11 @@
 // the metadata built in SQL exactly as the publisher path sends it (tested
 // shape by shape). Publish and mark commit together, so there is no lease
 // and no duplicate: a relay killed at any point leaves either both or
-// neither. Rows other relays are moving stay due until those commit, so a
+// neither (its transaction, bounded by Lease through statement_timeout and
+// idle_in_transaction_session_timeout, is the batch's lease; it commits
+// with synchronous_commit off, so a server crash may undo the last moves,
+// whose rows are then published again, never one a consumer acknowledged
+// in this database). Rows other relays are moving stay due until those commit, so a
 // claim that finds only such rows looks again within 40 ms. While its
 // batches come back full, a relay runs a second mover beside its loop (a
 // move is all database work; two keep two database cores busy); the helper

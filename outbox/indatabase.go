@@ -211,7 +211,12 @@ func (r *Relay) move(ctx context.Context) (n int, held bool, err error) {
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
 	// The transaction is the batch's lease: a relay that stalls in it
-	// (paused, cut off) loses it, and its rows, after Lease.
+	// (paused, cut off) loses it, and its rows, after Lease. It commits
+	// without waiting for the WAL flush (synchronous_commit off, 8-14%
+	// more events/s): a server crash can undo the last moves, marks and
+	// messages together, and their rows are published again; it cannot
+	// undo a move a consumer has acknowledged in this database, since the
+	// consumer's own commit flushes the WAL up to it.
 	if _, err := tx.ExecContext(ctx, r.moveLeaseSQL); err != nil {
 		return 0, false, fmt.Errorf("outbox relay: starting the in-database publish: %w", err)
 	}

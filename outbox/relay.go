@@ -184,7 +184,7 @@ type Relay struct {
 	moveSame     int
 	moveOffUntil time.Time
 	movable      map[string]struct{} // topics prepared with inDB.PrepareTopic
-	moveLeaseSQL string              // bounds a move's transaction to Lease
+	moveLeaseSQL string              // a move's transaction settings (see move)
 
 	// schema and oid of the outbox table, and the connection holding the
 	// wake-up lock while the relay is idle; set once LISTEN works (only
@@ -243,7 +243,8 @@ func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error
 	if ip, ok := pub.(inDatabasePublisher); ok {
 		r.inDB = ip
 		ms := strconv.FormatInt(cfg.Lease.Milliseconds(), 10)
-		r.moveLeaseSQL = "SET LOCAL statement_timeout = " + ms + "; SET LOCAL idle_in_transaction_session_timeout = " + ms
+		r.moveLeaseSQL = "SET LOCAL statement_timeout = " + ms + "; SET LOCAL idle_in_transaction_session_timeout = " + ms +
+			"; SET LOCAL synchronous_commit = off" // see move
 	}
 	return r, nil
 }
