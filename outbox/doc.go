@@ -55,35 +55,6 @@
 //  3. marks the published rows with one UPDATE ... WHERE id = ANY(...), and
 //     records failures with one more.
 //
-// # Publishing in the database
-//
-// When the broker is the outbox's own Postgres (the publisher is the sql
-// transport's, transport.InDatabasePublisher, and reaches the same database
-// of the same cluster, checked once), a relay publishes without reading the
-// rows out: in one transaction it claims a batch, marking it published, and
-// copies it into each topic's watermill-sql table with INSERT ... SELECT,
-// the metadata built in SQL exactly as the publisher path sends it (tested
-// shape by shape). Publish and mark commit together, so there is no lease
-// and no duplicate: a relay killed at any point leaves either both or
-// neither (its transaction, bounded by Lease through statement_timeout and
-// idle_in_transaction_session_timeout, is the batch's lease; it commits
-// with synchronous_commit off, so a server crash may undo the last moves,
-// whose rows are then published again, never one a consumer acknowledged
-// in this database). Rows other relays are moving stay due until those commit, so a
-// claim that finds only such rows looks again within 40 ms. While its
-// batches come back full, a relay runs a second mover beside its loop (a
-// move is all database work; two keep two database cores busy); the helper
-// stops at the first batch that is not full, and after meeting other
-// relays' batches waits 1 s before it starts again. A batch the database
-// refuses (a topic table it cannot create, an id longer than watermill-sql's
-// 36-character uuid column) goes through the publisher instead, with the
-// per-row backoff below, and the relay publishes through the publisher for
-// 30 s before trying the database again; a hand-written row whose metadata
-// is not an object of strings also goes through the publisher, which logs
-// it. Rows carrying a trace context still get the relay's span, and the
-// consumer's span is its child. Wrap the publisher (any decorator hides
-// the interface) to keep the publisher path.
-//
 // With RelayConfig.ListenURL set, an idle relay holds a wake-up lock (an
 // advisory lock, on a connection of its own) and sleeps; while it does,
 // every writing transaction NOTIFYs at commit, and while relays are busy
@@ -103,6 +74,39 @@
 // run their relays without ListenURL (polling), so that no writer ever
 // notifies. A relay with ListenURL uses two connections of its own besides
 // its *sql.DB: the LISTEN and the wake-up lock.
+//
+// # Publishing in the database
+//
+// When the broker is the outbox's own Postgres (the publisher is the sql
+// transport's, a transport.InDatabasePublisher, and reaches the same
+// database of the same running server, checked once), a relay publishes
+// without reading the rows out: in one transaction it claims a batch,
+// marking it published, and copies it into each topic's watermill-sql
+// table with INSERT ... SELECT, the metadata built in SQL exactly as the
+// publisher path sends it (tested shape by shape). Publish and mark commit
+// together: a relay killed at any point leaves both or neither, so relay
+// crashes cause no duplicates. The transaction is the batch's lease:
+// statement_timeout and idle_in_transaction_session_timeout bound it to
+// Lease, so a stalled relay loses its rows to the others. It commits with
+// synchronous_commit off: a server crash may undo the last moves as a
+// whole (their rows are published again), never one a consumer has
+// acknowledged in this database, whose own commit flushes the WAL past it.
+//
+// Rows other relays are moving stay due until those commit, so a claim
+// that finds only such rows looks again within 40 ms. While its batches
+// come back full, a relay runs a second mover beside its loop (a move is
+// all database work; two keep two database cores busy); the helper stops
+// at the first batch that is not full, and after meeting other relays'
+// batches waits 1 s before it starts again. A batch the database refuses
+// (a topic table it cannot create, an id longer than watermill-sql's
+// 36-character uuid column) goes through the publisher instead, with the
+// per-row backoff below, and the relay publishes through the publisher for
+// 30 s before trying the database again; a hand-written row whose metadata
+// is not an object of strings also goes through the publisher, which logs
+// it. Each row gets the relay's span when a tracer records (and rows with
+// a stored trace context always), and the consumer's span is its child.
+// Wrap the publisher (any decorator hides the interface) to keep the
+// publisher path.
 //
 // # Guarantees
 //
