@@ -189,17 +189,18 @@ func sameDatabase(ctx context.Context, a, b *sql.DB) (bool, error) {
 // move publishes one batch in the database: in one transaction it claims
 // the rows, marking them published (moveSQL), and inserts them into their
 // topics' tables in id order (one INSERT ... SELECT per topic). It commits
-// both or neither, so a crash at any point neither loses nor duplicates an
-// event, and no row is leased. It returns the number of rows published.
-// On an error nothing was published (the transaction rolled back, or a
-// failed commit did not take effect as a whole either way): the caller
-// publishes through the publisher instead.
+// both or neither, so a relay crash at any point neither loses nor
+// duplicates an event; the open transaction, not next_attempt_at, is the
+// rows' lease. It returns the number of rows published. On an error
+// nothing was published (the transaction rolled back, or a failed commit
+// took effect as a whole or not at all): the caller publishes through the
+// publisher instead.
 //
 // Rows another relay is moving stay due and pending to this one until that
-// relay commits (they are not leased), so a claim can find nothing while
-// the table has due rows: held reports that case (some of the first rows
-// of the window are due), and the caller looks again soon rather than
-// after PollInterval.
+// relay commits, so a claim can find nothing while heads are due: held
+// reports that case (heldSQL: a due head among the first rows, which the
+// claim skipped because it is locked), and the caller looks again soon
+// rather than after PollInterval.
 func (r *Relay) move(ctx context.Context) (n int, held bool, err error) {
 	stmt, err := r.prepare(ctx, &r.moveStmt, moveSQL)
 	if err != nil {
