@@ -96,8 +96,8 @@ func Load(src Source) ([]Migration, error) {
 	return out, nil
 }
 
-// Up applies every pending migration of the given sources, in order.
-func Up(ctx context.Context, db *sql.DB, sources ...Source) ([]Applied, error) {
+// loadAll loads every source's migrations, each source in version order.
+func loadAll(sources []Source) ([]Migration, error) {
 	var all []Migration
 	for _, src := range sources {
 		ms, err := Load(src)
@@ -105,6 +105,70 @@ func Up(ctx context.Context, db *sql.DB, sources ...Source) ([]Applied, error) {
 			return nil, err
 		}
 		all = append(all, ms...)
+	}
+	return all, nil
+}
+
+// recorded reads the versions millwright_migrations records per component.
+func recorded(ctx context.Context, q interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}) (map[string]map[int]bool, error) {
+	done := map[string]map[int]bool{}
+	rows, err := q.QueryContext(ctx, `SELECT component, version FROM millwright_migrations`)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: reading millwright_migrations: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c string
+		var v int
+		if err := rows.Scan(&c, &v); err != nil {
+			return nil, fmt.Errorf("migrate: reading millwright_migrations: %w", err)
+		}
+		if done[c] == nil {
+			done[c] = map[int]bool{}
+		}
+		done[c][v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("migrate: reading millwright_migrations: %w", err)
+	}
+	return done, nil
+}
+
+// Pending returns the migrations of the given sources that Up would apply
+// now, in the order it would apply them, without changing anything (it
+// takes no lock and creates no table: a database never migrated has every
+// migration pending).
+func Pending(ctx context.Context, db *sql.DB, sources ...Source) ([]Migration, error) {
+	all, err := loadAll(sources)
+	if err != nil {
+		return nil, err
+	}
+	var exists bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass('millwright_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("migrate: looking for millwright_migrations: %w", err)
+	}
+	done := map[string]map[int]bool{}
+	if exists {
+		if done, err = recorded(ctx, db); err != nil {
+			return nil, err
+		}
+	}
+	var pending []Migration
+	for _, m := range all {
+		if !done[m.Component][m.Version] {
+			pending = append(pending, m)
+		}
+	}
+	return pending, nil
+}
+
+// Up applies every pending migration of the given sources, in order.
+func Up(ctx context.Context, db *sql.DB, sources ...Source) ([]Applied, error) {
+	all, err := loadAll(sources)
+	if err != nil {
+		return nil, err
 	}
 
 	conn, err := db.Conn(ctx)
@@ -128,24 +192,8 @@ func Up(ctx context.Context, db *sql.DB, sources ...Source) ([]Applied, error) {
 		return nil, fmt.Errorf("migrate: creating millwright_migrations: %w", err)
 	}
 
-	done := map[string]map[int]bool{}
-	rows, err := conn.QueryContext(ctx, `SELECT component, version FROM millwright_migrations`)
+	done, err := recorded(ctx, conn)
 	if err != nil {
-		return nil, fmt.Errorf("migrate: reading millwright_migrations: %w", err)
-	}
-	for rows.Next() {
-		var c string
-		var v int
-		if err := rows.Scan(&c, &v); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("migrate: reading millwright_migrations: %w", err)
-		}
-		if done[c] == nil {
-			done[c] = map[int]bool{}
-		}
-		done[c][v] = true
-	}
-	if err := rows.Close(); err != nil {
 		return nil, err
 	}
 

@@ -85,3 +85,31 @@ func TestEmbedded(t *testing.T) {
 	require.Equal(t, "demo", ms[0].Component)
 	require.PanicsWithValue(t, `demo: embedded migrations missing: sub ../x: invalid argument`, func() { migrate.Embedded("demo", fsys, "../x") })
 }
+
+func TestPendingListsWhatUpWouldApplyAndChangesNothing(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t)
+	ctx := context.Background()
+
+	pending, err := migrate.Pending(ctx, s.DB, source())
+	require.NoError(t, err)
+	require.Len(t, pending, 2, "never migrated: everything is pending")
+	require.Equal(t, []int{1, 2}, []int{pending[0].Version, pending[1].Version})
+	var exists bool
+	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT to_regclass('millwright_migrations') IS NOT NULL`).Scan(&exists))
+	require.False(t, exists, "Pending creates nothing")
+
+	one := migrate.Source{Component: "demo", FS: fstest.MapFS{"001_create.sql": source().FS.(fstest.MapFS)["001_create.sql"]}}
+	_, err = migrate.Up(ctx, s.DB, one)
+	require.NoError(t, err)
+	pending, err = migrate.Pending(ctx, s.DB, source())
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+	require.Equal(t, "column", pending[0].Name)
+
+	_, err = migrate.Up(ctx, s.DB, source())
+	require.NoError(t, err)
+	pending, err = migrate.Pending(ctx, s.DB, source())
+	require.NoError(t, err)
+	require.Empty(t, pending)
+}

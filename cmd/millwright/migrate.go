@@ -3,6 +3,7 @@ package main
 import (
 	"database/sql"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -16,19 +17,41 @@ var migrationSources []migrate.Source
 
 func registerMigrations(src migrate.Source) { migrationSources = append(migrationSources, src) }
 
-func init() {
+func init() { rootCmd.AddCommand(migrateCmd()) }
+
+// migrateCmd is `millwright migrate`.
+func migrateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply the embedded SQL migrations of every component",
 		Long: `Apply the embedded, versioned SQL migrations of every millwright component
 to the database named by --database-url (default: $MILLWRIGHT_DATABASE_URL).
-Safe to run from several processes at once: an advisory lock serialises them.`,
+Safe to run from several processes at once: an advisory lock serialises them.
+With --dry-run it lists the migrations it would apply, in order, and changes
+nothing (add --sql to print each one's SQL).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			db, err := openDB(cmd)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
+			if dry, _ := cmd.Flags().GetBool("dry-run"); dry {
+				pending, err := migrate.Pending(cmd.Context(), db, migrationSources...)
+				if err != nil {
+					return err
+				}
+				withSQL, _ := cmd.Flags().GetBool("sql")
+				for _, m := range pending {
+					fmt.Fprintf(cmd.OutOrStdout(), "would apply %s %03d_%s\n", m.Component, m.Version, m.Name)
+					if withSQL {
+						fmt.Fprintf(cmd.OutOrStdout(), "%s\n", strings.TrimRight(m.SQL, "\n"))
+					}
+				}
+				if len(pending) == 0 {
+					fmt.Fprintln(cmd.OutOrStdout(), "database is up to date")
+				}
+				return nil
+			}
 			applied, err := migrate.Up(cmd.Context(), db, migrationSources...)
 			for _, a := range applied {
 				fmt.Fprintf(cmd.OutOrStdout(), "applied %s %03d_%s\n", a.Component, a.Version, a.Name)
@@ -43,7 +66,9 @@ Safe to run from several processes at once: an advisory lock serialises them.`,
 		},
 	}
 	addDatabaseFlag(cmd)
-	rootCmd.AddCommand(cmd)
+	cmd.Flags().Bool("dry-run", false, "list the migrations that would be applied; change nothing")
+	cmd.Flags().Bool("sql", false, "with --dry-run, print each pending migration's SQL")
+	return cmd
 }
 
 // addDatabaseFlag adds --database-url to a command that talks to Postgres.
