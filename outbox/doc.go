@@ -86,8 +86,9 @@
 // publisher path sends it (tested shape by shape). Publish and mark commit
 // together: a relay killed at any point leaves both or neither, so relay
 // crashes cause no duplicates. The transaction is the batch's lease:
-// statement_timeout and idle_in_transaction_session_timeout bound it to
-// Lease, so a stalled relay loses its rows to the others. It commits with
+// statement_timeout and idle_in_transaction_session_timeout bound each of
+// its statements and each pause between them to Lease, so a stalled relay
+// loses its rows to the others. It commits with
 // synchronous_commit off: a server crash may undo the last moves as a
 // whole (their rows are published again), never one a consumer has
 // acknowledged in this database, whose own commit flushes the WAL past it.

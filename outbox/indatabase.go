@@ -171,10 +171,11 @@ func (r *Relay) moveOff(err error) {
 
 // sameDatabase reports whether a and b reach the same database of the same
 // running server: its name and oid, and the server's start time (to the
-// microsecond), which a copy of the database (a restore, a branch, a
-// promoted standby) does not share. Every role may read all three.
+// microsecond, as epoch seconds so that the sessions' TimeZone does not
+// matter), which a copy of the database (a restore, a branch, a promoted
+// standby) does not share. Every role may read all three.
 func sameDatabase(ctx context.Context, a, b *sql.DB) (bool, error) {
-	const q = `SELECT current_database() || '/' || d.oid::text || '/' || pg_postmaster_start_time()::text
+	const q = `SELECT current_database() || '/' || d.oid::text || '/' || extract(epoch FROM pg_postmaster_start_time())::text
 		FROM pg_database d WHERE d.datname = current_database()`
 	var ida, idb string
 	if err := a.QueryRowContext(ctx, q).Scan(&ida); err != nil {
@@ -392,6 +393,9 @@ func (r *Relay) help(ctx context.Context) (alone bool) {
 		case <-r.closing:
 			return true
 		default:
+		}
+		if !r.canMove(ctx) { // moveOff: Run's loop uses the publisher for a while
+			return true
 		}
 		n, held, err := r.move(ctx)
 		if err != nil {

@@ -40,9 +40,16 @@ func TestMove_StalledRelayLosesItsBatchAfterLease(t *testing.T) {
 		require.NoError(t, Add(ctx, s.DB, Event{Topic: topic, AggregateID: "a", Payload: []byte(`{"i":` + string(rune('0'+i)) + `}`)}))
 	}
 
-	stalled, err := NewRelay(s.DB, tr.Publisher(), RelayConfig{Lease: 300 * time.Millisecond})
+	// Lease: long enough for the other relay's first claim to come while
+	// the stalled one still holds the rows on a loaded machine.
+	stalled, err := NewRelay(s.DB, tr.Publisher(), RelayConfig{Lease: 2 * time.Second})
 	require.NoError(t, err)
 	require.NoError(t, stalled.prepareTopics(ctx, []string{topic}))
+	other, err := NewRelay(s.DB, tr.Publisher(), RelayConfig{})
+	require.NoError(t, err)
+	require.NoError(t, other.prepareTopics(ctx, []string{topic}))
+	_, err = other.prepare(ctx, &other.moveStmt, moveSQL)
+	require.NoError(t, err)
 	resume := make(chan struct{})
 	var once sync.Once
 	release := func() { once.Do(func() { close(resume) }) }
@@ -51,11 +58,14 @@ func TestMove_StalledRelayLosesItsBatchAfterLease(t *testing.T) {
 	stalled.afterMoveClaim = func() { close(claimed); <-resume }
 	stalledDone := make(chan int, 1)
 	go func() { n, _ := stalled.RunOnce(ctx); stalledDone <- n }()
-	<-claimed
+	select {
+	case <-claimed:
+	case n := <-stalledDone:
+		t.Fatalf("the stalled relay returned (%d rows) without publishing in the database", n)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stalled relay never claimed in the database")
+	}
 
-	other, err := NewRelay(s.DB, tr.Publisher(), RelayConfig{})
-	require.NoError(t, err)
-	require.NoError(t, other.prepareTopics(ctx, []string{topic}))
 	n, held, err := other.move(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)
@@ -125,16 +135,31 @@ func TestSameDatabase(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, same)
 
+	tokyo, err := url.Parse(s.URL)
+	require.NoError(t, err)
+	q := tokyo.Query()
+	q.Set("timezone", "Asia/Tokyo") // lib/pq sends unknown parameters as session settings
+	tokyo.RawQuery = q.Encode()
+	other, err := sql.Open("postgres", tokyo.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close() })
+	var tz string
+	require.NoError(t, other.QueryRowContext(ctx, `SHOW TimeZone`).Scan(&tz))
+	require.Equal(t, "Asia/Tokyo", tz)
+	same, err = sameDatabase(ctx, s.DB, other)
+	require.NoError(t, err)
+	require.True(t, same, "the session's TimeZone does not change the database")
+
 	u, err := url.Parse(pgtest.BaseURL())
 	require.NoError(t, err)
 	u.Path = "/template1" // in every cluster, open to connections by default
-	other, err := sql.Open("postgres", u.String())
+	template, err := sql.Open("postgres", u.String())
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = other.Close() })
-	if err := other.PingContext(ctx); err != nil {
+	t.Cleanup(func() { _ = template.Close() })
+	if err := template.PingContext(ctx); err != nil {
 		t.Skipf("no second database to compare with: %v", err)
 	}
-	same, err = sameDatabase(ctx, s.DB, other)
+	same, err = sameDatabase(ctx, s.DB, template)
 	require.NoError(t, err)
 	require.False(t, same)
 }

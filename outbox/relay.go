@@ -302,7 +302,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	var ahead <-chan claimed // a batch claimed while the last was published
 	// heldWait is how long to wait while other relays hold every due row
 	// this one could take (see move): it doubles from idleRecheck up to
-	// PollInterval while that lasts.
+	// maxHeldWait (or PollInterval, if shorter) while that lasts.
 	var heldWait time.Duration
 	// A second mover while the backlog is deep (see help); waited for
 	// before ctx is cancelled, so that its batch finishes on Close.

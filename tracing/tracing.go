@@ -57,7 +57,8 @@ func (c Config) provider() trace.TracerProvider {
 // provider's default, or a no-op provider), where a span does nothing and
 // keeps its parent's context, so code that builds a message only to start
 // its span may skip it. Cheap: call it per batch (an SDK installed later
-// is seen).
+// is seen). OpenTelemetry's eBPF auto-instrumentation, which records
+// through the global default provider, is not seen.
 func Recording() bool { return Config{}.Recording() }
 
 // Recording is the package-level Recording with c's provider.

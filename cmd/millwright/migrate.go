@@ -2,6 +2,7 @@ package main
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -30,12 +31,16 @@ Safe to run from several processes at once: an advisory lock serialises them.
 With --dry-run it lists the migrations it would apply, in order, and changes
 nothing (add --sql to print each one's SQL).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			dry, _ := cmd.Flags().GetBool("dry-run")
+			if withSQL, _ := cmd.Flags().GetBool("sql"); withSQL && !dry {
+				return errors.New("--sql only prints, with --dry-run: nothing was applied")
+			}
 			db, err := openDB(cmd)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			if dry, _ := cmd.Flags().GetBool("dry-run"); dry {
+			if dry {
 				pending, err := migrate.Pending(cmd.Context(), db, migrationSources...)
 				if err != nil {
 					return err

@@ -35,6 +35,11 @@ func TestMigrateDryRunListsAndChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "CREATE TABLE millwright_outbox")
 
+	_, _, err = runCLI(t, migrateCmd(), nil, s.URL, "--sql")
+	require.ErrorContains(t, err, "nothing was applied", "--sql alone must not migrate")
+	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT to_regclass('millwright_migrations') IS NOT NULL`).Scan(&exists))
+	require.False(t, exists)
+
 	out, _, err = runCLI(t, migrateCmd(), nil, s.URL)
 	require.NoError(t, err)
 	require.Contains(t, out, "applied outbox 001_outbox")
