@@ -5,17 +5,23 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/tracing"
 	tsql "github.com/millwright/millwright/transport/sql"
 )
 
@@ -265,4 +271,67 @@ func TestInDatabasePublishIsExactlyOnceAndInOrderAcrossRelays(t *testing.T) {
 	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT count(*) - $1 FROM "watermill_`+topic+`"`, aggs*perAgg).Scan(&extra))
 	require.Zero(t, extra, "messages beyond the events written")
 	require.Equal(t, aggs*perAgg, movedInOneTransaction(t, s.DB, topic))
+}
+
+// TestInDatabasePublishCarriesTheRelaySpan: with a tracer that records,
+// each event published in the database gets the relay's span, a child of
+// the writer's span when the event stored one, and the message carries
+// that span's context, as on the publisher path, so the consumer's span
+// becomes its child. Not parallel: the relay traces with the global
+// provider, installed here and replaced by a no-op one (what the parallel
+// tests see, like the default) before they run.
+func TestInDatabasePublishCarriesTheRelaySpan(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(tracenoop.NewTracerProvider()) })
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, tr := inDatabaseFixture(t)
+	topic := "traced_" + watermill.NewShortUUID()
+	wctx, writer := tp.Tracer("test").Start(ctx, "write")
+	require.NoError(t, outbox.Add(wctx, s.DB, outbox.Event{Topic: topic, AggregateID: "a", ID: "traced", Payload: []byte(`{}`)}))
+	writer.End()
+	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateID: "b", ID: "untraced", Payload: []byte(`{}`)}))
+
+	relay, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{})
+	require.NoError(t, err)
+	n, err := relay.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, movedInOneTransaction(t, s.DB, topic))
+
+	relaySpans := map[string]sdktrace.ReadOnlySpan{}
+	for _, sp := range spans.Ended() {
+		if strings.HasPrefix(sp.Name(), tracing.SpanRelayPublish) {
+			for _, a := range sp.Attributes() {
+				if a.Key == "messaging.message.id" {
+					relaySpans[a.Value.AsString()] = sp
+				}
+			}
+		}
+	}
+	for _, m := range receive(t, ctx, tr, topic, 2) {
+		sp, ok := relaySpans[m.UUID]
+		require.True(t, ok, "no relay span for %s", m.UUID)
+		require.Contains(t, m.Metadata.Get(metadata.TraceParent), sp.SpanContext().SpanID().String(), "%s carries its relay span's context", m.UUID)
+		require.Equal(t, sp.SpanContext().TraceID().String(), m.Metadata.Get(metadata.TraceParent)[3:35])
+		if m.UUID == "traced" {
+			// Its parent is the span Add stored: Add's own write span,
+			// the writer's child.
+			require.Equal(t, writer.SpanContext().TraceID(), sp.SpanContext().TraceID(), "the relay span is in the writer's trace")
+			var parent sdktrace.ReadOnlySpan
+			for _, p := range spans.Ended() {
+				if p.SpanContext().SpanID() == sp.Parent().SpanID() {
+					parent = p
+				}
+			}
+			require.NotNil(t, parent, "the relay span's parent was recorded")
+			require.True(t, parent.SpanContext().SpanID() == writer.SpanContext().SpanID() || parent.Parent().SpanID() == writer.SpanContext().SpanID(),
+				"the relay span descends from the writer's span (parent %q)", parent.Name())
+		} else {
+			require.NotEqual(t, writer.SpanContext().TraceID(), sp.SpanContext().TraceID(), "an event written outside any span starts its own trace")
+		}
+	}
 }
