@@ -262,9 +262,6 @@ func (r *Relay) move(ctx context.Context) (n int, held bool, err error) {
 	if err := rows.Err(); err != nil {
 		return 0, false, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
-	if r.afterMoveClaim != nil {
-		r.afterMoveClaim()
-	}
 	if n == 0 {
 		err := tx.QueryRowContext(ctx, heldSQL, windowFactor*r.cfg.BatchSize).Scan(&held)
 		if err != nil {
@@ -307,6 +304,9 @@ WHERE o.id = ANY(` + idArray(ids) + `)`
 			return fail(fmt.Errorf("outbox relay: publishing %d event(s) to %q in the database: %w", len(ids), topic, err))
 		}
 		r.m.latency.Observe(time.Since(start).Seconds())
+	}
+	if r.beforeMoveCommit != nil {
+		r.beforeMoveCommit()
 	}
 	if err := tx.Commit(); err != nil {
 		return fail(fmt.Errorf("outbox relay: committing %d event(s) published in the database: %w", n, err))

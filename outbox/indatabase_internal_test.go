@@ -27,7 +27,8 @@ func inDatabaseBundle(t *testing.T) (*pgtest.Schema, *tsql.Transport) {
 }
 
 // TestMove_StalledRelayLosesItsBatchAfterLease: a relay stops in the
-// middle of its in-database publish, transaction open, rows locked. After
+// middle of its in-database publish, rows claimed and copied, transaction
+// open. After
 // Lease the server ends that transaction; another relay then publishes the
 // rows, and the stalled relay's copy never commits: each event is in the
 // topic's table once.
@@ -55,7 +56,7 @@ func TestMove_StalledRelayLosesItsBatchAfterLease(t *testing.T) {
 	release := func() { once.Do(func() { close(resume) }) }
 	t.Cleanup(release) // before the schema is dropped: never leave the stalled relay holding locks
 	claimed := make(chan struct{})
-	stalled.afterMoveClaim = func() { close(claimed); <-resume }
+	stalled.beforeMoveCommit = func() { close(claimed); <-resume }
 	stalledDone := make(chan int, 1)
 	go func() { n, _ := stalled.RunOnce(ctx); stalledDone <- n }()
 	select {

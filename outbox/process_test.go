@@ -8,15 +8,21 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
+
+	tsql "github.com/millwright/millwright/transport/sql"
 )
 
-const envChildURL = "MILLWRIGHT_OUTBOX_CHILD_URL"
+const (
+	envChildURL  = "MILLWRIGHT_OUTBOX_CHILD_URL"
+	envChildMove = "MILLWRIGHT_OUTBOX_CHILD_MOVE" // set: the child publishes in the database
+)
 
 // TestRelayChildProcess is not a test: it is the relay process that
 // TestRelay_KilledProcessLosesNothing starts and kills with SIGKILL.
@@ -27,6 +33,18 @@ func TestRelayChildProcess(t *testing.T) {
 	}
 	db, err := sql.Open("postgres", u)
 	require.NoError(t, err)
+	if os.Getenv(envChildMove) != "" {
+		tr, err := tsql.Open(context.Background(), tsql.Config{URL: u}, watermill.NopLogger{})
+		require.NoError(t, err)
+		r, err := NewRelay(db, tr.Publisher(), RelayConfig{})
+		require.NoError(t, err)
+		r.beforeMoveCommit = func() {
+			fmt.Println("published") // copied, not committed: the parent kills us now
+			select {}
+		}
+		_ = r.Run(context.Background())
+		return
+	}
 	r, err := NewRelay(db, gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}), RelayConfig{Lease: 300 * time.Millisecond})
 	require.NoError(t, err)
 	r.afterPublish = func(_ context.Context, published []int64) {
@@ -34,6 +52,56 @@ func TestRelayChildProcess(t *testing.T) {
 		select {}
 	}
 	_ = r.Run(context.Background())
+}
+
+// killChild starts TestRelayChildProcess with env and kills it (SIGKILL)
+// once it prints "published".
+func killChild(t *testing.T, env ...string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRelayChildProcess$", "-test.v")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	sc := bufio.NewScanner(out)
+	seen := false
+	for !seen && sc.Scan() {
+		seen = strings.HasPrefix(sc.Text(), "published")
+	}
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	require.True(t, seen, "the child relay never reached the point where it is killed")
+}
+
+// TestRelay_KilledProcessPublishingInTheDatabaseLosesAndRepeatsNothing: a
+// relay publishing in the database is killed (SIGKILL) with its batch
+// copied into the topic's table but not committed. The server rolls the
+// transaction back: no message, every row pending. The next relay
+// publishes every event exactly once.
+func TestRelay_KilledProcessPublishingInTheDatabaseLosesAndRepeatsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	topic := "killed_" + watermill.NewShortUUID()
+	for i := 0; i < 20; i++ {
+		require.NoError(t, Add(ctx, b.db, Event{Topic: topic, AggregateID: strconv.Itoa(i % 5)}))
+	}
+	killChild(t, envChildURL+"="+b.schema.URL, envChildMove+"="+topic)
+	table := `"watermill_` + topic + `"`
+	var messages int
+	require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM `+table).Scan(&messages))
+	require.Zero(t, messages, "the killed relay's copy was rolled back")
+	require.Equal(t, 20, count(t, b.db, "status = 'pending'"), "and so was its mark")
+
+	tr, err := tsql.Open(ctx, tsql.Config{DB: b.db}, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	startRelay(t, b.db, tr.Publisher(), RelayConfig{PollInterval: 20 * time.Millisecond})
+	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the next relay publishes the batch")
+	var distinct int
+	require.NoError(t, b.db.QueryRow(`SELECT count(*), count(DISTINCT uuid) FROM `+table).Scan(&messages, &distinct))
+	require.Equal(t, 20, messages, "every event once")
+	require.Equal(t, 20, distinct)
 }
 
 func TestRelay_KilledProcessLosesNothing(t *testing.T) {
@@ -45,19 +113,7 @@ func TestRelay_KilledProcessLosesNothing(t *testing.T) {
 		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: strconv.Itoa(i % 5)}))
 	}
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRelayChildProcess$", "-test.v")
-	cmd.Env = append(os.Environ(), envChildURL+"="+b.schema.URL)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		if len(sc.Text()) > 9 && sc.Text()[:9] == "published" {
-			break
-		}
-	}
-	require.NoError(t, cmd.Process.Kill()) // kill -9 between publish and mark
-	_ = cmd.Wait()
+	killChild(t, envChildURL+"="+b.schema.URL) // kill -9 between publish and mark
 	require.Equal(t, 0, count(t, b.db, "status = 'published'"), "the killed relay marked nothing")
 
 	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 20 * time.Millisecond})

@@ -199,9 +199,9 @@ type Relay struct {
 	// listen.
 	tryLockSQL, unlockSQL, handOverSQL string
 
-	// afterMoveClaim, when set (tests), runs in move after the claim, with
-	// the transaction open.
-	afterMoveClaim func()
+	// beforeMoveCommit, when set (tests), runs in move after the inserts,
+	// before the commit.
+	beforeMoveCommit func()
 	// afterPublish, when set (tests), runs after the broker calls of a batch
 	// and before the rows are marked.
 	afterPublish func(ctx context.Context, published []int64)
