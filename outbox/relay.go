@@ -63,7 +63,11 @@ type RelayConfig struct {
 	// that dies mid-batch delays its rows by at most Lease; they are then
 	// claimed again and republished. It must exceed the slowest publish of
 	// a batch, or another relay republishes rows still in flight
-	// (duplicates, never losses). Default 30s; minimum 1ms.
+	// (duplicates, never losses). When the relay publishes in the database
+	// (see the package doc) there is no lease column: Lease bounds each
+	// statement of the batch's transaction and each pause between them
+	// (statement_timeout, idle_in_transaction_session_timeout). Default
+	// 30s; minimum 1ms.
 	Lease time.Duration
 	// Retry is the backoff between publish attempts of a failing row.
 	// Default: InitialInterval 500ms, MaxInterval 1m, MaxAttempts 20 (about
