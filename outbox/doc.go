@@ -112,8 +112,9 @@
 // # Guarantees
 //
 //   - A rolled-back transaction leaves no event; a committed one is
-//     published at least once (exactly once when published in the
-//     database, above). A relay that dies at any point (even between
+//     published at least once (when published in the database, relay
+//     crashes repeat nothing; a server crash may repeat the last moves,
+//     see above). A relay that dies at any point (even between
 //     publishing and marking) leaves its rows leased; after Lease they are
 //     claimed again and republished. Consumers drop duplicates by
 //     metadata.EventID (package idempotency).
