@@ -107,7 +107,9 @@ func moveSelectFor(traced bool) string {
 			` + lit(metadata.AggregateType) + `, NULLIF(o.aggregate_type, ''),
 			` + lit(metadata.EventType) + `, NULLIF(o.event_type, ''),
 			` + lit(metadata.EventDataContentType) + `, CASE WHEN o.payload IS NOT NULL THEN 'application/json' END))
-		 || ` + meta + ` || jsonb_build_object(` + lit(metadata.EventID) + `, o.event_id))::json`
+		 || ` + meta + ` || jsonb_build_object(` + lit(metadata.EventID) + `, o.event_id)
+		 || CASE WHEN o.aggregate_id <> '' AND ` + meta + `->>` + lit(metadata.OrderingKey) + ` = '' THEN
+			jsonb_build_object(` + lit(metadata.OrderingKey) + `, ` + orderingKey + `) ELSE '{}' END)::json`
 	from := `
 FROM millwright_outbox o
 WHERE o.id = ANY(`

@@ -93,6 +93,7 @@ func TestInDatabasePublishSendsWhatThePublisherSends(t *testing.T) {
 		{AggregateType: "order", AggregateID: "o-5", EventType: "order.created.v1", Payload: []byte(`{"n":5}`),
 			Metadata: map[string]string{metadata.EventType: "overridden.v2", metadata.OrderingKey: "custom-key", "x": "y"}},
 		{AggregateType: "order", AggregateID: "o-6", Payload: []byte("[1,   2.50, \"\\u00e9\"]")},
+		{AggregateType: "order", AggregateID: "o-7", Payload: []byte(`{}`), Metadata: map[string]string{metadata.OrderingKey: "", "y": ""}},
 	}
 	tx, err := s.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
@@ -144,6 +145,9 @@ func TestInDatabasePublishSendsWhatThePublisherSends(t *testing.T) {
 	}
 	require.Equal(t, "overridden.v2", a[4].Metadata.Get(metadata.EventType))
 	require.Equal(t, "custom-key", a[4].Metadata.Get(metadata.OrderingKey))
+	require.Equal(t, "order/o-7", a[6].Metadata.Get(metadata.OrderingKey), "an empty ordering key does not unkey the aggregate")
+	_, kept := a[6].Metadata["y"]
+	require.True(t, kept, "empty user values are kept")
 }
 
 // TestInDatabasePublishHandsOddRowsToThePublisher: a hand-written row

@@ -849,6 +849,12 @@ func rowMessage(r storedRow) (*message.Message, error) {
 		msg.Metadata.Set(k, v)
 	}
 	msg.Metadata.Set(metadata.EventID, r.eventID)
+	if r.aggID != "" && msg.Metadata.Get(metadata.OrderingKey) == "" {
+		// An empty ordering key in the metadata column (set so by the
+		// writer, or by hand) would send the aggregate unkeyed: it may
+		// replace the aggregate's key, not remove it.
+		msg.Metadata.Set(metadata.OrderingKey, orderingKey(r.aggType, r.aggID))
+	}
 	return msg, err
 }
 
