@@ -455,11 +455,8 @@ func (r *Relay) prepareTopics(ctx context.Context, topics []string) error {
 // backlog of rows backing off.
 const heldSQL = `SELECT EXISTS (SELECT 1 FROM (
 	SELECT o.id, o.aggregate_type, o.aggregate_id, o.next_attempt_at FROM millwright_outbox o
-	WHERE o.status = 'pending' ORDER BY o.id LIMIT $1) w
-	WHERE w.next_attempt_at <= now() AND w.id <= (
-		SELECT min(p.id) FROM millwright_outbox p
-		WHERE p.status = 'pending' AND p.aggregate_type = w.aggregate_type
-		  AND p.aggregate_id = w.aggregate_id))`
+	WHERE o.status = 'pending' ORDER BY o.id LIMIT $1) c
+	WHERE c.next_attempt_at <= now() AND ` + isHead + `)`
 
 // take publishes one batch in the database when it can (moved: the number
 // of rows published; held: see move) and otherwise claims rows for the

@@ -312,8 +312,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	// before ctx is cancelled, so that its batch finishes on Close.
 	var helper sync.WaitGroup
 	var helping atomic.Bool
-	var helpAfter atomic.Value
-	helpAfter.Store(time.Time{})
+	var helpAfter atomic.Int64 // no helper before this time (unix ns)
 	defer helper.Wait()
 	defer func() {
 		// Close drains: a batch claimed ahead is published before Run
@@ -352,13 +351,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		if n > 0 {
 			heldWait = 0
 		}
-		if moved >= r.cfg.BatchSize && err == nil && time.Now().After(helpAfter.Load().(time.Time)) && helping.CompareAndSwap(false, true) {
+		if moved >= r.cfg.BatchSize && err == nil && time.Now().UnixNano() > helpAfter.Load() && helping.CompareAndSwap(false, true) {
 			helper.Add(1)
 			go func() {
 				defer helper.Done()
 				defer helping.Store(false)
 				if !r.help(ctx) {
-					helpAfter.Store(time.Now().Add(helpCooldown))
+					helpAfter.Store(time.Now().Add(helpCooldown).UnixNano())
 				}
 			}()
 		}
@@ -718,6 +717,13 @@ WHERE t.id = ANY(ARRAY(SELECT id FROM claimed)) AND t.status = 'pending'
 RETURNING t.id, t.event_id, t.topic, t.aggregate_type, t.aggregate_id, t.event_type,
 	t.payload::text, t.payload_raw, t.metadata::text, t.retry_count, t.created_at`
 
+// isHead is true for the window row c that is its aggregate's oldest
+// pending row, the only one a claim may take (see claimSQL).
+const isHead = `c.id <= (
+		SELECT min(p.id) FROM millwright_outbox p
+		WHERE p.status = 'pending' AND p.aggregate_type = c.aggregate_type
+		  AND p.aggregate_id = c.aggregate_id)`
+
 // claimCTE finds the rows a claim takes ($1: batch size, $2: window) as
 // CTE claimed; see claimSQL.
 const claimCTE = `WITH locked AS (
@@ -735,10 +741,7 @@ const claimCTE = `WITH locked AS (
 		WHERE o.id = c.id AND o.status = 'pending' AND o.next_attempt_at <= now()
 		FOR UPDATE OF o SKIP LOCKED
 	) l
-	WHERE c.id <= (
-		SELECT min(p.id) FROM millwright_outbox p
-		WHERE p.status = 'pending' AND p.aggregate_type = c.aggregate_type
-		  AND p.aggregate_id = c.aggregate_id)
+	WHERE ` + isHead + `
 	LIMIT $1
 ), claimed AS (
 	SELECT id FROM locked

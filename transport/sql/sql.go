@@ -154,11 +154,11 @@ func ping(ctx context.Context, db *stdsql.DB, timeout time.Duration) error {
 // Schema is the watermill-sql schema adapter millwright uses: one table per
 // topic named watermill_<topic>, payload stored as BYTEA so any payload
 // (not only JSON) round-trips.
-func Schema() wsql.SchemaAdapter {
-	return raceFreeSchema{wsql.DefaultPostgreSQLSchema{
-		GeneratePayloadType: func(string) string { return "BYTEA" },
-	}}
-}
+func Schema() wsql.SchemaAdapter { return schema }
+
+var schema = raceFreeSchema{wsql.DefaultPostgreSQLSchema{
+	GeneratePayloadType: func(string) string { return "BYTEA" },
+}}
 
 // OffsetsAdapter is the watermill-sql offsets adapter millwright uses.
 func OffsetsAdapter() wsql.OffsetsAdapter {
@@ -273,14 +273,14 @@ func (p *publisher) table(ctx context.Context, topic string) (string, error) {
 	if disallowedTopic.MatchString(topic) {
 		return "", fmt.Errorf("sql: topic %q: %w", topic, wsql.ErrInvalidTopicName)
 	}
-	for _, q := range Schema().SchemaInitializingQueries(topic) {
+	for _, q := range schema.SchemaInitializingQueries(topic) {
 		if _, err := p.db.ExecContext(ctx, q.Query, q.Args...); err != nil {
 			return "", fmt.Errorf("sql: creating the table of topic %q: %w", topic, err)
 		}
 	}
 	err := p.db.QueryRowContext(ctx, `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = to_regclass($1)`, Schema().(raceFreeSchema).MessagesTable(topic)).Scan(&name)
+WHERE c.oid = to_regclass($1)`, schema.MessagesTable(topic)).Scan(&name)
 	if err != nil {
 		return "", fmt.Errorf("sql: finding the table of topic %q: %w", topic, err)
 	}
