@@ -32,7 +32,8 @@ With --dry-run it lists the migrations it would apply, in order, and changes
 nothing (add --sql to print each one's SQL).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dry, _ := cmd.Flags().GetBool("dry-run")
-			if withSQL, _ := cmd.Flags().GetBool("sql"); withSQL && !dry {
+			withSQL, _ := cmd.Flags().GetBool("sql")
+			if withSQL && !dry {
 				return errors.New("--sql only prints, with --dry-run: nothing was applied")
 			}
 			db, err := openDB(cmd)
@@ -45,7 +46,6 @@ nothing (add --sql to print each one's SQL).`,
 				if err != nil {
 					return err
 				}
-				withSQL, _ := cmd.Flags().GetBool("sql")
 				for _, m := range pending {
 					fmt.Fprintf(cmd.OutOrStdout(), "would apply %s %03d_%s\n", m.Component, m.Version, m.Name)
 					if withSQL {
