@@ -1,0 +1,357 @@
+#!/usr/bin/env bash
+# The local services millwright's tests, benchmarks and demo run against:
+# PostgreSQL and RabbitMQ from Debian's packages, a real Apache Kafka 4.x
+# broker (KRaft, single node) from Maven Central jars, and Google's Pub/Sub
+# emulator from its Debian package.
+#
+#   scripts/services.sh up       install what is missing, start what is down,
+#                                wait until each answers; print one status line
+#                                per service on stderr and, on stdout, the
+#                                MILLWRIGHT_TEST_* exports for `eval`
+#   scripts/services.sh status   the same lines and exports, starting nothing
+#   scripts/services.sh env      only the exports (for services that answer)
+#   scripts/services.sh down     stop what `up` started (by pid), nothing else
+#
+#   eval "$(scripts/services.sh up)" && go test ./...
+#
+# Idempotent: a second `up` finds everything running and downloads nothing
+# (Kafka's jars are cached under the state directory, keyed by
+# scripts/kafka/pom.xml). State, logs and Kafka's log directory live in
+# MILLWRIGHT_SERVICES_DIR (default ~/.cache/millwright/services).
+#
+# Addresses (fixed, loopback only): Postgres 127.0.0.1:5432 (trust auth for
+# users postgres and root, database test), RabbitMQ 127.0.0.1:5672
+# (guest/guest), Kafka 127.0.0.1:9092 (controller 127.0.0.1:9093), Pub/Sub
+# emulator 127.0.0.1:8085.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+state="${MILLWRIGHT_SERVICES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/millwright/services}"
+mkdir -p "$state/started"
+
+KAFKA_PORT=9092
+KAFKA_CONTROLLER_PORT=9093
+PUBSUB_PORT=8085
+# The broker's heap: enough for the tests' topics and the benchmarks, small
+# beside Postgres, RabbitMQ, the emulator and the race-enabled tests on
+# 2 cores / 24 GiB.
+KAFKA_HEAP="${MILLWRIGHT_KAFKA_HEAP:--Xms256m -Xmx1g}"
+PUBSUB_HEAP="${MILLWRIGHT_PUBSUB_HEAP:--Xms128m -Xmx512m}"
+
+say() { printf '%-10s %s\n' "$1" "$2" >&2; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# wait_for SECONDS COMMAND...: true once COMMAND succeeds, false after SECONDS.
+wait_for() {
+	local deadline=$((SECONDS + $1)); shift
+	until "$@"; do
+		[ "$SECONDS" -ge "$deadline" ] && return 1
+		sleep 0.5
+	done
+}
+apt_updated=""
+apt_install() {
+	if [ -z "$apt_updated" ]; then
+		DEBIAN_FRONTEND=noninteractive apt-get update -q >"$state/apt.log" 2>&1 || return 1
+		apt_updated=1
+	fi
+	# policy-rc.d on these machines refuses to start services at install
+	# time; this script starts them itself.
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >>"$state/apt.log" 2>&1
+}
+
+# ---------------------------------------------------------------- Postgres
+
+pg_version() { pg_lsclusters -h 2>/dev/null | awk '$2 == "main" { print $1; exit }'; }
+pg_ready() { pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; }
+
+pg_configure() {
+	local v="$1" conf="/etc/postgresql/$1/main"
+	# Trust on loopback for the tests' users, first so it wins over the
+	# packaged scram-sha-256 lines.
+	if ! grep -q 'millwright-test' "$conf/pg_hba.conf"; then
+		local tmp; tmp="$(mktemp)"
+		{
+			echo "# millwright-test: trust on loopback (scripts/services.sh)"
+			echo "host all all 127.0.0.1/32 trust"
+			echo "host all all ::1/128 trust"
+			echo "local all all trust"
+			cat "$conf/pg_hba.conf"
+		} >"$tmp" && cat "$tmp" >"$conf/pg_hba.conf" && rm -f "$tmp"
+	fi
+	# Room for the test suite's pools; pg_stat_statements for the
+	# benchmarks' where-does-the-time-go questions.
+	mkdir -p "$conf/conf.d"
+	local want
+	want="$(printf '%s\n' \
+		"# scripts/services.sh" \
+		"listen_addresses = '127.0.0.1,::1'" \
+		"max_connections = 300" \
+		"shared_preload_libraries = 'pg_stat_statements'")"
+	if [ "$(cat "$conf/conf.d/millwright.conf" 2>/dev/null)" != "$want" ]; then
+		printf '%s\n' "$want" >"$conf/conf.d/millwright.conf"
+		grep -q "^include_dir = 'conf.d'" "$conf/postgresql.conf" ||
+			echo "include_dir = 'conf.d'" >>"$conf/postgresql.conf"
+		return 10 # changed: a running server needs a restart
+	fi
+	return 0
+}
+
+pg_up() {
+	if ! command -v pg_lsclusters >/dev/null || [ -z "$(pg_version)" ]; then
+		if ! apt_install postgresql postgresql-contrib; then
+			say postgres "unavailable: apt-get install postgresql failed (see $state/apt.log)"; return 1
+		fi
+	fi
+	local v; v="$(pg_version)"
+	if [ -z "$v" ]; then say postgres "unavailable: no cluster after install (pg_lsclusters)"; return 1; fi
+	pg_configure "$v"; local changed=$?
+	local how="already running"
+	if pg_ready; then
+		if [ "$changed" = 10 ]; then
+			pg_ctlcluster --skip-systemctl-redirect "$v" main restart >>"$state/postgres.log" 2>&1
+			how="restarted (configuration changed)"
+		fi
+	else
+		if ! pg_ctlcluster --skip-systemctl-redirect "$v" main start >>"$state/postgres.log" 2>&1; then
+			say postgres "unavailable: pg_ctlcluster $v main start failed (see $state/postgres.log and /var/log/postgresql/)"; return 1
+		fi
+		echo "$v" >"$state/started/postgres"
+		how="started"
+	fi
+	if ! wait_for 60 pg_ready; then say postgres "unavailable: not answering on 127.0.0.1:5432 after 60s"; return 1; fi
+	local psql=(psql -X -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 -qtA)
+	"${psql[@]}" -c "SELECT 1 FROM pg_roles WHERE rolname = 'root'" | grep -q 1 ||
+		"${psql[@]}" -c "CREATE ROLE root SUPERUSER LOGIN" >/dev/null
+	"${psql[@]}" -c "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 ||
+		"${psql[@]}" -c "CREATE DATABASE test" >/dev/null
+	"${psql[@]}" -d test -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null 2>&1 || true
+	say postgres "$how: $("${psql[@]}" -c 'SHOW server_version' | cut -d' ' -f1) on 127.0.0.1:5432 (database test, users postgres and root, trust)"
+}
+
+pg_down() {
+	[ -f "$state/started/postgres" ] || { say postgres "not started by this script: left alone"; return 0; }
+	pg_ctlcluster --skip-systemctl-redirect "$(cat "$state/started/postgres")" main stop >>"$state/postgres.log" 2>&1
+	rm -f "$state/started/postgres"
+	say postgres "stopped"
+}
+
+# ---------------------------------------------------------------- RabbitMQ
+
+rabbit_ready() { port_open 5672 && rabbitmqctl -q status >/dev/null 2>&1; }
+
+rabbit_up() {
+	if ! command -v rabbitmq-server >/dev/null; then
+		if ! apt_install rabbitmq-server; then
+			say rabbitmq "unavailable: apt-get install rabbitmq-server failed (see $state/apt.log)"; return 1
+		fi
+	fi
+	local how="already running"
+	if ! port_open 5672; then
+		# -detached returns before the node is up; the wait below decides.
+		rabbitmq-server -detached >>"$state/rabbitmq.log" 2>&1
+		touch "$state/started/rabbitmq"
+		how="started"
+	fi
+	if ! wait_for 120 rabbit_ready; then
+		say rabbitmq "unavailable: not answering on 127.0.0.1:5672 after 120s (see $state/rabbitmq.log and /var/log/rabbitmq/)"; return 1
+	fi
+	rabbitmqctl -q await_startup >/dev/null 2>&1 || true
+	say rabbitmq "$how: $(rabbitmqctl -q version 2>/dev/null || echo '?') on 127.0.0.1:5672 (guest/guest)"
+}
+
+rabbit_down() {
+	[ -f "$state/started/rabbitmq" ] || { say rabbitmq "not started by this script: left alone"; return 0; }
+	rabbitmqctl -q stop >>"$state/rabbitmq.log" 2>&1
+	rm -f "$state/started/rabbitmq"
+	say rabbitmq "stopped"
+}
+
+# ---------------------------------------------------------------- Kafka
+
+kafka_key() { sha256sum "$here/kafka/pom.xml" | cut -c1-12; }
+kafka_home() { echo "$state/kafka-$(kafka_key)"; }
+kafka_version() { ls "$(kafka_home)/libs" 2>/dev/null | sed -n 's/^kafka_2\.13-\(.*\)\.jar$/\1/p' | head -1; }
+kafka_pid() { local p; p="$(cat "$state/kafka.pid" 2>/dev/null)" && kill -0 "$p" 2>/dev/null && echo "$p"; }
+kafka_ready() { port_open "$KAFKA_PORT" && grep -q 'Kafka Server started' "$state/kafka.log" 2>/dev/null; }
+
+kafka_fetch() {
+	local home; home="$(kafka_home)"
+	[ -f "$home/libs/.complete" ] && return 0
+	if ! command -v mvn >/dev/null || ! command -v java >/dev/null; then
+		echo "java and mvn are needed to fetch the broker"; return 1
+	fi
+	rm -rf "$home/libs"
+	mkdir -p "$home/libs"
+	if ! mvn -B -q -f "$here/kafka/pom.xml" dependency:copy-dependencies \
+		-DincludeScope=runtime -DoutputDirectory="$home/libs" >"$state/kafka-fetch.log" 2>&1; then
+		echo "mvn dependency:copy-dependencies failed (see $state/kafka-fetch.log)"; return 1
+	fi
+	touch "$home/libs/.complete"
+}
+
+kafka_up() {
+	local why
+	if ! why="$(kafka_fetch)"; then say kafka "unavailable: $why"; return 1; fi
+	local home; home="$(kafka_home)"
+	local how="already running"
+	if ! port_open "$KAFKA_PORT"; then
+		mkdir -p "$home/data"
+		cat >"$home/server.properties" <<-EOF
+			# Written by scripts/services.sh: one KRaft node, broker and controller,
+			# loopback only, settings for tests (one replica, no rebalance delay).
+			process.roles=broker,controller
+			node.id=1
+			controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+			listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+			advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+			controller.listener.names=CONTROLLER
+			inter.broker.listener.name=PLAINTEXT
+			listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+			log.dirs=$home/data
+			# Publishing to a topic nobody created yet creates it (as kfake does);
+			# the transport's subscriber creates topics with its own partition count.
+			auto.create.topics.enable=true
+			num.partitions=1
+			default.replication.factor=1
+			min.insync.replicas=1
+			offsets.topic.replication.factor=1
+			offsets.topic.num.partitions=10
+			transaction.state.log.replication.factor=1
+			transaction.state.log.min.isr=1
+			share.coordinator.state.topic.replication.factor=1
+			share.coordinator.state.topic.min.isr=1
+			group.initial.rebalance.delay.ms=0
+			delete.topic.enable=true
+			# Tests create many small topics: keep each one's files small.
+			log.segment.bytes=16777216
+			log.retention.hours=24
+		EOF
+		local java=(java -cp "$home/libs/*" -Dlog4j2.configurationFile="$here/kafka/log4j2.properties")
+		if [ ! -f "$home/data/meta.properties" ]; then
+			local id
+			id="$("${java[@]}" kafka.tools.StorageTool random-uuid 2>>"$state/kafka.log" | tail -1)"
+			if ! "${java[@]}" kafka.tools.StorageTool format -t "$id" -c "$home/server.properties" >>"$state/kafka.log" 2>&1; then
+				say kafka "unavailable: formatting the KRaft log directory failed (see $state/kafka.log)"; return 1
+			fi
+		fi
+		: >"$state/kafka.log"
+		# setsid: the broker outlives this shell and `down` can stop it by pid.
+		setsid nohup "${java[@]}" $KAFKA_HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+			-Djava.awt.headless=true kafka.Kafka "$home/server.properties" \
+			>>"$state/kafka.log" 2>&1 </dev/null &
+		echo $! >"$state/kafka.pid"
+		touch "$state/started/kafka"
+		how="started"
+	fi
+	if ! wait_for 90 kafka_ready; then
+		if port_open "$KAFKA_PORT" && [ -z "$(kafka_pid)" ]; then
+			say kafka "unavailable: 127.0.0.1:$KAFKA_PORT is taken by something this script did not start"
+		else
+			say kafka "unavailable: no 'Kafka Server started' within 90s (see $state/kafka.log)"
+		fi
+		return 1
+	fi
+	say kafka "$how: Apache Kafka $(kafka_version) (KRaft) on 127.0.0.1:$KAFKA_PORT"
+}
+
+kafka_down() {
+	[ -f "$state/started/kafka" ] || { say kafka "not started by this script: left alone"; return 0; }
+	local p; p="$(kafka_pid)"
+	if [ -n "$p" ]; then
+		kill "$p" 2>/dev/null
+		wait_for 30 bash -c "! kill -0 $p 2>/dev/null" || kill -9 "$p" 2>/dev/null
+	fi
+	rm -f "$state/started/kafka" "$state/kafka.pid"
+	say kafka "stopped"
+}
+
+# ---------------------------------------------------------------- Pub/Sub emulator
+
+pubsub_bin() {
+	local b
+	for b in /usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator \
+		"$(command -v cloud-pubsub-emulator 2>/dev/null)"; do
+		[ -n "$b" ] && [ -x "$b" ] && { echo "$b"; return 0; }
+	done
+	return 1
+}
+pubsub_version() { dpkg-query -W -f='${Version}' google-cloud-cli-pubsub-emulator 2>/dev/null || echo '?'; }
+pubsub_pid() { local p; p="$(cat "$state/pubsub.pid" 2>/dev/null)" && kill -0 "$p" 2>/dev/null && echo "$p"; }
+
+pubsub_up() {
+	local bin
+	if ! bin="$(pubsub_bin)"; then
+		apt_install google-cloud-cli-pubsub-emulator || true
+		if ! bin="$(pubsub_bin)"; then
+			say pubsub "unavailable: package google-cloud-cli-pubsub-emulator is not installed and apt-get could not install it; Pub/Sub tests fall back to pstest"
+			return 1
+		fi
+	fi
+	local how="already running"
+	if ! port_open "$PUBSUB_PORT"; then
+		: >"$state/pubsub.log"
+		JAVA_OPTS="$PUBSUB_HEAP" setsid nohup "$bin" --host=127.0.0.1 --port="$PUBSUB_PORT" \
+			>>"$state/pubsub.log" 2>&1 </dev/null &
+		echo $! >"$state/pubsub.pid"
+		touch "$state/started/pubsub"
+		how="started"
+	fi
+	if ! wait_for 90 port_open "$PUBSUB_PORT"; then
+		say pubsub "unavailable: emulator not answering on 127.0.0.1:$PUBSUB_PORT after 90s (see $state/pubsub.log)"; return 1
+	fi
+	say pubsub "$how: Google Cloud Pub/Sub emulator $(pubsub_version) on 127.0.0.1:$PUBSUB_PORT"
+}
+
+pubsub_down() {
+	[ -f "$state/started/pubsub" ] || { say pubsub "not started by this script: left alone"; return 0; }
+	local p; p="$(pubsub_pid)"
+	# The launcher runs java as a child: stop the whole session it leads.
+	[ -n "$p" ] && { kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null; }
+	rm -f "$state/started/pubsub" "$state/pubsub.pid"
+	say pubsub "stopped"
+}
+
+# ---------------------------------------------------------------- env
+
+print_env() {
+	pg_ready && echo "export MILLWRIGHT_TEST_DATABASE_URL='postgres://postgres@127.0.0.1:5432/test?sslmode=disable'"
+	port_open 5672 && echo "export MILLWRIGHT_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:5672/'"
+	kafka_ready && echo "export MILLWRIGHT_TEST_KAFKA_BROKERS='127.0.0.1:$KAFKA_PORT'"
+	port_open "$PUBSUB_PORT" && echo "export MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST='127.0.0.1:$PUBSUB_PORT'"
+	return 0
+}
+
+status_line() { # name check description
+	if "$2"; then say "$1" "running: $3"; else say "$1" "down"; fi
+}
+
+case "${1:-}" in
+up)
+	rc=0
+	# Postgres and RabbitMQ first: the tests need them most, and the JVMs
+	# start faster on a machine that is not also installing packages.
+	pg_up || rc=1
+	rabbit_up || rc=1
+	kafka_up || rc=1
+	pubsub_up || rc=1
+	print_env
+	exit "$rc"
+	;;
+down)
+	pubsub_down; kafka_down; rabbit_down; pg_down
+	;;
+status)
+	status_line postgres pg_ready "127.0.0.1:5432"
+	status_line rabbitmq "port_open 5672" "127.0.0.1:5672"
+	status_line kafka kafka_ready "Apache Kafka $(kafka_version) on 127.0.0.1:$KAFKA_PORT"
+	status_line pubsub "port_open $PUBSUB_PORT" "Pub/Sub emulator $(pubsub_version) on 127.0.0.1:$PUBSUB_PORT"
+	print_env
+	;;
+env)
+	print_env
+	;;
+*)
+	echo "usage: $0 up|down|status|env" >&2
+	exit 2
+	;;
+esac
