@@ -10,7 +10,6 @@ import (
 
 	"github.com/millwright/millwright/internal/benchtransport"
 	"github.com/millwright/millwright/transport"
-	"github.com/millwright/millwright/transport/embedded"
 )
 
 func init() {
@@ -24,7 +23,8 @@ with the same settings, alternating, --runs times. Prints the median msgs/s of
 each and their ratio (millwright / watermill; 1.00 means no cost).
 
 Kafka runs on an embedded kfake cluster and Pub/Sub on an embedded pstest
-server unless --kafka-brokers / --pubsub-emulator name real ones. RabbitMQ and
+server unless --kafka-brokers / --pubsub-emulator (or their MILLWRIGHT_
+variables) name real ones; the broker column says which. RabbitMQ and
 Postgres are the local servers (--amqp-url, --database-url); Postgres work
 happens in a scratch schema that is dropped afterwards.`,
 		RunE: runBenchTransport,
@@ -34,10 +34,8 @@ happens in a scratch schema that is dropped afterwards.`,
 	cmd.Flags().Int("messages", 2000, "messages per run")
 	cmd.Flags().Int("runs", 3, "runs per layer; the median is printed")
 	cmd.Flags().Int("payload", 300, "payload size in bytes")
-	cmd.Flags().String("amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
-	cmd.Flags().String("kafka-brokers", "", "real Kafka brokers (default: embedded kfake)")
-	cmd.Flags().String("pubsub-emulator", "", "real Pub/Sub emulator host:port (default: embedded pstest)")
 	cmd.Flags().Bool("json", false, "print one JSON object per row instead of the table")
+	addBenchBrokerFlags(cmd)
 	addDatabaseFlag(cmd)
 	benchCmd.AddCommand(cmd)
 }
@@ -63,77 +61,65 @@ func runBenchTransport(cmd *cobra.Command, _ []string) error {
 		pubs = append(pubs, p)
 	}
 
+	kindList, err := benchKinds("transport", strings.Split(kinds, ","), transport.GoChannel, transport.SQL, transport.AMQP, transport.Kafka, transport.GoogleCloud)
+	if err != nil {
+		return err
+	}
+	brokers, err := benchBrokersFromFlags(cmd)
+	if err != nil {
+		return err
+	}
 	configs := map[transport.Kind]transport.Config{}
-	for _, k := range strings.Split(kinds, ",") {
-		kind := transport.Kind(strings.TrimSpace(k))
-		switch kind {
-		case transport.GoChannel:
-			configs[kind] = transport.Config{Kind: kind}
-		case transport.AMQP:
-			u, _ := f.GetString("amqp-url")
-			c := transport.Config{Kind: kind}
-			c.AMQP.URL = u
-			configs[kind] = c
-		case transport.Kafka:
-			c := transport.Config{Kind: kind}
-			if b, _ := f.GetString("kafka-brokers"); b != "" {
-				c.Kafka.Brokers = strings.Split(b, ",")
-			} else {
-				kc, err := embedded.Kafka()
-				if err != nil {
-					return err
-				}
-				defer kc.Close()
-				c = kc.Config()
-			}
-			configs[kind] = c
-		case transport.GoogleCloud:
-			var c transport.Config
-			if h, _ := f.GetString("pubsub-emulator"); h != "" {
-				c = transport.Config{Kind: kind}
-				c.GoogleCloud.ProjectID, c.GoogleCloud.EmulatorHost = "millwright-bench", h
-			} else {
-				ps, err := embedded.PubSub()
-				if err != nil {
-					return err
-				}
-				defer ps.Close()
-				c = ps.Config()
-			}
-			configs[kind] = c
-		case transport.SQL:
-			admin, err := openDB(cmd)
+	labels := map[string]string{}
+	for _, kind := range kindList {
+		if kind != transport.SQL {
+			b, err := brokers.open(kind)
 			if err != nil {
 				return err
 			}
-			defer admin.Close()
-			u, _ := f.GetString("database-url")
-			_, scratch, drop, err := scratchSchema(ctx, admin, databaseURL(u), "bench")
-			if err != nil {
-				return err
-			}
-			defer drop()
-			c := transport.Config{Kind: kind}
-			c.SQL.URL = scratch
-			configs[kind] = c
-		default:
-			return fmt.Errorf("--kinds: invalid transport %q: want one of kafka, amqp, googlecloud, sql, gochannel", k)
+			defer b.Close()
+			configs[kind], labels[string(kind)] = b.Config, b.Label
+			continue
 		}
+		admin, err := openDB(cmd)
+		if err != nil {
+			return err
+		}
+		defer admin.Close()
+		u, _ := f.GetString("database-url")
+		_, scratch, drop, err := scratchSchema(ctx, admin, databaseURL(u), "bench")
+		if err != nil {
+			return err
+		}
+		defer drop()
+		c := transport.Config{Kind: kind}
+		c.SQL.URL = scratch
+		configs[kind], labels[string(kind)] = c, postgresLabel(scratch)
 	}
 
+	for _, l := range brokers.notice(kindList) {
+		fmt.Fprintln(cmd.ErrOrStderr(), l)
+	}
 	out := cmd.OutOrStdout()
 	if !asJSON {
 		fmt.Fprintf(out, "transport benchmark: %d messages of %d bytes, median of %d runs, publish start to last ack\n", n, payload, runs)
-		fmt.Fprintf(out, "%-12s %10s %17s %16s %7s\n", "kind", "publishers", "millwright msg/s", "watermill msg/s", "ratio")
+		fmt.Fprintf(out, "%-12s %-26s %10s %17s %16s %7s\n", "kind", "broker", "publishers", "millwright msg/s", "watermill msg/s", "ratio")
 	}
-	err := benchtransport.Run(ctx, benchtransport.Options{
+	return benchtransport.Run(ctx, benchtransport.Options{
 		Configs: configs, Publishers: pubs, Messages: n, Runs: runs, Payload: payload,
 	}, func(r benchtransport.Row) {
 		if asJSON {
-			_ = json.NewEncoder(out).Encode(r)
+			_ = json.NewEncoder(out).Encode(transportBenchRow{Row: r, Broker: labels[r.Kind]})
 			return
 		}
-		fmt.Fprintf(out, "%-12s %10d %17.0f %16.0f %7.3f\n", r.Kind, r.Publishers, r.Millwright, r.Watermill, r.Ratio)
+		fmt.Fprintf(out, "%-12s %-26s %10d %17.0f %16.0f %7.3f\n", r.Kind, labels[r.Kind], r.Publishers, r.Millwright, r.Watermill, r.Ratio)
 	})
-	return err
+}
+
+// transportBenchRow is one --json row: benchtransport's figures and the
+// broker they were measured on.
+type transportBenchRow struct {
+	benchtransport.Row
+	// Broker is benchBroker.Label: "kfake" or "kafka 127.0.0.1:9092", ...
+	Broker string `json:"broker"`
 }

@@ -27,7 +27,6 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/transport"
-	"github.com/millwright/millwright/transport/embedded"
 )
 
 func init() {
@@ -185,8 +184,11 @@ func benchOutboxCmd() *cobra.Command {
   latency          commit-to-consumer p50/p99 at --rate events/s with LISTEN
                    wake-up and a 1 s poll fallback, per --kinds.
 
-Every figure is the median of --rounds runs. Kinds: gochannel, kafka (embedded
-kfake), amqp (--amqp-url), sql (the same Postgres).`,
+Every figure is the median of --rounds runs. Kinds: gochannel, kafka (a
+real cluster with --kafka-brokers, else an embedded kfake), googlecloud (a
+Pub/Sub emulator with --pubsub-emulator, else an embedded pstest), amqp
+(--amqp-url), sql (the same Postgres). Each drain and latency row names the
+broker it ran on.`,
 		RunE: runBenchOutbox,
 	}
 	addDatabaseFlag(cmd)
@@ -195,8 +197,8 @@ kfake), amqp (--amqp-url), sql (the same Postgres).`,
 	cmd.Flags().Int("writes", 2000, "transactions per write-overhead run")
 	cmd.Flags().Int("backlog", 20000, "events per drain run")
 	cmd.Flags().Int("published-rows", 1000000, "published rows for the claim benchmark (0 skips it)")
-	cmd.Flags().StringSlice("kinds", []string{"gochannel", "kafka"}, "transports for drain and latency: gochannel, kafka, amqp, sql")
-	cmd.Flags().String("amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL for --kinds amqp")
+	cmd.Flags().StringSlice("kinds", []string{"gochannel", "kafka"}, "transports for drain and latency: gochannel, kafka, googlecloud, amqp, sql")
+	addBenchBrokerFlags(cmd)
 	cmd.Flags().Int("rate", 200, "events/s for the latency run")
 	cmd.Flags().Duration("latency-duration", 5*time.Second, "length of each latency run")
 	cmd.Flags().StringSlice("sections", []string{"write", "drain", "claim", "latency"}, "which parts to run")
@@ -213,6 +215,10 @@ type outboxBenchRow struct {
 	Baseline float64 `json:"baseline,omitempty"`
 	Ratio    float64 `json:"ratio,omitempty"`
 	Target   string  `json:"target,omitempty"`
+	// Broker is what a drain or latency row ran on (benchBroker.Label:
+	// "kfake", "kafka 127.0.0.1:9092", ...); empty for the Postgres-only
+	// sections.
+	Broker string `json:"broker,omitempty"`
 	// VsForwarder is Value over Watermill's forwarder in the same run.
 	VsForwarder float64 `json:"vs_forwarder,omitempty"`
 	// VsPublisher is Value over the transport's Watermill publisher alone,
@@ -230,10 +236,17 @@ type outboxBench struct {
 	asJSON  bool
 	rows    []outboxBenchRow
 	cleanup []func()
+	// broker labels the rows of the section withTransport runs; empty
+	// outside it.
+	broker string
+	// topics are the broker topics the section created, dropped after it
+	// on a real Kafka.
+	topics []string
 }
 
 func (b *outboxBench) emit(r outboxBenchRow) {
 	r.Bench = "outbox"
+	r.Broker = b.broker
 	if b.asJSON {
 		_ = json.NewEncoder(b.out).Encode(r)
 	}
@@ -258,8 +271,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	writes, _ := cmd.Flags().GetInt("writes")
 	backlog, _ := cmd.Flags().GetInt("backlog")
 	published, _ := cmd.Flags().GetInt("published-rows")
-	kinds, _ := cmd.Flags().GetStringSlice("kinds")
-	amqpURL, _ := cmd.Flags().GetString("amqp-url")
+	kindFlag, _ := cmd.Flags().GetStringSlice("kinds")
 	rate, _ := cmd.Flags().GetInt("rate")
 	latDur, _ := cmd.Flags().GetDuration("latency-duration")
 	sections, _ := cmd.Flags().GetStringSlice("sections")
@@ -270,6 +282,21 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	want := map[string]bool{}
 	for _, s := range sections {
 		want[s] = true
+	}
+	var kinds []transport.Kind
+	var brokers benchBrokers
+	if want["drain"] || want["latency"] {
+		var err error
+		kinds, err = benchKinds("outbox", kindFlag, transport.GoChannel, transport.Kafka, transport.GoogleCloud, transport.AMQP, transport.SQL)
+		if err != nil {
+			return err
+		}
+		if brokers, err = benchBrokersFromFlags(cmd); err != nil {
+			return err
+		}
+		for _, l := range brokers.notice(kinds) {
+			fmt.Fprintln(cmd.ErrOrStderr(), l)
+		}
 	}
 
 	admin, err := openDB(cmd)
@@ -320,7 +347,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	if want["drain"] {
 		for _, k := range kinds {
 			progress("drain via %s ...", k)
-			if err := b.withTransport(ctx, k, amqpURL, func(t *transport.Transport) error { return b.benchDrain(ctx, k, t, backlog) }); err != nil {
+			if err := b.withTransport(ctx, brokers, k, func(t *transport.Transport) error { return b.benchDrain(ctx, string(k), t, backlog) }); err != nil {
 				// One broker being unavailable does not void the others.
 				fmt.Fprintf(cmd.ErrOrStderr(), "drain via %s: %v (skipped)\n", k, err)
 			}
@@ -335,7 +362,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	if want["latency"] {
 		for _, k := range kinds {
 			progress("latency via %s ...", k)
-			if err := b.withTransport(ctx, k, amqpURL, func(t *transport.Transport) error { return b.benchLatency(ctx, k, t, rate, latDur) }); err != nil {
+			if err := b.withTransport(ctx, brokers, k, func(t *transport.Transport) error { return b.benchLatency(ctx, string(k), t, rate, latDur) }); err != nil {
 				fmt.Fprintf(cmd.ErrOrStderr(), "latency via %s: %v (skipped)\n", k, err)
 			}
 		}
@@ -344,7 +371,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(b.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "CASE\tVARIANT\tVALUE\tUNIT\tBASELINE\tRATIO\tVS FORWARDER\tVS PUBLISHER\tTARGET\n")
+	fmt.Fprintf(tw, "CASE\tBROKER\tVARIANT\tVALUE\tUNIT\tBASELINE\tRATIO\tVS FORWARDER\tVS PUBLISHER\tTARGET\n")
 	for _, r := range b.rows {
 		base, ratio, vsf, vsp := "", "", "", ""
 		if r.VsForwarder != 0 {
@@ -359,38 +386,40 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		if r.Ratio != 0 {
 			ratio = strconv.FormatFloat(r.Ratio, 'f', 2, 64) + "x"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Case, r.Variant, r.Value, r.Unit, base, ratio, vsf, vsp, r.Target)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Case, dash(r.Broker), r.Variant, r.Value, r.Unit, base, ratio, vsf, vsp, r.Target)
 	}
 	fmt.Fprintf(tw, "(medians of %d runs)\n", rounds)
 	return tw.Flush()
 }
 
-// withTransport opens a transport of the given kind for one section.
-func (b *outboxBench) withTransport(ctx context.Context, kind, amqpURL string, f func(*transport.Transport) error) error {
+// withTransport opens a transport of the given kind for one section, on
+// the broker the flags chose (a fresh fake per section when none is real),
+// and labels the section's rows with it.
+func (b *outboxBench) withTransport(ctx context.Context, brokers benchBrokers, kind transport.Kind, f func(*transport.Transport) error) error {
+	defer func() { b.broker, b.topics = "", nil }() // last: after dropTopics
 	var cfg transport.Config
 	switch kind {
-	case "gochannel":
-		cfg = transport.Config{Kind: transport.GoChannel}
-		cfg.GoChannel.NotPersistent = true
-	case "kafka":
-		k, err := embedded.Kafka()
-		if err != nil {
-			return err
-		}
-		defer k.Close()
-		cfg = k.Config()
-	case "amqp":
-		cfg = transport.Config{Kind: transport.AMQP}
-		cfg.AMQP.URL = amqpURL
-	case "sql":
+	case transport.SQL:
 		cfg = transport.Config{Kind: transport.SQL}
 		cfg.SQL.DB = b.db
 		// watermill-sql's subscriber has no wake-up: it polls. At its
 		// default 100 ms the latency rows would show that poll, not the
 		// relay's part; the forwarder is measured with the same consumer.
 		cfg.SQL.PollInterval = sqlConsumerPoll
+		b.broker = postgresLabel(b.url)
 	default:
-		return fmt.Errorf("unknown kind %q: want gochannel, kafka, amqp or sql", kind)
+		br, err := brokers.open(kind)
+		if err != nil {
+			return err
+		}
+		defer br.Close()
+		defer func() { br.dropTopics(context.WithoutCancel(ctx), b.topics...) }()
+		cfg, b.broker = br.Config, br.Label
+		if kind == transport.GoChannel {
+			// Nothing subscribes to the drain topic: keep gochannel from
+			// holding every message for a subscriber that never comes.
+			cfg.GoChannel.NotPersistent = true
+		}
 	}
 	t, err := transport.Open(ctx, cfg)
 	if err != nil {
@@ -557,7 +586,10 @@ func (b *outboxBench) waitDrained(ctx context.Context, timeout time.Duration) er
 
 func (b *outboxBench) benchDrain(ctx context.Context, kind string, t *transport.Transport, n int) error {
 	pub := t.Publisher()
-	topic := "bench_outbox_drain"
+	// A topic per run: on a real broker an earlier run's would still hold
+	// its events.
+	topic := fmt.Sprintf("bench_outbox_drain_%d", time.Now().UnixNano())
+	b.topics = append(b.topics, topic)
 	variants := []struct {
 		name string
 		run  func() error
@@ -1024,6 +1056,7 @@ func (b *outboxBench) benchLatency(ctx context.Context, kind string, t *transpor
 // from Commit's return to the consumer's receipt, in milliseconds.
 func (b *outboxBench) latencyRun(ctx context.Context, t *transport.Transport, topic string, rate int, d time.Duration,
 	write func(ctx context.Context, tx *sql.Tx, topic, id, agg string) error, start func() (stop func(), err error)) (p50, p99 float64, err error) {
+	b.topics = append(b.topics, topic)
 	sub, err := t.Subscriber("bench")
 	if err != nil {
 		return 0, 0, err

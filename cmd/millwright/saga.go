@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -20,7 +22,6 @@ import (
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
-	"github.com/millwright/millwright/transport/embedded"
 )
 
 func init() {
@@ -231,14 +232,17 @@ run is recorded in millwright_audit.`,
 func benchSagaCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "saga",
-		Short: "Completed 3-step sagas per second and p50/p99 saga duration (Postgres + embedded Kafka)",
+		Short: "Completed 3-step sagas per second and p50/p99 saga duration (Postgres + gochannel, Kafka, Pub/Sub)",
 		Long: `Starts --sagas sagas of three steps (reserve, charge, ship), each in its own
 transaction, from --starters goroutines, and waits until every one has
 completed. Participants are in-process handlers that answer at once; commands
 go through the outbox relay, replies through the transport, and the
 orchestrator consumes them behind the idempotency middleware. Runs in a
-scratch schema per transport kind (dropped at the end). gochannel is the
-baseline without a broker; kafka is franz-go's in-process kfake.
+scratch schema per transport kind (dropped at the end), on topics named
+after it. gochannel is the baseline without a broker; kafka is a real
+cluster with --kafka-brokers, else franz-go's in-process kfake; googlecloud
+is a Pub/Sub emulator with --pubsub-emulator, else the in-process pstest
+(which delivers at most about 800 msg/s). Each row names its broker.
 
 Two runs per kind: "throughput" starts all sagas as fast as the starters can
 (durations then include queueing), "latency" starts --latency-sagas at
@@ -252,7 +256,9 @@ For scale: dtm reports 575 global transactions/s on a 4-core MySQL host.`,
 	addDatabaseFlag(cmd)
 	cmd.Flags().Int("sagas", 2000, "sagas per run")
 	cmd.Flags().Int("starters", 16, "goroutines starting sagas")
-	cmd.Flags().StringSlice("kinds", []string{"gochannel", "kafka"}, "transports: gochannel, kafka")
+	cmd.Flags().StringSlice("kinds", []string{"gochannel", "kafka"}, "transports: gochannel, kafka, googlecloud")
+	cmd.Flags().Bool("json", false, "print one JSON object per row instead of the table")
+	addBenchBrokerFlags(cmd)
 	cmd.Flags().Duration("timeout", 5*time.Minute, "give up a run after this long")
 	cmd.Flags().Int("latency-sagas", 200, "sagas in the latency run (0 skips it)")
 	cmd.Flags().Float64("latency-rate", 20, "sagas started per second in the latency run")
@@ -262,6 +268,7 @@ For scale: dtm reports 575 global transactions/s on a 4-core MySQL host.`,
 
 type sagaBenchResult struct {
 	kind, mode    string
+	broker        string // benchBroker.Label
 	n             int
 	rate          float64
 	p50, p99, max float64 // milliseconds
@@ -273,7 +280,8 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	ctx := cmd.Context()
 	n, _ := cmd.Flags().GetInt("sagas")
 	starters, _ := cmd.Flags().GetInt("starters")
-	kinds, _ := cmd.Flags().GetStringSlice("kinds")
+	kindFlag, _ := cmd.Flags().GetStringSlice("kinds")
+	asJSON, _ := cmd.Flags().GetBool("json")
 	timeout, _ := cmd.Flags().GetDuration("timeout")
 	keep, _ := cmd.Flags().GetBool("keep-schema")
 	latN, _ := cmd.Flags().GetInt("latency-sagas")
@@ -281,10 +289,18 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	if n < 1 || starters < 1 || latN < 0 || latRate <= 0 {
 		return errors.New("bench saga: --sagas and --starters must be at least 1, --latency-sagas at least 0, --latency-rate above 0")
 	}
-	for _, k := range kinds {
-		if k != "gochannel" && k != "kafka" {
-			return fmt.Errorf("bench saga: --kinds %q: want gochannel or kafka", k)
-		}
+	// Not amqp or sql: each run would leave its queues or tables behind on
+	// the server, and neither has been tried here.
+	kinds, err := benchKinds("saga", kindFlag, transport.GoChannel, transport.Kafka, transport.GoogleCloud)
+	if err != nil {
+		return err
+	}
+	brokers, err := benchBrokersFromFlags(cmd)
+	if err != nil {
+		return err
+	}
+	for _, l := range brokers.notice(kinds) {
+		fmt.Fprintln(cmd.ErrOrStderr(), l)
 	}
 	admin, err := openDB(cmd)
 	if err != nil {
@@ -306,7 +322,7 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 		for _, rn := range runs {
 			fmt.Fprintf(cmd.ErrOrStderr(), "%s %s: %d sagas ...\n", kind, rn.mode, rn.n)
 			rctx, cancel := context.WithTimeout(ctx, timeout)
-			r, err := benchSagaKind(rctx, admin, databaseURL(flagURL), kind, rn.n, starters, rn.rate, keep)
+			r, err := benchSagaKind(rctx, admin, databaseURL(flagURL), brokers, kind, rn.n, starters, rn.rate, keep)
 			cancel()
 			if err != nil {
 				return fmt.Errorf("bench saga %s %s: %w", kind, rn.mode, err)
@@ -315,34 +331,79 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 			results = append(results, r)
 		}
 	}
-	out := cmd.OutOrStdout()
-	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "TRANSPORT\tRUN\tSAGAS\tSAGAS/S\tP50 MS\tP99 MS\tMAX MS\tVS GOCHANNEL")
 	base := map[string]sagaBenchResult{}
 	for _, r := range results {
-		if r.kind == "gochannel" {
+		if r.kind == string(transport.GoChannel) {
 			base[r.mode] = r
 		}
 	}
+	// vsBase is the row's rate (throughput) or p50 (latency) over
+	// gochannel's in the same process; 0 without a gochannel run.
+	vsBase := func(r sagaBenchResult) float64 {
+		b, ok := base[r.mode]
+		switch {
+		case !ok:
+			return 0
+		case r.mode == "throughput":
+			return r.rate / b.rate
+		default:
+			return r.p50 / b.p50
+		}
+	}
+	out := cmd.OutOrStdout()
+	if asJSON {
+		enc := json.NewEncoder(out)
+		for _, r := range results {
+			row := sagaBenchRow{Bench: "saga", Kind: r.kind, Broker: r.broker, Run: r.mode, Sagas: r.n,
+				Rate: r.rate, P50: r.p50, P99: r.p99, Max: r.max, VsGoChannel: vsBase(r)}
+			if keep {
+				row.Schema = r.schema
+			}
+			if err := enc.Encode(row); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "TRANSPORT\tBROKER\tRUN\tSAGAS\tSAGAS/S\tP50 MS\tP99 MS\tMAX MS\tVS GOCHANNEL")
 	for _, r := range results {
 		ratio := "-"
-		if b, ok := base[r.mode]; ok && r.mode == "throughput" {
-			ratio = fmt.Sprintf("%.2fx rate", r.rate/b.rate)
-		} else if ok {
-			ratio = fmt.Sprintf("%.2fx p50", r.p50/b.p50)
+		if v := vsBase(r); v != 0 && r.mode == "throughput" {
+			ratio = fmt.Sprintf("%.2fx rate", v)
+		} else if v != 0 {
+			ratio = fmt.Sprintf("%.2fx p50", v)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%s\n", r.kind, r.mode, r.n, r.rate, r.p50, r.p99, r.max, ratio)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%s\n", r.kind, r.broker, r.mode, r.n, r.rate, r.p50, r.p99, r.max, ratio)
 	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
 	if keep {
 		for _, r := range results {
-			fmt.Fprintf(out, "%s kept in schema %s\n", r.kind, r.schema)
+			fmt.Fprintf(out, "%s %s kept in schema %s\n", r.kind, r.mode, r.schema)
 		}
 	}
 	fmt.Fprintln(out, "(3 steps, 4 transactions per saga: start + 3 replies; for scale, dtm: 575 global transactions/s on 4 cores)")
 	return nil
+}
+
+// sagaBenchRow is one --json row.
+type sagaBenchRow struct {
+	Bench string `json:"bench"`
+	Kind  string `json:"kind"` // transport kind, as in bench transport
+	// Broker is benchBroker.Label: "kfake", "kafka 127.0.0.1:9092", ...
+	Broker string  `json:"broker"`
+	Run    string  `json:"run"` // throughput or latency
+	Sagas  int     `json:"sagas"`
+	Rate   float64 `json:"sagas_per_s"`
+	P50    float64 `json:"p50_ms"`
+	P99    float64 `json:"p99_ms"`
+	Max    float64 `json:"max_ms"`
+	// VsGoChannel is Rate (throughput) or P50 (latency) over gochannel's in
+	// the same run; absent without a gochannel run.
+	VsGoChannel float64 `json:"vs_gochannel,omitempty"`
+	Schema      string  `json:"schema,omitempty"` // with --keep-schema
 }
 
 type benchOrder struct {
@@ -351,8 +412,8 @@ type benchOrder struct {
 
 // benchSagaKind runs n sagas on one transport kind; rate > 0 paces the
 // starts at that many per second.
-func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL, kind string, n, starters int, rate float64, keep bool) (sagaBenchResult, error) {
-	res := sagaBenchResult{kind: kind, n: n}
+func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL string, brokers benchBrokers, kind transport.Kind, n, starters int, rate float64, keep bool) (sagaBenchResult, error) {
+	res := sagaBenchResult{kind: string(kind), n: n}
 	schema, schemaURL, drop, err := scratchSchema(ctx, admin, baseURL, "mw_bench_saga")
 	if err != nil {
 		return res, err
@@ -372,22 +433,24 @@ func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL, kind string, n, 
 		return res, err
 	}
 
-	cfg := transport.Config{Kind: transport.GoChannel}
-	if kind == "kafka" {
-		k, err := embedded.Kafka()
-		if err != nil {
-			return res, err
-		}
-		defer k.Close()
-		cfg = k.Config()
+	// A fresh fake per run; on a real broker, topics of this run only, so
+	// that what an earlier run left unconsumed (same saga ids) stays there.
+	br, err := brokers.open(kind)
+	if err != nil {
+		return res, err
 	}
-	tr, err := transport.Open(ctx, cfg)
+	defer br.Close()
+	res.broker = br.Label
+	tr, err := transport.Open(ctx, br.Config)
 	if err != nil {
 		return res, err
 	}
 	defer tr.Close()
 
-	topics := []string{"bench_inventory", "bench_payment", "bench_shipping"}
+	run := strings.TrimPrefix(schema, "mw_bench_saga_")
+	topics := []string{"bench_inventory_" + run, "bench_payment_" + run, "bench_shipping_" + run}
+	replies := "bench_orders_" + run + "_replies"
+	defer br.dropTopics(context.WithoutCancel(ctx), append(topics, replies)...)
 	step := func(name, topic string) saga.Step[benchOrder] {
 		return saga.Step[benchOrder]{
 			Name: name,
@@ -404,7 +467,7 @@ func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL, kind string, n, 
 		return res, err
 	}
 	reg := prometheus.NewRegistry()
-	orch, err := saga.NewOrchestrator(db, def, saga.Config{Registerer: reg})
+	orch, err := saga.NewOrchestrator(db, def, saga.Config{ReplyTopic: replies, Registerer: reg})
 	if err != nil {
 		return res, err
 	}
