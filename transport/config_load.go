@@ -25,7 +25,8 @@ const (
 	EnvKafkaSASLMechanism = EnvPrefix + "KAFKA_SASL_MECHANISM" // PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
 	EnvKafkaSASLUser      = EnvPrefix + "KAFKA_SASL_USER"
 	EnvKafkaSASLPassword  = EnvPrefix + "KAFKA_SASL_PASSWORD"
-	EnvKafkaPartitions    = EnvPrefix + "KAFKA_PARTITIONS" // partitions of topics the subscriber creates
+	EnvKafkaPartitions    = EnvPrefix + "KAFKA_PARTITIONS"  // partitions of topics the subscriber creates
+	EnvKafkaPartitioner   = EnvPrefix + "KAFKA_PARTITIONER" // murmur2 (default, the Java client's) or fnv1a (Sarama's)
 
 	EnvAMQPURL      = EnvPrefix + "AMQP_URL" // amqp://user:pass@host:5672/vhost or amqps://
 	EnvAMQPPrefetch = EnvPrefix + "AMQP_PREFETCH"
@@ -96,6 +97,9 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 		}
 		cfg.Kafka.Partitions = int32(n)
 	}
+	if v := get(EnvKafkaPartitioner); v != "" {
+		cfg.Kafka.Partitioner = strings.ToLower(v)
+	}
 
 	if v := get(EnvAMQPURL); v != "" {
 		cfg.AMQP.URL = v
@@ -158,6 +162,7 @@ func splitList(v string) []string {
 //
 //	kafka://h1:9092,h2:9092                 Kafka bootstrap brokers
 //	kafka://user:pass@h1:9093?sasl=SCRAM-SHA-512&tls=true
+//	kafka://h1:9092?partitioner=fnv1a       ... placing keys as Sarama's hash partitioner
 //	amqp://user:pass@host:5672/vhost         RabbitMQ (amqps:// for TLS)
 //	gcppubsub://PROJECT                      Google Cloud Pub/Sub
 //	gcppubsub://PROJECT?emulator=host:8085   ... through an emulator
@@ -209,7 +214,7 @@ func ParseURL(raw string) (Config, error) {
 	return cfg, cfg.Validate()
 }
 
-// parseKafkaURL parses [user[:pass]@]h1:p1,h2:p2[/][?sasl=...&tls=...&ca_file=...].
+// parseKafkaURL parses [user[:pass]@]h1:p1,h2:p2[/][?sasl=...&tls=...&ca_file=...&partitioner=...].
 // net/url cannot: it refuses a comma-separated host list.
 func parseKafkaURL(rest string) (c kafka.Config, err error) {
 	rest, query, _ := strings.Cut(rest, "?")
@@ -237,6 +242,9 @@ func parseKafkaURL(rest string) (c kafka.Config, err error) {
 	}
 	if m := q.Get("sasl"); m != "" {
 		c.SASL.Mechanism = strings.ToUpper(m)
+	}
+	if p := q.Get("partitioner"); p != "" {
+		c.Partitioner = strings.ToLower(p)
 	}
 	tlsOn, err := parseBool("tls", q.Get("tls"))
 	if err != nil {

@@ -32,6 +32,9 @@ func TestParseURL(t *testing.T) {
 			require.NotNil(t, c.Kafka.TLS)
 			require.NotContains(t, c.String(), "s3cret")
 		}},
+		{"kafka://h1:9092?partitioner=FNV1a", func(t *testing.T, c transport.Config) {
+			require.Equal(t, "fnv1a", c.Kafka.Partitioner)
+		}},
 		{"amqp://guest:guest@localhost:5672/vhost", func(t *testing.T, c transport.Config) {
 			require.Equal(t, transport.AMQP, c.Kind)
 			require.Equal(t, "amqp://guest:guest@localhost:5672/vhost", c.AMQP.URL)
@@ -95,6 +98,9 @@ func TestBadConfigErrorsNameTheFieldAndHideSecrets(t *testing.T) {
 		{"unknown scheme", func() (transport.Config, error) { return transport.ParseURL("nats://x") }, `unknown URL scheme "nats"`},
 		{"no scheme", func() (transport.Config, error) { return transport.ParseURL("localhost:9092") }, "has no scheme"},
 		{"bad sasl", func() (transport.Config, error) { return transport.ParseURL("kafka://u:hunter2@h:1?sasl=GSSAPI") }, `SASL mechanism "GSSAPI"`},
+		{"unknown partitioner", func() (transport.Config, error) {
+			return transport.ParseURL("kafka://u:hunter2@h:1?partitioner=crc32")
+		}, `Partitioner "crc32": want murmur2 (default, the Java client's) or fnv1a`},
 		{"amqp empty URL", func() (transport.Config, error) { return transport.Config{Kind: transport.AMQP}, nil }, "URL is empty"},
 		{"sql wrong scheme", func() (transport.Config, error) {
 			c := transport.Config{Kind: transport.SQL}
@@ -122,12 +128,22 @@ func TestFromEnv(t *testing.T) {
 		t.Setenv(transport.EnvKafkaSASLMechanism, "plain")
 		t.Setenv(transport.EnvKafkaSASLUser, "svc")
 		t.Setenv(transport.EnvKafkaSASLPassword, "pw")
+		t.Setenv(transport.EnvKafkaPartitioner, "FNV1a")
 		c, err := transport.FromEnv()
 		require.NoError(t, err)
 		require.Equal(t, transport.Kafka, c.Kind)
 		require.Equal(t, []string{"a:9092", "b:9092"}, c.Kafka.Brokers)
 		require.Equal(t, "PLAIN", c.Kafka.SASL.Mechanism)
 		require.Equal(t, "pw", c.Kafka.SASL.Password)
+		require.Equal(t, "fnv1a", c.Kafka.Partitioner)
+	})
+	t.Run("unknown kafka partitioner", func(t *testing.T) {
+		t.Setenv(transport.EnvTransport, "kafka")
+		t.Setenv(transport.EnvKafkaBrokers, "a:9092")
+		t.Setenv(transport.EnvKafkaPartitioner, "murmur3")
+		_, err := transport.FromEnv()
+		require.ErrorContains(t, err, `Partitioner "murmur3": want murmur2`)
+		require.ErrorContains(t, err, "fnv1a")
 	})
 	t.Run("URL", func(t *testing.T) {
 		t.Setenv(transport.EnvTransport, "amqp://guest:guest@127.0.0.1:5672/")

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/kafka"
 )
 
 // KafkaCluster is an in-process fake Kafka cluster.
@@ -42,6 +43,7 @@ func Kafka(opts ...kfake.Opt) (*KafkaCluster, error) {
 func (k *KafkaCluster) Config() transport.Config {
 	cfg := transport.Config{Kind: transport.Kafka}
 	cfg.Kafka.Brokers = k.Cluster.ListenAddrs()
+	cfg.Kafka.Version = kafka.KfakeVersion // see there: kfake and newer OffsetFetch
 	return cfg
 }
 

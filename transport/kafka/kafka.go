@@ -3,9 +3,12 @@
 // directly only to tune Sarama.
 //
 // Guarantees: consumer groups are Kafka group ids; messages with the same
-// metadata.OrderingKey become the same Kafka message key and land, through
-// Sarama's hash partitioner, on one partition, in publish order (the producer
-// keeps one request in flight per broker so retries cannot reorder them).
+// metadata.OrderingKey become the same Kafka message key and land on one
+// partition, in publish order (the producer keeps one request in flight per
+// broker so retries cannot reorder them). The partition is the one the Java
+// client and franz-go choose for that key (murmur2), so producers written
+// with any of them keep a key's messages together; Config.Partitioner
+// "fnv1a" keeps Sarama's hash partitioner for topics it already filled.
 // Publishes wait for all in-sync replicas. A nacked message is redelivered to
 // the same consumer after NackResendSleep; offsets are committed after ack.
 //
@@ -42,6 +45,19 @@ const (
 	SASLScramSHA512 = "SCRAM-SHA-512"
 )
 
+// DefaultVersion is Config.Version's default: the highest Kafka protocol
+// version Sarama 1.43.3 speaks, tested against Kafka 4.1.1 (Kafka 4.x
+// accepts clients from 2.1 on, KIP-896).
+const DefaultVersion = "3.6.0"
+
+// KfakeVersion is the highest protocol version that works against
+// franz-go's kfake, which transport/embedded sets: from 2.4.0 on, Sarama
+// 1.43.3 asks for committed offsets with OffsetFetch v6+, whose answer may
+// carry a null metadata string for a partition without a commit; Kafka
+// sends "" there but kfake sends null, which Sarama cannot decode, so a
+// consumer group on kfake never starts.
+const KfakeVersion = "2.3.0"
+
 // Config selects and tunes the Kafka cluster.
 type Config struct {
 	// Brokers lists bootstrap broker addresses (host:port). Required.
@@ -64,6 +80,22 @@ type Config struct {
 	ReplicationFactor int16
 	// ConnectTimeout bounds Open's first contact with the cluster. Default 10s.
 	ConnectTimeout time.Duration
+	// Partitioner places messages that have an ordering key: "murmur2"
+	// (default) is the Java client's and franz-go's formula,
+	// toPositive(murmur2(key)) % partitions, so a key lands on the same
+	// partition whichever client produced it; "fnv1a" is Sarama's hash
+	// partitioner, which millwright used before: keep it for a topic whose
+	// keys it already placed, since switching moves most keys to another
+	// partition and their order across the switch is lost. Messages without
+	// a key go to a random partition either way.
+	Partitioner string
+	// Version is the Kafka protocol version Sarama speaks, as "3.6.0": it
+	// picks the version of every request. Default DefaultVersion (3.6.0,
+	// Sarama's highest; transport/embedded sets KfakeVersion for kfake).
+	// Valid: from 0.11.0.0 (message headers carry the metadata) to the
+	// broker's own version; a broker older than 3.6 needs its own. Kafka
+	// 4.x supports clients from 2.1 on (KIP-896).
+	Version string
 	// Tune, if set, adjusts the Sarama configuration last (escape hatch).
 	Tune func(*sarama.Config)
 }
@@ -91,6 +123,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReplicationFactor == 0 {
 		c.ReplicationFactor = 1
+	}
+	if c.Partitioner == "" {
+		c.Partitioner = PartitionerMurmur2
+	}
+	if c.Version == "" {
+		c.Version = DefaultVersion
 	}
 }
 
@@ -125,7 +163,29 @@ func (c Config) Validate() error {
 	if c.ConnectTimeout < 0 {
 		errs = append(errs, fmt.Errorf("kafka: ConnectTimeout %s is negative", c.ConnectTimeout))
 	}
+	switch c.Partitioner {
+	case "", PartitionerMurmur2, PartitionerFNV1a:
+	default:
+		errs = append(errs, fmt.Errorf("kafka: Partitioner %q: want %s (default, the Java client's) or %s (Sarama's hash partitioner); env MILLWRIGHT_KAFKA_PARTITIONER or kafka://...?partitioner=", c.Partitioner, PartitionerMurmur2, PartitionerFNV1a))
+	}
+	if c.Version != "" {
+		if _, err := parseVersion(c.Version); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// parseVersion parses Config.Version.
+func parseVersion(s string) (sarama.KafkaVersion, error) {
+	v, err := sarama.ParseKafkaVersion(s)
+	if err != nil {
+		return v, fmt.Errorf("kafka: Version %q: want a Kafka version such as %s (the broker's version or lower; %s for kfake): %v", s, DefaultVersion, KfakeVersion, err)
+	}
+	if !v.IsAtLeast(sarama.V0_11_0_0) {
+		return v, fmt.Errorf("kafka: Version %q: want 0.11.0.0 or later: older protocols have no message headers, which carry the metadata", s)
+	}
+	return v, nil
 }
 
 // Transport is an open connection to a Kafka cluster.
@@ -193,7 +253,11 @@ func (c Config) saramaConfig() (*sarama.Config, error) {
 	sc.Producer.Return.Errors = true
 	sc.Producer.RequiredAcks = sarama.WaitForAll
 	sc.Producer.Retry.Max = 10
-	sc.Producer.Partitioner = sarama.NewHashPartitioner
+	part, err := partitioner(c.Partitioner)
+	if err != nil {
+		return nil, err
+	}
+	sc.Producer.Partitioner = part
 	// One request in flight per broker: a retried batch cannot overtake a
 	// later one, so messages with one key keep their order.
 	sc.Net.MaxOpenRequests = 1
@@ -204,7 +268,9 @@ func (c Config) saramaConfig() (*sarama.Config, error) {
 	sc.ChannelBufferSize = 10240
 	sc.Consumer.Group.Heartbeat.Interval = 500 * time.Millisecond
 	sc.Consumer.Group.Rebalance.Timeout = 3 * time.Second
-	sc.Version = sarama.V2_1_0_0
+	if sc.Version, err = parseVersion(c.Version); err != nil {
+		return nil, err
+	}
 	if c.InitialOffset == "newest" {
 		sc.Consumer.Offsets.Initial = sarama.OffsetNewest
 	} else {
