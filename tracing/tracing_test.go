@@ -3,7 +3,6 @@ package tracing_test
 import (
 	"context"
 	"errors"
-	"os"
 	"testing"
 	"time"
 
@@ -15,11 +14,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/tracing"
 	"github.com/millwright/millwright/transport"
-	"github.com/millwright/millwright/transport/embedded"
+	"github.com/millwright/millwright/transport/transporttest"
 )
 
 type bundle struct {
@@ -51,32 +49,6 @@ func requireChild(t *testing.T, parent, child tracetest.SpanStub) {
 	require.Equal(t, parent.SpanContext.SpanID(), child.Parent.SpanID(), "%s is not the parent of %s", parent.Name, child.Name)
 }
 
-func kindConfig(t *testing.T, kind transport.Kind) transport.Config {
-	switch kind {
-	case transport.Kafka:
-		c, err := embedded.Kafka()
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		return c.Config()
-	case transport.GoogleCloud:
-		s, err := embedded.PubSub()
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		return s.Config()
-	case transport.AMQP:
-		c := transport.Config{Kind: transport.AMQP}
-		c.AMQP.URL = "amqp://guest:guest@127.0.0.1:5672/"
-		if u := os.Getenv("MILLWRIGHT_TEST_AMQP_URL"); u != "" {
-			c.AMQP.URL = u
-		}
-		return c
-	case transport.SQL:
-		c := transport.Config{Kind: transport.SQL}
-		c.SQL.DB = pgtest.New(t).DB
-		return c
-	}
-	return transport.Config{Kind: kind}
-}
 
 // TestOneTraceAcrossEachTransport writes an event under a request span
 // (outbox write), relays it (relay publish, in a context without the
@@ -88,12 +60,13 @@ func TestOneTraceAcrossEachTransport(t *testing.T) {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			tr, err := transport.Open(context.Background(), kindConfig(t, kind))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = tr.Close() })
+			tr := transporttest.Open(t, kind)
 			sub, err := tr.Subscriber("tracing")
 			require.NoError(t, err)
 			topic := "trace_" + watermill.NewShortUUID()
+			if kind == transport.AMQP {
+				transporttest.DeleteAMQPTopology(t, []string{topic}, "tracing")
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			msgs, err := sub.Subscribe(ctx, topic)

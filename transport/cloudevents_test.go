@@ -7,17 +7,21 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/pubsub"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/millwright/millwright/cloudevent"
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/transport"
-	"github.com/millwright/millwright/transport/embedded"
+	"github.com/millwright/millwright/transport/transporttest"
 )
 
 // ceMessage carries every CloudEvents attribute millwright uses, plus keys
@@ -47,7 +51,7 @@ func TestCloudEventsBinaryMode(t *testing.T) {
 	t.Parallel()
 	kinds := map[transport.Kind]func(t *testing.T) (transport.Config, wireCheck){
 		transport.Kafka: func(t *testing.T) (transport.Config, wireCheck) {
-			cfg := kafkaConfig(t)
+			cfg := transporttest.Config(t, transport.Kafka)
 			return cfg, func(t *testing.T, topic string, sent *message.Message) {
 				cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.ConsumeTopics(topic),
 					kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
@@ -80,7 +84,7 @@ func TestCloudEventsBinaryMode(t *testing.T) {
 			}
 		},
 		transport.AMQP: func(t *testing.T) (transport.Config, wireCheck) {
-			cfg := amqpConfig()
+			cfg := transporttest.Config(t, transport.AMQP)
 			// The raw queue must be bound before the publish: bind it
 			// when the check is set up (the exchange exists after Subscribe).
 			return cfg, func(t *testing.T, topic string, sent *message.Message) {
@@ -104,19 +108,29 @@ func TestCloudEventsBinaryMode(t *testing.T) {
 			}
 		},
 		transport.GoogleCloud: func(t *testing.T) (transport.Config, wireCheck) {
-			srv, err := embedded.PubSub()
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = srv.Close() })
-			return srv.Config(), func(t *testing.T, topic string, sent *message.Message) {
-				ms := srv.Server.Messages()
-				require.Len(t, ms, 1)
-				attrs := ms[0].Attributes
+			cfg := transporttest.Config(t, transport.GoogleCloud)
+			// Read back with Google's own client through a subscription of
+			// our own, created (in bindRawSubscription) before the publish.
+			return cfg, func(t *testing.T, topic string, sent *message.Message) {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				cl := rawPubSubClient(t, cfg)
+				var got *pubsub.Message
+				rctx, stop := context.WithCancel(ctx)
+				err := cl.Subscription(topic+"_raw").Receive(rctx, func(_ context.Context, m *pubsub.Message) {
+					m.Ack()
+					got = m
+					stop()
+				})
+				require.NoError(t, err)
+				require.NotNil(t, got, "no message read back from Pub/Sub subscription %s_raw within 30s", topic)
+				attrs := got.Attributes
 				require.Equal(t, sent.Metadata.Get(metadata.EventID), attrs["ce-id"])
 				require.Equal(t, "application/json; charset=utf-8", attrs["Content-Type"])
 				for _, a := range []string{"source", "type", "specversion", "time", "subject"} {
 					require.Equal(t, sent.Metadata.Get("ce_"+a), attrs["ce-"+a], a)
 				}
-				require.Equal(t, "order/order-1", ms[0].OrderingKey)
+				require.Equal(t, "order/order-1", got.OrderingKey)
 			}
 		},
 		transport.SQL: func(t *testing.T) (transport.Config, wireCheck) {
@@ -149,8 +163,11 @@ func TestCloudEventsBinaryMode(t *testing.T) {
 			defer cancel()
 			msgs, err := sub.Subscribe(ctx, topic)
 			require.NoError(t, err)
-			if kind == transport.AMQP {
+			switch kind {
+			case transport.AMQP:
 				bindRawQueue(t, cfg.AMQP.URL, topic)
+			case transport.GoogleCloud:
+				bindRawSubscription(t, cfg, topic)
 			}
 
 			sent := ceMessage()
@@ -191,4 +208,29 @@ func bindRawQueue(t *testing.T, url, topic string) {
 		_, _ = ch.QueueDelete(topic+"_cegroup", false, false, false)
 		_ = ch.ExchangeDelete(topic, false, false)
 	})
+}
+
+// rawPubSubClient is Google's own Pub/Sub client on the emulator (or
+// pstest) the transport uses, closed at cleanup.
+func rawPubSubClient(t *testing.T, cfg transport.Config) *pubsub.Client {
+	cl, err := pubsub.NewClient(context.Background(), cfg.GoogleCloud.ProjectID,
+		option.WithEndpoint(cfg.GoogleCloud.EmulatorHost), option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cl.Close() })
+	return cl
+}
+
+// bindRawSubscription creates a subscription of our own on the topic (which
+// exists once the transport has subscribed) so the test can read the
+// published message as Pub/Sub holds it.
+func bindRawSubscription(t *testing.T, cfg transport.Config, topic string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl := rawPubSubClient(t, cfg)
+	sub, err := cl.CreateSubscription(ctx, topic+"_raw", pubsub.SubscriptionConfig{
+		Topic: cl.Topic(topic), EnableMessageOrdering: true,
+	})
+	require.NoError(t, err, "creating subscription %s_raw", topic)
+	t.Cleanup(func() { _ = sub.Delete(context.Background()) })
 }

@@ -3,107 +3,76 @@ package transport_test
 import (
 	"context"
 	stdsql "database/sql"
+	"net/url"
 	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
 	"strings"
-	"sync"
+	"syscall"
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	_ "github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/faultproxy"
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/transport"
-	"github.com/millwright/millwright/transport/embedded"
+	"github.com/millwright/millwright/transport/transporttest"
 )
 
-// Environment variables that point the conformance suite at real brokers
-// instead of the embedded fakes and local services.
-const (
-	envTestKafkaBrokers  = "MILLWRIGHT_TEST_KAFKA_BROKERS"
-	envTestPubSubHost    = "MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST"
-	envTestPubSubProject = "MILLWRIGHT_TEST_PUBSUB_PROJECT"
-	envTestAMQPURL       = "MILLWRIGHT_TEST_AMQP_URL"
-)
+// envTestShort runs Watermill's suite in its short mode (fewer messages),
+// for a quick local run; CI runs the full mode.
+const envTestShort = "MILLWRIGHT_TEST_SHORT"
 
-var (
-	kafkaOnce sync.Once
-	kafkaCfg  transport.Config
-	kafkaErr  error
+func short() bool { return os.Getenv(envTestShort) != "" }
 
-	pubsubOnce sync.Once
-	pubsubCfg  transport.Config
-	pubsubErr  error
-)
+// envTestReconnect enables Watermill's TestReconnect, which cuts or
+// restarts the broker under the suite (see reconnectCommand). It is off by
+// default because the cut reaches every client of the broker: .ci/run
+// runs the reconnect tests alone, after the rest of the suite.
+const envTestReconnect = "MILLWRIGHT_TEST_RECONNECT"
 
-// envTestFull runs Watermill's suite with its full message counts; by
-// default it runs in its short mode even without -short, which keeps the
-// race-enabled CI run within minutes.
-const envTestFull = "MILLWRIGHT_TEST_FULL"
-
-func short() bool { return os.Getenv(envTestFull) == "" }
-
-// kafkaConfig reaches MILLWRIGHT_TEST_KAFKA_BROKERS, or an embedded kfake
-// cluster shared by the package's tests.
-func kafkaConfig(t *testing.T) transport.Config {
-	kafkaOnce.Do(func() {
-		if b := os.Getenv(envTestKafkaBrokers); b != "" {
-			kafkaCfg = transport.Config{Kind: transport.Kafka}
-			kafkaCfg.Kafka.Brokers = strings.Split(b, ",")
-			return
-		}
-		var c *embedded.KafkaCluster
-		c, kafkaErr = embedded.Kafka()
-		if kafkaErr == nil {
-			kafkaCfg = c.Config() // lives until the test binary exits
-		}
-	})
-	require.NoError(t, kafkaErr)
-	return kafkaCfg
-}
-
-// pubsubConfig reaches MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST, or an
-// embedded pstest server shared by the package's tests.
-func pubsubConfig(t *testing.T) transport.Config {
-	pubsubOnce.Do(func() {
-		if h := os.Getenv(envTestPubSubHost); h != "" {
-			pubsubCfg = transport.Config{Kind: transport.GoogleCloud}
-			pubsubCfg.GoogleCloud.EmulatorHost = h
-			pubsubCfg.GoogleCloud.MaxExtension = 10 * time.Second
-			pubsubCfg.GoogleCloud.ProjectID = "millwright-test"
-			if p := os.Getenv(envTestPubSubProject); p != "" {
-				pubsubCfg.GoogleCloud.ProjectID = p
-			}
-			return
-		}
-		var s *embedded.PubSubServer
-		s, pubsubErr = embedded.PubSub()
-		if pubsubErr == nil {
-			pubsubCfg = s.Config()
-		}
-	})
-	require.NoError(t, pubsubErr)
-	return pubsubCfg
-}
-
-func amqpConfig() transport.Config {
-	c := transport.Config{Kind: transport.AMQP}
-	c.AMQP.URL = "amqp://guest:guest@127.0.0.1:5672/"
-	if u := os.Getenv(envTestAMQPURL); u != "" {
-		c.AMQP.URL = u
+// reconnectCommand returns the command Watermill's TestReconnect runs to
+// cut the broker of the given kind, or "" and why the kind cannot be cut.
+//
+//   - amqp: rabbitmqctl close_all_connections (the server closes every
+//     client connection; watermill-amqp reconnects).
+//   - sql: pg_terminate_backend of the suite's own connections, found by
+//     their application_name (the other tests' sessions live on).
+//   - kafka: scripts/services.sh restart kafka stops the broker process and
+//     starts it again on the same log directory.
+//   - googlecloud: the emulator keeps its state in memory, so a restart
+//     would lose the topics and messages the test checks; instead the
+//     suite reaches it through a TCP proxy (internal/faultproxy) and the
+//     command signals this process (SIGUSR1), which cuts every connection
+//     the proxy carries: the client sees the server go away mid-stream.
+func reconnectCommand(t *testing.T, kind transport.Kind, appName string) ([]string, string) {
+	if os.Getenv(envTestReconnect) != "1" {
+		return nil, envTestReconnect + " is not 1 (the cut reaches every client of the broker; .ci/run runs these tests alone)"
 	}
-	return c
-}
-
-// sqlConfig shares one pool on an isolated schema between every
-// transport the suite opens, so the suite cannot exhaust the server's
-// connections.
-func sqlConfig(db *stdsql.DB) transport.Config {
-	c := transport.Config{Kind: transport.SQL}
-	c.SQL.DB = db
-	return c
+	script, err := filepath.Abs(filepath.Join("..", "scripts", "services.sh"))
+	require.NoError(t, err)
+	switch kind {
+	case transport.AMQP:
+		return []string{"rabbitmqctl", "close_all_connections", "millwright reconnect test"}, ""
+	case transport.SQL:
+		// Fails (division by zero) when no session was terminated: the
+		// cut must really happen.
+		return []string{"psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", pgtest.BaseURL(), "-c",
+			"SELECT 1 / count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '" + appName + "') cut"}, ""
+	case transport.Kafka:
+		cfg := transporttest.Config(t, kind)
+		if !transporttest.Real(kind) || strings.Join(cfg.Kafka.Brokers, ",") != transporttest.DefaultKafkaBroker {
+			return nil, "the Kafka broker is not the one scripts/services.sh runs, which is the only one this test may restart"
+		}
+		return []string{"bash", script, "restart", "kafka"}, ""
+	case transport.GoogleCloud:
+		return []string{"kill", "-USR1", strconv.Itoa(os.Getpid())}, ""
+	}
+	return nil, "no way to cut " + string(kind) + " without losing its state"
 }
 
 // constructors builds Watermill suite constructors that go through
@@ -148,23 +117,34 @@ func TestConformance(t *testing.T) {
 	t.Run("sql", func(t *testing.T) {
 		t.Parallel()
 		schema := pgtest.New(t)
-		pub, group := constructors(func(*testing.T) transport.Config { return sqlConfig(schema.DB) }, "test")
+		// The suite's own pool, named so that the reconnect test can
+		// terminate exactly its sessions.
+		appName := "millwright_conformance_" + schema.Name
+		db, err := stdsql.Open("postgres", withParam(schema.URL, "application_name", appName))
+		require.NoError(t, err)
+		db.SetMaxOpenConns(20)
+		t.Cleanup(func() { _ = db.Close() })
+		restart, _ := reconnectCommand(t, transport.SQL, appName)
+		pub, group := constructors(func(*testing.T) transport.Config { return sqlConfig(db) }, "test")
 		tests.TestPubSub(t, tests.Features{
-			ForceShort:          short(),
-			ConsumerGroups:      true,
-			ExactlyOnceDelivery: true,
-			GuaranteedOrder:     true,
-			Persistent:          true,
+			ForceShort:            short(),
+			ConsumerGroups:        true,
+			ExactlyOnceDelivery:   true,
+			GuaranteedOrder:       true,
+			Persistent:            true,
+			RestartServiceCommand: restart,
 		}, pub, group)
 	})
 
 	t.Run("amqp", func(t *testing.T) {
 		t.Parallel()
-		pub, group := constructors(func(*testing.T) transport.Config { return amqpConfig() }, "")
+		restart, _ := reconnectCommand(t, transport.AMQP, "")
+		pub, group := constructors(func(t *testing.T) transport.Config { return transporttest.Config(t, transport.AMQP) }, "")
 		tests.TestPubSub(t, tests.Features{
-			ForceShort:          short(),
-			ConsumerGroups:      true,
-			ExactlyOnceDelivery: false,
+			RestartServiceCommand: restart,
+			ForceShort:            short(),
+			ConsumerGroups:        true,
+			ExactlyOnceDelivery:   false,
 			// Prefetch 100 (the default) lets a requeued message fall
 			// behind later ones; upstream's ordered runs use prefetch 1.
 			GuaranteedOrder:                     false,
@@ -175,25 +155,70 @@ func TestConformance(t *testing.T) {
 
 	t.Run("kafka", func(t *testing.T) {
 		t.Parallel()
-		pub, group := constructors(kafkaConfig, "test")
+		restart, _ := reconnectCommand(t, transport.Kafka, "")
+		pub, group := constructors(func(t *testing.T) transport.Config { return transporttest.Config(t, transport.Kafka) }, "test")
 		tests.TestPubSub(t, tests.Features{
-			ForceShort:          short(),
-			ConsumerGroups:      true,
-			ExactlyOnceDelivery: false,
-			GuaranteedOrder:     false,
-			Persistent:          true,
+			RestartServiceCommand: restart,
+			ForceShort:            short(),
+			ConsumerGroups:        true,
+			ExactlyOnceDelivery:   false,
+			GuaranteedOrder:       false,
+			Persistent:            true,
 		}, pub, group)
 	})
 
 	t.Run("googlecloud", func(t *testing.T) {
 		t.Parallel()
-		pub, group := constructors(pubsubConfig, "")
+		cfg := transporttest.Config(t, transport.GoogleCloud)
+		restart, _ := reconnectCommand(t, transport.GoogleCloud, "")
+		if restart != nil {
+			proxy, err := faultproxy.New(cfg.GoogleCloud.EmulatorHost)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = proxy.Close() })
+			cfg.GoogleCloud.EmulatorHost = proxy.Addr()
+			cut := make(chan os.Signal, 1)
+			signal.Notify(cut, syscall.SIGUSR1)
+			t.Cleanup(func() { signal.Stop(cut) })
+			go func() {
+				for range cut {
+					proxy.Cut()
+				}
+			}()
+			t.Cleanup(func() {
+				if !t.Skipped() {
+					require.Positive(t, proxy.CutConns(), "the reconnect test never cut a connection to the emulator")
+				}
+			})
+		}
+		pub, group := constructors(func(*testing.T) transport.Config { return cfg }, "")
 		tests.TestPubSub(t, tests.Features{
-			ForceShort:          short(),
-			ConsumerGroups:      true,
-			ExactlyOnceDelivery: false,
-			GuaranteedOrder:     false,
-			Persistent:          true,
+			RestartServiceCommand: restart,
+			ForceShort:            short(),
+			ConsumerGroups:        true,
+			ExactlyOnceDelivery:   false,
+			GuaranteedOrder:       false,
+			Persistent:            true,
 		}, pub, group)
 	})
+}
+
+// withParam sets one query parameter of a postgres:// URL.
+func withParam(rawURL, key, value string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return rawURL + " " + key + "=" + value
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// sqlConfig shares one pool on an isolated schema between every
+// transport a test opens, so the suite cannot exhaust the server's
+// connections.
+func sqlConfig(db *stdsql.DB) transport.Config {
+	c := transport.Config{Kind: transport.SQL}
+	c.SQL.DB = db
+	return c
 }

@@ -213,6 +213,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	}
 
 	type result struct {
+		c   sarama.Client
 		p   sarama.SyncProducer
 		err error
 	}
@@ -220,20 +221,28 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	defer cancel()
 	ch := make(chan result, 1)
 	go func() {
-		p, err := sarama.NewSyncProducer(cfg.Brokers, sc)
-		ch <- result{p, err}
+		c, err := sarama.NewClient(cfg.Brokers, sc)
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		p, err := sarama.NewSyncProducerFromClient(c)
+		if err != nil {
+			_ = c.Close()
+		}
+		ch <- result{c, p, err}
 	}()
-	var producer sarama.SyncProducer
+	var r result
 	select {
-	case r := <-ch:
+	case r = <-ch:
 		if r.err != nil {
 			return nil, fmt.Errorf("kafka: cannot reach brokers %s: %w (check MILLWRIGHT_KAFKA_BROKERS and that the cluster is up)", strings.Join(cfg.Brokers, ","), r.err)
 		}
-		producer = r.p
 	case <-ctx.Done():
 		go func() { // the dial finishes on its own; release what it made
 			if r := <-ch; r.err == nil {
 				_ = r.p.Close()
+				_ = r.c.Close()
 			}
 		}()
 		return nil, fmt.Errorf("kafka: brokers %s did not answer within %s (check MILLWRIGHT_KAFKA_BROKERS and that the cluster is up): %w", strings.Join(cfg.Brokers, ","), cfg.ConnectTimeout, ctx.Err())
@@ -242,7 +251,10 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	return &Transport{
 		cfg:    cfg,
 		logger: logger,
-		pub:    &Publisher{producer: producer, marshaler: Marshaler{}, logger: logger},
+		pub: &Publisher{
+			client: r.c, producer: r.p, marshaler: Marshaler{}, logger: logger,
+			topicWait: sc.Admin.Timeout,
+		},
 	}, nil
 }
 
@@ -385,9 +397,15 @@ func (m Marshaler) Unmarshal(km *sarama.ConsumerMessage) (*message.Message, erro
 // messages one by one, as watermill-kafka does; PublishBatch hands Sarama
 // the whole batch at once.
 type Publisher struct {
+	client    sarama.Client
 	producer  sarama.SyncProducer
 	marshaler wkafka.Marshaler
 	logger    watermill.LoggerAdapter
+
+	// ready holds the topics known to have a leader for every partition.
+	ready sync.Map
+	// topicWait bounds the wait for a new topic's leaders.
+	topicWait time.Duration
 
 	closeOnce sync.Once
 	mu        sync.RWMutex
@@ -400,6 +418,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	defer p.mu.RUnlock()
 	if p.closed {
 		return errors.New("kafka: publisher is closed")
+	}
+	if len(msgs) > 0 {
+		if err := p.awaitTopic(msgs[0].Context(), topic); err != nil {
+			return err
+		}
 	}
 	for _, msg := range msgs {
 		km, err := p.marshaler.Marshal(topic, msg)
@@ -433,6 +456,9 @@ func (p *Publisher) PublishBatch(topic string, msgs ...*message.Message) error {
 	}
 	if len(msgs) == 0 {
 		return nil
+	}
+	if err := p.awaitTopic(msgs[0].Context(), topic); err != nil {
+		return err
 	}
 	var rounds [][]int
 	nth := map[string]int{}
@@ -513,9 +539,45 @@ func (p *Publisher) Close() error {
 		p.mu.Lock()
 		p.closed = true
 		p.mu.Unlock()
-		err = p.producer.Close()
+		err = errors.Join(p.producer.Close(), p.client.Close())
 	})
 	return err
+}
+
+// awaitTopic returns once every partition of topic has a leader, the first
+// time the publisher sees the topic. A topic that does not exist yet is
+// created by the metadata request when the cluster auto-creates topics,
+// and for a moment has partitions without a leader. Sending then would
+// fail each message with "unknown topic or partition", and three such
+// failures in a row open Sarama's per-topic circuit breaker for 10 s; a
+// real broker takes that moment, kfake does not.
+func (p *Publisher) awaitTopic(ctx context.Context, topic string) error {
+	if _, ok := p.ready.Load(topic); ok {
+		return nil
+	}
+	deadline := time.Now().Add(p.topicWait)
+	pause := 20 * time.Millisecond
+	for {
+		parts, err := p.client.Partitions(topic) // fetches metadata when unknown
+		if err == nil && len(parts) > 0 {
+			writable, werr := p.client.WritablePartitions(topic)
+			if werr == nil && len(writable) == len(parts) {
+				p.ready.Store(topic, struct{}{})
+				return nil
+			}
+			err = fmt.Errorf("%d of %d partitions have a leader", len(writable), len(parts))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kafka: topic %s is not writable after %s: %w (create it, or enable auto.create.topics.enable on the brokers)", topic, p.topicWait, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kafka: waiting for topic %s to be writable: %w", topic, ctx.Err())
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 500*time.Millisecond)
+		_ = p.client.RefreshMetadata(topic)
+	}
 }
 
 // scramClient adapts xdg-go/scram to sarama.SCRAMClient.

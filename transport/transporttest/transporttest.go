@@ -1,7 +1,21 @@
-// Package transporttest gives tests a transport.Config for each kind: the
-// real broker named by an environment variable when one is set, otherwise
-// the local service (RabbitMQ, Postgres) or an in-process fake (kfake for
-// Kafka, pstest for Pub/Sub) shared by every test of the process.
+// Package transporttest gives tests a transport.Config for each kind,
+// reaching a real broker whenever one is there:
+//
+//   - Kafka: the brokers in MILLWRIGHT_TEST_KAFKA_BROKERS; unset, the broker
+//     scripts/services.sh starts on 127.0.0.1:9092 if it answers; otherwise
+//     an in-process kfake cluster shared by the process's tests.
+//   - Pub/Sub: the emulator in MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST; unset,
+//     Google's emulator on 127.0.0.1:8085 if it answers; otherwise an
+//     in-process pstest server.
+//   - RabbitMQ: MILLWRIGHT_TEST_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/).
+//   - Postgres: MILLWRIGHT_TEST_DATABASE_URL (default the local test
+//     database); the sql kind gets a fresh schema per call.
+//
+// Falling back to a fake is never silent: every test that does logs why,
+// and with MILLWRIGHT_TEST_REAL_BROKERS=1 (or a list of kinds; .ci/run sets
+// it) the test fails instead. MILLWRIGHT_TEST_KAFKA_BROKERS=fake or
+// MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST=fake chooses the fake on purpose.
+// Every test process prints, once, which brokers are real (Brokers).
 //
 //	for _, kind := range transport.Kinds {
 //		t.Run(string(kind), func(t *testing.T) {
@@ -10,15 +24,14 @@
 //		})
 //	}
 //
-// Environment variables: MILLWRIGHT_TEST_KAFKA_BROKERS (comma-separated),
-// MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST (+ MILLWRIGHT_TEST_PUBSUB_PROJECT),
-// MILLWRIGHT_TEST_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/),
-// MILLWRIGHT_TEST_DATABASE_URL (default the local test database; the sql
-// kind gets a fresh schema per call).
+// Tests that inject faults a real broker cannot (kfake's request control,
+// pstest's reactors) ask for the fake by name: FakeKafka, FakePubSub.
 package transporttest
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -37,10 +50,23 @@ const (
 	EnvPubSubHost    = "MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST"
 	EnvPubSubProject = "MILLWRIGHT_TEST_PUBSUB_PROJECT"
 	EnvAMQPURL       = "MILLWRIGHT_TEST_AMQP_URL"
+	// EnvRequireReal fails a test that would fall back to an in-process
+	// fake because no real broker answers: "1" or "all" for every kind, or
+	// a comma-separated list of kinds ("kafka,googlecloud").
+	EnvRequireReal = "MILLWRIGHT_TEST_REAL_BROKERS"
 )
 
-// DefaultAMQPURL is the local RabbitMQ every development and CI machine has.
-const DefaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
+// Fake, as the value of EnvKafkaBrokers or EnvPubSubHost, chooses the
+// in-process fake even when a real broker is up.
+const Fake = "fake"
+
+// The addresses scripts/services.sh starts its brokers on.
+const (
+	DefaultAMQPURL      = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultKafkaBroker  = "127.0.0.1:9092"
+	DefaultPubSubHost   = "127.0.0.1:8085"
+	defaultPubSubProjID = "millwright-test"
+)
 
 var (
 	kafkaOnce    sync.Once
@@ -50,16 +76,126 @@ var (
 	pubsubOnce   sync.Once
 	pubsubServer *embedded.PubSubServer
 	pubsubErr    error
+
+	choiceOnce sync.Once
+	choice     brokers
 )
 
-// KafkaCluster returns the process-wide kfake cluster, for fault injection
-// with its ControlKey; nil when MILLWRIGHT_TEST_KAFKA_BROKERS names a real
-// cluster.
-func KafkaCluster(t testing.TB) *embedded.KafkaCluster {
-	t.Helper()
-	if os.Getenv(EnvKafkaBrokers) != "" {
-		return nil
+// brokers is what this process's tests run against, decided once.
+type brokers struct {
+	kafka, pubsub       []string // real addresses; nil = fake
+	kafkaWhy, pubsubWhy string   // why the fake, when it is
+}
+
+// answers reports whether something accepts TCP connections at addr.
+func answers(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+	if err != nil {
+		return false
 	}
+	_ = c.Close()
+	return true
+}
+
+func choose() brokers {
+	choiceOnce.Do(func() {
+		switch v := os.Getenv(EnvKafkaBrokers); {
+		case v == Fake:
+			choice.kafkaWhy = EnvKafkaBrokers + "=fake"
+		case v != "":
+			choice.kafka = strings.Split(v, ",")
+		case answers(DefaultKafkaBroker):
+			choice.kafka = []string{DefaultKafkaBroker}
+		default:
+			choice.kafkaWhy = "no broker answers at " + DefaultKafkaBroker + " and " + EnvKafkaBrokers + " is unset (start one: scripts/services.sh up)"
+		}
+		switch v := os.Getenv(EnvPubSubHost); {
+		case v == Fake:
+			choice.pubsubWhy = EnvPubSubHost + "=fake"
+		case v != "":
+			choice.pubsub = []string{v}
+		case answers(DefaultPubSubHost):
+			choice.pubsub = []string{DefaultPubSubHost}
+		default:
+			choice.pubsubWhy = "no emulator answers at " + DefaultPubSubHost + " and " + EnvPubSubHost + " is unset (start one: scripts/services.sh up)"
+		}
+		fmt.Fprintf(os.Stderr, "transporttest: %s\n", choice.describe())
+	})
+	return choice
+}
+
+func (b brokers) describe() string {
+	k := "kafka=real " + strings.Join(b.kafka, ",")
+	if b.kafka == nil {
+		k = "kafka=FAKE (kfake: " + b.kafkaWhy + ")"
+	}
+	p := "googlecloud=real emulator " + strings.Join(b.pubsub, ",")
+	if b.pubsub == nil {
+		p = "googlecloud=FAKE (pstest: " + b.pubsubWhy + ")"
+	}
+	return fmt.Sprintf("brokers: %s; %s; amqp=real %s; sql=real %s; gochannel=in-process",
+		k, p, redactURL(AMQPURL()), redactURL(pgtest.BaseURL()))
+}
+
+// redactURL drops the password from a URL for the report.
+func redactURL(u string) string {
+	if at := strings.LastIndex(u, "@"); at > 0 {
+		if i := strings.Index(u, "://"); i > 0 && i < at {
+			userinfo := u[i+3 : at]
+			if c := strings.Index(userinfo, ":"); c >= 0 {
+				return u[:i+3] + userinfo[:c] + ":***" + u[at:]
+			}
+		}
+	}
+	return u
+}
+
+// Brokers describes, in one line, which brokers this process's tests use
+// and, for a fake, why.
+func Brokers() string { return choose().describe() }
+
+// Real reports whether tests of the kind reach a real broker (always true
+// for amqp and sql, never for gochannel).
+func Real(kind transport.Kind) bool {
+	switch kind {
+	case transport.Kafka:
+		return choose().kafka != nil
+	case transport.GoogleCloud:
+		return choose().pubsub != nil
+	case transport.AMQP, transport.SQL:
+		return true
+	}
+	return false
+}
+
+// fallback is called when a test is about to use a fake because no real
+// broker is there: loud in the test's log, fatal under EnvRequireReal.
+func fallback(t testing.TB, kind transport.Kind, why string) {
+	t.Helper()
+	if requireReal(kind) {
+		t.Fatalf("transporttest: %s: no real broker and %s=1: %s", kind, EnvRequireReal, why)
+	}
+	t.Logf("transporttest: WARNING: %s runs on an in-process FAKE: %s", kind, why)
+}
+
+// requireReal reports whether EnvRequireReal forbids a fake for the kind.
+func requireReal(kind transport.Kind) bool {
+	v := os.Getenv(EnvRequireReal)
+	if v == "1" || v == "all" {
+		return true
+	}
+	for _, k := range strings.Split(v, ",") {
+		if strings.TrimSpace(k) == string(kind) {
+			return true
+		}
+	}
+	return false
+}
+
+// FakeKafka returns the process-wide kfake cluster, for tests that inject
+// faults with its ControlKey, whatever real broker is configured.
+func FakeKafka(t testing.TB) *embedded.KafkaCluster {
+	t.Helper()
 	kafkaOnce.Do(func() { kafkaCluster, kafkaErr = embedded.Kafka() })
 	if kafkaErr != nil {
 		t.Fatalf("transporttest: starting kfake: %v", kafkaErr)
@@ -67,13 +203,10 @@ func KafkaCluster(t testing.TB) *embedded.KafkaCluster {
 	return kafkaCluster
 }
 
-// PubSubServer returns the process-wide pstest server; nil when
-// MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST names an emulator.
-func PubSubServer(t testing.TB) *embedded.PubSubServer {
+// FakePubSub returns the process-wide pstest server, for tests that read
+// pstest's own view of what was published, whatever emulator is configured.
+func FakePubSub(t testing.TB) *embedded.PubSubServer {
 	t.Helper()
-	if os.Getenv(EnvPubSubHost) != "" {
-		return nil
-	}
 	pubsubOnce.Do(func() { pubsubServer, pubsubErr = embedded.PubSub() })
 	if pubsubErr != nil {
 		t.Fatalf("transporttest: starting pstest: %v", pubsubErr)
@@ -86,24 +219,30 @@ func Config(t testing.TB, kind transport.Kind) transport.Config {
 	t.Helper()
 	switch kind {
 	case transport.Kafka:
-		if b := os.Getenv(EnvKafkaBrokers); b != "" {
-			c := transport.Config{Kind: kind}
-			c.Kafka.Brokers = strings.Split(b, ",")
-			return c
+		b := choose()
+		if b.kafka == nil {
+			fallback(t, kind, b.kafkaWhy)
+			return FakeKafka(t).Config()
 		}
-		return KafkaCluster(t).Config()
+		c := transport.Config{Kind: kind}
+		c.Kafka.Brokers = b.kafka
+		return c
 	case transport.GoogleCloud:
-		if h := os.Getenv(EnvPubSubHost); h != "" {
-			c := transport.Config{Kind: kind}
-			c.GoogleCloud.EmulatorHost = h
-			c.GoogleCloud.ProjectID = "millwright-test"
-			if p := os.Getenv(EnvPubSubProject); p != "" {
-				c.GoogleCloud.ProjectID = p
-			}
-			c.GoogleCloud.MaxExtension = 10 * time.Second
-			return c
+		b := choose()
+		if b.pubsub == nil {
+			fallback(t, kind, b.pubsubWhy)
+			return FakePubSub(t).Config()
 		}
-		return PubSubServer(t).Config()
+		c := transport.Config{Kind: kind}
+		c.GoogleCloud.EmulatorHost = b.pubsub[0]
+		c.GoogleCloud.ProjectID = defaultPubSubProjID
+		if p := os.Getenv(EnvPubSubProject); p != "" {
+			c.GoogleCloud.ProjectID = p
+		}
+		// A subscriber closed mid-read leaves its messages leased until
+		// the extension ends; keep that short so they come back quickly.
+		c.GoogleCloud.MaxExtension = 10 * time.Second
+		return c
 	case transport.AMQP:
 		c := transport.Config{Kind: kind}
 		c.AMQP.URL = AMQPURL()

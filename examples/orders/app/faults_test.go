@@ -1,10 +1,6 @@
 package app_test
 
 import (
-	"io"
-	"net"
-	"net/url"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,102 +8,27 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/millwright/millwright/internal/faultproxy"
 )
 
-// faultProxy is a TCP proxy in front of a broker (RabbitMQ, Postgres) that
-// can simulate an outage: it closes every open connection and refuses new
-// ones for a while. Only the transport under test goes through it, so the
-// shared server stays up for everyone else.
-type faultProxy struct {
-	ln      net.Listener
-	target  string
-	mu      sync.Mutex
-	conns   map[net.Conn]struct{}
-	until   time.Time
-	refused atomic.Int64
-}
-
-func newFaultProxy(t *testing.T, target string) *faultProxy {
+// newFaultProxy starts a TCP proxy in front of a broker (RabbitMQ,
+// Postgres) that can simulate an outage: it closes every open connection
+// and refuses new ones for a while. Only the transport under test goes
+// through it, so the shared server stays up for everyone else.
+func newFaultProxy(t *testing.T, target string) *faultproxy.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := faultproxy.New(target)
 	require.NoError(t, err)
-	p := &faultProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	go p.serve()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for c := range p.conns {
-			_ = c.Close()
-		}
-	})
+	t.Cleanup(func() { _ = p.Close() })
 	return p
 }
 
-// Addr is the proxy's host:port.
-func (p *faultProxy) Addr() string { return p.ln.Addr().String() }
-
 // proxiedURL returns raw with its host replaced by the proxy's.
-func (p *faultProxy) proxiedURL(t *testing.T, raw string) string {
-	u, err := url.Parse(raw)
+func proxiedURL(t *testing.T, p *faultproxy.Proxy, raw string) string {
+	u, err := p.URL(raw)
 	require.NoError(t, err)
-	u.Host = p.Addr()
-	return u.String()
-}
-
-// outage closes every connection and refuses connections for d.
-func (p *faultProxy) outage(d time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.until = time.Now().Add(d)
-	for c := range p.conns {
-		_ = c.Close()
-		p.refused.Add(1)
-	}
-}
-
-func (p *faultProxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		down := time.Now().Before(p.until)
-		p.mu.Unlock()
-		if down {
-			p.refused.Add(1)
-			_ = c.Close()
-			continue
-		}
-		go p.pipe(c)
-	}
-}
-
-func (p *faultProxy) pipe(c net.Conn) {
-	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-	if err != nil {
-		_ = c.Close()
-		return
-	}
-	p.mu.Lock()
-	p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-	p.mu.Unlock()
-	done := make(chan struct{}, 2)
-	cp := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
-		done <- struct{}{}
-	}
-	go cp(up, c)
-	go cp(c, up)
-	<-done
-	_ = c.Close()
-	_ = up.Close()
-	<-done
-	p.mu.Lock()
-	delete(p.conns, c)
-	delete(p.conns, up)
-	p.mu.Unlock()
+	return u
 }
 
 // unavailablePublish is a pstest reactor that answers Publish with

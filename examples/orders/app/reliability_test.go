@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strconv"
 	"sync"
@@ -28,6 +29,7 @@ import (
 	"github.com/millwright/millwright/transport"
 	tramqp "github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/embedded"
+	"github.com/millwright/millwright/transport/transporttest"
 )
 
 // EnvSoakOrders sets the number of orders of every transport's reliability
@@ -47,15 +49,17 @@ var defaultOrders = map[transport.Kind]int{
 	transport.GoogleCloud: 50,
 }
 
-const amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
+// amqpURL is the RabbitMQ the tests use (MILLWRIGHT_TEST_AMQP_URL or the local one).
+var amqpURL = transporttest.AMQPURL()
 
 // faults says how a kind's "broker refuses publishes" fault is made.
 type faults struct {
 	// refuse starts refusing publishes for d; nil: wrap the relay's
 	// publisher instead.
 	refuse func(d time.Duration)
-	// refused counts the publish requests the broker refused.
-	refused *atomic.Int64
+	// refused counts the publish requests (or connections) the broker
+	// refused.
+	refused func() int64
 }
 
 // TestReliability runs the order workflow on every transport kind while
@@ -74,9 +78,33 @@ type faults struct {
 //     relay's fails every publish instead;
 //   - every message is delivered twice to every consumer (Duplicator);
 //   - one poison (malformed) command is published.
+//
+// Kafka and Pub/Sub run twice: on the real broker (transporttest finds the
+// ones scripts/services.sh starts), where the outage is made at the relay's
+// publisher, and on the in-process fake, whose broker-side refusals only a
+// fake can inject ("kafka-kfake", "googlecloud-pstest").
 func TestReliability(t *testing.T) {
+	type variant struct {
+		name string
+		kind transport.Kind
+		fake bool // the in-process fake, for its broker-side faults
+	}
+	var variants []variant
 	for _, kind := range []transport.Kind{transport.GoChannel, transport.SQL, transport.Kafka, transport.AMQP, transport.GoogleCloud} {
-		t.Run(string(kind), func(t *testing.T) {
+		switch {
+		case kind == transport.Kafka || kind == transport.GoogleCloud:
+			if transporttest.Real(kind) {
+				variants = append(variants, variant{string(kind), kind, false})
+			}
+			fakeName := map[transport.Kind]string{transport.Kafka: "kafka-kfake", transport.GoogleCloud: "googlecloud-pstest"}[kind]
+			variants = append(variants, variant{fakeName, kind, true})
+		default:
+			variants = append(variants, variant{string(kind), kind, false})
+		}
+	}
+	for _, v := range variants {
+		kind := v.kind
+		t.Run(v.name, func(t *testing.T) {
 			n := defaultOrders[kind]
 			if v := os.Getenv(EnvSoakOrders); v != "" {
 				var err error
@@ -86,7 +114,7 @@ func TestReliability(t *testing.T) {
 			if testing.Short() && n > 30 {
 				n = 30
 			}
-			runReliability(t, kind, n)
+			runReliability(t, kind, v.fake, n)
 		})
 	}
 }
@@ -98,7 +126,7 @@ type bundle struct {
 	faults faults
 }
 
-func setup(t *testing.T, kind transport.Kind) *bundle {
+func setup(t *testing.T, kind transport.Kind, fake bool) *bundle {
 	t.Helper()
 	schema := pgtest.New(t, app.AllMigrations()...)
 	schema.DB.SetMaxOpenConns(12)
@@ -113,33 +141,42 @@ func setup(t *testing.T, kind transport.Kind) *bundle {
 	case transport.SQL:
 		// The transport reaches Postgres through a proxy that can cut it
 		// off; the services' own pool does not.
-		proxy := newFaultProxy(t, "127.0.0.1:5432")
-		c, err := transport.ParseURL(proxy.proxiedURL(t, schema.URL))
+		proxy := newFaultProxy(t, hostPort(t, schema.URL))
+		c, err := transport.ParseURL(proxiedURL(t, proxy, schema.URL))
 		require.NoError(t, err)
 		cfg = c
-		f.refuse, f.refused = proxy.outage, &proxy.refused
+		f.refuse, f.refused = proxy.Outage, proxy.Refused
 	case transport.AMQP:
 		cfg.Kind = transport.AMQP
 		cfg.AMQP.URL = amqpURL
 		if !raceDetector { // see race_on_test.go
-			proxy := newFaultProxy(t, "127.0.0.1:5672")
-			cfg.AMQP.URL = proxy.proxiedURL(t, amqpURL)
-			f.refuse, f.refused = proxy.outage, &proxy.refused
+			proxy := newFaultProxy(t, hostPort(t, amqpURL))
+			cfg.AMQP.URL = proxiedURL(t, proxy, amqpURL)
+			f.refuse, f.refused = proxy.Outage, proxy.Refused
 		}
 		t.Cleanup(func() { deleteAMQP(t, app.NewTopics(prefix)) })
 	case transport.Kafka:
+		if !fake {
+			cfg = transporttest.Config(t, kind)
+			break
+		}
 		k, err := embedded.Kafka()
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = k.Close() })
 		cfg = k.Config()
-		f.refused = new(atomic.Int64)
-		f.refuse = func(d time.Duration) { refuseProduce(k, d, f.refused) }
+		refused := new(atomic.Int64)
+		f.refused = refused.Load
+		f.refuse = func(d time.Duration) { refuseProduce(k, d, refused) }
 	case transport.GoogleCloud:
+		if !fake {
+			cfg = transporttest.Config(t, kind)
+			break
+		}
 		r := &unavailablePublish{}
 		p := &embedded.PubSubServer{Server: pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: r}), ProjectID: "millwright-test"}
 		t.Cleanup(func() { _ = p.Close() })
 		cfg = p.Config()
-		f.refuse, f.refused = r.outage, &r.refused
+		f.refuse, f.refused = r.outage, r.refused.Load
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -160,8 +197,8 @@ func setup(t *testing.T, kind transport.Kind) *bundle {
 	return &bundle{schema: schema, tr: tr, app: a, faults: f}
 }
 
-func runReliability(t *testing.T, kind transport.Kind, n int) {
-	b := setup(t, kind)
+func runReliability(t *testing.T, kind transport.Kind, fake bool, n int) {
+	b := setup(t, kind, fake)
 	ctx := context.Background()
 
 	// Every service but the relay, which the test runs itself.
@@ -226,7 +263,7 @@ func runReliability(t *testing.T, kind transport.Kind, n int) {
 	require.NoError(t, err, "summary: %s", s)
 	refused := flaky.refused.Load()
 	if b.faults.refused != nil {
-		refused = b.faults.refused.Load()
+		refused = b.faults.refused()
 	}
 	t.Logf("%s: %s (relay 1 killed after %d publishes; outage refused %d requests or connections)", kind, s, dying.after, refused)
 	require.Positive(t, refused, "the broker outage was not exercised")
@@ -416,4 +453,11 @@ func deleteAMQP(t *testing.T, topics app.Topics) {
 	if err := tramqp.DeleteTopology(amqpURL, all, app.Groups...); err != nil {
 		t.Logf("cleanup: %v", err)
 	}
+}
+
+// hostPort is the host:port of a URL, for a proxy in front of it.
+func hostPort(t *testing.T, rawURL string) string {
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	return u.Host
 }

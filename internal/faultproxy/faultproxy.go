@@ -1,0 +1,131 @@
+// Package faultproxy is a TCP proxy for tests that cuts a client off from a
+// real server without touching the server: it closes every connection it
+// carries (Cut) and can refuse new ones for a while (Outage). Only the
+// client under test goes through it, so a shared server stays up for every
+// other test. Its counters let a test prove the fault happened.
+package faultproxy
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Proxy forwards TCP connections from its own loopback address to a target.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	until time.Time
+
+	cut     atomic.Int64
+	refused atomic.Int64
+}
+
+// New starts a proxy to target (host:port) on a free loopback port.
+func New(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("faultproxy: listening for %s: %w", target, err)
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	go p.serve()
+	return p, nil
+}
+
+// Addr is the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// URL returns raw (a URL) with its host replaced by the proxy's.
+func (p *Proxy) URL(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", fmt.Errorf("faultproxy: %w", err)
+	}
+	u.Host = p.Addr()
+	return u.String(), nil
+}
+
+// Cut closes every connection the proxy carries; clients may reconnect at
+// once.
+func (p *Proxy) Cut() { p.Outage(0) }
+
+// Outage closes every connection the proxy carries and refuses new ones
+// for d.
+func (p *Proxy) Outage(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.until = time.Now().Add(d)
+	for c := range p.conns {
+		_ = c.Close()
+		p.cut.Add(1)
+	}
+}
+
+// CutConns counts the connections (both ends) closed by Cut and Outage.
+func (p *Proxy) CutConns() int64 { return p.cut.Load() }
+
+// Refused counts the connections closed or refused by the faults: what a
+// test asserts to prove its fault reached the client.
+func (p *Proxy) Refused() int64 { return p.cut.Load() + p.refused.Load() }
+
+// Close stops accepting and closes every connection.
+func (p *Proxy) Close() error {
+	err := p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	return err
+}
+
+func (p *Proxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		down := time.Now().Before(p.until)
+		p.mu.Unlock()
+		if down {
+			p.refused.Add(1)
+			_ = c.Close()
+			continue
+		}
+		go p.pipe(c)
+	}
+}
+
+func (p *Proxy) pipe(c net.Conn) {
+	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	p.mu.Lock()
+	p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+	p.mu.Unlock()
+	done := make(chan struct{}, 2)
+	cp := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		done <- struct{}{}
+	}
+	go cp(up, c)
+	go cp(c, up)
+	<-done
+	_ = c.Close()
+	_ = up.Close()
+	<-done
+	p.mu.Lock()
+	delete(p.conns, c)
+	delete(p.conns, up)
+	p.mu.Unlock()
+}
