@@ -49,7 +49,6 @@ func requireChild(t *testing.T, parent, child tracetest.SpanStub) {
 	require.Equal(t, parent.SpanContext.SpanID(), child.Parent.SpanID(), "%s is not the parent of %s", parent.Name, child.Name)
 }
 
-
 // TestOneTraceAcrossEachTransport writes an event under a request span
 // (outbox write), relays it (relay publish, in a context without the
 // request's span, as a relay is), and consumes it through the middleware
