@@ -55,7 +55,9 @@ func TestRelayOnEveryTransport(t *testing.T) {
 func TestRelayRidesOutKafkaRefusingPublishes(t *testing.T) {
 	t.Parallel()
 	kc := transporttest.FakeKafka(t)
-	const refusals = 40
+	// Sarama retries a refused produce up to 10 times itself; 40 refusals
+	// were all absorbed there and the relay never saw one. 200 outlast it.
+	const refusals = 200
 	var refused atomic.Int32
 	runRelayTransport(t, kc.Config(), 10, 10, func(topic string) {
 		kc.Cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
@@ -169,4 +171,11 @@ func runRelayTransport(t *testing.T, cfg transport.Config, aggs, perAgg int, bef
 	var pending int
 	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT count(*) FROM millwright_outbox WHERE status <> 'published'`).Scan(&pending))
 	require.Zero(t, pending)
+	if beforeRelay != nil {
+		// The fault reached the relay (not only the client's own retries):
+		// some rows were put back with a retry.
+		var retried int
+		require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT count(*) FROM millwright_outbox WHERE retry_count > 0`).Scan(&retried))
+		require.Positive(t, retried, "no row was retried: the relay never met the fault")
+	}
 }
