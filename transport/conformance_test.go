@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
@@ -61,7 +62,7 @@ func reconnectCommand(t *testing.T, kind transport.Kind, appName string) ([]stri
 	case transport.SQL:
 		// Fails (division by zero) when no session was terminated: the
 		// cut must really happen.
-		return []string{"psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", pgtest.BaseURL(), "-c",
+		return []string{"psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", pgtest.ToolURL(), "-c",
 			"SELECT 1 / count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '" + appName + "') cut"}, ""
 	case transport.Kafka:
 		cfg := transporttest.Config(t, kind)
@@ -117,15 +118,22 @@ func TestConformance(t *testing.T) {
 	t.Run("sql", func(t *testing.T) {
 		t.Parallel()
 		schema := pgtest.New(t)
-		// The suite's own pool, named so that the reconnect test can
-		// terminate exactly its sessions.
+		// A pool per transport, as watermill-sql's own run of the suite
+		// has: each in-flight message holds a connection in a
+		// transaction until it is acked, so one shared, bounded pool
+		// starves the suite's parallel tests. Named, so that the
+		// reconnect test can terminate exactly these sessions.
 		appName := "millwright_conformance_" + schema.Name
-		db, err := stdsql.Open("postgres", withParam(schema.URL, "application_name", appName))
-		require.NoError(t, err)
-		db.SetMaxOpenConns(20)
-		t.Cleanup(func() { _ = db.Close() })
+		suiteURL := withParam(schema.URL, "application_name", appName)
 		restart, _ := reconnectCommand(t, transport.SQL, appName)
-		pub, group := constructors(func(*testing.T) transport.Config { return sqlConfig(db) }, "test")
+		pub, group := constructors(func(*testing.T) transport.Config {
+			c := transport.Config{Kind: transport.SQL}
+			c.SQL.URL = suiteURL
+			c.SQL.MaxOpenConns = 100
+			c.SQL.PollInterval = time.Millisecond
+			c.SQL.ResendInterval = 5 * time.Millisecond
+			return c
+		}, "test")
 		tests.TestPubSub(t, tests.Features{
 			ForceShort:            short(),
 			ConsumerGroups:        true,

@@ -133,3 +133,31 @@ func TestPoolsStayBoundedUnderLoad(t *testing.T) {
 		maxConns, peakPool.Load(), poolLimit, peakServer.Load(), 100*float64(peakServer.Load())/float64(maxConns), worst, procs, procs, poolLimit+2)
 	require.Less(t, peakServer.Load(), int64(maxConns)*9/10, "the server came within 10%% of max_connections")
 }
+
+// TestSchemaSessionsAreBounded: a test's connections end a transaction
+// left idle and a statement that runs too long, so no test can hold the
+// server (and the xmin horizon watermill-sql consumers read below).
+func TestSchemaSessionsAreBounded(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t)
+	for setting, want := range map[string]time.Duration{
+		"idle_in_transaction_session_timeout": pgtest.IdleInTransactionTimeout,
+		"statement_timeout":                   pgtest.StatementTimeout,
+	} {
+		var got string
+		require.NoError(t, s.DB.QueryRow(`SELECT current_setting($1)`, setting).Scan(&got))
+		require.Equal(t, fmt.Sprintf("%dms", want.Milliseconds()), normalizeMs(t, got), setting)
+	}
+}
+
+// normalizeMs turns Postgres's display of a duration ("1min", "2min",
+// "60s") into milliseconds.
+func normalizeMs(t *testing.T, v string) string {
+	var n int64
+	var unit string
+	_, err := fmt.Sscanf(v, "%d%s", &n, &unit)
+	require.NoError(t, err, v)
+	mult := map[string]int64{"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000}[unit]
+	require.NotZero(t, mult, "unit of %q", v)
+	return fmt.Sprintf("%dms", n*mult)
+}

@@ -12,8 +12,10 @@ import (
 	"encoding/hex"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	_ "github.com/lib/pq" // registers the "postgres" driver
 
@@ -26,12 +28,13 @@ const EnvDatabaseURL = "MILLWRIGHT_TEST_DATABASE_URL"
 // DefaultURL is the local server every development and CI machine has.
 const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
-// BaseURL returns the URL of the test server.
+// BaseURL returns the URL of the test server, with the session bounds
+// every test connection gets (WithSessionBounds).
 func BaseURL() string {
 	if u := os.Getenv(EnvDatabaseURL); u != "" {
-		return u
+		return WithSessionBounds(u)
 	}
-	return DefaultURL
+	return WithSessionBounds(DefaultURL)
 }
 
 // MaxOpenConns bounds each test schema's pool. With go test running two
@@ -56,7 +59,7 @@ func New(tb testing.TB, sources ...migrate.Source) *Schema {
 	tb.Helper()
 	ctx := context.Background()
 
-	admin, err := sql.Open("postgres", BaseURL())
+	admin, err := sql.Open("postgres", WithSessionBounds(BaseURL()))
 	if err != nil {
 		tb.Fatalf("pgtest: open %s: %v", EnvDatabaseURL, err)
 	}
@@ -70,7 +73,7 @@ func New(tb testing.TB, sources ...migrate.Source) *Schema {
 		tb.Fatalf("pgtest: create schema (is Postgres running? set %s): %v", EnvDatabaseURL, err)
 	}
 
-	u := WithSearchPath(BaseURL(), name)
+	u := WithSessionBounds(WithSearchPath(BaseURL(), name))
 	db, err := sql.Open("postgres", u)
 	if err != nil {
 		tb.Fatalf("pgtest: open schema pool: %v", err)
@@ -87,6 +90,53 @@ func New(tb testing.TB, sources ...migrate.Source) *Schema {
 		}
 	}
 	return &Schema{Name: name, URL: u, DB: db}
+}
+
+// ToolURL returns the test server's URL as configured, without the session
+// bounds, for libpq tools such as psql (which refuse parameters they do
+// not know).
+func ToolURL() string {
+	if u := os.Getenv(EnvDatabaseURL); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// Session bounds every test connection gets (see WithSessionBounds).
+const (
+	// IdleInTransactionTimeout ends a session left idle in a transaction:
+	// such a session holds the server-wide xmin horizon, below which
+	// watermill-sql's consumers read, so one forgotten transaction would
+	// stall every sql-transport consumer of every package for as long.
+	IdleInTransactionTimeout = 60 * time.Second
+	// StatementTimeout ends a statement that runs (or waits on a lock)
+	// longer than any test should.
+	StatementTimeout = 2 * time.Minute
+)
+
+// WithSessionBounds returns rawURL with idle_in_transaction_session_timeout
+// and statement_timeout set, unless the URL sets them itself.
+func WithSessionBounds(rawURL string) string {
+	set := func(key string, d time.Duration) {
+		v := strconv.FormatInt(d.Milliseconds(), 10)
+		u, err := url.Parse(rawURL)
+		if err != nil || !strings.HasPrefix(u.Scheme, "postgres") {
+			if !strings.Contains(rawURL, key+"=") {
+				rawURL += " " + key + "=" + v
+			}
+			return
+		}
+		q := u.Query()
+		if q.Get(key) != "" {
+			return
+		}
+		q.Set(key, v)
+		u.RawQuery = q.Encode()
+		rawURL = u.String()
+	}
+	set("idle_in_transaction_session_timeout", IdleInTransactionTimeout)
+	set("statement_timeout", StatementTimeout)
+	return rawURL
 }
 
 // WithSearchPath returns rawURL with its search_path set to schema.

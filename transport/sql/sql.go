@@ -49,6 +49,9 @@ type Config struct {
 	MaxOpenConns int
 	// PollInterval is how often an idle subscriber polls. Default 100ms.
 	PollInterval time.Duration
+	// ResendInterval is how long a nacked message waits before it is
+	// delivered again. Default 1s (watermill-sql's).
+	ResendInterval time.Duration
 	// ConnectTimeout bounds Open's first ping. Default 10s.
 	ConnectTimeout time.Duration
 }
@@ -62,6 +65,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 10 * time.Second
+	}
+	if c.ResendInterval == 0 {
+		c.ResendInterval = time.Second
 	}
 }
 
@@ -82,6 +88,9 @@ func (c Config) Validate() error {
 	}
 	if c.PollInterval < 0 {
 		errs = append(errs, fmt.Errorf("sql: PollInterval %s is negative", c.PollInterval))
+	}
+	if c.ResendInterval < 0 {
+		errs = append(errs, fmt.Errorf("sql: ResendInterval %s is negative", c.ResendInterval))
 	}
 	return errors.Join(errs...)
 }
@@ -304,6 +313,7 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 		sub, err := wsql.NewSubscriber(t.db, wsql.SubscriberConfig{
 			ConsumerGroup:    group,
 			PollInterval:     t.cfg.PollInterval,
+			ResendInterval:   t.cfg.ResendInterval,
 			SchemaAdapter:    Schema(),
 			OffsetsAdapter:   OffsetsAdapter(),
 			InitializeSchema: true,
