@@ -11,6 +11,9 @@
 #   scripts/services.sh status   the same lines and exports, starting nothing
 #   scripts/services.sh env      only the exports (for services that answer)
 #   scripts/services.sh down     stop what `up` started (by pid), nothing else
+#   scripts/services.sh restart kafka
+#                                stop the broker `up` started and start it again
+#                                on the same log directory (the reconnect test)
 #
 #   eval "$(scripts/services.sh up)" && go test ./...
 #
@@ -350,8 +353,17 @@ status)
 env)
 	print_env
 	;;
+restart)
+	case "${2:-}" in
+	kafka)
+		[ -f "$state/started/kafka" ] || { say kafka "not started by this script: not restarting it"; exit 1; }
+		kafka_down && kafka_up
+		;;
+	*) echo "usage: $0 restart kafka" >&2; exit 2 ;;
+	esac
+	;;
 *)
-	echo "usage: $0 up|down|status|env" >&2
+	echo "usage: $0 up|down|status|env|restart kafka" >&2
 	exit 2
 	;;
 esac

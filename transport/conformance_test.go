@@ -37,10 +37,12 @@ func short() bool { return os.Getenv(envTestShort) != "" }
 const envTestReconnect = "MILLWRIGHT_TEST_RECONNECT"
 
 // reconnectCommand returns the command Watermill's TestReconnect runs to
-// cut the broker of the given kind, or "" and why the kind cannot be cut.
+// cut the broker of the given kind (nil, so the test skips, unless
+// MILLWRIGHT_TEST_RECONNECT=1). Each command fails when its cut found
+// nothing to cut.
 //
 //   - amqp: rabbitmqctl close_all_connections (the server closes every
-//     client connection; watermill-amqp reconnects).
+//     client connection; the publisher and subscribers reconnect).
 //   - sql: pg_terminate_backend of the suite's own connections, found by
 //     their application_name (the other tests' sessions live on).
 //   - kafka: scripts/services.sh restart kafka stops the broker process and
@@ -50,15 +52,28 @@ const envTestReconnect = "MILLWRIGHT_TEST_RECONNECT"
 //     suite reaches it through a TCP proxy (internal/faultproxy) and the
 //     command signals this process (SIGUSR1), which cuts every connection
 //     the proxy carries: the client sees the server go away mid-stream.
-func reconnectCommand(t *testing.T, kind transport.Kind, appName string) ([]string, string) {
+//
+// With MILLWRIGHT_TEST_RECONNECT=1, a kind that cannot be cut fails the
+// test instead of letting TestReconnect skip silently.
+func reconnectCommand(t *testing.T, kind transport.Kind, appName string) []string {
 	if os.Getenv(envTestReconnect) != "1" {
-		return nil, envTestReconnect + " is not 1 (the cut reaches every client of the broker; .ci/run runs these tests alone)"
+		return nil
 	}
+	cmd, why := reconnectCommandFor(t, kind, appName)
+	if cmd == nil {
+		t.Fatalf("%s=1 but %s cannot be cut: %s", envTestReconnect, kind, why)
+	}
+	return cmd
+}
+
+func reconnectCommandFor(t *testing.T, kind transport.Kind, appName string) ([]string, string) {
 	script, err := filepath.Abs(filepath.Join("..", "scripts", "services.sh"))
 	require.NoError(t, err)
 	switch kind {
 	case transport.AMQP:
-		return []string{"rabbitmqctl", "close_all_connections", "millwright reconnect test"}, ""
+		// Fails when there was no connection to close: the cut must
+		// really happen.
+		return []string{"sh", "-c", `test "$(rabbitmqctl -q list_connections | wc -l)" -gt 0 && rabbitmqctl -q close_all_connections "millwright reconnect test"`}, ""
 	case transport.SQL:
 		// Fails (division by zero) when no session was terminated: the
 		// cut must really happen.
@@ -73,7 +88,7 @@ func reconnectCommand(t *testing.T, kind transport.Kind, appName string) ([]stri
 	case transport.GoogleCloud:
 		return []string{"kill", "-USR1", strconv.Itoa(os.Getpid())}, ""
 	}
-	return nil, "no way to cut " + string(kind) + " without losing its state"
+	return nil, "no broker to cut"
 }
 
 // constructors builds Watermill suite constructors that go through
@@ -125,7 +140,7 @@ func TestConformance(t *testing.T) {
 		// reconnect test can terminate exactly these sessions.
 		appName := "millwright_conformance_" + schema.Name
 		suiteURL := withParam(schema.URL, "application_name", appName)
-		restart, _ := reconnectCommand(t, transport.SQL, appName)
+		restart := reconnectCommand(t, transport.SQL, appName)
 		pub, group := constructors(func(*testing.T) transport.Config {
 			c := transport.Config{Kind: transport.SQL}
 			c.SQL.URL = suiteURL
@@ -146,7 +161,7 @@ func TestConformance(t *testing.T) {
 
 	t.Run("amqp", func(t *testing.T) {
 		t.Parallel()
-		restart, _ := reconnectCommand(t, transport.AMQP, "")
+		restart := reconnectCommand(t, transport.AMQP, "")
 		pub, group := constructors(func(t *testing.T) transport.Config { return transporttest.Config(t, transport.AMQP) }, "")
 		tests.TestPubSub(t, tests.Features{
 			RestartServiceCommand: restart,
@@ -163,7 +178,7 @@ func TestConformance(t *testing.T) {
 
 	t.Run("kafka", func(t *testing.T) {
 		t.Parallel()
-		restart, _ := reconnectCommand(t, transport.Kafka, "")
+		restart := reconnectCommand(t, transport.Kafka, "")
 		pub, group := constructors(func(t *testing.T) transport.Config { return transporttest.Config(t, transport.Kafka) }, "test")
 		tests.TestPubSub(t, tests.Features{
 			RestartServiceCommand: restart,
@@ -178,7 +193,7 @@ func TestConformance(t *testing.T) {
 	t.Run("googlecloud", func(t *testing.T) {
 		t.Parallel()
 		cfg := transporttest.Config(t, transport.GoogleCloud)
-		restart, _ := reconnectCommand(t, transport.GoogleCloud, "")
+		restart := reconnectCommand(t, transport.GoogleCloud, "")
 		if restart != nil {
 			proxy, err := faultproxy.New(cfg.GoogleCloud.EmulatorHost)
 			require.NoError(t, err)
