@@ -27,4 +27,38 @@
 // For development and tests, package transport/embedded starts an
 // in-process Kafka (kfake) or Pub/Sub (pstest) fake and returns the Config
 // that reaches it.
+//
+// # Watermill's universal suite
+//
+// Every kind passes github.com/ThreeDotsLabs/watermill/pubsub/tests.TestPubSub
+// in full mode, through Open, on real brokers (TestConformance:
+// PostgreSQL 15, RabbitMQ 3.10, Apache Kafka 4.1.1 in KRaft mode, Google's
+// Pub/Sub emulator; scripts/services.sh starts them). TestReconnect runs
+// in a stage of its own (MILLWRIGHT_TEST_RECONNECT=1, .ci/run), because
+// its cut reaches every client of the broker: RabbitMQ closes all
+// connections (rabbitmqctl close_all_connections), the suite's own
+// Postgres sessions are terminated, the Kafka broker process is restarted
+// on its log directory, and the emulator's connections are cut through a
+// TCP proxy (a restart would lose the emulator's in-memory topics, which
+// is not a reconnect). Each kind declares only the Features it has; the
+// cases the suite skips, and why:
+//
+//   - TestPublishSubscribeInOrder and TestNoAck (both need GuaranteedOrder):
+//     skipped on kafka, amqp, googlecloud and gochannel. The suite
+//     publishes without ordering keys, and those kinds order only per key
+//     (Kafka partition, Pub/Sub ordering key) or not across redeliveries
+//     (a requeued AMQP message falls behind with prefetch > 1). Per-key
+//     order is this package's own test (TestPublishBatchKeepsEveryKeyInOrder)
+//     and the outbox relay's (TestRelayOnEveryTransport).
+//   - TestContinueAfterSubscribeClose and TestConcurrentClose: skipped on
+//     sql and gochannel, the kinds with ExactlyOnceDelivery; upstream skips
+//     them for that feature ("not supported yet").
+//   - TestConsumerGroups: skipped on gochannel, which has no groups (every
+//     subscriber gets every message).
+//   - TestNewSubscriberReceivesOldMessages: skipped on every kind. A new
+//     subscriber of an existing group continues from the group's position
+//     (that is what the consumer groups promise); only a new group starts
+//     at the oldest message, which TestConsumerGroups covers.
+//   - TestReconnect: skipped in the main run (above) and on gochannel,
+//     which has no broker to cut.
 package transport
