@@ -60,6 +60,10 @@ type faults struct {
 	// refused counts the publish requests (or connections) the broker
 	// refused.
 	refused func() int64
+	// relayUnaffected: the outage cannot reach the relay's publishes (sql:
+	// the relay publishes in the database, not through the transport's
+	// connections), so only the consumers' cut connections prove it.
+	relayUnaffected bool
 }
 
 // TestReliability runs the order workflow on every transport kind while
@@ -146,6 +150,7 @@ func setup(t *testing.T, kind transport.Kind, fake bool) *bundle {
 		require.NoError(t, err)
 		cfg = c
 		f.refuse, f.refused = proxy.Outage, proxy.Refused
+		f.relayUnaffected = true
 	case transport.AMQP:
 		cfg.Kind = transport.AMQP
 		cfg.AMQP.URL = amqpURL
@@ -176,6 +181,9 @@ func setup(t *testing.T, kind transport.Kind, fake bool) *bundle {
 		p := &embedded.PubSubServer{Server: pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: r}), ProjectID: "millwright-test"}
 		t.Cleanup(func() { _ = p.Close() })
 		cfg = p.Config()
+		// The client retries UNAVAILABLE within one Publish until its
+		// timeout: keep that below the outage so the relay sees failures.
+		cfg.GoogleCloud.PublishTimeout = 500 * time.Millisecond
 		f.refuse, f.refused = r.outage, r.refused.Load
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -267,6 +275,13 @@ func runReliability(t *testing.T, kind transport.Kind, fake bool, n int) {
 	}
 	t.Logf("%s: %s (relay 1 killed after %d publishes; outage refused %d requests or connections)", kind, s, dying.after, refused)
 	require.Positive(t, refused, "the broker outage was not exercised")
+	if !b.faults.relayUnaffected {
+		// The relay itself met the outage: rows it failed to publish were
+		// put back with a retry (relay 1 was killed by cancellation, so
+		// its rows carry none).
+		require.Positive(t, count(t, b.schema.DB, `SELECT count(*) FROM millwright_outbox WHERE retry_count > 0`),
+			"no outbox row was retried: relay 2 never met the outage")
+	}
 
 	db := b.schema.DB
 	require.Equal(t, n, s.Orders)
