@@ -40,12 +40,23 @@ func ExampleNewMiddleware() {
 	})
 	go func() { _ = router.Run(context.Background()) }()
 	defer router.Close()
-	<-router.Running()
+	select {
+	case <-router.Running():
+	case <-time.After(10 * time.Second):
+		fmt.Println("router not running after 10s")
+		return
+	}
 
 	for _, payload := range []string{`{"Amount": `, `{"Amount": 10}`} {
 		_ = pubSub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte(payload)))
-		dl := <-deadLetters
-		dl.Ack()
+		var dl *message.Message
+		select {
+		case dl = <-deadLetters:
+			dl.Ack()
+		case <-time.After(10 * time.Second):
+			fmt.Println("no dead letter within 10s")
+			return
+		}
 		md := dl.Metadata
 		fmt.Printf("%s: reason=%s attempts=%s type=%s\n", dl.Payload,
 			md.Get(metadata.DeadLetterReason), md.Get(metadata.DeadLetterAttempts), md.Get(metadata.DeadLetterErrorType))

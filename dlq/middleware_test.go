@@ -313,7 +313,11 @@ func TestShutdownDuringBackoffDoesNotDeadLetter(t *testing.T) {
 			return errors.New("down")
 		})
 	b.publish(t, "x")
-	<-failed
+	select {
+	case <-failed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not run within 10s")
+	}
 	start := time.Now()
 	require.NoError(t, b.router.Close())
 	require.Less(t, time.Since(start), 5*time.Second, "router close waited out the backoff")
@@ -330,7 +334,9 @@ func TestSuccessIsAckedAndProducesMessages(t *testing.T) {
 	mw, err := dlq.NewMiddleware(&flakyPublisher{failures: 100}, dlq.Config{Retry: fastRetry})
 	require.NoError(t, err)
 	out := message.NewMessage("out", nil)
+	calls := 0
 	produced, err := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		calls++
 		if retry.Attempt(msg.Context()) < 2 {
 			return nil, errors.New("transient")
 		}
@@ -338,6 +344,7 @@ func TestSuccessIsAckedAndProducesMessages(t *testing.T) {
 	})(message.NewMessage("in", nil))
 	require.NoError(t, err)
 	require.Equal(t, []*message.Message{out}, produced)
+	require.Equal(t, 2, calls, "the first attempt failed and was retried")
 }
 
 func TestNewMiddlewareValidates(t *testing.T) {

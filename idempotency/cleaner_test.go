@@ -73,22 +73,71 @@ func TestCleanerSkipsWhileAnotherHoldsTheLock(t *testing.T) {
 }
 
 // Cleaners of different schemas do not exclude each other: the lock is per
-// schema.
+// schema. A cleaner of schema A holds its lock the way it does in
+// production, mid-run: its DELETE waits on a table lock this test holds.
+// Meanwhile a second cleaner of A skips and a cleaner of B does its work.
 func TestCleanerLockIsPerSchema(t *testing.T) {
 	t.Parallel()
 	a, b := setupPG(t), setupPG(t)
+	insertMarks(t, a, "old-", 3, 8*24*time.Hour)
 	insertMarks(t, b, "old-", 2, 8*24*time.Hour)
-	conn, err := a.schema.DB.Conn(context.Background())
+
+	block, err := a.schema.DB.Begin()
 	require.NoError(t, err)
-	defer conn.Close()
-	_, err = conn.ExecContext(context.Background(), `SELECT pg_advisory_lock(1836535877, hashtext(current_schema()))`)
+	_, err = block.Exec(`LOCK TABLE millwright_processed_events IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
+
+	holderDB, err := sql.Open("postgres", a.schema.URL)
+	require.NoError(t, err)
+	holderDB.SetMaxOpenConns(1) // one connection: its backend pid identifies the holder's session
+	t.Cleanup(func() { holderDB.Close() })
+	var holderPID int
+	require.NoError(t, holderDB.QueryRow(`SELECT pg_backend_pid()`).Scan(&holderPID))
+	holder, err := idempotency.NewCleaner(holderDB, idempotency.CleanerConfig{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); _ = block.Rollback() }) // before holderDB.Close, which waits for the DELETE
+	type result struct {
+		stats idempotency.CleanStats
+		err   error
+	}
+	held := make(chan result, 1)
+	go func() {
+		stats, err := holder.RunOnce(ctx)
+		held <- result{stats, err}
+	}()
+
+	eventually(t, "schema A's cleaner holds its lock and waits on the table", func() bool {
+		var waiting string
+		_ = a.schema.DB.QueryRow(`SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1`, holderPID).Scan(&waiting)
+		return waiting == "Lock"
+	})
+
+	otherA, err := idempotency.NewCleaner(a.schema.DB, idempotency.CleanerConfig{})
+	require.NoError(t, err)
+	stats, err := otherA.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, idempotency.CleanStats{Skipped: true}, stats, "a second cleaner of schema A skips")
 
 	c, err := idempotency.NewCleaner(b.schema.DB, idempotency.CleanerConfig{})
 	require.NoError(t, err)
-	stats, err := c.RunOnce(context.Background())
+	stats, err = c.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, int64(2), stats.Deleted)
+	require.Equal(t, idempotency.CleanStats{Deleted: 2, Batches: 1}, stats, "schema B's cleaner is not excluded by A's")
+	select {
+	case r := <-held:
+		t.Fatalf("schema A's cleaner finished while its table was locked: %+v, %v", r.stats, r.err)
+	default:
+	}
+
+	require.NoError(t, block.Rollback())
+	select {
+	case r := <-held:
+		require.NoError(t, r.err)
+		require.Equal(t, idempotency.CleanStats{Deleted: 3, Batches: 1}, r.stats)
+	case <-time.After(10 * time.Second):
+		t.Fatal("schema A's cleaner did not finish within 10s of the table lock's release")
+	}
 }
 
 func TestCleanerRunAndClose(t *testing.T) {

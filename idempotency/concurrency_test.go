@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -61,7 +62,7 @@ func TestMiddlewareConcurrentDuplicatesAcrossInstances(t *testing.T) {
 		_, err := hA(idempotencytest.NewMessage("evt-1", nil))
 		errA <- err
 	}()
-	<-inHandler // A's mark and effect are written, not committed
+	receive(t, inHandler, "instance A in its handler") // A's mark and effect are written, not committed
 
 	errB := make(chan error, 1)
 	go func() {
@@ -80,8 +81,8 @@ func TestMiddlewareConcurrentDuplicatesAcrossInstances(t *testing.T) {
 	}
 
 	close(release)
-	require.NoError(t, <-errA)
-	require.NoError(t, <-errB, "B acks the duplicate")
+	require.NoError(t, receive(t, errA, "instance A's result"))
+	require.NoError(t, receive(t, errB, "instance B's result"), "B acks the duplicate")
 
 	require.EqualValues(t, 1, runs.Load(), "handler ran once")
 	require.Equal(t, 1, countRows(t, b.schema.DB, `SELECT count(*) FROM effects`), "one effect")
@@ -89,22 +90,21 @@ func TestMiddlewareConcurrentDuplicatesAcrossInstances(t *testing.T) {
 	require.EqualValues(t, 1, metric(t, regB, idempotency.MetricDuplicates, "billing"))
 }
 
-// The same race when the first delivery fails: the second takes over and
-// applies the effect.
+// The same race when the first delivery fails: the second, already waiting
+// on the first's uncommitted mark, takes over and applies the effect.
 func TestMiddlewareConcurrentDuplicateTakesOverAfterFailure(t *testing.T) {
 	t.Parallel()
 	b := setupPG(t)
-	storeB := func() *idempotency.PostgresStore {
-		db, err := sql.Open("postgres", b.schema.URL)
-		require.NoError(t, err)
-		db.SetMaxOpenConns(1)
-		t.Cleanup(func() { db.Close() })
-		s, err := idempotency.NewPostgresStore(db)
-		require.NoError(t, err)
-		return s
-	}()
-	mA, _ := newMiddleware(t, b.store, idempotency.Config{Consumer: "billing"})
-	mB, _ := newMiddleware(t, storeB, idempotency.Config{Consumer: "billing"})
+	dbB, err := sql.Open("postgres", b.schema.URL)
+	require.NoError(t, err)
+	dbB.SetMaxOpenConns(1) // one connection: its backend pid identifies B's session
+	t.Cleanup(func() { dbB.Close() })
+	var pidB int
+	require.NoError(t, dbB.QueryRow(`SELECT pg_backend_pid()`).Scan(&pidB))
+	storeB, err := idempotency.NewPostgresStore(dbB)
+	require.NoError(t, err)
+	mA, regA := newMiddleware(t, b.store, idempotency.Config{Consumer: "billing"})
+	mB, regB := newMiddleware(t, storeB, idempotency.Config{Consumer: "billing"})
 
 	inHandler := make(chan struct{})
 	release := make(chan struct{})
@@ -117,21 +117,53 @@ func TestMiddlewareConcurrentDuplicateTakesOverAfterFailure(t *testing.T) {
 		<-release
 		return nil, testError("downstream refused")
 	})
-	hB := mB.Middleware(write)
+	var runsB atomic.Int64
+	hB := mB.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		runsB.Add(1)
+		return write(msg)
+	})
 
 	errA := make(chan error, 1)
 	go func() {
 		_, err := hA(idempotencytest.NewMessage("evt-1", nil))
 		errA <- err
 	}()
-	<-inHandler
+	receive(t, inHandler, "instance A in its handler") // A's mark and effect are written, not committed
 	errB := make(chan error, 1)
 	go func() {
 		_, err := hB(idempotencytest.NewMessage("evt-1", nil))
 		errB <- err
 	}()
-	close(release) // B may or may not have reached the lock yet; both orders must give one effect
-	require.Error(t, <-errA)
-	require.NoError(t, <-errB)
+	eventually(t, "instance B waits on A's row lock", func() bool {
+		var waiting string
+		_ = b.schema.DB.QueryRow(`SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1`, pidB).Scan(&waiting)
+		return waiting == "Lock"
+	})
+	select {
+	case err := <-errB:
+		t.Fatalf("instance B finished while A's mark was uncommitted: %v", err)
+	default:
+	}
+
+	close(release) // A fails and rolls back; B's waiting INSERT now succeeds
+	require.Error(t, receive(t, errA, "instance A's result"))
+	require.NoError(t, receive(t, errB, "instance B's result"))
+	require.EqualValues(t, 1, runsB.Load(), "B took over: its handler ran")
 	require.Equal(t, 1, countRows(t, b.schema.DB, `SELECT count(*) FROM effects`))
+	require.EqualValues(t, 0, metric(t, regA, idempotency.MetricProcessed, "billing"))
+	require.EqualValues(t, 1, metric(t, regB, idempotency.MetricProcessed, "billing"))
+	require.EqualValues(t, 0, metric(t, regB, idempotency.MetricDuplicates, "billing"))
+}
+
+// receive returns the next value from ch, failing the test if none comes
+// within 10 s.
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out after 10s waiting for %s", what)
+		panic("unreachable")
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -52,9 +53,15 @@ func TestRouterWithDuplicatorAppliesOnce(t *testing.T) {
 	go func() { runErr <- router.Run(ctx) }()
 	t.Cleanup(func() {
 		require.NoError(t, router.Close())
-		require.NoError(t, <-runErr)
+		require.NoError(t, receive(t, runErr, "the router to stop"))
 	})
-	<-router.Running()
+	select {
+	case <-router.Running():
+	case err := <-runErr:
+		t.Fatalf("router stopped before running: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("router not running after 10s")
+	}
 
 	for i := range unique {
 		require.NoError(t, pubSub.Publish("orders", idempotencytest.NewMessage(fmt.Sprintf("evt-%d", i), nil)))
@@ -62,8 +69,13 @@ func TestRouterWithDuplicatorAppliesOnce(t *testing.T) {
 	for i := range republished {
 		require.NoError(t, pubSub.Publish("orders", idempotencytest.NewMessage(fmt.Sprintf("evt-%d", i), nil)))
 	}
-	for range unique + republished {
-		<-handled
+	timeout := time.After(10 * time.Second)
+	for i := range unique + republished {
+		select {
+		case <-handled:
+		case <-timeout:
+			t.Fatalf("timed out after 10s: %d of %d deliveries handled", i, unique+republished)
+		}
 	}
 
 	require.Equal(t, unique, countRows(t, b.schema.DB, `SELECT count(*) FROM effects`))

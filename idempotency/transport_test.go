@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,6 +63,7 @@ func TestEveryTransportAppliesOnce(t *testing.T) {
 			const unique, republished = 6, 3
 			handled := make(chan string, 4*(unique+republished))
 			var crashOnce sync.Once
+			var crashes atomic.Int32
 			router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
 				return func(msg *message.Message) ([]*message.Message, error) {
 					out, err := h(msg)
@@ -74,6 +76,7 @@ func TestEveryTransportAppliesOnce(t *testing.T) {
 					}
 					if crashed {
 						// Effect committed, ack lost: the broker redelivers.
+						crashes.Add(1)
 						return nil, testError("consumer died before ack")
 					}
 					handled <- msg.Metadata.Get("ce_id")
@@ -123,6 +126,13 @@ func TestEveryTransportAppliesOnce(t *testing.T) {
 			require.Equal(t, unique, countRows(t, b.schema.DB, `SELECT count(*) FROM effects`))
 			require.Equal(t, unique, countRows(t, b.schema.DB, `SELECT count(DISTINCT event_id) FROM effects`))
 			require.EqualValues(t, unique, metric(t, reg, idempotency.MetricProcessed, "billing"))
+			require.EqualValues(t, 1, crashes.Load(), "the consumer died before the ack of evt-0")
+			// Every delivery runs the middleware twice (Duplicator) and all but
+			// the first of each event are duplicates: the 9 handled deliveries
+			// plus the crashed one make at least 2*10-6 = 14 duplicates; 12
+			// if the crash or its redelivery had not happened.
+			require.GreaterOrEqual(t, metric(t, reg, idempotency.MetricDuplicates, "billing"),
+				float64(2*(unique+republished+1)-unique), "duplicates: the crashed delivery of evt-0 was redelivered")
 		})
 	}
 }

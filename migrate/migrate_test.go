@@ -2,13 +2,20 @@ package migrate_test
 
 import (
 	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/binary"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/fstest"
+	"time"
 
+	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/migrate"
 )
 
@@ -20,28 +27,84 @@ func source() migrate.Source {
 	}}
 }
 
+// Four migrators run Up at once; the first to get the lock stalls in its
+// first migration until the other three are seen waiting for the lock, so
+// they certainly overlap. Each version is applied once, by the first.
 func TestUpAppliesEachVersionOnceEvenConcurrently(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t)
-	ctx := context.Background()
+	ctx, cancel := context.WithCancel(context.Background())
 
+	// The first migration waits on this test's own advisory lock (a
+	// random key, so no other test shares it) until it is released.
+	var kb [8]byte
+	_, _ = rand.Read(kb[:])
+	stall := int64(binary.BigEndian.Uint64(kb[:]) >> 1)
+	src := source()
+	fsys := src.FS.(fstest.MapFS)
+	fsys["001_create.sql"] = &fstest.MapFile{Data: []byte(fmt.Sprintf(
+		"SELECT pg_advisory_xact_lock(%d);\n%s", stall, fsys["001_create.sql"].Data))}
+
+	const n = 4
+	pids := make([]int, n)
+	dbs := make([]*sql.DB, n)
+	for i := range dbs {
+		db, err := sql.Open("postgres", s.URL)
+		require.NoError(t, err)
+		db.SetMaxOpenConns(1) // one connection: its backend pid identifies the migrator
+		t.Cleanup(func() { db.Close() })
+		require.NoError(t, db.QueryRow(`SELECT pg_backend_pid()`).Scan(&pids[i]))
+		dbs[i] = db
+	}
+	holder, err := sql.Open("postgres", s.URL)
+	require.NoError(t, err)
+	holder.SetMaxOpenConns(1)
+	// Runs before the migrators' pools are closed (DB.Close waits for the
+	// stalled migration): closing the session releases the stall.
+	t.Cleanup(func() { cancel(); holder.Close() })
+	_, err = holder.Exec(`SELECT pg_advisory_lock($1)`, stall)
+	require.NoError(t, err)
+
+	applied := make([][]migrate.Applied, n)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
-	applied := make([][]migrate.Applied, 4)
-	errs := make([]error, 4)
-	for i := range applied {
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			applied[i], errs[i] = migrate.Up(ctx, s.DB, source())
+			applied[i], errs[i] = migrate.Up(ctx, dbs[i], src)
 		}()
 	}
-	wg.Wait()
-	total := 0
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+
+	poll.Until(t, 10*time.Second, func() bool {
+		var stalled, waiting int
+		require.NoError(t, s.DB.QueryRow(`SELECT
+				count(*) FILTER (WHERE query LIKE 'SELECT pg_advisory_xact_lock%'),
+				count(*) FILTER (WHERE query LIKE 'SELECT pg_advisory_lock%')
+			FROM pg_stat_activity WHERE pid = ANY($1) AND wait_event_type = 'Lock'`,
+			pq.Array(pids)).Scan(&stalled, &waiting))
+		return stalled == 1 && waiting == n-1
+	}, "one migrator stalled in its first migration, the other %d waiting for the migration lock", n-1)
+	_, err = holder.Exec(`SELECT pg_advisory_unlock($1)`, stall)
+	require.NoError(t, err)
+
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("migrators still running 30s after the stall was released")
+	}
+	total, first := 0, 0
 	for i := range applied {
 		require.NoError(t, errs[i])
 		total += len(applied[i])
+		if len(applied[i]) == 2 {
+			first++
+		}
 	}
 	require.Equal(t, 2, total, "each migration applied exactly once across concurrent migrators")
+	require.Equal(t, 1, first, "the stalled migrator applied both: %v", applied)
 
 	again, err := migrate.Up(ctx, s.DB, source())
 	require.NoError(t, err)

@@ -30,10 +30,13 @@ func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) 
 	c, err := NewCleaner(b.db, CleanerConfig{BatchSize: 7})
 	require.NoError(t, err)
 
-	// Writers keep adding while the cleaner deletes.
+	// Writers keep adding while the cleaner deletes; the clean starts once
+	// one of them has written.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var written [3]int
+	wrote := make(chan struct{})
+	var firstWrite sync.Once
 	for w := range 3 {
 		wg.Add(1)
 		go func() {
@@ -49,13 +52,22 @@ func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) 
 					return
 				}
 				written[w]++
+				firstWrite.Do(func() { close(wrote) })
 			}
 		}()
+	}
+	select {
+	case <-wrote:
+	case <-time.After(10 * time.Second):
+		close(stop)
+		wg.Wait()
+		t.Fatal("no writer wrote within 10s")
 	}
 	n, err := c.CleanOnce(ctx)
 	close(stop)
 	wg.Wait()
 	require.NoError(t, err)
+	require.Positive(t, written[0]+written[1]+written[2], "the writers wrote")
 	require.EqualValues(t, 250, n)
 	require.Equal(t, 20, count(t, b.db, "status = 'published'"))
 	require.Equal(t, 10, count(t, b.db, "status = 'failed'"))

@@ -61,8 +61,14 @@ func Example() {
 	go relay.Run(ctx)
 	defer relay.Close()
 
-	msg := <-received
-	msg.Ack()
+	var msg *message.Message
+	select {
+	case msg = <-received:
+		msg.Ack()
+	case <-time.After(10 * time.Second):
+		fmt.Println("no message within 10s")
+		return
+	}
 	fmt.Println(msg.Metadata.Get(metadata.EventType), msg.Metadata.Get(metadata.OrderingKey), string(msg.Payload))
 
 	wait, cancel := context.WithTimeout(ctx, 5*time.Second)

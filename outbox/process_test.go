@@ -55,22 +55,40 @@ func TestRelayChildProcess(t *testing.T) {
 }
 
 // killChild starts TestRelayChildProcess with env and kills it (SIGKILL)
-// once it prints "published".
-func killChild(t *testing.T, env ...string) {
+// once it prints a line starting with "published", which must be want.
+// atKill, if not nil, runs just before the kill, while the child waits in
+// its hook. A child that has not printed the line within 60 s is killed
+// and the test fails.
+func killChild(t *testing.T, want string, atKill func(), env ...string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRelayChildProcess$", "-test.v")
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	// The kill ends the scan below, which would otherwise wait forever.
+	timer := time.AfterFunc(60*time.Second, func() { _ = cmd.Process.Kill() })
+	defer timer.Stop()
+
 	sc := bufio.NewScanner(out)
-	seen := false
-	for !seen && sc.Scan() {
-		seen = strings.HasPrefix(sc.Text(), "published")
+	var got string
+	var before []string
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "published") {
+			got = sc.Text()
+			break
+		}
+		before = append(before, sc.Text())
 	}
-	require.NoError(t, cmd.Process.Kill())
-	_ = cmd.Wait()
-	require.True(t, seen, "the child relay never reached the point where it is killed")
+	require.NotEmpty(t, got, "the child relay never reached the point where it is killed (within 60s); its output:\n%s", strings.Join(before, "\n"))
+	require.Equal(t, want, got, "the child relay's batch when killed")
+	if atKill != nil {
+		atKill()
+	}
 }
 
 // TestRelay_KilledProcessPublishingInTheDatabaseLosesAndRepeatsNothing: a
@@ -86,7 +104,13 @@ func TestRelay_KilledProcessPublishingInTheDatabaseLosesAndRepeatsNothing(t *tes
 	for i := 0; i < 20; i++ {
 		require.NoError(t, Add(ctx, b.db, Event{Topic: topic, AggregateID: strconv.Itoa(i % 5)}))
 	}
-	killChild(t, envChildURL+"="+b.schema.URL, envChildMove+"="+topic)
+	killChild(t, "published", func() {
+		// The child's uncommitted move holds every row: it copied all 20.
+		var free int
+		require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM (
+			SELECT id FROM millwright_outbox FOR UPDATE SKIP LOCKED) x`).Scan(&free))
+		require.Zero(t, free, "the killed relay's move held every row")
+	}, envChildURL+"="+b.schema.URL, envChildMove+"="+topic)
 	table := `"watermill_` + topic + `"`
 	var messages int
 	require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM `+table).Scan(&messages))
@@ -113,7 +137,9 @@ func TestRelay_KilledProcessLosesNothing(t *testing.T) {
 		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: strconv.Itoa(i % 5)}))
 	}
 
-	killChild(t, envChildURL+"="+b.schema.URL) // kill -9 between publish and mark
+	// kill -9 between publish and mark, with the whole batch published
+	// (one claim takes all 20: 5 aggregates' heads and their followers).
+	killChild(t, "published 20", nil, envChildURL+"="+b.schema.URL)
 	require.Equal(t, 0, count(t, b.db, "status = 'published'"), "the killed relay marked nothing")
 
 	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 20 * time.Millisecond})

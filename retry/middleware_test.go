@@ -222,7 +222,11 @@ func TestMiddlewareShutdownDuringBackoffReturnsPromptly(t *testing.T) {
 		})(msg)
 		done <- err
 	}()
-	<-failed
+	select {
+	case <-failed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not run within 10s")
+	}
 	start := time.Now()
 	cancel()
 	select {

@@ -2,14 +2,17 @@ package saga_test
 
 import (
 	"context"
-	"sync"
+	"database/sql"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"
@@ -29,18 +32,29 @@ func commandFor(id, step, phase, attempt, replyTo string) *message.Message {
 
 // Many different replies to one command race on several connections
 // (orchestrator instances): optimistic locking lets exactly one transition
-// happen; the others are recorded as duplicates.
+// happen; the others are recorded as duplicates. The test holds the
+// instance's row lock until every reply has read the same version and
+// waits in its UPDATE, so all of them contend, and all but one take the
+// conflict path.
 func TestConcurrentRepliesMakeOneTransition(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), saga.Migrations())
-	s.DB.SetMaxOpenConns(10)
 	tp := newTopics()
 	def := ordersDef(t, tp, defOpts{})
 	ctx := context.Background()
-	orchs := make([]*saga.Orchestrator[Order], 4)
+
+	const n = 8
+	// One orchestrator instance per reply, each on a one-connection pool:
+	// its backend pid identifies the instance's session.
+	orchs := make([]*saga.Orchestrator[Order], n)
+	pids := make([]int, n)
 	for i := range orchs {
-		var err error
-		orchs[i], err = saga.NewOrchestrator(s.DB, def, saga.Config{ReplyTopic: tp.replies})
+		db, err := sql.Open("postgres", s.URL)
+		require.NoError(t, err)
+		db.SetMaxOpenConns(1)
+		t.Cleanup(func() { db.Close() })
+		require.NoError(t, db.QueryRow(`SELECT pg_backend_pid()`).Scan(&pids[i]))
+		orchs[i], err = saga.NewOrchestrator(db, def, saga.Config{ReplyTopic: tp.replies})
 		require.NoError(t, err)
 	}
 	tx, err := s.DB.Begin()
@@ -48,10 +62,13 @@ func TestConcurrentRepliesMakeOneTransition(t *testing.T) {
 	require.NoError(t, orchs[0].Start(ctx, tx, "race", Order{ID: "race"}))
 	require.NoError(t, tx.Commit())
 
-	const n = 8
+	lock, err := s.DB.Begin()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lock.Rollback() })
+	_, err = lock.Exec(`SELECT 1 FROM millwright_saga_instances WHERE id = 'race' FOR UPDATE`)
+	require.NoError(t, err)
+
 	cmd := commandFor("race", reserve, saga.PhaseForward, "1", tp.replies)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := range n {
 		typ := reserve + ".succeeded"
@@ -60,18 +77,24 @@ func TestConcurrentRepliesMakeOneTransition(t *testing.T) {
 		}
 		reply, err := saga.NewReply(cmd, typ, map[string]string{"ID": "r"})
 		require.NoError(t, err)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			errs <- orchs[i%len(orchs)].HandleReply(reply)
-		}()
+		go func() { errs <- orchs[i].HandleReply(reply) }()
 	}
-	close(start)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
+	poll.Until(t, 10*time.Second, func() bool {
+		var waiting int
+		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1) AND wait_event_type = 'Lock'`,
+			pq.Array(pids)).Scan(&waiting))
+		return waiting == n
+	}, "all %d replies wait on the instance's row lock", n)
+	require.NoError(t, lock.Rollback())
+
+	timeout := time.After(30 * time.Second)
+	for i := range n {
+		select {
+		case err := <-errs:
+			require.NoError(t, err)
+		case <-timeout:
+			t.Fatalf("timed out after 30s: %d of %d replies handled", i, n)
+		}
 	}
 
 	info, h, err := saga.Get(ctx, s.DB, "race")

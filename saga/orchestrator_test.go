@@ -326,6 +326,9 @@ func TestCrashBeforeCommitWritesEachCommandOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, h, 7, "%v", historyKinds(h))
 	require.EqualValues(t, 3, metricValue(t, o.reg, idempotency.MetricProcessed, map[string]string{"consumer": "orders-saga"}))
+	crashes := 0
+	crashed.Range(func(_, _ any) bool { crashes++; return true })
+	require.Equal(t, 3, crashes, "the orchestrator died before commit once per step's reply")
 }
 
 // A command that cannot be built fails the saga at its step: the steps

@@ -3,12 +3,14 @@ package tracing_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -142,9 +144,25 @@ func TestRouterPublisherAndMiddleware(t *testing.T) {
 		got <- m
 		return nil
 	})
-	go func() { _ = r.Run(context.Background()) }()
+	// Refuses its first delivery (the router nacks it, gochannel sends it
+	// again) and accepts the next.
+	var refusals atomic.Int32
+	r.AddNoPublisherHandler("refuse", "bad", sub, func(m *message.Message) error {
+		if refusals.Add(1) == 1 {
+			return errors.New("payment declined")
+		}
+		return nil
+	})
+	runErr := make(chan error, 1)
+	go func() { runErr <- r.Run(context.Background()) }()
 	t.Cleanup(func() { _ = r.Close() })
-	<-r.Running()
+	select {
+	case <-r.Running():
+	case err := <-runErr:
+		t.Fatalf("router stopped: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("router not running after 10s")
+	}
 
 	ctx, root := b.cfg.TracerProvider.Tracer("test").Start(context.Background(), "request")
 	in := message.NewMessage(watermill.NewUUID(), nil)
@@ -152,7 +170,12 @@ func TestRouterPublisherAndMiddleware(t *testing.T) {
 	require.NoError(t, pub.Publish("in", in))
 	root.End()
 
-	out := <-got
+	var out *message.Message
+	select {
+	case out = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the produced message did not reach the sink within 10s")
+	}
 	require.Equal(t, root.SpanContext().TraceID().String(), tracing.TraceID(out))
 	require.Eventually(t, func() bool { return len(b.exp.GetSpans()) == 5 }, 10*time.Second, 10*time.Millisecond)
 	spans := byName(t, b.exp.GetSpans())
@@ -161,6 +184,32 @@ func TestRouterPublisherAndMiddleware(t *testing.T) {
 	requireChild(t, spans["handle in"], spans["publish out"])
 	requireChild(t, spans["publish out"], spans["handle out"])
 	require.Equal(t, "step", attr(spans["handle in"], "millwright.handler"))
+
+	// The failing handler: its handle span has status Error and the error
+	// recorded; the redelivery it accepted ends Unset.
+	require.NoError(t, pub.Publish("bad", message.NewMessage(watermill.NewUUID(), nil)))
+	var failed, ok, published []tracetest.SpanStub
+	require.Eventually(t, func() bool {
+		failed, ok, published = nil, nil, nil
+		for _, s := range b.exp.GetSpans() {
+			switch {
+			case s.Name == "publish bad":
+				published = append(published, s)
+			case s.Name != "handle bad":
+			case s.Status.Code == codes.Error:
+				failed = append(failed, s)
+			default:
+				ok = append(ok, s)
+			}
+		}
+		return len(failed) == 1 && len(ok) == 1 && len(published) == 1
+	}, 10*time.Second, 10*time.Millisecond, "one failed and one accepted delivery of the refused message")
+	require.Equal(t, "payment declined", failed[0].Status.Description)
+	require.Equal(t, "refuse", attr(failed[0], "millwright.handler"))
+	require.Len(t, failed[0].Events, 1)
+	require.Equal(t, "exception", failed[0].Events[0].Name)
+	require.Equal(t, codes.Unset, ok[0].Status.Code)
+	requireChild(t, published[0], failed[0])
 }
 
 func attr(s tracetest.SpanStub, key string) string {

@@ -70,6 +70,22 @@ func TestStateChangingCommandsRefuseWithoutYesOffTerminal(t *testing.T) {
 	s.DB.SetMaxOpenConns(2)
 	store := dlq.NewStore(s.DB)
 	seedDeadLetters(t, store)
+	// Something for each command to change: a stuck saga, expired
+	// idempotency marks and failed outbox rows.
+	_, err := s.DB.Exec(`INSERT INTO millwright_saga_instances (id, type, state, current_step, data, version, compensation_attempts, last_error)
+		VALUES ('o-1', 'orders', 'stuck', 1, '{}', 3, 3, 'refund failed')`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`INSERT INTO millwright_processed_events (consumer, event_id, processed_at)
+		SELECT 'billing', 'old-' || g, now() - interval '30 days' FROM generate_series(1, 5) g`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, status, retry_count, last_error)
+		SELECT 'e-' || g, 'orders', 'o-' || g, '{}', 'failed', 10, 'broker said no' FROM generate_series(1, 3) g`)
+	require.NoError(t, err)
+	before := tableContents(t, s)
+	require.Contains(t, before["millwright_saga_instances"], "stuck")
+	require.Equal(t, 5, strings.Count(before["millwright_processed_events"], "old-"))
+	require.Equal(t, 3, strings.Count(before["millwright_outbox"], "broker said no"))
+
 	for _, tc := range []struct {
 		root *cobra.Command
 		args []string
@@ -84,7 +100,22 @@ func TestStateChangingCommandsRefuseWithoutYesOffTerminal(t *testing.T) {
 		require.ErrorContains(t, err, "pass --yes")
 	}
 	require.Equal(t, 3, pendingDeadLetters(t, store), "nothing replayed")
+	require.Equal(t, before, tableContents(t, s), "a refused run changes nothing")
 	require.Empty(t, auditRows(t, s), "a refused run changes nothing and is not a run")
+}
+
+// tableContents returns every row of the tables the state-changing
+// commands write, as text, per table.
+func tableContents(t *testing.T, s *pgtest.Schema) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, table := range []string{"millwright_dead_letters", "millwright_saga_instances", "millwright_saga_steps",
+		"millwright_processed_events", "millwright_outbox"} {
+		var rows string
+		require.NoError(t, s.DB.QueryRow(`SELECT coalesce(string_agg(r::text, E'\n' ORDER BY r::text), '') FROM `+table+` r`).Scan(&rows))
+		out[table] = rows
+	}
+	return out
 }
 
 func TestDLQReplayAuditsCountsAndDryRunChangesNothing(t *testing.T) {

@@ -29,6 +29,23 @@ import (
 	"github.com/millwright/millwright/transport"
 )
 
+// envRequireTLS, set to 1, makes the test fail where it would skip: for
+// CI machines that must prove verified TLS, as MILLWRIGHT_TEST_REAL_BROKERS
+// does for the brokers.
+const envRequireTLS = "MILLWRIGHT_TEST_REQUIRE_TLS"
+
+// skip skips the test, saying why on stderr as well (seen without -v), or
+// fails it under MILLWRIGHT_TEST_REQUIRE_TLS=1.
+func skip(t *testing.T, format string, args ...any) {
+	t.Helper()
+	why := fmt.Sprintf(format, args...)
+	if os.Getenv(envRequireTLS) == "1" {
+		t.Fatalf("pgtls: %s (%s=1: the TLS test must run)", why, envRequireTLS)
+	}
+	fmt.Fprintf(os.Stderr, "pgtls: SKIPPED, verified TLS to Postgres NOT tested: %s (set %s=1 to fail instead)\n", why, envRequireTLS)
+	t.Skipf("pgtls: %s", why)
+}
+
 // installDirName marks the directory of the test's certificate files, so a
 // run killed before its cleanup is recognised and undone by the next one.
 const installDirName = "millwright-test-tls"
@@ -128,17 +145,17 @@ func install(t *testing.T, admin *sql.DB, p *pki) {
 	var super bool
 	require.NoError(t, admin.QueryRow(`SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super))
 	if !super {
-		t.Skip("pgtls: the test database user is not a superuser: cannot ALTER SYSTEM the server's ssl settings")
+		skip(t, "the test database user is not a superuser: cannot ALTER SYSTEM the server's ssl settings")
 	}
 	var dataDir string
 	require.NoError(t, admin.QueryRow(`SELECT current_setting('data_directory')`).Scan(&dataDir))
 	fi, err := os.Stat(dataDir)
 	if err != nil {
-		t.Skipf("pgtls: the server's data directory %s is not on this machine (%v): cannot install certificate files", dataDir, err)
+		skip(t, "the server's data directory %s is not on this machine (%v): cannot install certificate files", dataDir, err)
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
-		t.Skip("pgtls: cannot read the data directory's owner on this OS")
+		skip(t, "cannot read the data directory's owner on this OS")
 	}
 	uid, gid := int(st.Uid), int(st.Gid)
 
@@ -147,7 +164,7 @@ func install(t *testing.T, admin *sql.DB, p *pki) {
 	// cleanup still finds them.
 	dir := filepath.Join(filepath.Dir(dataDir), installDirName)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Skipf("pgtls: cannot create %s: %v", dir, err)
+		skip(t, "cannot create %s: %v", dir, err)
 	}
 	certFile, keyFile := filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
 	for _, f := range []struct {
@@ -155,15 +172,15 @@ func install(t *testing.T, admin *sql.DB, p *pki) {
 		data []byte
 	}{{certFile, p.certPEM}, {keyFile, p.keyPEM}} {
 		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
-			t.Skipf("pgtls: cannot write %s: %v", f.path, err)
+			skip(t, "cannot write %s: %v", f.path, err)
 		}
 		if err := os.Chown(f.path, uid, gid); err != nil {
-			t.Skipf("pgtls: cannot give %s to the server's user (uid %d; run as root or as that user): %v", f.path, uid, err)
+			skip(t, "cannot give %s to the server's user (uid %d; run as root or as that user): %v", f.path, uid, err)
 		}
 		require.NoError(t, os.Chmod(f.path, 0o600))
 	}
 	if err := os.Chown(dir, uid, gid); err != nil {
-		t.Skipf("pgtls: cannot give %s to the server's user: %v", dir, err)
+		skip(t, "cannot give %s to the server's user: %v", dir, err)
 	}
 
 	prev := []setting{readSetting(t, admin, "ssl"), readSetting(t, admin, "ssl_cert_file"), readSetting(t, admin, "ssl_key_file")}
@@ -229,7 +246,7 @@ func TestVerifiedTLSToPostgres(t *testing.T) {
 	admin.SetMaxOpenConns(1)
 	t.Cleanup(func() { admin.Close() })
 	if err := admin.Ping(); err != nil {
-		t.Skipf("pgtls: no Postgres at %s: %v", pgtest.EnvDatabaseURL, err)
+		skip(t, "no Postgres at %s: %v", pgtest.EnvDatabaseURL, err)
 	}
 	p := newPKI(t)
 	install(t, admin, p)

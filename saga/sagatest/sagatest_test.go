@@ -2,6 +2,8 @@ package sagatest_test
 
 import (
 	"context"
+	"database/sql"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,22 +27,53 @@ func TestWaitState(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, `saga "s-1" is running`)
 
+	// The saga completes only after WaitState has read it running and
+	// polled again: the waiting path, not a first read that matches.
+	db := &countingDB{DB: s.DB, polledTwice: make(chan struct{})}
 	done := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		info, err := sagatest.WaitState(ctx, s.DB, "s-1", saga.StateCompleted)
+		info, err := sagatest.WaitState(ctx, db, "s-1", saga.StateCompleted)
 		if err == nil && info.State != saga.StateCompleted {
 			err = context.Canceled
 		}
 		done <- err
 	}()
+	select {
+	case <-db.polledTwice:
+	case err := <-done:
+		t.Fatalf("WaitState returned before the saga completed: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitState did not poll twice within 10s")
+	}
 	_, err = s.DB.Exec(`UPDATE millwright_saga_instances SET state = 'completed' WHERE id = 's-1'`)
 	require.NoError(t, err)
-	require.NoError(t, <-done)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitState did not return within 10s of the saga completing")
+	}
 
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel2()
 	_, err = sagatest.WaitState(ctx2, s.DB, "missing", saga.StateCompleted)
 	require.ErrorContains(t, err, "never read")
+}
+
+// countingDB counts the instance reads (one QueryRowContext per poll) and
+// closes polledTwice when the second starts: the first read has found the
+// saga not yet in the wanted state and WaitState has waited a tick.
+type countingDB struct {
+	*sql.DB
+	polls       atomic.Int32
+	polledTwice chan struct{}
+}
+
+func (d *countingDB) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if d.polls.Add(1) == 2 {
+		close(d.polledTwice)
+	}
+	return d.DB.QueryRowContext(ctx, query, args...)
 }

@@ -39,7 +39,13 @@ func setupHTTP(t *testing.T) (*app.App, *transport.Transport, *httptest.Server) 
 	proc, err := a.Start(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, proc.Stop()) })
-	<-proc.Running()
+	select {
+	case <-proc.Running():
+	case <-proc.Done():
+		t.Fatalf("services stopped: %v", proc.Wait())
+	case <-time.After(60 * time.Second):
+		t.Fatal("services not running after 60s")
+	}
 	srv := httptest.NewServer(a.Handler())
 	t.Cleanup(srv.Close)
 	return a, tr, srv

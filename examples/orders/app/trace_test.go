@@ -59,7 +59,13 @@ func TestOneOrderIsOneTrace(t *testing.T) {
 			proc, err := a.Start(ctx)
 			require.NoError(t, err)
 			t.Cleanup(func() { require.NoError(t, proc.Stop()) })
-			<-proc.Running()
+			select {
+			case <-proc.Running():
+			case <-proc.Done():
+				t.Fatalf("services stopped: %v", proc.Wait())
+			case <-time.After(60 * time.Second):
+				t.Fatal("services not running after 60s")
+			}
 
 			reqCtx, req := otel.Tracer("test").Start(ctx, "POST /orders")
 			traceID := req.SpanContext().TraceID()
