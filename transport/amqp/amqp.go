@@ -1,23 +1,3 @@
-// Package amqp is millwright's RabbitMQ transport, built on watermill-amqp.
-// Applications reach it through package transport.
-//
-// Topology: each topic is a durable fanout exchange; each consumer group is a
-// durable queue named "<topic>_<group>" bound to it, so every group gets
-// every message and the members of a group share the work. Messages are
-// persistent. Publishes wait for the broker's confirm by default, so a
-// publish that returned nil survived a broker restart.
-//
-// Where it falls short: a fanout exchange drops messages published while no
-// queue is bound, so a group's queue must exist before events for it are
-// published. Subscribe once at deployment, or list the groups in
-// Config.DeclareGroups so the publisher declares their queues itself.
-// Ordering holds per queue only while one consumer with prefetch 1 reads it;
-// a nacked message is requeued and can overtake later ones.
-//
-// CloudEvents (AMQP protocol binding, binary mode): the metadata.Event*
-// attributes travel as application properties (headers) "cloudEvents:<attr>"
-// and datacontenttype as the content-type property; consumers get the same
-// metadata keys back.
 package amqp
 
 import (
@@ -29,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -56,11 +37,21 @@ type Config struct {
 	// NoConfirm turns off publisher confirms (faster; a publish may then be
 	// lost if the broker dies right after it). Default false: confirms on.
 	NoConfirm bool
+	// Mandatory publishes with the mandatory flag: a message that no
+	// queue is bound to receive is returned by the broker, and Publish
+	// fails with ErrUnroutable naming the exchange, instead of the fanout
+	// exchange silently dropping it. Requires confirms (NoConfirm false):
+	// the return is only known to belong to a publish because it arrives
+	// before that publish's confirm. Default false (the behaviour of
+	// earlier versions).
+	Mandatory bool
 	// DeclareGroups lists consumer groups whose queues the publisher
 	// declares and binds before its first publish to a topic, so no message
 	// is dropped before their subscribers start. Default none.
 	DeclareGroups []string
-	// ConnectTimeout bounds Open's connection attempt. Default 10s.
+	// ConnectTimeout bounds Open's connection attempt and each of the
+	// publisher's reconnect attempts, a publish's wait for a free channel,
+	// and Close's wait for the publishes in flight. Default 10s.
 	ConnectTimeout time.Duration
 }
 
@@ -94,6 +85,12 @@ func (c Config) Validate() error {
 	if c.ChannelPoolSize < 0 {
 		errs = append(errs, fmt.Errorf("amqp: ChannelPoolSize %d is negative", c.ChannelPoolSize))
 	}
+	if c.ConnectTimeout < 0 {
+		errs = append(errs, fmt.Errorf("amqp: ConnectTimeout %s is negative", c.ConnectTimeout))
+	}
+	if c.Mandatory && c.NoConfirm {
+		errs = append(errs, errors.New("amqp: Mandatory needs publisher confirms: unset NoConfirm (a returned message is only known to be one's own when its confirm follows)"))
+	}
 	for _, g := range c.DeclareGroups {
 		if g == "" {
 			errs = append(errs, errors.New("amqp: DeclareGroups has an empty group name"))
@@ -102,18 +99,24 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Transport is an open connection to RabbitMQ, shared by its publisher and
-// subscribers.
+// Transport holds two connections to RabbitMQ: the publisher's own, and
+// one its subscribers share (opened by the first Subscriber call). Apart,
+// a broker's flow control on publishing cannot stall consumption, and
+// each reconnects on its own.
 type Transport struct {
-	cfg    Config
-	logger watermill.LoggerAdapter
-	conn   *wamqp.ConnectionWrapper
-	pub    *wamqp.Publisher
+	cfg     Config
+	logger  watermill.LoggerAdapter
+	amqpCfg amqp091.Config
+	pub     *publisher
+
+	mu   sync.Mutex
+	conn *wamqp.ConnectionWrapper // the subscribers'; nil until the first
 
 	subs closers.Set
 }
 
-// Open connects within ConnectTimeout and creates the publisher.
+// Open connects the publisher within ConnectTimeout (or ctx's deadline, if
+// sooner).
 func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -126,30 +129,55 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = time.Until(dl)
 	}
-	ac := &amqp091.Config{
-		Dial:            amqp091.DefaultDial(timeout),
+	ac := amqp091.Config{
 		TLSClientConfig: cfg.TLS,
 		Heartbeat:       10 * time.Second,
 		Locale:          "en_US",
 	}
-	conn, err := wamqp.NewConnection(wamqp.ConnectionConfig{AmqpURI: cfg.URL, AmqpConfig: ac}, logger)
-	if err != nil {
-		return nil, fmt.Errorf("amqp: cannot connect to %s: %w (check MILLWRIGHT_AMQP_URL and that RabbitMQ is up)", redactURL(cfg.URL), redactErr(err, cfg.URL))
-	}
-	t := &Transport{cfg: cfg, logger: logger, conn: conn}
+	t := &Transport{cfg: cfg, logger: logger, amqpCfg: ac}
 	pc := t.config("")
-	pc.Publish.ChannelPoolSize = cfg.ChannelPoolSize
-	pc.Publish.ConfirmDelivery = !cfg.NoConfirm
+	var builder wamqp.TopologyBuilder = &wamqp.DefaultTopologyBuilder{}
 	if len(cfg.DeclareGroups) > 0 {
-		pc.TopologyBuilder = &declaringBuilder{groups: cfg.DeclareGroups}
+		builder = &declaringBuilder{groups: cfg.DeclareGroups}
 	}
-	pub, err := wamqp.NewPublisherWithConnection(pc, logger, conn)
+	pubCfg := ac
+	pubCfg.Properties = amqp091.NewConnectionProperties()
+	pubCfg.Properties.SetClientConnectionName("millwright publisher")
+	pub, err := newPublisher(ctx, cfg, pubCfg, pc, builder, logger, timeout)
 	if err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("amqp: creating publisher: %w", redactErr(err, cfg.URL))
+		return nil, fmt.Errorf("amqp: cannot connect to %s: %w (check MILLWRIGHT_AMQP_URL and that RabbitMQ is up)", redactURL(cfg.URL), err)
 	}
 	t.pub = pub
 	return t, nil
+}
+
+// subscriberConn returns the subscribers' connection, opening it the
+// first time within ConnectTimeout.
+func (t *Transport) subscriberConn() (*wamqp.ConnectionWrapper, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.conn != nil {
+		return t.conn, nil
+	}
+	ac := t.amqpCfg
+	ac.Dial = amqp091.DefaultDial(t.cfg.ConnectTimeout)
+	ac.Properties = amqp091.NewConnectionProperties()
+	ac.Properties.SetClientConnectionName("millwright subscribers")
+	conn, err := wamqp.NewConnection(wamqp.ConnectionConfig{AmqpURI: t.cfg.URL, AmqpConfig: &ac}, t.logger)
+	if err != nil {
+		return nil, fmt.Errorf("amqp: cannot connect to %s: %w (check MILLWRIGHT_AMQP_URL and that RabbitMQ is up)", redactURL(t.cfg.URL), redactErr(err, t.cfg.URL))
+	}
+	t.conn = conn
+	return conn, nil
+}
+
+func (t *Transport) closeSubscriberConn() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.conn == nil {
+		return nil
+	}
+	return t.conn.Close()
 }
 
 // QueueName is the durable queue of a consumer group on a topic.
@@ -276,13 +304,18 @@ func canonicalString(v any) (string, error) {
 }
 
 // Publisher returns the transport's publisher, safe for concurrent use.
+// See the package documentation for its guarantees.
 func (t *Transport) Publisher() message.Publisher { return t.pub }
 
 // Subscriber returns a subscriber reading the group's durable queue of each
 // topic it subscribes to. Group "" uses a queue named after the topic.
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 	sub, err := closers.Add(&t.subs, "amqp", func() (*wamqp.Subscriber, error) {
-		sub, err := wamqp.NewSubscriberWithConnection(t.config(group), t.logger, t.conn)
+		conn, err := t.subscriberConn()
+		if err != nil {
+			return nil, err
+		}
+		sub, err := wamqp.NewSubscriberWithConnection(t.config(group), t.logger, conn)
 		if err != nil {
 			return nil, fmt.Errorf("amqp: creating subscriber for group %q: %w", group, redactErr(err, t.cfg.URL))
 		}
@@ -294,10 +327,11 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 	return sub, nil
 }
 
-// Close closes the subscribers, the publisher, then the connection.
-// It is idempotent.
+// Close closes the subscribers, the publisher (waiting up to
+// ConnectTimeout for its publishes in flight), then the subscribers'
+// connection. It is idempotent.
 func (t *Transport) Close() error {
-	return t.subs.Close(t.pub.Close, t.conn.Close)
+	return t.subs.Close(t.pub.Close, t.closeSubscriberConn)
 }
 
 // declaringBuilder declares, with each topic's exchange, the durable queues

@@ -1,0 +1,58 @@
+// Package amqp is millwright's RabbitMQ transport. Applications reach it
+// through package transport. Subscribers are watermill-amqp's; the
+// publisher is millwright's own, on amqp091-go (watermill-amqp v2.1.3's
+// publisher leaks pooled channels while disconnected until every Publish
+// blocks, and can panic on Close).
+//
+// Topology: each topic is a durable fanout exchange; each consumer group is a
+// durable queue named "<topic>_<group>" bound to it, so every group gets
+// every message and the members of a group share the work. Messages are
+// persistent. The publisher declares a topic's exchange (and the queues of
+// Config.DeclareGroups) before its first publish to it on each connection.
+//
+// # Publishing guarantees
+//
+//   - Confirms (default; Config.NoConfirm turns them off): Publish returns
+//     nil only when the broker acked every message, so a publish that
+//     returned nil survived a broker restart. A nack (ErrNacked), or the
+//     channel or connection closing before the ack, is an error; after a
+//     loss the message may or may not be stored, so retry and let
+//     consumers deduplicate (package idempotency).
+//   - Mandatory (Config.Mandatory, off by default): a message no queue is
+//     bound to receive is returned by the broker and Publish fails with
+//     ErrUnroutable, naming the exchange, instead of the message being
+//     silently dropped.
+//   - Reconnect: the publisher has its own connection. When it drops, a
+//     background loop redials at once, then with backoff (100ms doubling
+//     to 5s, each attempt bounded by Config.ConnectTimeout), until Close.
+//     Meanwhile Publish fails at once with ErrNotConnected: it does not
+//     queue, wait for the connection, or retry (the caller, such as the
+//     outbox relay or Watermill's retry middleware, does). The channel
+//     pool (Config.ChannelPoolSize) keeps its size through outages: a
+//     failed channel is closed and reopened on next use.
+//   - Bounded waits: a publish waits at most ConnectTimeout for a free
+//     channel, and gives up waiting for a confirm when msg.Context() is
+//     done (the message may still be stored). A dead peer is noticed by
+//     the 10s heartbeat. During a RabbitMQ resource alarm the broker stops
+//     reading from publishers, and a publish waits until the alarm clears
+//     or msg.Context() is done.
+//   - Close is idempotent and never panics: it refuses new publishes
+//     (ErrClosed), waits up to ConnectTimeout for those in flight, then
+//     closes the connection, failing any still waiting.
+//
+// Where it falls short: without Mandatory, a fanout exchange drops messages
+// published while no queue is bound, so a group's queue must exist before
+// events for it are published. Subscribe once at deployment, or list the
+// groups in Config.DeclareGroups so the publisher declares their queues
+// itself. Ordering holds per queue only while one consumer with prefetch 1
+// reads it; a nacked message is requeued and can overtake later ones.
+// Concurrent Publish calls use different channels, so only the messages
+// of one call keep their order among themselves. Subscribers open their
+// connection on the first Transport.Subscriber call and reconnect by
+// themselves (watermill-amqp).
+//
+// CloudEvents (AMQP protocol binding, binary mode): the metadata.Event*
+// attributes travel as application properties (headers) "cloudEvents:<attr>"
+// and datacontenttype as the content-type property; consumers get the same
+// metadata keys back.
+package amqp

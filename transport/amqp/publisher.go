@@ -1,0 +1,558 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+)
+
+// Errors a publish can wrap; test them with errors.Is. Their texts have no
+// "amqp:" prefix because they only appear wrapped in an error that has.
+var (
+	// ErrNotConnected is returned by Publish when the publisher's
+	// connection is down (the publisher reconnects in the background;
+	// retry later), and when the connection is lost before the broker
+	// confirmed a message, which may or may not then have been stored.
+	ErrNotConnected = errors.New("not connected to RabbitMQ")
+	// ErrUnroutable is returned by Publish, with Config.Mandatory, for a
+	// message the broker returned because no queue is bound to the
+	// topic's exchange: nothing would have received it.
+	ErrUnroutable = errors.New("message unroutable")
+	// ErrNacked is returned by Publish when the broker refused a message
+	// (basic.nack), for example because a bound queue with
+	// x-overflow=reject-publish is full.
+	ErrNacked = errors.New("broker refused the message (nack)")
+	// ErrClosed is returned by Publish after Transport.Close.
+	ErrClosed = errors.New("publisher is closed")
+)
+
+// Reconnect backoff: the first attempt right after a drop (the broker is
+// often still there, as after rabbitmqctl close_all_connections), then
+// doubling from minBackoff up to maxBackoff, each with ±20% jitter so that
+// many processes cut at once do not reconnect in lockstep.
+const (
+	minBackoff = 100 * time.Millisecond
+	maxBackoff = 5 * time.Second
+)
+
+// returnWindow is how many messages a Mandatory publish sends before it
+// waits for their confirms and collects their returns. It is also the
+// capacity of each channel's NotifyReturn buffer: amqp091 delivers a
+// return from the connection's one reader goroutine with a blocking send,
+// so a full buffer would stall the whole connection.
+const returnWindow = 64
+
+// publisher is millwright's AMQP publisher: one connection of its own,
+// reconnected in the background, and a fixed pool of confirm-mode channels.
+//
+// The pool holds slots, not channels: a Publish takes a slot (bounded by
+// ConnectTimeout and msg.Context()), makes sure the slot has a usable
+// channel on the current connection (opening one if the slot's is missing,
+// broken or from an older connection), and always puts the slot back. A
+// failure can therefore cost a channel, which is closed and replaced on
+// next use, but never a slot, so the pool keeps its size through any
+// number of outages.
+type publisher struct {
+	cfg     Config
+	amqpCfg amqp091.Config // without Dial: dial sets it per attempt
+	wcfg    wamqp.Config   // what topology declares with
+	builder wamqp.TopologyBuilder
+	logger  watermill.LoggerAdapter
+	host    string // the URL without password, for errors
+
+	slots chan *slot
+
+	mu       sync.Mutex
+	conn     *amqp091.Connection // nil while down
+	gen      uint64              // incremented for each new connection
+	downErr  error               // why conn is nil
+	declared map[string]struct{} // topics declared on conn
+	changed  chan struct{}       // closed and replaced when conn comes or goes
+	closed   bool
+
+	inflight   sync.WaitGroup // Publish calls that passed enter
+	closing    chan struct{}  // closed by Close
+	life       context.Context
+	cancelLife context.CancelFunc // aborts a dial in progress
+	loopDone   chan struct{}
+}
+
+// slot is one place in the pool. Only the Publish holding it touches it.
+type slot struct {
+	ch      *amqp091.Channel // nil: open one on next use
+	gen     uint64           // the connection ch belongs to
+	closes  chan *amqp091.Error
+	returns chan amqp091.Return // nil unless Mandatory
+}
+
+// newPublisher connects within timeout (and ctx) and starts the
+// reconnect loop.
+func newPublisher(ctx context.Context, cfg Config, ac amqp091.Config, wcfg wamqp.Config, builder wamqp.TopologyBuilder, logger watermill.LoggerAdapter, timeout time.Duration) (*publisher, error) {
+	life, cancel := context.WithCancel(context.Background())
+	p := &publisher{
+		cfg: cfg, amqpCfg: ac, wcfg: wcfg, builder: builder, logger: logger,
+		host:    redactURL(cfg.URL),
+		slots:   make(chan *slot, cfg.ChannelPoolSize),
+		changed: make(chan struct{}),
+		closing: make(chan struct{}), life: life, cancelLife: cancel,
+		loopDone: make(chan struct{}),
+	}
+	for range cfg.ChannelPoolSize {
+		p.slots <- &slot{}
+	}
+	dctx, stop := context.WithCancel(ctx)
+	defer stop()
+	conn, closes, err := p.dial(dctx, timeout)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	p.setUp(conn)
+	go p.run(conn, closes)
+	return p, nil
+}
+
+// dial opens a connection within timeout, aborted when ctx is done, and
+// registers for its close before anyone can use it.
+func (p *publisher) dial(ctx context.Context, timeout time.Duration) (*amqp091.Connection, chan *amqp091.Error, error) {
+	ac := p.amqpCfg
+	var stop func() bool
+	ac.Dial = func(network, addr string) (net.Conn, error) {
+		d := net.Dialer{Timeout: timeout}
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		// As amqp091.DefaultDial: bound the TLS and AMQP handshakes
+		// (amqp091 clears the deadline once open); and abort them on
+		// ctx, which DialConfig itself does not take.
+		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		stop = context.AfterFunc(ctx, func() { _ = c.Close() })
+		return c, nil
+	}
+	conn, err := amqp091.DialConfig(p.cfg.URL, ac)
+	if stop != nil {
+		stop()
+	}
+	if err != nil {
+		return nil, nil, redactErr(err, p.cfg.URL)
+	}
+	return conn, conn.NotifyClose(make(chan *amqp091.Error, 1)), nil
+}
+
+// setUp makes conn the current connection.
+func (p *publisher) setUp(conn *amqp091.Connection) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conn, p.downErr = conn, nil
+	p.gen++
+	p.declared = map[string]struct{}{}
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// setDown records that conn is gone, and why.
+func (p *publisher) setDown(conn *amqp091.Connection, why error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != conn {
+		return
+	}
+	p.conn, p.downErr, p.declared = nil, why, nil
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// run watches the connection and reconnects after it drops, until Close.
+func (p *publisher) run(conn *amqp091.Connection, closes chan *amqp091.Error) {
+	defer close(p.loopDone)
+	for {
+		select {
+		case <-p.closing:
+			return
+		case e := <-closes:
+			why := error(errors.New("connection closed"))
+			if e != nil {
+				why = e
+			}
+			p.setDown(conn, why)
+			p.logger.Error("AMQP publisher connection lost, reconnecting", why, watermill.LogFields{"amqp_host": p.host})
+		}
+		if conn, closes = p.reconnect(); conn == nil {
+			return // closing
+		}
+	}
+}
+
+// reconnect dials with backoff until it connects (returning the new
+// connection, already current) or Close is called (returning nil).
+func (p *publisher) reconnect() (*amqp091.Connection, chan *amqp091.Error) {
+	var delay time.Duration
+	for attempt := 1; ; attempt++ {
+		if delay > 0 {
+			jittered := time.Duration(float64(delay) * (0.8 + 0.4*rand.Float64()))
+			timer := time.NewTimer(jittered)
+			select {
+			case <-p.closing:
+				timer.Stop()
+				return nil, nil
+			case <-timer.C:
+			}
+		}
+		conn, closes, err := p.dial(p.life, p.cfg.ConnectTimeout)
+		if err == nil {
+			p.mu.Lock()
+			closed := p.closed
+			p.mu.Unlock()
+			if closed {
+				_ = conn.CloseDeadline(time.Now().Add(p.cfg.ConnectTimeout))
+				return nil, nil
+			}
+			p.setUp(conn)
+			p.logger.Info("AMQP publisher reconnected", watermill.LogFields{"amqp_host": p.host, "attempts": attempt})
+			return conn, closes
+		}
+		select {
+		case <-p.closing:
+			return nil, nil
+		default:
+		}
+		p.mu.Lock()
+		p.downErr = err
+		p.mu.Unlock()
+		p.logger.Error("AMQP publisher cannot reconnect, retrying", err, watermill.LogFields{"amqp_host": p.host, "attempt": attempt})
+		delay = min(max(2*delay, minBackoff), maxBackoff)
+	}
+}
+
+// enter registers a Publish with Close, or reports that Close has begun.
+func (p *publisher) enter() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.inflight.Add(1)
+	return true
+}
+
+// Publish publishes msgs to topic's exchange and, with confirms (the
+// default), returns nil only when the broker confirmed every one. It is
+// safe for concurrent use; each call holds one pooled channel.
+func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	if !p.enter() {
+		return fmt.Errorf("amqp: publishing to %q: %w", topic, ErrClosed)
+	}
+	defer p.inflight.Done()
+
+	// Marshal first, so that a bad message publishes nothing.
+	pubs := make([]amqp091.Publishing, len(msgs))
+	for i, msg := range msgs {
+		pub, err := Marshaler{}.Marshal(msg)
+		if err != nil {
+			return fmt.Errorf("amqp: marshaling message %s for %q: %w", msg.UUID, topic, err)
+		}
+		pubs[i] = pub
+	}
+
+	s, err := p.acquire(msgs[0].Context(), topic)
+	if err != nil {
+		return err
+	}
+	defer func() { p.slots <- s }() // never blocks: one place per slot
+	conn, err := p.prepare(s, topic)
+	if err != nil {
+		return err
+	}
+	window := len(msgs)
+	if p.cfg.Mandatory {
+		window = returnWindow
+	}
+	for start := 0; start < len(msgs); start += window {
+		end := min(start+window, len(msgs))
+		if err := p.send(conn, s, topic, msgs[start:end], pubs[start:end]); err != nil {
+			if end < len(msgs) {
+				err = fmt.Errorf("%w (the %d messages after these were not published)", err, len(msgs)-end)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// acquire takes a slot from the pool, waiting at most ConnectTimeout.
+func (p *publisher) acquire(ctx context.Context, topic string) (*slot, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("amqp: publishing to %q: %w", topic, err)
+	}
+	select {
+	case s := <-p.slots:
+		return s, nil
+	default:
+	}
+	timer := time.NewTimer(p.cfg.ConnectTimeout)
+	defer timer.Stop()
+	select {
+	case s := <-p.slots:
+		return s, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("amqp: publishing to %q: waiting for a free channel: %w", topic, ctx.Err())
+	case <-p.closing:
+		return nil, fmt.Errorf("amqp: publishing to %q: %w", topic, ErrClosed)
+	case <-timer.C:
+		return nil, fmt.Errorf("amqp: publishing to %q: all %d channels stayed busy for %s: raise ChannelPoolSize or ConnectTimeout, or publish less concurrently",
+			topic, cap(p.slots), p.cfg.ConnectTimeout)
+	}
+}
+
+// prepare gives s an open channel on the current connection, which it
+// returns, and declares topic's exchange on it once per connection.
+func (p *publisher) prepare(s *slot, topic string) (*amqp091.Connection, error) {
+	p.mu.Lock()
+	conn, gen, downErr := p.conn, p.gen, p.downErr
+	_, declared := p.declared[topic]
+	p.mu.Unlock()
+	if conn == nil {
+		s.discard()
+		return nil, fmt.Errorf("amqp: publishing to %q: %w: connection to %s is down (%v); reconnecting in the background, retry later",
+			topic, ErrNotConnected, p.host, downErr)
+	}
+	if s.ch != nil && (s.gen != gen || s.ch.IsClosed()) {
+		s.discard()
+	}
+	if s.ch == nil {
+		if err := s.open(conn, gen, !p.cfg.NoConfirm, p.cfg.Mandatory); err != nil {
+			return nil, p.lost(conn, fmt.Sprintf("publishing to %q: opening a channel", topic), err)
+		}
+	}
+	if declared {
+		return conn, nil
+	}
+	if err := p.builder.ExchangeDeclare(s.ch, topic, p.wcfg); err != nil {
+		s.discard() // the broker closes a channel whose declaration failed
+		return nil, p.lost(conn, fmt.Sprintf("declaring exchange %q", topic), err)
+	}
+	p.mu.Lock()
+	if p.gen == gen && p.declared != nil {
+		p.declared[topic] = struct{}{}
+	}
+	p.mu.Unlock()
+	return conn, nil
+}
+
+// lost wraps err, adding ErrNotConnected when conn has gone. A failed
+// write or read means it has, even before amqp091 (which shuts the
+// connection down asynchronously after an I/O error) marks it closed.
+func (p *publisher) lost(conn *amqp091.Connection, what string, err error) error {
+	var opErr *net.OpError
+	if conn.IsClosed() || errors.As(err, &opErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("amqp: %s: %w: connection to %s lost (%v)", what, ErrNotConnected, p.host, err)
+	}
+	return fmt.Errorf("amqp: %s: %w", what, err)
+}
+
+// send publishes one window of messages on s and waits for their confirms
+// and returns. On any failure that leaves the channel in doubt, the
+// channel is discarded (the slot stays).
+func (p *publisher) send(conn *amqp091.Connection, s *slot, topic string, msgs []*message.Message, pubs []amqp091.Publishing) error {
+	confirms := make([]*amqp091.DeferredConfirmation, 0, len(msgs))
+	for i, msg := range msgs {
+		dc, err := s.ch.PublishWithDeferredConfirmWithContext(msg.Context(), topic, "", p.cfg.Mandatory, false, pubs[i])
+		if err != nil {
+			s.discard()
+			what := fmt.Sprintf("publishing message %s to exchange %q", msg.UUID, topic)
+			if len(confirms) > 0 {
+				what += fmt.Sprintf(" (the %d before it in this call are unconfirmed)", len(confirms))
+			}
+			return p.lost(conn, what, err)
+		}
+		confirms = append(confirms, dc)
+	}
+	if p.cfg.NoConfirm {
+		return nil
+	}
+	var errs []error
+	for i, dc := range confirms {
+		msg := msgs[i]
+		rest := ""
+		if after := len(confirms) - i - 1; after > 0 {
+			rest = fmt.Sprintf(" (nor for the %d after it in this window)", after)
+		}
+		select {
+		case <-dc.Done():
+		case <-msg.Context().Done():
+			// Confirms are still owed on this channel: it cannot be
+			// handed to the next Publish.
+			s.discard()
+			return errors.Join(append(errs, fmt.Errorf("amqp: message %s to exchange %q: gave up waiting for the broker's confirm%s; it may still be stored: %w",
+				msg.UUID, topic, rest, msg.Context().Err()))...)
+		}
+		if dc.Acked() {
+			continue
+		}
+		if s.ch.IsClosed() {
+			// Closed, not nacked: amqp091 fails every pending confirm
+			// when the channel shuts down.
+			why := s.closeReason()
+			if why != nil && why.Code == amqp091.NotFound {
+				p.forget(topic) // the exchange was deleted: declare it again
+			}
+			err := p.lost(conn, fmt.Sprintf("message %s to exchange %q: channel closed before the broker confirmed it%s", msg.UUID, topic, rest), reasonErr(why))
+			s.discard()
+			return errors.Join(append(errs, err)...)
+		}
+		errs = append(errs, fmt.Errorf("amqp: message %s to exchange %q: %w", msg.UUID, topic, ErrNacked))
+	}
+	if s.returns != nil {
+		// The broker sends a message's basic.return before its basic.ack
+		// on the same channel, and amqp091 dispatches both, in order,
+		// from one goroutine: every return of this window is buffered by
+		// now.
+		errs = append(errs, s.drainReturns(topic)...)
+	}
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return fmt.Errorf("amqp: %d of %d messages to exchange %q not published: %w", len(errs), len(msgs), topic, errors.Join(errs...))
+}
+
+// forget makes the next publish to topic declare its exchange again.
+func (p *publisher) forget(topic string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.declared, topic)
+}
+
+// open opens a channel on conn, in confirm mode unless !confirm.
+func (s *slot) open(conn *amqp091.Connection, gen uint64, confirm, mandatory bool) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	closes := ch.NotifyClose(make(chan *amqp091.Error, 1))
+	var returns chan amqp091.Return
+	if mandatory {
+		returns = ch.NotifyReturn(make(chan amqp091.Return, returnWindow))
+	}
+	if confirm {
+		if err := ch.Confirm(false); err != nil {
+			_ = ch.Close()
+			return err
+		}
+	}
+	s.ch, s.gen, s.closes, s.returns = ch, gen, closes, returns
+	return nil
+}
+
+// discard closes the slot's channel, if any; the next use opens another.
+func (s *slot) discard() {
+	if s.ch != nil {
+		_ = s.ch.Close() // returns at once when the channel or connection is already gone
+	}
+	s.ch, s.closes, s.returns = nil, nil, nil
+}
+
+// closeReason is why the broker closed the channel, if it said.
+func (s *slot) closeReason() *amqp091.Error {
+	select {
+	case e := <-s.closes:
+		return e
+	default:
+		return nil
+	}
+}
+
+func reasonErr(e *amqp091.Error) error {
+	if e == nil {
+		return amqp091.ErrClosed
+	}
+	return e
+}
+
+// drainReturns turns the buffered returns into errors.
+func (s *slot) drainReturns(topic string) []error {
+	var errs []error
+	for {
+		select {
+		case r, ok := <-s.returns:
+			if !ok {
+				return errs
+			}
+			id, _ := r.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
+			errs = append(errs, fmt.Errorf("amqp: message %s: no queue is bound to exchange %q: nothing would receive the message (broker returned it: %d %s); subscribe a group, or list it in Config.DeclareGroups, before publishing: %w",
+				id, r.Exchange, r.ReplyCode, r.ReplyText, ErrUnroutable))
+		default:
+			return errs
+		}
+	}
+}
+
+// Close stops reconnecting, waits up to ConnectTimeout for the publishes
+// in flight, then closes the connection (failing any still waiting). It
+// is idempotent and safe to call concurrently with Publish.
+func (p *publisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true // no enter() succeeds from here: inflight only shrinks
+	p.mu.Unlock()
+	close(p.closing)
+
+	var errs []error
+	drained := make(chan struct{})
+	go func() {
+		p.inflight.Wait()
+		close(drained)
+	}()
+	timer := time.NewTimer(p.cfg.ConnectTimeout)
+	select {
+	case <-drained:
+	case <-timer.C:
+		errs = append(errs, fmt.Errorf("amqp: closing publisher: publishes still waiting for the broker after %s; closing the connection under them", p.cfg.ConnectTimeout))
+	}
+	timer.Stop()
+	p.cancelLife()
+	<-p.loopDone
+
+	p.mu.Lock()
+	conn := p.conn
+	p.conn, p.downErr, p.declared = nil, ErrClosed, nil
+	close(p.changed)
+	p.changed = make(chan struct{})
+	p.mu.Unlock()
+	if conn != nil {
+		if err := conn.CloseDeadline(time.Now().Add(p.cfg.ConnectTimeout)); err != nil && !errors.Is(err, amqp091.ErrClosed) {
+			errs = append(errs, fmt.Errorf("amqp: closing publisher connection: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// state reports whether the publisher is connected, and a channel closed
+// at its next change: for tests that wait for a drop or a reconnect.
+func (p *publisher) state() (bool, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conn != nil, p.changed
+}
