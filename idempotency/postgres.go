@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/lib/pq"
@@ -21,16 +22,55 @@ import (
 // with a serialization error instead.)
 type PostgresStore struct {
 	db *sql.DB
+	// markSQLPrefix sets the statement's lock_timeout; "" when unbounded.
+	markSQLPrefix string
+	lockTimeout   time.Duration
 }
+
+// DefaultLockTimeout is how long Mark waits, by default, for another unit
+// of work's uncommitted mark of the same event (a concurrent duplicate
+// being handled elsewhere) before it gives up.
+const DefaultLockTimeout = 30 * time.Second
+
+// StoreOption configures a PostgresStore.
+type StoreOption func(*PostgresStore)
+
+// WithLockTimeout sets how long Mark waits for another unit of work's
+// uncommitted mark of the same event. Default DefaultLockTimeout; a
+// negative value waits as long as the context allows. Past it, Mark fails
+// with ErrMarkLocked, a transient error: the message is retried, and by
+// then the other unit of work has committed (a duplicate, skipped) or
+// rolled back (this one takes over).
+//
+// The bound is set with set_config('lock_timeout', ..., true) in the same
+// round trip as the mark, so it also applies to the rest of the unit of
+// work's transaction (the handler's effects): set it to what a handler's
+// statement may wait on a lock.
+func WithLockTimeout(d time.Duration) StoreOption {
+	return func(s *PostgresStore) { s.lockTimeout = d }
+}
+
+// ErrMarkLocked is returned (wrapped) by Mark when another unit of work
+// held an uncommitted mark of the same event for longer than the lock
+// timeout (WithLockTimeout).
+var ErrMarkLocked = errors.New("idempotency: another unit of work holds an uncommitted mark of this event")
 
 // NewPostgresStore returns a store on db. The table must exist: apply
 // Migrations() with migrate.Up or `millwright migrate` first. The pool needs
 // one connection per message being handled at once.
-func NewPostgresStore(db *sql.DB) (*PostgresStore, error) {
+func NewPostgresStore(db *sql.DB, opts ...StoreOption) (*PostgresStore, error) {
 	if db == nil {
 		return nil, errors.New("idempotency: NewPostgresStore: db is nil; pass an open *sql.DB (lib/pq)")
 	}
-	return &PostgresStore{db: db}, nil
+	s := &PostgresStore{db: db, lockTimeout: DefaultLockTimeout}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.lockTimeout >= 0 {
+		ms := max(s.lockTimeout.Milliseconds(), 1) // 0 would mean no timeout to Postgres
+		s.markSQLPrefix = fmt.Sprintf("SELECT set_config('lock_timeout', '%dms', true); ", ms)
+	}
+	return s, nil
 }
 
 // Begin starts a READ COMMITTED transaction.
@@ -39,7 +79,7 @@ func (s *PostgresStore) Begin(ctx context.Context) (Tx, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: begin transaction: %w", err)
 	}
-	return &pgTx{tx: tx}, nil
+	return &pgTx{tx: tx, store: s}, nil
 }
 
 // Processed reports whether a committed mark exists.
@@ -83,7 +123,7 @@ func checkKey(consumer, eventID string) error {
 
 // Mark writes one mark in an autocommit statement (Marker).
 func (s *PostgresStore) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
-	return mark(ctx, s.db, consumer, eventID)
+	return s.mark(ctx, s.db, consumer, eventID)
 }
 
 type execer interface {
@@ -91,23 +131,42 @@ type execer interface {
 }
 
 type pgTx struct {
-	tx *sql.Tx
+	tx    *sql.Tx
+	store *PostgresStore
 }
 
 func (t *pgTx) SQLTx() *sql.Tx { return t.tx }
 
 func (t *pgTx) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
-	return mark(ctx, t.tx, consumer, eventID)
+	return t.store.mark(ctx, t.tx, consumer, eventID)
 }
 
-func mark(ctx context.Context, db execer, consumer, eventID string) (bool, error) {
+// mark inserts the mark. A concurrent unit of work holding an uncommitted
+// mark of the same key makes the INSERT wait for its end; lock_timeout
+// bounds that wait even when a cancellation of ctx is lost (lib/pq's
+// cancel request can reach the server before the statement does, and the
+// server then ignores it).
+func (s *PostgresStore) mark(ctx context.Context, db execer, consumer, eventID string) (bool, error) {
 	if err := checkKey(consumer, eventID); err != nil {
 		return false, err
 	}
-	res, err := db.ExecContext(ctx,
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("idempotency: marking consumer %q event %q: %w", consumer, eventID, err)
+	}
+	// One round trip: lib/pq sends a statement without parameters as a
+	// simple query, and Exec reports the last statement's row count.
+	res, err := db.ExecContext(ctx, s.markSQLPrefix+
 		`INSERT INTO millwright_processed_events (consumer, event_id) VALUES (`+
-			pq.QuoteLiteral(consumer)+`, `+pq.QuoteLiteral(eventID)+`) ON CONFLICT (consumer, event_id) DO NOTHING`)
+		pq.QuoteLiteral(consumer)+`, `+pq.QuoteLiteral(eventID)+`) ON CONFLICT (consumer, event_id) DO NOTHING`)
 	if err != nil {
+		var pqErr *pq.Error
+		if errors.As(err, &pqErr) && pqErr.Code == "55P03" { // lock_not_available
+			return false, fmt.Errorf("idempotency: marking consumer %q event %q: waited %s (lock timeout): %w (%v)",
+				consumer, eventID, s.lockTimeout, ErrMarkLocked, err)
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return false, fmt.Errorf("idempotency: marking consumer %q event %q: %w (%v)", consumer, eventID, ctxErr, err)
+		}
 		return false, fmt.Errorf("idempotency: marking consumer %q event %q%s: %w",
 			consumer, eventID, migrationHint(err), err)
 	}

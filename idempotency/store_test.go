@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/idempotency/idempotencytest"
@@ -19,7 +20,12 @@ func TestPostgresStore(t *testing.T) {
 	t.Parallel()
 	idempotencytest.Exercise(t, func(t *testing.T) idempotency.Store {
 		s := pgtest.New(t, idempotency.Migrations())
-		store, err := idempotency.NewPostgresStore(s.DB)
+		// A cancel that reaches the server before the waiting statement
+		// is lost (lib/pq sends it on another connection); the lock
+		// timeout then ends WaitingMarkStopsWithContext's wait, which
+		// once hung 20 minutes. The cancellation itself is proven by
+		// TestMarkWaitingReturnsWhenItsContextIsCancelled.
+		store, err := idempotency.NewPostgresStore(s.DB, idempotency.WithLockTimeout(2*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,103 @@
+package idempotency_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/pgtest"
+)
+
+// TestMarkWaitingOnAnUncommittedMarkIsBounded: a Mark that waits for
+// another unit of work's uncommitted mark of the same event gives up after
+// the lock timeout with ErrMarkLocked (transient: retried later), instead
+// of waiting as long as the other transaction lives.
+func TestMarkWaitingOnAnUncommittedMarkIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.New(t, idempotency.Migrations())
+	holder, err := idempotency.NewPostgresStore(s.DB)
+	require.NoError(t, err)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	fresh, err := tx.Mark(ctx, "billing", "evt-1")
+	require.NoError(t, err)
+	require.True(t, fresh)
+
+	const lockTimeout = 300 * time.Millisecond
+	waiter, err := idempotency.NewPostgresStore(s.DB, idempotency.WithLockTimeout(lockTimeout))
+	require.NoError(t, err)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Mark(ctx, "billing", "evt-1")
+		done <- err
+	}()
+	err = receive(t, done, "the waiting Mark's result")
+	require.ErrorIs(t, err, idempotency.ErrMarkLocked)
+	require.GreaterOrEqual(t, time.Since(start), lockTimeout, "it gave up before the lock timeout: it did not wait on the mark")
+	require.Contains(t, err.Error(), `consumer "billing" event "evt-1"`)
+
+	// Once the holder commits, the same Mark finds the duplicate.
+	require.NoError(t, tx.Commit())
+	fresh, err = waiter.Mark(ctx, "billing", "evt-1")
+	require.NoError(t, err)
+	require.False(t, fresh)
+}
+
+// TestMarkWaitingReturnsWhenItsContextIsCancelled cancels a Mark only once
+// the server shows it waiting on the other unit of work's lock, and without
+// a lock timeout: only the cancellation can end it.
+func TestMarkWaitingReturnsWhenItsContextIsCancelled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.New(t, idempotency.Migrations())
+	holder, err := idempotency.NewPostgresStore(s.DB)
+	require.NoError(t, err)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	_, err = tx.Mark(ctx, "billing", "evt-1")
+	require.NoError(t, err)
+
+	// The waiter's pool has one connection, so its backend pid is known.
+	waiterDB, err := sql.Open("postgres", s.URL)
+	require.NoError(t, err)
+	waiterDB.SetMaxOpenConns(1)
+	t.Cleanup(func() { _ = waiterDB.Close() })
+	var pid int
+	require.NoError(t, waiterDB.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
+	waiter, err := idempotency.NewPostgresStore(waiterDB, idempotency.WithLockTimeout(-1))
+	require.NoError(t, err)
+
+	markCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Mark(markCtx, "billing", "evt-1")
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting string
+		_ = s.DB.QueryRow(`SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
+		if waiting == "Lock" {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the waiting Mark never waited on the lock")
+		select {
+		case err := <-done:
+			t.Fatalf("Mark returned before it waited: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cancel()
+	err = receive(t, done, "the cancelled Mark's result")
+	require.True(t, errors.Is(err, context.Canceled), "want context.Canceled, got %v", err)
+}
