@@ -63,10 +63,19 @@ type Step[D any] struct {
 	// (a reservation id, a payment id) before the next command is built.
 	// An error fails the reply handling, which is retried by redelivery.
 	OnSuccess func(data *D, reply Reply) error
-	// Compensation builds the command that undoes the step. Nil means the
-	// step has nothing to undo (a read, a notification). An error counts as
-	// a failed compensation attempt (retried, then stuck).
+	// Compensation builds the command that undoes the step. It is sent
+	// when a later step fails, when this step times out (its effect is
+	// unknown), and when this step's success arrives after its timeout (a
+	// late success: the effect did happen, after the saga gave up). An
+	// error counts as a failed compensation attempt (retried, then stuck).
+	// Every step sets Compensation or NoCompensation: Define refuses a
+	// step with neither.
 	Compensation func(data D) (Command, error)
+	// NoCompensation declares that the step has nothing to undo: its
+	// effect is harmless to keep (a read, a notification). A failure or a
+	// timeout skips it, and its late success is recorded and ignored, so
+	// its effect stays. Set either this or Compensation, not both.
+	NoCompensation bool
 	// CompensatedReply and CompensationFailedReply are the reply types of
 	// the compensation command. Default Name+".compensated" and
 	// Name+".compensation_failed".
@@ -102,6 +111,8 @@ type Definition[D any] struct {
 // Define declares a saga type named name whose steps run in the given
 // order. The name is stored with every instance (keep it stable across
 // deploys) and also names the default reply topic (name + "_replies").
+// The error names every invalid step and field; among them, a step that
+// sets neither Compensation nor NoCompensation.
 func Define[D any](name string, steps ...Step[D]) (*Definition[D], error) {
 	var errs []error
 	if !nameRE.MatchString(name) {
@@ -120,6 +131,15 @@ func Define[D any](name string, steps ...Step[D]) (*Definition[D], error) {
 		d.index[s.Name] = i
 		if s.Command == nil {
 			errs = append(errs, fmt.Errorf("saga: %q step %q: Command is nil: set the function that builds the step's command", name, s.Name))
+		}
+		// A step without a compensation keeps whatever its command did,
+		// even after the saga gave up on it: that must be a decision.
+		switch {
+		case s.Compensation == nil && !s.NoCompensation:
+			errs = append(errs, fmt.Errorf("saga: %q step %q: no Compensation: set Compensation to the command that undoes the step, "+
+				"or NoCompensation: true if its effect is harmless to keep (its success after a timeout is then kept too)", name, s.Name))
+		case s.Compensation != nil && s.NoCompensation:
+			errs = append(errs, fmt.Errorf("saga: %q step %q: both Compensation and NoCompensation are set: keep one", name, s.Name))
 		}
 		if s.SuccessReply == "" {
 			s.SuccessReply = s.Name + ".succeeded"
@@ -218,6 +238,14 @@ func (d *Definition[D]) Mermaid() string {
 		fmt.Fprintf(&b, "    %s --> %s: %s\n", u, compTarget(i-1), s.CompensatedReply)
 		fmt.Fprintf(&b, "    %s --> %s: %s (retry)\n", u, u, s.CompensationFailedReply)
 		fmt.Fprintf(&b, "    %s --> Stuck: retries exhausted\n", u)
+	}
+	// A step's success after its timeout sends its compensation wherever
+	// the saga is (drawn from the end state only, to keep the diagram
+	// readable); the interrupted chain resumes afterwards.
+	for i := len(d.steps) - 1; i >= 0; i-- {
+		if s := d.steps[i]; s.Compensation != nil {
+			fmt.Fprintf(&b, "    Compensated --> undo_%s: %s late\n", id(s.Name), s.SuccessReply)
+		}
 	}
 	if stuck {
 		// Resolve sends the stuck compensation again (retry) or goes on

@@ -23,27 +23,36 @@ func TestDefineRejectsInvalidDefinitions(t *testing.T) {
 		steps []saga.Step[struct{}]
 		want  string
 	}{
-		"bad name":        {name: "a b", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd}}, want: `name "a b"`},
+		"bad name":        {name: "a b", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd, NoCompensation: true}}, want: `name "a b"`},
 		"no steps":        {name: "x", want: "no steps"},
-		"duplicate step":  {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd}, {Name: "s", Command: cmd}}, want: "used by an earlier step"},
-		"nil command":     {name: "x", steps: []saga.Step[struct{}]{{Name: "s"}}, want: "Command is nil"},
-		"same replies":    {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd, SuccessReply: "r", FailureReply: "r"}}, want: "must differ"},
-		"tiny timeout":    {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd, Timeout: time.Microsecond}}, want: "want at least 1ms"},
-		"bad retry":       {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd, Retry: retry.Policy{Multiplier: 0.5}}}, want: "Multiplier"},
-		"empty step name": {name: "x", steps: []saga.Step[struct{}]{{Command: cmd}}, want: `Name ""`},
+		"duplicate step":  {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd, Compensation: cmd}, {Name: "s", Command: cmd, Compensation: cmd}}, want: "used by an earlier step"},
+		"nil command":     {name: "x", steps: []saga.Step[struct{}]{{Name: "s", NoCompensation: true}}, want: "Command is nil"},
+		"same replies":    {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd, NoCompensation: true, SuccessReply: "r", FailureReply: "r"}}, want: "must differ"},
+		"tiny timeout":    {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd, NoCompensation: true, Timeout: time.Microsecond}}, want: "want at least 1ms"},
+		"bad retry":       {name: "x", steps: []saga.Step[struct{}]{{Name: "s", Command: cmd, NoCompensation: true, Retry: retry.Policy{Multiplier: 0.5}}}, want: "Multiplier"},
+		"empty step name": {name: "x", steps: []saga.Step[struct{}]{{Command: cmd, NoCompensation: true}}, want: `Name ""`},
+		// A step that keeps its effect after the saga gave up must say so.
+		"no compensation declared": {name: "x", steps: []saga.Step[struct{}]{{Name: "undo", Command: cmd, Compensation: cmd}, {Name: "ship", Command: cmd}},
+			want: `saga: "x" step "ship": no Compensation: set Compensation to the command that undoes the step, or NoCompensation: true`},
+		"both declared": {name: "x", steps: []saga.Step[struct{}]{{Name: "ship", Command: cmd, Compensation: cmd, NoCompensation: true}},
+			want: `step "ship": both Compensation and NoCompensation are set`},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := saga.Define(tc.name, tc.steps...)
+			d, err := saga.Define(tc.name, tc.steps...)
 			require.ErrorContains(t, err, tc.want)
+			require.Nil(t, d)
 		})
 	}
 	require.Panics(t, func() { saga.MustDefine[struct{}]("x") })
+	// Either declaration is enough.
+	_, err := saga.Define("x", saga.Step[struct{}]{Name: "a", Command: cmd, Compensation: cmd}, saga.Step[struct{}]{Name: "b", Command: cmd, NoCompensation: true})
+	require.NoError(t, err)
 }
 
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, saga.Migrations())
-	def := saga.MustDefine("x", saga.Step[struct{}]{Name: "s", Command: func(struct{}) (saga.Command, error) { return saga.Command{Topic: "t"}, nil }})
+	def := saga.MustDefine("x", saga.Step[struct{}]{Name: "s", Command: func(struct{}) (saga.Command, error) { return saga.Command{Topic: "t"}, nil }, NoCompensation: true})
 	_, err := saga.NewOrchestrator(s.DB, def, saga.Config{BatchSize: 20000})
 	require.ErrorContains(t, err, "BatchSize 20000")
 	_, err = saga.NewOrchestrator(s.DB, def, saga.Config{PollInterval: time.Microsecond})

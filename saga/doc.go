@@ -23,9 +23,15 @@
 //			},
 //			Timeout: 30 * time.Second,
 //		},
-//		saga.Step[Order]{Name: "charge_payment", ...},   // compensation: refund
-//		saga.Step[Order]{Name: "schedule_shipping", ...}, // nothing to undo
+//		saga.Step[Order]{Name: "charge_payment", ...},    // compensation: refund
+//		saga.Step[Order]{Name: "schedule_shipping", ...}, // compensation: cancel
+//		saga.Step[Order]{Name: "notify", NoCompensation: true, ...},
 //	)
+//
+// Every step declares either a Compensation or NoCompensation (its effect
+// is harmless to keep: a read, a notification); Define refuses a step with
+// neither, naming it, because a step without a compensation keeps its
+// effect even when it happens after the saga gave up.
 //
 // A step's reply types default to "<step>.succeeded" and "<step>.failed",
 // its compensation's to "<step>.compensated" and
@@ -74,17 +80,42 @@
 //   - Stale replies are deterministic: a reply to a command that is not the
 //     current one (its step timed out or was compensated, or another reply
 //     already answered it) is recorded in the history as late_reply or
-//     duplicate, counted in MetricIgnoredReplies, and acknowledged.
+//     duplicate, counted in MetricIgnoredReplies, and acknowledged; except
+//     a late success, which is undone (below).
 //   - On a failure reply, the compensations of the earlier steps run, last
-//     step first; steps without a Compensation are skipped. On a timeout the
+//     step first; NoCompensation steps are skipped. On a timeout the
 //     timed-out step is compensated too, because its effect is unknown (its
 //     success may be in flight): compensations must accept a command whose
-//     forward effect never happened.
+//     forward effect never happened, and must be idempotent by business
+//     state (a retry or a late success sends one again).
+//   - A late success is undone, the same way for every step: when a step's
+//     success arrives after the step timed out (its participant was down
+//     past the timeout, then ran the command), the orchestrator sends that
+//     step's compensation again, in the transaction that records the reply
+//     (late_success in the history; the command through the outbox, so a
+//     crash loses neither), once however often the success is delivered.
+//     The compensation sent at the timeout is not enough: the participant
+//     may have run it before the command, finding nothing to undo. The
+//     late step's compensation goes first; a compensation it interrupts
+//     starts again after it (a new round), and a compensated saga is
+//     compensating again until it is done (MetricLateSuccesses; counted
+//     compensated once). Participants need no tombstone for this; one that
+//     refuses commands of sagas it already compensated answers a failure,
+//     which is late and ignored. A NoCompensation step's late success is
+//     recorded as late_reply and its effect kept, as declared.
+//   - Each round of a step's compensation numbers its attempts
+//     (metadata.SagaAttempt) after every earlier attempt of that step, so a
+//     reply to an earlier attempt is never taken for a later one's answer.
+//   - The saga's last error names the cause (the failure, timeout or
+//     command error that started compensating, also Info.Cause) followed by
+//     what went wrong since (a compensation that failed or timed out), and
+//     is the cause again once the saga is compensated.
 //   - A compensation that fails or goes unanswered is retried after the
 //     step's Retry backoff. When the budget is spent the saga becomes stuck:
 //     MetricStuck is incremented and an error is logged; an operator runs
 //     `millwright saga resolve ID` (Resolve) to retry it or to record it as
-//     done by hand.
+//     done by hand. (A late success of a later step still undoes that step
+//     at once, then retries the stuck compensation.)
 //   - Deadlines are columns, claimed by Run with FOR UPDATE SKIP LOCKED by
 //     whichever orchestrator instance is alive: they survive restarts.
 //     Killing an orchestrator at any point loses nothing: the transaction in

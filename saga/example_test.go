@@ -49,7 +49,7 @@ type ShopOrder struct {
 }
 
 // shopSaga reserves inventory, charges the payment and schedules shipping;
-// release and refund undo the first two.
+// release, refund and cancel undo them.
 func shopSaga() *saga.Definition[ShopOrder] {
 	command := func(topic, typ string) func(ShopOrder) (saga.Command, error) {
 		return func(o ShopOrder) (saga.Command, error) {
@@ -71,8 +71,9 @@ func shopSaga() *saga.Definition[ShopOrder] {
 			Compensation: command("payments", "payment.refund.v1"),
 		},
 		saga.Step[ShopOrder]{
-			Name:    "schedule_shipping",
-			Command: command("shipping", "shipping.schedule.v1"),
+			Name:         "schedule_shipping",
+			Command:      command("shipping", "shipping.schedule.v1"),
+			Compensation: command("shipping", "shipping.cancel.v1"),
 		},
 	)
 }
@@ -167,13 +168,19 @@ func ExampleDefinition_Mermaid() {
 	//     charge_payment --> undo_charge_payment: timeout 1m0s
 	//     schedule_shipping --> Completed: schedule_shipping.succeeded
 	//     schedule_shipping --> undo_charge_payment: schedule_shipping.failed
-	//     schedule_shipping --> undo_charge_payment: timeout 1m0s
+	//     schedule_shipping --> undo_schedule_shipping: timeout 1m0s
+	//     undo_schedule_shipping --> undo_charge_payment: schedule_shipping.compensated
+	//     undo_schedule_shipping --> undo_schedule_shipping: schedule_shipping.compensation_failed (retry)
+	//     undo_schedule_shipping --> Stuck: retries exhausted
 	//     undo_charge_payment --> undo_reserve_inventory: charge_payment.compensated
 	//     undo_charge_payment --> undo_charge_payment: charge_payment.compensation_failed (retry)
 	//     undo_charge_payment --> Stuck: retries exhausted
 	//     undo_reserve_inventory --> Compensated: reserve_inventory.compensated
 	//     undo_reserve_inventory --> undo_reserve_inventory: reserve_inventory.compensation_failed (retry)
 	//     undo_reserve_inventory --> Stuck: retries exhausted
+	//     Compensated --> undo_schedule_shipping: schedule_shipping.succeeded late
+	//     Compensated --> undo_charge_payment: charge_payment.succeeded late
+	//     Compensated --> undo_reserve_inventory: reserve_inventory.succeeded late
 	//     note right of Stuck: millwright saga resolve ID (retry or skip)
 	//     Completed --> [*]
 	//     Compensated --> [*]

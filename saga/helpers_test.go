@@ -48,7 +48,12 @@ func (tp topics) all() []string { return []string{tp.inventory, tp.payment, tp.s
 type defOpts struct {
 	// timeouts of the steps' commands by step name; default 30s.
 	timeouts map[string]time.Duration
-	retry    retry.Policy
+	// compTimeouts of the steps' compensations by step name; default 30s.
+	compTimeouts map[string]time.Duration
+	retry        retry.Policy
+	// cancelShipping gives schedule_shipping a compensation
+	// (shipping.cancel.v1); without it the step declares NoCompensation.
+	cancelShipping bool
 }
 
 func (o defOpts) timeout(step string) time.Duration {
@@ -58,12 +63,34 @@ func (o defOpts) timeout(step string) time.Duration {
 	return 30 * time.Second
 }
 
+func (o defOpts) compTimeout(step string) time.Duration {
+	if d, ok := o.compTimeouts[step]; ok {
+		return d
+	}
+	return 30 * time.Second
+}
+
 // ordersDef is the example saga: reserve inventory, charge payment,
-// schedule shipping; compensations release and refund.
+// schedule shipping; compensations release and refund (and cancel the
+// shipment with defOpts.cancelShipping).
 func ordersDef(t *testing.T, tp topics, o defOpts) *saga.Definition[Order] {
 	t.Helper()
 	if o.retry.MaxAttempts == 0 {
 		o.retry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: 5, Jitter: retry.JitterNone}
+	}
+	ship := saga.Step[Order]{
+		Name: "schedule_shipping",
+		Command: func(o Order) (saga.Command, error) {
+			return saga.Command{Topic: tp.shipping, Type: "shipping.schedule.v1", Payload: o}, nil
+		},
+		Timeout: o.timeout("schedule_shipping"), CompensationTimeout: o.compTimeout("schedule_shipping"), Retry: o.retry,
+		NoCompensation: true,
+	}
+	if o.cancelShipping {
+		ship.NoCompensation = false
+		ship.Compensation = func(o Order) (saga.Command, error) {
+			return saga.Command{Topic: tp.shipping, Type: "shipping.cancel.v1", Payload: o}, nil
+		}
 	}
 	def, err := saga.Define("orders",
 		saga.Step[Order]{
@@ -82,7 +109,7 @@ func ordersDef(t *testing.T, tp topics, o defOpts) *saga.Definition[Order] {
 			Compensation: func(o Order) (saga.Command, error) {
 				return saga.Command{Topic: tp.inventory, Type: "inventory.release.v1", Payload: map[string]string{"reservation": o.ReservationID}}, nil
 			},
-			Timeout: o.timeout("reserve_inventory"), CompensationTimeout: 30 * time.Second, Retry: o.retry,
+			Timeout: o.timeout("reserve_inventory"), CompensationTimeout: o.compTimeout("reserve_inventory"), Retry: o.retry,
 		},
 		saga.Step[Order]{
 			Name: "charge_payment",
@@ -103,15 +130,9 @@ func ordersDef(t *testing.T, tp topics, o defOpts) *saga.Definition[Order] {
 			Compensation: func(o Order) (saga.Command, error) {
 				return saga.Command{Topic: tp.payment, Type: "payment.refund.v1", Payload: o}, nil
 			},
-			Timeout: o.timeout("charge_payment"), CompensationTimeout: 30 * time.Second, Retry: o.retry,
+			Timeout: o.timeout("charge_payment"), CompensationTimeout: o.compTimeout("charge_payment"), Retry: o.retry,
 		},
-		saga.Step[Order]{
-			Name: "schedule_shipping",
-			Command: func(o Order) (saga.Command, error) {
-				return saga.Command{Topic: tp.shipping, Type: "shipping.schedule.v1", Payload: o}, nil
-			},
-			Timeout: o.timeout("schedule_shipping"), CompensationTimeout: 30 * time.Second, Retry: o.retry,
-		},
+		ship,
 	)
 	require.NoError(t, err)
 	return def
@@ -124,28 +145,74 @@ const (
 	succeed action = iota
 	fail
 	ignore // never reply (the step times out)
+	// hold keeps the command unanswered until release: the participant is
+	// down, and works through its backlog when it is back.
+	hold
 )
 
 // participants are the in-process services answering the saga's commands.
 // decide picks each reply; log records every command once, in arrival
-// order, as "step/phase/attempt".
+// order, as "step/phase/attempt". Each step has an effect, idempotent by
+// business state like a real participant's: a successful forward command
+// puts it in place, a successful compensation removes it if it is there
+// (and finds nothing to undo otherwise).
 type participants struct {
 	mu     sync.Mutex
 	log    map[string][]string // by saga id
 	seen   map[string]bool     // event ids: participants are idempotent
 	cmds   map[string]*message.Message
+	held   map[string][]*message.Message // by "id/step/phase", in arrival order
 	decide func(sagaID, step, phase string, attempt int) action
 	// before, when set, runs before each reply is sent (outside the lock).
 	before func(sagaID, step, phase string)
 	pub    message.Publisher
+	// by "id/step": the effect is in place; how often it was applied, and
+	// how often a compensation removed it.
+	inPlace         map[string]bool
+	applied, undone map[string]int
 }
 
 func newParticipants(pub message.Publisher) *participants {
 	return &participants{
 		log: map[string][]string{}, seen: map[string]bool{}, cmds: map[string]*message.Message{},
+		held:    map[string][]*message.Message{},
+		inPlace: map[string]bool{}, applied: map[string]int{}, undone: map[string]int{},
 		decide: func(string, string, string, int) action { return succeed },
 		pub:    pub,
 	}
+}
+
+// effect reports saga id's step's effect: in place now, how often applied
+// and how often undone.
+func (p *participants) effect(id, step string) (inPlace bool, applied, undone int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := id + "/" + step
+	return p.inPlace[k], p.applied[k], p.undone[k]
+}
+
+// heldCount is the number of held commands of saga id's step and phase.
+func (p *participants) heldCount(id, step, phase string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.held[id+"/"+step+"/"+phase])
+}
+
+// release answers the held commands of saga id's step and phase, in
+// arrival order, with act: the participant is back and works through its
+// backlog. It returns how many it answered.
+func (p *participants) release(id, step, phase string, act action) (int, error) {
+	p.mu.Lock()
+	k := id + "/" + step + "/" + phase
+	msgs := p.held[k]
+	delete(p.held, k)
+	p.mu.Unlock()
+	for _, m := range msgs {
+		if err := p.answer(m, act); err != nil {
+			return 0, err
+		}
+	}
+	return len(msgs), nil
 }
 
 func (p *participants) setDecide(f func(sagaID, step, phase string, attempt int) action) {
@@ -184,12 +251,37 @@ func (p *participants) handle(msg *message.Message) error {
 		p.cmds[id+"/"+step+"/"+phase] = msg.Copy()
 	}
 	act := p.decide(id, step, phase, n)
+	if act == hold {
+		k := id + "/" + step + "/" + phase
+		p.held[k] = append(p.held[k], msg.Copy())
+		p.mu.Unlock()
+		return nil
+	}
 	before := p.before
 	p.mu.Unlock()
 	if before != nil {
 		before(id, step, phase)
 	}
+	return p.answer(msg, act)
+}
 
+// answer applies command msg's effect as act says, then sends the reply.
+func (p *participants) answer(msg *message.Message, act action) error {
+	md := msg.Metadata
+	id, step, phase := md.Get(metadata.SagaID), md.Get(metadata.SagaStep), md.Get(metadata.SagaPhase)
+	if act == succeed {
+		k := id + "/" + step
+		p.mu.Lock()
+		switch {
+		case phase == saga.PhaseForward && !p.inPlace[k]:
+			p.inPlace[k] = true
+			p.applied[k]++
+		case phase == saga.PhaseCompensation && p.inPlace[k]:
+			p.inPlace[k] = false
+			p.undone[k]++
+		}
+		p.mu.Unlock()
+	}
 	var typ string
 	switch {
 	case act == ignore:

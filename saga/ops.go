@@ -23,12 +23,22 @@ type Info struct {
 	Data      json.RawMessage
 	Version   int64
 	// Deadline is when the timeout loop acts next (zero: nothing scheduled).
-	Deadline             time.Time
-	AwaitingReply        bool
+	Deadline      time.Time
+	AwaitingReply bool
+	// CompensationAttempts counts the attempts of the current
+	// compensation round (a round starts when the compensation of a step
+	// starts, and again after a late success or an operator's retry).
 	CompensationAttempts int
-	LastError            string
-	CreatedAt            time.Time
-	UpdatedAt            time.Time
+	// Cause is why the saga is compensating ("" if it never failed): the
+	// failure reply, timeout or command error that started the
+	// compensation.
+	Cause string
+	// LastError is the cause, then (while compensations fail, or a late
+	// success is undone) what happened since; back to the cause once the
+	// saga is compensated.
+	LastError string
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 // HistoryEntry is one row of a saga's step history.
@@ -61,7 +71,7 @@ type Filter struct {
 // recent entry of the current step index is not recorded, so it is the
 // step of the newest command or compensation entry.
 const infoSelect = `SELECT i.id, i.type, i.state, i.current_step, i.data, i.version, i.deadline_at,
-	i.awaiting_reply, i.compensation_attempts, COALESCE(i.last_error, ''), i.created_at, i.updated_at,
+	i.awaiting_reply, i.compensation_attempts, COALESCE(i.cause, ''), COALESCE(i.last_error, ''), i.created_at, i.updated_at,
 	COALESCE((SELECT s.step FROM millwright_saga_steps s WHERE s.saga_id = i.id
 		AND s.kind IN ('command', 'compensation', 'resolved') ORDER BY s.id DESC LIMIT 1), '')
 	FROM millwright_saga_instances i`
@@ -71,7 +81,7 @@ func scanInfo(sc interface{ Scan(...any) error }) (Info, error) {
 	var deadline sql.NullTime
 	var data []byte
 	err := sc.Scan(&in.ID, &in.Type, &in.State, &in.StepIndex, &data, &in.Version, &deadline,
-		&in.AwaitingReply, &in.CompensationAttempts, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.Step)
+		&in.AwaitingReply, &in.CompensationAttempts, &in.Cause, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.Step)
 	in.Data = data
 	in.Deadline = deadline.Time
 	if in.State == StateCompleted || in.StepIndex < 0 {
@@ -169,7 +179,8 @@ type Resolution struct {
 // Resolve hands a stuck saga back to the orchestrators: with ResolveRetry
 // the stuck compensation is sent again with a fresh budget; with
 // ResolveSkip the compensation is taken as done by hand and the earlier
-// steps' compensations follow. The change is a row update (the next Run
+// steps' compensations follow (for the compensation of a late success, the
+// ones it interrupted). The change is a row update (the next Run
 // round of any orchestrator of the type sends the command), recorded in the
 // history; no Definition is needed, so the CLI can call it. With dryRun
 // nothing is written. The error wraps ErrNotFound or ErrNotStuck when the
@@ -183,8 +194,10 @@ func Resolve(ctx context.Context, db *sql.DB, id string, action ResolveAction, n
 		return Resolution{}, fmt.Errorf("saga: Resolve %q: begin: %w", id, err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	var locked string
-	if err := tx.QueryRowContext(ctx, `SELECT id FROM millwright_saga_instances WHERE id = $1 FOR UPDATE`, id).Scan(&locked); err != nil {
+	// resume is set while the compensation of a late success runs: the
+	// step whose compensation follows it.
+	var resume sql.NullInt64
+	if err := tx.QueryRowContext(ctx, `SELECT resume_step FROM millwright_saga_instances WHERE id = $1 FOR UPDATE`, id).Scan(&resume); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return Resolution{}, fmt.Errorf("saga %q: %w", id, ErrNotFound)
 		}
@@ -207,18 +220,28 @@ func Resolve(ctx context.Context, db *sql.DB, id string, action ResolveAction, n
 		next = in.StepIndex - 1
 		r.Description = fmt.Sprintf("mark the compensation of step %q (index %d) as done by hand and continue with the compensations of the steps before it",
 			in.Step, in.StepIndex)
+		if resume.Valid {
+			// The stuck compensation undoes a late success; the chain it
+			// interrupted goes on where it was.
+			next = int(resume.Int64)
+			r.Description = fmt.Sprintf("mark the compensation of step %q (index %d, undoing its success after its timeout) as done by hand and go back to the compensations it interrupted",
+				in.Step, in.StepIndex)
+		}
 		if next < 0 {
 			r.Description = fmt.Sprintf("mark the compensation of step %q (index %d) as done by hand; no earlier step is left, so the saga becomes compensated",
 				in.Step, in.StepIndex)
 		}
+		resume = sql.NullInt64{}
 	}
 	if dryRun {
 		return r, nil
 	}
+	// The next Run round starts a new round of the step's compensation,
+	// numbered after its earlier attempts.
 	if _, err := tx.ExecContext(ctx, `UPDATE millwright_saga_instances SET state = 'compensating',
 		current_step = $2, version = version + 1, deadline_at = now(), awaiting_reply = false,
-		compensation_attempts = 0, compensation_started_at = NULL, updated_at = now()
-		WHERE id = $1`, id, next); err != nil {
+		compensation_attempts = 0, compensation_started_at = NULL, resume_step = $3, updated_at = now()
+		WHERE id = $1`, id, next, resume); err != nil {
 		return r, fmt.Errorf("saga %q: resolving: %w", id, err)
 	}
 	detail := string(action)

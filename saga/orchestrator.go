@@ -56,6 +56,11 @@ const (
 	KindResolved          = "resolved"
 	KindCompleted         = "completed"
 	KindCompensated       = "compensated"
+	// KindLateSuccess is a success reply that arrived after its step timed
+	// out, for a step with a Compensation: the compensation is sent in the
+	// same transition. (A late success of a NoCompensation step, and any
+	// other late reply, is a KindLateReply.)
+	KindLateSuccess = "late_success"
 )
 
 // Metric names, each with a "type" label (the saga type).
@@ -72,6 +77,11 @@ const (
 	// MetricIgnoredReplies counts replies recorded and ignored, with a
 	// "kind" label: late_reply or duplicate.
 	MetricIgnoredReplies = "millwright_saga_ignored_replies_total"
+	// MetricLateSuccesses counts success replies that arrived after their
+	// step timed out and made the orchestrator send that step's
+	// compensation (the late success of a NoCompensation step counts as an
+	// ignored late_reply instead).
+	MetricLateSuccesses = "millwright_saga_late_successes_total"
 	// MetricDuration observes the seconds from start to completed or
 	// compensated, with an "outcome" label (completed, compensated).
 	MetricDuration = "millwright_saga_duration_seconds"
@@ -154,7 +164,7 @@ func (c Config) Validate() error {
 
 type metrics struct {
 	started, completed, compensated, stuck prometheus.Counter
-	late, duplicate                        prometheus.Counter
+	late, duplicate, lateSuccess           prometheus.Counter
 	durCompleted, durCompensated           prometheus.Observer
 }
 
@@ -201,10 +211,11 @@ func newMetrics(reg prometheus.Registerer, typ string) (metrics, error) {
 	var m metrics
 	counters := map[string]*prometheus.CounterVec{}
 	for name, help := range map[string]string{
-		MetricStarted:     "Sagas started.",
-		MetricCompleted:   "Sagas whose every step succeeded.",
-		MetricCompensated: "Sagas that failed and were fully compensated.",
-		MetricStuck:       "Sagas that entered the stuck state (compensation retries exhausted); resolve with `millwright saga resolve`.",
+		MetricStarted:       "Sagas started.",
+		MetricCompleted:     "Sagas whose every step succeeded.",
+		MetricCompensated:   "Sagas that failed and were fully compensated.",
+		MetricStuck:         "Sagas that entered the stuck state (compensation retries exhausted); resolve with `millwright saga resolve`.",
+		MetricLateSuccesses: "Successes that arrived after their step timed out; the step's compensation was sent.",
 	} {
 		vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"type"})
 		if err := register(reg, &vec); err != nil {
@@ -227,6 +238,7 @@ func newMetrics(reg prometheus.Registerer, typ string) (metrics, error) {
 	m.completed = counters[MetricCompleted].WithLabelValues(typ)
 	m.compensated = counters[MetricCompensated].WithLabelValues(typ)
 	m.stuck = counters[MetricStuck].WithLabelValues(typ)
+	m.lateSuccess = counters[MetricLateSuccesses].WithLabelValues(typ)
 	m.late = ignored.WithLabelValues(typ, KindLateReply)
 	m.duplicate = ignored.WithLabelValues(typ, KindDuplicate)
 	m.durCompleted = dur.WithLabelValues(typ, string(StateCompleted))
@@ -273,16 +285,45 @@ type instance struct {
 	compStarted  sql.NullTime
 	lastError    sql.NullString
 	createdAt    time.Time
+	// attemptBase + compAttempts is the current compensation's attempt
+	// number on the wire (metadata.SagaAttempt).
+	attemptBase int
+	// resumeStep, while a late success's compensation runs, is where the
+	// compensation chain goes on afterwards.
+	resumeStep sql.NullInt64
+	// cause is why the saga is compensating.
+	cause sql.NullString
 }
 
 const instanceColumns = `id, type, state, current_step, data, version, deadline_at, awaiting_reply,
-	compensation_attempts, compensation_started_at, last_error, created_at`
+	compensation_attempts, compensation_started_at, last_error, created_at,
+	compensation_attempt_base, resume_step, cause`
 
 func scanInstance(sc interface{ Scan(...any) error }) (instance, error) {
 	var in instance
 	err := sc.Scan(&in.id, &in.typ, &in.state, &in.step, &in.data, &in.version, &in.deadline, &in.awaiting,
-		&in.compAttempts, &in.compStarted, &in.lastError, &in.createdAt)
+		&in.compAttempts, &in.compStarted, &in.lastError, &in.createdAt,
+		&in.attemptBase, &in.resumeStep, &in.cause)
 	return in, err
+}
+
+// attempt is the wire attempt number of the current compensation.
+func (in instance) attempt() int { return in.attemptBase + in.compAttempts }
+
+// fail records why the saga starts compensating.
+func (in *instance) fail(reason string) {
+	in.cause = sql.NullString{String: reason, Valid: true}
+	in.lastError = in.cause
+}
+
+// since is last_error while compensating: the cause that started the
+// compensation, then what happened since. Sagas from before the cause
+// column have only what.
+func (in instance) since(what string) sql.NullString {
+	if !in.cause.Valid || in.cause.String == "" || in.cause.String == what {
+		return sql.NullString{String: what, Valid: true}
+	}
+	return sql.NullString{String: in.cause.String + "; then " + what, Valid: true}
 }
 
 // histRow is one row of millwright_saga_steps.
@@ -442,11 +483,12 @@ func (o *Orchestrator[D]) commit(ctx context.Context, exec outbox.Executor, old 
 		q := `UPDATE millwright_saga_instances SET
 			state = $3, current_step = $4, data = $5, version = version + 1, deadline_at = $6,
 			awaiting_reply = $7, compensation_attempts = $8, compensation_started_at = $9,
-			last_error = $10, updated_at = now()
+			last_error = $10, compensation_attempt_base = $11, resume_step = $12, cause = $13, updated_at = now()
 			WHERE id = $1 AND version = $2`
-		args := []any{in.id, old, in.state, in.step, string(in.data), in.deadline, in.awaiting, in.compAttempts, in.compStarted, in.lastError}
+		args := []any{in.id, old, in.state, in.step, string(in.data), in.deadline, in.awaiting, in.compAttempts, in.compStarted, in.lastError,
+			in.attemptBase, in.resumeStep, in.cause}
 		if len(t.hist) > 0 {
-			q = `WITH x AS (` + q + ` RETURNING id) ` + histInsert("x", 11)
+			q = `WITH x AS (` + q + ` RETURNING id) ` + histInsert("x", 14)
 			args = append(args, histArgs(t)...)
 		}
 		res, err := exec.ExecContext(ctx, q, args...)
@@ -605,13 +647,27 @@ func (o *Orchestrator[D]) onReply(ctx context.Context, tx *sql.Tx, in instance, 
 		current = current && in.state == StateRunning
 	} else {
 		histKind = KindCompensationReply
-		current = current && in.state == StateCompensating && in.compAttempts == r.attempt
+		current = current && in.state == StateCompensating && in.attempt() == r.attempt
 	}
 	if !current {
+		// A late success already acted on counts as an answer, so a second
+		// success reply of the same command sends nothing again.
+		answeredKind := histKind
+		if r.phase == PhaseForward {
+			answeredKind = KindLateSuccess
+		}
 		var answered bool
 		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM millwright_saga_steps
-			WHERE saga_id = $1 AND step = $2 AND kind = $3 AND attempt = $4)`, in.id, s.Name, histKind, r.attempt).Scan(&answered); err != nil {
+			WHERE saga_id = $1 AND step = $2 AND kind IN ($3, $4) AND attempt = $5)`,
+			in.id, s.Name, histKind, answeredKind, r.attempt).Scan(&answered); err != nil {
 			return nil, fmt.Errorf("saga %s %q: reading history: %w", o.def.name, in.id, err)
+		}
+		// Forward commands are sent once, in order, so an unanswered one
+		// that is not current timed out: the saga is compensating (at
+		// this step or an earlier one), compensated, or stuck.
+		if !answered && r.phase == PhaseForward && r.reply.Type == s.SuccessReply && s.Compensation != nil &&
+			in.step <= r.stepIdx && (in.state == StateCompensating || in.state == StateCompensated || in.state == StateStuck) {
+			return o.onLateSuccess(ctx, tx, in, r)
 		}
 		kind, c := KindLateReply, o.m.late
 		if answered {
@@ -635,13 +691,8 @@ func (o *Orchestrator[D]) onReply(ctx context.Context, tx *sql.Tx, in instance, 
 	switch r.reply.Type {
 	case s.SuccessReply:
 		t.record(s.Name, KindReply, r.reply.Type, r.attempt, "")
-		if s.OnSuccess != nil {
-			if err := s.OnSuccess(&data, r.reply); err != nil {
-				return nil, fmt.Errorf("saga %s %q: step %q OnSuccess: %w", o.def.name, in.id, s.Name, err)
-			}
-			if t.in.data, err = json.Marshal(data); err != nil {
-				return nil, fmt.Errorf("saga %s %q: marshalling data %T: %w", o.def.name, in.id, data, err)
-			}
+		if err := o.applySuccess(t, s, &data, r); err != nil {
+			return nil, err
 		}
 		if r.stepIdx+1 == len(o.def.steps) {
 			t.in.state, t.in.deadline = StateCompleted, sql.NullTime{}
@@ -654,22 +705,87 @@ func (o *Orchestrator[D]) onReply(ctx context.Context, tx *sql.Tx, in instance, 
 			// done so far (this one included) are compensated.
 			msg := err.Error()
 			t.record(o.def.steps[r.stepIdx+1].Name, KindCommand, "", 1, msg)
-			t.in.lastError = sql.NullString{String: msg, Valid: true}
-			o.compensateFrom(t, r.stepIdx, data, now)
+			t.in.fail(msg)
+			if err := o.compensateFrom(ctx, tx, t, r.stepIdx, data, now); err != nil {
+				return nil, err
+			}
 		}
 	case s.FailureReply:
 		e := replyError(r.reply)
 		t.record(s.Name, KindReply, r.reply.Type, r.attempt, e)
-		t.in.lastError = sql.NullString{String: fmt.Sprintf("step %q failed: %s", s.Name, e), Valid: true}
-		o.compensateFrom(t, r.stepIdx-1, data, now)
+		t.in.fail(fmt.Sprintf("step %q failed: %s", s.Name, e))
+		if err := o.compensateFrom(ctx, tx, t, r.stepIdx-1, data, now); err != nil {
+			return nil, err
+		}
 	case s.CompensatedReply:
 		t.record(s.Name, KindCompensationReply, r.reply.Type, r.attempt, "")
-		o.compensateFrom(t, r.stepIdx-1, data, now)
+		next := r.stepIdx - 1
+		if in.resumeStep.Valid {
+			// This was a late success's compensation: go on with the
+			// compensation it interrupted (or back to compensated).
+			next, t.in.resumeStep = int(in.resumeStep.Int64), sql.NullInt64{}
+		}
+		if err := o.compensateFrom(ctx, tx, t, next, data, now); err != nil {
+			return nil, err
+		}
 	case s.CompensationFailedReply:
 		e := replyError(r.reply)
 		t.record(s.Name, KindCompensationReply, r.reply.Type, r.attempt, e)
 		o.compensationFailed(t, fmt.Sprintf("compensation of step %q failed (attempt %d): %s", s.Name, r.attempt, e), now)
 	}
+	return t, nil
+}
+
+// applySuccess updates the saga data from step s's success reply.
+func (o *Orchestrator[D]) applySuccess(t *transition, s Step[D], data *D, r replyInfo) error {
+	if s.OnSuccess == nil {
+		return nil
+	}
+	if err := s.OnSuccess(data, r.reply); err != nil {
+		return fmt.Errorf("saga %s %q: step %q OnSuccess: %w", o.def.name, t.in.id, s.Name, err)
+	}
+	var err error
+	if t.in.data, err = json.Marshal(*data); err != nil {
+		return fmt.Errorf("saga %s %q: marshalling data %T: %w", o.def.name, t.in.id, *data, err)
+	}
+	return nil
+}
+
+// onLateSuccess undoes a step whose success arrived after it timed out:
+// its effect happened although the saga gave up on it, and whatever its
+// participant made of the compensation sent at the timeout (it may have
+// run first, finding nothing to undo), only a compensation sent after the
+// success is sure to find the effect. So the step's compensation is sent
+// now, in this transition (the history row, the instance row and the
+// command commit together, or the reply is redelivered). If another step's
+// compensation was current, or none was left, the late one goes first and
+// the chain resumes there afterwards: a compensated saga is compensating
+// again until the late step is undone, then compensated again (counted
+// once).
+func (o *Orchestrator[D]) onLateSuccess(ctx context.Context, q Querier, in instance, r replyInfo) (*transition, error) {
+	s := o.def.steps[r.stepIdx]
+	now := time.Now()
+	t := &transition{in: in}
+	data, err := o.decode(in)
+	if err != nil {
+		return nil, err
+	}
+	t.record(s.Name, KindLateSuccess, r.reply.Type, r.attempt, "")
+	// The compensation may need what the reply says (a reservation id).
+	if err := o.applySuccess(t, s, &data, r); err != nil {
+		return nil, err
+	}
+	if in.step != r.stepIdx {
+		t.in.resumeStep = sql.NullInt64{Int64: int64(in.step), Valid: true}
+	}
+	t.in.lastError = in.since(fmt.Sprintf("step %q succeeded after it timed out: undoing it", s.Name))
+	if err := o.compensateFrom(ctx, q, t, r.stepIdx, data, now); err != nil {
+		return nil, err
+	}
+	t.effects = append(t.effects, o.m.lateSuccess.Inc, func() {
+		o.cfg.Logger.Info("saga: late success: compensating the step", watermill.LogFields{"saga_type": o.def.name, "saga_id": in.id,
+			"step": s.Name, "state": string(in.state)})
+	})
 	return t, nil
 }
 
@@ -713,20 +829,43 @@ func truncate(s string, n int) string {
 
 // compensateFrom starts compensating at step i and below: the first step at
 // or below i that has a compensation gets its command; with none left the
-// saga is compensated.
-func (o *Orchestrator[D]) compensateFrom(t *transition, i int, data D, now time.Time) {
+// saga is compensated. q reads the history (the transaction of t).
+func (o *Orchestrator[D]) compensateFrom(ctx context.Context, q Querier, t *transition, i int, data D, now time.Time) error {
 	for ; i >= 0 && o.def.steps[i].Compensation == nil; i-- {
 	}
-	t.in.compAttempts, t.in.compStarted = 0, sql.NullTime{}
+	t.in.compAttempts, t.in.compStarted, t.in.attemptBase = 0, sql.NullTime{}, 0
 	if i < 0 {
 		t.in.state, t.in.step, t.in.deadline, t.in.awaiting = StateCompensated, -1, sql.NullTime{}, false
+		t.in.resumeStep = sql.NullInt64{}
+		if t.in.cause.Valid {
+			t.in.lastError = t.in.cause
+		}
 		t.record("", KindCompensated, "", 0, "")
-		created := t.in.createdAt
-		t.effects = append(t.effects, o.m.compensated.Inc, func() { o.m.durCompensated.Observe(time.Since(created).Seconds()) })
-		return
+		// A saga reopened by a late success was counted when it was
+		// first compensated.
+		var before bool
+		if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM millwright_saga_steps WHERE saga_id = $1 AND kind = $2)`,
+			t.in.id, KindCompensated).Scan(&before); err != nil {
+			return fmt.Errorf("saga %s %q: reading history: %w", o.def.name, t.in.id, err)
+		}
+		if !before {
+			created := t.in.createdAt
+			t.effects = append(t.effects, o.m.compensated.Inc, func() { o.m.durCompensated.Observe(time.Since(created).Seconds()) })
+		}
+		return nil
+	}
+	// A step's compensation may run more than once (a late success, an
+	// operator's retry): number the new round's attempts after every
+	// earlier one, so that a reply to an earlier attempt (one that ran
+	// before a late effect, say) is never taken for this round's answer.
+	s := o.def.steps[i]
+	if err := q.QueryRowContext(ctx, `SELECT COALESCE(max(attempt), 0) FROM millwright_saga_steps
+		WHERE saga_id = $1 AND step = $2 AND kind = $3`, t.in.id, s.Name, KindCompensation).Scan(&t.in.attemptBase); err != nil {
+		return fmt.Errorf("saga %s %q: reading history: %w", o.def.name, t.in.id, err)
 	}
 	t.in.state, t.in.step = StateCompensating, i
 	o.sendCompensation(t, data, now)
+	return nil
 }
 
 // sendCompensation sends the next attempt of the current step's
@@ -734,38 +873,40 @@ func (o *Orchestrator[D]) compensateFrom(t *transition, i int, data D, now time.
 func (o *Orchestrator[D]) sendCompensation(t *transition, data D, now time.Time) {
 	s := o.def.steps[t.in.step]
 	t.in.compAttempts++
+	attempt := t.in.attempt()
 	if !t.in.compStarted.Valid {
 		t.in.compStarted = sql.NullTime{Time: now, Valid: true}
 	}
 	cmd, err := s.Compensation(data)
 	var ev outbox.Event
 	if err == nil {
-		ev, err = o.event(t.in.id, s.Name, PhaseCompensation, t.in.compAttempts, cmd)
+		ev, err = o.event(t.in.id, s.Name, PhaseCompensation, attempt, cmd)
 	}
 	if err != nil {
-		msg := fmt.Sprintf("compensation of step %q (attempt %d): building command: %v", s.Name, t.in.compAttempts, err)
-		t.record(s.Name, KindCompensation, "", t.in.compAttempts, msg)
+		msg := fmt.Sprintf("compensation of step %q (attempt %d): building command: %v", s.Name, attempt, err)
+		t.record(s.Name, KindCompensation, "", attempt, msg)
 		o.compensationFailed(t, msg, now)
 		return
 	}
 	t.events = append(t.events, ev)
-	t.record(s.Name, KindCompensation, cmd.Type, t.in.compAttempts, "")
+	t.record(s.Name, KindCompensation, cmd.Type, attempt, "")
 	t.in.awaiting = true
 	t.in.deadline = sql.NullTime{Time: now.Add(s.CompensationTimeout), Valid: true}
 }
 
 // compensationFailed schedules the next attempt of the current compensation
-// after its backoff, or makes the saga stuck when the budget is spent.
+// after its backoff, or makes the saga stuck when the budget is spent. The
+// saga's last_error keeps the cause and adds reason.
 func (o *Orchestrator[D]) compensationFailed(t *transition, reason string, now time.Time) {
 	s := o.def.steps[t.in.step]
-	t.in.lastError = sql.NullString{String: reason, Valid: true}
+	t.in.lastError = t.in.since(reason)
 	if s.Retry.Exhausted(t.in.compAttempts, now.Sub(t.in.compStarted.Time)) {
 		t.in.state, t.in.deadline, t.in.awaiting = StateStuck, sql.NullTime{}, false
-		t.record(s.Name, KindStuck, "", t.in.compAttempts, reason)
-		id, attempts := t.in.id, t.in.compAttempts
+		t.record(s.Name, KindStuck, "", t.in.attempt(), reason)
+		id, attempts, lastError := t.in.id, t.in.compAttempts, t.in.lastError.String
 		t.effects = append(t.effects, o.m.stuck.Inc, func() {
 			o.cfg.Logger.Error("saga: stuck: compensation retries exhausted; fix the participant, then run `millwright saga resolve "+id+"`",
-				errors.New(reason), watermill.LogFields{"saga_type": o.def.name, "saga_id": id, "step": s.Name, "attempts": attempts})
+				errors.New(lastError), watermill.LogFields{"saga_type": o.def.name, "saga_id": id, "step": s.Name, "attempts": attempts})
 		})
 		return
 	}
@@ -773,42 +914,44 @@ func (o *Orchestrator[D]) compensationFailed(t *transition, reason string, now t
 	t.in.deadline = sql.NullTime{Time: now.Add(s.Retry.Delay(t.in.compAttempts, 0)), Valid: true}
 }
 
-// onDeadline computes what a passed deadline does to instance in.
-func (o *Orchestrator[D]) onDeadline(in instance, now time.Time) (*transition, error) {
+// onDeadline computes what a passed deadline does to instance in, whose
+// data is data; q is the transaction that claimed it.
+func (o *Orchestrator[D]) onDeadline(ctx context.Context, q Querier, in instance, data D, now time.Time) (*transition, error) {
 	t := &transition{in: in}
-	data, err := o.decode(in)
-	if err != nil {
-		return nil, err
-	}
+	var err error
 	switch {
 	case in.state == StateRunning:
 		s := o.def.steps[in.step]
 		msg := fmt.Sprintf("step %q timed out after %s", s.Name, s.Timeout)
 		t.record(s.Name, KindTimeout, "", 1, msg)
-		t.in.lastError = sql.NullString{String: msg, Valid: true}
+		t.in.fail(msg)
 		// The step's outcome is unknown: it may have taken effect and its
-		// reply be late. Its own compensation runs too, so a late success
-		// can be ignored safely; compensations must therefore accept
-		// commands whose forward effect never happened.
+		// reply be late. Its own compensation runs too; should its
+		// success still arrive, onLateSuccess sends the compensation
+		// again. Compensations must therefore accept commands whose
+		// forward effect never happened.
 		t.effects = append(t.effects, func() {
 			o.cfg.Logger.Info("saga: step timed out", watermill.LogFields{"saga_type": o.def.name, "saga_id": in.id, "step": s.Name})
 		})
-		o.compensateFrom(t, in.step, data, now)
+		err = o.compensateFrom(ctx, q, t, in.step, data, now)
 	case in.state == StateCompensating && in.step < 0:
-		o.compensateFrom(t, -1, data, now)
+		err = o.compensateFrom(ctx, q, t, -1, data, now)
 	case in.state == StateCompensating && in.awaiting:
 		s := o.def.steps[in.step]
-		msg := fmt.Sprintf("compensation of step %q (attempt %d) timed out after %s", s.Name, in.compAttempts, s.CompensationTimeout)
-		t.record(s.Name, KindTimeout, "", in.compAttempts, msg)
+		msg := fmt.Sprintf("compensation of step %q (attempt %d) timed out after %s", s.Name, in.attempt(), s.CompensationTimeout)
+		t.record(s.Name, KindTimeout, "", in.attempt(), msg)
 		o.compensationFailed(t, msg, now)
 	case in.state == StateCompensating && in.compAttempts == 0:
 		// Resolved by an operator: start afresh at the current step.
-		o.compensateFrom(t, in.step, data, now)
+		err = o.compensateFrom(ctx, q, t, in.step, data, now)
 	case in.state == StateCompensating:
 		o.sendCompensation(t, data, now)
 	default:
 		// Final or stuck states have no deadline; clear a stray one.
 		t.in.deadline = sql.NullTime{}
+	}
+	if err != nil {
+		return nil, err
 	}
 	return t, nil
 }
@@ -900,8 +1043,13 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 	var effects []func()
 	now := time.Now()
 	for _, in := range due {
-		t, err := o.onDeadline(in, now)
-		if err != nil {
+		var t *transition
+		data, err := o.decode(in)
+		if err == nil {
+			if t, err = o.onDeadline(ctx, tx, in, data, now); err != nil {
+				return 0, err
+			}
+		} else {
 			// Undecodable data: the saga cannot go on; park it for an
 			// operator rather than retrying it every round.
 			t = &transition{in: in}

@@ -90,34 +90,60 @@ func TestFailureAtEachStepCompensatesEarlierStepsInReverse(t *testing.T) {
 }
 
 // A step that never answers times out; its own compensation runs too (its
-// effect is unknown), then the earlier ones. Its late success is recorded
-// and ignored.
+// effect is unknown), then the earlier ones. What arrives late is recorded
+// and ignored when there is nothing to undo: the success of a step declared
+// NoCompensation (its effect is kept, by that declaration), or a failure.
+// (A late success of a step with a compensation is undone: late_test.go.)
 func TestStepTimeoutAndLateReply(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, defOpts{timeouts: map[string]time.Duration{charge: 300 * time.Millisecond}})
-	o := b.startOrchestrator(t)
-	b.parts.setDecide(func(_, step, phase string, _ int) action {
-		if step == charge && phase == saga.PhaseForward {
-			return ignore
-		}
-		return succeed
-	})
-	b.start(t, o, "slow")
-	info := b.waitState(t, "slow", saga.StateCompensated)
-	require.Equal(t, []string{fwd(reserve), fwd(charge), comp(charge, 1), comp(reserve, 1)}, b.parts.commands("slow"))
-	require.Contains(t, info.LastError, `step "charge_payment" timed out after 300ms`)
+	for name, tc := range map[string]struct {
+		step      string
+		reply     string
+		compBelow []string // compensations after the timeout
+	}{
+		"success of a NoCompensation step": {shipping, shipping + ".succeeded", []string{comp(charge, 1), comp(reserve, 1)}},
+		"failure of a compensated step":    {charge, charge + ".failed", []string{comp(charge, 1), comp(reserve, 1)}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil, defOpts{timeouts: map[string]time.Duration{tc.step: 300 * time.Millisecond}})
+			o := b.startOrchestrator(t)
+			b.parts.setDecide(func(_, step, phase string, _ int) action {
+				if step == tc.step && phase == saga.PhaseForward {
+					return ignore
+				}
+				return succeed
+			})
+			b.start(t, o, "slow")
+			info := b.waitState(t, "slow", saga.StateCompensated)
+			var fwds []string
+			for _, s := range []string{reserve, charge, shipping} {
+				fwds = append(fwds, fwd(s))
+				if s == tc.step {
+					break
+				}
+			}
+			require.Equal(t, append(fwds, tc.compBelow...), b.parts.commands("slow"))
+			cause := fmt.Sprintf("step %q timed out after 300ms", tc.step)
+			require.Equal(t, cause, info.LastError)
+			require.Equal(t, cause, info.Cause)
 
-	// The payment service answers at last.
-	late, err := saga.NewReply(b.parts.command("slow", charge, saga.PhaseForward), charge+".succeeded", map[string]string{"ID": "p1"})
-	require.NoError(t, err)
-	require.NoError(t, b.tr.Publisher().Publish(b.tp.replies, late))
-	h := b.waitHistory(t, "slow", saga.KindLateReply)
-	after, _, err := saga.Get(context.Background(), b.schema.DB, "slow")
-	require.NoError(t, err)
-	require.Equal(t, saga.StateCompensated, after.State)
-	require.Equal(t, info.Version, after.Version, "a late reply changes nothing")
-	require.Equal(t, charge+":timeout", historyKinds(h)[3])
-	require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricIgnoredReplies, map[string]string{"type": "orders", "kind": "late_reply"}))
+			// The service answers at last.
+			late, err := saga.NewReply(b.parts.command("slow", tc.step, saga.PhaseForward), tc.reply, map[string]string{"ID": "p1"})
+			require.NoError(t, err)
+			require.NoError(t, b.tr.Publisher().Publish(b.tp.replies, late))
+			h := b.waitHistory(t, "slow", saga.KindLateReply)
+			after, _, err := saga.Get(context.Background(), b.schema.DB, "slow")
+			require.NoError(t, err)
+			require.Equal(t, saga.StateCompensated, after.State)
+			require.Equal(t, info.Version, after.Version, "a late reply changes nothing")
+			require.Contains(t, historyKinds(h), tc.step+":timeout")
+			require.Equal(t, tc.step+":late_reply", historyKinds(h)[len(h)-1])
+			require.Equal(t, append(fwds, tc.compBelow...), b.parts.commands("slow"), "nothing sent")
+			require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricIgnoredReplies, map[string]string{"type": "orders", "kind": "late_reply"}))
+			require.EqualValues(t, 0, metricValue(t, o.reg, saga.MetricLateSuccesses, map[string]string{"type": "orders"}))
+		})
+	}
 }
 
 // The same reply delivered twice is dropped by the idempotency middleware;
@@ -230,7 +256,9 @@ func TestCompensationPastBudgetIsStuckThenResolved(t *testing.T) {
 	_, err = saga.Resolve(ctx, b.schema.DB, "stuck-retry", saga.ResolveRetry, "payment service fixed", false)
 	require.NoError(t, err)
 	b.waitState(t, "stuck-retry", saga.StateCompensated)
-	require.Equal(t, []string{comp(charge, 1), comp(reserve, 1)}, b.parts.commands("stuck-retry")[6:])
+	// A new round of the refund, numbered after the stuck round's attempts
+	// (a late reply to attempt 1 cannot answer it).
+	require.Equal(t, []string{comp(charge, 4), comp(reserve, 1)}, b.parts.commands("stuck-retry")[6:])
 
 	// Skip: the refund was done by hand; only the release follows.
 	_, err = saga.Resolve(ctx, b.schema.DB, "stuck-skip", saga.ResolveSkip, "refunded by hand", false)

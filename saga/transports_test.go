@@ -1,10 +1,16 @@
 package saga_test
 
 import (
+	"context"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 	tramqp "github.com/millwright/millwright/transport/amqp"
@@ -49,6 +55,95 @@ func TestEveryTransport(t *testing.T) {
 			b.waitState(t, "fails", saga.StateCompensated)
 			require.Equal(t, []string{fwd(reserve), fwd(charge), fwd(shipping)}, b.parts.commands("ok"))
 			require.Equal(t, []string{fwd(reserve), fwd(charge), fwd(shipping), comp(charge, 1), comp(reserve, 1)}, b.parts.commands("fails"))
+		})
+	}
+}
+
+// A participant is down past its step's timeout and past the first
+// attempt of the step's compensation, then comes back, answers the
+// compensations first (nothing to undo yet) and only then executes the
+// command: the late success makes the orchestrator send the compensation
+// again, once, and the effect is undone; the saga ends compensated, its
+// reason still the timeout. Through every transport kind.
+func TestLateSuccessOnEveryTransport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts in-process Kafka and Pub/Sub and uses RabbitMQ; skipped with -short")
+	}
+	t.Parallel()
+	const cause = `step "schedule_shipping" timed out after 1s`
+	for _, kind := range transport.Kinds {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			cfg := transport.Config{Kind: transport.SQL}
+			if kind != transport.SQL {
+				cfg = transporttest.Config(t, kind)
+			}
+			tp := newTopics()
+			if kind == transport.AMQP {
+				t.Cleanup(func() { deleteAMQP(t, tp) })
+			}
+			b := setupTopics(t, &cfg, defOpts{
+				cancelShipping: true,
+				timeouts:       map[string]time.Duration{shipping: time.Second},
+				compTimeouts:   map[string]time.Duration{shipping: time.Second},
+			}, tp)
+			o := b.startOrchestrator(t)
+			var down atomic.Bool
+			down.Store(true)
+			b.parts.setDecide(func(_, step, phase string, _ int) action {
+				if step == shipping && (phase == saga.PhaseForward || down.Load()) {
+					return hold
+				}
+				return succeed
+			})
+			b.start(t, o, "late")
+
+			// The step timed out, then its compensation's first attempt.
+			poll.Until(t, 30*time.Second, func() bool {
+				h, err := saga.History(context.Background(), b.schema.DB, "late")
+				require.NoError(t, err)
+				n := 0
+				for _, e := range h {
+					if e.Step == shipping && e.Kind == saga.KindTimeout {
+						n++
+					}
+				}
+				return n == 2
+			}, "the shipping step and its compensation time out")
+			info, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+			require.NoError(t, err)
+			require.True(t, strings.HasPrefix(info.LastError, cause+`; then compensation of step "schedule_shipping" (attempt `), info.LastError)
+			require.Equal(t, cause, info.Cause)
+
+			// Shipping is back: it answers its compensations (nothing to
+			// cancel yet), and the saga ends compensated.
+			down.Store(false)
+			_, err = b.parts.release("late", shipping, saga.PhaseCompensation, succeed)
+			require.NoError(t, err)
+			b.waitState(t, "late", saga.StateCompensated)
+			// Then it schedules the shipment.
+			n, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			h := b.waitLateUndone(t, "late")
+
+			require.Equal(t, []string{
+				shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply", ":compensated",
+			}, afterLate(h))
+			inPlace, applied, undone := b.parts.effect("late", shipping)
+			require.False(t, inPlace, "the shipment is cancelled")
+			require.Equal(t, 1, applied)
+			require.Equal(t, 1, undone, "cancelled exactly once")
+			// The refund and the release once each, then exactly one
+			// cancellation, numbered after every earlier attempt.
+			cmds := b.parts.commands("late")
+			i := slices.Index(cmds, comp(charge, 1))
+			require.Positive(t, i, "%v", cmds)
+			require.Equal(t, []string{comp(charge, 1), comp(reserve, 1), comp(shipping, i-3+1)}, cmds[i:], "%v", cmds)
+			final, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+			require.NoError(t, err)
+			require.Equal(t, saga.StateCompensated, final.State)
+			require.Equal(t, cause, final.LastError)
 		})
 	}
 }

@@ -49,7 +49,7 @@ func ExampleParticipant() {
 	cmd := func(o struct{}) (saga.Command, error) { return saga.Command{Topic: "commands", Payload: o}, nil }
 	def := saga.MustDefine("transfer",
 		saga.Step[struct{}]{Name: "debit", Command: cmd, Compensation: cmd},
-		saga.Step[struct{}]{Name: "credit", Command: cmd},
+		saga.Step[struct{}]{Name: "credit", Command: cmd, Compensation: cmd},
 	)
 	o, _ := saga.NewOrchestrator(db, def, saga.Config{})
 	p := sagatest.NewParticipant(broker)

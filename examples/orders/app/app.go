@@ -208,7 +208,7 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 			consumers++
 		case Shipping:
 			err = a.consumer(router, "shipping", a.topics.ShippingCommands, GroupShipping,
-				participant("shipping", validShipment, schedule, nil))
+				participant("shipping", validShipment, schedule, cancelShipment))
 			consumers++
 		case Notify:
 			err = a.consumer(router, "notify", a.topics.OrderEvents, GroupNotify, a.notify)

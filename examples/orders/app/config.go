@@ -33,7 +33,7 @@ const (
 	Inventory Service = "inventory"
 	// Billing charges and refunds payments.
 	Billing Service = "billing"
-	// Shipping schedules shipments.
+	// Shipping schedules and cancels shipments.
 	Shipping Service = "shipping"
 	// Notify is a second reader of the order events (fan-out): it records
 	// one notification per order event.

@@ -7,7 +7,8 @@
 // orchestrator starts one order_fulfilment saga per order.created.v1:
 // reserve stock (inventory), charge the payment (billing), schedule the
 // shipment (shipping); a failure compensates the earlier steps in reverse
-// (refund, release), and the order settles as completed or cancelled with
+// (refund, release), a timeout the timed-out step too (cancel the
+// shipment), and the order settles as completed or cancelled with
 // order.completed.v1 or order.cancelled.v1. The notification service reads
 // the same order events in its own consumer group (fan-out).
 //
@@ -25,8 +26,10 @@
 // (orders_effects) and its reply or follow-up event through the outbox in
 // the idempotency transaction: an effect is applied once per event however
 // often the event is delivered, and a reply exists if and only if the effect
-// does. Compensations are idempotent by business state, and a compensation
-// that overtakes its step (after a timeout) leaves a tombstone so the late
-// step is refused. Count reads the outcome from the database: orders by
+// does. Compensations are idempotent by business state. A step that runs
+// after its timeout (its service was down) is undone: its late success
+// makes the orchestrator send its compensation again, for every step; the
+// release and refund also leave a tombstone when they find nothing to undo,
+// so a late reserve or charge is refused outright. Count reads the outcome from the database: orders by
 // status, effects applied more than once, dead letters.
 package app

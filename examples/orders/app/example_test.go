@@ -36,13 +36,19 @@ func Example() {
 	//     charge --> undo_charge: timeout 1m0s
 	//     ship --> Completed: ship.succeeded
 	//     ship --> undo_charge: ship.failed
-	//     ship --> undo_charge: timeout 1m0s
+	//     ship --> undo_ship: timeout 1m0s
+	//     undo_ship --> undo_charge: ship.compensated
+	//     undo_ship --> undo_ship: ship.compensation_failed (retry)
+	//     undo_ship --> Stuck: retries exhausted
 	//     undo_charge --> undo_reserve: charge.compensated
 	//     undo_charge --> undo_charge: charge.compensation_failed (retry)
 	//     undo_charge --> Stuck: retries exhausted
 	//     undo_reserve --> Compensated: reserve.compensated
 	//     undo_reserve --> undo_reserve: reserve.compensation_failed (retry)
 	//     undo_reserve --> Stuck: retries exhausted
+	//     Compensated --> undo_ship: ship.succeeded late
+	//     Compensated --> undo_charge: charge.succeeded late
+	//     Compensated --> undo_reserve: reserve.succeeded late
 	//     note right of Stuck: millwright saga resolve ID (retry or skip)
 	//     Completed --> [*]
 	//     Compensated --> [*]

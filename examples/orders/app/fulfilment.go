@@ -23,14 +23,15 @@ const SagaName = "order_fulfilment"
 // Reply types of the saga's steps (saga.Step defaults: step name +
 // ".succeeded", ".failed", ".compensated").
 const (
-	ReplyReserved       = "reserve.succeeded"
-	ReplyReserveFailed  = "reserve.failed"
-	ReplyReleased       = "reserve.compensated"
-	ReplyCharged        = "charge.succeeded"
-	ReplyChargeFailed   = "charge.failed"
-	ReplyRefunded       = "charge.compensated"
-	ReplyScheduled      = "ship.succeeded"
-	ReplyScheduleFailed = "ship.failed"
+	ReplyReserved          = "reserve.succeeded"
+	ReplyReserveFailed     = "reserve.failed"
+	ReplyReleased          = "reserve.compensated"
+	ReplyCharged           = "charge.succeeded"
+	ReplyChargeFailed      = "charge.failed"
+	ReplyRefunded          = "charge.compensated"
+	ReplyScheduled         = "ship.succeeded"
+	ReplyScheduleFailed    = "ship.failed"
+	ReplyShipmentCancelled = "ship.compensated"
 )
 
 // Fulfilment is the saga's data: what the steps need to know of the order.
@@ -45,7 +46,9 @@ type Fulfilment struct {
 
 // definition is the order workflow: reserve stock, charge the payment,
 // schedule the shipment; a failure undoes the earlier steps in reverse
-// (refund, then release).
+// (refund, then release), a timeout the timed-out step too (cancel,
+// refund, release), and a step's success after its timeout is undone by
+// its compensation.
 func (a *App) definition() (*saga.Definition[Fulfilment], error) {
 	t := a.topics
 	stock := func(typ string) func(Fulfilment) (saga.Command, error) {
@@ -58,12 +61,15 @@ func (a *App) definition() (*saga.Definition[Fulfilment], error) {
 			return saga.Command{Topic: t.BillingCommands, Type: typ, Payload: PaymentCommand{OrderID: d.OrderID, AmountCents: d.AmountCents, Decline: d.FailPayment}}, nil
 		}
 	}
+	shipment := func(typ string) func(Fulfilment) (saga.Command, error) {
+		return func(d Fulfilment) (saga.Command, error) {
+			return saga.Command{Topic: t.ShippingCommands, Type: typ, Payload: ShipmentCommand{OrderID: d.OrderID, Refuse: d.FailShipping}}, nil
+		}
+	}
 	return saga.Define(SagaName,
 		saga.Step[Fulfilment]{Name: "reserve", Command: stock(CommandReserve), Compensation: stock(CommandRelease), Timeout: a.cfg.StepTimeout},
 		saga.Step[Fulfilment]{Name: "charge", Command: payment(CommandCharge), Compensation: payment(CommandRefund), Timeout: a.cfg.StepTimeout},
-		saga.Step[Fulfilment]{Name: "ship", Timeout: a.cfg.StepTimeout, Command: func(d Fulfilment) (saga.Command, error) {
-			return saga.Command{Topic: t.ShippingCommands, Type: CommandSchedule, Payload: ShipmentCommand{OrderID: d.OrderID, Refuse: d.FailShipping}}, nil
-		}},
+		saga.Step[Fulfilment]{Name: "ship", Command: shipment(CommandSchedule), Compensation: shipment(CommandCancel), Timeout: a.cfg.StepTimeout},
 	)
 }
 

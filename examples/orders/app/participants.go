@@ -23,6 +23,7 @@ const (
 	CommandCharge   = "billing.charge.v1"
 	CommandRefund   = "billing.refund.v1"
 	CommandSchedule = "shipping.schedule.v1"
+	CommandCancel   = "shipping.cancel.v1"
 )
 
 // StockCommand is the payload of CommandReserve and CommandRelease.
@@ -40,7 +41,7 @@ type PaymentCommand struct {
 	Decline bool `json:"decline,omitempty"`
 }
 
-// ShipmentCommand is the payload of CommandSchedule.
+// ShipmentCommand is the payload of CommandSchedule and CommandCancel.
 type ShipmentCommand struct {
 	OrderID string `json:"order_id"`
 	// Refuse makes the shipment fail (the order's fail_shipping flag).
@@ -246,7 +247,7 @@ func schedule(ctx context.Context, tx *sql.Tx, c ShipmentCommand) (outcome, erro
 	case err == nil && status == "scheduled":
 		return outcome{replyType: ReplyScheduled}, nil
 	case err == nil:
-		return outcome{replyType: ReplyScheduleFailed, reason: "shipment refused"}, nil
+		return outcome{replyType: ReplyScheduleFailed, reason: "shipment " + status}, nil
 	case !errors.Is(err, sql.ErrNoRows):
 		return outcome{}, fmt.Errorf("reading shipment of %s: %w", c.OrderID, err)
 	}
@@ -258,4 +259,20 @@ func schedule(ctx context.Context, tx *sql.Tx, c ShipmentCommand) (outcome, erro
 		return outcome{}, fmt.Errorf("scheduling shipment of %s: %w", c.OrderID, err)
 	}
 	return out, effect(ctx, tx, "shipping", c.OrderID, status)
+}
+
+// cancelShipment cancels a scheduled shipment, once. With none scheduled it
+// does nothing and leaves no tombstone: should the schedule command still
+// run after it (shipping was down past the step's timeout), its success
+// reply is late, and the orchestrator sends this cancellation again (the
+// saga's rule for every step with a compensation).
+func cancelShipment(ctx context.Context, tx *sql.Tx, c ShipmentCommand) (outcome, error) {
+	res, err := tx.ExecContext(ctx, `UPDATE orders_shipments SET status = 'cancelled', updated_at = now() WHERE order_id = $1 AND status = 'scheduled'`, c.OrderID)
+	if err != nil {
+		return outcome{}, fmt.Errorf("cancelling shipment of %s: %w", c.OrderID, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return outcome{replyType: ReplyShipmentCancelled}, nil // nothing scheduled, or cancelled before
+	}
+	return outcome{replyType: ReplyShipmentCancelled}, effect(ctx, tx, "shipping", c.OrderID, "cancel")
 }
