@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +18,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/tracing"
 )
@@ -105,15 +107,22 @@ func (a *App) subscriber(group string) (message.Subscriber, error) {
 // consumer adds a handler with the full reliability stack: recover, retry
 // and dead-letter outermost, optionally Duplicator, then the idempotency
 // middleware that runs h in the transaction recording the event id.
-func (a *App) consumer(r *message.Router, name, topic, group string, h message.NoPublishHandlerFunc) error {
-	sub, err := a.subscriber(group)
+func (a *App) consumer(ctx context.Context, r *message.Router, name, topic, group string, h message.NoPublishHandlerFunc) error {
+	var sub message.Subscriber
+	err := a.untilReady(ctx, "subscribing "+name+" to "+topic, func() error {
+		var err error
+		if sub, err = a.subscriber(group); err != nil {
+			return err
+		}
+		if si, ok := sub.(message.SubscribeInitializer); ok {
+			if err := si.SubscribeInitialize(topic); err != nil {
+				return fmt.Errorf("orders: initializing topic %s for %s: %w", topic, name, err)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return err
-	}
-	if si, ok := sub.(message.SubscribeInitializer); ok {
-		if err := si.SubscribeInitialize(topic); err != nil {
-			return fmt.Errorf("orders: initializing topic %s for %s: %w", topic, name, err)
-		}
 	}
 	store, err := idempotency.NewPostgresStore(a.db)
 	if err != nil {
@@ -197,30 +206,30 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 		var err error
 		switch s {
 		case Orders:
-			err = a.db.PingContext(ctx)
+			err = a.untilReady(ctx, "reaching the database", func() error { return a.db.PingContext(ctx) })
 		case Inventory:
-			err = a.consumer(router, "inventory", a.topics.InventoryCommands, GroupInventory,
+			err = a.consumer(ctx, router, "inventory", a.topics.InventoryCommands, GroupInventory,
 				participant("inventory", validStock, reserve, release))
 			consumers++
 		case Billing:
-			err = a.consumer(router, "billing", a.topics.BillingCommands, GroupBilling,
+			err = a.consumer(ctx, router, "billing", a.topics.BillingCommands, GroupBilling,
 				participant("billing", validPayment, a.charge, refund))
 			consumers++
 		case Shipping:
-			err = a.consumer(router, "shipping", a.topics.ShippingCommands, GroupShipping,
+			err = a.consumer(ctx, router, "shipping", a.topics.ShippingCommands, GroupShipping,
 				participant("shipping", validShipment, schedule, cancelShipment))
 			consumers++
 		case Notify:
-			err = a.consumer(router, "notify", a.topics.OrderEvents, GroupNotify, a.notify)
+			err = a.consumer(ctx, router, "notify", a.topics.OrderEvents, GroupNotify, a.notify)
 			consumers++
 		case Orchestrator:
 			err = errors.Join(
-				a.consumer(router, "orchestrator.start", a.topics.OrderEvents, GroupOrchestrator, a.startSaga),
-				a.consumer(router, "orchestrator.replies", a.topics.Replies, GroupOrchestrator, a.handleReply))
+				a.consumer(ctx, router, "orchestrator.start", a.topics.OrderEvents, GroupOrchestrator, a.startSaga),
+				a.consumer(ctx, router, "orchestrator.replies", a.topics.Replies, GroupOrchestrator, a.handleReply))
 			loops = append(loops, loop{a.orch.Run, a.orch.Running(), a.orch.Close})
 			consumers += 2
 		case DeadLetters:
-			err = a.recorders(router)
+			err = a.recorders(ctx, router)
 			consumers++
 		case Relay:
 			var relay *outbox.Relay
@@ -310,19 +319,57 @@ func (a *App) NewRelay(pub message.Publisher) (*outbox.Relay, error) {
 }
 
 // recorders store the dead letters of every topic in millwright_dead_letters.
-func (a *App) recorders(r *message.Router) error {
-	sub, err := a.subscriber(GroupDeadLetters)
-	if err != nil {
-		return err
-	}
+func (a *App) recorders(ctx context.Context, r *message.Router) error {
 	for _, t := range a.topics.All() {
 		dt := dlq.DefaultTopic(t)
-		if si, ok := sub.(message.SubscribeInitializer); ok {
-			if err := si.SubscribeInitialize(dt); err != nil {
-				return fmt.Errorf("initializing dead-letter topic %s: %w", dt, err)
+		var sub message.Subscriber
+		err := a.untilReady(ctx, "subscribing the dead-letter recorder to "+dt, func() error {
+			var err error
+			if sub, err = a.subscriber(GroupDeadLetters); err != nil {
+				return err
 			}
+			if si, ok := sub.(message.SubscribeInitializer); ok {
+				if err := si.SubscribeInitialize(dt); err != nil {
+					return fmt.Errorf("initializing dead-letter topic %s: %w", dt, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		r.AddConsumerHandler("dlq-recorder."+t, dt, sub, a.store.Record)
 	}
 	return nil
+}
+
+// startupRetry paces untilReady: a broker or database that drops while a
+// service starts (a restart, a failover) is waited for, not fatal.
+var startupRetry = retry.Policy{InitialInterval: 200 * time.Millisecond, MaxInterval: 5 * time.Second, MaxAttempts: -1}
+
+// untilReady runs step until it succeeds, backing off between attempts
+// and logging each failure with what was being done, until ctx ends; it
+// then returns the last failure with ctx's error. A permanent error
+// (retry.Permanent) is returned at once.
+func (a *App) untilReady(ctx context.Context, what string, step func() error) error {
+	p := startupRetry.WithDefaults()
+	for attempt := 1; ; attempt++ {
+		err := step()
+		if err == nil {
+			if attempt > 1 {
+				a.cfg.Logger.Info("Startup step succeeded after retrying", watermill.LogFields{"step": what, "attempts": attempt})
+			}
+			return nil
+		}
+		if retry.IsPermanent(err) {
+			return err
+		}
+		delay := p.Backoff(attempt)
+		a.cfg.Logger.Error("Startup step failed; retrying", err, watermill.LogFields{"step": what, "attempt": attempt, "retry_in": delay.String()})
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("orders: %s: gave up after %d attempts (%w): %w", what, attempt, ctx.Err(), err)
+		case <-time.After(delay):
+		}
+	}
 }
