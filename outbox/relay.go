@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/tracing"
@@ -596,7 +597,10 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), 
 	if err := r.db.QueryRowContext(ctx, q).Scan(&schema, &oid, &dbName, &version); err != nil {
 		return nil, fmt.Errorf("finding the schema of millwright_outbox (did `millwright migrate` run?): %w", err)
 	}
-	waitDB, err := sql.Open("postgres", r.cfg.ListenURL)
+	// Bounded connections (see internal/pgconn): connect_timeout unless
+	// ListenURL sets one, and each call gives up when its ctx ends, even on
+	// a server that accepts and never answers.
+	waitDB, err := pgconn.Open(r.cfg.ListenURL)
 	if err != nil {
 		return nil, fmt.Errorf("RelayConfig.ListenURL: %w", err)
 	}
@@ -612,15 +616,26 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), 
 		waitDB.Close()
 		return nil, fmt.Errorf("RelayConfig.ListenURL reaches millwright_outbox in %s.%s, the relay's *sql.DB the one in %s.%s: point both at the same database and search_path", lDB, lSchema, dbName, schema)
 	}
-	l := pq.NewListener(r.cfg.ListenURL, 100*time.Millisecond, 10*time.Second, func(ev pq.ListenerEventType, err error) {
+	l := pgconn.NewListener(ctx, r.cfg.ListenURL, 100*time.Millisecond, 10*time.Second, func(ev pq.ListenerEventType, err error) {
 		if err != nil {
 			r.cfg.Logger.Info("outbox relay: listener event", watermill.LogFields{"event": ev, "err": err.Error()})
 		}
 	})
-	if err := l.Listen(NotifyChannel(schema)); err != nil {
+	// Listen waits for a connection as long as it takes: stop it with ctx.
+	listened := make(chan error, 1)
+	go func() { listened <- l.Listen(NotifyChannel(schema)) }()
+	var lerr error
+	select {
+	case lerr = <-listened:
+	case <-ctx.Done():
+		l.Close()
+		<-listened
+		lerr = context.Cause(ctx)
+	}
+	if lerr != nil {
 		l.Close()
 		waitDB.Close()
-		return nil, fmt.Errorf("LISTEN %q: %w", NotifyChannel(schema), err)
+		return nil, fmt.Errorf("LISTEN %q: %w", NotifyChannel(schema), lerr)
 	}
 	r.schema, r.tableOID, r.waitDB, r.holdGuard = schema, uint32(oid), waitDB, version >= 140000
 	r.setWakeStatements()

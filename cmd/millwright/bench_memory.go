@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
@@ -100,7 +101,7 @@ func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) 
 		return row, err
 	}
 	defer drop()
-	db, err := sql.Open("postgres", scratch)
+	db, err := pgconn.Open(scratch)
 	if err != nil {
 		return row, err
 	}

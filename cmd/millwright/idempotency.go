@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -15,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 )
@@ -163,7 +163,7 @@ func runBenchIdempotency(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer drop()
-	db, err := sql.Open("postgres", schemaURL)
+	db, err := pgconn.Open(schemaURL)
 	if err != nil {
 		return err
 	}

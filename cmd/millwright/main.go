@@ -6,10 +6,11 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
+	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/millwright/millwright/internal/interrupt"
 )
 
 // rootCmd is the top of the command tree. Each component adds its commands
@@ -31,11 +32,26 @@ func init() {
 	rootCmd.AddCommand(benchCmd)
 }
 
+// main runs the command with a context that SIGINT and SIGTERM cancel:
+// every wait watches it, and interrupt's backstop makes the process exit
+// within a second of the signal even if one does not.
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := rootCmd.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "millwright:", err)
+	ctx, stop := interrupt.Context(context.Background(), "millwright")
+	err := rootCmd.ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, errorLine(err))
 		os.Exit(1)
 	}
+}
+
+// errorLine is the line main prints for err: prefixed with "millwright: "
+// unless the error already starts with the command's path ("millwright
+// outbox retry-failed: ..."), which said "millwright: millwright ...".
+func errorLine(err error) string {
+	msg := err.Error()
+	if strings.HasPrefix(msg, rootCmd.Name()+" ") || strings.HasPrefix(msg, rootCmd.Name()+":") {
+		return msg
+	}
+	return rootCmd.Name() + ": " + msg
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/migrate"
 )
@@ -78,13 +79,13 @@ nothing (add --sql to print each one's SQL).`,
 
 // addDatabaseFlag adds --database-url to a command that talks to Postgres.
 func addDatabaseFlag(cmd *cobra.Command) {
-	cmd.Flags().String("database-url", "", "Postgres URL (default $MILLWRIGHT_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/test?sslmode=disable)")
+	cmd.Flags().String("database-url", "", "Postgres URL (default $MILLWRIGHT_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/test?sslmode=disable); connect_timeout=10 (seconds) applies unless the URL or $PGCONNECT_TIMEOUT sets one")
 }
 
 func openDB(cmd *cobra.Command) (*sql.DB, error) {
 	u, _ := cmd.Flags().GetString("database-url")
 	u = databaseURL(u)
-	db, err := sql.Open("postgres", u)
+	db, err := pgconn.Open(u)
 	if err != nil {
 		return nil, fmt.Errorf("opening database %s: %w", redactURL(u), redact.Error(err))
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/lib/pq"
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
@@ -310,7 +311,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer drop()
-	db, err := sql.Open("postgres", schemaURL)
+	db, err := pgconn.Open(schemaURL)
 	if err != nil {
 		return err
 	}
@@ -946,7 +947,7 @@ func (b *outboxBench) sibling(ctx context.Context, suffix string) (*sql.DB, erro
 	}
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
-	db, err := sql.Open("postgres", u.String())
+	db, err := pgconn.Open(u.String())
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
@@ -422,7 +423,7 @@ func benchSagaKind(ctx context.Context, admin *sql.DB, baseURL string, brokers b
 	if !keep {
 		defer drop()
 	}
-	db, err := sql.Open("postgres", schemaURL)
+	db, err := pgconn.Open(schemaURL)
 	if err != nil {
 		return res, err
 	}

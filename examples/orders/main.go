@@ -25,16 +25,15 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	_ "github.com/lib/pq"
 
 	"github.com/millwright/millwright/examples/orders/app"
+	"github.com/millwright/millwright/internal/interrupt"
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/transport"
@@ -122,7 +121,7 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 		}
 		dbURL = withSearchPath(dbURL, c.schema)
 	}
-	db, err := sql.Open("postgres", dbURL)
+	db, err := pgconn.Open(dbURL)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -203,7 +202,9 @@ func demo(args []string, stdout io.Writer) error {
 		return errors.New("-orders, -fail-payment-every and -fail-shipping-every must not be negative")
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGINT and SIGTERM cancel ctx; the process exits within a second
+	// of the signal, saying what it waited for.
+	ctx, stop := interrupt.Context(context.Background(), "orders")
 	defer stop()
 	e, cleanup, err := c.open(ctx, *duplicate)
 	if err != nil {
@@ -332,7 +333,9 @@ func serve(args []string) error {
 		*addr = ":8080"
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGINT and SIGTERM cancel ctx; the process exits within a second
+	// of the signal, saying what it waited for.
+	ctx, stop := interrupt.Context(context.Background(), "orders")
 	defer stop()
 	e, cleanup, err := c.open(ctx, *duplicate)
 	if err != nil {
@@ -366,7 +369,7 @@ func serve(args []string) error {
 }
 
 func createSchema(ctx context.Context, dbURL, schema string) error {
-	db, err := sql.Open("postgres", dbURL)
+	db, err := pgconn.Open(dbURL)
 	if err != nil {
 		return err
 	}

@@ -33,9 +33,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
-	_ "github.com/lib/pq" // registers the "postgres" driver
 
 	"github.com/millwright/millwright/internal/closers"
+	"github.com/millwright/millwright/internal/pgconn"
 )
 
 // Config selects and tunes the Postgres transport.
@@ -52,7 +52,10 @@ type Config struct {
 	// ResendInterval is how long a nacked message waits before it is
 	// delivered again. Default 1s (watermill-sql's).
 	ResendInterval time.Duration
-	// ConnectTimeout bounds Open's first ping. Default 10s.
+	// ConnectTimeout bounds Open's first ping and, when URL sets no
+	// connect_timeout (and PGCONNECT_TIMEOUT is unset), every connection
+	// attempt of the pool opened from URL (rounded up to whole seconds).
+	// Default 10s.
 	ConnectTimeout time.Duration
 }
 
@@ -120,9 +123,12 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	db, own := cfg.DB, false
 	if db == nil {
 		var err error
-		db, err = stdsql.Open("postgres", cfg.URL)
+		// Bounded connections (see internal/pgconn): a server that accepts
+		// and never answers cannot hang a connect or, once ctx ends, a
+		// statement.
+		db, err = pgconn.Open(pgconn.WithConnectTimeout(cfg.URL, cfg.ConnectTimeout))
 		if err != nil {
-			return nil, fmt.Errorf("sql: opening %s: %w", redactURL(cfg.URL), err)
+			return nil, fmt.Errorf("sql: opening %s: %w", redactURL(cfg.URL), redactErr(err, cfg.URL))
 		}
 		db.SetMaxOpenConns(cfg.MaxOpenConns)
 		db.SetMaxIdleConns(cfg.MaxOpenConns)
@@ -132,7 +138,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		if own {
 			db.Close()
 		}
-		return nil, fmt.Errorf("sql: cannot reach %s within %s: %w (check MILLWRIGHT_SQL_URL and that Postgres is up)", redactURL(cfg.URL), cfg.ConnectTimeout, redactErr(err, cfg.URL))
+		return nil, fmt.Errorf("sql: connecting to %s: %w (check MILLWRIGHT_SQL_URL and that Postgres is up)", redactURL(cfg.URL), redactErr(err, cfg.URL))
 	}
 	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: Schema(), AutoInitializeSchema: true}, logger)
 	if err != nil {
@@ -144,20 +150,33 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	return &Transport{cfg: cfg, logger: logger, db: db, ownDB: own, pub: pub, bp: &publisher{Publisher: pub, db: db}}, nil
 }
 
-// ping checks the pool within timeout. lib/pq does not watch the context
-// while it waits for the server's startup reply, so a server that accepts
-// and never answers would hang PingContext: the wait is bounded here.
+// ping checks the pool within timeout. A pool from Config.DB may be plain
+// lib/pq, which does not watch the context while it waits for the
+// server's startup reply: a server that accepts and never answers would
+// hang PingContext, so the wait is bounded here too. The error says which
+// happened: the ping's own error (a refusal, at once), no answer within
+// timeout, or ctx ending first.
 func ping(ctx context.Context, db *stdsql.DB, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- db.PingContext(ctx) }()
+	go func() { done <- db.PingContext(pctx) }()
 	select {
 	case err := <-done:
 		return err
-	case <-ctx.Done():
-		return ctx.Err()
+	case <-pctx.Done():
 	}
+	// A pool of ours returns at once with a more precise error.
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(100 * time.Millisecond):
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted while waiting for postgres to answer (after %s): %w", time.Since(start).Round(time.Millisecond), context.Cause(ctx))
+	}
+	return fmt.Errorf("postgres did not answer within %s: %w", timeout, pctx.Err())
 }
 
 // Schema is the watermill-sql schema adapter millwright uses: one table per
