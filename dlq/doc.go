@@ -34,7 +34,33 @@
 //
 //   - A message is acked only when its handler succeeded or when it was
 //     published to its dead-letter topic. If that publish fails, the handler
-//     error is returned and the router nacks the message: nothing is lost.
+//     error is returned and the router nacks the message for redelivery
+//     (MetricPublishFailures counts it).
+//   - Whether a published dead letter reaches a recorder that starts later
+//     depends on the transport:
+//     amqp: by default a publish no queue is bound for fails
+//     (amqp.ErrUnroutable), so while the dead-letter topic has no queue
+//     the original is nacked, redelivered, retried and dead-lettered again,
+//     until the recorder subscribes; with amqp.Config.AllowUnroutable
+//     RabbitMQ drops such a dead letter. A queue bound later gets only
+//     later dead letters, so another group's queue alone does not keep
+//     them for the recorder.
+//     googlecloud: the same, with googlecloud.ErrNoSubscription for a
+//     topic without any subscription, and googlecloud.Config.AllowUnreceived
+//     to drop instead; a subscription gets only messages published after
+//     it exists.
+//     kafka: the topic keeps it for its retention; a recorder group that
+//     starts later reads it (InitialOffset "oldest", the default; "newest"
+//     skips it).
+//     sql: the row stays; a new consumer group reads the topic from the
+//     start.
+//     gochannel: kept in memory and replayed to a later subscriber in the
+//     same process (the default persistent mode); with NotPersistent it is
+//     dropped, and nothing survives the process.
+//     So start the recorder (subscribe it to the dead-letter topics) before
+//     the services whose dead letters it stores, as examples/orders does;
+//     on amqp and googlecloud a poison message otherwise cycles through
+//     its retries until it does (TestDeadLetterWaitsForItsRecorderAllTransports).
 //   - It is dead-lettered when the retry policy is exhausted or the error is
 //     permanent. When the message's context ends mid-backoff (shutdown), it
 //     is nacked instead, for redelivery.

@@ -30,10 +30,16 @@ const (
 
 	EnvAMQPURL      = EnvPrefix + "AMQP_URL" // amqp://user:pass@host:5672/vhost or amqps://
 	EnvAMQPPrefetch = EnvPrefix + "AMQP_PREFETCH"
+	// EnvAMQPAllowUnroutable, true, lets RabbitMQ drop a message no queue
+	// is bound for instead of failing its publish (amqp.Config.AllowUnroutable).
+	EnvAMQPAllowUnroutable = EnvPrefix + "AMQP_ALLOW_UNROUTABLE"
 
 	EnvPubSubProject         = EnvPrefix + "PUBSUB_PROJECT"
 	EnvPubSubEmulatorHost    = EnvPrefix + "PUBSUB_EMULATOR_HOST"
 	EnvPubSubCredentialsFile = EnvPrefix + "PUBSUB_CREDENTIALS_FILE"
+	// EnvPubSubAllowUnreceived, true, publishes to a topic without checking
+	// that it has a subscription (googlecloud.Config.AllowUnreceived).
+	EnvPubSubAllowUnreceived = EnvPrefix + "PUBSUB_ALLOW_UNRECEIVED"
 
 	EnvSQLURL      = EnvPrefix + "SQL_URL"      // postgres://...; falls back to EnvDatabaseURL
 	EnvDatabaseURL = EnvPrefix + "DATABASE_URL" // the service's own database
@@ -111,6 +117,11 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 		}
 		cfg.AMQP.Prefetch = n
 	}
+	if v := get(EnvAMQPAllowUnroutable); v != "" {
+		b, err := parseBool(EnvAMQPAllowUnroutable, v)
+		errs = append(errs, err)
+		cfg.AMQP.AllowUnroutable = b
+	}
 
 	if v := get(EnvPubSubProject); v != "" {
 		cfg.GoogleCloud.ProjectID = v
@@ -120,6 +131,11 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 	}
 	if v := get(EnvPubSubCredentialsFile); v != "" {
 		cfg.GoogleCloud.CredentialsFile = v
+	}
+	if v := get(EnvPubSubAllowUnreceived); v != "" {
+		b, err := parseBool(EnvPubSubAllowUnreceived, v)
+		errs = append(errs, err)
+		cfg.GoogleCloud.AllowUnreceived = b
 	}
 
 	if v := get(EnvSQLURL); v != "" {

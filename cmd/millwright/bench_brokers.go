@@ -8,12 +8,18 @@ import (
 	"strings"
 	"time"
 
+	"cloud.google.com/go/pubsub"
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/embedded"
+	"github.com/millwright/millwright/transport/googlecloud"
 )
 
 // defaultAMQPURL is the local development RabbitMQ.
@@ -108,10 +114,28 @@ func (b benchBroker) Close() {
 	}
 }
 
-// dropTopics deletes topics a benchmark created on a real Kafka, best
-// effort: each run uses topics of its own, which would otherwise pile up
-// on the cluster. Fakes are discarded whole; other kinds keep theirs.
+// sinkGroup is the consumer group the benchmarks consume with. The outbox
+// benchmark's publishers declare it up front on RabbitMQ and Pub/Sub
+// (DeclareGroups), so that its drain, which publishes with nothing
+// consuming, is not refused as unreceived (amqp.ErrUnroutable,
+// googlecloud.ErrNoSubscription) and measures the publish a service makes.
+const sinkGroup = "bench"
+
+// dropTopics deletes, best effort, topics a benchmark created on a real
+// Kafka, the exchanges and sinkGroup queues of the topics on RabbitMQ, and
+// the sinkGroup subscriptions of the topics on a Pub/Sub emulator (both
+// hold what the drain published): each run uses topics of its own, which
+// would otherwise pile up on the broker. Fakes are discarded whole; other
+// kinds keep theirs.
 func (b benchBroker) dropTopics(ctx context.Context, topics ...string) {
+	if b.stop == nil && b.Config.Kind == transport.AMQP && len(topics) > 0 {
+		_ = amqp.DeleteTopology(b.Config.AMQP.URL, topics, sinkGroup)
+		return
+	}
+	if b.stop == nil && b.Config.Kind == transport.GoogleCloud && b.Config.GoogleCloud.EmulatorHost != "" && len(topics) > 0 {
+		dropSinkSubscriptions(ctx, b.Config.GoogleCloud, topics)
+		return
+	}
 	if b.stop != nil || b.Config.Kind != transport.Kafka || len(topics) == 0 {
 		return
 	}
@@ -131,6 +155,22 @@ func (b benchBroker) dropTopics(ctx context.Context, topics ...string) {
 		req.TopicNames = append(req.TopicNames, t)
 	}
 	_, _ = req.RequestWith(ctx, cl)
+}
+
+// dropSinkSubscriptions deletes the sinkGroup subscription of each topic
+// on the Pub/Sub emulator of c, best effort.
+func dropSinkSubscriptions(ctx context.Context, c googlecloud.Config, topics []string) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cl, err := pubsub.NewClient(ctx, c.ProjectID, option.WithEndpoint(c.EmulatorHost), option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
+	if err != nil {
+		return
+	}
+	defer cl.Close()
+	for _, t := range topics {
+		_ = cl.Subscription(googlecloud.SubscriptionName(t, sinkGroup)).Delete(ctx)
+	}
 }
 
 // open returns the broker of kind, starting a fresh fake when no real one

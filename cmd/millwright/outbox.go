@@ -416,6 +416,8 @@ func (b *outboxBench) withTransport(ctx context.Context, brokers benchBrokers, k
 		defer br.Close()
 		defer func() { br.dropTopics(context.WithoutCancel(ctx), b.topics...) }()
 		cfg, b.broker = br.Config, br.Label
+		cfg.AMQP.DeclareGroups = []string{sinkGroup}
+		cfg.GoogleCloud.DeclareGroups = []string{sinkGroup}
 		if kind == transport.GoChannel {
 			// Nothing subscribes to the drain topic: keep gochannel from
 			// holding every message for a subscriber that never comes.
@@ -1058,7 +1060,7 @@ func (b *outboxBench) benchLatency(ctx context.Context, kind string, t *transpor
 func (b *outboxBench) latencyRun(ctx context.Context, t *transport.Transport, topic string, rate int, d time.Duration,
 	write func(ctx context.Context, tx *sql.Tx, topic, id, agg string) error, start func() (stop func(), err error)) (p50, p99 float64, err error) {
 	b.topics = append(b.topics, topic)
-	sub, err := t.Subscriber("bench")
+	sub, err := t.Subscriber(sinkGroup)
 	if err != nil {
 		return 0, 0, err
 	}

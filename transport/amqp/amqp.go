@@ -36,15 +36,19 @@ type Config struct {
 	ChannelPoolSize int
 	// NoConfirm turns off publisher confirms (faster; a publish may then be
 	// lost if the broker dies right after it). Default false: confirms on.
+	// It requires AllowUnroutable: without confirms nothing tells when
+	// the broker's return of an unroutable message would have arrived.
 	NoConfirm bool
-	// Mandatory publishes with the mandatory flag: a message that no
-	// queue is bound to receive is returned by the broker, and Publish
-	// fails with ErrUnroutable naming the exchange, instead of the fanout
-	// exchange silently dropping it. Requires confirms (NoConfirm false):
-	// the return is only known to belong to a publish because it arrives
-	// before that publish's confirm. Default false (the behaviour of
-	// earlier versions).
-	Mandatory bool
+	// AllowUnroutable publishes without the mandatory flag: a message that
+	// no queue is bound to receive is dropped by RabbitMQ, as plain AMQP
+	// does, and Publish still returns nil. Default false: every message is
+	// published mandatory, and one the broker returns because no queue is
+	// bound to the topic's exchange fails the publish with ErrUnroutable,
+	// naming the exchange, so the outbox relay keeps the row and the DLQ
+	// middleware nacks the original until a queue exists (subscribe the
+	// group first, or list it in DeclareGroups). Env
+	// MILLWRIGHT_AMQP_ALLOW_UNROUTABLE.
+	AllowUnroutable bool
 	// DeclareGroups lists consumer groups whose queues the publisher
 	// declares and binds before its first publish to a topic, so no message
 	// is dropped before their subscribers start. Default none.
@@ -88,8 +92,8 @@ func (c Config) Validate() error {
 	if c.ConnectTimeout < 0 {
 		errs = append(errs, fmt.Errorf("amqp: ConnectTimeout %s is negative", c.ConnectTimeout))
 	}
-	if c.Mandatory && c.NoConfirm {
-		errs = append(errs, errors.New("amqp: Mandatory needs publisher confirms: unset NoConfirm (a returned message is only known to be one's own when its confirm follows)"))
+	if c.NoConfirm && !c.AllowUnroutable {
+		errs = append(errs, errors.New("amqp: NoConfirm needs AllowUnroutable: without publisher confirms a message no queue is bound for cannot be detected (its return is only known to be a publish's own when that publish's confirm follows it); unset NoConfirm, or also set AllowUnroutable (env MILLWRIGHT_AMQP_ALLOW_UNROUTABLE=true) to accept that such messages are dropped"))
 	}
 	for _, g := range c.DeclareGroups {
 		if g == "" {

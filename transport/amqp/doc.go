@@ -18,10 +18,15 @@
 //     channel or connection closing before the ack, is an error; after a
 //     loss the message may or may not be stored, so retry and let
 //     consumers deduplicate (package idempotency).
-//   - Mandatory (Config.Mandatory, off by default): a message no queue is
-//     bound to receive is returned by the broker and Publish fails with
-//     ErrUnroutable, naming the exchange, instead of the message being
-//     silently dropped.
+//   - Unroutable is a failure (default; Config.AllowUnroutable turns it
+//     off): every message is published mandatory, and one the broker
+//     returns because no queue is bound to the topic's exchange fails
+//     the publish with ErrUnroutable, naming the exchange, instead of
+//     being silently dropped. The outbox relay then keeps the row pending
+//     and the DLQ middleware nacks the original, until a queue exists.
+//     It needs confirms (the return is known to be a publish's own only
+//     because its confirm follows), so NoConfirm requires
+//     AllowUnroutable.
 //   - Reconnect: the publisher has its own connection. When it drops, a
 //     background loop redials at once, then with backoff (100ms doubling
 //     to 5s, each attempt bounded by Config.ConnectTimeout), until Close.
@@ -40,10 +45,12 @@
 //     (ErrClosed), waits up to ConnectTimeout for those in flight, then
 //     closes the connection, failing any still waiting.
 //
-// Where it falls short: without Mandatory, a fanout exchange drops messages
-// published while no queue is bound, so a group's queue must exist before
-// events for it are published. Subscribe once at deployment, or list the
-// groups in Config.DeclareGroups so the publisher declares their queues
+// Where it falls short: a fanout exchange keeps nothing for a queue that
+// does not exist yet, so a group's queue must exist before events for it
+// are published: a publish while no queue at all is bound fails
+// (ErrUnroutable), but one while only some groups' queues exist reaches
+// only those. Subscribe once at deployment, or list the groups in
+// Config.DeclareGroups so the publisher declares their queues
 // itself. Ordering holds per queue only while one consumer with prefetch 1
 // reads it; a nacked message is requeued and can overtake later ones.
 // Concurrent Publish calls use different channels, so only the messages

@@ -24,8 +24,8 @@ var (
 	// retry later), and when the connection is lost before the broker
 	// confirmed a message, which may or may not then have been stored.
 	ErrNotConnected = errors.New("not connected to RabbitMQ")
-	// ErrUnroutable is returned by Publish, with Config.Mandatory, for a
-	// message the broker returned because no queue is bound to the
+	// ErrUnroutable is returned by Publish (unless Config.AllowUnroutable)
+	// for a message the broker returned because no queue is bound to the
 	// topic's exchange: nothing would have received it.
 	ErrUnroutable = errors.New("message unroutable")
 	// ErrNacked is returned by Publish when the broker refused a message
@@ -45,7 +45,7 @@ const (
 	maxBackoff = 5 * time.Second
 )
 
-// returnWindow is how many messages a Mandatory publish sends before it
+// returnWindow is how many messages a mandatory publish sends before it
 // waits for their confirms and collects their returns. It is also the
 // capacity of each channel's NotifyReturn buffer: amqp091 delivers a
 // return from the connection's one reader goroutine with a blocking send,
@@ -92,7 +92,7 @@ type slot struct {
 	ch      *amqp091.Channel // nil: open one on next use
 	gen     uint64           // the connection ch belongs to
 	closes  chan *amqp091.Error
-	returns chan amqp091.Return // nil unless Mandatory
+	returns chan amqp091.Return // nil with AllowUnroutable
 }
 
 // newPublisher connects within timeout (and ctx) and starts the
@@ -281,7 +281,7 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 		return err
 	}
 	window := len(msgs)
-	if p.cfg.Mandatory {
+	if !p.cfg.AllowUnroutable {
 		window = returnWindow
 	}
 	for start := 0; start < len(msgs); start += window {
@@ -337,7 +337,7 @@ func (p *publisher) prepare(s *slot, topic string) (*amqp091.Connection, error) 
 		s.discard()
 	}
 	if s.ch == nil {
-		if err := s.open(conn, gen, !p.cfg.NoConfirm, p.cfg.Mandatory); err != nil {
+		if err := s.open(conn, gen, !p.cfg.NoConfirm, !p.cfg.AllowUnroutable); err != nil {
 			return nil, p.lost(conn, fmt.Sprintf("publishing to %q: opening a channel", topic), err)
 		}
 	}
@@ -373,7 +373,7 @@ func (p *publisher) lost(conn *amqp091.Connection, what string, err error) error
 func (p *publisher) send(conn *amqp091.Connection, s *slot, topic string, msgs []*message.Message, pubs []amqp091.Publishing) error {
 	confirms := make([]*amqp091.DeferredConfirmation, 0, len(msgs))
 	for i, msg := range msgs {
-		dc, err := s.ch.PublishWithDeferredConfirmWithContext(msg.Context(), topic, "", p.cfg.Mandatory, false, pubs[i])
+		dc, err := s.ch.PublishWithDeferredConfirmWithContext(msg.Context(), topic, "", !p.cfg.AllowUnroutable, false, pubs[i])
 		if err != nil {
 			s.discard()
 			what := fmt.Sprintf("publishing message %s to exchange %q", msg.UUID, topic)
@@ -498,7 +498,7 @@ func (s *slot) drainReturns(topic string) []error {
 				return errs
 			}
 			id, _ := r.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
-			errs = append(errs, fmt.Errorf("amqp: message %s: no queue is bound to exchange %q: nothing would receive the message (broker returned it: %d %s); subscribe a group, or list it in Config.DeclareGroups, before publishing: %w",
+			errs = append(errs, fmt.Errorf("amqp: message %s: no queue is bound to exchange %q: nothing would receive the message (broker returned it: %d %s); subscribe a group (or list it in Config.DeclareGroups, env MILLWRIGHT_DECLARE_GROUPS) before publishing, or set AllowUnroutable (env MILLWRIGHT_AMQP_ALLOW_UNROUTABLE) to let RabbitMQ drop such messages: %w",
 				id, r.Exchange, r.ReplyCode, r.ReplyText, ErrUnroutable))
 		default:
 			return errs

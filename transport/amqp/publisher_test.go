@@ -42,6 +42,10 @@ func setup(t *testing.T, cfg amqp.Config, groups ...string) *bundle {
 	return &bundle{tr: tr, pub: tr.Publisher(), topic: freshTopic(t, groups...)}
 }
 
+// sink is a group whose queue tests declare so that their publishes are
+// routable (an unroutable publish fails by default).
+var sink = []string{"sink"}
+
 // freshTopic names a topic no other test uses; its exchange and the
 // queues of groups on it are deleted at cleanup.
 func freshTopic(t *testing.T, groups ...string) string {
@@ -121,7 +125,7 @@ func TestPublisherRecoversFromOutage(t *testing.T) {
 	t.Parallel()
 	proxy, through := proxied(t)
 	const pool = 2
-	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: pool, ConnectTimeout: 5 * time.Second})
+	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: pool, ConnectTimeout: 5 * time.Second, DeclareGroups: sink}, sink...)
 	require.NoError(t, b.publish())
 
 	proxy.Outage(time.Hour) // ended by the Cut below
@@ -164,7 +168,7 @@ func TestPublisherCutMidFlight(t *testing.T) {
 	t.Parallel()
 	proxy, through := proxied(t)
 	const pool = 2
-	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: pool, ConnectTimeout: 5 * time.Second})
+	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: pool, ConnectTimeout: 5 * time.Second, DeclareGroups: sink}, sink...)
 
 	var (
 		wg        sync.WaitGroup
@@ -288,7 +292,9 @@ func TestPublishNackIsError(t *testing.T) {
 	require.ErrorIs(t, err, amqp.ErrNacked)
 	require.ErrorContains(t, err, b.topic)
 
-	require.NoError(t, b.pub.Publish(freshTopic(t), message.NewMessage(watermill.NewUUID(), nil)))
+	other := freshTopic(t, sink...)
+	bindQueue(t, other, sink[0], nil)
+	require.NoError(t, b.pub.Publish(other, message.NewMessage(watermill.NewUUID(), nil)))
 	require.Equal(t, 1, amqp.FreeChannels(b.pub))
 }
 
@@ -297,7 +303,7 @@ func TestPublishNackIsError(t *testing.T) {
 // new channel and declares the exchange again.
 func TestPublishChannelClosedBeforeConfirm(t *testing.T) {
 	t.Parallel()
-	b := setup(t, amqp.Config{ChannelPoolSize: 1})
+	b := setup(t, amqp.Config{ChannelPoolSize: 1, DeclareGroups: sink}, sink...)
 	require.NoError(t, b.publish())
 	require.NoError(t, amqp.DeleteTopology(transporttest.AMQPURL(), []string{b.topic}))
 	err := b.publish()
@@ -307,12 +313,12 @@ func TestPublishChannelClosedBeforeConfirm(t *testing.T) {
 	require.NoError(t, b.publish())
 }
 
-// With Mandatory, a message no queue would receive is a failed publish.
+// By default a message no queue would receive is a failed publish.
 // It relies on RabbitMQ sending basic.return before basic.ack: repeated,
 // so a return that came late would show.
-func TestPublishMandatory(t *testing.T) {
+func TestPublishUnroutableFails(t *testing.T) {
 	t.Parallel()
-	b := setup(t, amqp.Config{Mandatory: true, ChannelPoolSize: 1}, "bound")
+	b := setup(t, amqp.Config{ChannelPoolSize: 1}, "bound")
 	for range 20 {
 		err := b.publish()
 		require.ErrorIs(t, err, amqp.ErrUnroutable)
@@ -341,12 +347,14 @@ func TestPublishMandatory(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 151, q.Messages)
 
-	// Without Mandatory the fanout exchange drops it, as it always did.
-	plain := setup(t, amqp.Config{})
+	// With AllowUnroutable the fanout exchange drops it, as plain AMQP does.
+	plain := setup(t, amqp.Config{AllowUnroutable: true})
 	require.NoError(t, plain.publish())
+	fast := setup(t, amqp.Config{AllowUnroutable: true, NoConfirm: true})
+	require.NoError(t, fast.publish())
 
-	_, err = amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL(), Mandatory: true, NoConfirm: true}, nil)
-	require.ErrorContains(t, err, "Mandatory needs publisher confirms")
+	_, err = amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL(), NoConfirm: true}, nil)
+	require.ErrorContains(t, err, "NoConfirm needs AllowUnroutable")
 }
 
 // Close while publishing neither panics nor races; publishes after it
@@ -406,7 +414,7 @@ func TestPublisherCloseWhilePublishing(t *testing.T) {
 // A publish whose context is already done is not attempted.
 func TestPublishCancelledContext(t *testing.T) {
 	t.Parallel()
-	b := setup(t, amqp.Config{ChannelPoolSize: 1})
+	b := setup(t, amqp.Config{ChannelPoolSize: 1, DeclareGroups: sink}, sink...)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	msg := message.NewMessage(watermill.NewUUID(), nil)

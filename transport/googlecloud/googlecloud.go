@@ -11,7 +11,9 @@
 // Where it falls short: a subscription only receives messages published
 // after it was created, so create the groups' subscriptions before
 // publishing (subscribe once at deployment, or list the groups in
-// Config.DeclareGroups); messages are limited to 10 MB; an ordering key
+// Config.DeclareGroups; a publish to a topic with no subscription at all
+// fails with ErrNoSubscription unless Config.AllowUnreceived); messages
+// are limited to 10 MB; an ordering key
 // whose publish failed is paused until resumed (this transport resumes it
 // automatically and returns the error).
 //
@@ -24,8 +26,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"regexp"
 	"sync"
+	"syscall"
 	"time"
 
 	"cloud.google.com/go/pubsub"
@@ -70,6 +75,14 @@ type Config struct {
 	DeclareGroups []string
 	// ConnectTimeout bounds Open's first contact. Default 10s.
 	ConnectTimeout time.Duration
+	// AllowUnreceived publishes to a topic without checking that it has
+	// a subscription: Pub/Sub then accepts, and keeps for nobody, a
+	// message no subscription would receive. Default false: until a
+	// topic is seen to have a subscription (one ListTopicSubscriptions
+	// call per publish, which needs pubsub.topics.listSubscriptions),
+	// a publish to it fails with ErrNoSubscription. Env
+	// MILLWRIGHT_PUBSUB_ALLOW_UNRECEIVED.
+	AllowUnreceived bool
 }
 
 var projectRe = regexp.MustCompile(`^[a-z][a-z0-9-]{4,28}[a-z0-9]$|^[a-zA-Z0-9._:-]+$`)
@@ -128,6 +141,31 @@ func (c Config) clientOptions() []option.ClientOption {
 	return append(opts, c.ClientOptions...)
 }
 
+// emulatorHost is the emulator the clients reach: EmulatorHost, else
+// PUBSUB_EMULATOR_HOST (which the client library honours), else "".
+func (c Config) emulatorHost() string {
+	if c.EmulatorHost != "" {
+		return c.EmulatorHost
+	}
+	return os.Getenv("PUBSUB_EMULATOR_HOST")
+}
+
+// contactError says what became of a first contact with what that started
+// at start: refused (at once), no answer within timeout, interrupted by
+// ctx (the caller's), or another failure; hint suggests the fix.
+func contactError(ctx, cctx context.Context, what string, timeout time.Duration, start time.Time, err error, hint string) error {
+	took := time.Since(start).Round(time.Millisecond)
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("interrupted while waiting for %s to answer (no answer after %s): %w", what, took, context.Cause(ctx))
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("%s refused the connection (%s): %w", what, hint, err)
+	case cctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded:
+		return fmt.Errorf("%s did not answer within %s (ConnectTimeout; %s): %w", what, timeout, hint, err)
+	}
+	return fmt.Errorf("%s failed after %s (%s): %w", what, took, hint, err)
+}
+
 // Transport is an open Pub/Sub client pair (publisher, admin).
 type Transport struct {
 	cfg    Config
@@ -148,8 +186,21 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
+	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
+	// gRPC retries a refused connection until the deadline: an emulator
+	// that is not running would look like one that does not answer, after
+	// the whole ConnectTimeout. A plain TCP connect tells them apart at once.
+	if host := cfg.emulatorHost(); host != "" {
+		var d net.Dialer
+		c, err := d.DialContext(cctx, "tcp", host)
+		if err != nil {
+			return nil, fmt.Errorf("googlecloud: %w", contactError(ctx, cctx, "the Pub/Sub emulator at "+host, cfg.ConnectTimeout, start, err,
+				"is the emulator running there? check MILLWRIGHT_PUBSUB_EMULATOR_HOST"))
+		}
+		c.Close()
+	}
 	admin, err := pubsub.NewClient(cctx, cfg.ProjectID, cfg.clientOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("googlecloud: creating client for project %s: %w", cfg.ProjectID, err)
@@ -158,7 +209,12 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	// the service answers at all.
 	if _, err := admin.Topic("millwright-probe").Exists(cctx); err != nil && status.Code(err) != codes.PermissionDenied {
 		admin.Close()
-		return nil, fmt.Errorf("googlecloud: Pub/Sub for project %s did not answer within %s (check MILLWRIGHT_PUBSUB_EMULATOR_HOST or credentials): %w", cfg.ProjectID, cfg.ConnectTimeout, err)
+		what := "Pub/Sub for project " + cfg.ProjectID
+		if host := cfg.emulatorHost(); host != "" {
+			what += " (emulator at " + host + ")"
+		}
+		return nil, fmt.Errorf("googlecloud: %w", contactError(ctx, cctx, what, cfg.ConnectTimeout, start, err,
+			"check MILLWRIGHT_PUBSUB_EMULATOR_HOST or credentials"))
 	}
 	wp, err := wgc.NewPublisher(wgc.PublisherConfig{
 		ProjectID:             cfg.ProjectID,
@@ -281,6 +337,7 @@ type Publisher struct {
 
 	mu       sync.Mutex
 	declared map[string]bool
+	recv     receivers
 }
 
 // Publish publishes msgs to topic, in order for each ordering key.
@@ -289,6 +346,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		if err := p.declare(topic); err != nil {
 			return err
 		}
+	}
+	if err := p.checkReceivers(topic, msgs); err != nil {
+		return err
 	}
 	return p.Publisher.Publish(topic, msgs...)
 }
