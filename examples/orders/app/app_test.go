@@ -36,16 +36,7 @@ func setupHTTP(t *testing.T) (*app.App, *transport.Transport, *httptest.Server) 
 	a, err := app.New(app.Config{DB: schema.DB, DatabaseURL: schema.URL, Transport: tr, SagaPollInterval: 100 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, a.Seed(ctx, map[string]int64{"book": 10}))
-	proc, err := a.Start(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, proc.Stop()) })
-	select {
-	case <-proc.Running():
-	case <-proc.Done():
-		t.Fatalf("services stopped: %v", proc.Wait())
-	case <-time.After(60 * time.Second):
-		t.Fatal("services not running after 60s")
-	}
+	startServices(t, ctx, a)
 	srv := httptest.NewServer(a.Handler())
 	t.Cleanup(srv.Close)
 	return a, tr, srv

@@ -76,16 +76,7 @@ func runLateShipment(t *testing.T, kind transport.Kind) {
 			up = append(up, s)
 		}
 	}
-	proc, err := a.Start(ctx, up...)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, proc.Stop()) })
-	select {
-	case <-proc.Running():
-	case <-proc.Done():
-		t.Fatalf("services stopped: %v", proc.Wait())
-	case <-time.After(time.Minute):
-		t.Fatal("services not running after a minute")
-	}
+	startServices(t, ctx, a, up...)
 
 	_, err = a.PlaceOrder(ctx, app.Order{ID: "late-1", SKU: "book", Qty: 2, AmountCents: 2500})
 	require.NoError(t, err)

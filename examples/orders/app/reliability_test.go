@@ -210,14 +210,7 @@ func runReliability(t *testing.T, kind transport.Kind, fake bool, n int) {
 	ctx := context.Background()
 
 	// Every service but the relay, which the test runs itself.
-	proc, err := b.app.Start(ctx, app.DeadLetters, app.Inventory, app.Billing, app.Shipping, app.Notify, app.Orchestrator, app.Orders)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, proc.Stop()) })
-	select {
-	case <-proc.Running():
-	case <-proc.Done():
-		t.Fatalf("services stopped: %v", proc.Wait())
-	}
+	startServices(t, ctx, b.app, app.DeadLetters, app.Inventory, app.Billing, app.Shipping, app.Notify, app.Orchestrator, app.Orders)
 
 	// Orders, every 5th declined by billing, every 9th refused by shipping.
 	want := placeOrders(t, b.app, n)

@@ -38,16 +38,7 @@ func TestStartWaitsForABrokerThatDropsWhileStarting(t *testing.T) {
 	require.NoError(t, err)
 
 	proxy.Outage(2 * time.Second)
-	proc, err := a.Start(ctx, app.DeadLetters, app.Billing)
-	require.NoError(t, err, "Start gave up while the broker was away")
-	t.Cleanup(func() { require.NoError(t, proc.Stop()) })
-	select {
-	case <-proc.Running():
-	case <-proc.Done():
-		t.Fatalf("services stopped: %v", proc.Wait())
-	case <-ctx.Done():
-		t.Fatal("services not running within a minute")
-	}
+	startServices(t, ctx, a, app.DeadLetters, app.Billing)
 	require.Positive(t, proxy.Refused(), "the outage refused nothing")
 	require.Positive(t, logs.count("Startup step failed; retrying"), "no failed startup attempt was logged")
 }
@@ -102,4 +93,22 @@ func (l *failureLog) count(prefix string) int {
 		}
 	}
 	return n
+}
+
+// startServices starts the given services (all when none), stops them at
+// cleanup, and returns once every one of them is running; it fails the
+// test if they stop first or are not running within a minute.
+func startServices(t *testing.T, ctx context.Context, a *app.App, services ...app.Service) *app.Process {
+	t.Helper()
+	proc, err := a.Start(ctx, services...)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, proc.Stop()) })
+	select {
+	case <-proc.Running():
+	case <-proc.Done():
+		t.Fatalf("services stopped: %v", proc.Wait())
+	case <-time.After(time.Minute):
+		t.Fatal("services not running after a minute")
+	}
+	return proc
 }
