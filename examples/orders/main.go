@@ -261,19 +261,61 @@ func demo(args []string, stdout io.Writer) error {
 
 	wctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
+	waitStart := time.Now()
 	s, waitErr := e.app.WaitSettled(wctx, run+"-%", wantDLQ)
+	if waitErr != nil {
+		after := time.Since(waitStart).Round(100 * time.Millisecond)
+		if ctx.Err() == nil && wctx.Err() != nil {
+			after = *timeout
+		}
+		err := notSettled(ctx, wctx, e, run+"-%", after, waitErr, stdout)
+		if serr := proc.Stop(); serr != nil {
+			fmt.Fprintln(os.Stderr, "orders: stopping:", serr)
+		}
+		return err
+	}
 	fmt.Fprintln(stdout, s)
 	fmt.Fprintf(os.Stderr, "orders: transport %s, settled in %s\n", e.tr, time.Since(started).Round(time.Millisecond))
 	if err := proc.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "orders: stopping:", err)
 	}
 	switch {
-	case waitErr != nil:
-		return waitErr
 	case s.Pending != 0 || s.DuplicateEffects != 0:
 		return fmt.Errorf("lost=%d duplicate_effects=%d: want 0", s.Pending, s.DuplicateEffects)
 	}
 	return nil
+}
+
+// notSettled prints the true counts of orders that did not settle and
+// returns the error saying so. WaitSettled's last count may have been cut
+// short by the same deadline (and read as zeros: "orders=0 ... lost=0"
+// while 50 orders were pending), so they are counted again with a fresh
+// context: 5 s, or after a signal what fits in interrupt.Grace.
+func notSettled(ctx, wctx context.Context, e *env, pattern string, after time.Duration, waitErr error, stdout io.Writer) error {
+	cause := waitErr
+	if wctx.Err() != nil {
+		cause = context.Cause(wctx)
+	}
+	limit := 5 * time.Second
+	if ctx.Err() != nil {
+		limit = interrupt.Grace / 2
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	s, err := e.app.Count(cctx, pattern)
+	if err != nil {
+		fmt.Fprintf(stdout, "not settled after %s: counts unavailable: %v\n", after, err)
+		return fmt.Errorf("orders not settled after %s (%w); counting them failed: %v", after, cause, err)
+	}
+	fmt.Fprintf(stdout, "not settled after %s: orders=%d completed=%d compensated=%d dlq=%d pending=%d unnotified_events=%d duplicate_effects=%d\n",
+		after, s.Orders, s.Completed, s.Compensated, s.DeadLetters, s.Pending, s.UnnotifiedEvents, s.DuplicateEffects)
+	hint := ""
+	if e.tr.Kind() == transport.SQL && s.Pending > 0 {
+		hint = " (sql transport: one long transaction anywhere on the Postgres server holds every consumer back; " +
+			"if one does, the log says \"sql: consumers blocked by a long transaction\" with its pid: see docs/runbook.md#sql-consumers-blocked-by-a-long-transaction)"
+	}
+	return fmt.Errorf("orders not settled after %s: %d of %d pending, %d order events not notified%s: %w",
+		after, s.Pending, s.Orders, s.UnnotifiedEvents, hint, cause)
 }
 
 func post(ctx context.Context, u string, v any) error {

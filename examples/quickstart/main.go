@@ -12,6 +12,10 @@
 // It prints one summary line counted from the database:
 //
 //	orders=20 published=20 effects=20 duplicates_skipped=20 lost=0 duplicate_effects=0
+//
+// or, when they do not settle within -timeout, the counts at that moment:
+//
+//	not settled after 2m0s: transport=sql orders=20 published=20 effects=0 pending=20
 package main
 
 import (
@@ -58,6 +62,7 @@ func run() error {
 	transportSel := flag.String("transport", os.Getenv(transport.EnvTransport), "transport kind or URL (default: sql on --database-url)")
 	emb := flag.String("embedded", "", "start an in-process broker: kafka or googlecloud (not for production)")
 	n := flag.Int("orders", 20, "orders to place")
+	timeout := flag.Duration("timeout", 2*time.Minute, "how long to wait for the orders to settle")
 	flag.Parse()
 
 	// SIGINT and SIGTERM cancel ctx; the process exits within a second of
@@ -156,24 +161,26 @@ func run() error {
 	}
 
 	// Wait until every event is published and every notification applied.
-	waitCtx, waitCancel := context.WithTimeout(ctx, 2*time.Minute)
+	waitCtx, waitCancel := context.WithTimeout(ctx, *timeout)
 	defer waitCancel()
-	if err := outboxtest.WaitDrained(waitCtx, db); err != nil {
-		return fmt.Errorf("waiting for the relay: %w", err)
-	}
 	var effects, distinct int
-	for {
-		if err := db.QueryRowContext(waitCtx, `SELECT count(*), count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1`, runID+"-%").Scan(&effects, &distinct); err != nil {
-			return err
-		}
-		if distinct == *n {
+	err = outboxtest.WaitDrained(waitCtx, db)
+	for err == nil {
+		err = db.QueryRowContext(waitCtx, `SELECT count(*), count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1`, runID+"-%").Scan(&effects, &distinct)
+		if err != nil || distinct == *n {
 			break
 		}
 		select {
 		case <-waitCtx.Done():
-			return fmt.Errorf("only %d of %d notifications after 2 minutes: %w", distinct, *n, waitCtx.Err())
+			err = context.Cause(waitCtx)
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+	if err != nil {
+		if waitCtx.Err() == nil {
+			return err // not the deadline: the database failed
+		}
+		return notSettled(ctx, db, tr.Kind(), runID, *n, *timeout, context.Cause(waitCtx))
 	}
 	var published int
 	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM millwright_outbox WHERE status = 'published' AND aggregate_id LIKE $1`, runID+"-%").Scan(&published); err != nil {
@@ -195,6 +202,39 @@ func run() error {
 		return errors.New("effects do not match orders")
 	}
 	return nil
+}
+
+// notSettled prints the true counts of a run that did not settle within
+// timeout and returns the error saying so. The wait's own count may have
+// been cut short by the same deadline, so they are counted again with a
+// fresh context: 5 s, or after a signal what fits in interrupt.Grace.
+func notSettled(ctx context.Context, db *sql.DB, kind transport.Kind, runID string, n int, timeout time.Duration, cause error) error {
+	limit := 5 * time.Second
+	if ctx.Err() != nil {
+		limit, timeout = interrupt.Grace/2, 0
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	var published, effects, distinct int
+	err := db.QueryRowContext(cctx, `SELECT
+		(SELECT count(*) FROM millwright_outbox WHERE status = 'published' AND aggregate_id LIKE $1),
+		(SELECT count(*) FROM quickstart_notifications WHERE order_id LIKE $1),
+		(SELECT count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1)`, runID+"-%").Scan(&published, &effects, &distinct)
+	after := "after " + timeout.String()
+	if timeout == 0 {
+		after = "when interrupted"
+	}
+	if err != nil {
+		fmt.Printf("not settled %s: transport=%s orders=%d, counts unavailable: %v\n", after, kind, n, err)
+		return fmt.Errorf("orders not settled %s (%w); counting them failed: %v", after, cause, err)
+	}
+	fmt.Printf("not settled %s: transport=%s orders=%d published=%d effects=%d pending=%d\n", after, kind, n, published, effects, n-distinct)
+	hint := ""
+	if kind == transport.SQL && distinct < n {
+		hint = " (sql transport: one long transaction anywhere on the Postgres server holds every consumer back; " +
+			"if one does, the log says \"sql: consumers blocked by a long transaction\" with its pid: see docs/runbook.md#sql-consumers-blocked-by-a-long-transaction)"
+	}
+	return fmt.Errorf("orders not settled %s: %d of %d notified%s: %w", after, distinct, n, hint, cause)
 }
 
 func placeOrder(ctx context.Context, db *sql.DB, id string) error {

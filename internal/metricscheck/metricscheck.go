@@ -25,7 +25,7 @@ import (
 
 // Packages are the directories (relative to the module root) whose
 // Metric* constants name exported metrics.
-var Packages = []string{"outbox", "idempotency", "retry", "dlq", "saga"}
+var Packages = []string{"outbox", "idempotency", "retry", "dlq", "saga", "transport/sql"}
 
 // Source says where a metric name is defined.
 type Source struct {

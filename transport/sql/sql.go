@@ -10,6 +10,12 @@
 // Where it falls short: throughput is that of one Postgres; every consumer
 // group polls (PollInterval, default 100ms); topic names become table names
 // and must match [A-Za-z0-9_.:$-] (watermill-sql refuses others).
+// Consumers read only rows below the server's xmin horizon, so one long
+// transaction that has written, anywhere on the server (any database, any
+// client), stops every consumer of every topic until it ends: the
+// transport checks the horizon (HorizonCheckInterval), exports its age
+// (MetricHorizonAge) and the holder's pid, and logs the blocking pid when
+// committed rows wait behind it (see Horizon and docs/runbook.md).
 //
 // CloudEvents: there is no protocol binding for SQL tables; the row's JSON
 // metadata keeps the metadata.Event* keys ("ce_id", ...) as they are.
@@ -33,6 +39,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/internal/pgconn"
@@ -57,6 +64,20 @@ type Config struct {
 	// attempt of the pool opened from URL (rounded up to whole seconds).
 	// Default 10s.
 	ConnectTimeout time.Duration
+	// HorizonCheckInterval is how often, once the transport has a
+	// subscriber, it reads the server's xmin horizon (see Horizon), sets
+	// MetricHorizonAge and MetricHorizonPID, and counts the subscribed
+	// topics' rows waiting behind a holder older than HorizonWarnAge.
+	// Default 10s; -1 disables the check.
+	HorizonCheckInterval time.Duration
+	// HorizonWarnAge is how long the horizon's holder must have been open
+	// before committed rows waiting behind it are logged (as an error,
+	// naming the holder's pid and the fix; again every minute while they
+	// wait, and once when they no longer do). Default 30s.
+	HorizonWarnAge time.Duration
+	// Registerer receives MetricHorizonAge and MetricHorizonPID. Default
+	// nil: none registered. Transports sharing a Registerer share them.
+	Registerer prometheus.Registerer
 }
 
 func (c *Config) setDefaults() {
@@ -71,6 +92,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.ResendInterval == 0 {
 		c.ResendInterval = time.Second
+	}
+	if c.HorizonCheckInterval == 0 {
+		c.HorizonCheckInterval = 10 * time.Second
+	}
+	if c.HorizonWarnAge == 0 {
+		c.HorizonWarnAge = 30 * time.Second
 	}
 }
 
@@ -95,6 +122,12 @@ func (c Config) Validate() error {
 	if c.ResendInterval < 0 {
 		errs = append(errs, fmt.Errorf("sql: ResendInterval %s is negative", c.ResendInterval))
 	}
+	if c.HorizonCheckInterval < 0 && c.HorizonCheckInterval != -1 {
+		errs = append(errs, fmt.Errorf("sql: HorizonCheckInterval %s is negative: want a duration, or -1 to disable the check", c.HorizonCheckInterval))
+	}
+	if c.HorizonWarnAge < 0 {
+		errs = append(errs, fmt.Errorf("sql: HorizonWarnAge %s is negative", c.HorizonWarnAge))
+	}
 	return errors.Join(errs...)
 }
 
@@ -106,6 +139,7 @@ type Transport struct {
 	ownDB  bool
 	pub    *wsql.Publisher
 	bp     *publisher
+	mon    *horizonMonitor // nil when HorizonCheckInterval is -1
 
 	subs closers.Set
 }
@@ -140,6 +174,13 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		}
 		return nil, fmt.Errorf("sql: connecting to %s: %w (check MILLWRIGHT_SQL_URL and that Postgres is up)", redactURL(cfg.URL), redactErr(err, cfg.URL))
 	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		if own {
+			db.Close()
+		}
+		return nil, err
+	}
 	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: Schema(), AutoInitializeSchema: true}, logger)
 	if err != nil {
 		if own {
@@ -147,7 +188,11 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		}
 		return nil, fmt.Errorf("sql: creating publisher: %w", err)
 	}
-	return &Transport{cfg: cfg, logger: logger, db: db, ownDB: own, pub: pub, bp: &publisher{Publisher: pub, db: db}}, nil
+	t := &Transport{cfg: cfg, logger: logger, db: db, ownDB: own, pub: pub, bp: &publisher{Publisher: pub, db: db}}
+	if cfg.HorizonCheckInterval > 0 {
+		t.mon = newHorizonMonitor(db, logger, cfg.HorizonCheckInterval, cfg.HorizonWarnAge, m)
+	}
+	return t, nil
 }
 
 // ping checks the pool within timeout. A pool from Config.DB may be plain
@@ -326,9 +371,11 @@ WHERE c.oid = to_regclass($1)`, schema.MessagesTable(topic)).Scan(&name)
 var disallowedTopic = regexp.MustCompile(`[^A-Za-z0-9\-\$\:\.\_]`)
 
 // Subscriber returns a subscriber in consumer group `group` (its own offset
-// per topic). Group "" is watermill-sql's default group.
+// per topic). Group "" is watermill-sql's default group. It is also a
+// message.SubscribeInitializer. The first Subscribe starts the horizon
+// check (Config.HorizonCheckInterval).
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
-	sub, err := closers.Add(&t.subs, "sql", func() (*wsql.Subscriber, error) {
+	sub, err := closers.Add(&t.subs, "sql", func() (*subscriber, error) {
 		sub, err := wsql.NewSubscriber(t.db, wsql.SubscriberConfig{
 			ConsumerGroup:    group,
 			PollInterval:     t.cfg.PollInterval,
@@ -340,7 +387,7 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sql: creating subscriber for group %q: %w", group, err)
 		}
-		return sub, nil
+		return newSubscriber(sub, t.mon), nil
 	})
 	if err != nil {
 		return nil, err // not a typed nil in the interface
@@ -348,9 +395,12 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 	return sub, nil
 }
 
-// Close closes the subscribers, the publisher and the pool it opened.
-// It is idempotent.
+// Close stops the horizon check, closes the subscribers, the publisher
+// and the pool it opened. It is idempotent.
 func (t *Transport) Close() error {
+	if t.mon != nil {
+		t.mon.stop()
+	}
 	return t.subs.Close(t.pub.Close, func() error {
 		if t.ownDB {
 			return t.db.Close()

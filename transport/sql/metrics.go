@@ -1,0 +1,64 @@
+package sql
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric names. The horizon is server-wide: every transport on one
+// Postgres server reports the same values, so aggregate with max().
+const (
+	// MetricHorizonAge is a gauge: how long, in seconds, the transaction
+	// holding the Postgres xmin horizon (the oldest running transaction
+	// with an id, in any database of the server) has been open; 0 when
+	// none runs. While it is open, sql-transport consumers receive nothing
+	// committed after it took its id (see Horizon). Set every
+	// Config.HorizonCheckInterval once the transport has a subscriber.
+	MetricHorizonAge = "millwright_sql_horizon_oldest_transaction_age_seconds"
+	// MetricHorizonPID is a gauge: the backend pid of that transaction, to
+	// pass to pg_terminate_backend; 0 when none runs or it is a prepared
+	// transaction (the log names its gid). A pid is a value, not a label:
+	// a label would start a new series for every holder (pids are many
+	// and reused).
+	MetricHorizonPID = "millwright_sql_horizon_oldest_transaction_pid"
+)
+
+// metrics holds the transport's gauges. With a nil Registerer they are
+// created but not registered, so the code paths stay the same.
+type metrics struct {
+	horizonAge prometheus.Gauge
+	horizonPID prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		horizonAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricHorizonAge,
+			Help: "Seconds the transaction holding the Postgres xmin horizon has been open (0: none); sql-transport consumers receive nothing committed after it started writing."}),
+		horizonPID: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricHorizonPID,
+			Help: "Backend pid of the transaction holding the Postgres xmin horizon, for pg_terminate_backend (0: none, or a prepared transaction)."}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	m.horizonAge = register(reg, m.horizonAge, &err)
+	m.horizonPID = register(reg, m.horizonPID, &err)
+	return m, err
+}
+
+// register registers c, or returns the collector already registered under
+// its name, so that several transports of one process share their gauges.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		*errp = errors.Join(*errp, fmt.Errorf("sql: registering metrics: %w", err))
+	}
+	return c
+}
