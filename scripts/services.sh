@@ -230,6 +230,14 @@ kafka_up() {
 			log.retention.hours=24
 		EOF
 		local java=(java -cp "$home/libs/*" -Dlog4j2.configurationFile="$here/kafka/log4j2.properties")
+		# A broker started by `up` begins with an empty log directory: what
+		# earlier test runs left (thousands of partitions) would only slow
+		# its start and fill the disk. `restart kafka` keeps the data: the
+		# reconnect test needs the messages to survive the restart.
+		if [ "${1:-fresh}" = fresh ]; then
+			rm -rf "$home/data"
+			mkdir -p "$home/data"
+		fi
 		if [ ! -f "$home/data/meta.properties" ]; then
 			local id
 			id="$("${java[@]}" kafka.tools.StorageTool random-uuid 2>>"$state/kafka.log" | tail -1)"
@@ -357,7 +365,7 @@ restart)
 	case "${2:-}" in
 	kafka)
 		[ -f "$state/started/kafka" ] || { say kafka "not started by this script: not restarting it"; exit 1; }
-		kafka_down && kafka_up
+		kafka_down && kafka_up keep
 		;;
 	*) echo "usage: $0 restart kafka" >&2; exit 2 ;;
 	esac
