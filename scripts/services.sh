@@ -39,7 +39,10 @@ PUBSUB_PORT=8085
 # beside Postgres, RabbitMQ, the emulator and the race-enabled tests on
 # 2 cores / 24 GiB.
 KAFKA_HEAP="${MILLWRIGHT_KAFKA_HEAP:--Xms256m -Xmx1g}"
-PUBSUB_HEAP="${MILLWRIGHT_PUBSUB_HEAP:--Xms128m -Xmx512m}"
+# The emulator keeps every topic, subscription and unacked message in its
+# heap for as long as it runs: at 512 MiB, two hours of test runs left it
+# collecting garbage and answering nothing within 10 s.
+PUBSUB_HEAP="${MILLWRIGHT_PUBSUB_HEAP:--Xms256m -Xmx2g}"
 
 say() { printf '%-10s %s\n' "$1" "$2" >&2; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
