@@ -190,8 +190,11 @@ func TestConformance(t *testing.T) {
 		}, pub, group)
 	})
 
+	// Not parallel with the other kinds: it runs first, alone in this
+	// package. Under the whole suite's load, TestContinueAfterSubscribeClose
+	// (5,000 messages, subscribers closed mid-stream) once missed 16
+	// messages at its 97 s limit on the emulator; alone it takes about 40 s.
 	t.Run("googlecloud", func(t *testing.T) {
-		t.Parallel()
 		cfg := transporttest.Config(t, transport.GoogleCloud)
 		restart := reconnectCommand(t, transport.GoogleCloud, "")
 		if restart != nil {
