@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -160,6 +161,9 @@ type horizonMonitor struct {
 	blockedAt  time.Time
 	warnedWho  string
 	checkError bool
+
+	// checks counts finished checks, for tests to wait on.
+	checks atomic.Int64
 }
 
 func newHorizonMonitor(db *stdsql.DB, logger watermill.LoggerAdapter, interval, warnAge time.Duration, m *metrics) *horizonMonitor {
@@ -238,6 +242,7 @@ func (h *horizonMonitor) run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		h.check(ctx)
+		h.checks.Add(1)
 		select {
 		case <-ctx.Done():
 			return

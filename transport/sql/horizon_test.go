@@ -63,7 +63,9 @@ func TestLongTransactionBlockingConsumersIsReported(t *testing.T) {
 
 	// Still nothing after more checks, and the warning is not repeated
 	// every check.
-	time.Sleep(300 * time.Millisecond) // three more checks
+	after := sql.HorizonChecks(b.tr) + 3
+	require.Eventually(t, func() bool { return sql.HorizonChecks(b.tr) >= after },
+		10*time.Second, 10*time.Millisecond, "the monitor made no three more checks")
 	b.requireNothingReceived(t)
 	n := 0
 	for _, w := range b.warnings() {
