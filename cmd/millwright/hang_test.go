@@ -2,8 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,15 +34,7 @@ func TestSilentDatabase(t *testing.T) {
 		for _, args := range commands {
 			t.Run(strings.Join(args, "_"), func(t *testing.T) {
 				t.Parallel()
-				srv := pgconntest.Silent(t)
-				start := time.Now()
-				p := pgconntest.Start(t, bin, nil, append(args, "--database-url", srv.URL("connect_timeout=1"))...)
-				ended, code, out, ok := p.Wait(10 * time.Second)
-				require.True(t, ok, "still running after 10s:\n%s", out)
-				require.Equal(t, 1, code, out)
-				require.Positive(t, srv.Accepted(), "the fault: the server accepted")
-				require.Less(t, ended.Sub(start), 4*time.Second, out)
-				require.Contains(t, out, "postgres at "+srv.Addr()+" accepted the connection but did not answer within 1s (connect_timeout")
+				out := pgconntest.RequireGivesUpOnSilentServer(t, bin, withURL(args))
 				require.True(t, strings.HasPrefix(out, "millwright: connecting to database postgres://u:xxxxx@"), out)
 				require.NotContains(t, out, "hunter2")
 			})
@@ -59,24 +49,17 @@ func TestSilentDatabase(t *testing.T) {
 			for _, args := range commands {
 				t.Run(strings.Join(args, "_"), func(t *testing.T) {
 					t.Parallel()
-					srv := pgconntest.Silent(t)
-					p := pgconntest.Start(t, bin, nil, append(args, "--database-url", srv.URL(""))...)
-					p.AwaitAccepted(t, srv, 10*time.Second)
-					sent := p.Signal(t, sig)
-					ended, code, out, ok := p.Wait(5 * time.Second)
-					require.True(t, ok, "still running 5s after %s:\n%s", sig, out)
-					require.Less(t, ended.Sub(sent), time.Second, out)
-					require.Equal(t, 1, code, out)
-					require.Contains(t, out, "interrupted while connecting to postgres at "+srv.Addr()+" (", out)
-					require.Contains(t, out, signalCause(sig), out)
+					pgconntest.RequireStopsOnSignal(t, bin, sig, withURL(args))
 				})
 			}
 		})
 	}
 }
 
-// signalCause is how signal.NotifyContext's cause names sig.
-func signalCause(sig os.Signal) string { return fmt.Sprintf("%v signal received", sig) }
+// withURL appends --database-url to a command's arguments.
+func withURL(args []string) func(string) []string {
+	return func(u string) []string { return append(append([]string(nil), args...), "--database-url", u) }
+}
 
 // A refused port fails at once, saying "refused", not "did not answer".
 func TestRefusedDatabaseFailsAtOnce(t *testing.T) {

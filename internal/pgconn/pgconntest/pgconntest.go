@@ -9,11 +9,13 @@ package pgconntest
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -230,4 +232,64 @@ func (p *Process) AwaitAccepted(tb testing.TB, srv *Server, limit time.Duration)
 	case <-time.After(limit):
 		tb.Fatalf("pgconntest: no connection to %s within %s", srv.Addr(), limit)
 	}
+}
+
+// RequireGivesUpOnSilentServer runs bin with the arguments args returns
+// for a database URL, against a server that accepts and never answers,
+// with connect_timeout=1: the process must exit with code 1 within 4 s,
+// saying the server accepted but did not answer within 1s. It returns the
+// output for the caller's own checks.
+func RequireGivesUpOnSilentServer(tb testing.TB, bin string, args func(databaseURL string) []string) string {
+	tb.Helper()
+	srv := Silent(tb)
+	start := time.Now()
+	p := Start(tb, bin, nil, args(srv.URL("connect_timeout=1"))...)
+	ended, code, out, ok := p.Wait(10 * time.Second)
+	switch {
+	case !ok:
+		tb.Fatalf("still running after 10s:\n%s", out)
+	case code != 1:
+		tb.Fatalf("exit code %d, want 1:\n%s", code, out)
+	case srv.Accepted() == 0:
+		tb.Fatalf("the fault did not happen: the server accepted no connection:\n%s", out)
+	case ended.Sub(start) >= 4*time.Second:
+		tb.Fatalf("exited after %s, want under 4s:\n%s", ended.Sub(start), out)
+	}
+	want := "postgres at " + srv.Addr() + " accepted the connection but did not answer within 1s (connect_timeout"
+	if !strings.Contains(out, want) {
+		tb.Fatalf("output lacks %q:\n%s", want, out)
+	}
+	return out
+}
+
+// RequireStopsOnSignal runs bin with the arguments args returns for a
+// database URL (no connect_timeout, so the 10 s default applies) against a
+// server that accepts and never answers, sends sig once the server has the
+// connection, and requires the process to exit with code 1 within a
+// second, saying it was interrupted while connecting and by which signal.
+// It returns the output for the caller's own checks.
+func RequireStopsOnSignal(tb testing.TB, bin string, sig os.Signal, args func(databaseURL string) []string) string {
+	tb.Helper()
+	srv := Silent(tb)
+	p := Start(tb, bin, nil, args(srv.URL(""))...)
+	p.AwaitAccepted(tb, srv, 10*time.Second)
+	sent := p.Signal(tb, sig)
+	ended, code, out, ok := p.Wait(5 * time.Second)
+	switch {
+	case !ok:
+		tb.Fatalf("still running 5s after %s:\n%s", sig, out)
+	case ended.Sub(sent) >= time.Second:
+		tb.Fatalf("exited %s after %s, want under 1s:\n%s", ended.Sub(sent), sig, out)
+	case code != 1:
+		tb.Fatalf("exit code %d, want 1:\n%s", code, out)
+	}
+	for _, want := range []string{
+		"interrupted while connecting to postgres at " + srv.Addr() + " (",
+		fmt.Sprintf("%v signal received", sig), // signal.NotifyContext's cause
+	} {
+		if !strings.Contains(out, want) {
+			tb.Fatalf("output lacks %q:\n%s", want, out)
+		}
+	}
+	return out
 }
