@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
@@ -165,14 +166,8 @@ func NewMiddleware(pub message.Publisher, cfg Config) (*Middleware, error) {
 }
 
 func registerCounter(reg prometheus.Registerer, name, help string, labels ...string) (*prometheus.CounterVec, error) {
-	cv := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
-	if err := reg.Register(cv); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
-				return existing, nil
-			}
-		}
+	cv, err := promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels))
+	if err != nil {
 		return nil, fmt.Errorf("dlq: registering metric %s: %w", name, err)
 	}
 	return cv, nil

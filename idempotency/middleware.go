@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/tracing"
@@ -162,17 +163,9 @@ func NewMiddleware(store Store, cfg Config) (*Middleware, error) {
 }
 
 func counter(cfg Config, name, help string) (prometheus.Counter, error) {
-	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"consumer"})
-	if err := cfg.Registerer.Register(vec); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		existing, ok := vec, false
-		if errors.As(err, &are) {
-			existing, ok = are.ExistingCollector.(*prometheus.CounterVec)
-		}
-		if !ok {
-			return nil, fmt.Errorf("idempotency: registering metric %s: %w", name, err)
-		}
-		vec = existing
+	vec, err := promreg.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"consumer"}))
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: registering metric %s: %w", name, err)
 	}
 	return vec.WithLabelValues(cfg.Consumer), nil
 }

@@ -2,11 +2,12 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millwright/millwright/internal/promreg"
 )
 
 // Metric names. The gauges are what an operator looks at first: a growing
@@ -60,29 +61,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var err error
-	m.pending = register(reg, m.pending, &err)
-	m.oldest = register(reg, m.oldest, &err)
-	m.failedGauge = register(reg, m.failedGauge, &err)
-	m.latency = register(reg, m.latency, &err)
-	m.published = register(reg, m.published, &err)
-	m.publishErrors = register(reg, m.publishErrors, &err)
-	m.failed = register(reg, m.failed, &err)
+	m.pending = promreg.Into(reg, m.pending, &err)
+	m.oldest = promreg.Into(reg, m.oldest, &err)
+	m.failedGauge = promreg.Into(reg, m.failedGauge, &err)
+	m.latency = promreg.Into(reg, m.latency, &err)
+	m.published = promreg.Into(reg, m.published, &err)
+	m.publishErrors = promreg.Into(reg, m.publishErrors, &err)
+	m.failed = promreg.Into(reg, m.failed, &err)
 	return m, err
-}
-
-// register registers c, or returns the collector already registered under
-// its name so that several relays of one process share their metrics.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		*errp = errors.Join(*errp, err)
-	}
-	return c
 }
 
 // refreshGauges sets the backlog gauges from Stats.

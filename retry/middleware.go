@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/tracing"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -96,28 +97,13 @@ func NewMiddleware(cfg Config) (*Middleware, error) {
 			Name: MetricRetries,
 			Help: "Retries of failed message handlers (attempts after the first), by subscribe topic and reason.",
 		}, []string{"topic", "reason"})
-		c, err := registerOrReuse(cfg.Registerer, cv)
+		c, err := promreg.Register(cfg.Registerer, cv)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("retry: registering metric %s: %w", MetricRetries, err)
 		}
 		m.retries = c
 	}
 	return m, nil
-}
-
-// registerOrReuse registers cv, or returns the identical collector already
-// registered, so that several middlewares can share a Registerer.
-func registerOrReuse(reg prometheus.Registerer, cv *prometheus.CounterVec) (*prometheus.CounterVec, error) {
-	if err := reg.Register(cv); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
-				return existing, nil
-			}
-		}
-		return nil, fmt.Errorf("retry: registering metric %s: %w", MetricRetries, err)
-	}
-	return cv, nil
 }
 
 // Middleware wraps h with retries. Its shape is message.HandlerMiddleware.

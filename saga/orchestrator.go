@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
@@ -252,14 +253,8 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c *C) error {
 	if reg == nil {
 		return nil
 	}
-	if err := reg.Register(*c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				*c = existing
-				return nil
-			}
-		}
+	var err error
+	if *c, err = promreg.Register(reg, *c); err != nil {
 		return fmt.Errorf("saga: registering metrics: %w", err)
 	}
 	return nil

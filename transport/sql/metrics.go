@@ -1,10 +1,11 @@
 package sql
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millwright/millwright/internal/promreg"
 )
 
 // Metric names. The horizon is server-wide: every transport on one
@@ -43,22 +44,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var err error
-	m.horizonAge = register(reg, m.horizonAge, &err)
-	m.horizonPID = register(reg, m.horizonPID, &err)
-	return m, err
-}
-
-// register registers c, or returns the collector already registered under
-// its name, so that several transports of one process share their gauges.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		*errp = errors.Join(*errp, fmt.Errorf("sql: registering metrics: %w", err))
+	m.horizonAge = promreg.Into(reg, m.horizonAge, &err)
+	m.horizonPID = promreg.Into(reg, m.horizonPID, &err)
+	if err != nil {
+		return m, fmt.Errorf("sql: registering metrics: %w", err)
 	}
-	return c
+	return m, nil
 }
