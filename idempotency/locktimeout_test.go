@@ -20,15 +20,7 @@ import (
 func TestMarkWaitingOnAnUncommittedMarkIsBounded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := pgtest.New(t, idempotency.Migrations())
-	holder, err := idempotency.NewPostgresStore(s.DB)
-	require.NoError(t, err)
-	tx, err := holder.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback() })
-	fresh, err := tx.Mark(ctx, "billing", "evt-1")
-	require.NoError(t, err)
-	require.True(t, fresh)
+	s, tx := holdUncommittedMark(t, "billing", "evt-1")
 
 	const lockTimeout = 300 * time.Millisecond
 	waiter, err := idempotency.NewPostgresStore(s.DB, idempotency.WithLockTimeout(lockTimeout))
@@ -46,7 +38,7 @@ func TestMarkWaitingOnAnUncommittedMarkIsBounded(t *testing.T) {
 
 	// Once the holder commits, the same Mark finds the duplicate.
 	require.NoError(t, tx.Commit())
-	fresh, err = waiter.Mark(ctx, "billing", "evt-1")
+	fresh, err := waiter.Mark(ctx, "billing", "evt-1")
 	require.NoError(t, err)
 	require.False(t, fresh)
 }
@@ -57,14 +49,7 @@ func TestMarkWaitingOnAnUncommittedMarkIsBounded(t *testing.T) {
 func TestMarkWaitingReturnsWhenItsContextIsCancelled(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := pgtest.New(t, idempotency.Migrations())
-	holder, err := idempotency.NewPostgresStore(s.DB)
-	require.NoError(t, err)
-	tx, err := holder.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback() })
-	_, err = tx.Mark(ctx, "billing", "evt-1")
-	require.NoError(t, err)
+	s, _ := holdUncommittedMark(t, "billing", "evt-1")
 
 	// The waiter's pool has one connection, so its backend pid is known.
 	waiterDB, err := sql.Open("postgres", s.URL)
@@ -100,4 +85,21 @@ func TestMarkWaitingReturnsWhenItsContextIsCancelled(t *testing.T) {
 	cancel()
 	err = receive(t, done, "the cancelled Mark's result")
 	require.True(t, errors.Is(err, context.Canceled), "want context.Canceled, got %v", err)
+}
+
+// holdUncommittedMark marks an event in a unit of work of a fresh schema
+// and leaves it uncommitted (rolled back at cleanup), so that another
+// Mark of the same event waits on it.
+func holdUncommittedMark(t *testing.T, consumer, eventID string) (*pgtest.Schema, idempotency.Tx) {
+	t.Helper()
+	s := pgtest.New(t, idempotency.Migrations())
+	holder, err := idempotency.NewPostgresStore(s.DB)
+	require.NoError(t, err)
+	tx, err := holder.Begin(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	fresh, err := tx.Mark(context.Background(), consumer, eventID)
+	require.NoError(t, err)
+	require.True(t, fresh)
+	return s, tx
 }
