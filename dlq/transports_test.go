@@ -144,17 +144,7 @@ func TestDeadLetterWaitsForItsRecorderAllTransports(t *testing.T) {
 				attempts.Add(1)
 				return fmt.Errorf("poison message %s always fails", msg.UUID)
 			}).AddMiddleware(mw.Middleware)
-			routerDone := make(chan error, 1)
-			go func() { routerDone <- router.Run(ctx) }()
-			t.Cleanup(func() {
-				_ = router.Close()
-				<-routerDone
-			})
-			select {
-			case <-router.Running():
-			case <-ctx.Done():
-				t.Fatal("router did not start")
-			}
+			dlqtest.RunRouter(ctx, t, router)
 			poison := message.NewMessage(watermill.NewUUID(), []byte("poison"))
 			require.NoError(t, tr.Publisher().Publish(topic, poison))
 

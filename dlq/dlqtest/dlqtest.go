@@ -82,17 +82,7 @@ func TestPoisonDoesNotBlock(t *testing.T, pub message.Publisher, sub message.Sub
 		return nil
 	}).AddMiddleware(mw.Middleware)
 
-	routerDone := make(chan error, 1)
-	go func() { routerDone <- router.Run(ctx) }()
-	t.Cleanup(func() {
-		_ = router.Close()
-		<-routerDone
-	})
-	select {
-	case <-router.Running():
-	case <-ctx.Done():
-		t.Fatalf("router for topic %s did not start within %s", topic, Timeout)
-	}
+	RunRouter(ctx, t, router)
 
 	msgs := make([]*message.Message, 0, good+1)
 	poison := message.NewMessage(watermill.NewUUID(), []byte("poison"))
@@ -133,4 +123,22 @@ func TestPoisonDoesNotBlock(t *testing.T, pub message.Publisher, sub message.Sub
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, PoisonAttempts, poisonTries, "attempts on the poison message")
+}
+
+// RunRouter runs router until the test ends (closing it and waiting for
+// Run to return at cleanup) and returns once it is running, failing the
+// test if it is not running before ctx ends.
+func RunRouter(ctx context.Context, t testing.TB, router *message.Router) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	t.Cleanup(func() {
+		_ = router.Close()
+		<-done
+	})
+	select {
+	case <-router.Running():
+	case <-ctx.Done():
+		t.Fatalf("dlqtest: router did not start: %v", ctx.Err())
+	}
 }
