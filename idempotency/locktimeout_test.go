@@ -11,6 +11,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/poll"
 )
 
 // TestMarkWaitingOnAnUncommittedMarkIsBounded: a Mark that waits for
@@ -68,20 +69,16 @@ func TestMarkWaitingReturnsWhenItsContextIsCancelled(t *testing.T) {
 		_, err := waiter.Mark(markCtx, "billing", "evt-1")
 		done <- err
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting string
-		_ = s.DB.QueryRow(`SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
-		if waiting == "Lock" {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the waiting Mark never waited on the lock")
+	poll.Until(t, 10*time.Second, func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("Mark returned before it waited: %v", err)
-		case <-time.After(10 * time.Millisecond):
+		default:
 		}
-	}
+		var waiting string
+		_ = s.DB.QueryRow(`SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
+		return waiting == "Lock"
+	}, "the waiting Mark (pid %d) to wait on the lock", pid)
 	cancel()
 	err = receive(t, done, "the cancelled Mark's result")
 	require.True(t, errors.Is(err, context.Canceled), "want context.Canceled, got %v", err)
