@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/pgtest"
 )
 
 // insertMarks inserts n marks processed age ago.
@@ -108,9 +109,7 @@ func TestCleanerLockIsPerSchema(t *testing.T) {
 	}()
 
 	eventually(t, "schema A's cleaner holds its lock and waits on the table", func() bool {
-		var waiting string
-		_ = a.schema.DB.QueryRow(`SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1`, holderPID).Scan(&waiting)
-		return waiting == "Lock"
+		return pgtest.WaitingOnLock(t, a.schema.DB, holderPID) == 1
 	})
 
 	otherA, err := idempotency.NewCleaner(a.schema.DB, idempotency.CleanerConfig{})

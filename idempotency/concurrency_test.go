@@ -11,6 +11,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/idempotency/idempotencytest"
+	"github.com/millwright/millwright/internal/pgtest"
 )
 
 // Two subscriber instances (separate pools, so separate connections) get the
@@ -70,9 +71,7 @@ func TestMiddlewareConcurrentDuplicatesAcrossInstances(t *testing.T) {
 		errB <- err
 	}()
 	eventually(t, "instance B waits on A's row lock", func() bool {
-		var waiting string
-		_ = b.schema.DB.QueryRow(`SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1`, pidB).Scan(&waiting)
-		return waiting == "Lock"
+		return pgtest.WaitingOnLock(t, b.schema.DB, pidB) == 1
 	})
 	select {
 	case err := <-errB:
@@ -135,9 +134,7 @@ func TestMiddlewareConcurrentDuplicateTakesOverAfterFailure(t *testing.T) {
 		errB <- err
 	}()
 	eventually(t, "instance B waits on A's row lock", func() bool {
-		var waiting string
-		_ = b.schema.DB.QueryRow(`SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1`, pidB).Scan(&waiting)
-		return waiting == "Lock"
+		return pgtest.WaitingOnLock(t, b.schema.DB, pidB) == 1
 	})
 	select {
 	case err := <-errB:

@@ -75,9 +75,7 @@ func TestMarkWaitingReturnsWhenItsContextIsCancelled(t *testing.T) {
 			t.Fatalf("Mark returned before it waited: %v", err)
 		default:
 		}
-		var waiting string
-		_ = s.DB.QueryRow(`SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
-		return waiting == "Lock"
+		return pgtest.WaitingOnLock(t, s.DB, pid) == 1
 	}, "the waiting Mark (pid %d) to wait on the lock", pid)
 	cancel()
 	err = receive(t, done, "the cancelled Mark's result")

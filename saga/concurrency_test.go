@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
@@ -79,12 +78,8 @@ func TestConcurrentRepliesMakeOneTransition(t *testing.T) {
 		require.NoError(t, err)
 		go func() { errs <- orchs[i].HandleReply(reply) }()
 	}
-	poll.Until(t, 10*time.Second, func() bool {
-		var waiting int
-		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1) AND wait_event_type = 'Lock'`,
-			pq.Array(pids)).Scan(&waiting))
-		return waiting == n
-	}, "all %d replies wait on the instance's row lock", n)
+	poll.Until(t, 10*time.Second, func() bool { return pgtest.WaitingOnLock(t, s.DB, pids...) == n },
+		"all %d replies wait on the instance's row lock", n)
 	require.NoError(t, lock.Rollback())
 
 	timeout := time.After(30 * time.Second)

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/lib/pq" // registers the "postgres" driver
+	"github.com/lib/pq" // also registers the "postgres" driver
 
 	"github.com/millwright/millwright/migrate"
 )
@@ -151,4 +151,17 @@ func WithSearchPath(rawURL, schema string) string {
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// WaitingOnLock returns how many of the given backends wait on a lock
+// (pg_stat_activity.wait_event_type = 'Lock'), for tests that must see a
+// session blocked before they release what blocks it.
+func WaitingOnLock(tb testing.TB, db *sql.DB, pids ...int) int {
+	tb.Helper()
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1) AND wait_event_type = 'Lock'`,
+		pq.Array(pids)).Scan(&n); err != nil {
+		tb.Fatalf("pgtest: reading pg_stat_activity: %v", err)
+	}
+	return n
 }
