@@ -30,6 +30,13 @@ const envTestShort = "MILLWRIGHT_TEST_SHORT"
 
 func short() bool { return os.Getenv(envTestShort) != "" }
 
+// envTestPubSubFull runs the Pub/Sub kind in full mode too. Off in the
+// main run: there, in 2 of 5 whole CI runs, the emulator's
+// TestContinueAfterSubscribeClose (5,000 messages, subscribers closed
+// mid-stream) missed 16 and 34 messages at its limit; .ci/run runs the
+// full mode for Pub/Sub in a stage of its own, with nothing beside it.
+const envTestPubSubFull = "MILLWRIGHT_TEST_PUBSUB_FULL"
+
 // envTestReconnect enables Watermill's TestReconnect, which cuts or
 // restarts the broker under the suite (see reconnectCommand). It is off by
 // default because the cut reaches every client of the broker: .ci/run
@@ -191,9 +198,8 @@ func TestConformance(t *testing.T) {
 	})
 
 	// Not parallel with the other kinds: it runs first, alone in this
-	// package. Under the whole suite's load, TestContinueAfterSubscribeClose
-	// (5,000 messages, subscribers closed mid-stream) once missed 16
-	// messages at its 97 s limit on the emulator; alone it takes about 40 s.
+	// package, and in short mode unless MILLWRIGHT_TEST_PUBSUB_FULL=1 (see
+	// envTestPubSubFull).
 	t.Run("googlecloud", func(t *testing.T) {
 		cfg := transporttest.Config(t, transport.GoogleCloud)
 		restart := reconnectCommand(t, transport.GoogleCloud, "")
@@ -219,7 +225,7 @@ func TestConformance(t *testing.T) {
 		pub, group := constructors(func(*testing.T) transport.Config { return cfg }, "")
 		tests.TestPubSub(t, tests.Features{
 			RestartServiceCommand: restart,
-			ForceShort:            short(),
+			ForceShort:            short() || os.Getenv(envTestPubSubFull) != "1",
 			ConsumerGroups:        true,
 			ExactlyOnceDelivery:   false,
 			GuaranteedOrder:       false,

@@ -31,7 +31,9 @@
 // # Watermill's universal suite
 //
 // Every kind passes github.com/ThreeDotsLabs/watermill/pubsub/tests.TestPubSub
-// in full mode, through Open, on real brokers (TestConformance:
+// in full mode (googlecloud's full run in a CI stage of its own,
+// MILLWRIGHT_TEST_PUBSUB_FULL=1, short mode beside the others: see
+// .ci/run), through Open, on real brokers (TestConformance:
 // PostgreSQL 15, RabbitMQ 3.10, Apache Kafka 4.1.1 in KRaft mode, Google's
 // Pub/Sub emulator; scripts/services.sh starts them). TestReconnect runs
 // in a stage of its own (MILLWRIGHT_TEST_RECONNECT=1, .ci/run), because
