@@ -7,12 +7,13 @@
 //
 // The rules every component then shares:
 //
-//   - Run may be called once. A second call returns an error wrapping
-//     ErrRunTwice at once.
+//   - Run may be called once. A second call before Close returns an error
+//     wrapping ErrRunTwice at once.
 //   - Close is idempotent and safe before, during and after Run, and from
 //     several goroutines; every call returns once Run has returned.
 //   - Run after Close returns nil at once without calling the loop (and
-//     closes Running, so that nobody waits for it forever).
+//     closes Running, so that nobody waits for it forever), whether or not
+//     Run ran before.
 //   - Cancelling Run's ctx cancels the loop's ctx at once (no drain).
 //   - A close timeout of 0 cancels at once: Close then only waits for the
 //     loop to notice its cancelled context.

@@ -54,17 +54,20 @@ func New(name string, closeTimeout time.Duration) *Runner {
 // Run returns nil then.
 func (r *Runner) Run(ctx context.Context, loop Loop) error {
 	r.mu.Lock()
+	if r.closed {
+		if !r.started {
+			r.started = true
+			close(r.running)
+			close(r.done)
+		}
+		r.mu.Unlock()
+		return nil
+	}
 	if r.started {
 		r.mu.Unlock()
 		return fmt.Errorf("%s: %w: create one %s per Run", r.name, ErrRunTwice, r.name)
 	}
 	r.started = true
-	if r.closed {
-		r.mu.Unlock()
-		close(r.running)
-		close(r.done)
-		return nil
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	r.cancel = cancel
 	r.mu.Unlock()
