@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/pgtest"
@@ -316,6 +317,9 @@ type bundle struct {
 	// replyMiddleware, when set, runs inside the idempotency middleware
 	// of orchestrators started afterwards.
 	replyMiddleware message.HandlerMiddleware
+	// tracerProvider, when set, is the TracerProvider of orchestrators
+	// started afterwards.
+	tracerProvider trace.TracerProvider
 }
 
 // setup opens a schema, a transport (gochannel by default), starts an
@@ -430,6 +434,7 @@ func (b *bundle) startOrchestrator(t *testing.T) *orch {
 	logs := watermill.NewCaptureLogger()
 	o, err := saga.NewOrchestrator(b.schema.DB, b.def, saga.Config{
 		ReplyTopic: b.tp.replies, PollInterval: 20 * time.Millisecond, Registerer: reg, Logger: logs,
+		TracerProvider: b.tracerProvider,
 	})
 	require.NoError(t, err)
 	dedup, err := idempotency.NewMiddleware(b.store, idempotency.Config{Consumer: "orders-saga", Registerer: reg})

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -16,9 +15,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/lib/pq"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/promreg"
+	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
@@ -125,6 +126,9 @@ type Config struct {
 	// (counters still work, unexported). Orchestrators sharing a Registerer
 	// share the series, told apart by the type label.
 	Registerer prometheus.Registerer
+	// TracerProvider makes the "saga step" spans of HandleReply. Default
+	// nil: the global provider (otel.GetTracerProvider()).
+	TracerProvider trace.TracerProvider
 	// Logger. Default watermill.NopLogger. Stuck sagas are logged at error
 	// level, timeouts and ignored replies at info.
 	Logger watermill.LoggerAdapter
@@ -179,12 +183,7 @@ type Orchestrator[D any] struct {
 	cfg Config
 	m   metrics
 
-	closeOnce sync.Once
-	closing   chan struct{}
-	running   chan struct{}
-	mu        sync.Mutex
-	runDone   chan struct{}
-	cancelRun context.CancelFunc
+	r *runner.Runner // Run, Close and Running
 }
 
 // NewOrchestrator returns an orchestrator of def's instances stored in db
@@ -200,7 +199,7 @@ func NewOrchestrator[D any](db *sql.DB, def *Definition[D], cfg Config) (*Orches
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	o := &Orchestrator[D]{db: db, def: def, cfg: cfg, closing: make(chan struct{}), running: make(chan struct{})}
+	o := &Orchestrator[D]{db: db, def: def, cfg: cfg, r: runner.New("saga.Orchestrator", cfg.CloseTimeout)}
 	var err error
 	if o.m, err = newMetrics(cfg.Registerer, def.name); err != nil {
 		return nil, err
@@ -582,7 +581,7 @@ func (o *Orchestrator[D]) HandleReply(msg *message.Message) (err error) {
 	// The step's span continues the reply's trace; the commands this
 	// transition writes to the outbox carry it on (outbox.Add stores the
 	// traceparent of ctx).
-	ctx, span := tracing.StartSagaStep(msg.Context(), o.def.name, r.step, msg)
+	ctx, span := tracing.Config{TracerProvider: o.cfg.TracerProvider}.StartSagaStep(msg.Context(), o.def.name, r.step, msg)
 	defer func() { tracing.EndSpan(span, err) }()
 	tx, ok := idempotency.TxFromContext(ctx)
 	if ok {
@@ -952,7 +951,7 @@ func (o *Orchestrator[D]) onDeadline(ctx context.Context, q Querier, in instance
 }
 
 // Running is closed once Run has started its loop.
-func (o *Orchestrator[D]) Running() <-chan struct{} { return o.running }
+func (o *Orchestrator[D]) Running() <-chan struct{} { return o.r.Running() }
 
 // Run fires due deadlines until ctx ends or Close is called: step timeouts
 // start compensation, compensation timeouts and backoffs resend, and sagas
@@ -961,49 +960,24 @@ func (o *Orchestrator[D]) Running() <-chan struct{} { return o.running }
 // orchestrator instance may run it; a deadline is fired by one of them, and
 // survives restarts because it is a column. Database errors are logged and
 // the round is retried after PollInterval. Run returns nil after Close or
-// when ctx ends.
+// when ctx ends; a second Run before Close returns an error.
 func (o *Orchestrator[D]) Run(ctx context.Context) error {
-	o.mu.Lock()
-	if o.runDone != nil {
-		o.mu.Unlock()
-		return errors.New("saga: Run called twice: start one Run per Orchestrator")
-	}
-	select {
-	case <-o.closing:
-		o.mu.Unlock()
-		return nil
-	default:
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	o.cancelRun = cancel
-	o.runDone = make(chan struct{})
-	o.mu.Unlock()
-	defer close(o.runDone)
-	defer cancel()
-	close(o.running)
-
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-o.closing:
-			return nil
-		case <-timer.C:
-		}
-		n, err := o.RunOnce(ctx)
-		wait := o.cfg.PollInterval
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+	return o.r.Run(ctx, func(ctx context.Context, draining <-chan struct{}) error {
+		var wait time.Duration // the first round at once
+		for runner.Wait(ctx, draining, wait) {
+			n, err := o.RunOnce(ctx)
+			wait = o.cfg.PollInterval
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				o.cfg.Logger.Error("saga: firing deadlines", err, watermill.LogFields{"saga_type": o.def.name})
+			} else if n == o.cfg.BatchSize {
+				wait = 0 // more may be due
 			}
-			o.cfg.Logger.Error("saga: firing deadlines", err, watermill.LogFields{"saga_type": o.def.name})
-		} else if n == o.cfg.BatchSize {
-			wait = 0 // more may be due
 		}
-		timer.Reset(wait)
-	}
+		return nil
+	})
 }
 
 // RunOnce fires up to BatchSize due deadlines in one transaction and
@@ -1074,19 +1048,4 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 // Close stops Run, waiting up to CloseTimeout for the round in flight (its
 // transaction then rolls back and another instance fires those deadlines).
 // It is idempotent. Close the reply consumers (the router) separately.
-func (o *Orchestrator[D]) Close() error {
-	o.closeOnce.Do(func() { close(o.closing) })
-	o.mu.Lock()
-	done, cancel := o.runDone, o.cancelRun
-	o.mu.Unlock()
-	if done == nil {
-		return nil
-	}
-	select {
-	case <-done:
-	case <-time.After(o.cfg.CloseTimeout):
-		cancel()
-		<-done
-	}
-	return nil
-}
+func (o *Orchestrator[D]) Close() error { return o.r.Close() }
