@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"context"
 	"database/sql"
 	"time"
 
@@ -44,39 +43,13 @@ var cleanerTable = cleaner.Table{
 // Postgres table, in bounded batches, on one instance at a time. Run one in
 // every consumer process: the advisory lock lets one of them work while the
 // others skip.
-type Cleaner struct{ c *cleaner.Cleaner }
+// Its methods are every millwright cleaner's (internal/cleaner): Run,
+// Close (drains, then cancels after CloseTimeout), Running, RunOnce and
+// Count (the dry run).
+type Cleaner = cleaner.Cleaner
 
 // NewCleaner returns a cleaner of the millwright_processed_events table in
 // db's search_path schema.
 func NewCleaner(db *sql.DB, cfg CleanerConfig) (*Cleaner, error) {
-	c, err := cleaner.New(db, cleanerTable, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &Cleaner{c}, nil
+	return cleaner.New(db, cleanerTable, cfg)
 }
-
-// Run cleans at once and then every Interval until ctx is done or Close is
-// called; it then returns nil. A failed round is logged and retried at the
-// next interval. Run may be called once; after Close it returns nil at once.
-func (c *Cleaner) Run(ctx context.Context) error { return c.c.Run(ctx) }
-
-// Running is closed once Run has started.
-func (c *Cleaner) Running() <-chan struct{} { return c.c.Running() }
-
-// Close stops Run after the batch in flight, cancelling it after
-// CloseTimeout (a cancelled batch rolls back whole; the next round redoes
-// it), and waits for Run to return. It is idempotent and safe to call when
-// Run was never called.
-func (c *Cleaner) Close() error { return c.c.Close() }
-
-// Count returns how many marks RunOnce would delete now: those older than
-// the retention period. It takes no lock and changes nothing (the operator
-// CLI's dry run).
-func (c *Cleaner) Count(ctx context.Context) (int64, error) { return c.c.Count(ctx) }
-
-// RunOnce deletes every mark older than the retention period, BatchSize rows
-// per statement, unless another cleaner of the same schema holds the lock
-// (CleanStats.Skipped). Each batch is its own transaction and skips rows
-// locked by others, so consumers never wait on the cleaner.
-func (c *Cleaner) RunOnce(ctx context.Context) (CleanStats, error) { return c.c.RunOnce(ctx) }

@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"context"
 	"database/sql"
 	"time"
 
@@ -37,34 +36,12 @@ var cleanerTable = cleaner.Table{
 // bounded batches. Run it beside every relay: a Postgres advisory lock
 // lets one instance at a time clean (per schema); the others skip the
 // round. Pending and failed rows are never deleted.
-type Cleaner struct{ c *cleaner.Cleaner }
+// Its methods are every millwright cleaner's (internal/cleaner): Run,
+// Close (drains, then cancels after CloseTimeout), Running, RunOnce and
+// Count (the dry run).
+type Cleaner = cleaner.Cleaner
 
 // NewCleaner returns a cleaner of the outbox in db's search_path.
 func NewCleaner(db *sql.DB, cfg CleanerConfig) (*Cleaner, error) {
-	c, err := cleaner.New(db, cleanerTable, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &Cleaner{c}, nil
+	return cleaner.New(db, cleanerTable, cfg)
 }
-
-// Running is closed once Run has started.
-func (c *Cleaner) Running() <-chan struct{} { return c.c.Running() }
-
-// Run cleans at once and then every Interval until ctx is done or Close is
-// called; it then returns nil. A failed round is logged and retried at the
-// next interval.
-func (c *Cleaner) Run(ctx context.Context) error { return c.c.Run(ctx) }
-
-// Close stops Run after the batch in flight (cancelling it after
-// CloseTimeout) and waits for Run to return. It is idempotent.
-func (c *Cleaner) Close() error { return c.c.Close() }
-
-// RunOnce deletes, in batches of BatchSize, the rows published before now
-// minus Retention, unless another cleaner of this outbox holds the lock
-// (CleanStats.Skipped).
-func (c *Cleaner) RunOnce(ctx context.Context) (CleanStats, error) { return c.c.RunOnce(ctx) }
-
-// Count returns how many rows RunOnce would delete now, without deleting
-// or locking anything (a dry run).
-func (c *Cleaner) Count(ctx context.Context) (int64, error) { return c.c.Count(ctx) }

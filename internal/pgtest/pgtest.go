@@ -165,3 +165,36 @@ func WaitingOnLock(tb testing.TB, db *sql.DB, pids ...int) int {
 	}
 	return n
 }
+
+// Plan returns the EXPLAIN output of query with sequential scans disabled
+// (a test table is too small for the planner to prefer an index), for tests
+// that check which index serves a query. The transaction it runs in is
+// rolled back at once.
+func Plan(tb testing.TB, db *sql.DB, query string, args ...any) string {
+	tb.Helper()
+	tx, err := db.Begin()
+	if err != nil {
+		tb.Fatalf("pgtest: Plan: %v", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read only
+	if _, err := tx.Exec(`SET LOCAL enable_seqscan = off`); err != nil {
+		tb.Fatalf("pgtest: Plan: %v", err)
+	}
+	rows, err := tx.Query(`EXPLAIN `+query, args...)
+	if err != nil {
+		tb.Fatalf("pgtest: Plan: EXPLAIN %s: %v", query, err)
+	}
+	defer rows.Close()
+	var lines []string
+	for rows.Next() {
+		var l string
+		if err := rows.Scan(&l); err != nil {
+			tb.Fatalf("pgtest: Plan: %v", err)
+		}
+		lines = append(lines, l)
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatalf("pgtest: Plan: %v", err)
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,48 @@
+package saga_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/saga"
+)
+
+func TestCleanerDeletesOldFinishedSagasWithTheirSteps(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, saga.Migrations())
+	// One saga per state, finished 31 days ago, and one completed today.
+	_, err := s.DB.Exec(`INSERT INTO millwright_saga_instances (id, type, state, data, updated_at)
+		SELECT st, 'orders', st, '{}', now() - interval '31 days'
+		FROM unnest(ARRAY['running', 'compensating', 'completed', 'compensated', 'stuck']) st;
+		INSERT INTO millwright_saga_instances (id, type, state, data) VALUES ('completed-today', 'orders', 'completed', '{}');
+		INSERT INTO millwright_saga_steps (saga_id, step, kind) SELECT id, 's', 'command' FROM millwright_saga_instances`)
+	require.NoError(t, err)
+
+	c, err := saga.NewCleaner(s.DB, saga.CleanerConfig{})
+	require.NoError(t, err)
+	require.Equal(t, saga.DefaultRetention, c.Config().Retention)
+	n, err := c.Count(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	stats, err := c.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, saga.CleanStats{Deleted: 2, Batches: 1}, stats)
+
+	var left, steps string
+	require.NoError(t, s.DB.QueryRow(`SELECT string_agg(id, ',' ORDER BY id) FROM millwright_saga_instances`).Scan(&left))
+	require.Equal(t, "compensating,completed-today,running,stuck", left, "unfinished and recent sagas are kept")
+	require.NoError(t, s.DB.QueryRow(`SELECT string_agg(saga_id, ',' ORDER BY saga_id) FROM millwright_saga_steps`).Scan(&steps))
+	require.Equal(t, left, steps, "the steps of deleted sagas went with them")
+
+	plan := pgtest.Plan(t, s.DB, `SELECT id FROM millwright_saga_instances
+		WHERE state IN ('completed', 'compensated') AND updated_at < now() - interval '30 days' ORDER BY updated_at LIMIT 1000`)
+	require.Contains(t, plan, "millwright_saga_instances_finished_idx", "the batch walks the index of migration 003")
+
+	_, err = saga.NewCleaner(s.DB, saga.CleanerConfig{Retention: time.Second, BatchSize: -1})
+	require.ErrorContains(t, err, "saga: CleanerConfig.Retention 1s is too short")
+	require.ErrorContains(t, err, "CleanerConfig.BatchSize -1", "every field error, joined")
+}
