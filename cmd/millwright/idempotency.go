@@ -30,59 +30,7 @@ func idempotencyCmd() *cobra.Command {
 		Use:   "idempotency",
 		Short: "Inspect and clean the processed-events table of idempotent consumers",
 	}
-	clean := &cobra.Command{
-		Use:   "clean",
-		Short: "Delete processed marks older than the retention period, once",
-		Long: `Delete processed marks older than --retention from millwright_processed_events,
---batch-size rows per statement. Skips (and says so) when another cleaner holds
-the lock. --dry-run counts the marks that would be deleted. On a terminal it
-shows that count and asks to confirm; elsewhere --yes is required. Every run
-is recorded in millwright_audit.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			change, db, err := openChange(cmd, args)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			retention, _ := cmd.Flags().GetDuration("retention")
-			batch, _ := cmd.Flags().GetInt("batch-size")
-			c, err := idempotency.NewCleaner(db, idempotency.CleanerConfig{Retention: retention, BatchSize: batch})
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			out := cmd.OutOrStdout()
-			if change.dryRun {
-				n, err := c.Count(ctx)
-				if err == nil {
-					fmt.Fprintf(out, "dry run: would delete %d marks older than %s\n", n, retention)
-				}
-				return change.finish(n, err)
-			}
-			err = change.confirm(func() (string, error) {
-				n, err := c.Count(ctx)
-				return fmt.Sprintf("will delete %d processed marks older than %s (redeliveries of those events will be processed again)", n, retention), err
-			})
-			if err != nil {
-				return err
-			}
-			stats, err := c.RunOnce(ctx)
-			if err != nil {
-				return change.finish(stats.Deleted, err)
-			}
-			if stats.Skipped {
-				fmt.Fprintln(out, "another cleaner holds the lock; nothing done")
-				return change.finish(0, nil)
-			}
-			fmt.Fprintf(out, "deleted %d marks in %d batches\n", stats.Deleted, stats.Batches)
-			return change.finish(stats.Deleted, nil)
-		},
-	}
-	clean.Flags().Duration("retention", idempotency.DefaultRetention, "keep marks this long")
-	clean.Flags().Int("batch-size", 1000, "rows per DELETE statement (1 to 100000)")
-	addSafetyFlags(clean)
-	addDatabaseFlag(clean)
+	clean := cleanCmd("idempotency")
 
 	stats := &cobra.Command{
 		Use:   "stats",

@@ -143,7 +143,7 @@ required. Every run is recorded in millwright_audit.`,
 	retryFailed.Flags().Bool("dry-run", false, "list the events that would be retried, change nothing")
 	addSafetyFlags(retryFailed)
 
-	cmd.AddCommand(status, retryFailed)
+	cmd.AddCommand(status, retryFailed, cleanCmd("outbox"))
 	return cmd
 }
 

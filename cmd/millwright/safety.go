@@ -64,7 +64,7 @@ func auditCmd() *cobra.Command {
 	}
 	list.Flags().Int("limit", 50, "at most this many rows (0: all)")
 	addDatabaseFlag(list)
-	cmd.AddCommand(list)
+	cmd.AddCommand(list, cleanCmd("audit"))
 	return cmd
 }
 

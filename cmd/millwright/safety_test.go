@@ -94,6 +94,11 @@ func TestStateChangingCommandsRefuseWithoutYesOffTerminal(t *testing.T) {
 		{sagaCmd(), []string{"resolve", "o-1"}},
 		{idempotencyCmd(), []string{"clean"}},
 		{outboxCmd(), []string{"retry-failed"}},
+		{outboxCmd(), []string{"clean"}},
+		{dlqCmd(), []string{"clean"}},
+		{sagaCmd(), []string{"clean"}},
+		{auditCmd(), []string{"clean"}},
+		{cleanAllCmd(), nil},
 	} {
 		_, _, err := runCLI(t, tc.root, nil, s.URL, tc.args...)
 		require.ErrorIs(t, err, errNeedsYes, "%v", tc.args)
@@ -247,12 +252,12 @@ func TestIdempotencyCleanAuditsDeletedCount(t *testing.T) {
 
 	out, _, err := runCLI(t, idempotencyCmd(), nil, s.URL, "clean", "--dry-run")
 	require.NoError(t, err)
-	require.Contains(t, out, "would delete 5 marks")
+	require.Contains(t, out, "would delete 5 processed marks")
 	require.Equal(t, 7, count())
 
 	out, _, err = runCLI(t, idempotencyCmd(), nil, s.URL, "clean", "--yes", "--batch-size", "2")
 	require.NoError(t, err)
-	require.Contains(t, out, "deleted 5 marks in 3 batches")
+	require.Contains(t, out, "deleted 5 processed marks in 3 batches")
 	require.Equal(t, 2, count())
 
 	rows := auditRows(t, s)

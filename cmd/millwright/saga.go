@@ -40,7 +40,7 @@ millwright_saga_steps. These commands read them and hand stuck sagas back to
 the orchestrators. A saga type's state diagram comes from its Go definition:
 print Definition.Mermaid().`,
 	}
-	cmd.AddCommand(sagaListCmd(), sagaShowCmd(), sagaResolveCmd())
+	cmd.AddCommand(sagaListCmd(), sagaShowCmd(), sagaResolveCmd(), cleanCmd("saga"))
 	return cmd
 }
 

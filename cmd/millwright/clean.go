@@ -1,0 +1,177 @@
+package main
+
+import (
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/saga"
+)
+
+// Retention from the CLI: `millwright clean` runs one round of every
+// table's cleaner; `millwright <component> clean` one table's. Both are
+// state-changing commands (safety.go): --dry-run counts, a terminal is
+// asked to confirm, --yes is required elsewhere, every run is audited.
+
+func init() {
+	rootCmd.AddCommand(cleanAllCmd())
+}
+
+// cleanTarget is one table with a retention cleaner.
+type cleanTarget struct {
+	component string // the command it hangs under, and its flag prefix in `millwright clean`
+	rows      string // what is deleted, for messages
+	retention time.Duration
+	open      func(*sql.DB, cleaner.Config) (*cleaner.Cleaner, error)
+	// consequence is what the prompt warns of.
+	consequence string
+}
+
+// cleanTargets lists every table millwright writes, in the order
+// `millwright clean` cleans them.
+var cleanTargets = []cleanTarget{
+	{"outbox", "published outbox events", outbox.DefaultRetention, outbox.NewCleaner,
+		"they can no longer be inspected or re-published"},
+	{"idempotency", "processed marks", idempotency.DefaultRetention, idempotency.NewCleaner,
+		"redeliveries of those events will be processed again"},
+	{"dlq", "dead letters", dlq.DefaultRetention, dlq.NewCleaner,
+		"replayed or not, they can no longer be replayed"},
+	{"saga", "completed and compensated sagas (with their steps)", saga.DefaultRetention, saga.NewCleaner,
+		"a reply still arriving for one of them fails as not found"},
+	{"audit", "audit rows", audit.DefaultRetention, audit.NewCleaner,
+		"the record of those commands is lost"},
+}
+
+func target(component string) cleanTarget {
+	for _, t := range cleanTargets {
+		if t.component == component {
+			return t
+		}
+	}
+	panic("cmd/millwright: no clean target " + component)
+}
+
+// cleanCmd is `millwright <component> clean`.
+func cleanCmd(component string) *cobra.Command {
+	t := target(component)
+	cmd := &cobra.Command{
+		Use:   "clean",
+		Short: "Delete " + t.rows + " older than the retention period, once",
+		Long: `Delete ` + t.rows + ` older than --retention, --batch-size rows per
+statement, as the component's Cleaner does every interval. Skips (and says so)
+when another cleaner holds the lock. --dry-run counts the rows that would be
+deleted. On a terminal it shows that count and asks to confirm; elsewhere --yes
+is required. Every run is recorded in millwright_audit.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			retention, _ := cmd.Flags().GetDuration("retention")
+			batch, _ := cmd.Flags().GetInt("batch-size")
+			return runClean(cmd, args, []cleanTarget{t}, func(cleanTarget) time.Duration { return retention }, batch)
+		},
+	}
+	cmd.Flags().Duration("retention", t.retention, "keep "+t.rows+" this long")
+	cmd.Flags().Int("batch-size", cleaner.DefaultBatchSize, fmt.Sprintf("rows per DELETE statement (1 to %d)", cleaner.MaxBatchSize))
+	addSafetyFlags(cmd)
+	addDatabaseFlag(cmd)
+	return cmd
+}
+
+// cleanAllCmd is `millwright clean`.
+func cleanAllCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "clean",
+		Short: "Apply the retention of every millwright table, once (outbox, idempotency, dlq, saga, audit)",
+		Long: `Run one round of every retention cleaner: published outbox events, processed
+marks, dead letters, completed and compensated sagas with their steps, audit
+rows; each older than its --<component>-retention, --batch-size rows per
+statement. A table whose cleaner is busy elsewhere is skipped (and said so).
+--dry-run counts what would be deleted. On a terminal it shows the counts and
+asks to confirm; elsewhere --yes is required. The run is recorded in
+millwright_audit. Every table must exist: run ` + "`millwright migrate`" + ` first.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			batch, _ := cmd.Flags().GetInt("batch-size")
+			return runClean(cmd, args, cleanTargets, func(t cleanTarget) time.Duration {
+				d, _ := cmd.Flags().GetDuration(t.component + "-retention")
+				return d
+			}, batch)
+		},
+	}
+	for _, t := range cleanTargets {
+		cmd.Flags().Duration(t.component+"-retention", t.retention, "keep "+t.rows+" this long")
+	}
+	cmd.Flags().Int("batch-size", cleaner.DefaultBatchSize, fmt.Sprintf("rows per DELETE statement (1 to %d)", cleaner.MaxBatchSize))
+	addSafetyFlags(cmd)
+	addDatabaseFlag(cmd)
+	return cmd
+}
+
+// runClean counts (dry run) or cleans each target once, printing a line
+// per table, and audits the run with the total.
+func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retention func(cleanTarget) time.Duration, batch int) error {
+	change, db, err := openChange(cmd, args)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx := cmd.Context()
+	out := cmd.OutOrStdout()
+
+	cleaners := make([]*cleaner.Cleaner, len(targets))
+	for i, t := range targets {
+		if cleaners[i], err = t.open(db, cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
+			return change.finish(0, err)
+		}
+	}
+	count := func() (counts []int64, total int64, err error) {
+		for _, c := range cleaners {
+			n, err := c.Count(ctx)
+			if err != nil {
+				return nil, total, err
+			}
+			counts = append(counts, n)
+			total += n
+		}
+		return counts, total, nil
+	}
+	if change.dryRun {
+		counts, total, err := count()
+		for i, n := range counts {
+			fmt.Fprintf(out, "dry run: would delete %d %s older than %s\n", n, targets[i].rows, cleaners[i].Config().Retention)
+		}
+		return change.finish(total, err)
+	}
+	err = change.confirm(func() (string, error) {
+		counts, _, err := count()
+		var b strings.Builder
+		for i, n := range counts {
+			fmt.Fprintf(&b, "will delete %d %s older than %s (%s)\n", n, targets[i].rows, cleaners[i].Config().Retention, targets[i].consequence)
+		}
+		return b.String(), err
+	})
+	if err != nil {
+		return change.finish(0, err)
+	}
+	var total int64
+	for i, c := range cleaners {
+		stats, err := c.RunOnce(ctx)
+		total += stats.Deleted
+		if err != nil {
+			return change.finish(total, err)
+		}
+		if stats.Skipped {
+			fmt.Fprintf(out, "%s: another cleaner holds the lock; skipped\n", targets[i].rows)
+			continue
+		}
+		fmt.Fprintf(out, "deleted %d %s in %d batches\n", stats.Deleted, targets[i].rows, stats.Batches)
+	}
+	return change.finish(total, nil)
+}
