@@ -3,11 +3,13 @@ package transport
 import (
 	"errors"
 	"fmt"
-	"github.com/millwright/millwright/transport/kafka"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/millwright/millwright/internal/redact"
+	"github.com/millwright/millwright/transport/kafka"
 )
 
 // EnvPrefix is the prefix of every environment variable millwright reads.
@@ -208,7 +210,7 @@ func ParseURL(raw string) (Config, error) {
 	case "gcppubsub", "pubsub":
 		u, err := url.Parse(raw)
 		if err != nil {
-			return cfg, fmt.Errorf("transport: malformed gcppubsub URL: want gcppubsub://PROJECT: %v", err)
+			return cfg, fmt.Errorf("transport: malformed gcppubsub URL: want gcppubsub://PROJECT: %v", redact.Error(err))
 		}
 		if u.Host == "" {
 			return cfg, errors.New("transport: gcppubsub URL has no project id: want gcppubsub://PROJECT")
@@ -274,13 +276,4 @@ func parseKafkaURL(rest string) (c kafka.Config, err error) {
 		c.TLS = t
 	}
 	return c, nil
-}
-
-// redact hides the password of a URL.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<malformed URL, not shown>"
-	}
-	return u.Redacted()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/gochannel"
@@ -101,18 +102,18 @@ func (c Config) String() string {
 		}
 		return s
 	case AMQP:
-		return redact(c.AMQP.URL)
+		return redact.URL(c.AMQP.URL)
 	case GoogleCloud:
 		s := "gcppubsub://" + c.GoogleCloud.ProjectID
 		if c.GoogleCloud.EmulatorHost != "" {
 			s += "?emulator=" + c.GoogleCloud.EmulatorHost
 		}
-		return s
+		return redact.URL(s)
 	case SQL:
 		if c.SQL.URL == "" {
 			return "sql (shared pool)"
 		}
-		return redact(c.SQL.URL)
+		return redact.URL(c.SQL.URL)
 	case GoChannel:
 		return "mem://"
 	}

@@ -87,12 +87,12 @@ func openDB(cmd *cobra.Command) (*sql.DB, error) {
 	u = databaseURL(u)
 	db, err := pgconn.Open(u)
 	if err != nil {
-		return nil, fmt.Errorf("opening database %s: %w", redactURL(u), redact.Error(err))
+		return nil, fmt.Errorf("opening database %s: %w", redact.URL(u), redact.Error(err))
 	}
 	if err := db.PingContext(cmd.Context()); err != nil {
 		db.Close()
 		// lib/pq's URL parse errors quote the whole URL, password included.
-		return nil, fmt.Errorf("connecting to database %s: %w", redactURL(u), redact.Error(err))
+		return nil, fmt.Errorf("connecting to database %s: %w", redact.URL(u), redact.Error(err))
 	}
 	return db, nil
 }

@@ -113,6 +113,9 @@ func TestSecretsNeverShown(t *testing.T) {
 		badPort := "postgres://postgres:" + thePassword + "@127.0.0.1:badport/test?sslmode=disable"
 		refused := "postgres://postgres:" + thePassword + "@127.0.0.1:1/test?sslmode=disable"
 		amqpURL := "amqp://millwright_nobody:" + thePassword + "@127.0.0.1:5672/"
+		queryPW := s.URL + "&password=" + thePassword // trusted locally: connects
+		refusedQueryPW := "postgres://u@127.0.0.1:1/db?sslmode=disable&password=" + thePassword
+		refusedSSLPW := "postgres://u@127.0.0.1:1/db?sslmode=disable&sslpassword=" + thePassword
 		runs := []struct {
 			url     string
 			args    []string
@@ -135,9 +138,17 @@ func TestSecretsNeverShown(t *testing.T) {
 			{badPort, []string{"dlq", "list"}, true},
 			{badPort, []string{"saga", "resolve", "x", "--yes"}, true},
 			{refused, []string{"idempotency", "clean", "--yes"}, true},
+			// Secrets in query parameters: libpq's password= and sslpassword=.
+			{queryPW, []string{"dlq", "list"}, false},
+			{queryPW, []string{"clean", "--dry-run"}, false},
+			{queryPW, []string{"clean", "--yes"}, false},
+			{refusedQueryPW, []string{"outbox", "status"}, true},
+			{refusedQueryPW, []string{"clean", "--yes"}, true},
+			{refusedSSLPW, []string{"saga", "list"}, true},
+			{dbURL, []string{"dlq", "replay", "--all", "--yes", "--transport", "postgres://u@127.0.0.1:1/x?sslmode=disable&password=" + thePassword}, true},
 		}
 		for _, r := range runs {
-			root := map[string]func() *cobra.Command{"dlq": dlqCmd, "saga": sagaCmd, "idempotency": idempotencyCmd, "outbox": outboxCmd, "audit": auditCmd}[r.args[0]]()
+			root := map[string]func() *cobra.Command{"dlq": dlqCmd, "saga": sagaCmd, "idempotency": idempotencyCmd, "outbox": outboxCmd, "audit": auditCmd, "clean": cleanAllCmd}[r.args[0]]()
 			out, errOut, err := runCLI(t, root, nil, r.url, r.args[1:]...)
 			where := "millwright " + strings.Join(r.args, " ")
 			l.add(where+" stdout", out)
@@ -174,6 +185,23 @@ func TestSecretsNeverShown(t *testing.T) {
 			{"amqps://millwright_nobody:" + thePassword + "@127.0.0.1:5672/", true},
 			{"kafka://svc:" + thePassword + "@" + kafkaAddr + "?sasl=SCRAM-SHA-256", true},
 			{"kafka://svc:" + thePassword + "@" + kafkaAddr + "?sasl=PLAIN", true},
+			{"postgres://postgres@127.0.0.1:1/test?sslmode=disable&password=" + thePassword, true},
+			{dbURL + "&password=" + thePassword, false},
+		}
+		// Configurations whose String and Validate/Open errors must hide
+		// secrets held in query parameters (SASL, emulator credentials).
+		for _, raw := range []string{
+			"postgres://u@127.0.0.1:1/db?sslmode=disable&password=" + thePassword,
+			"postgres://u@127.0.0.1:1/db?sslmode=disable&sslpassword=" + thePassword,
+			"amqp://127.0.0.1:1/?auth_password=" + thePassword,
+			"gcppubsub://proj?emulator=127.0.0.1:1&credentials=" + thePassword,
+			"gcppubsub://proj?emulator=127.0.0.1:1&password=%zz" + thePassword,
+		} {
+			cfg, err := transport.ParseURL(raw)
+			l.addErr("transport.ParseURL error", err)
+			if err == nil {
+				l.add("transport Config.String of a query secret", cfg.String())
+			}
 		}
 		for _, o := range opens {
 			cfg, err := transport.ParseURL(o.raw)

@@ -6,12 +6,12 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"net/url"
 	"os"
 
 	_ "github.com/lib/pq" // registers the "postgres" driver
 
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/redact"
 )
 
 // defaultDatabaseURL is the local development server.
@@ -27,15 +27,6 @@ func databaseURL(flag string) string {
 	return defaultDatabaseURL
 }
 
-// redactURL hides the password of a URL so it can be printed.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<unparseable URL>"
-	}
-	return u.Redacted()
-}
-
 // scratchSchema creates a throw-away schema named prefix_<random> through
 // admin, on the server base reaches. It returns the schema, a URL like base
 // whose search_path points at it, and a function that drops it.
@@ -44,7 +35,7 @@ func scratchSchema(ctx context.Context, admin *sql.DB, base, prefix string) (sch
 	_, _ = rand.Read(b[:])
 	schema = prefix + "_" + hex.EncodeToString(b[:])
 	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
-		return "", "", nil, fmt.Errorf("creating scratch schema %s on %s: %w", schema, redactURL(base), err)
+		return "", "", nil, fmt.Errorf("creating scratch schema %s on %s: %w", schema, redact.URL(base), err)
 	}
 	return schema, pgtest.WithSearchPath(base, schema), func() {
 		_, _ = admin.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA `+schema+` CASCADE`)

@@ -7,7 +7,8 @@
 //
 // What it hides: the password of every URL in the text (user:PASSWORD@),
 // URL query parameters and key=value pairs whose key names a secret
-// (password, pass, secret, token, credential, apikey, private), and a URL
+// (password, sslpassword, sasl_password, pass, secret, token, credential(s),
+// apikey, private, auth(orization), jwt), and a URL
 // too malformed to parse (it may hold a password in a place net/url cannot
 // find). What it cannot hide: a secret that is not marked as one (a bare
 // token in a sentence).
@@ -31,11 +32,11 @@ const Mask = "xxxxx"
 
 // secretKey matches names of flags, query parameters and DSN keys whose
 // values are secrets.
-var secretKey = regexp.MustCompile(`(?i)(pass|secret|token|credential|apikey|api_key|private)`)
+var secretKey = regexp.MustCompile(`(?i)(pass|secret|token|credential|apikey|api_key|private|auth|jwt)`)
 
 // keyValueSecret matches key=value secrets: libpq key/value DSNs
 // ("host=h password=p"), query strings, log lines.
-var keyValueSecret = regexp.MustCompile(`(?i)\b([a-z_.-]*(?:pass|secret|token|credential|apikey|api_key)[a-z_.-]*)\s*=\s*('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&;,]*)`)
+var keyValueSecret = regexp.MustCompile(`(?i)\b([a-z_.-]*(?:pass|secret|token|credential|apikey|api_key|private|auth|jwt)[a-z_.-]*)\s*=\s*('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&;,]*)`)
 
 // urlInText finds URLs inside free text.
 var urlInText = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>]+`)
@@ -114,6 +115,63 @@ func Error(err error) error {
 		return &redactedError{msg: r, err: err}
 	}
 	return err
+}
+
+// ErrorOf is Error for the failure of an operation given rawURL (a dial,
+// a connect): it also masks, wherever they appear in err's text, the
+// password and the secret query values of rawURL, since a driver may quote
+// them outside any URL. rawURL may be malformed.
+func ErrorOf(err error, rawURL string) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	r := msg
+	for _, secret := range urlSecrets(rawURL) {
+		r = strings.ReplaceAll(r, secret, Mask)
+	}
+	if r = Text(r); r == msg {
+		return err
+	}
+	return &redactedError{msg: r, err: err}
+}
+
+// urlSecrets returns the password and secret query values of raw, parsed
+// by net/url or, when it refuses raw, by hand.
+func urlSecrets(raw string) []string {
+	var out []string
+	add := func(s string) {
+		if s != "" && s != Mask {
+			out = append(out, s)
+		}
+	}
+	if u, err := url.Parse(raw); err == nil {
+		if p, ok := u.User.Password(); ok {
+			add(p)
+		}
+		for k, vs := range u.Query() {
+			if SecretName(k) {
+				for _, v := range vs {
+					add(v)
+				}
+			}
+		}
+		return out
+	}
+	_, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		rest = raw
+	}
+	beforeQuery, query, _ := strings.Cut(rest, "?")
+	if at := strings.LastIndex(beforeQuery, "@"); at >= 0 {
+		if _, pw, ok := strings.Cut(beforeQuery[:at], ":"); ok {
+			add(pw)
+		}
+	}
+	for _, m := range keyValueSecret.FindAllStringSubmatch(query, -1) {
+		add(strings.Trim(m[2], `'"`))
+	}
+	return out
 }
 
 type redactedError struct {

@@ -37,6 +37,41 @@ func TestTextHidesSecrets(t *testing.T) {
 		redact.Text("dial postgres://u:"+secret+"@h:5432/db?sslmode=disable: refused"))
 }
 
+func TestQuerySecretsAreMasked(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		"postgres://u@127.0.0.1:1/db?sslmode=disable&password=" + secret,
+		"postgres://u@127.0.0.1:1/db?sslpassword=" + secret + "&sslmode=require",
+		"kafka://b1:9092,b2:9092?sasl=SCRAM-SHA-256&sasl_user=svc&sasl_password=" + secret,
+		"gcppubsub://proj?emulator=127.0.0.1:8085&credentials=" + secret,
+		"gcppubsub://proj?emulator_auth_token=" + secret,
+		"https://h/x?authorization=Bearer%20" + secret,
+		"amqp://h/?auth_mechanism=PLAIN&jwt=" + secret,
+	} {
+		require.NotContains(t, redact.URL(in), secret, "URL(%q)", in)
+		require.NotContains(t, redact.Text("connecting to "+in+": refused"), secret, "Text of %q", in)
+	}
+	require.Equal(t, "postgres://u@127.0.0.1:1/db?password=xxxxx&sslmode=disable",
+		redact.URL("postgres://u@127.0.0.1:1/db?sslmode=disable&password="+secret))
+}
+
+func TestErrorOfMasksTheURLsSecretsAnywhere(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		"postgres://u:" + secret + "@h/db",
+		"postgres://u@h/db?password=" + secret,
+		"postgres://u:" + secret + "@h:badport/db", // net/url refuses it
+	} {
+		// A driver quoting the secret outside any URL.
+		err := redact.ErrorOf(errors.Join(fs.ErrNotExist, errors.New("auth failed with "+secret)), raw)
+		require.NotContains(t, err.Error(), secret, raw)
+		require.ErrorIs(t, err, fs.ErrNotExist)
+	}
+	plain := errors.New("refused")
+	require.Same(t, plain, redact.ErrorOf(plain, "postgres://u:"+secret+"@h/db"))
+	require.NoError(t, redact.ErrorOf(nil, "x"))
+}
+
 func TestErrorKeepsTheChain(t *testing.T) {
 	t.Parallel()
 	base := errors.Join(fs.ErrNotExist, errors.New("open postgres://u:"+secret+"@h/db"))

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 
 	"github.com/millwright/millwright/cloudevent"
 	"github.com/millwright/millwright/internal/closers"
+	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
 )
 
@@ -77,7 +77,7 @@ func (c Config) Validate() error {
 	if c.URL == "" {
 		errs = append(errs, errors.New("amqp: URL is empty: set amqp://user:pass@host:5672/vhost (env MILLWRIGHT_AMQP_URL)"))
 	} else if u, err := url.Parse(c.URL); err != nil {
-		errs = append(errs, fmt.Errorf("amqp: URL is malformed: %v", redactErr(err, c.URL)))
+		errs = append(errs, fmt.Errorf("amqp: URL is malformed: %v", redact.ErrorOf(err, c.URL)))
 	} else if u.Scheme != "amqp" && u.Scheme != "amqps" {
 		errs = append(errs, fmt.Errorf("amqp: URL scheme %q: want amqp or amqps", u.Scheme))
 	} else if u.Host == "" {
@@ -149,7 +149,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	pubCfg.Properties.SetClientConnectionName("millwright publisher")
 	pub, err := newPublisher(ctx, cfg, pubCfg, pc, builder, logger, timeout)
 	if err != nil {
-		return nil, fmt.Errorf("amqp: cannot connect to %s: %w (check MILLWRIGHT_AMQP_URL and that RabbitMQ is up)", redactURL(cfg.URL), err)
+		return nil, fmt.Errorf("amqp: cannot connect to %s: %w (check MILLWRIGHT_AMQP_URL and that RabbitMQ is up)", redact.URL(cfg.URL), err)
 	}
 	t.pub = pub
 	return t, nil
@@ -169,7 +169,7 @@ func (t *Transport) subscriberConn() (*wamqp.ConnectionWrapper, error) {
 	ac.Properties.SetClientConnectionName("millwright subscribers")
 	conn, err := wamqp.NewConnection(wamqp.ConnectionConfig{AmqpURI: t.cfg.URL, AmqpConfig: &ac}, t.logger)
 	if err != nil {
-		return nil, fmt.Errorf("amqp: cannot connect to %s: %w (check MILLWRIGHT_AMQP_URL and that RabbitMQ is up)", redactURL(t.cfg.URL), redactErr(err, t.cfg.URL))
+		return nil, fmt.Errorf("amqp: cannot connect to %s: %w (check MILLWRIGHT_AMQP_URL and that RabbitMQ is up)", redact.URL(t.cfg.URL), redact.ErrorOf(err, t.cfg.URL))
 	}
 	t.conn = conn
 	return conn, nil
@@ -321,7 +321,7 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 		}
 		sub, err := wamqp.NewSubscriberWithConnection(t.config(group), t.logger, conn)
 		if err != nil {
-			return nil, fmt.Errorf("amqp: creating subscriber for group %q: %w", group, redactErr(err, t.cfg.URL))
+			return nil, fmt.Errorf("amqp: creating subscriber for group %q: %w", group, redact.ErrorOf(err, t.cfg.URL))
 		}
 		return sub, nil
 	})
@@ -360,32 +360,4 @@ func (b *declaringBuilder) ExchangeDeclare(ch *amqp091.Channel, exchange string,
 		}
 	}
 	return nil
-}
-
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<malformed URL>"
-	}
-	return u.Redacted()
-}
-
-// redactErr removes the URL's password from an error's text.
-func redactErr(err error, raw string) error {
-	if err == nil {
-		return nil
-	}
-	u, perr := url.Parse(raw)
-	pw := ""
-	if perr == nil && u.User != nil {
-		pw, _ = u.User.Password()
-	}
-	if perr != nil {
-		// The parser's own error quotes the URL: never show it.
-		return errors.New("cannot parse URL (it is not shown because it may hold a password)")
-	}
-	if pw == "" || !strings.Contains(err.Error(), pw) {
-		return err
-	}
-	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
 }

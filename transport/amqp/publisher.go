@@ -14,6 +14,8 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/millwright/millwright/internal/redact"
 )
 
 // Errors a publish can wrap; test them with errors.Is. Their texts have no
@@ -101,7 +103,7 @@ func newPublisher(ctx context.Context, cfg Config, ac amqp091.Config, wcfg wamqp
 	life, cancel := context.WithCancel(context.Background())
 	p := &publisher{
 		cfg: cfg, amqpCfg: ac, wcfg: wcfg, builder: builder, logger: logger,
-		host:    redactURL(cfg.URL),
+		host:    redact.URL(cfg.URL),
 		slots:   make(chan *slot, cfg.ChannelPoolSize),
 		changed: make(chan struct{}),
 		closing: make(chan struct{}), life: life, cancelLife: cancel,
@@ -148,7 +150,7 @@ func (p *publisher) dial(ctx context.Context, timeout time.Duration) (*amqp091.C
 		stop()
 	}
 	if err != nil {
-		return nil, nil, redactErr(err, p.cfg.URL)
+		return nil, nil, redact.ErrorOf(err, p.cfg.URL)
 	}
 	return conn, conn.NotifyClose(make(chan *amqp091.Error, 1)), nil
 }

@@ -43,6 +43,7 @@ import (
 
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/internal/pgconn"
+	"github.com/millwright/millwright/internal/redact"
 )
 
 // Config selects and tunes the Postgres transport.
@@ -162,7 +163,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		// statement.
 		db, err = pgconn.Open(pgconn.WithConnectTimeout(cfg.URL, cfg.ConnectTimeout))
 		if err != nil {
-			return nil, fmt.Errorf("sql: opening %s: %w", redactURL(cfg.URL), redactErr(err, cfg.URL))
+			return nil, fmt.Errorf("sql: opening %s: %w", redact.URL(cfg.URL), redact.ErrorOf(err, cfg.URL))
 		}
 		db.SetMaxOpenConns(cfg.MaxOpenConns)
 		db.SetMaxIdleConns(cfg.MaxOpenConns)
@@ -172,7 +173,11 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		if own {
 			db.Close()
 		}
-		return nil, fmt.Errorf("sql: connecting to %s: %w (check MILLWRIGHT_SQL_URL and that Postgres is up)", redactURL(cfg.URL), redactErr(err, cfg.URL))
+		where := "the shared pool"
+		if cfg.URL != "" {
+			where = redact.URL(cfg.URL)
+		}
+		return nil, fmt.Errorf("sql: connecting to %s: %w (check MILLWRIGHT_SQL_URL and that Postgres is up)", where, redact.ErrorOf(err, cfg.URL))
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -407,27 +412,4 @@ func (t *Transport) Close() error {
 		}
 		return nil
 	})
-}
-
-func redactURL(raw string) string {
-	if raw == "" {
-		return "the shared pool"
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<malformed URL>"
-	}
-	return u.Redacted()
-}
-
-func redactErr(err error, raw string) error {
-	u, perr := url.Parse(raw)
-	if perr != nil || u.User == nil {
-		return err
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
-		return err
-	}
-	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
 }

@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/embedded"
@@ -134,20 +135,7 @@ func (b brokers) describe() string {
 		p = "googlecloud=FAKE (pstest: " + b.pubsubWhy + ")"
 	}
 	return fmt.Sprintf("brokers: %s; %s; amqp=real %s; sql=real %s; gochannel=in-process",
-		k, p, redactURL(AMQPURL()), redactURL(pgtest.BaseURL()))
-}
-
-// redactURL drops the password from a URL for the report.
-func redactURL(u string) string {
-	if at := strings.LastIndex(u, "@"); at > 0 {
-		if i := strings.Index(u, "://"); i > 0 && i < at {
-			userinfo := u[i+3 : at]
-			if c := strings.Index(userinfo, ":"); c >= 0 {
-				return u[:i+3] + userinfo[:c] + ":***" + u[at:]
-			}
-		}
-	}
-	return u
+		k, p, redact.URL(AMQPURL()), redact.URL(pgtest.BaseURL()))
 }
 
 // Brokers describes, in one line, which brokers this process's tests use
