@@ -17,6 +17,7 @@ import (
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
@@ -56,11 +57,8 @@ func New(cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cfg.Registerer.Register(dlq.NewDepthCollector(a.store)); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return nil, fmt.Errorf("orders: registering the dead-letter depth gauge: %w", err)
-		}
+	if _, err := promreg.Register(cfg.Registerer, dlq.NewDepthCollector(a.store)); err != nil {
+		return nil, fmt.Errorf("orders: registering the dead-letter depth gauge: %w", err)
 	}
 	return a, nil
 }
@@ -238,18 +236,21 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 				break
 			}
 			loops = append(loops, loop{relay.Run, relay.Running(), relay.Close})
-			// Retention: published outbox rows and processed-event marks
-			// older than 7 days go (one cleaner of each per schema works at
-			// a time, whatever the number of relay processes).
-			var oc *outbox.Cleaner
-			if oc, err = outbox.NewCleaner(a.db, outbox.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
-				break
+			// Retention, each table at its package's DefaultRetention:
+			// published outbox rows and processed-event marks (7 days),
+			// finished sagas (30 days), dead letters (90 days). One cleaner
+			// of each per schema works at a time, whatever the number of
+			// relay processes. Every package's Cleaner and CleanerConfig are
+			// the same types.
+			for _, open := range []func(*sql.DB, outbox.CleanerConfig) (*outbox.Cleaner, error){
+				outbox.NewCleaner, idempotency.NewCleaner, saga.NewCleaner, dlq.NewCleaner,
+			} {
+				var c *outbox.Cleaner
+				if c, err = open(a.db, outbox.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
+					break
+				}
+				loops = append(loops, loop{c.Run, c.Running(), c.Close})
 			}
-			var ic *idempotency.Cleaner
-			if ic, err = idempotency.NewCleaner(a.db, idempotency.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
-				break
-			}
-			loops = append(loops, loop{oc.Run, oc.Running(), oc.Close}, loop{ic.Run, ic.Running(), ic.Close})
 		default:
 			err = fmt.Errorf("unknown service %q", s)
 		}
