@@ -11,11 +11,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millwright/millwright/internal/logfields"
 	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
-	"github.com/millwright/millwright/tracing"
 )
 
 // Dead-letter reasons: the metadata.DeadLetterReason value, the reason
@@ -259,7 +259,7 @@ func (m *Middleware) deadLetter(msg *message.Message, cause error) error {
 	// it into a redelivery of a message that already used its attempts.
 	dl.SetContext(context.WithoutCancel(ctx))
 
-	fields := tracing.LogFields(topic, msg).Add(watermill.LogFields{
+	fields := logfields.Of(topic, msg).Add(watermill.LogFields{
 		"dlq_topic":  dlTopic,
 		"handler":    message.HandlerNameFromCtx(ctx),
 		"reason":     f.Reason,

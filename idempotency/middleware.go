@@ -11,10 +11,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millwright/millwright/internal/logfields"
 	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
-	"github.com/millwright/millwright/tracing"
 )
 
 // Mode chooses when the processed mark is written.
@@ -291,7 +291,7 @@ func (m *Middleware) markAfter(h message.HandlerFunc, msg *message.Message) ([]*
 	}
 	if !fresh {
 		m.repeated.Inc()
-		m.cfg.Logger.Error("Event processed twice: another delivery finished first", nil, tracing.LogFields("", msg).Add(watermill.LogFields{
+		m.cfg.Logger.Error("Event processed twice: another delivery finished first", nil, logfields.Of("", msg).Add(watermill.LogFields{
 			"consumer": m.cfg.Consumer, "event_id": id, "mode": m.cfg.Mode.String(),
 		}))
 		return produced, nil
@@ -319,7 +319,7 @@ func (m *Middleware) markAlone(ctx context.Context, id string) (bool, error) {
 
 func (m *Middleware) duplicate(msg *message.Message, id string) {
 	m.dups.Inc()
-	m.cfg.Logger.Debug("Skipping duplicate event", tracing.LogFields("", msg).Add(watermill.LogFields{
+	m.cfg.Logger.Debug("Skipping duplicate event", logfields.Of("", msg).Add(watermill.LogFields{
 		"consumer": m.cfg.Consumer, "event_id": id,
 	}))
 }

@@ -9,9 +9,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millwright/millwright/internal/promreg"
-	"github.com/millwright/millwright/tracing"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millwright/millwright/internal/logfields"
+	"github.com/millwright/millwright/internal/promreg"
 
 	"github.com/millwright/millwright/internal/redact"
 )
@@ -126,7 +127,7 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			var re *Error
 			if errors.As(err, &re) && !re.Interrupted && !m.silent {
-				m.logger.Error("Giving up on message", err, tracing.LogFields(message.SubscribeTopicFromCtx(original), msg).Add(watermill.LogFields{
+				m.logger.Error("Giving up on message", err, logfields.Of(message.SubscribeTopicFromCtx(original), msg).Add(watermill.LogFields{
 					"handler":   message.HandlerNameFromCtx(original),
 					"attempts":  re.Attempts,
 					"permanent": IsPermanent(err),
@@ -148,7 +149,7 @@ func (m *Middleware) notify(msg *message.Message, ctx context.Context, attempt i
 	if m.retries != nil {
 		m.retries.WithLabelValues(topic, reason).Inc()
 	}
-	m.logger.Info("Handler failed, retrying", tracing.LogFields(topic, msg).Add(watermill.LogFields{
+	m.logger.Info("Handler failed, retrying", logfields.Of(topic, msg).Add(watermill.LogFields{
 		"attempt": attempt,
 		"delay":   delay.String(),
 		"error":   err.Error(),

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"reflect"
-	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -15,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/millwright/millwright/internal/logfields"
 	"github.com/millwright/millwright/metadata"
 )
 
@@ -334,41 +334,18 @@ func Middleware(cfg Config) func(message.HandlerFunc) message.HandlerFunc {
 
 // TraceID returns the trace id in msg's traceparent, or "" when it has
 // none or it is malformed. Loggers add it to every line about a message.
-func TraceID(msg *message.Message) string {
-	tp := msg.Metadata.Get(metadata.TraceParent)
-	parts := strings.Split(tp, "-")
-	if len(parts) < 4 || len(parts[1]) != 32 {
-		return ""
-	}
-	if _, err := trace.TraceIDFromHex(parts[1]); err != nil {
-		return ""
-	}
-	return parts[1]
-}
+func TraceID(msg *message.Message) string { return logfields.Trace(msg) }
 
 // Log field names used by LogFields.
 const (
-	LogFieldMessageID = "message_uuid"
-	LogFieldEventID   = "event_id"
-	LogFieldTopic     = "topic"
-	LogFieldTraceID   = "trace_id"
+	LogFieldMessageID = logfields.MessageID
+	LogFieldEventID   = logfields.EventID
+	LogFieldTopic     = logfields.Topic
+	LogFieldTraceID   = logfields.TraceID
 )
 
 // LogFields returns the fields every log line about msg should carry:
 // message id, event id, topic and trace id (those that are known).
 func LogFields(topic string, msg *message.Message) watermill.LogFields {
-	f := watermill.LogFields{LogFieldMessageID: msg.UUID}
-	if id := msg.Metadata.Get(metadata.EventID); id != "" {
-		f[LogFieldEventID] = id
-	}
-	if topic == "" {
-		topic = message.SubscribeTopicFromCtx(msg.Context())
-	}
-	if topic != "" {
-		f[LogFieldTopic] = topic
-	}
-	if tid := TraceID(msg); tid != "" {
-		f[LogFieldTraceID] = tid
-	}
-	return f
+	return logfields.Of(topic, msg)
 }
