@@ -118,15 +118,16 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid field.
+// Validate reports every invalid field, naming it.
 func (c Config) Validate() error {
+	var errs []error
 	if c.Consumer == "" {
-		return errors.New(`idempotency: Config.Consumer is empty: set it to the consuming service's stable name, e.g. "billing.order-created"`)
+		errs = append(errs, errors.New(`idempotency: Config.Consumer is empty: set it to the consuming service's stable name, e.g. "billing.order-created"`))
 	}
 	if c.Mode != Transactional && c.Mode != MarkAfterSuccess {
-		return fmt.Errorf("idempotency: invalid Config.Mode %d: want Transactional or MarkAfterSuccess", int(c.Mode))
+		errs = append(errs, fmt.Errorf("idempotency: invalid Config.Mode %d: want Transactional or MarkAfterSuccess", int(c.Mode)))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Middleware deduplicates messages by event id for one consumer. It is safe
