@@ -99,4 +99,14 @@
 // original topic by default) at a bounded rate, with a dry run, and marks
 // each replayed row so that a second run does not publish it again unless
 // forced. The millwright CLI wraps these as `millwright dlq list|show|replay`.
+//
+// # Retention
+//
+// A Cleaner deletes dead letters recorded longer ago than
+// CleanerConfig.Retention (default DefaultRetention, 90 days; at least an
+// hour), replayed or not, BatchSize rows per statement, one instance per
+// schema at a time (an advisory lock; the others skip). The depth alert
+// fires within minutes of a dead letter, so one this old has been replayed
+// or judged not worth it. `millwright dlq clean --dry-run` (or `millwright
+// clean --dry-run` for every table) shows what a round would delete.
 package dlq

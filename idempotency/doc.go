@@ -74,7 +74,9 @@
 // days), BatchSize rows per statement, each statement its own transaction
 // skipping rows locked by others, so consumers never wait on it. Run one in
 // every consumer process: a per-schema advisory lock lets one work at a time
-// and the others skip.
+// and the others skip. Close lets the batch in flight finish, cancelling it
+// after CleanerConfig.CloseTimeout (default 30s). `millwright idempotency
+// clean --dry-run` shows what a round would delete.
 //
 // Sizing: rows = events/s x retention, per consumer. With a 20-character
 // consumer name and UUID event ids a row costs about 220 bytes on disk,

@@ -128,4 +128,19 @@
 //
 // Deadlines are computed from the orchestrator's clock and compared with
 // the database's; keep the clocks synchronised (NTP).
+//
+// # Lifecycle and retention
+//
+// Orchestrator.Run blocks until ctx ends or Close is called; Close lets the
+// round in flight finish for up to Config.CloseTimeout, then cancels it
+// (its transaction rolls back and another instance fires those deadlines).
+// It is idempotent; Run after Close returns at once.
+//
+// A Cleaner deletes completed and compensated sagas whose last transition
+// is older than CleanerConfig.Retention (default DefaultRetention, 30
+// days), with their step history, BatchSize sagas per statement, one
+// instance per schema at a time. Running, compensating and stuck sagas are
+// never deleted. A reply still arriving for a deleted saga fails
+// permanently with ErrNotFound.
+// `millwright saga clean --dry-run` shows what a round would delete.
 package saga
