@@ -18,7 +18,7 @@ func Example() {
 		panic(err)
 	}
 	h.Add("database", health.CheckerFunc(func(context.Context) error { return nil })) // health.Ping(db)
-	h.Add("router", health.Router(notStarted{}))                                       // health.Router(router)
+	h.Add("router", health.Router(notStarted{}))                                      // health.Router(router)
 
 	srv := httptest.NewServer(h)
 	defer srv.Close()
