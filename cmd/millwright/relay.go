@@ -229,8 +229,14 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 	select {
 	case <-closed:
 	case <-time.After(cfg.DrainTimeout + time.Second):
-		cancelRun() // a cleaner's batch or a hung publish: abandon it
-		<-closed
+		cancelRun() // a cleaner's batch or a slow publish: abandon it
+		select {
+		case <-closed:
+		case <-time.After(2 * time.Second):
+			// A publish that does not hear its context: leave it; its rows
+			// stay leased and are republished after the lease.
+			runErr = errors.Join(runErr, fmt.Errorf("drain: a relay or cleaner still runs %s after the signal (a publish that ignores its context?); exiting without it: its rows are republished after the lease", time.Since(start).Round(time.Millisecond)))
+		}
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
