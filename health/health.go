@@ -33,14 +33,18 @@ var ErrDraining = errors.New("draining: the process is shutting down")
 // Config configures a Handler. The zero value is valid.
 type Config struct {
 	// CheckTimeout bounds each check of a readiness request; a check still
-	// running then fails with "did not answer within". Default 2s; minimum
-	// 1ms. Keep it below the probe's timeoutSeconds.
+	// running then fails with "did not answer within". Default
+	// DefaultCheckTimeout; minimum 1ms. Keep it below the probe's
+	// timeoutSeconds.
 	CheckTimeout time.Duration
 }
 
+// DefaultCheckTimeout is Config.CheckTimeout's default.
+const DefaultCheckTimeout = 2 * time.Second
+
 func (c *Config) setDefaults() {
 	if c.CheckTimeout == 0 {
-		c.CheckTimeout = 2 * time.Second
+		c.CheckTimeout = DefaultCheckTimeout
 	}
 }
 

@@ -30,9 +30,6 @@ import (
 	"github.com/millwright/millwright/transport"
 )
 
-// PathMetrics is where `millwright relay` serves Prometheus metrics.
-const PathMetrics = "/metrics"
-
 func init() {
 	rootCmd.AddCommand(&cobra.Command{
 		Use:   "relay",
@@ -174,7 +171,7 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 		return fmt.Errorf("%s=%s: %w", relayenv.Addr, cfg.Addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(PathMetrics, promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	mux.Handle(relayenv.PathMetrics, promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.Handle(health.PathLive, h.Live())
 	mux.Handle(health.PathReady, h.Ready())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -197,7 +194,7 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 		}()
 	}
 	logf("%d relay(s) on %s (schema %s), transport %s, serving %s, %s and %s on %s",
-		len(relays), redactURL(cfg.DatabaseURL), schema, tr, PathMetrics, health.PathLive, health.PathReady, ln.Addr())
+		len(relays), redactURL(cfg.DatabaseURL), schema, tr, relayenv.PathMetrics, health.PathLive, health.PathReady, ln.Addr())
 	if hooks.ready != nil {
 		hooks.ready <- ln.Addr().String()
 	}

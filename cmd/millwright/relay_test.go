@@ -127,7 +127,7 @@ func TestRelayCommand(t *testing.T) {
 
 	writeEvents(t, s.DB, topic, 20)
 	poll.Until(t, 30*time.Second, func() bool { return countStatus(t, s.DB, "published") == 20 }, "the relay published the 20 events")
-	code, metrics := httpGet(t, base+PathMetrics)
+	code, metrics := httpGet(t, base+relayenv.PathMetrics)
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, metrics, "\n"+outbox.MetricPublished+" 20\n")
 	require.Contains(t, metrics, "\n"+outbox.MetricPendingCount+" ")

@@ -39,6 +39,10 @@ const (
 // DefaultPort is the port of DefaultAddr: /metrics, /healthz and /readyz.
 const DefaultPort = 9090
 
+// PathMetrics is where the relay serves Prometheus metrics (health.PathLive
+// and health.PathReady are the probes').
+const PathMetrics = "/metrics"
+
 // DefaultAddr is Addr's default.
 var DefaultAddr = ":" + strconv.Itoa(DefaultPort)
 
