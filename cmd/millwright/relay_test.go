@@ -289,3 +289,49 @@ func TestRelayEnvErrors(t *testing.T) {
 	require.ErrorContains(t, err, relayenv.DrainTimeout+`="soon": want a duration`)
 	require.ErrorContains(t, err, relayenv.Addr+`="9090": want host:port`)
 }
+
+// With the sql transport on the outbox's own database (the orders demo's
+// setup), the relay shares its pool with the transport, publishes in the
+// database, and is ready.
+func TestRelaySQLTransportIsReady(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, outbox.Migrations())
+	writeEvents(t, s.DB, "relay_sql_topic", 5)
+	cfg, err := relayenv.Load(func(k string) (string, bool) {
+		v, ok := map[string]string{relayenv.DatabaseURL: s.URL, relayenv.Addr: "127.0.0.1:0", relayenv.PollInterval: "20ms"}[k]
+		return v, ok
+	})
+	require.NoError(t, err)
+	tcfg, err := transport.ParseURL(s.URL)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- runRelay(ctx, cfg, tcfg, io.Discard, &relayHooks{ready: ready}) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Error("runRelay did not return within 30s")
+		}
+	})
+	var base string
+	select {
+	case addr := <-ready:
+		base = "http://" + addr
+	case err := <-done:
+		t.Fatalf("runRelay: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("runRelay did not serve within 30s")
+	}
+	poll.Until(t, 30*time.Second, func() bool { return countStatus(t, s.DB, "published") == 5 }, "the relay published the 5 events")
+	var body string
+	poll.Until(t, 30*time.Second, func() bool {
+		c, b := httpGet(t, base+health.PathReady)
+		body = b
+		return c == http.StatusOK
+	}, "/readyz not 200; last body:\n%s", body)
+	require.Equal(t, "[+]broker ok\n[+]database ok\n[+]relay-0 ok\nreadyz check passed\n", body)
+}
