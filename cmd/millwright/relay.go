@@ -72,98 +72,45 @@ type relayHooks struct {
 	wrapPublisher func(message.Publisher) message.Publisher
 }
 
+// component is a Run/Close part of the relay process: a relay or a
+// cleaner. The retention cleaners of other tables join the list in
+// components when they exist.
+type component struct {
+	name  string
+	run   func(context.Context) error
+	close func() error
+}
+
+// relayProcess is what runRelay opened.
+type relayProcess struct {
+	cfg    relayenv.Config
+	logger watermill.LoggerAdapter
+	db     *sql.DB
+	schema string
+	tr     *transport.Transport
+	reg    *prometheus.Registry
+	h      *health.Handler
+	relays []*outbox.Relay
+	comps  []component
+}
+
 // runRelay runs until ctx ends (the signal), then drains.
 func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, logOut io.Writer, hooks *relayHooks) error {
 	if hooks == nil {
 		hooks = &relayHooks{}
 	}
-	logger := watermill.NewStdLoggerWithOut(logOut, false, false)
 	logf := func(format string, args ...any) { fmt.Fprintf(logOut, "millwright relay: "+format+"\n", args...) }
-
-	db, err := pgconn.Open(cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("opening database %s: %w", redactURL(cfg.DatabaseURL), redact.Error(err))
-	}
-	defer db.Close()
-	db.SetMaxOpenConns(cfg.MaxConns)
-	db.SetMaxIdleConns(cfg.MaxConns)
-	if err := db.PingContext(ctx); err != nil {
-		return fmt.Errorf("connecting to database %s: %w", redactURL(cfg.DatabaseURL), redact.Error(err))
-	}
-	var schema string
-	var hasOutbox, hasProcessed bool
-	if err := db.QueryRowContext(ctx, `SELECT current_schema(), to_regclass('millwright_outbox') IS NOT NULL, to_regclass('millwright_processed_events') IS NOT NULL`).
-		Scan(&schema, &hasOutbox, &hasProcessed); err != nil {
-		return fmt.Errorf("reading the schema of %s: %w", redactURL(cfg.DatabaseURL), redact.Error(err))
-	}
-	if !hasOutbox {
-		return fmt.Errorf("no millwright_outbox in the search_path of %s (schema %q): run `millwright migrate` on that URL, or set search_path in %s to the service's schema",
-			redactURL(cfg.DatabaseURL), schema, relayenv.DatabaseURL)
-	}
-
-	if tcfg.Kind == transport.SQL && (tcfg.SQL.URL == "" || tcfg.SQL.URL == cfg.DatabaseURL) {
-		tcfg.SQL.URL, tcfg.SQL.DB = "", db // one pool: the relay publishes in the database
-	}
-	tcfg.Logger = logger
-	tr, err := transport.Open(ctx, tcfg)
+	p := &relayProcess{cfg: cfg, logger: watermill.NewStdLoggerWithOut(logOut, false, false)}
+	defer p.close()
+	hasProcessed, err := p.openDB(ctx)
 	if err != nil {
 		return err
 	}
-	defer tr.Close()
-	pub := tr.Publisher()
-	if hooks.wrapPublisher != nil {
-		pub = hooks.wrapPublisher(pub)
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	h, err := health.NewHandler(health.Config{})
-	if err != nil {
+	if err := p.openTransport(ctx, tcfg, hooks.wrapPublisher); err != nil {
 		return err
 	}
-	h.Add("database", health.Ping(db))
-	h.Add("broker", brokerCheck(tcfg, db))
-
-	listenURL := ""
-	if cfg.Listen {
-		listenURL = cfg.DatabaseURL
-	}
-	relays := make([]*outbox.Relay, cfg.Relays)
-	for i := range relays {
-		r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{
-			BatchSize: cfg.BatchSize, PollInterval: cfg.PollInterval, ListenURL: listenURL,
-			DeadLetterTopic: cfg.DeadLetterTopic, CloseTimeout: cfg.DrainTimeout,
-			Registerer: reg, Logger: logger,
-		})
-		if err != nil {
-			return err
-		}
-		relays[i] = r
-		h.Add(fmt.Sprintf("relay-%d", i), health.Relay(r, cfg.ReadyMaxAge))
-	}
-	// Where retention cleaners plug in: each is a Run/Close component on db.
-	type component struct {
-		name  string
-		run   func(context.Context) error
-		close func() error
-	}
-	var comps []component
-	for i, r := range relays {
-		comps = append(comps, component{fmt.Sprintf("relay-%d", i), r.Run, r.Close})
-	}
-	if cfg.OutboxRetention > 0 {
-		c, err := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: cfg.OutboxRetention, Interval: cfg.CleanInterval, Logger: logger})
-		if err != nil {
-			return fmt.Errorf("%s: %w", relayenv.OutboxRetention, err)
-		}
-		comps = append(comps, component{"outbox cleaner", c.Run, c.Close})
-	}
-	if cfg.IdempotencyRetention > 0 && hasProcessed {
-		c, err := idempotency.NewCleaner(db, idempotency.CleanerConfig{Retention: cfg.IdempotencyRetention, Interval: cfg.CleanInterval, Logger: logger})
-		if err != nil {
-			return fmt.Errorf("%s: %w", relayenv.IdempotencyRetention, err)
-		}
-		comps = append(comps, component{"idempotency cleaner", c.Run, c.Close})
+	if err := p.components(hasProcessed); err != nil {
+		return err
 	}
 
 	ln, err := net.Listen("tcp", cfg.Addr)
@@ -171,9 +118,9 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 		return fmt.Errorf("%s=%s: %w", relayenv.Addr, cfg.Addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(relayenv.PathMetrics, promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
-	mux.Handle(health.PathLive, h.Live())
-	mux.Handle(health.PathReady, h.Ready())
+	mux.Handle(relayenv.PathMetrics, promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	mux.Handle(health.PathLive, p.h.Live())
+	mux.Handle(health.PathReady, p.h.Ready())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(ln) }()
@@ -183,8 +130,8 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
 	var wg sync.WaitGroup
-	failed := make(chan error, len(comps))
-	for _, c := range comps {
+	failed := make(chan error, len(p.comps))
+	for _, c := range p.comps {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -194,7 +141,7 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 		}()
 	}
 	logf("%d relay(s) on %s (schema %s), transport %s, serving %s, %s and %s on %s",
-		len(relays), redactURL(cfg.DatabaseURL), schema, tr, relayenv.PathMetrics, health.PathLive, health.PathReady, ln.Addr())
+		len(p.relays), redactURL(cfg.DatabaseURL), p.schema, p.tr, relayenv.PathMetrics, health.PathLive, health.PathReady, ln.Addr())
 	if hooks.ready != nil {
 		hooks.ready <- ln.Addr().String()
 	}
@@ -212,38 +159,151 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 	// Drain: not ready from now on; /healthz and /metrics stay up until the
 	// components have stopped.
 	start := time.Now()
-	h.Drain()
-	var closing sync.WaitGroup
-	for _, c := range comps {
-		closing.Add(1)
-		go func() {
-			defer closing.Done()
-			_ = c.close() // relays: at most DrainTimeout, then cancelled
-		}()
-	}
-	closed := make(chan struct{})
-	go func() { closing.Wait(); wg.Wait(); close(closed) }()
-	select {
-	case <-closed:
-	case <-time.After(cfg.DrainTimeout + time.Second):
-		cancelRun() // a cleaner's batch or a slow publish: abandon it
-		select {
-		case <-closed:
-		case <-time.After(2 * time.Second):
-			// A publish that does not hear its context: leave it; its rows
-			// stay leased and are republished after the lease.
-			runErr = errors.Join(runErr, fmt.Errorf("drain: a relay or cleaner still runs %s after the signal (a publish that ignores its context?); exiting without it: its rows are republished after the lease", time.Since(start).Round(time.Millisecond)))
-		}
+	p.h.Drain()
+	if err := p.drain(&wg, cancelRun); err != nil {
+		runErr = errors.Join(runErr, err)
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx)
 	var published uint64
-	for _, r := range relays {
+	for _, r := range p.relays {
 		published += r.Stats().Published
 	}
 	logf("drained in %s (%d events published since start)", time.Since(start).Round(time.Millisecond), published)
 	return runErr
+}
+
+// openDB opens and checks the database; it reports whether the schema has
+// the idempotency table.
+func (p *relayProcess) openDB(ctx context.Context) (hasProcessed bool, err error) {
+	u := p.cfg.DatabaseURL
+	if p.db, err = pgconn.Open(u); err != nil {
+		return false, fmt.Errorf("opening database %s: %w", redactURL(u), redact.Error(err))
+	}
+	p.db.SetMaxOpenConns(p.cfg.MaxConns)
+	p.db.SetMaxIdleConns(p.cfg.MaxConns)
+	if err := p.db.PingContext(ctx); err != nil {
+		return false, fmt.Errorf("connecting to database %s: %w", redactURL(u), redact.Error(err))
+	}
+	var hasOutbox bool
+	if err := p.db.QueryRowContext(ctx, `SELECT current_schema(), to_regclass('millwright_outbox') IS NOT NULL, to_regclass('millwright_processed_events') IS NOT NULL`).
+		Scan(&p.schema, &hasOutbox, &hasProcessed); err != nil {
+		return false, fmt.Errorf("reading the schema of %s: %w", redactURL(u), redact.Error(err))
+	}
+	if !hasOutbox {
+		return false, fmt.Errorf("no millwright_outbox in the search_path of %s (schema %q): run `millwright migrate` on that URL, or set search_path in %s to the service's schema",
+			redactURL(u), p.schema, relayenv.DatabaseURL)
+	}
+	return hasProcessed, nil
+}
+
+// openTransport opens the transport and the health checks of the database
+// and the broker.
+func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config, wrap func(message.Publisher) message.Publisher) error {
+	if tcfg.Kind == transport.SQL && (tcfg.SQL.URL == "" || tcfg.SQL.URL == p.cfg.DatabaseURL) {
+		tcfg.SQL.URL, tcfg.SQL.DB = "", p.db // one pool: the relay publishes in the database
+	}
+	tcfg.Logger = p.logger
+	tr, err := transport.Open(ctx, tcfg)
+	if err != nil {
+		return err
+	}
+	p.tr = tr
+	if p.h, err = health.NewHandler(health.Config{}); err != nil {
+		return err
+	}
+	p.h.Add("database", health.Ping(p.db))
+	p.h.Add("broker", brokerCheck(tcfg, p.db))
+	p.reg = prometheus.NewRegistry()
+	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	pub := tr.Publisher()
+	if wrap != nil {
+		pub = wrap(pub)
+	}
+	listenURL := ""
+	if p.cfg.Listen {
+		listenURL = p.cfg.DatabaseURL
+	}
+	for i := range p.cfg.Relays {
+		r, err := outbox.NewRelay(p.db, pub, outbox.RelayConfig{
+			BatchSize: p.cfg.BatchSize, PollInterval: p.cfg.PollInterval, ListenURL: listenURL,
+			DeadLetterTopic: p.cfg.DeadLetterTopic, CloseTimeout: p.cfg.DrainTimeout,
+			Registerer: p.reg, Logger: p.logger,
+		})
+		if err != nil {
+			return err
+		}
+		p.relays = append(p.relays, r)
+		p.h.Add(fmt.Sprintf("relay-%d", i), health.Relay(r, p.cfg.ReadyMaxAge))
+	}
+	return nil
+}
+
+// components lists what runs: the relays, then the cleaners. A retention
+// cleaner of another table (dead letters, sagas, audit) is one more
+// component here, with its own MILLWRIGHT_*_RETENTION in relayenv.
+func (p *relayProcess) components(hasProcessed bool) error {
+	for i, r := range p.relays {
+		p.comps = append(p.comps, component{fmt.Sprintf("relay-%d", i), r.Run, r.Close})
+	}
+	if p.cfg.OutboxRetention > 0 {
+		c, err := outbox.NewCleaner(p.db, outbox.CleanerConfig{Retention: p.cfg.OutboxRetention, Interval: p.cfg.CleanInterval, Logger: p.logger})
+		if err != nil {
+			return fmt.Errorf("%s: %w", relayenv.OutboxRetention, err)
+		}
+		p.comps = append(p.comps, component{"outbox cleaner", c.Run, c.Close})
+	}
+	if p.cfg.IdempotencyRetention > 0 && hasProcessed {
+		c, err := idempotency.NewCleaner(p.db, idempotency.CleanerConfig{Retention: p.cfg.IdempotencyRetention, Interval: p.cfg.CleanInterval, Logger: p.logger})
+		if err != nil {
+			return fmt.Errorf("%s: %w", relayenv.IdempotencyRetention, err)
+		}
+		p.comps = append(p.comps, component{"idempotency cleaner", c.Run, c.Close})
+	}
+	return nil
+}
+
+// drain closes every component at once (a relay's Close lets its batch in
+// flight finish, at most DrainTimeout) and waits for their Run to return.
+// After DrainTimeout and a second it cancels them; one that still does not
+// return (a publish that ignores its context) is left behind, with an
+// error saying so.
+func (p *relayProcess) drain(running *sync.WaitGroup, cancelRun context.CancelFunc) error {
+	start := time.Now()
+	var closing sync.WaitGroup
+	for _, c := range p.comps {
+		closing.Add(1)
+		go func() {
+			defer closing.Done()
+			_ = c.close()
+		}()
+	}
+	closed := make(chan struct{})
+	go func() { closing.Wait(); running.Wait(); close(closed) }()
+	select {
+	case <-closed:
+		return nil
+	case <-time.After(p.cfg.DrainTimeout + time.Second):
+	}
+	cancelRun() // a cleaner's batch or a slow publish: abandon it
+	select {
+	case <-closed:
+		return nil
+	case <-time.After(2 * time.Second):
+		// Its rows stay leased and are republished after the lease.
+		return fmt.Errorf("drain: a relay or cleaner still runs %s after the signal (a publish that ignores its context?); exiting without it: its rows are republished after the lease", time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// close releases what openDB and openTransport opened.
+func (p *relayProcess) close() {
+	if p.tr != nil {
+		_ = p.tr.Close()
+	}
+	if p.db != nil {
+		_ = p.db.Close()
+	}
 }
 
 // brokerCheck is the broker part of readiness: a TCP connection to the
