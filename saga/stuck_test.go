@@ -19,7 +19,7 @@ func TestStuckGaugeFollowsTheTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil, defOpts{retry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxAttempts: 2, Jitter: retry.JitterNone}})
 	o := b.startOrchestrator(t)
-	require.Equal(t, 0.0, gaugeValue(t, o.reg, saga.MetricStuckNow, "orders"))
+	require.Equal(t, 0.0, metricValue(t, o.reg, saga.MetricStuckNow, map[string]string{"type": "orders"}))
 	b.parts.setDecide(func(_, step, phase string, _ int) action {
 		if step == shipping || (step == charge && phase == saga.PhaseCompensation) {
 			return fail
@@ -30,7 +30,7 @@ func TestStuckGaugeFollowsTheTable(t *testing.T) {
 	b.start(t, o, "g2")
 	b.waitState(t, "g1", saga.StateStuck)
 	b.waitState(t, "g2", saga.StateStuck)
-	require.Equal(t, 2.0, gaugeValue(t, o.reg, saga.MetricStuckNow, "orders"))
+	require.Equal(t, 2.0, metricValue(t, o.reg, saga.MetricStuckNow, map[string]string{"type": "orders"}))
 	n, err := saga.CountStuck(context.Background(), b.schema.DB, "orders")
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
@@ -44,7 +44,7 @@ func TestStuckGaugeFollowsTheTable(t *testing.T) {
 	_, err = saga.Resolve(context.Background(), b.schema.DB, "g1", saga.ResolveRetry, "fixed", false)
 	require.NoError(t, err)
 	b.waitState(t, "g1", saga.StateCompensated)
-	require.Equal(t, 1.0, gaugeValue(t, o.reg, saga.MetricStuckNow, "orders"), "g2 is still stuck")
+	require.Equal(t, 1.0, metricValue(t, o.reg, saga.MetricStuckNow, map[string]string{"type": "orders"}), "g2 is still stuck")
 	require.EqualValues(t, 2, metricValue(t, o.reg, saga.MetricStuck, map[string]string{"type": "orders"}), "the counter does not go down")
 }
 
@@ -81,22 +81,4 @@ func TestStoppedAfterClose(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 	require.True(t, o2.Stopped())
-}
-
-func gaugeValue(t *testing.T, reg prometheus.Gatherer, name, typ string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if matches(m, map[string]string{"type": typ}) {
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	t.Fatalf("no %s{type=%q} in the registry", name, typ)
-	return 0
 }

@@ -166,6 +166,26 @@ func TestRelayCommand(t *testing.T) {
 	require.Contains(t, out, "(25 events published since start)")
 }
 
+// startRunRelay runs runRelay in process until ctx ends and returns the base
+// URL of its HTTP server and the channel its result arrives on.
+func startRunRelay(t *testing.T, ctx context.Context, cfg relayenv.Config, tcfg transport.Config, wrap func(message.Publisher) message.Publisher) (base string, done chan error) {
+	t.Helper()
+	ready := make(chan string, 1)
+	done = make(chan error, 1)
+	go func() {
+		done <- runRelay(ctx, cfg, tcfg, io.Discard, &relayHooks{ready: ready, wrapPublisher: wrap})
+	}()
+	select {
+	case addr := <-ready:
+		return "http://" + addr, done
+	case err := <-done:
+		t.Fatalf("runRelay: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("runRelay did not serve within 30s")
+	}
+	return "", nil
+}
+
 // blockingPublisher holds every Publish until release is closed.
 type blockingPublisher struct {
 	message.Publisher
@@ -191,8 +211,6 @@ func setupDrain(t *testing.T, drain time.Duration) (s *pgtest.Schema, bp *blocki
 	bp = &blockingPublisher{entered: make(chan struct{}), release: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	ready := make(chan string, 1)
-	done = make(chan error, 1)
 	cfg, err := relayenv.Load(func(k string) (string, bool) {
 		v, ok := map[string]string{
 			relayenv.DatabaseURL:  s.URL,
@@ -203,20 +221,8 @@ func setupDrain(t *testing.T, drain time.Duration) (s *pgtest.Schema, bp *blocki
 		return v, ok
 	})
 	require.NoError(t, err)
-	go func() {
-		done <- runRelay(ctx, cfg, transport.Config{Kind: transport.GoChannel}, io.Discard, &relayHooks{
-			ready:         ready,
-			wrapPublisher: func(p message.Publisher) message.Publisher { bp.Publisher = p; return bp },
-		})
-	}()
-	select {
-	case addr := <-ready:
-		base = "http://" + addr
-	case err := <-done:
-		t.Fatalf("runRelay: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("runRelay did not serve within 30s")
-	}
+	base, done = startRunRelay(t, ctx, cfg, transport.Config{Kind: transport.GoChannel},
+		func(p message.Publisher) message.Publisher { bp.Publisher = p; return bp })
 	select {
 	case <-bp.entered:
 	case <-time.After(30 * time.Second):
@@ -305,9 +311,7 @@ func TestRelaySQLTransportIsReady(t *testing.T) {
 	tcfg, err := transport.ParseURL(s.URL)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- runRelay(ctx, cfg, tcfg, io.Discard, &relayHooks{ready: ready}) }()
+	base, done := startRunRelay(t, ctx, cfg, tcfg, nil)
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -317,15 +321,6 @@ func TestRelaySQLTransportIsReady(t *testing.T) {
 			t.Error("runRelay did not return within 30s")
 		}
 	})
-	var base string
-	select {
-	case addr := <-ready:
-		base = "http://" + addr
-	case err := <-done:
-		t.Fatalf("runRelay: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("runRelay did not serve within 30s")
-	}
 	poll.Until(t, 30*time.Second, func() bool { return countStatus(t, s.DB, "published") == 5 }, "the relay published the 5 events")
 	var body string
 	poll.Until(t, 30*time.Second, func() bool {
