@@ -29,10 +29,14 @@
 //
 // Use it in a service's own process:
 //
-//	h := health.NewHandler(health.Config{})
+//	h, err := health.NewHandler(health.Config{})
+//	if err != nil {
+//		return err
+//	}
 //	h.Add("database", health.Ping(db))
 //	h.Add("router", health.Router(router))
-//	h.Add("relay", health.Relay(relay, time.Minute))
+//	h.Add("relay", health.Relay(relay, time.Minute))     // *outbox.Relay
+//	h.Add("orders-saga", health.Orchestrator(orchestrator)) // *saga.Orchestrator
 //	mux.Handle("/healthz", h.Live())
 //	mux.Handle("/readyz", h.Ready())
 //
