@@ -63,7 +63,10 @@
 // `millwright saga list --type orders --state stuck` lists instances,
 // `millwright saga show ID` prints one with its step history (times,
 // reply types, errors), and `millwright saga resolve ID [--action skip]
-// [--dry-run]` hands a stuck saga back to the orchestrators.
+// [--dry-run]` hands a stuck saga back to the orchestrators. With
+// Config.Registerer set, the gauge MetricStuckNow counts the sagas stuck
+// now (alert MillwrightSagaStuck, docs/runbooks.md), and
+// health.Orchestrator reports whether the Run loop runs (Stopped).
 // `millwright bench saga` measures completed sagas per second.
 //
 // # Guarantees

@@ -537,6 +537,9 @@ func metricValue(t *testing.T, reg prometheus.Gatherer, name string, labels map[
 				if c := m.GetCounter(); c != nil {
 					return c.GetValue()
 				}
+				if g := m.GetGauge(); g != nil {
+					return g.GetValue()
+				}
 				return float64(m.GetHistogram().GetSampleCount())
 			}
 		}

@@ -204,6 +204,9 @@ func NewOrchestrator[D any](db *sql.DB, def *Definition[D], cfg Config) (*Orches
 	if o.m, err = newMetrics(cfg.Registerer, def.name); err != nil {
 		return nil, err
 	}
+	if err = registerStuck(cfg.Registerer, db, def.name, cfg.Logger); err != nil { // stuck.go
+		return nil, err
+	}
 	return o, nil
 }
 

@@ -312,7 +312,7 @@ func notSettled(ctx, wctx context.Context, e *env, pattern string, after time.Du
 	hint := ""
 	if e.tr.Kind() == transport.SQL && s.Pending > 0 {
 		hint = " (sql transport: one long transaction anywhere on the Postgres server holds every consumer back; " +
-			"if one does, the log says \"sql: consumers blocked by a long transaction\" with its pid: see docs/runbook.md#sql-consumers-blocked-by-a-long-transaction)"
+			"if one does, the log says \"sql: consumers blocked by a long transaction\" with its pid: see docs/runbooks.md#millwrightsqlhorizonheld)"
 	}
 	return fmt.Errorf("orders not settled after %s: %d of %d pending, %d order events not notified%s: %w",
 		after, s.Pending, s.Orders, s.UnnotifiedEvents, hint, cause)

@@ -40,7 +40,7 @@ func TestDemoGivesUpWithTrueCounts(t *testing.T) {
 			require.NotNil(t, m, "summary line: %q", out.String())
 			require.Contains(t, err.Error(), " of 12 pending")
 			if kind == "sql" && m[1] != "0" {
-				require.ErrorContains(t, err, "docs/runbook.md#sql-consumers-blocked-by-a-long-transaction")
+				require.ErrorContains(t, err, "docs/runbooks.md#millwrightsqlhorizonheld")
 			}
 		})
 	}

@@ -232,7 +232,7 @@ func notSettled(ctx context.Context, db *sql.DB, kind transport.Kind, runID stri
 	hint := ""
 	if kind == transport.SQL && distinct < n {
 		hint = " (sql transport: one long transaction anywhere on the Postgres server holds every consumer back; " +
-			"if one does, the log says \"sql: consumers blocked by a long transaction\" with its pid: see docs/runbook.md#sql-consumers-blocked-by-a-long-transaction)"
+			"if one does, the log says \"sql: consumers blocked by a long transaction\" with its pid: see docs/runbooks.md#millwrightsqlhorizonheld)"
 	}
 	return fmt.Errorf("orders not settled %s: %d of %d notified%s: %w", after, distinct, n, hint, cause)
 }

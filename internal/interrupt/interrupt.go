@@ -20,6 +20,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,6 +30,14 @@ import (
 // Grace is how long a program may take to return after the signal before
 // it is made to exit. Below 1s, so that every command stops within a second.
 const Grace = 750 * time.Millisecond
+
+// extraGrace, set by ExtendGrace, is added to Grace: a program that drains
+// on the signal (millwright relay) needs longer than a second.
+var extraGrace atomic.Int64
+
+// ExtendGrace lets the program take Grace+d to return after the signal,
+// for a program whose drain is bounded by d. Call it before the signal.
+func ExtendGrace(d time.Duration) { extraGrace.Store(int64(max(d, 0))) }
 
 // exit and stderr are replaced by tests.
 var (
@@ -53,7 +62,7 @@ func Context(parent context.Context, name string) (context.Context, context.Canc
 			return // not a signal
 		}
 		at := time.Now()
-		t := time.NewTimer(Grace)
+		t := time.NewTimer(Grace + time.Duration(extraGrace.Load()))
 		defer t.Stop()
 		select {
 		case <-returned:

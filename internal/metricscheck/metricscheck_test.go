@@ -98,7 +98,7 @@ func TestAlertRules(t *testing.T) {
 		{"MillwrightOutboxFailed", `outbox_failed_count\)?\s*>\s*0$`, ""},
 		{"MillwrightRelayPublishSlow", `histogram_quantile\(0\.99,.*relay_publish_latency_seconds_bucket.*>\s*5$`, "5m"},
 		{"MillwrightDeadLettersArriving", `millwright_dlq_dead_letters_total`, ""},
-		{"MillwrightSagaStuck", `millwright_saga_stuck_total`, ""},
+		{"MillwrightSagaStuck", `millwright_saga_stuck\)?\s*>\s*0$`, ""}, // the gauge of sagas stuck now, not the counter
 	}
 	for _, d := range design {
 		require.Contains(t, byAlert, d.alert)

@@ -122,7 +122,7 @@ func waitingRows(ctx context.Context, db Queryer, topic string) (int64, error) {
 
 // RunbookHorizon is the runbook section for consumers blocked by the
 // horizon; the log and the alert point at it.
-const RunbookHorizon = "docs/runbook.md#sql-consumers-blocked-by-a-long-transaction"
+const RunbookHorizon = "docs/runbooks.md#millwrightsqlhorizonheld"
 
 const (
 	// horizonCheckTimeout bounds one check (the horizon and every topic's

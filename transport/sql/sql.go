@@ -15,7 +15,7 @@
 // client), stops every consumer of every topic until it ends: the
 // transport checks the horizon (HorizonCheckInterval), exports its age
 // (MetricHorizonAge) and the holder's pid, and logs the blocking pid when
-// committed rows wait behind it (see Horizon and docs/runbook.md).
+// committed rows wait behind it (see Horizon and docs/runbooks.md).
 //
 // CloudEvents: there is no protocol binding for SQL tables; the row's JSON
 // metadata keeps the metadata.Event* keys ("ce_id", ...) as they are.

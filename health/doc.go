@@ -1,0 +1,44 @@
+// Package health serves liveness and readiness for processes that run
+// millwright components: outbox relays, Watermill routers, saga
+// orchestrators, and the database and broker they need.
+//
+// Liveness (/healthz) says the process is alive: it answers 200 as long as
+// the HTTP server runs, and checks nothing else. A database outage must not
+// fail liveness, or the orchestrator restarts every replica at once and
+// the outage becomes a crash loop; it fails readiness instead.
+//
+// Readiness (/readyz) runs every registered Checker concurrently, each
+// bounded by Config.CheckTimeout, and answers 200 when all pass, 503 when
+// one fails or the process is draining (Handler.Drain). The body lists
+// each check, in the format of Kubernetes' own /readyz?verbose:
+//
+//	[+]database ok
+//	[-]relay-0 failed: last successful round 2m3s ago (limit 30s)
+//	readyz check failed
+//
+// The checks for millwright's components:
+//
+//   - Relay: ready once Run started and its last successful round
+//     (outbox.Relay.LastSuccess) is at most MaxAge old. A round that finds
+//     nothing to publish is a success: an idle relay stays ready.
+//   - Router: ready while the Watermill router runs (Running closed,
+//     IsRunning true) and is not closed.
+//   - Orchestrator: ready while the saga orchestrator's Run loop runs
+//     (Running closed) and it has not been closed.
+//   - Ping: ready while a Pinger (a *sql.DB) answers.
+//
+// Use it in a service's own process:
+//
+//	h, err := health.NewHandler(health.Config{})
+//	if err != nil {
+//		return err
+//	}
+//	h.Add("database", health.Ping(db))
+//	h.Add("router", health.Router(router))
+//	h.Add("relay", health.Relay(relay, time.Minute))     // *outbox.Relay
+//	h.Add("orders-saga", health.Orchestrator(orchestrator)) // *saga.Orchestrator
+//	mux.Handle("/healthz", h.Live())
+//	mux.Handle("/readyz", h.Ready())
+//
+// `millwright relay` serves the same endpoints for the relays it runs.
+package health

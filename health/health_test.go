@@ -1,0 +1,194 @@
+package health_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/health"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/saga"
+)
+
+var (
+	_ health.LastSuccesser     = (*outbox.Relay)(nil)
+	_ health.RouterState       = (*message.Router)(nil)
+	_ health.OrchestratorState = (*saga.Orchestrator[struct{}])(nil)
+)
+
+func get(t *testing.T, h http.Handler, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	body, err := io.ReadAll(rec.Result().Body)
+	require.NoError(t, err)
+	return rec.Code, string(body)
+}
+
+func TestReadinessListsEveryCheckAndFailsOnOne(t *testing.T) {
+	t.Parallel()
+	h, err := health.NewHandler(health.Config{})
+	require.NoError(t, err)
+	var dbErr atomic.Pointer[error]
+	h.Add("database", health.CheckerFunc(func(context.Context) error {
+		if p := dbErr.Load(); p != nil {
+			return *p
+		}
+		return nil
+	}))
+	h.Add("broker", health.CheckerFunc(func(context.Context) error { return nil }))
+
+	code, body := get(t, h, health.PathReady)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "[+]broker ok\n[+]database ok\nreadyz check passed\n", body)
+
+	refused := errors.New("connection refused\nretry")
+	dbErr.Store(&refused)
+	code, body = get(t, h, health.PathReady)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Equal(t, "[+]broker ok\n[-]database failed: connection refused; retry\nreadyz check failed\n", body)
+	rep := h.Check(context.Background())
+	require.False(t, rep.Ready)
+	require.ErrorContains(t, rep.Err(), "database: connection refused")
+
+	// Liveness does not depend on the checks.
+	code, body = get(t, h, health.PathLive)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "ok\n", body)
+	code, _ = get(t, h, "/other")
+	require.Equal(t, http.StatusNotFound, code)
+}
+
+func TestDrainFailsReadinessOnly(t *testing.T) {
+	t.Parallel()
+	h, err := health.NewHandler(health.Config{})
+	require.NoError(t, err)
+	code, _ := get(t, h, health.PathReady)
+	require.Equal(t, http.StatusOK, code)
+	h.Drain()
+	code, body := get(t, h, health.PathReady)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "[-]draining")
+	require.ErrorIs(t, h.Check(context.Background()).Err(), health.ErrDraining)
+	code, _ = get(t, h, health.PathLive)
+	require.Equal(t, http.StatusOK, code)
+}
+
+// A check that hangs (and ignores its ctx) fails after CheckTimeout
+// instead of hanging the probe.
+func TestHangingCheckTimesOut(t *testing.T) {
+	t.Parallel()
+	h, err := health.NewHandler(health.Config{CheckTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	h.Add("stuck", health.CheckerFunc(func(context.Context) error { <-release; return nil }))
+	h.Add("panics", health.CheckerFunc(func(context.Context) error { panic("boom") }))
+	start := time.Now()
+	rep := h.Check(context.Background())
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.False(t, rep.Ready)
+	require.ErrorContains(t, rep.Err(), "stuck: did not answer within 50ms")
+	require.ErrorContains(t, rep.Err(), "panics: check panicked: boom")
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	_, err := health.NewHandler(health.Config{CheckTimeout: -time.Second})
+	require.ErrorContains(t, err, "health: Config.CheckTimeout -1s: want at least 1ms")
+}
+
+type fakeRelay struct {
+	running chan struct{}
+	last    atomic.Int64
+}
+
+func (f *fakeRelay) Running() <-chan struct{} { return f.running }
+func (f *fakeRelay) LastSuccess() time.Time {
+	if n := f.last.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+func TestRelayCheck(t *testing.T) {
+	t.Parallel()
+	r := &fakeRelay{running: make(chan struct{})}
+	c := health.Relay(r, time.Minute)
+	ctx := context.Background()
+	require.ErrorContains(t, c.Check(ctx), "not running")
+	close(r.running)
+	require.ErrorContains(t, c.Check(ctx), "no successful round yet")
+	r.last.Store(time.Now().UnixNano())
+	require.NoError(t, c.Check(ctx))
+	r.last.Store(time.Now().Add(-2 * time.Minute).UnixNano())
+	require.ErrorContains(t, c.Check(ctx), "last successful round 2m")
+	require.ErrorContains(t, c.Check(ctx), "(limit 1m0s)")
+	require.ErrorContains(t, health.Relay(nil, 0).Check(ctx), "no relay")
+}
+
+// The Router check follows a real Watermill router through its life.
+func TestRouterCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	require.NoError(t, err)
+	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	r.AddConsumerHandler("h", "topic", ps, func(*message.Message) error { return nil })
+	c := health.Router(r)
+	require.ErrorContains(t, c.Check(ctx), "not running")
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case <-r.Running():
+	case <-time.After(10 * time.Second):
+		t.Fatal("router did not start within 10s")
+	}
+	require.NoError(t, c.Check(ctx))
+	require.NoError(t, r.Close())
+	require.NoError(t, <-done)
+	require.ErrorContains(t, c.Check(ctx), "closed")
+}
+
+type fakeOrch struct {
+	running chan struct{}
+	stopped atomic.Bool
+}
+
+func (f *fakeOrch) Running() <-chan struct{} { return f.running }
+func (f *fakeOrch) Stopped() bool            { return f.stopped.Load() }
+
+func TestOrchestratorCheck(t *testing.T) {
+	t.Parallel()
+	o := &fakeOrch{running: make(chan struct{})}
+	c := health.Orchestrator(o)
+	ctx := context.Background()
+	require.ErrorContains(t, c.Check(ctx), "not running")
+	close(o.running)
+	require.NoError(t, c.Check(ctx))
+	o.stopped.Store(true)
+	require.ErrorContains(t, c.Check(ctx), "stopped")
+}
+
+type pinger struct{ err error }
+
+func (p pinger) PingContext(context.Context) error { return p.err }
+
+func TestPingCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	require.NoError(t, health.Ping(pinger{}).Check(ctx))
+	require.ErrorContains(t, health.Ping(pinger{errors.New("dial tcp: refused")}).Check(ctx), "refused")
+	require.True(t, strings.Contains(health.Ping(nil).Check(ctx).Error(), "no database"))
+}

@@ -1,0 +1,36 @@
+package interrupt
+
+import (
+	"bytes"
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// ExtendGrace lets a draining program (millwright relay) take longer than
+// Grace before the backstop exits it.
+func TestExtendGraceDelaysTheBackstop(t *testing.T) {
+	var out bytes.Buffer
+	exited := make(chan int, 1)
+	exit, stderr = func(code int) { exited <- code }, &out
+	const extra = 400 * time.Millisecond
+	ExtendGrace(extra)
+	t.Cleanup(func() { exit, stderr = nil, nil; ExtendGrace(0) })
+
+	ctx, stop := Context(context.Background(), "prog")
+	defer stop()
+	require.NoError(t, syscall.Kill(syscall.Getpid(), syscall.SIGTERM))
+	<-ctx.Done()
+	signalled := time.Now()
+	select {
+	case code := <-exited:
+		require.Equal(t, 1, code)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no exit after Grace + extra")
+	}
+	require.GreaterOrEqual(t, time.Since(signalled), Grace+extra-50*time.Millisecond)
+	require.Contains(t, out.String(), "prog: terminated signal received; still waiting after ")
+}

@@ -1,0 +1,203 @@
+// Package relayenv is the environment configuration of `millwright relay`:
+// one table of the variables it reads (Vars), their defaults and their
+// parsing. The command and the test of deploy/kubernetes's manifest both
+// read this table, so that a name or port cannot drift between them.
+package relayenv
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/transport"
+)
+
+// The variables `millwright relay` reads itself. The transport's own
+// (MILLWRIGHT_TRANSPORT and the per-kind ones, TransportVars) are read by
+// transport.FromEnv.
+const (
+	DatabaseURL          = transport.EnvDatabaseURL
+	Addr                 = transport.EnvPrefix + "RELAY_ADDR"
+	Relays               = transport.EnvPrefix + "RELAY_COUNT"
+	BatchSize            = transport.EnvPrefix + "RELAY_BATCH_SIZE"
+	PollInterval         = transport.EnvPrefix + "RELAY_POLL_INTERVAL"
+	Listen               = transport.EnvPrefix + "RELAY_LISTEN"
+	DeadLetterTopic      = transport.EnvPrefix + "RELAY_DEAD_LETTER_TOPIC"
+	DrainTimeout         = transport.EnvPrefix + "RELAY_DRAIN_TIMEOUT"
+	ReadyMaxAge          = transport.EnvPrefix + "RELAY_READY_MAX_AGE"
+	MaxConns             = transport.EnvPrefix + "RELAY_DB_MAX_CONNS"
+	OutboxRetention      = transport.EnvPrefix + "OUTBOX_RETENTION"
+	IdempotencyRetention = transport.EnvPrefix + "IDEMPOTENCY_RETENTION"
+	CleanInterval        = transport.EnvPrefix + "CLEAN_INTERVAL"
+)
+
+// DefaultPort is the port of DefaultAddr: /metrics, /healthz and /readyz.
+const DefaultPort = 9090
+
+// PathMetrics is where the relay serves Prometheus metrics (health.PathLive
+// and health.PathReady are the probes').
+const PathMetrics = "/metrics"
+
+// DefaultAddr is Addr's default.
+var DefaultAddr = ":" + strconv.Itoa(DefaultPort)
+
+// Var documents one variable.
+type Var struct {
+	Name    string
+	Default string
+	Doc     string
+}
+
+// Vars is every variable the relay reads itself, in the order of its help.
+var Vars = []Var{
+	{DatabaseURL, "(required)", "Postgres URL of the service's database; its search_path selects the schema holding millwright_outbox. Also the LISTEN connection's URL, so it must reach Postgres directly or through a session-pooling proxy."},
+	{transport.EnvTransport, "(required)", "transport kind or URL (kafka, amqp, googlecloud, sql, gochannel); the per-kind MILLWRIGHT_* variables of package transport apply"},
+	{Addr, DefaultAddr, "HTTP address of /metrics, /healthz and /readyz"},
+	{Relays, "1", "relays run in this process (1..64); more than one helps only when one relay's round trip to the broker is the limit"},
+	{BatchSize, "500", "rows claimed and published at a time per relay (1..10000)"},
+	{PollInterval, "1s", "how often an idle relay looks for rows when no notification wakes it"},
+	{Listen, "true", "LISTEN for the outbox trigger's notifications on " + DatabaseURL + " (two extra connections per relay); false polls only"},
+	{DeadLetterTopic, "", "topic receiving a copy of each event that exhausts its attempts (empty: rows are only marked failed)"},
+	{DrainTimeout, "20s", "on SIGTERM, how long the batches in flight may take to finish before they are abandoned (their rows are republished after the lease); keep it below the pod's terminationGracePeriodSeconds"},
+	{ReadyMaxAge, "30s", "/readyz fails when a relay's last successful round is older than this"},
+	{MaxConns, "4 per relay + 4", "size of the database pool"},
+	{OutboxRetention, "168h", "age at which published outbox rows are deleted by the outbox cleaner; 0 disables it"},
+	{IdempotencyRetention, idempotency.DefaultRetention.String(), "age at which processed-event rows are deleted by the idempotency cleaner (only when millwright_processed_events exists); 0 disables it"},
+	{CleanInterval, "1m", "interval between cleaning rounds"},
+}
+
+// TransportVars are the transport's variables (transport.FromEnv), which a
+// deployment of the relay may set too.
+var TransportVars = []string{
+	transport.EnvTransport,
+	transport.EnvKafkaBrokers, transport.EnvKafkaTLS, transport.EnvKafkaTLSCAFile,
+	transport.EnvKafkaSASLMechanism, transport.EnvKafkaSASLUser, transport.EnvKafkaSASLPassword,
+	transport.EnvKafkaPartitions, transport.EnvKafkaPartitioner,
+	transport.EnvAMQPURL, transport.EnvAMQPPrefetch, transport.EnvAMQPAllowUnroutable,
+	transport.EnvPubSubProject, transport.EnvPubSubEmulatorHost, transport.EnvPubSubCredentialsFile, transport.EnvPubSubAllowUnreceived,
+	transport.EnvSQLURL, transport.EnvDeclareGroups,
+}
+
+// Known reports whether name is a variable the relay or its transport reads.
+func Known(name string) bool {
+	for _, v := range Vars {
+		if v.Name == name {
+			return true
+		}
+	}
+	for _, v := range TransportVars {
+		if v == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Config is the parsed configuration (the transport's excepted).
+type Config struct {
+	DatabaseURL          string
+	Addr                 string
+	Relays               int
+	BatchSize            int
+	PollInterval         time.Duration
+	Listen               bool
+	DeadLetterTopic      string
+	DrainTimeout         time.Duration
+	ReadyMaxAge          time.Duration
+	MaxConns             int
+	OutboxRetention      time.Duration
+	IdempotencyRetention time.Duration
+	CleanInterval        time.Duration
+}
+
+// FromEnv parses the variables from the process environment.
+func FromEnv() (Config, error) { return Load(os.LookupEnv) }
+
+// Load parses the variables through lookup, reporting every invalid one,
+// each by name with the value wanted.
+func Load(lookup func(string) (string, bool)) (Config, error) {
+	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
+	c := Config{
+		Addr: DefaultAddr, Relays: 1, BatchSize: 500, PollInterval: time.Second, Listen: true,
+		DrainTimeout: 20 * time.Second, ReadyMaxAge: 30 * time.Second,
+		OutboxRetention: 7 * 24 * time.Hour, IdempotencyRetention: idempotency.DefaultRetention, CleanInterval: time.Minute,
+	}
+	var errs []error
+	c.DatabaseURL = get(DatabaseURL)
+	if c.DatabaseURL == "" {
+		errs = append(errs, fmt.Errorf("%s is not set: set it to the postgres:// URL of the service's database, with search_path selecting the outbox's schema if it is not the default", DatabaseURL))
+	}
+	if v := get(Addr); v != "" {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: want host:port or :port, e.g. %s", Addr, v, DefaultAddr))
+		}
+		c.Addr = v
+	}
+	intVar := func(name string, dst *int, lo, hi int) {
+		v := get(name)
+		if v == "" {
+			return
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < lo || n > hi {
+			errs = append(errs, fmt.Errorf("%s=%q: want an integer in %d..%d", name, v, lo, hi))
+			return
+		}
+		*dst = n
+	}
+	durVar := func(name string, dst *time.Duration, lo time.Duration) {
+		v := get(name)
+		if v == "" {
+			return
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d < lo {
+			errs = append(errs, fmt.Errorf("%s=%q: want a duration of at least %s, e.g. 30s or 168h", name, v, lo))
+			return
+		}
+		*dst = d
+	}
+	intVar(Relays, &c.Relays, 1, 64)
+	intVar(BatchSize, &c.BatchSize, 1, 10000)
+	c.MaxConns = 4*c.Relays + 4
+	intVar(MaxConns, &c.MaxConns, 2, 10000)
+	durVar(PollInterval, &c.PollInterval, time.Millisecond)
+	durVar(DrainTimeout, &c.DrainTimeout, 0)
+	durVar(ReadyMaxAge, &c.ReadyMaxAge, time.Second)
+	durVar(OutboxRetention, &c.OutboxRetention, 0)
+	durVar(IdempotencyRetention, &c.IdempotencyRetention, 0)
+	durVar(CleanInterval, &c.CleanInterval, time.Millisecond)
+	if v := get(Listen); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: want true or false", Listen, v))
+		}
+		c.Listen = b
+	}
+	c.DeadLetterTopic = get(DeadLetterTopic)
+	if c.ReadyMaxAge <= c.PollInterval {
+		errs = append(errs, fmt.Errorf("%s %s must exceed %s %s: an idle relay succeeds once per poll interval", ReadyMaxAge, c.ReadyMaxAge, PollInterval, c.PollInterval))
+	}
+	return c, errors.Join(errs...)
+}
+
+// Help lists the variables for `millwright relay --help`.
+func Help() string {
+	var b strings.Builder
+	for _, v := range Vars {
+		def := v.Default
+		if def == "" {
+			def = `""`
+		}
+		if !strings.HasPrefix(def, "(") {
+			def = "default " + def
+		}
+		fmt.Fprintf(&b, "  %s (%s)\n      %s\n", v.Name, def, v.Doc)
+	}
+	return b.String()
+}

@@ -1,0 +1,102 @@
+package saga
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millwright/millwright/internal/promreg"
+)
+
+// MetricStuckNow is a gauge, with a "type" label: sagas in the stuck state
+// now, read from the database at each scrape. Unlike MetricStuck (a counter
+// of sagas that became stuck), it stays up until `millwright saga resolve`
+// moves the saga on, so an alert on it lasts as long as the problem.
+const MetricStuckNow = "millwright_saga_stuck"
+
+// stuckQueryTimeout bounds the count a scrape runs. A scrape that cannot
+// count logs the error and reports no sample for the type, rather than a
+// stale one or an error that would fail the whole scrape (promhttp's
+// default), hiding every other metric of the process while the database is
+// away.
+const stuckQueryTimeout = 5 * time.Second
+
+// stuckCollector reports MetricStuckNow for one saga type. Orchestrators of
+// the same type sharing a Registerer share one collector (promreg).
+type stuckCollector struct {
+	db     *sql.DB
+	typ    string
+	desc   *prometheus.Desc
+	logger watermill.LoggerAdapter
+}
+
+var _ prometheus.Collector = (*stuckCollector)(nil)
+
+func newStuckCollector(db *sql.DB, typ string, logger watermill.LoggerAdapter) *stuckCollector {
+	return &stuckCollector{db: db, typ: typ, logger: logger, desc: prometheus.NewDesc(MetricStuckNow,
+		"Sagas in the stuck state now (compensation retries exhausted, waiting for `millwright saga resolve`).",
+		nil, prometheus.Labels{"type": typ})}
+}
+
+func (c *stuckCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *stuckCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), stuckQueryTimeout)
+	defer cancel()
+	n, err := CountStuck(ctx, c.db, c.typ)
+	if err != nil {
+		c.logger.Error("saga: "+MetricStuckNow+" not reported", err, watermill.LogFields{"saga_type": c.typ})
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n))
+}
+
+// CountStuck returns how many sagas of type typ are stuck now. It reads the
+// (type, state) index, so it stays cheap however many finished sagas the
+// table holds.
+func CountStuck(ctx context.Context, db *sql.DB, typ string) (int64, error) {
+	var n int64
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM millwright_saga_instances WHERE type = $1 AND state = $2`,
+		typ, StateStuck).Scan(&n); err != nil {
+		return 0, fmt.Errorf("saga %s: counting stuck sagas (did `millwright migrate` run?): %w", typ, err)
+	}
+	return n, nil
+}
+
+// registerStuck registers the stuck gauge of typ with reg (nil: none).
+func registerStuck(reg prometheus.Registerer, db *sql.DB, typ string, logger watermill.LoggerAdapter) error {
+	if reg == nil {
+		return nil
+	}
+	if _, err := promreg.Register[prometheus.Collector](reg, newStuckCollector(db, typ, logger)); err != nil {
+		return fmt.Errorf("saga: registering %s: %w", MetricStuckNow, err)
+	}
+	return nil
+}
+
+// Stopped reports whether Close was called or Run has returned: the
+// orchestrator no longer fires step timeouts nor resends compensations.
+// health.Orchestrator uses it with Running.
+func (o *Orchestrator[D]) Stopped() bool {
+	select {
+	case <-o.closing:
+		return true
+	default:
+	}
+	o.mu.Lock()
+	done := o.runDone
+	o.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
