@@ -83,18 +83,9 @@ func registerStuck(reg prometheus.Registerer, db *sql.DB, typ string, logger wat
 // health.Orchestrator uses it with Running.
 func (o *Orchestrator[D]) Stopped() bool {
 	select {
-	case <-o.closing:
+	case <-o.r.Draining():
 		return true
-	default:
-	}
-	o.mu.Lock()
-	done := o.runDone
-	o.mu.Unlock()
-	if done == nil {
-		return false
-	}
-	select {
-	case <-done:
+	case <-o.r.Done():
 		return true
 	default:
 		return false

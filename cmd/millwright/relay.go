@@ -141,7 +141,7 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 		}()
 	}
 	logf("%d relay(s) on %s (schema %s), transport %s, serving %s, %s and %s on %s",
-		len(p.relays), redactURL(cfg.DatabaseURL), p.schema, p.tr, relayenv.PathMetrics, health.PathLive, health.PathReady, ln.Addr())
+		len(p.relays), redact.URL(cfg.DatabaseURL), p.schema, p.tr, relayenv.PathMetrics, health.PathLive, health.PathReady, ln.Addr())
 	if hooks.ready != nil {
 		hooks.ready <- ln.Addr().String()
 	}
@@ -179,21 +179,21 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 func (p *relayProcess) openDB(ctx context.Context) (hasProcessed bool, err error) {
 	u := p.cfg.DatabaseURL
 	if p.db, err = pgconn.Open(u); err != nil {
-		return false, fmt.Errorf("opening database %s: %w", redactURL(u), redact.Error(err))
+		return false, fmt.Errorf("opening database %s: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
 	p.db.SetMaxOpenConns(p.cfg.MaxConns)
 	p.db.SetMaxIdleConns(p.cfg.MaxConns)
 	if err := p.db.PingContext(ctx); err != nil {
-		return false, fmt.Errorf("connecting to database %s: %w", redactURL(u), redact.Error(err))
+		return false, fmt.Errorf("connecting to database %s: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
 	var hasOutbox bool
 	if err := p.db.QueryRowContext(ctx, `SELECT current_schema(), to_regclass('millwright_outbox') IS NOT NULL, to_regclass('millwright_processed_events') IS NOT NULL`).
 		Scan(&p.schema, &hasOutbox, &hasProcessed); err != nil {
-		return false, fmt.Errorf("reading the schema of %s: %w", redactURL(u), redact.Error(err))
+		return false, fmt.Errorf("reading the schema of %s: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
 	if !hasOutbox {
 		return false, fmt.Errorf("no millwright_outbox in the search_path of %s (schema %q): run `millwright migrate` on that URL, or set search_path in %s to the service's schema",
-			redactURL(u), p.schema, relayenv.DatabaseURL)
+			redact.URL(u), p.schema, relayenv.DatabaseURL)
 	}
 	return hasProcessed, nil
 }
