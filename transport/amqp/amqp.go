@@ -238,7 +238,10 @@ func (t *Transport) config(group string) wamqp.Config {
 // property. Unmarshal maps them back to the metadata.Event* keys, accepts
 // the "cloudEvents_" prefix of earlier drafts, and turns the binding's
 // native AMQP values (timestamp, integers, booleans) into their canonical
-// strings, as the binding requires receivers to.
+// strings, as the binding requires receivers to. Marshal also sets the
+// message-id property to the event id (metadata.EventID, else the message
+// UUID) and timestamp to the event time (metadata.EventTime, else the
+// publish time).
 type Marshaler struct{ wamqp.DefaultMarshaler }
 
 // Marshal implements wamqp.Marshaler.
@@ -258,6 +261,17 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 			p.Headers[w] = v
 		}
 		delete(p.Headers, k)
+	}
+	// The AMQP properties readers look at before any header: the event id
+	// as message-id (the Watermill UUID when there is none), and the event
+	// time, or now, as timestamp (whole seconds on the wire).
+	p.MessageId = msg.Metadata.Get(metadata.EventID)
+	if p.MessageId == "" {
+		p.MessageId = msg.UUID
+	}
+	p.Timestamp = time.Now()
+	if t, err := time.Parse(time.RFC3339Nano, msg.Metadata.Get(metadata.EventTime)); err == nil {
+		p.Timestamp = t
 	}
 	return p, nil
 }
