@@ -24,9 +24,13 @@
 // and within ConnectTimeout (10s by default) for a broker that does not
 // answer. Passwords never appear in errors or in String.
 //
-// For development and tests, package transport/embedded starts an
-// in-process Kafka (kfake) or Pub/Sub (pstest) fake and returns the Config
-// that reaches it.
+// Development fakes, NOT FOR PRODUCTION, are selected by configuration
+// alone: MILLWRIGHT_TRANSPORT=kfake (or kfake://) makes Open start an
+// in-process Kafka (franz-go's kfake), and MILLWRIGHT_TRANSPORT=pstest (or
+// pstest://PROJECT) an in-process Pub/Sub (the Google client's pstest);
+// Close stops them, and everything they held is lost. Config.String says
+// "development fake" and Open logs it at info level. Tests that need the
+// fakes' controls (kfake's ControlKey) use package transport/embedded.
 //
 // # Watermill's universal suite
 //

@@ -33,6 +33,18 @@ const (
 	GoChannel   Kind = "gochannel"
 )
 
+// The development fakes: names MILLWRIGHT_TRANSPORT accepts, and URL
+// schemes (kfake://, pstest://PROJECT), that select an in-process broker
+// started by Open and stopped by Close (kafka.Config.Fake,
+// googlecloud.Config.Fake). NOT FOR PRODUCTION: they keep everything in
+// memory, authenticate nobody, and their timing differs from the real
+// services. They let a new application run every kind by environment
+// alone, without a broker.
+const (
+	FakeKafka  = "kfake"
+	FakePubSub = "pstest"
+)
+
 // Kinds lists every kind, in documentation order.
 var Kinds = []Kind{Kafka, AMQP, GoogleCloud, SQL, GoChannel}
 
@@ -92,6 +104,9 @@ func kindList() string {
 func (c Config) String() string {
 	switch c.Kind {
 	case Kafka:
+		if c.Kafka.Fake {
+			return "kfake:// (in-process development fake)"
+		}
 		s := "kafka://" + strings.Join(c.Kafka.Brokers, ",")
 		if c.Kafka.SASL.Mechanism != "" {
 			s += " sasl=" + c.Kafka.SASL.Mechanism + " user=" + c.Kafka.SASL.User
@@ -103,6 +118,9 @@ func (c Config) String() string {
 	case AMQP:
 		return redact(c.AMQP.URL)
 	case GoogleCloud:
+		if c.GoogleCloud.Fake {
+			return "pstest://" + c.GoogleCloud.ProjectID + " (in-process development fake)"
+		}
 		s := "gcppubsub://" + c.GoogleCloud.ProjectID
 		if c.GoogleCloud.EmulatorHost != "" {
 			s += "?emulator=" + c.GoogleCloud.EmulatorHost

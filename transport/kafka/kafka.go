@@ -22,6 +22,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +32,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/xdg-go/scram"
 
 	"github.com/millwright/millwright/cloudevent"
@@ -98,6 +101,13 @@ type Config struct {
 	Version string
 	// Tune, if set, adjusts the Sarama configuration last (escape hatch).
 	Tune func(*sarama.Config)
+	// Fake, a DEVELOPMENT FAKE NOT FOR PRODUCTION, makes Open start an
+	// in-process Kafka (franz-go's kfake: one broker, topics created on
+	// first use, everything in memory and lost on Close, no
+	// authentication) and connect to it; Close stops it. Brokers must then
+	// be empty. Selected by MILLWRIGHT_TRANSPORT=kfake or kfake://.
+	// Default false.
+	Fake bool
 }
 
 // SASL holds SASL credentials.
@@ -135,12 +145,15 @@ func (c *Config) setDefaults() {
 // Validate reports configuration that cannot work, naming the field.
 func (c Config) Validate() error {
 	var errs []error
-	if len(c.Brokers) == 0 {
-		errs = append(errs, errors.New("kafka: Brokers is empty: set at least one host:port (env MILLWRIGHT_KAFKA_BROKERS or kafka://host:9092)"))
+	switch {
+	case c.Fake && len(c.Brokers) > 0:
+		errs = append(errs, fmt.Errorf("kafka: Fake starts its own in-process broker, but Brokers is set (%s): unset MILLWRIGHT_KAFKA_BROKERS, or select the real cluster with kafka://host:9092", strings.Join(c.Brokers, ",")))
+	case !c.Fake && len(c.Brokers) == 0:
+		errs = append(errs, errors.New("kafka: Brokers is empty: set at least one host:port (env MILLWRIGHT_KAFKA_BROKERS or kafka://host:9092), or use the in-process development fake (MILLWRIGHT_TRANSPORT=kfake)"))
 	}
 	for _, b := range c.Brokers {
-		if strings.TrimSpace(b) == "" || !strings.Contains(b, ":") {
-			errs = append(errs, fmt.Errorf("kafka: broker address %q: want host:port", b))
+		if err := checkBroker(b); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	switch c.InitialOffset {
@@ -176,6 +189,22 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// checkBroker refuses a broker address Sarama would only fail to dial:
+// one without a host (":9092" dials nothing useful) or with a bad port.
+func checkBroker(b string) error {
+	host, port, err := net.SplitHostPort(strings.TrimSpace(b))
+	if err != nil {
+		return fmt.Errorf("kafka: broker address %q: want host:port, e.g. 127.0.0.1:9092", b)
+	}
+	if host == "" {
+		return fmt.Errorf("kafka: broker address %q has no host: want host:port, e.g. 127.0.0.1%s (or MILLWRIGHT_TRANSPORT=kfake for the in-process development fake)", b, b)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("kafka: broker address %q: port %q is not a number from 1 to 65535", b, port)
+	}
+	return nil
+}
+
 // parseVersion parses Config.Version.
 func parseVersion(s string) (sarama.KafkaVersion, error) {
 	v, err := sarama.ParseKafkaVersion(s)
@@ -191,6 +220,7 @@ func parseVersion(s string) (sarama.KafkaVersion, error) {
 // Transport is an open connection to a Kafka cluster.
 type Transport struct {
 	cfg    Config
+	fake   *kfake.Cluster // Config.Fake's cluster, stopped by Close
 	logger watermill.LoggerAdapter
 	pub    *Publisher
 
@@ -199,13 +229,30 @@ type Transport struct {
 
 // Open checks the configuration, reaches the cluster within ConnectTimeout
 // and creates the publisher.
-func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
+func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *Transport, err error) {
+	if cfg.Fake && cfg.Version == "" {
+		cfg.Version = KfakeVersion
+	}
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
+	}
+	var fake *kfake.Cluster
+	if cfg.Fake {
+		fake, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
+		if err != nil {
+			return nil, fmt.Errorf("kafka: starting the in-process development fake (kfake): %w", err)
+		}
+		defer func() {
+			if err != nil {
+				fake.Close()
+			}
+		}()
+		cfg.Brokers = fake.ListenAddrs()
+		logger.Info("DEVELOPMENT FAKE: in-process Kafka (kfake), in memory, not for production", watermill.LogFields{"brokers": strings.Join(cfg.Brokers, ",")})
 	}
 	sc, err := cfg.saramaConfig()
 	if err != nil {
@@ -250,6 +297,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 
 	return &Transport{
 		cfg:    cfg,
+		fake:   fake,
 		logger: logger,
 		pub: &Publisher{
 			client: r.c, producer: r.p, marshaler: Marshaler{}, logger: logger,
@@ -352,7 +400,12 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 // Close closes every subscriber made by the transport, then the publisher.
 // It is idempotent.
 func (t *Transport) Close() error {
-	return t.subs.Close(t.pub.Close)
+	return t.subs.Close(t.pub.Close, func() error {
+		if t.fake != nil {
+			t.fake.Close()
+		}
+		return nil
+	})
 }
 
 // Marshaler is watermill-kafka's default marshaler plus the ordering key
