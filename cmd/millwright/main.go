@@ -30,6 +30,7 @@ var benchCmd = &cobra.Command{
 
 func init() {
 	rootCmd.AddCommand(benchCmd)
+	addSchemaFlag(rootCmd)
 }
 
 // main runs the command with a context that SIGINT and SIGTERM cancel:
