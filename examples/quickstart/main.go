@@ -6,12 +6,14 @@
 //
 //	go run ./examples/quickstart                         # Postgres transport (default)
 //	go run ./examples/quickstart -transport amqp://guest:guest@127.0.0.1:5672/
-//	go run ./examples/quickstart -embedded kafka         # in-process Kafka fake
-//	go run ./examples/quickstart -embedded googlecloud   # in-process Pub/Sub fake
+//	MILLWRIGHT_TRANSPORT=kfake go run ./examples/quickstart    # in-process Kafka, a development fake
+//	MILLWRIGHT_TRANSPORT=pstest go run ./examples/quickstart   # in-process Pub/Sub, a development fake
 //
-// It prints one summary line counted from the database:
+// (-embedded kafka and -embedded googlecloud are shorthands for the last
+// two.) It prints one summary line counted from the database (TestOutputLine
+// runs it and compares):
 //
-//	orders=20 published=20 effects=20 duplicates_skipped=20 lost=0 duplicate_effects=0
+//	transport=sql orders=20 published=20 effects=20 duplicates_skipped=20 lost=0 duplicate_effects=0
 //
 // or, when they do not settle within -timeout, the counts at that moment:
 //
@@ -42,7 +44,6 @@ import (
 	"github.com/millwright/millwright/outbox/outboxtest"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
-	"github.com/millwright/millwright/transport/embedded"
 )
 
 const (
@@ -256,22 +257,16 @@ func placeOrder(ctx context.Context, db *sql.DB, id string) error {
 }
 
 func transportConfig(sel, emb, dbURL string) (transport.Config, error) {
+	// -embedded is a shorthand for the development fakes, which
+	// MILLWRIGHT_TRANSPORT selects by itself.
 	switch emb {
 	case "kafka":
-		k, err := embedded.Kafka()
-		if err != nil {
-			return transport.Config{}, err
-		}
-		return k.Config(), nil
+		sel = transport.FakeKafka
 	case "googlecloud":
-		p, err := embedded.PubSub()
-		if err != nil {
-			return transport.Config{}, err
-		}
-		return p.Config(), nil
+		sel = transport.FakePubSub
 	case "":
 	default:
-		return transport.Config{}, fmt.Errorf("-embedded %q: want kafka or googlecloud", emb)
+		return transport.Config{}, fmt.Errorf("-embedded %q: want kafka or googlecloud (or set %s=%s or %s)", emb, transport.EnvTransport, transport.FakeKafka, transport.FakePubSub)
 	}
 	if sel == "" {
 		return transport.ParseURL(dbURL)
