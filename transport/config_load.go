@@ -3,7 +3,6 @@ package transport
 import (
 	"errors"
 	"fmt"
-	"github.com/millwright/millwright/transport/kafka"
 	"net/url"
 	"os"
 	"strconv"
@@ -257,7 +256,7 @@ func ParseURL(raw string) (Config, error) {
 
 // parseKafkaURL parses [user[:pass]@]h1:p1,h2:p2[/][?sasl=...&tls=...&ca_file=...&partitioner=...].
 // net/url cannot: it refuses a comma-separated host list.
-func parseKafkaURL(rest string) (c kafka.Config, err error) {
+func parseKafkaURL(rest string) (c KafkaConfig, err error) {
 	rest, query, _ := strings.Cut(rest, "?")
 	if at := strings.LastIndex(rest, "@"); at >= 0 {
 		userinfo := rest[:at]

@@ -37,6 +37,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/transport"
+	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
 	"github.com/millwright/millwright/transport/embedded"
 )
 

@@ -44,6 +44,7 @@ import (
 	"github.com/millwright/millwright/outbox/outboxtest"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
+	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
 )
 
 const (

@@ -8,8 +8,25 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/googlecloud"
 	"github.com/millwright/millwright/transport/kafka"
 )
+
+// Importing this package links the fakes that MILLWRIGHT_TRANSPORT=kfake
+// and pstest select (kafka.Config.Fake, googlecloud.Config.Fake).
+func init() {
+	kafka.RegisterFake(func() ([]string, func(), error) {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
+		if err != nil {
+			return nil, nil, err
+		}
+		return c.ListenAddrs(), c.Close, nil
+	})
+	googlecloud.RegisterFake(func() (string, func() error, error) {
+		s := pstest.NewServer()
+		return s.Addr, s.Close, nil
+	})
+}
 
 // KafkaCluster is an in-process fake Kafka cluster.
 type KafkaCluster struct {

@@ -2,26 +2,26 @@ package kafka
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/xdg-go/scram"
 
 	"github.com/millwright/millwright/cloudevent"
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/transport"
 )
 
 // SASL mechanisms accepted in SASL.Mechanism.
@@ -44,64 +44,15 @@ const DefaultVersion = "3.6.0"
 // consumer group on kfake never starts.
 const KfakeVersion = "2.3.0"
 
-// Config selects and tunes the Kafka cluster.
-type Config struct {
-	// Brokers lists bootstrap broker addresses (host:port). Required.
-	Brokers []string
-	// ClientID identifies this client to the brokers. Default "millwright".
-	ClientID string
-	// TLS enables TLS with this configuration. Default nil: plaintext.
-	TLS *tls.Config
-	// SASL authenticates the client. Default: none.
-	SASL SASL
-	// InitialOffset is where a new consumer group starts: "oldest" (default,
-	// so events published before the group first joined are not skipped) or
-	// "newest".
-	InitialOffset string
-	// Partitions is the partition count of topics the subscriber creates
-	// (SubscribeInitialize). Default 8. Production topics are best created
-	// by their owners with the partition count they need.
-	Partitions int32
-	// ReplicationFactor of topics the subscriber creates. Default 1.
-	ReplicationFactor int16
-	// ConnectTimeout bounds Open's first contact with the cluster. Default 10s.
-	ConnectTimeout time.Duration
-	// Partitioner places messages that have an ordering key: "murmur2"
-	// (default) is the Java client's and franz-go's formula,
-	// toPositive(murmur2(key)) % partitions, so a key lands on the same
-	// partition whichever client produced it; "fnv1a" is Sarama's hash
-	// partitioner, which millwright used before: keep it for a topic whose
-	// keys it already placed, since switching moves most keys to another
-	// partition and their order across the switch is lost. Messages without
-	// a key go to a random partition either way.
-	Partitioner string
-	// Version is the Kafka protocol version Sarama speaks, as "3.6.0": it
-	// picks the version of every request. Default DefaultVersion (3.6.0,
-	// Sarama's highest; transport/embedded sets KfakeVersion for kfake).
-	// Valid: from 0.11.0.0 (message headers carry the metadata) to the
-	// broker's own version; a broker older than 3.6 needs its own. Kafka
-	// 4.x supports clients from 2.1 on (KIP-896).
-	Version string
-	// Tune, if set, adjusts the Sarama configuration last (escape hatch).
-	Tune func(*sarama.Config)
-	// Fake, a DEVELOPMENT FAKE NOT FOR PRODUCTION, makes Open start an
-	// in-process Kafka (franz-go's kfake: one broker, topics created on
-	// first use, everything in memory and lost on Close, no
-	// authentication) and connect to it; Close stops it. Brokers must then
-	// be empty. Selected by MILLWRIGHT_TRANSPORT=kfake or kfake://.
-	// Default false.
-	Fake bool
-}
+// Config is transport.KafkaConfig: the settings live in package transport, so that
+// a program links only the kinds it imports.
+type Config = transport.KafkaConfig
 
-// SASL holds SASL credentials.
-type SASL struct {
-	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty disables SASL.
-	Mechanism string
-	User      string
-	Password  string
-}
+// SASL is transport.KafkaSASL: the settings live in package transport, so that
+// a program links only the kinds it imports.
+type SASL = transport.KafkaSASL
 
-func (c *Config) setDefaults() {
+func setDefaults(c *Config) {
 	if c.ClientID == "" {
 		c.ClientID = "millwright"
 	}
@@ -125,12 +76,15 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports configuration that cannot work, naming the field.
-func (c Config) Validate() error {
+// validate reports configuration that cannot work, naming the field
+// (Config.Validate, through the registered driver).
+func validate(c Config) error {
 	var errs []error
 	switch {
 	case c.Fake && len(c.Brokers) > 0:
 		errs = append(errs, fmt.Errorf("kafka: Fake starts its own in-process broker, but Brokers is set (%s): unset MILLWRIGHT_KAFKA_BROKERS, or select the real cluster with kafka://host:9092", strings.Join(c.Brokers, ",")))
+	case c.Fake && loadFake() == nil:
+		errs = append(errs, errors.New(`kafka: Fake (the in-process development fake, kfake) is not linked into this program: add import _ "github.com/millwright/millwright/transport/embedded" (or _ "github.com/millwright/millwright/transport/all")`))
 	case !c.Fake && len(c.Brokers) == 0:
 		errs = append(errs, errors.New("kafka: Brokers is empty: set at least one host:port (env MILLWRIGHT_KAFKA_BROKERS or kafka://host:9092), or use the in-process development fake (MILLWRIGHT_TRANSPORT=kfake)"))
 	}
@@ -138,6 +92,9 @@ func (c Config) Validate() error {
 		if err := checkBroker(b); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if _, ok := c.Tune.(func(*sarama.Config)); c.Tune != nil && !ok {
+		errs = append(errs, fmt.Errorf("kafka: Tune is a %T: want a func(*sarama.Config) (github.com/IBM/sarama)", c.Tune))
 	}
 	switch c.InitialOffset {
 	case "", "oldest", "newest":
@@ -172,6 +129,19 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// FakeStarter starts an in-process Kafka and returns its brokers and a
+// function that stops it.
+type FakeStarter func() (brokers []string, stop func(), err error)
+
+var fakeStarter atomic.Pointer[FakeStarter]
+
+// RegisterFake makes Config.Fake start clusters with start. Package
+// transport/embedded registers franz-go's kfake, so that programs which
+// do not import it (production builds) do not link the fake.
+func RegisterFake(start FakeStarter) { fakeStarter.Store(&start) }
+
+func loadFake() *FakeStarter { return fakeStarter.Load() }
+
 // checkBroker refuses a broker address Sarama would only fail to dial:
 // one without a host (":9092" dials nothing useful) or with a bad port.
 func checkBroker(b string) error {
@@ -202,10 +172,10 @@ func parseVersion(s string) (sarama.KafkaVersion, error) {
 
 // Transport is an open connection to a Kafka cluster.
 type Transport struct {
-	cfg    Config
-	fake   *kfake.Cluster // Config.Fake's cluster, stopped by Close
-	logger watermill.LoggerAdapter
-	pub    *Publisher
+	cfg      Config
+	stopFake func() // stops Config.Fake's cluster; nil without one
+	logger   watermill.LoggerAdapter
+	pub      *Publisher
 
 	subs closers.Set
 }
@@ -216,28 +186,27 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *T
 	if cfg.Fake && cfg.Version == "" {
 		cfg.Version = KfakeVersion
 	}
-	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
+	setDefaults(&cfg)
+	if err := validate(cfg); err != nil {
 		return nil, err
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	var fake *kfake.Cluster
+	var stopFake func()
 	if cfg.Fake {
-		fake, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
+		cfg.Brokers, stopFake, err = (*loadFake())()
 		if err != nil {
 			return nil, fmt.Errorf("kafka: starting the in-process development fake (kfake): %w", err)
 		}
 		defer func() {
 			if err != nil {
-				fake.Close()
+				stopFake()
 			}
 		}()
-		cfg.Brokers = fake.ListenAddrs()
 		logger.Info("DEVELOPMENT FAKE: in-process Kafka (kfake), in memory, not for production", watermill.LogFields{"brokers": strings.Join(cfg.Brokers, ",")})
 	}
-	sc, err := cfg.saramaConfig()
+	sc, err := saramaConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -279,9 +248,9 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *T
 	}
 
 	return &Transport{
-		cfg:    cfg,
-		fake:   fake,
-		logger: logger,
+		cfg:      cfg,
+		stopFake: stopFake,
+		logger:   logger,
 		pub: &Publisher{
 			client: r.c, producer: r.p, marshaler: Marshaler{}, logger: logger,
 			topicWait: sc.Admin.Timeout,
@@ -289,7 +258,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *T
 	}, nil
 }
 
-func (c Config) saramaConfig() (*sarama.Config, error) {
+func saramaConfig(c Config) (*sarama.Config, error) {
 	sc := wkafka.DefaultSaramaSubscriberConfig() // a superset of the publisher's defaults
 	sc.ClientID = c.ClientID
 	sc.Producer.Return.Successes = true
@@ -339,8 +308,8 @@ func (c Config) saramaConfig() (*sarama.Config, error) {
 			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.SHA512} }
 		}
 	}
-	if c.Tune != nil {
-		c.Tune(sc)
+	if tune, ok := c.Tune.(func(*sarama.Config)); ok {
+		tune(sc)
 	}
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka: invalid Sarama configuration: %w", err)
@@ -357,7 +326,7 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 // every message).
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 	sub, err := closers.Add(&t.subs, "kafka", func() (*wkafka.Subscriber, error) {
-		sc, err := t.cfg.saramaConfig()
+		sc, err := saramaConfig(t.cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -384,8 +353,8 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 // It is idempotent.
 func (t *Transport) Close() error {
 	return t.subs.Close(t.pub.Close, func() error {
-		if t.fake != nil {
-			t.fake.Close()
+		if t.stopFake != nil {
+			t.stopFake()
 		}
 		return nil
 	})

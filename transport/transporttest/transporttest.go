@@ -12,6 +12,7 @@ import (
 
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/transport"
+	_ "github.com/millwright/millwright/transport/all" // tests use every kind
 	"github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/embedded"
 )
