@@ -31,3 +31,24 @@ func TestOutputLine(t *testing.T) {
 	require.NoError(t, err, "quickstart: %s", out)
 	require.Equal(t, string(m[1])+"\n", string(out))
 }
+
+// A new application selects every kind by environment alone, the
+// development fakes included: the quickstart runs to the same counts with
+// MILLWRIGHT_TRANSPORT set to each of them.
+func TestSelectedByEnvironmentAlone(t *testing.T) {
+	t.Parallel()
+	bin := pgconntest.Build(t, ".")
+	for _, sel := range []string{"gochannel", "mem://", "kfake", "kfake://", "pstest", "pstest://quickstart-env"} {
+		t.Run(sel, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			s := pgtest.New(t)
+			cmd := exec.CommandContext(ctx, bin, "-database-url", s.URL, "-orders", "5")
+			cmd.Env = append(os.Environ(), "MILLWRIGHT_TRANSPORT="+sel)
+			out, err := cmd.Output()
+			require.NoError(t, err, "quickstart with MILLWRIGHT_TRANSPORT=%s: %s", sel, out)
+			require.Regexp(t, `^transport=(gochannel|kafka|googlecloud) orders=5 published=5 effects=5 duplicates_skipped=5 lost=0 duplicate_effects=0\n$`, string(out))
+		})
+	}
+}
