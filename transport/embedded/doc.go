@@ -9,4 +9,9 @@
 // for one, caps delivery at about 800 msg/s and delivers one message per
 // ordering key at a time). Use them to try millwright without a broker and
 // to run tests; point the same code at a real cluster through configuration.
+//
+// Importing this package (transport/all does) also links the fakes that
+// configuration selects: MILLWRIGHT_TRANSPORT=kfake or pstest makes
+// transport.Open start one and Close stop it. Production programs that
+// import only their kind's package link neither fake.
 package embedded
