@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -123,6 +124,52 @@ type Middleware struct {
 	retry          *retry.Middleware
 	deadLetters    *prometheus.CounterVec
 	publishFailure *prometheus.CounterVec
+	stats          struct{ deadLetters, publishFailures, exhausted, permanent, malformed, panics atomic.Uint64 }
+}
+
+// Stats is a snapshot of one middleware's counts since NewMiddleware, the
+// same events its Prometheus counters count.
+type Stats struct {
+	// DeadLetters counts messages published to a dead-letter topic
+	// (MetricDeadLetters), all reasons.
+	DeadLetters uint64
+	// ByReason splits DeadLetters by reason (ReasonExhausted,
+	// ReasonPermanent, ReasonMalformed, ReasonPanic); reasons never seen
+	// are absent.
+	ByReason map[string]uint64
+	// PublishFailures counts dead-letter publishes that failed; those
+	// messages were nacked for redelivery (MetricPublishFailures).
+	PublishFailures uint64
+}
+
+// Stats returns the middleware's counts. It takes no lock and needs no
+// Registerer; it is safe for concurrent use.
+func (m *Middleware) Stats() Stats {
+	s := Stats{DeadLetters: m.stats.deadLetters.Load(), PublishFailures: m.stats.publishFailures.Load(), ByReason: map[string]uint64{}}
+	for _, r := range [...]struct {
+		reason string
+		n      *atomic.Uint64
+	}{{ReasonExhausted, &m.stats.exhausted}, {ReasonPermanent, &m.stats.permanent}, {ReasonMalformed, &m.stats.malformed}, {ReasonPanic, &m.stats.panics}} {
+		if n := r.n.Load(); n > 0 {
+			s.ByReason[r.reason] = n
+		}
+	}
+	return s
+}
+
+// countDeadLetter records one dead letter of reason in Stats.
+func (m *Middleware) countDeadLetter(reason string) {
+	m.stats.deadLetters.Add(1)
+	switch reason {
+	case ReasonExhausted:
+		m.stats.exhausted.Add(1)
+	case ReasonPermanent:
+		m.stats.permanent.Add(1)
+	case ReasonMalformed:
+		m.stats.malformed.Add(1)
+	case ReasonPanic:
+		m.stats.panics.Add(1)
+	}
 }
 
 // NewMiddleware returns the dead-letter middleware, with retries inside it:
@@ -267,12 +314,14 @@ func (m *Middleware) deadLetter(msg *message.Message, cause error) error {
 		"error_type": f.ErrorType,
 	})
 	if err := m.pub.Publish(dlTopic, dl); err != nil {
+		m.stats.publishFailures.Add(1)
 		if m.publishFailure != nil {
 			m.publishFailure.WithLabelValues(topic).Inc()
 		}
 		m.cfg.Logger.Error("Dead-letter publish failed; message nacked for redelivery", err, fields)
 		return fmt.Errorf("dlq: publishing message %s to dead-letter topic %q failed, message nacked for redelivery (check the publisher/broker): %w", msg.UUID, dlTopic, err)
 	}
+	m.countDeadLetter(f.Reason)
 	if m.deadLetters != nil {
 		m.deadLetters.WithLabelValues(topic, f.Reason).Inc()
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -100,9 +101,11 @@ type Config struct {
 	// KeyFunc gives the event id of a message without the metadata.EventID
 	// key. Default nil: such a message fails with ErrNoEventID.
 	KeyFunc KeyFunc
-	// Registerer receives the middleware's counters. Default
-	// prometheus.DefaultRegisterer. Middlewares sharing a Registerer share
-	// the counters (told apart by the consumer label).
+	// Registerer receives the middleware's counters. Default nil: none
+	// registered, as in every millwright component (Stats reads the counts
+	// without Prometheus); pass prometheus.DefaultRegisterer for the
+	// global registry. Middlewares sharing a Registerer share the counters
+	// (told apart by the consumer label).
 	Registerer prometheus.Registerer
 	// Logger logs duplicates (debug) and repeated effects (error).
 	// Default watermill.NopLogger.
@@ -110,9 +113,6 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Registerer == nil {
-		c.Registerer = prometheus.DefaultRegisterer
-	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
@@ -138,6 +138,27 @@ type Middleware struct {
 	dups     prometheus.Counter
 	done     prometheus.Counter
 	repeated prometheus.Counter
+	stats    struct{ processed, duplicates, repeated atomic.Uint64 }
+}
+
+// Stats is a snapshot of one middleware's counts since NewMiddleware, the
+// same events its Prometheus counters count.
+type Stats struct {
+	// Processed counts messages whose handler ran and whose mark
+	// committed (MetricProcessed).
+	Processed uint64
+	// Duplicates counts messages skipped as already processed
+	// (MetricDuplicates).
+	Duplicates uint64
+	// RepeatedEffects counts MarkAfterSuccess runs that found the mark
+	// already written: the effect happened twice (MetricRepeatedEffects).
+	RepeatedEffects uint64
+}
+
+// Stats returns the middleware's counts. It takes no lock and needs no
+// Registerer; it is safe for concurrent use.
+func (m *Middleware) Stats() Stats {
+	return Stats{Processed: m.stats.processed.Load(), Duplicates: m.stats.duplicates.Load(), RepeatedEffects: m.stats.repeated.Load()}
 }
 
 // NewMiddleware returns a middleware that records processed events in store.
@@ -164,6 +185,9 @@ func NewMiddleware(store Store, cfg Config) (*Middleware, error) {
 }
 
 func counter(cfg Config, name, help string) (prometheus.Counter, error) {
+	if cfg.Registerer == nil {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help}), nil
+	}
 	vec, err := promreg.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"consumer"}))
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: registering metric %s: %w", name, err)
@@ -263,6 +287,7 @@ func (m *Middleware) transactional(h message.HandlerFunc, msg *message.Message) 
 	}
 	committed = true
 	m.done.Inc()
+	m.stats.processed.Add(1)
 	return produced, nil
 }
 
@@ -292,12 +317,14 @@ func (m *Middleware) markAfter(h message.HandlerFunc, msg *message.Message) ([]*
 	}
 	if !fresh {
 		m.repeated.Inc()
+		m.stats.repeated.Add(1)
 		m.cfg.Logger.Error("Event processed twice: another delivery finished first", nil, logfields.Of("", msg).Add(watermill.LogFields{
 			"consumer": m.cfg.Consumer, "event_id": id, "mode": m.cfg.Mode.String(),
 		}))
 		return produced, nil
 	}
 	m.done.Inc()
+	m.stats.processed.Add(1)
 	return produced, nil
 }
 
@@ -320,6 +347,7 @@ func (m *Middleware) markAlone(ctx context.Context, id string) (bool, error) {
 
 func (m *Middleware) duplicate(msg *message.Message, id string) {
 	m.dups.Inc()
+	m.stats.duplicates.Add(1)
 	m.cfg.Logger.Debug("Skipping duplicate event", logfields.Of("", msg).Add(watermill.LogFields{
 		"consumer": m.cfg.Consumer, "event_id": id,
 	}))

@@ -132,7 +132,7 @@
 //     a broker accepted part of a batch.
 //   - A failing row backs off (RelayConfig.Retry, with jitter) and holds back
 //     only its own aggregate. After the last attempt it becomes failed
-//     (counted in outbox_failed_count; copied to DeadLetterTopic if set),
+//     (counted in millwright_outbox_failed_events; copied to DeadLetterTopic if set),
 //     its aggregate moves on, and it stays in the table until an operator
 //     runs `millwright outbox retry-failed`. No event is ever dropped.
 //   - A claim looks at the oldest 4 x BatchSize due rows only. Followers
@@ -173,8 +173,8 @@
 // # Metrics
 //
 // With RelayConfig.Registerer set, the relay exports the Metric* constants:
-// the backlog gauges (outbox_pending_count, outbox_oldest_pending_age_seconds,
-// outbox_failed_count, refreshed every MetricsInterval from index-only
+// the backlog gauges (millwright_outbox_pending_events, outbox_oldest_pending_age_seconds,
+// millwright_outbox_failed_events, refreshed every MetricsInterval from index-only
 // queries), relay_publish_latency_seconds and the published/failed
 // counters. Package outboxtest waits for a drained outbox in tests.
 package outbox

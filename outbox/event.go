@@ -39,7 +39,8 @@ type Event struct {
 	// unordered: it is its own aggregate, keyed by its event id.
 	AggregateType string
 	AggregateID   string
-	// EventType is the CloudEvents type, e.g. "order.created.v1". Optional.
+	// EventType is the CloudEvents type, e.g. "order.created.v1".
+	// Default: Topic (CloudEvents requires a type).
 	EventType string
 	// Payload is the message body. Valid JSON is stored in the JSONB payload
 	// column, queryable but normalised by Postgres (key order and whitespace
@@ -54,7 +55,8 @@ type Event struct {
 	// ID is the CloudEvents id (metadata.EventID) and the Watermill message
 	// UUID. Default: a random UUID.
 	ID string
-	// Source is the CloudEvents source (metadata.EventSource). Optional.
+	// Source is the CloudEvents source (metadata.EventSource), a
+	// URI-reference such as "/orders-service". Default: DefaultSource().
 	Source string
 }
 
@@ -148,6 +150,14 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 	if ev.ID == "" {
 		ev.ID = uuid.NewString()
 	}
+	if ev.Source == "" {
+		ev.Source = DefaultSource()
+	}
+	if ev.EventType == "" {
+		// CloudEvents requires a type: the topic names what happened when
+		// the writer did not.
+		ev.EventType = ev.Topic
+	}
 	aggID := ev.AggregateID
 	if aggID == "" {
 		aggID = ev.ID
@@ -173,9 +183,7 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 		}
 		md[k] = v
 	}
-	if ev.Source != "" {
-		set(metadata.EventSource, ev.Source)
-	}
+	set(metadata.EventSource, ev.Source)
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
 		set(metadata.TraceParent, fmt.Sprintf("00-%s-%s-%s", sc.TraceID(), sc.SpanID(), sc.TraceFlags()))
 		if ts := sc.TraceState().String(); ts != "" {
@@ -184,10 +192,18 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 	}
 	// JSONB rejects the \u0000 escape: such payloads are kept as bytes.
 	isJSON := !ev.RawPayload && json.Valid(ev.Payload) && !bytes.Contains(ev.Payload, []byte(`\u0000`))
+	if ev.RawPayload && json.Valid(ev.Payload) {
+		// Kept byte for byte, but still JSON: readers need its content type
+		// (the relay derives it only for the JSONB column).
+		set(metadata.EventDataContentType, "application/json")
+	}
 	for k, v := range ev.Metadata {
 		if k != metadata.EventID { // the event_id column is authoritative
 			set(k, v)
 		}
+	}
+	if err := validateCloudEvent(ev, md); err != nil {
+		return nil, err
 	}
 	// A key whose value the relay derives anyway (a TxPublisher message
 	// carries them all) is not stored twice; ce_time is kept, created_at

@@ -5,13 +5,14 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	_ "github.com/lib/pq" // the "postgres" driver
 
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
@@ -21,7 +22,7 @@ import (
 // exampleDB opens a scratch schema on the local test server with the
 // outbox's migrations applied.
 func exampleDB() (*sql.DB, func()) {
-	admin, err := sql.Open("postgres", pgtest.BaseURL())
+	admin, err := sql.Open("postgres", exampleURL(""))
 	if err != nil {
 		panic(err)
 	}
@@ -30,7 +31,7 @@ func exampleDB() (*sql.DB, func()) {
 		fmt.Fprintln(os.Stderr, "example needs Postgres:", err)
 		os.Exit(1)
 	}
-	db, _ := sql.Open("postgres", pgtest.WithSearchPath(pgtest.BaseURL(), schema))
+	db, _ := sql.Open("postgres", exampleURL(schema))
 	if _, err := migrate.Up(context.Background(), db, outbox.Migrations()); err != nil {
 		panic(err)
 	}
@@ -98,4 +99,22 @@ func ExampleNewTxPublisher() {
 	fmt.Println("pending after rollback:", s.Pending)
 	// Output:
 	// pending after rollback: 0
+}
+
+// exampleURL is the database the example uses, with search_path set to
+// schema when one is given: $MILLWRIGHT_TEST_DATABASE_URL, else the local
+// development server. Use your own.
+func exampleURL(schema string) string {
+	u := os.Getenv("MILLWRIGHT_TEST_DATABASE_URL")
+	if u == "" {
+		u = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	if schema == "" {
+		return u
+	}
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	return u + sep + "search_path=" + schema
 }

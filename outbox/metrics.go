@@ -15,12 +15,12 @@ import (
 // failed count means events wait for `millwright outbox retry-failed`.
 const (
 	// MetricPendingCount is a gauge: rows waiting to be published.
-	MetricPendingCount = "outbox_pending_count"
+	MetricPendingCount = "millwright_outbox_pending_events"
 	// MetricOldestPendingAge is a gauge: age in seconds of the oldest
 	// pending row, 0 when none.
 	MetricOldestPendingAge = "outbox_oldest_pending_age_seconds"
 	// MetricFailedCount is a gauge: rows in the failed state.
-	MetricFailedCount = "outbox_failed_count"
+	MetricFailedCount = "millwright_outbox_failed_events"
 	// MetricPublishLatency is a histogram: duration in seconds of each
 	// broker publish call of the relay (one message, or one batch when the
 	// publisher is a transport.BatchPublisher).

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/millwright/millwright/internal/redact"
-	"github.com/millwright/millwright/transport/kafka"
 )
 
 // EnvPrefix is the prefix of every environment variable millwright reads.
@@ -18,7 +17,8 @@ const EnvPrefix = "MILLWRIGHT_"
 // Environment variables read by FromEnv.
 const (
 	// EnvTransport selects the transport: a kind name (kafka, amqp,
-	// googlecloud, sql, gochannel) or a URL (see ParseURL).
+	// googlecloud, sql, gochannel), a development fake (kfake, pstest), or
+	// a URL (see ParseURL).
 	EnvTransport = EnvPrefix + "TRANSPORT"
 
 	EnvKafkaBrokers       = EnvPrefix + "KAFKA_BROKERS"        // comma-separated host:port
@@ -69,10 +69,14 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 			return cfg, fmt.Errorf("%s: %w", EnvTransport, err)
 		}
 		cfg = c
+	case strings.EqualFold(sel, FakeKafka):
+		cfg.Kind, cfg.Kafka.Fake = Kafka, true
+	case strings.EqualFold(sel, FakePubSub):
+		cfg.Kind, cfg.GoogleCloud.Fake = GoogleCloud, true
 	default:
 		cfg.Kind = Kind(strings.ToLower(sel))
 		if !isKind(cfg.Kind) {
-			return cfg, fmt.Errorf("%s: invalid transport %q: want one of %s", EnvTransport, sel, kindList())
+			return cfg, fmt.Errorf("%s: invalid transport %q: want one of %s, or a development fake: %s, %s", EnvTransport, sel, kindList(), FakeKafka, FakePubSub)
 		}
 	}
 
@@ -186,6 +190,11 @@ func splitList(v string) []string {
 //	gcppubsub://PROJECT?emulator=host:8085   ... through an emulator
 //	postgres://user:pass@host:5432/db        Postgres (watermill-sql)
 //	mem://                                   in-process (gochannel)
+//	kfake://                                 DEVELOPMENT FAKE: in-process Kafka (kafka.Config.Fake)
+//	pstest://[PROJECT]                       DEVELOPMENT FAKE: in-process Pub/Sub (googlecloud.Config.Fake)
+//
+// The two fakes keep everything in memory and lose it on Close; they are
+// for trying millwright and for tests, never for production.
 //
 // Errors never include the password.
 func ParseURL(raw string) (Config, error) {
@@ -225,16 +234,31 @@ func ParseURL(raw string) (Config, error) {
 		}
 		cfg.Kind, cfg.SQL.URL = SQL, raw
 	case "mem", "gochannel":
+		if rest != "" && rest != "/" {
+			return cfg, fmt.Errorf("transport: %s:// takes no host or path (got %q): write mem:// for the in-process gochannel transport", scheme, quoteShort(rest))
+		}
 		cfg.Kind = GoChannel
+	case FakeKafka:
+		if rest != "" && rest != "/" {
+			return cfg, fmt.Errorf("transport: kfake:// takes no address (got %q): it starts its own in-process broker; for a real cluster write kafka://host:9092", quoteShort(rest))
+		}
+		cfg.Kind, cfg.Kafka.Fake = Kafka, true
+	case FakePubSub:
+		u, err := url.Parse(raw)
+		if err != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+			return cfg, fmt.Errorf("transport: malformed pstest URL: want pstest:// or pstest://PROJECT (the in-process development fake)")
+		}
+		cfg.Kind, cfg.GoogleCloud.Fake = GoogleCloud, true
+		cfg.GoogleCloud.ProjectID = u.Host
 	default:
-		return cfg, fmt.Errorf("transport: unknown URL scheme %q: want kafka, amqp, amqps, gcppubsub, postgres or mem", scheme)
+		return cfg, fmt.Errorf("transport: unknown URL scheme %q: want kafka, amqp, amqps, gcppubsub, postgres or mem, or a development fake: kfake, pstest", quoteShort(scheme))
 	}
 	return cfg, cfg.Validate()
 }
 
 // parseKafkaURL parses [user[:pass]@]h1:p1,h2:p2[/][?sasl=...&tls=...&ca_file=...&partitioner=...].
 // net/url cannot: it refuses a comma-separated host list.
-func parseKafkaURL(rest string) (c kafka.Config, err error) {
+func parseKafkaURL(rest string) (c KafkaConfig, err error) {
 	rest, query, _ := strings.Cut(rest, "?")
 	if at := strings.LastIndex(rest, "@"); at >= 0 {
 		userinfo := rest[:at]
@@ -276,4 +300,12 @@ func parseKafkaURL(rest string) (c kafka.Config, err error) {
 		c.TLS = t
 	}
 	return c, nil
+}
+
+// quoteShort cuts v for an error message.
+func quoteShort(v string) string {
+	if len(v) > 64 {
+		return v[:64] + "..."
+	}
+	return v
 }

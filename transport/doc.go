@@ -10,9 +10,21 @@
 //	pub := tr.Publisher()
 //	sub, err := tr.Subscriber("billing") // consumer group
 //
-// Application code imports only this package; the broker packages are
-// behind it (transport/kafka, transport/amqp, transport/googlecloud,
-// transport/sql, transport/gochannel).
+// Application code calls only this package. Each kind registers itself
+// when its sub-package is imported, as database/sql drivers do, so a
+// program links only the broker clients it uses:
+//
+//	import _ "github.com/millwright/millwright/transport/kafka" // Kafka only
+//	import _ "github.com/millwright/millwright/transport/all"   // all five, and the fakes
+//
+// A kind that is not linked is refused by Validate, Open, ParseURL and
+// FromEnv with an error naming the import to add. A 24-line program that
+// opens a transport from the environment builds to 9.7 MB with no kind,
+// 9.7 MB with gochannel, 12.3 MB with sql or amqp, 16.3 MB with kafka,
+// 26.9 MB with googlecloud and 39.2 MB with transport/all; before the
+// split, importing transport linked everything: 33.5 MB (go1.26,
+// linux/amd64). Each kind's settings are a type of this package
+// (KafkaConfig, ...), which its sub-package names Config.
 //
 // Guarantees common to every kind: Publish returns nil only once the broker
 // has accepted the message (Kafka acks=all, RabbitMQ publisher confirms,
@@ -24,9 +36,15 @@
 // and within ConnectTimeout (10s by default) for a broker that does not
 // answer. Passwords never appear in errors or in String.
 //
-// For development and tests, package transport/embedded starts an
-// in-process Kafka (kfake) or Pub/Sub (pstest) fake and returns the Config
-// that reaches it.
+// Development fakes, NOT FOR PRODUCTION, are selected by configuration
+// alone, in programs that link them (transport/embedded, which
+// transport/all imports; production builds that import only their kind
+// do not): MILLWRIGHT_TRANSPORT=kfake (or kfake://) makes Open start an
+// in-process Kafka (franz-go's kfake), and MILLWRIGHT_TRANSPORT=pstest (or
+// pstest://PROJECT) an in-process Pub/Sub (the Google client's pstest);
+// Close stops them, and everything they held is lost. Config.String says
+// "development fake" and Open logs it at info level. Tests that need the
+// fakes' controls (kfake's ControlKey) use package transport/embedded.
 //
 // # Watermill's universal suite
 //

@@ -1,8 +1,10 @@
-package transport
+package transport_test
 
 import (
 	"strings"
 	"testing"
+
+	"github.com/millwright/millwright/transport"
 )
 
 // FuzzFromEnv feeds arbitrary values to every MILLWRIGHT_ variable: no
@@ -16,10 +18,10 @@ func FuzzFromEnv(f *testing.F) {
 	f.Add("postgres://u:secretpw@h/db", "", "", "", "", "", "", "")
 	f.Fuzz(func(t *testing.T, sel, brokers, mech, user, pass, prefetch, partitions, groups string) {
 		env := map[string]string{
-			EnvTransport: sel, EnvKafkaBrokers: brokers, EnvKafkaSASLMechanism: mech, EnvKafkaSASLUser: user,
-			EnvKafkaSASLPassword: pass, EnvAMQPPrefetch: prefetch, EnvKafkaPartitions: partitions, EnvDeclareGroups: groups,
+			transport.EnvTransport: sel, transport.EnvKafkaBrokers: brokers, transport.EnvKafkaSASLMechanism: mech, transport.EnvKafkaSASLUser: user,
+			transport.EnvKafkaSASLPassword: pass, transport.EnvAMQPPrefetch: prefetch, transport.EnvKafkaPartitions: partitions, transport.EnvDeclareGroups: groups,
 		}
-		cfg, err := fromLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok && v != "" })
+		cfg, err := transport.FromLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok && v != "" })
 		// Only the seeds' marker is looked for: another password could match
 		// fixed error text ("host:port") by coincidence.
 		secret := strings.Contains(pass, "secretpw") && !strings.Contains(sel+brokers+mech+user+prefetch+partitions+groups, "secretpw")

@@ -15,11 +15,6 @@ import (
 
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/transport/amqp"
-	"github.com/millwright/millwright/transport/gochannel"
-	"github.com/millwright/millwright/transport/googlecloud"
-	"github.com/millwright/millwright/transport/kafka"
-	"github.com/millwright/millwright/transport/sql"
 )
 
 // Kind names a transport.
@@ -34,6 +29,18 @@ const (
 	GoChannel   Kind = "gochannel"
 )
 
+// The development fakes: names MILLWRIGHT_TRANSPORT accepts, and URL
+// schemes (kfake://, pstest://PROJECT), that select an in-process broker
+// started by Open and stopped by Close (kafka.Config.Fake,
+// googlecloud.Config.Fake). NOT FOR PRODUCTION: they keep everything in
+// memory, authenticate nobody, and their timing differs from the real
+// services. They let a new application run every kind by environment
+// alone, without a broker.
+const (
+	FakeKafka  = "kfake"
+	FakePubSub = "pstest"
+)
+
 // Kinds lists every kind, in documentation order.
 var Kinds = []Kind{Kafka, AMQP, GoogleCloud, SQL, GoChannel}
 
@@ -46,16 +53,16 @@ const OrderingKey = metadata.OrderingKey
 type Config struct {
 	// Kind selects the transport. Required.
 	Kind Kind
-	// Kafka settings, used when Kind is kafka.
-	Kafka kafka.Config
-	// AMQP settings, used when Kind is amqp.
-	AMQP amqp.Config
-	// GoogleCloud settings, used when Kind is googlecloud.
-	GoogleCloud googlecloud.Config
-	// SQL settings, used when Kind is sql.
-	SQL sql.Config
-	// GoChannel settings, used when Kind is gochannel.
-	GoChannel gochannel.Config
+	// Kafka settings, used when Kind is kafka (kafka.Config is this type).
+	Kafka KafkaConfig
+	// AMQP settings, used when Kind is amqp (amqp.Config).
+	AMQP AMQPConfig
+	// GoogleCloud settings, used when Kind is googlecloud (googlecloud.Config).
+	GoogleCloud GoogleCloudConfig
+	// SQL settings, used when Kind is sql (sql.Config).
+	SQL SQLConfig
+	// GoChannel settings, used when Kind is gochannel (gochannel.Config).
+	GoChannel GoChannelConfig
 	// Logger receives the transport's logs. Default: none.
 	Logger watermill.LoggerAdapter
 }
@@ -63,22 +70,13 @@ type Config struct {
 // Validate reports a configuration that cannot work, naming the field and
 // the fix. It checks only the selected kind.
 func (c Config) Validate() error {
-	switch c.Kind {
-	case Kafka:
-		return c.Kafka.Validate()
-	case AMQP:
-		return c.AMQP.Validate()
-	case GoogleCloud:
-		return c.GoogleCloud.Validate()
-	case SQL:
-		return c.SQL.Validate()
-	case GoChannel:
-		return c.GoChannel.Validate()
-	case "":
+	switch {
+	case c.Kind == "":
 		return fmt.Errorf("transport: Kind is empty: want one of %s (env %s)", kindList(), EnvTransport)
-	default:
+	case !isKind(c.Kind):
 		return fmt.Errorf("transport: invalid transport %q: want one of %s", string(c.Kind), kindList())
 	}
+	return validateKind(c.Kind, c)
 }
 
 func kindList() string {
@@ -93,6 +91,9 @@ func kindList() string {
 func (c Config) String() string {
 	switch c.Kind {
 	case Kafka:
+		if c.Kafka.Fake {
+			return "kfake:// (in-process development fake)"
+		}
 		s := "kafka://" + strings.Join(c.Kafka.Brokers, ",")
 		if c.Kafka.SASL.Mechanism != "" {
 			s += " sasl=" + c.Kafka.SASL.Mechanism + " user=" + c.Kafka.SASL.User
@@ -104,6 +105,9 @@ func (c Config) String() string {
 	case AMQP:
 		return redact.URL(c.AMQP.URL)
 	case GoogleCloud:
+		if c.GoogleCloud.Fake {
+			return "pstest://" + c.GoogleCloud.ProjectID + " (in-process development fake)"
+		}
 		s := "gcppubsub://" + c.GoogleCloud.ProjectID
 		if c.GoogleCloud.EmulatorHost != "" {
 			s += "?emulator=" + c.GoogleCloud.EmulatorHost
@@ -120,57 +124,34 @@ func (c Config) String() string {
 	return fmt.Sprintf("transport %q", string(c.Kind))
 }
 
-// backend is what every kind's Transport provides.
-type backend interface {
-	Publisher() message.Publisher
-	Subscriber(group string) (message.Subscriber, error)
-	Close() error
-}
-
 // Transport is an open transport of one kind: a publisher shared by the
 // application, subscribers per consumer group, and Close.
 type Transport struct {
 	kind  Kind
 	desc  string
-	b     backend
+	b     Backend
 	pub   message.Publisher
 	names *nameCache
 }
 
 // Open validates cfg and connects to the broker. A broker that does not
 // answer makes Open fail within the kind's ConnectTimeout (default 10s).
+// The kind must be linked into the program (see Driver); Open says which
+// import is missing.
 func Open(ctx context.Context, cfg Config) (*Transport, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	var (
-		b   backend
-		err error
-	)
-	switch cfg.Kind {
-	case Kafka:
-		b, err = openAs(kafka.Open(ctx, cfg.Kafka, cfg.Logger))
-	case AMQP:
-		b, err = openAs(amqp.Open(ctx, cfg.AMQP, cfg.Logger))
-	case GoogleCloud:
-		b, err = openAs(googlecloud.Open(ctx, cfg.GoogleCloud, cfg.Logger))
-	case SQL:
-		b, err = openAs(sql.Open(ctx, cfg.SQL, cfg.Logger))
-	case GoChannel:
-		b, err = openAs(gochannel.Open(ctx, cfg.GoChannel, cfg.Logger))
+	d, err := driver(cfg.Kind)
+	if err != nil {
+		return nil, err
 	}
+	b, err := d.Open(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("transport: opening %s: %w", cfg, err)
 	}
 	names := &nameCache{kind: cfg.Kind}
 	return &Transport{kind: cfg.Kind, desc: cfg.String(), b: b, pub: wrapPublisher(b.Publisher(), names), names: names}, nil
-}
-
-func openAs[T backend](t T, err error) (backend, error) {
-	if err != nil {
-		return nil, err
-	}
-	return t, nil
 }
 
 // Kind returns the transport's kind.

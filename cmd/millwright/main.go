@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/internal/interrupt"
+	_ "github.com/millwright/millwright/transport/all" // the CLI reaches every kind
 )
 
 // rootCmd is the top of the command tree. Each component adds its commands
@@ -30,6 +31,7 @@ var benchCmd = &cobra.Command{
 
 func init() {
 	rootCmd.AddCommand(benchCmd)
+	addSchemaFlag(rootCmd)
 }
 
 // main runs the command with a context that SIGINT and SIGTERM cancel:

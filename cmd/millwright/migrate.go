@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/lib/pq"
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/internal/pgconn"
@@ -27,7 +28,9 @@ func migrateCmd() *cobra.Command {
 		Use:   "migrate",
 		Short: "Apply the embedded SQL migrations of every component",
 		Long: `Apply the embedded, versioned SQL migrations of every millwright component
-to the database named by --database-url (default: $MILLWRIGHT_DATABASE_URL).
+to the database named by --database-url (default: $MILLWRIGHT_DATABASE_URL),
+in the schema named by --schema (default: $MILLWRIGHT_SCHEMA, else the URL's
+search_path), which it creates if missing.
 Safe to run from several processes at once: an advisory lock serialises them.
 With --dry-run it lists the migrations it would apply, in order, and changes
 nothing (add --sql to print each one's SQL).`,
@@ -58,6 +61,11 @@ nothing (add --sql to print each one's SQL).`,
 				}
 				return nil
 			}
+			if schema, _ := schemaOf(cmd); schema != "" {
+				if _, err := db.ExecContext(cmd.Context(), `CREATE SCHEMA IF NOT EXISTS `+pq.QuoteIdentifier(schema)); err != nil {
+					return fmt.Errorf("creating schema %s: %w", schema, err)
+				}
+			}
 			applied, err := migrate.Up(cmd.Context(), db, migrationSources...)
 			for _, a := range applied {
 				fmt.Fprintf(cmd.OutOrStdout(), "applied %s %03d_%s\n", a.Component, a.Version, a.Name)
@@ -82,9 +90,16 @@ func addDatabaseFlag(cmd *cobra.Command) {
 	cmd.Flags().String("database-url", "", "Postgres URL (default $MILLWRIGHT_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/test?sslmode=disable); connect_timeout=10 (seconds) applies unless the URL or $PGCONNECT_TIMEOUT sets one")
 }
 
+// openDB opens the database of --database-url, working in the schema of
+// --schema or $MILLWRIGHT_SCHEMA.
 func openDB(cmd *cobra.Command) (*sql.DB, error) {
 	u, _ := cmd.Flags().GetString("database-url")
 	u = databaseURL(u)
+	schema, err := schemaOf(cmd)
+	if err != nil {
+		return nil, err
+	}
+	u = withSchema(u, schema)
 	db, err := pgconn.Open(u)
 	if err != nil {
 		return nil, fmt.Errorf("opening database %s: %w", redact.URL(u), redact.Error(err))

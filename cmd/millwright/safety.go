@@ -77,7 +77,7 @@ var errNeedsYes = errors.New("stdin is not a terminal, so there is no one to con
 // addSafetyFlags adds --yes, and --dry-run unless the command has it.
 func addSafetyFlags(cmd *cobra.Command) {
 	if cmd.Flags().Lookup("dry-run") == nil {
-		cmd.Flags().Bool("dry-run", false, "show what would change and change nothing (still audited)")
+		cmd.Flags().Bool("dry-run", false, "show what would change and change nothing (audited where millwright_audit exists; runs without it)")
 	}
 	cmd.Flags().Bool("yes", false, "proceed without asking for confirmation (required when stdin is not a terminal)")
 }
@@ -137,11 +137,17 @@ func openChange(cmd *cobra.Command, args []string) (*change, *sql.DB, error) {
 
 // ready checks that the audit table exists in db, so nothing is changed
 // that could not be audited; finish writes there.
+// A dry run changes nothing, so it runs without the table: it is audited
+// only where the table exists.
 func (c *change) ready(db *sql.DB) error {
-	c.db = db
 	if err := audit.Ready(c.cmd.Context(), db); err != nil {
+		if c.dryRun {
+			fmt.Fprintf(c.cmd.ErrOrStderr(), "dry run not audited: %v\n", err)
+			return nil // c.db stays nil: finish records nothing
+		}
 		return fmt.Errorf("%s: refusing to change anything that cannot be audited: %w", c.cmd.CommandPath(), err)
 	}
+	c.db = db
 	return nil
 }
 

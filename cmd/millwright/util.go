@@ -7,8 +7,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"regexp"
+	"strings"
 
 	_ "github.com/lib/pq" // registers the "postgres" driver
+	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/redact"
@@ -25,6 +28,44 @@ func databaseURL(flag string) string {
 		return u
 	}
 	return defaultDatabaseURL
+}
+
+// envSchema names the Postgres schema of millwright's tables when --schema
+// is not given.
+const envSchema = "MILLWRIGHT_SCHEMA"
+
+// addSchemaFlag adds --schema, persistent, so that every command below
+// cmd takes it: `millwright --schema s outbox status` and `millwright
+// outbox status --schema s` both work.
+func addSchemaFlag(cmd *cobra.Command) {
+	cmd.PersistentFlags().String("schema", "", "Postgres schema of millwright's tables (default $"+envSchema+", else the database URL's search_path, normally public); migrate creates it. The benchmarks use scratch schemas of their own")
+}
+
+var schemaRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// schemaOf returns the schema the command works in: --schema, else
+// $MILLWRIGHT_SCHEMA, else "" (the URL's search_path).
+func schemaOf(cmd *cobra.Command) (string, error) {
+	s := ""
+	if f := cmd.Flags().Lookup("schema"); f != nil && f.Changed {
+		s = f.Value.String()
+	} else if v, ok := os.LookupEnv(envSchema); ok {
+		s = v
+	}
+	s = strings.TrimSpace(s)
+	if s != "" && !schemaRe.MatchString(s) {
+		return "", fmt.Errorf("schema %q (--schema or $%s): want a plain Postgres identifier: a letter or _, then letters, digits or _, at most 63 bytes", s, envSchema)
+	}
+	return s, nil
+}
+
+// withSchema returns rawURL with its search_path set to schema ("" leaves
+// it as it is).
+func withSchema(rawURL, schema string) string {
+	if schema == "" {
+		return rawURL
+	}
+	return pgtest.WithSearchPath(rawURL, schema)
 }
 
 // scratchSchema creates a throw-away schema named prefix_<random> through

@@ -37,7 +37,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/transport"
-	"github.com/millwright/millwright/transport/embedded"
+	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
 )
 
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
@@ -158,22 +158,16 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 }
 
 func (c *common) transportConfig(dbURL string) (transport.Config, func(), error) {
+	// -embedded is a shorthand for the development fakes, which
+	// MILLWRIGHT_TRANSPORT (or -transport) selects by itself; Close stops them.
 	switch c.embedded {
 	case "kafka":
-		k, err := embedded.Kafka()
-		if err != nil {
-			return transport.Config{}, nil, err
-		}
-		return k.Config(), func() { _ = k.Close() }, nil
+		c.transport = transport.FakeKafka
 	case "googlecloud":
-		p, err := embedded.PubSub()
-		if err != nil {
-			return transport.Config{}, nil, err
-		}
-		return p.Config(), func() { _ = p.Close() }, nil
+		c.transport = transport.FakePubSub
 	case "":
 	default:
-		return transport.Config{}, nil, fmt.Errorf("-embedded %q: want kafka or googlecloud", c.embedded)
+		return transport.Config{}, nil, fmt.Errorf("-embedded %q: want kafka or googlecloud (or -transport %s or %s)", c.embedded, transport.FakeKafka, transport.FakePubSub)
 	}
 	if c.transport == "" {
 		cfg, err := transport.ParseURL(dbURL)

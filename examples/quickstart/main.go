@@ -6,12 +6,14 @@
 //
 //	go run ./examples/quickstart                         # Postgres transport (default)
 //	go run ./examples/quickstart -transport amqp://guest:guest@127.0.0.1:5672/
-//	go run ./examples/quickstart -embedded kafka         # in-process Kafka fake
-//	go run ./examples/quickstart -embedded googlecloud   # in-process Pub/Sub fake
+//	MILLWRIGHT_TRANSPORT=kfake go run ./examples/quickstart    # in-process Kafka, a development fake
+//	MILLWRIGHT_TRANSPORT=pstest go run ./examples/quickstart   # in-process Pub/Sub, a development fake
 //
-// It prints one summary line counted from the database:
+// (-embedded kafka and -embedded googlecloud are shorthands for the last
+// two.) It prints one summary line counted from the database (TestOutputLine
+// runs it and compares):
 //
-//	orders=20 published=20 effects=20 duplicates_skipped=20 lost=0 duplicate_effects=0
+//	transport=sql orders=20 published=20 effects=20 duplicates_skipped=20 lost=0 duplicate_effects=0
 //
 // or, when they do not settle within -timeout, the counts at that moment:
 //
@@ -42,7 +44,7 @@ import (
 	"github.com/millwright/millwright/outbox/outboxtest"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
-	"github.com/millwright/millwright/transport/embedded"
+	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
 )
 
 const (
@@ -186,8 +188,6 @@ func run() error {
 	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM millwright_outbox WHERE status = 'published' AND aggregate_id LIKE $1`, runID+"-%").Scan(&published); err != nil {
 		return err
 	}
-	dups := counterValue(reg, idempotency.MetricDuplicates)
-
 	cancel()
 	_ = relay.Close()
 	_ = router.Close()
@@ -196,7 +196,10 @@ func run() error {
 			log.Warn("shutdown", "error", err)
 		}
 	}
-	fmt.Printf("transport=%s orders=%d published=%d effects=%d duplicates_skipped=%.0f lost=%d duplicate_effects=%d\n",
+	// Read after the router drained: the Duplicator's second delivery of
+	// the last message runs after its effect committed.
+	dups := idem.Stats().Duplicates
+	fmt.Printf("transport=%s orders=%d published=%d effects=%d duplicates_skipped=%d lost=%d duplicate_effects=%d\n",
 		tr.Kind(), *n, published, effects, dups, *n-distinct, effects-distinct)
 	if distinct != *n || effects != distinct {
 		return errors.New("effects do not match orders")
@@ -256,22 +259,16 @@ func placeOrder(ctx context.Context, db *sql.DB, id string) error {
 }
 
 func transportConfig(sel, emb, dbURL string) (transport.Config, error) {
+	// -embedded is a shorthand for the development fakes, which
+	// MILLWRIGHT_TRANSPORT selects by itself.
 	switch emb {
 	case "kafka":
-		k, err := embedded.Kafka()
-		if err != nil {
-			return transport.Config{}, err
-		}
-		return k.Config(), nil
+		sel = transport.FakeKafka
 	case "googlecloud":
-		p, err := embedded.PubSub()
-		if err != nil {
-			return transport.Config{}, err
-		}
-		return p.Config(), nil
+		sel = transport.FakePubSub
 	case "":
 	default:
-		return transport.Config{}, fmt.Errorf("-embedded %q: want kafka or googlecloud", emb)
+		return transport.Config{}, fmt.Errorf("-embedded %q: want kafka or googlecloud (or set %s=%s or %s)", emb, transport.EnvTransport, transport.FakeKafka, transport.FakePubSub)
 	}
 	if sel == "" {
 		return transport.ParseURL(dbURL)
@@ -281,19 +278,6 @@ func transportConfig(sel, emb, dbURL string) (transport.Config, error) {
 		os.Setenv(transport.EnvDatabaseURL, dbURL)
 	}
 	return transport.FromEnv()
-}
-
-func counterValue(reg *prometheus.Registry, name string) float64 {
-	mfs, _ := reg.Gather()
-	var v float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				v += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return v
 }
 
 func envOr(k, def string) string {

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/millwright/millwright/transport"
+	_ "github.com/millwright/millwright/transport/all" // benchmarks every kind
 	"github.com/millwright/millwright/transport/amqp"
 )
 

@@ -21,7 +21,7 @@ func exported(t *testing.T) map[string]metricscheck.Source {
 	m, err := metricscheck.Exported(root)
 	require.NoError(t, err)
 	// Sanity: the scan must see the components' metrics at all.
-	for _, want := range []string{"outbox_pending_count", "millwright_dlq_depth", "millwright_saga_stuck_total", "millwright_retry_retries_total"} {
+	for _, want := range []string{"millwright_outbox_pending_events", "millwright_dlq_depth", "millwright_saga_stuck_total", "millwright_retry_retries_total"} {
 		require.Contains(t, m, want)
 	}
 	return m
@@ -93,9 +93,9 @@ func TestAlertRules(t *testing.T) {
 
 	// The design's thresholds.
 	design := []struct{ alert, exprRe, forDur string }{
-		{"MillwrightOutboxBacklog", `outbox_pending_count\)?\s*>\s*1000$`, "5m"},
+		{"MillwrightOutboxBacklog", `millwright_outbox_pending_events\)?\s*>\s*1000$`, "5m"},
 		{"MillwrightOutboxOldestPendingAge", `outbox_oldest_pending_age_seconds\)?\s*>\s*60$`, "1m"},
-		{"MillwrightOutboxFailed", `outbox_failed_count\)?\s*>\s*0$`, ""},
+		{"MillwrightOutboxFailed", `millwright_outbox_failed_events\)?\s*>\s*0$`, ""},
 		{"MillwrightRelayPublishSlow", `histogram_quantile\(0\.99,.*relay_publish_latency_seconds_bucket.*>\s*5$`, "5m"},
 		{"MillwrightDeadLettersArriving", `millwright_dlq_dead_letters_total`, ""},
 		{"MillwrightSagaStuck", `millwright_saga_stuck\)?\s*>\s*0$`, ""}, // the gauge of sagas stuck now, not the counter

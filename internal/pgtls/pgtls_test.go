@@ -27,6 +27,7 @@ import (
 
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/transport"
+	_ "github.com/millwright/millwright/transport/sql" // registers sql
 )
 
 // envRequireTLS, set to 1, makes the test fail where it would skip: for

@@ -4,12 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	_ "github.com/lib/pq" // the "postgres" driver
 
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
@@ -17,7 +19,7 @@ import (
 
 func ExampleWaitDrained() {
 	ctx := context.Background()
-	admin, _ := sql.Open("postgres", pgtest.BaseURL())
+	admin, _ := sql.Open("postgres", exampleURL(""))
 	defer admin.Close()
 	schema := fmt.Sprintf("example_%d", time.Now().UnixNano())
 	if _, err := admin.Exec(`CREATE SCHEMA ` + schema); err != nil {
@@ -25,7 +27,7 @@ func ExampleWaitDrained() {
 		return
 	}
 	defer admin.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
-	db, _ := sql.Open("postgres", pgtest.WithSearchPath(pgtest.BaseURL(), schema))
+	db, _ := sql.Open("postgres", exampleURL(schema))
 	defer db.Close()
 	_, _ = migrate.Up(ctx, db, outbox.Migrations())
 
@@ -43,4 +45,22 @@ func ExampleWaitDrained() {
 	defer cancel()
 	fmt.Println(outboxtest.WaitDrained(wait, db))
 	// Output: <nil>
+}
+
+// exampleURL is the database the example uses, with search_path set to
+// schema when one is given: $MILLWRIGHT_TEST_DATABASE_URL, else the local
+// development server. Use your own.
+func exampleURL(schema string) string {
+	u := os.Getenv("MILLWRIGHT_TEST_DATABASE_URL")
+	if u == "" {
+		u = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	if schema == "" {
+		return u
+	}
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	return u + sep + "search_path=" + schema
 }

@@ -2,7 +2,6 @@ package amqp
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -20,46 +19,14 @@ import (
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/transport"
 )
 
-// Config selects and tunes the RabbitMQ connection.
-type Config struct {
-	// URL is amqp://user:pass@host:5672/vhost or amqps://... Required.
-	URL string
-	// TLS configures amqps. Default nil: the system roots when the URL is
-	// amqps://, plaintext for amqp://.
-	TLS *tls.Config
-	// Prefetch is how many unacked messages a consumer holds. Default 100;
-	// 1 gives strict ordering with one consumer.
-	Prefetch int
-	// ChannelPoolSize is the number of publishing channels. Default 8.
-	ChannelPoolSize int
-	// NoConfirm turns off publisher confirms (faster; a publish may then be
-	// lost if the broker dies right after it). Default false: confirms on.
-	// It requires AllowUnroutable: without confirms nothing tells when
-	// the broker's return of an unroutable message would have arrived.
-	NoConfirm bool
-	// AllowUnroutable publishes without the mandatory flag: a message that
-	// no queue is bound to receive is dropped by RabbitMQ, as plain AMQP
-	// does, and Publish still returns nil. Default false: every message is
-	// published mandatory, and one the broker returns because no queue is
-	// bound to the topic's exchange fails the publish with ErrUnroutable,
-	// naming the exchange, so the outbox relay keeps the row and the DLQ
-	// middleware nacks the original until a queue exists (subscribe the
-	// group first, or list it in DeclareGroups). Env
-	// MILLWRIGHT_AMQP_ALLOW_UNROUTABLE.
-	AllowUnroutable bool
-	// DeclareGroups lists consumer groups whose queues the publisher
-	// declares and binds before its first publish to a topic, so no message
-	// is dropped before their subscribers start. Default none.
-	DeclareGroups []string
-	// ConnectTimeout bounds Open's connection attempt and each of the
-	// publisher's reconnect attempts, a publish's wait for a free channel,
-	// and Close's wait for the publishes in flight. Default 10s.
-	ConnectTimeout time.Duration
-}
+// Config is transport.AMQPConfig: the settings live in package transport, so that
+// a program links only the kinds it imports.
+type Config = transport.AMQPConfig
 
-func (c *Config) setDefaults() {
+func setDefaults(c *Config) {
 	if c.Prefetch == 0 {
 		c.Prefetch = 100
 	}
@@ -72,7 +39,7 @@ func (c *Config) setDefaults() {
 }
 
 // Validate reports configuration that cannot work, naming the field.
-func (c Config) Validate() error {
+func validate(c Config) error {
 	var errs []error
 	if c.URL == "" {
 		errs = append(errs, errors.New("amqp: URL is empty: set amqp://user:pass@host:5672/vhost (env MILLWRIGHT_AMQP_URL)"))
@@ -122,8 +89,8 @@ type Transport struct {
 // Open connects the publisher within ConnectTimeout (or ctx's deadline, if
 // sooner).
 func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
-	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
+	setDefaults(&cfg)
+	if err := validate(cfg); err != nil {
 		return nil, err
 	}
 	if logger == nil {
@@ -238,7 +205,10 @@ func (t *Transport) config(group string) wamqp.Config {
 // property. Unmarshal maps them back to the metadata.Event* keys, accepts
 // the "cloudEvents_" prefix of earlier drafts, and turns the binding's
 // native AMQP values (timestamp, integers, booleans) into their canonical
-// strings, as the binding requires receivers to.
+// strings, as the binding requires receivers to. Marshal also sets the
+// message-id property to the event id (metadata.EventID, else the message
+// UUID) and timestamp to the event time (metadata.EventTime, else the
+// publish time).
 type Marshaler struct{ wamqp.DefaultMarshaler }
 
 // Marshal implements wamqp.Marshaler.
@@ -258,6 +228,17 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 			p.Headers[w] = v
 		}
 		delete(p.Headers, k)
+	}
+	// The AMQP properties readers look at before any header: the event id
+	// as message-id (the Watermill UUID when there is none), and the event
+	// time, or now, as timestamp (whole seconds on the wire).
+	p.MessageId = msg.Metadata.Get(metadata.EventID)
+	if p.MessageId == "" {
+		p.MessageId = msg.UUID
+	}
+	p.Timestamp = time.Now()
+	if t, err := time.Parse(time.RFC3339Nano, msg.Metadata.Get(metadata.EventTime)); err == nil {
+		p.Timestamp = t
 	}
 	return p, nil
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -41,4 +42,28 @@ func TestUnmarshalNativeValuesAndOldPrefix(t *testing.T) {
 	d.Headers["cloudEvents:subject"] = amqp091.Table{"nested": "x"}
 	_, err = amqp.Marshaler{}.Unmarshal(d)
 	require.ErrorContains(t, err, "cloudEvents:subject")
+}
+
+// Readers that know nothing of CloudEvents look at the AMQP properties:
+// message-id is the event id, timestamp the event time, content-type the
+// datacontenttype.
+func TestMarshalSetsMessageProperties(t *testing.T) {
+	t.Parallel()
+	msg := message.NewMessage("u1", []byte(`{}`))
+	msg.Metadata.Set(metadata.EventID, "evt-1")
+	msg.Metadata.Set(metadata.EventTime, "2026-03-04T05:06:07.5Z")
+	msg.Metadata.Set(metadata.EventDataContentType, "application/json")
+	p, err := amqp.Marshaler{}.Marshal(msg)
+	require.NoError(t, err)
+	require.Equal(t, "evt-1", p.MessageId)
+	require.Equal(t, "application/json", p.ContentType)
+	require.True(t, p.Timestamp.Equal(time.Date(2026, 3, 4, 5, 6, 7, 500000000, time.UTC)), "timestamp %v", p.Timestamp)
+	require.NotContains(t, p.Headers, "cloudEvents:datacontenttype")
+
+	// Without CloudEvents metadata: the Watermill UUID, the publish time.
+	before := time.Now()
+	p, err = amqp.Marshaler{}.Marshal(message.NewMessage("u2", nil))
+	require.NoError(t, err)
+	require.Equal(t, "u2", p.MessageId)
+	require.False(t, p.Timestamp.Before(before.Add(-time.Second)), "timestamp %v", p.Timestamp)
 }

@@ -1,14 +1,3 @@
-// Package embedded starts brokers inside the current process for
-// development, examples and tests, and returns the transport.Config that
-// reaches them.
-//
-// THESE ARE IN-PROCESS FAKES, NOT FOR PRODUCTION. Kafka is franz-go's kfake,
-// a Kafka wire-protocol cluster kept in memory; Pub/Sub is the Google Cloud
-// client's pstest. Both lose everything when the process exits, neither
-// authenticates, and their timing differs from the real services (pstest,
-// for one, caps delivery at about 800 msg/s and delivers one message per
-// ordering key at a time). Use them to try millwright without a broker and
-// to run tests; point the same code at a real cluster through configuration.
 package embedded
 
 import (
@@ -19,8 +8,25 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/googlecloud"
 	"github.com/millwright/millwright/transport/kafka"
 )
+
+// Importing this package links the fakes that MILLWRIGHT_TRANSPORT=kfake
+// and pstest select (kafka.Config.Fake, googlecloud.Config.Fake).
+func init() {
+	kafka.RegisterFake(func() ([]string, func(), error) {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
+		if err != nil {
+			return nil, nil, err
+		}
+		return c.ListenAddrs(), c.Close, nil
+	})
+	googlecloud.RegisterFake(func() (string, func() error, error) {
+		s := pstest.NewServer()
+		return s.Addr, s.Close, nil
+	})
+}
 
 // KafkaCluster is an in-process fake Kafka cluster.
 type KafkaCluster struct {

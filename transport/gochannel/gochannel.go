@@ -1,14 +1,3 @@
-// Package gochannel is millwright's in-process transport, built on
-// Watermill's GoChannel: for unit tests and single-process development.
-//
-// Every subscriber receives every message: there are no consumer groups,
-// and a group name is accepted and ignored. Nothing survives the process.
-// With Persistent (the default) messages published before a subscriber
-// started are replayed to it, which keeps them all in memory for the life
-// of the transport.
-//
-// CloudEvents: messages are passed in memory; the metadata.Event* keys are
-// kept as they are.
 package gochannel
 
 import (
@@ -18,19 +7,16 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wgochannel "github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/millwright/millwright/transport"
 )
 
-// Config tunes the in-process transport.
-type Config struct {
-	// Buffer is each subscriber's output channel size. Default 1024.
-	Buffer int64
-	// NotPersistent drops messages published while no subscriber listens
-	// and keeps none in memory. Default false: persistent.
-	NotPersistent bool
-}
+// Config is transport.GoChannelConfig: the settings live in package transport, so that
+// a program links only the kinds it imports.
+type Config = transport.GoChannelConfig
 
 // Validate reports configuration that cannot work.
-func (c Config) Validate() error {
+func validate(c Config) error {
 	if c.Buffer < 0 {
 		return errors.New("gochannel: Buffer is negative")
 	}
@@ -42,7 +28,7 @@ type Transport struct{ ps *wgochannel.GoChannel }
 
 // Open creates the in-process pub/sub.
 func Open(_ context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := validate(cfg); err != nil {
 		return nil, err
 	}
 	if cfg.Buffer == 0 {

@@ -1,25 +1,3 @@
-// Package googlecloud is millwright's Google Cloud Pub/Sub transport, built
-// on watermill-googlecloud. Applications reach it through package transport.
-//
-// Each consumer group is a subscription named "<topic>_<group>" (created on
-// first subscribe, as is the topic), so every group gets every message and
-// the members of a group share the work. Message ordering is enabled on
-// publisher and subscriptions: messages with the same metadata.OrderingKey
-// are delivered in publish order; others are unordered. A nack makes
-// Pub/Sub redeliver; an unacked message is redelivered after its deadline.
-//
-// Where it falls short: a subscription only receives messages published
-// after it was created, so create the groups' subscriptions before
-// publishing (subscribe once at deployment, or list the groups in
-// Config.DeclareGroups; a publish to a topic with no subscription at all
-// fails with ErrNoSubscription unless Config.AllowUnreceived); messages
-// are limited to 10 MB; an ordering key
-// whose publish failed is paused until resumed (this transport resumes it
-// automatically and returns the error).
-//
-// CloudEvents (Pub/Sub protocol binding, binary mode): the metadata.Event*
-// attributes travel as attributes "ce-<attr>" and datacontenttype as the
-// "Content-Type" attribute; consumers get the same metadata keys back.
 package googlecloud
 
 import (
@@ -30,6 +8,7 @@ import (
 	"os"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,48 +25,43 @@ import (
 	"github.com/millwright/millwright/cloudevent"
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/transport"
 )
 
-// Config selects and tunes the Pub/Sub project.
-type Config struct {
-	// ProjectID is the Google Cloud project. Required.
-	ProjectID string
-	// EmulatorHost, if set (host:port), reaches a Pub/Sub emulator without
-	// credentials. The client also honours PUBSUB_EMULATOR_HOST.
-	EmulatorHost string
-	// CredentialsFile is a service-account JSON key file. Default: the
-	// application default credentials.
-	CredentialsFile string
-	// ClientOptions are passed to the Pub/Sub client last (escape hatch).
-	ClientOptions []option.ClientOption
-	// PublishTimeout bounds one Publish call. Default 30s.
-	PublishTimeout time.Duration
-	// PublishDelay is the client's batching delay. Default 1ms (the
-	// library's 10ms makes every synchronous publish wait 10ms).
-	PublishDelay time.Duration
-	// MaxExtension bounds how long a received message's lease is extended
-	// while its handler runs. Default 10 minutes; a closed subscriber's
-	// messages are redelivered after at most this long.
-	MaxExtension time.Duration
-	// DeclareGroups lists consumer groups whose subscriptions the
-	// publisher creates before its first publish to a topic, so messages
-	// published before their subscribers start are kept. Default none.
-	DeclareGroups []string
-	// ConnectTimeout bounds Open's first contact. Default 10s.
-	ConnectTimeout time.Duration
-	// AllowUnreceived publishes to a topic without checking that it has
-	// a subscription: Pub/Sub then accepts, and keeps for nobody, a
-	// message no subscription would receive. Default false: until a
-	// topic is seen to have a subscription (one ListTopicSubscriptions
-	// call per publish, which needs pubsub.topics.listSubscriptions),
-	// a publish to it fails with ErrNoSubscription. Env
-	// MILLWRIGHT_PUBSUB_ALLOW_UNRECEIVED.
-	AllowUnreceived bool
-}
+// Config is transport.GoogleCloudConfig: the settings live in package transport, so that
+// a program links only the kinds it imports.
+type Config = transport.GoogleCloudConfig
+
+// FakeStarter starts an in-process Pub/Sub and returns its address and a
+// function that stops it.
+type FakeStarter func() (addr string, stop func() error, err error)
+
+var fakeStarter atomic.Pointer[FakeStarter]
+
+// RegisterFake makes Config.Fake start servers with start. Package
+// transport/embedded registers the Google client's pstest, so that
+// programs which do not import it (production builds) do not link the
+// fake.
+func RegisterFake(start FakeStarter) { fakeStarter.Store(&start) }
+
+func loadFake() *FakeStarter { return fakeStarter.Load() }
+
+// FakeProjectID is the project of Config.Fake when ProjectID is empty.
+const FakeProjectID = "millwright-dev"
 
 var projectRe = regexp.MustCompile(`^[a-z][a-z0-9-]{4,28}[a-z0-9]$|^[a-zA-Z0-9._:-]+$`)
 
-func (c *Config) setDefaults() {
+func setDefaults(c *Config) {
+	if c.Fake {
+		if c.ProjectID == "" {
+			c.ProjectID = FakeProjectID
+		}
+		if c.MaxExtension == 0 {
+			// A subscriber closed mid-read leaves its messages leased
+			// until the extension ends; keep that short in development.
+			c.MaxExtension = 10 * time.Second
+		}
+	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = 30 * time.Second
 	}
@@ -103,11 +77,17 @@ func (c *Config) setDefaults() {
 }
 
 // Validate reports configuration that cannot work, naming the field.
-func (c Config) Validate() error {
+func validate(c Config) error {
 	var errs []error
-	if c.ProjectID == "" {
-		errs = append(errs, errors.New("googlecloud: ProjectID is empty: set it (env MILLWRIGHT_PUBSUB_PROJECT or gcppubsub://PROJECT)"))
-	} else if !projectRe.MatchString(c.ProjectID) {
+	if c.Fake && c.EmulatorHost != "" {
+		errs = append(errs, fmt.Errorf("googlecloud: Fake starts its own in-process Pub/Sub, but EmulatorHost is set (%s): unset MILLWRIGHT_PUBSUB_EMULATOR_HOST, or select the emulator with gcppubsub://PROJECT?emulator=%s", c.EmulatorHost, c.EmulatorHost))
+	}
+	if c.Fake && loadFake() == nil {
+		errs = append(errs, errors.New(`googlecloud: Fake (the in-process development fake, pstest) is not linked into this program: add import _ "github.com/millwright/millwright/transport/embedded" (or _ "github.com/millwright/millwright/transport/all")`))
+	}
+	if c.ProjectID == "" && !c.Fake {
+		errs = append(errs, errors.New("googlecloud: ProjectID is empty: set it (env MILLWRIGHT_PUBSUB_PROJECT or gcppubsub://PROJECT), or use the in-process development fake (MILLWRIGHT_TRANSPORT=pstest)"))
+	} else if c.ProjectID != "" && !projectRe.MatchString(c.ProjectID) {
 		errs = append(errs, fmt.Errorf("googlecloud: ProjectID %q is not a valid project id", c.ProjectID))
 	}
 	for _, d := range []struct {
@@ -118,6 +98,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("googlecloud: %s %s is negative", d.name, d.v))
 		}
 	}
+	for i, o := range c.ClientOptions {
+		if _, ok := o.(option.ClientOption); !ok {
+			errs = append(errs, fmt.Errorf("googlecloud: ClientOptions[%d] is a %T: want a google.golang.org/api/option.ClientOption", i, o))
+		}
+	}
 	for _, g := range c.DeclareGroups {
 		if g == "" {
 			errs = append(errs, errors.New("googlecloud: DeclareGroups has an empty group name"))
@@ -126,7 +111,7 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func (c Config) clientOptions() []option.ClientOption {
+func clientOptions(c Config) []option.ClientOption {
 	var opts []option.ClientOption
 	if c.EmulatorHost != "" {
 		opts = append(opts,
@@ -138,12 +123,17 @@ func (c Config) clientOptions() []option.ClientOption {
 	} else if c.CredentialsFile != "" {
 		opts = append(opts, option.WithCredentialsFile(c.CredentialsFile))
 	}
-	return append(opts, c.ClientOptions...)
+	for _, o := range c.ClientOptions {
+		if o, ok := o.(option.ClientOption); ok {
+			opts = append(opts, o)
+		}
+	}
+	return opts
 }
 
 // emulatorHost is the emulator the clients reach: EmulatorHost, else
 // PUBSUB_EMULATOR_HOST (which the client library honours), else "".
-func (c Config) emulatorHost() string {
+func emulatorHost(c Config) string {
 	if c.EmulatorHost != "" {
 		return c.EmulatorHost
 	}
@@ -168,23 +158,37 @@ func contactError(ctx, cctx context.Context, what string, timeout time.Duration,
 
 // Transport is an open Pub/Sub client pair (publisher, admin).
 type Transport struct {
-	cfg    Config
-	logger watermill.LoggerAdapter
-	admin  *pubsub.Client
-	pub    *Publisher
+	cfg      Config
+	logger   watermill.LoggerAdapter
+	admin    *pubsub.Client
+	stopFake func() error // stops Config.Fake's server; nil without one
+	pub      *Publisher
 
 	subs closers.Set
 }
 
 // Open creates the clients and checks, within ConnectTimeout, that the
 // service answers.
-func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
-	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
+func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *Transport, err error) {
+	setDefaults(&cfg)
+	if err := validate(cfg); err != nil {
 		return nil, err
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
+	}
+	var stopFake func() error
+	if cfg.Fake {
+		cfg.EmulatorHost, stopFake, err = (*loadFake())()
+		if err != nil {
+			return nil, fmt.Errorf("googlecloud: starting the in-process development fake (pstest): %w", err)
+		}
+		defer func() {
+			if err != nil {
+				_ = stopFake()
+			}
+		}()
+		logger.Info("DEVELOPMENT FAKE: in-process Pub/Sub (pstest), in memory, not for production", watermill.LogFields{"project": cfg.ProjectID, "addr": cfg.EmulatorHost})
 	}
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
@@ -192,7 +196,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	// gRPC retries a refused connection until the deadline: an emulator
 	// that is not running would look like one that does not answer, after
 	// the whole ConnectTimeout. A plain TCP connect tells them apart at once.
-	if host := cfg.emulatorHost(); host != "" {
+	if host := emulatorHost(cfg); host != "" {
 		var d net.Dialer
 		c, err := d.DialContext(cctx, "tcp", host)
 		if err != nil {
@@ -201,7 +205,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		}
 		c.Close()
 	}
-	admin, err := pubsub.NewClient(cctx, cfg.ProjectID, cfg.clientOptions()...)
+	admin, err := pubsub.NewClient(cctx, cfg.ProjectID, clientOptions(cfg)...)
 	if err != nil {
 		return nil, fmt.Errorf("googlecloud: creating client for project %s: %w", cfg.ProjectID, err)
 	}
@@ -210,7 +214,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	if _, err := admin.Topic("millwright-probe").Exists(cctx); err != nil && status.Code(err) != codes.PermissionDenied {
 		admin.Close()
 		what := "Pub/Sub for project " + cfg.ProjectID
-		if host := cfg.emulatorHost(); host != "" {
+		if host := emulatorHost(cfg); host != "" {
 			what += " (emulator at " + host + ")"
 		}
 		return nil, fmt.Errorf("googlecloud: %w", contactError(ctx, cctx, what, cfg.ConnectTimeout, start, err,
@@ -228,14 +232,14 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 			ByteThreshold:  pubsub.DefaultPublishSettings.ByteThreshold,
 			Timeout:        cfg.PublishTimeout,
 		},
-		ClientOptions: cfg.clientOptions(),
+		ClientOptions: clientOptions(cfg),
 		Marshaler:     Marshaler{wgc.NewOrderingMarshaler(orderingKey)},
 	}, logger)
 	if err != nil {
 		admin.Close()
 		return nil, fmt.Errorf("googlecloud: creating publisher: %w", err)
 	}
-	t := &Transport{cfg: cfg, logger: logger, admin: admin}
+	t := &Transport{cfg: cfg, logger: logger, admin: admin, stopFake: stopFake}
 	t.pub = &Publisher{Publisher: wp, t: t, declared: map[string]bool{}}
 	return t, nil
 }
@@ -310,7 +314,7 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 				NumGoroutines:          pubsub.DefaultReceiveSettings.NumGoroutines,
 			},
 			SubscriptionConfig: pubsub.SubscriptionConfig{EnableMessageOrdering: true},
-			ClientOptions:      t.cfg.clientOptions(),
+			ClientOptions:      clientOptions(t.cfg),
 			Unmarshaler:        Unmarshaler{wgc.NewOrderingUnmarshaler(restoreOrderingKey)},
 		}, t.logger)
 		if err != nil {
@@ -326,7 +330,12 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 
 // Close closes subscribers, publisher and clients. It is idempotent.
 func (t *Transport) Close() error {
-	return t.subs.Close(t.pub.Close, t.admin.Close)
+	return t.subs.Close(t.pub.Close, t.admin.Close, func() error {
+		if t.stopFake != nil {
+			return t.stopFake()
+		}
+		return nil
+	})
 }
 
 // Publisher is watermill-googlecloud's publisher that first creates the

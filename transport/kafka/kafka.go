@@ -1,29 +1,14 @@
-// Package kafka is millwright's Kafka transport, built on watermill-kafka
-// (Sarama). Applications reach it through package transport; import it
-// directly only to tune Sarama.
-//
-// Guarantees: consumer groups are Kafka group ids; messages with the same
-// metadata.OrderingKey become the same Kafka message key and land on one
-// partition, in publish order (the producer keeps one request in flight per
-// broker so retries cannot reorder them). The partition is the one the Java
-// client and franz-go choose for that key (murmur2), so producers written
-// with any of them keep a key's messages together; Config.Partitioner
-// "fnv1a" keeps Sarama's hash partitioner for topics it already filled.
-// Publishes wait for all in-sync replicas. A nacked message is redelivered to
-// the same consumer after NackResendSleep; offsets are committed after ack.
-//
-// CloudEvents (Kafka protocol binding, binary mode): the metadata.Event*
-// attributes travel as "ce_<attr>" headers and datacontenttype as the
-// "content-type" header; consumers get the same metadata keys back.
 package kafka
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -36,6 +21,7 @@ import (
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/transport"
 )
 
 // SASL mechanisms accepted in SASL.Mechanism.
@@ -58,57 +44,15 @@ const DefaultVersion = "3.6.0"
 // consumer group on kfake never starts.
 const KfakeVersion = "2.3.0"
 
-// Config selects and tunes the Kafka cluster.
-type Config struct {
-	// Brokers lists bootstrap broker addresses (host:port). Required.
-	Brokers []string
-	// ClientID identifies this client to the brokers. Default "millwright".
-	ClientID string
-	// TLS enables TLS with this configuration. Default nil: plaintext.
-	TLS *tls.Config
-	// SASL authenticates the client. Default: none.
-	SASL SASL
-	// InitialOffset is where a new consumer group starts: "oldest" (default,
-	// so events published before the group first joined are not skipped) or
-	// "newest".
-	InitialOffset string
-	// Partitions is the partition count of topics the subscriber creates
-	// (SubscribeInitialize). Default 8. Production topics are best created
-	// by their owners with the partition count they need.
-	Partitions int32
-	// ReplicationFactor of topics the subscriber creates. Default 1.
-	ReplicationFactor int16
-	// ConnectTimeout bounds Open's first contact with the cluster. Default 10s.
-	ConnectTimeout time.Duration
-	// Partitioner places messages that have an ordering key: "murmur2"
-	// (default) is the Java client's and franz-go's formula,
-	// toPositive(murmur2(key)) % partitions, so a key lands on the same
-	// partition whichever client produced it; "fnv1a" is Sarama's hash
-	// partitioner, which millwright used before: keep it for a topic whose
-	// keys it already placed, since switching moves most keys to another
-	// partition and their order across the switch is lost. Messages without
-	// a key go to a random partition either way.
-	Partitioner string
-	// Version is the Kafka protocol version Sarama speaks, as "3.6.0": it
-	// picks the version of every request. Default DefaultVersion (3.6.0,
-	// Sarama's highest; transport/embedded sets KfakeVersion for kfake).
-	// Valid: from 0.11.0.0 (message headers carry the metadata) to the
-	// broker's own version; a broker older than 3.6 needs its own. Kafka
-	// 4.x supports clients from 2.1 on (KIP-896).
-	Version string
-	// Tune, if set, adjusts the Sarama configuration last (escape hatch).
-	Tune func(*sarama.Config)
-}
+// Config is transport.KafkaConfig: the settings live in package transport, so that
+// a program links only the kinds it imports.
+type Config = transport.KafkaConfig
 
-// SASL holds SASL credentials.
-type SASL struct {
-	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty disables SASL.
-	Mechanism string
-	User      string
-	Password  string
-}
+// SASL is transport.KafkaSASL: the settings live in package transport, so that
+// a program links only the kinds it imports.
+type SASL = transport.KafkaSASL
 
-func (c *Config) setDefaults() {
+func setDefaults(c *Config) {
 	if c.ClientID == "" {
 		c.ClientID = "millwright"
 	}
@@ -132,16 +76,25 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports configuration that cannot work, naming the field.
-func (c Config) Validate() error {
+// validate reports configuration that cannot work, naming the field
+// (Config.Validate, through the registered driver).
+func validate(c Config) error {
 	var errs []error
-	if len(c.Brokers) == 0 {
-		errs = append(errs, errors.New("kafka: Brokers is empty: set at least one host:port (env MILLWRIGHT_KAFKA_BROKERS or kafka://host:9092)"))
+	switch {
+	case c.Fake && len(c.Brokers) > 0:
+		errs = append(errs, fmt.Errorf("kafka: Fake starts its own in-process broker, but Brokers is set (%s): unset MILLWRIGHT_KAFKA_BROKERS, or select the real cluster with kafka://host:9092", strings.Join(c.Brokers, ",")))
+	case c.Fake && loadFake() == nil:
+		errs = append(errs, errors.New(`kafka: Fake (the in-process development fake, kfake) is not linked into this program: add import _ "github.com/millwright/millwright/transport/embedded" (or _ "github.com/millwright/millwright/transport/all")`))
+	case !c.Fake && len(c.Brokers) == 0:
+		errs = append(errs, errors.New("kafka: Brokers is empty: set at least one host:port (env MILLWRIGHT_KAFKA_BROKERS or kafka://host:9092), or use the in-process development fake (MILLWRIGHT_TRANSPORT=kfake)"))
 	}
 	for _, b := range c.Brokers {
-		if strings.TrimSpace(b) == "" || !strings.Contains(b, ":") {
-			errs = append(errs, fmt.Errorf("kafka: broker address %q: want host:port", b))
+		if err := checkBroker(b); err != nil {
+			errs = append(errs, err)
 		}
+	}
+	if _, ok := c.Tune.(func(*sarama.Config)); c.Tune != nil && !ok {
+		errs = append(errs, fmt.Errorf("kafka: Tune is a %T: want a func(*sarama.Config) (github.com/IBM/sarama)", c.Tune))
 	}
 	switch c.InitialOffset {
 	case "", "oldest", "newest":
@@ -176,6 +129,35 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// FakeStarter starts an in-process Kafka and returns its brokers and a
+// function that stops it.
+type FakeStarter func() (brokers []string, stop func(), err error)
+
+var fakeStarter atomic.Pointer[FakeStarter]
+
+// RegisterFake makes Config.Fake start clusters with start. Package
+// transport/embedded registers franz-go's kfake, so that programs which
+// do not import it (production builds) do not link the fake.
+func RegisterFake(start FakeStarter) { fakeStarter.Store(&start) }
+
+func loadFake() *FakeStarter { return fakeStarter.Load() }
+
+// checkBroker refuses a broker address Sarama would only fail to dial:
+// one without a host (":9092" dials nothing useful) or with a bad port.
+func checkBroker(b string) error {
+	host, port, err := net.SplitHostPort(strings.TrimSpace(b))
+	if err != nil {
+		return fmt.Errorf("kafka: broker address %q: want host:port, e.g. 127.0.0.1:9092", b)
+	}
+	if host == "" {
+		return fmt.Errorf("kafka: broker address %q has no host: want host:port, e.g. 127.0.0.1%s (or MILLWRIGHT_TRANSPORT=kfake for the in-process development fake)", b, b)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("kafka: broker address %q: port %q is not a number from 1 to 65535", b, port)
+	}
+	return nil
+}
+
 // parseVersion parses Config.Version.
 func parseVersion(s string) (sarama.KafkaVersion, error) {
 	v, err := sarama.ParseKafkaVersion(s)
@@ -190,24 +172,41 @@ func parseVersion(s string) (sarama.KafkaVersion, error) {
 
 // Transport is an open connection to a Kafka cluster.
 type Transport struct {
-	cfg    Config
-	logger watermill.LoggerAdapter
-	pub    *Publisher
+	cfg      Config
+	stopFake func() // stops Config.Fake's cluster; nil without one
+	logger   watermill.LoggerAdapter
+	pub      *Publisher
 
 	subs closers.Set
 }
 
 // Open checks the configuration, reaches the cluster within ConnectTimeout
 // and creates the publisher.
-func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
-	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
+func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *Transport, err error) {
+	if cfg.Fake && cfg.Version == "" {
+		cfg.Version = KfakeVersion
+	}
+	setDefaults(&cfg)
+	if err := validate(cfg); err != nil {
 		return nil, err
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	sc, err := cfg.saramaConfig()
+	var stopFake func()
+	if cfg.Fake {
+		cfg.Brokers, stopFake, err = (*loadFake())()
+		if err != nil {
+			return nil, fmt.Errorf("kafka: starting the in-process development fake (kfake): %w", err)
+		}
+		defer func() {
+			if err != nil {
+				stopFake()
+			}
+		}()
+		logger.Info("DEVELOPMENT FAKE: in-process Kafka (kfake), in memory, not for production", watermill.LogFields{"brokers": strings.Join(cfg.Brokers, ",")})
+	}
+	sc, err := saramaConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -249,8 +248,9 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	}
 
 	return &Transport{
-		cfg:    cfg,
-		logger: logger,
+		cfg:      cfg,
+		stopFake: stopFake,
+		logger:   logger,
 		pub: &Publisher{
 			client: r.c, producer: r.p, marshaler: Marshaler{}, logger: logger,
 			topicWait: sc.Admin.Timeout,
@@ -258,7 +258,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	}, nil
 }
 
-func (c Config) saramaConfig() (*sarama.Config, error) {
+func saramaConfig(c Config) (*sarama.Config, error) {
 	sc := wkafka.DefaultSaramaSubscriberConfig() // a superset of the publisher's defaults
 	sc.ClientID = c.ClientID
 	sc.Producer.Return.Successes = true
@@ -308,8 +308,8 @@ func (c Config) saramaConfig() (*sarama.Config, error) {
 			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.SHA512} }
 		}
 	}
-	if c.Tune != nil {
-		c.Tune(sc)
+	if tune, ok := c.Tune.(func(*sarama.Config)); ok {
+		tune(sc)
 	}
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka: invalid Sarama configuration: %w", err)
@@ -326,7 +326,7 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 // every message).
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 	sub, err := closers.Add(&t.subs, "kafka", func() (*wkafka.Subscriber, error) {
-		sc, err := t.cfg.saramaConfig()
+		sc, err := saramaConfig(t.cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -352,7 +352,12 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 // Close closes every subscriber made by the transport, then the publisher.
 // It is idempotent.
 func (t *Transport) Close() error {
-	return t.subs.Close(t.pub.Close)
+	return t.subs.Close(t.pub.Close, func() error {
+		if t.stopFake != nil {
+			t.stopFake()
+		}
+		return nil
+	})
 }
 
 // Marshaler is watermill-kafka's default marshaler plus the ordering key

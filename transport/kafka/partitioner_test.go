@@ -169,9 +169,9 @@ func TestConfigPartitionerAndVersion(t *testing.T) {
 	}
 	for _, tc := range cases {
 		c := Config{Brokers: []string{"h:9092"}, Partitioner: tc.partitioner, Version: tc.version}
-		c.setDefaults()
-		require.NoError(t, c.Validate())
-		sc, err := c.saramaConfig()
+		setDefaults(&c)
+		require.NoError(t, validate(c))
+		sc, err := saramaConfig(c)
 		require.NoError(t, err)
 		require.Equal(t, tc.wantVersion, sc.Version, "Version %q", tc.version)
 		require.Equal(t, tc.wantPlacement, placement(sc.Producer.Partitioner), "Partitioner %q", tc.partitioner)

@@ -1,28 +1,3 @@
-// Package sql is millwright's Postgres transport, built on watermill-sql
-// (lib/pq). Applications reach it through package transport.
-//
-// Each topic is a table; each consumer group keeps its own offset per topic
-// and reads messages in offset order, acking one batch at a time, so a
-// group sees a topic in publish order (across commits, watermill-sql orders
-// by transaction id). A nack rolls back and the message is redelivered.
-// Messages persist until the table is truncated by the operator.
-//
-// Where it falls short: throughput is that of one Postgres; every consumer
-// group polls (PollInterval, default 100ms); topic names become table names
-// and must match [A-Za-z0-9_.:$-] (watermill-sql refuses others).
-// Consumers read only rows below the server's xmin horizon, so one long
-// transaction that has written, anywhere on the server (any database, any
-// client), stops every consumer of every topic until it ends: the
-// transport checks the horizon (HorizonCheckInterval), exports its age
-// (MetricHorizonAge) and the holder's pid, and logs the blocking pid when
-// committed rows wait behind it (see Horizon and docs/runbooks.md).
-//
-// CloudEvents: there is no protocol binding for SQL tables; the row's JSON
-// metadata keeps the metadata.Event* keys ("ce_id", ...) as they are.
-//
-// The publisher is a transport.InDatabasePublisher: an outbox relay on the
-// same database publishes a batch with one INSERT ... SELECT in the
-// transaction that marks it published (see package outbox).
 package sql
 
 import (
@@ -39,49 +14,18 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
+	"github.com/millwright/millwright/transport"
 )
 
-// Config selects and tunes the Postgres transport.
-type Config struct {
-	// URL is postgres://user:pass@host:5432/db?sslmode=... Required unless DB is set.
-	URL string
-	// DB, if set, is used instead of opening URL (share the service's pool).
-	// Close does not close it.
-	DB *stdsql.DB
-	// MaxOpenConns bounds the pool opened from URL. Default 10.
-	MaxOpenConns int
-	// PollInterval is how often an idle subscriber polls. Default 100ms.
-	PollInterval time.Duration
-	// ResendInterval is how long a nacked message waits before it is
-	// delivered again. Default 1s (watermill-sql's).
-	ResendInterval time.Duration
-	// ConnectTimeout bounds Open's first ping and, when URL sets no
-	// connect_timeout (and PGCONNECT_TIMEOUT is unset), every connection
-	// attempt of the pool opened from URL (rounded up to whole seconds).
-	// Default 10s.
-	ConnectTimeout time.Duration
-	// HorizonCheckInterval is how often, once the transport has a
-	// subscriber, it reads the server's xmin horizon (see Horizon), sets
-	// MetricHorizonAge and MetricHorizonPID, and counts the subscribed
-	// topics' rows waiting behind a holder older than HorizonWarnAge.
-	// Default 10s; -1 disables the check.
-	HorizonCheckInterval time.Duration
-	// HorizonWarnAge is how long the horizon's holder must have been open
-	// before committed rows waiting behind it are logged (as an error,
-	// naming the holder's pid and the fix; again every minute while they
-	// wait, and once when they no longer do). Default 30s.
-	HorizonWarnAge time.Duration
-	// Registerer receives MetricHorizonAge and MetricHorizonPID. Default
-	// nil: none registered. Transports sharing a Registerer share them.
-	Registerer prometheus.Registerer
-}
+// Config is transport.SQLConfig: the settings live in package transport, so that
+// a program links only the kinds it imports.
+type Config = transport.SQLConfig
 
-func (c *Config) setDefaults() {
+func setDefaults(c *Config) {
 	if c.MaxOpenConns == 0 {
 		c.MaxOpenConns = 10
 	}
@@ -103,7 +47,7 @@ func (c *Config) setDefaults() {
 }
 
 // Validate reports configuration that cannot work, naming the field.
-func (c Config) Validate() error {
+func validate(c Config) error {
 	var errs []error
 	if c.DB == nil {
 		if c.URL == "" {
@@ -148,8 +92,8 @@ type Transport struct {
 // Open opens (or adopts) the pool, pings it within ConnectTimeout and
 // creates the publisher.
 func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
-	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
+	setDefaults(&cfg)
+	if err := validate(cfg); err != nil {
 		return nil, err
 	}
 	if logger == nil {

@@ -3,11 +3,8 @@ package app
 import (
 	"embed"
 
-	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/migrate"
-	"github.com/millwright/millwright/outbox"
-	"github.com/millwright/millwright/saga"
+	"github.com/millwright/millwright/migrations"
 )
 
 //go:embed migrations/*.sql
@@ -19,7 +16,8 @@ func Migrations() migrate.Source {
 }
 
 // AllMigrations returns every migration the example needs: millwright's
-// outbox, idempotency, dead-letter and saga tables, then its own.
+// (migrations.All: outbox, idempotency, dead-letter, saga and the operator
+// CLI's audit tables), then its own.
 func AllMigrations() []migrate.Source {
-	return []migrate.Source{outbox.Migrations(), idempotency.Migrations(), dlq.Migrations(), saga.Migrations(), Migrations()}
+	return append(migrations.All(), Migrations())
 }

@@ -1,0 +1,25 @@
+package amqp
+
+import (
+	"context"
+
+	"github.com/millwright/millwright/transport"
+)
+
+// Importing this package registers the amqp kind with package transport
+// (transport.Open, ParseURL, FromEnv), as database/sql drivers register
+// themselves: a program links only the kinds it imports.
+func init() {
+	transport.Register(transport.AMQP, transport.Driver{
+		Validate: func(c transport.Config) error { return validate(c.AMQP) },
+		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
+			t, err := Open(ctx, c.AMQP, c.Logger)
+			if err != nil {
+				return nil, err
+			}
+			return t, nil
+		},
+	})
+}
+
+var _ transport.Backend = (*Transport)(nil)

@@ -1,0 +1,4 @@
+package transport
+
+// FromLookup is fromLookup, for the external tests.
+var FromLookup = fromLookup

@@ -1,0 +1,25 @@
+package kafka
+
+import (
+	"context"
+
+	"github.com/millwright/millwright/transport"
+)
+
+// Importing this package registers the kafka kind with package transport
+// (transport.Open, ParseURL, FromEnv), as database/sql drivers register
+// themselves: a program links only the kinds it imports.
+func init() {
+	transport.Register(transport.Kafka, transport.Driver{
+		Validate: func(c transport.Config) error { return validate(c.Kafka) },
+		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
+			t, err := Open(ctx, c.Kafka, c.Logger)
+			if err != nil {
+				return nil, err
+			}
+			return t, nil
+		},
+	})
+}
+
+var _ transport.Backend = (*Transport)(nil)

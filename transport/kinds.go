@@ -1,0 +1,300 @@
+package transport
+
+import (
+	"context"
+	"crypto/tls"
+	"database/sql"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Backend is one open transport of a kind: what a Driver's Open returns
+// and Transport wraps.
+type Backend interface {
+	Publisher() message.Publisher
+	Subscriber(group string) (message.Subscriber, error)
+	Close() error
+}
+
+// Driver opens one kind. Each kind's sub-package registers its Driver in
+// an init function, as database/sql drivers do, so a program links only
+// the kinds it imports:
+//
+//	import _ "github.com/millwright/millwright/transport/kafka" // one kind
+//	import _ "github.com/millwright/millwright/transport/all"   // all five
+type Driver struct {
+	// Validate reports configuration of the kind that cannot work
+	// (cfg.Kind is the driver's kind), naming the field and the fix.
+	Validate func(cfg Config) error
+	// Open connects (cfg has passed Validate).
+	Open func(ctx context.Context, cfg Config) (Backend, error)
+}
+
+var (
+	driversMu sync.RWMutex
+	drivers   = map[Kind]Driver{}
+)
+
+// Register makes a kind available to Open, ParseURL and FromEnv. The kind
+// sub-packages call it from init; it panics if kind is registered twice or
+// the driver lacks Validate or Open, as database/sql.Register does.
+func Register(kind Kind, d Driver) {
+	driversMu.Lock()
+	defer driversMu.Unlock()
+	if d.Validate == nil || d.Open == nil {
+		panic("transport: Register " + string(kind) + ": driver without Validate or Open")
+	}
+	if _, dup := drivers[kind]; dup {
+		panic("transport: Register called twice for kind " + string(kind))
+	}
+	drivers[kind] = d
+}
+
+// Registered lists the kinds this program links, sorted.
+func Registered() []Kind {
+	driversMu.RLock()
+	defer driversMu.RUnlock()
+	out := make([]Kind, 0, len(drivers))
+	for k := range drivers {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// driverPackages are the sub-packages that register each kind.
+var driverPackages = map[Kind]string{
+	Kafka: "kafka", AMQP: "amqp", GoogleCloud: "googlecloud", SQL: "sql", GoChannel: "gochannel",
+}
+
+// driver returns kind's registered Driver, or an error naming the import
+// that registers it.
+func driver(kind Kind) (Driver, error) {
+	driversMu.RLock()
+	d, ok := drivers[kind]
+	driversMu.RUnlock()
+	if !ok {
+		return d, fmt.Errorf("transport: kind %s is not linked into this program: add import _ \"github.com/millwright/millwright/transport/%s\" (or _ \"github.com/millwright/millwright/transport/all\" for every kind)", kind, driverPackages[kind])
+	}
+	return d, nil
+}
+
+// validateKind validates the settings of one kind through its driver.
+func validateKind(kind Kind, c Config) error {
+	d, err := driver(kind)
+	if err != nil {
+		return err
+	}
+	c.Kind = kind
+	return d.Validate(c)
+}
+
+// Validate reports Kafka settings that cannot work (through the kafka
+// driver, which must be linked: see Driver).
+func (c KafkaConfig) Validate() error { return validateKind(Kafka, Config{Kafka: c}) }
+
+// Validate reports RabbitMQ settings that cannot work.
+func (c AMQPConfig) Validate() error { return validateKind(AMQP, Config{AMQP: c}) }
+
+// Validate reports Pub/Sub settings that cannot work.
+func (c GoogleCloudConfig) Validate() error { return validateKind(GoogleCloud, Config{GoogleCloud: c}) }
+
+// Validate reports Postgres transport settings that cannot work.
+func (c SQLConfig) Validate() error { return validateKind(SQL, Config{SQL: c}) }
+
+// Validate reports in-process transport settings that cannot work.
+func (c GoChannelConfig) Validate() error { return validateKind(GoChannel, Config{GoChannel: c}) }
+
+// KafkaConfig selects and tunes the Kafka cluster.
+type KafkaConfig struct {
+	// Brokers lists bootstrap broker addresses (host:port). Required.
+	Brokers []string
+	// ClientID identifies this client to the brokers. Default "millwright".
+	ClientID string
+	// TLS enables TLS with this configuration. Default nil: plaintext.
+	TLS *tls.Config
+	// SASL authenticates the client. Default: none.
+	SASL KafkaSASL
+	// InitialOffset is where a new consumer group starts: "oldest" (default,
+	// so events published before the group first joined are not skipped) or
+	// "newest".
+	InitialOffset string
+	// Partitions is the partition count of topics the subscriber creates
+	// (SubscribeInitialize). Default 8. Production topics are best created
+	// by their owners with the partition count they need.
+	Partitions int32
+	// ReplicationFactor of topics the subscriber creates. Default 1.
+	ReplicationFactor int16
+	// ConnectTimeout bounds Open's first contact with the cluster. Default 10s.
+	ConnectTimeout time.Duration
+	// Partitioner places messages that have an ordering key: "murmur2"
+	// (default) is the Java client's and franz-go's formula,
+	// toPositive(murmur2(key)) % partitions, so a key lands on the same
+	// partition whichever client produced it; "fnv1a" is Sarama's hash
+	// partitioner, which millwright used before: keep it for a topic whose
+	// keys it already placed, since switching moves most keys to another
+	// partition and their order across the switch is lost. Messages without
+	// a key go to a random partition either way.
+	Partitioner string
+	// Version is the Kafka protocol version Sarama speaks, as "3.6.0": it
+	// picks the version of every request. Default DefaultVersion (3.6.0,
+	// Sarama's highest; transport/embedded sets KfakeVersion for kfake).
+	// Valid: from 0.11.0.0 (message headers carry the metadata) to the
+	// broker's own version; a broker older than 3.6 needs its own. Kafka
+	// 4.x supports clients from 2.1 on (KIP-896).
+	Version string
+	// Tune, if set, adjusts the Sarama configuration last (escape hatch).
+	// It must be a func(*sarama.Config) (github.com/IBM/sarama): it is
+	// typed any so that package transport does not link Sarama into
+	// programs that do not use Kafka; Validate refuses any other type.
+	Tune any
+	// Fake, a DEVELOPMENT FAKE NOT FOR PRODUCTION, makes Open start an
+	// in-process Kafka (franz-go's kfake: one broker, topics created on
+	// first use, everything in memory and lost on Close, no
+	// authentication) and connect to it; Close stops it. Brokers must then
+	// be empty. Selected by MILLWRIGHT_TRANSPORT=kfake or kfake://.
+	// Default false.
+	Fake bool
+}
+
+// KafkaSASL holds SASL credentials.
+type KafkaSASL struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty disables SASL.
+	Mechanism string
+	User      string
+	Password  string
+}
+
+// AMQPConfig selects and tunes the RabbitMQ connection.
+type AMQPConfig struct {
+	// URL is amqp://user:pass@host:5672/vhost or amqps://... Required.
+	URL string
+	// TLS configures amqps. Default nil: the system roots when the URL is
+	// amqps://, plaintext for amqp://.
+	TLS *tls.Config
+	// Prefetch is how many unacked messages a consumer holds. Default 100;
+	// 1 gives strict ordering with one consumer.
+	Prefetch int
+	// ChannelPoolSize is the number of publishing channels. Default 8.
+	ChannelPoolSize int
+	// NoConfirm turns off publisher confirms (faster; a publish may then be
+	// lost if the broker dies right after it). Default false: confirms on.
+	// It requires AllowUnroutable: without confirms nothing tells when
+	// the broker's return of an unroutable message would have arrived.
+	NoConfirm bool
+	// AllowUnroutable publishes without the mandatory flag: a message that
+	// no queue is bound to receive is dropped by RabbitMQ, as plain AMQP
+	// does, and Publish still returns nil. Default false: every message is
+	// published mandatory, and one the broker returns because no queue is
+	// bound to the topic's exchange fails the publish with ErrUnroutable,
+	// naming the exchange, so the outbox relay keeps the row and the DLQ
+	// middleware nacks the original until a queue exists (subscribe the
+	// group first, or list it in DeclareGroups). Env
+	// MILLWRIGHT_AMQP_ALLOW_UNROUTABLE.
+	AllowUnroutable bool
+	// DeclareGroups lists consumer groups whose queues the publisher
+	// declares and binds before its first publish to a topic, so no message
+	// is dropped before their subscribers start. Default none.
+	DeclareGroups []string
+	// ConnectTimeout bounds Open's connection attempt and each of the
+	// publisher's reconnect attempts, a publish's wait for a free channel,
+	// and Close's wait for the publishes in flight. Default 10s.
+	ConnectTimeout time.Duration
+}
+
+// GoogleCloudConfig selects and tunes the Pub/Sub project.
+type GoogleCloudConfig struct {
+	// ProjectID is the Google Cloud project. Required.
+	ProjectID string
+	// EmulatorHost, if set (host:port), reaches a Pub/Sub emulator without
+	// credentials. The client also honours PUBSUB_EMULATOR_HOST.
+	EmulatorHost string
+	// CredentialsFile is a service-account JSON key file. Default: the
+	// application default credentials.
+	CredentialsFile string
+	// ClientOptions are passed to the Pub/Sub client last (escape hatch).
+	// Each must be a google.golang.org/api/option.ClientOption: they are
+	// typed any so that package transport does not link the Google client
+	// into programs that do not use Pub/Sub; Validate refuses other types.
+	ClientOptions []any
+	// PublishTimeout bounds one Publish call. Default 30s.
+	PublishTimeout time.Duration
+	// PublishDelay is the client's batching delay. Default 1ms (the
+	// library's 10ms makes every synchronous publish wait 10ms).
+	PublishDelay time.Duration
+	// MaxExtension bounds how long a received message's lease is extended
+	// while its handler runs. Default 10 minutes; a closed subscriber's
+	// messages are redelivered after at most this long.
+	MaxExtension time.Duration
+	// DeclareGroups lists consumer groups whose subscriptions the
+	// publisher creates before its first publish to a topic, so messages
+	// published before their subscribers start are kept. Default none.
+	DeclareGroups []string
+	// ConnectTimeout bounds Open's first contact. Default 10s.
+	ConnectTimeout time.Duration
+	// AllowUnreceived publishes to a topic without checking that it has
+	// a subscription: Pub/Sub then accepts, and keeps for nobody, a
+	// message no subscription would receive. Default false: until a
+	// topic is seen to have a subscription (one ListTopicSubscriptions
+	// call per publish, which needs pubsub.topics.listSubscriptions),
+	// a publish to it fails with ErrNoSubscription. Env
+	// MILLWRIGHT_PUBSUB_ALLOW_UNRECEIVED.
+	AllowUnreceived bool
+	// Fake, a DEVELOPMENT FAKE NOT FOR PRODUCTION, makes Open start an
+	// in-process Pub/Sub (the Google client's pstest: in memory, lost on
+	// Close, no authentication, about 800 msg/s at most, one message per
+	// ordering key at a time) and connect to it; Close stops it.
+	// EmulatorHost must then be empty; ProjectID defaults to
+	// FakeProjectID and MaxExtension to 10s. Selected by
+	// MILLWRIGHT_TRANSPORT=pstest or pstest://[PROJECT]. Default false.
+	Fake bool
+}
+
+// SQLConfig selects and tunes the Postgres transport.
+type SQLConfig struct {
+	// URL is postgres://user:pass@host:5432/db?sslmode=... Required unless DB is set.
+	URL string
+	// DB, if set, is used instead of opening URL (share the service's pool).
+	// Close does not close it.
+	DB *sql.DB
+	// MaxOpenConns bounds the pool opened from URL. Default 10.
+	MaxOpenConns int
+	// PollInterval is how often an idle subscriber polls. Default 100ms.
+	PollInterval time.Duration
+	// ResendInterval is how long a nacked message waits before it is
+	// delivered again. Default 1s (watermill-sql's).
+	ResendInterval time.Duration
+	// ConnectTimeout bounds Open's first ping and, when URL sets no
+	// connect_timeout (and PGCONNECT_TIMEOUT is unset), every connection
+	// attempt of the pool opened from URL (rounded up to whole seconds).
+	// Default 10s.
+	ConnectTimeout time.Duration
+	// HorizonCheckInterval is how often, once the transport has a
+	// subscriber, it reads the server's xmin horizon (see Horizon), sets
+	// MetricHorizonAge and MetricHorizonPID, and counts the subscribed
+	// topics' rows waiting behind a holder older than HorizonWarnAge.
+	// Default 10s; -1 disables the check.
+	HorizonCheckInterval time.Duration
+	// HorizonWarnAge is how long the horizon's holder must have been open
+	// before committed rows waiting behind it are logged (as an error,
+	// naming the holder's pid and the fix; again every minute while they
+	// wait, and once when they no longer do). Default 30s.
+	HorizonWarnAge time.Duration
+	// Registerer receives MetricHorizonAge and MetricHorizonPID. Default
+	// nil: none registered. Transports sharing a Registerer share them.
+	Registerer prometheus.Registerer
+}
+
+// GoChannelConfig tunes the in-process transport.
+type GoChannelConfig struct {
+	// Buffer is each subscriber's output channel size. Default 1024.
+	Buffer int64
+	// NotPersistent drops messages published while no subscriber listens
+	// and keeps none in memory. Default false: persistent.
+	NotPersistent bool
+}

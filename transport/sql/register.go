@@ -1,0 +1,25 @@
+package sql
+
+import (
+	"context"
+
+	"github.com/millwright/millwright/transport"
+)
+
+// Importing this package registers the sql kind with package transport
+// (transport.Open, ParseURL, FromEnv), as database/sql drivers register
+// themselves: a program links only the kinds it imports.
+func init() {
+	transport.Register(transport.SQL, transport.Driver{
+		Validate: func(c transport.Config) error { return validate(c.SQL) },
+		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
+			t, err := Open(ctx, c.SQL, c.Logger)
+			if err != nil {
+				return nil, err
+			}
+			return t, nil
+		},
+	})
+}
+
+var _ transport.Backend = (*Transport)(nil)
