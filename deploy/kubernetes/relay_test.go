@@ -16,6 +16,7 @@ import (
 	"github.com/millwright/millwright/health"
 	"github.com/millwright/millwright/internal/relayenv"
 	"github.com/millwright/millwright/transport"
+	_ "github.com/millwright/millwright/transport/all" // the manifest selects a kind: millwright relay links every kind
 )
 
 type probe struct {
