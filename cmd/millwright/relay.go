@@ -20,13 +20,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/health"
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/relayenv"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -102,14 +106,14 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 	logf := func(format string, args ...any) { fmt.Fprintf(logOut, "millwright relay: "+format+"\n", args...) }
 	p := &relayProcess{cfg: cfg, logger: watermill.NewStdLoggerWithOut(logOut, false, false)}
 	defer p.close()
-	hasProcessed, err := p.openDB(ctx)
+	tables, err := p.openDB(ctx)
 	if err != nil {
 		return err
 	}
 	if err := p.openTransport(ctx, tcfg, hooks.wrapPublisher); err != nil {
 		return err
 	}
-	if err := p.components(hasProcessed); err != nil {
+	if err := p.components(tables); err != nil {
 		return err
 	}
 
@@ -174,28 +178,38 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 	return runErr
 }
 
-// openDB opens and checks the database; it reports whether the schema has
-// the idempotency table.
-func (p *relayProcess) openDB(ctx context.Context) (hasProcessed bool, err error) {
+// openDB opens and checks the database; it reports which of the tables the
+// retention cleaners clean the schema has (beside the outbox, required).
+func (p *relayProcess) openDB(ctx context.Context) (tables map[string]bool, err error) {
 	u := p.cfg.DatabaseURL
 	if p.db, err = pgconn.Open(u); err != nil {
-		return false, fmt.Errorf("opening database %s: %w", redact.URL(u), redact.ErrorOf(err, u))
+		return nil, fmt.Errorf("opening database %s: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
 	p.db.SetMaxOpenConns(p.cfg.MaxConns)
 	p.db.SetMaxIdleConns(p.cfg.MaxConns)
 	if err := p.db.PingContext(ctx); err != nil {
-		return false, fmt.Errorf("connecting to database %s: %w", redact.URL(u), redact.ErrorOf(err, u))
+		return nil, fmt.Errorf("connecting to database %s: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
-	var hasOutbox bool
-	if err := p.db.QueryRowContext(ctx, `SELECT current_schema(), to_regclass('millwright_outbox') IS NOT NULL, to_regclass('millwright_processed_events') IS NOT NULL`).
-		Scan(&p.schema, &hasOutbox, &hasProcessed); err != nil {
-		return false, fmt.Errorf("reading the schema of %s: %w", redact.URL(u), redact.ErrorOf(err, u))
+	names := []string{"millwright_outbox", "millwright_processed_events", "millwright_dead_letters", "millwright_saga_instances", "millwright_audit"}
+	present := make([]bool, len(names))
+	dest := []any{&p.schema}
+	for i := range present {
+		dest = append(dest, &present[i])
 	}
-	if !hasOutbox {
-		return false, fmt.Errorf("no millwright_outbox in the search_path of %s (schema %q): run `millwright migrate` on that URL, or set search_path in %s to the service's schema",
+	if err := p.db.QueryRowContext(ctx, `SELECT current_schema(), `+
+		`to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL, to_regclass($5) IS NOT NULL`,
+		names[0], names[1], names[2], names[3], names[4]).Scan(dest...); err != nil {
+		return nil, fmt.Errorf("reading the schema of %s: %w", redact.URL(u), redact.ErrorOf(err, u))
+	}
+	tables = make(map[string]bool, len(names))
+	for i, n := range names {
+		tables[n] = present[i]
+	}
+	if !tables["millwright_outbox"] {
+		return nil, fmt.Errorf("no millwright_outbox in the search_path of %s (schema %q): run `millwright migrate` on that URL, or set search_path in %s to the service's schema",
 			redact.URL(u), p.schema, relayenv.DatabaseURL)
 	}
-	return hasProcessed, nil
+	return tables, nil
 }
 
 // openTransport opens the transport and the health checks of the database
@@ -240,26 +254,32 @@ func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config,
 	return nil
 }
 
-// components lists what runs: the relays, then the cleaners. A retention
-// cleaner of another table (dead letters, sagas, audit) is one more
-// component here, with its own MILLWRIGHT_*_RETENTION in relayenv.
-func (p *relayProcess) components(hasProcessed bool) error {
+// components lists what runs: the relays, then a retention cleaner for
+// each table the schema has whose retention is not 0.
+func (p *relayProcess) components(tables map[string]bool) error {
 	for i, r := range p.relays {
 		p.comps = append(p.comps, component{fmt.Sprintf("relay-%d", i), r.Run, r.Close})
 	}
-	if p.cfg.OutboxRetention > 0 {
-		c, err := outbox.NewCleaner(p.db, outbox.CleanerConfig{Retention: p.cfg.OutboxRetention, Interval: p.cfg.CleanInterval, Logger: p.logger})
-		if err != nil {
-			return fmt.Errorf("%s: %w", relayenv.OutboxRetention, err)
-		}
-		p.comps = append(p.comps, component{"outbox cleaner", c.Run, c.Close})
+	cleaners := []struct {
+		name, env, table string
+		retention        time.Duration
+		open             func(*sql.DB, cleaner.Config) (*cleaner.Cleaner, error)
+	}{
+		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, outbox.NewCleaner},
+		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, idempotency.NewCleaner},
+		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, dlq.NewCleaner},
+		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, saga.NewCleaner},
+		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, audit.NewCleaner},
 	}
-	if p.cfg.IdempotencyRetention > 0 && hasProcessed {
-		c, err := idempotency.NewCleaner(p.db, idempotency.CleanerConfig{Retention: p.cfg.IdempotencyRetention, Interval: p.cfg.CleanInterval, Logger: p.logger})
-		if err != nil {
-			return fmt.Errorf("%s: %w", relayenv.IdempotencyRetention, err)
+	for _, c := range cleaners {
+		if c.retention <= 0 || !tables[c.table] {
+			continue
 		}
-		p.comps = append(p.comps, component{"idempotency cleaner", c.Run, c.Close})
+		cl, err := c.open(p.db, cleaner.Config{Retention: c.retention, Interval: p.cfg.CleanInterval, Logger: p.logger})
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.env, err)
+		}
+		p.comps = append(p.comps, component{c.name, cl.Run, cl.Close})
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/relayenv"
+	"github.com/millwright/millwright/migrations"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -329,4 +331,34 @@ func TestRelaySQLTransportIsReady(t *testing.T) {
 		return c == http.StatusOK
 	}, "/readyz not 200; last body:\n%s", body)
 	require.Equal(t, "[+]broker ok\n[+]database ok\n[+]relay-0 ok\nreadyz check passed\n", body)
+}
+
+// The relay process runs a retention cleaner for every table of the schema
+// whose retention is not 0, and none for a table the schema lacks.
+func TestRelayRunsTheCleanersOfTheTablesItFinds(t *testing.T) {
+	t.Parallel()
+	names := func(s *pgtest.Schema, set map[string]string) []string {
+		env := map[string]string{relayenv.DatabaseURL: s.URL}
+		for k, v := range set {
+			env[k] = v
+		}
+		cfg, err := relayenv.Load(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+		require.NoError(t, err)
+		p := &relayProcess{cfg: cfg, logger: watermill.NopLogger{}}
+		t.Cleanup(p.close)
+		tables, err := p.openDB(context.Background())
+		require.NoError(t, err)
+		require.NoError(t, p.components(tables))
+		var got []string
+		for _, c := range p.comps {
+			got = append(got, c.name)
+		}
+		return got
+	}
+	all := pgtest.New(t, migrations.All()...)
+	require.Equal(t, []string{"outbox cleaner", "idempotency cleaner", "dead-letter cleaner", "saga cleaner", "audit cleaner"}, names(all, nil))
+	require.Equal(t, []string{"outbox cleaner", "idempotency cleaner", "audit cleaner"},
+		names(all, map[string]string{relayenv.DLQRetention: "0", relayenv.SagaRetention: "0"}))
+	onlyOutbox := pgtest.New(t, outbox.Migrations())
+	require.Equal(t, []string{"outbox cleaner"}, names(onlyOutbox, nil))
 }

@@ -13,7 +13,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -33,6 +36,9 @@ const (
 	MaxConns             = transport.EnvPrefix + "RELAY_DB_MAX_CONNS"
 	OutboxRetention      = transport.EnvPrefix + "OUTBOX_RETENTION"
 	IdempotencyRetention = transport.EnvPrefix + "IDEMPOTENCY_RETENTION"
+	DLQRetention         = transport.EnvPrefix + "DLQ_RETENTION"
+	SagaRetention        = transport.EnvPrefix + "SAGA_RETENTION"
+	AuditRetention       = transport.EnvPrefix + "AUDIT_RETENTION"
 	CleanInterval        = transport.EnvPrefix + "CLEAN_INTERVAL"
 )
 
@@ -68,6 +74,9 @@ var Vars = []Var{
 	{MaxConns, "4 per relay + 4", "size of the database pool"},
 	{OutboxRetention, "168h", "age at which published outbox rows are deleted by the outbox cleaner; 0 disables it"},
 	{IdempotencyRetention, idempotency.DefaultRetention.String(), "age at which processed-event rows are deleted by the idempotency cleaner (only when millwright_processed_events exists); 0 disables it"},
+	{DLQRetention, dlq.DefaultRetention.String(), "age at which dead letters (replayed or not) are deleted by the dead-letter cleaner (only when millwright_dead_letters exists); 0 disables it"},
+	{SagaRetention, saga.DefaultRetention.String(), "age at which completed and compensated sagas, with their steps, are deleted by the saga cleaner (only when millwright_saga_instances exists; running, compensating and stuck sagas are never deleted); 0 disables it"},
+	{AuditRetention, audit.DefaultRetention.String(), "age at which audit rows are deleted by the audit cleaner (only when millwright_audit exists); 0 disables it"},
 	{CleanInterval, "1m", "interval between cleaning rounds"},
 }
 
@@ -112,6 +121,9 @@ type Config struct {
 	MaxConns             int
 	OutboxRetention      time.Duration
 	IdempotencyRetention time.Duration
+	DLQRetention         time.Duration
+	SagaRetention        time.Duration
+	AuditRetention       time.Duration
 	CleanInterval        time.Duration
 }
 
@@ -125,7 +137,9 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	c := Config{
 		Addr: DefaultAddr, Relays: 1, BatchSize: 500, PollInterval: time.Second, Listen: true,
 		DrainTimeout: 20 * time.Second, ReadyMaxAge: 30 * time.Second,
-		OutboxRetention: 7 * 24 * time.Hour, IdempotencyRetention: idempotency.DefaultRetention, CleanInterval: time.Minute,
+		OutboxRetention: 7 * 24 * time.Hour, IdempotencyRetention: idempotency.DefaultRetention,
+		DLQRetention: dlq.DefaultRetention, SagaRetention: saga.DefaultRetention, AuditRetention: audit.DefaultRetention,
+		CleanInterval: time.Minute,
 	}
 	var errs []error
 	c.DatabaseURL = get(DatabaseURL)
@@ -171,6 +185,9 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	durVar(ReadyMaxAge, &c.ReadyMaxAge, time.Second)
 	durVar(OutboxRetention, &c.OutboxRetention, 0)
 	durVar(IdempotencyRetention, &c.IdempotencyRetention, 0)
+	durVar(DLQRetention, &c.DLQRetention, 0)
+	durVar(SagaRetention, &c.SagaRetention, 0)
+	durVar(AuditRetention, &c.AuditRetention, 0)
 	durVar(CleanInterval, &c.CleanInterval, time.Millisecond)
 	if v := get(Listen); v != "" {
 		b, err := strconv.ParseBool(v)

@@ -22,7 +22,9 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, relayenv.Config{
 		DatabaseURL: "postgres://db/app", Addr: ":9090", Relays: 1, BatchSize: 500, PollInterval: time.Second,
 		Listen: true, DrainTimeout: 20 * time.Second, ReadyMaxAge: 30 * time.Second, MaxConns: 8,
-		OutboxRetention: 7 * 24 * time.Hour, IdempotencyRetention: 7 * 24 * time.Hour, CleanInterval: time.Minute,
+		OutboxRetention: 7 * 24 * time.Hour, IdempotencyRetention: 7 * 24 * time.Hour,
+		DLQRetention: 90 * 24 * time.Hour, SagaRetention: 30 * 24 * time.Hour, AuditRetention: 365 * 24 * time.Hour,
+		CleanInterval: time.Minute,
 	}, c)
 }
 
