@@ -136,11 +136,16 @@ func (r Report) WriteTable(w io.Writer) error {
 		return err
 	}
 	if len(hops) > 0 {
-		fmt.Fprintln(w, "\nwhere a step's time goes (per step, every step of every measured saga):")
+		fmt.Fprintln(w, "\nwhere a step's time goes (per step, every step of every measured saga; the relay's rows time its statements")
+		fmt.Fprintln(w, "and publishes within the first hop, per call):")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "TRANSPORT\tRUN\tHOP\tP50 MS\tP99 MS\tMAX MS")
+		fmt.Fprintln(tw, "TRANSPORT\tRUN\tHOP\tCALLS\tP50 MS\tP99 MS\tMAX MS")
 		for _, h := range hops {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%.1f\n", h.Kind, h.Run, h.Hop, h.P50, h.P99, h.Max)
+			calls := "-"
+			if h.Calls > 0 {
+				calls = fmt.Sprint(h.Calls)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.1f\n", h.Kind, h.Run, h.Hop, calls, h.P50, h.P99, h.Max)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -177,8 +177,11 @@ type Row struct {
 	// 3 x sagas / RelayBatches).
 	RelayBatches int    `json:"relay_batches,omitempty"`
 	Schema       string `json:"schema,omitempty"` // with KeepSchema
-	// Hop names the hop of a RowHop (see Hops).
-	Hop string `json:"hop,omitempty"`
+	// Hop names the hop of a RowHop (see Hops), or the relay's timed part
+	// of the first hop ("relay: claim statement", "relay: publish call",
+	// "relay: mark statement"), then with Calls.
+	Hop   string `json:"hop,omitempty"`
+	Calls int    `json:"calls,omitempty"`
 	// Writers and CommitsPerS are the ceiling's measurement: single-row
 	// transactions committed per second by that many sessions.
 	Writers     int     `json:"writers,omitempty"`
@@ -187,11 +190,14 @@ type Row struct {
 
 // Hops of a step, in the order a step takes them.
 var Hops = []string{
-	// From the orchestrator writing the command (in the transaction of
-	// the previous transition) to the participant receiving it: that
-	// transaction's commit, the relay's wake-up, claim and publish, and
-	// the transport's delivery.
-	"command: written -> participant",
+	// From the orchestrator writing the command (its history row, in the
+	// transaction of the start or of the previous reply) to that
+	// transaction's commit.
+	"command: written -> committed",
+	// From that commit to the participant receiving the command: the
+	// relay's wake-up (NOTIFY or poll), claim and publish, and the
+	// transport's delivery.
+	"command: committed -> participant",
 	// From the participant receiving the command to the orchestrator's
 	// reply handler starting: the participant's publish of the reply and
 	// the transport's delivery.
@@ -283,12 +289,14 @@ type benchOrder struct {
 // hopClock records, per saga step, when the participant received the
 // command and when the orchestrator's reply handler started and ended.
 type hopClock struct {
-	mu                      sync.Mutex
-	received, started, done map[string]time.Time
+	mu sync.Mutex
+	// committed is when the transaction that wrote a step's command
+	// committed (the start's, or the previous step's reply handler's).
+	committed, received, started, done map[string]time.Time
 }
 
 func newHopClock() *hopClock {
-	return &hopClock{received: map[string]time.Time{}, started: map[string]time.Time{}, done: map[string]time.Time{}}
+	return &hopClock{committed: map[string]time.Time{}, received: map[string]time.Time{}, started: map[string]time.Time{}, done: map[string]time.Time{}}
 }
 
 func stepKey(msg *message.Message) string {
@@ -379,6 +387,7 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 			},
 		}
 	}
+	nextStep := map[string]string{"reserve": "charge", "charge": "ship"}
 	def, err := saga.Define("bench_orders", step("reserve", topics[0]), step("charge", topics[1]), step("ship", topics[2]))
 	if err != nil {
 		return res, nil, err
@@ -432,7 +441,11 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 			clock.first(clock.started, k, time.Now())
 			out, err := h(msg)
 			if err == nil {
-				clock.first(clock.done, k, time.Now())
+				now := time.Now()
+				clock.first(clock.done, k, now)
+				if next := nextStep[msg.Metadata.Get(metadata.SagaStep)]; next != "" {
+					clock.first(clock.committed, msg.Metadata.Get(metadata.SagaID)+"\x00"+next, now)
+				}
 			}
 			return out, err
 		}
@@ -459,8 +472,21 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
+	// The relays get a pool and a publisher of their own that time their
+	// claims, marks and publishes (the sql kind's publisher is left as it
+	// is: the relay publishes in the database through it).
+	rt := &relayTimes{}
+	relayDB, err := openTimedDB(schemaURL, rt)
+	if err != nil {
+		return res, nil, err
+	}
+	defer relayDB.Close()
+	relayPub := pub
+	if kind != transport.SQL {
+		relayPub = rt.timed(pub)
+	}
 	for range cfg.Relays {
-		relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond})
+		relay, err := outbox.NewRelay(relayDB, relayPub, outbox.RelayConfig{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond})
 		if err != nil {
 			return res, nil, err
 		}
@@ -488,7 +514,11 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 			_ = tx.Rollback()
 			return err
 		}
-		return tx.Commit()
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+		clock.first(clock.committed, id+"\x00reserve", time.Now())
+		return nil
 	}
 	for i := range warmupSagas {
 		if err := start(fmt.Sprintf("warmup-%02d", i)); err != nil {
@@ -502,6 +532,7 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	if err := db.QueryRowContext(ctx, `SELECT count(DISTINCT published_at) FROM millwright_outbox`).Scan(&batchesBefore); err != nil {
 		return res, nil, err
 	}
+	rt.reset() // the warm-up's are not measured
 
 	begin := time.Now()
 	var next atomic.Int64
@@ -566,7 +597,7 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	if err != nil {
 		return res, nil, err
 	}
-	return res, hops, nil
+	return res, append(hops, rt.rows(res)...), nil
 }
 
 // txPerSaga is the write transactions one saga commits, all parties: the
@@ -615,7 +646,7 @@ func hopRows(ctx context.Context, db *sql.DB, clock *hopClock, run Row) ([]Row, 
 		return nil, fmt.Errorf("reading command times: %w", err)
 	}
 	defer rows.Close()
-	var written, delivered, handled []float64
+	var written, relayed, delivered, handled []float64
 	clock.mu.Lock()
 	defer clock.mu.Unlock()
 	for rows.Next() {
@@ -625,13 +656,15 @@ func hopRows(ctx context.Context, db *sql.DB, clock *hopClock, run Row) ([]Row, 
 			return nil, err
 		}
 		k := id + "\x00" + step
+		com, ok0 := clock.committed[k]
 		recv, ok1 := clock.received[k]
 		st, ok2 := clock.started[k]
 		end, ok3 := clock.done[k]
-		if !ok1 || !ok2 || !ok3 {
+		if !ok0 || !ok1 || !ok2 || !ok3 {
 			continue
 		}
-		written = append(written, ms(recv.Sub(at)))
+		written = append(written, ms(com.Sub(at)))
+		relayed = append(relayed, ms(recv.Sub(com)))
 		delivered = append(delivered, ms(st.Sub(recv)))
 		handled = append(handled, ms(end.Sub(st)))
 	}
@@ -639,7 +672,7 @@ func hopRows(ctx context.Context, db *sql.DB, clock *hopClock, run Row) ([]Row, 
 		return nil, err
 	}
 	var out []Row
-	for i, xs := range [][]float64{written, delivered, handled} {
+	for i, xs := range [][]float64{written, relayed, delivered, handled} {
 		r := Row{Bench: "saga", Row: RowHop, Kind: run.Kind, Broker: run.Broker, Hop: Hops[i], Sagas: run.Sagas,
 			P50: stats.Percentile(xs, 50), P99: stats.Percentile(xs, 99), Max: stats.Percentile(xs, 100)}
 		if r.P50 > 0 {

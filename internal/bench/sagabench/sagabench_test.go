@@ -72,7 +72,11 @@ func TestRunGoChannel(t *testing.T) {
 			}
 		case sagabench.RowHop:
 			hops++
-			require.Contains(t, sagabench.Hops, r.Hop)
+			if strings.HasPrefix(r.Hop, "relay: ") {
+				require.Positive(t, r.Calls, r)
+			} else {
+				require.Contains(t, sagabench.Hops, r.Hop)
+			}
 			require.Positive(t, r.Max, r)
 		case sagabench.RowCeiling:
 			ceilings++
@@ -80,7 +84,8 @@ func TestRunGoChannel(t *testing.T) {
 			require.Positive(t, r.CommitsPerS)
 		}
 	}
-	require.Equal(t, []int{2, 6, 1}, []int{runs, hops, ceilings})
+	require.Equal(t, []int{2, 1}, []int{runs, ceilings})
+	require.GreaterOrEqual(t, hops, 2*(4+2), "four hops and at least the relay's claim and mark per run")
 
 	var js bytes.Buffer
 	require.NoError(t, rep.WriteJSON(&js))
