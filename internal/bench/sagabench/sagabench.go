@@ -75,12 +75,18 @@ type Config struct {
 	LatencySagas int
 	LatencyRate  float64
 	// Consumers is the number of subscribers, in one consumer group, on
-	// each command topic and on the reply topic, for kinds whose
-	// subscribers compete for a group's messages (amqp, sql); elsewhere 1.
-	// Default 1.
+	// each command topic and on the reply topic, on amqp, whose
+	// subscribers handle one message at a time and compete for a group's
+	// queue; elsewhere 1 (Kafka's subscriber handles its partitions
+	// concurrently, gochannel's subscribers each get every message, and
+	// watermill-sql's take turns). Default 1.
 	Consumers int
 	// Relays is the number of outbox relays. Default 1.
 	Relays int
+	// RelayPublishConcurrency is the relays' RelayConfig.PublishConcurrency
+	// (concurrent Publish calls of a batch, for publishers without
+	// PublishBatch). Default 0: the relay's default.
+	RelayPublishConcurrency int
 	// CeilingFor is how long the database's commit rate is measured (0: not
 	// measured).
 	CeilingFor time.Duration
@@ -214,7 +220,8 @@ type Report struct {
 
 // Run runs the benchmark: per kind a throughput run and, with
 // LatencySagas, a latency run; then, with CeilingFor, the database's
-// commit rate with Starters writers.
+// commit rate with Starters writers. When a run fails, the report holds
+// the runs before it.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -238,7 +245,8 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			r, h, err := runKind(rctx, cfg, kind, p.n, p.rate)
 			cancel()
 			if err != nil {
-				return Report{}, fmt.Errorf("bench saga %s %s: %w", kind, p.mode, err)
+				// The runs so far are reported with the error.
+				return Report{Rows: runs}, fmt.Errorf("bench saga %s %s: %w", kind, p.mode, err)
 			}
 			r.Run = p.mode
 			for i := range h {
@@ -312,6 +320,14 @@ func (c *hopClock) first(m map[string]time.Time, k string, t time.Time) {
 	c.mu.Unlock()
 }
 
+// kafkaPartitions is the partition count of the topics a Kafka run
+// creates (transport/kafka's default is 8).
+const kafkaPartitions = 32
+
+// amqpChannels is the RabbitMQ publisher's channel pool in the bench
+// (transport/amqp's default is 8).
+const amqpChannels = 32
+
 // warmupSagas run to completion before a run's clock starts: consumer
 // groups join, connections open and plans are cached outside the figures
 // (on Kafka the first group join alone takes a second or more).
@@ -354,7 +370,11 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 		br.Config.SQL.PollInterval = 10 * time.Millisecond
 		br.Config.SQL.HorizonCheckInterval = -1
 		br.Label = cfg.PostgresLabel
-		consumers = cfg.Consumers
+		// One subscriber per group: watermill-sql's subscribers of one
+		// group take turns on the group's offset row (FOR UPDATE, held
+		// while a fetched batch is handled), so more add no concurrency,
+		// and each waits holding a connection of the pool the handlers
+		// need.
 	} else {
 		if br, err = cfg.OpenBroker(kind); err != nil {
 			return res, nil, err
@@ -365,8 +385,20 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 		if br.Cleanup != nil {
 			defer br.Cleanup(context.WithoutCancel(ctx), append(topics, replies), []string{participantGroup, orchestratorGroup})
 		}
+		if kind == transport.Kafka && br.Config.Kafka.Partitions == 0 {
+			// Watermill's Kafka subscriber handles a partition's
+			// messages one at a time: partitions are the reply
+			// handler's concurrency.
+			br.Config.Kafka.Partitions = kafkaPartitions
+		}
 		if kind == transport.AMQP {
 			consumers = cfg.Consumers
+			// Publishes wait for their confirm on a channel of the pool:
+			// the relay's (PublishConcurrency at a time) and every
+			// participant's reply share it.
+			if br.Config.AMQP.ChannelPoolSize == 0 {
+				br.Config.AMQP.ChannelPoolSize = amqpChannels
+			}
 		}
 	}
 	res.Broker = br.Label
@@ -486,7 +518,8 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 		relayPub = rt.timed(pub)
 	}
 	for range cfg.Relays {
-		relay, err := outbox.NewRelay(relayDB, relayPub, outbox.RelayConfig{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond})
+		relay, err := outbox.NewRelay(relayDB, relayPub, outbox.RelayConfig{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond,
+			PublishConcurrency: cfg.RelayPublishConcurrency})
 		if err != nil {
 			return res, nil, err
 		}
