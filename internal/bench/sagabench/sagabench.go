@@ -328,10 +328,90 @@ const kafkaPartitions = 32
 // (transport/amqp's default is 8).
 const amqpChannels = 32
 
+// participant is the bench's participant: it answers every command at
+// once with a success (or compensated) reply, published on pub, and
+// records when the command arrived.
+func (c *hopClock) participant(pub message.Publisher) message.NoPublishHandlerFunc {
+	return func(cmd *message.Message) error {
+		c.first(c.received, stepKey(cmd), time.Now())
+		typ := cmd.Metadata.Get(metadata.SagaStep) + ".succeeded"
+		if cmd.Metadata.Get(metadata.SagaPhase) == saga.PhaseCompensation {
+			typ = cmd.Metadata.Get(metadata.SagaStep) + ".compensated"
+		}
+		reply, err := saga.NewReply(cmd, typ, nil)
+		if err != nil {
+			return err
+		}
+		return pub.Publish(saga.ReplyTopic(cmd), reply)
+	}
+}
+
+// timed is the orchestrator's outermost middleware: it records when the
+// reply handler started and ended, and so when the next step's command
+// (written in that transaction, nextStep of the reply's step) committed.
+func (c *hopClock) timed(nextStep map[string]string) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			k := stepKey(msg)
+			c.first(c.started, k, time.Now())
+			out, err := h(msg)
+			if err == nil {
+				now := time.Now()
+				c.first(c.done, k, now)
+				if next := nextStep[msg.Metadata.Get(metadata.SagaStep)]; next != "" {
+					c.first(c.committed, msg.Metadata.Get(metadata.SagaID)+"\x00"+next, now)
+				}
+			}
+			return out, err
+		}
+	}
+}
+
 // warmupSagas run to completion before a run's clock starts: consumer
 // groups join, connections open and plans are cached outside the figures
 // (on Kafka the first group join alone takes a second or more).
 const warmupSagas = 10
+
+// brokerFor returns the broker of kind for a run on db, tuned for the
+// bench, and the subscribers per topic and group its consumers run.
+func brokerFor(cfg Config, kind transport.Kind, db *sql.DB) (Broker, int, error) {
+	if kind == transport.SQL {
+		var br Broker
+		br.Config = transport.Config{Kind: transport.SQL}
+		br.Config.SQL.DB = db
+		// watermill-sql's subscriber polls; at its default 100 ms the
+		// figures would show that poll. 10 ms, as bench outbox uses.
+		br.Config.SQL.PollInterval = 10 * time.Millisecond
+		br.Config.SQL.HorizonCheckInterval = -1
+		br.Label = cfg.PostgresLabel
+		// One subscriber per group: watermill-sql's subscribers of one
+		// group take turns on the group's offset row (FOR UPDATE, held
+		// while a fetched batch is handled), so more add no concurrency,
+		// and each waits holding a connection of the pool the handlers
+		// need.
+		return br, 1, nil
+	}
+	br, err := cfg.OpenBroker(kind)
+	if err != nil {
+		return br, 0, err
+	}
+	consumers := 1
+	if kind == transport.Kafka && br.Config.Kafka.Partitions == 0 {
+		// Watermill's Kafka subscriber handles a partition's messages
+		// one at a time: partitions are the reply handler's concurrency.
+		br.Config.Kafka.Partitions = kafkaPartitions
+	}
+	if kind == transport.AMQP {
+		consumers = cfg.Consumers
+		// Publishes wait for their confirm on a channel of the pool: the
+		// relay's (PublishConcurrency at a time) and every participant's
+		// reply share it.
+		if br.Config.AMQP.ChannelPoolSize == 0 {
+			br.Config.AMQP.ChannelPoolSize = amqpChannels
+		}
+	}
+	return br, consumers, nil
+}
 
 // runKind runs n sagas on one kind; rate > 0 paces the starts.
 func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate float64) (Row, []Row, error) {
@@ -360,46 +440,15 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	topics := []string{"bench_inventory_" + run, "bench_payment_" + run, "bench_shipping_" + run}
 	replies := "bench_orders_" + run + "_replies"
 	const participantGroup, orchestratorGroup = "bench_participant", "bench_orchestrator"
-	consumers := 1
-	var br Broker
-	if kind == transport.SQL {
-		br.Config = transport.Config{Kind: transport.SQL}
-		br.Config.SQL.DB = db
-		// watermill-sql's subscriber polls; at its default 100 ms the
-		// figures would show that poll. 10 ms, as bench outbox uses.
-		br.Config.SQL.PollInterval = 10 * time.Millisecond
-		br.Config.SQL.HorizonCheckInterval = -1
-		br.Label = cfg.PostgresLabel
-		// One subscriber per group: watermill-sql's subscribers of one
-		// group take turns on the group's offset row (FOR UPDATE, held
-		// while a fetched batch is handled), so more add no concurrency,
-		// and each waits holding a connection of the pool the handlers
-		// need.
-	} else {
-		if br, err = cfg.OpenBroker(kind); err != nil {
-			return res, nil, err
-		}
-		if br.Close != nil {
-			defer br.Close()
-		}
-		if br.Cleanup != nil {
-			defer br.Cleanup(context.WithoutCancel(ctx), append(topics, replies), []string{participantGroup, orchestratorGroup})
-		}
-		if kind == transport.Kafka && br.Config.Kafka.Partitions == 0 {
-			// Watermill's Kafka subscriber handles a partition's
-			// messages one at a time: partitions are the reply
-			// handler's concurrency.
-			br.Config.Kafka.Partitions = kafkaPartitions
-		}
-		if kind == transport.AMQP {
-			consumers = cfg.Consumers
-			// Publishes wait for their confirm on a channel of the pool:
-			// the relay's (PublishConcurrency at a time) and every
-			// participant's reply share it.
-			if br.Config.AMQP.ChannelPoolSize == 0 {
-				br.Config.AMQP.ChannelPoolSize = amqpChannels
-			}
-		}
+	br, consumers, err := brokerFor(cfg, kind, db)
+	if err != nil {
+		return res, nil, err
+	}
+	if br.Close != nil {
+		defer br.Close()
+	}
+	if br.Cleanup != nil {
+		defer br.Cleanup(context.WithoutCancel(ctx), append(topics, replies), []string{participantGroup, orchestratorGroup})
 	}
 	res.Broker = br.Label
 	tr, err := transport.Open(ctx, br.Config)
@@ -455,33 +504,8 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 		return sub, nil
 	}
 	clock := newHopClock()
-	participant := func(cmd *message.Message) error {
-		clock.first(clock.received, stepKey(cmd), time.Now())
-		typ := cmd.Metadata.Get(metadata.SagaStep) + ".succeeded"
-		if cmd.Metadata.Get(metadata.SagaPhase) == saga.PhaseCompensation {
-			typ = cmd.Metadata.Get(metadata.SagaStep) + ".compensated"
-		}
-		reply, err := saga.NewReply(cmd, typ, nil)
-		if err != nil {
-			return err
-		}
-		return pub.Publish(saga.ReplyTopic(cmd), reply)
-	}
-	timed := func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			k := stepKey(msg)
-			clock.first(clock.started, k, time.Now())
-			out, err := h(msg)
-			if err == nil {
-				now := time.Now()
-				clock.first(clock.done, k, now)
-				if next := nextStep[msg.Metadata.Get(metadata.SagaStep)]; next != "" {
-					clock.first(clock.committed, msg.Metadata.Get(metadata.SagaID)+"\x00"+next, now)
-				}
-			}
-			return out, err
-		}
-	}
+	participant := clock.participant(pub)
+	timed := clock.timed(nextStep)
 	for c := range consumers {
 		for _, topic := range topics {
 			sub, err := subscribe(topic, participantGroup)
@@ -568,10 +592,56 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	rt.reset() // the warm-up's are not measured
 
 	begin := time.Now()
+	if err := startSagas(ctx, begin, n, cfg.Starters, rate, start); err != nil {
+		return res, nil, err
+	}
+	if err := waitCompleted(ctx, db, "bench-%", n); err != nil {
+		return res, nil, err
+	}
+	if err := measure(ctx, db, &res, begin, batchesBefore); err != nil {
+		return res, nil, err
+	}
+	hops, err := hopRows(ctx, db, clock, res)
+	if err != nil {
+		return res, nil, err
+	}
+	return res, append(hops, rt.rows(res)...), nil
+}
+
+// measure fills in res's figures from the run's tables: durations of the
+// measured sagas, their rate from begin, and the relay's batches since
+// batchesBefore.
+func measure(ctx context.Context, db *sql.DB, res *Row, begin time.Time, batchesBefore int) error {
+	var last time.Time
+	err := db.QueryRowContext(ctx, `WITH d AS (
+			SELECT EXTRACT(EPOCH FROM (s.at - i.created_at)) * 1000 AS ms, s.at
+			FROM millwright_saga_instances i JOIN millwright_saga_steps s ON s.saga_id = i.id AND s.kind = 'completed'
+			WHERE i.id LIKE 'bench-%')
+		SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms), max(at) FROM d`).
+		Scan(&res.P50, &res.P99, &res.Max, &last)
+	if err != nil {
+		return fmt.Errorf("reading durations: %w", err)
+	}
+	res.Rate = float64(res.Sagas) / last.Sub(begin).Seconds()
+	if res.P50 > 0 {
+		res.P99OverP50 = res.P99 / res.P50
+	}
+	var batches int
+	if err := db.QueryRowContext(ctx, `SELECT count(DISTINCT published_at) FROM millwright_outbox`).Scan(&batches); err != nil {
+		return err
+	}
+	res.RelayBatches = batches - batchesBefore
+	res.TxPerSaga = txPerSaga(transport.Kind(res.Kind), res.Sagas, res.RelayBatches)
+	return nil
+}
+
+// startSagas starts sagas bench-0000001 .. bench-n from starters
+// goroutines through start; rate > 0 paces them from begin.
+func startSagas(ctx context.Context, begin time.Time, n, starters int, rate float64, start func(id string) error) error {
 	var next atomic.Int64
-	errc := make(chan error, cfg.Starters)
+	errc := make(chan error, starters)
 	var sw sync.WaitGroup
-	for range cfg.Starters {
+	for range starters {
 		sw.Add(1)
 		go func() {
 			defer sw.Done()
@@ -600,37 +670,7 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	}
 	sw.Wait()
 	close(errc)
-	if err := <-errc; err != nil {
-		return res, nil, err
-	}
-	if err := waitCompleted(ctx, db, "bench-%", n); err != nil {
-		return res, nil, err
-	}
-	var last time.Time
-	err = db.QueryRowContext(ctx, `WITH d AS (
-			SELECT EXTRACT(EPOCH FROM (s.at - i.created_at)) * 1000 AS ms, s.at
-			FROM millwright_saga_instances i JOIN millwright_saga_steps s ON s.saga_id = i.id AND s.kind = 'completed'
-			WHERE i.id LIKE 'bench-%')
-		SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms), max(at) FROM d`).
-		Scan(&res.P50, &res.P99, &res.Max, &last)
-	if err != nil {
-		return res, nil, fmt.Errorf("reading durations: %w", err)
-	}
-	res.Rate = float64(n) / last.Sub(begin).Seconds()
-	if res.P50 > 0 {
-		res.P99OverP50 = res.P99 / res.P50
-	}
-	var batches int
-	if err := db.QueryRowContext(ctx, `SELECT count(DISTINCT published_at) FROM millwright_outbox`).Scan(&batches); err != nil {
-		return res, nil, err
-	}
-	res.RelayBatches = batches - batchesBefore
-	res.TxPerSaga = txPerSaga(kind, n, res.RelayBatches)
-	hops, err := hopRows(ctx, db, clock, res)
-	if err != nil {
-		return res, nil, err
-	}
-	return res, append(hops, rt.rows(res)...), nil
+	return <-errc
 }
 
 // txPerSaga is the write transactions one saga commits, all parties: the
