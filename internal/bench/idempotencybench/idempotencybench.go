@@ -7,7 +7,6 @@ package idempotencybench
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -230,15 +229,7 @@ func feed(ctx context.Context, h message.HandlerFunc, prefix string, n, workers 
 }
 
 // WriteJSON writes one JSON object per row.
-func (r Report) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	for _, row := range r.Rows {
-		if err := enc.Encode(row); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+func (r Report) WriteJSON(w io.Writer) error { return stats.WriteJSON(w, r.Rows) }
 
 // WriteTable writes the rows and the transactional middleware's verdict.
 func (r Report) WriteTable(w io.Writer) error {

@@ -3,7 +3,6 @@ package sagabench
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/lib/pq"
+
+	"github.com/millwright/millwright/internal/bench/stats"
 
 	"github.com/millwright/millwright/internal/pgconn"
 )
@@ -91,15 +92,7 @@ func MeasureCommits(ctx context.Context, admin *sql.DB, scratch func(context.Con
 }
 
 // WriteJSON writes one JSON object per row.
-func (r Report) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	for _, row := range r.Rows {
-		if err := enc.Encode(row); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+func (r Report) WriteJSON(w io.Writer) error { return stats.WriteJSON(w, r.Rows) }
 
 // WriteTable writes the runs, the hops and the ceiling as tables, with
 // the footer that says what the figures count.

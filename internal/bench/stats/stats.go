@@ -1,11 +1,14 @@
 // Package stats holds the one statistic millwright's benchmarks report
-// for repeated rounds, the median, and the percentiles of latency samples.
+// for repeated rounds, the median, the percentiles of latency samples, and
+// their --json output.
 // The median, not the best or the mean: on a shared machine one round
 // that ran beside someone else's load moves a mean and a best-of, not the
 // median.
 package stats
 
 import (
+	"encoding/json"
+	"io"
 	"slices"
 	"time"
 )
@@ -44,4 +47,16 @@ func Millis(ds []time.Duration) []float64 {
 		out[i] = float64(d) / float64(time.Millisecond)
 	}
 	return out
+}
+
+// WriteJSON writes rows as one JSON object per line, the --json output
+// of every benchmark.
+func WriteJSON[T any](w io.Writer, rows []T) error {
+	enc := json.NewEncoder(w)
+	for _, r := range rows {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	return nil
 }
