@@ -13,7 +13,6 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/millwright/millwright/internal/bench/stats"
-
 	"github.com/millwright/millwright/internal/pgconn"
 )
 
