@@ -30,11 +30,10 @@ func commandFor(id, step, phase, attempt, replyTo string) *message.Message {
 }
 
 // Many different replies to one command race on several connections
-// (orchestrator instances): optimistic locking lets exactly one transition
-// happen; the others are recorded as duplicates. The test holds the
-// instance's row lock until every reply has read the same version and
-// waits in its UPDATE, so all of them contend, and all but one take the
-// conflict path.
+// (orchestrator instances): the instance's row lock and its version let
+// exactly one transition happen; the others are recorded as duplicates.
+// The test holds the row lock until every reply waits on it, so all of
+// them contend: one goes first, the others read the row it left.
 func TestConcurrentRepliesMakeOneTransition(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), saga.Migrations())

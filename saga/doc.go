@@ -76,10 +76,12 @@
 //     command through the outbox. HandleReply writes in the idempotency
 //     middleware's transaction, so the reply's processed mark commits with
 //     them: a duplicate reply (same event id) does nothing.
-//   - One transition per event: the instance row is updated with
-//     UPDATE ... WHERE id = $1 AND version = $2. Of several orchestrator
-//     instances handling replies of one saga at once, one wins; the others
-//     re-read the row and find their reply no longer current.
+//   - One transition per event: a reply's transaction reads the instance
+//     row FOR UPDATE and updates it with UPDATE ... WHERE id = $1 AND
+//     version = $2. Of several orchestrator instances handling replies of
+//     one saga at once, one goes first; the others wait for its commit,
+//     read the row it left and find their reply no longer current (the
+//     version check guards the update besides).
 //   - Stale replies are deterministic: a reply to a command that is not the
 //     current one (its step timed out or was compensated, or another reply
 //     already answered it) is recorded in the history as late_reply or

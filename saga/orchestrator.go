@@ -13,7 +13,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/lib/pq"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
@@ -99,10 +98,6 @@ var ErrNotFound = errors.New("saga: instance not found")
 
 // errConflict means another transition of the instance committed first.
 var errConflict = errors.New("saga: concurrent transition")
-
-// maxConflictRetries bounds how often one reply re-reads an instance that
-// other transitions keep changing before it gives up and is redelivered.
-const maxConflictRetries = 10
 
 // Config configures an Orchestrator.
 type Config struct {
@@ -365,11 +360,11 @@ func (o *Orchestrator[D]) Start(ctx context.Context, exec outbox.Executor, id st
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
 	}
 	// One statement inserts the row and its history: a conflict inserts
-	// neither.
-	args := append([]any{id, o.def.name, StateRunning, string(raw), t.in.deadline, now}, histArgs(t)...)
+	// neither. The command goes after it, so a conflict writes no command.
 	res, err := exec.ExecContext(ctx, `WITH x AS (INSERT INTO millwright_saga_instances
 		(id, type, state, current_step, data, deadline_at, awaiting_reply, created_at, updated_at)
-		VALUES ($1, $2, $3, 0, $4, $5, true, $6, $6) ON CONFLICT (id) DO NOTHING RETURNING id) `+histInsert("x", 7), args...)
+		VALUES (`+litText(id)+`, `+litText(o.def.name)+`, `+litText(string(StateRunning))+`, 0, `+litText(string(raw))+`, `+
+		litNullTime(t.in.deadline)+`, true, `+litTime(now)+`, `+litTime(now)+`) ON CONFLICT (id) DO NOTHING RETURNING id) `+histInsert("x", t))
 	if err != nil {
 		return fmt.Errorf("saga %s: Start(%q): inserting into millwright_saga_instances (did `millwright migrate` run?): %w", o.def.name, id, err)
 	}
@@ -439,67 +434,55 @@ func (o *Orchestrator[D]) event(sagaID, step, phase string, attempt int, cmd Com
 	}, nil
 }
 
-// histArgs returns the history of t as the six array parameters of
-// histInsert.
-func histArgs(t *transition) []any {
-	n := len(t.hist)
-	steps, kinds, details, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	attempts, null := make([]int64, n), make([]bool, n)
-	for i, h := range t.hist {
-		steps[i], kinds[i], details[i], attempts[i], errs[i], null[i] = h.step, h.kind, h.detail, int64(h.attempt), h.err, h.err == ""
-	}
-	return []any{pq.Array(steps), pq.Array(kinds), pq.Array(details), pq.Array(attempts), pq.Array(errs), pq.Array(null)}
-}
-
-// histInsert is the INSERT of histArgs' rows (parameters $first to
-// $first+5) for the saga ids that src (a CTE or table with an id column)
-// yields, in order.
-func histInsert(src string, first int) string {
-	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
-	return `INSERT INTO millwright_saga_steps (saga_id, step, kind, detail, attempt, error)
-		SELECT x.id, u.s, u.k, u.d, u.a, CASE WHEN u.n THEN NULL ELSE u.e END
-		FROM ` + src + ` x, unnest(` + p(0) + `::text[], ` + p(1) + `::text[], ` + p(2) + `::text[], ` + p(3) + `::int[], ` + p(4) + `::text[], ` + p(5) + `::bool[])
-			WITH ORDINALITY AS u(s, k, d, a, e, n, o)
-		ORDER BY u.o`
-}
-
 // commit writes transition t: the instance row if its version is still
-// old (else errConflict, having written nothing), the history and the
-// commands. A transition whose in.version is 0 only records history.
+// old (else errConflict), the history and the commands. A transition whose
+// in.version is 0 only records history. The instance row must be locked
+// by exec's transaction (FOR UPDATE): the commands are written in the same
+// round trip as the row, so on errConflict they may have been written
+// too, and the transaction must roll back.
 func (o *Orchestrator[D]) commit(ctx context.Context, exec outbox.Executor, old int64, t *transition) error {
 	in := t.in
-	switch {
-	case in.version == 0:
-		if _, err := exec.ExecContext(ctx, `WITH x AS (SELECT $1::text AS id) `+histInsert("x", 2), append([]any{in.id}, histArgs(t)...)...); err != nil {
+	if in.version == 0 {
+		if _, err := exec.ExecContext(ctx, `WITH x AS (SELECT `+litText(in.id)+`::text AS id) `+histInsert("x", t)); err != nil {
 			return fmt.Errorf("recording step history: %w", err)
 		}
-	default:
-		// The row update and its history in one statement (one round trip
-		// less per transition); the history rows exist only if the update
-		// matched, so zero rows means a conflict.
-		q := `UPDATE millwright_saga_instances SET
-			state = $3, current_step = $4, data = $5, version = version + 1, deadline_at = $6,
-			awaiting_reply = $7, compensation_attempts = $8, compensation_started_at = $9,
-			last_error = $10, compensation_attempt_base = $11, resume_step = $12, cause = $13, updated_at = now()
-			WHERE id = $1 AND version = $2`
-		args := []any{in.id, old, in.state, in.step, string(in.data), in.deadline, in.awaiting, in.compAttempts, in.compStarted, in.lastError,
-			in.attemptBase, in.resumeStep, in.cause}
-		if len(t.hist) > 0 {
-			q = `WITH x AS (` + q + ` RETURNING id) ` + histInsert("x", 14)
-			args = append(args, histArgs(t)...)
-		}
-		res, err := exec.ExecContext(ctx, q, args...)
-		if err != nil {
-			return fmt.Errorf("updating saga instance %q: %w", in.id, err)
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return errConflict
-		}
+		return nil
 	}
+	// The row update and its history in one statement; the history rows
+	// exist only if the update matched, so zero rows means a conflict.
+	q := `UPDATE millwright_saga_instances SET
+		state = ` + litText(string(in.state)) + `, current_step = ` + litInt(int64(in.step)) + `, data = ` + litText(string(in.data)) +
+		`, version = version + 1, deadline_at = ` + litNullTime(in.deadline) + `, awaiting_reply = ` + litBool(in.awaiting) +
+		`, compensation_attempts = ` + litInt(int64(in.compAttempts)) + `, compensation_started_at = ` + litNullTime(in.compStarted) +
+		`, last_error = ` + litNullText(in.lastError) + `, compensation_attempt_base = ` + litInt(int64(in.attemptBase)) +
+		`, resume_step = ` + litNullInt(in.resumeStep) + `, cause = ` + litNullText(in.cause) + `, updated_at = now()
+		WHERE id = ` + litText(in.id) + ` AND version = ` + litInt(old)
+	if len(t.hist) > 0 {
+		q = `WITH x AS (` + q + ` RETURNING id) ` + histInsert("x", t)
+	}
+	// The commands go first, in the same round trip: the count Exec
+	// reports is the last statement's, the update's.
+	addLater := false
 	if len(t.events) > 0 {
-		if err := outbox.Add(ctx, exec, t.events...); err != nil {
+		stmt, ok, err := outboxStatement(ctx, t.events)
+		if err != nil {
 			return err
 		}
+		if ok {
+			q = stmt + ";\n" + q
+		} else {
+			addLater = true
+		}
+	}
+	res, err := exec.ExecContext(ctx, q)
+	if err != nil {
+		return fmt.Errorf("updating saga instance %q: %w", in.id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errConflict
+	}
+	if addLater {
+		return outbox.Add(ctx, exec, t.events...)
 	}
 	return nil
 }
@@ -605,33 +588,34 @@ func (o *Orchestrator[D]) HandleReply(msg *message.Message) (err error) {
 }
 
 func (o *Orchestrator[D]) applyReply(ctx context.Context, tx *sql.Tx, r replyInfo) error {
-	for try := 0; ; try++ {
-		row := tx.QueryRowContext(ctx, `SELECT `+instanceColumns+` FROM millwright_saga_instances WHERE id = $1`, r.sagaID)
-		in, err := scanInstance(row)
-		if errors.Is(err, sql.ErrNoRows) {
-			return retry.Permanent(fmt.Errorf("saga %s: reply for %q: %w (was the instance deleted?)", o.def.name, r.sagaID, ErrNotFound))
-		}
-		if err != nil {
-			return fmt.Errorf("saga %s %q: loading instance (did `millwright migrate` run?): %w", o.def.name, r.sagaID, err)
-		}
-		if in.typ != o.def.name {
-			return retry.Permanent(fmt.Errorf("saga %s: reply for %q, an instance of saga type %q: give each saga type its own reply topic", o.def.name, r.sagaID, in.typ))
-		}
-		t, err := o.onReply(ctx, tx, in, r)
-		if err != nil {
-			return err
-		}
-		if err := o.commit(ctx, tx, in.version, t); err != nil {
-			if errors.Is(err, errConflict) && try < maxConflictRetries {
-				continue
-			}
-			return fmt.Errorf("saga %s %q: %w", o.def.name, r.sagaID, err)
-		}
-		for _, f := range t.effects {
-			f()
-		}
-		return nil
+	// FOR UPDATE: of several replies of one saga handled at once (several
+	// orchestrator instances, redeliveries), the later ones wait here and
+	// read the row the first one left, finding their reply no longer
+	// current, instead of computing a transition that conflicts.
+	row := tx.QueryRowContext(ctx, `SELECT `+instanceColumns+` FROM millwright_saga_instances WHERE id = `+litText(r.sagaID)+` FOR UPDATE`)
+	in, err := scanInstance(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return retry.Permanent(fmt.Errorf("saga %s: reply for %q: %w (was the instance deleted?)", o.def.name, r.sagaID, ErrNotFound))
 	}
+	if err != nil {
+		return fmt.Errorf("saga %s %q: loading instance (did `millwright migrate` run?): %w", o.def.name, r.sagaID, err)
+	}
+	if in.typ != o.def.name {
+		return retry.Permanent(fmt.Errorf("saga %s: reply for %q, an instance of saga type %q: give each saga type its own reply topic", o.def.name, r.sagaID, in.typ))
+	}
+	t, err := o.onReply(ctx, tx, in, r)
+	if err != nil {
+		return err
+	}
+	if err := o.commit(ctx, tx, in.version, t); err != nil {
+		// errConflict cannot happen under the row lock; should it, the
+		// transaction rolls back and the reply is redelivered.
+		return fmt.Errorf("saga %s %q: %w", o.def.name, r.sagaID, err)
+	}
+	for _, f := range t.effects {
+		f()
+	}
+	return nil
 }
 
 // onReply computes what reply r does to instance in. A transition whose

@@ -123,7 +123,7 @@ func TestBenchCommandsRefuseBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{benchSagaCmd, []string{"--kinds", "gochannel,sql"}, "bench saga: --kinds sql: this benchmark does not run on sql: want one of gochannel, kafka, googlecloud"},
+		{benchSagaCmd, []string{"--kinds", "gochannel,nats"}, `bench saga: --kinds: invalid transport "nats": want one of gochannel, kafka, googlecloud, amqp, sql`},
 		{benchSagaCmd, []string{"--kafka-brokers", "nohost"}, `--kafka-brokers "nohost"`},
 		{benchOutboxCmd, []string{"--kinds", "nats"}, `bench outbox: --kinds: invalid transport "nats": want one of gochannel, kafka, googlecloud, amqp, sql`},
 		{benchOutboxCmd, []string{"--pubsub-emulator", "nohost"}, `--pubsub-emulator "nohost"`},

@@ -1,21 +1,15 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/bench/idempotencybench"
 	"github.com/millwright/millwright/internal/pgconn"
-	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 )
 
@@ -74,32 +68,30 @@ transaction), then behind the idempotency middleware in Transactional mode (the
 mark is one more insert in the same transaction) and in MarkAfterSuccess mode.
 Messages are fed straight to the handler by --workers goroutines, without a
 broker, so the figures isolate the middleware's cost. Works in a scratch schema
-that is dropped at the end. Prints messages/s, p50/p99 latency and the ratio
-to the baseline.`,
+that is dropped at the end. The variants alternate for --rounds rounds; each
+figure is the median round's, and COST the median of the rounds' ratios of the
+baseline's rate to the variant's.`,
+		Args: cobra.NoArgs,
 		RunE: runBenchIdempotency,
 	}
-	cmd.Flags().Int("messages", 4000, "messages per run")
+	cmd.Flags().Int("messages", 4000, "messages per variant and round")
 	cmd.Flags().Int("workers", 8, "concurrent handlers (each holds one connection)")
-	cmd.Flags().Int("rounds", 3, "alternating rounds of every variant; the best round is reported")
+	cmd.Flags().Int("rounds", 5, "alternating rounds of every variant; the median is reported")
+	cmd.Flags().Bool("json", false, "print one JSON object per row instead of the table")
 	addDatabaseFlag(cmd)
 	return cmd
 }
 
-type benchResult struct {
-	name     string
-	rate     float64
-	p50, p99 time.Duration
-}
-
 func runBenchIdempotency(cmd *cobra.Command, _ []string) error {
 	ctx := cmd.Context()
-	n, _ := cmd.Flags().GetInt("messages")
-	workers, _ := cmd.Flags().GetInt("workers")
-	rounds, _ := cmd.Flags().GetInt("rounds")
-	if n < 1 || workers < 1 || rounds < 1 {
+	var cfg idempotencybench.Config
+	cfg.Messages, _ = cmd.Flags().GetInt("messages")
+	cfg.Workers, _ = cmd.Flags().GetInt("workers")
+	cfg.Rounds, _ = cmd.Flags().GetInt("rounds")
+	asJSON, _ := cmd.Flags().GetBool("json")
+	if cfg.Messages < 1 || cfg.Workers < 1 || cfg.Rounds < 1 {
 		return errors.New("bench idempotency: --messages, --workers and --rounds must be at least 1")
 	}
-
 	admin, err := openDB(cmd)
 	if err != nil {
 		return err
@@ -116,133 +108,19 @@ func runBenchIdempotency(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(workers)
-	db.SetMaxIdleConns(workers)
+	db.SetMaxOpenConns(cfg.Workers)
+	db.SetMaxIdleConns(cfg.Workers)
 	if _, err := migrate.Up(ctx, db, idempotency.Migrations()); err != nil {
 		return err
 	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE bench_effects (event_id TEXT NOT NULL, payload TEXT NOT NULL)`); err != nil {
-		return err
-	}
-
-	handler := func(msg *message.Message) ([]*message.Message, error) {
-		mctx := msg.Context()
-		const insert = `INSERT INTO bench_effects (event_id, payload) VALUES ($1, $2)`
-		if tx, ok := idempotency.TxFromContext(mctx); ok {
-			_, err := tx.ExecContext(mctx, insert, msg.Metadata.Get(metadata.EventID), string(msg.Payload))
-			return nil, err
-		}
-		tx, err := db.BeginTx(mctx, nil)
-		if err != nil {
-			return nil, err
-		}
-		defer tx.Rollback() //nolint:errcheck // no-op after commit
-		if _, err := tx.ExecContext(mctx, insert, msg.Metadata.Get(metadata.EventID), string(msg.Payload)); err != nil {
-			return nil, err
-		}
-		return nil, tx.Commit()
-	}
-	store, err := idempotency.NewPostgresStore(db)
+	cfg.DB = db
+	cfg.Progress = cmd.ErrOrStderr()
+	rep, err := idempotencybench.Run(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	variants := []struct {
-		name string
-		mode idempotency.Mode
-		h    message.HandlerFunc
-	}{{name: "baseline (no middleware)", h: handler}}
-	for _, mode := range []idempotency.Mode{idempotency.Transactional, idempotency.MarkAfterSuccess} {
-		mw, err := idempotency.NewMiddleware(store, idempotency.Config{
-			Consumer: "bench-" + mode.String(), Mode: mode, Registerer: prometheus.NewRegistry(),
-		})
-		if err != nil {
-			return err
-		}
-		variants = append(variants, struct {
-			name string
-			mode idempotency.Mode
-			h    message.HandlerFunc
-		}{name: "middleware " + mode.String(), mode: mode, h: mw.Middleware(handler)})
+	if asJSON {
+		return rep.WriteJSON(cmd.OutOrStdout())
 	}
-
-	// Warm the pool and the plans.
-	if _, err := benchRun(ctx, variants[0].h, "warmup", min(n, 200), workers); err != nil {
-		return err
-	}
-	best := make([]benchResult, len(variants))
-	for r := range rounds {
-		for i, v := range variants {
-			res, err := benchRun(ctx, v.h, fmt.Sprintf("%s-r%d", v.name, r), n, workers)
-			if err != nil {
-				return fmt.Errorf("%s: %w", v.name, err)
-			}
-			res.name = v.name
-			if res.rate > best[i].rate {
-				best[i] = res
-			}
-		}
-	}
-	out := cmd.OutOrStdout()
-	fmt.Fprintf(out, "handler inserting one row; %d messages x %d workers, best of %d rounds\n", n, workers, rounds)
-	fmt.Fprintf(out, "%-36s %10s %10s %10s %8s\n", "VARIANT", "MSG/S", "P50", "P99", "COST")
-	for _, r := range best {
-		fmt.Fprintf(out, "%-36s %10.0f %10s %10s %7.2fx\n", r.name, r.rate,
-			r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), best[0].rate/r.rate)
-	}
-	ratio := best[0].rate / best[1].rate
-	verdict := "within"
-	if ratio > 1.3 {
-		verdict = "OVER"
-	}
-	fmt.Fprintf(out, "transactional middleware costs %.2fx the baseline (%s the 1.3x budget)\n", ratio, verdict)
-	return nil
-}
-
-// benchRun feeds n messages with unique event ids to h from workers
-// goroutines and measures throughput and per-message latency.
-func benchRun(ctx context.Context, h message.HandlerFunc, prefix string, n, workers int) (benchResult, error) {
-	jobs := make(chan int)
-	lat := make([]time.Duration, n)
-	var (
-		mu       sync.Mutex
-		firstErr error
-		wg       sync.WaitGroup
-	)
-	start := time.Now()
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range jobs {
-				msg := message.NewMessage(watermill.NewUUID(), []byte("payload"))
-				msg.Metadata.Set(metadata.EventID, fmt.Sprintf("%s-%d", prefix, i))
-				msg.SetContext(ctx)
-				t0 := time.Now()
-				_, err := h(msg)
-				lat[i] = time.Since(t0)
-				if err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	for i := range n {
-		jobs <- i
-	}
-	close(jobs)
-	wg.Wait()
-	elapsed := time.Since(start)
-	if firstErr != nil {
-		return benchResult{}, firstErr
-	}
-	slices.Sort(lat)
-	return benchResult{
-		rate: float64(n) / elapsed.Seconds(),
-		p50:  lat[n/2],
-		p99:  lat[min(n-1, n*99/100)],
-	}, nil
+	return rep.WriteTable(cmd.OutOrStdout())
 }
