@@ -315,6 +315,7 @@ WHERE o.id = ANY(` + idArray(ids) + `)`
 	}
 	end(nil)
 	r.m.published.Add(float64(n))
+	r.stats.published.Add(uint64(n))
 	return n, false, nil
 }
 
@@ -400,6 +401,7 @@ func (r *Relay) help(ctx context.Context) (alone bool) {
 			return true
 		}
 		n, held, err := r.move(ctx)
+		r.stats.endRound(0, err)
 		if err != nil {
 			// Run's own loop handles it (new topics, the publisher
 			// path); the helper just stops.

@@ -167,6 +167,7 @@ type Relay struct {
 	batch batchPublisher
 	cfg   RelayConfig
 	m     *metrics
+	stats relayStats
 
 	started   atomic.Bool
 	running   chan struct{}
@@ -321,7 +322,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		// cancelled ctx it stays leased and is republished after Lease.
 		if ahead != nil {
 			if c := <-ahead; len(c.rows) > 0 && ctx.Err() == nil {
-				if _, err := r.process(ctx, c.rows); err != nil {
+				_, failures, err := r.process(ctx, c.rows)
+				r.stats.endRound(failures, err)
+				if err != nil {
 					r.cfg.Logger.Error("outbox relay: last batch failed", err, nil)
 				}
 			}
@@ -336,7 +339,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		default:
 		}
 		var rows []row
-		var moved int
+		var moved, failures int
 		var held bool
 		var err error
 		if ahead != nil {
@@ -367,11 +370,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			if n >= r.cfg.BatchSize && err == nil {
 				ahead = r.prefetch(ctx) // more is likely due: claim it meanwhile
 			}
-			next, err = r.process(ctx, rows)
+			next, failures, err = r.process(ctx, rows)
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
+		r.stats.endRound(failures, err)
 		if err != nil {
 			r.cfg.Logger.Error("outbox relay: batch failed, retrying after the poll interval", err, nil)
 		}
@@ -404,19 +408,20 @@ func (r *Relay) Run(ctx context.Context) error {
 			var rows []row
 			var moved int
 			rows, moved, held, err = r.take(ctx)
-			n, next = len(rows)+moved, time.Time{}
+			n, next, failures = len(rows)+moved, time.Time{}, 0
 			if n > 0 || err != nil {
 				// Not idle after all: publish without the lock, or
 				// writers would notify while this relay is busy.
 				release(false)
 			}
 			if len(rows) > 0 {
-				next, err = r.process(ctx, rows)
+				next, failures, err = r.process(ctx, rows)
 			}
 			if ctx.Err() != nil {
 				release(true)
 				return nil
 			}
+			r.stats.endRound(failures, err)
 			if err != nil {
 				r.cfg.Logger.Error("outbox relay: batch failed, retrying after the poll interval", err, nil)
 			}
@@ -890,9 +895,11 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 func (r *Relay) runOnce(ctx context.Context) (int, time.Time, error) {
 	rows, moved, _, err := r.take(ctx)
 	if err != nil || len(rows) == 0 {
+		r.stats.endRound(0, err)
 		return moved, time.Time{}, err
 	}
-	next, err := r.process(ctx, rows)
+	next, failures, err := r.process(ctx, rows)
+	r.stats.endRound(failures, err)
 	return len(rows) + moved, next, err
 }
 
@@ -915,8 +922,9 @@ func (r *Relay) prefetch(ctx context.Context) <-chan claimed {
 	return ch
 }
 
-// process publishes claimed rows and marks them.
-func (r *Relay) process(ctx context.Context, rows []row) (time.Time, error) {
+// process publishes claimed rows and marks them. It returns the earliest
+// backoff it scheduled and the number of rows whose publish failed.
+func (r *Relay) process(ctx context.Context, rows []row) (time.Time, int, error) {
 	results := r.publish(rows)
 	// Within an aggregate, nothing after a failure counts as published: it
 	// is released and republished after the failed row (at-least-once,
@@ -944,6 +952,7 @@ func (r *Relay) process(ctx context.Context, rows []row) (time.Time, error) {
 			errs = append(errs, fmt.Errorf("outbox relay: marking %d row(s) published (they will be republished after the lease): %w", len(published), err))
 		} else {
 			r.m.published.Add(float64(len(published)))
+			r.stats.published.Add(uint64(len(published)))
 		}
 	}
 	if len(held) > 0 {
@@ -957,7 +966,7 @@ func (r *Relay) process(ctx context.Context, rows []row) (time.Time, error) {
 		next = n
 		errs = append(errs, err)
 	}
-	return next, errors.Join(errs...)
+	return next, len(failedIdx), errors.Join(errs...)
 }
 
 // idArray renders ids as a bigint[] literal, so that hot statements carry
@@ -1096,6 +1105,7 @@ func (r *Relay) fail(ctx context.Context, rows []row, results []error, idx []int
 		}
 		d := r.cfg.Retry.Delay(attempt, 0)
 		delays[k] = d.Milliseconds()
+		r.stats.retried.Add(1)
 		if due := now.Add(d); next.IsZero() || due.Before(next) {
 			next = due
 		}
@@ -1133,6 +1143,7 @@ func (r *Relay) fail(ctx context.Context, rows []row, results []error, idx []int
 		for _, f := range final {
 			if f {
 				r.m.failed.Inc()
+				r.stats.failed.Add(1)
 			}
 		}
 	}
@@ -1153,5 +1164,7 @@ func (r *Relay) deadLetter(rw row, cause error) {
 	if err := r.pub.Publish(r.cfg.DeadLetterTopic, m); err != nil {
 		r.cfg.Logger.Error("outbox relay: publishing to the dead-letter topic failed; the row stays failed in the outbox", err,
 			tracing.LogFields(rw.topic, rw.msg).Add(watermill.LogFields{"id": rw.id, "dead_letter_topic": r.cfg.DeadLetterTopic}))
+		return
 	}
+	r.stats.deadLettered.Add(1)
 }
