@@ -185,7 +185,8 @@ func TestCleanerConfigValidate(t *testing.T) {
 	}{
 		{idempotency.CleanerConfig{Retention: time.Second}, "Retention 1s is too short"},
 		{idempotency.CleanerConfig{BatchSize: -1}, "BatchSize -1 out of range"},
-		{idempotency.CleanerConfig{Interval: time.Millisecond}, "Interval 1ms too short"},
+		{idempotency.CleanerConfig{Interval: time.Microsecond}, "Interval 1µs too short"},
+		{idempotency.CleanerConfig{Retention: time.Second, BatchSize: -1}, "BatchSize -1 out of range"}, // every field error, joined
 	} {
 		_, err := idempotency.NewCleaner(new(sql.DB), tc.cfg)
 		require.ErrorContains(t, err, tc.want)

@@ -54,14 +54,14 @@ is recorded in millwright_audit.`,
 			ctx := cmd.Context()
 			out := cmd.OutOrStdout()
 			if change.dryRun {
-				n, err := c.CountExpired(ctx)
+				n, err := c.Count(ctx)
 				if err == nil {
 					fmt.Fprintf(out, "dry run: would delete %d marks older than %s\n", n, retention)
 				}
 				return change.finish(n, err)
 			}
 			err = change.confirm(func() (string, error) {
-				n, err := c.CountExpired(ctx)
+				n, err := c.Count(ctx)
 				return fmt.Sprintf("will delete %d processed marks older than %s (redeliveries of those events will be processed again)", n, retention), err
 			})
 			if err != nil {

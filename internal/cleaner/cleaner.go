@@ -1,0 +1,281 @@
+package cleaner
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/lib/pq"
+
+	"github.com/millwright/millwright/internal/runner"
+)
+
+// Defaults shared by every table (Retention's default is the table's).
+const (
+	DefaultBatchSize    = 1000
+	MaxBatchSize        = 100000
+	DefaultInterval     = time.Minute
+	DefaultCloseTimeout = 30 * time.Second
+)
+
+// Config configures a cleaner. The zero value is valid: every field has a
+// default. outbox, idempotency, dlq and saga export it as CleanerConfig.
+type Config struct {
+	// Retention is how long rows are kept after they qualify for deletion
+	// (published, processed, dead-lettered, finished). Default and minimum
+	// depend on the table: see the component's DefaultRetention.
+	Retention time.Duration
+	// BatchSize is the most rows one DELETE removes; each batch is its own
+	// short transaction, so cleaning never holds long locks nor writes one
+	// huge WAL record. Default 1000; valid 1..100000.
+	BatchSize int
+	// Interval between cleaning rounds of Run. Default 1 minute; minimum 1ms.
+	Interval time.Duration
+	// CloseTimeout bounds how long Close waits for the batch in flight
+	// before cancelling it (a cancelled batch rolls back whole; the next
+	// round redoes it). Default 30s; 0 means the default, negative is
+	// invalid.
+	CloseTimeout time.Duration
+	// Logger logs rounds that deleted rows (info) and failed rounds
+	// (error). Default watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// Stats reports one round. outbox, idempotency, dlq and saga export it as
+// CleanStats.
+type Stats struct {
+	// Deleted is the number of rows removed (a saga's steps, removed with
+	// it by the foreign key's cascade, are not counted).
+	Deleted int64
+	// Batches is the number of DELETE statements that removed rows.
+	Batches int
+	// Skipped is true when another cleaner of the same table and schema
+	// held the lock, so this round did nothing. It is not a failure.
+	Skipped bool
+}
+
+// Table says what one cleaner deletes.
+type Table struct {
+	// Component names the owner in errors, logs and the lock ("outbox").
+	Component string
+	// Name is the table, unqualified: it is found on the search_path.
+	Name string
+	// Rows names the rows in messages ("published events").
+	Rows string
+	// Key identifies a row in the DELETE: its primary key, or "ctid".
+	Key string
+	// Where selects the rows to delete; $1 is the retention in
+	// milliseconds (int8), e.g. `created_at < now() - $1 * interval '1 millisecond'`.
+	// An index must serve it (see each component's migrations).
+	Where string
+	// OrderBy, optional, orders each batch's sub-select (e.g. "id": old
+	// rows sit at the start of the primary key).
+	OrderBy string
+	// LockClass is the first key of the session advisory lock held while
+	// a round runs; the second is hashtext(current_schema()), so cleaners
+	// of different schemas do not exclude each other. One per table.
+	LockClass int32
+	// DefaultRetention and MinRetention apply to Config.Retention.
+	DefaultRetention, MinRetention time.Duration
+	// Hint, optional, turns a database error into advice appended to the
+	// error message (e.g. "run `millwright migrate`").
+	Hint func(error) string
+}
+
+// SetDefaults fills the zero fields of c, Retention with t's default.
+func (c *Config) SetDefaults(t Table) {
+	if c.Retention == 0 {
+		c.Retention = t.DefaultRetention
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Validate reports every invalid field of c (after SetDefaults), naming
+// t's component.
+func (c Config) Validate(t Table) error {
+	var errs []error
+	p := t.Component + ": CleanerConfig."
+	if c.Retention < t.MinRetention {
+		errs = append(errs, fmt.Errorf("%sRetention %s is too short: want at least %s (default %s)", p, c.Retention, t.MinRetention, t.DefaultRetention))
+	}
+	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
+		errs = append(errs, fmt.Errorf("%sBatchSize %d out of range: want 1..%d (default %d)", p, c.BatchSize, MaxBatchSize, DefaultBatchSize))
+	}
+	if c.Interval < time.Millisecond {
+		errs = append(errs, fmt.Errorf("%sInterval %s too short: want at least 1ms (default %s)", p, c.Interval, DefaultInterval))
+	}
+	if c.CloseTimeout < 0 {
+		errs = append(errs, fmt.Errorf("%sCloseTimeout %s is negative: want 0 (default %s) or more", p, c.CloseTimeout, DefaultCloseTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// Cleaner deletes the old rows of one table, in batches, on one instance at
+// a time. It is safe for concurrent use.
+type Cleaner struct {
+	db  *sql.DB
+	t   Table
+	cfg Config
+	r   *runner.Runner
+
+	deleteSQL, countSQL, lockSQL, unlockSQL string
+}
+
+// New returns a cleaner of t in db. It sets cfg's defaults and validates
+// it; a nil db is an error naming the component.
+func New(db *sql.DB, t Table, cfg Config) (*Cleaner, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%s: NewCleaner: db is nil: pass the open *sql.DB holding %s", t.Component, t.Name)
+	}
+	cfg.SetDefaults(t)
+	if err := cfg.Validate(t); err != nil {
+		return nil, err
+	}
+	order := ""
+	if t.OrderBy != "" {
+		order = " ORDER BY " + t.OrderBy
+	}
+	class := strconv.Itoa(int(t.LockClass))
+	return &Cleaner{
+		db: db, t: t, cfg: cfg,
+		r: runner.New(t.Component+".Cleaner", cfg.CloseTimeout),
+		deleteSQL: `DELETE FROM ` + t.Name + ` WHERE ` + t.Key + ` IN (SELECT ` + t.Key + ` FROM ` + t.Name +
+			` WHERE ` + t.Where + order + ` LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+		countSQL:  `SELECT count(*) FROM ` + t.Name + ` WHERE ` + t.Where,
+		lockSQL:   `SELECT pg_try_advisory_lock(` + class + `, hashtext(current_schema()))`,
+		unlockSQL: `SELECT pg_advisory_unlock(` + class + `, hashtext(current_schema()))`,
+	}, nil
+}
+
+// Config returns the configuration in use, defaults set.
+func (c *Cleaner) Config() Config { return c.cfg }
+
+// Running is closed once Run has started.
+func (c *Cleaner) Running() <-chan struct{} { return c.r.Running() }
+
+// Run runs a round at once and then every Interval until ctx is done or
+// Close is called; it then returns nil. A failed round is logged and
+// retried at the next interval. Run may be called once; after Close it
+// returns nil at once.
+func (c *Cleaner) Run(ctx context.Context) error {
+	return c.r.Run(ctx, func(ctx context.Context, draining <-chan struct{}) error {
+		for {
+			stats, err := c.RunOnce(ctx)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				c.cfg.Logger.Error("Cleaning "+c.t.Rows+" failed; retrying at the next interval", err,
+					watermill.LogFields{"table": c.t.Name})
+			case err == nil && stats.Deleted > 0:
+				c.cfg.Logger.Info("Cleaned "+c.t.Rows, watermill.LogFields{
+					"table": c.t.Name, "deleted": stats.Deleted, "batches": stats.Batches,
+				})
+			}
+			if !runner.Wait(ctx, draining, c.cfg.Interval) {
+				return nil
+			}
+		}
+	})
+}
+
+// Close stops Run after the batch in flight, cancelling it if it takes
+// longer than CloseTimeout, and waits for Run to return. It is idempotent
+// and safe to call when Run was never called.
+func (c *Cleaner) Close() error { return c.r.Close() }
+
+// Draining is closed once Close has been called.
+func (c *Cleaner) Draining() <-chan struct{} { return c.r.Draining() }
+
+func (c *Cleaner) wrap(what string, err error) error {
+	hint := ""
+	if c.t.Hint != nil {
+		hint = c.t.Hint(err)
+	}
+	return fmt.Errorf("%s: cleaner: %s %s older than %s%s: %w", c.t.Component, what, c.t.Rows, c.cfg.Retention, hint, err)
+}
+
+// Count returns how many rows RunOnce would delete now. It takes no lock
+// and changes nothing (the CLI's dry run).
+func (c *Cleaner) Count(ctx context.Context) (int64, error) {
+	var n int64
+	if err := c.db.QueryRowContext(ctx, c.countSQL, c.cfg.Retention.Milliseconds()).Scan(&n); err != nil {
+		return 0, c.wrap("counting", err)
+	}
+	return n, nil
+}
+
+// RunOnce deletes every qualifying row, BatchSize rows per statement,
+// unless another cleaner of the same table and schema holds the lock
+// (Stats.Skipped). Each batch is its own transaction and skips rows locked
+// by others, so writers never wait on the cleaner. After Close it stops
+// between batches.
+func (c *Cleaner) RunOnce(ctx context.Context) (Stats, error) {
+	var stats Stats
+	conn, err := c.db.Conn(ctx)
+	if err != nil {
+		return stats, fmt.Errorf("%s: cleaner: connecting: %w", c.t.Component, err)
+	}
+	defer conn.Close()
+
+	var locked bool
+	if err := conn.QueryRowContext(ctx, c.lockSQL).Scan(&locked); err != nil {
+		return stats, fmt.Errorf("%s: cleaner: taking the advisory lock of %s: %w", c.t.Component, c.t.Name, err)
+	}
+	if !locked {
+		stats.Skipped = true
+		return stats, nil
+	}
+	// The lock goes with the session anyway; unlock so that the pooled
+	// connection does not keep it.
+	defer conn.ExecContext(context.WithoutCancel(ctx), c.unlockSQL) //nolint:errcheck // see above
+
+	for {
+		select {
+		case <-c.r.Draining():
+			return stats, nil
+		default:
+		}
+		res, err := conn.ExecContext(ctx, c.deleteSQL, c.cfg.Retention.Milliseconds(), c.cfg.BatchSize)
+		if err != nil {
+			return stats, c.wrap("deleting", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return stats, c.wrap("deleting", err)
+		}
+		if n > 0 {
+			stats.Deleted += n
+			stats.Batches++
+		}
+		if n < int64(c.cfg.BatchSize) {
+			return stats, nil
+		}
+	}
+}
+
+// MissingTable returns a Table.Hint that tells to migrate when the error
+// is Postgres's undefined_table; migrations names them, e.g.
+// "idempotency.Migrations()".
+func MissingTable(migrations string) func(error) string {
+	return func(err error) string {
+		var pqErr *pq.Error
+		if errors.As(err, &pqErr) && pqErr.Code == "42P01" {
+			return " (table missing: run `millwright migrate` or migrate.Up with " + migrations + ")"
+		}
+		return ""
+	}
+}

@@ -1,0 +1,202 @@
+package cleaner_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/poll"
+)
+
+const bound = 10 * time.Second
+
+var table = cleaner.Table{
+	Component: "test", Name: "things", Rows: "things", Key: "id", OrderBy: "id",
+	Where:     `done AND at < now() - $1 * interval '1 millisecond'`,
+	LockClass: 0x74657374, DefaultRetention: time.Hour, MinRetention: time.Millisecond,
+}
+
+// setup returns a schema with a things table holding old done rows, old
+// rows not done and recent done rows.
+func setup(t *testing.T, oldDone int) *pgtest.Schema {
+	t.Helper()
+	s := pgtest.New(t)
+	_, err := s.DB.Exec(`CREATE TABLE things (id BIGSERIAL PRIMARY KEY, done BOOLEAN NOT NULL, at TIMESTAMPTZ NOT NULL)`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`INSERT INTO things (done, at) SELECT true, now() - interval '2 hours' FROM generate_series(1, $1);
+		`, oldDone)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`INSERT INTO things (done, at) SELECT false, now() - interval '2 hours' FROM generate_series(1, 3)`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`INSERT INTO things (done, at) SELECT true, now() FROM generate_series(1, 4)`)
+	require.NoError(t, err)
+	return s
+}
+
+func rows(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM things`).Scan(&n))
+	return n
+}
+
+func TestRunOnceDeletesOnlyQualifyingRowsInBatches(t *testing.T) {
+	t.Parallel()
+	s := setup(t, 25)
+	c, err := cleaner.New(s.DB, table, cleaner.Config{BatchSize: 10})
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	n, err := c.Count(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 25, n, "the dry run counts what RunOnce deletes")
+	require.Equal(t, 32, rows(t, s.DB), "Count changes nothing")
+
+	stats, err := c.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, cleaner.Stats{Deleted: 25, Batches: 3}, stats)
+	require.Equal(t, 7, rows(t, s.DB), "rows not done and recent rows are kept")
+
+	stats, err = c.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, cleaner.Stats{}, stats)
+}
+
+func TestRunOnceSkipsWhileAnotherInstanceHoldsTheLockOfItsSchema(t *testing.T) {
+	t.Parallel()
+	a, b := setup(t, 3), setup(t, 2)
+	ctx := context.Background()
+	conn, err := a.DB.Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	var locked bool
+	require.NoError(t, conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, hashtext(current_schema()))`, table.LockClass).Scan(&locked))
+	require.True(t, locked)
+
+	ca, err := cleaner.New(a.DB, table, cleaner.Config{})
+	require.NoError(t, err)
+	stats, err := ca.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, cleaner.Stats{Skipped: true}, stats)
+	require.Equal(t, 10, rows(t, a.DB))
+
+	cb, err := cleaner.New(b.DB, table, cleaner.Config{})
+	require.NoError(t, err)
+	stats, err = cb.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, cleaner.Stats{Deleted: 2, Batches: 1}, stats, "another schema's cleaner is not excluded")
+
+	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, table.LockClass)
+	require.NoError(t, err)
+	stats, err = ca.RunOnce(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, stats.Deleted)
+}
+
+// blocked starts Run on a cleaner whose first DELETE waits on a table lock
+// the test holds, and returns once it waits. release ends the lock.
+func blocked(t *testing.T, cfg cleaner.Config) (s *pgtest.Schema, c *cleaner.Cleaner, errc <-chan error, release func()) {
+	t.Helper()
+	s = setup(t, 10)
+	db, err := sql.Open("postgres", s.URL)
+	require.NoError(t, err)
+	db.SetMaxOpenConns(1) // its one backend is the cleaner's
+	t.Cleanup(func() { db.Close() })
+	var pid int
+	require.NoError(t, db.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
+
+	block, err := s.DB.Begin()
+	require.NoError(t, err)
+	_, err = block.Exec(`LOCK TABLE things IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	released := false
+	release = func() {
+		if !released {
+			released = true
+			require.NoError(t, block.Rollback())
+		}
+	}
+	t.Cleanup(release)
+
+	c, err = cleaner.New(db, table, cfg)
+	require.NoError(t, err)
+	ch := make(chan error, 1)
+	go func() { ch <- c.Run(context.Background()) }()
+	poll.Until(t, bound, func() bool { return pgtest.WaitingOnLock(t, s.DB, pid) == 1 }, "the cleaner's DELETE waits on the table lock")
+	return s, c, ch, release
+}
+
+func TestCloseFinishesTheBatchInFlightAndStops(t *testing.T) {
+	t.Parallel()
+	s, c, errc, release := blocked(t, cleaner.Config{BatchSize: 2, Interval: time.Hour})
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case <-c.Draining():
+	case <-time.After(bound):
+		t.Fatal("Close did not ask Run to drain")
+	}
+	select {
+	case <-closed:
+		t.Fatal("Close returned while the batch was in flight")
+	default:
+	}
+	// Draining before the batch ends: the round stops after this one batch
+	// instead of deleting all ten rows.
+	release()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(bound):
+		t.Fatal("Close did not return after the batch finished")
+	}
+	require.NoError(t, <-errc)
+	require.Equal(t, 15, rows(t, s.DB), "one batch of 2 of the 10 old rows deleted, then stopped")
+}
+
+func TestCloseCancelsAfterCloseTimeout(t *testing.T) {
+	t.Parallel()
+	s, c, errc, release := blocked(t, cleaner.Config{BatchSize: 2, Interval: time.Hour, CloseTimeout: 20 * time.Millisecond})
+	require.NoError(t, c.Close(), "returns although the batch is still blocked")
+	require.NoError(t, <-errc)
+	release()
+	require.Equal(t, 17, rows(t, s.DB), "the cancelled batch rolled back whole")
+	require.NoError(t, c.Close(), "idempotent")
+}
+
+func TestRunCleansUntilClosed(t *testing.T) {
+	t.Parallel()
+	s := setup(t, 5)
+	c, err := cleaner.New(s.DB, table, cleaner.Config{Interval: 5 * time.Millisecond})
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(context.Background()) }()
+	<-c.Running()
+	// Rows that become old after the first round are deleted by a later one.
+	_, err = s.DB.Exec(`UPDATE things SET at = now() - interval '2 hours' WHERE done`)
+	require.NoError(t, err)
+	poll.Until(t, bound, func() bool { return rows(t, s.DB) == 3 }, "later rounds delete rows that aged")
+	require.NoError(t, c.Close())
+	require.NoError(t, <-errc)
+}
+
+func TestConfigValidateJoinsEveryFieldError(t *testing.T) {
+	t.Parallel()
+	err := cleaner.Config{Retention: time.Microsecond, BatchSize: -1, Interval: time.Microsecond, CloseTimeout: -1}.Validate(table)
+	require.Error(t, err)
+	for _, field := range []string{"test: CleanerConfig.Retention", "CleanerConfig.BatchSize", "CleanerConfig.Interval", "CleanerConfig.CloseTimeout"} {
+		require.ErrorContains(t, err, field)
+	}
+	_, err = cleaner.New(nil, table, cleaner.Config{})
+	require.ErrorContains(t, err, "db is nil")
+
+	var cfg cleaner.Config
+	cfg.SetDefaults(table)
+	require.NoError(t, cfg.Validate(table), "the defaults are valid")
+	require.Equal(t, time.Hour, cfg.Retention, "the table's default retention")
+}

@@ -1,0 +1,23 @@
+// Package cleaner is the one retention cleaner of every table millwright
+// writes: published outbox rows (outbox.Cleaner), processed marks
+// (idempotency.Cleaner), dead letters (dlq.Cleaner), finished saga
+// instances and their steps (saga.Cleaner) and audit rows
+// (audit.NewCleaner). A Table names the table, the predicate of the rows to
+// delete, the lock and the default retention; Config the age, batch size,
+// interval and close timeout.
+//
+// Guarantees, for every table:
+//
+//   - Bounded batches: each DELETE removes at most BatchSize rows in its own
+//     short transaction, skipping rows other sessions have locked, so
+//     writers never wait on the cleaner and no huge WAL record is written.
+//   - One instance at a time: a round holds a session advisory lock keyed
+//     by the table and the schema; a cleaner that finds it taken skips the
+//     round (Stats.Skipped), which is not a failure. Cleaners of different
+//     schemas do not exclude each other.
+//   - One lifecycle (internal/runner): Run cleans at once and then every
+//     Interval; Close stops after the batch in flight, cancelling it after
+//     CloseTimeout (a cancelled batch rolls back whole).
+//   - RunOnce is one round; Count is the dry run (how many rows RunOnce
+//     would delete now), taking no lock.
+package cleaner
