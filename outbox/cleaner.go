@@ -31,6 +31,9 @@ var cleanerTable = cleaner.Table{
 	LockClass:        0x6d774f43, // "mwOC"
 	DefaultRetention: DefaultRetention, MinRetention: time.Millisecond,
 	Hint: cleaner.MissingTable("outbox.Migrations()"),
+	// The partitioned layout (PartitionedMigrations): whole partitions are
+	// dropped instead, never one holding a pending or failed row.
+	Partitions: &cleaner.Partitions{Keep: []string{"status = 'pending'", "status = 'failed'"}, With: "fillfactor = 70"},
 }
 
 // Cleaner deletes published rows older than the retention period, in
