@@ -35,7 +35,7 @@ type inDatabasePublisher interface {
 // a hand-written row with other metadata goes through the publisher,
 // which reports it (see rowMessage). It also returns what the relay's span
 // of each row needs (see traceMoved).
-const moveSQL = claimedCTE + `
+var moveSQL = claimedCTE + `
 UPDATE millwright_outbox t
 SET status = 'published', published_at = now()
 WHERE t.id = ANY(ARRAY(SELECT id FROM claimed)) AND t.status = 'pending'
@@ -342,7 +342,7 @@ func (mv *mover) prepare(ctx context.Context) (*sql.Stmt, error) {
 // claim runs moveSQL and groups the rows by topic.
 func (mv *mover) claim(ctx context.Context, stmt *sql.Stmt, held []int32) (moved, error) {
 	b := moved{byTopic: map[string][]int64{}, plain: true}
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held), mv.cfg.BatchSize)
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), mv.cfg.BatchSize, "{}")
 	if err != nil {
 		return b, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}

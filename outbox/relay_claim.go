@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
 
 	"github.com/millwright/millwright/metadata"
 )
@@ -19,40 +20,52 @@ import (
 // of the id for an event without one.
 const laneExpr = `(CASE WHEN aggregate_id = '' THEN (id & 63)::int ELSE hashtext(aggregate_type || '/' || aggregate_id) & 63 END)`
 
-// claimedCTE names, as CTE claimed, the ids of at most $2 due rows of the
-// lanes in $1 (an int[]), each lane's in id order and the lanes in the
-// order given. Only the relay holding a lane reads it, so nothing is
-// locked or leased: a row stays pending until it is marked. A row is left
-// out while an older row of its aggregate backs off after a failure
-// (blocked, a look into the small index of failing rows), so an aggregate
-// never overtakes its failing event, including events written after the
-// failure.
-const claimedCTE = `WITH blocked AS MATERIALIZED (
+// blockedCTE names the aggregates held back by a failing event: from the
+// event on, nothing of the aggregate goes out until its backoff ends
+// (the small index of failing rows answers it).
+const blockedCTE = `blocked AS MATERIALIZED (
 	SELECT aggregate_type, aggregate_id, min(id) AS head FROM millwright_outbox
 	WHERE status = 'pending' AND retry_count > 0 AND next_attempt_at > now()
 	GROUP BY aggregate_type, aggregate_id
-), claimed AS (
-	SELECT c.id FROM unnest($1::int[]) AS l(lane)
-	CROSS JOIN LATERAL (
-		SELECT id FROM millwright_outbox o
+)`
+
+// claimLane selects, for lane l.lane, the due rows in id order that no
+// failing event holds back: the columns cols, LIMIT $2, leaving out the
+// ids in $3 (the batch in flight while the next is claimed; see
+// Relay.prefetch). Only the relay
+// holding a lane reads it, so nothing is locked or leased: a row stays
+// pending until it is marked, and an aggregate never overtakes its failing
+// event, including events written after the failure.
+func claimLane(cols string) string {
+	return `SELECT ` + cols + ` FROM millwright_outbox o
 		WHERE ` + laneExpr + ` = l.lane AND status = 'pending' AND next_attempt_at <= now()
 		  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.aggregate_type = o.aggregate_type
 			AND b.aggregate_id = o.aggregate_id AND b.head < o.id)
+		  AND o.id <> ALL($3::bigint[])
 		ORDER BY id
-		LIMIT $2
-	) c
+		LIMIT $2`
+}
+
+// claimedCTE names, as CTE claimed, the ids of at most $2 due rows of the
+// lanes in $1 (an int[]), each lane's in id order and the lanes in the
+// order given (see claimLane).
+var claimedCTE = `WITH ` + blockedCTE + `, claimed AS (
+	SELECT c.id FROM unnest($1::int[]) AS l(lane)
+	CROSS JOIN LATERAL (` + claimLane("id") + `) c
 	LIMIT $2
 )`
 
-// claimSQL reads the claimed rows for the publisher, in id order.
-const claimSQL = claimedCTE + `
-SELECT t.id, t.event_id, t.topic, t.aggregate_type, t.aggregate_id, t.event_type,
-	t.payload::text, t.payload_raw, t.metadata::text, t.retry_count, t.created_at
-FROM millwright_outbox t WHERE t.id = ANY(ARRAY(SELECT id FROM claimed))
-ORDER BY t.id`
+// claimSQL is the claim of the publisher path, in one pass: the rows
+// themselves, lane after lane, each lane's in id order.
+var claimSQL = `WITH ` + blockedCTE + `
+SELECT l.lane, c.* FROM unnest($1::int[]) AS l(lane)
+CROSS JOIN LATERAL (` + claimLane(`o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
+	o.payload::text, o.payload_raw, o.metadata::text, o.retry_count, o.created_at`) + `) c
+LIMIT $2`
 
 // row is one claimed outbox row.
 type row struct {
+	lane       int32
 	id         int64
 	topic      string
 	aggType    string
@@ -64,13 +77,18 @@ type row struct {
 }
 
 // claim is the first stage of a round: the due rows of the held lanes, at
-// most BatchSize, in id order within each aggregate.
-func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
+// most BatchSize, in id order within each aggregate, but for the ids of
+// inFlight.
+func (r *Relay) claim(ctx context.Context, held []int32, inFlight []row) ([]row, error) {
 	stmt, err := r.prepare(ctx, &r.stmt, claimSQL)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize)
+	ids := make([]int64, len(inFlight))
+	for i, rw := range inFlight {
+		ids[i] = rw.id
+	}
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize, pq.Array(ids))
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
@@ -81,7 +99,7 @@ func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
 			rw row
 			sr storedRow
 		)
-		if err := rows.Scan(&rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &sr.metadata, &rw.retryCount, &sr.createdAt); err != nil {
+		if err := rows.Scan(&rw.lane, &rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &sr.metadata, &rw.retryCount, &sr.createdAt); err != nil {
 			return nil, fmt.Errorf("outbox relay: reading claimed row: %w", err)
 		}
 		rw.createdAt = sr.createdAt

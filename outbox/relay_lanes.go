@@ -16,7 +16,7 @@ const laneCount = 64
 
 // laneCheckEvery is how often a running relay renews its lanes and looks
 // whether relays came or went.
-const laneCheckEvery = 100 * time.Millisecond
+const laneCheckEvery = 50 * time.Millisecond
 
 // lanes holds a relay's share of the lanes (millwright_outbox_lanes). A
 // relay frees a lane only between rounds, when none of its rows is in

@@ -164,7 +164,11 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []error) (time.Tim
 	}
 	var errs []error
 	if len(published) > 0 {
-		if _, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id = ANY(`+idArray(published)+`) AND status = 'pending'`); err != nil {
+		// One round trip, no parameters: one implicit transaction that
+		// commits without waiting for the WAL flush. A server crash may
+		// undo the last marks; their rows, still pending, are published
+		// again, in order, as after a relay crash before its mark.
+		if _, err := r.db.ExecContext(ctx, `SET LOCAL synchronous_commit = off; UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id = ANY(`+idArray(published)+`) AND status = 'pending'`); err != nil {
 			errs = append(errs, fmt.Errorf("outbox relay: marking %d row(s) published (they will be published again): %w", len(published), err))
 		} else {
 			r.m.published.Add(float64(len(published)))
