@@ -164,11 +164,15 @@
 // keeps up with far higher rates than one relay publishes; shorten Interval
 // if rounds grow long. The relay's claim reads only the
 // partial indexes on pending rows, so its cost does not grow with the
-// published rows (see `millwright bench outbox`). For very large volumes,
-// partition the table by day on created_at (declarative partitioning, the
-// same indexes per partition) and drop whole partitions older than the
-// retention instead of running the Cleaner: dropping a partition costs
-// nothing in WAL or vacuum.
+// published rows (see `millwright bench outbox`) once vacuum has removed
+// their index entries: docs/partitioning.md gives the autovacuum settings
+// for this table. For very large volumes, the partitioned layout
+// (PartitionedMigrations, `millwright migrate --outbox-partitioned`)
+// partitions the table by UTC day on created_at, and the same Cleaner then
+// creates partitions ahead and detaches and drops whole partitions older
+// than the retention that hold no pending or failed row: no DELETE, nothing
+// for vacuum. Add and the Relay work unchanged on it; docs/partitioning.md
+// tells how to convert a table that has rows.
 //
 // # Metrics
 //

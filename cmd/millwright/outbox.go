@@ -178,7 +178,15 @@ func benchOutboxCmd() *cobra.Command {
   latency          commit-to-consumer p50/p99 at --rate events/s through the
                    relay (LISTEN wake-up, 1 s poll fallback) and through
                    Watermill's forwarder at its default 1 s poll and at a
-                   10 ms poll, per --kinds.
+                   10 ms poll, per --kinds;
+  retention        (only with --sections retention) removing
+                   --published-rows published rows spread over 10 days by
+                   the cleaner's batched DELETE (plain layout) and by
+                   dropping daily partitions (partitioned layout,
+                   docs/partitioning.md), with 4 writers writing meanwhile:
+                   time, writers' tx/s against the second before, slowest
+                   writer transaction, size and dead tuples left, and a
+                   relay round on each layout empty and with the rows.
 
 Every figure is the median of --rounds runs. Kinds: gochannel, kafka (a
 real cluster with --kafka-brokers, else an embedded kfake), googlecloud (a
@@ -194,12 +202,12 @@ broker it ran on.`,
 	cmd.Flags().Int("backlog", 20000, "events per drain run")
 	cmd.Flags().Int("aggregates", 1000, "aggregates the drain's backlog is spread over")
 	cmd.Flags().IntSlice("relays", []int{1, 2}, "relay counts of the drain; the bare loop runs at the same counts")
-	cmd.Flags().Int("published-rows", 1000000, "published rows for the claim benchmark (0 skips it)")
+	cmd.Flags().Int("published-rows", 1000000, "published rows for the claim and retention sections (0 skips them)")
 	cmd.Flags().StringSlice("kinds", []string{"gochannel", "kafka"}, "transports for drain and latency: gochannel, kafka, googlecloud, amqp, sql")
 	addBenchBrokerFlags(cmd)
 	cmd.Flags().Int("rate", 200, "events/s for the latency run")
 	cmd.Flags().Duration("latency-duration", 5*time.Second, "length of each latency run")
-	cmd.Flags().StringSlice("sections", []string{"write", "drain", "claim", "latency"}, "which parts to run")
+	cmd.Flags().StringSlice("sections", []string{"write", "drain", "claim", "latency"}, "which parts to run: write, drain, claim, latency, retention")
 	return cmd
 }
 

@@ -45,12 +45,13 @@ const (
 //   - counts the rows of the DEFAULT partition (Stats.DefaultRows): rows
 //     land there only when no daily partition covers their day.
 //
-// A partition is detached with plain DETACH, in one transaction with a
-// last look for Keep rows and the DROP, under PartitionLockTimeout: DETACH
-// CONCURRENTLY is not allowed on a table with a DEFAULT partition, and the
-// transaction is what makes dropping a row that turned pending again (say,
-// by `outbox retry-failed`) impossible. The ACCESS EXCLUSIVE lock it takes
-// on the parent lasts milliseconds, once a day.
+// The expired partitions of a round are detached with plain DETACH, in
+// one transaction with a last look for Keep rows and the DROPs, under
+// PartitionLockTimeout: DETACH CONCURRENTLY is not allowed on a table with
+// a DEFAULT partition, and the transaction is what makes dropping a row
+// that turned pending again (say, by `outbox retry-failed`) impossible.
+// The ACCESS EXCLUSIVE lock it takes on the parent lasts milliseconds,
+// once a round that has partitions to drop (once a day).
 type Partitions struct {
 	// Keep lists predicates of rows that keep their partition from being
 	// dropped ("status = 'pending'"); an index should serve each.
@@ -189,31 +190,36 @@ func (c *Cleaner) partitionRound(ctx context.Context, conn *sql.Conn) (Stats, er
 		stats.PartitionsCreated++
 	}
 
-	// Behind: drop the expired partitions that hold nothing to keep.
+	// Behind: the expired partitions that hold nothing to keep, as far as
+	// a look without a lock tells, are dropped in one transaction.
+	var drop []partition
 	for _, p := range ps {
 		if p.isDefault || !p.expired {
 			continue
 		}
-		if stats.PartitionsDropped >= MaxPartitionsPerRound {
+		if len(drop) >= MaxPartitionsPerRound {
 			break
 		}
-		select {
-		case <-c.r.Draining():
-			return stats, errors.Join(errs...)
-		default:
-		}
 		kept, err := c.keptRows(ctx, conn, p.name)
-		if err == nil && kept == 0 {
-			kept, err = c.dropPartition(ctx, conn, p.name)
-		}
 		switch {
 		case err != nil:
 			errs = append(errs, err)
 		case kept > 0:
-			stats.PartitionsKept = append(stats.PartitionsKept, fmt.Sprintf("%s (%d rows where %s)", p.name, kept, strings.Join(c.t.Partitions.Keep, " or ")))
+			stats.PartitionsKept = append(stats.PartitionsKept, c.keptNote(p.name, kept))
 		default:
-			stats.PartitionsDropped++
-			stats.DroppedRows += p.tuples
+			drop = append(drop, p)
+		}
+	}
+	if len(drop) > 0 {
+		dropped, kept, err := c.dropPartitions(ctx, conn, drop)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			stats.PartitionsKept = append(stats.PartitionsKept, kept...)
+			for _, p := range dropped {
+				stats.PartitionsDropped++
+				stats.DroppedRows += p.tuples
+			}
 		}
 	}
 
@@ -276,34 +282,53 @@ func (c *Cleaner) createPartition(ctx context.Context, conn *sql.Conn, name stri
 	return nil
 }
 
-// dropPartition detaches partition name, looks once more for rows to keep
-// (under the lock, so none can appear) and drops it, all in one
-// transaction. It returns the rows to keep it found (then nothing changed).
-func (c *Cleaner) dropPartition(ctx context.Context, conn *sql.Conn, name string) (int64, error) {
-	var kept int64
-	errKept := errors.New("kept")
-	err := c.inTx(ctx, conn, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `ALTER TABLE `+c.t.Name+` DETACH PARTITION `+pq.QuoteIdentifier(name)); err != nil {
-			return err
+// dropPartitions detaches and drops the partitions ps in one
+// transaction, so that writers wait for the parent's ACCESS EXCLUSIVE lock
+// once a round, not once a partition. Each partition is detached in a
+// savepoint and looked at once more for rows to keep: under the lock none
+// can appear, and one that has some (made pending again since the look
+// without the lock) is put back by rolling back to the savepoint and
+// reported kept. The DROP returns the space at commit.
+func (c *Cleaner) dropPartitions(ctx context.Context, conn *sql.Conn, ps []partition) (dropped []partition, kept []string, err error) {
+	err = c.inTx(ctx, conn, func(tx *sql.Tx) error {
+		dropped, kept = nil, nil
+		for _, p := range ps {
+			if _, err := tx.ExecContext(ctx, `SAVEPOINT detach`); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `ALTER TABLE `+c.t.Name+` DETACH PARTITION `+pq.QuoteIdentifier(p.name)); err != nil {
+				return err
+			}
+			n, err := c.keptRows(ctx, tx, p.name)
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				if _, err := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT detach`); err != nil {
+					return err
+				}
+				kept = append(kept, c.keptNote(p.name, n))
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, `DROP TABLE `+pq.QuoteIdentifier(p.name)); err != nil {
+				return err
+			}
+			dropped = append(dropped, p)
 		}
-		n, err := c.keptRows(ctx, tx, name)
-		if err != nil {
-			return err
-		}
-		if n > 0 {
-			kept = n
-			return errKept
-		}
-		_, err = tx.ExecContext(ctx, `DROP TABLE `+pq.QuoteIdentifier(name))
-		return err
+		return nil
 	})
-	if errors.Is(err, errKept) {
-		return kept, nil
-	}
 	if err != nil {
-		return 0, fmt.Errorf("%s: cleaner: dropping partition %s of %s (retried next round): %w", c.t.Component, name, c.t.Name, err)
+		names := make([]string, len(ps))
+		for i, p := range ps {
+			names[i] = p.name
+		}
+		return nil, nil, fmt.Errorf("%s: cleaner: dropping partitions %s of %s (nothing dropped; retried next round): %w", c.t.Component, strings.Join(names, ", "), c.t.Name, err)
 	}
-	return 0, nil
+	return dropped, kept, nil
+}
+
+func (c *Cleaner) keptNote(name string, n int64) string {
+	return fmt.Sprintf("%s (%d rows where %s)", name, n, strings.Join(c.t.Partitions.Keep, " or "))
 }
 
 // logPartitions logs what a partition-mode round did; rows in the DEFAULT

@@ -146,6 +146,12 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("claim: %w", err)
 		}
 	}
+	if want[SectionRetention] && cfg.PublishedRows > 0 {
+		cfg.Progress("retention (removing %d published rows) ...", cfg.PublishedRows)
+		if err := b.benchRetention(ctx, cfg.PublishedRows); err != nil {
+			return fmt.Errorf("retention: %w", err)
+		}
+	}
 	if want[SectionLatency] {
 		for _, k := range cfg.Kinds {
 			cfg.Progress("latency via %s ...", k)
