@@ -16,17 +16,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/lib/pq"
 
+	"github.com/millwright/millwright/internal/sqlschema"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/tracing"
 )
-
-// inDatabasePublisher has the method set of transport.InDatabasePublisher
-// (declared here for the reason batchPublisher is).
-type inDatabasePublisher interface {
-	DB() *sql.DB
-	PrepareTopic(ctx context.Context, topic string) error
-	InsertSelect(topic, query string) (string, error)
-}
 
 // moveSQL is the claim of the in-database path: the rows claimedCTE finds
 // are marked published at once, in the transaction that also inserts them
@@ -56,8 +49,8 @@ RETURNING t.id, t.topic, jsonb_typeof(t.metadata) = 'object' AND NOT EXISTS (
 // The metadata is written as JSON text when the metadata column names
 // none of the derived keys (every row Add writes: it stores only what the
 // columns do not say), which costs less than half of building it with
-// jsonb functions (4.3 -> 1.8 ms per 500 rows under EXPLAIN ANALYZE);
-// other rows take the jsonb path, whose || gives the override.
+// jsonb functions (compare the two under EXPLAIN ANALYZE); other rows take
+// the jsonb path, whose || gives the override.
 var moveSelects = [2]string{moveSelectFor(false), moveSelectFor(true)}
 
 func moveSelect(traced bool) string {
@@ -120,11 +113,11 @@ WHERE o.id = ANY(`
 		from = `
 FROM millwright_outbox o LEFT JOIN `
 	}
-	return `SELECT o.event_id AS uuid,
-	COALESCE(convert_to(o.payload::text, 'UTF8'), o.payload_raw) AS payload,
+	return `SELECT o.event_id AS ` + sqlschema.ColUUID + `,
+	COALESCE(convert_to(o.payload::text, 'UTF8'), o.payload_raw) AS ` + sqlschema.ColPayload + `,
 	CASE WHEN NOT ` + meta + ` ?| ARRAY[` + strings.Join(keys, ", ") + `] THEN ` + text + `
-	ELSE ` + merged + ` END AS metadata,
-	o.id AS position` + from
+	ELSE ` + merged + ` END AS ` + sqlschema.ColMetadata + `,
+	o.id AS ` + sqlschema.ColPosition + from
 }
 
 // moveRetry is how long the relay publishes through the publisher after
@@ -142,7 +135,7 @@ var errPlainMetadata = errors.New("outbox relay: a claimed row's metadata is not
 // concurrent use.
 type mover struct {
 	db  *sql.DB
-	pub inDatabasePublisher
+	pub sqlschema.Publisher
 	cfg *RelayConfig
 	m   *metrics
 	st  *relayStats
@@ -162,7 +155,7 @@ type mover struct {
 	beforeCommit func()
 }
 
-func newMover(db *sql.DB, pub inDatabasePublisher, cfg *RelayConfig, m *metrics, st *relayStats, tr tracing.Config) *mover {
+func newMover(db *sql.DB, pub sqlschema.Publisher, cfg *RelayConfig, m *metrics, st *relayStats, tr tracing.Config) *mover {
 	ms := strconv.FormatInt(cfg.Lease.Milliseconds(), 10)
 	return &mover{db: db, pub: pub, cfg: cfg, m: m, st: st, tr: tr,
 		txSQL: "SET LOCAL statement_timeout = " + ms + "; SET LOCAL idle_in_transaction_session_timeout = " + ms +
@@ -390,12 +383,12 @@ func (mv *mover) insert(ctx context.Context, tx *sql.Tx, b moved, overrides map[
 			query = moveSelect(true) + o + ` tr(id, meta) ON tr.id = o.id
 WHERE o.id = ANY(` + idArray(ids) + `)`
 		}
-		q, err := mv.pub.InsertSelect(topic, query)
+		table, err := mv.pub.Table(topic)
 		if err != nil {
 			return fmt.Errorf("outbox relay: publishing %d event(s) to %q in the database: %w", len(ids), topic, err)
 		}
 		start := time.Now()
-		if _, err := tx.ExecContext(ctx, q); err != nil {
+		if _, err := tx.ExecContext(ctx, sqlschema.InsertSelect(table, query)); err != nil {
 			return fmt.Errorf("outbox relay: publishing %d event(s) to %q in the database: %w", len(ids), topic, err)
 		}
 		mv.m.latency.Observe(time.Since(start).Seconds())
@@ -406,6 +399,8 @@ WHERE o.id = ANY(` + idArray(ids) + `)`
 // unpreparedTopics: a claimed batch has topics the publisher has not
 // prepared for this relay yet (see prepareTopics).
 type unpreparedTopics []string
+
+var _ error = unpreparedTopics(nil)
 
 func (u unpreparedTopics) Error() string {
 	return fmt.Sprintf("outbox relay: topics %q not prepared for publishing in the database", []string(u))

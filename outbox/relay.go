@@ -15,7 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/runner"
+	"github.com/millwright/millwright/internal/sqlschema"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/tracing"
 )
@@ -28,13 +30,6 @@ const (
 	// MetadataDeadLetterTopic holds the topic the event was meant for.
 	MetadataDeadLetterTopic = "outbox_topic"
 )
-
-// batchPublisher has the method set of transport.BatchPublisher; the relay
-// uses it when the publisher has it. It is declared here so that the outbox
-// does not import every transport through package transport.
-type batchPublisher interface {
-	PublishBatch(topic string, msgs ...*message.Message) error
-}
 
 // RelayConfig configures a Relay. The zero value is valid.
 type RelayConfig struct {
@@ -159,7 +154,7 @@ func (c RelayConfig) Validate() error {
 type Relay struct {
 	db    *sql.DB
 	pub   message.Publisher
-	batch batchPublisher
+	batch batch.Publisher
 	mover *mover // nil unless pub publishes in the database
 	cfg   RelayConfig
 	m     *metrics
@@ -225,10 +220,10 @@ func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error
 	}
 	r := &Relay{db: db, pub: pub, cfg: cfg, m: m, run: runner.New("outbox.Relay", cfg.CloseTimeout),
 		tr: tracing.Config{TracerProvider: cfg.TracerProvider}, id: watermill.NewUUID(), ready: make(chan struct{})}
-	if bp, ok := pub.(batchPublisher); ok {
+	if bp, ok := pub.(batch.Publisher); ok {
 		r.batch = bp
 	}
-	if ip, ok := pub.(inDatabasePublisher); ok {
+	if ip, ok := pub.(sqlschema.Publisher); ok {
 		r.mover = newMover(db, ip, &r.cfg, m, &r.stats, r.tr)
 	}
 	return r, nil
@@ -344,33 +339,12 @@ func (r *Relay) idle(ctx context.Context, draining <-chan struct{}, wake <-chan 
 	}
 	release := func(bool) {}
 	if listening && res.err == nil {
-		// Ask writers for a NOTIFY, then look once more: rows committed
-		// before the request went unannounced.
-		var settled bool
-		var aerr error
-		release, settled, aerr = r.announceIdle(ctx)
-		if aerr != nil && ctx.Err() == nil {
-			// The wake-up connection is failing: poll at PollInterval
-			// until it works again.
-			r.cfg.Logger.Error("outbox relay: announcing idleness failed, polling", aerr, nil)
-			settled = true
-		}
-		if r.beforeIdleLook != nil {
-			r.beforeIdleLook()
-		}
-		// Not idle after all: publish without the lock, or writers would
-		// notify while this relay is busy.
-		again := r.round(ctx, r.runLanes, func() { release(false) })
-		if again.err != nil {
-			release(false)
-		}
+		var work, settled bool
+		release, work, settled = r.lookUnderLock(ctx, due)
 		if ctx.Err() != nil {
-			release(true)
 			return false
 		}
-		r.logRound(again)
-		*due = earliest(*due, again.next)
-		if again.n > 0 && again.err == nil {
+		if work {
 			return true
 		}
 		if !settled {
@@ -399,6 +373,35 @@ func (r *Relay) idle(ctx context.Context, draining <-chan struct{}, wake <-chan 
 		*due = time.Time{}
 	}
 	return true
+}
+
+// lookUnderLock asks writers for a NOTIFY (announceIdle), then runs one
+// more round: rows committed before the request went unannounced. work:
+// that round found rows (the lock is given back before they are
+// published, or writers would notify while this relay is busy); settled:
+// see announceIdle. release gives the lock back when the relay wakes.
+func (r *Relay) lookUnderLock(ctx context.Context, due *time.Time) (release func(bool), work, settled bool) {
+	release, settled, err := r.announceIdle(ctx)
+	if err != nil && ctx.Err() == nil {
+		// The wake-up connection is failing: poll at PollInterval until
+		// it works again.
+		r.cfg.Logger.Error("outbox relay: announcing idleness failed, polling", err, nil)
+		settled = true
+	}
+	if r.beforeIdleLook != nil {
+		r.beforeIdleLook()
+	}
+	again := r.round(ctx, r.runLanes, func() { release(false) })
+	if again.err != nil {
+		release(false)
+	}
+	if ctx.Err() != nil {
+		release(true)
+		return release, false, settled
+	}
+	r.logRound(again)
+	*due = earliest(*due, again.next)
+	return release, again.n > 0 && again.err == nil, settled
 }
 
 func (r *Relay) logRound(res roundResult) {
