@@ -147,12 +147,12 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 	if run.claimLoaded, err = idleRound(ctx, db); err != nil {
 		return run, err
 	}
-	if err := db.QueryRowContext(ctx, outboxSizeSQL).Scan(&run.sizeBefore); err != nil {
-		return run, err
-	}
 	// The partitions ahead, which a cleaner running daily has long made,
 	// are not part of the removal timed below.
 	if _, err := warm.RunOnce(ctx); err != nil {
+		return run, err
+	}
+	if err := db.QueryRowContext(ctx, outboxSizeSQL).Scan(&run.sizeBefore); err != nil {
 		return run, err
 	}
 
@@ -239,8 +239,11 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 	if err := db.QueryRowContext(ctx, outboxSizeSQL).Scan(&run.sizeAfter); err != nil {
 		return run, err
 	}
-	// n_dead_tup is what the DELETE left for vacuum; the cleaner's session
-	// reports it within about a second of going idle.
+	// n_dead_tup is what the DELETE left for vacuum. A session reports
+	// its counts when idle, at most once a second, or when it exits:
+	// closing the idle connections (the cleaner's among them) makes them
+	// report.
+	db.SetMaxIdleConns(0)
 	time.Sleep(1500 * time.Millisecond)
 	if err := db.QueryRowContext(ctx, `SELECT coalesce(sum(n_dead_tup), 0)::int8 FROM pg_stat_user_tables
 		WHERE relid IN (SELECT relid FROM pg_partition_tree('millwright_outbox') UNION SELECT 'millwright_outbox'::regclass)`).Scan(&run.deadTuples); err != nil {
