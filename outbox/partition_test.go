@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/cleaner"
@@ -262,7 +264,9 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 func partitionedSetup(t *testing.T) (bundle, time.Time) {
 	t.Helper()
 	s := pgtest.New(t, Migrations(), PartitionedMigrations())
-	b := bundle{db: s.DB, schema: s}
+	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 100000, BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = ps.Close() })
+	b := bundle{db: s.DB, schema: s, pubsub: ps}
 	var today time.Time
 	require.NoError(t, b.db.QueryRow(`SELECT date_trunc('day', now() AT TIME ZONE 'UTC')::timestamp`).Scan(&today))
 	today = time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
@@ -445,5 +449,77 @@ func TestClaim_FlatOverPublishedRows(t *testing.T) {
 			// table adds at most its root page per lane (64).
 			require.LessOrEqual(t, full, empty+2*64, "the claim reads the pending indexes only")
 		})
+	}
+}
+
+// TestPartitionCleaner_WithRelayAndWriters: cleaner rounds run while a
+// relay publishes and writers write on the partitioned layout, and old
+// partitions hold pending rows. Every event is published exactly once;
+// the old partitions go once their rows are published, not before.
+func TestPartitionCleaner_WithRelayAndWriters(t *testing.T) {
+	t.Parallel()
+	b, today := partitionedSetup(t)
+	b.db.SetMaxOpenConns(8)
+	got := b.collect(t, "old")
+	ctx := context.Background()
+
+	// Days -3..-1: 100 rows each; day -2's are published already.
+	_, err := b.db.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, status, published_at, created_at)
+		SELECT 'old-' || d || '-' || g, 'old', 'agg-' || (g % 5), '{}',
+			CASE WHEN d = -2 THEN 'published' ELSE 'pending' END, CASE WHEN d = -2 THEN now() END,
+			$1::timestamptz + d * interval '1 day' + g * interval '1 second'
+		FROM generate_series(-3, -1) d, generate_series(1, 100) g`, today)
+	require.NoError(t, err)
+
+	c, err := NewCleaner(b.db, CleanerConfig{Retention: time.Millisecond, PartitionsAhead: 2})
+	require.NoError(t, err)
+	// Before the relay runs: only day -2 may go.
+	stats, err := c.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, stats.PartitionsDropped)
+	require.Len(t, stats.PartitionsKept, 2)
+
+	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 20 * time.Millisecond, BatchSize: 7})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var written [2]int
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := Add(ctx, b.db, Event{Topic: "old", AggregateID: fmt.Sprintf("w%d", w)}); err != nil {
+					t.Errorf("writer %d: %v", w, err)
+					return
+				}
+				written[w]++
+			}
+		}()
+	}
+	dropped := stats.PartitionsDropped
+	eventually(t, 20*time.Second, func() bool {
+		st, err := c.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Zero(t, st.DefaultRows)
+		dropped += st.PartitionsDropped
+		return dropped == 3
+	}, "the old partitions go once the relay has published their rows")
+	close(stop)
+	wg.Wait()
+	total := 200 + written[0] + written[1]
+	eventually(t, 20*time.Second, func() bool { return len(got.all()) == total }, "every event published")
+	seen := map[string]bool{}
+	for _, m := range got.all() {
+		require.False(t, seen[m.UUID], "event %s published twice", m.UUID)
+		seen[m.UUID] = true
+	}
+	require.Equal(t, 0, count(t, b.db, "status = 'pending'"))
+	for d := -3; d < 0; d++ {
+		require.NotContains(t, partitionNames(t, b.db), cleaner.PartitionName("millwright_outbox", today.AddDate(0, 0, d)))
 	}
 }

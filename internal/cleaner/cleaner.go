@@ -158,6 +158,10 @@ type Cleaner struct {
 	r   *runner.Runner
 
 	deleteSQL, countSQL, lockSQL, unlockSQL string
+
+	// beforeDrop, in tests, runs between the look for rows to keep
+	// without a lock and the transaction that drops partitions.
+	beforeDrop func()
 }
 
 // New returns a cleaner of t in db. It sets cfg's defaults and validates

@@ -211,6 +211,9 @@ func (c *Cleaner) partitionRound(ctx context.Context, conn *sql.Conn) (Stats, er
 		}
 	}
 	if len(drop) > 0 {
+		if c.beforeDrop != nil {
+			c.beforeDrop()
+		}
 		dropped, kept, err := c.dropPartitions(ctx, conn, drop)
 		if err != nil {
 			errs = append(errs, err)
