@@ -48,8 +48,7 @@
 //     with one read (no lock, no lease: no other relay reads its lanes);
 //  2. publishes them, with one PublishBatch call per topic when the
 //     publisher has it (transport.BatchPublisher), else with Publish,
-//     PublishConcurrency aggregates at a time; while a full batch goes out
-//     it already claims the next;
+//     PublishConcurrency aggregates at a time;
 //  3. marks the published rows with one UPDATE ... WHERE id = ANY(...), and
 //     records failures with one more.
 //

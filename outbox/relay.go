@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -167,11 +166,9 @@ type Relay struct {
 	readyOnce sync.Once
 
 	// roundMu makes rounds (Run's and RunOnce's) take turns; runLanes are
-	// Run's lanes while it runs, ahead the batch Run claims while the last
-	// one is published (see prefetch).
+	// Run's lanes while it runs.
 	roundMu  sync.Mutex
 	runLanes *lanes
-	ahead    <-chan claimed
 
 	stmtMu sync.Mutex
 	stmt   *sql.Stmt // claimSQL
@@ -280,7 +277,6 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) leave(ctx context.Context) {
 	r.roundMu.Lock()
 	defer r.roundMu.Unlock()
-	r.dropAhead()
 	if r.crashed.Load() {
 		r.runLanes = nil
 		return
@@ -468,7 +464,7 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func()) (res roundR
 			return res
 		}
 	}
-	rows, err := r.take(ctx, held)
+	rows, err := r.claim(ctx, held)
 	if err != nil || len(rows) == 0 {
 		res.err = err
 		return res
@@ -477,58 +473,7 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func()) (res roundR
 		claimed()
 	}
 	res.n, res.more = len(rows), len(rows) >= r.cfg.BatchSize
-	if res.more && l == r.runLanes {
-		r.ahead = r.prefetch(ctx, held, rows)
-	}
 	results := r.publish(rows)
 	res.next, res.failures, res.err = r.mark(ctx, rows, results)
-	if res.failures > 0 || res.err != nil {
-		// The next batch was claimed before these rows failed: it may
-		// hold their aggregates' later events.
-		r.dropAhead()
-	}
 	return res
-}
-
-// claimed is a batch claimed ahead.
-type claimed struct {
-	rows []row
-	err  error
-}
-
-// prefetch claims the next batch of the held lanes while rows, the batch
-// in flight, are published and marked: the claim is a read, and leaving
-// out the rows in flight is all it takes, since only this relay reads
-// these lanes. A batch whose rows fail drops what was claimed ahead.
-func (r *Relay) prefetch(ctx context.Context, held []int32, inFlight []row) <-chan claimed {
-	ch := make(chan claimed, 1)
-	go func() {
-		rows, err := r.claim(ctx, held, inFlight)
-		ch <- claimed{rows, err}
-	}()
-	return ch
-}
-
-// take returns the batch claimed ahead, less the rows of lanes the relay
-// no longer holds, or else claims one.
-func (r *Relay) take(ctx context.Context, held []int32) ([]row, error) {
-	if r.ahead != nil {
-		c := <-r.ahead
-		r.ahead = nil
-		if c.err == nil {
-			rows := slices.DeleteFunc(c.rows, func(rw row) bool { return !slices.Contains(held, rw.lane) })
-			if len(rows) > 0 {
-				return rows, nil
-			}
-		}
-	}
-	return r.claim(ctx, held, nil)
-}
-
-// dropAhead forgets the batch claimed ahead, if any.
-func (r *Relay) dropAhead() {
-	if r.ahead != nil {
-		<-r.ahead
-		r.ahead = nil
-	}
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/lib/pq"
 
 	"github.com/millwright/millwright/metadata"
 )
@@ -30,9 +29,7 @@ const blockedCTE = `blocked AS MATERIALIZED (
 )`
 
 // claimLane selects, for lane l.lane, the due rows in id order that no
-// failing event holds back: the columns cols, LIMIT $2, leaving out the
-// ids in $3 (the batch in flight while the next is claimed; see
-// Relay.prefetch). Only the relay
+// failing event holds back: the columns cols, LIMIT $2. Only the relay
 // holding a lane reads it, so nothing is locked or leased: a row stays
 // pending until it is marked, and an aggregate never overtakes its failing
 // event, including events written after the failure.
@@ -41,7 +38,6 @@ func claimLane(cols string) string {
 		WHERE ` + laneExpr + ` = l.lane AND status = 'pending' AND next_attempt_at <= now()
 		  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.aggregate_type = o.aggregate_type
 			AND b.aggregate_id = o.aggregate_id AND b.head < o.id)
-		  AND o.id <> ALL($3::bigint[])
 		ORDER BY id
 		LIMIT $2`
 }
@@ -58,14 +54,14 @@ var claimedCTE = `WITH ` + blockedCTE + `, claimed AS (
 // claimSQL is the claim of the publisher path, in one pass: the rows
 // themselves, lane after lane, each lane's in id order.
 var claimSQL = `WITH ` + blockedCTE + `
-SELECT l.lane, c.* FROM unnest($1::int[]) AS l(lane)
+SELECT c.* FROM unnest($1::int[]) AS l(lane)
 CROSS JOIN LATERAL (` + claimLane(`o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
-	o.payload::text, o.payload_raw, o.metadata::text, o.retry_count, o.created_at`) + `) c
+	o.payload::text, o.payload_raw, NULLIF(o.metadata, '{}')::text, o.retry_count,
+	(extract(epoch FROM o.created_at) * 1000000)::int8`) + `) c
 LIMIT $2`
 
 // row is one claimed outbox row.
 type row struct {
-	lane       int32
 	id         int64
 	topic      string
 	aggType    string
@@ -77,18 +73,13 @@ type row struct {
 }
 
 // claim is the first stage of a round: the due rows of the held lanes, at
-// most BatchSize, in id order within each aggregate, but for the ids of
-// inFlight.
-func (r *Relay) claim(ctx context.Context, held []int32, inFlight []row) ([]row, error) {
+// most BatchSize, in id order within each aggregate.
+func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
 	stmt, err := r.prepare(ctx, &r.stmt, claimSQL)
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]int64, len(inFlight))
-	for i, rw := range inFlight {
-		ids[i] = rw.id
-	}
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize, pq.Array(ids))
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
@@ -96,12 +87,15 @@ func (r *Relay) claim(ctx context.Context, held []int32, inFlight []row) ([]row,
 	var out []row
 	for rows.Next() {
 		var (
-			rw row
-			sr storedRow
+			rw      row
+			sr      storedRow
+			meta    sql.NullString
+			created int64 // µs since the epoch: cheaper to read than a timestamp
 		)
-		if err := rows.Scan(&rw.lane, &rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &sr.metadata, &rw.retryCount, &sr.createdAt); err != nil {
+		if err := rows.Scan(&rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &meta, &rw.retryCount, &created); err != nil {
 			return nil, fmt.Errorf("outbox relay: reading claimed row: %w", err)
 		}
+		sr.metadata, sr.createdAt = meta.String, time.UnixMicro(created)
 		rw.createdAt = sr.createdAt
 		msg, err := rowMessage(sr)
 		if err != nil {
@@ -156,7 +150,7 @@ type storedRow struct {
 	eventID, aggType, aggID, eventType string
 	payload                            sql.NullString
 	raw                                []byte
-	metadata                           string // JSON
+	metadata                           string // JSON; "" for none
 	createdAt                          time.Time
 }
 
@@ -173,9 +167,11 @@ func rowMessage(r storedRow) (*message.Message, error) {
 	}
 	msg := message.NewMessage(r.eventID, body)
 	var stored map[string]string
-	err := json.Unmarshal([]byte(r.metadata), &stored)
-	if err != nil {
-		stored = nil
+	var err error
+	if r.metadata != "" {
+		if err = json.Unmarshal([]byte(r.metadata), &stored); err != nil {
+			stored = nil
+		}
 	}
 	msg.Metadata = make(message.Metadata, len(stored)+10)
 	derivedMetadata(r.eventID, r.aggType, r.aggID, r.eventType, r.payload.Valid, r.createdAt, msg.Metadata.Set)

@@ -64,13 +64,19 @@ func (l *lanes) order() []int32 {
 // $2: lease in ms, $3: member), finds its share among the live relays
 // (want), frees the lanes outside it and takes or renews those inside it
 // that are free, expired or its own. Leases are renewed once half spent,
-// so a busy relay writes a row only now and then. It returns the lanes the
-// relay holds and how many it wants.
-const rebalanceSQL = `WITH me AS (
-	INSERT INTO millwright_outbox_relays AS r (id, seen_until)
+// so most checks write nothing: no row lock, no commit to flush. The rare
+// write commits without waiting for the WAL flush (a lease a server crash
+// forgets is taken again). It returns the lanes the relay holds and how
+// many it wants.
+const rebalanceSQL = `WITH async AS MATERIALIZED (
+	SELECT set_config('synchronous_commit', 'off', true)
+), joined AS (
+	INSERT INTO millwright_outbox_relays (id, seen_until)
 	SELECT $1, now() + $2 * interval '1 millisecond' WHERE $3
-	ON CONFLICT (id) DO UPDATE SET seen_until = EXCLUDED.seen_until
-	WHERE r.seen_until < now() + $2 * interval '0.5 millisecond'
+	ON CONFLICT (id) DO NOTHING
+), renewed AS (
+	UPDATE millwright_outbox_relays SET seen_until = now() + $2 * interval '1 millisecond'
+	WHERE $3 AND id = $1 AND seen_until < now() + $2 * interval '0.5 millisecond'
 ), gone AS (
 	DELETE FROM millwright_outbox_relays WHERE seen_until < now() - interval '1 hour'
 ), live AS (
@@ -93,7 +99,8 @@ const rebalanceSQL = `WITH me AS (
 SELECT ARRAY(SELECT lane FROM taken UNION
 	SELECT lane FROM millwright_outbox_lanes WHERE owner = $1 AND lease_until >= now() + $2 * interval '0.5 millisecond'
 	  AND lane IN (SELECT lane FROM want) ORDER BY 1),
-	(SELECT count(*) FROM want)`
+	(SELECT count(*) FROM want)
+FROM async`
 
 // rebalance runs rebalanceSQL.
 func (l *lanes) rebalance(ctx context.Context, start time.Time) error {
