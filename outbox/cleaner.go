@@ -40,6 +40,13 @@ var cleanerTable = cleaner.Table{
 // bounded batches. Run it beside every relay: a Postgres advisory lock
 // lets one instance at a time clean (per schema); the others skip the
 // round. Pending and failed rows are never deleted.
+//
+// On the partitioned layout (PartitionedMigrations) it deletes nothing: it
+// creates CleanerConfig.PartitionsAhead days of partitions ahead and
+// detaches and drops the partitions older than the retention (counted from
+// created_at) that hold no pending or failed row, reporting the ones kept
+// and the rows of the DEFAULT partition in CleanStats. It finds the layout
+// at every round. See docs/partitioning.md.
 type Cleaner struct{ c *cleaner.Cleaner }
 
 // NewCleaner returns a cleaner of the outbox in db's search_path.

@@ -433,18 +433,23 @@ func claimBuffers(t *testing.T, db *sql.DB) int {
 // measures the time at 1,000,000 rows.
 func TestClaim_FlatOverPublishedRows(t *testing.T) {
 	t.Parallel()
+	// MILLWRIGHT_TEST_CLAIM_ROWS=1000000 measures at a million rows.
+	n := 50000
+	if v, err := strconv.Atoi(os.Getenv("MILLWRIGHT_TEST_CLAIM_ROWS")); err == nil && v > 0 {
+		n = v
+	}
 	for _, layout := range []string{"plain", partitionedSubtest} {
 		t.Run(layout, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			empty := claimBuffers(t, b.db)
 			_, err := b.db.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_type, aggregate_id, payload, status, published_at)
-				SELECT 'e' || g, 't', 'order', (g % 5000)::text, '{}', 'published', now() FROM generate_series(1, 50000) g`)
+				SELECT 'e' || g, 't', 'order', (g % 5000)::text, '{}', 'published', now() FROM generate_series(1, $1::int) g`, n)
 			require.NoError(t, err)
 			_, err = b.db.Exec(`ANALYZE millwright_outbox`)
 			require.NoError(t, err)
 			full := claimBuffers(t, b.db)
-			t.Logf("%s: claim buffers %d empty, %d with 50,000 published rows", layout, empty, full)
+			t.Logf("%s: claim buffers %d empty, %d with %d published rows", layout, empty, full, n)
 			// An empty partial index may have no page to read; a filled
 			// table adds at most its root page per lane (64).
 			require.LessOrEqual(t, full, empty+2*64, "the claim reads the pending indexes only")

@@ -155,28 +155,39 @@ func (c *Cleaner) keptRows(ctx context.Context, q querier, name string) (int64, 
 }
 
 // partitionRound is RunOnce in partition mode, on conn holding the lock.
+// A failing step does not stop the others; their errors are joined.
 func (c *Cleaner) partitionRound(ctx context.Context, conn *sql.Conn) (Stats, error) {
 	var stats Stats
 	ps, err := c.partitions(ctx, conn)
 	if err != nil {
 		return stats, err
 	}
-	var errs []error
+	errs := []error{c.createAhead(ctx, conn, ps, &stats), c.dropExpired(ctx, conn, ps, &stats)}
+	for _, p := range ps {
+		if !p.isDefault {
+			continue
+		}
+		err := conn.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+pq.QuoteIdentifier(p.name)+` LIMIT `+fmt.Sprint(defaultRowsCap)+`) d`).Scan(&stats.DefaultRows)
+		if err != nil {
+			errs = append(errs, c.wrap("counting the rows of the default partition of", err))
+		}
+	}
+	return stats, errors.Join(errs...)
+}
 
-	// Ahead: today and the next PartitionsAhead days, by UTC day.
+// createAhead creates the missing partitions of today and the next
+// PartitionsAhead days, by UTC day (the server's clock).
+func (c *Cleaner) createAhead(ctx context.Context, conn *sql.Conn, ps []partition, stats *Stats) error {
 	var today time.Time
 	if err := conn.QueryRowContext(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC')::timestamp`).Scan(&today); err != nil {
-		return stats, c.wrap("reading the date for the partitions of", err)
+		return c.wrap("reading the date for the partitions of", err)
 	}
 	today = time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
 	have := map[string]bool{}
-	var defaultName string
 	for _, p := range ps {
 		have[p.name] = true
-		if p.isDefault {
-			defaultName = p.name
-		}
 	}
+	var errs []error
 	for d := 0; d <= c.cfg.PartitionsAhead; d++ {
 		day := today.AddDate(0, 0, d)
 		name := PartitionName(c.t.Name, day)
@@ -189,9 +200,14 @@ func (c *Cleaner) partitionRound(ctx context.Context, conn *sql.Conn) (Stats, er
 		}
 		stats.PartitionsCreated++
 	}
+	return errors.Join(errs...)
+}
 
-	// Behind: the expired partitions that hold nothing to keep, as far as
-	// a look without a lock tells, are dropped in one transaction.
+// dropExpired drops, in one transaction, the expired partitions that hold
+// nothing to keep as far as a look without a lock tells (dropPartitions
+// looks again under the lock).
+func (c *Cleaner) dropExpired(ctx context.Context, conn *sql.Conn, ps []partition, stats *Stats) error {
+	var errs []error
 	var drop []partition
 	for _, p := range ps {
 		if p.isDefault || !p.expired {
@@ -210,29 +226,22 @@ func (c *Cleaner) partitionRound(ctx context.Context, conn *sql.Conn) (Stats, er
 			drop = append(drop, p)
 		}
 	}
-	if len(drop) > 0 {
-		if c.beforeDrop != nil {
-			c.beforeDrop()
-		}
-		dropped, kept, err := c.dropPartitions(ctx, conn, drop)
-		if err != nil {
-			errs = append(errs, err)
-		} else {
-			stats.PartitionsKept = append(stats.PartitionsKept, kept...)
-			for _, p := range dropped {
-				stats.PartitionsDropped++
-				stats.DroppedRows += p.tuples
-			}
-		}
+	if len(drop) == 0 {
+		return errors.Join(errs...)
 	}
-
-	if defaultName != "" {
-		err := conn.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+pq.QuoteIdentifier(defaultName)+` LIMIT `+fmt.Sprint(defaultRowsCap)+`) d`).Scan(&stats.DefaultRows)
-		if err != nil {
-			errs = append(errs, c.wrap("counting the rows of the default partition of", err))
-		}
+	if c.beforeDrop != nil {
+		c.beforeDrop()
 	}
-	return stats, errors.Join(errs...)
+	dropped, kept, err := c.dropPartitions(ctx, conn, drop)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	stats.PartitionsKept = append(stats.PartitionsKept, kept...)
+	for _, p := range dropped {
+		stats.PartitionsDropped++
+		stats.DroppedRows += p.tuples
+	}
+	return errors.Join(errs...)
 }
 
 // PartitionName is the name of table's partition of the UTC day of day:

@@ -134,14 +134,7 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 	if run.claimEmpty, err = idleRound(ctx, db); err != nil {
 		return run, err
 	}
-	if _, err := db.ExecContext(ctx, `INSERT INTO millwright_outbox (event_id, topic, aggregate_type, aggregate_id, event_type, payload, status, created_at, published_at)
-		SELECT 'bench-' || g, 'bench_retention', 'order', (g % 100000)::text, 'order.created.v1', $2::jsonb, 'published',
-			(date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') - ((1 + g % $3::int) * interval '1 day') + interval '1 hour',
-			(date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') - ((1 + g % $3::int) * interval '1 day') + interval '1 hour'
-		FROM generate_series(1, $1::int) g`, rows, string(b.payload), retentionDays); err != nil {
-		return run, err
-	}
-	if _, err := db.ExecContext(ctx, `VACUUM ANALYZE millwright_outbox`); err != nil {
+	if err := fillPublished(ctx, db, rows, b.payload); err != nil {
 		return run, err
 	}
 	if run.claimLoaded, err = idleRound(ctx, db); err != nil {
@@ -156,50 +149,11 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 		return run, err
 	}
 
-	// Writers: one outbox event per transaction, each commit timed.
-	type commit struct {
-		at  time.Time
-		dur time.Duration
-	}
-	var (
-		mu      sync.Mutex
-		commits []commit
-		stop    atomic.Bool
-		wg      sync.WaitGroup
-		werr    error
-	)
-	started := make(chan struct{}, retentionWriters)
-	for w := range retentionWriters {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; !stop.Load(); i++ {
-				start := time.Now()
-				err := outbox.Add(ctx, db, outbox.Event{Topic: "bench_retention", AggregateType: "order", AggregateID: fmt.Sprintf("w%d-%d", w, i), Payload: b.payload})
-				if err != nil {
-					mu.Lock()
-					werr = err
-					mu.Unlock()
-					return
-				}
-				end := time.Now()
-				mu.Lock()
-				commits = append(commits, commit{at: end, dur: end.Sub(start)})
-				mu.Unlock()
-				if i == 0 {
-					started <- struct{}{}
-				}
-			}
-		}()
-	}
-	for range retentionWriters {
-		<-started
-	}
+	w := startWriters(ctx, db, b.payload)
 	time.Sleep(time.Second) // the baseline window: writers alone
 	c, err := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: time.Millisecond})
 	if err != nil {
-		stop.Store(true)
-		wg.Wait()
+		_ = w.halt()
 		return run, err
 	}
 	start := time.Now()
@@ -209,30 +163,17 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 	if rest := time.Until(start.Add(window)); rest > 0 {
 		time.Sleep(rest) // writers go on to the end of the measured window
 	}
-	stop.Store(true)
-	wg.Wait()
+	if werr := w.halt(); werr != nil {
+		return run, fmt.Errorf("writer: %w", werr)
+	}
 	if err != nil {
 		return run, err
-	}
-	if werr != nil {
-		return run, fmt.Errorf("writer: %w", werr)
 	}
 	if removed := stats.Deleted + stats.DroppedRows; removed < int64(rows)*9/10 {
 		return run, fmt.Errorf("the cleaner removed %d rows of %d (stats %+v)", removed, rows, stats)
 	}
+	run.txBefore, run.txDuring, run.maxTxDuring = w.rates(start, window)
 	run.droppedParts = stats.PartitionsDropped
-	var before, during int
-	for _, cm := range commits {
-		switch {
-		case cm.at.Before(start) && cm.at.After(start.Add(-time.Second)):
-			before++
-		case !cm.at.Before(start) && cm.at.Before(start.Add(window)):
-			during++
-			run.maxTxDuring = max(run.maxTxDuring, cm.dur)
-		}
-	}
-	run.txBefore = float64(before)
-	run.txDuring = float64(during) / window.Seconds()
 	// The table's size after: the DELETE returns no space (vacuum makes
 	// it reusable later); dropped partitions return theirs at once.
 	// pg_partition_tree sums the partitions of the partitioned layout.
@@ -297,4 +238,93 @@ func idleRound(ctx context.Context, db *sql.DB) (time.Duration, error) {
 		xs = append(xs, time.Since(start))
 	}
 	return time.Duration(medianDur(xs) * float64(time.Millisecond)), nil
+}
+
+// fillPublished inserts rows published rows spread over the past
+// retentionDays UTC days and vacuums the table, as a cleaner that runs
+// daily finds it.
+func fillPublished(ctx context.Context, db *sql.DB, rows int, payload []byte) error {
+	if _, err := db.ExecContext(ctx, `INSERT INTO millwright_outbox (event_id, topic, aggregate_type, aggregate_id, event_type, payload, status, created_at, published_at)
+		SELECT 'bench-' || g, 'bench_retention', 'order', (g % 100000)::text, 'order.created.v1', $2::jsonb, 'published',
+			(date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') - ((1 + g % $3::int) * interval '1 day') + interval '1 hour',
+			(date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') - ((1 + g % $3::int) * interval '1 day') + interval '1 hour'
+		FROM generate_series(1, $1::int) g`, rows, string(payload), retentionDays); err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, `VACUUM ANALYZE millwright_outbox`); err != nil {
+		return err
+	}
+	return nil
+}
+
+// writers write one outbox event per transaction and time each commit.
+type writers struct {
+	stop    atomic.Bool
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	commits []commit
+	err     error
+}
+
+type commit struct {
+	at  time.Time
+	dur time.Duration
+}
+
+// startWriters starts retentionWriters writers and returns once each has
+// made its first attempt.
+func startWriters(ctx context.Context, db *sql.DB, payload []byte) *writers {
+	w := &writers{}
+	var first sync.WaitGroup
+	for n := range retentionWriters {
+		w.wg.Add(1)
+		first.Add(1)
+		go func() {
+			defer w.wg.Done()
+			for i := 0; !w.stop.Load(); i++ {
+				start := time.Now()
+				err := outbox.Add(ctx, db, outbox.Event{Topic: "bench_retention", AggregateType: "order", AggregateID: fmt.Sprintf("w%d-%d", n, i), Payload: payload})
+				end := time.Now()
+				w.mu.Lock()
+				if err != nil && w.err == nil {
+					w.err = err
+				}
+				if err == nil {
+					w.commits = append(w.commits, commit{at: end, dur: end.Sub(start)})
+				}
+				w.mu.Unlock()
+				if i == 0 {
+					first.Done()
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	first.Wait()
+	return w
+}
+
+// halt stops the writers and returns the first error one met.
+func (w *writers) halt() error {
+	w.stop.Store(true)
+	w.wg.Wait()
+	return w.err
+}
+
+// rates are the commits per second in the second before start and over
+// window from start, and the slowest transaction of the latter.
+func (w *writers) rates(start time.Time, window time.Duration) (before, during float64, worst time.Duration) {
+	var nb, nd int
+	for _, cm := range w.commits {
+		switch {
+		case cm.at.Before(start) && cm.at.After(start.Add(-time.Second)):
+			nb++
+		case !cm.at.Before(start) && cm.at.Before(start.Add(window)):
+			nd++
+			worst = max(worst, cm.dur)
+		}
+	}
+	return float64(nb), float64(nd) / window.Seconds(), worst
 }
