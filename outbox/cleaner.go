@@ -30,12 +30,23 @@ var cleanerTable = cleaner.Table{
 	LockClass:        0x6d774f43, // "mwOC"
 	DefaultRetention: DefaultRetention, MinRetention: time.Millisecond,
 	Hint: cleaner.MissingTable("outbox.Migrations()"),
+	// The partitioned layout (PartitionedMigrations): whole partitions are
+	// dropped instead, never one holding a pending or failed row.
+	Partitions: &cleaner.Partitions{Keep: []string{"status = 'pending'", "status = 'failed'"}, With: "fillfactor = 70"},
 }
 
 // Cleaner deletes published rows older than the retention period, in
 // bounded batches. Run it beside every relay: a Postgres advisory lock
 // lets one instance at a time clean (per schema); the others skip the
 // round. Pending and failed rows are never deleted.
+//
+// On the partitioned layout (PartitionedMigrations) it deletes nothing: it
+// creates CleanerConfig.PartitionsAhead days of partitions ahead and
+// detaches and drops the partitions older than the retention (counted from
+// created_at) that hold no pending or failed row, reporting the ones kept
+// and the rows of the DEFAULT partition in CleanStats. It finds the layout
+// at every round. See docs/partitioning.md.
+//
 // Its methods are every millwright cleaner's (internal/cleaner): Run,
 // Close (drains, then cancels after CloseTimeout), Running, RunOnce and
 // Count (the dry run).

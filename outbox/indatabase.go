@@ -6,33 +6,29 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/lib/pq"
 
+	"github.com/millwright/millwright/internal/sqlschema"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/tracing"
 )
 
-// inDatabasePublisher has the method set of transport.InDatabasePublisher
-// (declared here for the reason batchPublisher is).
-type inDatabasePublisher interface {
-	DB() *sql.DB
-	PrepareTopic(ctx context.Context, topic string) error
-	InsertSelect(topic, query string) (string, error)
-}
-
-// moveSQL is the claim of the in-database path: the rows claimCTE finds are
-// marked published at once, in the transaction that also inserts them into
-// their topics' tables (move). It returns each row's id and topic, and
+// moveSQL is the claim of the in-database path: the rows claimedCTE finds
+// are marked published at once, in the transaction that also inserts them
+// into their topics' tables (mover.move). It returns each row's id and topic, and
 // whether its metadata is a JSON object of strings (every row Add wrote);
 // a hand-written row with other metadata goes through the publisher,
 // which reports it (see rowMessage). It also returns what the relay's span
 // of each row needs (see traceMoved).
-const moveSQL = claimCTE + `
+var moveSQL = claimedCTE + `
 UPDATE millwright_outbox t
 SET status = 'published', published_at = now()
 WHERE t.id = ANY(ARRAY(SELECT id FROM claimed)) AND t.status = 'pending'
@@ -53,8 +49,8 @@ RETURNING t.id, t.topic, jsonb_typeof(t.metadata) = 'object' AND NOT EXISTS (
 // The metadata is written as JSON text when the metadata column names
 // none of the derived keys (every row Add writes: it stores only what the
 // columns do not say), which costs less than half of building it with
-// jsonb functions (4.3 -> 1.8 ms per 500 rows under EXPLAIN ANALYZE);
-// other rows take the jsonb path, whose || gives the override.
+// jsonb functions (compare the two under EXPLAIN ANALYZE); other rows take
+// the jsonb path, whose || gives the override.
 var moveSelects = [2]string{moveSelectFor(false), moveSelectFor(true)}
 
 func moveSelect(traced bool) string {
@@ -117,11 +113,11 @@ WHERE o.id = ANY(`
 		from = `
 FROM millwright_outbox o LEFT JOIN `
 	}
-	return `SELECT o.event_id AS uuid,
-	COALESCE(convert_to(o.payload::text, 'UTF8'), o.payload_raw) AS payload,
+	return `SELECT o.event_id AS ` + sqlschema.ColUUID + `,
+	COALESCE(convert_to(o.payload::text, 'UTF8'), o.payload_raw) AS ` + sqlschema.ColPayload + `,
 	CASE WHEN NOT ` + meta + ` ?| ARRAY[` + strings.Join(keys, ", ") + `] THEN ` + text + `
-	ELSE ` + merged + ` END AS metadata,
-	o.id AS position` + from
+	ELSE ` + merged + ` END AS ` + sqlschema.ColMetadata + `,
+	o.id AS ` + sqlschema.ColPosition + from
 }
 
 // moveRetry is how long the relay publishes through the publisher after
@@ -132,43 +128,74 @@ const moveRetry = 30 * time.Second
 // the batch goes through the publisher, which reports the row.
 var errPlainMetadata = errors.New("outbox relay: a claimed row's metadata is not a JSON object of strings")
 
-// canMove reports whether batches can be published in the database: the
-// publisher is an in-database one (transport sql) and writes to the
-// outbox's own database. The check runs once; after an error, or a failed
-// move (moveOff), the publisher is used for moveRetry.
-func (r *Relay) canMove(ctx context.Context) bool {
-	if r.inDB == nil {
-		return false
+// mover publishes batches in the database when the publisher writes to
+// the outbox's own database (transport sql): the claim, the inserts into
+// the topics' tables and the marks in one transaction, so a relay crash at
+// any point neither loses nor duplicates an event. It is safe for
+// concurrent use.
+type mover struct {
+	db  *sql.DB
+	pub sqlschema.Publisher
+	cfg *RelayConfig
+	m   *metrics
+	st  *relayStats
+	tr  tracing.Config
+
+	stmtMu sync.Mutex
+	stmt   *sql.Stmt // moveSQL
+
+	mu       sync.Mutex
+	same     int // 0 not checked yet, 1 same database as the outbox's, -1 another
+	offUntil time.Time
+	movable  map[string]struct{} // topics prepared with pub.PrepareTopic
+	txSQL    string              // the transaction's settings (see move)
+
+	// beforeCommit, when set (tests), runs in move after the inserts,
+	// before the commit.
+	beforeCommit func()
+}
+
+func newMover(db *sql.DB, pub sqlschema.Publisher, cfg *RelayConfig, m *metrics, st *relayStats, tr tracing.Config) *mover {
+	ms := strconv.FormatInt(cfg.Lease.Milliseconds(), 10)
+	return &mover{db: db, pub: pub, cfg: cfg, m: m, st: st, tr: tr,
+		txSQL: "SET LOCAL statement_timeout = " + ms + "; SET LOCAL idle_in_transaction_session_timeout = " + ms +
+			"; SET LOCAL synchronous_commit = off"}
+}
+
+// usable reports whether batches can be published in the database: the
+// publisher writes to the outbox's own database. The check runs once;
+// after an error, or a failed move (off), the publisher is used for
+// moveRetry.
+func (mv *mover) usable(ctx context.Context) bool {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	if mv.same != 0 || time.Now().Before(mv.offUntil) {
+		return mv.same > 0 && time.Now().After(mv.offUntil)
 	}
-	r.moveMu.Lock()
-	defer r.moveMu.Unlock()
-	if r.moveSame != 0 || time.Now().Before(r.moveOffUntil) {
-		return r.moveSame > 0 && time.Now().After(r.moveOffUntil)
-	}
-	same, err := sameDatabase(ctx, r.db, r.inDB.DB())
+	same, err := sameDatabase(ctx, mv.db, mv.pub.DB())
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
-			r.cfg.Logger.Error("outbox relay: cannot tell whether the publisher writes to the outbox's database; publishing through it", err, watermill.LogFields{"retry_in": moveRetry})
-			r.moveOffUntil = time.Now().Add(moveRetry)
+			mv.cfg.Logger.Error("outbox relay: cannot tell whether the publisher writes to the outbox's database; publishing through it", err, watermill.LogFields{"retry_in": moveRetry})
+			mv.offUntil = time.Now().Add(moveRetry)
 		}
 		return false
 	case !same:
-		r.moveSame = -1
-		r.cfg.Logger.Info("outbox relay: the publisher's database is not the outbox's; publishing through the publisher", nil)
+		mv.same = -1
+		mv.cfg.Logger.Info("outbox relay: the publisher's database is not the outbox's; publishing through the publisher", nil)
 		return false
 	}
-	r.moveSame = 1
-	r.cfg.Logger.Info("outbox relay: the publisher writes to the outbox's database; publishing in the database, in the transaction that marks rows published", nil)
+	mv.same = 1
+	mv.cfg.Logger.Info("outbox relay: the publisher writes to the outbox's database; publishing in the database, in the transaction that marks rows published", nil)
 	return true
 }
 
-// moveOff makes the relay use the publisher for moveRetry.
-func (r *Relay) moveOff(err error) {
-	r.moveMu.Lock()
-	r.moveOffUntil = time.Now().Add(moveRetry)
-	r.moveMu.Unlock()
-	r.cfg.Logger.Error("outbox relay: publishing in the database failed; publishing through the publisher for a while", err, watermill.LogFields{"retry_in": moveRetry})
+// off makes the relay use the publisher for moveRetry.
+func (mv *mover) off(err error) {
+	mv.mu.Lock()
+	mv.offUntil = time.Now().Add(moveRetry)
+	mv.mu.Unlock()
+	mv.cfg.Logger.Error("outbox relay: publishing in the database failed; publishing through the publisher for a while", err, watermill.LogFields{"retry_in": moveRetry})
 }
 
 // sameDatabase reports whether a and b reach the same database of the same
@@ -189,134 +216,219 @@ func sameDatabase(ctx context.Context, a, b *sql.DB) (bool, error) {
 	return ida == idb, nil
 }
 
+// tryMove publishes one batch of the held lanes in the database when it
+// can. ok false: the caller publishes through the publisher (the path is
+// off, or the batch holds a row only the publisher path can report).
+func (mv *mover) tryMove(ctx context.Context, held []int32) (n int, ok bool, err error) {
+	if !mv.usable(ctx) {
+		return 0, false, nil
+	}
+	n, err = mv.move(ctx, held)
+	// A batch with topics new to this relay: prepare them, outside the
+	// transaction, and move again (a few times: the next batch may bring
+	// other new topics).
+	var up unpreparedTopics
+	for range 3 {
+		if !errors.As(err, &up) {
+			break
+		}
+		if err = mv.prepareTopics(ctx, up); err == nil {
+			n, err = mv.move(ctx, held)
+		}
+	}
+	switch {
+	case err == nil:
+		return n, true, nil
+	case ctx.Err() != nil:
+		return 0, true, err
+	case !errors.Is(err, errPlainMetadata) && !errors.As(err, &up):
+		mv.off(err)
+	}
+	return 0, false, nil
+}
+
+// moved is what move reads of a claimed row.
+type moved struct {
+	topics  []string
+	byTopic map[string][]int64
+	plain   bool
+	traced  []tracedRow
+	n       int
+}
+
 // move publishes one batch in the database: in one transaction it claims
 // the rows, marking them published (moveSQL), and inserts them into their
 // topics' tables in id order (one INSERT ... SELECT per topic). It commits
-// both or neither, so a relay crash at any point neither loses nor
-// duplicates an event; the open transaction, not next_attempt_at, is the
-// rows' lease. It returns the number of rows published. On an error
-// nothing was published (the transaction rolled back, or a failed commit
-// took effect as a whole or not at all): the caller publishes through the
-// publisher instead.
-//
-// Rows another relay is moving stay due and pending to this one until that
-// relay commits, so a claim can find nothing while heads are due: held
-// reports that case (heldSQL: a due head among the first rows, which the
-// claim skipped because it is locked), and the caller looks again soon
-// rather than after PollInterval.
-func (r *Relay) move(ctx context.Context) (n int, held bool, err error) {
-	stmt, err := r.prepare(ctx, &r.moveStmt, moveSQL)
+// both or neither. On an error nothing was published (the transaction
+// rolled back, or a failed commit took effect as a whole or not at all).
+func (mv *mover) move(ctx context.Context, held []int32) (int, error) {
+	stmt, err := mv.prepare(ctx)
 	if err != nil {
-		return 0, false, err
+		return 0, err
 	}
-	tx, err := r.db.BeginTx(ctx, nil)
+	tx, err := mv.db.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, false, fmt.Errorf("outbox relay: starting the in-database publish: %w", err)
+		return 0, fmt.Errorf("outbox relay: starting the in-database publish: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	// The transaction is the batch's lease: a relay that stalls in it
-	// (paused, cut off) loses it, and its rows, after Lease. It commits
-	// without waiting for the WAL flush (synchronous_commit off, 8-14%
-	// more events/s): a server crash can undo the last moves, marks and
-	// messages together, and their rows are published again; it cannot
-	// undo a move a consumer has acknowledged in this database, since the
-	// consumer's own commit flushes the WAL up to it.
-	if _, err := tx.ExecContext(ctx, r.moveLeaseSQL); err != nil {
-		return 0, false, fmt.Errorf("outbox relay: starting the in-database publish: %w", err)
+	// The transaction bounds its statements and pauses by Lease: a relay
+	// that stalls in it (paused, cut off) loses it. It commits without
+	// waiting for the WAL flush (synchronous_commit off): a server crash
+	// can undo the last moves, marks and messages together, and their rows
+	// are published again; it cannot undo a move a consumer has
+	// acknowledged in this database, since the consumer's own commit
+	// flushes the WAL up to it.
+	if _, err := tx.ExecContext(ctx, mv.txSQL); err != nil {
+		return 0, fmt.Errorf("outbox relay: starting the in-database publish: %w", err)
 	}
-	rows, err := tx.StmtContext(ctx, stmt).QueryContext(ctx, r.cfg.BatchSize, windowFactor*r.cfg.BatchSize)
-	if err != nil {
-		return 0, false, fmt.Errorf("outbox relay: claiming rows: %w", err)
+	b, err := mv.claim(ctx, tx.StmtContext(ctx, stmt), held)
+	if err != nil || b.n == 0 {
+		return 0, err
 	}
-	var (
-		topics  []string
-		byTopic = map[string][]int64{}
-		plain   = true
-		traced  []tracedRow
-		// Without a tracer that records, a row's span only matters for
-		// the trace context it stored (the publisher path's span keeps
-		// it, or sets none): rows without one are not traced.
-		recording = tracing.Recording()
-	)
-	for rows.Next() {
-		var (
-			id         int64
-			topic      string
-			ok         bool
-			eventID    string
-			eventType  string
-			tp, tstate sql.NullString
-		)
-		if err := rows.Scan(&id, &topic, &ok, &eventID, &eventType, &tp, &tstate); err != nil {
-			rows.Close()
-			return 0, false, fmt.Errorf("outbox relay: reading claimed row: %w", err)
-		}
-		if _, seen := byTopic[topic]; !seen {
-			topics = append(topics, topic)
-		}
-		byTopic[topic] = append(byTopic[topic], id)
-		plain = plain && ok
-		if tp.Valid || recording {
-			traced = append(traced, tracedRow{id: id, topic: topic, eventID: eventID, eventType: eventType, traceParent: tp, traceState: tstate})
-		}
-		n++
-	}
-	if err := rows.Err(); err != nil {
-		return 0, false, fmt.Errorf("outbox relay: claiming rows: %w", err)
-	}
-	if n == 0 {
-		err := tx.QueryRowContext(ctx, heldSQL, windowFactor*r.cfg.BatchSize).Scan(&held)
-		if err != nil {
-			return 0, false, fmt.Errorf("outbox relay: looking for held rows: %w", err)
-		}
-		return 0, held, nil
-	}
-	if !plain {
-		return 0, false, errPlainMetadata
+	if !b.plain {
+		return 0, errPlainMetadata
 	}
 	var unprepared []string
-	for _, topic := range topics {
-		if !r.prepared(topic) {
+	for _, topic := range b.topics {
+		if !mv.prepared(topic) {
 			unprepared = append(unprepared, topic)
 		}
 	}
 	if len(unprepared) > 0 {
 		// Tables are created on the publisher's pool, which may be this
 		// one: not while this transaction holds a connection.
-		return 0, false, unpreparedTopics(unprepared)
+		return 0, unpreparedTopics(unprepared)
 	}
-	overrides, end := traceMoved(traced)
-	fail := func(err error) (int, bool, error) {
+	overrides, end := traceMoved(mv.tr, b.traced)
+	if err := mv.insert(ctx, tx, b, overrides); err != nil {
 		end(err)
-		return 0, false, err
+		return 0, err
 	}
-	for _, topic := range topics {
-		ids := byTopic[topic]
+	if mv.beforeCommit != nil {
+		mv.beforeCommit()
+	}
+	if err := tx.Commit(); err != nil {
+		err = fmt.Errorf("outbox relay: committing %d event(s) published in the database: %w", b.n, err)
+		end(err)
+		return 0, err
+	}
+	end(nil)
+	mv.m.published.Add(float64(b.n))
+	mv.st.published.Add(uint64(b.n))
+	return b.n, nil
+}
+
+func (mv *mover) prepare(ctx context.Context) (*sql.Stmt, error) {
+	mv.stmtMu.Lock()
+	defer mv.stmtMu.Unlock()
+	if mv.stmt != nil {
+		return mv.stmt, nil
+	}
+	s, err := mv.db.PrepareContext(ctx, moveSQL)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: preparing the in-database claim (did `millwright migrate` run?): %w", err)
+	}
+	mv.stmt = s
+	return s, nil
+}
+
+// claim runs moveSQL and groups the rows by topic.
+func (mv *mover) claim(ctx context.Context, stmt *sql.Stmt, held []int32) (moved, error) {
+	b := moved{byTopic: map[string][]int64{}, plain: true}
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), mv.cfg.BatchSize)
+	if err != nil {
+		return b, fmt.Errorf("outbox relay: claiming rows: %w", err)
+	}
+	defer rows.Close()
+	// Without a tracer that records, a row's span only matters for the
+	// trace context it stored (the publisher path's span keeps it, or sets
+	// none): rows without one are not traced.
+	recording := mv.tr.Recording()
+	for rows.Next() {
+		var (
+			id                 int64
+			topic              string
+			ok                 bool
+			eventID, eventType string
+			tp, tstate         sql.NullString
+		)
+		if err := rows.Scan(&id, &topic, &ok, &eventID, &eventType, &tp, &tstate); err != nil {
+			return b, fmt.Errorf("outbox relay: reading claimed row: %w", err)
+		}
+		if _, seen := b.byTopic[topic]; !seen {
+			b.topics = append(b.topics, topic)
+		}
+		b.byTopic[topic] = append(b.byTopic[topic], id)
+		b.plain = b.plain && ok
+		if tp.Valid || recording {
+			b.traced = append(b.traced, tracedRow{id: id, topic: topic, eventID: eventID, eventType: eventType, traceParent: tp, traceState: tstate})
+		}
+		b.n++
+	}
+	if err := rows.Err(); err != nil {
+		return b, fmt.Errorf("outbox relay: claiming rows: %w", err)
+	}
+	for _, ids := range b.byTopic {
+		slices.Sort(ids)
+	}
+	return b, nil
+}
+
+// insert runs one INSERT ... SELECT per topic of the batch.
+func (mv *mover) insert(ctx context.Context, tx *sql.Tx, b moved, overrides map[string]string) error {
+	for _, topic := range b.topics {
+		ids := b.byTopic[topic]
 		query := moveSelect(false) + idArray(ids) + `)`
 		if o := overrides[topic]; o != "" {
 			query = moveSelect(true) + o + ` tr(id, meta) ON tr.id = o.id
 WHERE o.id = ANY(` + idArray(ids) + `)`
 		}
-		q, err := r.inDB.InsertSelect(topic, query)
+		table, err := mv.pub.Table(topic)
 		if err != nil {
-			return fail(fmt.Errorf("outbox relay: publishing %d event(s) to %q in the database: %w", len(ids), topic, err))
+			return fmt.Errorf("outbox relay: publishing %d event(s) to %q in the database: %w", len(ids), topic, err)
 		}
 		start := time.Now()
-		if _, err := tx.ExecContext(ctx, q); err != nil {
-			return fail(fmt.Errorf("outbox relay: publishing %d event(s) to %q in the database: %w", len(ids), topic, err))
+		if _, err := tx.ExecContext(ctx, sqlschema.InsertSelect(table, query)); err != nil {
+			return fmt.Errorf("outbox relay: publishing %d event(s) to %q in the database: %w", len(ids), topic, err)
 		}
-		r.m.latency.Observe(time.Since(start).Seconds())
+		mv.m.latency.Observe(time.Since(start).Seconds())
 	}
-	if r.beforeMoveCommit != nil {
-		r.beforeMoveCommit()
+	return nil
+}
+
+// unpreparedTopics: a claimed batch has topics the publisher has not
+// prepared for this relay yet (see prepareTopics).
+type unpreparedTopics []string
+
+var _ error = unpreparedTopics(nil)
+
+func (u unpreparedTopics) Error() string {
+	return fmt.Sprintf("outbox relay: topics %q not prepared for publishing in the database", []string(u))
+}
+
+// prepared reports whether topic's storage was prepared by this relay.
+func (mv *mover) prepared(topic string) bool {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	_, ok := mv.movable[topic]
+	return ok
+}
+
+// prepareTopics has the publisher create the topics' storage, outside any
+// transaction of the relay's.
+func (mv *mover) prepareTopics(ctx context.Context, topics []string) error {
+	for _, topic := range topics {
+		if err := mv.pub.PrepareTopic(ctx, topic); err != nil {
+			return fmt.Errorf("outbox relay: preparing topic %q for publishing in the database: %w", topic, err)
+		}
+		mv.mu.Lock()
+		if mv.movable == nil {
+			mv.movable = map[string]struct{}{}
+		}
+		mv.movable[topic] = struct{}{}
+		mv.mu.Unlock()
 	}
-	if err := tx.Commit(); err != nil {
-		return fail(fmt.Errorf("outbox relay: committing %d event(s) published in the database: %w", n, err))
-	}
-	end(nil)
-	r.m.published.Add(float64(n))
-	r.stats.published.Add(uint64(n))
-	return n, false, nil
+	return nil
 }
 
 // tracedRow is what the relay's span of a claimed row needs.
@@ -332,7 +444,7 @@ type tracedRow struct {
 // context the span changes as a VALUES list of (id, metadata to merge),
 // and the function that ends the spans. With no tracer installed a span
 // keeps the stored context (or none) and nothing is overridden.
-func traceMoved(rows []tracedRow) (overrides map[string]string, end func(error)) {
+func traceMoved(tr tracing.Config, rows []tracedRow) (overrides map[string]string, end func(error)) {
 	if len(rows) == 0 {
 		return nil, func(error) {}
 	}
@@ -350,7 +462,7 @@ func traceMoved(rows []tracedRow) (overrides map[string]string, end func(error))
 		if rw.traceState.Valid {
 			msg.Metadata.Set(metadata.TraceState, rw.traceState.String)
 		}
-		ends = append(ends, tracing.RelayPublish(rw.topic, msg))
+		ends = append(ends, tr.RelayPublish(rw.topic, msg))
 		tp, ts := msg.Metadata.Get(metadata.TraceParent), msg.Metadata.Get(metadata.TraceState)
 		if tp == rw.traceParent.String && ts == rw.traceState.String {
 			continue
@@ -379,114 +491,4 @@ func traceMoved(rows []tracedRow) (overrides map[string]string, end func(error))
 			e(err)
 		}
 	}
-}
-
-// help publishes in the database beside Run's loop while the backlog is
-// deep: Run starts it when a batch moved full, and it stops at the first
-// batch that is not (or on Close, after its batch). One relay then keeps
-// two of the database's connections, and cores, busy rather than one (a
-// move is all database work: claim, insert, commit); with several relays
-// their batches soon come back partial or held, and helpers stop rather
-// than crowd one another out of the claim's window.
-func (r *Relay) help(ctx context.Context) (alone bool) {
-	for {
-		select {
-		case <-ctx.Done():
-			return true
-		case <-r.closing:
-			return true
-		default:
-		}
-		if !r.canMove(ctx) { // moveOff: Run's loop uses the publisher for a while
-			return true
-		}
-		n, held, err := r.move(ctx)
-		r.stats.endRound(0, err)
-		if err != nil {
-			// Run's own loop handles it (new topics, the publisher
-			// path); the helper just stops.
-			if ctx.Err() == nil && !errors.Is(err, errPlainMetadata) && !errors.As(err, new(unpreparedTopics)) {
-				r.cfg.Logger.Error("outbox relay: in-database publish beside the relay's loop failed", err, nil)
-			}
-			return false
-		}
-		if held || n < r.cfg.BatchSize {
-			return n == 0 && !held
-		}
-	}
-}
-
-// unpreparedTopics: a claimed batch has topics the publisher has not
-// prepared for this relay yet (see prepareTopics).
-type unpreparedTopics []string
-
-func (u unpreparedTopics) Error() string {
-	return fmt.Sprintf("outbox relay: topics %q not prepared for publishing in the database", []string(u))
-}
-
-// prepared reports whether topic's storage was prepared by this relay.
-func (r *Relay) prepared(topic string) bool {
-	r.moveMu.Lock()
-	defer r.moveMu.Unlock()
-	_, ok := r.movable[topic]
-	return ok
-}
-
-// prepareTopics has the publisher create the topics' storage, outside any
-// transaction of the relay's.
-func (r *Relay) prepareTopics(ctx context.Context, topics []string) error {
-	for _, topic := range topics {
-		if err := r.inDB.PrepareTopic(ctx, topic); err != nil {
-			return fmt.Errorf("outbox relay: preparing topic %q for publishing in the database: %w", topic, err)
-		}
-		r.moveMu.Lock()
-		if r.movable == nil {
-			r.movable = map[string]struct{}{}
-		}
-		r.movable[topic] = struct{}{}
-		r.moveMu.Unlock()
-	}
-	return nil
-}
-
-// heldSQL: is any of the first $1 pending rows a due head (the oldest
-// pending row of its aggregate)? After a claim that took nothing, such a
-// head is locked by another relay's claim. Rows that arrived behind a head
-// that is backing off are due but are not heads: they do not count.
-// Bounded by $1, unlike a look for any due head, which could walk a long
-// backlog of rows backing off.
-const heldSQL = `SELECT EXISTS (SELECT 1 FROM (
-	SELECT o.id, o.aggregate_type, o.aggregate_id, o.next_attempt_at FROM millwright_outbox o
-	WHERE o.status = 'pending' ORDER BY o.id LIMIT $1) c
-	WHERE c.next_attempt_at <= now() AND ` + isHead + `)`
-
-// take publishes one batch in the database when it can (moved: the number
-// of rows published; held: see move) and otherwise claims rows for the
-// publisher.
-func (r *Relay) take(ctx context.Context) (rows []row, moved int, held bool, err error) {
-	if r.canMove(ctx) {
-		moved, held, err = r.move(ctx)
-		// A batch with topics new to this relay: prepare them, outside
-		// the transaction, and move again (a few times: the next batch
-		// may bring other new topics).
-		var up unpreparedTopics
-		for range 3 {
-			if !errors.As(err, &up) {
-				break
-			}
-			if err = r.prepareTopics(ctx, up); err == nil {
-				moved, held, err = r.move(ctx)
-			}
-		}
-		switch {
-		case err == nil:
-			return nil, moved, held, nil
-		case ctx.Err() != nil:
-			return nil, 0, false, err
-		case !errors.Is(err, errPlainMetadata) && !errors.As(err, &up):
-			r.moveOff(err)
-		}
-	}
-	rows, err = r.claim(ctx)
-	return rows, 0, false, err
 }

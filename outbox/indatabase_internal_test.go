@@ -28,10 +28,10 @@ func inDatabaseBundle(t *testing.T) (*pgtest.Schema, *tsql.Transport) {
 
 // TestMove_StalledRelayLosesItsBatchAfterLease: a relay stops in the
 // middle of its in-database publish, rows claimed and copied, transaction
-// open. After
-// Lease the server ends that transaction; another relay then publishes the
-// rows, and the stalled relay's copy never commits: each event is in the
-// topic's table once.
+// open. While it holds their lane no other relay publishes the rows; after
+// Lease the server ends its transaction, so its copy never commits, and
+// the rows, still pending, are published once (by the stalled relay,
+// through the publisher, when it resumes).
 func TestMove_StalledRelayLosesItsBatchAfterLease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -41,22 +41,17 @@ func TestMove_StalledRelayLosesItsBatchAfterLease(t *testing.T) {
 		require.NoError(t, Add(ctx, s.DB, Event{Topic: topic, AggregateID: "a", Payload: []byte(`{"i":` + string(rune('0'+i)) + `}`)}))
 	}
 
-	// Lease: long enough for the other relay's first claim to come while
-	// the stalled one still holds the rows on a loaded machine.
-	stalled, err := NewRelay(s.DB, tr.Publisher(), RelayConfig{Lease: 2 * time.Second})
+	stalled, err := NewRelay(s.DB, tr.Publisher(), RelayConfig{Lease: 500 * time.Millisecond})
 	require.NoError(t, err)
-	require.NoError(t, stalled.prepareTopics(ctx, []string{topic}))
+	require.NoError(t, stalled.mover.prepareTopics(ctx, []string{topic}))
 	other, err := NewRelay(s.DB, tr.Publisher(), RelayConfig{})
-	require.NoError(t, err)
-	require.NoError(t, other.prepareTopics(ctx, []string{topic}))
-	_, err = other.prepare(ctx, &other.moveStmt, moveSQL)
 	require.NoError(t, err)
 	resume := make(chan struct{})
 	var once sync.Once
 	release := func() { once.Do(func() { close(resume) }) }
 	t.Cleanup(release) // before the schema is dropped: never leave the stalled relay holding locks
 	claimed := make(chan struct{})
-	stalled.beforeMoveCommit = func() { close(claimed); <-resume }
+	stalled.mover.beforeCommit = func() { close(claimed); <-resume }
 	stalledDone := make(chan int, 1)
 	go func() { n, _ := stalled.RunOnce(ctx); stalledDone <- n }()
 	select {
@@ -67,17 +62,20 @@ func TestMove_StalledRelayLosesItsBatchAfterLease(t *testing.T) {
 		t.Fatal("the stalled relay never claimed in the database")
 	}
 
-	n, held, err := other.move(ctx)
+	n, err := other.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "the stalled relay holds the rows' lane")
+	poll.Until(t, 30*time.Second, func() bool {
+		// The rows' locks go with the transaction the server ends.
+		var free int
+		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM (SELECT 1 FROM millwright_outbox FOR UPDATE SKIP LOCKED) x`).Scan(&free))
+		return free == 5
+	}, "the server never ended the stalled relay's transaction")
+	release()
+	require.Equal(t, 5, <-stalledDone, "its copy did not commit; the rows, still pending, went out through the publisher")
+	n, err = other.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)
-	require.True(t, held, "the stalled relay holds the rows")
-	poll.Until(t, 30*time.Second, func() bool {
-		n, _, err := other.move(ctx)
-		require.NoError(t, err)
-		return n > 0
-	}, "the other relay never got the stalled relay's rows")
-	release()
-	require.Zero(t, <-stalledDone, "the server ended the stalled relay's transaction: it published nothing")
 
 	var copies, published int
 	require.NoError(t, s.DB.QueryRow(`SELECT count(*), count(DISTINCT uuid) FROM "watermill_`+topic+`"`).Scan(&copies, &published))
@@ -86,12 +84,10 @@ func TestMove_StalledRelayLosesItsBatchAfterLease(t *testing.T) {
 	require.Zero(t, count(t, s.DB, "status <> 'published'"))
 }
 
-// TestMove_RowsBehindABackingOffHeadAreNotHeld: rows written behind an
-// aggregate's head that is backing off are due but cannot be claimed
-// until it is: a relay that finds nothing else does not report them as
-// held by other relays (it would look again every few milliseconds for the
-// whole backoff); a head locked by another relay's claim is held.
-func TestMove_RowsBehindABackingOffHeadAreNotHeld(t *testing.T) {
+// TestMove_RowsBehindABackingOffHeadWait: rows written behind an
+// aggregate's event that backs off after a failure are due but wait for
+// it; other aggregates go out.
+func TestMove_RowsBehindABackingOffHeadWait(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, tr := inDatabaseBundle(t)
@@ -100,26 +96,21 @@ func TestMove_RowsBehindABackingOffHeadAreNotHeld(t *testing.T) {
 	_, err := s.DB.Exec(`UPDATE millwright_outbox SET next_attempt_at = now() + interval '1 hour', retry_count = 1`)
 	require.NoError(t, err)
 	require.NoError(t, Add(ctx, s.DB, Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
+	require.NoError(t, Add(ctx, s.DB, Event{Topic: topic, AggregateID: "b", Payload: []byte(`{}`)}))
 
 	r, err := NewRelay(s.DB, tr.Publisher(), RelayConfig{})
 	require.NoError(t, err)
-	rows, moved, held, err := r.take(ctx)
+	n, err := r.RunOnce(ctx)
 	require.NoError(t, err)
-	require.Empty(t, rows)
-	require.Zero(t, moved)
-	require.False(t, held, "a row behind a backing-off head is not held by a relay")
+	require.Equal(t, 1, n, "only b's event goes out")
+	require.Equal(t, 1, count(t, s.DB, "status = 'published' AND aggregate_id = 'b'"))
+	require.Equal(t, 2, count(t, s.DB, "status = 'pending' AND aggregate_id = 'a'"))
 
-	require.NoError(t, Add(ctx, s.DB, Event{Topic: topic, AggregateID: "b", Payload: []byte(`{}`)}))
-	tx, err := s.DB.Begin()
+	_, err = s.DB.Exec(`UPDATE millwright_outbox SET next_attempt_at = now() WHERE retry_count = 1`)
 	require.NoError(t, err)
-	defer tx.Rollback() //nolint:errcheck
-	_, err = tx.Exec(`SELECT id FROM millwright_outbox WHERE aggregate_id = 'b' FOR UPDATE`)
+	n, err = r.RunOnce(ctx)
 	require.NoError(t, err)
-	rows, moved, held, err = r.take(ctx)
-	require.NoError(t, err)
-	require.Empty(t, rows)
-	require.Zero(t, moved)
-	require.True(t, held, "a head another transaction has locked is held")
+	require.Equal(t, 2, n, "once the head is due, the aggregate goes out")
 }
 
 // TestSameDatabase: two pools on one database (different search paths)

@@ -36,9 +36,11 @@ func TestRelayChildProcess(t *testing.T) {
 	if os.Getenv(envChildMove) != "" {
 		tr, err := tsql.Open(context.Background(), tsql.Config{URL: u}, watermill.NopLogger{})
 		require.NoError(t, err)
-		r, err := NewRelay(db, tr.Publisher(), RelayConfig{})
+		// Lease: the parent's relay takes the lanes once it ends; long
+		// enough that the server does not end the open move first.
+		r, err := NewRelay(db, tr.Publisher(), RelayConfig{Lease: 2 * time.Second})
 		require.NoError(t, err)
-		r.beforeMoveCommit = func() {
+		r.mover.beforeCommit = func() {
 			fmt.Println("published") // copied, not committed: the parent kills us now
 			select {}
 		}

@@ -69,6 +69,8 @@ func (p *TxPublisher) Publish(topic string, msgs ...*message.Message) error {
 // Close does nothing: the transaction belongs to the caller.
 func (p *TxPublisher) Close() error { return nil }
 
+var _ message.Publisher = (*TxPublisher)(nil)
+
 // MessageEvent maps a Watermill message to the Event a TxPublisher writes.
 func MessageEvent(topic string, m *message.Message) Event {
 	md := make(map[string]string, len(m.Metadata))

@@ -32,7 +32,7 @@ type bundle struct {
 
 func setup(t *testing.T) bundle {
 	t.Helper()
-	s := pgtest.New(t, Migrations())
+	s := pgtest.New(t, layoutMigrations(t)...) // partition_test.go: the plain or the partitioned layout
 	s.DB.SetMaxOpenConns(8)
 	// Blocking until acked keeps gochannel in publish order; it otherwise
 	// delivers each message from its own goroutine.

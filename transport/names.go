@@ -128,9 +128,14 @@ func (p *checkedInDatabasePublisher) PrepareTopic(ctx context.Context, topic str
 	return p.inDB.PrepareTopic(ctx, topic)
 }
 
-func (p *checkedInDatabasePublisher) InsertSelect(topic, query string) (string, error) {
-	return p.inDB.InsertSelect(topic, query)
+func (p *checkedInDatabasePublisher) Table(topic string) (string, error) {
+	return p.inDB.Table(topic)
 }
+
+var (
+	_ BatchPublisher      = (*checkedBatchPublisher)(nil)
+	_ InDatabasePublisher = (*checkedInDatabasePublisher)(nil)
+)
 
 func wrapPublisher(pub message.Publisher, names *nameCache) message.Publisher {
 	cp := checkedPublisher{Publisher: pub, names: names}

@@ -172,6 +172,11 @@ func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retentio
 			continue
 		}
 		fmt.Fprintf(out, "deleted %d %s in %d batches\n", stats.Deleted, targets[i].rows, stats.Batches)
+		if stats.PartitionsCreated+stats.PartitionsDropped > 0 || len(stats.PartitionsKept) > 0 || stats.DefaultRows > 0 {
+			// The partitioned outbox drops whole partitions instead.
+			fmt.Fprintf(out, "%s: dropped %d partitions (about %d rows), created %d ahead, kept %d past the retention %v, %d rows in the DEFAULT partition\n",
+				targets[i].rows, stats.PartitionsDropped, stats.DroppedRows, stats.PartitionsCreated, len(stats.PartitionsKept), stats.PartitionsKept, stats.DefaultRows)
+		}
 	}
 	return change.finish(total, nil)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/outbox"
 )
 
 // migrationSources lists every component's migrations; components append to
@@ -33,7 +34,15 @@ in the schema named by --schema (default: $MILLWRIGHT_SCHEMA, else the URL's
 search_path), which it creates if missing.
 Safe to run from several processes at once: an advisory lock serialises them.
 With --dry-run it lists the migrations it would apply, in order, and changes
-nothing (add --sql to print each one's SQL).`,
+nothing (add --sql to print each one's SQL).
+
+With --outbox-partitioned it also applies the outbox's partitioned layout
+(outbox.PartitionedMigrations): millwright_outbox becomes a table
+partitioned by day on created_at, its rows moved in one transaction, and
+the outbox cleaner drops whole partitions instead of deleting rows. Without
+it the outbox stays a plain table cleaned by batched DELETE. Once applied
+the layout stays; later runs need not repeat the flag. See
+docs/partitioning.md.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dry, _ := cmd.Flags().GetBool("dry-run")
 			withSQL, _ := cmd.Flags().GetBool("sql")
@@ -45,8 +54,12 @@ nothing (add --sql to print each one's SQL).`,
 				return err
 			}
 			defer db.Close()
+			sources := migrationSources
+			if partitioned, _ := cmd.Flags().GetBool("outbox-partitioned"); partitioned {
+				sources = append(sources[:len(sources):len(sources)], outbox.PartitionedMigrations())
+			}
 			if dry {
-				pending, err := migrate.Pending(cmd.Context(), db, migrationSources...)
+				pending, err := migrate.Pending(cmd.Context(), db, sources...)
 				if err != nil {
 					return err
 				}
@@ -66,7 +79,7 @@ nothing (add --sql to print each one's SQL).`,
 					return fmt.Errorf("creating schema %s: %w", schema, err)
 				}
 			}
-			applied, err := migrate.Up(cmd.Context(), db, migrationSources...)
+			applied, err := migrate.Up(cmd.Context(), db, sources...)
 			for _, a := range applied {
 				fmt.Fprintf(cmd.OutOrStdout(), "applied %s %03d_%s\n", a.Component, a.Version, a.Name)
 			}
@@ -82,6 +95,7 @@ nothing (add --sql to print each one's SQL).`,
 	addDatabaseFlag(cmd)
 	cmd.Flags().Bool("dry-run", false, "list the migrations that would be applied; change nothing")
 	cmd.Flags().Bool("sql", false, "with --dry-run, print each pending migration's SQL")
+	cmd.Flags().Bool("outbox-partitioned", false, "also convert millwright_outbox to the layout partitioned by day (rows kept); see docs/partitioning.md")
 	return cmd
 }
 

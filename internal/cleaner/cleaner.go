@@ -43,6 +43,10 @@ type Config struct {
 	// Logger logs rounds that deleted rows (info) and failed rounds
 	// (error). Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+	// PartitionsAhead, for a partitioned table only (see Partitions), is
+	// how many days of partitions past today each round keeps created.
+	// Default DefaultPartitionsAhead (7); valid 1..MaxPartitionsAhead.
+	PartitionsAhead int
 }
 
 // Stats reports one round. outbox, idempotency, dlq and saga export it as
@@ -56,6 +60,16 @@ type Stats struct {
 	// Skipped is true when another cleaner of the same table and schema
 	// held the lock, so this round did nothing. It is not a failure.
 	Skipped bool
+
+	// Partition mode only (Partitions): partitions created ahead and
+	// dropped, the rows of the dropped ones (estimated from
+	// pg_class.reltuples), the partitions past the retention kept because
+	// they hold rows to keep (name and count), and the rows in the DEFAULT
+	// partition (at most 100000 counted).
+	PartitionsCreated, PartitionsDropped int
+	DroppedRows                          int64
+	PartitionsKept                       []string
+	DefaultRows                          int64
 }
 
 // Table says what one cleaner deletes.
@@ -84,6 +98,10 @@ type Table struct {
 	// Hint, optional, turns a database error into advice appended to the
 	// error message (e.g. "run `millwright migrate`").
 	Hint func(error) string
+	// Partitions, optional, is the partition mode: when Name is a
+	// partitioned table, rounds drop whole partitions instead of deleting
+	// rows (see Partitions); when it is a plain table they delete.
+	Partitions *Partitions
 }
 
 // SetDefaults fills the zero fields of c, Retention with t's default.
@@ -102,6 +120,9 @@ func (c *Config) SetDefaults(t Table) {
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
+	}
+	if c.PartitionsAhead == 0 {
+		c.PartitionsAhead = DefaultPartitionsAhead
 	}
 }
 
@@ -122,6 +143,9 @@ func (c Config) Validate(t Table) error {
 	if c.CloseTimeout < 0 {
 		errs = append(errs, fmt.Errorf("%sCloseTimeout %s is negative: want 0 (default %s) or more", p, c.CloseTimeout, DefaultCloseTimeout))
 	}
+	if c.PartitionsAhead < 1 || c.PartitionsAhead > MaxPartitionsAhead {
+		errs = append(errs, fmt.Errorf("%sPartitionsAhead %d out of range: want 1..%d (default %d)", p, c.PartitionsAhead, MaxPartitionsAhead, DefaultPartitionsAhead))
+	}
 	return errors.Join(errs...)
 }
 
@@ -134,6 +158,10 @@ type Cleaner struct {
 	r   *runner.Runner
 
 	deleteSQL, countSQL, lockSQL, unlockSQL string
+
+	// beforeDrop, in tests, runs between the look for rows to keep
+	// without a lock and the transaction that drops partitions.
+	beforeDrop func()
 }
 
 // New returns a cleaner of t in db. It sets cfg's defaults and validates
@@ -180,6 +208,8 @@ func (c *Cleaner) Run(ctx context.Context) error {
 			case err != nil && ctx.Err() == nil:
 				c.cfg.Logger.Error("Cleaning "+c.t.Rows+" failed; retrying at the next interval", err,
 					watermill.LogFields{"table": c.t.Name})
+			case err == nil && stats.partitionNews():
+				c.logPartitions(stats)
 			case err == nil && stats.Deleted > 0:
 				c.cfg.Logger.Info("Cleaned "+c.t.Rows, watermill.LogFields{
 					"table": c.t.Name, "deleted": stats.Deleted, "batches": stats.Batches,
@@ -211,6 +241,11 @@ func (c *Cleaner) wrap(what string, err error) error {
 // Count returns how many rows RunOnce would delete now. It takes no lock
 // and changes nothing (the CLI's dry run).
 func (c *Cleaner) Count(ctx context.Context) (int64, error) {
+	if part, err := c.partitioned(ctx, c.db); err != nil {
+		return 0, err
+	} else if part {
+		return c.countPartitions(ctx)
+	}
 	var n int64
 	if err := c.db.QueryRowContext(ctx, c.countSQL, c.cfg.Retention.Milliseconds()).Scan(&n); err != nil {
 		return 0, c.wrap("counting", err)
@@ -242,6 +277,12 @@ func (c *Cleaner) RunOnce(ctx context.Context) (Stats, error) {
 	// The lock goes with the session anyway; unlock so that the pooled
 	// connection does not keep it.
 	defer conn.ExecContext(context.WithoutCancel(ctx), c.unlockSQL) //nolint:errcheck // see above
+
+	if part, err := c.partitioned(ctx, conn); err != nil {
+		return stats, err
+	} else if part {
+		return c.partitionRound(ctx, conn)
+	}
 
 	for {
 		select {

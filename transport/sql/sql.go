@@ -15,9 +15,11 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
+	"github.com/millwright/millwright/internal/sqlschema"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -231,11 +233,11 @@ func tolerateExisting(qs []wsql.Query) []wsql.Query {
 func (t *Transport) DB() *stdsql.DB { return t.db }
 
 // Publisher returns the transport's publisher, safe for concurrent use. It
-// has PublishBatch (transport.BatchPublisher), PrepareTopic and
-// InsertSelect (transport.InDatabasePublisher).
+// has PublishBatch (transport.BatchPublisher), PrepareTopic and Table
+// (transport.InDatabasePublisher).
 func (t *Transport) Publisher() message.Publisher { return t.bp }
 
-// publisher adds PublishBatch, PrepareTopic and InsertSelect to
+// publisher adds PublishBatch, PrepareTopic and Table to
 // watermill-sql's publisher.
 type publisher struct {
 	*wsql.Publisher
@@ -266,22 +268,22 @@ func (p *publisher) PrepareTopic(ctx context.Context, topic string) error {
 	return err
 }
 
-// InsertSelect returns the statement that publishes to topic the rows
-// query selects (see transport.InDatabasePublisher): one INSERT into the
-// topic's table, named with its schema so that it means the same table on
-// any connection to this database.
-func (p *publisher) InsertSelect(topic, query string) (string, error) {
+// Table returns a prepared topic's table, named with its schema so that
+// it means the same table on any connection to this database.
+func (p *publisher) Table(topic string) (string, error) {
 	p.mu.Lock()
 	table, ok := p.tables[topic]
 	p.mu.Unlock()
 	if !ok {
-		return "", fmt.Errorf("sql: topic %q: InsertSelect before PrepareTopic", topic)
+		return "", fmt.Errorf("sql: topic %q: Table before PrepareTopic", topic)
 	}
-	// Columns as in DefaultPostgreSQLSchema.InsertQuery; transaction_id is
-	// what watermill-sql's subscriber orders commits by.
-	return `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id)
-SELECT q.uuid, q.payload, q.metadata, pg_current_xact_id() FROM (` + query + `) q ORDER BY q.position`, nil
+	return table, nil
 }
+
+var (
+	_ batch.Publisher     = (*publisher)(nil)
+	_ sqlschema.Publisher = (*publisher)(nil)
+)
 
 // table creates topic's table if needed and returns its schema-qualified
 // name, once per topic.

@@ -1,0 +1,375 @@
+package outboxbench
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/transport"
+)
+
+// drainBatch is the batch size of the relays and of the bare loops: the
+// relay's default.
+const drainBatch = 500
+
+// drainVariant is one way of draining the backlog with n workers.
+type drainVariant struct {
+	name string
+	n    int
+	run  func(n int) error
+}
+
+// benchDrain measures the time to publish a backlog of Backlog events with
+// N relays and N bare loops for each N of Relays, runs interleaved round
+// by round, beside Watermill's forwarder and the publisher alone.
+func (b *bench) benchDrain(ctx context.Context, kind string, t *transport.Transport) error {
+	pub := t.Publisher()
+	n := b.Backlog
+	// A topic per run: on a real broker an earlier run's would still hold
+	// its events.
+	topic := fmt.Sprintf("bench_outbox_drain_%d", time.Now().UnixNano())
+	b.topics = append(b.topics, topic)
+	var variants []drainVariant
+	for _, k := range b.Relays {
+		variants = append(variants,
+			drainVariant{fmt.Sprintf("bare loop x%d", k), k, func(k int) error { return b.bareLoops(ctx, pub, k) }},
+			drainVariant{fmt.Sprintf("outbox relay x%d", k), k, func(k int) error { return b.relays(ctx, pub, k) }})
+	}
+	results := make([][]float64, len(variants))
+	var fwds, alone []float64
+	for round := range b.Rounds {
+		for i, v := range variants {
+			if err := b.fill(ctx, topic, n); err != nil {
+				return err
+			}
+			start := time.Now()
+			if err := v.run(v.n); err != nil {
+				return fmt.Errorf("%s: %w", v.name, err)
+			}
+			results[i] = append(results[i], float64(n)/time.Since(start).Seconds())
+		}
+		rate, err := b.forwarderDrain(ctx, pub, fmt.Sprintf("bench_fwd_%d_%d", time.Now().UnixNano(), round), topic, n)
+		if err != nil {
+			return fmt.Errorf("watermill forwarder: %w", err)
+		}
+		fwds = append(fwds, rate)
+		if rate, err = b.publisherAlone(pub, topic, n); err != nil {
+			return fmt.Errorf("watermill publisher alone: %w", err)
+		}
+		alone = append(alone, rate)
+	}
+	b.emitDrain(kind, pub, variants, results, fwds, alone)
+	return nil
+}
+
+// emitDrain prints the drain rows: each relay row against the bare loops
+// at its N (baseline) and the relays at N-1 (vs fewer).
+func (b *bench) emitDrain(kind string, pub message.Publisher, variants []drainVariant, results [][]float64, fwds, alone []float64) {
+	fwd, pubRate := median(fwds), median(alone)
+	call := "Publish"
+	if _, ok := pub.(transport.BatchPublisher); ok {
+		call = "PublishBatch"
+	}
+	suffix := fmt.Sprintf(", batch %d, %d events over %d aggregates (%s)", drainBatch, b.Backlog, b.Aggregates, call)
+	var bare, fewer float64
+	for i, v := range variants {
+		row := Row{Case: "drain " + kind, Variant: v.name + suffix, Value: median(results[i]), Unit: "events/s", Runs: results[i],
+			VsForwarder: median(results[i]) / fwd, VsPublisher: median(results[i]) / pubRate}
+		if strings.HasPrefix(v.name, "bare") {
+			bare = row.Value
+		} else {
+			row.Baseline, row.Ratio = bare, row.Value/bare
+			row.Target = ">= 0.90x bare"
+			if v.n == 1 {
+				row.Target = ">= 0.95x bare"
+			}
+			if fewer != 0 {
+				row.VsFewer = row.Value / fewer
+				row.Target += ", >= 1.00x fewer"
+			}
+			fewer = row.Value
+		}
+		b.emit(row)
+	}
+	b.emit(Row{Case: "drain " + kind, Variant: fmt.Sprintf("watermill forwarder + watermill-sql (defaults), %d events", b.Backlog),
+		Value: fwd, Unit: "events/s", VsPublisher: fwd / pubRate, Runs: fwds})
+	b.emit(Row{Case: "drain " + kind, Variant: fmt.Sprintf("watermill publisher alone, no database (Publish, 100 per call, 8 goroutines), %d events", b.Backlog),
+		Value: pubRate, Unit: "events/s", Runs: alone})
+}
+
+// relays drains the backlog with k relays at their defaults.
+func (b *bench) relays(ctx context.Context, pub message.Publisher, k int) error {
+	var rs []*outbox.Relay
+	var wg sync.WaitGroup
+	for range k {
+		r, err := outbox.NewRelay(b.DB, pub, outbox.RelayConfig{BatchSize: drainBatch})
+		if err != nil {
+			return err
+		}
+		rs = append(rs, r)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = r.Run(ctx) }()
+	}
+	err := b.waitDrained(ctx, 5*time.Minute)
+	for _, r := range rs {
+		_ = r.Close()
+	}
+	wg.Wait()
+	return err
+}
+
+// bareLoops drains the backlog with k bare loops at once.
+func (b *bench) bareLoops(ctx context.Context, pub message.Publisher, k int) error {
+	errs := make(chan error, k)
+	for range k {
+		go func() { errs <- bareLoop(ctx, b.DB, pub) }()
+	}
+	var all []error
+	for range k {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
+}
+
+// bareLoop is the hand-written relay the relay is measured against, made
+// fair: the relay's batch size, one transaction per batch held across the
+// publish (FOR UPDATE SKIP LOCKED keeps concurrent loops apart), each row
+// to its own topic (one call per topic, PublishBatch when the publisher
+// has it), the same message as the relay's (its CloudEvents metadata:
+// nine headers instead of one cost an in-process broker most of its
+// time), marked with the relay's one-round-trip UPDATE ... WHERE id =
+// ANY(literal). It keeps no order across loops, no lease, no metrics.
+func bareLoop(ctx context.Context, db *sql.DB, pub message.Publisher) error {
+	for {
+		done, err := bareBatch(ctx, db, pub)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+func bareBatch(ctx context.Context, db *sql.DB, pub message.Publisher) (done bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+	rows, err := tx.QueryContext(ctx, `SELECT id, event_id, topic, aggregate_type, aggregate_id, event_type, created_at, payload::text FROM millwright_outbox
+		WHERE status = 'pending' ORDER BY id LIMIT `+strconv.Itoa(drainBatch)+` FOR UPDATE SKIP LOCKED`)
+	if err != nil {
+		return false, err
+	}
+	var ids strings.Builder
+	var topics []string
+	byTopic := map[string][]*message.Message{}
+	for rows.Next() {
+		var id int64
+		var eid, topic, aggType, agg, eventType, p string
+		var created time.Time
+		if err := rows.Scan(&id, &eid, &topic, &aggType, &agg, &eventType, &created, &p); err != nil {
+			rows.Close()
+			return false, err
+		}
+		m := message.NewMessage(eid, []byte(p))
+		m.Metadata = message.Metadata{metadata.EventID: eid, metadata.EventSpecVersion: "1.0", metadata.EventTime: created.UTC().Format(time.RFC3339Nano),
+			metadata.EventSubject: agg, metadata.AggregateID: agg, metadata.AggregateType: aggType, metadata.OrderingKey: aggType + "/" + agg,
+			metadata.EventType: eventType, metadata.EventDataContentType: "application/json"}
+		if _, ok := byTopic[topic]; !ok {
+			topics = append(topics, topic)
+		}
+		byTopic[topic] = append(byTopic[topic], m)
+		if ids.Len() > 0 {
+			ids.WriteByte(',')
+		}
+		ids.WriteString(strconv.FormatInt(id, 10))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, err
+	}
+	if ids.Len() == 0 {
+		return true, tx.Commit()
+	}
+	bp, batched := pub.(transport.BatchPublisher)
+	for _, topic := range topics {
+		if batched {
+			err = bp.PublishBatch(topic, byTopic[topic]...)
+		} else {
+			err = pub.Publish(topic, byTopic[topic]...)
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id = ANY('{`+ids.String()+`}'::bigint[])`); err != nil {
+		return false, err
+	}
+	return false, tx.Commit()
+}
+
+// fill truncates the outbox and writes n events over Aggregates
+// aggregates.
+func (b *bench) fill(ctx context.Context, topic string, n int) error {
+	if _, err := b.DB.ExecContext(ctx, `TRUNCATE millwright_outbox`); err != nil {
+		return err
+	}
+	evs := make([]outbox.Event, 0, 1000)
+	for i := 0; i < n; i++ {
+		evs = append(evs, outbox.Event{Topic: topic, AggregateType: "order", AggregateID: strconv.Itoa(i % b.Aggregates), EventType: "order.created.v1", Payload: b.payload})
+		if len(evs) == cap(evs) || i == n-1 {
+			if err := outbox.Add(ctx, b.DB, evs...); err != nil {
+				return err
+			}
+			evs = evs[:0]
+		}
+	}
+	_, err := b.DB.ExecContext(ctx, `ANALYZE millwright_outbox`)
+	return err
+}
+
+func (b *bench) waitDrained(ctx context.Context, timeout time.Duration) error {
+	// A cheap probe, not a count: the poll must not slow the relays down.
+	deadline := time.Now().Add(timeout)
+	for {
+		var pending bool
+		if err := b.DB.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM millwright_outbox WHERE status = 'pending')`).Scan(&pending); err != nil {
+			return err
+		}
+		if !pending {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not drained after %s", timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// publisherAlone measures the transport's Watermill publisher with no
+// database in the way: n messages shaped like the relay's (same payload,
+// the CloudEvents metadata the relay sends), with Publish (never
+// PublishBatch), 100 messages per call from 8 goroutines. It is the "what
+// Watermill's own publisher reaches on that broker" the relay is compared
+// with.
+func (b *bench) publisherAlone(pub message.Publisher, topic string, n int) (float64, error) {
+	msgs := make([]*message.Message, n)
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	for i := range msgs {
+		id := watermill.NewUUID()
+		agg := "a-" + strconv.Itoa(i%b.Aggregates)
+		m := message.NewMessage(id, b.payload)
+		for k, v := range map[string]string{metadata.EventID: id, metadata.EventSpecVersion: "1.0", metadata.EventTime: now,
+			metadata.EventSubject: agg, metadata.AggregateID: agg, metadata.AggregateType: "bench", metadata.OrderingKey: "bench/" + agg,
+			metadata.EventType: "bench.event.v1", metadata.EventDataContentType: "application/json"} {
+			m.Metadata.Set(k, v)
+		}
+		msgs[i] = m
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	start := time.Now()
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				from := int(next.Add(100)) - 100
+				if from >= n {
+					return
+				}
+				if err := pub.Publish(topic, msgs[from:min(from+100, n)]...); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// countingPublisher counts what the forwarder sends and signals when n
+// messages went out.
+type countingPublisher struct {
+	message.Publisher
+	n    int64
+	sent atomic.Int64
+	done chan struct{}
+	once sync.Once
+}
+
+func (p *countingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	if p.sent.Add(int64(len(msgs))) >= p.n {
+		p.once.Do(func() { close(p.done) })
+	}
+	return nil
+}
+
+// forwarderDrain measures Watermill's own outbox on the same backlog:
+// events written through forwarder.NewPublisher over watermill-sql, then
+// forwarded to pub by forwarder.NewForwarder with its defaults.
+func (b *bench) forwarderDrain(ctx context.Context, pub message.Publisher, fwdTopic, topic string, n int) (float64, error) {
+	logger := watermill.NopLogger{}
+	sqlPub, err := wsql.NewPublisher(b.DB, wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}, AutoInitializeSchema: true}, logger)
+	if err != nil {
+		return 0, err
+	}
+	fwdPub := forwarder.NewPublisher(sqlPub, forwarder.PublisherConfig{ForwarderTopic: fwdTopic})
+	for i := 0; i < n; i += 1000 {
+		msgs := make([]*message.Message, 0, 1000)
+		for j := i; j < min(i+1000, n); j++ {
+			m := message.NewMessage(watermill.NewUUID(), b.payload)
+			m.Metadata.Set(transport.OrderingKey, strconv.Itoa(j%1000))
+			msgs = append(msgs, m)
+		}
+		if err := fwdPub.Publish(topic, msgs...); err != nil {
+			return 0, err
+		}
+	}
+	sub, err := wsql.NewSubscriber(b.DB, wsql.SubscriberConfig{
+		SchemaAdapter: wsql.DefaultPostgreSQLSchema{}, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{}, InitializeSchema: true,
+	}, logger)
+	if err != nil {
+		return 0, err
+	}
+	out := &countingPublisher{Publisher: pub, n: int64(n), done: make(chan struct{})}
+	fwd, err := forwarder.NewForwarder(sub, out, logger, forwarder.Config{ForwarderTopic: fwdTopic})
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	errc := make(chan error, 1)
+	go func() { errc <- fwd.Run(ctx) }()
+	select {
+	case <-out.done:
+	case err := <-errc:
+		return 0, fmt.Errorf("forwarder stopped: %v", err)
+	case <-time.After(5 * time.Minute):
+		return 0, errors.New("forwarder did not drain within 5 minutes")
+	}
+	rate := float64(n) / time.Since(start).Seconds()
+	_ = fwd.Close()
+	_ = sub.Close()
+	return rate, nil
+}

@@ -1,0 +1,253 @@
+// Package outboxbench is `millwright bench outbox`: the outbox's write
+// overhead, drain rate beside bare loops and Watermill's forwarder, claim
+// cost over a large table, and commit-to-consumer latency. Every figure is
+// the median of Config.Rounds runs, and every ratio is against a baseline
+// measured in the same process, in the same run.
+package outboxbench
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/millwright/millwright/transport"
+)
+
+// Sections of the benchmark, in the order they run.
+const (
+	SectionWrite   = "write"
+	SectionDrain   = "drain"
+	SectionClaim   = "claim"
+	SectionLatency = "latency"
+)
+
+// Broker is a transport configuration for one section and what to do
+// after it.
+type Broker struct {
+	// Config opens the transport.
+	Config transport.Config
+	// Label names the broker in the rows ("kfake", "kafka HOST:PORT", ...).
+	Label string
+	// Done, if not nil, runs after the section with the topics it used
+	// (to drop them from a real broker) and releases the broker.
+	Done func(ctx context.Context, topics []string)
+}
+
+// Config is one run of the benchmark.
+type Config struct {
+	// DB reaches a scratch schema with the outbox migrated; URL is its
+	// URL (for LISTEN and sibling schemas).
+	DB  *sql.DB
+	URL string
+	// Rounds is the number of runs per figure (the median is reported).
+	Rounds int
+	// Writes is the number of transactions per write-overhead run.
+	Writes int
+	// Backlog is the number of events per drain run, spread over
+	// Aggregates aggregates.
+	Backlog, Aggregates int
+	// Relays are the relay counts of the drain (the bare loop runs at the
+	// same counts).
+	Relays []int
+	// PublishedRows is the size of the table in the claim section.
+	PublishedRows int
+	// Rate (events/s) and LatencyDuration shape each latency run.
+	Rate            int
+	LatencyDuration time.Duration
+	// Sections to run (SectionWrite, ...).
+	Sections []string
+	// Kinds are the transports of the drain and latency sections, opened
+	// with Open.
+	Kinds []transport.Kind
+	Open  func(transport.Kind) (Broker, error)
+	// Group is the consumer group the latency section consumes with.
+	Group string
+	// Out receives the table (or, with JSON, one object per row);
+	// Progress, if not nil, what is being measured and what was skipped.
+	Out      io.Writer
+	JSON     bool
+	Progress func(format string, args ...any)
+}
+
+// Row is one line of the table, and one object with --json.
+type Row struct {
+	Bench    string  `json:"bench"`
+	Case     string  `json:"case"`
+	Variant  string  `json:"variant"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit"`
+	Baseline float64 `json:"baseline,omitempty"`
+	Ratio    float64 `json:"ratio,omitempty"`
+	Target   string  `json:"target,omitempty"`
+	// Broker is what a drain or latency row ran on; empty for the
+	// Postgres-only sections.
+	Broker string `json:"broker,omitempty"`
+	// VsForwarder is Value over Watermill's forwarder in the same run.
+	VsForwarder float64 `json:"vs_forwarder,omitempty"`
+	// VsPublisher is Value over the transport's Watermill publisher alone,
+	// without a database, in the same run.
+	VsPublisher float64 `json:"vs_publisher,omitempty"`
+	// VsFewer is Value over the same variant with one relay fewer (drain).
+	VsFewer float64   `json:"vs_fewer,omitempty"`
+	Runs    []float64 `json:"runs"`
+}
+
+type bench struct {
+	Config
+	payload []byte
+	rows    []Row
+	cleanup []func()
+	// broker labels the rows of the section withTransport runs; empty
+	// outside it.
+	broker string
+	// topics are the broker topics the section created.
+	topics []string
+}
+
+// Run runs the sections cfg names and prints the rows.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Progress == nil {
+		cfg.Progress = func(string, ...any) {}
+	}
+	b := &bench{Config: cfg, payload: payload()}
+	defer func() {
+		for _, f := range b.cleanup {
+			f()
+		}
+	}()
+	want := map[string]bool{}
+	for _, s := range cfg.Sections {
+		want[s] = true
+	}
+	if want[SectionWrite] {
+		cfg.Progress("write overhead ...")
+		if err := b.benchWrite(ctx, cfg.Writes); err != nil {
+			return fmt.Errorf("write overhead: %w", err)
+		}
+	}
+	if want[SectionDrain] {
+		for _, k := range cfg.Kinds {
+			cfg.Progress("drain via %s ...", k)
+			if err := b.withTransport(ctx, k, func(t *transport.Transport) error { return b.benchDrain(ctx, string(k), t) }); err != nil {
+				// One broker being unavailable does not void the others.
+				cfg.Progress("drain via %s: %v (skipped)", k, err)
+			}
+		}
+	}
+	if want[SectionClaim] && cfg.PublishedRows > 0 {
+		cfg.Progress("claim cost (inserting %d published rows) ...", cfg.PublishedRows)
+		if err := b.benchClaim(ctx, cfg.PublishedRows); err != nil {
+			return fmt.Errorf("claim: %w", err)
+		}
+	}
+	if want[SectionRetention] && cfg.PublishedRows > 0 {
+		cfg.Progress("retention (removing %d published rows) ...", cfg.PublishedRows)
+		if err := b.benchRetention(ctx, cfg.PublishedRows); err != nil {
+			return fmt.Errorf("retention: %w", err)
+		}
+	}
+	if want[SectionLatency] {
+		for _, k := range cfg.Kinds {
+			cfg.Progress("latency via %s ...", k)
+			if err := b.withTransport(ctx, k, func(t *transport.Transport) error { return b.benchLatency(ctx, string(k), t) }); err != nil {
+				cfg.Progress("latency via %s: %v (skipped)", k, err)
+			}
+		}
+	}
+	if cfg.JSON {
+		return nil
+	}
+	return b.print()
+}
+
+// payload is a 300-byte JSON order.
+func payload() []byte {
+	p := []byte(`{"order_id":"00000000-0000-0000-0000-000000000000","customer":"c-000000","currency":"EUR","items":[{"sku":"sku-0001","qty":1,"price":1999},{"sku":"sku-0002","qty":2,"price":599}],"note":"`)
+	for len(p) < 297 {
+		p = append(p, 'x')
+	}
+	return append(p, `"}`...)
+}
+
+func (b *bench) emit(r Row) {
+	r.Bench = "outbox"
+	r.Broker = b.broker
+	if b.JSON {
+		_ = json.NewEncoder(b.Out).Encode(r)
+	}
+	b.rows = append(b.rows, r)
+}
+
+func (b *bench) print() error {
+	tw := tabwriter.NewWriter(b.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "CASE\tBROKER\tVARIANT\tVALUE\tUNIT\tBASELINE\tRATIO\tVS FEWER\tVS FORWARDER\tVS PUBLISHER\tTARGET\n")
+	x := func(v float64) string {
+		if v == 0 {
+			return ""
+		}
+		return strconv.FormatFloat(v, 'f', 2, 64) + "x"
+	}
+	for _, r := range b.rows {
+		base := ""
+		if r.Baseline != 0 {
+			base = strconv.FormatFloat(r.Baseline, 'f', 2, 64)
+		}
+		broker := r.Broker
+		if broker == "" {
+			broker = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Case, broker, r.Variant, r.Value, r.Unit, base,
+			x(r.Ratio), x(r.VsFewer), x(r.VsForwarder), x(r.VsPublisher), r.Target)
+	}
+	fmt.Fprintf(tw, "(medians of %d runs)\n", b.Rounds)
+	return tw.Flush()
+}
+
+// withTransport opens a transport of the given kind for one section and
+// labels the section's rows with its broker.
+func (b *bench) withTransport(ctx context.Context, kind transport.Kind, f func(*transport.Transport) error) error {
+	br, err := b.Open(kind)
+	if err != nil {
+		return err
+	}
+	b.broker = br.Label
+	defer func() {
+		if br.Done != nil {
+			br.Done(context.WithoutCancel(ctx), b.topics)
+		}
+		b.broker, b.topics = "", nil
+	}()
+	t, err := transport.Open(ctx, br.Config)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	return f(t)
+}
+
+// median is the one statistic of the benchmark.
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func medianDur(xs []time.Duration) float64 {
+	fs := make([]float64, len(xs))
+	for i, x := range xs {
+		fs[i] = float64(x) / float64(time.Millisecond)
+	}
+	return median(fs)
+}

@@ -1,0 +1,189 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millwright/millwright/metadata"
+)
+
+// laneExpr is a row's lane, exactly as millwright_outbox_pending_lane_idx
+// indexes it (migrations/003_outbox_lanes.sql): a hash of the aggregate, or
+// of the id for an event without one.
+const laneExpr = `(CASE WHEN aggregate_id = '' THEN (id & 63)::int ELSE hashtext(aggregate_type || '/' || aggregate_id) & 63 END)`
+
+// blockedCTE names the aggregates held back by a failing event: from the
+// event on, nothing of the aggregate goes out until its backoff ends
+// (the small index of failing rows answers it).
+const blockedCTE = `blocked AS MATERIALIZED (
+	SELECT aggregate_type, aggregate_id, min(id) AS head FROM millwright_outbox
+	WHERE status = 'pending' AND retry_count > 0 AND next_attempt_at > now()
+	GROUP BY aggregate_type, aggregate_id
+)`
+
+// claimLane selects, for lane l.lane, the due rows in id order that no
+// failing event holds back: the columns cols, LIMIT $2. Only the relay
+// holding a lane reads it, so nothing is locked or leased: a row stays
+// pending until it is marked, and an aggregate never overtakes its failing
+// event, including events written after the failure.
+func claimLane(cols string) string {
+	return `SELECT ` + cols + ` FROM millwright_outbox o
+		WHERE ` + laneExpr + ` = l.lane AND status = 'pending' AND next_attempt_at <= now()
+		  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.aggregate_type = o.aggregate_type
+			AND b.aggregate_id = o.aggregate_id AND b.head < o.id)
+		ORDER BY id
+		LIMIT $2`
+}
+
+// claimedCTE names, as CTE claimed, the ids of at most $2 due rows of the
+// lanes in $1 (an int[]), each lane's in id order and the lanes in the
+// order given (see claimLane).
+var claimedCTE = `WITH ` + blockedCTE + `, claimed AS (
+	SELECT c.id FROM unnest($1::int[]) AS l(lane)
+	CROSS JOIN LATERAL (` + claimLane("id") + `) c
+	LIMIT $2
+)`
+
+// claimSQL is the claim of the publisher path, in one pass: the rows
+// themselves, lane after lane, each lane's in id order.
+var claimSQL = `WITH ` + blockedCTE + `
+SELECT c.* FROM unnest($1::int[]) AS l(lane)
+CROSS JOIN LATERAL (` + claimLane(`o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
+	o.payload::text, o.payload_raw, NULLIF(o.metadata, '{}')::text, o.retry_count,
+	(extract(epoch FROM o.created_at) * 1000000)::int8`) + `) c
+LIMIT $2`
+
+// row is one claimed outbox row.
+type row struct {
+	id         int64
+	topic      string
+	aggType    string
+	aggID      string
+	aggKey     string
+	retryCount int
+	createdAt  time.Time
+	msg        *message.Message
+}
+
+// claim is the first stage of a round: the due rows of the held lanes, at
+// most BatchSize, in id order within each aggregate.
+func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
+	stmt, err := r.prepare(ctx, &r.stmt, claimSQL)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
+	}
+	defer rows.Close()
+	var out []row
+	for rows.Next() {
+		var (
+			rw      row
+			sr      storedRow
+			meta    sql.NullString
+			created int64 // µs since the epoch: cheaper to read than a timestamp
+		)
+		if err := rows.Scan(&rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &meta, &rw.retryCount, &created); err != nil {
+			return nil, fmt.Errorf("outbox relay: reading claimed row: %w", err)
+		}
+		sr.metadata, sr.createdAt = meta.String, time.UnixMicro(created)
+		rw.createdAt = sr.createdAt
+		msg, err := rowMessage(sr)
+		if err != nil {
+			// Unreachable through Add; a hand-written row. Publish it with
+			// the metadata its columns give rather than drop the event.
+			r.cfg.Logger.Error("outbox relay: row metadata is not a string map; published with the metadata its columns give", err, watermill.LogFields{"id": rw.id, "topic": rw.topic, "message_uuid": sr.eventID})
+		}
+		msg.SetContext(ctx)
+		rw.aggType, rw.aggID = sr.aggType, sr.aggID
+		rw.aggKey = sr.aggType + "\x00" + sr.aggID
+		rw.msg = msg
+		out = append(out, rw)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
+	}
+	return out, nil
+}
+
+// intArrayParam renders lanes as the text of an int[] parameter.
+func intArrayParam(lanes []int32) string {
+	b := make([]byte, 0, 4*len(lanes)+2)
+	b = append(b, '{')
+	for i, l := range lanes {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(l), 10)
+	}
+	return string(append(b, '}'))
+}
+
+// prepare prepares query into *stmt once per relay (database/sql prepares
+// it again on each pooled connection): a prepared statement runs in one
+// round trip and soon skips planning.
+func (r *Relay) prepare(ctx context.Context, stmt **sql.Stmt, query string) (*sql.Stmt, error) {
+	r.stmtMu.Lock()
+	defer r.stmtMu.Unlock()
+	if *stmt != nil {
+		return *stmt, nil
+	}
+	s, err := r.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: preparing the claim (did `millwright migrate` run?): %w", err)
+	}
+	*stmt = s
+	return s, nil
+}
+
+// storedRow is an outbox row as read back for publishing.
+type storedRow struct {
+	eventID, aggType, aggID, eventType string
+	payload                            sql.NullString
+	raw                                []byte
+	metadata                           string // JSON; "" for none
+	createdAt                          time.Time
+}
+
+// rowMessage builds the message of a claimed row: the metadata the row's
+// columns give (derivedMetadata), overridden by the metadata column. The
+// event_id column is authoritative for the message UUID and
+// metadata.EventID. A metadata column that is not a JSON object of strings
+// (only a hand-written row can have one) is ignored and reported for the
+// log; the event is still published.
+func rowMessage(r storedRow) (*message.Message, error) {
+	body := r.raw
+	if r.payload.Valid {
+		body = []byte(r.payload.String)
+	}
+	msg := message.NewMessage(r.eventID, body)
+	var stored map[string]string
+	var err error
+	if r.metadata != "" {
+		if err = json.Unmarshal([]byte(r.metadata), &stored); err != nil {
+			stored = nil
+		}
+	}
+	msg.Metadata = make(message.Metadata, len(stored)+10)
+	derivedMetadata(r.eventID, r.aggType, r.aggID, r.eventType, r.payload.Valid, r.createdAt, msg.Metadata.Set)
+	for k, v := range stored {
+		msg.Metadata.Set(k, v)
+	}
+	msg.Metadata.Set(metadata.EventID, r.eventID)
+	if r.aggID != "" && msg.Metadata.Get(metadata.OrderingKey) == "" {
+		// An empty ordering key in the metadata column (set so by the
+		// writer, or by hand) would send the aggregate unkeyed: it may
+		// replace the aggregate's key, not remove it.
+		msg.Metadata.Set(metadata.OrderingKey, orderingKey(r.aggType, r.aggID))
+	}
+	return msg, err
+}

@@ -1,0 +1,174 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/metadata"
+)
+
+// recorder is a publisher that keeps every message it accepts, in order.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []*message.Message
+}
+
+func (p *recorder) Publish(_ string, msgs ...*message.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.msgs = append(p.msgs, msgs...)
+	return nil
+}
+
+func (p *recorder) Close() error { return nil }
+
+func (p *recorder) all() []*message.Message {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]*message.Message(nil), p.msgs...)
+}
+
+// fillBacklog writes n events in one statement: event g (0..n-1) has
+// payload g and belongs to aggregate "hot" when hot and g%10 == 0 (10% of
+// the events), else to one of aggregates; ids follow g.
+func fillBacklog(t *testing.T, b bundle, n, aggregates int, hot bool) {
+	t.Helper()
+	_, err := b.db.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_type, aggregate_id, payload)
+		SELECT gen_random_uuid()::text, 't', 'acct',
+			CASE WHEN $3 AND g % 10 = 0 THEN 'hot' ELSE 'a' || (g % $2) END, to_jsonb(g)
+		FROM generate_series(0, $1 - 1) g ORDER BY g`, n, aggregates, hot)
+	require.NoError(t, err)
+	_, err = b.db.Exec(`ANALYZE millwright_outbox`)
+	require.NoError(t, err)
+}
+
+// checkBacklogOrder asserts that every event arrived and, dropping
+// duplicates, each aggregate's events arrived in the order written.
+func checkBacklogOrder(t *testing.T, msgs []*message.Message, n int) {
+	t.Helper()
+	last := map[string]int{}
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		if seen[m.UUID] {
+			continue
+		}
+		seen[m.UUID] = true
+		agg := m.Metadata.Get(metadata.AggregateID)
+		g, err := strconv.Atoi(string(m.Payload))
+		require.NoError(t, err)
+		if prev, ok := last[agg]; ok {
+			require.Greater(t, g, prev, "aggregate %s out of order", agg)
+		}
+		last[agg] = g
+	}
+	require.Len(t, seen, n, "every event published")
+}
+
+// N relays drain backlogs spread over many or few aggregates, with a hot
+// one, while relays crash (their lanes wait out the lease, then the
+// others republish what they had not marked) and new ones join: no event
+// is lost and no aggregate is reordered.
+func TestRelay_LanesKeepOrderAcrossCrashes(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name       string
+		events     int
+		aggregates int
+		hot        bool
+	}{
+		{"1000 aggregates", 20000, 1000, false},
+		{"100000 aggregates", 100000, 100000, false},
+		{"one hot aggregate with 10%", 20000, 1000, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			fillBacklog(t, b, tc.events, tc.aggregates, tc.hot)
+			pub := &recorder{}
+			cfg := RelayConfig{BatchSize: 500, PollInterval: 5 * time.Millisecond, Lease: 300 * time.Millisecond}
+			// Three relays; each of the first two crashes after its
+			// third batch reached the broker, before marking it, and a
+			// new relay replaces it.
+			var crashes atomic.Int64
+			start := func(crash bool) {
+				r, err := NewRelay(b.db, pub, cfg)
+				require.NoError(t, err)
+				ctx, cancel := context.WithCancel(context.Background())
+				if crash {
+					var batches int
+					r.afterPublish = func(context.Context, []int64) {
+						if batches++; batches == 3 {
+							r.crashed.Store(true)
+							crashes.Add(1)
+							cancel()
+						}
+					}
+				}
+				done := make(chan error, 1)
+				go func() { done <- r.Run(ctx) }()
+				t.Cleanup(func() {
+					cancel()
+					require.NoError(t, <-done)
+				})
+			}
+			start(true)
+			start(true)
+			start(false)
+			eventually(t, 10*time.Second, func() bool { return crashes.Load() == 2 }, "two relays crash")
+			start(false)
+			start(false)
+			eventually(t, 3*time.Minute, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "drain")
+			msgs := pub.all()
+			checkBacklogOrder(t, msgs, tc.events)
+			require.Greater(t, len(msgs), tc.events, "the crashed relays' unmarked batches went out again")
+		})
+	}
+}
+
+// Relays that join and leave divide the lanes between them: each running
+// relay holds its share, every lane is held once.
+func TestRelay_RelaysDivideTheLanes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	held := func() map[string]int {
+		rows, err := b.db.Query(`SELECT owner, count(*) FROM millwright_outbox_lanes WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner`)
+		require.NoError(t, err)
+		defer rows.Close()
+		out := map[string]int{}
+		for rows.Next() {
+			var owner string
+			var n int
+			require.NoError(t, rows.Scan(&owner, &n))
+			out[owner] = n
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	shares := func(relays int) bool {
+		h := held()
+		total := 0
+		for _, n := range h {
+			total += n
+			if n < laneCount/relays || n > laneCount/relays+1 {
+				return false
+			}
+		}
+		return len(h) == relays && total == laneCount
+	}
+	var rs []*Relay
+	for i := range 4 {
+		rs = append(rs, startRelay(t, b.db, &recorder{}, RelayConfig{PollInterval: 5 * time.Millisecond}))
+		eventually(t, 10*time.Second, func() bool { return shares(i + 1) }, fmt.Sprintf("%d relay(s) share the lanes", i+1))
+	}
+	require.NoError(t, rs[0].Close())
+	eventually(t, 10*time.Second, func() bool { return shares(3) }, "a stopped relay's lanes go to the others")
+}

@@ -1,0 +1,200 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/lib/pq"
+
+	"github.com/millwright/millwright/internal/pgconn"
+)
+
+// idleRecheck is how soon an idle relay looks again when a writer that may
+// have missed its request for a notification is still in its transaction.
+const idleRecheck = 5 * time.Millisecond
+
+// wakeLockClass is the first half of the wake-up lock's key ("mwox" in
+// ASCII); the second is the outbox table's oid. See
+// migrations/002_outbox_wakeup_lock.sql.
+const wakeLockClass = 1836543864
+
+// announceIdle asks writers for a NOTIFY by taking the wake-up lock on the
+// relay's own connection, without waiting. While a relay holds it, every
+// writing transaction notifies at commit. It reports settled when no
+// writer that committed unannounced can be in flight: true once the lock
+// is held (every writer that took it shared has ended, so a look at the
+// table now sees its rows) or when another relay holds it (writers notify
+// it, and every relay LISTENs); false while writers hold it shared, so the
+// relay must look again soon.
+//
+// release gives the lock back; call it as soon as the relay has work, and
+// when it wakes. With handOver (the relay is stopping) it also notifies,
+// so that relays sleeping on this one's lock wake and one of them takes it
+// over; without it they would sleep until their poll. release is
+// idempotent.
+func (r *Relay) announceIdle(ctx context.Context) (release func(handOver bool), settled bool, err error) {
+	release = func(bool) {}
+	var state string
+	if err := r.waitDB.QueryRowContext(ctx, r.tryLockSQL).Scan(&state); err != nil {
+		return release, false, fmt.Errorf("taking the outbox wake-up lock: %w", err)
+	}
+	switch state {
+	case "held":
+		done := false
+		return func(handOver bool) {
+			if done {
+				return
+			}
+			done = true
+			q := r.unlockSQL
+			if handOver {
+				q = r.handOverSQL
+			}
+			// A failed unlock leaves the lock to the session's end:
+			// writers notify a little longer, nothing is lost. Bounded,
+			// so an unreachable server cannot stall the relay here.
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if _, err := r.waitDB.ExecContext(uctx, q); err != nil {
+				r.cfg.Logger.Info("outbox relay: releasing the wake-up lock failed; the connection's end releases it", watermill.LogFields{"err": err.Error()})
+			}
+		}, true, nil
+	case "other":
+		return release, true, nil
+	default:
+		return release, false, nil
+	}
+}
+
+// setWakeStatements builds the wake-up lock's statements, each without
+// parameters (one round trip with lib/pq): the try, which reports 'held',
+// 'other' (another relay holds it) or 'writers' (writers hold it shared);
+// the unlock; and the unlock that also notifies (hand-over).
+func (r *Relay) setWakeStatements() {
+	key := fmt.Sprintf("%d, %d", wakeLockClass, int32(r.tableOID))
+	held, unlock := `'held'`, `SELECT pg_advisory_unlock(`+key+`)`
+	if r.holdGuard {
+		// A holder that stops answering (a hung process, a half-open
+		// connection) would otherwise keep every writer notifying, and
+		// commits serialised, until TCP gives up on it: the server ends a
+		// holding session idle for longer than the relay ever is while
+		// alive (it unlocks and takes the lock again every PollInterval).
+		held = `CASE WHEN set_config('idle_session_timeout', '` + strconv.FormatInt(r.holdTimeout().Milliseconds(), 10) + `', false) IS NOT NULL THEN 'held' END`
+		unlock += `, set_config('idle_session_timeout', '0', false)`
+	}
+	r.tryLockSQL = `SELECT CASE
+		WHEN pg_try_advisory_lock(` + key + `) THEN ` + held + `
+		WHEN EXISTS (SELECT 1 FROM pg_locks
+			WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND classid = ` + strconv.Itoa(wakeLockClass) + ` AND objid = '` + strconv.FormatUint(uint64(r.tableOID), 10) + `'::oid AND objsubid = 2)
+		THEN 'other' ELSE 'writers' END`
+	r.unlockSQL = unlock
+	r.handOverSQL = unlock + `, pg_notify(` + pq.QuoteLiteral(NotifyChannel(r.schema)) + `, '')`
+}
+
+// holdTimeout is the idle_session_timeout of a session holding the wake-up
+// lock: well beyond the longest a live relay leaves it idle (PollInterval).
+func (r *Relay) holdTimeout() time.Duration { return 3*r.cfg.PollInterval + 2*time.Second }
+
+// listen starts a LISTEN on the outbox's notification channel and forwards
+// notifications (and reconnections, after which some may have been missed)
+// to wake. It also opens the connection on which the idle relay holds the
+// wake-up lock (announceIdle): both are on ListenURL, outside the caller's
+// pool, so a small pool cannot starve them.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), err error) {
+	const q = `SELECT n.nspname, c.oid::int8, current_database(), current_setting('server_version_num')::int
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'millwright_outbox'::regclass`
+	var schema, dbName string
+	var oid int64
+	var version int
+	if err := r.db.QueryRowContext(ctx, q).Scan(&schema, &oid, &dbName, &version); err != nil {
+		return nil, fmt.Errorf("finding the schema of millwright_outbox (did `millwright migrate` run?): %w", err)
+	}
+	// Bounded connections (see internal/pgconn): connect_timeout unless
+	// ListenURL sets one, and each call gives up when its ctx ends, even on
+	// a server that accepts and never answers.
+	waitDB, err := pgconn.Open(r.cfg.ListenURL)
+	if err != nil {
+		return nil, fmt.Errorf("RelayConfig.ListenURL: %w", err)
+	}
+	waitDB.SetMaxOpenConns(1)
+	waitDB.SetMaxIdleConns(1)
+	var lSchema, lDB string
+	var lOID int64
+	if err := waitDB.QueryRowContext(ctx, q).Scan(&lSchema, &lOID, &lDB, &version); err != nil {
+		waitDB.Close()
+		return nil, fmt.Errorf("RelayConfig.ListenURL does not reach millwright_outbox (it must reach the relay's database and search_path): %w", err)
+	}
+	if lOID != oid {
+		waitDB.Close()
+		return nil, fmt.Errorf("RelayConfig.ListenURL reaches millwright_outbox in %s.%s, the relay's *sql.DB the one in %s.%s: point both at the same database and search_path", lDB, lSchema, dbName, schema)
+	}
+	l := pgconn.NewListener(ctx, r.cfg.ListenURL, 100*time.Millisecond, 10*time.Second, func(ev pq.ListenerEventType, err error) {
+		if err != nil {
+			r.cfg.Logger.Info("outbox relay: listener event", watermill.LogFields{"event": ev, "err": err.Error()})
+		}
+	})
+	// Listen waits for a connection as long as it takes: stop it with ctx.
+	listened := make(chan error, 1)
+	go func() { listened <- l.Listen(NotifyChannel(schema)) }()
+	var lerr error
+	select {
+	case lerr = <-listened:
+	case <-ctx.Done():
+		l.Close()
+		<-listened
+		lerr = context.Cause(ctx)
+	}
+	if lerr != nil {
+		l.Close()
+		waitDB.Close()
+		return nil, fmt.Errorf("LISTEN %q: %w", NotifyChannel(schema), lerr)
+	}
+	r.schema, r.tableOID, r.waitDB, r.holdGuard = schema, uint32(oid), waitDB, version >= 140000
+	r.setWakeStatements()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-l.NotificationChannel():
+				if !ok {
+					return
+				}
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return func() {
+		l.Close()
+		<-done
+		waitDB.Close()
+	}, nil
+}
+
+// NotifyChannel is the LISTEN channel of the outbox table in schema.
+func NotifyChannel(schema string) string { return "millwright_outbox:" + schema }
+
+func (r *Relay) refreshLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.MetricsInterval)
+	defer t.Stop()
+	for {
+		if err := r.m.refreshGauges(ctx, r.db); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Error("outbox relay: refreshing backlog gauges", err, nil)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
