@@ -17,17 +17,19 @@ import (
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/internal/sqlschema"
+	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/tracing"
 )
 
-// Metadata keys the relay adds to the copy of an event it sends to
-// RelayConfig.DeadLetterTopic.
+// Metadata keys of the copy of an event the relay sends to
+// RelayConfig.DeadLetterTopic: package dlq's envelope (metadata.DeadLetter*),
+// so that dlq.Store records it and `millwright dlq replay` sends it back.
 const (
 	// MetadataDeadLetterError holds the last publish error of the event.
-	MetadataDeadLetterError = "outbox_last_error"
+	MetadataDeadLetterError = metadata.DeadLetterError
 	// MetadataDeadLetterTopic holds the topic the event was meant for.
-	MetadataDeadLetterTopic = "outbox_topic"
+	MetadataDeadLetterTopic = metadata.DeadLetterOriginalTopic
 )
 
 // RelayConfig configures a Relay. The zero value is valid.
@@ -61,10 +63,16 @@ type RelayConfig struct {
 	// jitter. MaxElapsedTime counts from the row's creation.
 	Retry retry.Policy
 	// DeadLetterTopic, when set, receives a copy of every event that
-	// exhausts its attempts, with MetadataDeadLetterError and
-	// MetadataDeadLetterTopic added. The row becomes failed either way and
-	// stays in the table for `millwright outbox retry-failed`. Default ""
-	// (rows are only marked failed).
+	// exhausts its attempts (or fails with a retry.Permanent error), with
+	// package dlq's envelope (metadata.DeadLetter*: original topic, error,
+	// attempts, handler DeadLetterHandler): a dlq.Store recording that topic
+	// lists it beside the consumers' dead letters, and `millwright dlq
+	// replay` sends it back to its original topic. The row becomes failed
+	// either way and stays in the table for `millwright outbox
+	// retry-failed`. Default "": off, because the failed row already parks
+	// the event where nothing is lost (millwright_outbox_failed_events and
+	// the MillwrightOutboxFailed alert report it); set it to handle the
+	// relay's failures with the same dead-letter tools as the consumers'.
 	DeadLetterTopic string
 	// PublishConcurrency is the number of concurrent Publish calls a batch
 	// is split into (by aggregate) when the publisher has no PublishBatch.

@@ -259,10 +259,7 @@ func (r *Relay) deadLetter(rw row, cause error) {
 	if r.cfg.DeadLetterTopic == "" {
 		return
 	}
-	m := rw.msg.Copy()
-	m.Metadata.Set(MetadataDeadLetterError, cause.Error())
-	m.Metadata.Set(MetadataDeadLetterTopic, rw.topic)
-	m.SetContext(rw.msg.Context())
+	m := deadLetterMessage(rw, r.cfg.DeadLetterTopic, cause, rw.retryCount+1, time.Now())
 	if err := r.pub.Publish(r.cfg.DeadLetterTopic, m); err != nil {
 		r.cfg.Logger.Error("outbox relay: publishing to the dead-letter topic failed; the row stays failed in the outbox", err,
 			tracing.LogFields(rw.topic, rw.msg).Add(watermill.LogFields{"id": rw.id, "dead_letter_topic": r.cfg.DeadLetterTopic}))
