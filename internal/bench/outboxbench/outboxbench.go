@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/millwright/millwright/transport"
+	_ "github.com/millwright/millwright/transport/all" // the bench runs any kind its flags name
 )
 
 // Sections of the benchmark, in the order they run.

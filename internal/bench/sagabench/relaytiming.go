@@ -43,9 +43,9 @@ func (r *relayTimes) reset() {
 // mark, or anything else (nil: not recorded).
 func (r *relayTimes) kind(query string) *[]time.Duration {
 	switch {
-	case strings.HasPrefix(query, "WITH locked AS"):
+	case strings.HasPrefix(query, "WITH blocked AS"): // outbox's claimSQL
 		return &r.claim
-	case strings.HasPrefix(query, "UPDATE millwright_outbox SET status = 'published'"):
+	case strings.Contains(query, "UPDATE millwright_outbox SET status = 'published'"): // the relay's mark
 		return &r.mark
 	}
 	return nil

@@ -32,6 +32,7 @@ import (
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
+	_ "github.com/millwright/millwright/transport/all" // the bench runs any kind its flags name
 )
 
 // Broker is the broker one kind runs against, chosen by the caller (the
