@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,8 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
-
-	"github.com/millwright/millwright/metadata"
 )
 
 // recorder is a publisher that keeps every message it accepts, in order.
@@ -55,21 +52,13 @@ func fillBacklog(t *testing.T, b bundle, n, aggregates int, hot bool) {
 func checkBacklogOrder(t *testing.T, msgs []*message.Message, n int) {
 	t.Helper()
 	last := map[string]int{}
-	seen := map[string]bool{}
-	for _, m := range msgs {
-		if seen[m.UUID] {
-			continue
-		}
-		seen[m.UUID] = true
-		agg := m.Metadata.Get(metadata.AggregateID)
-		g, err := strconv.Atoi(string(m.Payload))
-		require.NoError(t, err)
+	distinct := firstDeliveries(t, msgs, func(agg string, g int) {
 		if prev, ok := last[agg]; ok {
 			require.Greater(t, g, prev, "aggregate %s out of order", agg)
 		}
 		last[agg] = g
-	}
-	require.Len(t, seen, n, "every event published")
+	})
+	require.Equal(t, n, distinct, "every event published")
 }
 
 // N relays drain backlogs spread over many or few aggregates, with a hot

@@ -287,23 +287,33 @@ func writeSequences(t *testing.T, db *sql.DB, topic string, aggregates, perAggre
 	}
 }
 
-// checkOrder asserts that, dropping duplicates, each aggregate's events
-// arrived as 1, 2, 3, ... n.
-func checkOrder(t *testing.T, msgs []*message.Message, aggregates, perAggregate int) {
+// firstDeliveries calls f with the aggregate and the integer payload of
+// each message in msgs, in order, duplicates (by UUID) dropped, and
+// returns the number of distinct messages.
+func firstDeliveries(t *testing.T, msgs []*message.Message, f func(agg string, seq int)) int {
 	t.Helper()
-	next := map[string]int{}
 	seen := map[string]bool{}
 	for _, m := range msgs {
 		if seen[m.UUID] {
 			continue
 		}
 		seen[m.UUID] = true
-		agg := m.Metadata.Get(metadata.AggregateID)
 		seq, err := strconv.Atoi(string(m.Payload))
 		require.NoError(t, err)
+		f(m.Metadata.Get(metadata.AggregateID), seq)
+	}
+	return len(seen)
+}
+
+// checkOrder asserts that, dropping duplicates, each aggregate's events
+// arrived as 1, 2, 3, ... n.
+func checkOrder(t *testing.T, msgs []*message.Message, aggregates, perAggregate int) {
+	t.Helper()
+	next := map[string]int{}
+	firstDeliveries(t, msgs, func(agg string, seq int) {
 		require.Equal(t, next[agg]+1, seq, "aggregate %s out of order", agg)
 		next[agg] = seq
-	}
+	})
 	require.Len(t, next, aggregates)
 	for agg, n := range next {
 		require.Equal(t, perAggregate, n, "aggregate %s incomplete", agg)
