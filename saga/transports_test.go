@@ -127,9 +127,14 @@ func TestLateSuccessOnEveryTransport(t *testing.T) {
 			require.Equal(t, 1, n)
 			h := b.waitLateUndone(t, "late")
 
+			// The undo's compensation has the same 1s timeout: on a slow
+			// machine it may time out and be resent before its reply
+			// arrives (the sql kind polls); the resent one's reply is then
+			// a late reply. Those resends are the protocol working, so
+			// they are folded away before comparing.
 			require.Equal(t, []string{
 				shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply", ":compensated",
-			}, afterLate(h))
+			}, foldResends(afterLate(h)))
 			inPlace, applied, undone := b.parts.effect("late", shipping)
 			require.False(t, inPlace, "the shipment is cancelled")
 			require.Equal(t, 1, applied)
@@ -159,4 +164,21 @@ func deleteAMQP(t *testing.T, tp topics) {
 			t.Logf("cleanup: %v", err)
 		}
 	}
+}
+
+// foldResends drops the timeouts of a compensation, the resent
+// compensations that follow them and the late replies they cause from a
+// history (see afterLate), leaving the sequence a fast run records.
+func foldResends(h []string) []string {
+	var out []string
+	for _, e := range h {
+		switch {
+		case strings.HasSuffix(e, ":timeout"), strings.HasSuffix(e, ":late_reply"):
+			continue
+		case len(out) > 0 && out[len(out)-1] == e && strings.HasSuffix(e, ":compensation"):
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
 }
