@@ -212,6 +212,7 @@ func (p *publisher) sendLane(s *slot, topic string, msgs []*message.Message, pub
 		confirms = append(confirms, dc)
 	}
 	discarded := false
+	var gaveUp error // why the channel was closed under pending confirms, if by a context
 	if sendErr != nil {
 		failAll(len(confirms), func(i int) error {
 			return fmt.Errorf("amqp: message %s to exchange %q not sent: %w", msgs[i].UUID, topic, sendErr)
@@ -231,24 +232,26 @@ func (p *publisher) sendLane(s *slot, topic string, msgs []*message.Message, pub
 		select {
 		case <-dc.Done():
 		case <-msg.Context().Done():
-			if !discarded {
-				// Confirms are still owed on this channel: it cannot go
-				// back to the pool. Closing it settles every pending
-				// confirm (as not acked) at once.
-				s.discard()
-				discarded = true
-			}
 			select {
-			case <-dc.Done():
-				if dc.Acked() {
-					continue
-				}
+			case <-dc.Done(): // settled after all: judged below
 			default:
+				if !discarded {
+					// Confirms are still owed on this channel: it cannot
+					// go back to the pool. Closing it settles every
+					// pending confirm (as not acked) at once.
+					s.discard()
+					discarded = true
+				}
+				if gaveUp == nil {
+					gaveUp = fmt.Errorf("the context of message %s was done first: %w", msg.UUID, msg.Context().Err())
+				}
 			}
-			failed[i] = fmt.Errorf("amqp: message %s to exchange %q: gave up waiting for the broker's confirm; it may still be stored: %w", msg.UUID, topic, msg.Context().Err())
-			continue
 		}
 		if dc.Acked() {
+			continue
+		}
+		if gaveUp != nil {
+			failed[i] = fmt.Errorf("amqp: message %s to exchange %q: gave up waiting for the broker's confirm; it may still be stored: %w", msg.UUID, topic, gaveUp)
 			continue
 		}
 		if discarded || s.ch == nil || s.ch.IsClosed() {

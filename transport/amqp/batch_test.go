@@ -255,3 +255,41 @@ func TestPublishBatchCancelledContext(t *testing.T) {
 	require.NoError(t, bp.PublishBatch(b.topic, keyed(2, 1)...))
 	require.Equal(t, 2, queueDepth(t, amqp.QueueName(b.topic, sink[0])), "the cancelled batch was sent")
 }
+
+// Messages whose context ends while their confirms are awaited are
+// reported (context.Canceled) instead of waited for; every message not
+// reported is stored, and the channel, closed under the pending confirms,
+// is replaced without losing its slot.
+func TestPublishBatchContextEndsWhileWaiting(t *testing.T) {
+	t.Parallel()
+	b := setup(t, amqp.Config{ChannelPoolSize: 1, DeclareGroups: sink}, sink...)
+	bp := b.pub.(transport.BatchPublisher)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	const n = 3000
+	msgs := keyed(n, 10)
+	for _, m := range msgs[1:] { // msgs[0]'s context gets the channel
+		m.SetContext(ctx)
+	}
+	be := batchError(t, bp.PublishBatch(b.topic, msgs...))
+	require.NotEmpty(t, be.Failed)
+	for i, err := range be.Failed {
+		require.ErrorIs(t, err, context.Canceled)
+		require.ErrorContains(t, err, msgs[i].UUID)
+	}
+	require.Equal(t, 1, amqp.FreeChannels(b.pub))
+	queue := amqp.QueueName(b.topic, sink[0])
+	stored := queueDepth(t, queue)
+	ids, _ := drain(t, queue, stored)
+	inQueue := map[string]bool{}
+	for _, id := range ids {
+		inQueue[id] = true
+	}
+	for i, m := range msgs {
+		if _, failed := be.Failed[i]; !failed {
+			require.True(t, inQueue[m.UUID], "message %d was reported published but is not in the queue", i)
+		}
+	}
+	t.Logf("%d of %d given up, %d stored", len(be.Failed), n, stored)
+	require.NoError(t, bp.PublishBatch(b.topic, keyed(500, 5)...))
+}
