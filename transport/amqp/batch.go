@@ -172,29 +172,28 @@ func (p *publisher) sendLane(s *slot, topic string, msgs []*message.Message, pub
 	if s.returns != nil {
 		go func(returns <-chan amqp091.Return) {
 			defer close(drained)
-			record := func(r amqp091.Return) { returned = append(returned, r) }
-			for {
-				select {
-				case r, ok := <-returns:
-					if !ok {
-						return
-					}
-					record(r)
-				case <-stop:
+			for stopped := false; ; {
+				var r amqp091.Return
+				ok := false
+				if stopped {
 					// Every return came before its message's confirm, all
 					// of which are in: what is left is buffered.
-					for {
-						select {
-						case r, ok := <-returns:
-							if !ok {
-								return
-							}
-							record(r)
-						default:
-							return
-						}
+					select {
+					case r, ok = <-returns:
+					default:
+					}
+				} else {
+					select {
+					case r, ok = <-returns:
+					case <-stop:
+						stopped = true
+						continue
 					}
 				}
+				if !ok {
+					return
+				}
+				returned = append(returned, r)
 			}
 		}(s.returns)
 	} else {

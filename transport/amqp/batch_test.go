@@ -64,6 +64,25 @@ func queueDepth(t *testing.T, queue string) int {
 	return q.Messages
 }
 
+// unreportedAreStored consumes everything in queue and checks that each
+// message of msgs that be does not report failed is there; it returns how
+// many messages the queue held.
+func unreportedAreStored(t *testing.T, queue string, msgs []*message.Message, be *transport.BatchError) int {
+	t.Helper()
+	stored := queueDepth(t, queue)
+	ids, _ := drain(t, queue, stored)
+	inQueue := map[string]bool{}
+	for _, id := range ids {
+		inQueue[id] = true
+	}
+	for i, m := range msgs {
+		if _, failed := be.Failed[i]; !failed {
+			require.True(t, inQueue[m.UUID], "message %d (%s) was reported published but is not in the queue", i, m.UUID)
+		}
+	}
+	return stored
+}
+
 func batchError(t *testing.T, err error) *transport.BatchError {
 	t.Helper()
 	var be *transport.BatchError
@@ -217,17 +236,7 @@ func TestPublishBatchConnectionCut(t *testing.T) {
 	}
 	require.Equal(t, pool, amqp.FreeChannels(b.pub))
 
-	stored := queueDepth(t, queue)
-	ids, _ := drain(t, queue, stored)
-	inQueue := map[string]bool{}
-	for _, id := range ids {
-		inQueue[id] = true
-	}
-	for i, m := range msgs {
-		if _, failed := be.Failed[i]; !failed {
-			require.True(t, inQueue[m.UUID], "message %d (%s) was reported published but is not in the queue", i, m.UUID)
-		}
-	}
+	stored := unreportedAreStored(t, queue, msgs, be)
 	t.Logf("cut mid-batch: %d of %d unconfirmed, %d stored", len(be.Failed), n, stored)
 
 	require.True(t, amqp.WaitConnected(b.pub, true, 20*time.Second), "the publisher did not reconnect")
@@ -279,17 +288,7 @@ func TestPublishBatchContextEndsWhileWaiting(t *testing.T) {
 	}
 	require.Equal(t, 1, amqp.FreeChannels(b.pub))
 	queue := amqp.QueueName(b.topic, sink[0])
-	stored := queueDepth(t, queue)
-	ids, _ := drain(t, queue, stored)
-	inQueue := map[string]bool{}
-	for _, id := range ids {
-		inQueue[id] = true
-	}
-	for i, m := range msgs {
-		if _, failed := be.Failed[i]; !failed {
-			require.True(t, inQueue[m.UUID], "message %d was reported published but is not in the queue", i)
-		}
-	}
+	stored := unreportedAreStored(t, queue, msgs, be)
 	t.Logf("%d of %d given up, %d stored", len(be.Failed), n, stored)
 	require.NoError(t, bp.PublishBatch(b.topic, keyed(500, 5)...))
 }
