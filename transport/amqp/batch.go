@@ -154,74 +154,83 @@ func assignLanes(msgs []*message.Message, send []int, n int) [][]int {
 // stays) whenever it is left in doubt.
 func (p *publisher) sendLane(s *slot, topic string, msgs []*message.Message, pubs []amqp091.Publishing, idx []int) map[int]error {
 	failed := map[int]error{}
-	failAll := func(from int, err func(i int) error) map[int]error {
+	failFrom := func(from int, why string, err error) {
 		for _, i := range idx[from:] {
-			failed[i] = err(i)
+			failed[i] = fmt.Errorf("amqp: message %s to exchange %q %s: %w", msgs[i].UUID, topic, why, err)
 		}
-		return failed
 	}
 	conn, err := p.prepare(s, topic)
 	if err != nil {
-		return failAll(0, func(i int) error {
-			return fmt.Errorf("amqp: message %s to exchange %q not sent: %w", msgs[i].UUID, topic, err)
-		})
+		failFrom(0, "not sent", err)
+		return failed
 	}
-
-	var returned []amqp091.Return // in the order the broker sent them
-	stop, drained := make(chan struct{}), make(chan struct{})
-	if s.returns != nil {
-		go func(returns <-chan amqp091.Return) {
-			defer close(drained)
-			for stopped := false; ; {
-				var r amqp091.Return
-				ok := false
-				if stopped {
-					// Every return came before its message's confirm, all
-					// of which are in: what is left is buffered.
-					select {
-					case r, ok = <-returns:
-					default:
-					}
-				} else {
-					select {
-					case r, ok = <-returns:
-					case <-stop:
-						stopped = true
-						continue
-					}
-				}
-				if !ok {
-					return
-				}
-				returned = append(returned, r)
-			}
-		}(s.returns)
-	} else {
-		close(drained)
-	}
+	stopReturns := collectReturns(s.returns)
 
 	confirms := make([]*amqp091.DeferredConfirmation, 0, len(idx))
-	var sendErr error
 	for _, i := range idx {
 		dc, err := s.ch.PublishWithDeferredConfirmWithContext(msgs[i].Context(), topic, "", !p.cfg.AllowUnroutable, false, pubs[i])
 		if err != nil {
-			sendErr = p.lost(conn, fmt.Sprintf("publishing message %s to exchange %q", msgs[i].UUID, topic), err)
+			failFrom(len(confirms), "not sent", p.lost(conn, fmt.Sprintf("publishing message %s to exchange %q", msgs[i].UUID, topic), err))
+			// Settle the confirms of those sent: closing the channel
+			// fails the ones the broker has not confirmed yet.
+			s.discard()
 			break
 		}
 		confirms = append(confirms, dc)
 	}
-	discarded := false
-	var gaveUp error // why the channel was closed under pending confirms, if by a context
-	if sendErr != nil {
-		failAll(len(confirms), func(i int) error {
-			return fmt.Errorf("amqp: message %s to exchange %q not sent: %w", msgs[i].UUID, topic, sendErr)
-		})
-		// Settle the confirms of those sent: closing the channel fails
-		// the ones the broker has not confirmed yet.
-		s.discard()
-		discarded = true
-	}
+	p.awaitConfirms(conn, s, topic, msgs, idx[:len(confirms)], confirms, failed)
+	markReturned(failed, msgs, idx, stopReturns())
+	return failed
+}
 
+// collectReturns gathers what the broker returns on returns (nil: none)
+// until the returned func is called, which gives them in the order sent.
+// Gathering while publishing keeps returns' buffer from filling: amqp091
+// delivers a return with a blocking send from the connection's reader.
+func collectReturns(returns <-chan amqp091.Return) func() []amqp091.Return {
+	if returns == nil {
+		return func() []amqp091.Return { return nil }
+	}
+	var got []amqp091.Return
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for stopped := false; ; {
+			var r amqp091.Return
+			ok := false
+			if stopped {
+				// Every return came before its message's confirm, all of
+				// which are in: what is left is buffered.
+				select {
+				case r, ok = <-returns:
+				default:
+				}
+			} else {
+				select {
+				case r, ok = <-returns:
+				case <-stop:
+					stopped = true
+					continue
+				}
+			}
+			if !ok {
+				return
+			}
+			got = append(got, r)
+		}
+	}()
+	return func() []amqp091.Return {
+		close(stop)
+		<-done
+		return got
+	}
+}
+
+// awaitConfirms waits for the confirm of each message at idx (confirms,
+// in the same order) and records in failed those not acked. A message's
+// context ending first closes the channel, failing the rest at once.
+func (p *publisher) awaitConfirms(conn *amqp091.Connection, s *slot, topic string, msgs []*message.Message, idx []int, confirms []*amqp091.DeferredConfirmation, failed map[int]error) {
+	var gaveUp error // why the channel was closed under pending confirms, if by a context
 	for n, dc := range confirms {
 		i := idx[n]
 		msg := msgs[i]
@@ -234,56 +243,56 @@ func (p *publisher) sendLane(s *slot, topic string, msgs []*message.Message, pub
 			select {
 			case <-dc.Done(): // settled after all: judged below
 			default:
-				if !discarded {
-					// Confirms are still owed on this channel: it cannot
-					// go back to the pool. Closing it settles every
-					// pending confirm (as not acked) at once.
-					s.discard()
-					discarded = true
-				}
+				// Confirms are still owed on this channel: it cannot go
+				// back to the pool. Closing it settles every pending
+				// confirm (as not acked) at once.
+				s.discard()
 				if gaveUp == nil {
 					gaveUp = fmt.Errorf("the context of message %s was done first: %w", msg.UUID, msg.Context().Err())
 				}
 			}
 		}
-		if dc.Acked() {
-			continue
-		}
-		if gaveUp != nil {
+		switch {
+		case dc.Acked():
+		case gaveUp != nil:
 			failed[i] = fmt.Errorf("amqp: message %s to exchange %q: gave up waiting for the broker's confirm; it may still be stored: %w", msg.UUID, topic, gaveUp)
-			continue
+		case s.ch == nil || s.ch.IsClosed():
+			failed[i] = p.lost(conn, fmt.Sprintf("message %s to exchange %q: channel closed before the broker confirmed it; it may still be stored", msg.UUID, topic), reasonErr(p.channelGone(s, topic)))
+		default:
+			failed[i] = fmt.Errorf("amqp: message %s to exchange %q: %w", msg.UUID, topic, ErrNacked)
 		}
-		if discarded || s.ch == nil || s.ch.IsClosed() {
-			var why *amqp091.Error
-			if s.ch != nil {
-				why = s.closeReason()
-				if why != nil && why.Code == amqp091.NotFound {
-					p.forget(topic) // the exchange was deleted: declare it again
-				}
-			}
-			failed[i] = p.lost(conn, fmt.Sprintf("message %s to exchange %q: channel closed before the broker confirmed it; it may still be stored", msg.UUID, topic), reasonErr(why))
-			continue
-		}
-		failed[i] = fmt.Errorf("amqp: message %s to exchange %q: %w", msg.UUID, topic, ErrNacked)
 	}
-	close(stop)
-	<-drained
+}
 
-	if len(returned) > 0 {
-		pos := make(map[string][]int, len(idx)) // UUID -> its positions, for duplicates
-		for _, i := range idx {
-			pos[msgs[i].UUID] = append(pos[msgs[i].UUID], i)
-		}
-		for _, r := range returned {
-			id, _ := r.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
-			at := pos[id]
-			if len(at) == 0 {
-				continue // not this batch's (cannot happen: returns precede confirms)
-			}
-			i := at[0]
-			pos[id] = at[1:]
-			failed[i] = unroutableErr(id, r)
-		}
+// channelGone is why the broker closed s's channel, if it said (nil once
+// the channel is discarded), forgetting topic's exchange if it was deleted.
+func (p *publisher) channelGone(s *slot, topic string) *amqp091.Error {
+	if s.ch == nil {
+		return nil
 	}
-	return failed
+	why := s.closeReason()
+	if why != nil && why.Code == amqp091.NotFound {
+		p.forget(topic) // the exchange was deleted: declare it again
+	}
+	return why
+}
+
+// markReturned records in failed the messages at idx the broker returned.
+func markReturned(failed map[int]error, msgs []*message.Message, idx []int, returned []amqp091.Return) {
+	if len(returned) == 0 {
+		return
+	}
+	pos := make(map[string][]int, len(idx)) // UUID -> its positions, for duplicates
+	for _, i := range idx {
+		pos[msgs[i].UUID] = append(pos[msgs[i].UUID], i)
+	}
+	for _, r := range returned {
+		id, _ := r.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
+		at := pos[id]
+		if len(at) == 0 {
+			continue // not this batch's (cannot happen: returns precede confirms)
+		}
+		pos[id] = at[1:]
+		failed[at[0]] = unroutableErr(id, r)
+	}
 }
