@@ -19,7 +19,7 @@ import (
 // batch, each ordering key in order.
 func TestPublishBatchKeepsEveryKeyInOrder(t *testing.T) {
 	t.Parallel()
-	for _, kind := range []transport.Kind{transport.Kafka, transport.SQL} {
+	for _, kind := range []transport.Kind{transport.Kafka, transport.AMQP, transport.SQL} {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			tr := transporttest.Open(t, kind)

@@ -162,7 +162,7 @@ func (t *Transport) String() string { return t.desc }
 
 // Publisher returns the transport's publisher. It is safe for concurrent
 // use; it implements BatchPublisher where the kind supports batches (kafka,
-// sql).
+// amqp, sql).
 // Do not close it: Close does, after the subscribers.
 //
 // Topics outside the allow-list (see ValidateName) are refused.

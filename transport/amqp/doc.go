@@ -41,6 +41,18 @@
 //     the 10s heartbeat. During a RabbitMQ resource alarm the broker stops
 //     reading from publishers, and a publish waits until the alarm clears
 //     or msg.Context() is done.
+//   - Batches: the publisher is a transport.BatchPublisher. PublishBatch
+//     (what the outbox relay calls, one per topic of a claimed batch)
+//     pipelines the whole batch with deferred confirms over one pooled
+//     channel, or, from 256 messages, over up to one free channel per
+//     128 (never more than ChannelPoolSize-1), and waits once for all
+//     confirms, instead of one round trip per Publish. All messages of one
+//     metadata.OrderingKey go on one channel, in order. It returns a
+//     *transport.BatchError naming exactly the messages nacked, returned
+//     as unroutable, or unconfirmed when a channel or the connection was
+//     lost (ErrNotConnected) or their context ended; the rest were
+//     confirmed. A failed message does not hold back later ones of its
+//     key (they were already sent), so its retry arrives after them.
 //   - Close is idempotent and never panics: it refuses new publishes
 //     (ErrClosed), waits up to ConnectTimeout for those in flight, then
 //     closes the connection, failing any still waiting.

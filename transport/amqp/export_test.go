@@ -28,3 +28,7 @@ func WaitConnected(pub message.Publisher, up bool, timeout time.Duration) bool {
 // FreeChannels is how many of the publisher's pool slots are free: the
 // pool size when no publish is running.
 func FreeChannels(pub message.Publisher) int { return len(pub.(*publisher).slots) }
+
+// BatchChannels is how many channels the publisher's last PublishBatch
+// spread its messages over.
+func BatchChannels(pub message.Publisher) int { return int(pub.(*publisher).lastLanes.Load()) }

@@ -87,6 +87,8 @@ type publisher struct {
 	life       context.Context
 	cancelLife context.CancelFunc // aborts a dial in progress
 	loopDone   chan struct{}
+
+	batchStats
 }
 
 // slot is one place in the pool. Only the Publish holding it touches it.
@@ -500,12 +502,17 @@ func (s *slot) drainReturns(topic string) []error {
 				return errs
 			}
 			id, _ := r.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
-			errs = append(errs, fmt.Errorf("amqp: message %s: no queue is bound to exchange %q: nothing would receive the message (broker returned it: %d %s); subscribe a group (or list it in Config.DeclareGroups, env MILLWRIGHT_DECLARE_GROUPS) before publishing, or set AllowUnroutable (env MILLWRIGHT_AMQP_ALLOW_UNROUTABLE) to let RabbitMQ drop such messages: %w",
-				id, r.Exchange, r.ReplyCode, r.ReplyText, ErrUnroutable))
+			errs = append(errs, unroutableErr(id, r))
 		default:
 			return errs
 		}
 	}
+}
+
+// unroutableErr is the error of message id, which the broker returned.
+func unroutableErr(id string, r amqp091.Return) error {
+	return fmt.Errorf("amqp: message %s: no queue is bound to exchange %q: nothing would receive the message (broker returned it: %d %s); subscribe a group (or list it in Config.DeclareGroups, env MILLWRIGHT_DECLARE_GROUPS) before publishing, or set AllowUnroutable (env MILLWRIGHT_AMQP_ALLOW_UNROUTABLE) to let RabbitMQ drop such messages: %w",
+		id, r.Exchange, r.ReplyCode, r.ReplyText, ErrUnroutable)
 }
 
 // Close stops reconnecting, waits up to ConnectTimeout for the publishes

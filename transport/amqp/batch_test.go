@@ -1,0 +1,294 @@
+package amqp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/amqp"
+	"github.com/millwright/millwright/transport/transporttest"
+)
+
+// keyed returns n messages over keys ordering keys, dealt in turn; each
+// payload is "key:seq", seq counting from 0 within its key.
+func keyed(n, keys int) []*message.Message {
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		k := fmt.Sprint("k", i%keys)
+		msgs[i] = message.NewMessage(watermill.NewUUID(), []byte(k+":"+strconv.Itoa(i/keys)))
+		msgs[i].Metadata.Set(metadata.OrderingKey, k)
+	}
+	return msgs
+}
+
+// drain consumes want messages from queue (all it holds: the consumer
+// acks automatically), within a minute, and returns their UUIDs and
+// payloads in queue order.
+func drain(t *testing.T, queue string, want int) (ids []string, payloads []string) {
+	t.Helper()
+	ch := rawChannel(t)
+	require.NoError(t, ch.Qos(1000, 0, false))
+	deliveries, err := ch.Consume(queue, "", true, false, false, false, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, ch.Close()) }()
+	timeout := time.After(time.Minute)
+	for len(ids) < want {
+		select {
+		case d := <-deliveries:
+			id, _ := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
+			ids = append(ids, id)
+			payloads = append(payloads, string(d.Body))
+		case <-timeout:
+			t.Fatalf("got %d of %d messages from %s", len(ids), want, queue)
+		}
+	}
+	return ids, payloads
+}
+
+func queueDepth(t *testing.T, queue string) int {
+	t.Helper()
+	q, err := rawChannel(t).QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	return q.Messages
+}
+
+// unreportedAreStored consumes everything in queue and checks that each
+// message of msgs that be does not report failed is there; it returns how
+// many messages the queue held.
+func unreportedAreStored(t *testing.T, queue string, msgs []*message.Message, be *transport.BatchError) int {
+	t.Helper()
+	stored := queueDepth(t, queue)
+	ids, _ := drain(t, queue, stored)
+	inQueue := map[string]bool{}
+	for _, id := range ids {
+		inQueue[id] = true
+	}
+	for i, m := range msgs {
+		if _, failed := be.Failed[i]; !failed {
+			require.True(t, inQueue[m.UUID], "message %d (%s) was reported published but is not in the queue", i, m.UUID)
+		}
+	}
+	return stored
+}
+
+func batchError(t *testing.T, err error) *transport.BatchError {
+	t.Helper()
+	var be *transport.BatchError
+	require.ErrorAs(t, err, &be, "want a *transport.BatchError, got %v", err)
+	return be
+}
+
+// The transport's wrapped publisher has PublishBatch too.
+func TestTransportPublisherHasPublishBatch(t *testing.T) {
+	t.Parallel()
+	tr := transporttest.Open(t, transport.AMQP)
+	_, ok := tr.Publisher().(transport.BatchPublisher)
+	require.True(t, ok, "transport.Open's amqp publisher does not expose PublishBatch")
+}
+
+// A large batch is spread over several channels, all of it confirmed and
+// stored, each ordering key in order; the channels go back to the pool.
+func TestPublishBatchAllConfirmedInKeyOrder(t *testing.T) {
+	t.Parallel()
+	const pool, n, keys = 4, 3000, 40
+	b := setup(t, amqp.Config{ChannelPoolSize: pool, DeclareGroups: sink}, sink...)
+	bp := b.pub.(transport.BatchPublisher)
+	msgs := keyed(n, keys)
+	require.NoError(t, bp.PublishBatch(b.topic, msgs...))
+	require.Equal(t, pool-1, amqp.BatchChannels(b.pub), "the batch was not spread over the free channels but one")
+	require.Equal(t, pool, amqp.FreeChannels(b.pub))
+
+	ids, payloads := drain(t, amqp.QueueName(b.topic, sink[0]), n)
+	seen := map[string]bool{}
+	for _, id := range ids {
+		seen[id] = true
+	}
+	for _, m := range msgs {
+		require.True(t, seen[m.UUID], "message %s is not in the queue", m.UUID)
+	}
+	next := map[string]int{}
+	for _, p := range payloads {
+		k, seq, _ := strings.Cut(p, ":")
+		require.Equal(t, strconv.Itoa(next[k]), seq, "key %s out of order", k)
+		next[k]++
+	}
+	require.Len(t, next, keys)
+
+	// A small batch takes one channel; an empty one does nothing.
+	require.NoError(t, bp.PublishBatch(b.topic, keyed(10, 3)...))
+	require.Equal(t, 1, amqp.BatchChannels(b.pub))
+	require.NoError(t, bp.PublishBatch(b.topic))
+}
+
+// A queue that takes only 5 messages makes RabbitMQ nack the rest of the
+// batch: the BatchError names exactly the messages that are not in the
+// queue, each with ErrNacked.
+func TestPublishBatchReportsExactlyTheNacked(t *testing.T) {
+	t.Parallel()
+	const pool, n, room = 3, 600, 5
+	b := setup(t, amqp.Config{ChannelPoolSize: pool}, "small")
+	bindQueue(t, b.topic, "small", amqp091.Table{"x-max-length": int32(room), "x-overflow": "reject-publish"})
+	bp := b.pub.(transport.BatchPublisher)
+	msgs := keyed(n, 10)
+	be := batchError(t, bp.PublishBatch(b.topic, msgs...))
+	require.Equal(t, pool-1, amqp.BatchChannels(b.pub))
+	require.Len(t, be.Failed, n-room)
+	for i, err := range be.Failed {
+		require.ErrorIs(t, err, amqp.ErrNacked)
+		require.ErrorContains(t, err, msgs[i].UUID)
+	}
+	ids, _ := drain(t, amqp.QueueName(b.topic, "small"), room)
+	for _, id := range ids {
+		for i, m := range msgs {
+			if m.UUID == id {
+				require.NotContains(t, be.Failed, i, "stored message %s reported failed", id)
+			}
+		}
+	}
+	require.Equal(t, pool, amqp.FreeChannels(b.pub))
+}
+
+// Unroutable messages are failures by default, named one by one, mixed
+// with routable ones of another batch on the same channels; with
+// AllowUnroutable they are not.
+func TestPublishBatchUnroutable(t *testing.T) {
+	t.Parallel()
+	const pool = 2
+	b := setup(t, amqp.Config{ChannelPoolSize: pool}, "bound")
+	bp := b.pub.(transport.BatchPublisher)
+	msgs := keyed(400, 7) // more than one returns buffer per channel
+	be := batchError(t, bp.PublishBatch(b.topic, msgs...))
+	require.Len(t, be.Failed, len(msgs))
+	for i, err := range be.Failed {
+		require.ErrorIs(t, err, amqp.ErrUnroutable)
+		require.ErrorContains(t, err, msgs[i].UUID)
+		require.ErrorContains(t, err, `no queue is bound to exchange "`+b.topic+`"`)
+	}
+	require.Equal(t, pool, amqp.FreeChannels(b.pub))
+
+	// Half routable: one topic bound, one not, interleaved batch by
+	// batch on the same channels; no return leaks into the other topic's.
+	bindQueue(t, b.topic, "bound", nil)
+	other := freshTopic(t)
+	for range 3 {
+		require.NoError(t, bp.PublishBatch(b.topic, keyed(300, 5)...), "a stale return leaked into a routable batch")
+		be := batchError(t, bp.PublishBatch(other, keyed(300, 5)...))
+		require.Len(t, be.Failed, 300)
+	}
+	require.Equal(t, 900, queueDepth(t, amqp.QueueName(b.topic, "bound")))
+
+	plain := setup(t, amqp.Config{AllowUnroutable: true})
+	require.NoError(t, plain.pub.(transport.BatchPublisher).PublishBatch(plain.topic, keyed(300, 5)...))
+}
+
+// A connection cut in the middle of a batch: the BatchError names only
+// messages the broker did not confirm (every other one is in the queue),
+// each with ErrNotConnected; no channel is lost from the pool, and the
+// next batch, on the new connection, is confirmed in full.
+func TestPublishBatchConnectionCut(t *testing.T) {
+	t.Parallel()
+	proxy, through := proxied(t)
+	const pool, n = 3, 30000
+	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: pool, ConnectTimeout: 5 * time.Second, DeclareGroups: sink}, sink...)
+	bp := b.pub.(transport.BatchPublisher)
+	queue := amqp.QueueName(b.topic, sink[0])
+	require.NoError(t, bp.PublishBatch(b.topic, keyed(1, 1)...)) // declares the queue
+
+	msgs := keyed(n, 50)
+	done := make(chan error, 1)
+	go func() { done <- bp.PublishBatch(b.topic, msgs...) }()
+	// Cut once the broker has stored part of the batch.
+	deadline := time.Now().Add(20 * time.Second)
+	for queueDepth(t, queue) < 2 {
+		select {
+		case err := <-done:
+			t.Fatalf("the batch ended (%v) before the cut: raise n", err)
+		default:
+		}
+		require.True(t, time.Now().Before(deadline), "the batch stored nothing within 20s")
+		time.Sleep(time.Millisecond) // polling the broker's count, not waiting for an event
+	}
+	proxy.Cut()
+	require.Positive(t, proxy.CutConns(), "the cut closed no connection")
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("PublishBatch did not return within 30s of the cut")
+	}
+	be := batchError(t, err)
+	require.NotEmpty(t, be.Failed)
+	require.Less(t, len(be.Failed), n, "nothing was confirmed before the cut: the test did not cut mid-batch")
+	for _, e := range be.Failed {
+		require.ErrorIs(t, e, amqp.ErrNotConnected)
+	}
+	require.Equal(t, pool, amqp.FreeChannels(b.pub))
+
+	stored := unreportedAreStored(t, queue, msgs, be)
+	t.Logf("cut mid-batch: %d of %d unconfirmed, %d stored", len(be.Failed), n, stored)
+
+	require.True(t, amqp.WaitConnected(b.pub, true, 20*time.Second), "the publisher did not reconnect")
+	again := keyed(1000, 10)
+	require.NoError(t, bp.PublishBatch(b.topic, again...))
+	require.Equal(t, 1000, queueDepth(t, queue))
+	require.Equal(t, pool, amqp.FreeChannels(b.pub))
+}
+
+// A batch whose context is done fails before sending anything.
+func TestPublishBatchCancelledContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t, amqp.Config{ChannelPoolSize: 1, DeclareGroups: sink}, sink...)
+	bp := b.pub.(transport.BatchPublisher)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	msgs := keyed(3, 1)
+	for _, m := range msgs {
+		m.SetContext(ctx)
+	}
+	err := bp.PublishBatch(b.topic, msgs...)
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, errors.As(err, new(*transport.BatchError)), "nothing was sent: not a partial failure")
+	require.Equal(t, 1, amqp.FreeChannels(b.pub))
+	require.NoError(t, bp.PublishBatch(b.topic, keyed(2, 1)...))
+	require.Equal(t, 2, queueDepth(t, amqp.QueueName(b.topic, sink[0])), "the cancelled batch was sent")
+}
+
+// Messages whose context ends while their confirms are awaited are
+// reported (context.Canceled) instead of waited for; every message not
+// reported is stored, and the channel, closed under the pending confirms,
+// is replaced without losing its slot.
+func TestPublishBatchContextEndsWhileWaiting(t *testing.T) {
+	t.Parallel()
+	b := setup(t, amqp.Config{ChannelPoolSize: 1, DeclareGroups: sink}, sink...)
+	bp := b.pub.(transport.BatchPublisher)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	const n = 3000
+	msgs := keyed(n, 10)
+	for _, m := range msgs[1:] { // msgs[0]'s context gets the channel
+		m.SetContext(ctx)
+	}
+	be := batchError(t, bp.PublishBatch(b.topic, msgs...))
+	require.NotEmpty(t, be.Failed)
+	for i, err := range be.Failed {
+		require.ErrorIs(t, err, context.Canceled)
+		require.ErrorContains(t, err, msgs[i].UUID)
+	}
+	require.Equal(t, 1, amqp.FreeChannels(b.pub))
+	queue := amqp.QueueName(b.topic, sink[0])
+	stored := unreportedAreStored(t, queue, msgs, be)
+	t.Logf("%d of %d given up, %d stored", len(be.Failed), n, stored)
+	require.NoError(t, bp.PublishBatch(b.topic, keyed(500, 5)...))
+}
