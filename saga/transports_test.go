@@ -139,12 +139,19 @@ func TestLateSuccessOnEveryTransport(t *testing.T) {
 			require.False(t, inPlace, "the shipment is cancelled")
 			require.Equal(t, 1, applied)
 			require.Equal(t, 1, undone, "cancelled exactly once")
-			// The refund and the release once each, then exactly one
-			// cancellation, numbered after every earlier attempt.
+			// The refund and the release once each, then the cancellation,
+			// numbered after every earlier attempt; on a slow machine its
+			// 1s timeout may resend it (numbered on), which the
+			// participant's effect above shows was applied once.
 			cmds := b.parts.commands("late")
 			i := slices.Index(cmds, comp(charge, 1))
 			require.Positive(t, i, "%v", cmds)
-			require.Equal(t, []string{comp(charge, 1), comp(reserve, 1), comp(shipping, i-3+1)}, cmds[i:], "%v", cmds)
+			require.GreaterOrEqual(t, len(cmds), i+3, "%v", cmds)
+			want := []string{comp(charge, 1), comp(reserve, 1)}
+			for k := range len(cmds) - i - 2 {
+				want = append(want, comp(shipping, i-3+1+k))
+			}
+			require.Equal(t, want, cmds[i:], "%v", cmds)
 			final, _, err := saga.Get(context.Background(), b.schema.DB, "late")
 			require.NoError(t, err)
 			require.Equal(t, saga.StateCompensated, final.State)
