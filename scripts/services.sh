@@ -114,11 +114,11 @@ pg_up() {
 	local how="already running"
 	if pg_ready; then
 		if [ "$changed" = 10 ]; then
-			pg_ctlcluster --skip-systemctl-redirect "$v" main restart >>"$state/postgres.log" 2>&1
+			pg_ctlcluster --skip-systemctl-redirect "$v" main restart >>"$state/postgres.log" 2>&1 9>&-
 			how="restarted (configuration changed)"
 		fi
 	else
-		if ! pg_ctlcluster --skip-systemctl-redirect "$v" main start >>"$state/postgres.log" 2>&1; then
+		if ! pg_ctlcluster --skip-systemctl-redirect "$v" main start >>"$state/postgres.log" 2>&1 9>&-; then
 			say postgres "unavailable: pg_ctlcluster $v main start failed (see $state/postgres.log and /var/log/postgresql/)"; return 1
 		fi
 		echo "$v" >"$state/started/postgres"
@@ -154,7 +154,7 @@ rabbit_up() {
 	local how="already running"
 	if ! port_open 5672; then
 		# -detached returns before the node is up; the wait below decides.
-		rabbitmq-server -detached >>"$state/rabbitmq.log" 2>&1
+		rabbitmq-server -detached >>"$state/rabbitmq.log" 2>&1 9>&-
 		touch "$state/started/rabbitmq"
 		how="started"
 	fi
@@ -252,7 +252,7 @@ kafka_up() {
 		# setsid: the broker outlives this shell and `down` can stop it by pid.
 		setsid nohup "${java[@]}" $KAFKA_HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
 			-Djava.awt.headless=true kafka.Kafka "$home/server.properties" \
-			>>"$state/kafka.log" 2>&1 </dev/null &
+			>>"$state/kafka.log" 2>&1 </dev/null 9>&- &
 		echo $! >"$state/kafka.pid"
 		touch "$state/started/kafka"
 		how="started"
@@ -305,7 +305,7 @@ pubsub_up() {
 	if ! port_open "$PUBSUB_PORT"; then
 		: >"$state/pubsub.log"
 		JAVA_OPTS="$PUBSUB_HEAP" setsid nohup "$bin" --host=127.0.0.1 --port="$PUBSUB_PORT" \
-			>>"$state/pubsub.log" 2>&1 </dev/null &
+			>>"$state/pubsub.log" 2>&1 </dev/null 9>&- &
 		echo $! >"$state/pubsub.pid"
 		touch "$state/started/pubsub"
 		how="started"
@@ -335,9 +335,26 @@ print_env() {
 	return 0
 }
 
-status_line() { # name check description
-	if "$2"; then say "$1" "running: $3"; else say "$1" "down"; fi
+status_line() { # name description check...
+	local name="$1" desc="$2"; shift 2
+	if "$@"; then say "$name" "running: $desc"; else say "$name" "down"; fi
 }
+
+# One invocation at a time changes the services: an `up` that ran while
+# `restart kafka` had the broker down started a second broker on a freshly
+# emptied log directory under the restarting one, and both died (seen when
+# a benchmark's `up` met the reconnect test's restart). The servers it
+# starts do not inherit the lock (9>&- on each), or they would hold it.
+case "${1:-}" in
+up | down | restart)
+	mkdir -p "$state"
+	exec 9>"$state/lock"
+	if ! flock -w 300 9; then
+		echo "services: another scripts/services.sh up|down|restart has held $state/lock for 5 minutes; giving up" >&2
+		exit 1
+	fi
+	;;
+esac
 
 case "${1:-}" in
 up)
@@ -355,10 +372,10 @@ down)
 	pubsub_down; kafka_down; rabbit_down; pg_down
 	;;
 status)
-	status_line postgres pg_ready "127.0.0.1:5432"
-	status_line rabbitmq "port_open 5672" "127.0.0.1:5672"
-	status_line kafka kafka_ready "Apache Kafka $(kafka_version) on 127.0.0.1:$KAFKA_PORT"
-	status_line pubsub "port_open $PUBSUB_PORT" "Pub/Sub emulator $(pubsub_version) on 127.0.0.1:$PUBSUB_PORT"
+	status_line postgres "127.0.0.1:5432" pg_ready
+	status_line rabbitmq "127.0.0.1:5672" port_open 5672
+	status_line kafka "Apache Kafka $(kafka_version) on 127.0.0.1:$KAFKA_PORT" kafka_ready
+	status_line pubsub "Pub/Sub emulator $(pubsub_version) on 127.0.0.1:$PUBSUB_PORT" port_open "$PUBSUB_PORT"
 	print_env
 	;;
 env)
