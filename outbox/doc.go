@@ -44,8 +44,9 @@
 // lanes (a lease in millwright_outbox_lanes, renewed while it runs) and
 // publishes only those. Each round, a relay:
 //
-//  1. claims up to BatchSize due rows of its lanes, each lane's in id order,
-//     with one read (no lock, no lease: no other relay reads its lanes);
+//  1. claims up to BatchSize due rows of its lanes, a share of each lane
+//     first, each lane's in id order, with one read (no lock, no lease: no
+//     other relay reads its lanes);
 //  2. publishes them, with one PublishBatch call per topic when the
 //     publisher has it (transport.BatchPublisher), else with Publish,
 //     PublishConcurrency aggregates at a time;

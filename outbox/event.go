@@ -142,11 +142,49 @@ func insert(ctx context.Context, exec Executor, events []Event) error {
 	return nil
 }
 
-// prepare validates ev and returns its row's arguments.
+// prepare validates ev and returns its row's arguments, in named steps:
+// the defaults, the NUL check, the metadata to store, the CloudEvents
+// check, the metadata the relay derives (not stored twice), and the size
+// check.
 func prepare(ctx context.Context, ev Event) ([]any, error) {
 	if ev.Topic == "" {
 		return nil, fmt.Errorf("%w: Topic is empty: set the topic the relay should publish to", ErrInvalidEvent)
 	}
+	ev, aggID := withDefaults(ev)
+	if err := checkNUL(ev, aggID); err != nil {
+		return nil, err
+	}
+	md, isJSON := storedMetadata(ctx, ev)
+	if err := validateCloudEvent(ev, md); err != nil {
+		return nil, err
+	}
+	md, derivedSize := dropDerived(ev, aggID, isJSON, md)
+	var payload, raw any
+	if isJSON {
+		payload = string(ev.Payload)
+	} else {
+		if ev.Payload == nil {
+			ev.Payload = []byte{}
+		}
+		raw = ev.Payload
+	}
+	mdJSON := []byte("{}")
+	if md != nil {
+		var err error
+		if mdJSON, err = json.Marshal(md); err != nil {
+			return nil, fmt.Errorf("%w: metadata: %v", ErrInvalidEvent, err)
+		}
+	}
+	if err := checkSize(ev, len(mdJSON)+derivedSize); err != nil {
+		return nil, err
+	}
+	return []any{ev.ID, ev.Topic, ev.AggregateType, aggID, ev.EventType, payload, raw, string(mdJSON)}, nil
+}
+
+// withDefaults fills in the ID, Source and EventType ev leaves empty, and
+// returns it with its aggregate id: the event's own id when it has no
+// aggregate.
+func withDefaults(ev Event) (Event, string) {
 	if ev.ID == "" {
 		ev.ID = uuid.NewString()
 	}
@@ -162,16 +200,30 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 	if aggID == "" {
 		aggID = ev.ID
 	}
+	return ev, aggID
+}
+
+// checkNUL refuses a NUL byte in a text column or in the metadata, which
+// Postgres cannot store.
+func checkNUL(ev Event, aggID string) error {
 	for _, f := range [...]struct{ name, v string }{{"Topic", ev.Topic}, {"AggregateType", ev.AggregateType}, {"AggregateID", aggID}, {"EventType", ev.EventType}, {"ID", ev.ID}, {"Source", ev.Source}} {
 		if strings.IndexByte(f.v, 0) >= 0 {
-			return nil, fmt.Errorf("%w: %s contains a NUL byte, which Postgres text cannot store", ErrInvalidEvent, f.name)
+			return fmt.Errorf("%w: %s contains a NUL byte, which Postgres text cannot store", ErrInvalidEvent, f.name)
 		}
 	}
 	for k, v := range ev.Metadata {
 		if strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0) {
-			return nil, fmt.Errorf("%w: metadata %q contains a NUL byte, which Postgres JSONB cannot store", ErrInvalidEvent, k)
+			return fmt.Errorf("%w: metadata %q contains a NUL byte, which Postgres JSONB cannot store", ErrInvalidEvent, k)
 		}
 	}
+	return nil
+}
+
+// storedMetadata returns the metadata of ev before dropDerived: the
+// source, the trace context of ctx, the content type of a raw JSON
+// payload, and ev.Metadata (but its event id: the event_id column is
+// authoritative); and whether the payload goes to the JSONB column.
+func storedMetadata(ctx context.Context, ev Event) (map[string]string, bool) {
 	// The metadata column keeps only what the row's other columns do not
 	// say: the relay derives the rest when it reads the row (see
 	// derivedMetadata). Every byte stored here is written to the table and
@@ -202,13 +254,14 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 			set(k, v)
 		}
 	}
-	if err := validateCloudEvent(ev, md); err != nil {
-		return nil, err
-	}
-	// A key whose value the relay derives anyway (a TxPublisher message
-	// carries them all) is not stored twice; ce_time is kept, created_at
-	// is not known yet. derivedSize counts what the relay adds, for
-	// MaxEventBytes.
+	return md, isJSON
+}
+
+// dropDerived removes from md the keys whose value the relay derives
+// anyway (a TxPublisher message carries them all), so they are not stored
+// twice; ce_time is kept, created_at is not known yet. It returns md (nil
+// when empty) and the size of what the relay adds, for MaxEventBytes.
+func dropDerived(ev Event, aggID string, isJSON bool, md map[string]string) (map[string]string, int) {
 	derivedSize := 0
 	derivedMetadata(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
 		if sv, ok := md[k]; ok {
@@ -222,32 +275,22 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 	if len(md) == 0 {
 		md = nil
 	}
-	var payload, raw any
-	if isJSON {
-		payload = string(ev.Payload)
-	} else {
-		if ev.Payload == nil {
-			ev.Payload = []byte{}
-		}
-		raw = ev.Payload
+	return md, derivedSize
+}
+
+// checkSize refuses an event over MaxEventBytes: what the broker gets, the
+// payload and mdSize bytes of metadata (stored and derived, with the
+// longest ce_time).
+func checkSize(ev Event, mdSize int) error {
+	limit := MaxEventBytes.Load()
+	if limit <= 0 {
+		return nil
 	}
-	mdJSON := []byte("{}")
-	if md != nil {
-		var err error
-		if mdJSON, err = json.Marshal(md); err != nil {
-			return nil, fmt.Errorf("%w: metadata: %v", ErrInvalidEvent, err)
-		}
+	if size := int64(len(ev.Payload) + mdSize); size > limit {
+		return fmt.Errorf("%w: event %s for topic %s is %d bytes (payload %d, metadata %d), over the limit of %d (outbox.MaxEventBytes; match it to your broker: Kafka message.max.bytes, Pub/Sub 10 MB): store large data elsewhere and send a reference",
+			ErrInvalidEvent, ev.ID, ev.Topic, size, len(ev.Payload), mdSize, limit)
 	}
-	if limit := MaxEventBytes.Load(); limit > 0 {
-		// What the broker gets: the payload, the stored metadata and the
-		// metadata the relay derives (with the longest ce_time).
-		mdSize := len(mdJSON) + derivedSize
-		if size := int64(len(ev.Payload) + mdSize); size > limit {
-			return nil, fmt.Errorf("%w: event %s for topic %s is %d bytes (payload %d, metadata %d), over the limit of %d (outbox.MaxEventBytes; match it to your broker: Kafka message.max.bytes, Pub/Sub 10 MB): store large data elsewhere and send a reference",
-				ErrInvalidEvent, ev.ID, ev.Topic, size, len(ev.Payload), mdSize, limit)
-		}
-	}
-	return []any{ev.ID, ev.Topic, ev.AggregateType, aggID, ev.EventType, payload, raw, string(mdJSON)}, nil
+	return nil
 }
 
 // derivedMetadata calls set with the metadata of an event that its row's

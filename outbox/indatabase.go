@@ -335,7 +335,7 @@ func (mv *mover) prepare(ctx context.Context) (*sql.Stmt, error) {
 // claim runs moveSQL and groups the rows by topic.
 func (mv *mover) claim(ctx context.Context, stmt *sql.Stmt, held []int32) (moved, error) {
 	b := moved{byTopic: map[string][]int64{}, plain: true}
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held), mv.cfg.BatchSize)
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), mv.cfg.BatchSize, laneShare(mv.cfg.BatchSize, len(held)))
 	if err != nil {
 		return b, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,11 +96,14 @@ type Stats struct {
 
 // ReadStats reads the backlog figures with queries that use only the
 // partial indexes on pending and failed rows, so they stay cheap however
-// many published rows the table holds.
+// many published rows the table holds: the oldest pending row is the
+// oldest of the lanes' heads (one probe of the lane index per lane).
 func ReadStats(ctx context.Context, db Executor) (Stats, error) {
 	rows, err := db.QueryContext(ctx, `SELECT
 		(SELECT count(*) FROM millwright_outbox WHERE status = 'pending'),
-		COALESCE((SELECT extract(epoch FROM now() - created_at)::float8 FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 1), 0),
+		COALESCE((SELECT extract(epoch FROM now() - created_at)::float8 FROM millwright_outbox WHERE id = (
+			SELECT min(h.id) FROM generate_series(0, `+strconv.Itoa(laneCount-1)+`) AS l(lane)
+			CROSS JOIN LATERAL (SELECT id FROM millwright_outbox WHERE `+laneExpr+` = l.lane AND status = 'pending' ORDER BY id LIMIT 1) h)), 0),
 		(SELECT count(*) FROM millwright_outbox WHERE status = 'failed')`)
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: reading stats from millwright_outbox: %w", err)

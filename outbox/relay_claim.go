@@ -29,36 +29,62 @@ const blockedCTE = `blocked AS MATERIALIZED (
 )`
 
 // claimLane selects, for lane l.lane, the due rows in id order that no
-// failing event holds back: the columns cols, LIMIT $2. Only the relay
-// holding a lane reads it, so nothing is locked or leased: a row stays
-// pending until it is marked, and an aggregate never overtakes its failing
-// event, including events written after the failure.
-func claimLane(cols string) string {
+// failing event holds back: the columns cols, then tail (a LIMIT and/or
+// OFFSET). Only the relay holding a lane reads it, so nothing is locked or
+// leased: a row stays pending until it is marked, and an aggregate never
+// overtakes its failing event, including events written after the failure.
+func claimLane(cols, tail string) string {
 	return `SELECT ` + cols + ` FROM millwright_outbox o
 		WHERE ` + laneExpr + ` = l.lane AND status = 'pending' AND next_attempt_at <= now()
 		  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.aggregate_type = o.aggregate_type
 			AND b.aggregate_id = o.aggregate_id AND b.head < o.id)
 		ORDER BY id
-		LIMIT $2`
+		` + tail
+}
+
+// spreadLanes selects the columns cols of at most $2 due rows of the lanes
+// in $1 (an int[]), spread over the lanes: first at most $3 rows of each
+// lane (a fair share of the batch), then, if the batch is not full, the
+// lanes' next rows, lane after lane. Both passes read one snapshot with one
+// now(), and the second skips exactly the $3 rows the first took (same
+// filter, same order), so each lane's rows are the first of the lane in id
+// order: no aggregate skips one of its rows, in this batch or the next.
+// The fill keeps a batch full when few lanes have rows (one hot aggregate);
+// the first pass keeps the rows of every busy lane in each batch, so the
+// batch spans more aggregates (more partitions and ordering keys) than
+// filling it from the first lanes would.
+func spreadLanes(cols string) string {
+	return `(SELECT c.* FROM unnest($1::int[]) AS l(lane)
+	CROSS JOIN LATERAL (` + claimLane(cols, `LIMIT $3`) + `) c)
+UNION ALL
+(SELECT c.* FROM unnest($1::int[]) AS l(lane)
+	CROSS JOIN LATERAL (` + claimLane(cols, `OFFSET $3 LIMIT $2`) + `) c)
+LIMIT $2`
+}
+
+// laneShare is the first pass's rows per lane (spreadLanes' $3): the batch
+// divided over the held lanes, rounded up.
+func laneShare(batch, lanes int) int {
+	if lanes < 1 {
+		return batch
+	}
+	return (batch + lanes - 1) / lanes
 }
 
 // claimedCTE names, as CTE claimed, the ids of at most $2 due rows of the
-// lanes in $1 (an int[]), each lane's in id order and the lanes in the
-// order given (see claimLane).
+// lanes in $1 (an int[]), spread over the lanes by spreadLanes, each
+// lane's in id order.
 var claimedCTE = `WITH ` + blockedCTE + `, claimed AS (
-	SELECT c.id FROM unnest($1::int[]) AS l(lane)
-	CROSS JOIN LATERAL (` + claimLane("id") + `) c
-	LIMIT $2
+	` + spreadLanes("id") + `
 )`
 
 // claimSQL is the claim of the publisher path, in one pass: the rows
-// themselves, lane after lane, each lane's in id order.
+// themselves, spread over the lanes by spreadLanes, each lane's in id
+// order.
 var claimSQL = `WITH ` + blockedCTE + `
-SELECT c.* FROM unnest($1::int[]) AS l(lane)
-CROSS JOIN LATERAL (` + claimLane(`o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
+` + spreadLanes(`o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
 	o.payload::text, o.payload_raw, NULLIF(o.metadata, '{}')::text, o.retry_count,
-	(extract(epoch FROM o.created_at) * 1000000)::int8`) + `) c
-LIMIT $2`
+	(extract(epoch FROM o.created_at) * 1000000)::int8`)
 
 // row is one claimed outbox row.
 type row struct {
@@ -73,13 +99,14 @@ type row struct {
 }
 
 // claim is the first stage of a round: the due rows of the held lanes, at
-// most BatchSize, in id order within each aggregate.
+// most BatchSize, spread over the lanes (spreadLanes), in id order within
+// each lane.
 func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
 	stmt, err := r.prepare(ctx, &r.stmt, claimSQL)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize)
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize, laneShare(r.cfg.BatchSize, len(held)))
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
