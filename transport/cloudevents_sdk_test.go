@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -248,9 +249,14 @@ func readWire(ctx context.Context, t *testing.T, kind transport.Kind, cfg transp
 		rctx, stop := context.WithCancel(ctx)
 		defer stop()
 		var got []*pubsub.Message
+		var mu sync.Mutex // Receive calls the callback from several goroutines
 		err := cl.Subscription(topic+"_raw").Receive(rctx, func(_ context.Context, m *pubsub.Message) {
 			m.Ack()
-			got = append(got, m)
+			mu.Lock()
+			defer mu.Unlock()
+			if len(got) < n {
+				got = append(got, m)
+			}
 			if len(got) == n {
 				stop()
 			}
