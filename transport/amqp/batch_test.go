@@ -15,6 +15,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"
@@ -210,16 +211,14 @@ func TestPublishBatchConnectionCut(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- bp.PublishBatch(b.topic, msgs...) }()
 	// Cut once the broker has stored part of the batch.
-	deadline := time.Now().Add(20 * time.Second)
-	for queueDepth(t, queue) < 2 {
+	poll.Until(t, 20*time.Second, func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("the batch ended (%v) before the cut: raise n", err)
 		default:
 		}
-		require.True(t, time.Now().Before(deadline), "the batch stored nothing within 20s")
-		time.Sleep(time.Millisecond) // polling the broker's count, not waiting for an event
-	}
+		return queueDepth(t, queue) >= 2
+	}, "the batch stored nothing")
 	proxy.Cut()
 	require.Positive(t, proxy.CutConns(), "the cut closed no connection")
 	var err error
