@@ -144,6 +144,23 @@ pg_down() {
 # ---------------------------------------------------------------- RabbitMQ
 
 rabbit_ready() { port_open 5672 && rabbitmqctl -q status >/dev/null 2>&1; }
+# The node's data lives in a directory of its own that every start empties:
+# the tests leave durable queues behind, and a node started on the
+# packaged /var/lib/rabbitmq/mnesia after a day of test runs spent minutes
+# recovering 1,024 of them (one file handle each, against su's 1,024-handle
+# limit) and never answered (CI, 2026-12-01). A test broker starts empty,
+# as Kafka's log directory does.
+RABBIT_BASE="${MILLWRIGHT_RABBITMQ_BASE:-/var/lib/rabbitmq/millwright-test}"
+rabbit_node_running() { pgrep -u rabbitmq -f 'beam.*rabbit' >/dev/null 2>&1; }
+rabbit_log_tail() {
+	local f
+	for f in /var/log/rabbitmq/*.log; do
+		[ -f "$f" ] || continue
+		case "$f" in *_upgrade.log) continue ;; esac
+		echo "---- last lines of $f" >&2
+		tail -n 15 "$f" >&2
+	done
+}
 
 rabbit_up() {
 	if ! command -v rabbitmq-server >/dev/null; then
@@ -153,16 +170,39 @@ rabbit_up() {
 	fi
 	local how="already running"
 	if ! port_open 5672; then
+		# A node that runs but does not answer (still booting, or stuck
+		# recovering an old data directory) is given 20 s, then stopped.
+		if rabbit_node_running && ! wait_for 20 port_open 5672; then
+			say rabbitmq "a node runs but does not answer on 5672: stopping it"
+			timeout 30 rabbitmqctl -q stop >>"$state/rabbitmq.log" 2>&1 ||
+				pkill -KILL -u rabbitmq -f 'beam.*rabbit' 2>/dev/null
+			wait_for 30 eval '! rabbit_node_running' || true
+		fi
+	fi
+	if ! port_open 5672; then
+		rm -rf "$RABBIT_BASE"
+		install -d -o rabbitmq -g rabbitmq -m 0750 "$RABBIT_BASE"
+		# Not through Debian's wrapper: it switches user with su, whose PAM
+		# session lowers the open-files limit to 1,024. setpriv keeps this
+		# shell's limit (raised as far as the hard limit allows).
 		# -detached returns before the node is up; the wait below decides.
-		rabbitmq-server -detached >>"$state/rabbitmq.log" 2>&1 9>&-
+		(
+			ulimit -S -n "$(ulimit -H -n)" 2>/dev/null
+			cd /var/lib/rabbitmq &&
+				exec setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups \
+					env HOME=/var/lib/rabbitmq RABBITMQ_MNESIA_BASE="$RABBIT_BASE" \
+					/usr/lib/rabbitmq/bin/rabbitmq-server -detached
+		) >>"$state/rabbitmq.log" 2>&1 9>&-
 		touch "$state/started/rabbitmq"
 		how="started"
 	fi
 	if ! wait_for 120 rabbit_ready; then
-		say rabbitmq "unavailable: not answering on 127.0.0.1:5672 after 120s (see $state/rabbitmq.log and /var/log/rabbitmq/)"; return 1
+		say rabbitmq "unavailable: not answering on 127.0.0.1:5672 after 120s (see $state/rabbitmq.log and /var/log/rabbitmq/)"
+		rabbit_log_tail
+		return 1
 	fi
 	rabbitmqctl -q await_startup >/dev/null 2>&1 || true
-	say rabbitmq "$how: $(rabbitmqctl -q version 2>/dev/null || echo '?') on 127.0.0.1:5672 (guest/guest)"
+	say rabbitmq "$how: $(rabbitmqctl -q version 2>/dev/null || echo '?') on 127.0.0.1:5672 (guest/guest, data in $RABBIT_BASE)"
 }
 
 rabbit_down() {
