@@ -1,6 +1,9 @@
 // Package faultproxy is a TCP proxy for tests that cuts a client off from a
 // real server without touching the server: it closes every connection it
-// carries (Cut) and can refuse new ones for a while (Outage). Only the
+// carries (Cut), can refuse new ones for a while (Outage) and can hold
+// back what the server sends (Hold) while the client's bytes still go
+// through, so the server acts on requests whose replies the client does
+// not get. Only the
 // client under test goes through it, so a shared server stays up for every
 // other test. Its counters let a test prove the fault happened.
 package faultproxy
@@ -23,9 +26,12 @@ type Proxy struct {
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 	until time.Time
+	held  chan struct{} // non-nil while Hold is on; closed by Release
 
-	cut     atomic.Int64
-	refused atomic.Int64
+	cut       atomic.Int64
+	refused   atomic.Int64
+	heldReads atomic.Int64
+	sent      atomic.Int64
 }
 
 // New starts a proxy to target (host:port) on a free loopback port.
@@ -67,6 +73,34 @@ func (p *Proxy) Outage(d time.Duration) {
 		p.cut.Add(1)
 	}
 }
+
+// Hold stops forwarding what servers send to clients (replies, confirms,
+// heartbeats) until Release; the proxy keeps reading it only as far as
+// its buffer, so TCP holds back the rest. Clients' bytes still go through.
+func (p *Proxy) Hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held == nil {
+		p.held = make(chan struct{})
+	}
+}
+
+// Release forwards what Hold held back, in order, and everything after.
+func (p *Proxy) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held != nil {
+		close(p.held)
+		p.held = nil
+	}
+}
+
+// HeldReads counts the reads from servers that Hold kept from their
+// clients: what a test asserts to prove replies were held.
+func (p *Proxy) HeldReads() int64 { return p.heldReads.Load() }
+
+// ClientBytes counts the bytes forwarded from clients to servers.
+func (p *Proxy) ClientBytes() int64 { return p.sent.Load() }
 
 // CutConns counts the connections (both ends) closed by Cut and Outage.
 func (p *Proxy) CutConns() int64 { return p.cut.Load() }
@@ -114,13 +148,17 @@ func (p *Proxy) pipe(c net.Conn) {
 	p.conns[c], p.conns[up] = struct{}{}, struct{}{}
 	p.mu.Unlock()
 	done := make(chan struct{}, 2)
-	cp := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
+	stop := make(chan struct{}) // closed once either direction ends
+	go func() {
+		_, _ = io.Copy(countingWriter{up, &p.sent}, c)
 		done <- struct{}{}
-	}
-	go cp(up, c)
-	go cp(c, up)
+	}()
+	go func() {
+		p.copyReplies(c, up, stop)
+		done <- struct{}{}
+	}()
 	<-done
+	close(stop)
 	_ = c.Close()
 	_ = up.Close()
 	<-done
@@ -128,4 +166,43 @@ func (p *Proxy) pipe(c net.Conn) {
 	delete(p.conns, c)
 	delete(p.conns, up)
 	p.mu.Unlock()
+}
+
+// copyReplies copies from the server to the client, waiting while Hold is
+// on; it gives up a held chunk once stop closes (the connection is gone).
+func (p *Proxy) copyReplies(dst, src net.Conn, stop <-chan struct{}) {
+	buf := make([]byte, 32*1024)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			held := p.held
+			p.mu.Unlock()
+			if held != nil {
+				p.heldReads.Add(1)
+				select {
+				case <-held:
+				case <-stop:
+					return
+				}
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+type countingWriter struct {
+	w net.Conn
+	n *atomic.Int64
+}
+
+func (cw countingWriter) Write(b []byte) (int, error) {
+	n, err := cw.w.Write(b)
+	cw.n.Add(int64(n))
+	return n, err
 }
