@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/spf13/cobra"
@@ -131,4 +133,19 @@ func TestBenchCommandsRefuseBadFlags(t *testing.T) {
 		_, _, err := runCLI(t, tc.cmd(), nil, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=1", tc.args...)
 		require.ErrorContains(t, err, tc.want, tc.args)
 	}
+}
+
+// --cpuprofile writes a CPU profile of a bench run, also of one that fails
+// (main stops the profile when PersistentPostRunE is skipped).
+func TestBenchCPUProfile(t *testing.T) { // not parallel: the global rootCmd
+	path := filepath.Join(t.TempDir(), "cpu.pprof")
+	_, _, err := runCLI(t, rootCmd, nil, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
+		"bench", "saga", "--kinds", "nats", "--cpuprofile", path)
+	require.ErrorContains(t, err, `invalid transport "nats"`)
+	require.NoError(t, stopCPUProfile())
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(b), 2)
+	require.Equal(t, []byte{0x1f, 0x8b}, b[:2], "not a gzip-compressed pprof profile")
+	require.NoError(t, benchCmd.PersistentFlags().Set("cpuprofile", ""))
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -24,14 +25,48 @@ var rootCmd = &cobra.Command{
 }
 
 // benchCmd groups the benchmarks; each component adds `bench <component>`.
+// --cpuprofile writes a Go CPU profile of the whole run (go tool pprof).
 var benchCmd = &cobra.Command{
 	Use:   "bench",
 	Short: "Run a benchmark and print its figures beside the baseline",
+	PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+		path, _ := cmd.Flags().GetString("cpuprofile")
+		if path == "" {
+			return nil
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("--cpuprofile %s: %w", path, err)
+		}
+		cpuProfile = f
+		return nil
+	},
+	PersistentPostRunE: func(*cobra.Command, []string) error { return stopCPUProfile() },
+}
+
+// cpuProfile is the file a bench's --cpuprofile writes, while it runs.
+var cpuProfile *os.File
+
+// stopCPUProfile ends and closes the --cpuprofile profile, if one runs (a
+// failed bench skips PersistentPostRunE: main calls it too).
+func stopCPUProfile() error {
+	if cpuProfile == nil {
+		return nil
+	}
+	pprof.StopCPUProfile()
+	err := cpuProfile.Close()
+	cpuProfile = nil
+	return err
 }
 
 func init() {
 	rootCmd.AddCommand(benchCmd)
 	addSchemaFlag(rootCmd)
+	benchCmd.PersistentFlags().String("cpuprofile", "", "write a Go CPU profile of the benchmark to this file (read it with go tool pprof)")
 }
 
 // main runs the command with a context that SIGINT and SIGTERM cancel:
@@ -41,6 +76,9 @@ func main() {
 	ctx, stop := interrupt.Context(context.Background(), "millwright")
 	err := rootCmd.ExecuteContext(ctx)
 	stop()
+	if perr := stopCPUProfile(); err == nil {
+		err = perr
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, errorLine(err))
 		os.Exit(1)
