@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"database/sql"
+	"reflect"
 	"testing"
 
 	"github.com/millwright/millwright/metadata"
@@ -17,7 +18,18 @@ func FuzzRowMessage(f *testing.F) {
 	f.Add("e-4", "order", "o-4", true, `"s"`, []byte(nil), `{"ce_id":"forged","n":1}`)
 	f.Add("e-5", "t", "a", true, `[]`, []byte(nil), `null`)
 	f.Fuzz(func(t *testing.T, eventID, aggType, aggID string, valid bool, payload string, raw []byte, md string) {
-		msg, _ := rowMessage(storedRow{eventID: eventID, aggType: aggType, aggID: aggID, payload: sql.NullString{String: payload, Valid: valid}, raw: raw, metadata: md})
+		row := storedRow{eventID: eventID, aggType: aggType, aggID: aggID, payload: sql.NullString{String: payload, Valid: valid}, raw: raw, metadata: md}
+		msg, err := rowMessage(row)
+		// The claim's cache of the metadata column changes nothing, on a
+		// miss or a hit, and a message does not alter what it caches.
+		var cache metaCache
+		for range 2 {
+			cached, cerr := rowMessageCached(row, &cache)
+			if (cerr == nil) != (err == nil) || !reflect.DeepEqual(cached.Metadata, msg.Metadata) {
+				t.Fatalf("cached metadata %v (%v), uncached %v (%v)", cached.Metadata, cerr, msg.Metadata, err)
+			}
+			cached.Metadata.Set("mutated", "x")
+		}
 		if msg == nil || msg.Metadata == nil {
 			t.Fatal("nil message or metadata")
 		}
