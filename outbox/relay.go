@@ -177,7 +177,6 @@ type Relay struct {
 	// Run's lanes while it runs.
 	roundMu  sync.Mutex
 	runLanes *lanes
-	ahead    *aheadClaim // the next batch of Run's lanes, claimed during the last mark
 
 	stmtMu sync.Mutex
 	stmt   *sql.Stmt // claimSQL
@@ -448,20 +447,13 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 // publish → mark (in one transaction, when the mover publishes in the
 // database). claimed, if not nil, runs once rows are claimed, before they
 // are published.
-//
-// In Run's rounds the claim of the next batch overlaps the mark of this
-// one when nothing can go wrong with it (see claimAhead): the next round
-// then starts at its publish.
 func (r *Relay) round(ctx context.Context, l *lanes, claimed func()) (res roundResult) {
 	r.roundMu.Lock()
 	defer r.roundMu.Unlock()
 	defer func() { r.stats.endRound(res.failures, res.err) }()
-	ahead := r.ahead
-	r.ahead = nil
 	if l == nil { // Run ended meanwhile
 		return roundResult{}
 	}
-	checked := l.checked
 	held, err := l.hold(ctx)
 	if err != nil {
 		return roundResult{err: err, waiting: true}
@@ -480,18 +472,9 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func()) (res roundR
 			return res
 		}
 	}
-	var rows []row
-	var retrying bool
-	if ahead != nil && ahead.lanes == l && l.checked.Equal(checked) {
-		// Claimed during the last mark, and the lanes did not change
-		// since: nothing of them was in flight but that batch.
-		rows, retrying = ahead.rows, ahead.retrying
-		r.stats.claimedAhead.Add(1)
-	} else if rows, retrying, err = r.claim(ctx, held, nil); err != nil {
+	rows, err := r.claim(ctx, held)
+	if err != nil || len(rows) == 0 {
 		res.err = err
-		return res
-	}
-	if len(rows) == 0 {
 		return res
 	}
 	if claimed != nil {
@@ -499,56 +482,6 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func()) (res roundR
 	}
 	res.n, res.more = len(rows), len(rows) >= r.cfg.BatchSize
 	results := r.publish(rows)
-	next := r.claimAhead(ctx, l, rows, results, res.more && !retrying)
 	res.next, res.failures, res.err = r.mark(ctx, rows, results)
-	if a := next(); a != nil && res.err == nil {
-		r.ahead = a
-	}
 	return res
-}
-
-// aheadClaim is a batch claimed while the previous one was being marked.
-type aheadClaim struct {
-	lanes    *lanes // whose lanes it read
-	rows     []row
-	retrying bool
-}
-
-// claimAhead starts, when it is safe, the claim of the next batch while
-// this one (rows, published with results) is being marked, and returns
-// the function that waits for it (nil when there is none). It is safe
-// when the relay is running (Run's lanes), the batch was full (more rows
-// are likely due), every row was published (no aggregate is held back
-// for a failure, which the claim would not see yet), no pending row was
-// retrying when the batch was claimed (a retrying row below a lane's
-// cursor would be passed by the later rows of its aggregate once its
-// backoff ends), and the lanes will not be rebalanced before the next
-// round (its hold checks that: a rebalance drops the claimed rows). The
-// claim reads each lane after the batch's last row in it, so it skips
-// the batch's rows, which stay pending until the mark commits.
-func (r *Relay) claimAhead(ctx context.Context, l *lanes, rows []row, results []error, full bool) func() *aheadClaim {
-	none := func() *aheadClaim { return nil }
-	if !full || l != r.runLanes || !l.member {
-		return none
-	}
-	for _, err := range results {
-		if err != nil {
-			return none
-		}
-	}
-	if !l.fresh(time.Now()) {
-		return none
-	}
-	held := l.order()
-	cursors := lastOfLanes(rows)
-	done := make(chan *aheadClaim, 1)
-	go func() {
-		next, retrying, err := r.claim(ctx, held, cursors)
-		if err != nil {
-			done <- nil // the next round claims again, and reports
-			return
-		}
-		done <- &aheadClaim{lanes: l, rows: next, retrying: retrying}
-	}()
-	return func() *aheadClaim { return <-done }
 }

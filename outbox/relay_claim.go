@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -34,9 +33,9 @@ const blockedCTE = `blocked AS MATERIALIZED (
 // OFFSET). Only the relay holding a lane reads it, so nothing is locked or
 // leased: a row stays pending until it is marked, and an aggregate never
 // overtakes its failing event, including events written after the failure.
-func claimLane(cols, tail, after string) string {
+func claimLane(cols, tail string) string {
 	return `SELECT ` + cols + ` FROM millwright_outbox o
-		WHERE ` + laneExpr + ` = l.lane` + after + ` AND status = 'pending' AND next_attempt_at <= now()
+		WHERE ` + laneExpr + ` = l.lane AND status = 'pending' AND next_attempt_at <= now()
 		  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.aggregate_type = o.aggregate_type
 			AND b.aggregate_id = o.aggregate_id AND b.head < o.id)
 		ORDER BY id
@@ -50,18 +49,16 @@ func claimLane(cols, tail, after string) string {
 // now(), and the second skips exactly the $3 rows the first took (same
 // filter, same order), so each lane's rows are the first of the lane in id
 // order: no aggregate skips one of its rows, in this batch or the next.
-// after, when not empty, further restricts each lane's rows (see
-// claimSQL's cursors).
 // The fill keeps a batch full when few lanes have rows (one hot aggregate);
 // the first pass keeps the rows of every busy lane in each batch, so the
 // batch spans more aggregates (more partitions and ordering keys) than
 // filling it from the first lanes would.
-func spreadLanes(cols, after string) string {
+func spreadLanes(cols string) string {
 	return `(SELECT c.* FROM unnest($1::int[]) AS l(lane)
-	CROSS JOIN LATERAL (` + claimLane(cols, `LIMIT $3`, after) + `) c)
+	CROSS JOIN LATERAL (` + claimLane(cols, `LIMIT $3`) + `) c)
 UNION ALL
 (SELECT c.* FROM unnest($1::int[]) AS l(lane)
-	CROSS JOIN LATERAL (` + claimLane(cols, `OFFSET $3 LIMIT $2`, after) + `) c)
+	CROSS JOIN LATERAL (` + claimLane(cols, `OFFSET $3 LIMIT $2`) + `) c)
 LIMIT $2`
 }
 
@@ -78,27 +75,19 @@ func laneShare(batch, lanes int) int {
 // lanes in $1 (an int[]), spread over the lanes by spreadLanes, each
 // lane's in id order.
 var claimedCTE = `WITH ` + blockedCTE + `, claimed AS (
-	` + spreadLanes("id", "") + `
+	` + spreadLanes("id") + `
 )`
 
 // claimSQL is the claim of the publisher path, in one pass: the rows
-// themselves with their lane, spread over the lanes by spreadLanes, each
-// lane's in id order, and whether any pending row is retrying (its
-// backoff index answers). $4 holds a cursor per lane (an int8[] of
-// laneCount ids, lane l at l+1): only rows after it are read. A claim
-// made while the previous batch is being marked (see Relay.claimAhead)
-// sets them to that batch's last id in each lane, so that it skips the
-// batch's rows, still pending; every other claim sets them to 0.
-var claimSQL = `WITH ` + blockedCTE + `, retrying AS MATERIALIZED (
-	SELECT EXISTS (SELECT 1 FROM millwright_outbox WHERE status = 'pending' AND retry_count > 0) AS any
-)
-SELECT s.*, r.any FROM (` + spreadLanes(`l.lane, o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
+// themselves, spread over the lanes by spreadLanes, each lane's in id
+// order.
+var claimSQL = `WITH ` + blockedCTE + `
+` + spreadLanes(`o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
 	o.payload::text, o.payload_raw, NULLIF(o.metadata, '{}')::text, o.retry_count,
-	(extract(epoch FROM o.created_at) * 1000000)::int8`, ` AND o.id > ($4::int8[])[l.lane + 1]`) + `) s CROSS JOIN retrying r`
+	(extract(epoch FROM o.created_at) * 1000000)::int8`)
 
 // row is one claimed outbox row.
 type row struct {
-	lane       int32
 	id         int64
 	topic      string
 	aggType    string
@@ -111,18 +100,18 @@ type row struct {
 
 // claim is the first stage of a round: the due rows of the held lanes, at
 // most BatchSize, spread over the lanes (spreadLanes), in id order within
-// each lane, after the lanes' cursors (nil: from each lane's head). It
-// also reports whether any pending row was retrying.
-func (r *Relay) claim(ctx context.Context, held []int32, cursors []int64) (out []row, retrying bool, err error) {
+// each lane.
+func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
 	stmt, err := r.prepare(ctx, &r.stmt, claimSQL)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize, laneShare(r.cfg.BatchSize, len(held)), cursorParam(cursors))
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize, laneShare(r.cfg.BatchSize, len(held)))
 	if err != nil {
-		return nil, false, fmt.Errorf("outbox relay: claiming rows: %w", err)
+		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
 	defer rows.Close()
+	var out []row
 	var cache metaCache
 	for rows.Next() {
 		var (
@@ -131,8 +120,8 @@ func (r *Relay) claim(ctx context.Context, held []int32, cursors []int64) (out [
 			meta    sql.NullString
 			created int64 // µs since the epoch: cheaper to read than a timestamp
 		)
-		if err := rows.Scan(&rw.lane, &rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &meta, &rw.retryCount, &created, &retrying); err != nil {
-			return nil, false, fmt.Errorf("outbox relay: reading claimed row: %w", err)
+		if err := rows.Scan(&rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &meta, &rw.retryCount, &created); err != nil {
+			return nil, fmt.Errorf("outbox relay: reading claimed row: %w", err)
 		}
 		sr.metadata, sr.createdAt = meta.String, time.UnixMicro(created)
 		rw.createdAt = sr.createdAt
@@ -149,40 +138,9 @@ func (r *Relay) claim(ctx context.Context, held []int32, cursors []int64) (out [
 		out = append(out, rw)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, false, fmt.Errorf("outbox relay: claiming rows: %w", err)
+		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
-	return out, retrying, nil
-}
-
-// cursorParam renders the lanes' cursors as the text of an int8[] of
-// laneCount entries; nil is every lane from its head (0: ids start at 1).
-func cursorParam(cursors []int64) string {
-	if cursors == nil {
-		return zeroCursors
-	}
-	b := make([]byte, 0, 8*laneCount)
-	b = append(b, '{')
-	for i, c := range cursors {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, c, 10)
-	}
-	return string(append(b, '}'))
-}
-
-var zeroCursors = "{" + strings.TrimSuffix(strings.Repeat("0,", laneCount), ",") + "}"
-
-// lastOfLanes returns, per lane, the id of the last of rows in it (0 for
-// a lane without rows): the cursors after which a claim skips them.
-func lastOfLanes(rows []row) []int64 {
-	cursors := make([]int64, laneCount)
-	for _, rw := range rows {
-		if rw.lane >= 0 && int(rw.lane) < laneCount && rw.id > cursors[rw.lane] {
-			cursors[rw.lane] = rw.id
-		}
-	}
-	return cursors
+	return out, nil
 }
 
 // intArrayParam renders lanes as the text of an int[] parameter.

@@ -40,7 +40,7 @@ type lanes struct {
 // relays when laneCheckEvery has passed or the leases near their end.
 func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 	now := time.Now()
-	if l.fresh(now) {
+	if l.member && now.Sub(l.checked) < laneCheckEvery && now.Before(l.validUntil) {
 		return l.order(), nil
 	}
 	if err := l.rebalance(ctx, now); err != nil {
@@ -48,12 +48,6 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 		return nil, fmt.Errorf("outbox relay: holding lanes (did `millwright migrate` run?): %w", err)
 	}
 	return l.order(), nil
-}
-
-// fresh reports whether hold, called at now, would return the lanes held
-// without looking at the table (no rebalance, no renewal).
-func (l *lanes) fresh(now time.Time) bool {
-	return l.member && now.Sub(l.checked) < laneCheckEvery && now.Before(l.validUntil)
 }
 
 // order returns the held lanes starting one further each call, so that a

@@ -28,8 +28,7 @@ type RelayStats struct {
 // relayStats holds the counters behind RelayStats.
 type relayStats struct {
 	published, retried, failed, deadLettered, rounds atomic.Uint64
-	lastSuccess                                      atomic.Int64  // unix ns; 0: none yet
-	claimedAhead                                     atomic.Uint64 // rounds that used a batch claimed during the last mark
+	lastSuccess                                      atomic.Int64 // unix ns; 0: none yet
 }
 
 // endRound records the end of a round: failures rows failed to publish,

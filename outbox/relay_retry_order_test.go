@@ -10,18 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// seqEvents returns n events over aggs aggregates ("a0", "a1", ...) whose
-// payloads count each aggregate's events from 0.
-func seqEvents(topic, prefix string, n, aggs int) []Event {
-	evs := make([]Event, n)
-	for i := range evs {
-		agg := prefix + strconv.Itoa(i%aggs)
-		evs[i] = Event{Topic: topic, AggregateType: "order", AggregateID: agg,
-			Payload: []byte(`{"agg":"` + agg + `","seq":` + strconv.Itoa(i/aggs) + `}`)}
-	}
-	return evs
-}
-
 // requireInOrder checks that got holds, per aggregate, the sequence
 // numbers 0, 1, 2, ... once each, and returns the per-aggregate counts.
 func requireInOrder(t *testing.T, got *collector) map[string]int {
@@ -39,33 +27,14 @@ func requireInOrder(t *testing.T, got *collector) map[string]int {
 	return next
 }
 
-// A running relay claims its next batch while it marks the last one; the
-// batches still go out in order per aggregate, each event once.
-func TestRelay_ClaimAheadKeepsOrder(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	const n = 3000
-	require.NoError(t, Add(ctx, b.db, seqEvents("t", "a", n, 50)...))
-	got := b.collect(t, "t")
-	r := startRelay(t, b.db, b.pubsub, RelayConfig{BatchSize: 100})
-	eventually(t, 60*time.Second, func() bool { return len(got.all()) >= n }, "not every event was published")
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "rows left pending")
-	counts := requireInOrder(t, got)
-	require.Len(t, counts, 50)
-	require.Len(t, got.all(), n, "an event was published twice")
-	require.Positive(t, r.stats.claimedAhead.Load(), "no round used a batch claimed during the previous mark")
-}
-
 // A retrying row is not passed by the later rows of its aggregate once its
 // backoff ends, although the relay went on through its lane meanwhile and
 // kept claiming full batches. The backoff ends when the relay has
 // published everything else of x's lane and x's later rows are the lane's
-// next, while the other lanes keep the batches full. (A claim made during
-// a mark reads each lane after the batch's rows: one that met the end of
-// the backoff would skip the retrying row; that window is one round, too
-// narrow to hit here: TestClaim_ReportsRetryingRows checks the report
-// that keeps such claims from being made while any row retries.)
+// next, while the other lanes keep the batches full: a claim that resumed
+// each lane after its last published row (a cursor, as a relay claiming
+// its next batch before marking the last would need) would send x's later
+// rows first.
 func TestRelay_RetryingRowIsNotPassedAfterItsBackoff(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
