@@ -84,6 +84,19 @@ func unreportedAreStored(t *testing.T, queue string, msgs []*message.Message, be
 	return stored
 }
 
+// batchResult is what a PublishBatch running in the background sent on
+// done, within 30 s of after (what the test did to end it).
+func batchResult(t *testing.T, done <-chan error, after string) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatalf("PublishBatch did not return within 30s of %s", after)
+		return nil
+	}
+}
+
 func batchError(t *testing.T, err error) *transport.BatchError {
 	t.Helper()
 	var be *transport.BatchError
@@ -221,13 +234,7 @@ func TestPublishBatchConnectionCut(t *testing.T) {
 	}, "the batch stored nothing")
 	proxy.Cut()
 	require.Positive(t, proxy.CutConns(), "the cut closed no connection")
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("PublishBatch did not return within 30s of the cut")
-	}
-	be := batchError(t, err)
+	be := batchError(t, batchResult(t, done, "the cut"))
 	require.NotEmpty(t, be.Failed)
 	require.Less(t, len(be.Failed), n, "nothing was confirmed before the cut: the test did not cut mid-batch")
 	for _, e := range be.Failed {
@@ -299,13 +306,7 @@ func TestPublishBatchContextEndsWhileWaiting(t *testing.T) {
 	poll.Until(t, 10*time.Second, func() bool { return proxy.ClientBytes() > sent },
 		"the publisher did not close its channel when the context ended")
 	proxy.Cut()
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("PublishBatch did not return within 30s of the context ending")
-	}
-	be := batchError(t, err)
+	be := batchError(t, batchResult(t, done, "the context ending"))
 	require.Len(t, be.Failed, n, "every message was unconfirmed when the context ended")
 	for i, err := range be.Failed {
 		require.ErrorIs(t, err, context.Canceled)
