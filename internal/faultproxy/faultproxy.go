@@ -32,6 +32,7 @@ type Proxy struct {
 	refused   atomic.Int64
 	heldReads atomic.Int64
 	sent      atomic.Int64
+	received  atomic.Int64
 }
 
 // New starts a proxy to target (host:port) on a free loopback port.
@@ -101,6 +102,9 @@ func (p *Proxy) HeldReads() int64 { return p.heldReads.Load() }
 
 // ClientBytes counts the bytes forwarded from clients to servers.
 func (p *Proxy) ClientBytes() int64 { return p.sent.Load() }
+
+// ServerBytes counts the bytes forwarded from servers to clients.
+func (p *Proxy) ServerBytes() int64 { return p.received.Load() }
 
 // CutConns counts the connections (both ends) closed by Cut and Outage.
 func (p *Proxy) CutConns() int64 { return p.cut.Load() }
@@ -186,7 +190,9 @@ func (p *Proxy) copyReplies(dst, src net.Conn, stop <-chan struct{}) {
 					return
 				}
 			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			w, werr := dst.Write(buf[:n])
+			p.received.Add(int64(w))
+			if werr != nil {
 				return
 			}
 		}

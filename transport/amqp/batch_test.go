@@ -218,20 +218,26 @@ func TestPublishBatchConnectionCut(t *testing.T) {
 	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: pool, ConnectTimeout: 5 * time.Second, DeclareGroups: sink}, sink...)
 	bp := b.pub.(transport.BatchPublisher)
 	queue := amqp.QueueName(b.topic, sink[0])
-	require.NoError(t, bp.PublishBatch(b.topic, keyed(1, 1)...)) // declares the queue
+	// Declares the queue and opens every channel of the pool, so that
+	// during the batch the broker sends the client nothing but confirms
+	// (and, rarely, an 8-byte heartbeat).
+	require.NoError(t, bp.PublishBatch(b.topic, keyed(1000, 50)...))
+	before := queueDepth(t, queue)
+	received := proxy.ServerBytes()
 
 	msgs := keyed(n, 50)
 	done := make(chan error, 1)
 	go func() { done <- bp.PublishBatch(b.topic, msgs...) }()
-	// Cut once the broker has stored part of the batch.
+	// Cut once the broker has stored part of the batch and the client got
+	// confirms for some of it (a basic.ack frame is 21 bytes).
 	poll.Until(t, 20*time.Second, func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("the batch ended (%v) before the cut: raise n", err)
 		default:
 		}
-		return queueDepth(t, queue) >= 2
-	}, "the batch stored nothing")
+		return queueDepth(t, queue) >= before+2 && proxy.ServerBytes()-received >= 21
+	}, "the batch stored nothing, or no confirm reached the client")
 	proxy.Cut()
 	require.Positive(t, proxy.CutConns(), "the cut closed no connection")
 	be := batchError(t, batchResult(t, done, "the cut"))
