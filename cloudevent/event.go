@@ -92,41 +92,52 @@ func Validate(msg *message.Message) error {
 		return errors.New("cloudevent: message is nil")
 	}
 	md := msg.Metadata
+	return ValidateFunc(msg.UUID, func(k string) (string, bool) {
+		v, ok := md[k]
+		return v, ok
+	})
+}
+
+// ValidateFunc is Validate for metadata read through get (the value of a
+// key and whether it is set), without building a message: the outbox
+// checks each event at write time this way. uuid names the message in the
+// errors.
+func ValidateFunc(uuid string, get func(key string) (string, bool)) error {
 	var errs []error
 	required := func(k, hint string) string {
-		v, ok := md[k]
+		v, ok := get(k)
 		if !ok || v == "" {
-			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s is missing: set it (%s)", msg.UUID, k, hint))
+			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s is missing: set it (%s)", uuid, k, hint))
 		}
 		return v
 	}
 	required(metadata.EventID, "a unique id per event; the outbox sets it")
 	if src := required(metadata.EventSource, `the producing service as a URI-reference, e.g. "/orders-service"`); src != "" {
 		if _, err := url.Parse(src); err != nil {
-			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s is not a URI-reference: %v", msg.UUID, metadata.EventSource, quote(src), shortErr(err)))
+			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s is not a URI-reference: %v", uuid, metadata.EventSource, quote(src), shortErr(err)))
 		}
 	}
 	if typ := required(metadata.EventType, `a versioned type such as "order.created.v1"`); typ != "" && strings.TrimSpace(typ) != typ {
-		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s has surrounding spaces", msg.UUID, metadata.EventType, quote(typ)))
+		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s has surrounding spaces", uuid, metadata.EventType, quote(typ)))
 	}
 	if sv := required(metadata.EventSpecVersion, `"1.0"`); sv != "" && sv != SpecVersion {
-		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s: want %q", msg.UUID, metadata.EventSpecVersion, quote(sv), SpecVersion))
+		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s: want %q", uuid, metadata.EventSpecVersion, quote(sv), SpecVersion))
 	}
-	if t, ok := md[metadata.EventTime]; ok {
+	if t, ok := get(metadata.EventTime); ok {
 		if _, err := time.Parse(time.RFC3339Nano, t); err != nil {
-			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s is not an RFC 3339 timestamp (want e.g. 2026-01-02T15:04:05Z)", msg.UUID, metadata.EventTime, quote(t)))
+			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s is not an RFC 3339 timestamp (want e.g. 2026-01-02T15:04:05Z)", uuid, metadata.EventTime, quote(t)))
 		}
 	}
-	if s, ok := md[metadata.EventSubject]; ok && s == "" {
-		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s is empty: remove it or set the aggregate id", msg.UUID, metadata.EventSubject))
+	if s, ok := get(metadata.EventSubject); ok && s == "" {
+		errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s is empty: remove it or set the aggregate id", uuid, metadata.EventSubject))
 	}
-	if ct, ok := md[metadata.EventDataContentType]; ok {
+	if ct, ok := get(metadata.EventDataContentType); ok {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err == nil && !strings.Contains(mt, "/") {
 			err = errors.New("no type/subtype")
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s is not a media type (want e.g. application/json): %v", msg.UUID, metadata.EventDataContentType, quote(ct), shortErr(err)))
+			errs = append(errs, fmt.Errorf("cloudevent: message %s: metadata %s %s is not a media type (want e.g. application/json): %v", uuid, metadata.EventDataContentType, quote(ct), shortErr(err)))
 		}
 	}
 	return errors.Join(errs...)

@@ -8,9 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/lib/pq"
@@ -168,13 +171,7 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 		}
 		raw = ev.Payload
 	}
-	mdJSON := []byte("{}")
-	if md != nil {
-		var err error
-		if mdJSON, err = json.Marshal(md); err != nil {
-			return nil, fmt.Errorf("%w: metadata: %v", ErrInvalidEvent, err)
-		}
-	}
+	mdJSON := appendMetadataJSON(nil, md)
 	if err := checkSize(ev, len(mdJSON)+derivedSize); err != nil {
 		return nil, err
 	}
@@ -329,4 +326,49 @@ func orderingKey(aggType, aggID string) string {
 		return aggID
 	}
 	return aggType + "/" + aggID
+}
+
+// appendMetadataJSON appends md as a JSON object of strings, as
+// json.Marshal writes it (keys sorted, so that two keys that invalid UTF-8
+// turns into the same U+FFFD text end alike), without its reflection. Add
+// has refused NUL bytes before (JSONB cannot hold them).
+func appendMetadataJSON(b []byte, md map[string]string) []byte {
+	b = append(b, '{')
+	for i, k := range slices.Sorted(maps.Keys(md)) {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, k)
+		b = append(b, ':')
+		b = appendJSONString(b, md[k])
+	}
+	return append(b, '}')
+}
+
+func appendJSONString(b []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c < 0x20:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
 }

@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/millwright/millwright/cloudevent"
 	"github.com/millwright/millwright/metadata"
 )
@@ -44,7 +42,26 @@ func DefaultSource() string {
 	if p := defaultSource.Load(); p != nil {
 		return *p
 	}
-	name := strings.TrimSpace(os.Getenv(EnvServiceName))
+	env := os.Getenv(EnvServiceName)
+	if c := derivedSource.Load(); c != nil && c.env == env {
+		return c.source
+	}
+	src := sourceFromName(env)
+	derivedSource.Store(&envSource{env: env, source: src})
+	return src
+}
+
+// envSource is the default source derived from a value of
+// $MILLWRIGHT_SERVICE_NAME, kept so that each write does not derive it
+// again (os.Args[0] does not change; the variable may, in tests).
+type envSource struct{ env, source string }
+
+var derivedSource atomic.Pointer[envSource]
+
+// sourceFromName is "/" + the service name env (trimmed), else the
+// program's file name, escaped into a URI-reference if need be.
+func sourceFromName(env string) string {
+	name := strings.TrimSpace(env)
 	if name == "" && len(os.Args) > 0 {
 		name = filepath.Base(os.Args[0])
 	}
@@ -73,24 +90,27 @@ func checkSource(src string) error {
 // the source and any attribute the writer set) plus the attributes the
 // relay derives from the row.
 func validateCloudEvent(ev Event, md map[string]string) error {
-	m := message.NewMessage(ev.ID, nil)
-	m.Metadata = make(message.Metadata, len(md)+4)
-	for k, v := range md {
-		if strings.HasPrefix(k, "ce_") {
-			m.Metadata[k] = v
+	err := cloudevent.ValidateFunc(ev.ID, func(k string) (string, bool) {
+		if k == metadata.EventID {
+			return ev.ID, true // the event_id column is authoritative
 		}
-	}
-	set := func(k, v string) {
-		if _, ok := m.Metadata[k]; !ok {
-			m.Metadata[k] = v
+		if v, ok := md[k]; ok && strings.HasPrefix(k, "ce_") {
+			return v, true
 		}
-	}
-	set(metadata.EventSpecVersion, cloudevent.SpecVersion)
-	set(metadata.EventType, ev.EventType)
-	set(metadata.EventTime, time.Time{}.Format(time.RFC3339))
-	m.Metadata[metadata.EventID] = ev.ID
-	if err := cloudevent.Validate(m); err != nil {
+		switch k {
+		case metadata.EventSpecVersion:
+			return cloudevent.SpecVersion, true
+		case metadata.EventType:
+			return ev.EventType, true
+		case metadata.EventTime:
+			return zeroEventTime, true // created_at, not known yet
+		}
+		return "", false
+	})
+	if err != nil {
 		return fmt.Errorf("%w: not a valid CloudEvent (every published event must be): %v", ErrInvalidEvent, err)
 	}
 	return nil
 }
+
+var zeroEventTime = time.Time{}.Format(time.RFC3339)
