@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/poll"
+	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 	tramqp "github.com/millwright/millwright/transport/amqp"
@@ -86,6 +87,10 @@ func TestLateSuccessOnEveryTransport(t *testing.T) {
 				cancelShipping: true,
 				timeouts:       map[string]time.Duration{shipping: time.Second},
 				compTimeouts:   map[string]time.Duration{shipping: time.Second},
+				// Compensation attempts for a minute of 1s timeouts: with
+				// the default five, a loaded machine (CI, sql polling) let
+				// the saga go stuck before the test released the replies.
+				retry: retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: 60, Jitter: retry.JitterNone},
 			}, tp)
 			o := b.startOrchestrator(t)
 			var down atomic.Bool
