@@ -19,6 +19,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
@@ -464,57 +465,50 @@ func (b *bundle) start(t *testing.T, o *orch, id string) {
 	require.NoError(t, tx.Commit())
 }
 
-// waitState polls until saga id is in state, or fails the test.
+// waitState polls until saga id is in state, or fails the test naming
+// the state, history and commands it reached.
 func (b *bundle) waitState(t *testing.T, id string, want saga.State) saga.Info {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
 	var last saga.Info
-	for time.Now().Before(deadline) {
+	poll.Until(t, 30*time.Second, func() bool {
 		info, _, err := saga.Get(context.Background(), b.schema.DB, id)
 		if err == nil {
 			last = info
-			if info.State == want {
-				return info
-			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	h, _ := saga.History(context.Background(), b.schema.DB, id)
-	t.Fatalf("saga %s: want state %s, still %s after 30s (last error %q); history %+v; commands %v", id, want, last.State, last.LastError, h, b.parts.commands(id))
+		return err == nil && info.State == want
+	}, "saga %s: want state %s, still %v", id, want, later(func() string {
+		h, _ := saga.History(context.Background(), b.schema.DB, id)
+		return fmt.Sprintf("%s (last error %q); history %+v; commands %v", last.State, last.LastError, h, b.parts.commands(id))
+	}))
 	return last
 }
 
 // waitHistory polls until saga id's history has an entry of kind.
 func (b *bundle) waitHistory(t *testing.T, id, kind string) []saga.HistoryEntry {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		h, err := saga.History(context.Background(), b.schema.DB, id)
+	var h []saga.HistoryEntry
+	poll.Until(t, 30*time.Second, func() bool {
+		var err error
+		h, err = saga.History(context.Background(), b.schema.DB, id)
 		require.NoError(t, err)
-		for _, e := range h {
-			if e.Kind == kind {
-				return h
-			}
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("saga %s: no %s entry in history after 30s", id, kind)
-	return nil
+		return slices.ContainsFunc(h, func(e saga.HistoryEntry) bool { return e.Kind == kind })
+	}, "saga %s: no %s entry in history", id, kind)
+	return h
 }
 
 // waitCommand waits until a participant received the command
 // "step/phase/attempt" of saga id.
 func (b *bundle) waitCommand(t *testing.T, id, entry string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if slices.Contains(b.parts.commands(id), entry) {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("saga %s: command %s not received in 30s; got %v", id, entry, b.parts.commands(id))
+	poll.Until(t, 30*time.Second, func() bool { return slices.Contains(b.parts.commands(id), entry) },
+		"saga %s: command %s not received; got %v", id, entry, later(func() string { return fmt.Sprint(b.parts.commands(id)) }))
 }
+
+// later is a failure message part computed when the message is printed
+// (poll.Until evaluates its arguments when called).
+type later func() string
+
+func (f later) String() string { return f() }
 
 func historyKinds(h []saga.HistoryEntry) []string {
 	out := make([]string, len(h))
