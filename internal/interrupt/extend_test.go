@@ -1,7 +1,6 @@
 package interrupt
 
 import (
-	"bytes"
 	"context"
 	"syscall"
 	"testing"
@@ -13,12 +12,10 @@ import (
 // ExtendGrace lets a draining program (millwright relay) take longer than
 // Grace before the backstop exits it.
 func TestExtendGraceDelaysTheBackstop(t *testing.T) {
-	var out bytes.Buffer
-	exited := make(chan int, 1)
-	exit, stderr = func(code int) { exited <- code }, &out
+	out, exited := hookExit(t)
 	const extra = 400 * time.Millisecond
 	ExtendGrace(extra)
-	t.Cleanup(func() { exit, stderr = nil, nil; ExtendGrace(0) })
+	t.Cleanup(func() { ExtendGrace(0) })
 
 	ctx, stop := Context(context.Background(), "prog")
 	defer stop()

@@ -11,13 +11,20 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// hookExit makes the backstop report its exit code on exited and write to
+// out instead of exiting the test binary, until the test ends.
+func hookExit(t *testing.T) (out *bytes.Buffer, exited <-chan int) {
+	out = &bytes.Buffer{}
+	codes := make(chan int, 1)
+	exit, stderr = func(code int) { codes <- code }, out
+	t.Cleanup(func() { exit, stderr = nil, nil })
+	return out, codes
+}
+
 // A program that does not return after the signal is made to exit after
 // Grace, saying what it was waiting for; one that returns is left alone.
 func TestBackstopExitsAfterGrace(t *testing.T) {
-	var out bytes.Buffer
-	exited := make(chan int, 1)
-	exit, stderr = func(code int) { exited <- code }, &out
-	t.Cleanup(func() { exit, stderr = nil, nil })
+	out, exited := hookExit(t)
 
 	ctx, stop := Context(context.Background(), "prog")
 	defer stop()
