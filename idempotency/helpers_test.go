@@ -28,7 +28,9 @@ func setupPG(t *testing.T) *pgBundle {
 	s := pgtest.New(t, idempotency.Migrations())
 	_, err := s.DB.Exec(`CREATE TABLE effects (consumer TEXT NOT NULL, event_id TEXT NOT NULL)`)
 	require.NoError(t, err)
-	store, err := idempotency.NewPostgresStore(s.DB)
+	// The store's pool is one of millwright's own connections (the mark
+	// travels with BEGIN); the store suite covers plain lib/pq pools too.
+	store, err := idempotency.NewPostgresStore(pgconnPool(t, s))
 	require.NoError(t, err)
 	return &pgBundle{schema: s, store: store}
 }

@@ -251,9 +251,9 @@ func (m *Middleware) transactional(h message.HandlerFunc, msg *message.Message) 
 		return nil, err
 	}
 	ctx := msg.Context()
-	tx, err := m.store.Begin(ctx)
+	tx, fresh, err := m.beginMark(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("idempotency: consumer %q event %q: %w", m.cfg.Consumer, id, err)
+		return nil, err
 	}
 	committed := false
 	defer func() {
@@ -263,11 +263,6 @@ func (m *Middleware) transactional(h message.HandlerFunc, msg *message.Message) 
 			_ = tx.Rollback()
 		}
 	}()
-
-	fresh, err := tx.Mark(ctx, m.cfg.Consumer, id)
-	if err != nil {
-		return nil, err
-	}
 	if !fresh {
 		m.duplicate(msg, id)
 		return nil, nil
@@ -289,6 +284,25 @@ func (m *Middleware) transactional(h message.HandlerFunc, msg *message.Message) 
 	m.done.Inc()
 	m.stats.processed.Add(1)
 	return produced, nil
+}
+
+// beginMark begins the message's unit of work and writes its mark: in one
+// step when the store can (BeginMarker), else Begin then Mark. On error no
+// unit of work is left open.
+func (m *Middleware) beginMark(ctx context.Context, id string) (Tx, bool, error) {
+	if bm, ok := m.store.(BeginMarker); ok {
+		return bm.BeginMark(ctx, m.cfg.Consumer, id)
+	}
+	tx, err := m.store.Begin(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("idempotency: consumer %q event %q: %w", m.cfg.Consumer, id, err)
+	}
+	fresh, err := tx.Mark(ctx, m.cfg.Consumer, id)
+	if err != nil {
+		_ = tx.Rollback()
+		return nil, false, err
+	}
+	return tx, fresh, nil
 }
 
 func (m *Middleware) markAfter(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {

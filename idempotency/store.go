@@ -42,6 +42,16 @@ type Marker interface {
 	Mark(ctx context.Context, consumer, eventID string) (bool, error)
 }
 
+// BeginMarker is implemented by a Store that begins a unit of work and
+// writes its first mark more cheaply than Begin then Tx.Mark (the Postgres
+// store on a pool opened by millwright: the mark travels with BEGIN).
+// Transactional mode uses it when the store has it. BeginMark has the
+// semantics of Begin followed by Tx.Mark; on error no unit of work is
+// left open.
+type BeginMarker interface {
+	BeginMark(ctx context.Context, consumer, eventID string) (tx Tx, fresh bool, err error)
+}
+
 // SQLTx is implemented by a Tx that runs on a database/sql transaction
 // (the Postgres store's). The middleware hands that transaction to the
 // handler through the message context, see TxFromContext.

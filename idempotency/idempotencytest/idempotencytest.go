@@ -2,6 +2,7 @@ package idempotencytest
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -194,6 +195,86 @@ func Exercise(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		r := <-result
 		require.NoError(t, r.err)
 		require.False(t, r.fresh)
+	})
+
+	t.Run("BeginMarkIsBeginThenMark", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		s := newStore(t)
+		bm, ok := s.(idempotency.BeginMarker)
+		if !ok {
+			t.Skip("store does not implement idempotency.BeginMarker")
+		}
+		tx, fresh, err := bm.BeginMark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.True(t, fresh, "first mark is fresh")
+		seen, err := s.Processed(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.False(t, seen, "uncommitted mark is invisible to Processed")
+		require.NoError(t, tx.Commit())
+		seen, err = s.Processed(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.True(t, seen, "committed mark is visible")
+
+		tx, fresh, err = bm.BeginMark(ctx, "c", "e1")
+		require.NoError(t, err)
+		require.False(t, fresh, "mark committed earlier makes a duplicate")
+		require.NoError(t, tx.Rollback())
+
+		tx, fresh, err = bm.BeginMark(ctx, "c", "e2")
+		require.NoError(t, err)
+		require.True(t, fresh)
+		require.NoError(t, tx.Rollback())
+		seen, err = s.Processed(ctx, "c", "e2")
+		require.NoError(t, err)
+		require.False(t, seen, "rolled back mark is gone")
+
+		// A second BeginMark of a mark held uncommitted waits, then sees
+		// the commit; after a rollback it takes over.
+		for _, commit := range []bool{true, false} {
+			id := fmt.Sprintf("held-%t", commit)
+			first, fresh, err := bm.BeginMark(ctx, "c", id)
+			require.NoError(t, err)
+			require.True(t, fresh)
+			result := make(chan markResult, 1)
+			go func() {
+				tx, fresh, err := bm.BeginMark(ctx, "c", id)
+				if err == nil {
+					_ = tx.Rollback()
+				}
+				result <- markResult{fresh, err}
+			}()
+			if commit {
+				require.NoError(t, first.Commit())
+			} else {
+				require.NoError(t, first.Rollback())
+			}
+			r := <-result
+			require.NoError(t, r.err)
+			require.Equal(t, !commit, r.fresh, "second BeginMark after the first's commit=%t", commit)
+		}
+
+		// One waiting on an uncommitted mark returns when its context
+		// ends, and leaves nothing open: the store goes on working.
+		first, _, err := bm.BeginMark(ctx, "c", "e3")
+		require.NoError(t, err)
+		waitCtx, cancel := context.WithCancel(ctx)
+		result := make(chan markResult, 1)
+		go func() {
+			tx, fresh, err := bm.BeginMark(waitCtx, "c", "e3")
+			if err == nil {
+				_ = tx.Rollback()
+			}
+			result <- markResult{fresh, err}
+		}()
+		cancel()
+		r := <-result
+		require.Error(t, r.err, "a BeginMark waiting on an uncommitted mark returns when its context is cancelled")
+		require.NoError(t, first.Commit())
+		tx, fresh, err = bm.BeginMark(ctx, "c", "e4")
+		require.NoError(t, err)
+		require.True(t, fresh)
+		require.NoError(t, tx.Commit())
 	})
 
 	t.Run("WaitingMarkStopsWithContext", func(t *testing.T) {

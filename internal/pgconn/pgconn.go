@@ -373,6 +373,9 @@ func (c *conn) Ping(ctx context.Context) error {
 }
 
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if first, ok := ctx.Value(firstKey{}).(*FirstStatement); ok && first != nil && !first.Sent {
+		return c.beginWith(ctx, opts, first)
+	}
 	end := c.guard(ctx, "BEGIN")
 	tx, err := c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 	if err = end(err); err != nil {
@@ -414,6 +417,151 @@ type txn struct {
 func (t *txn) Commit() error {
 	end := t.c.guard(t.ctx, "COMMIT")
 	return end(t.Tx.Commit())
+}
+
+// FirstStatement is a statement sent with BEGIN in one round trip by a
+// transaction begun on a pool of Open (see WithFirstStatement). lib/pq
+// sends BEGIN alone, so a statement every transaction of some kind starts
+// with (the idempotency mark) costs a round trip of its own otherwise.
+type FirstStatement struct {
+	// SQL is the statement: no parameters ($n), values inlined as quoted
+	// literals; several statements separated by ';' are allowed.
+	SQL string
+	// Sent reports whether BEGIN carried SQL. It stays false when the pool
+	// is not one of Open (the caller then runs SQL in the transaction
+	// itself) and when BEGIN failed.
+	Sent bool
+	// RowsAffected is the row count of SQL's last statement, once Sent.
+	RowsAffected int64
+}
+
+type firstKey struct{}
+
+// WithFirstStatement returns ctx asking BeginTx of a pool of Open to send
+// first with BEGIN, in one round trip, as the transaction's first
+// statement. An error of first's statement is BeginTx's error (a
+// *pq.Error), and no transaction is left open. Other pools ignore it.
+func WithFirstStatement(ctx context.Context, first *FirstStatement) context.Context {
+	return context.WithValue(ctx, firstKey{}, first)
+}
+
+// beginWith begins a transaction with first's statement in the same simple
+// query. lib/pq takes the connection's transaction state from the
+// server's ReadyForQuery, so after the query it knows the connection is in
+// a transaction; the transaction is then driven with simple queries of
+// this package's own (pipelinedTx), not with lib/pq's Commit and Rollback,
+// which expect a transaction that lib/pq's BeginTx began.
+func (c *conn) beginWith(ctx context.Context, opts driver.TxOptions, first *FirstStatement) (driver.Tx, error) {
+	mode, err := beginMode(opts)
+	if err != nil {
+		return nil, err
+	}
+	ex := c.Conn.(driver.ExecerContext)
+	end := c.guard(ctx, "BEGIN")
+	res, err := ex.ExecContext(ctx, "BEGIN"+mode+"; "+first.SQL, nil)
+	if err = end(err); err != nil {
+		// The statement failed inside the transaction block BEGIN opened
+		// (or BEGIN itself failed): end it, so the connection goes back
+		// to the pool outside a transaction.
+		if _, rerr := ex.ExecContext(context.WithoutCancel(ctx), "ROLLBACK", nil); rerr != nil {
+			c.markBad()
+		}
+		return nil, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		n = 0
+	}
+	first.Sent, first.RowsAffected = true, n
+	return &pipelinedTx{c: c, ctx: ctx}, nil
+}
+
+// beginMode is the BEGIN options lib/pq's BeginTx sends for opts.
+func beginMode(opts driver.TxOptions) (string, error) {
+	var mode string
+	switch sql.IsolationLevel(opts.Isolation) {
+	case sql.LevelDefault:
+	case sql.LevelReadUncommitted:
+		mode = " ISOLATION LEVEL READ UNCOMMITTED"
+	case sql.LevelReadCommitted:
+		mode = " ISOLATION LEVEL READ COMMITTED"
+	case sql.LevelRepeatableRead:
+		mode = " ISOLATION LEVEL REPEATABLE READ"
+	case sql.LevelSerializable:
+		mode = " ISOLATION LEVEL SERIALIZABLE"
+	default:
+		return "", fmt.Errorf("pq: isolation level not supported: %d", opts.Isolation)
+	}
+	if opts.ReadOnly {
+		return mode + " READ ONLY", nil
+	}
+	return mode + " READ WRITE", nil
+}
+
+// markBad makes the pool drop the connection.
+func (c *conn) markBad() {
+	c.mu.Lock()
+	c.aborted = true
+	c.mu.Unlock()
+}
+
+// ErrTxAborted is Commit's error for a transaction begun with a
+// FirstStatement in which a statement had failed: the server rolled it
+// back (as lib/pq's pq.ErrInFailedTransaction for its own transactions).
+var ErrTxAborted = errors.New("pq: could not complete operation in a failed transaction: rolled back")
+
+// pipelinedTx is a transaction begun by beginWith. Commit sends "SELECT 1;
+// COMMIT": in a transaction where a statement failed, COMMIT would roll
+// back and report success, while the SELECT fails (25P02) and the rest of
+// the query is skipped, so a failed transaction can never pass for
+// committed.
+type pipelinedTx struct {
+	c    *conn
+	ctx  context.Context
+	done bool
+}
+
+var _ driver.Tx = (*pipelinedTx)(nil)
+
+func (t *pipelinedTx) Commit() error {
+	if t.done {
+		return errors.New("pgconn: transaction already ended")
+	}
+	t.done = true
+	ex := t.c.Conn.(driver.ExecerContext)
+	end := t.c.guard(t.ctx, "COMMIT")
+	_, err := ex.ExecContext(context.WithoutCancel(t.ctx), "SELECT 1; COMMIT", nil)
+	if err = end(err); err == nil {
+		return nil
+	}
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) && pqErr.Code == "25P02" { // in_failed_sql_transaction
+		if _, rerr := ex.ExecContext(context.WithoutCancel(t.ctx), "ROLLBACK", nil); rerr != nil {
+			t.c.markBad()
+		}
+		return ErrTxAborted
+	}
+	// COMMIT itself failed (it ends the transaction either way), or the
+	// connection did: the pool must not reuse a connection in an unknown
+	// state.
+	if !errors.As(err, &pqErr) {
+		t.c.markBad()
+	}
+	return err
+}
+
+func (t *pipelinedTx) Rollback() error {
+	if t.done {
+		return nil
+	}
+	t.done = true
+	// database/sql rolls back itself when the transaction's context ends:
+	// the statement must not depend on that context.
+	if _, err := t.c.Conn.(driver.ExecerContext).ExecContext(context.Background(), "ROLLBACK", nil); err != nil {
+		t.c.markBad()
+		return err
+	}
+	return nil
 }
 
 // in-flight operations, for Waiting: a sync.Map, as every statement adds
