@@ -510,11 +510,11 @@ func (c *conn) markBad() {
 // back (as lib/pq's pq.ErrInFailedTransaction for its own transactions).
 var ErrTxAborted = errors.New("pq: could not complete operation in a failed transaction: rolled back")
 
-// pipelinedTx is a transaction begun by beginWith. Commit sends "SELECT 1;
-// COMMIT": in a transaction where a statement failed, COMMIT would roll
-// back and report success, while the SELECT fails (25P02) and the rest of
-// the query is skipped, so a failed transaction can never pass for
-// committed.
+// pipelinedTx is a transaction begun by beginWith. Commit sends COMMIT as
+// a simple query and reads its command tag: in a transaction where a
+// statement failed, the server answers COMMIT by rolling back with the tag
+// ROLLBACK and no error, which lib/pq's own Commit catches from its
+// transaction state, and this one from the tag.
 type pipelinedTx struct {
 	c    *conn
 	ctx  context.Context
@@ -523,31 +523,38 @@ type pipelinedTx struct {
 
 var _ driver.Tx = (*pipelinedTx)(nil)
 
+// tagged is lib/pq's rows: Tag is the command tag of the statement.
+type tagged interface{ Tag() string }
+
 func (t *pipelinedTx) Commit() error {
 	if t.done {
 		return errors.New("pgconn: transaction already ended")
 	}
 	t.done = true
-	ex := t.c.Conn.(driver.ExecerContext)
 	end := t.c.guard(t.ctx, "COMMIT")
-	_, err := ex.ExecContext(context.WithoutCancel(t.ctx), "SELECT 1; COMMIT", nil)
-	if err = end(err); err == nil {
-		return nil
-	}
-	var pqErr *pq.Error
-	if errors.As(err, &pqErr) && pqErr.Code == "25P02" { // in_failed_sql_transaction
-		if _, rerr := ex.ExecContext(context.WithoutCancel(t.ctx), "ROLLBACK", nil); rerr != nil {
+	rows, err := t.c.Conn.(driver.QueryerContext).QueryContext(context.WithoutCancel(t.ctx), "COMMIT", nil)
+	if err = end(err); err != nil {
+		// COMMIT failed (it ends the transaction either way: a deferred
+		// constraint, a serialization failure), or the connection did.
+		var pqErr *pq.Error
+		if !errors.As(err, &pqErr) {
 			t.c.markBad()
 		}
+		return err
+	}
+	tag := ""
+	if tg, ok := rows.(tagged); ok {
+		tag = tg.Tag()
+	}
+	_ = rows.Close()
+	switch tag {
+	case "COMMIT":
+		return nil
+	case "ROLLBACK":
 		return ErrTxAborted
 	}
-	// COMMIT itself failed (it ends the transaction either way), or the
-	// connection did: the pool must not reuse a connection in an unknown
-	// state.
-	if !errors.As(err, &pqErr) {
-		t.c.markBad()
-	}
-	return err
+	t.c.markBad()
+	return fmt.Errorf("pgconn: COMMIT answered with command tag %q", tag)
 }
 
 func (t *pipelinedTx) Rollback() error {
