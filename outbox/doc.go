@@ -48,10 +48,16 @@
 //     first, each lane's in id order, with one read (no lock, no lease: no
 //     other relay reads its lanes);
 //  2. publishes them, with one PublishBatch call per topic when the
-//     publisher has it (transport.BatchPublisher), else with Publish,
-//     PublishConcurrency aggregates at a time;
+//     publisher has it (transport.BatchPublisher), the topics at once,
+//     else with Publish, PublishConcurrency aggregates at a time;
 //  3. marks the published rows with one UPDATE ... WHERE id = ANY(...), and
 //     records failures with one more.
+//
+// While it has a backlog, a relay does this for several groups of its
+// lanes at once (RelayConfig.Workers batches in flight across the running
+// relays), so that the database claims and marks while the broker
+// publishes; each lane is in one group per round, so each aggregate stays
+// in order.
 //
 // Relays that start or stop take or give up their share within a few
 // tens of milliseconds; a relay that dies keeps its lanes until their lease

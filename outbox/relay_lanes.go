@@ -34,6 +34,7 @@ type lanes struct {
 	checked    time.Time // last rebalance
 	validUntil time.Time // the held lanes' leases last at least this long
 	rotation   int       // where the next claim starts in held
+	relays     int       // live relays at the last rebalance, this one included
 }
 
 // hold returns the lanes held, renewing them and looking at the other
@@ -66,8 +67,8 @@ func (l *lanes) order() []int32 {
 // that are free, expired or its own. Leases are renewed once half spent,
 // so most checks write nothing: no row lock, no commit to flush. The rare
 // write commits without waiting for the WAL flush (a lease a server crash
-// forgets is taken again). It returns the lanes the relay holds and how
-// many it wants.
+// forgets is taken again). It returns the lanes the relay holds, how many
+// it wants and how many relays are live.
 const rebalanceSQL = `WITH async AS MATERIALIZED (
 	SELECT set_config('synchronous_commit', 'off', true)
 ), joined AS (
@@ -99,18 +100,20 @@ const rebalanceSQL = `WITH async AS MATERIALIZED (
 SELECT ARRAY(SELECT lane FROM taken UNION
 	SELECT lane FROM millwright_outbox_lanes WHERE owner = $1 AND lease_until >= now() + $2 * interval '0.5 millisecond'
 	  AND lane IN (SELECT lane FROM want) ORDER BY 1),
-	(SELECT count(*) FROM want)
+	(SELECT count(*) FROM want),
+	(SELECT n FROM share)
 FROM async`
 
 // rebalance runs rebalanceSQL.
 func (l *lanes) rebalance(ctx context.Context, start time.Time) error {
 	var held pq.Int32Array
-	var want int
-	err := l.db.QueryRowContext(ctx, rebalanceSQL, l.id, l.lease.Milliseconds(), l.member).Scan(&held, &want)
+	var want, relays int
+	err := l.db.QueryRowContext(ctx, rebalanceSQL, l.id, l.lease.Milliseconds(), l.member).Scan(&held, &want, &relays)
 	if err != nil {
 		return err
 	}
 	l.held = held
+	l.relays = relays
 	l.waiting = len(held) < want
 	l.checked = start
 	// Every lane held has at least half a lease left, counted from before

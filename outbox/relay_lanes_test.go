@@ -93,9 +93,10 @@ func TestRelay_LanesKeepOrderAcrossCrashes(t *testing.T) {
 				require.NoError(t, err)
 				ctx, cancel := context.WithCancel(context.Background())
 				if crash {
-					var batches int
+					// The relay's lane groups mark at once: count atomically.
+					var batches atomic.Int64
 					r.afterPublish = func(context.Context, []int64) {
-						if batches++; batches == 3 {
+						if batches.Add(1) == 3 {
 							r.crashed.Store(true)
 							crashes.Add(1)
 							cancel()
@@ -160,4 +161,130 @@ func TestRelay_RelaysDivideTheLanes(t *testing.T) {
 	}
 	require.NoError(t, rs[0].Close())
 	eventually(t, 10*time.Second, func() bool { return shares(3) }, "a stopped relay's lanes go to the others")
+}
+
+// meetingPublisher holds its second call until another call is in flight
+// (bounded), so a relay that publishes two groups at once gets through and
+// one that publishes them one after another fails the test. (The first
+// call is a relay's first round, which claims all its lanes at once: it
+// has not yet seen a full batch.)
+type meetingPublisher struct {
+	recorder
+	calls    atomic.Int64
+	inFlight atomic.Int64
+	most     atomic.Int64
+	met      chan struct{}
+	once     sync.Once
+}
+
+func (p *meetingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	n := p.inFlight.Add(1)
+	defer p.inFlight.Add(-1)
+	for m := p.most.Load(); n > m && !p.most.CompareAndSwap(m, n); m = p.most.Load() {
+	}
+	if n >= 2 {
+		p.once.Do(func() { close(p.met) })
+	}
+	if p.calls.Add(1) == 2 {
+		select {
+		case <-p.met:
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("no second publish in flight within 10s")
+		}
+	}
+	return p.recorder.Publish(topic, msgs...)
+}
+
+// One relay with a backlog publishes its lane groups at once
+// (RelayConfig.Workers): two publishes are in flight together, every
+// event goes out and no aggregate is reordered, also with one hot
+// aggregate; with Workers 1 there is one at a time.
+func TestRelay_WorkersPublishLaneGroupsAtOnceInOrder(t *testing.T) {
+	t.Parallel()
+	for _, hot := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hot=%t", hot), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			const n = 6000
+			fillBacklog(t, b, n, 300, hot)
+			pub := &meetingPublisher{met: make(chan struct{})}
+			// PublishConcurrency 1: one Publish call per batch and topic.
+			startRelay(t, b.db, pub, RelayConfig{BatchSize: 100, Workers: 4, PublishConcurrency: 1, PollInterval: 5 * time.Millisecond})
+			eventually(t, time.Minute, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "drain")
+			checkBacklogOrder(t, pub.all(), n)
+			require.GreaterOrEqual(t, pub.most.Load(), int64(2), "lane groups were published at once")
+		})
+	}
+	t.Run("Workers=1", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		fillBacklog(t, b, 2000, 300, false)
+		pub := &meetingPublisher{met: make(chan struct{})}
+		close(pub.met) // nothing to wait for: only the count matters
+		startRelay(t, b.db, pub, RelayConfig{BatchSize: 100, Workers: 1, PublishConcurrency: 1, PollInterval: 5 * time.Millisecond})
+		eventually(t, time.Minute, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "drain")
+		checkBacklogOrder(t, pub.all(), 2000)
+		require.Equal(t, int64(1), pub.most.Load(), "one batch at a time")
+	})
+}
+
+func TestLaneGroups(t *testing.T) {
+	t.Parallel()
+	held := []int32{5, 1, 9, 3, 7}
+	require.Equal(t, [][]int32{{5, 3}, {1, 7}, {9}}, laneGroups(held, 3))
+	require.Equal(t, [][]int32{{5, 1, 9, 3, 7}}, laneGroups(held, 1))
+	require.Equal(t, [][]int32{{5}, {1}, {9}, {3}, {7}}, laneGroups(held, 64), "no more groups than lanes")
+	require.Equal(t, [][]int32{{5, 1, 9, 3, 7}}, laneGroups(held, 0))
+}
+
+// meetingBatch is a batch publisher whose first PublishBatch waits
+// (bounded) until a second one is in flight.
+type meetingBatch struct {
+	meetingPublisher
+}
+
+func (p *meetingBatch) PublishBatch(topic string, msgs ...*message.Message) error {
+	n := p.inFlight.Add(1)
+	defer p.inFlight.Add(-1)
+	if n >= 2 {
+		p.once.Do(func() { close(p.met) })
+	}
+	if p.calls.Add(1) == 1 {
+		select {
+		case <-p.met:
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("no second PublishBatch in flight within 10s")
+		}
+	}
+	return p.recorder.Publish(topic, msgs...)
+}
+
+// A batch holding rows of several topics goes out with one PublishBatch
+// per topic, the topics at once (one broker round trip, not one per
+// topic), each topic's rows in order.
+func TestRelay_TopicsOfABatchArePublishedAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var evs []Event
+	for i := range 60 {
+		evs = append(evs, Event{Topic: fmt.Sprintf("topic-%d", i%3), AggregateID: fmt.Sprintf("a%d", i%6), Payload: []byte(fmt.Sprint(i))})
+	}
+	require.NoError(t, Add(ctx, b.db, evs...))
+	pub := &meetingBatch{meetingPublisher{met: make(chan struct{})}}
+	startRelay(t, b.db, pub, RelayConfig{BatchSize: 500, Workers: 1, PollInterval: 5 * time.Millisecond})
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "drain")
+	require.Equal(t, int64(3), pub.calls.Load(), "one PublishBatch per topic, no retry")
+	last := map[string]int{}
+	for _, m := range pub.all() {
+		var g int
+		_, err := fmt.Sscan(string(m.Payload), &g)
+		require.NoError(t, err)
+		agg := m.Metadata.Get("aggregate_id")
+		if prev, ok := last[agg]; ok {
+			require.Greater(t, g, prev, "aggregate %s out of order", agg)
+		}
+		last[agg] = g
+	}
+	require.Len(t, last, 6)
 }

@@ -22,9 +22,7 @@ import (
 func (r *Relay) publish(rows []row) []error {
 	results := make([]error, len(rows))
 	if r.batch != nil {
-		for _, idx := range byTopic(rows, nil) {
-			r.publishBatch(rows, idx, results)
-		}
+		r.publishTopics(rows, byTopic(rows, nil), results)
 		return results
 	}
 	// Aggregates are spread over PublishConcurrency workers; each sends its
@@ -50,6 +48,33 @@ func (r *Relay) publish(rows []row) []error {
 	}
 	wg.Wait()
 	return results
+}
+
+// publishTopics sends each topic's rows with one PublishBatch call, up to
+// PublishConcurrency topics at once. Topics are independent: an
+// aggregate's rows of one topic keep their order within the topic's call,
+// and the mark stage judges each aggregate across all its topics as
+// before (nothing after a failed row counts as published). Sending the
+// topics one after another instead cost a broker round trip each: a saga's
+// commands, one topic per step, went out three calls in a row, where a
+// producer merges concurrent calls into one request.
+func (r *Relay) publishTopics(rows []row, groups [][]int, results []error) {
+	if len(groups) == 1 {
+		r.publishBatch(rows, groups[0], results)
+		return
+	}
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, r.cfg.PublishConcurrency)
+	for _, idx := range groups {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			r.publishBatch(rows, idx, results)
+		}()
+	}
+	wg.Wait()
 }
 
 // publishBatch sends the rows idx, all of one topic, with one PublishBatch
