@@ -97,7 +97,12 @@
 //
 // # Cost
 //
-// Transactional mode adds one statement to the handler's transaction; the
-// Postgres store sends it in one round trip. `millwright bench idempotency`
-// compares a handler inserting one row with and without the middleware.
+// Transactional mode adds one statement to the handler's transaction. On a
+// pool opened with postgres.Open (package
+// github.com/millwright/millwright/postgres; millwright's own tools open
+// theirs so) the Postgres store sends it with BEGIN, adding no round trip
+// (PostgresStore.BeginMark); on any other *sql.DB it costs one round trip
+// of its own. `millwright bench
+// idempotency` compares a handler inserting one row with and without the
+// middleware.
 package idempotency

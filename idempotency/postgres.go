@@ -192,10 +192,9 @@ func (s *PostgresStore) markError(ctx context.Context, consumer, eventID string,
 }
 
 // BeginMark begins a unit of work and writes the mark of (consumer,
-// eventID) in it, as Begin then Tx.Mark would. On a pool whose
-// connections millwright opens (internal/pgconn: its sql transport, the
-// CLI, the relay process, the examples) the mark travels with BEGIN, one
-// round trip instead of two; on any other pool it is Begin then Mark.
+// eventID) in it, as Begin then Tx.Mark would. On a pool of
+// postgres.Open the mark travels with BEGIN, one round trip instead of
+// two; on any other pool it is Begin then Mark.
 func (s *PostgresStore) BeginMark(ctx context.Context, consumer, eventID string) (Tx, bool, error) {
 	if err := checkKey(consumer, eventID); err != nil {
 		return nil, false, err

@@ -33,9 +33,9 @@ import (
 
 	"github.com/millwright/millwright/examples/orders/app"
 	"github.com/millwright/millwright/internal/interrupt"
-	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
 )
@@ -121,7 +121,7 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 		}
 		dbURL = withSearchPath(dbURL, c.schema)
 	}
-	db, err := pgconn.Open(dbURL)
+	db, err := postgres.Open(dbURL)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -405,7 +405,7 @@ func serve(args []string) error {
 }
 
 func createSchema(ctx context.Context, dbURL, schema string) error {
-	db, err := pgconn.Open(dbURL)
+	db, err := postgres.Open(dbURL)
 	if err != nil {
 		return err
 	}

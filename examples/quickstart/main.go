@@ -38,10 +38,10 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/interrupt"
-	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
@@ -76,7 +76,7 @@ func run() error {
 
 	// Bounded connections: connect_timeout (10s unless the URL sets one),
 	// and calls that give up when ctx ends, even on a silent server.
-	db, err := pgconn.Open(*dbURL)
+	db, err := postgres.Open(*dbURL)
 	if err != nil {
 		return err
 	}
