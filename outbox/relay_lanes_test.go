@@ -163,13 +163,13 @@ func TestRelay_RelaysDivideTheLanes(t *testing.T) {
 	eventually(t, 10*time.Second, func() bool { return shares(3) }, "a stopped relay's lanes go to the others")
 }
 
-// meetingPublisher holds its second call until another call is in flight
-// (bounded), so a relay that publishes two groups at once gets through and
-// one that publishes them one after another fails the test. (The first
-// call is a relay's first round, which claims all its lanes at once: it
-// has not yet seen a full batch.)
+// meetingPublisher holds its call number hold (1 when 0) until another
+// call is in flight (bounded), so a relay that publishes two batches (or
+// topics) at once gets through and one that publishes them one after
+// another fails the test.
 type meetingPublisher struct {
 	recorder
+	hold     int64
 	calls    atomic.Int64
 	inFlight atomic.Int64
 	most     atomic.Int64
@@ -185,11 +185,11 @@ func (p *meetingPublisher) Publish(topic string, msgs ...*message.Message) error
 	if n >= 2 {
 		p.once.Do(func() { close(p.met) })
 	}
-	if p.calls.Add(1) == 2 {
+	if p.calls.Add(1) == max(p.hold, 1) {
 		select {
 		case <-p.met:
 		case <-time.After(10 * time.Second):
-			return fmt.Errorf("no second publish in flight within 10s")
+			return fmt.Errorf("no second call in flight within 10s")
 		}
 	}
 	return p.recorder.Publish(topic, msgs...)
@@ -207,7 +207,9 @@ func TestRelay_WorkersPublishLaneGroupsAtOnceInOrder(t *testing.T) {
 			b := setup(t)
 			const n = 6000
 			fillBacklog(t, b, n, 300, hot)
-			pub := &meetingPublisher{met: make(chan struct{})}
+			// Call 2: a relay's first round claims all its lanes in one
+			// batch (it has not seen a full one yet); the groups follow.
+			pub := &meetingPublisher{hold: 2, met: make(chan struct{})}
 			// PublishConcurrency 1: one Publish call per batch and topic.
 			startRelay(t, b.db, pub, RelayConfig{BatchSize: 100, Workers: 4, PublishConcurrency: 1, PollInterval: 5 * time.Millisecond})
 			eventually(t, time.Minute, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "drain")
@@ -244,19 +246,7 @@ type meetingBatch struct {
 }
 
 func (p *meetingBatch) PublishBatch(topic string, msgs ...*message.Message) error {
-	n := p.inFlight.Add(1)
-	defer p.inFlight.Add(-1)
-	if n >= 2 {
-		p.once.Do(func() { close(p.met) })
-	}
-	if p.calls.Add(1) == 1 {
-		select {
-		case <-p.met:
-		case <-time.After(10 * time.Second):
-			return fmt.Errorf("no second PublishBatch in flight within 10s")
-		}
-	}
-	return p.recorder.Publish(topic, msgs...)
+	return p.meetingPublisher.Publish(topic, msgs...)
 }
 
 // A batch holding rows of several topics goes out with one PublishBatch
