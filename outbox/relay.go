@@ -146,7 +146,7 @@ func (c *RelayConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid field, naming it.
+// Validate reports every invalid field, naming each.
 func (c RelayConfig) Validate() error {
 	var errs []error
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
