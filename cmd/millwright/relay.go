@@ -241,7 +241,7 @@ func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config,
 	}
 	for i := range p.cfg.Relays {
 		r, err := outbox.NewRelay(p.db, pub, outbox.RelayConfig{
-			BatchSize: p.cfg.BatchSize, PollInterval: p.cfg.PollInterval, ListenURL: listenURL,
+			BatchSize: p.cfg.BatchSize, Workers: p.cfg.Workers, PollInterval: p.cfg.PollInterval, ListenURL: listenURL,
 			DeadLetterTopic: p.cfg.DeadLetterTopic, CloseTimeout: p.cfg.DrainTimeout,
 			Registerer: p.reg, Logger: p.logger,
 		})

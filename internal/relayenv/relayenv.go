@@ -28,6 +28,7 @@ const (
 	Addr                 = transport.EnvPrefix + "RELAY_ADDR"
 	Relays               = transport.EnvPrefix + "RELAY_COUNT"
 	BatchSize            = transport.EnvPrefix + "RELAY_BATCH_SIZE"
+	Workers              = transport.EnvPrefix + "RELAY_WORKERS"
 	PollInterval         = transport.EnvPrefix + "RELAY_POLL_INTERVAL"
 	Listen               = transport.EnvPrefix + "RELAY_LISTEN"
 	DeadLetterTopic      = transport.EnvPrefix + "RELAY_DEAD_LETTER_TOPIC"
@@ -66,6 +67,7 @@ var Vars = []Var{
 	{Addr, DefaultAddr, "HTTP address of /metrics, /healthz and /readyz"},
 	{Relays, "1", "relays run in this process (1..64); more than one helps only when one relay's round trip to the broker is the limit"},
 	{BatchSize, "500", "rows claimed and published at a time per relay (1..10000)"},
+	{Workers, "4", "batches the running relays of the outbox keep in flight together while they have a backlog (1..64; outbox.RelayConfig.Workers): each relay publishes ceil(this / live relays) groups of its lanes at once"},
 	{PollInterval, "1s", "how often an idle relay looks for rows when no notification wakes it"},
 	{Listen, "true", "LISTEN for the outbox trigger's notifications on " + DatabaseURL + " (two extra connections per relay); false polls only"},
 	{DeadLetterTopic, "", "topic receiving a copy of each event that exhausts its attempts (empty: rows are only marked failed)"},
@@ -113,6 +115,7 @@ type Config struct {
 	Addr                 string
 	Relays               int
 	BatchSize            int
+	Workers              int
 	PollInterval         time.Duration
 	Listen               bool
 	DeadLetterTopic      string
@@ -135,7 +138,7 @@ func FromEnv() (Config, error) { return Load(os.LookupEnv) }
 func Load(lookup func(string) (string, bool)) (Config, error) {
 	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
 	c := Config{
-		Addr: DefaultAddr, Relays: 1, BatchSize: 500, PollInterval: time.Second, Listen: true,
+		Addr: DefaultAddr, Relays: 1, BatchSize: 500, Workers: 4, PollInterval: time.Second, Listen: true,
 		DrainTimeout: 20 * time.Second, ReadyMaxAge: 30 * time.Second,
 		OutboxRetention: 7 * 24 * time.Hour, IdempotencyRetention: idempotency.DefaultRetention,
 		DLQRetention: dlq.DefaultRetention, SagaRetention: saga.DefaultRetention, AuditRetention: audit.DefaultRetention,
@@ -178,6 +181,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	}
 	intVar(Relays, &c.Relays, 1, 64)
 	intVar(BatchSize, &c.BatchSize, 1, 10000)
+	intVar(Workers, &c.Workers, 1, 64)
 	c.MaxConns = 4*c.Relays + 4
 	intVar(MaxConns, &c.MaxConns, 2, 10000)
 	durVar(PollInterval, &c.PollInterval, time.Millisecond)

@@ -20,7 +20,7 @@ func TestDefaults(t *testing.T) {
 	c, err := relayenv.Load(env(map[string]string{relayenv.DatabaseURL: "postgres://db/app"}))
 	require.NoError(t, err)
 	require.Equal(t, relayenv.Config{
-		DatabaseURL: "postgres://db/app", Addr: ":9090", Relays: 1, BatchSize: 500, PollInterval: time.Second,
+		DatabaseURL: "postgres://db/app", Addr: ":9090", Relays: 1, BatchSize: 500, Workers: 4, PollInterval: time.Second,
 		Listen: true, DrainTimeout: 20 * time.Second, ReadyMaxAge: 30 * time.Second, MaxConns: 8,
 		OutboxRetention: 7 * 24 * time.Hour, IdempotencyRetention: 7 * 24 * time.Hour,
 		DLQRetention: 90 * 24 * time.Hour, SagaRetention: 30 * 24 * time.Hour, AuditRetention: 365 * 24 * time.Hour,
@@ -39,6 +39,13 @@ func TestValuesAndDerivedPool(t *testing.T) {
 	require.False(t, c.Listen)
 	require.Zero(t, c.OutboxRetention, "0 disables the cleaner")
 	require.Equal(t, "outbox.dead", c.DeadLetterTopic)
+
+	c, err = relayenv.Load(env(map[string]string{relayenv.DatabaseURL: "x", relayenv.Workers: "8"}))
+	require.NoError(t, err)
+	require.Equal(t, 8, c.Workers)
+	_, err = relayenv.Load(env(map[string]string{relayenv.DatabaseURL: "x", relayenv.Workers: "0", relayenv.BatchSize: "x"}))
+	require.ErrorContains(t, err, `MILLWRIGHT_RELAY_WORKERS="0": want an integer in 1..64`)
+	require.ErrorContains(t, err, `MILLWRIGHT_RELAY_BATCH_SIZE="x"`, "every invalid variable is reported")
 
 	_, err = relayenv.Load(env(map[string]string{relayenv.DatabaseURL: "x", relayenv.PollInterval: "1m"}))
 	require.ErrorContains(t, err, "MILLWRIGHT_RELAY_READY_MAX_AGE 30s must exceed MILLWRIGHT_RELAY_POLL_INTERVAL 1m0s")
