@@ -209,7 +209,7 @@ func (s *PostgresStore) BeginMark(ctx context.Context, consumer, eventID string)
 		if errors.As(err, &pqErr) {
 			return nil, false, s.markError(ctx, consumer, eventID, err)
 		}
-		return nil, false, fmt.Errorf("idempotency: begin transaction: %w", err)
+		return nil, false, fmt.Errorf("idempotency: consumer %q event %q: begin transaction: %w", consumer, eventID, err)
 	}
 	t := &pgTx{tx: tx, store: s}
 	if first.Sent {

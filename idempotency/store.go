@@ -44,7 +44,7 @@ type Marker interface {
 
 // BeginMarker is implemented by a Store that begins a unit of work and
 // writes its first mark more cheaply than Begin then Tx.Mark (the Postgres
-// store on a pool opened by millwright: the mark travels with BEGIN).
+// store on a pool of postgres.Open: the mark travels with BEGIN).
 // Transactional mode uses it when the store has it. BeginMark has the
 // semantics of Begin followed by Tx.Mark; on error no unit of work is
 // left open.
