@@ -28,8 +28,7 @@ func firstSetup(t *testing.T) *sql.DB {
 	return db
 }
 
-// xactCount is the server's count of committed transactions of this
-// database so far (pg_stat_database), read on its own connection.
+// count runs a query returning one integer.
 func count(t *testing.T, db *sql.DB, q string) int {
 	t.Helper()
 	var n int
