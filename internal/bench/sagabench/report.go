@@ -152,6 +152,9 @@ func (r Report) WriteTable(w io.Writer) error {
 	if len(schemas) > 0 {
 		fmt.Fprintln(w, strings.Join(schemas, "\n"))
 	}
+	if err := writeRounds(w, r.Rows); err != nil {
+		return err
+	}
 	fmt.Fprintln(w, "\nsagas: 3 steps; TX/SAGA: write transactions committed per saga by all parties (orchestrator: start + 3 replies,")
 	fmt.Fprintln(w, "each with its idempotency mark; relay: claim + mark per batch, shared by its rows; sql: also the transport's")
 	fmt.Fprintln(w, "3 reply inserts, not its consumers' offset updates, one per batch; the participants here write nothing).")
@@ -161,4 +164,29 @@ func (r Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintln(w, "For scale ("+ExternalDTM+").")
 	return nil
+}
+
+// writeRounds lists every round's figure of each run, when there was more
+// than one round.
+func writeRounds(w io.Writer, rows []Row) error {
+	var lines []string
+	for _, row := range rows {
+		if row.Row != RowRun || row.Rounds < 2 {
+			continue
+		}
+		figs, unit := row.RoundRates, "sagas/s"
+		if row.Run == "latency" {
+			figs, unit = row.RoundP99s, "ms p99"
+		}
+		parts := make([]string, len(figs))
+		for i, f := range figs {
+			parts[i] = fmt.Sprintf("%.0f", f)
+		}
+		lines = append(lines, fmt.Sprintf("  %s %s: %s %s", row.Kind, row.Run, strings.Join(parts, ", "), unit))
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	_, err := fmt.Fprintf(w, "\nrounds, in the order they ran (each row above is its median round, of an even count the worse middle one):\n%s\n", strings.Join(lines, "\n"))
+	return err
 }

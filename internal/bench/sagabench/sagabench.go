@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,6 +85,11 @@ type Config struct {
 	Consumers int
 	// Relays is the number of outbox relays. Default 1.
 	Relays int
+	// Rounds is how many times every run is repeated, the kinds taking
+	// turns within a round so that the machine's drift falls on all of
+	// them; a run's row is its median round (by rate for throughput, by
+	// p99 for latency), with that round's hops. Default 1.
+	Rounds int
 	// RelayPublishConcurrency is the relays' RelayConfig.PublishConcurrency
 	// (concurrent Publish calls of a batch, for publishers without
 	// PublishBatch). Default 0: the relay's default.
@@ -115,6 +121,9 @@ func (c *Config) setDefaults() {
 	if c.Relays == 0 {
 		c.Relays = 1
 	}
+	if c.Rounds == 0 {
+		c.Rounds = 1
+	}
 	if c.Timeout == 0 {
 		c.Timeout = 5 * time.Minute
 	}
@@ -129,8 +138,9 @@ func (c Config) Validate() error {
 	if c.Admin == nil || c.Scratch == nil {
 		errs = append(errs, errors.New("bench saga: Config.Admin and Config.Scratch are required"))
 	}
-	if c.Sagas < 1 || c.Starters < 1 || c.Consumers < 1 || c.Relays < 1 {
-		errs = append(errs, fmt.Errorf("bench saga: --sagas %d, --starters %d, --consumers %d and --relays %d must be at least 1", c.Sagas, c.Starters, c.Consumers, c.Relays))
+	if c.Sagas < 1 || c.Starters < 1 || c.Consumers < 1 || c.Relays < 1 || c.Rounds < 1 {
+		errs = append(errs, fmt.Errorf("bench saga: --sagas %d, --starters %d, --consumers %d, --relays %d and --rounds %d must be at least 1",
+			c.Sagas, c.Starters, c.Consumers, c.Relays, c.Rounds))
 	}
 	if c.LatencySagas < 0 || c.LatencyRate <= 0 {
 		errs = append(errs, fmt.Errorf("bench saga: --latency-sagas %d must be at least 0 and --latency-rate %g above 0", c.LatencySagas, c.LatencyRate))
@@ -184,6 +194,12 @@ type Row struct {
 	// 3 x sagas / RelayBatches).
 	RelayBatches int    `json:"relay_batches,omitempty"`
 	Schema       string `json:"schema,omitempty"` // with KeepSchema
+	// Rounds is Config.Rounds, and RoundRates and RoundP99s every
+	// round's Rate and P99 in the order they ran (a run's row is the
+	// median round's).
+	Rounds     int       `json:"rounds,omitempty"`
+	RoundRates []float64 `json:"round_sagas_per_s,omitempty"`
+	RoundP99s  []float64 `json:"round_p99_ms,omitempty"`
 	// Hop names the hop of a RowHop (see Hops), or the relay's timed part
 	// of the first hop ("relay: claim statement", "relay: publish call",
 	// "relay: mark statement"), then with Calls.
@@ -220,9 +236,9 @@ type Report struct {
 }
 
 // Run runs the benchmark: per kind a throughput run and, with
-// LatencySagas, a latency run; then, with CeilingFor, the database's
-// commit rate with Starters writers. When a run fails, the report holds
-// the runs before it.
+// LatencySagas, a latency run, Rounds times (see Config.Rounds); then,
+// with CeilingFor, the database's commit rate with Starters writers. When
+// a run fails, the report holds every round run before it.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -237,25 +253,44 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if cfg.LatencySagas > 0 {
 		plans = append(plans, plan{"latency", cfg.LatencySagas, cfg.LatencyRate})
 	}
-	var runs []Row
-	var hops []Row
-	for _, kind := range cfg.Kinds {
-		for _, p := range plans {
-			fmt.Fprintf(cfg.Progress, "%s %s: %d sagas ...\n", kind, p.mode, p.n)
-			rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-			r, h, err := runKind(rctx, cfg, kind, p.n, p.rate)
-			cancel()
-			if err != nil {
-				// The runs so far are reported with the error.
-				return Report{Rows: runs}, fmt.Errorf("bench saga %s %s: %w", kind, p.mode, err)
+	results := make([][]roundResult, len(cfg.Kinds)*len(plans))
+	for round := range cfg.Rounds {
+		for ki, kind := range cfg.Kinds {
+			for pi, p := range plans {
+				fmt.Fprintf(cfg.Progress, "%s %s: %d sagas (round %d of %d) ...\n", kind, p.mode, p.n, round+1, cfg.Rounds)
+				rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+				r, h, err := runKind(rctx, cfg, kind, p.n, p.rate)
+				cancel()
+				if err != nil {
+					// The runs so far are reported with the error.
+					var done []Row
+					for _, rs := range results {
+						for _, r := range rs {
+							done = append(done, r.run)
+						}
+					}
+					return Report{Rows: done}, fmt.Errorf("bench saga %s %s (round %d): %w", kind, p.mode, round+1, err)
+				}
+				r.Run = p.mode
+				for i := range h {
+					h[i].Run = p.mode
+				}
+				i := ki*len(plans) + pi
+				results[i] = append(results[i], roundResult{run: r, hops: h})
 			}
-			r.Run = p.mode
-			for i := range h {
-				h[i].Run = p.mode
-			}
-			runs = append(runs, r)
-			hops = append(hops, h...)
 		}
+	}
+	var runs, hops []Row
+	for _, rs := range results {
+		m := medianRound(rs)
+		run := rs[m].run
+		run.Rounds = cfg.Rounds
+		for _, r := range rs {
+			run.RoundRates = append(run.RoundRates, r.run.Rate)
+			run.RoundP99s = append(run.RoundP99s, r.run.P99)
+		}
+		runs = append(runs, run)
+		hops = append(hops, rs[m].hops...)
 	}
 	var ceiling *Row
 	if cfg.CeilingFor > 0 {
@@ -289,6 +324,30 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		rep.Rows = append(rep.Rows, *ceiling)
 	}
 	return rep, nil
+}
+
+// roundResult is one round of one run: its row and its hops.
+type roundResult struct {
+	run  Row
+	hops []Row
+}
+
+// medianRound returns the index of the median of rounds, by rate for a
+// throughput run and by p99 for a latency run; of the middle two of an
+// even count, the worse (the lower rate, the higher p99).
+func medianRound(rounds []roundResult) int {
+	idx := make([]int, len(rounds))
+	for i := range idx {
+		idx[i] = i
+	}
+	key := func(i int) float64 {
+		if rounds[i].run.Run == "latency" {
+			return -rounds[i].run.P99 // ascending from the worst
+		}
+		return rounds[i].run.Rate
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return key(idx[a]) < key(idx[b]) })
+	return idx[(len(idx)-1)/2]
 }
 
 type benchOrder struct {

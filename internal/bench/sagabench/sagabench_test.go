@@ -40,7 +40,9 @@ func scratch(t *testing.T) (*sql.DB, func(context.Context, string) (string, stri
 
 // A small run on gochannel gives a throughput and a latency row with
 // figures, the three hops of each, and the ceiling; the JSON is one
-// object per row, and the table labels dtm's figure as external.
+// object per row, and the table labels dtm's figure as external. With two
+// rounds each row is the worse round (the lower rate, the higher p99) and
+// lists both.
 func TestRunGoChannel(t *testing.T) {
 	t.Parallel()
 	admin, scr := scratch(t)
@@ -52,7 +54,7 @@ func TestRunGoChannel(t *testing.T) {
 			return sagabench.Broker{Config: transport.Config{Kind: kind}, Label: "in-process"}, nil
 		},
 		Kinds: []transport.Kind{transport.GoChannel}, Sagas: 30, Starters: 4,
-		LatencySagas: 5, LatencyRate: 50, CeilingFor: 200 * time.Millisecond,
+		LatencySagas: 5, LatencyRate: 50, CeilingFor: 200 * time.Millisecond, Rounds: 2,
 	})
 	require.NoError(t, err)
 	var runs, hops, ceilings int
@@ -67,8 +69,14 @@ func TestRunGoChannel(t *testing.T) {
 			require.Positive(t, r.RelayBatches, r)
 			require.GreaterOrEqual(t, r.TxPerSaga, 4.0, r)
 			require.InDelta(t, 1.0, r.VsGoChannel, 1e-9, "gochannel is its own baseline")
+			require.Equal(t, 2, r.Rounds)
+			require.Len(t, r.RoundRates, 2)
+			require.Len(t, r.RoundP99s, 2)
 			if r.Run == "throughput" {
 				require.Positive(t, r.OfCeiling, r)
+				require.Equal(t, min(r.RoundRates[0], r.RoundRates[1]), r.Rate, "the worse of two rounds")
+			} else {
+				require.Equal(t, max(r.RoundP99s[0], r.RoundP99s[1]), r.P99, "the worse of two rounds")
 			}
 		case sagabench.RowHop:
 			hops++
@@ -104,6 +112,8 @@ func TestRunGoChannel(t *testing.T) {
 	require.Contains(t, table.String(), "P99/P50")
 	require.Contains(t, table.String(), "database ceiling:")
 	require.Contains(t, table.String(), "external figure, not measured here: dtm")
+	require.Contains(t, table.String(), "gochannel throughput: ")
+	require.Contains(t, table.String(), "gochannel latency: ")
 }
 
 func TestConfigValidate(t *testing.T) {
