@@ -496,8 +496,11 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 			return res
 		}
 	}
+	if !grouped {
+		return r.stages(ctx, held, claimed, res)
+	}
 	groups := laneGroups(held, (r.cfg.Workers+max(l.relays, 1)-1)/max(l.relays, 1))
-	if !grouped || len(groups) == 1 {
+	if len(groups) == 1 {
 		return r.stages(ctx, held, claimed, res)
 	}
 	var once sync.Once

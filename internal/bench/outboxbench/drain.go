@@ -77,15 +77,14 @@ func (b *bench) benchDrain(ctx context.Context, kind string, t *transport.Transp
 		// reads every remaining row per poll) costs its own row, not the
 		// relays' and bare loops' measured already; later rounds skip it.
 		if !fwdFailed {
-			rate, err := b.forwarderDrain(ctx, pub, fmt.Sprintf("bench_fwd_%d_%d", time.Now().UnixNano(), round), topic, n)
-			if err != nil && ctx.Err() != nil {
+			switch rate, err := b.forwarderDrain(ctx, pub, fmt.Sprintf("bench_fwd_%d_%d", time.Now().UnixNano(), round), topic, n); {
+			case err == nil:
+				fwds = append(fwds, rate)
+			case ctx.Err() != nil:
 				return fmt.Errorf("watermill forwarder: %w", err)
-			}
-			if err != nil {
+			default:
 				fwdFailed, fwds = true, nil
 				b.Progress("drain via %s: watermill forwarder: %v (its row is left out; the other rows stand)", kind, err)
-			} else {
-				fwds = append(fwds, rate)
 			}
 		}
 		rate, err := b.publisherAlone(pub, topic, n)
