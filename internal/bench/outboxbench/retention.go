@@ -148,6 +148,12 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 	if err := db.QueryRowContext(ctx, outboxSizeSQL).Scan(&run.sizeBefore); err != nil {
 		return run, err
 	}
+	// Autovacuum would clear the DELETE's dead tuples before they are
+	// counted, whenever it happens to run: off for this scratch outbox's
+	// tables, so the count is what the removal leaves for vacuum.
+	if err := autovacuumOff(ctx, db); err != nil {
+		return run, err
+	}
 
 	w := startWriters(ctx, db, b.payload)
 	time.Sleep(time.Second) // the baseline window: writers alone
@@ -191,6 +197,34 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 		return run, err
 	}
 	return run, nil
+}
+
+// autovacuumOff turns autovacuum off for every table holding the
+// outbox's rows (the table itself, or each partition).
+func autovacuumOff(ctx context.Context, db *sql.DB) error {
+	rows, err := db.QueryContext(ctx, `SELECT relid::regclass::text FROM pg_partition_tree('millwright_outbox') WHERE isleaf`)
+	if err != nil {
+		return fmt.Errorf("listing the outbox's tables: %w", err)
+	}
+	var tables []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			rows.Close()
+			return err
+		}
+		tables = append(tables, t)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, t := range tables {
+		if _, err := db.ExecContext(ctx, `ALTER TABLE `+t+` SET (autovacuum_enabled = off)`); err != nil {
+			return fmt.Errorf("turning autovacuum off for %s: %w", t, err)
+		}
+	}
+	return nil
 }
 
 // partitionPastDays converts the sibling's outbox to the partitioned
