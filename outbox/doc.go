@@ -31,8 +31,10 @@
 // any with Event.RawPayload, are kept byte for byte in payload_raw. Nothing
 // is rejected for its payload.
 //
-// Cost: one INSERT statement without parameters (one round trip with
-// lib/pq) per 1,000 events. `millwright bench outbox --sections write`
+// Cost: one INSERT statement without parameters per 1,000 events: one round
+// trip with lib/pq, none of its own in a transaction of a pool from
+// postgres.Open, where it travels with the transaction's COMMIT (see Add).
+// `millwright bench outbox --sections write`
 // compares a one-row business transaction alone, with a plain second
 // insert, and with one event.
 //

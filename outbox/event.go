@@ -19,6 +19,7 @@ import (
 	"github.com/lib/pq"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/tracing"
 )
@@ -93,6 +94,16 @@ const maxRowsPerInsert = 1000
 // Add fills in the CloudEvents metadata (id, type, source, subject, time,
 // specversion, datacontenttype), the aggregate keys, and the W3C traceparent
 // of the OpenTelemetry span in ctx when Event.Metadata has none.
+//
+// In a transaction of a pool from postgres.Open, the INSERT goes to the
+// server with the transaction's next statement, normally its COMMIT, in
+// the same round trip: the event then costs the business transaction no
+// round trip of its own. Every later statement of the transaction sees
+// the rows as if they had been inserted at once; only a server-side error
+// of the INSERT (say, a schema without the outbox table) is returned by
+// that statement or by Commit instead of by Add, and then nothing of the
+// transaction commits. Events that fail Add's own checks (ErrInvalidEvent)
+// are refused by Add itself, on every pool.
 func Add(ctx context.Context, exec Executor, events ...Event) (err error) {
 	ctx, span := tracing.StartWriteSpan(ctx, len(events))
 	defer func() { tracing.EndSpan(span, err) }()
@@ -139,7 +150,8 @@ func insert(ctx context.Context, exec Executor, events []Event) error {
 		}
 		q.WriteByte(')')
 	}
-	if _, err := exec.ExecContext(ctx, q.String()); err != nil {
+	what := fmt.Sprintf("outbox: inserting %d event(s) into millwright_outbox; did `millwright migrate` run?", len(events))
+	if _, err := exec.ExecContext(pgconn.WithDeferred(ctx, what), q.String()); err != nil {
 		return fmt.Errorf("outbox: inserting %d event(s) into millwright_outbox (did `millwright migrate` run?): %w", len(events), err)
 	}
 	return nil

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
@@ -33,12 +34,18 @@ type bundle struct {
 func setup(t *testing.T) bundle {
 	t.Helper()
 	s := pgtest.New(t, layoutMigrations(t)...) // partition_test.go: the plain or the partitioned layout
-	s.DB.SetMaxOpenConns(8)
+	// The pool millwright opens and postgres.Open gives users: Add's
+	// INSERT travels with COMMIT on it. s.DB (lib/pq's own pool) stays for
+	// the tests that look from outside.
+	db, err := pgconn.Open(s.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(8)
 	// Blocking until acked keeps gochannel in publish order; it otherwise
 	// delivers each message from its own goroutine.
 	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 100000, BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
-	return bundle{db: s.DB, schema: s, pubsub: ps}
+	return bundle{db: db, schema: s, pubsub: ps}
 }
 
 // collector records every message of a topic.

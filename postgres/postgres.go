@@ -8,7 +8,18 @@
 //   - idempotency's Postgres store sends the processed-event mark of
 //     Transactional mode with BEGIN, in one round trip, instead of in a
 //     round trip of its own (on any other *sql.DB it still works, one
-//     round trip slower).
+//     round trip slower);
+//   - outbox.Add's INSERT goes to the server with the transaction's next
+//     statement, normally its COMMIT, in the same round trip, instead of
+//     in a round trip of its own (on any other *sql.DB Add inserts at
+//     once). Later statements of the transaction see the event's row as
+//     usual; a server-side error of the INSERT is returned by that
+//     statement or by Commit, and nothing commits.
+//
+// Transactions are begun and ended with simple queries of millwright's own
+// (BEGIN with lib/pq's options, COMMIT, ROLLBACK); Commit of a transaction
+// in which a statement failed returns pq.ErrInFailedTransaction, as lib/pq
+// does.
 //
 // Everything else is lib/pq's: the DSN (a postgres:// URL or key=value
 // pairs), the types, the errors (*pq.Error).
@@ -22,7 +33,7 @@ import (
 )
 
 // Open returns a pool on dsn, as sql.Open("postgres", dsn) would, with the
-// bounds and the round trip of the package doc. The DSN is parsed now: an
+// bounds and the round trips of the package doc. The DSN is parsed now: an
 // error names no password.
 func Open(dsn string) (*sql.DB, error) { return pgconn.Open(dsn) }
 
