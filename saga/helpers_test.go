@@ -22,6 +22,7 @@ import (
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
@@ -336,6 +337,13 @@ func setupTopics(t *testing.T, tcfg *transport.Config, o defOpts, tp topics) *bu
 	t.Helper()
 	b := &bundle{tp: tp}
 	b.schema = pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), saga.Migrations())
+	// Everything runs on the pool postgres.Open gives users (transition
+	// statements and outbox rows travel with COMMIT on it); pgtest's own
+	// lib/pq pool, left unused, closes after it.
+	db, err := postgres.Open(b.schema.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	b.schema.DB = db
 	b.schema.DB.SetMaxOpenConns(8)
 	cfg := transport.Config{Kind: transport.GoChannel}
 	if tcfg != nil {

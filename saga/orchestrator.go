@@ -13,10 +13,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/metadata"
@@ -435,33 +437,40 @@ func (o *Orchestrator[D]) event(sagaID, step, phase string, attempt int, cmd Com
 }
 
 // commit writes transition t: the instance row if its version is still
-// old (else errConflict), the history and the commands. A transition whose
-// in.version is 0 only records history. The instance row must be locked
-// by exec's transaction (FOR UPDATE): the commands are written in the same
-// round trip as the row, so on errConflict they may have been written
-// too, and the transaction must roll back.
+// old, the history and the commands, in one statement without parameters.
+// A transition whose in.version is 0 only records history. The instance row
+// must be locked by exec's transaction (FOR UPDATE), so its version cannot
+// have moved; should it have, the statement fails (errConflict) and the
+// transaction must roll back. Nothing reads the statement's result: on a
+// pool of postgres.Open it travels with the transaction's COMMIT (or next
+// statement), whose error it then is, wrapping the same conflict error.
 func (o *Orchestrator[D]) commit(ctx context.Context, exec outbox.Executor, old int64, t *transition) error {
 	in := t.in
+	dctx := pgconn.WithDeferred(ctx, fmt.Sprintf("saga %s %q: writing a transition", o.def.name, in.id))
 	if in.version == 0 {
-		if _, err := exec.ExecContext(ctx, `WITH x AS (SELECT `+litText(in.id)+`::text AS id) `+histInsert("x", t)); err != nil {
+		if _, err := exec.ExecContext(dctx, `WITH x AS (SELECT `+litText(in.id)+`::text AS id) `+histInsert("x", t)); err != nil {
 			return fmt.Errorf("recording step history: %w", err)
 		}
 		return nil
 	}
 	// The row update and its history in one statement; the history rows
-	// exist only if the update matched, so zero rows means a conflict.
-	q := `UPDATE millwright_saga_instances SET
+	// exist only if the update matched. No row updated fails the
+	// statement: a cast error carrying conflictMessage, which depends on
+	// the count so that it is evaluated only then, at run time.
+	q := `WITH x AS (UPDATE millwright_saga_instances SET
 		state = ` + litText(string(in.state)) + `, current_step = ` + litInt(int64(in.step)) + `, data = ` + litText(string(in.data)) +
 		`, version = version + 1, deadline_at = ` + litNullTime(in.deadline) + `, awaiting_reply = ` + litBool(in.awaiting) +
 		`, compensation_attempts = ` + litInt(int64(in.compAttempts)) + `, compensation_started_at = ` + litNullTime(in.compStarted) +
 		`, last_error = ` + litNullText(in.lastError) + `, compensation_attempt_base = ` + litInt(int64(in.attemptBase)) +
 		`, resume_step = ` + litNullInt(in.resumeStep) + `, cause = ` + litNullText(in.cause) + `, updated_at = now()
-		WHERE id = ` + litText(in.id) + ` AND version = ` + litInt(old)
+		WHERE id = ` + litText(in.id) + ` AND version = ` + litInt(old) + ` RETURNING id)`
 	if len(t.hist) > 0 {
-		q = `WITH x AS (` + q + ` RETURNING id) ` + histInsert("x", t)
+		q += `, h AS (` + histInsert("x", t) + ` RETURNING 1)`
 	}
-	// The commands go first, in the same round trip: the count Exec
-	// reports is the last statement's, the update's.
+	q += ` SELECT CASE WHEN count(*) = 0 THEN (` +
+		litText(fmt.Sprintf("%s: instance %q is no longer at version %d; rows updated: ", conflictMessage, in.id, old)) +
+		` || count(*))::int END FROM x`
+	// The commands go first, in the same round trip.
 	addLater := false
 	if len(t.events) > 0 {
 		stmt, ok, err := outboxStatement(ctx, t.events)
@@ -474,17 +483,27 @@ func (o *Orchestrator[D]) commit(ctx context.Context, exec outbox.Executor, old 
 			addLater = true
 		}
 	}
-	res, err := exec.ExecContext(ctx, q)
-	if err != nil {
+	if _, err := exec.ExecContext(dctx, q); err != nil {
+		if isConflict(err) {
+			return fmt.Errorf("%w: %w", errConflict, err)
+		}
 		return fmt.Errorf("updating saga instance %q: %w", in.id, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return errConflict
 	}
 	if addLater {
 		return outbox.Add(ctx, exec, t.events...)
 	}
 	return nil
+}
+
+// conflictMessage starts the error of a transition statement that
+// updated no row.
+const conflictMessage = "saga: concurrent transition"
+
+// isConflict reports whether err is a transition statement's failure for
+// updating no row (see commit).
+func isConflict(err error) bool {
+	var pqErr *pq.Error
+	return errors.As(err, &pqErr) && pqErr.Code == "22P02" && strings.Contains(pqErr.Message, conflictMessage)
 }
 
 func (o *Orchestrator[D]) decode(in instance) (D, error) {

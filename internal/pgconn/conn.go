@@ -375,6 +375,13 @@ func (t *tx) Commit() error {
 	}
 	end := c.guard(t.ctx, "COMMIT")
 	rows, err := c.Conn.(driver.QueryerContext).QueryContext(context.WithoutCancel(t.ctx), query, nil)
+	if err == nil {
+		// Close reads every statement's results up to the end of the
+		// query (a deferred statement may return rows, and lib/pq hands
+		// them over at the first one): its error is a later statement's,
+		// and the tag is then COMMIT's.
+		err = rows.Close()
+	}
 	if err = end(err); err != nil {
 		var pqErr *pq.Error
 		if !errors.As(err, &pqErr) {
@@ -401,7 +408,6 @@ func (t *tx) Commit() error {
 	if tg, ok := rows.(tagged); ok {
 		tag = tg.Tag()
 	}
-	_ = rows.Close()
 	switch tag {
 	case "COMMIT":
 		return nil

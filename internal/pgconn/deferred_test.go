@@ -242,3 +242,33 @@ func TestDeferredWithFirstStatement(t *testing.T) {
 	require.NoError(t, tx.Commit())
 	require.Equal(t, 2, count(t, other, `SELECT count(*) FROM t`))
 }
+
+// A deferred statement may return rows, and may fail after returning some:
+// COMMIT still reads to its own result, and the failure fails it.
+func TestDeferredStatementReturningRows(t *testing.T) {
+	t.Parallel()
+	db, other := deferredSetup(t)
+	ctx := context.Background()
+
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	dctx := pgconn.WithDeferred(ctx, "inserting and selecting")
+	_, err = tx.ExecContext(dctx, `WITH x AS (INSERT INTO t VALUES ('q') RETURNING k) SELECT k FROM x, generate_series(1, 3)`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	require.Equal(t, 1, count(t, other, `SELECT count(*) FROM t WHERE k = 'q'`))
+
+	tx, err = db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = tx.ExecContext(dctx, `INSERT INTO t VALUES ('r')`)
+	require.NoError(t, err)
+	_, err = tx.ExecContext(dctx, `SELECT 1 / (x - 2) FROM generate_series(0, 2) x`) // rows, then division by zero
+	require.NoError(t, err)
+	err = tx.Commit()
+	var pqErr *pq.Error
+	require.ErrorAs(t, err, &pqErr)
+	require.Equal(t, pq.ErrorCode("22012"), pqErr.Code)
+	require.Equal(t, 0, count(t, other, `SELECT count(*) FROM t WHERE k = 'r'`))
+	require.NoError(t, db.Ping(), "the connection is usable")
+	require.Equal(t, 1, count(t, db, `SELECT count(*) FROM t`))
+}
