@@ -443,7 +443,8 @@ func (o *Orchestrator[D]) event(sagaID, step, phase string, attempt int, cmd Com
 // have moved; should it have, the statement fails (errConflict) and the
 // transaction must roll back. Nothing reads the statement's result: on a
 // pool of postgres.Open it travels with the transaction's COMMIT (or next
-// statement), whose error it then is, wrapping the same conflict error.
+// statement), which then fails with the statement's own error (the same
+// *pq.Error carrying conflictMessage, not errConflict).
 func (o *Orchestrator[D]) commit(ctx context.Context, exec outbox.Executor, old int64, t *transition) error {
 	in := t.in
 	dctx := pgconn.WithDeferred(ctx, fmt.Sprintf("saga %s %q: writing a transition", o.def.name, in.id))
