@@ -150,9 +150,11 @@ func insert(ctx context.Context, exec Executor, events []Event) error {
 		}
 		q.WriteByte(')')
 	}
-	what := fmt.Sprintf("outbox: inserting %d event(s) into millwright_outbox; did `millwright migrate` run?", len(events))
+	// what names the statement in its error, here or, when it travels
+	// with the transaction's next statement, in that one's.
+	what := fmt.Sprintf("outbox: inserting %d event(s) into millwright_outbox (did `millwright migrate` run?)", len(events))
 	if _, err := exec.ExecContext(pgconn.WithDeferred(ctx, what), q.String()); err != nil {
-		return fmt.Errorf("outbox: inserting %d event(s) into millwright_outbox (did `millwright migrate` run?): %w", len(events), err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }

@@ -178,11 +178,7 @@ func TestAdd_InsertTravelsWithCommit(t *testing.T) {
 	_, err = tx.Exec(`INSERT INTO orders VALUES ('o-1')`)
 	require.NoError(t, err)
 	require.NoError(t, Add(ctx, tx, Event{Topic: "orders", AggregateID: "o-1", Payload: []byte(`{}`)}))
-	last := func() string {
-		var q string
-		require.NoError(t, b.schema.DB.QueryRow(`SELECT query FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&q))
-		return q
-	}
+	last := func() string { return pgtest.LastQuery(t, b.schema.DB, pid) }
 	require.Equal(t, `INSERT INTO orders VALUES ('o-1')`, last(), "the event is not sent before COMMIT")
 	require.NoError(t, tx.Commit())
 	q := last()

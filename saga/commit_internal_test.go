@@ -69,8 +69,9 @@ func TestCommitOfAStaleVersionFails(t *testing.T) {
 			require.ErrorContains(t, err, conflictMessage)
 			require.ErrorContains(t, err, "nothing committed")
 		}
-		require.Equal(t, before.version, load(s.DB).version)
-		require.Equal(t, StateRunning, load(s.DB).state)
+		after := load(s.DB)
+		require.Equal(t, before.version, after.version)
+		require.Equal(t, StateRunning, after.state)
 		require.Equal(t, history, steps(), "no history written")
 	}
 

@@ -12,27 +12,12 @@ import (
 	"github.com/millwright/millwright/internal/pgtest"
 )
 
-// lastQuery is the last query the server received from the backend pid,
-// read from pg_stat_activity on another pool.
-func lastQuery(t *testing.T, other *sql.DB, pid int) string {
-	t.Helper()
-	var q string
-	require.NoError(t, other.QueryRow(`SELECT query FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&q))
-	return q
-}
-
-// deferredSetup is firstSetup plus a second pool (lib/pq's own) to look at
-// the first from outside.
+// deferredSetup is firstSetup plus pgtest's own lib/pq pool on the same
+// schema, to look at the first from outside.
 func deferredSetup(t *testing.T) (db, other *sql.DB) {
 	t.Helper()
 	s := pgtest.New(t)
-	_, err := s.DB.Exec(`CREATE TABLE t (k TEXT PRIMARY KEY)`)
-	require.NoError(t, err)
-	db, err = pgconn.Open(s.URL)
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
-	db.SetMaxOpenConns(1)
-	return db, s.DB
+	return openOnePool(t, s), s.DB
 }
 
 // A deferred statement goes out with COMMIT, as one query: the server's
@@ -50,10 +35,10 @@ func TestDeferredTravelsWithCommit(t *testing.T) {
 	require.NoError(t, err)
 	_, err = res.RowsAffected()
 	require.Error(t, err, "a deferred statement has no row count yet")
-	require.Equal(t, "SELECT pg_backend_pid()", lastQuery(t, other, pid), "not sent before COMMIT")
+	require.Equal(t, "SELECT pg_backend_pid()", pgtest.LastQuery(t, other, pid), "not sent before COMMIT")
 	require.Equal(t, 0, count(t, other, `SELECT count(*) FROM t`))
 	require.NoError(t, tx.Commit())
-	require.Equal(t, "INSERT INTO t VALUES ('a');\nCOMMIT", lastQuery(t, other, pid))
+	require.Equal(t, "INSERT INTO t VALUES ('a');\nCOMMIT", pgtest.LastQuery(t, other, pid))
 	require.Equal(t, 1, count(t, other, `SELECT count(*) FROM t`))
 
 	// Several deferred statements keep their order: the second sees the

@@ -18,7 +18,13 @@ import (
 // on the same connection and a connection left in a bad state shows.
 func firstSetup(t *testing.T) *sql.DB {
 	t.Helper()
-	s := pgtest.New(t)
+	return openOnePool(t, pgtest.New(t))
+}
+
+// openOnePool creates table t in s and opens a one-connection pool of Open
+// on s.
+func openOnePool(t *testing.T, s *pgtest.Schema) *sql.DB {
+	t.Helper()
 	_, err := s.DB.Exec(`CREATE TABLE t (k TEXT PRIMARY KEY)`)
 	require.NoError(t, err)
 	db, err := pgconn.Open(s.URL)

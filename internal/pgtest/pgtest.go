@@ -166,6 +166,18 @@ func WaitingOnLock(tb testing.TB, db *sql.DB, pids ...int) int {
 	return n
 }
 
+// LastQuery returns the query the backend pid last received (its
+// pg_stat_activity.query), for tests that check what one round trip
+// carried.
+func LastQuery(tb testing.TB, db *sql.DB, pid int) string {
+	tb.Helper()
+	var q string
+	if err := db.QueryRow(`SELECT query FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&q); err != nil {
+		tb.Fatalf("pgtest: reading pg_stat_activity of backend %d: %v", pid, err)
+	}
+	return q
+}
+
 // Plan returns the EXPLAIN output of query with sequential scans disabled
 // (a test table is too small for the planner to prefer an index), for tests
 // that check which index serves a query. The transaction it runs in is
