@@ -161,6 +161,20 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 	return cfg, cfg.Validate()
 }
 
+// isScheme reports whether s is a URL scheme as RFC 3986 spells it: a
+// letter, then letters, digits, '+', '-' or '.'.
+func isScheme(s string) bool {
+	for i, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z':
+		case i > 0 && (r >= '0' && r <= '9' || r == '+' || r == '-' || r == '.'):
+		default:
+			return false
+		}
+	}
+	return s != ""
+}
+
 func isKind(k Kind) bool {
 	for _, x := range Kinds {
 		if x == k {
@@ -200,8 +214,9 @@ func splitList(v string) []string {
 func ParseURL(raw string) (Config, error) {
 	var cfg Config
 	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok || scheme == "" {
-		// Not echoed: without a scheme nothing tells which part is a password.
+	if !ok || !isScheme(scheme) {
+		// Not echoed: without a scheme nothing tells which part is a
+		// password (what stands before a later "://" may be one).
 		return cfg, errors.New("transport: URL has no scheme (not shown: it may hold a password): want kafka://, amqp://, amqps://, gcppubsub://, postgres:// or mem://")
 	}
 	switch strings.ToLower(scheme) {
