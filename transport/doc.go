@@ -50,8 +50,11 @@
 //
 // Every kind passes github.com/ThreeDotsLabs/watermill/pubsub/tests.TestPubSub
 // in full mode (googlecloud's full run in a CI stage of its own,
-// MILLWRIGHT_TEST_PUBSUB_FULL=1, short mode beside the others: see
-// .ci/run), through Open, on real brokers (TestConformance:
+// MILLWRIGHT_TEST_PUBSUB_FULL=1, short mode beside the others; its
+// TestContinueAfterSubscribeClose runs in short mode only, and
+// TestPubSubSubscriberClosedMidReadLosesNothing is that scenario in full
+// with a wait bounded by the lease a closed subscriber's messages keep:
+// see .ci/run), through Open, on real brokers (TestConformance:
 // PostgreSQL 15, RabbitMQ 3.10, Apache Kafka 4.1.1 in KRaft mode, Google's
 // Pub/Sub emulator; scripts/services.sh starts them). Reconnecting is
 // proven by TestReconnectUnderLoad, in a stage of its own

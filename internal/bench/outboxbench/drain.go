@@ -274,11 +274,23 @@ func (b *bench) fill(ctx context.Context, topic string, n int) error {
 // through the index entries of the rows they had just marked): a cost the
 // bare loops, which stop on an empty claim, never paid.
 func (b *bench) waitDrained(ctx context.Context, rs []*outbox.Relay, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
+	// Each relay's share of the drain, for the progress log: when it
+	// first and last published and how much.
+	first, last := make([]time.Duration, len(rs)), make([]time.Duration, len(rs))
+	counts := make([]uint64, len(rs))
 	for {
 		var published uint64
-		for _, r := range rs {
-			published += r.Stats().Published
+		for i, r := range rs {
+			c := r.Stats().Published
+			if c != counts[i] {
+				if counts[i] == 0 {
+					first[i] = time.Since(start)
+				}
+				counts[i], last[i] = c, time.Since(start)
+			}
+			published += c
 		}
 		if published >= uint64(b.Backlog) {
 			var pending bool
@@ -286,6 +298,13 @@ func (b *bench) waitDrained(ctx context.Context, rs []*outbox.Relay, timeout tim
 				return err
 			}
 			if !pending {
+				if len(rs) > 1 {
+					var shares []string
+					for i := range rs {
+						shares = append(shares, fmt.Sprintf("%d events from %v to %v", counts[i], first[i].Round(time.Millisecond), last[i].Round(time.Millisecond)))
+					}
+					b.Progress("%d relays drained in %v: %s", len(rs), time.Since(start).Round(time.Millisecond), strings.Join(shares, "; "))
+				}
 				return nil
 			}
 		}
