@@ -362,7 +362,7 @@ func (r *Relay) idle(ctx context.Context, draining <-chan struct{}, wake <-chan 
 	// would go to the others while it waits.
 	wait := min(r.cfg.PollInterval, r.cfg.Lease/3)
 	if res.waiting {
-		wait = min(wait, laneCheckEvery)
+		wait = min(wait, laneWaitCheckEvery)
 	}
 	release := func(bool) {}
 	if listening && res.err == nil {

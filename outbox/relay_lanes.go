@@ -18,6 +18,14 @@ const laneCount = 64
 // whether relays came or went.
 const laneCheckEvery = 50 * time.Millisecond
 
+// laneWaitCheckEvery replaces laneCheckEvery while lanes of the relay's
+// share are still held by others (a relay that just started, beside one
+// that held every lane): it takes each as soon as its holder frees it,
+// instead of up to laneCheckEvery later. The holder frees them at its own
+// next check, so a new relay starts on its share within about
+// laneCheckEvery plus one round of the holder.
+const laneWaitCheckEvery = 10 * time.Millisecond
+
 // lanes holds a relay's share of the lanes (millwright_outbox_lanes). A
 // relay frees a lane only between rounds, when none of its rows is in
 // flight, and another relay takes it only once freed or once its lease
@@ -30,6 +38,7 @@ type lanes struct {
 	member bool          // a running relay (Run); RunOnce alone takes what is free
 
 	held       []int32
+	joined     bool      // a running relay announced itself (see hold)
 	waiting    bool      // lanes of this relay's share are held by others
 	checked    time.Time // last rebalance
 	validUntil time.Time // the held lanes' leases last at least this long
@@ -38,15 +47,30 @@ type lanes struct {
 }
 
 // hold returns the lanes held, renewing them and looking at the other
-// relays when laneCheckEvery has passed or the leases near their end.
+// relays when laneCheckEvery (laneWaitCheckEvery while waiting for lanes)
+// has passed or the leases near their end.
 func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 	now := time.Now()
-	if l.member && now.Sub(l.checked) < laneCheckEvery && now.Before(l.validUntil) {
+	every := laneCheckEvery
+	if l.waiting {
+		every = laneWaitCheckEvery
+	}
+	if l.member && now.Sub(l.checked) < every && now.Before(l.validUntil) {
 		return l.order(), nil
 	}
-	if err := l.rebalance(ctx, now); err != nil {
+	// A running relay's first check only announces it, taking no lane;
+	// it takes its share one laneWaitCheckEvery later. Relays started
+	// together (a deployment scaled out, a backlog's drain) then see each
+	// other before any takes lanes, instead of the first taking all of
+	// them and handing most back a round later (Kafka's consumer groups
+	// delay their first rebalance for the same reason).
+	take := l.joined || !l.member
+	if err := l.rebalance(ctx, now, take); err != nil {
 		l.held = nil
 		return nil, fmt.Errorf("outbox relay: holding lanes (did `millwright migrate` run?): %w", err)
+	}
+	if !take {
+		l.joined, l.waiting = true, true
 	}
 	return l.order(), nil
 }
@@ -63,8 +87,8 @@ func (l *lanes) order() []int32 {
 
 // rebalanceSQL, in one statement: renews the relay's membership ($1: id,
 // $2: lease in ms, $3: member), finds its share among the live relays
-// (want), frees the lanes outside it and takes or renews those inside it
-// that are free, expired or its own. Leases are renewed once half spent,
+// (want; empty unless $4: take), frees the lanes outside it and takes or
+// renews those inside it that are free, expired or its own. Leases are renewed once half spent,
 // so most checks write nothing: no row lock, no commit to flush. The rare
 // write commits without waiting for the WAL flush (a lease a server crash
 // forgets is taken again). It returns the lanes the relay holds, how many
@@ -86,7 +110,7 @@ const rebalanceSQL = `WITH async AS MATERIALIZED (
 ), share AS (
 	SELECT count(*) AS n, count(*) FILTER (WHERE id < $1) AS rank FROM live
 ), want AS (
-	SELECT l.lane FROM millwright_outbox_lanes l, share s WHERE NOT $3 OR l.lane % s.n = s.rank
+	SELECT l.lane FROM millwright_outbox_lanes l, share s WHERE $4 AND (NOT $3 OR l.lane % s.n = s.rank)
 ), freed AS (
 	UPDATE millwright_outbox_lanes SET owner = NULL, lease_until = '-infinity'
 	WHERE owner = $1 AND lane NOT IN (SELECT lane FROM want)
@@ -105,10 +129,10 @@ SELECT ARRAY(SELECT lane FROM taken UNION
 FROM async`
 
 // rebalance runs rebalanceSQL.
-func (l *lanes) rebalance(ctx context.Context, start time.Time) error {
+func (l *lanes) rebalance(ctx context.Context, start time.Time, take bool) error {
 	var held pq.Int32Array
 	var want, relays int
-	err := l.db.QueryRowContext(ctx, rebalanceSQL, l.id, l.lease.Milliseconds(), l.member).Scan(&held, &want, &relays)
+	err := l.db.QueryRowContext(ctx, rebalanceSQL, l.id, l.lease.Milliseconds(), l.member, take).Scan(&held, &want, &relays)
 	if err != nil {
 		return err
 	}

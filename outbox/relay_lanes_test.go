@@ -163,6 +163,43 @@ func TestRelay_RelaysDivideTheLanes(t *testing.T) {
 	eventually(t, 10*time.Second, func() bool { return shares(3) }, "a stopped relay's lanes go to the others")
 }
 
+// Relays started together divide the lanes from their first claim: a
+// running relay's first check only announces it, so the first of them does
+// not take every lane and hand most back a round later.
+func TestLanes_RelaysStartedTogetherTakeOnlyTheirShare(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	ls := []*lanes{
+		{db: b.db, id: "relay-a", lease: time.Minute, member: true},
+		{db: b.db, id: "relay-b", lease: time.Minute, member: true},
+	}
+	for _, l := range ls {
+		held, err := l.hold(ctx)
+		require.NoError(t, err)
+		require.Empty(t, held, "%s took lanes before the others could announce themselves", l.id)
+		require.True(t, l.waiting)
+		// Within laneWaitCheckEvery the relay asks nothing more of the
+		// database (the test moves its clock instead of sleeping).
+		held, err = l.hold(ctx)
+		require.NoError(t, err)
+		require.Empty(t, held)
+	}
+	seen := map[int32]string{}
+	for _, l := range ls {
+		l.checked = l.checked.Add(-laneWaitCheckEvery)
+		held, err := l.hold(ctx)
+		require.NoError(t, err)
+		require.Len(t, held, laneCount/2, "%s's share of two relays", l.id)
+		require.False(t, l.waiting)
+		for _, lane := range held {
+			require.Empty(t, seen[lane], "lane %d held by %s and %s", lane, seen[lane], l.id)
+			seen[lane] = l.id
+		}
+	}
+	require.Len(t, seen, laneCount)
+}
+
 // meetingPublisher holds its call number hold (1 when 0) until another
 // call is in flight (bounded), so a relay that publishes two batches (or
 // topics) at once gets through and one that publishes them one after
