@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -64,7 +65,19 @@ func TestConfigValidate(t *testing.T) {
 	o, err := saga.NewOrchestrator(s.DB, def, saga.Config{})
 	require.NoError(t, err)
 	require.Equal(t, "x_replies", o.ReplyTopic())
+	require.Equal(t, []string{"x_replies"}, o.ReplyTopics())
 	require.Equal(t, []string{"s"}, o.Definition().Steps())
+	for _, n := range []int{-1, 65} {
+		_, err = saga.NewOrchestrator(s.DB, def, saga.Config{ReplyShards: n})
+		require.ErrorContains(t, err, fmt.Sprintf("ReplyShards %d: want 1..64", n))
+	}
+	// Every field's error at once.
+	_, err = saga.NewOrchestrator(s.DB, def, saga.Config{ReplyShards: 65, BatchSize: 20000})
+	require.ErrorContains(t, err, "ReplyShards 65")
+	require.ErrorContains(t, err, "BatchSize 20000")
+	o, err = saga.NewOrchestrator(s.DB, def, saga.Config{ReplyShards: 3})
+	require.NoError(t, err)
+	require.Equal(t, []string{"x_replies", "x_replies_1", "x_replies_2"}, o.ReplyTopics())
 }
 
 // Replies that cannot belong to the saga type fail permanently (for the

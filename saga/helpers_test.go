@@ -322,6 +322,9 @@ type bundle struct {
 	// tracerProvider, when set, is the TracerProvider of orchestrators
 	// started afterwards.
 	tracerProvider trace.TracerProvider
+	// replyShards is the Config.ReplyShards of orchestrators started
+	// afterwards (0: the default, one reply topic).
+	replyShards int
 }
 
 // setup opens a schema, a transport (gochannel by default), starts an
@@ -443,20 +446,22 @@ func (b *bundle) startOrchestrator(t *testing.T) *orch {
 	logs := watermill.NewCaptureLogger()
 	o, err := saga.NewOrchestrator(b.schema.DB, b.def, saga.Config{
 		ReplyTopic: b.tp.replies, PollInterval: 20 * time.Millisecond, Registerer: reg, Logger: logs,
-		TracerProvider: b.tracerProvider,
+		TracerProvider: b.tracerProvider, ReplyShards: b.replyShards,
 	})
 	require.NoError(t, err)
 	dedup, err := idempotency.NewMiddleware(b.store, idempotency.Config{Consumer: "orders-saga", Registerer: reg})
 	require.NoError(t, err)
 	sub, err := b.tr.Subscriber("orders_saga")
 	require.NoError(t, err)
-	initTopic(t, sub, b.tp.replies)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, nil)
 	require.NoError(t, err)
-	h := router.AddConsumerHandler("orders-saga", b.tp.replies, sub, o.HandleReply)
-	h.AddMiddleware(dedup.Middleware)
-	if b.replyMiddleware != nil {
-		h.AddMiddleware(b.replyMiddleware)
+	for i, topic := range o.ReplyTopics() {
+		initTopic(t, sub, topic)
+		h := router.AddConsumerHandler(fmt.Sprintf("orders-saga-%d", i), topic, sub, o.HandleReply)
+		h.AddMiddleware(dedup.Middleware)
+		if b.replyMiddleware != nil {
+			h.AddMiddleware(b.replyMiddleware)
+		}
 	}
 	stopRouter := runRouter(t, router)
 	stopLoop := runBackground(t, "orchestrator", o.Run, o.Close)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
@@ -107,6 +108,16 @@ type Config struct {
 	// command as metadata.SagaReplyTo). Consume it with HandleReply.
 	// Default the definition's name + "_replies".
 	ReplyTopic string
+	// ReplyShards spreads replies over that many topics, by saga id:
+	// ReplyTopic, then ReplyTopic + "_1" … "_N-1" (ReplyTopics lists
+	// them; consume each with HandleReply). All replies of one saga go to
+	// one of them. A transport that hands a topic's messages to its
+	// consumers one at a time (watermill-sql's consumer group; a
+	// RabbitMQ queue with one consumer) then applies N replies at once
+	// instead of one. Kafka's partitions already do this: leave it at 1
+	// there. Lowering it leaves replies of running sagas on the dropped
+	// topics: consume those until they are empty. Default 1; valid 1..64.
+	ReplyShards int
 	// PollInterval is how often Run looks for due deadlines (step timeouts,
 	// compensation backoffs, resolved sagas). A step timeout fires at most
 	// this late. Default 1s; minimum 1ms.
@@ -135,6 +146,9 @@ func (c *Config) setDefaults(name string) {
 	if c.ReplyTopic == "" {
 		c.ReplyTopic = name + "_replies"
 	}
+	if c.ReplyShards == 0 {
+		c.ReplyShards = 1
+	}
 	if c.PollInterval == 0 {
 		c.PollInterval = time.Second
 	}
@@ -152,6 +166,9 @@ func (c *Config) setDefaults(name string) {
 // Validate reports every invalid field, naming it.
 func (c Config) Validate() error {
 	var errs []error
+	if c.ReplyShards < 1 || c.ReplyShards > maxReplyShards {
+		errs = append(errs, fmt.Errorf("saga: Config.ReplyShards %d: want 1..%d", c.ReplyShards, maxReplyShards))
+	}
 	if c.PollInterval < time.Millisecond {
 		errs = append(errs, fmt.Errorf("saga: Config.PollInterval %s: want at least 1ms", c.PollInterval))
 	}
@@ -262,8 +279,41 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c *C) error {
 // Definition returns the saga type the orchestrator runs.
 func (o *Orchestrator[D]) Definition() *Definition[D] { return o.def }
 
-// ReplyTopic returns the topic to consume with HandleReply.
+// ReplyTopic returns the topic to consume with HandleReply (the first of
+// ReplyTopics).
 func (o *Orchestrator[D]) ReplyTopic() string { return o.cfg.ReplyTopic }
+
+// maxReplyShards bounds Config.ReplyShards.
+const maxReplyShards = 64
+
+// ReplyTopics returns every topic participants reply to
+// (Config.ReplyShards of them): consume each with HandleReply.
+func (o *Orchestrator[D]) ReplyTopics() []string {
+	topics := make([]string, o.cfg.ReplyShards)
+	for i := range topics {
+		topics[i] = replyShard(o.cfg.ReplyTopic, i)
+	}
+	return topics
+}
+
+// replyShard names reply topic i of base.
+func replyShard(base string, i int) string {
+	if i == 0 {
+		return base
+	}
+	return base + "_" + strconv.Itoa(i)
+}
+
+// replyTopicFor returns the reply topic of saga sagaID: one of
+// ReplyTopics, the same for every command of the saga.
+func (o *Orchestrator[D]) replyTopicFor(sagaID string) string {
+	if o.cfg.ReplyShards <= 1 {
+		return o.cfg.ReplyTopic
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(sagaID))
+	return replyShard(o.cfg.ReplyTopic, int(h.Sum32()%uint32(o.cfg.ReplyShards)))
+}
 
 // instance is a row of millwright_saga_instances.
 type instance struct {
@@ -424,7 +474,7 @@ func (o *Orchestrator[D]) event(sagaID, step, phase string, attempt int, cmd Com
 	md[metadata.SagaStep] = step
 	md[metadata.SagaPhase] = phase
 	md[metadata.SagaAttempt] = strconv.Itoa(attempt)
-	md[metadata.SagaReplyTo] = o.cfg.ReplyTopic
+	md[metadata.SagaReplyTo] = o.replyTopicFor(sagaID)
 	return outbox.Event{
 		Topic:         cmd.Topic,
 		AggregateType: "saga",

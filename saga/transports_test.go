@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/poll"
+	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
@@ -193,4 +195,52 @@ func foldResends(h []string) []string {
 		out = append(out, e)
 	}
 	return out
+}
+
+// With Config.ReplyShards, commands name one of the orchestrator's reply
+// topics, the same for every command of a saga, and sagas spread over
+// all of them; the orchestrator, consuming each topic, completes and
+// compensates them as with one. On sql, where a topic's replies are
+// applied one at a time, that is what the shards are for.
+func TestRepliesSpreadOverReplyShards(t *testing.T) {
+	t.Parallel()
+	const shards = 3
+	b := setup(t, &transport.Config{Kind: transport.SQL}, defOpts{})
+	b.replyShards = shards
+	o := b.startOrchestrator(t)
+	topics := o.o.ReplyTopics()
+	require.Len(t, topics, shards)
+	b.parts.setDecide(func(id, step, phase string, _ int) action {
+		if strings.HasPrefix(id, "fails") && step == shipping && phase == saga.PhaseForward {
+			return fail
+		}
+		return succeed
+	})
+	var ids []string
+	for i := range 12 {
+		id := fmt.Sprintf("ok-%d", i)
+		if i%4 == 0 {
+			id = fmt.Sprintf("fails-%d", i)
+		}
+		ids = append(ids, id)
+		b.start(t, o, id)
+	}
+	used := map[string]int{}
+	for _, id := range ids {
+		want, steps := saga.StateCompleted, []string{fwd(reserve), fwd(charge), fwd(shipping)}
+		if strings.HasPrefix(id, "fails") {
+			want = saga.StateCompensated
+			steps = append(steps, comp(charge, 1), comp(reserve, 1))
+		}
+		b.waitState(t, id, want)
+		require.Equal(t, steps, b.parts.commands(id))
+		replyTo := b.parts.command(id, reserve, saga.PhaseForward).Metadata.Get(metadata.SagaReplyTo)
+		require.Contains(t, topics, replyTo)
+		for _, step := range []string{charge, shipping} {
+			require.Equal(t, replyTo, b.parts.command(id, step, saga.PhaseForward).Metadata.Get(metadata.SagaReplyTo),
+				"saga %s: step %s replies elsewhere", id, step)
+		}
+		used[replyTo]++
+	}
+	require.Len(t, used, shards, "12 sagas all replied to %v", used)
 }
