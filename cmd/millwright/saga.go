@@ -264,6 +264,7 @@ fraction of it.`,
 	cmd.Flags().Float64("latency-rate", 20, "sagas started per second in the latency run")
 	cmd.Flags().Int("consumers", 16, "subscribers per topic in one consumer group on amqp (whose subscribers handle one message at a time); 1 elsewhere")
 	cmd.Flags().Int("relays", 1, "outbox relays")
+	cmd.Flags().Int("sql-reply-shards", 4, "reply topics on sql (saga.Config.ReplyShards: watermill-sql applies a topic's messages one at a time); other kinds use one")
 	cmd.Flags().Int("rounds", 3, "rounds of every run, the kinds taking turns; each row is its median round (all rounds' figures are printed below the tables)")
 	cmd.Flags().Int("relay-publish-concurrency", 0, "the relays' PublishConcurrency: concurrent Publish calls of a batch on publishers without PublishBatch (amqp, googlecloud, gochannel); 0: the relay's default")
 	cmd.Flags().Duration("ceiling", 3*time.Second, "how long the database's commit rate is measured (0 skips the ceiling)")
@@ -283,13 +284,14 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	cfg.LatencyRate, _ = f.GetFloat64("latency-rate")
 	cfg.Consumers, _ = f.GetInt("consumers")
 	cfg.Relays, _ = f.GetInt("relays")
+	cfg.SQLReplyShards, _ = f.GetInt("sql-reply-shards")
 	cfg.Rounds, _ = f.GetInt("rounds")
 	cfg.RelayPublishConcurrency, _ = f.GetInt("relay-publish-concurrency")
 	cfg.CeilingFor, _ = f.GetDuration("ceiling")
 	kindFlag, _ := f.GetStringSlice("kinds")
 	asJSON, _ := f.GetBool("json")
-	if cfg.Sagas < 1 || cfg.Starters < 1 || cfg.LatencySagas < 0 || cfg.LatencyRate <= 0 || cfg.Consumers < 1 || cfg.Relays < 1 || cfg.Rounds < 1 || cfg.CeilingFor < 0 || cfg.RelayPublishConcurrency < 0 {
-		return errors.New("bench saga: --sagas, --starters, --consumers, --relays and --rounds must be at least 1, --latency-sagas, --ceiling and --relay-publish-concurrency at least 0, --latency-rate above 0")
+	if cfg.Sagas < 1 || cfg.Starters < 1 || cfg.LatencySagas < 0 || cfg.LatencyRate <= 0 || cfg.Consumers < 1 || cfg.Relays < 1 || cfg.SQLReplyShards < 1 || cfg.Rounds < 1 || cfg.CeilingFor < 0 || cfg.RelayPublishConcurrency < 0 {
+		return errors.New("bench saga: --sagas, --starters, --consumers, --relays, --sql-reply-shards and --rounds must be at least 1, --latency-sagas, --ceiling and --relay-publish-concurrency at least 0, --latency-rate above 0")
 	}
 	var err error
 	if cfg.Kinds, err = benchKinds("saga", kindFlag, transport.GoChannel, transport.Kafka, transport.GoogleCloud, transport.AMQP, transport.SQL); err != nil {

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -85,6 +86,10 @@ type Config struct {
 	Consumers int
 	// Relays is the number of outbox relays. Default 1.
 	Relays int
+	// SQLReplyShards is the orchestrator's saga.Config.ReplyShards on sql,
+	// whose consumer group applies a topic's replies one at a time; other
+	// kinds use one reply topic. Default 4.
+	SQLReplyShards int
 	// Rounds is how many times every run is repeated, the kinds taking
 	// turns within a round so that the machine's drift falls on all of
 	// them; a run's row is its median round (by rate for throughput, by
@@ -121,6 +126,9 @@ func (c *Config) setDefaults() {
 	if c.Relays == 0 {
 		c.Relays = 1
 	}
+	if c.SQLReplyShards == 0 {
+		c.SQLReplyShards = 4
+	}
 	if c.Rounds == 0 {
 		c.Rounds = 1
 	}
@@ -137,6 +145,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.Admin == nil || c.Scratch == nil {
 		errs = append(errs, errors.New("bench saga: Config.Admin and Config.Scratch are required"))
+	}
+	if c.SQLReplyShards < 0 || c.SQLReplyShards > 64 {
+		errs = append(errs, fmt.Errorf("bench saga: --sql-reply-shards %d: want 1..64", c.SQLReplyShards))
 	}
 	if c.Sagas < 1 || c.Starters < 1 || c.Consumers < 1 || c.Relays < 1 || c.Rounds < 1 {
 		errs = append(errs, fmt.Errorf("bench saga: --sagas %d, --starters %d, --consumers %d, --relays %d and --rounds %d must be at least 1",
@@ -507,10 +518,21 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	if br.Close != nil {
 		defer br.Close()
 	}
+	shards := 1
+	if kind == transport.SQL {
+		shards = cfg.SQLReplyShards
+	}
+	replyTopics := []string{replies}
+	for i := 1; i < shards; i++ {
+		replyTopics = append(replyTopics, fmt.Sprintf("%s_%d", replies, i))
+	}
 	if br.Cleanup != nil {
-		defer br.Cleanup(context.WithoutCancel(ctx), append(topics, replies), []string{participantGroup, orchestratorGroup})
+		defer br.Cleanup(context.WithoutCancel(ctx), append(topics, replyTopics...), []string{participantGroup, orchestratorGroup})
 	}
 	res.Broker = br.Label
+	if shards > 1 {
+		res.Broker += fmt.Sprintf(", %d reply topics", shards)
+	}
 	tr, err := transport.Open(ctx, br.Config)
 	if err != nil {
 		return res, nil, err
@@ -534,9 +556,12 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 		return res, nil, err
 	}
 	reg := prometheus.NewRegistry()
-	orch, err := saga.NewOrchestrator(db, def, saga.Config{ReplyTopic: replies, Registerer: reg})
+	orch, err := saga.NewOrchestrator(db, def, saga.Config{ReplyTopic: replies, ReplyShards: shards, Registerer: reg})
 	if err != nil {
 		return res, nil, err
+	}
+	if !slices.Equal(orch.ReplyTopics(), replyTopics) {
+		return res, nil, fmt.Errorf("bench saga: reply topics %v, the cleanup expected %v", orch.ReplyTopics(), replyTopics)
 	}
 	store, err := idempotency.NewPostgresStore(db)
 	if err != nil {
@@ -574,13 +599,15 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 			}
 			router.AddConsumerHandler(fmt.Sprintf("participant_%s_%d", topic, c), topic, sub, participant)
 		}
-		sub, err := subscribe(orch.ReplyTopic(), orchestratorGroup)
-		if err != nil {
-			return res, nil, err
+		for i, topic := range orch.ReplyTopics() {
+			sub, err := subscribe(topic, orchestratorGroup)
+			if err != nil {
+				return res, nil, err
+			}
+			// timed outermost: the hop includes the middleware's transaction.
+			router.AddConsumerHandler(fmt.Sprintf("orchestrator_%d_%d", c, i), topic, sub, orch.HandleReply).
+				AddMiddleware(timed, dedup.Middleware)
 		}
-		// timed outermost: the hop includes the middleware's transaction.
-		router.AddConsumerHandler(fmt.Sprintf("orchestrator_%d", c), orch.ReplyTopic(), sub, orch.HandleReply).
-			AddMiddleware(timed, dedup.Middleware)
 	}
 
 	rctx, cancel := context.WithCancel(ctx)
