@@ -58,6 +58,13 @@
 // SagaAttempt) and set metadata.SagaReplyType. A failure reply carries its
 // reason in metadata.SagaError.
 //
+// A transport that hands a topic's messages to its consumer one at a
+// time (sql; RabbitMQ with one consumer) applies one reply at a time. Set
+// Config.ReplyShards to N and consume each of o.ReplyTopics() with
+// HandleReply: commands then name one of N reply topics, by saga id (all
+// of a saga's replies go to the same one), and N replies are applied at
+// once. Kafka's partitions already do this.
+//
 // # Operating
 //
 // `millwright saga list --type orders --state stuck` lists instances,
