@@ -108,6 +108,10 @@ type Config struct {
 	KeepSchema bool
 	// Progress receives a line per run. Default io.Discard.
 	Progress io.Writer
+
+	// cleanups are the runs' Broker.Cleanup calls, made when Run ends
+	// (see Run).
+	cleanups *[]func()
 }
 
 func (c *Config) setDefaults() {
@@ -264,6 +268,16 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if cfg.LatencySagas > 0 {
 		plans = append(plans, plan{"latency", cfg.LatencySagas, cfg.LatencyRate})
 	}
+	// Topics are deleted when every run is done: a Kafka broker removes a
+	// deleted topic's files a minute later (file.delete.delay.ms), in the
+	// middle of a later run, and the latency figures would time that.
+	var cleanups []func()
+	cfg.cleanups = &cleanups
+	defer func() {
+		for _, f := range cleanups {
+			f()
+		}
+	}()
 	results := make([][]roundResult, len(cfg.Kinds)*len(plans))
 	for round := range cfg.Rounds {
 		for ki, kind := range cfg.Kinds {
@@ -527,7 +541,14 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 		replyTopics = append(replyTopics, fmt.Sprintf("%s_%d", replies, i))
 	}
 	if br.Cleanup != nil {
-		defer br.Cleanup(context.WithoutCancel(ctx), append(topics, replyTopics...), []string{participantGroup, orchestratorGroup})
+		cleanup := func() {
+			br.Cleanup(context.WithoutCancel(ctx), append(topics, replyTopics...), []string{participantGroup, orchestratorGroup})
+		}
+		if cfg.cleanups != nil {
+			*cfg.cleanups = append(*cfg.cleanups, cleanup)
+		} else {
+			defer cleanup()
+		}
 	}
 	res.Broker = br.Label
 	if shards > 1 {
