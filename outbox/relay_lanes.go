@@ -88,11 +88,11 @@ func (l *lanes) order() []int32 {
 // rebalanceSQL, in one statement: renews the relay's membership ($1: id,
 // $2: lease in ms, $3: member), finds its share among the live relays
 // (want; empty unless $4: take), frees the lanes outside it and takes or
-// renews those inside it that are free, expired or its own. Leases are renewed once half spent,
-// so most checks write nothing: no row lock, no commit to flush. The rare
-// write commits without waiting for the WAL flush (a lease a server crash
-// forgets is taken again). It returns the lanes the relay holds, how many
-// it wants and how many relays are live.
+// renews those inside it that are free, expired or its own. Leases are
+// renewed once half spent, so most checks write nothing: no row lock, no
+// commit to flush. The rare write commits without waiting for the WAL
+// flush (a lease a server crash forgets is taken again). It returns the
+// lanes the relay holds, how many it wants and how many relays are live.
 const rebalanceSQL = `WITH async AS MATERIALIZED (
 	SELECT set_config('synchronous_commit', 'off', true)
 ), joined AS (
