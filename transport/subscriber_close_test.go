@@ -21,8 +21,8 @@ import (
 // redelivers them only when that lease ends (MaxExtension, 10s here):
 // upstream's test reads each batch with a 15s window per message and gives
 // up after 20 batches, so on a loaded machine some of those messages came
-// back after it stopped looking ("received: 4971, sent: 5000"; read
-// until everything came, they all came, 10s after the close). Here subscribers
+// back after it stopped looking ("received: 4971, sent: 5000"; read until
+// everything came, they all came, 10s after the close). Here subscribers
 // are opened, read from and closed mid-stream ten times; every message
 // must then arrive, within a few leases of the last close, and nothing
 // that was not published.

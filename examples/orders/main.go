@@ -32,6 +32,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/examples/orders/app"
+	"github.com/millwright/millwright/internal/deadline"
 	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
@@ -259,7 +260,7 @@ func demo(args []string, stdout io.Writer) error {
 	s, waitErr := e.app.WaitSettled(wctx, run+"-%", wantDLQ)
 	if waitErr != nil {
 		after := time.Since(waitStart).Round(100 * time.Millisecond)
-		if ctx.Err() == nil && deadlinePassed(wctx) {
+		if ctx.Err() == nil && deadline.Passed(wctx) {
 			after = *timeout
 		}
 		err := notSettled(ctx, wctx, e, run+"-%", after, waitErr, stdout)
@@ -280,17 +281,6 @@ func demo(args []string, stdout io.Writer) error {
 	return nil
 }
 
-// deadlinePassed reports whether ctx has ended or its deadline has
-// passed: a call that compares the deadline with the clock itself (a
-// dial) can fail on it before the context's own timer has ended ctx.
-func deadlinePassed(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	dl, ok := ctx.Deadline()
-	return ok && !time.Now().Before(dl)
-}
-
 // notSettled prints the true counts of orders that did not settle and
 // returns the error saying so. WaitSettled's last count may have been cut
 // short by the same deadline (and read as zeros: "orders=0 ... lost=0"
@@ -301,7 +291,7 @@ func notSettled(ctx, wctx context.Context, e *env, pattern string, after time.Du
 	switch {
 	case wctx.Err() != nil:
 		cause = context.Cause(wctx)
-	case deadlinePassed(wctx):
+	case deadline.Passed(wctx):
 		cause = context.DeadlineExceeded
 	}
 	limit := 5 * time.Second

@@ -45,6 +45,7 @@ import (
 
 	"github.com/lib/pq"
 
+	"github.com/millwright/millwright/internal/deadline"
 	"github.com/millwright/millwright/internal/redact"
 )
 
@@ -157,7 +158,7 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 
 // connectError says what went wrong with a connection attempt to addr.
 func connectError(ctx context.Context, addr string, timeout time.Duration, accepted bool, elapsed time.Duration, err error) error {
-	if ctxEnded(ctx) {
+	if deadline.Passed(ctx) {
 		cause := context.Cause(ctx)
 		if cause == nil {
 			cause = context.DeadlineExceeded
@@ -185,19 +186,6 @@ func connectError(ctx context.Context, addr string, timeout time.Duration, accep
 		return fmt.Errorf("postgres at %s refused the connection after %s (is it running on that port?): %w", addr, round(elapsed), err)
 	}
 	return err
-}
-
-// ctxEnded reports whether ctx has ended, or its deadline has passed: the
-// dial compares the deadline with the clock itself and fails with "i/o
-// timeout" as soon as it passes, possibly before the context's own timer
-// has ended it (seen on a loaded machine: a connection attempt under a
-// spent deadline was reported as connect_timeout's).
-func ctxEnded(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	dl, ok := ctx.Deadline()
-	return ok && !time.Now().Before(dl)
 }
 
 // round keeps durations readable in messages.

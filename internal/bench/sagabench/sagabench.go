@@ -110,7 +110,7 @@ type Config struct {
 	Progress io.Writer
 
 	// cleanups are the runs' Broker.Cleanup calls, made when Run ends
-	// (see Run).
+	// (see Run), which sets it before any run.
 	cleanups *[]func()
 }
 
@@ -536,20 +536,6 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	if kind == transport.SQL {
 		shards = cfg.SQLReplyShards
 	}
-	replyTopics := []string{replies}
-	for i := 1; i < shards; i++ {
-		replyTopics = append(replyTopics, fmt.Sprintf("%s_%d", replies, i))
-	}
-	if br.Cleanup != nil {
-		cleanup := func() {
-			br.Cleanup(context.WithoutCancel(ctx), append(topics, replyTopics...), []string{participantGroup, orchestratorGroup})
-		}
-		if cfg.cleanups != nil {
-			*cfg.cleanups = append(*cfg.cleanups, cleanup)
-		} else {
-			defer cleanup()
-		}
-	}
 	res.Broker = br.Label
 	if shards > 1 {
 		res.Broker += fmt.Sprintf(", %d reply topics", shards)
@@ -581,8 +567,12 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	if err != nil {
 		return res, nil, err
 	}
-	if !slices.Equal(orch.ReplyTopics(), replyTopics) {
-		return res, nil, fmt.Errorf("bench saga: reply topics %v, the cleanup expected %v", orch.ReplyTopics(), replyTopics)
+	if br.Cleanup != nil {
+		// Before any topic exists: the subscribers below create them.
+		all := append(slices.Clone(topics), orch.ReplyTopics()...)
+		*cfg.cleanups = append(*cfg.cleanups, func() {
+			br.Cleanup(context.WithoutCancel(ctx), all, []string{participantGroup, orchestratorGroup})
+		})
 	}
 	store, err := idempotency.NewPostgresStore(db)
 	if err != nil {
