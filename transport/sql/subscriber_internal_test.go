@@ -1,10 +1,14 @@
 package sql
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/lib/pq"
 )
 
@@ -34,4 +38,84 @@ func TestLostCreateRace(t *testing.T) {
 			t.Errorf("lostCreateRace(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
+}
+
+// lateClosingSubscriber stands in for watermill-sql v3.1.0's subscriber,
+// whose Close can return before the channels it handed out are closed:
+// it closes them a moment after Close returns.
+type lateClosingSubscriber struct {
+	mu    sync.Mutex
+	chans []chan *message.Message
+	later sync.WaitGroup
+}
+
+func (l *lateClosingSubscriber) Subscribe(context.Context, string) (<-chan *message.Message, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ch := make(chan *message.Message)
+	l.chans = append(l.chans, ch)
+	return ch, nil
+}
+
+func (l *lateClosingSubscriber) SubscribeInitialize(string) error { return nil }
+
+func (l *lateClosingSubscriber) Close() error {
+	l.mu.Lock()
+	chans := l.chans
+	l.mu.Unlock()
+	l.later.Add(1)
+	go func() {
+		defer l.later.Done()
+		time.Sleep(20 * time.Millisecond) // the fault: channels close after Close returned
+		for _, ch := range chans {
+			close(ch)
+		}
+	}()
+	return nil
+}
+
+// TestSubscriberCloseReturnsWithChannelsClosed: the wrapper's Close returns
+// only once every channel Subscribe gave out is closed, although the
+// subscriber it wraps closes them late (the fault is checked: right after
+// the wrapped Close, the channels were still open).
+func TestSubscriberCloseReturnsWithChannelsClosed(t *testing.T) {
+	t.Parallel()
+	up := &lateClosingSubscriber{}
+	s := newSubscriber(up, nil)
+	var chans []<-chan *message.Message
+	for i := range 3 {
+		ch, err := s.Subscribe(context.Background(), fmt.Sprintf("topic_%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		chans = append(chans, ch)
+	}
+	// The fault as the wrapped subscriber shows it alone.
+	bare := &lateClosingSubscriber{}
+	bareCh, _ := bare.Subscribe(context.Background(), "t")
+	_ = bare.Close()
+	select {
+	case <-bareCh:
+		t.Fatal("the stand-in closed its channel before Close returned: it no longer injects the fault")
+	default:
+	}
+	bare.later.Wait()
+
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range chans {
+		select {
+		case _, open := <-ch:
+			if open {
+				t.Errorf("channel %d delivered a message after Close", i)
+			}
+		default:
+			t.Errorf("channel %d is still open after Close returned", i)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	up.later.Wait()
 }
