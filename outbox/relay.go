@@ -293,6 +293,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.roundMu.Lock()
 		r.runLanes = &lanes{db: r.db, id: r.id, lease: r.cfg.Lease, member: true}
+		if r.schema != "" {
+			r.runLanes.notify = NotifyChannel(r.schema)
+		}
 		r.roundMu.Unlock()
 		defer r.leave(ctx)
 		r.markReady()
@@ -348,6 +351,18 @@ func (r *Relay) loop(ctx context.Context, draining <-chan struct{}, wake <-chan 
 		if !r.idle(ctx, draining, wake, res, &due) {
 			return
 		}
+		r.recheckLanes()
+	}
+}
+
+// recheckLanes makes the next round check the lanes first: a relay that
+// slept may have missed relays leaving (whose lanes it should take before
+// looking for what woke it) or joining.
+func (r *Relay) recheckLanes() {
+	r.roundMu.Lock()
+	defer r.roundMu.Unlock()
+	if r.runLanes != nil {
+		r.runLanes.checked = time.Time{}
 	}
 }
 

@@ -26,6 +26,12 @@ const laneCheckEvery = 50 * time.Millisecond
 // laneCheckEvery plus one round of the holder.
 const laneWaitCheckEvery = 10 * time.Millisecond
 
+// waitNotifyEvery is how often a relay waiting for lanes of its share wakes
+// the other relays (see hold): once when it joins, then again only if a
+// holder did not free them, so that lanes held by a relay that died (until
+// their leases end) do not wake every relay a hundred times a second.
+const waitNotifyEvery = time.Second
+
 // lanes holds a relay's share of the lanes (millwright_outbox_lanes). A
 // relay frees a lane only between rounds, when none of its rows is in
 // flight, and another relay takes it only once freed or once its lease
@@ -36,11 +42,13 @@ type lanes struct {
 	id     string        // the relay's id in millwright_outbox_relays
 	lease  time.Duration // RelayConfig.Lease
 	member bool          // a running relay (Run); RunOnce alone takes what is free
+	notify string        // the outbox's notification channel when relays LISTEN
 
 	held       []int32
 	joined     bool      // a running relay announced itself (see hold)
 	waiting    bool      // lanes of this relay's share are held by others
 	checked    time.Time // last rebalance
+	notified   time.Time // last notification that this relay waits for lanes
 	validUntil time.Time // the held lanes' leases last at least this long
 	rotation   int       // where the next claim starts in held
 	relays     int       // live relays at the last rebalance, this one included
@@ -71,6 +79,16 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 	}
 	if !take {
 		l.joined, l.waiting = true, true
+	}
+	if l.waiting && l.notify != "" && now.Sub(l.notified) >= waitNotifyEvery {
+		// Relays holding this one's share free it at their next check;
+		// one that sleeps until its poll (up to a third of Lease) would
+		// keep it that long. Wake them: a relay that wakes checks its
+		// lanes first.
+		l.notified = now
+		if _, err := l.db.ExecContext(ctx, `SELECT pg_notify($1, '')`, l.notify); err != nil {
+			return l.order(), fmt.Errorf("outbox relay: waking the relays holding this one's lanes: %w", err)
+		}
 	}
 	return l.order(), nil
 }
@@ -147,11 +165,23 @@ func (l *lanes) rebalance(ctx context.Context, start time.Time, take bool) error
 }
 
 // free gives the lanes back and, for a running relay, leaves the relays'
-// table, so that the others take its share at their next check.
+// table, so that the others take its share at their next check. When
+// relays LISTEN it also notifies, once the lanes are free, so that relays
+// sleeping until their poll wake and take them at once (a notification
+// about an event in one of them would otherwise wake a relay that does
+// not hold it yet).
 func (l *lanes) free(ctx context.Context) error {
-	_, err := l.db.ExecContext(ctx, `WITH freed AS (
+	q := `WITH freed AS (
 		UPDATE millwright_outbox_lanes SET owner = NULL, lease_until = '-infinity' WHERE owner = $1
-	) DELETE FROM millwright_outbox_relays WHERE id = $1`, l.id)
+	) DELETE FROM millwright_outbox_relays WHERE id = $1`
+	if l.notify != "" {
+		q = `WITH freed AS (
+		UPDATE millwright_outbox_lanes SET owner = NULL, lease_until = '-infinity' WHERE owner = $1
+	), gone AS (
+		DELETE FROM millwright_outbox_relays WHERE id = $1
+	) SELECT pg_notify(` + pq.QuoteLiteral(l.notify) + `, '')`
+	}
+	_, err := l.db.ExecContext(ctx, q, l.id)
 	l.held = nil
 	if err != nil {
 		return fmt.Errorf("outbox relay: freeing lanes (other relays take them when their leases end): %w", err)

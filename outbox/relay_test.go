@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -764,6 +765,11 @@ func TestRelay_PublishesWithoutHoldingTheWakeupLock(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the relay did not publish the event its look under the lock found within 10s")
 	}
+	// Skip what was notified before: the relay's own notification when it
+	// joined (waking relays that hold its share).
+	marker("before")
+	for next() != "before" {
+	}
 	for i := 0; i < 3; i++ {
 		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: fmt.Sprint("w", i)}))
 	}
@@ -780,19 +786,70 @@ func TestRelay_StoppingHolderHandsOverTheWakeup(t *testing.T) {
 	got := b.collect(t, "t")
 	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour}
 	relays := []*Relay{startRelay(t, b.db, b.pubsub, cfg), startRelay(t, b.db, b.pubsub, cfg)}
-	holderPID := func() int { return wakeupLockHolder(t, b) }
-	// Both are idle: one holds the lock, the other found it held.
-	eventually(t, 5*time.Second, func() bool { return triedWakeupLock(t, b) == 2 && holderPID() != 0 }, "both relays idle, one holding the lock")
+	// Both are idle: one holds the lock, the other found it held. Until
+	// they have divided the lanes they wake every few ms and the lock may
+	// change hands; once each holds its 32 it stays where it is.
+	divided := func() bool {
+		var owners, min int
+		require.NoError(t, b.db.QueryRow(`SELECT count(*), coalesce(min(n), 0) FROM (SELECT count(*) AS n
+			FROM millwright_outbox_lanes WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner) o`).Scan(&owners, &min))
+		return owners == 2 && min == laneCount/2
+	}
+	var seen string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("last seen: %s", seen)
+		}
+	})
+	eventually(t, 5*time.Second, func() bool {
+		d, tried, h := divided(), triedWakeupLock(t, b), wakeupLockHolder(t, b)
+		seen = fmt.Sprintf("lanes divided %v, relays idle %d, lock holder pid %d", d, tried, h)
+		return d && tried == 2 && h != 0
+	}, "both relays idle with their lanes, one holding the lock")
+	holderPID := wakeupLockHolder(t, b)
 	var holder *Relay
 	for _, r := range relays {
 		var pid int
 		require.NoError(t, r.waitDB.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
-		if pid == holderPID() {
+		if pid == holderPID {
 			holder = r
 		}
 	}
-	require.NotNil(t, holder)
+	require.NotNil(t, holder, "the lock holder (pid %d) is one of the relays", holderPID)
 	require.NoError(t, holder.Close())
 	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
 	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "the other relay publishes without waiting for its poll")
+}
+
+// A relay that joins while another sleeps holding every lane (PollInterval
+// an hour, so the sleeper would wake only after a third of Lease, 10 s)
+// gets its share at once: it wakes the sleeper, which checks its lanes
+// first and frees that share.
+func TestRelay_JoiningRelayWakesTheSleepingHolder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour}
+	startRelay(t, b.db, b.pubsub, cfg)
+	heldBy := func() []int {
+		rows, err := b.db.Query(`SELECT count(*) FROM millwright_outbox_lanes
+			WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner ORDER BY 1`)
+		require.NoError(t, err)
+		defer rows.Close()
+		var out []int
+		for rows.Next() {
+			var n int
+			require.NoError(t, rows.Scan(&n))
+			out = append(out, n)
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	eventually(t, 5*time.Second, func() bool {
+		return slices.Equal(heldBy(), []int{laneCount}) && triedWakeupLock(t, b) == 1
+	}, "the first relay holds every lane and sleeps")
+	start := time.Now()
+	startRelay(t, b.db, b.pubsub, cfg)
+	eventually(t, 3*time.Second, func() bool { return slices.Equal(heldBy(), []int{laneCount / 2, laneCount / 2}) },
+		"the relays divide the lanes well before the sleeper's own wake-up")
+	t.Logf("lanes divided %s after the second relay started", time.Since(start))
 }
