@@ -224,6 +224,8 @@ type Relay struct {
 	// crashed, when set (tests), makes Run return without giving its
 	// lanes back, as a relay that dies does.
 	crashed atomic.Bool
+	// lanesLent counts the lanes this relay lent to spare relays.
+	lanesLent atomic.Int64
 }
 
 // NewRelay returns a relay reading the outbox through db and publishing with
@@ -296,6 +298,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		if r.schema != "" {
 			r.runLanes.notify = NotifyChannel(r.schema)
 		}
+		r.runLanes.onLend = func(lent []int32) {
+			r.lanesLent.Add(int64(len(lent)))
+			r.cfg.Logger.Debug("outbox relay: lent lanes to a spare relay", watermill.LogFields{"lanes": lent})
+		}
 		r.roundMu.Unlock()
 		defer r.leave(ctx)
 		r.markReady()
@@ -323,11 +329,12 @@ func (r *Relay) leave(ctx context.Context) {
 
 // roundResult is what one round did.
 type roundResult struct {
-	n        int       // rows claimed
-	next     time.Time // earliest backoff scheduled
-	failures int       // rows whose publish failed
-	more     bool      // some held lanes may have more due rows: the batch was full
-	waiting  bool      // lanes of this relay's share are still held by others
+	n        int           // rows claimed
+	next     time.Time     // earliest backoff scheduled
+	failures int           // rows whose publish failed
+	more     bool          // some held lanes may have more due rows: the batch was full
+	waiting  bool          // lanes of its share are held by others, or it awaits lent lanes: check again soon
+	perLane  map[int32]int // rows claimed per lane; nil when not known (the mover)
 	err      error
 }
 
@@ -493,6 +500,10 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 	if l == nil { // Run ended meanwhile
 		return roundResult{}
 	}
+	defer func() {
+		l.report(res)
+		res.waiting = res.waiting || l.awaitingLoan()
+	}()
 	held, err := l.hold(ctx)
 	if err != nil {
 		return roundResult{err: err, waiting: true}
@@ -533,7 +544,11 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 		}()
 	}
 	wg.Wait()
+	res.perLane = map[int32]int{}
 	for _, g := range results {
+		for lane, n := range g.perLane {
+			res.perLane[lane] += n
+		}
 		res.n += g.n
 		res.more = res.more || g.more
 		res.next = earliest(res.next, g.next)
@@ -554,6 +569,10 @@ func (r *Relay) stages(ctx context.Context, held []int32, claimed func(), res ro
 		claimed()
 	}
 	res.n, res.more = len(rows), len(rows) >= r.cfg.BatchSize
+	res.perLane = make(map[int32]int, 64)
+	for _, rw := range rows {
+		res.perLane[rw.lane]++
+	}
 	results := r.publish(rows)
 	res.next, res.failures, res.err = r.mark(ctx, rows, results)
 	return res

@@ -82,12 +82,13 @@ var claimedCTE = `WITH ` + blockedCTE + `, claimed AS (
 // themselves, spread over the lanes by spreadLanes, each lane's in id
 // order.
 var claimSQL = `WITH ` + blockedCTE + `
-` + spreadLanes(`o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
+` + spreadLanes(`l.lane, o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
 	o.payload::text, o.payload_raw, NULLIF(o.metadata, '{}')::text, o.retry_count,
 	(extract(epoch FROM o.created_at) * 1000000)::int8`)
 
 // row is one claimed outbox row.
 type row struct {
+	lane       int32
 	id         int64
 	topic      string
 	aggType    string
@@ -120,7 +121,7 @@ func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
 			meta    sql.NullString
 			created int64 // µs since the epoch: cheaper to read than a timestamp
 		)
-		if err := rows.Scan(&rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &meta, &rw.retryCount, &created); err != nil {
+		if err := rows.Scan(&rw.lane, &rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &meta, &rw.retryCount, &created); err != nil {
 			return nil, fmt.Errorf("outbox relay: reading claimed row: %w", err)
 		}
 		sr.metadata, sr.createdAt = meta.String, time.UnixMicro(created)

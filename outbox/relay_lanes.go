@@ -52,7 +52,24 @@ type lanes struct {
 	validUntil time.Time // the held lanes' leases last at least this long
 	rotation   int       // where the next claim starts in held
 	relays     int       // live relays at the last rebalance, this one included
+
+	// Lending (see "Lending lanes" in DESIGN.md), for a running relay.
+	load     string        // how its last round went: loadSpare, loadSome or loadFull
+	perLane  map[int32]int // rows per lane its last round claimed; nil when not known (the mover)
+	borrowed []int32       // held lanes of other relays' shares, lent to it
+	giveBack []int32       // borrowed lanes its last round found nothing due in
+	gaveBack bool          // the last check gave lanes back
+	spares   []string      // live relays whose last round found nothing, at the last check
+	fulls    []string      // live relays whose last batch came back full, at the last check
+	onLend   func([]int32) // called with the lanes lent at a check
 }
+
+// A relay's load, as the last round found it (millwright_outbox_relays.load).
+const (
+	loadSpare = "spare" // nothing was due in its lanes
+	loadSome  = "some"
+	loadFull  = "full" // its batch came back full: more is due
+)
 
 // hold returns the lanes held, renewing them and looking at the other
 // relays when laneCheckEvery (laneWaitCheckEvery while waiting for lanes)
@@ -60,7 +77,7 @@ type lanes struct {
 func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 	now := time.Now()
 	every := laneCheckEvery
-	if l.waiting {
+	if l.waiting || l.awaitingLoan() {
 		every = laneWaitCheckEvery
 	}
 	if l.member && now.Sub(l.checked) < every && now.Before(l.validUntil) {
@@ -80,17 +97,75 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 	if !take {
 		l.joined, l.waiting = true, true
 	}
-	if l.waiting && l.notify != "" && now.Sub(l.notified) >= waitNotifyEvery {
-		// Relays holding this one's share free it at their next check;
-		// one that sleeps until its poll (up to a third of Lease) would
-		// keep it that long. Wake them: a relay that wakes checks its
-		// lanes first.
-		l.notified = now
-		if _, err := l.db.ExecContext(ctx, `SELECT pg_notify($1, '')`, l.notify); err != nil {
-			return l.order(), fmt.Errorf("outbox relay: waking the relays holding this one's lanes: %w", err)
-		}
+	if err := l.wakeOthers(ctx, now); err != nil {
+		return l.order(), err
+	}
+	if err := l.lendToSpares(ctx); err != nil {
+		// The statement may have committed: hold nothing until the next
+		// check says what this relay holds.
+		l.held, l.validUntil = nil, time.Time{}
+		return nil, err
 	}
 	return l.order(), nil
+}
+
+// wakeOthers notifies, when relays LISTEN, after a check that needs other
+// relays to check theirs now rather than when they wake: this relay waits
+// for lanes of its share (relays holding them free them at their next
+// check, and one sleeping until its poll, up to a third of Lease, would
+// keep them that long), or it gave borrowed lanes back (their owners take
+// them at their next check). A relay woken checks its lanes first.
+func (l *lanes) wakeOthers(ctx context.Context, now time.Time) error {
+	wait := l.waiting && now.Sub(l.notified) >= waitNotifyEvery
+	if l.notify == "" || (!wait && !l.gaveBack) {
+		return nil
+	}
+	if wait {
+		l.notified = now
+	}
+	if _, err := l.db.ExecContext(ctx, `SELECT pg_notify($1, '')`, l.notify); err != nil {
+		return fmt.Errorf("outbox relay: waking the other relays to check their lanes: %w", err)
+	}
+	return nil
+}
+
+// awaitingLoan reports whether the relay had nothing to do while other
+// relays had full batches: it then checks its lanes as often as while
+// waiting for its share, so that it starts on lanes lent to it at once.
+func (l *lanes) awaitingLoan() bool {
+	return l.member && l.load == loadSpare && len(l.fulls) > 0
+}
+
+// report records how a round on the held lanes went: its load, for the
+// next check, and which borrowed lanes to give back. perLane is nil when
+// the round does not know its rows' lanes (the mover); a borrowed lane is
+// then given back once a round found nothing at all.
+func (l *lanes) report(res roundResult) {
+	if !l.member {
+		return
+	}
+	switch {
+	case res.err != nil:
+		l.load = loadSome // a failing relay neither lends nor borrows
+	case res.n == 0:
+		l.load = loadSpare
+	case res.more && res.perLane != nil:
+		// The mover does not know its rows' lanes, so it cannot lend; it
+		// never says full, and spare relays do not wait for it.
+		l.load = loadFull
+	default:
+		l.load = loadSome
+	}
+	l.perLane = res.perLane
+	l.giveBack = l.giveBack[:0]
+	if res.err != nil || res.more {
+		return // a full batch may have left out some lanes' rows
+	}
+	for _, lane := range l.borrowed {
+		if res.n == 0 || (res.perLane != nil && res.perLane[lane] == 0) {
+			l.giveBack = append(l.giveBack, lane)
+		}
+	}
 }
 
 // order returns the held lanes starting one further each call, so that a
@@ -104,63 +179,172 @@ func (l *lanes) order() []int32 {
 }
 
 // rebalanceSQL, in one statement: renews the relay's membership ($1: id,
-// $2: lease in ms, $3: member), finds its share among the live relays
-// (want; empty unless $4: take), frees the lanes outside it and takes or
-// renews those inside it that are free, expired or its own. Leases are
-// renewed once half spent, so most checks write nothing: no row lock, no
-// commit to flush. The rare write commits without waiting for the WAL
-// flush (a lease a server crash forgets is taken again). It returns the
-// lanes the relay holds, how many it wants and how many relays are live.
+// $2: lease in ms, $3: member) and records its load ($5), finds its share
+// among the live relays (rank; empty unless $4: take), keeps the lanes
+// lent to it except those it gives back ($6, an int[]), frees the lanes
+// outside share and loans and takes or renews those inside that are
+// free, expired or its own. Leases are renewed once half spent, so most
+// checks write nothing: no row lock, no commit to flush. The rare write
+// commits without waiting for the WAL flush (a lease a server crash
+// forgets is taken again). It returns the lanes the relay holds, how many
+// of its share it waits for (those lent to others excluded), how many
+// relays are live, the spare and the full ones, and its borrowed lanes.
+//
+// A relay holding lanes lent to it that it keeps is not spare, whatever
+// its last round found: they were lent after that round.
 const rebalanceSQL = `WITH async AS MATERIALIZED (
 	SELECT set_config('synchronous_commit', 'off', true)
+), borrowed AS (
+	SELECT lane FROM millwright_outbox_lanes
+	WHERE $3 AND $4 AND owner = $1 AND lent AND lease_until > now() AND lane <> ALL ($6::int[])
+), me AS (
+	SELECT CASE WHEN $5 = 'spare' AND EXISTS (SELECT 1 FROM borrowed) THEN 'some' ELSE $5 END AS load
 ), joined AS (
-	INSERT INTO millwright_outbox_relays (id, seen_until)
-	SELECT $1, now() + $2 * interval '1 millisecond' WHERE $3
+	INSERT INTO millwright_outbox_relays (id, seen_until, load)
+	SELECT $1, now() + $2 * interval '1 millisecond', me.load FROM me WHERE $3
 	ON CONFLICT (id) DO NOTHING
 ), renewed AS (
-	UPDATE millwright_outbox_relays SET seen_until = now() + $2 * interval '1 millisecond'
-	WHERE $3 AND id = $1 AND seen_until < now() + $2 * interval '0.5 millisecond'
+	UPDATE millwright_outbox_relays r SET load = me.load,
+		seen_until = CASE WHEN r.seen_until < now() + $2 * interval '0.5 millisecond'
+			THEN now() + $2 * interval '1 millisecond' ELSE r.seen_until END
+	FROM me
+	WHERE $3 AND r.id = $1 AND (r.seen_until < now() + $2 * interval '0.5 millisecond' OR r.load <> me.load)
 ), gone AS (
 	DELETE FROM millwright_outbox_relays WHERE seen_until < now() - interval '1 hour'
 ), live AS (
-	SELECT id FROM millwright_outbox_relays WHERE seen_until > now() AND id <> $1
-	UNION ALL SELECT $1 WHERE $3
+	SELECT id, load FROM millwright_outbox_relays WHERE seen_until > now() AND id <> $1
+	UNION ALL SELECT $1, me.load FROM me WHERE $3
 ), share AS (
 	SELECT count(*) AS n, count(*) FILTER (WHERE id < $1) AS rank FROM live
-), want AS (
+), rank AS (
 	SELECT l.lane FROM millwright_outbox_lanes l, share s WHERE $4 AND (NOT $3 OR l.lane % s.n = s.rank)
+), want AS (
+	SELECT lane FROM rank UNION SELECT lane FROM borrowed
+), lent_out AS (
+	SELECT lane FROM millwright_outbox_lanes
+	WHERE lent AND owner <> $1 AND lease_until > now() AND lane IN (SELECT lane FROM rank)
 ), freed AS (
-	UPDATE millwright_outbox_lanes SET owner = NULL, lease_until = '-infinity'
+	UPDATE millwright_outbox_lanes SET owner = NULL, lease_until = '-infinity', lent = false
 	WHERE owner = $1 AND lane NOT IN (SELECT lane FROM want)
 ), taken AS (
-	UPDATE millwright_outbox_lanes l SET owner = $1, lease_until = now() + $2 * interval '1 millisecond'
+	UPDATE millwright_outbox_lanes l SET owner = $1, lease_until = now() + $2 * interval '1 millisecond',
+		lent = l.lane NOT IN (SELECT lane FROM rank)
 	WHERE l.lane IN (SELECT lane FROM want)
-	  AND (l.owner IS DISTINCT FROM $1 OR l.lease_until < now() + $2 * interval '0.5 millisecond')
+	  AND (l.owner IS DISTINCT FROM $1 OR l.lease_until < now() + $2 * interval '0.5 millisecond'
+		OR (l.lent AND l.lane IN (SELECT lane FROM rank)))
 	  AND (l.owner IS NULL OR l.owner = $1 OR l.lease_until <= now())
 	RETURNING l.lane
 )
 SELECT ARRAY(SELECT lane FROM taken UNION
 	SELECT lane FROM millwright_outbox_lanes WHERE owner = $1 AND lease_until >= now() + $2 * interval '0.5 millisecond'
 	  AND lane IN (SELECT lane FROM want) ORDER BY 1),
-	(SELECT count(*) FROM want),
-	(SELECT n FROM share)
+	(SELECT count(*) FROM want) - (SELECT count(*) FROM lent_out),
+	(SELECT n FROM share),
+	ARRAY(SELECT id FROM live WHERE load = 'spare' ORDER BY id),
+	ARRAY(SELECT id FROM live WHERE load = 'full' ORDER BY id),
+	ARRAY(SELECT lane FROM borrowed ORDER BY 1)
 FROM async`
 
 // rebalance runs rebalanceSQL.
 func (l *lanes) rebalance(ctx context.Context, start time.Time, take bool) error {
-	var held pq.Int32Array
+	var held, borrowed pq.Int32Array
+	var spares, fulls pq.StringArray
 	var want, relays int
-	err := l.db.QueryRowContext(ctx, rebalanceSQL, l.id, l.lease.Milliseconds(), l.member, take).Scan(&held, &want, &relays)
+	load := l.load
+	if load == "" {
+		load = loadSome
+	}
+	err := l.db.QueryRowContext(ctx, rebalanceSQL, l.id, l.lease.Milliseconds(), l.member, take, load, intArrayParam(l.giveBack)).
+		Scan(&held, &want, &relays, &spares, &fulls, &borrowed)
 	if err != nil {
 		return err
 	}
+	l.gaveBack = len(l.giveBack) > 0 && take
 	l.held = held
 	l.relays = relays
 	l.waiting = len(held) < want
 	l.checked = start
+	l.spares, l.fulls, l.borrowed = spares, fulls, borrowed
+	l.giveBack = l.giveBack[:0]
 	// Every lane held has at least half a lease left, counted from before
 	// the statement.
 	l.validUntil = start.Add(l.lease / 2)
+	return nil
+}
+
+// lendSQL hands lanes $3 (an int[]) of relay $1 to relays $4 (a text[],
+// pairwise), each still live and spare, with a fresh lease ($2 ms), and
+// marks each taker's load 'some' so that no other relay lends to it before
+// it has worked them. It returns the lanes lent.
+const lendSQL = `WITH async AS MATERIALIZED (
+	SELECT set_config('synchronous_commit', 'off', true)
+), given AS (
+	UPDATE millwright_outbox_lanes l SET owner = g.relay, lent = true,
+		lease_until = now() + $2 * interval '1 millisecond'
+	FROM unnest($3::int[], $4::text[]) AS g(lane, relay), millwright_outbox_relays r
+	WHERE l.lane = g.lane AND l.owner = $1 AND l.lease_until > now()
+	  AND r.id = g.relay AND r.seen_until > now() AND r.load = 'spare'
+	RETURNING l.lane, g.relay
+), taker AS (
+	UPDATE millwright_outbox_relays SET load = 'some' WHERE id IN (SELECT relay FROM given)
+)
+SELECT ARRAY(SELECT lane FROM given ORDER BY 1) FROM async`
+
+// lendToSpares, at a check of a relay whose last batch came back full,
+// lends some of its lanes that had rows to the spare relays paired with
+// it: full relay j of F (by id) serves spare relays j, j+F, ...; with m of
+// them, it keeps its busiest lane and every (m+1)-th after it and lends
+// the others in turn. Between rounds, so nothing of them is in flight.
+func (l *lanes) lendToSpares(ctx context.Context) error {
+	if !l.member || l.load != loadFull || len(l.spares) == 0 || l.perLane == nil {
+		return nil
+	}
+	j := slices.Index(l.fulls, l.id)
+	if j < 0 {
+		return nil
+	}
+	var takers []string
+	for i := j; i < len(l.spares); i += len(l.fulls) {
+		takers = append(takers, l.spares[i])
+	}
+	if len(takers) == 0 {
+		return nil
+	}
+	busy := make([]int32, 0, len(l.held))
+	for _, lane := range l.held {
+		if l.perLane[lane] > 0 {
+			busy = append(busy, lane)
+		}
+	}
+	slices.SortFunc(busy, func(a, b int32) int {
+		if c := l.perLane[b] - l.perLane[a]; c != 0 {
+			return c
+		}
+		return int(a - b)
+	})
+	var give []int32
+	var to []string
+	for i, lane := range busy {
+		if k := i % (len(takers) + 1); k > 0 {
+			give = append(give, lane)
+			to = append(to, takers[k-1])
+		}
+	}
+	if len(give) == 0 {
+		return nil
+	}
+	var lent pq.Int32Array
+	if err := l.db.QueryRowContext(ctx, lendSQL, l.id, l.lease.Milliseconds(), intArrayParam(give), pq.StringArray(to)).Scan(&lent); err != nil {
+		return fmt.Errorf("outbox relay: lending lanes to spare relays: %w", err)
+	}
+	if len(lent) == 0 {
+		return nil
+	}
+	l.held = slices.DeleteFunc(l.held, func(lane int32) bool { return slices.Contains(lent, lane) })
+	l.spares = nil // each served once per check
+	if l.onLend != nil {
+		l.onLend(lent)
+	}
 	return nil
 }
 

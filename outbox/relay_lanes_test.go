@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -300,4 +301,139 @@ func TestRelay_TopicsOfABatchArePublishedAtOnce(t *testing.T) {
 	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "drain")
 	require.Equal(t, int64(3), pub.calls.Load(), "one PublishBatch per topic, no retry")
 	checkBacklogOrder(t, pub.all(), len(evs))
+}
+
+// A relay whose last batch was full lends half of its lanes that had rows
+// to a spare relay (its busiest lane stays), between rounds; the borrower
+// holds them until a round finds nothing in them, then gives them back
+// and the owner takes them again. No lane ever has two holders.
+func TestLanes_FullRelayLendsToSpareOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	a := &lanes{db: b.db, id: "relay-a", lease: time.Minute, member: true}
+	s := &lanes{db: b.db, id: "relay-b", lease: time.Minute, member: true}
+	var lent []int32
+	a.onLend = func(l []int32) { lent = append(lent, l...) }
+	hold := func(l *lanes) []int32 {
+		t.Helper()
+		l.checked = time.Time{} // the next check is due (instead of sleeping)
+		held, err := l.hold(ctx)
+		require.NoError(t, err)
+		return held
+	}
+	disjoint := func() {
+		t.Helper()
+		var owned, distinct int
+		require.NoError(t, b.db.QueryRow(`SELECT count(*), count(DISTINCT lane) FROM millwright_outbox_lanes
+			WHERE owner IS NOT NULL AND lease_until > now()`).Scan(&owned, &distinct))
+		require.Equal(t, owned, distinct)
+		require.ElementsMatch(t, append(slices.Clone(a.held), s.held...), ownedLanes(t, b))
+	}
+	for _, l := range []*lanes{a, s, a, s} { // join, then take the shares
+		hold(l)
+	}
+	require.Len(t, a.held, laneCount/2)
+	require.Len(t, s.held, laneCount/2)
+
+	// a's last round: a full batch with rows in 8 of its lanes, the
+	// first the busiest; s's: nothing.
+	busy := map[int32]int{}
+	for i, lane := range a.held[:8] {
+		busy[lane] = 10 - i
+	}
+	a.report(roundResult{n: 500, more: true, perLane: busy})
+	s.report(roundResult{})
+	hold(s) // s says it is spare
+	require.Equal(t, []string{"relay-b"}, s.spares)
+	hold(a) // a sees it and lends
+	require.Len(t, lent, 4, "half of a's 8 busy lanes")
+	require.NotContains(t, lent, a.held[0], "a keeps its busiest lane")
+	require.Len(t, a.held, laneCount/2-4)
+	for _, lane := range lent {
+		require.NotContains(t, a.held, lane)
+	}
+	// s takes them at its next check, knows them as borrowed, and is no
+	// longer spare; a neither waits for them nor takes them back.
+	hold(s)
+	require.ElementsMatch(t, lent, s.borrowed)
+	require.Len(t, s.held, laneCount/2+4)
+	require.False(t, s.waiting)
+	hold(a)
+	require.Len(t, a.held, laneCount/2-4)
+	require.False(t, a.waiting, "lanes lent out are not waited for")
+	disjoint()
+	var load string
+	require.NoError(t, b.db.QueryRow(`SELECT load FROM millwright_outbox_relays WHERE id = 'relay-b'`).Scan(&load))
+	require.Equal(t, loadSome, load, "a relay with lanes just lent to it is not spare")
+
+	// s's round finds rows in one borrowed lane only: it gives the
+	// others back; a takes them again.
+	s.report(roundResult{n: 3, perLane: map[int32]int{lent[0]: 3}})
+	hold(s)
+	require.Equal(t, []int32{lent[0]}, []int32(s.borrowed))
+	a.report(roundResult{n: 100, perLane: busy})
+	hold(a)
+	require.Len(t, a.held, laneCount/2-1)
+	disjoint()
+	// Then nothing in it either: all back with a.
+	s.report(roundResult{})
+	hold(s)
+	require.Empty(t, s.borrowed)
+	hold(a)
+	require.Len(t, a.held, laneCount/2)
+	require.Len(t, s.held, laneCount/2)
+	disjoint()
+}
+
+// ownedLanes lists the lanes held under a live lease.
+func ownedLanes(t *testing.T, b bundle) []int32 {
+	t.Helper()
+	rows, err := b.db.Query(`SELECT lane FROM millwright_outbox_lanes WHERE owner IS NOT NULL AND lease_until > now()`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []int32
+	for rows.Next() {
+		var l int32
+		require.NoError(t, rows.Scan(&l))
+		out = append(out, l)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// A backlog all in one relay's share (even lanes only, of two relays)
+// is drained by both: the full relay lends lanes to the spare one, each
+// aggregate's events still go out in order, and every event goes out.
+func TestRelay_SpareRelayDrainsLanesLentToIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const events = 20000
+	_, err := b.db.Exec(`WITH ids AS (
+		SELECT array_agg(id) AS a FROM (
+			SELECT 'a' || x AS id FROM generate_series(0, 2000) x
+			WHERE ((hashtext('acct/a' || x) & 63) % 2) = 0 LIMIT 200) s
+	) INSERT INTO millwright_outbox (event_id, topic, aggregate_type, aggregate_id, payload)
+	SELECT gen_random_uuid()::text, 't', 'acct', ids.a[1 + g % 200], to_jsonb(g)
+	FROM generate_series(0, $1 - 1) g, ids ORDER BY g`, events)
+	require.NoError(t, err)
+	var oddLanes int
+	require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM millwright_outbox WHERE `+laneExpr+` % 2 = 1`).Scan(&oddLanes))
+	require.Zero(t, oddLanes, "the backlog is in even lanes only")
+
+	rec := &recorder{}
+	cfg := RelayConfig{BatchSize: 200, PollInterval: 5 * time.Millisecond, Lease: 5 * time.Second}
+	pubs := []*countingPublisher{{Publisher: rec}, {Publisher: rec}}
+	var relays []*Relay
+	for _, p := range pubs {
+		relays = append(relays, startRelay(t, b.db, p, cfg))
+	}
+	eventually(t, 2*time.Minute, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "drain")
+	checkBacklogOrder(t, rec.all(), events)
+	lent := relays[0].lanesLent.Load() + relays[1].lanesLent.Load()
+	require.Positive(t, lent, "lanes were lent")
+	t.Logf("lanes lent: %d; published by each relay: %d and %d", lent, pubs[0].published.Load(), pubs[1].published.Load())
+	for i, p := range pubs {
+		require.Greater(t, p.published.Load(), int64(events/10), "relay %d published a real part of the backlog", i)
+	}
 }
