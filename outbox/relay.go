@@ -329,13 +329,16 @@ func (r *Relay) leave(ctx context.Context) {
 
 // roundResult is what one round did.
 type roundResult struct {
-	n        int           // rows claimed
-	next     time.Time     // earliest backoff scheduled
-	failures int           // rows whose publish failed
-	more     bool          // some held lanes may have more due rows: the batch was full
-	waiting  bool          // lanes of its share are held by others, or it awaits lent lanes: check again soon
-	perLane  map[int32]int // rows claimed per lane; nil when not known (the mover)
-	err      error
+	n        int       // rows claimed
+	next     time.Time // earliest backoff scheduled
+	failures int       // rows whose publish failed
+	more     bool      // some held lanes may have more due rows: the batch was full
+	waiting  bool      // lanes of its share are held by others: check again soon
+	// awaitingLoan: nothing was due in its lanes while another relay's
+	// batch was full; it checks again soon for lanes lent to it.
+	awaitingLoan bool
+	perLane      map[int32]int // rows claimed per lane; nil when not known (the mover)
+	err          error
 }
 
 // loop runs rounds back to back while batches come back full, and
@@ -383,11 +386,13 @@ func (r *Relay) idle(ctx context.Context, draining <-chan struct{}, wake <-chan 
 	// Sleep no longer than a third of the lease, or the relay's lanes
 	// would go to the others while it waits.
 	wait := min(r.cfg.PollInterval, r.cfg.Lease/3)
-	if res.waiting {
+	if res.waiting || res.awaitingLoan {
 		wait = min(wait, laneWaitCheckEvery)
 	}
 	release := func(bool) {}
-	if listening && res.err == nil {
+	// A relay awaiting a loan looks again within laneWaitCheckEvery and
+	// the full relays are busy: writers need not notify anybody.
+	if listening && res.err == nil && !res.awaitingLoan {
 		var work, settled bool
 		release, work, settled = r.lookUnderLock(ctx, due)
 		if ctx.Err() != nil {
@@ -502,7 +507,7 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 	}
 	defer func() {
 		l.report(res)
-		res.waiting = res.waiting || l.awaitingLoan()
+		res.awaitingLoan = l.awaitingLoan()
 	}()
 	held, err := l.hold(ctx)
 	if err != nil {

@@ -407,6 +407,15 @@ func ownedLanes(t *testing.T, b bundle) []int32 {
 // aggregate's events still go out in order, and every event goes out.
 func TestRelay_SpareRelayDrainsLanesLentToIt(t *testing.T) {
 	t.Parallel()
+	for _, listen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("listen=%v", listen), func(t *testing.T) {
+			t.Parallel()
+			spareRelayDrainsLanesLentToIt(t, listen)
+		})
+	}
+}
+
+func spareRelayDrainsLanesLentToIt(t *testing.T, listen bool) {
 	b := setup(t)
 	const events = 20000
 	_, err := b.db.Exec(`WITH ids AS (
@@ -423,6 +432,9 @@ func TestRelay_SpareRelayDrainsLanesLentToIt(t *testing.T) {
 
 	rec := &recorder{}
 	cfg := RelayConfig{BatchSize: 200, PollInterval: 5 * time.Millisecond, Lease: 5 * time.Second}
+	if listen {
+		cfg.ListenURL, cfg.PollInterval = b.schema.URL, time.Second
+	}
 	pubs := []*countingPublisher{{Publisher: rec}, {Publisher: rec}}
 	var relays []*Relay
 	for _, p := range pubs {
