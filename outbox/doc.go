@@ -89,10 +89,9 @@
 // Upgrading to lanes (migrations/003_outbox_lanes.sql): stop the relays of
 // the earlier version before starting these; the two kinds do not know of
 // each other's claims. Lane lending (migrations/005_outbox_lane_lending.sql,
-// see DESIGN.md): apply it before starting relays of this version, which
-// refuse to run without it ("holding lanes (did `millwright migrate`
-// run?)"); relays of the version before keep working beside them, and are
-// only never lent lanes.
+// see DESIGN.md): apply it, stop the relays of the version before, then
+// start these; without it they refuse to run ("holding lanes (did
+// `millwright migrate` run?)").
 //
 // # Publishing in the database
 //

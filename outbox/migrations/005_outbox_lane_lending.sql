@@ -9,9 +9,8 @@
 -- once it found nothing due in it. lent marks a lane held by a relay other
 -- than the one whose share it is.
 --
--- Relays of the earlier version ignore both columns: they never say they
--- are spare, so nobody lends to them, and they never take a lane another
--- relay holds under a live lease, lent or not.
+-- Stop the relays of the version before, then start the new ones (they
+-- read and write both columns).
 ALTER TABLE millwright_outbox_relays ADD COLUMN load TEXT NOT NULL DEFAULT 'some'
     CHECK (load IN ('spare', 'some', 'full'));
 ALTER TABLE millwright_outbox_lanes ADD COLUMN lent BOOLEAN NOT NULL DEFAULT false;
