@@ -286,17 +286,7 @@ func partitionedSetup(t *testing.T) (bundle, time.Time) {
 
 func partitionNames(t *testing.T, db *sql.DB) []string {
 	t.Helper()
-	rows, err := db.Query(`SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'millwright_outbox'::regclass ORDER BY 1`)
-	require.NoError(t, err)
-	defer rows.Close()
-	var names []string
-	for rows.Next() {
-		var n string
-		require.NoError(t, rows.Scan(&n))
-		names = append(names, n)
-	}
-	require.NoError(t, rows.Err())
-	return names
+	return column[string](t, db, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'millwright_outbox'::regclass ORDER BY 1`)
 }
 
 func TestPartitionCleaner_CreatesAheadDropsOnlyFullyPublishedPartitions(t *testing.T) {

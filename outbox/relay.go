@@ -218,6 +218,9 @@ type Relay struct {
 	// afterPublish, when set (tests), runs after the broker calls of a batch
 	// and before the rows are marked.
 	afterPublish func(ctx context.Context, published []int64)
+	// groupSpan, when set (tests), replaces laneCheckEvery as the longest
+	// a group works on alone in a round (see round).
+	groupSpan time.Duration
 	// beforeIdleLook, when set (tests), runs after announceIdle and before
 	// the look at the table that follows it.
 	beforeIdleLook func()
@@ -539,13 +542,25 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 		c := claimed
 		claimed = func() { once.Do(c) }
 	}
+	// Each group works its lanes batch after batch until its batch is not
+	// full or the next lane check is due: the groups meet (and the lanes
+	// may change hands) once per check, not after every batch, so one
+	// slow publish does not hold the other groups back each time.
+	span := laneCheckEvery
+	if r.groupSpan > 0 {
+		span = r.groupSpan
+	}
+	until := time.Now().Add(span)
+	if l.validUntil.Before(until) {
+		until = l.validUntil
+	}
 	results := make([]roundResult, len(groups))
 	var wg sync.WaitGroup
 	for i, g := range groups {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = r.stages(ctx, g, claimed, roundResult{})
+			results[i] = r.groupStages(ctx, g, claimed, until)
 		}()
 	}
 	wg.Wait()
@@ -561,6 +576,32 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 		res.err = errors.Join(res.err, g.err)
 	}
 	return res
+}
+
+// groupStages runs stages on a group of the held lanes, batch after batch,
+// while its batches come back full, without failures, and until has not
+// passed. A group's lanes are its own for the round, and each batch is
+// marked before the next is claimed, so each lane's rows go out in order.
+func (r *Relay) groupStages(ctx context.Context, g []int32, claimed func(), until time.Time) roundResult {
+	var res roundResult
+	for {
+		b := r.stages(ctx, g, claimed, roundResult{})
+		if res.perLane == nil {
+			res.perLane = b.perLane
+		} else {
+			for lane, n := range b.perLane {
+				res.perLane[lane] += n
+			}
+		}
+		res.n += b.n
+		res.more = b.more
+		res.next = earliest(res.next, b.next)
+		res.failures += b.failures
+		res.err = b.err
+		if !b.more || b.err != nil || b.failures > 0 || ctx.Err() != nil || !time.Now().Before(until) {
+			return res
+		}
+	}
 }
 
 // stages is claim → publish → mark of one batch of the lanes held.

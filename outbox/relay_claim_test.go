@@ -24,16 +24,7 @@ func TestClaim_UsesTheLaneIndex(t *testing.T) {
 	defer conn.Close()
 	_, err = conn.ExecContext(ctx, `SET enable_seqscan = off`)
 	require.NoError(t, err)
-	rows, err := conn.QueryContext(ctx, `EXPLAIN `+strings.NewReplacer("$1", "'{1,2,3}'", "$2", "500", "$3", "167").Replace(claimSQL))
-	require.NoError(t, err)
-	defer rows.Close()
-	var plan []string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		plan = append(plan, line)
-	}
-	require.NoError(t, rows.Err())
+	plan := column[string](t, conn, `EXPLAIN `+strings.NewReplacer("$1", "'{1,2,3}'", "$2", "500", "$3", "167").Replace(claimSQL))
 	// The partitioned layout's partitions name their copy of the index
 	// after the expression (see migrations_partitioned).
 	joined := strings.Join(plan, "\n")

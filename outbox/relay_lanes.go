@@ -147,6 +147,9 @@ func (l *lanes) report(res roundResult) {
 	switch {
 	case res.err != nil:
 		l.load = loadSome // a failing relay neither lends nor borrows
+	case res.n == 0 && (l.waiting || len(l.held) == 0):
+		// Joining, or waiting for its share: not out of work.
+		l.load = loadSome
 	case res.n == 0:
 		l.load = loadSpare
 	case res.more && res.perLane != nil:

@@ -389,17 +389,7 @@ func TestLanes_FullRelayLendsToSpareOne(t *testing.T) {
 // ownedLanes lists the lanes held under a live lease.
 func ownedLanes(t *testing.T, b bundle) []int32 {
 	t.Helper()
-	rows, err := b.db.Query(`SELECT lane FROM millwright_outbox_lanes WHERE owner IS NOT NULL AND lease_until > now()`)
-	require.NoError(t, err)
-	defer rows.Close()
-	var out []int32
-	for rows.Next() {
-		var l int32
-		require.NoError(t, rows.Scan(&l))
-		out = append(out, l)
-	}
-	require.NoError(t, rows.Err())
-	return out
+	return column[int32](t, b.db, `SELECT lane FROM millwright_outbox_lanes WHERE owner IS NOT NULL AND lease_until > now()`)
 }
 
 // A backlog all in one relay's share (even lanes only, of two relays)
@@ -448,4 +438,46 @@ func spareRelayDrainsLanesLentToIt(t *testing.T, listen bool) {
 	for i, p := range pubs {
 		require.Greater(t, p.published.Load(), int64(events/10), "relay %d published a real part of the backlog", i)
 	}
+}
+
+// Within a round the lane groups work on their own: a group whose batch
+// is slow to publish does not hold the other back after each batch (it
+// used to: the groups met after every batch). The second batch published
+// in groups stalls until the other group has published two more; with a
+// meeting after every batch they would never come.
+func TestRelay_SlowGroupDoesNotHoldTheOtherBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fillBacklog(t, b, 400, 100, false)
+	rec := &recorder{}
+	r, err := NewRelay(b.db, rec, RelayConfig{BatchSize: 10, Workers: 2, PollInterval: 5 * time.Millisecond})
+	require.NoError(t, err)
+	r.groupSpan = time.Minute // the groups meet only when their batches run out
+	var batches atomic.Int64
+	released := make(chan struct{})
+	var stalled, freed atomic.Bool
+	r.afterPublish = func(context.Context, []int64) {
+		switch batches.Add(1) {
+		case 2: // the first round (one batch) ran alone; this is a group's first
+			stalled.Store(true)
+			select {
+			case <-released:
+				freed.Store(true)
+			case <-time.After(10 * time.Second):
+			}
+		case 5: // the other group's second and third batches after the stall
+			close(released)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	eventually(t, time.Minute, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "drain")
+	require.True(t, stalled.Load(), "a batch stalled")
+	require.True(t, freed.Load(), "the other group published while one stalled")
+	checkBacklogOrder(t, rec.all(), 400)
 }

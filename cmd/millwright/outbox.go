@@ -201,6 +201,7 @@ broker it ran on.`,
 	cmd.Flags().Int("writes", 2000, "transactions per write-overhead run")
 	cmd.Flags().Int("backlog", 100000, "events per drain run (at tens of thousands of events/s a smaller backlog drains in under a second, and the figures measure start-up and noise)")
 	cmd.Flags().Int("aggregates", 1000, "aggregates the drain's backlog is spread over")
+	cmd.Flags().Int("hot", 0, "percent of the drain's backlog on one more aggregate (0..100; one lane, so one relay publishes those)")
 	cmd.Flags().IntSlice("relays", []int{1, 2}, "relay counts of the drain; the bare loop runs at the same counts")
 	cmd.Flags().Int("published-rows", 1000000, "published rows for the claim and retention sections (0 skips them)")
 	cmd.Flags().StringSlice("kinds", []string{"gochannel", "kafka"}, "transports for drain and latency: gochannel, kafka, googlecloud, amqp, sql")
@@ -218,6 +219,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	writes, _ := f.GetInt("writes")
 	backlog, _ := f.GetInt("backlog")
 	aggregates, _ := f.GetInt("aggregates")
+	hot, _ := f.GetInt("hot")
 	relays, _ := f.GetIntSlice("relays")
 	published, _ := f.GetInt("published-rows")
 	kindFlag, _ := f.GetStringSlice("kinds")
@@ -228,12 +230,15 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	if rounds < 1 || writes < 1 || backlog < 1 || rate < 1 || published < 0 || aggregates < 1 {
 		return errors.New("bench outbox: --rounds, --writes, --backlog, --aggregates and --rate must be at least 1, --published-rows at least 0")
 	}
+	if hot < 0 || hot > 100 {
+		return fmt.Errorf("bench outbox: --hot %d: want a percent, 0..100", hot)
+	}
 	for _, n := range relays {
 		if n < 1 || n > 64 {
 			return fmt.Errorf("bench outbox: --relays %d: want 1..64", n)
 		}
 	}
-	cfg := outboxbench.Config{Rounds: rounds, Writes: writes, Backlog: backlog, Aggregates: aggregates, Relays: relays,
+	cfg := outboxbench.Config{Rounds: rounds, Writes: writes, Backlog: backlog, Aggregates: aggregates, HotPercent: hot, Relays: relays,
 		PublishedRows: published, Rate: rate, LatencyDuration: latDur, Sections: sections, Group: sinkGroup,
 		Out: cmd.OutOrStdout(), JSON: asJSON}
 	cfg.Progress = func(format string, args ...any) {

@@ -105,7 +105,11 @@ func (b *bench) emitDrain(kind string, pub message.Publisher, variants []drainVa
 	if _, ok := pub.(transport.BatchPublisher); ok {
 		call = "PublishBatch"
 	}
-	suffix := fmt.Sprintf(", batch %d, %d events over %d aggregates (%s)", drainBatch, b.Backlog, b.Aggregates, call)
+	hot := ""
+	if b.HotPercent > 0 {
+		hot = fmt.Sprintf(", %d%% on one", b.HotPercent)
+	}
+	suffix := fmt.Sprintf(", batch %d, %d events over %d aggregates%s (%s)", drainBatch, b.Backlog, b.Aggregates, hot, call)
 	var bare, fewer float64
 	for i, v := range variants {
 		row := Row{Case: "drain " + kind, Variant: v.name + suffix, Value: median(results[i]), Unit: "events/s", Runs: results[i],
@@ -251,14 +255,18 @@ func bareBatch(ctx context.Context, db *sql.DB, pub message.Publisher) (done boo
 }
 
 // fill truncates the outbox and writes n events over Aggregates
-// aggregates.
+// aggregates, HotPercent of them (the first of every hundred) on one more.
 func (b *bench) fill(ctx context.Context, topic string, n int) error {
 	if _, err := b.DB.ExecContext(ctx, `TRUNCATE millwright_outbox`); err != nil {
 		return err
 	}
 	evs := make([]outbox.Event, 0, 1000)
 	for i := 0; i < n; i++ {
-		evs = append(evs, outbox.Event{Topic: topic, AggregateType: "order", AggregateID: strconv.Itoa(i % b.Aggregates), EventType: "order.created.v1", Payload: b.payload})
+		agg := strconv.Itoa(i % b.Aggregates)
+		if i%100 < b.HotPercent {
+			agg = "hot"
+		}
+		evs = append(evs, outbox.Event{Topic: topic, AggregateType: "order", AggregateID: agg, EventType: "order.created.v1", Payload: b.payload})
 		if len(evs) == cap(evs) || i == n-1 {
 			if err := outbox.Add(ctx, b.DB, evs...); err != nil {
 				return err

@@ -53,6 +53,9 @@ type Config struct {
 	// Backlog is the number of events per drain run, spread over
 	// Aggregates aggregates.
 	Backlog, Aggregates int
+	// HotPercent of the backlog's events (0..100) belong to one more
+	// aggregate, "hot" (one lane: one relay publishes them, in order).
+	HotPercent int
 	// Relays are the relay counts of the drain (the bare loop runs at the
 	// same counts).
 	Relays []int
