@@ -537,6 +537,12 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 	if len(groups) == 1 {
 		return r.stages(ctx, held, claimed, res)
 	}
+	return r.inGroups(ctx, groups, l.validUntil, claimed, res)
+}
+
+// inGroups runs the groups of the held lanes at once, each with
+// groupStages, and adds up what they did to res.
+func (r *Relay) inGroups(ctx context.Context, groups [][]int32, validUntil time.Time, claimed func(), res roundResult) roundResult {
 	var once sync.Once
 	if claimed != nil {
 		c := claimed
@@ -551,8 +557,8 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 		span = r.groupSpan
 	}
 	until := time.Now().Add(span)
-	if l.validUntil.Before(until) {
-		until = l.validUntil
+	if validUntil.Before(until) {
+		until = validUntil
 	}
 	results := make([]roundResult, len(groups))
 	var wg sync.WaitGroup
