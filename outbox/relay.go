@@ -219,7 +219,7 @@ type Relay struct {
 	// and before the rows are marked.
 	afterPublish func(ctx context.Context, published []int64)
 	// groupSpan, when set (tests), replaces laneCheckEvery as the longest
-	// a group works on alone in a round (see round).
+	// a group works on alone in a round (see inGroups).
 	groupSpan time.Duration
 	// beforeIdleLook, when set (tests), runs after announceIdle and before
 	// the look at the table that follows it.
@@ -229,6 +229,9 @@ type Relay struct {
 	crashed atomic.Bool
 	// lanesLent counts the lanes this relay lent to spare relays.
 	lanesLent atomic.Int64
+	// lanesChanged: a notification said lanes changed hands (or the
+	// LISTEN reconnected, and one may have been missed).
+	lanesChanged atomic.Bool
 }
 
 // NewRelay returns a relay reading the outbox through db and publishing with
@@ -364,13 +367,16 @@ func (r *Relay) loop(ctx context.Context, draining <-chan struct{}, wake <-chan 
 		if !r.idle(ctx, draining, wake, res, &due) {
 			return
 		}
-		r.recheckLanes()
+		if r.lanesChanged.Swap(false) {
+			r.recheckLanes()
+		}
 	}
 }
 
-// recheckLanes makes the next round check the lanes first: a relay that
-// slept may have missed relays leaving (whose lanes it should take before
-// looking for what woke it) or joining.
+// recheckLanes makes the next round check the lanes first, although the
+// last check is less than laneCheckEvery old: a relay notified that lanes
+// changed hands (lanesNotice) takes or frees them before it looks for what
+// woke it. (After a longer sleep the check is due anyway.)
 func (r *Relay) recheckLanes() {
 	r.roundMu.Lock()
 	defer r.roundMu.Unlock()

@@ -26,6 +26,11 @@ const laneCheckEvery = 50 * time.Millisecond
 // laneCheckEvery plus one round of the holder.
 const laneWaitCheckEvery = 10 * time.Millisecond
 
+// lanesNotice is the payload of the notifications relays send each other
+// about lanes changing hands (writers' notifications have none): a relay
+// that receives one checks its lanes before its next claim.
+const lanesNotice = "lanes"
+
 // waitNotifyEvery is how often a relay waiting for lanes of its share wakes
 // the other relays (see hold): once when it joins, then again only if a
 // holder did not free them, so that lanes held by a relay that died (until
@@ -123,7 +128,7 @@ func (l *lanes) wakeOthers(ctx context.Context, now time.Time) error {
 	if wait {
 		l.notified = now
 	}
-	if _, err := l.db.ExecContext(ctx, `SELECT pg_notify($1, '')`, l.notify); err != nil {
+	if _, err := l.db.ExecContext(ctx, `SELECT pg_notify($1, $2)`, l.notify, lanesNotice); err != nil {
 		return fmt.Errorf("outbox relay: waking the other relays to check their lanes: %w", err)
 	}
 	return nil
@@ -366,7 +371,7 @@ func (l *lanes) free(ctx context.Context) error {
 		UPDATE millwright_outbox_lanes SET owner = NULL, lease_until = '-infinity' WHERE owner = $1
 	), gone AS (
 		DELETE FROM millwright_outbox_relays WHERE id = $1
-	) SELECT pg_notify(` + pq.QuoteLiteral(l.notify) + `, '')`
+	) SELECT pg_notify(` + pq.QuoteLiteral(l.notify) + `, '` + lanesNotice + `')`
 	}
 	_, err := l.db.ExecContext(ctx, q, l.id)
 	l.held = nil

@@ -163,9 +163,12 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), 
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-l.NotificationChannel():
+			case n, ok := <-l.NotificationChannel():
 				if !ok {
 					return
+				}
+				if n == nil || n.Extra == lanesNotice {
+					r.lanesChanged.Store(true)
 				}
 				select {
 				case wake <- struct{}{}:
