@@ -76,19 +76,12 @@ func relkind(t *testing.T, db *sql.DB) string {
 // and triggers of millwright_outbox, schema names removed.
 func objectDefs(t *testing.T, s *pgtest.Schema) []string {
 	t.Helper()
-	rows, err := s.DB.Query(`SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'millwright_outbox'::regclass AND NOT indisprimary
+	defs := pgtest.Column[string](t, s.DB, `SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'millwright_outbox'::regclass AND NOT indisprimary
 		UNION ALL SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'millwright_outbox'::regclass AND NOT tgisinternal`)
-	require.NoError(t, err)
-	defer rows.Close()
-	var defs []string
-	for rows.Next() {
-		var d string
-		require.NoError(t, rows.Scan(&d))
+	for i, d := range defs {
 		d = strings.ReplaceAll(d, s.Name+".", "")
-		d = strings.ReplaceAll(d, " ON ONLY ", " ON ")
-		defs = append(defs, d)
+		defs[i] = strings.ReplaceAll(d, " ON ONLY ", " ON ")
 	}
-	require.NoError(t, rows.Err())
 	sort.Strings(defs)
 	return defs
 }
@@ -286,7 +279,7 @@ func partitionedSetup(t *testing.T) (bundle, time.Time) {
 
 func partitionNames(t *testing.T, db *sql.DB) []string {
 	t.Helper()
-	return column[string](t, db, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'millwright_outbox'::regclass ORDER BY 1`)
+	return pgtest.Column[string](t, db, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'millwright_outbox'::regclass ORDER BY 1`)
 }
 
 func TestPartitionCleaner_CreatesAheadDropsOnlyFullyPublishedPartitions(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/pgtest"
 )
 
 // The claim's lane expression is the index's: written twice (Go and the
@@ -19,16 +21,10 @@ func TestClaim_UsesTheLaneIndex(t *testing.T) {
 	for range 3 {
 		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}, Event{Topic: "t", AggregateID: "b"}, Event{Topic: "t"}))
 	}
-	conn, err := b.db.Conn(ctx)
-	require.NoError(t, err)
-	defer conn.Close()
-	_, err = conn.ExecContext(ctx, `SET enable_seqscan = off`)
-	require.NoError(t, err)
-	plan := column[string](t, conn, `EXPLAIN `+strings.NewReplacer("$1", "'{1,2,3}'", "$2", "500", "$3", "167").Replace(claimSQL))
+	plan := pgtest.Plan(t, b.db, strings.NewReplacer("$1", "'{1,2,3}'", "$2", "500", "$3", "167").Replace(claimSQL))
 	// The partitioned layout's partitions name their copy of the index
 	// after the expression (see migrations_partitioned).
-	joined := strings.Join(plan, "\n")
-	require.True(t, strings.Contains(joined, "millwright_outbox_pending_lane_idx") || strings.Contains(joined, "_case_id_idx"), "the claim reads the lane index:\n%s", joined)
+	require.True(t, strings.Contains(plan, "millwright_outbox_pending_lane_idx") || strings.Contains(plan, "_case_id_idx"), "the claim reads the lane index:\n%s", plan)
 }
 
 // Every event of an aggregate hashes to one lane, and the lanes spread.

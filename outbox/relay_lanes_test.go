@@ -11,6 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/pgtest"
 )
 
 // recorder is a publisher that keeps every message it accepts, in order.
@@ -389,7 +391,7 @@ func TestLanes_FullRelayLendsToSpareOne(t *testing.T) {
 // ownedLanes lists the lanes held under a live lease.
 func ownedLanes(t *testing.T, b bundle) []int32 {
 	t.Helper()
-	return column[int32](t, b.db, `SELECT lane FROM millwright_outbox_lanes WHERE owner IS NOT NULL AND lease_until > now()`)
+	return pgtest.Column[int32](t, b.db, `SELECT lane FROM millwright_outbox_lanes WHERE owner IS NOT NULL AND lease_until > now()`)
 }
 
 // A backlog all in one relay's share (even lanes only, of two relays)

@@ -100,27 +100,6 @@ func startRelay(t *testing.T, db *sql.DB, pub message.Publisher, cfg RelayConfig
 	return r
 }
 
-// querier is what column needs: a *sql.DB, *sql.Conn or *sql.Tx.
-type querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-// column returns the one column of query's rows.
-func column[T any](t *testing.T, q querier, query string, args ...any) []T {
-	t.Helper()
-	rows, err := q.QueryContext(context.Background(), query, args...)
-	require.NoError(t, err)
-	defer rows.Close()
-	var out []T
-	for rows.Next() {
-		var v T
-		require.NoError(t, rows.Scan(&v))
-		out = append(out, v)
-	}
-	require.NoError(t, rows.Err())
-	return out
-}
-
 func count(t *testing.T, db *sql.DB, where string) int {
 	t.Helper()
 	var n int
@@ -852,7 +831,7 @@ func TestRelay_JoiningRelayWakesTheSleepingHolder(t *testing.T) {
 	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour}
 	startRelay(t, b.db, b.pubsub, cfg)
 	heldBy := func() []int {
-		return column[int](t, b.db, `SELECT count(*) FROM millwright_outbox_lanes
+		return pgtest.Column[int](t, b.db, `SELECT count(*) FROM millwright_outbox_lanes
 			WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner ORDER BY 1`)
 	}
 	eventually(t, 5*time.Second, func() bool {

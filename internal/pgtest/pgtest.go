@@ -178,6 +178,34 @@ func LastQuery(tb testing.TB, db *sql.DB, pid int) string {
 	return q
 }
 
+// Querier is what Column reads through: a *sql.DB, *sql.Conn or *sql.Tx.
+type Querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// Column returns the one column of query's rows, failing the test on any
+// error.
+func Column[T any](tb testing.TB, q Querier, query string, args ...any) []T {
+	tb.Helper()
+	rows, err := q.QueryContext(context.Background(), query, args...)
+	if err != nil {
+		tb.Fatalf("pgtest: %s: %v", query, err)
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var v T
+		if err := rows.Scan(&v); err != nil {
+			tb.Fatalf("pgtest: %s: %v", query, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatalf("pgtest: %s: %v", query, err)
+	}
+	return out
+}
+
 // Plan returns the EXPLAIN output of query with sequential scans disabled
 // (a test table is too small for the planner to prefer an index), for tests
 // that check which index serves a query. The transaction it runs in is
@@ -192,21 +220,6 @@ func Plan(tb testing.TB, db *sql.DB, query string, args ...any) string {
 	if _, err := tx.Exec(`SET LOCAL enable_seqscan = off`); err != nil {
 		tb.Fatalf("pgtest: Plan: %v", err)
 	}
-	rows, err := tx.Query(`EXPLAIN `+query, args...)
-	if err != nil {
-		tb.Fatalf("pgtest: Plan: EXPLAIN %s: %v", query, err)
-	}
-	defer rows.Close()
-	var lines []string
-	for rows.Next() {
-		var l string
-		if err := rows.Scan(&l); err != nil {
-			tb.Fatalf("pgtest: Plan: %v", err)
-		}
-		lines = append(lines, l)
-	}
-	if err := rows.Err(); err != nil {
-		tb.Fatalf("pgtest: Plan: %v", err)
-	}
+	lines := Column[string](tb, tx, `EXPLAIN `+query, args...)
 	return strings.Join(lines, "\n")
 }

@@ -432,17 +432,9 @@ func count(t *testing.T, db *sql.DB, q string, args ...any) int {
 }
 
 func duplicateEffects(t *testing.T, db *sql.DB) []string {
-	rows, err := db.Query(`SELECT service || ' ' || order_id || ' ' || action || ' x' || count(*) FROM orders_effects
+	t.Helper()
+	return pgtest.Column[string](t, db, `SELECT service || ' ' || order_id || ' ' || action || ' x' || count(*) FROM orders_effects
 		GROUP BY service, order_id, action HAVING count(*) > 1 LIMIT 20`)
-	require.NoError(t, err)
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		out = append(out, s)
-	}
-	return out
 }
 
 func randHex(n int) string {
