@@ -42,11 +42,13 @@ func TestLostCreateRace(t *testing.T) {
 
 // lateClosingSubscriber stands in for watermill-sql v3.1.0's subscriber,
 // whose Close can return before the channels it handed out are closed:
-// it closes them a moment after Close returns.
+// it closes them after Close returned, once release is closed (20 ms
+// later when release is nil).
 type lateClosingSubscriber struct {
-	mu    sync.Mutex
-	chans []chan *message.Message
-	later sync.WaitGroup
+	mu      sync.Mutex
+	chans   []chan *message.Message
+	later   sync.WaitGroup
+	release chan struct{}
 }
 
 func (l *lateClosingSubscriber) Subscribe(context.Context, string) (<-chan *message.Message, error) {
@@ -63,10 +65,16 @@ func (l *lateClosingSubscriber) Close() error {
 	l.mu.Lock()
 	chans := l.chans
 	l.mu.Unlock()
+	release := l.release
 	l.later.Add(1)
 	go func() {
 		defer l.later.Done()
-		time.Sleep(20 * time.Millisecond) // the fault: channels close after Close returned
+		// The fault: the channels close after Close returned.
+		if release != nil {
+			<-release
+		} else {
+			<-time.After(20 * time.Millisecond)
+		}
 		for _, ch := range chans {
 			close(ch)
 		}
@@ -91,7 +99,7 @@ func TestSubscriberCloseReturnsWithChannelsClosed(t *testing.T) {
 		chans = append(chans, ch)
 	}
 	// The fault as the wrapped subscriber shows it alone.
-	bare := &lateClosingSubscriber{}
+	bare := &lateClosingSubscriber{release: make(chan struct{})}
 	bareCh, _ := bare.Subscribe(context.Background(), "t")
 	_ = bare.Close()
 	select {
@@ -99,6 +107,7 @@ func TestSubscriberCloseReturnsWithChannelsClosed(t *testing.T) {
 		t.Fatal("the stand-in closed its channel before Close returned: it no longer injects the fault")
 	default:
 	}
+	close(bare.release)
 	bare.later.Wait()
 
 	if err := s.Close(); err != nil {
