@@ -108,10 +108,6 @@ type Config struct {
 	KeepSchema bool
 	// Progress receives a line per run. Default io.Discard.
 	Progress io.Writer
-
-	// cleanups are the runs' Broker.Cleanup calls, made when Run ends
-	// (see Run), which sets it before any run.
-	cleanups *[]func()
 }
 
 func (c *Config) setDefaults() {
@@ -272,7 +268,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	// deleted topic's files a minute later (file.delete.delay.ms), in the
 	// middle of a later run, and the latency figures would time that.
 	var cleanups []func()
-	cfg.cleanups = &cleanups
+	atEnd := func(f func()) { cleanups = append(cleanups, f) }
 	defer func() {
 		for _, f := range cleanups {
 			f()
@@ -284,7 +280,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			for pi, p := range plans {
 				fmt.Fprintf(cfg.Progress, "%s %s: %d sagas (round %d of %d) ...\n", kind, p.mode, p.n, round+1, cfg.Rounds)
 				rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-				r, h, err := runKind(rctx, cfg, kind, p.n, p.rate)
+				r, h, err := runKind(rctx, cfg, kind, p.n, p.rate, atEnd)
 				cancel()
 				if err != nil {
 					// The runs so far are reported with the error.
@@ -498,8 +494,10 @@ func brokerFor(cfg Config, kind transport.Kind, db *sql.DB) (Broker, int, error)
 	return br, consumers, nil
 }
 
-// runKind runs n sagas on one kind; rate > 0 paces the starts.
-func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate float64) (Row, []Row, error) {
+// runKind runs n sagas on one kind; rate > 0 paces the starts. It hands
+// the deletion of the run's topics to atEnd, which Run calls when every
+// run is done.
+func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate float64, atEnd func(func())) (Row, []Row, error) {
 	res := Row{Bench: "saga", Row: RowRun, Kind: string(kind), Sagas: n}
 	schema, schemaURL, drop, err := cfg.Scratch(ctx, "mw_bench_saga")
 	if err != nil {
@@ -570,7 +568,7 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	if br.Cleanup != nil {
 		// Before any topic exists: the subscribers below create them.
 		all := append(slices.Clone(topics), orch.ReplyTopics()...)
-		*cfg.cleanups = append(*cfg.cleanups, func() {
+		atEnd(func() {
 			br.Cleanup(context.WithoutCancel(ctx), all, []string{participantGroup, orchestratorGroup})
 		})
 	}
