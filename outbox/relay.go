@@ -576,18 +576,27 @@ func (r *Relay) inGroups(ctx context.Context, groups [][]int32, validUntil time.
 		}()
 	}
 	wg.Wait()
-	res.perLane = map[int32]int{}
 	for _, g := range results {
-		for lane, n := range g.perLane {
-			res.perLane[lane] += n
-		}
-		res.n += g.n
-		res.more = res.more || g.more
-		res.next = earliest(res.next, g.next)
-		res.failures += g.failures
-		res.err = errors.Join(res.err, g.err)
+		res.add(g)
 	}
 	return res
+}
+
+// add adds what batch or group b did to res: rows, failures and rows per
+// lane summed, more if either may have more, the earlier backoff, both
+// errors.
+func (res *roundResult) add(b roundResult) {
+	if len(b.perLane) > 0 && res.perLane == nil {
+		res.perLane = make(map[int32]int, len(b.perLane))
+	}
+	for lane, n := range b.perLane {
+		res.perLane[lane] += n
+	}
+	res.n += b.n
+	res.more = res.more || b.more
+	res.next = earliest(res.next, b.next)
+	res.failures += b.failures
+	res.err = errors.Join(res.err, b.err)
 }
 
 // groupStages runs stages on a group of the held lanes, batch after batch,
@@ -598,18 +607,8 @@ func (r *Relay) groupStages(ctx context.Context, g []int32, claimed func(), unti
 	var res roundResult
 	for {
 		b := r.stages(ctx, g, claimed, roundResult{})
-		if res.perLane == nil {
-			res.perLane = b.perLane
-		} else {
-			for lane, n := range b.perLane {
-				res.perLane[lane] += n
-			}
-		}
-		res.n += b.n
-		res.more = b.more
-		res.next = earliest(res.next, b.next)
-		res.failures += b.failures
-		res.err = b.err
+		res.add(b)
+		res.more = b.more // the earlier batches were full; this one says
 		if !b.more || b.err != nil || b.failures > 0 || ctx.Err() != nil || !time.Now().Before(until) {
 			return res
 		}

@@ -63,7 +63,6 @@ type lanes struct {
 	perLane  map[int32]int // rows per lane its last round claimed; nil when not known (the mover)
 	borrowed []int32       // held lanes of other relays' shares, lent to it
 	giveBack []int32       // borrowed lanes its last round found nothing due in
-	gaveBack bool          // the last check gave lanes back
 	spares   []string      // live relays whose last round found nothing, at the last check
 	fulls    []string      // live relays whose last batch came back full, at the last check
 	onLend   func([]int32) // called with the lanes lent at a check
@@ -95,6 +94,7 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 	// them and handing most back a round later (Kafka's consumer groups
 	// delay their first rebalance for the same reason).
 	take := l.joined || !l.member
+	gaveBack := take && len(l.giveBack) > 0 // the check gives them back
 	if err := l.rebalance(ctx, now, take); err != nil {
 		l.held = nil
 		return nil, fmt.Errorf("outbox relay: holding lanes (did `millwright migrate` run?): %w", err)
@@ -102,7 +102,7 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 	if !take {
 		l.joined, l.waiting = true, true
 	}
-	if err := l.wakeOthers(ctx, now); err != nil {
+	if err := l.wakeOthers(ctx, now, gaveBack); err != nil {
 		return l.order(), err
 	}
 	if err := l.lendToSpares(ctx); err != nil {
@@ -120,9 +120,9 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 // check, and one sleeping until its poll, up to a third of Lease, would
 // keep them that long), or it gave borrowed lanes back (their owners take
 // them at their next check). A relay woken checks its lanes first.
-func (l *lanes) wakeOthers(ctx context.Context, now time.Time) error {
+func (l *lanes) wakeOthers(ctx context.Context, now time.Time, gaveBack bool) error {
 	wait := l.waiting && now.Sub(l.notified) >= waitNotifyEvery
-	if l.notify == "" || (!wait && !l.gaveBack) {
+	if l.notify == "" || (!wait && !gaveBack) {
 		return nil
 	}
 	if wait {
@@ -267,7 +267,6 @@ func (l *lanes) rebalance(ctx context.Context, start time.Time, take bool) error
 	if err != nil {
 		return err
 	}
-	l.gaveBack = len(l.giveBack) > 0 && take
 	l.held = held
 	l.relays = relays
 	l.waiting = len(held) < want
