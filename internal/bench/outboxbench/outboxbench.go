@@ -87,8 +87,10 @@ type Row struct {
 	Value    float64 `json:"value"`
 	Unit     string  `json:"unit"`
 	Baseline float64 `json:"baseline,omitempty"`
-	Ratio    float64 `json:"ratio,omitempty"`
-	Target   string  `json:"target,omitempty"`
+	// Ratio is Value over Baseline; for a drain's relay row, the median of
+	// each round's relay run over that round's bare loop run.
+	Ratio  float64 `json:"ratio,omitempty"`
+	Target string  `json:"target,omitempty"`
 	// Broker is what a drain or latency row ran on; empty for the
 	// Postgres-only sections.
 	Broker string `json:"broker,omitempty"`
@@ -97,7 +99,8 @@ type Row struct {
 	// VsPublisher is Value over the transport's Watermill publisher alone,
 	// without a database, in the same run.
 	VsPublisher float64 `json:"vs_publisher,omitempty"`
-	// VsFewer is Value over the same variant with one relay fewer (drain).
+	// VsFewer is, for a drain's relay row, the median of each round's run
+	// over that round's run with the relay count before (1 for 2, 2 for 4).
 	VsFewer float64   `json:"vs_fewer,omitempty"`
 	Runs    []float64 `json:"runs"`
 }
@@ -112,6 +115,8 @@ type bench struct {
 	broker string
 	// topics are the broker topics the section created.
 	topics []string
+	// noCheckpoint: CHECKPOINT was refused (said once).
+	noCheckpoint bool
 }
 
 // Run runs the sections cfg names and prints the rows.

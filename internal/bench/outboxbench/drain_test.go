@@ -1,0 +1,28 @@
+package outboxbench
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Odd rounds run each bare loop and relay pair the other way round; every
+// variant runs once a round.
+func TestRoundOrderSwapsPairsInOddRounds(t *testing.T) {
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5}, roundOrder(6, 0))
+	require.Equal(t, []int{1, 0, 3, 2, 5, 4}, roundOrder(6, 1))
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5}, roundOrder(6, 2))
+	require.Equal(t, []int{1, 0, 2}, roundOrder(3, 1), "an unpaired last variant stays")
+}
+
+// The ratio is the median of the rounds' own ratios: a round where both
+// ran slow counts as the ratio it shows, not as a slow relay beside a fast
+// bare loop of another round.
+func TestPairedRatioIsTheMedianOfEachRoundsRatio(t *testing.T) {
+	relay := []float64{50, 100, 60}
+	bare := []float64{55, 105, 100}
+	// Medians of the runs: 60 / 100 = 0.60; the rounds: 0.91, 0.95, 0.60.
+	require.InDelta(t, 0.909, pairedRatio(relay, bare), 0.001)
+	require.InDelta(t, 0.60, median(relay)/median(bare), 0.001)
+	require.Zero(t, pairedRatio(nil, nil))
+}
