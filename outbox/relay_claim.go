@@ -109,8 +109,8 @@ type claimStmts struct {
 	what  string // "the claim", for errors
 	query func(batch, share int) string
 
-	mu      sync.Mutex
-	byShare map[int]*sql.Stmt
+	mu     sync.Mutex
+	byText map[int]*sql.Stmt // by share
 }
 
 // get returns the claim of batch rows of k lanes, prepared.
@@ -118,17 +118,17 @@ func (c *claimStmts) get(ctx context.Context, batch, lanes int) (*sql.Stmt, erro
 	share := laneShare(batch, lanes)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if s, ok := c.byShare[share]; ok {
+	if s, ok := c.byText[share]; ok {
 		return s, nil
 	}
 	s, err := c.db.PrepareContext(ctx, c.query(batch, share))
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: preparing %s (did `millwright migrate` run?): %w", c.what, err)
 	}
-	if c.byShare == nil {
-		c.byShare = map[int]*sql.Stmt{}
+	if c.byText == nil {
+		c.byText = map[int]*sql.Stmt{}
 	}
-	c.byShare[share] = s
+	c.byText[share] = s
 	return s, nil
 }
 
@@ -137,10 +137,10 @@ func (c *claimStmts) close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error
-	for _, s := range c.byShare {
+	for _, s := range c.byText {
 		errs = append(errs, s.Close())
 	}
-	c.byShare = nil
+	c.byText = nil
 	return errors.Join(errs...)
 }
 
