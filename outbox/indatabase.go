@@ -28,15 +28,13 @@ import (
 // a hand-written row with other metadata goes through the publisher,
 // which reports it (see rowMessage). It also returns what the relay's span
 // of each row needs (see traceMoved).
-func moveSQL(batch, share int) string {
-	return claimedCTE(batch, share) + `
+var moveSQL = claimedCTE + `
 UPDATE millwright_outbox t
 SET status = 'published', published_at = now()
 WHERE t.id = ANY(ARRAY(SELECT id FROM claimed)) AND t.status = 'pending'
 RETURNING t.id, t.topic, jsonb_typeof(t.metadata) = 'object' AND NOT EXISTS (
 	SELECT 1 FROM jsonb_each(t.metadata) e WHERE jsonb_typeof(e.value) <> 'string'),
 	t.event_id, t.event_type, t.metadata->>'` + metadata.TraceParent + `', t.metadata->>'` + metadata.TraceState + `'`
-}
 
 // moveSelect selects claimed rows as the messages the publisher path would
 // send: the metadata derivedMetadata gives, overridden by the metadata
@@ -143,7 +141,8 @@ type mover struct {
 	st  *relayStats
 	tr  tracing.Config
 
-	claims claimStmts // moveSQL
+	stmtMu sync.Mutex
+	stmt   *sql.Stmt // moveSQL
 
 	mu       sync.Mutex
 	same     int // 0 not checked yet, 1 same database as the outbox's, -1 another
@@ -159,7 +158,6 @@ type mover struct {
 func newMover(db *sql.DB, pub sqlschema.Publisher, cfg *RelayConfig, m *metrics, st *relayStats, tr tracing.Config) *mover {
 	ms := strconv.FormatInt(cfg.Lease.Milliseconds(), 10)
 	return &mover{db: db, pub: pub, cfg: cfg, m: m, st: st, tr: tr,
-		claims: claimStmts{db: db, what: "the in-database claim", query: moveSQL},
 		txSQL: "SET LOCAL statement_timeout = " + ms + "; SET LOCAL idle_in_transaction_session_timeout = " + ms +
 			"; SET LOCAL synchronous_commit = off"}
 }
@@ -264,7 +262,7 @@ type moved struct {
 // both or neither. On an error nothing was published (the transaction
 // rolled back, or a failed commit took effect as a whole or not at all).
 func (mv *mover) move(ctx context.Context, held []int32) (int, error) {
-	stmt, err := mv.claims.get(ctx, mv.cfg.BatchSize, len(held))
+	stmt, err := mv.prepare(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -320,10 +318,24 @@ func (mv *mover) move(ctx context.Context, held []int32) (int, error) {
 	return b.n, nil
 }
 
+func (mv *mover) prepare(ctx context.Context) (*sql.Stmt, error) {
+	mv.stmtMu.Lock()
+	defer mv.stmtMu.Unlock()
+	if mv.stmt != nil {
+		return mv.stmt, nil
+	}
+	s, err := mv.db.PrepareContext(ctx, moveSQL)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: preparing the in-database claim (did `millwright migrate` run?): %w", err)
+	}
+	mv.stmt = s
+	return s, nil
+}
+
 // claim runs moveSQL and groups the rows by topic.
 func (mv *mover) claim(ctx context.Context, stmt *sql.Stmt, held []int32) (moved, error) {
 	b := moved{byTopic: map[string][]int64{}, plain: true}
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held))
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), mv.cfg.BatchSize, laneShare(mv.cfg.BatchSize, len(held)))
 	if err != nil {
 		return b, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}

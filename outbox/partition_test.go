@@ -392,7 +392,7 @@ func claimBuffers(t *testing.T, db *sql.DB) int {
 	for i := range lanes {
 		lanes[i] = strconv.Itoa(i)
 	}
-	q := strings.ReplaceAll(claimSQL(100, 2), "$1", "'{"+strings.Join(lanes, ",")+"}'")
+	q := strings.NewReplacer("$1", "'{"+strings.Join(lanes, ",")+"}'", "$2", "100", "$3", "2").Replace(claimSQL)
 	var plan string
 	require.NoError(t, db.QueryRow(`EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+q).Scan(&plan))
 	var p []struct {

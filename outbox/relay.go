@@ -199,7 +199,8 @@ type Relay struct {
 	roundMu  sync.Mutex
 	runLanes *lanes
 
-	claims claimStmts // claimSQL
+	stmtMu sync.Mutex
+	stmt   *sql.Stmt // claimSQL
 
 	// schema and oid of the outbox table, and the connection holding the
 	// wake-up lock while the relay is idle; set once LISTEN works (only
@@ -252,8 +253,7 @@ func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error
 		return nil, fmt.Errorf("outbox: registering relay metrics: %w", err)
 	}
 	r := &Relay{db: db, pub: pub, cfg: cfg, m: m, run: runner.New("outbox.Relay", cfg.CloseTimeout),
-		tr: tracing.Config{TracerProvider: cfg.TracerProvider}, id: watermill.NewUUID(), ready: make(chan struct{}),
-		claims: claimStmts{db: db, what: "the claim", query: claimSQL}}
+		tr: tracing.Config{TracerProvider: cfg.TracerProvider}, id: watermill.NewUUID(), ready: make(chan struct{})}
 	if bp, ok := pub.(batch.Publisher); ok {
 		r.batch = bp
 	}
@@ -269,24 +269,8 @@ func (r *Relay) Running() <-chan struct{} { return r.ready }
 func (r *Relay) markReady() { r.readyOnce.Do(func() { close(r.ready) }) }
 
 // Close stops Run after the batch in flight, waiting at most CloseTimeout
-// before cancelling it, and closes the relay's prepared statements (a
-// later RunOnce prepares them again). It is idempotent and safe to call
-// before Run.
-func (r *Relay) Close() error {
-	return errors.Join(r.run.Close(), r.closeStmts())
-}
-
-// closeStmts closes the claims prepared on the pool's connections.
-func (r *Relay) closeStmts() error {
-	err := r.claims.close()
-	if r.mover != nil {
-		err = errors.Join(err, r.mover.claims.close())
-	}
-	if err != nil {
-		return fmt.Errorf("outbox relay: closing prepared claims: %w", err)
-	}
-	return nil
-}
+// before cancelling it. It is idempotent and safe to call before Run.
+func (r *Relay) Close() error { return r.run.Close() }
 
 // Run publishes rows until ctx is cancelled or Close is called. Cancelling
 // ctx stops at once: rows of the batch in flight that were published but
@@ -325,11 +309,6 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.cfg.Logger.Debug("outbox relay: lent lanes to a spare relay", watermill.LogFields{"lanes": lent})
 		}
 		r.roundMu.Unlock()
-		defer func() {
-			if err := r.closeStmts(); err != nil {
-				r.cfg.Logger.Error("outbox relay: stopping", err, nil)
-			}
-		}()
 		defer r.leave(ctx)
 		r.markReady()
 		r.loop(ctx, draining, wake)

@@ -4,10 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -44,36 +42,28 @@ func claimLane(cols, tail string) string {
 		` + tail
 }
 
-// spreadLanes selects the columns cols of at most batch due rows of the
-// lanes in $1 (an int[]), spread over the lanes: first at most share rows
-// of each lane (a fair share of the batch), then, if the batch is not
-// full, the lanes' next rows, lane after lane. Both passes read one
-// snapshot with one now(), and the second skips exactly the share rows the
-// first took (same filter, same order), so each lane's rows are the first
-// of the lane in id order: no aggregate skips one of its rows, in this
-// batch or the next. The fill keeps a batch full when few lanes have rows
-// (one hot aggregate); the first pass keeps the rows of every busy lane in
-// each batch, so the batch spans more aggregates (more partitions and
-// ordering keys) than filling it from the first lanes would.
-//
-// batch and share are written into the text, not passed as parameters:
-// with parameters for its limits, Postgres plans the prepared claim anew at
-// every execution (the generic plan's estimate, with limits unknown,
-// never beats the custom plans', so it is never chosen), and planning was
-// a third of the claim's cost; with the limits in the text it takes the
-// generic plan after five executions (see claimStmts).
-func spreadLanes(cols string, batch, share int) string {
-	b, sh := strconv.Itoa(batch), strconv.Itoa(share)
+// spreadLanes selects the columns cols of at most $2 due rows of the lanes
+// in $1 (an int[]), spread over the lanes: first at most $3 rows of each
+// lane (a fair share of the batch), then, if the batch is not full, the
+// lanes' next rows, lane after lane. Both passes read one snapshot with one
+// now(), and the second skips exactly the $3 rows the first took (same
+// filter, same order), so each lane's rows are the first of the lane in id
+// order: no aggregate skips one of its rows, in this batch or the next.
+// The fill keeps a batch full when few lanes have rows (one hot aggregate);
+// the first pass keeps the rows of every busy lane in each batch, so the
+// batch spans more aggregates (more partitions and ordering keys) than
+// filling it from the first lanes would.
+func spreadLanes(cols string) string {
 	return `(SELECT c.* FROM unnest($1::int[]) AS l(lane)
-	CROSS JOIN LATERAL (` + claimLane(cols, `LIMIT `+sh) + `) c)
+	CROSS JOIN LATERAL (` + claimLane(cols, `LIMIT $3`) + `) c)
 UNION ALL
 (SELECT c.* FROM unnest($1::int[]) AS l(lane)
-	CROSS JOIN LATERAL (` + claimLane(cols, `OFFSET `+sh+` LIMIT `+b) + `) c)
-LIMIT ` + b
+	CROSS JOIN LATERAL (` + claimLane(cols, `OFFSET $3 LIMIT $2`) + `) c)
+LIMIT $2`
 }
 
-// laneShare is the first pass's rows per lane (spreadLanes' share): the
-// batch divided over the held lanes, rounded up.
+// laneShare is the first pass's rows per lane (spreadLanes' $3): the batch
+// divided over the held lanes, rounded up.
 func laneShare(batch, lanes int) int {
 	if lanes < 1 {
 		return batch
@@ -81,68 +71,20 @@ func laneShare(batch, lanes int) int {
 	return (batch + lanes - 1) / lanes
 }
 
-// claimedCTE names, as CTE claimed, the ids of at most batch due rows of
-// the lanes in $1 (an int[]), spread over the lanes by spreadLanes, each
+// claimedCTE names, as CTE claimed, the ids of at most $2 due rows of the
+// lanes in $1 (an int[]), spread over the lanes by spreadLanes, each
 // lane's in id order.
-func claimedCTE(batch, share int) string {
-	return `WITH ` + blockedCTE + `, claimed AS (
-	` + spreadLanes("id", batch, share) + `
+var claimedCTE = `WITH ` + blockedCTE + `, claimed AS (
+	` + spreadLanes("id") + `
 )`
-}
 
 // claimSQL is the claim of the publisher path, in one pass: the rows
 // themselves, spread over the lanes by spreadLanes, each lane's in id
 // order.
-func claimSQL(batch, share int) string {
-	return `WITH ` + blockedCTE + `
+var claimSQL = `WITH ` + blockedCTE + `
 ` + spreadLanes(`l.lane, o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
 	o.payload::text, o.payload_raw, NULLIF(o.metadata, '{}')::text, o.retry_count,
-	(extract(epoch FROM o.created_at) * 1000000)::int8`, batch, share)
-}
-
-// claimStmts prepares a claim once per share of the batch (a relay holding
-// k lanes claims with share laneShare(batch, k): a few dozen texts at
-// most), each on the pooled connections as database/sql uses them. It is
-// safe for concurrent use.
-type claimStmts struct {
-	db    *sql.DB
-	what  string // "the claim", for errors
-	query func(batch, share int) string
-
-	mu     sync.Mutex
-	byText map[int]*sql.Stmt // by share
-}
-
-// get returns the claim of batch rows of k lanes, prepared.
-func (c *claimStmts) get(ctx context.Context, batch, lanes int) (*sql.Stmt, error) {
-	share := laneShare(batch, lanes)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if s, ok := c.byText[share]; ok {
-		return s, nil
-	}
-	s, err := c.db.PrepareContext(ctx, c.query(batch, share))
-	if err != nil {
-		return nil, fmt.Errorf("outbox relay: preparing %s (did `millwright migrate` run?): %w", c.what, err)
-	}
-	if c.byText == nil {
-		c.byText = map[int]*sql.Stmt{}
-	}
-	c.byText[share] = s
-	return s, nil
-}
-
-// close closes the prepared claims (a later get prepares them again).
-func (c *claimStmts) close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var errs []error
-	for _, s := range c.byText {
-		errs = append(errs, s.Close())
-	}
-	c.byText = nil
-	return errors.Join(errs...)
-}
+	(extract(epoch FROM o.created_at) * 1000000)::int8`)
 
 // row is one claimed outbox row.
 type row struct {
@@ -161,11 +103,11 @@ type row struct {
 // most BatchSize, spread over the lanes (spreadLanes), in id order within
 // each lane.
 func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
-	stmt, err := r.claims.get(ctx, r.cfg.BatchSize, len(held))
+	stmt, err := r.prepare(ctx, &r.stmt, claimSQL)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held))
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize, laneShare(r.cfg.BatchSize, len(held)))
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
@@ -213,6 +155,23 @@ func intArrayParam(lanes []int32) string {
 		b = strconv.AppendInt(b, int64(l), 10)
 	}
 	return string(append(b, '}'))
+}
+
+// prepare prepares query into *stmt once per relay (database/sql prepares
+// it again on each pooled connection): a prepared statement runs in one
+// round trip and soon skips planning.
+func (r *Relay) prepare(ctx context.Context, stmt **sql.Stmt, query string) (*sql.Stmt, error) {
+	r.stmtMu.Lock()
+	defer r.stmtMu.Unlock()
+	if *stmt != nil {
+		return *stmt, nil
+	}
+	s, err := r.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: preparing the claim (did `millwright migrate` run?): %w", err)
+	}
+	*stmt = s
+	return s, nil
 }
 
 // storedRow is an outbox row as read back for publishing.
