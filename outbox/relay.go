@@ -269,8 +269,37 @@ func (r *Relay) Running() <-chan struct{} { return r.ready }
 func (r *Relay) markReady() { r.readyOnce.Do(func() { close(r.ready) }) }
 
 // Close stops Run after the batch in flight, waiting at most CloseTimeout
-// before cancelling it. It is idempotent and safe to call before Run.
-func (r *Relay) Close() error { return r.run.Close() }
+// before cancelling it, and closes the relay's prepared claim (a later
+// RunOnce prepares it again). It is idempotent and safe to call before
+// Run.
+func (r *Relay) Close() error {
+	return errors.Join(r.run.Close(), r.closeStmts())
+}
+
+// closeStmts closes the claims prepared on the pool's connections; they
+// would otherwise stay prepared there until the *sql.DB is closed.
+func (r *Relay) closeStmts() error {
+	err := closeStmt(&r.stmtMu, &r.stmt)
+	if r.mover != nil {
+		err = errors.Join(err, closeStmt(&r.mover.stmtMu, &r.mover.stmt))
+	}
+	if err != nil {
+		return fmt.Errorf("outbox relay: closing the prepared claim: %w", err)
+	}
+	return nil
+}
+
+// closeStmt closes *stmt, if prepared, under mu, and forgets it.
+func closeStmt(mu *sync.Mutex, stmt **sql.Stmt) error {
+	mu.Lock()
+	defer mu.Unlock()
+	if *stmt == nil {
+		return nil
+	}
+	err := (*stmt).Close()
+	*stmt = nil
+	return err
+}
 
 // Run publishes rows until ctx is cancelled or Close is called. Cancelling
 // ctx stops at once: rows of the batch in flight that were published but
@@ -309,6 +338,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.cfg.Logger.Debug("outbox relay: lent lanes to a spare relay", watermill.LogFields{"lanes": lent})
 		}
 		r.roundMu.Unlock()
+		defer func() {
+			if err := r.closeStmts(); err != nil {
+				r.cfg.Logger.Error("outbox relay: stopping", err, nil)
+			}
+		}()
 		defer r.leave(ctx)
 		r.markReady()
 		r.loop(ctx, draining, wake)

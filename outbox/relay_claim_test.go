@@ -117,3 +117,34 @@ func TestClaim_SpreadsTheBatchOverTheLanes(t *testing.T) {
 	got = claimed(lanes)
 	require.Len(t, got, 1)
 }
+
+// Close closes the relay's prepared claim on the pool's connections (it
+// stayed prepared there until the *sql.DB closed), and a RunOnce after
+// Close prepares it again.
+func TestClaim_CloseClosesThePreparedClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.db.SetMaxOpenConns(1) // one session: the one pg_prepared_statements shows
+	prepared := func() int {
+		t.Helper()
+		var n int
+		require.NoError(t, b.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%CROSS JOIN LATERAL%'`).Scan(&n))
+		return n
+	}
+	r, err := NewRelay(b.db, b.pubsub, RelayConfig{})
+	require.NoError(t, err)
+	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
+	n, err := r.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, prepared(), "the claim is prepared on the session")
+	require.NoError(t, r.Close())
+	require.Zero(t, prepared(), "Close closed it")
+	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
+	n, err = r.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "RunOnce after Close prepares the claim again")
+	require.NoError(t, r.Close())
+	require.Zero(t, prepared())
+}
