@@ -141,8 +141,7 @@ type mover struct {
 	st  *relayStats
 	tr  tracing.Config
 
-	stmtMu sync.Mutex
-	stmt   *sql.Stmt // moveSQL
+	claimStmt preparedStmt // moveSQL
 
 	mu       sync.Mutex
 	same     int // 0 not checked yet, 1 same database as the outbox's, -1 another
@@ -158,6 +157,7 @@ type mover struct {
 func newMover(db *sql.DB, pub sqlschema.Publisher, cfg *RelayConfig, m *metrics, st *relayStats, tr tracing.Config) *mover {
 	ms := strconv.FormatInt(cfg.Lease.Milliseconds(), 10)
 	return &mover{db: db, pub: pub, cfg: cfg, m: m, st: st, tr: tr,
+		claimStmt: preparedStmt{db: db, query: moveSQL, what: "the in-database claim"},
 		txSQL: "SET LOCAL statement_timeout = " + ms + "; SET LOCAL idle_in_transaction_session_timeout = " + ms +
 			"; SET LOCAL synchronous_commit = off"}
 }
@@ -262,7 +262,7 @@ type moved struct {
 // both or neither. On an error nothing was published (the transaction
 // rolled back, or a failed commit took effect as a whole or not at all).
 func (mv *mover) move(ctx context.Context, held []int32) (int, error) {
-	stmt, err := mv.prepare(ctx)
+	stmt, err := mv.claimStmt.get(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -316,20 +316,6 @@ func (mv *mover) move(ctx context.Context, held []int32) (int, error) {
 	mv.m.published.Add(float64(b.n))
 	mv.st.published.Add(uint64(b.n))
 	return b.n, nil
-}
-
-func (mv *mover) prepare(ctx context.Context) (*sql.Stmt, error) {
-	mv.stmtMu.Lock()
-	defer mv.stmtMu.Unlock()
-	if mv.stmt != nil {
-		return mv.stmt, nil
-	}
-	s, err := mv.db.PrepareContext(ctx, moveSQL)
-	if err != nil {
-		return nil, fmt.Errorf("outbox relay: preparing the in-database claim (did `millwright migrate` run?): %w", err)
-	}
-	mv.stmt = s
-	return s, nil
 }
 
 // claim runs moveSQL and groups the rows by topic.

@@ -199,8 +199,7 @@ type Relay struct {
 	roundMu  sync.Mutex
 	runLanes *lanes
 
-	stmtMu sync.Mutex
-	stmt   *sql.Stmt // claimSQL
+	claimStmt preparedStmt // claimSQL
 
 	// schema and oid of the outbox table, and the connection holding the
 	// wake-up lock while the relay is idle; set once LISTEN works (only
@@ -253,7 +252,8 @@ func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error
 		return nil, fmt.Errorf("outbox: registering relay metrics: %w", err)
 	}
 	r := &Relay{db: db, pub: pub, cfg: cfg, m: m, run: runner.New("outbox.Relay", cfg.CloseTimeout),
-		tr: tracing.Config{TracerProvider: cfg.TracerProvider}, id: watermill.NewUUID(), ready: make(chan struct{})}
+		tr: tracing.Config{TracerProvider: cfg.TracerProvider}, id: watermill.NewUUID(), ready: make(chan struct{}),
+		claimStmt: preparedStmt{db: db, query: claimSQL, what: "the claim"}}
 	if bp, ok := pub.(batch.Publisher); ok {
 		r.batch = bp
 	}
@@ -276,29 +276,16 @@ func (r *Relay) Close() error {
 	return errors.Join(r.run.Close(), r.closeStmts())
 }
 
-// closeStmts closes the claims prepared on the pool's connections; they
-// would otherwise stay prepared there until the *sql.DB is closed.
+// closeStmts closes the claims prepared on the pool's connections.
 func (r *Relay) closeStmts() error {
-	err := closeStmt(&r.stmtMu, &r.stmt)
+	err := r.claimStmt.close()
 	if r.mover != nil {
-		err = errors.Join(err, closeStmt(&r.mover.stmtMu, &r.mover.stmt))
+		err = errors.Join(err, r.mover.claimStmt.close())
 	}
 	if err != nil {
 		return fmt.Errorf("outbox relay: closing the prepared claim: %w", err)
 	}
 	return nil
-}
-
-// closeStmt closes *stmt, if prepared, under mu, and forgets it.
-func closeStmt(mu *sync.Mutex, stmt **sql.Stmt) error {
-	mu.Lock()
-	defer mu.Unlock()
-	if *stmt == nil {
-		return nil
-	}
-	err := (*stmt).Close()
-	*stmt = nil
-	return err
 }
 
 // Run publishes rows until ctx is cancelled or Close is called. Cancelling

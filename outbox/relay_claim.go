@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -103,7 +104,7 @@ type row struct {
 // most BatchSize, spread over the lanes (spreadLanes), in id order within
 // each lane.
 func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
-	stmt, err := r.prepare(ctx, &r.stmt, claimSQL)
+	stmt, err := r.claimStmt.get(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -157,21 +158,43 @@ func intArrayParam(lanes []int32) string {
 	return string(append(b, '}'))
 }
 
-// prepare prepares query into *stmt once per relay (database/sql prepares
-// it again on each pooled connection): a prepared statement runs in one
-// round trip and soon skips planning.
-func (r *Relay) prepare(ctx context.Context, stmt **sql.Stmt, query string) (*sql.Stmt, error) {
-	r.stmtMu.Lock()
-	defer r.stmtMu.Unlock()
-	if *stmt != nil {
-		return *stmt, nil
+// preparedStmt is a statement prepared once, on first use (database/sql
+// prepares it again on each pooled connection): a prepared statement runs
+// in one round trip and soon skips planning. close closes it on the
+// pool's connections, where it would otherwise stay until the *sql.DB is
+// closed; a later get prepares it again. It is safe for concurrent use.
+type preparedStmt struct {
+	db    *sql.DB
+	query string
+	what  string // "the claim", for errors
+
+	mu   sync.Mutex
+	stmt *sql.Stmt
+}
+
+func (p *preparedStmt) get(ctx context.Context) (*sql.Stmt, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stmt != nil {
+		return p.stmt, nil
 	}
-	s, err := r.db.PrepareContext(ctx, query)
+	s, err := p.db.PrepareContext(ctx, p.query)
 	if err != nil {
-		return nil, fmt.Errorf("outbox relay: preparing the claim (did `millwright migrate` run?): %w", err)
+		return nil, fmt.Errorf("outbox relay: preparing %s (did `millwright migrate` run?): %w", p.what, err)
 	}
-	*stmt = s
+	p.stmt = s
 	return s, nil
+}
+
+func (p *preparedStmt) close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stmt == nil {
+		return nil
+	}
+	err := p.stmt.Close()
+	p.stmt = nil
+	return err
 }
 
 // storedRow is an outbox row as read back for publishing.
