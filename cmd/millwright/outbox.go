@@ -193,11 +193,12 @@ each round's run with the bare loops' and the fewer relays' runs of the
 same round (seconds apart, so the machine's drift over minutes cancels)
 and reports the median of those ratios; the rounds alternate which of a
 bare loop and relay pair goes first, and every run starts after a
-CHECKPOINT, with autovacuum off for the outbox table. Kinds: gochannel, kafka (a
-real cluster with --kafka-brokers, else an embedded kfake), googlecloud (a
-Pub/Sub emulator with --pubsub-emulator, else an embedded pstest), amqp
-(--amqp-url), sql (the same Postgres). Each drain and latency row names the
-broker it ran on.`,
+CHECKPOINT, with autovacuum off for the outbox table.
+
+Kinds: gochannel, kafka (a real cluster with --kafka-brokers, else an
+embedded kfake), googlecloud (a Pub/Sub emulator with --pubsub-emulator,
+else an embedded pstest), amqp (--amqp-url), sql (the same Postgres).
+Each drain and latency row names the broker it ran on.`,
 		RunE: runBenchOutbox,
 	}
 	addDatabaseFlag(cmd)

@@ -115,7 +115,7 @@ type bench struct {
 	broker string
 	// topics are the broker topics the section created.
 	topics []string
-	// noCheckpoint: CHECKPOINT was refused (said once).
+	// noCheckpoint: CHECKPOINT was refused (said once, not asked again).
 	noCheckpoint bool
 }
 
