@@ -321,7 +321,7 @@ func (mv *mover) move(ctx context.Context, held []int32) (int, error) {
 // claim runs moveSQL and groups the rows by topic.
 func (mv *mover) claim(ctx context.Context, stmt *sql.Stmt, held []int32) (moved, error) {
 	b := moved{byTopic: map[string][]int64{}, plain: true}
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held), mv.cfg.BatchSize, laneShare(mv.cfg.BatchSize, len(held)))
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), mv.cfg.BatchSize, intArrayParam(equalShares(mv.cfg.BatchSize, held)))
 	if err != nil {
 		return b, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}

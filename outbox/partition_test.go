@@ -388,11 +388,11 @@ func TestPartitionCleaner_ConflictWithDefaultRowsIsReported(t *testing.T) {
 // every lane touches, from EXPLAIN (ANALYZE, BUFFERS).
 func claimBuffers(t *testing.T, db *sql.DB) int {
 	t.Helper()
-	lanes := make([]string, 64)
-	for i := range lanes {
-		lanes[i] = strconv.Itoa(i)
+	all := make([]int32, laneCount)
+	for i := range all {
+		all[i] = int32(i)
 	}
-	q := strings.NewReplacer("$1", "'{"+strings.Join(lanes, ",")+"}'", "$2", "100", "$3", "2").Replace(claimSQL)
+	q := strings.NewReplacer("$1", "'"+intArrayParam(all)+"'", "$2", "100", "$3", "'"+intArrayParam(equalShares(100, all))+"'").Replace(claimSQL)
 	var plan string
 	require.NoError(t, db.QueryRow(`EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+q).Scan(&plan))
 	var p []struct {

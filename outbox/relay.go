@@ -200,6 +200,7 @@ type Relay struct {
 	runLanes *lanes
 
 	claimStmt preparedStmt // claimSQL
+	rates     laneRates    // how the claim divides a batch over the lanes
 
 	// schema and oid of the outbox table, and the connection holding the
 	// wake-up lock while the relay is idle; set once LISTEN works (only

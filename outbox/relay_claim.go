@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -44,32 +45,140 @@ func claimLane(cols, tail string) string {
 }
 
 // spreadLanes selects the columns cols of at most $2 due rows of the lanes
-// in $1 (an int[]), spread over the lanes: first at most $3 rows of each
-// lane (a fair share of the batch), then, if the batch is not full, the
-// lanes' next rows, lane after lane. Both passes read one snapshot with one
-// now(), and the second skips exactly the $3 rows the first took (same
-// filter, same order), so each lane's rows are the first of the lane in id
-// order: no aggregate skips one of its rows, in this batch or the next.
-// The fill keeps a batch full when few lanes have rows (one hot aggregate);
-// the first pass keeps the rows of every busy lane in each batch, so the
+// in $1 (an int[]), spread over the lanes: first at most $3[i] rows of
+// lane $1[i] (its share of the batch, an int[] of the same length), then,
+// if the batch is not full, the lanes' next rows, lane after lane. Both
+// passes read one snapshot with one now(), and the second skips exactly
+// the rows the first took (same filter, same order, OFFSET the same
+// share), so each lane's rows are the first of the lane in id order: no
+// aggregate skips one of its rows, in this batch or the next. The fill
+// keeps a batch full when few lanes have rows (one hot aggregate); the
+// first pass keeps the rows of every busy lane in each batch, so the
 // batch spans more aggregates (more partitions and ordering keys) than
 // filling it from the first lanes would.
 func spreadLanes(cols string) string {
-	return `(SELECT c.* FROM unnest($1::int[]) AS l(lane)
-	CROSS JOIN LATERAL (` + claimLane(cols, `LIMIT $3`) + `) c)
+	return `(SELECT c.* FROM unnest($1::int[], $3::int[]) AS l(lane, share)
+	CROSS JOIN LATERAL (` + claimLane(cols, `LIMIT l.share`) + `) c)
 UNION ALL
-(SELECT c.* FROM unnest($1::int[]) AS l(lane)
-	CROSS JOIN LATERAL (` + claimLane(cols, `OFFSET $3 LIMIT $2`) + `) c)
+(SELECT c.* FROM unnest($1::int[], $3::int[]) AS l(lane, share)
+	CROSS JOIN LATERAL (` + claimLane(cols, `OFFSET l.share LIMIT $2`) + `) c)
 LIMIT $2`
 }
 
-// laneShare is the first pass's rows per lane (spreadLanes' $3): the batch
-// divided over the held lanes, rounded up.
+// laneShare is the first pass's rows per lane when the lanes get equal
+// shares: the batch divided over the held lanes, rounded up.
 func laneShare(batch, lanes int) int {
 	if lanes < 1 {
 		return batch
 	}
 	return (batch + lanes - 1) / lanes
+}
+
+// equalShares are the first pass's rows per lane (spreadLanes' $3) when
+// the lanes get equal shares.
+func equalShares(batch int, held []int32) []int32 {
+	shares := make([]int32, len(held))
+	for i := range shares {
+		shares[i] = int32(laneShare(batch, len(held)))
+	}
+	return shares
+}
+
+// laneRates divides a relay's batches over its lanes in proportion to how
+// densely each lane's due rows lie in the id sequence, so that the lanes
+// advance through the backlog together: a lane holding one hot aggregate
+// (a tenth of the events, eight times the rows of its neighbours per
+// thousand ids) gets eight times their share of each batch, instead of
+// the same share and a long tail after the other lanes ran dry, which
+// only one relay, one batch at a time, can publish (its order forbids
+// more). A lane's density is learnt from its rows in the relay's last
+// batch of it: (n-1) / (last id - first id) of its n rows. A lane whose
+// last batch left it dry gets a small share (a quarter of the equal one,
+// at least 2), a lane not seen yet the mean. The shares only decide how many rows of
+// each lane a batch takes first; each lane's rows are still its first due
+// rows in id order. Safe for concurrent use (lane groups claim at once).
+type laneRates struct {
+	mu sync.Mutex
+	// density of each lane's due rows in ids: > 0 learnt, 0 not known,
+	// < 0 its last batch left it dry.
+	density [laneCount]float64
+}
+
+// shares returns the first pass's rows per lane (spreadLanes' $3) of a
+// batch of up to batch rows of the lanes held.
+func (lr *laneRates) shares(batch int, held []int32) []int32 {
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	equal := laneShare(batch, len(held))
+	var sum float64
+	var known, unknown int
+	for _, l := range held {
+		switch d := lr.density[l]; {
+		case d > 0:
+			sum += d
+			known++
+		case d == 0:
+			unknown++
+		}
+	}
+	if known == 0 {
+		return equalShares(batch, held)
+	}
+	// A dry lane still gets a few rows a batch, enough to learn its
+	// density again once writers fill it, while the other lanes keep the
+	// batches full; what it leaves unused goes to the fill pass.
+	least := max(equal/4, 2)
+	mean := sum / float64(known)
+	total := sum + mean*float64(unknown)
+	shares := make([]int32, len(held))
+	for i, l := range held {
+		w := lr.density[l]
+		if w == 0 {
+			w = mean
+		}
+		shares[i] = int32(max(least, int(math.Ceil(float64(batch)*max(w, 0)/total))))
+	}
+	return shares
+}
+
+// learn records the lanes' densities from a claim of up to batch rows
+// over held, each lane's rows in id order.
+func (lr *laneRates) learn(batch int, held, shares []int32, rows []row) {
+	type span struct {
+		n           int
+		first, last int64
+	}
+	seen := make(map[int32]*span, len(held))
+	for _, rw := range rows {
+		s := seen[rw.lane]
+		if s == nil {
+			s = &span{first: rw.id}
+			seen[rw.lane] = s
+		}
+		s.n++
+		s.last = rw.id
+	}
+	// The first pass read every lane's share unless the batch filled up
+	// within it (its LIMIT then cut the last lanes): a batch that is not
+	// full, or that holds rows of the fill pass (a lane beyond its
+	// share), had it all.
+	whole := len(rows) < batch
+	for i, l := range held {
+		if s := seen[l]; s != nil && s.n > int(shares[i]) {
+			whole = true
+		}
+	}
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	for i, l := range held {
+		s := seen[l]
+		switch {
+		case whole && (s == nil || s.n < int(shares[i])):
+			lr.density[l] = -1 // it gave less than its share: nothing more is due
+		case s != nil && s.n > 1 && s.last > s.first:
+			lr.density[l] = float64(s.n-1) / float64(s.last-s.first)
+		}
+	}
 }
 
 // claimedCTE names, as CTE claimed, the ids of at most $2 due rows of the
@@ -108,7 +217,17 @@ func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize, laneShare(r.cfg.BatchSize, len(held)))
+	shares := r.rates.shares(r.cfg.BatchSize, held)
+	out, err := r.claimRows(ctx, stmt, held, shares)
+	if err == nil {
+		r.rates.learn(r.cfg.BatchSize, held, shares, out)
+	}
+	return out, err
+}
+
+// claimRows runs the claim with the shares given and reads its rows.
+func (r *Relay) claimRows(ctx context.Context, stmt *sql.Stmt, held, shares []int32) ([]row, error) {
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize, intArrayParam(shares))
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
@@ -145,7 +264,8 @@ func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
 	return out, nil
 }
 
-// intArrayParam renders lanes as the text of an int[] parameter.
+// intArrayParam renders lanes (or shares) as the text of an int[]
+// parameter.
 func intArrayParam(lanes []int32) string {
 	b := make([]byte, 0, 4*len(lanes)+2)
 	b = append(b, '{')

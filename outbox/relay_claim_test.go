@@ -21,7 +21,7 @@ func TestClaim_UsesTheLaneIndex(t *testing.T) {
 	for range 3 {
 		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}, Event{Topic: "t", AggregateID: "b"}, Event{Topic: "t"}))
 	}
-	plan := pgtest.Plan(t, b.db, strings.NewReplacer("$1", "'{1,2,3}'", "$2", "500", "$3", "167").Replace(claimSQL))
+	plan := pgtest.Plan(t, b.db, strings.NewReplacer("$1", "'{1,2,3}'", "$2", "500", "$3", "'{167,167,167}'").Replace(claimSQL))
 	// The partitioned layout's partitions name their copy of the index
 	// after the expression (see migrations_partitioned).
 	require.True(t, strings.Contains(plan, "millwright_outbox_pending_lane_idx") || strings.Contains(plan, "_case_id_idx"), "the claim reads the lane index:\n%s", plan)
@@ -147,4 +147,111 @@ func TestClaim_CloseClosesThePreparedClaim(t *testing.T) {
 	require.Equal(t, 1, n, "RunOnce after Close prepares the claim again")
 	require.NoError(t, r.Close())
 	require.Zero(t, prepared())
+}
+
+// A lane's share of a batch follows how densely its due rows lie in the
+// ids, learnt from its last batch: a lane with a row at every id gets
+// about eight times the share of one with a row at every eighth; a lane
+// that gave less than its share in a batch that was not full (dry) gets
+// the least share, and a lane not seen yet the mean of the known ones.
+func TestLaneRates_SharesFollowTheLanesDensity(t *testing.T) {
+	var lr laneRates
+	held := []int32{3, 5, 7, 9}
+	require.Equal(t, []int32{25, 25, 25, 25}, lr.shares(100, held), "nothing learnt: equal shares")
+
+	var rows []row
+	for i := range 25 {
+		rows = append(rows, row{lane: 3, id: int64(1000 + i)})   // dense
+		rows = append(rows, row{lane: 5, id: int64(1000 + 8*i)}) // sparse
+	}
+	rows = append(rows, row{lane: 7, id: 5})           // 1 of its 25: dry
+	lr.learn(100, held[:3], []int32{25, 25, 25}, rows) // lane 9 not in that batch
+	got := lr.shares(100, held)
+	least := int32(25 / 4)
+	require.Equal(t, least, got[2], "a dry lane gets the least share")
+	require.InDelta(t, 8, float64(got[0])/float64(got[1]), 0.5, "shares in proportion to density: %v", got)
+	mean := (1.0 + 1.0/8) / 2
+	require.InDelta(t, mean/1.0, float64(got[3])/float64(got[0]), 0.05, "an unknown lane gets the mean: %v", got)
+	var sum int32
+	for i, s := range got {
+		if i != 2 {
+			sum += s
+		}
+	}
+	require.InDelta(t, 100, sum, 4, "the lanes not dry share about the batch: %v", got)
+
+	// A full batch within its first pass (no lane beyond its share) that
+	// gave a lane less than its share says nothing of it: the batch's
+	// LIMIT may have cut it. Lane 9 stays unknown, its density learnt
+	// from its rows; a fill row (lane 3 beyond its share) shows that the
+	// first pass was whole, and lane 9 is then dry.
+	lr.learn(4, []int32{9, 3}, []int32{25, 2}, []row{{lane: 9, id: 1}, {lane: 9, id: 9}, {lane: 3, id: 2}, {lane: 3, id: 3}})
+	require.InDelta(t, 1.0/8, lr.density[9], 1e-9, "learnt from its rows")
+	lr.learn(4, []int32{9, 3}, []int32{25, 1}, []row{{lane: 9, id: 1}, {lane: 9, id: 9}, {lane: 3, id: 2}, {lane: 3, id: 3}})
+	require.Less(t, lr.density[9], 0.0, "less than its share in a whole first pass: dry")
+}
+
+// With one aggregate holding most of the backlog, the relay's second
+// batch takes more of the hot lane than an equal share, and still only
+// each lane's first due rows in id order.
+func TestClaim_HotLaneGetsTheLargerShare(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var evs []Event
+	for i := range 800 {
+		agg := "hot"
+		if i%4 != 0 {
+			agg = "cold-" + strconv.Itoa(i%50)
+		}
+		if i%2 == 0 {
+			agg = "hot"
+		}
+		evs = append(evs, Event{Topic: "t", AggregateType: "order", AggregateID: agg})
+	}
+	require.NoError(t, Add(ctx, b.db, evs...))
+	var hotLane int32
+	require.NoError(t, b.db.QueryRow(`SELECT `+laneExpr+` FROM millwright_outbox WHERE aggregate_id = 'hot' LIMIT 1`).Scan(&hotLane))
+	r, err := NewRelay(b.db, b.pubsub, RelayConfig{BatchSize: 100})
+	require.NoError(t, err)
+	all := make([]int32, laneCount)
+	for i := range all {
+		all[i] = int32(i)
+	}
+	count := func() (hot int, lanes int) {
+		got, err := r.claim(ctx, all)
+		require.NoError(t, err)
+		require.Len(t, got, 100)
+		seen := map[int32]bool{}
+		var ids []int64
+		for _, rw := range got {
+			seen[rw.lane] = true
+			if rw.lane == hotLane {
+				hot++
+				ids = append(ids, rw.id)
+			}
+		}
+		var want []int64
+		rows, err := b.db.QueryContext(ctx, `SELECT id FROM millwright_outbox WHERE status = 'pending' AND `+laneExpr+` = $1 ORDER BY id LIMIT $2`, hotLane, len(ids))
+		require.NoError(t, err)
+		defer rows.Close()
+		for rows.Next() {
+			var id int64
+			require.NoError(t, rows.Scan(&id))
+			want = append(want, id)
+		}
+		require.Equal(t, want, ids, "the hot lane's first rows in id order")
+		return hot, len(seen)
+	}
+	first, lanes := count()
+	// First batch: 2 rows of each lane, then the fill from the lanes' next
+	// rows, lane after lane.
+	require.Greater(t, lanes, 20, "the cold aggregates use many lanes")
+	second, _ := count() // nothing marked: the same rows, shared by density
+	t.Logf("hot lane: %d rows of the first batch, %d of the second", first, second)
+	// Half the rows are the hot aggregate's: an equal share is 2 rows,
+	// its share by density is most of the batch (the cold lanes' least
+	// shares take the rest).
+	require.GreaterOrEqual(t, second, 25, "the hot lane's share follows its density")
+	require.Greater(t, second, first)
 }
