@@ -47,8 +47,10 @@
 // publishes only those. Each round, a relay:
 //
 //  1. claims up to BatchSize due rows of its lanes, a share of each lane
-//     first, each lane's in id order, with one read (no lock, no lease: no
-//     other relay reads its lanes);
+//     first (in proportion to how densely the lane's rows lie in the
+//     backlog, so a lane with a hot aggregate gets more of each batch),
+//     each lane's in id order, with one read (no lock, no lease: no other
+//     relay reads its lanes);
 //  2. publishes them, with one PublishBatch call per topic when the
 //     publisher has it (transport.BatchPublisher), the topics at once,
 //     else with Publish, PublishConcurrency aggregates at a time;
