@@ -94,9 +94,11 @@ func equalShares(batch int, held []int32) []int32 {
 // more). A lane's density is learnt from its rows in the relay's last
 // batch of it: (n-1) / (last id - first id) of its n rows. A lane whose
 // last batch left it dry gets a small share (a quarter of the equal one,
-// at least 2), a lane not seen yet the mean. The shares only decide how many rows of
-// each lane a batch takes first; each lane's rows are still its first due
-// rows in id order. Safe for concurrent use (lane groups claim at once).
+// at least 2), a lane not seen yet the mean. The shares only decide how
+// many rows of each lane a batch takes first; each lane's rows are still
+// its first due rows in id order. The mover (publishing in the database)
+// gives equal shares. Safe for concurrent use (lane groups claim at
+// once).
 type laneRates struct {
 	mu sync.Mutex
 	// density of each lane's due rows in ids: > 0 learnt, 0 not known,
