@@ -200,6 +200,7 @@ type Relay struct {
 	runLanes *lanes
 
 	claimStmt preparedStmt // claimSQL
+	quickStmt preparedStmt // quickCheckSQL
 	rates     laneRates    // how the claim divides a batch over the lanes
 
 	// schema and oid of the outbox table, and the connection holding the
@@ -254,7 +255,8 @@ func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error
 	}
 	r := &Relay{db: db, pub: pub, cfg: cfg, m: m, run: runner.New("outbox.Relay", cfg.CloseTimeout),
 		tr: tracing.Config{TracerProvider: cfg.TracerProvider}, id: watermill.NewUUID(), ready: make(chan struct{}),
-		claimStmt: preparedStmt{db: db, query: claimSQL, what: "the claim"}}
+		claimStmt: preparedStmt{db: db, query: claimSQL, what: "the claim"},
+		quickStmt: preparedStmt{db: db, query: quickCheckSQL, what: "the quick lane check"}}
 	if bp, ok := pub.(batch.Publisher); ok {
 		r.batch = bp
 	}
@@ -270,21 +272,22 @@ func (r *Relay) Running() <-chan struct{} { return r.ready }
 func (r *Relay) markReady() { r.readyOnce.Do(func() { close(r.ready) }) }
 
 // Close stops Run after the batch in flight, waiting at most CloseTimeout
-// before cancelling it, and closes the relay's prepared claim (a later
-// RunOnce prepares it again). It is idempotent and safe to call before
+// before cancelling it, and closes the relay's prepared statements (a
+// later RunOnce prepares its claim again). It is idempotent and safe to call before
 // Run.
 func (r *Relay) Close() error {
 	return errors.Join(r.run.Close(), r.closeStmts())
 }
 
-// closeStmts closes the claims prepared on the pool's connections.
+// closeStmts closes the statements prepared on the pool's connections:
+// the claims and the quick lane check.
 func (r *Relay) closeStmts() error {
-	err := r.claimStmt.close()
+	err := errors.Join(r.claimStmt.close(), r.quickStmt.close())
 	if r.mover != nil {
 		err = errors.Join(err, r.mover.claimStmt.close())
 	}
 	if err != nil {
-		return fmt.Errorf("outbox relay: closing the prepared claim: %w", err)
+		return fmt.Errorf("outbox relay: closing the prepared statements: %w", err)
 	}
 	return nil
 }
@@ -317,7 +320,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}()
 		}
 		r.roundMu.Lock()
-		r.runLanes = &lanes{db: r.db, id: r.id, lease: r.cfg.Lease, member: true}
+		r.runLanes = &lanes{db: r.db, id: r.id, lease: r.cfg.Lease, member: true, quick: &r.quickStmt}
 		if r.schema != "" {
 			r.runLanes.notify = NotifyChannel(r.schema)
 		}

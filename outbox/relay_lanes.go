@@ -66,6 +66,13 @@ type lanes struct {
 	spares   []string      // live relays whose last round found nothing, at the last check
 	fulls    []string      // live relays whose last batch came back full, at the last check
 	onLend   func([]int32) // called with the lanes lent at a check
+
+	// The last whole check (rebalance), for unchanged: when, the load it
+	// recorded, and the live relays with their loads as it saw them.
+	rebalanced time.Time
+	sentLoad   string
+	relaysSeen string
+	quick      *preparedStmt // quickCheckSQL; nil: every check is whole
 }
 
 // A relay's load, as the last round found it (millwright_outbox_relays.load).
@@ -85,6 +92,10 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 		every = laneWaitCheckEvery
 	}
 	if l.member && now.Sub(l.checked) < every && now.Before(l.validUntil) {
+		return l.order(), nil
+	}
+	if l.unchanged(ctx, now) {
+		l.checked = now
 		return l.order(), nil
 	}
 	// A running relay's first check only announces it, taking no lane;
@@ -112,6 +123,50 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 		return nil, err
 	}
 	return l.order(), nil
+}
+
+// quickCheckSQL is the check a running relay makes instead of
+// rebalanceSQL when nothing it knows of has changed (see unchanged): the
+// live relays with their loads, as rebalanceSQL's last column gives them,
+// and whether any lane is free, expired or lent. Two small reads, planned
+// once, that write nothing.
+const quickCheckSQL = `SELECT
+	(SELECT string_agg(id || ':' || load, ',' ORDER BY id) FROM millwright_outbox_relays WHERE seen_until > now()),
+	EXISTS (SELECT 1 FROM millwright_outbox_lanes WHERE owner IS NULL OR lease_until <= now() OR lent)`
+
+// unchanged reports whether a whole check (rebalanceSQL) due now would
+// change nothing, from a quicker read (quickCheckSQL): the relay is
+// running, holds its share (waits for no lane, awaits no loan, gives none
+// back, lends none), its load is the one it recorded, its last whole
+// check is less than a quarter of Lease old (so its leases, renewed once
+// half spent, keep at least a quarter), the same relays are live with the
+// same loads, and no lane is free, expired or lent. Then the whole check
+// would take, free, renew and lend nothing; the relay's share, computed
+// from the live relays, is the same. A relay busy with a backlog makes a
+// whole check only about every Lease/4 instead of every laneCheckEvery:
+// on a 2-core machine holding the database, four relays' checks took
+// about 7% of their time (3.5 ms each at 20 a second) and a millisecond
+// of the database's CPU each. Any error makes the check whole.
+func (l *lanes) unchanged(ctx context.Context, now time.Time) bool {
+	load := l.load
+	if load == "" {
+		load = loadSome
+	}
+	if l.quick == nil || !l.member || !l.joined || l.rebalanced.IsZero() || l.waiting || l.awaitingLoan() ||
+		len(l.giveBack) > 0 || load != l.sentLoad || now.Sub(l.rebalanced) >= l.lease/4 || !now.Before(l.validUntil) ||
+		(load == loadFull && len(l.takers()) > 0) {
+		return false
+	}
+	stmt, err := l.quick.get(ctx)
+	if err != nil {
+		return false
+	}
+	var seen sql.NullString
+	var moving bool
+	if err := stmt.QueryRowContext(ctx).Scan(&seen, &moving); err != nil {
+		return false
+	}
+	return !moving && seen.String == l.relaysSeen
 }
 
 // wakeOthers notifies, when relays LISTEN, after a check that needs other
@@ -250,7 +305,8 @@ SELECT ARRAY(SELECT lane FROM taken UNION
 	(SELECT n FROM share),
 	ARRAY(SELECT id FROM live WHERE load = 'spare' ORDER BY id),
 	ARRAY(SELECT id FROM live WHERE load = 'full' ORDER BY id),
-	ARRAY(SELECT lane FROM borrowed ORDER BY 1)
+	ARRAY(SELECT lane FROM borrowed ORDER BY 1),
+	(SELECT string_agg(id || ':' || load, ',' ORDER BY id) FROM live)
 FROM async`
 
 // rebalance runs rebalanceSQL.
@@ -258,15 +314,18 @@ func (l *lanes) rebalance(ctx context.Context, start time.Time, take bool) error
 	var held, borrowed pq.Int32Array
 	var spares, fulls pq.StringArray
 	var want, relays int
+	var seen sql.NullString
 	load := l.load
 	if load == "" {
 		load = loadSome
 	}
+	l.rebalanced = time.Time{}
 	err := l.db.QueryRowContext(ctx, rebalanceSQL, l.id, l.lease.Milliseconds(), l.member, take, load, intArrayParam(l.giveBack)).
-		Scan(&held, &want, &relays, &spares, &fulls, &borrowed)
+		Scan(&held, &want, &relays, &spares, &fulls, &borrowed, &seen)
 	if err != nil {
 		return err
 	}
+	l.rebalanced, l.sentLoad, l.relaysSeen = start, load, seen.String
 	l.held = held
 	l.relays = relays
 	l.waiting = len(held) < want
@@ -303,17 +362,10 @@ SELECT ARRAY(SELECT lane FROM given ORDER BY 1) FROM async`
 // them, it keeps its busiest lane and every (m+1)-th after it and lends
 // the others in turn. Between rounds, so nothing of them is in flight.
 func (l *lanes) lendToSpares(ctx context.Context) error {
-	if !l.member || l.load != loadFull || len(l.spares) == 0 || l.perLane == nil {
+	if l.load != loadFull || l.perLane == nil {
 		return nil
 	}
-	j := slices.Index(l.fulls, l.id)
-	if j < 0 {
-		return nil
-	}
-	var takers []string
-	for i := j; i < len(l.spares); i += len(l.fulls) {
-		takers = append(takers, l.spares[i])
-	}
+	takers := l.takers()
 	if len(takers) == 0 {
 		return nil
 	}
@@ -353,6 +405,20 @@ func (l *lanes) lendToSpares(ctx context.Context) error {
 		l.onLend(lent)
 	}
 	return nil
+}
+
+// takers are the spare relays a running full relay serves (full relay j
+// of F serves spare relays j, j+F, ...), as of the last check.
+func (l *lanes) takers() []string {
+	j := slices.Index(l.fulls, l.id)
+	if !l.member || j < 0 {
+		return nil
+	}
+	var takers []string
+	for i := j; i < len(l.spares); i += len(l.fulls) {
+		takers = append(takers, l.spares[i])
+	}
+	return takers
 }
 
 // free gives the lanes back and, for a running relay, leaves the relays'

@@ -388,6 +388,56 @@ func TestLanes_FullRelayLendsToSpareOne(t *testing.T) {
 	disjoint()
 }
 
+// While the relays, their loads and the lanes stay as they were, a
+// running relay's due check is the quick read (quickCheckSQL) instead of
+// a whole one, which would change nothing. A relay joining or leaving, a
+// load changing, or a quarter of Lease since the last whole check makes
+// the check whole again, and the relays divide the lanes as before.
+func TestLanes_QuickCheckWhileNothingChanges(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	quick := &preparedStmt{db: b.db, query: quickCheckSQL, what: "the quick lane check"}
+	t.Cleanup(func() { _ = quick.close() })
+	a := &lanes{db: b.db, id: "relay-a", lease: time.Minute, member: true, quick: quick}
+	s := &lanes{db: b.db, id: "relay-b", lease: time.Minute, member: true, quick: quick}
+	// whole makes l's next check due (instead of sleeping) and reports
+	// whether it was a whole one.
+	whole := func(l *lanes) bool {
+		t.Helper()
+		before := l.rebalanced
+		l.checked = time.Time{}
+		_, err := l.hold(ctx)
+		require.NoError(t, err)
+		return !l.rebalanced.Equal(before)
+	}
+	require.True(t, whole(a), "joining")
+	require.True(t, whole(a), "taking its share")
+	require.Len(t, a.held, laneCount)
+	require.False(t, whole(a), "nothing changed")
+	require.Len(t, a.held, laneCount)
+
+	a.report(roundResult{n: 500, more: true, perLane: map[int32]int{0: 500}})
+	require.True(t, whole(a), "its load changed (full)")
+	require.False(t, whole(a))
+
+	require.True(t, whole(s), "s joins")
+	require.True(t, whole(a), "a relay joined")
+	require.Len(t, a.held, laneCount/2, "a frees s's share")
+	require.True(t, whole(s), "s takes its share")
+	require.Len(t, s.held, laneCount/2)
+	require.False(t, whole(a), "both hold their shares")
+	require.ElementsMatch(t, append(slices.Clone(a.held), s.held...), ownedLanes(t, b))
+
+	a.rebalanced = a.rebalanced.Add(-a.lease / 4)
+	require.True(t, whole(a), "a quarter of Lease since the last whole check")
+	require.False(t, whole(a))
+
+	require.NoError(t, s.free(ctx))
+	require.True(t, whole(a), "s left")
+	require.Len(t, a.held, laneCount, "a takes s's share")
+}
+
 // ownedLanes lists the lanes held under a live lease.
 func ownedLanes(t *testing.T, b bundle) []int32 {
 	t.Helper()
