@@ -273,8 +273,8 @@ func (r *Relay) markReady() { r.readyOnce.Do(func() { close(r.ready) }) }
 
 // Close stops Run after the batch in flight, waiting at most CloseTimeout
 // before cancelling it, and closes the relay's prepared statements (a
-// later RunOnce prepares its claim again). It is idempotent and safe to call before
-// Run.
+// later RunOnce prepares its claim again). It is idempotent and safe to
+// call before Run.
 func (r *Relay) Close() error {
 	return errors.Join(r.run.Close(), r.closeStmts())
 }

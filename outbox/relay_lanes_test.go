@@ -429,6 +429,25 @@ func TestLanes_QuickCheckWhileNothingChanges(t *testing.T) {
 	require.False(t, whole(a), "both hold their shares")
 	require.ElementsMatch(t, append(slices.Clone(a.held), s.held...), ownedLanes(t, b))
 
+	// s runs out of work: its check is whole (its load changed), and so
+	// is a's (s's load changed); then quick, s awaiting a loan, until a
+	// lends: s's next check, seeing lanes lent, is whole and takes them.
+	s.report(roundResult{})
+	require.True(t, whole(s), "s is spare")
+	require.True(t, whole(a), "s's load changed")
+	require.True(t, s.awaitingLoan())
+	require.False(t, whole(s), "s awaits a loan, nothing lent yet")
+	a.report(roundResult{n: 500, more: true, perLane: map[int32]int{a.held[0]: 300, a.held[1]: 200}})
+	require.True(t, whole(a), "a is full and serves a spare relay: it lends")
+	require.Len(t, a.held, laneCount/2-1)
+	require.True(t, whole(s), "a lane is lent")
+	require.Len(t, s.borrowed, 1)
+	s.report(roundResult{})
+	require.True(t, whole(s), "s gives it back")
+	a.report(roundResult{n: 100, perLane: map[int32]int{a.held[0]: 100}})
+	require.True(t, whole(a), "a takes it back")
+	require.Len(t, a.held, laneCount/2)
+
 	a.rebalanced = a.rebalanced.Add(-a.lease / 4)
 	require.True(t, whole(a), "a quarter of Lease since the last whole check")
 	require.False(t, whole(a))
