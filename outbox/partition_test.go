@@ -388,10 +388,7 @@ func TestPartitionCleaner_ConflictWithDefaultRowsIsReported(t *testing.T) {
 // every lane touches, from EXPLAIN (ANALYZE, BUFFERS).
 func claimBuffers(t *testing.T, db *sql.DB) int {
 	t.Helper()
-	all := make([]int32, laneCount)
-	for i := range all {
-		all[i] = int32(i)
-	}
+	all := allLanes()
 	q := strings.NewReplacer("$1", "'"+intArrayParam(all)+"'", "$2", "100", "$3", "'"+intArrayParam(equalShares(100, all))+"'").Replace(claimSQL)
 	var plan string
 	require.NoError(t, db.QueryRow(`EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+q).Scan(&plan))

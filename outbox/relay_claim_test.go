@@ -63,10 +63,7 @@ func TestClaim_SpreadsTheBatchOverTheLanes(t *testing.T) {
 	require.NoError(t, Add(ctx, b.db, evs...))
 	r, err := NewRelay(b.db, b.pubsub, RelayConfig{BatchSize: 40})
 	require.NoError(t, err)
-	all := make([]int32, laneCount)
-	for i := range all {
-		all[i] = int32(i)
-	}
+	all := allLanes()
 	// pending[lane] is the lane's pending ids in id order.
 	pending := func() map[int][]int64 {
 		rows, err := b.db.QueryContext(ctx, `SELECT `+laneExpr+`, id FROM millwright_outbox WHERE status = 'pending' ORDER BY id`)
@@ -200,12 +197,9 @@ func TestClaim_HotLaneGetsTheLargerShare(t *testing.T) {
 	ctx := context.Background()
 	var evs []Event
 	for i := range 800 {
-		agg := "hot"
-		if i%4 != 0 {
+		agg := "hot" // every other event
+		if i%2 == 1 {
 			agg = "cold-" + strconv.Itoa(i%50)
-		}
-		if i%2 == 0 {
-			agg = "hot"
 		}
 		evs = append(evs, Event{Topic: "t", AggregateType: "order", AggregateID: agg})
 	}
@@ -214,10 +208,7 @@ func TestClaim_HotLaneGetsTheLargerShare(t *testing.T) {
 	require.NoError(t, b.db.QueryRow(`SELECT `+laneExpr+` FROM millwright_outbox WHERE aggregate_id = 'hot' LIMIT 1`).Scan(&hotLane))
 	r, err := NewRelay(b.db, b.pubsub, RelayConfig{BatchSize: 100})
 	require.NoError(t, err)
-	all := make([]int32, laneCount)
-	for i := range all {
-		all[i] = int32(i)
-	}
+	all := allLanes()
 	count := func() (hot int, lanes int) {
 		got, err := r.claim(ctx, all)
 		require.NoError(t, err)
@@ -231,15 +222,7 @@ func TestClaim_HotLaneGetsTheLargerShare(t *testing.T) {
 				ids = append(ids, rw.id)
 			}
 		}
-		var want []int64
-		rows, err := b.db.QueryContext(ctx, `SELECT id FROM millwright_outbox WHERE status = 'pending' AND `+laneExpr+` = $1 ORDER BY id LIMIT $2`, hotLane, len(ids))
-		require.NoError(t, err)
-		defer rows.Close()
-		for rows.Next() {
-			var id int64
-			require.NoError(t, rows.Scan(&id))
-			want = append(want, id)
-		}
+		want := pgtest.Column[int64](t, b.db, `SELECT id FROM millwright_outbox WHERE status = 'pending' AND `+laneExpr+` = $1 ORDER BY id LIMIT $2`, hotLane, len(ids))
 		require.Equal(t, want, ids, "the hot lane's first rows in id order")
 		return hot, len(seen)
 	}
@@ -254,4 +237,13 @@ func TestClaim_HotLaneGetsTheLargerShare(t *testing.T) {
 	// shares take the rest).
 	require.GreaterOrEqual(t, second, 25, "the hot lane's share follows its density")
 	require.Greater(t, second, first)
+}
+
+// allLanes lists every lane.
+func allLanes() []int32 {
+	all := make([]int32, laneCount)
+	for i := range all {
+		all[i] = int32(i)
+	}
+	return all
 }
