@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -23,7 +24,8 @@ import (
 
 // moveSQL is the claim of the in-database path: the rows claimedCTE finds
 // are marked published at once, in the transaction that also inserts them
-// into their topics' tables (mover.move). It returns each row's id and topic, and
+// into their topics' tables (mover.move). It returns each row's id, lane
+// (for the claim's shares and for lending) and topic, and
 // whether its metadata is a JSON object of strings (every row Add wrote);
 // a hand-written row with other metadata goes through the publisher,
 // which reports it (see rowMessage). It also returns what the relay's span
@@ -32,7 +34,7 @@ var moveSQL = claimedCTE + `
 UPDATE millwright_outbox t
 SET status = 'published', published_at = now()
 WHERE t.id = ANY(ARRAY(SELECT id FROM claimed)) AND t.status = 'pending'
-RETURNING t.id, t.topic, jsonb_typeof(t.metadata) = 'object' AND NOT EXISTS (
+RETURNING t.id, ` + laneExpr + `, t.topic, jsonb_typeof(t.metadata) = 'object' AND NOT EXISTS (
 	SELECT 1 FROM jsonb_each(t.metadata) e WHERE jsonb_typeof(e.value) <> 'string'),
 	t.event_id, t.event_type, t.metadata->>'` + metadata.TraceParent + `', t.metadata->>'` + metadata.TraceState + `'`
 
@@ -142,6 +144,7 @@ type mover struct {
 	tr  tracing.Config
 
 	claimStmt preparedStmt // moveSQL
+	rates     *laneRates   // the relay's: the claim's shares by lane
 
 	mu       sync.Mutex
 	same     int // 0 not checked yet, 1 same database as the outbox's, -1 another
@@ -154,9 +157,9 @@ type mover struct {
 	beforeCommit func()
 }
 
-func newMover(db *sql.DB, pub sqlschema.Publisher, cfg *RelayConfig, m *metrics, st *relayStats, tr tracing.Config) *mover {
+func newMover(db *sql.DB, pub sqlschema.Publisher, cfg *RelayConfig, m *metrics, st *relayStats, tr tracing.Config, rates *laneRates) *mover {
 	ms := strconv.FormatInt(cfg.Lease.Milliseconds(), 10)
-	return &mover{db: db, pub: pub, cfg: cfg, m: m, st: st, tr: tr,
+	return &mover{db: db, pub: pub, cfg: cfg, m: m, st: st, tr: tr, rates: rates,
 		claimStmt: preparedStmt{db: db, query: moveSQL, what: "the in-database claim"},
 		txSQL: "SET LOCAL statement_timeout = " + ms + "; SET LOCAL idle_in_transaction_session_timeout = " + ms +
 			"; SET LOCAL synchronous_commit = off"}
@@ -219,11 +222,11 @@ func sameDatabase(ctx context.Context, a, b *sql.DB) (bool, error) {
 // tryMove publishes one batch of the held lanes in the database when it
 // can. ok false: the caller publishes through the publisher (the path is
 // off, or the batch holds a row only the publisher path can report).
-func (mv *mover) tryMove(ctx context.Context, held []int32) (n int, ok bool, err error) {
+func (mv *mover) tryMove(ctx context.Context, held []int32) (n int, perLane map[int32]int, ok bool, err error) {
 	if !mv.usable(ctx) {
-		return 0, false, nil
+		return 0, nil, false, nil
 	}
-	n, err = mv.move(ctx, held)
+	n, perLane, err = mv.move(ctx, held)
 	// A batch with topics new to this relay: prepare them, outside the
 	// transaction, and move again (a few times: the next batch may bring
 	// other new topics).
@@ -233,18 +236,18 @@ func (mv *mover) tryMove(ctx context.Context, held []int32) (n int, ok bool, err
 			break
 		}
 		if err = mv.prepareTopics(ctx, up); err == nil {
-			n, err = mv.move(ctx, held)
+			n, perLane, err = mv.move(ctx, held)
 		}
 	}
 	switch {
 	case err == nil:
-		return n, true, nil
+		return n, perLane, true, nil
 	case ctx.Err() != nil:
-		return 0, true, err
+		return 0, nil, true, err
 	case !errors.Is(err, errPlainMetadata) && !errors.As(err, &up):
 		mv.off(err)
 	}
-	return 0, false, nil
+	return 0, nil, false, nil
 }
 
 // moved is what move reads of a claimed row.
@@ -254,6 +257,7 @@ type moved struct {
 	plain   bool
 	traced  []tracedRow
 	n       int
+	lanes   []row // lane and id of each row, in id order (for laneRates)
 }
 
 // move publishes one batch in the database: in one transaction it claims
@@ -261,14 +265,14 @@ type moved struct {
 // topics' tables in id order (one INSERT ... SELECT per topic). It commits
 // both or neither. On an error nothing was published (the transaction
 // rolled back, or a failed commit took effect as a whole or not at all).
-func (mv *mover) move(ctx context.Context, held []int32) (int, error) {
+func (mv *mover) move(ctx context.Context, held []int32) (int, map[int32]int, error) {
 	stmt, err := mv.claimStmt.get(ctx)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	tx, err := mv.db.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, fmt.Errorf("outbox relay: starting the in-database publish: %w", err)
+		return 0, nil, fmt.Errorf("outbox relay: starting the in-database publish: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
 	// The transaction bounds its statements and pauses by Lease: a relay
@@ -279,14 +283,14 @@ func (mv *mover) move(ctx context.Context, held []int32) (int, error) {
 	// acknowledged in this database, since the consumer's own commit
 	// flushes the WAL up to it.
 	if _, err := tx.ExecContext(ctx, mv.txSQL); err != nil {
-		return 0, fmt.Errorf("outbox relay: starting the in-database publish: %w", err)
+		return 0, nil, fmt.Errorf("outbox relay: starting the in-database publish: %w", err)
 	}
 	b, err := mv.claim(ctx, tx.StmtContext(ctx, stmt), held)
 	if err != nil || b.n == 0 {
-		return 0, err
+		return 0, nil, err
 	}
 	if !b.plain {
-		return 0, errPlainMetadata
+		return 0, nil, errPlainMetadata
 	}
 	var unprepared []string
 	for _, topic := range b.topics {
@@ -297,12 +301,12 @@ func (mv *mover) move(ctx context.Context, held []int32) (int, error) {
 	if len(unprepared) > 0 {
 		// Tables are created on the publisher's pool, which may be this
 		// one: not while this transaction holds a connection.
-		return 0, unpreparedTopics(unprepared)
+		return 0, nil, unpreparedTopics(unprepared)
 	}
 	overrides, end := traceMoved(mv.tr, b.traced)
 	if err := mv.insert(ctx, tx, b, overrides); err != nil {
 		end(err)
-		return 0, err
+		return 0, nil, err
 	}
 	if mv.beforeCommit != nil {
 		mv.beforeCommit()
@@ -310,18 +314,39 @@ func (mv *mover) move(ctx context.Context, held []int32) (int, error) {
 	if err := tx.Commit(); err != nil {
 		err = fmt.Errorf("outbox relay: committing %d event(s) published in the database: %w", b.n, err)
 		end(err)
-		return 0, err
+		return 0, nil, err
 	}
 	end(nil)
 	mv.m.published.Add(float64(b.n))
 	mv.st.published.Add(uint64(b.n))
-	return b.n, nil
+	return b.n, perLane(b.lanes), nil
 }
 
-// claim runs moveSQL and groups the rows by topic.
+// perLane counts rows by lane.
+func perLane(rows []row) map[int32]int {
+	m := make(map[int32]int, laneCount)
+	for _, rw := range rows {
+		m[rw.lane]++
+	}
+	return m
+}
+
+// claim runs moveSQL and groups the rows by topic; the claim's shares of
+// the lanes are the relay's (laneRates), which learn from its rows.
 func (mv *mover) claim(ctx context.Context, stmt *sql.Stmt, held []int32) (moved, error) {
+	shares := mv.rates.shares(mv.cfg.BatchSize, held)
+	b, err := mv.claimShares(ctx, stmt, held, shares)
+	if err == nil {
+		slices.SortFunc(b.lanes, func(x, y row) int { return cmp.Compare(x.id, y.id) })
+		mv.rates.learn(mv.cfg.BatchSize, held, shares, b.lanes)
+	}
+	return b, err
+}
+
+// claimShares runs moveSQL with the shares given.
+func (mv *mover) claimShares(ctx context.Context, stmt *sql.Stmt, held, shares []int32) (moved, error) {
 	b := moved{byTopic: map[string][]int64{}, plain: true}
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held), mv.cfg.BatchSize, intArrayParam(equalShares(mv.cfg.BatchSize, held)))
+	rows, err := stmt.QueryContext(ctx, intArrayParam(held), mv.cfg.BatchSize, intArrayParam(shares))
 	if err != nil {
 		return b, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
@@ -333,18 +358,20 @@ func (mv *mover) claim(ctx context.Context, stmt *sql.Stmt, held []int32) (moved
 	for rows.Next() {
 		var (
 			id                 int64
+			lane               int32
 			topic              string
 			ok                 bool
 			eventID, eventType string
 			tp, tstate         sql.NullString
 		)
-		if err := rows.Scan(&id, &topic, &ok, &eventID, &eventType, &tp, &tstate); err != nil {
+		if err := rows.Scan(&id, &lane, &topic, &ok, &eventID, &eventType, &tp, &tstate); err != nil {
 			return b, fmt.Errorf("outbox relay: reading claimed row: %w", err)
 		}
 		if _, seen := b.byTopic[topic]; !seen {
 			b.topics = append(b.topics, topic)
 		}
 		b.byTopic[topic] = append(b.byTopic[topic], id)
+		b.lanes = append(b.lanes, row{lane: lane, id: id})
 		b.plain = b.plain && ok
 		if tp.Valid || recording {
 			b.traced = append(b.traced, tracedRow{id: id, topic: topic, eventID: eventID, eventType: eventType, traceParent: tp, traceState: tstate})

@@ -155,3 +155,47 @@ func TestSameDatabase(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, same)
 }
+
+// Relays publishing in the database lend lanes too (their claim returns
+// each row's lane): a backlog all in one relay's share is drained by
+// both, and each aggregate's events land in its topic's table in order.
+func TestMove_SpareMoverDrainsLanesLentToIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, tr := inDatabaseBundle(t)
+	const events = 20000
+	fillEvenLanes(t, s.DB, events)
+	cfg := RelayConfig{BatchSize: 200, PollInterval: 5 * time.Millisecond, Lease: 5 * time.Second}
+	var relays []*Relay
+	for range 2 {
+		r := startRelay(t, s.DB, tr.Publisher(), cfg)
+		require.NoError(t, r.mover.prepareTopics(ctx, []string{"t"}))
+		relays = append(relays, r)
+	}
+	poll.Until(t, 2*time.Minute, func() bool { return count(t, s.DB, "status = 'pending'") == 0 }, "drain")
+	lent := relays[0].lanesLent.Load() + relays[1].lanesLent.Load()
+	require.Positive(t, lent, "lanes were lent")
+	for i, r := range relays {
+		require.Greater(t, r.Stats().Published, uint64(events/10), "relay %d published a real part of the backlog", i)
+	}
+	t.Logf("lanes lent: %d; published by each relay: %d and %d", lent, relays[0].Stats().Published, relays[1].Stats().Published)
+	// Each aggregate's events in the topic's table in the order written.
+	rows, err := s.DB.Query(`SELECT o.aggregate_id, o.payload::text::int FROM "watermill_t" w
+		JOIN millwright_outbox o ON o.event_id = w.uuid ORDER BY w."offset"`)
+	require.NoError(t, err)
+	defer rows.Close()
+	last := map[string]int{}
+	n := 0
+	for rows.Next() {
+		var agg string
+		var g int
+		require.NoError(t, rows.Scan(&agg, &g))
+		if prev, ok := last[agg]; ok {
+			require.Greater(t, g, prev, "aggregate %s out of order", agg)
+		}
+		last[agg] = g
+		n++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, events, n, "every event moved once")
+}

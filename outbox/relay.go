@@ -261,7 +261,7 @@ func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error
 		r.batch = bp
 	}
 	if ip, ok := pub.(sqlschema.Publisher); ok {
-		r.mover = newMover(db, ip, &r.cfg, m, &r.stats, r.tr)
+		r.mover = newMover(db, ip, &r.cfg, m, &r.stats, r.tr, &r.rates)
 	}
 	return r, nil
 }
@@ -368,7 +368,7 @@ type roundResult struct {
 	// awaitingLoan: nothing was due in its lanes while another relay's
 	// batch was full; it checks again soon for lanes lent to it.
 	awaitingLoan bool
-	perLane      map[int32]int // rows claimed per lane; nil when not known (the mover)
+	perLane      map[int32]int // rows claimed per lane
 	err          error
 }
 
@@ -552,12 +552,12 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 		return res
 	}
 	if r.mover != nil {
-		n, ok, err := r.mover.tryMove(ctx, held)
+		n, perLane, ok, err := r.mover.tryMove(ctx, held)
 		if ok && n > 0 && claimed != nil {
 			claimed()
 		}
 		if ok {
-			res.n, res.more, res.err = n, n >= r.cfg.BatchSize, err
+			res.n, res.more, res.perLane, res.err = n, n >= r.cfg.BatchSize, perLane, err
 			return res
 		}
 	}

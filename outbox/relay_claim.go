@@ -97,8 +97,8 @@ func equalShares(batch int, held []int32) []int32 {
 // at least 2), a lane not seen yet the mean. The shares only decide how
 // many rows of each lane a batch takes first; each lane's rows are still
 // its first due rows in id order. The mover (publishing in the database)
-// gives equal shares. Safe for concurrent use (lane groups claim at
-// once).
+// shares and learns the same way. Safe for concurrent use (lane groups
+// claim at once).
 type laneRates struct {
 	mu sync.Mutex
 	// density of each lane's due rows in ids: > 0 learnt, 0 not known,

@@ -60,7 +60,7 @@ type lanes struct {
 
 	// Lending (see "Lending lanes" in DESIGN.md), for a running relay.
 	load     string        // how its last round went: loadSpare, loadSome or loadFull
-	perLane  map[int32]int // rows per lane its last round claimed; nil when not known (the mover)
+	perLane  map[int32]int // rows per lane its last round claimed; nil when not known
 	borrowed []int32       // held lanes of other relays' shares, lent to it
 	giveBack []int32       // borrowed lanes its last round found nothing due in
 	spares   []string      // live relays whose last round found nothing, at the last check
@@ -212,8 +212,8 @@ func (l *lanes) awaitingLoan() bool {
 
 // report records how a round on the held lanes went: its load, for the
 // next check, and which borrowed lanes to give back. perLane is nil when
-// the round does not know its rows' lanes (the mover); a borrowed lane is
-// then given back once a round found nothing at all.
+// the round does not know its rows' lanes (a round that claimed nothing);
+// a borrowed lane is then given back once a round found nothing at all.
 func (l *lanes) report(res roundResult) {
 	if !l.member {
 		return
@@ -227,8 +227,7 @@ func (l *lanes) report(res roundResult) {
 	case res.n == 0:
 		l.load = loadSpare
 	case res.more && res.perLane != nil:
-		// The mover does not know its rows' lanes, so it cannot lend; it
-		// never says full, and spare relays do not wait for it.
+		// Lending needs the rows per lane.
 		l.load = loadFull
 	default:
 		l.load = loadSome

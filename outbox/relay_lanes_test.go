@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 	"sync"
@@ -476,20 +477,28 @@ func TestRelay_SpareRelayDrainsLanesLentToIt(t *testing.T) {
 	}
 }
 
-func spareRelayDrainsLanesLentToIt(t *testing.T, listen bool) {
-	b := setup(t)
-	const events = 20000
-	_, err := b.db.Exec(`WITH ids AS (
+// fillEvenLanes writes n events of topic t over 200 aggregates that hash
+// to even lanes only: with two relays, all in one relay's share. Event g
+// has payload g.
+func fillEvenLanes(t *testing.T, db *sql.DB, n int) {
+	t.Helper()
+	_, err := db.Exec(`WITH ids AS (
 		SELECT array_agg(id) AS a FROM (
 			SELECT 'a' || x AS id FROM generate_series(0, 2000) x
 			WHERE ((hashtext('acct/a' || x) & 63) % 2) = 0 LIMIT 200) s
 	) INSERT INTO millwright_outbox (event_id, topic, aggregate_type, aggregate_id, payload)
 	SELECT gen_random_uuid()::text, 't', 'acct', ids.a[1 + g % 200], to_jsonb(g)
-	FROM generate_series(0, $1 - 1) g, ids ORDER BY g`, events)
+	FROM generate_series(0, $1 - 1) g, ids ORDER BY g`, n)
 	require.NoError(t, err)
 	var oddLanes int
-	require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM millwright_outbox WHERE `+laneExpr+` % 2 = 1`).Scan(&oddLanes))
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM millwright_outbox WHERE `+laneExpr+` % 2 = 1`).Scan(&oddLanes))
 	require.Zero(t, oddLanes, "the backlog is in even lanes only")
+}
+
+func spareRelayDrainsLanesLentToIt(t *testing.T, listen bool) {
+	b := setup(t)
+	const events = 20000
+	fillEvenLanes(t, b.db, events)
 
 	rec := &recorder{}
 	cfg := RelayConfig{BatchSize: 200, PollInterval: 5 * time.Millisecond, Lease: 5 * time.Second}
