@@ -137,18 +137,16 @@ const quickCheckSQL = `SELECT
 // unchanged reports whether a whole check (rebalanceSQL) due now would
 // change nothing, from a quicker read (quickCheckSQL): the relay is
 // running, holds its share (waits for no lane, gives none back, lends
-// none), its load is the one it recorded, its last whole
-// check is less than a quarter of Lease old (so its leases, renewed once
-// half spent, keep at least a quarter), the same relays are live with the
-// same loads, and no lane is free, expired or lent. Then the whole check
-// would take, free, renew and lend nothing; the relay's share, computed
-// from the live relays, is the same (a spare relay awaiting a loan sees
-// lanes lent to it as lent, and makes the whole check that takes them).
-// A relay busy with a backlog makes a
-// whole check only about every Lease/4 instead of every laneCheckEvery:
-// on a 2-core machine holding the database, four relays' checks took
-// about 7% of their time (3.5 ms each at 20 a second) and a millisecond
-// of the database's CPU each. Any error makes the check whole.
+// none), its load is the one it recorded, its last whole check is less
+// than a quarter of Lease old (so its leases, renewed once half spent,
+// keep at least a quarter), the same relays are live with the same loads,
+// and no lane is free, expired or lent. Then the whole check would take,
+// free, renew and lend nothing, and the relay's share, computed from the
+// live relays, is the same (a spare relay awaiting a loan sees lanes lent
+// to it as lent, and makes the whole check that takes them). A relay busy
+// with a backlog so makes a whole check about every Lease/4 instead of
+// every laneCheckEvery (what that saves: DESIGN.md, "Lanes"). Any error
+// makes the check whole.
 func (l *lanes) unchanged(ctx context.Context, now time.Time) bool {
 	if !l.quickMay(now) {
 		return false
