@@ -322,15 +322,6 @@ func (mv *mover) move(ctx context.Context, held []int32) (int, map[int32]int, er
 	return b.n, perLane(b.lanes), nil
 }
 
-// perLane counts rows by lane.
-func perLane(rows []row) map[int32]int {
-	m := make(map[int32]int, laneCount)
-	for _, rw := range rows {
-		m[rw.lane]++
-	}
-	return m
-}
-
 // claim runs moveSQL and groups the rows by topic; the claim's shares of
 // the lanes are the relay's (laneRates), which learn from its rows.
 func (mv *mover) claim(ctx context.Context, stmt *sql.Stmt, held []int32) (moved, error) {

@@ -372,6 +372,15 @@ type roundResult struct {
 	err          error
 }
 
+// perLane counts rows by lane (roundResult.perLane, for lending).
+func perLane(rows []row) map[int32]int {
+	m := make(map[int32]int, laneCount)
+	for _, rw := range rows {
+		m[rw.lane]++
+	}
+	return m
+}
+
 // loop runs rounds back to back while batches come back full, and
 // otherwise waits for a notification, the poll interval or the earliest
 // backoff.
@@ -651,10 +660,7 @@ func (r *Relay) stages(ctx context.Context, held []int32, claimed func(), res ro
 		claimed()
 	}
 	res.n, res.more = len(rows), len(rows) >= r.cfg.BatchSize
-	res.perLane = make(map[int32]int, 64)
-	for _, rw := range rows {
-		res.perLane[rw.lane]++
-	}
+	res.perLane = perLane(rows)
 	results := r.publish(rows)
 	res.next, res.failures, res.err = r.mark(ctx, rows, results)
 	return res

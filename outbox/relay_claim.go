@@ -78,8 +78,9 @@ func laneShare(batch, lanes int) int {
 // the lanes get equal shares.
 func equalShares(batch int, held []int32) []int32 {
 	shares := make([]int32, len(held))
+	share := int32(laneShare(batch, len(held)))
 	for i := range shares {
-		shares[i] = int32(laneShare(batch, len(held)))
+		shares[i] = share
 	}
 	return shares
 }
