@@ -149,7 +149,7 @@ type mover struct {
 	mu       sync.Mutex
 	same     int // 0 not checked yet, 1 same database as the outbox's, -1 another
 	offUntil time.Time
-	movable  map[string]struct{} // topics prepared with pub.PrepareTopic
+	movable  map[string]struct{} // topics known prepared (see prepared)
 	txSQL    string              // the transaction's settings (see move)
 
 	// beforeCommit, when set (tests), runs in move after the inserts,
@@ -410,12 +410,25 @@ func (u unpreparedTopics) Error() string {
 	return fmt.Sprintf("outbox relay: topics %q not prepared for publishing in the database", []string(u))
 }
 
-// prepared reports whether topic's storage was prepared by this relay.
+// prepared reports whether topic's storage is prepared: by this relay, or
+// by anyone else on the same publisher (another relay, a Publish), which
+// its Table tells without I/O. A relay that started beside others on a
+// topic they already publish so moves its first batch at once, instead of
+// claiming it, rolling the claim back and preparing the topic first.
 func (mv *mover) prepared(topic string) bool {
 	mv.mu.Lock()
 	defer mv.mu.Unlock()
-	_, ok := mv.movable[topic]
-	return ok
+	if _, ok := mv.movable[topic]; ok {
+		return true
+	}
+	if _, err := mv.pub.Table(topic); err != nil {
+		return false
+	}
+	if mv.movable == nil {
+		mv.movable = map[string]struct{}{}
+	}
+	mv.movable[topic] = struct{}{}
+	return true
 }
 
 // prepareTopics has the publisher create the topics' storage, outside any

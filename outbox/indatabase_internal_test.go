@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"net/url"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
+	"github.com/millwright/millwright/internal/sqlschema"
 	tsql "github.com/millwright/millwright/transport/sql"
 )
 
@@ -198,4 +201,56 @@ func TestMove_SpareMoverDrainsLanesLentToIt(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, events, n, "every event moved once")
+}
+
+// preparesCounter counts the PrepareTopic calls made on an in-database
+// publisher.
+type preparesCounter struct {
+	sqlschema.Publisher
+	prepares atomic.Int64
+}
+
+func (p *preparesCounter) PrepareTopic(ctx context.Context, topic string) error {
+	p.prepares.Add(1)
+	return p.Publisher.PrepareTopic(ctx, topic)
+}
+
+// A relay whose publisher already prepared a topic (for another relay)
+// moves its first batch of that topic at once: it neither prepares the
+// topic again nor claims the batch twice (a claim, rolled back, then the
+// preparation, then the claim again).
+func TestMove_TopicPreparedForAnotherRelayMovesAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, tr := inDatabaseBundle(t)
+	pub := &preparesCounter{Publisher: tr.Publisher().(sqlschema.Publisher)}
+	add := func(n int) {
+		evs := make([]Event, n)
+		for i := range evs {
+			evs[i] = Event{Topic: "t", AggregateType: "order", AggregateID: strconv.Itoa(i), EventType: "order.created.v1", Payload: []byte(`{}`)}
+		}
+		require.NoError(t, Add(ctx, s.DB, evs...))
+	}
+	first, err := NewRelay(s.DB, pub, RelayConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = first.Close() })
+	add(10)
+	n, err := first.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 10, n)
+	require.EqualValues(t, 1, pub.prepares.Load(), "the first relay prepared the topic")
+
+	second, err := NewRelay(s.DB, pub, RelayConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = second.Close() })
+	require.False(t, second.mover.prepared("u"), "a topic nobody prepared")
+	add(10)
+	n, err = second.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 10, n)
+	require.EqualValues(t, 1, pub.prepares.Load(), "the second relay used the topic as prepared")
+	require.Zero(t, count(t, s.DB, "status = 'pending'"))
+	var moved int
+	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT count(*) FROM "watermill_t"`).Scan(&moved))
+	require.Equal(t, 20, moved, "both batches were published in the database")
 }

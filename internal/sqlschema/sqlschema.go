@@ -55,6 +55,8 @@ type Publisher interface {
 	// cheap once a topic is prepared.
 	PrepareTopic(ctx context.Context, topic string) error
 	// Table returns, without I/O, the schema-qualified, quoted name of a
-	// prepared topic's table, the same on any connection to DB.
+	// prepared topic's table, the same on any connection to DB, and an
+	// error for a topic not prepared yet (by any caller): the relay asks
+	// it whether a topic needs PrepareTopic.
 	Table(topic string) (string, error)
 }
