@@ -411,8 +411,8 @@ func (u unpreparedTopics) Error() string {
 }
 
 // prepared reports whether topic's storage is prepared: by this relay, or
-// by anyone else on the same publisher (another relay, a Publish), which
-// its Table tells without I/O. A relay that started beside others on a
+// by another relay through the same publisher (its PrepareTopic), which
+// the publisher's Table tells without I/O. A relay that started beside others on a
 // topic they already publish so moves its first batch at once, instead of
 // claiming it, rolling the claim back and preparing the topic first.
 func (mv *mover) prepared(topic string) bool {
