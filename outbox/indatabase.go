@@ -149,8 +149,7 @@ type mover struct {
 	mu       sync.Mutex
 	same     int // 0 not checked yet, 1 same database as the outbox's, -1 another
 	offUntil time.Time
-	movable  map[string]struct{} // topics known prepared (see prepared)
-	txSQL    string              // the transaction's settings (see move)
+	txSQL    string // the transaction's settings (see move)
 
 	// beforeCommit, when set (tests), runs in move after the inserts,
 	// before the commit.
@@ -410,25 +409,14 @@ func (u unpreparedTopics) Error() string {
 	return fmt.Sprintf("outbox relay: topics %q not prepared for publishing in the database", []string(u))
 }
 
-// prepared reports whether topic's storage is prepared: by this relay, or
-// by another relay through the same publisher (its PrepareTopic), which
-// the publisher's Table tells without I/O. A relay that started beside others on a
-// topic they already publish so moves its first batch at once, instead of
-// claiming it, rolling the claim back and preparing the topic first.
+// prepared reports whether topic's storage is prepared, by this relay or
+// by another through the same publisher: the publisher's Table tells,
+// without I/O. A relay that starts beside others on a topic they already
+// publish so moves its first batch at once, instead of claiming it,
+// rolling the claim back and preparing the topic first.
 func (mv *mover) prepared(topic string) bool {
-	mv.mu.Lock()
-	defer mv.mu.Unlock()
-	if _, ok := mv.movable[topic]; ok {
-		return true
-	}
-	if _, err := mv.pub.Table(topic); err != nil {
-		return false
-	}
-	if mv.movable == nil {
-		mv.movable = map[string]struct{}{}
-	}
-	mv.movable[topic] = struct{}{}
-	return true
+	_, err := mv.pub.Table(topic)
+	return err == nil
 }
 
 // prepareTopics has the publisher create the topics' storage, outside any
@@ -438,12 +426,6 @@ func (mv *mover) prepareTopics(ctx context.Context, topics []string) error {
 		if err := mv.pub.PrepareTopic(ctx, topic); err != nil {
 			return fmt.Errorf("outbox relay: preparing topic %q for publishing in the database: %w", topic, err)
 		}
-		mv.mu.Lock()
-		if mv.movable == nil {
-			mv.movable = map[string]struct{}{}
-		}
-		mv.movable[topic] = struct{}{}
-		mv.mu.Unlock()
 	}
 	return nil
 }
