@@ -191,9 +191,11 @@ func benchOutboxCmd() *cobra.Command {
 Every figure is the median of --rounds runs. A drain's relay row compares
 each round's run with the bare loops' and the fewer relays' runs of the
 same round (seconds apart, so the machine's drift over minutes cancels)
-and reports the median of those ratios; the rounds alternate which of a
-bare loop and relay pair goes first, and every run starts after a
-CHECKPOINT, with autovacuum off for the outbox table.
+and reports the median of those ratios; odd rounds run the variants in
+reverse order (so neither of a bare loop and relay pair, nor of N and
+N-1 relays, always goes first), one untimed run of the last variant
+goes before the first round, and every run starts after a CHECKPOINT,
+with autovacuum off for the outbox table.
 
 Kinds: gochannel, kafka (a real cluster with --kafka-brokers, else an
 embedded kfake), googlecloud (a Pub/Sub emulator with --pubsub-emulator,
