@@ -26,3 +26,10 @@ func TestPairedRatioIsTheMedianOfEachRoundsRatio(t *testing.T) {
 	require.InDelta(t, 0.60, median(relay)/median(bare), 0.001)
 	require.Zero(t, pairedRatio(nil, nil))
 }
+
+// A drain without relay counts is refused before it touches the database
+// or the broker (the warm-up run takes the last variant).
+func TestDrainWithoutRelayCountsIsAnError(t *testing.T) {
+	b := &bench{}
+	require.EqualError(t, b.benchDrain(t.Context(), "gochannel", nil), "drain: no relay counts (Config.Relays)")
+}
