@@ -227,9 +227,13 @@ type GoogleCloudConfig struct {
 	// PublishDelay is the client's batching delay. Default 1ms (the
 	// library's 10ms makes every synchronous publish wait 10ms).
 	PublishDelay time.Duration
-	// MaxExtension bounds how long a received message's lease is extended
-	// while its handler runs. Default 10 minutes; a closed subscriber's
-	// messages are redelivered after at most this long.
+	// MaxExtension is the longest lease the subscriber asks for at a time
+	// (the client's ReceiveSettings.MaxExtensionPeriod): while a handler
+	// runs, its message's lease is renewed in steps of at most this long
+	// (for up to the client's MaxExtension, an hour), so a subscriber
+	// that stops or dies holding messages leaves them leased for at most
+	// this long after its last renewal, and Pub/Sub then redelivers them.
+	// Default 10 minutes.
 	MaxExtension time.Duration
 	// DeclareGroups lists consumer groups whose subscriptions the
 	// publisher creates before its first publish to a topic, so messages
