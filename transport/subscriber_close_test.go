@@ -116,7 +116,7 @@ func TestPubSubSubscriberClosedMidReadLosesNothing(t *testing.T) {
 	require.NoError(t, err)
 	lastClose := time.Now()
 	lease := cfg.GoogleCloud.MaxExtension
-	var waves []string // "+12s: 2,914", a line each time the count moved after a quiet second
+	var waves []string // "+12s: 2914", one each time the count moved after a quiet second
 	lastNew, reported := lastClose, len(got)
 	deadline := time.After(12 * lease)
 	tick := time.NewTicker(time.Second)
