@@ -36,9 +36,6 @@ type drainVariant struct {
 // N relays and N bare loops for each N of Relays, runs interleaved round
 // by round, beside Watermill's forwarder and the publisher alone.
 func (b *bench) benchDrain(ctx context.Context, kind string, t *transport.Transport) error {
-	if len(b.Relays) == 0 {
-		return errors.New("drain: no relay counts (Config.Relays)")
-	}
 	pub := t.Publisher()
 	n := b.Backlog
 	// The bare loop's own index: it claims the oldest pending rows, which

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/transport"
 )
 
 // Odd rounds run the variants the other way round: each bare loop and
@@ -27,9 +29,10 @@ func TestPairedRatioIsTheMedianOfEachRoundsRatio(t *testing.T) {
 	require.Zero(t, pairedRatio(nil, nil))
 }
 
-// A drain without relay counts is refused before it touches the database
-// or the broker (the warm-up run takes the last variant).
+// A drain without relay counts is a configuration error: Run refuses it
+// before any section runs (it opens no broker: Config.Open is nil here),
+// instead of skipping the drain on every broker.
 func TestDrainWithoutRelayCountsIsAnError(t *testing.T) {
-	b := &bench{}
-	require.EqualError(t, b.benchDrain(t.Context(), "gochannel", nil), "drain: no relay counts (Config.Relays)")
+	err := Run(t.Context(), Config{Sections: []string{SectionDrain}, Kinds: []transport.Kind{transport.GoChannel}})
+	require.EqualError(t, err, "drain: no relay counts (Config.Relays)")
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -133,6 +134,11 @@ func Run(ctx context.Context, cfg Config) error {
 	want := map[string]bool{}
 	for _, s := range cfg.Sections {
 		want[s] = true
+	}
+	if want[SectionDrain] && len(cfg.Relays) == 0 {
+		// A configuration error, not a broker failure: refused before any
+		// section runs, not skipped per broker below.
+		return errors.New("drain: no relay counts (Config.Relays)")
 	}
 	if want[SectionWrite] {
 		cfg.Progress("write overhead ...")
