@@ -29,6 +29,15 @@
 //		return err
 //	}).AddMiddleware(dedup.Middleware)
 //
+// A handler that returns messages (Watermill's produced messages, for
+// Router.AddHandler) needs a destination for them in the Config: the
+// middleware sends them itself, before the mark commits, and returns none
+// to the router (see Produced messages below):
+//
+//	dedup, _ := idempotency.NewMiddleware(store, idempotency.Config{
+//		Consumer: "billing", ProducedToOutbox: true, ProducedTopic: "invoices",
+//	})
+//
 // # Event id
 //
 // The id is the metadata.EventID ("ce_id") value the outbox writes, else the
@@ -42,11 +51,9 @@
 //
 // Transactional mode: effects written through TxFromContext happen exactly
 // once per (consumer, event id) within the retention period. Anything else
-// the handler does (HTTP calls, messages it returns for the router to
-// publish, which are published after the commit) is at least once; publish
-// follow-up events through the outbox in the same transaction instead. The
-// transaction runs at READ COMMITTED and holds one connection and the mark's
-// row lock for the handler's duration, so keep handlers short.
+// the handler does outside that transaction (an HTTP call) is at least
+// once. The transaction runs at READ COMMITTED and holds one connection and
+// the mark's row lock for the handler's duration, so keep handlers short.
 //
 // MarkAfterSuccess mode, for effects outside the database: the middleware
 // checks for a mark, runs the handler with no transaction held, then writes
@@ -67,6 +74,46 @@
 // Marks are scoped by Config.Consumer: two consumers of one event each
 // process it once. A redelivery later than the retention period is
 // processed again.
+//
+// # Produced messages
+//
+// Messages the handler returns are never lost: the middleware sends them
+// before the mark commits, and never hands them to Watermill's router,
+// which would publish them only after the commit (when that publish failed,
+// the redelivery would be skipped as a duplicate and the follow-ups would
+// be gone). Where they go:
+//
+//   - Config.ProducedToOutbox (PostgresStore): written to the outbox in the
+//     unit of work that holds the mark, and published by an outbox relay,
+//     at least once, with the outbox's guarantees (package outbox). In
+//     Transactional mode that is the handler's transaction: effects, mark
+//     and follow-ups commit together or not at all, so each event's
+//     follow-ups are written exactly once. In MarkAfterSuccess mode it is
+//     the mark's own transaction: follow-ups and mark commit together; when
+//     two deliveries ran at once, only the first to mark writes its
+//     follow-ups. The strongest form; prefer it.
+//   - Config.ProducedPublisher (any store): published before the mark
+//     commits. A failed publish fails the message with no mark (in
+//     Transactional mode the handler's effects roll back with it), and the
+//     redelivery runs the handler again and publishes again: follow-ups
+//     are at least once, never lost, and a copy also goes out when the
+//     commit fails after the publish. A message without metadata.EventID
+//     gets one derived from the consumer, the event id and its index, so a
+//     run that returns the same messages in the same order gives each copy
+//     the same id, and a downstream idempotency middleware drops it. In MarkAfterSuccess mode the handler's external effect
+//     repeats with the run, as for a failed mark.
+//   - neither: a handler that returns messages fails with
+//     ErrNoProducedDestination (retry.Permanent, no mark, effects rolled
+//     back in Transactional mode), so the dead-letter path parks the
+//     message with the fields to set; replay it after the fix. In
+//     MarkAfterSuccess mode the external effect has happened by then, and
+//     the replay repeats it.
+//
+// The topic is Config.ProducedTopic, else the router handler's publish
+// topic (Router.AddHandler's). Handlers that return no messages need none
+// of this; writing follow-ups with outbox.Add through TxFromContext in the
+// handler gives the same guarantee as ProducedToOutbox, with a topic per
+// event.
 //
 // # Retention
 //

@@ -24,8 +24,9 @@ type Mode int
 const (
 	// Transactional writes the mark first, in a transaction that the handler
 	// shares (TxFromContext), and commits both after the handler succeeds.
-	// Effects written through that transaction happen exactly once. The
-	// default.
+	// Effects written through that transaction happen exactly once, and so
+	// do the outbox rows of produced messages with Config.ProducedToOutbox.
+	// The default.
 	Transactional Mode = iota
 	// MarkAfterSuccess checks for a mark, runs the handler with no
 	// transaction held, then writes the mark. For handlers whose effect is
@@ -110,6 +111,44 @@ type Config struct {
 	// Logger logs duplicates (debug) and repeated effects (error).
 	// Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+
+	// The messages a handler returns (Watermill's produced messages) are
+	// sent by the middleware, before the mark commits, to the destination
+	// named here, and the middleware returns none to the router: the
+	// router would publish them after the commit, and a failed publish
+	// would then lose them (the redelivery is a duplicate and is skipped).
+	// With neither ProducedToOutbox nor ProducedPublisher set, a handler
+	// that returns messages fails with ErrNoProducedDestination. Handlers
+	// that return no messages need neither.
+
+	// ProducedToOutbox writes the produced messages to the outbox (package
+	// outbox; apply outbox.Migrations()) in the unit of work that writes
+	// the mark, and a relay publishes them. In Transactional mode that is
+	// the handler's own transaction: effects, mark and follow-ups commit
+	// together or not at all. In MarkAfterSuccess mode it is the mark's
+	// transaction: follow-ups and mark commit together. Each message
+	// becomes an event as outbox.TxPublisher makes it (its UUID is the
+	// event id). Needs a PostgresStore. Default false. Excludes
+	// ProducedPublisher.
+	ProducedToOutbox bool
+	// ProducedPublisher publishes the produced messages before the mark
+	// commits, on any store. When Publish fails the message fails: the
+	// mark is not committed (in Transactional mode the handler's effects
+	// roll back with it) and the redelivery runs the handler again, so
+	// follow-ups are at least once (a copy may also go out when the commit
+	// fails after the publish). A message without metadata.EventID gets one
+	// derived from (Consumer, the consumed event id, its index), so every
+	// copy has the same id and a downstream idempotency middleware drops
+	// the extra ones. Publish holds the Transactional mode's transaction
+	// (a connection and the mark's row lock) while it runs. Default nil.
+	// Excludes ProducedToOutbox.
+	ProducedPublisher message.Publisher
+	// ProducedTopic is the topic the produced messages go to. Default "":
+	// the router handler's publish topic (the publishTopic of
+	// Router.AddHandler, read with message.PublishTopicFromCtx); with none,
+	// a handler that returns messages fails with ErrNoProducedDestination.
+	// Only with ProducedToOutbox or ProducedPublisher.
+	ProducedTopic string
 }
 
 func (c *Config) setDefaults() {
@@ -126,6 +165,12 @@ func (c Config) Validate() error {
 	}
 	if c.Mode != Transactional && c.Mode != MarkAfterSuccess {
 		errs = append(errs, fmt.Errorf("idempotency: invalid Config.Mode %d: want Transactional or MarkAfterSuccess", int(c.Mode)))
+	}
+	if c.ProducedToOutbox && c.ProducedPublisher != nil {
+		errs = append(errs, errors.New("idempotency: Config.ProducedToOutbox and Config.ProducedPublisher are both set: set one (the outbox, written with the mark, is the stronger)"))
+	}
+	if c.ProducedTopic != "" && !c.ProducedToOutbox && c.ProducedPublisher == nil {
+		errs = append(errs, fmt.Errorf("idempotency: Config.ProducedTopic %q is set but no destination is: set Config.ProducedToOutbox or Config.ProducedPublisher", c.ProducedTopic))
 	}
 	return errors.Join(errs...)
 }
@@ -169,6 +214,9 @@ func NewMiddleware(store Store, cfg Config) (*Middleware, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if _, ok := store.(*MemoryStore); ok && cfg.ProducedToOutbox {
+		return nil, errors.New("idempotency: NewMiddleware: Config.ProducedToOutbox needs a PostgresStore (the outbox is written in its transaction), not a MemoryStore: use NewPostgresStore, or set Config.ProducedPublisher instead in unit tests")
 	}
 	m := &Middleware{store: store, cfg: cfg}
 	var err error
@@ -276,6 +324,9 @@ func (m *Middleware) transactional(h message.HandlerFunc, msg *message.Message) 
 	if err != nil {
 		return nil, err
 	}
+	if err := m.sendProduced(ctx, id, tx, produced); err != nil {
+		return nil, err // the deferred Rollback undoes mark and effects: the redelivery runs the handler again
+	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("idempotency: consumer %q event %q: handler succeeded but its transaction did not commit, the message will be redelivered: %w",
 			m.cfg.Consumer, id, err)
@@ -283,7 +334,7 @@ func (m *Middleware) transactional(h message.HandlerFunc, msg *message.Message) 
 	committed = true
 	m.done.Inc()
 	m.stats.processed.Add(1)
-	return produced, nil
+	return nil, nil // sent above, before the commit; never to the router
 }
 
 // beginMark begins the message's unit of work and writes its mark: in one
@@ -324,7 +375,15 @@ func (m *Middleware) markAfter(h message.HandlerFunc, msg *message.Message) ([]*
 		return nil, err
 	}
 
-	fresh, err := m.markAlone(msg.Context(), id)
+	var fresh bool
+	if m.cfg.ProducedToOutbox && len(produced) > 0 {
+		fresh, err = m.markWithProduced(ctx, id, produced)
+	} else {
+		if err := m.sendProduced(ctx, id, nil, produced); err != nil {
+			return nil, err // no mark: the redelivery runs the handler (and its effect) again
+		}
+		fresh, err = m.markAlone(ctx, id)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: consumer %q event %q: handler succeeded but the mark could not be written, the redelivery will run it again: %w",
 			m.cfg.Consumer, id, err)
@@ -332,14 +391,17 @@ func (m *Middleware) markAfter(h message.HandlerFunc, msg *message.Message) ([]*
 	if !fresh {
 		m.repeated.Inc()
 		m.stats.repeated.Add(1)
-		m.cfg.Logger.Error("Event processed twice: another delivery finished first", nil, logfields.Of("", msg).Add(watermill.LogFields{
-			"consumer": m.cfg.Consumer, "event_id": id, "mode": m.cfg.Mode.String(),
-		}))
-		return produced, nil
+		fields := watermill.LogFields{"consumer": m.cfg.Consumer, "event_id": id, "mode": m.cfg.Mode.String()}
+		if m.cfg.ProducedToOutbox && len(produced) > 0 {
+			// The first delivery's follow-ups committed with its mark.
+			fields["produced_not_written"] = len(produced)
+		}
+		m.cfg.Logger.Error("Event processed twice: another delivery finished first", nil, logfields.Of("", msg).Add(fields))
+		return nil, nil
 	}
 	m.done.Inc()
 	m.stats.processed.Add(1)
-	return produced, nil
+	return nil, nil // sent above, before the mark; never to the router
 }
 
 // markAlone writes one mark in a unit of work of its own.

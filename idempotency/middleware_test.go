@@ -7,7 +7,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
@@ -287,6 +289,18 @@ func TestNewMiddlewareValidates(t *testing.T) {
 	require.ErrorContains(t, err, "invalid Config.Mode 7", "every field error, joined")
 	_, err = idempotency.NewMiddleware(nil, idempotency.Config{Consumer: "c"})
 	require.ErrorContains(t, err, "store is nil")
+
+	// Where produced messages go: one destination, a topic only with one,
+	// and the outbox only on an SQL store.
+	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	err = idempotency.Config{Consumer: "c", ProducedToOutbox: true, ProducedPublisher: pub}.Validate()
+	require.ErrorContains(t, err, "Config.ProducedToOutbox and Config.ProducedPublisher are both set")
+	err = idempotency.Config{Consumer: "c", ProducedTopic: "invoices"}.Validate()
+	require.ErrorContains(t, err, `Config.ProducedTopic "invoices" is set but no destination is`)
+	_, err = idempotency.NewMiddleware(idempotency.NewMemoryStore(), idempotency.Config{Consumer: "c", ProducedToOutbox: true})
+	require.ErrorContains(t, err, "Config.ProducedToOutbox needs a PostgresStore")
+	_, err = idempotency.NewMiddleware(idempotency.NewMemoryStore(), idempotency.Config{Consumer: "c", ProducedPublisher: pub, ProducedTopic: "invoices"})
+	require.NoError(t, err)
 	_, err = idempotency.NewPostgresStore(nil)
 	require.ErrorContains(t, err, "db is nil")
 }
