@@ -98,3 +98,36 @@ func holdUncommittedMark(t *testing.T, consumer, eventID string) (*pgtest.Schema
 	require.True(t, fresh)
 	return s, tx
 }
+
+// TestMemoryStoreMarkWaitingIsBounded: the in-memory store bounds the same
+// wait as the Postgres store. Before, its Mark waited as long as its
+// context, forever with context.Background(): a handler test whose unit of
+// work never ended hung until the test binary's timeout.
+func TestMemoryStoreMarkWaitingIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const lockTimeout = 300 * time.Millisecond
+	store := idempotency.NewMemoryStore(idempotency.WithLockTimeout(lockTimeout))
+	holder, err := store.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Rollback() })
+	fresh, err := holder.Mark(ctx, "billing", "evt-1")
+	require.NoError(t, err)
+	require.True(t, fresh)
+
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := store.Mark(ctx, "billing", "evt-1")
+		done <- err
+	}()
+	err = receive(t, done, "the waiting Mark's result")
+	require.ErrorIs(t, err, idempotency.ErrMarkLocked)
+	require.GreaterOrEqual(t, time.Since(start), lockTimeout, "it gave up before the lock timeout: it did not wait on the mark")
+	require.Contains(t, err.Error(), `consumer "billing" event "evt-1"`)
+
+	require.NoError(t, holder.Commit())
+	fresh, err = store.Mark(ctx, "billing", "evt-1")
+	require.NoError(t, err)
+	require.False(t, fresh, "once the holder commits, the same Mark finds the duplicate")
+}

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -10,11 +11,14 @@ import (
 // MemoryStore keeps marks in process memory, for unit tests of handlers and
 // for single-process tools. It behaves like the Postgres store: marks of a
 // unit of work are invisible until Commit, and a Mark that meets another
-// unit's uncommitted mark waits for that unit to finish. Marks are never
-// expired; the store is not for production consumers.
+// unit's uncommitted mark waits for that unit to finish, at most the lock
+// timeout (WithLockTimeout, default DefaultLockTimeout), then fails with
+// ErrMarkLocked. Marks are never expired; the store is not for production
+// consumers.
 type MemoryStore struct {
-	mu    sync.Mutex
-	marks map[memKey]*memMark
+	mu          sync.Mutex
+	marks       map[memKey]*memMark
+	lockTimeout time.Duration
 }
 
 type memKey struct{ consumer, eventID string }
@@ -25,9 +29,10 @@ type memMark struct {
 	settled     chan struct{} // closed when owner commits or rolls back
 }
 
-// NewMemoryStore returns an empty in-memory store.
-func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{marks: map[memKey]*memMark{}}
+// NewMemoryStore returns an empty in-memory store. Its one option is
+// WithLockTimeout.
+func NewMemoryStore(opts ...StoreOption) *MemoryStore {
+	return &MemoryStore{marks: map[memKey]*memMark{}, lockTimeout: applyOptions(opts).lockTimeout}
 }
 
 // Begin starts a unit of work.
@@ -87,6 +92,16 @@ type memTx struct {
 func (t *memTx) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
 	k := memKey{consumer, eventID}
 	s := t.store
+	// The bound a Postgres mark gets from lock_timeout: without it a unit
+	// of work that never ends (a handler that hangs, one that marks its
+	// own event again through a nested middleware) would hold this wait
+	// as long as ctx, often forever in a test.
+	var expired <-chan time.Time
+	if s.lockTimeout >= 0 {
+		timer := time.NewTimer(s.lockTimeout)
+		defer timer.Stop()
+		expired = timer.C
+	}
 	for {
 		s.mu.Lock()
 		if t.done {
@@ -110,6 +125,9 @@ func (t *memTx) Mark(ctx context.Context, consumer, eventID string) (bool, error
 		case <-settled:
 		case <-ctx.Done():
 			return false, ctx.Err()
+		case <-expired:
+			return false, fmt.Errorf("idempotency: marking consumer %q event %q: waited %s (lock timeout): %w",
+				consumer, eventID, s.lockTimeout, ErrMarkLocked)
 		}
 	}
 }

@@ -33,8 +33,20 @@ type PostgresStore struct {
 // being handled elsewhere) before it gives up.
 const DefaultLockTimeout = 30 * time.Second
 
-// StoreOption configures a PostgresStore.
-type StoreOption func(*PostgresStore)
+// StoreOption configures a PostgresStore or a MemoryStore.
+type StoreOption func(*storeOptions)
+
+type storeOptions struct {
+	lockTimeout time.Duration
+}
+
+func applyOptions(opts []StoreOption) storeOptions {
+	o := storeOptions{lockTimeout: DefaultLockTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
 
 // WithLockTimeout sets how long Mark waits for another unit of work's
 // uncommitted mark of the same event. Default DefaultLockTimeout; a
@@ -43,12 +55,12 @@ type StoreOption func(*PostgresStore)
 // then the other unit of work has committed (a duplicate, skipped) or
 // rolled back (this one takes over).
 //
-// The bound is set with SET LOCAL lock_timeout in the same
-// round trip as the mark, so it also applies to the rest of the unit of
-// work's transaction (the handler's effects): set it to what a handler's
-// statement may wait on a lock.
+// On the Postgres store the bound is set with SET LOCAL lock_timeout in
+// the same round trip as the mark, so it also applies to the rest of the
+// unit of work's transaction (the handler's effects): set it to what a
+// handler's statement may wait on a lock.
 func WithLockTimeout(d time.Duration) StoreOption {
-	return func(s *PostgresStore) { s.lockTimeout = d }
+	return func(o *storeOptions) { o.lockTimeout = d }
 }
 
 // ErrMarkLocked is returned (wrapped) by Mark when another unit of work
@@ -63,10 +75,7 @@ func NewPostgresStore(db *sql.DB, opts ...StoreOption) (*PostgresStore, error) {
 	if db == nil {
 		return nil, errors.New("idempotency: NewPostgresStore: db is nil; pass an open *sql.DB (lib/pq)")
 	}
-	s := &PostgresStore{db: db, lockTimeout: DefaultLockTimeout}
-	for _, o := range opts {
-		o(s)
-	}
+	s := &PostgresStore{db: db, lockTimeout: applyOptions(opts).lockTimeout}
 	if s.lockTimeout >= 0 {
 		ms := max(s.lockTimeout.Milliseconds(), 1) // 0 would mean no timeout to Postgres
 		// SET LOCAL, not SELECT set_config(..., true): the same setting,

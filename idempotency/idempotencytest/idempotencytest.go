@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -141,7 +142,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 
 		result := markAsync(ctx, t, s, "c", "e1")
 		require.NoError(t, first.Commit())
-		r := <-result
+		r := await(t, result)
 		require.NoError(t, r.err)
 		require.False(t, r.fresh, "second unit of work sees the committed mark")
 	})
@@ -158,7 +159,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 
 		result := markAsync(ctx, t, s, "c", "e1")
 		require.NoError(t, first.Rollback())
-		r := <-result
+		r := await(t, result)
 		require.NoError(t, r.err)
 		require.True(t, r.fresh, "after the first rolled back, the second writes the mark")
 	})
@@ -192,7 +193,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			result <- markResult{fresh, err}
 		}()
 		require.NoError(t, first.Commit())
-		r := <-result
+		r := await(t, result)
 		require.NoError(t, r.err)
 		require.False(t, r.fresh)
 	})
@@ -249,7 +250,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			} else {
 				require.NoError(t, first.Rollback())
 			}
-			r := <-result
+			r := await(t, result)
 			require.NoError(t, r.err)
 			require.Equal(t, !commit, r.fresh, "second BeginMark after the first's commit=%t", commit)
 		}
@@ -268,7 +269,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			result <- markResult{fresh, err}
 		}()
 		cancel()
-		r := <-result
+		r := await(t, result)
 		require.Error(t, r.err, "a BeginMark waiting on an uncommitted mark returns when its context is cancelled")
 		require.NoError(t, first.Commit())
 		tx, fresh, err = bm.BeginMark(ctx, "c", "e4")
@@ -290,10 +291,27 @@ func Exercise(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		waitCtx, cancel := context.WithCancel(ctx)
 		result := markAsync(waitCtx, t, s, "c", "e1")
 		cancel()
-		r := <-result
+		r := await(t, result)
 		require.Error(t, r.err, "a Mark waiting on an uncommitted mark returns when its context is cancelled")
 		require.NoError(t, first.Commit())
 	})
+}
+
+// awaitTimeout bounds every wait of the suite for a Mark that should end:
+// a store that never returns fails the subtest instead of hanging until
+// the test binary's timeout.
+const awaitTimeout = 30 * time.Second
+
+// await returns the result of a Mark started on another goroutine.
+func await(t *testing.T, result <-chan markResult) markResult {
+	t.Helper()
+	select {
+	case r := <-result:
+		return r
+	case <-time.After(awaitTimeout):
+		t.Fatalf("idempotencytest: a Mark waiting on another unit of work's mark did not return within %s after that unit ended (or its context was cancelled)", awaitTimeout)
+		return markResult{}
+	}
 }
 
 type markResult struct {
