@@ -122,8 +122,9 @@ type Config struct {
 	// that return no messages need neither.
 
 	// ProducedToOutbox writes the produced messages to the outbox (package
-	// outbox; apply outbox.Migrations()) in the unit of work that writes
-	// the mark, and a relay publishes them. In Transactional mode that is
+	// outbox) of the store's database, in the unit of work that writes the
+	// mark; an outbox relay on that database publishes them (apply
+	// outbox.Migrations() there). In Transactional mode that is
 	// the handler's own transaction: effects, mark and follow-ups commit
 	// together or not at all. In MarkAfterSuccess mode it is the mark's
 	// transaction: follow-ups and mark commit together. Each message

@@ -63,9 +63,9 @@ func WithLockTimeout(d time.Duration) StoreOption {
 	return func(o *storeOptions) { o.lockTimeout = d }
 }
 
-// ErrMarkLocked is returned (wrapped) by Mark when another unit of work
-// held an uncommitted mark of the same event for longer than the lock
-// timeout (WithLockTimeout).
+// ErrMarkLocked is returned (wrapped) by Mark, of either store, when
+// another unit of work held an uncommitted mark of the same event for
+// longer than the lock timeout (WithLockTimeout).
 var ErrMarkLocked = errors.New("idempotency: another unit of work holds an uncommitted mark of this event")
 
 // NewPostgresStore returns a store on db. The table must exist: apply
