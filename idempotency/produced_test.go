@@ -138,7 +138,7 @@ func TestProducedMessagesSurviveAFailedPublish(t *testing.T) {
 			// The consumer downstream of the follow-ups.
 			downstream, err := pubSub.Subscribe(ctx, "invoices")
 			require.NoError(t, err)
-			received := make(chan *message.Message, 4*events)
+			received := make(chan *message.Message, 100)
 			go func() {
 				for f := range downstream {
 					f.Ack()
