@@ -107,7 +107,9 @@
 //     back in Transactional mode), so the dead-letter path parks the
 //     message with the fields to set; replay it after the fix. In
 //     MarkAfterSuccess mode the external effect has happened by then, and
-//     the replay repeats it.
+//     the replay repeats it (as does every redelivery when no dead-letter
+//     middleware parks the message: configure the destination before
+//     deploying such a handler).
 //
 // The topic is Config.ProducedTopic, else the router handler's publish
 // topic (Router.AddHandler's). Handlers that return no messages need none
