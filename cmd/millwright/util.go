@@ -38,7 +38,7 @@ const envSchema = "MILLWRIGHT_SCHEMA"
 // cmd takes it: `millwright --schema s outbox status` and `millwright
 // outbox status --schema s` both work.
 func addSchemaFlag(cmd *cobra.Command) {
-	cmd.PersistentFlags().String("schema", "", "Postgres schema of millwright's tables (default $"+envSchema+", else the database URL's search_path, normally public); migrate creates it. The benchmarks use scratch schemas of their own")
+	cmd.PersistentFlags().String("schema", "", "Postgres schema of millwright's tables (default $"+envSchema+", else the database URL's search_path, normally public): a plain identifier of at most 63 bytes, folded to lower case as Postgres folds unquoted names; migrate creates it. The benchmarks use scratch schemas of their own")
 }
 
 var schemaRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -56,7 +56,10 @@ func schemaOf(cmd *cobra.Command) (string, error) {
 	if s != "" && !schemaRe.MatchString(s) {
 		return "", fmt.Errorf("schema %q (--schema or $%s): want a plain Postgres identifier: a letter or _, then letters, digits or _, at most 63 bytes", s, envSchema)
 	}
-	return s, nil
+	// The name goes unquoted into search_path, where Postgres folds it to
+	// lower case: fold it here too, so that migrate creates the schema the
+	// search_path names.
+	return strings.ToLower(s), nil
 }
 
 // withSchema returns rawURL with its search_path set to schema ("" leaves
