@@ -45,11 +45,14 @@ var schemaRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // schemaOf returns the schema the command works in: --schema, else
 // $MILLWRIGHT_SCHEMA, else "" (the URL's search_path).
-func schemaOf(cmd *cobra.Command) (string, error) {
+func schemaOf(cmd *cobra.Command) (string, error) { return schemaFrom(cmd, os.LookupEnv) }
+
+// schemaFrom is schemaOf with the environment read through lookup.
+func schemaFrom(cmd *cobra.Command, lookup func(string) (string, bool)) (string, error) {
 	s := ""
 	if f := cmd.Flags().Lookup("schema"); f != nil && f.Changed {
 		s = f.Value.String()
-	} else if v, ok := os.LookupEnv(envSchema); ok {
+	} else if v, ok := lookup(envSchema); ok {
 		s = v
 	}
 	s = strings.TrimSpace(s)
