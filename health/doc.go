@@ -9,7 +9,11 @@
 //
 // Readiness (/readyz) runs every registered Checker concurrently, each
 // bounded by Config.CheckTimeout, and answers 200 when all pass, 503 when
-// one fails or the process is draining (Handler.Drain). The body lists
+// one fails or the process is draining (Handler.Drain). Requests that
+// arrive while the checks run share that run's results, so a flood of
+// probes runs each check once at a time (a database ping holds one
+// connection, not one per request); with Config.CacheFor, a run's results
+// also answer the requests of the following CacheFor. The body lists
 // each check, in the format of Kubernetes' own /readyz?verbose:
 //
 //	[+]database ok

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -37,6 +38,15 @@ type Config struct {
 	// DefaultCheckTimeout; minimum 1ms. Keep it below the probe's
 	// timeoutSeconds.
 	CheckTimeout time.Duration
+	// CacheFor is how long a readiness evaluation's results answer later
+	// requests: within it, requests run no check. Default 0: every
+	// request after the last evaluation ended runs the checks again.
+	// Either way, requests that arrive while an evaluation runs share it
+	// instead of starting their own, so a flood of requests runs each
+	// check at most once at a time (a database check takes one
+	// connection, not one per request). Draining (Drain) shows at once,
+	// whatever CacheFor. Negative is invalid.
+	CacheFor time.Duration
 }
 
 // DefaultCheckTimeout is Config.CheckTimeout's default.
@@ -53,6 +63,9 @@ func (c Config) Validate() error {
 	if c.CheckTimeout < time.Millisecond {
 		return fmt.Errorf("health: Config.CheckTimeout %s: want at least 1ms", c.CheckTimeout)
 	}
+	if c.CacheFor < 0 {
+		return fmt.Errorf("health: Config.CacheFor %s: want 0 (evaluate per request) or more", c.CacheFor)
+	}
 	return nil
 }
 
@@ -63,6 +76,18 @@ type Handler struct {
 	mu       sync.Mutex
 	checks   map[string]Checker
 	draining atomic.Bool
+
+	evalMu   sync.Mutex
+	inflight *evaluation // the evaluation running, nil when none
+	last     *evaluation // the last one that ended
+}
+
+// evaluation is one run of every check, shared by the requests that
+// arrive while it runs.
+type evaluation struct {
+	done    chan struct{}
+	ended   time.Time
+	results []Result
 }
 
 // NewHandler returns a handler with no checks: ready until one is added.
@@ -78,8 +103,11 @@ func NewHandler(cfg Config) (*Handler, error) {
 // second check of the same name replaces the first.
 func (h *Handler) Add(name string, c Checker) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.checks[name] = c
+	h.mu.Unlock()
+	h.evalMu.Lock()
+	h.last = nil // the next request runs the new check
+	h.evalMu.Unlock()
 }
 
 // Drain makes readiness fail from now on with ErrDraining, while liveness
@@ -143,8 +171,49 @@ func (r Report) String() string {
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", "; ") }
 
 // Check runs every check concurrently, each bounded by CheckTimeout, and
-// reports the outcome.
+// reports the outcome. A call while another runs the checks waits for
+// that run's results instead of starting its own, and within
+// Config.CacheFor of a run's end it takes that run's results; either way
+// the wait is bounded by CheckTimeout (and ends with ctx, reported as a
+// failure).
 func (h *Handler) Check(ctx context.Context) Report {
+	h.evalMu.Lock()
+	ev := h.last
+	if ev == nil || h.cfg.CacheFor <= 0 || time.Since(ev.ended) >= h.cfg.CacheFor {
+		if ev = h.inflight; ev == nil {
+			ev = &evaluation{done: make(chan struct{})}
+			h.inflight = ev
+			// The run is not the first caller's: its ctx ending must not
+			// fail the others' results. CheckTimeout bounds it.
+			go func() {
+				results := h.evaluate(context.WithoutCancel(ctx))
+				h.evalMu.Lock()
+				ev.results, ev.ended = results, time.Now()
+				h.inflight, h.last = nil, ev
+				h.evalMu.Unlock()
+				close(ev.done)
+			}()
+		}
+	}
+	h.evalMu.Unlock()
+	rep := Report{Draining: h.draining.Load()}
+	select {
+	case <-ev.done:
+		rep.Results = slices.Clone(ev.results)
+	case <-ctx.Done():
+		rep.Results = []Result{{Name: "readiness", Err: fmt.Errorf("request ended before the checks answered: %w", context.Cause(ctx))}}
+	}
+	rep.Ready = !rep.Draining
+	for _, res := range rep.Results {
+		if res.Err != nil {
+			rep.Ready = false
+		}
+	}
+	return rep
+}
+
+// evaluate runs every check concurrently, each within CheckTimeout.
+func (h *Handler) evaluate(ctx context.Context) []Result {
 	h.mu.Lock()
 	names := make([]string, 0, len(h.checks))
 	for n := range h.checks {
@@ -157,23 +226,17 @@ func (h *Handler) Check(ctx context.Context) Report {
 	}
 	h.mu.Unlock()
 
-	rep := Report{Draining: h.draining.Load(), Results: make([]Result, len(names))}
+	results := make([]Result, len(names))
 	var wg sync.WaitGroup
 	for i := range names {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rep.Results[i] = Result{Name: names[i], Err: h.run(ctx, checks[i])}
+			results[i] = Result{Name: names[i], Err: h.run(ctx, checks[i])}
 		}()
 	}
 	wg.Wait()
-	rep.Ready = !rep.Draining
-	for _, res := range rep.Results {
-		if res.Err != nil {
-			rep.Ready = false
-		}
-	}
-	return rep
+	return results
 }
 
 // run runs one check within CheckTimeout. A check that ignores its ctx is

@@ -192,3 +192,91 @@ func TestPingCheck(t *testing.T) {
 	require.ErrorContains(t, health.Ping(pinger{errors.New("dial tcp: refused")}).Check(ctx), "refused")
 	require.True(t, strings.Contains(health.Ping(nil).Check(ctx).Error(), "no database"))
 }
+
+// A flood of readiness requests runs each check once at a time: requests
+// that arrive while the checks run share their results. Before, every
+// request ran every check (a database check took one connection of the
+// pool per request).
+func TestFloodSharesOneEvaluation(t *testing.T) {
+	t.Parallel()
+	h, err := health.NewHandler(health.Config{CheckTimeout: time.Minute})
+	require.NoError(t, err)
+	var running, most, calls, arrived atomic.Int64
+	release := make(chan struct{})
+	h.Add("database", health.CheckerFunc(func(context.Context) error {
+		calls.Add(1)
+		n := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		<-release
+		return nil
+	}))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived.Add(1)
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	const flood = 50
+	codes := make(chan int, flood)
+	for range flood {
+		go func() {
+			c := http.Client{Timeout: time.Minute}
+			resp, err := c.Get(srv.URL + health.PathReady)
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for arrived.Load() < flood || running.Load() == 0 {
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatalf("after 20s, %d of %d requests arrived, %d check(s) running", arrived.Load(), flood, running.Load())
+		}
+		time.Sleep(5 * time.Millisecond) // polling for arrivals, bounded
+	}
+	close(release)
+	for range flood {
+		select {
+		case c := <-codes:
+			require.Equal(t, http.StatusOK, c)
+		case <-time.After(30 * time.Second):
+			t.Fatal("a readiness request did not answer within 30s of the release")
+		}
+	}
+	require.Equal(t, int64(1), most.Load(), "checks running at once during the flood of %d (calls: %d)", flood, calls.Load())
+	require.Equal(t, int64(1), calls.Load(), "the %d requests that arrived while the check ran shared its result", flood)
+}
+
+// With CacheFor, a request within it of the last evaluation runs no check;
+// Drain shows at once anyway, and a check added later runs at the next
+// request.
+func TestCacheFor(t *testing.T) {
+	t.Parallel()
+	h, err := health.NewHandler(health.Config{CacheFor: time.Hour})
+	require.NoError(t, err)
+	var calls atomic.Int64
+	h.Add("database", health.CheckerFunc(func(context.Context) error { calls.Add(1); return nil }))
+	for range 3 {
+		code, _ := get(t, h, health.PathReady)
+		require.Equal(t, http.StatusOK, code)
+	}
+	require.Equal(t, int64(1), calls.Load(), "one evaluation answered the three requests")
+	h.Add("broker", health.CheckerFunc(func(context.Context) error { return errors.New("down") }))
+	code, body := get(t, h, health.PathReady)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "[-]broker failed: down")
+	require.Equal(t, int64(2), calls.Load())
+	h.Drain()
+	code, body = get(t, h, health.PathReady)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "[-]"+health.ErrDraining.Error())
+	require.Equal(t, int64(2), calls.Load(), "draining needs no evaluation")
+
+	_, err = health.NewHandler(health.Config{CacheFor: -time.Second})
+	require.ErrorContains(t, err, "Config.CacheFor -1s")
+}

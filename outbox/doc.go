@@ -86,7 +86,9 @@
 // NOTIFY: services that write the outbox in two-phase transactions must
 // run their relays without ListenURL (polling), so that no writer ever
 // notifies. A relay with ListenURL uses two connections of its own besides
-// its *sql.DB: the LISTEN and the wake-up lock.
+// its *sql.DB: the LISTEN and the wake-up lock. The channel is
+// NotifyChannel(schema), within Postgres' 63 bytes for any schema name (a
+// hash of the schema beyond 45 bytes; migrations/006_outbox_notify_channel_bound.sql).
 //
 // Upgrading to lanes (migrations/003_outbox_lanes.sql): stop the relays of
 // the earlier version before starting these; the two kinds do not know of

@@ -115,7 +115,7 @@ func RetryFailed(ctx context.Context, db *sql.DB, f FailedFilter, dryRun bool) (
 		WHERE id = ANY($1) AND status = 'failed'`, int64Array(sel)); err != nil {
 		return nil, fmt.Errorf("outbox: retry-failed: resetting %d row(s): %w", len(sel), err)
 	}
-	if _, err := tx.ExecContext(ctx, `SELECT pg_notify('millwright_outbox:' || n.nspname, '')
+	if _, err := tx.ExecContext(ctx, `SELECT pg_notify(`+notifyChannelSQL("n.nspname::text")+`, '')
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'millwright_outbox'::regclass`); err != nil {
 		return nil, fmt.Errorf("outbox: retry-failed: notifying relays: %w", err)
 	}

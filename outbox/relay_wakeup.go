@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"crypto/md5" //nolint:gosec // a name, not a secret: Postgres has md5 built in
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"time"
@@ -106,13 +108,18 @@ func (r *Relay) holdTimeout() time.Duration { return 3*r.cfg.PollInterval + 2*ti
 // wake-up lock (announceIdle): both are on ListenURL, outside the caller's
 // pool, so a small pool cannot starve them.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), err error) {
-	const q = `SELECT n.nspname, c.oid::int8, current_database(), current_setting('server_version_num')::int
+	q := `SELECT n.nspname, c.oid::int8, current_database(), current_setting('server_version_num')::int, ` + notifyChannelSQL("n.nspname::text") + `
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'millwright_outbox'::regclass`
-	var schema, dbName string
+	var schema, dbName, channel string
 	var oid int64
 	var version int
-	if err := r.db.QueryRowContext(ctx, q).Scan(&schema, &oid, &dbName, &version); err != nil {
+	if err := r.db.QueryRowContext(ctx, q).Scan(&schema, &oid, &dbName, &version, &channel); err != nil {
 		return nil, fmt.Errorf("finding the schema of millwright_outbox (did `millwright migrate` run?): %w", err)
+	}
+	if channel != NotifyChannel(schema) {
+		// The trigger would notify a channel this relay does not listen
+		// on: it would sleep until its poll after every write.
+		return nil, fmt.Errorf("schema %q: the server names its wake-up channel %q, the relay %q (a long non-ASCII schema name in a database whose encoding is not UTF8): use a schema name of ASCII letters, digits and _", schema, channel, NotifyChannel(schema))
 	}
 	// Bounded connections (see internal/pgconn): connect_timeout unless
 	// ListenURL sets one, and each call gives up when its ctx ends, even on
@@ -123,9 +130,9 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), 
 	}
 	waitDB.SetMaxOpenConns(1)
 	waitDB.SetMaxIdleConns(1)
-	var lSchema, lDB string
+	var lSchema, lDB, lChannel string
 	var lOID int64
-	if err := waitDB.QueryRowContext(ctx, q).Scan(&lSchema, &lOID, &lDB, &version); err != nil {
+	if err := waitDB.QueryRowContext(ctx, q).Scan(&lSchema, &lOID, &lDB, &version, &lChannel); err != nil {
 		waitDB.Close()
 		return nil, fmt.Errorf("RelayConfig.ListenURL does not reach millwright_outbox (it must reach the relay's database and search_path): %w", err)
 	}
@@ -184,8 +191,42 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), 
 	}, nil
 }
 
-// NotifyChannel is the LISTEN channel of the outbox table in schema.
-func NotifyChannel(schema string) string { return "millwright_outbox:" + schema }
+// The wake-up channel's forms (see NotifyChannel and
+// migrations/006_outbox_notify_channel_bound.sql).
+const (
+	notifyPrefix     = "millwright_outbox:"
+	notifyHashPrefix = "millwright_outbox#"
+	// maxIdentifierBytes is Postgres' limit on a name (NAMEDATALEN - 1):
+	// pg_notify refuses a longer channel (22023), LISTEN truncates it.
+	maxIdentifierBytes = 63
+	// maxPlainSchemaBytes is the longest schema whose channel is
+	// notifyPrefix + schema.
+	maxPlainSchemaBytes = maxIdentifierBytes - len(notifyPrefix)
+)
+
+// NotifyChannel is the LISTEN channel of the outbox table in schema:
+// "millwright_outbox:" + schema for a schema of at most 45 bytes (the name
+// of every version before), and "millwright_outbox#" + the hex MD5 of the
+// schema for a longer one, so that the channel stays within Postgres' 63
+// bytes for any schema name. The trigger and RetryFailed compute the same
+// name in SQL (notifyChannelSQL); the two agree in a UTF-8 database (in
+// another encoding a non-ASCII schema's bytes differ, and the relay, which
+// checks, polls instead of listening).
+func NotifyChannel(schema string) string {
+	if len(schema) <= maxPlainSchemaBytes {
+		return notifyPrefix + schema
+	}
+	sum := md5.Sum([]byte(schema))
+	return notifyHashPrefix + hex.EncodeToString(sum[:])
+}
+
+// notifyChannelSQL is NotifyChannel in SQL, of the schema name expression
+// expr. Keep it identical to the trigger's (migration 006).
+func notifyChannelSQL(expr string) string {
+	return `CASE WHEN octet_length(` + expr + `) <= ` + strconv.Itoa(maxPlainSchemaBytes) +
+		` THEN '` + notifyPrefix + `' || ` + expr +
+		` ELSE '` + notifyHashPrefix + `' || md5(` + expr + `) END`
+}
 
 func (r *Relay) refreshLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.MetricsInterval)

@@ -2,7 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
 	"testing"
+
+	"github.com/lib/pq"
 
 	"github.com/stretchr/testify/require"
 
@@ -46,4 +51,36 @@ func TestMigrateDryRunListsAndChangesNothing(t *testing.T) {
 	out, _, err = runCLI(t, migrateCmd(), nil, s.URL, "--dry-run")
 	require.NoError(t, err)
 	require.Equal(t, "database is up to date\n", out)
+}
+
+// --schema takes any plain identifier it accepts, up to 63 bytes and in
+// any case: migrate creates the schema the other commands then use (an
+// unquoted name, folded to lower case as Postgres folds it in
+// search_path). Before, a name with a capital letter made migrate create
+// "Name" and then look for name: "no schema has been selected to create
+// in".
+func TestMigrateSchemaFlag_LongAndMixedCase(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t)
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	name := "Mw_" + hex.EncodeToString(b[:]) + "_"
+	name += strings.Repeat("X", 63-len(name))
+	lower := strings.ToLower(name)
+	t.Cleanup(func() {
+		_, _ = s.DB.Exec(`DROP SCHEMA IF EXISTS ` + pq.QuoteIdentifier(lower) + ` CASCADE`)
+		_, _ = s.DB.Exec(`DROP SCHEMA IF EXISTS ` + pq.QuoteIdentifier(name) + ` CASCADE`)
+	})
+	out, _, err := runCLI(t, freshRoot(), nil, pgtest.BaseURL(), "--schema", name, "migrate")
+	require.NoError(t, err, "migrate --schema %s", name)
+	require.Contains(t, out, "applied outbox 006_outbox_notify_channel_bound")
+	var in string
+	require.NoError(t, s.DB.QueryRow(`SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = 'millwright_outbox' AND n.nspname IN ($1, $2)`, name, lower).Scan(&in))
+	require.Equal(t, lower, in)
+	var stray bool
+	require.NoError(t, s.DB.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, name).Scan(&stray))
+	require.False(t, stray, "no schema of the unfolded name")
+	out, _, err = runCLI(t, freshRoot(), nil, pgtest.BaseURL(), "outbox", "status", "--schema", name)
+	require.NoError(t, err, "outbox status finds the migrated outbox; out:\n%s", out)
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -34,8 +35,11 @@ import (
 	"github.com/millwright/millwright/transport"
 )
 
-func init() {
-	rootCmd.AddCommand(&cobra.Command{
+func init() { rootCmd.AddCommand(relayCmd()) }
+
+// relayCmd is `millwright relay`.
+func relayCmd() *cobra.Command {
+	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Run outbox relays and cleaners, with /metrics, /healthz and /readyz, until SIGTERM",
 		Long: `Run the outbox relay(s) of one database and its cleaners: the process an
@@ -44,18 +48,30 @@ operator deploys beside the services (see deploy/kubernetes).
 Configuration comes from the environment:
 
 ` + relayenv.Help() + `
+--addr, when given, takes the place of ` + relayenv.Addr + `. --schema (default
+$` + envSchema + `), when given, sets the search_path of ` + relayenv.DatabaseURL + `.
+
 /healthz answers 200 while the process runs. /readyz answers 200 when the
 database answers a ping, the broker accepts a TCP connection (sql: its
 database answers a ping) and every relay completed a round within
-` + relayenv.ReadyMaxAge + `; 503 otherwise, and from SIGTERM on.
+` + relayenv.ReadyMaxAge + `; 503 otherwise, and from SIGTERM on. The pings go
+through a pool of their own (one connection, application_name
+` + relayenv.ReadyAppName + `, or the URL's own application_name + "/readyz"), requests arriving while the checks run share
+their results, and a result answers the requests of the next
+` + relayenv.ReadyCacheFor.String() + `: no number of probes takes a connection from the relays.
+
+The HTTP server cuts a request whose headers take longer than
+` + relayenv.HTTPReadHeaderTimeout.String() + `, whose whole body takes longer than ` + relayenv.HTTPReadTimeout.String() + `, or whose
+response takes longer than ` + relayenv.HTTPWriteTimeout.String() + ` to write, and closes a keep-alive
+connection idle for ` + relayenv.HTTPIdleTimeout.String() + `.
 
 On SIGTERM the relays finish their batches in flight (at most
 ` + relayenv.DrainTimeout + `), the cleaners stop, and the process exits 0.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := relayenv.FromEnv()
+			cfg, err := relayConfig(cmd, os.LookupEnv)
 			if err != nil {
-				return fmt.Errorf("millwright relay: %w", err)
+				return err
 			}
 			tcfg, err := transport.FromEnv()
 			if err != nil {
@@ -66,14 +82,72 @@ On SIGTERM the relays finish their batches in flight (at most
 			interrupt.ExtendGrace(cfg.DrainTimeout + 5*time.Second)
 			return runRelay(cmd.Context(), cfg, tcfg, cmd.ErrOrStderr(), nil)
 		},
-	})
+	}
+	cmd.Flags().String("addr", "", "HTTP address of /metrics, /healthz and /readyz, host:port or :port (default $"+relayenv.Addr+", else "+relayenv.DefaultAddr+": every interface)")
+	return cmd
+}
+
+// relayConfig loads the relay's configuration from the environment
+// (lookup), --addr taking the place of relayenv.Addr when given.
+func relayConfig(cmd *cobra.Command, lookup func(string) (string, bool)) (relayenv.Config, error) {
+	if f := cmd.Flags().Lookup("addr"); f != nil && f.Changed {
+		addr := strings.TrimSpace(f.Value.String())
+		if err := relayenv.CheckAddr(addr); err != nil {
+			return relayenv.Config{}, fmt.Errorf("millwright relay: --addr=%q: %w", addr, err)
+		}
+		env := lookup
+		lookup = func(k string) (string, bool) {
+			if k == relayenv.Addr {
+				return addr, true
+			}
+			return env(k)
+		}
+	}
+	cfg, err := relayenv.Load(lookup)
+	if err != nil {
+		return relayenv.Config{}, fmt.Errorf("millwright relay: %w", err)
+	}
+	// --schema and $MILLWRIGHT_SCHEMA, which every command takes, set the
+	// search_path here too (they were silently ignored before).
+	schema, err := schemaFrom(cmd, lookup)
+	if err != nil {
+		return relayenv.Config{}, fmt.Errorf("millwright relay: %w", err)
+	}
+	cfg.DatabaseURL = withSchema(cfg.DatabaseURL, schema)
+	return cfg, nil
 }
 
 // relayHooks are test hooks: ready receives the HTTP address once it
-// listens; wrapPublisher wraps the transport's publisher.
+// listens; wrapPublisher wraps the transport's publisher; transport, when
+// set, sees the transport before the relays start (to subscribe);
+// httpTimeouts, when set, replaces the HTTP server's bounds.
 type relayHooks struct {
 	ready         chan<- string
 	wrapPublisher func(message.Publisher) message.Publisher
+	transport     func(*transport.Transport) error
+	httpTimeouts  *httpTimeouts
+}
+
+// httpTimeouts are the HTTP server's bounds (relayenv.HTTP*Timeout).
+type httpTimeouts struct{ readHeader, read, write, idle time.Duration }
+
+var defaultHTTPTimeouts = httpTimeouts{
+	readHeader: relayenv.HTTPReadHeaderTimeout, read: relayenv.HTTPReadTimeout,
+	write: relayenv.HTTPWriteTimeout, idle: relayenv.HTTPIdleTimeout,
+}
+
+// newHTTPServer is the relay's HTTP server: every phase of a connection is
+// bounded, so idle or slow clients cannot hold connections (and their
+// goroutines) for ever.
+func newHTTPServer(h http.Handler, t httpTimeouts) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: t.readHeader,
+		ReadTimeout:       t.read,
+		WriteTimeout:      t.write,
+		IdleTimeout:       t.idle,
+		MaxHeaderBytes:    64 << 10,
+	}
 }
 
 // component is a Run/Close part of the relay process: a relay or a
@@ -90,12 +164,15 @@ type relayProcess struct {
 	cfg    relayenv.Config
 	logger watermill.LoggerAdapter
 	db     *sql.DB
-	schema string
-	tr     *transport.Transport
-	reg    *prometheus.Registry
-	h      *health.Handler
-	relays []*outbox.Relay
-	comps  []component
+	// readyDB is the readiness checks' pool: one connection, so that
+	// probes never wait for, or take, a connection of db.
+	readyDB *sql.DB
+	schema  string
+	tr      *transport.Transport
+	reg     *prometheus.Registry
+	h       *health.Handler
+	relays  []*outbox.Relay
+	comps   []component
 }
 
 // runRelay runs until ctx ends (the signal), then drains.
@@ -113,6 +190,11 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 	if err := p.openTransport(ctx, tcfg, hooks.wrapPublisher); err != nil {
 		return err
 	}
+	if hooks.transport != nil {
+		if err := hooks.transport(p.tr); err != nil {
+			return err
+		}
+	}
 	if err := p.components(tables); err != nil {
 		return err
 	}
@@ -125,7 +207,11 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 	mux.Handle(relayenv.PathMetrics, promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.Handle(health.PathLive, p.h.Live())
 	mux.Handle(health.PathReady, p.h.Ready())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	timeouts := defaultHTTPTimeouts
+	if hooks.httpTimeouts != nil {
+		timeouts = *hooks.httpTimeouts
+	}
+	srv := newHTTPServer(mux, timeouts)
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(ln) }()
 
@@ -190,6 +276,11 @@ func (p *relayProcess) openDB(ctx context.Context) (tables map[string]bool, err 
 	if err := p.db.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("connecting to database %s: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
+	if p.readyDB, err = pgconn.Open(withDSNParam(u, "application_name", readyAppName(u))); err != nil {
+		return nil, fmt.Errorf("opening the readiness pool on %s: %w", redact.URL(u), redact.ErrorOf(err, u))
+	}
+	p.readyDB.SetMaxOpenConns(1)
+	p.readyDB.SetMaxIdleConns(1)
 	names := []string{"millwright_outbox", "millwright_processed_events", "millwright_dead_letters", "millwright_saga_instances", "millwright_audit"}
 	present := make([]bool, len(names))
 	dest := []any{&p.schema}
@@ -215,8 +306,10 @@ func (p *relayProcess) openDB(ctx context.Context) (tables map[string]bool, err 
 // openTransport opens the transport and the health checks of the database
 // and the broker.
 func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config, wrap func(message.Publisher) message.Publisher) error {
+	sameDB := false
 	if tcfg.Kind == transport.SQL && (tcfg.SQL.URL == "" || tcfg.SQL.URL == p.cfg.DatabaseURL) {
 		tcfg.SQL.URL, tcfg.SQL.DB = "", p.db // one pool: the relay publishes in the database
+		sameDB = true
 	}
 	tcfg.Logger = p.logger
 	tr, err := transport.Open(ctx, tcfg)
@@ -224,11 +317,15 @@ func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config,
 		return err
 	}
 	p.tr = tr
-	if p.h, err = health.NewHandler(health.Config{}); err != nil {
+	if p.h, err = health.NewHandler(health.Config{CacheFor: relayenv.ReadyCacheFor}); err != nil {
 		return err
 	}
-	p.h.Add("database", health.Ping(p.db))
-	p.h.Add("broker", brokerCheck(tcfg, p.db))
+	p.h.Add("database", health.Ping(p.readyDB))
+	if sameDB {
+		p.h.Add("broker", health.Ping(p.readyDB))
+	} else {
+		p.h.Add("broker", brokerCheck(tcfg, p.readyDB))
+	}
 	p.reg = prometheus.NewRegistry()
 	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	pub := tr.Publisher()
@@ -324,6 +421,34 @@ func (p *relayProcess) close() {
 	if p.db != nil {
 		_ = p.db.Close()
 	}
+	if p.readyDB != nil {
+		_ = p.readyDB.Close()
+	}
+}
+
+// readyAppName is the application_name of the readiness connection:
+// relayenv.ReadyAppName, or the URL's own application_name + "/readyz".
+func readyAppName(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && strings.HasPrefix(u.Scheme, "postgres") {
+		if a := u.Query().Get("application_name"); a != "" {
+			return a + "/readyz"
+		}
+	}
+	return relayenv.ReadyAppName
+}
+
+// withDSNParam returns dsn (a postgres:// URL or a key=value DSN) with key
+// set to value, replacing the DSN's own (lib/pq takes the last of a
+// repeated key=value).
+func withDSNParam(dsn, key, value string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || !strings.HasPrefix(u.Scheme, "postgres") {
+		return dsn + " " + key + "='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(value) + "'"
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // brokerCheck is the broker part of readiness: a TCP connection to the

@@ -50,8 +50,47 @@ const DefaultPort = 9090
 // and health.PathReady are the probes').
 const PathMetrics = "/metrics"
 
-// DefaultAddr is Addr's default.
+// DefaultAddr is Addr's default: every interface, because the
+// orchestrator's probes and Prometheus reach a pod at its own IP, not at
+// its loopback (deploy/kubernetes). Outside a container, set Addr (or
+// --addr) to 127.0.0.1:9090 to keep /metrics off the network.
 var DefaultAddr = ":" + strconv.Itoa(DefaultPort)
+
+// The relay's HTTP server bounds each phase of a connection, so that idle
+// keep-alive connections and slow clients cannot pile up.
+const (
+	// HTTPReadHeaderTimeout bounds reading a request's headers.
+	HTTPReadHeaderTimeout = 5 * time.Second
+	// HTTPReadTimeout bounds reading a whole request, body included.
+	HTTPReadTimeout = 10 * time.Second
+	// HTTPWriteTimeout bounds a request from the end of its headers to the
+	// end of the response: above a readiness evaluation (health's
+	// CheckTimeout, 2 s) and a /metrics scrape.
+	HTTPWriteTimeout = 30 * time.Second
+	// HTTPIdleTimeout closes a keep-alive connection that waits this long
+	// for its next request.
+	HTTPIdleTimeout = 60 * time.Second
+)
+
+// ReadyAppName is the application_name of the readiness checks'
+// connection (one, outside the relays' pool), unless DatabaseURL sets an
+// application_name (the connection then has that + "/readyz"):
+// pg_stat_activity shows it.
+const ReadyAppName = "millwright-relay-readyz"
+
+// ReadyCacheFor is how long a readiness evaluation answers later /readyz
+// requests (health.Config.CacheFor): a flood of probes pings the database
+// at most once per this.
+const ReadyCacheFor = time.Second
+
+// CheckAddr reports whether addr is a listen address of the form Addr
+// takes: host:port or :port.
+func CheckAddr(addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("want host:port or :port, e.g. %s (every interface) or 127.0.0.1:%d (this host only)", DefaultAddr, DefaultPort)
+	}
+	return nil
+}
 
 // Var documents one variable.
 type Var struct {
@@ -64,7 +103,7 @@ type Var struct {
 var Vars = []Var{
 	{DatabaseURL, "(required)", "Postgres URL of the service's database; its search_path selects the schema holding millwright_outbox. Also the LISTEN connection's URL, so it must reach Postgres directly or through a session-pooling proxy."},
 	{transport.EnvTransport, "(required)", "transport kind or URL (kafka, amqp, googlecloud, sql, gochannel); the per-kind MILLWRIGHT_* variables of package transport apply"},
-	{Addr, DefaultAddr, "HTTP address of /metrics, /healthz and /readyz"},
+	{Addr, DefaultAddr, "HTTP address of /metrics, /healthz and /readyz (--addr takes its place): every interface by default, as the orchestrator's probes and Prometheus reach the pod at its IP; 127.0.0.1:9090 keeps them on this host"},
 	{Relays, "1", "relays run in this process (1..64); more than one helps only when one relay's round trip to the broker is the limit"},
 	{BatchSize, "500", "rows claimed and published at a time per relay (1..10000)"},
 	{Workers, "4", "batches the running relays of the outbox keep in flight together while they have a backlog (1..64; outbox.RelayConfig.Workers): each relay publishes ceil(this / live relays) groups of its lanes at once"},
@@ -73,7 +112,7 @@ var Vars = []Var{
 	{DeadLetterTopic, "", "topic receiving a copy of each event that exhausts its attempts (empty: rows are only marked failed)"},
 	{DrainTimeout, "20s", "on SIGTERM, how long the batches in flight may take to finish before they are abandoned (their rows are republished after the lease); keep it below the pod's terminationGracePeriodSeconds"},
 	{ReadyMaxAge, "30s", "/readyz fails when a relay's last successful round is older than this"},
-	{MaxConns, "4 per relay + 4", "size of the database pool"},
+	{MaxConns, "4 per relay + 4", "size of the relays' and cleaners' database pool; /readyz pings through one connection of its own, and LISTEN adds two per relay"},
 	{OutboxRetention, "168h", "age at which published outbox rows are deleted by the outbox cleaner; 0 disables it"},
 	{IdempotencyRetention, idempotency.DefaultRetention.String(), "age at which processed-event rows are deleted by the idempotency cleaner (only when millwright_processed_events exists); 0 disables it"},
 	{DLQRetention, dlq.DefaultRetention.String(), "age at which dead letters (replayed or not) are deleted by the dead-letter cleaner (only when millwright_dead_letters exists); 0 disables it"},
@@ -150,8 +189,8 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		errs = append(errs, fmt.Errorf("%s is not set: set it to the postgres:// URL of the service's database, with search_path selecting the outbox's schema if it is not the default", DatabaseURL))
 	}
 	if v := get(Addr); v != "" {
-		if _, _, err := net.SplitHostPort(v); err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: want host:port or :port, e.g. %s", Addr, v, DefaultAddr))
+		if err := CheckAddr(v); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", Addr, v, err))
 		}
 		c.Addr = v
 	}
