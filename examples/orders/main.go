@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -117,6 +118,13 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 	}
 	dbURL := c.databaseURL
 	if c.schema != "" {
+		if !schemaRe.MatchString(c.schema) {
+			return nil, nil, fmt.Errorf("-schema %q (or MILLWRIGHT_ORDERS_SCHEMA): want a plain Postgres identifier: a letter or _, then letters, digits or _, at most 63 bytes", c.schema)
+		}
+		// The name goes unquoted into search_path, where Postgres folds it
+		// to lower case: fold it here too, so that the schema created is the
+		// one the search_path names.
+		c.schema = strings.ToLower(c.schema)
 		if err := createSchema(ctx, dbURL, c.schema); err != nil {
 			return nil, nil, err
 		}
@@ -222,7 +230,7 @@ func demo(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: e.app.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := newHTTPServer("", e.app.Handler())
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	base := "http://" + ln.Addr().String()
@@ -395,7 +403,7 @@ func serve(args []string) error {
 			mux.Handle("GET /metrics", h)
 			h = mux
 		}
-		srv := &http.Server{Addr: *addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		srv := newHTTPServer(*addr, h)
 		go func() {
 			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				e.log.Error("HTTP server", err, nil)
@@ -406,6 +414,25 @@ func serve(args []string) error {
 	}
 	fmt.Fprintf(os.Stderr, "orders: serving %v on transport %s (http %q); Ctrl-C stops\n", services, e.tr, *addr)
 	return proc.Wait()
+}
+
+// schemaRe is the schema names -schema accepts: plain identifiers, which
+// need no quoting in search_path.
+var schemaRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// newHTTPServer bounds every phase of a connection, so that a client that
+// stops reading or writing, or an idle keep-alive, cannot hold one open:
+// headers 5s, the whole request 10s, the response 30s, idle 60s.
+func newHTTPServer(addr string, h http.Handler) *http.Server {
+	return &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
 }
 
 func createSchema(ctx context.Context, dbURL, schema string) error {

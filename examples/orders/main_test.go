@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/pgtest"
@@ -25,4 +26,41 @@ func TestServeRejectsUnknownService(t *testing.T) {
 	t.Parallel()
 	err := serve([]string{"billing", "-log", "error", "shipment"})
 	require.ErrorContains(t, err, `unknown service "shipment"`)
+}
+
+// A -schema with capital letters names the schema Postgres folds it to:
+// before, the example created "Name" (quoted) and then looked for name
+// through the unquoted search_path, and every statement failed with "no
+// schema has been selected to create in".
+func TestDemoMixedCaseSchema(t *testing.T) {
+	t.Parallel()
+	admin := pgtest.New(t).DB
+	name := "Orders_" + strings.ToUpper(watermill.NewShortUUID())
+	t.Cleanup(func() {
+		_, _ = admin.Exec(`DROP SCHEMA IF EXISTS ` + strings.ToLower(name) + ` CASCADE`)
+		_, _ = admin.Exec(`DROP SCHEMA IF EXISTS "` + name + `" CASCADE`)
+	})
+	var out strings.Builder
+	err := demo([]string{"-database-url", pgtest.BaseURL(), "-schema", name, "-transport", "gochannel",
+		"-orders", "2"}, &out)
+	require.NoError(t, err)
+	require.Equal(t, "orders=2 completed=2 compensated=0 dlq=1 lost=0 duplicate_effects=0\n", out.String())
+}
+
+func TestDemoRejectsSchemaNeedingQuotes(t *testing.T) {
+	t.Parallel()
+	err := demo([]string{"-database-url", pgtest.BaseURL(), "-schema", `a"b`, "-transport", "gochannel"}, &strings.Builder{})
+	require.ErrorContains(t, err, `-schema "a\"b"`)
+	require.ErrorContains(t, err, "plain Postgres identifier")
+}
+
+// Every phase of a connection to the example's HTTP servers is bounded.
+func TestHTTPServerBoundsEveryPhase(t *testing.T) {
+	t.Parallel()
+	srv := newHTTPServer("127.0.0.1:0", nil)
+	require.Positive(t, srv.ReadHeaderTimeout)
+	require.Positive(t, srv.ReadTimeout)
+	require.Positive(t, srv.WriteTimeout)
+	require.Positive(t, srv.IdleTimeout)
+	require.Positive(t, srv.MaxHeaderBytes)
 }
