@@ -34,6 +34,13 @@ var (
 	// (basic.nack), for example because a bound queue with
 	// x-overflow=reject-publish is full.
 	ErrNacked = errors.New("broker refused the message (nack)")
+	// ErrNotSent is wrapped in PublishBatch's *transport.BatchError for a
+	// message it did not send because an earlier message with the same
+	// metadata.OrderingKey failed (the error names it), or because the
+	// channel was lost or the message's context was done before its turn
+	// (the error wraps that cause too). The broker has certainly not
+	// stored it: publish it again after the one that failed.
+	ErrNotSent = errors.New("not sent")
 	// ErrClosed is returned by Publish after Transport.Close.
 	ErrClosed = errors.New("publisher is closed")
 )
