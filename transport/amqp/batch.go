@@ -166,14 +166,20 @@ func assignLanes(msgs []*message.Message, send []int, n int) [][]int {
 // key at a time. The channel is discarded (the slot stays) whenever it is
 // left in doubt; the lane then sends nothing more.
 func (p *publisher) sendLane(s *slot, topic string, msgs []*message.Message, pubs []amqp091.Publishing, idx []int) map[int]error {
-	failed := map[int]error{}
 	conn, err := p.prepare(s, topic)
 	if err != nil {
+		failed := map[int]error{}
 		for _, i := range idx {
 			failed[i] = fmt.Errorf("amqp: message %s to exchange %q %w: %w", msgs[i].UUID, topic, ErrNotSent, err)
 		}
 		return failed
 	}
+	return p.sendPrepared(conn, s, topic, msgs, pubs, idx)
+}
+
+// sendPrepared is sendLane on a channel prepare has readied on conn.
+func (p *publisher) sendPrepared(conn *amqp091.Connection, s *slot, topic string, msgs []*message.Message, pubs []amqp091.Publishing, idx []int) map[int]error {
+	failed := map[int]error{}
 	if p.cfg.NoConfirm {
 		p.sendUnconfirmed(conn, s, topic, msgs, pubs, idx, failed)
 		return failed

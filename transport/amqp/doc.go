@@ -55,16 +55,15 @@
 //     when a channel or the connection was lost (ErrNotConnected) or
 //     their context ended, or not sent (ErrNotSent); the rest were
 //     confirmed.
-//   - Order under partial failure: a key stops at its first failure, and
-//     the rest of it is reported not sent, so the broker never holds a
-//     message of a key after one it refused (a nack from a full queue
-//     with x-overflow=reject-publish, a return, a loss). When the outbox
-//     relay publishes them again, a consumer that drops duplicates
-//     applies each aggregate in order. Publish, by contrast, pipelines the
-//     messages of one call: if the broker refuses one and stores a later
-//     one, the call fails, and repeating it delivers the later one first.
-//     Publish one message per call, or use PublishBatch, where that
-//     matters.
+//   - Order under partial failure: in PublishBatch and in a Publish of
+//     several messages alike, a key stops at its first failure, and the
+//     rest of it is reported not sent (ErrNotSent), so the broker never
+//     holds a message of a key after one it refused (a nack from a full
+//     queue with x-overflow=reject-publish, a return, a loss). When the
+//     outbox relay (or whoever repeats a failed Publish) publishes them
+//     again, a consumer that drops duplicates applies each aggregate in
+//     order. Publish sends the messages of one call as PublishBatch does
+//     on one channel: each key's one at a time, the keys together.
 //   - Close is idempotent and never panics: it refuses new publishes
 //     (ErrClosed), waits up to ConnectTimeout for those in flight, then
 //     closes the connection, failing any still waiting.
