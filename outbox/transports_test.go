@@ -15,6 +15,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/millwright/millwright/internal/pgtest"
@@ -321,4 +322,27 @@ func TestRelayKeepsFirstDeliveryOrderWhenRabbitMQNacks(t *testing.T) {
 	}
 	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
 	t.Logf("%d nacks; arrivals: %v", pub.nacks.Load(), applied.trace)
+}
+
+// Kafka refuses part of a produce request: the in-process Kafka (kfake's
+// partition faults; a real broker has no such control) fails, with a
+// non-retriable error so that Sarama hands it straight to the relay, the
+// records of half the topic's partitions in every other produce request
+// while the others are written. A consumer that drops duplicates must
+// still apply each aggregate in order. The test fails unless all the
+// faults happened.
+func TestRelayKeepsFirstDeliveryOrderWhenKafkaRefusesPartOfABatch(t *testing.T) {
+	t.Parallel()
+	kc := transporttest.FakeKafka(t)
+	const faults = 20
+	var h *kfake.FaultHandle
+	var checks atomic.Int64
+	runRelayTransport(t, kc.Config(), 10, 10, func(topic string) {
+		h = kc.Cluster.Fault(kfake.Fault{
+			Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Partitions: []int32{0, 2, 4, 6},
+			Err: kerr.InvalidRecord, Count: faults,
+			When: func(kmsg.Request) bool { return checks.Add(1)%2 == 1 },
+		})
+	})
+	require.Equal(t, faults, h.Hits(), "Kafka refused %d produce requests in part, want all %d faults to have happened", h.Hits(), faults)
 }
