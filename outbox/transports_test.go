@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/pubsub/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/pstest"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -17,6 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
@@ -26,6 +30,7 @@ import (
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"
+	"github.com/millwright/millwright/transport/embedded"
 	"github.com/millwright/millwright/transport/transporttest"
 )
 
@@ -345,4 +350,42 @@ func TestRelayKeepsFirstDeliveryOrderWhenKafkaRefusesPartOfABatch(t *testing.T) 
 		})
 	})
 	require.Equal(t, faults, h.Hits(), "Kafka refused %d produce requests in part, want all %d faults to have happened", h.Hits(), faults)
+}
+
+// refuseEveryOtherPublish is a pstest reactor that refuses every other
+// Publish RPC to one topic, with a code the client does not retry, until
+// it has refused limit of them.
+type refuseEveryOtherPublish struct {
+	topic   atomic.Pointer[string]
+	limit   int64
+	calls   atomic.Int64
+	refused atomic.Int64
+}
+
+func (r *refuseEveryOtherPublish) React(req any) (bool, any, error) {
+	pr, ok := req.(*pubsubpb.PublishRequest)
+	topic := r.topic.Load()
+	if !ok || topic == nil || !strings.HasSuffix(pr.Topic, "/"+*topic) {
+		return false, nil, nil
+	}
+	if r.calls.Add(1)%2 == 0 && r.refused.Load() < r.limit {
+		r.refused.Add(1)
+		return true, nil, status.Error(codes.InvalidArgument, "publish refused by the test")
+	}
+	return false, nil, nil
+}
+
+// Pub/Sub refuses some of the relay's publishes (pstest's reactor; the
+// emulator has no such control): every other Publish RPC to the topic, 20
+// of them, while the others are stored. The relay publishes several rows
+// per Publish call (Pub/Sub has no PublishBatch); a consumer that drops
+// duplicates must still apply each aggregate in order. The test fails
+// unless all the refusals happened.
+func TestRelayKeepsFirstDeliveryOrderWhenPubSubRefusesPublishes(t *testing.T) {
+	t.Parallel()
+	r := &refuseEveryOtherPublish{limit: 20}
+	srv := &embedded.PubSubServer{Server: pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: r}), ProjectID: "millwright-test"}
+	t.Cleanup(func() { _ = srv.Close() })
+	runRelayTransport(t, srv.Config(), 10, 5, func(topic string) { r.topic.Store(&topic) })
+	require.Equal(t, r.limit, r.refused.Load(), "Pub/Sub refused %d publishes, want all %d refusals to have happened", r.refused.Load(), r.limit)
 }
