@@ -274,7 +274,7 @@ func (p *publisher) sendPrepared(conn *amqp091.Connection, s *slot, topic string
 		switch {
 		case err != nil:
 			failed[i] = err
-			stopChain(f.chain, next, fmt.Sprintf("message %s before it with ordering key %q failed; publish it again after that one", msg.UUID, msgs[chains[f.chain][0]].Metadata.Get(metadata.OrderingKey)))
+			stopChain(f.chain, next, fmt.Sprintf("message %s before it with ordering key %q failed; publish it again after that one", msg.UUID, msg.Metadata.Get(metadata.OrderingKey)))
 		case next < len(chains[f.chain]):
 			publish(f.chain, next)
 		}
