@@ -143,9 +143,15 @@
 //     the aggregate's row, which a consistent aggregate needs anyway.
 //     Different aggregates go in parallel, across relays and within one.
 //   - Within a batch, nothing after a failed row of the same aggregate
-//     counts as published: those rows go out again after it, so a consumer
-//     that drops duplicates sees each aggregate in order even when a broker
-//     accepted part of a batch.
+//     counts as published, and no transport lets the broker have an
+//     aggregate's row after one of it that failed in the same call (each
+//     stops an ordering key at its first failure: see
+//     transport.BatchPublisher): those rows go out again after it, so a
+//     consumer that drops duplicates applies each aggregate in order even
+//     when the broker refused part of a batch. A publisher of your own
+//     must do the same: one whose Publish (or PublishBatch) lets a later
+//     event of an aggregate through after an earlier one failed delivers
+//     the later one first.
 //   - A failing row backs off (RelayConfig.Retry, with jitter) and holds
 //     back only its own aggregate, including events written after the
 //     failure. After the last attempt it becomes failed (counted in

@@ -10,7 +10,11 @@ import (
 // transport's publisher has it and falls back to Publish otherwise.
 //
 // Implementations must be safe for concurrent use. Messages with the same
-// metadata.OrderingKey keep their relative order. PublishBatch returns nil
+// metadata.OrderingKey keep their relative order, also under partial
+// failure: after a message of a key fails, no later message of that key
+// in the call reaches the broker (they are reported failed), so that
+// publishing the failed ones again keeps each key in order for a consumer
+// that drops duplicates. PublishBatch returns nil
 // when all were accepted; when only some were, a *BatchError naming the
 // failed ones; any other error means none can be assumed published.
 type BatchPublisher = batch.Publisher

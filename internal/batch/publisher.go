@@ -8,7 +8,12 @@ import "github.com/ThreeDotsLabs/watermill/message"
 // every transport through package transport, uses it from here.
 //
 // Implementations must be safe for concurrent use. Messages with the same
-// metadata.OrderingKey keep their relative order.
+// metadata.OrderingKey keep their relative order, also under partial
+// failure: once a message of a key fails, no later message of that key in
+// the call may reach the broker (report them failed, not sent). Otherwise
+// the broker can hold a later message before the failed one, and when the
+// caller publishes the failed ones again, a consumer that drops duplicates
+// applies the later one first.
 type Publisher interface {
 	message.Publisher
 	// PublishBatch publishes msgs to topic. It returns nil when all were

@@ -26,22 +26,27 @@ type batchStats struct {
 }
 
 // PublishBatch publishes msgs to topic's exchange over one or more pooled
-// confirm channels without waiting between messages (deferred confirms),
-// then waits once for every confirm. It returns nil when the broker
-// confirmed all of them, and a *transport.BatchError naming exactly the
-// messages that were nacked, returned as unroutable (unless
-// AllowUnroutable), or left unconfirmed because their channel or the
-// connection was lost or their context was done first. Any other error
-// (closed publisher, no free channel within ConnectTimeout, msgs[0]'s
-// context done before starting) means nothing was sent.
+// confirm channels with deferred confirms: the messages of different
+// ordering keys (and every message without a key) are in flight together,
+// and within one key each message is sent once the broker has confirmed
+// the one before it. It returns nil when the broker confirmed all of
+// them, and a *transport.BatchError naming exactly the messages that were
+// nacked, returned as unroutable (unless AllowUnroutable), left
+// unconfirmed because their channel or the connection was lost or their
+// context was done first, or not sent (ErrNotSent) because one before
+// them with their key failed. Any other error (closed publisher, no free
+// channel within ConnectTimeout, msgs[0]'s context done before starting)
+// means nothing was sent.
 //
 // Order: all messages with one metadata.OrderingKey go on one channel, in
 // the order given, and RabbitMQ keeps a channel's publish order in each
-// queue. Messages without a key are spread over the channels. Because the
-// messages are pipelined, a failed message does not hold back the later
-// ones of its key: when one fails (a nack, for example), later ones may be
-// confirmed, and a retry of the failed one then arrives after them. The
-// outbox relay keeps the failed row and publishes it again later.
+// queue. A key stops at its first failure: the broker never stores a
+// message of a key after one it refused, so when the caller (the outbox
+// relay) publishes the failed one and the rest again, a consumer that
+// drops duplicates still applies the key in order. The price is one
+// confirm round trip per message of a key: a batch takes as many round
+// trips as its longest key has messages. Messages without a key are
+// spread over the channels and not held back by anything.
 //
 // The first channel is waited for (up to ConnectTimeout, or msgs[0]'s
 // context); a batch of at least 2×128 messages also takes, without
@@ -149,99 +154,94 @@ func assignLanes(msgs []*message.Message, send []int, n int) [][]int {
 	return lanes
 }
 
-// sendLane publishes the messages at idx on s, waits for their confirms
-// and returns the failed ones by index. The channel is discarded (the slot
-// stays) whenever it is left in doubt.
+// sendLane publishes the messages at idx on s and returns the failed ones
+// by index. Within one ordering key it sends a message only once the
+// broker has confirmed the one before it, and a key stops at its first
+// failure (nack, return, loss, context): the rest of it is reported not
+// sent. Pipelining the whole key instead let the broker refuse a message
+// and store the next ones, which then reached consumers first, and the
+// retry of the refused one came after them: a consumer dropping
+// duplicates applied the key out of order. The keys of the lane (and
+// every message without a key) are in flight together, one message per
+// key at a time. The channel is discarded (the slot stays) whenever it is
+// left in doubt; the lane then sends nothing more.
 func (p *publisher) sendLane(s *slot, topic string, msgs []*message.Message, pubs []amqp091.Publishing, idx []int) map[int]error {
-	failed := map[int]error{}
-	failFrom := func(from int, why string, err error) {
-		for _, i := range idx[from:] {
-			failed[i] = fmt.Errorf("amqp: message %s to exchange %q %s: %w", msgs[i].UUID, topic, why, err)
-		}
-	}
 	conn, err := p.prepare(s, topic)
 	if err != nil {
-		failFrom(0, "not sent", err)
+		failed := map[int]error{}
+		for _, i := range idx {
+			failed[i] = fmt.Errorf("amqp: message %s to exchange %q %w: %w", msgs[i].UUID, topic, ErrNotSent, err)
+		}
 		return failed
 	}
-	stopReturns := collectReturns(s.returns)
+	return p.sendPrepared(conn, s, topic, msgs, pubs, idx)
+}
 
-	confirms := make([]*amqp091.DeferredConfirmation, 0, len(idx))
-	for _, i := range idx {
+// sendPrepared is sendLane on a channel prepare has readied on conn.
+func (p *publisher) sendPrepared(conn *amqp091.Connection, s *slot, topic string, msgs []*message.Message, pubs []amqp091.Publishing, idx []int) map[int]error {
+	failed := map[int]error{}
+	if p.cfg.NoConfirm {
+		p.sendUnconfirmed(conn, s, topic, msgs, pubs, idx, failed)
+		return failed
+	}
+	returns := collectReturns(s.returns)
+	defer returns.stop()
+
+	chains := chainsOf(msgs, idx)
+	type sent struct {
+		chain, at int // chains[chain][at] is the message
+		dc        *amqp091.DeferredConfirmation
+	}
+	var flight []sent // in publish order
+	var halt error    // why the lane sends nothing more, once set
+	// stopChain reports chain c from position from on as not sent, why
+	// (wrapped when it is an error).
+	stopChain := func(c, from int, why any) {
+		for _, i := range chains[c][from:] {
+			if err, ok := why.(error); ok {
+				failed[i] = fmt.Errorf("amqp: message %s to exchange %q %w: %w", msgs[i].UUID, topic, ErrNotSent, err)
+			} else {
+				failed[i] = fmt.Errorf("amqp: message %s to exchange %q %w: %s", msgs[i].UUID, topic, ErrNotSent, why)
+			}
+		}
+	}
+	// publish sends chains[c][at], or reports it and the rest of its
+	// chain not sent.
+	publish := func(c, at int) {
+		if halt != nil {
+			stopChain(c, at, halt)
+			return
+		}
+		i := chains[c][at]
+		if err := msgs[i].Context().Err(); err != nil {
+			stopChain(c, at, fmt.Errorf("its context is done: %w", err))
+			return
+		}
 		dc, err := s.ch.PublishWithDeferredConfirmWithContext(msgs[i].Context(), topic, "", !p.cfg.AllowUnroutable, false, pubs[i])
 		if err != nil {
-			failFrom(len(confirms), "not sent", p.lost(conn, fmt.Sprintf("publishing message %s to exchange %q", msgs[i].UUID, topic), err))
-			// Settle the confirms of those sent: closing the channel
-			// fails the ones the broker has not confirmed yet.
+			halt = p.lost(conn, fmt.Sprintf("publishing message %s to exchange %q", msgs[i].UUID, topic), err)
+			// Closing the channel settles the confirms still owed on it.
 			s.discard()
-			break
+			failed[i] = halt // a write that failed may still have gone out whole
+			stopChain(c, at+1, halt)
+			return
 		}
-		confirms = append(confirms, dc)
+		flight = append(flight, sent{chain: c, at: at, dc: dc})
 	}
-	p.awaitConfirms(conn, s, topic, msgs, idx[:len(confirms)], confirms, failed)
-	markReturned(failed, msgs, idx, stopReturns())
-	return failed
-}
-
-// collectReturns gathers what the broker returns on returns (nil: none)
-// until the returned func is called, which gives them in the order sent.
-// Gathering while publishing keeps returns' buffer from filling: amqp091
-// delivers a return with a blocking send from the connection's reader.
-func collectReturns(returns <-chan amqp091.Return) func() []amqp091.Return {
-	if returns == nil {
-		return func() []amqp091.Return { return nil }
+	for c := range chains {
+		publish(c, 0)
 	}
-	var got []amqp091.Return
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for stopped := false; ; {
-			var r amqp091.Return
-			ok := false
-			if stopped {
-				// Every return came before its message's confirm, all of
-				// which are in: what is left is buffered.
-				select {
-				case r, ok = <-returns:
-				default:
-				}
-			} else {
-				select {
-				case r, ok = <-returns:
-				case <-stop:
-					stopped = true
-					continue
-				}
-			}
-			if !ok {
-				return
-			}
-			got = append(got, r)
-		}
-	}()
-	return func() []amqp091.Return {
-		close(stop)
-		<-done
-		return got
-	}
-}
-
-// awaitConfirms waits for the confirm of each message at idx (confirms,
-// in the same order) and records in failed those not acked. A message's
-// context ending first closes the channel, failing the rest at once.
-func (p *publisher) awaitConfirms(conn *amqp091.Connection, s *slot, topic string, msgs []*message.Message, idx []int, confirms []*amqp091.DeferredConfirmation, failed map[int]error) {
 	var gaveUp error // why the channel was closed under pending confirms, if by a context
-	for n, dc := range confirms {
-		i := idx[n]
+	for len(flight) > 0 {
+		f := flight[0]
+		flight = flight[1:]
+		i := chains[f.chain][f.at]
 		msg := msgs[i]
-		if dc == nil { // NoConfirm: written is all there is to know
-			continue
-		}
 		select {
-		case <-dc.Done():
+		case <-f.dc.Done():
 		case <-msg.Context().Done():
 			select {
-			case <-dc.Done(): // settled after all: judged below
+			case <-f.dc.Done(): // settled after all: judged below
 			default:
 				// Confirms are still owed on this channel: it cannot go
 				// back to the pool. Closing it settles every pending
@@ -249,19 +249,183 @@ func (p *publisher) awaitConfirms(conn *amqp091.Connection, s *slot, topic strin
 				s.discard()
 				if gaveUp == nil {
 					gaveUp = fmt.Errorf("the context of message %s was done first: %w", msg.UUID, msg.Context().Err())
+					halt = fmt.Errorf("gave up on the channel: %w", gaveUp)
 				}
 			}
 		}
+		var err error
 		switch {
-		case dc.Acked():
+		case f.dc.Acked():
+			// The broker returns an unroutable message before acking it.
+			if r, ok := returns.of(msg.UUID); ok {
+				err = unroutableErr(msg.UUID, r)
+			}
 		case gaveUp != nil:
-			failed[i] = fmt.Errorf("amqp: message %s to exchange %q: gave up waiting for the broker's confirm; it may still be stored: %w", msg.UUID, topic, gaveUp)
+			err = fmt.Errorf("amqp: message %s to exchange %q: gave up waiting for the broker's confirm; it may still be stored: %w", msg.UUID, topic, gaveUp)
 		case s.ch == nil || s.ch.IsClosed():
-			failed[i] = p.lost(conn, fmt.Sprintf("message %s to exchange %q: channel closed before the broker confirmed it; it may still be stored", msg.UUID, topic), reasonErr(p.channelGone(s, topic)))
+			err = p.lost(conn, fmt.Sprintf("message %s to exchange %q: channel closed before the broker confirmed it; it may still be stored", msg.UUID, topic), reasonErr(p.channelGone(s, topic)))
+			if halt == nil {
+				halt = err
+			}
 		default:
-			failed[i] = fmt.Errorf("amqp: message %s to exchange %q: %w", msg.UUID, topic, ErrNacked)
+			err = fmt.Errorf("amqp: message %s to exchange %q: %w", msg.UUID, topic, ErrNacked)
+		}
+		next := f.at + 1
+		switch {
+		case err != nil:
+			failed[i] = err
+			stopChain(f.chain, next, fmt.Sprintf("message %s before it with ordering key %q failed; publish it again after that one", msg.UUID, msg.Metadata.Get(metadata.OrderingKey)))
+		case next < len(chains[f.chain]):
+			publish(f.chain, next)
 		}
 	}
+	return failed
+}
+
+// chainsOf splits the indices in idx into chains that are sent one
+// message at a time: one per ordering key, in order, and one per message
+// without a key (or per UUID among those, so that the broker's return of
+// one copy cannot be taken for another's).
+func chainsOf(msgs []*message.Message, idx []int) [][]int {
+	var chains [][]int
+	of := map[string]int{}
+	for _, i := range idx {
+		key := "k" + msgs[i].Metadata.Get(metadata.OrderingKey)
+		if key == "k" {
+			key = "u" + msgs[i].UUID
+		}
+		c, ok := of[key]
+		if !ok {
+			c = len(chains)
+			of[key] = c
+			chains = append(chains, nil)
+		}
+		chains[c] = append(chains[c], i)
+	}
+	return chains
+}
+
+// sendUnconfirmed publishes the messages at idx on s without confirms
+// (Config.NoConfirm): written is all there is to know, so a write error
+// fails the message and everything after it.
+func (p *publisher) sendUnconfirmed(conn *amqp091.Connection, s *slot, topic string, msgs []*message.Message, pubs []amqp091.Publishing, idx []int, failed map[int]error) {
+	for n, i := range idx {
+		_, err := s.ch.PublishWithDeferredConfirmWithContext(msgs[i].Context(), topic, "", !p.cfg.AllowUnroutable, false, pubs[i])
+		if err == nil {
+			continue
+		}
+		err = p.lost(conn, fmt.Sprintf("publishing message %s to exchange %q", msgs[i].UUID, topic), err)
+		s.discard()
+		failed[i] = err
+		for _, j := range idx[n+1:] {
+			failed[j] = fmt.Errorf("amqp: message %s to exchange %q %w: %w", msgs[j].UUID, topic, ErrNotSent, err)
+		}
+		return
+	}
+}
+
+// returnCollector gathers what the broker returns on a channel while a
+// lane publishes on it. Gathering all the time keeps the returns buffer
+// from filling: amqp091 delivers a return with a blocking send from the
+// connection's reader, so a full buffer would stall the connection, and
+// with it the confirms the lane waits for.
+type returnCollector struct {
+	returns <-chan amqp091.Return
+	sync    chan chan struct{} // a request to take in what is buffered
+	done    chan struct{}
+
+	mu  sync.Mutex
+	got map[string][]amqp091.Return // by message UUID, in the order returned
+}
+
+// collectReturns starts gathering from returns (nil: none are expected).
+func collectReturns(returns <-chan amqp091.Return) *returnCollector {
+	rc := &returnCollector{returns: returns, sync: make(chan chan struct{}), done: make(chan struct{}), got: map[string][]amqp091.Return{}}
+	if returns == nil {
+		close(rc.done)
+		return rc
+	}
+	go rc.run()
+	return rc
+}
+
+func (rc *returnCollector) run() {
+	defer close(rc.done)
+	for {
+		select {
+		case r, ok := <-rc.returns:
+			if !ok {
+				return
+			}
+			rc.add(r)
+		case reply, ok := <-rc.sync:
+			if !ok {
+				// Stopped: take in what is left, so that no return of
+				// this lane stays buffered for the slot's next user.
+				rc.drain()
+				return
+			}
+			rc.drain()
+			close(reply)
+		}
+	}
+}
+
+// drain takes in what is buffered: at least every return sent before the
+// caller of of saw its message's confirm.
+func (rc *returnCollector) drain() {
+	for {
+		select {
+		case r, ok := <-rc.returns:
+			if !ok {
+				return
+			}
+			rc.add(r)
+		default:
+			return
+		}
+	}
+}
+
+func (rc *returnCollector) add(r amqp091.Return) {
+	id, _ := r.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
+	rc.mu.Lock()
+	rc.got[id] = append(rc.got[id], r)
+	rc.mu.Unlock()
+}
+
+// of reports whether the broker returned message id, whose confirm has
+// come: the broker sends a message's basic.return before its basic.ack on
+// the same channel, and amqp091 dispatches both, in order, from one
+// goroutine, so the return is buffered or taken in by now.
+func (rc *returnCollector) of(id string) (amqp091.Return, bool) {
+	if rc.returns == nil {
+		return amqp091.Return{}, false
+	}
+	reply := make(chan struct{})
+	select {
+	case rc.sync <- reply:
+		<-reply
+	case <-rc.done: // the returns channel closed: all were taken in
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rs := rc.got[id]
+	if len(rs) == 0 {
+		return amqp091.Return{}, false
+	}
+	rc.got[id] = rs[1:]
+	return rs[0], true
+}
+
+// stop ends the gathering; returns still to come belong to no message of
+// the lane (every confirm is in).
+func (rc *returnCollector) stop() {
+	if rc.returns == nil {
+		return
+	}
+	close(rc.sync)
+	<-rc.done
 }
 
 // channelGone is why the broker closed s's channel, if it said (nil once
@@ -275,24 +439,4 @@ func (p *publisher) channelGone(s *slot, topic string) *amqp091.Error {
 		p.forget(topic) // the exchange was deleted: declare it again
 	}
 	return why
-}
-
-// markReturned records in failed the messages at idx the broker returned.
-func markReturned(failed map[int]error, msgs []*message.Message, idx []int, returned []amqp091.Return) {
-	if len(returned) == 0 {
-		return
-	}
-	pos := make(map[string][]int, len(idx)) // UUID -> its positions, for duplicates
-	for _, i := range idx {
-		pos[msgs[i].UUID] = append(pos[msgs[i].UUID], i)
-	}
-	for _, r := range returned {
-		id, _ := r.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
-		at := pos[id]
-		if len(at) == 0 {
-			continue // not this batch's (cannot happen: returns precede confirms)
-		}
-		pos[id] = at[1:]
-		failed[at[0]] = unroutableErr(id, r)
-	}
 }

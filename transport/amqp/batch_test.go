@@ -148,7 +148,8 @@ func TestPublishBatchAllConfirmedInKeyOrder(t *testing.T) {
 
 // A queue that takes only 5 messages makes RabbitMQ nack the rest of the
 // batch: the BatchError names exactly the messages that are not in the
-// queue, each with ErrNacked.
+// queue, each with ErrNacked or, after the nacked one of its key, not sent
+// (ErrNotSent).
 func TestPublishBatchReportsExactlyTheNacked(t *testing.T) {
 	t.Parallel()
 	const pool, n, room = 3, 600, 5
@@ -159,10 +160,16 @@ func TestPublishBatchReportsExactlyTheNacked(t *testing.T) {
 	be := batchError(t, bp.PublishBatch(b.topic, msgs...))
 	require.Equal(t, pool-1, amqp.BatchChannels(b.pub))
 	require.Len(t, be.Failed, n-room)
+	var nacked int
 	for i, err := range be.Failed {
-		require.ErrorIs(t, err, amqp.ErrNacked)
+		if errors.Is(err, amqp.ErrNacked) {
+			nacked++
+		} else {
+			require.ErrorIs(t, err, amqp.ErrNotSent)
+		}
 		require.ErrorContains(t, err, msgs[i].UUID)
 	}
+	require.Positive(t, nacked, "nothing was nacked")
 	ids, _ := drain(t, amqp.QueueName(b.topic, "small"), room)
 	for _, id := range ids {
 		for i, m := range msgs {
@@ -182,13 +189,27 @@ func TestPublishBatchUnroutable(t *testing.T) {
 	const pool = 2
 	b := setup(t, amqp.Config{ChannelPoolSize: pool}, "bound")
 	bp := b.pub.(transport.BatchPublisher)
-	msgs := keyed(400, 7) // more than one returns buffer per channel
+	// Keys of one message each, all in flight at once: more returns than
+	// one returns buffer per channel holds.
+	msgs := keyed(400, 400)
 	be := batchError(t, bp.PublishBatch(b.topic, msgs...))
 	require.Len(t, be.Failed, len(msgs))
 	for i, err := range be.Failed {
 		require.ErrorIs(t, err, amqp.ErrUnroutable)
 		require.ErrorContains(t, err, msgs[i].UUID)
 		require.ErrorContains(t, err, `no queue is bound to exchange "`+b.topic+`"`)
+	}
+	// A returned message stops its key: the rest of it is not sent.
+	msgs = keyed(70, 7)
+	be = batchError(t, bp.PublishBatch(b.topic, msgs...))
+	require.Len(t, be.Failed, len(msgs))
+	for i, err := range be.Failed {
+		if i < 7 {
+			require.ErrorIs(t, err, amqp.ErrUnroutable, "message %d, its key's first", i)
+		} else {
+			require.ErrorIs(t, err, amqp.ErrNotSent, "message %d, after its key's first", i)
+			require.ErrorContains(t, err, msgs[i%7].UUID, "names the message that failed before it")
+		}
 	}
 	require.Equal(t, pool, amqp.FreeChannels(b.pub))
 
@@ -205,11 +226,17 @@ func TestPublishBatchUnroutable(t *testing.T) {
 
 	plain := setup(t, amqp.Config{AllowUnroutable: true})
 	require.NoError(t, plain.pub.(transport.BatchPublisher).PublishBatch(plain.topic, keyed(300, 5)...))
+
+	// Without confirms nothing is waited for: the whole batch is written.
+	fast := setup(t, amqp.Config{AllowUnroutable: true, NoConfirm: true, DeclareGroups: sink}, sink...)
+	require.NoError(t, fast.pub.(transport.BatchPublisher).PublishBatch(fast.topic, keyed(300, 5)...))
+	poll.Until(t, 20*time.Second, func() bool { return queueDepth(t, amqp.QueueName(fast.topic, sink[0])) == 300 },
+		"the unconfirmed batch did not reach the queue")
 }
 
 // A connection cut in the middle of a batch: the BatchError names only
 // messages the broker did not confirm (every other one is in the queue),
-// each with ErrNotConnected; no channel is lost from the pool, and the
+// each with ErrNotConnected or, after one of its key, ErrNotSent; no channel is lost from the pool, and the
 // next batch, on the new connection, is confirmed in full.
 func TestPublishBatchConnectionCut(t *testing.T) {
 	t.Parallel()
@@ -246,9 +273,15 @@ func TestPublishBatchConnectionCut(t *testing.T) {
 	be := batchError(t, batchResult(t, done, "the cut"))
 	require.NotEmpty(t, be.Failed)
 	require.Less(t, len(be.Failed), n, "nothing was confirmed before the cut: the test did not cut mid-batch")
+	var lost int
 	for _, e := range be.Failed {
-		require.ErrorIs(t, e, amqp.ErrNotConnected)
+		if errors.Is(e, amqp.ErrNotConnected) {
+			lost++
+		} else {
+			require.ErrorIs(t, e, amqp.ErrNotSent)
+		}
 	}
+	require.Positive(t, lost, "no message was reported lost with the connection")
 	require.Equal(t, pool, amqp.FreeChannels(b.pub))
 
 	stored := unreportedAreStored(t, queue, msgs, be)
@@ -309,7 +342,7 @@ func TestPublishBatchContextEndsWhileWaiting(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	const n = 300
-	msgs := keyed(n, 10)
+	msgs := keyed(n, n) // one message per key: all in flight at once
 	for _, m := range msgs {
 		m.SetContext(ctx)
 	}
@@ -338,4 +371,112 @@ func TestPublishBatchContextEndsWhileWaiting(t *testing.T) {
 	require.True(t, amqp.WaitConnected(b.pub, true, 20*time.Second), "the publisher did not reconnect")
 	require.NoError(t, bp.PublishBatch(b.topic, keyed(500, 5)...))
 	require.Equal(t, 1+n+500, queueDepth(t, queue))
+}
+
+// fillQueue publishes, confirmed, a message of size bytes straight to
+// queue (through the default exchange): it takes that much of the room of
+// a queue with x-max-length-bytes until a consumer takes it.
+func fillQueue(t *testing.T, queue string, size int) {
+	t.Helper()
+	ch := rawChannel(t)
+	require.NoError(t, ch.Confirm(false))
+	dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", queue, true, false,
+		amqp091.Publishing{Body: make([]byte, size), DeliveryMode: amqp091.Persistent, Headers: amqp091.Table{"filler": true}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	acked, err := dc.WaitContext(ctx)
+	require.NoError(t, err, "the filler was not confirmed")
+	require.True(t, acked, "the broker refused the filler")
+}
+
+// When the broker refuses a message (a queue with x-overflow=reject-publish
+// that the message would overfill), nothing after it with the same
+// ordering key is sent: a retry of the refused one, then of the rest, then
+// reaches a consumer that drops duplicates in order. The queue's room is
+// taken by a filler so that each key's big first message is nacked while
+// its small later ones would fit (as pipelining them did: they were stored
+// ahead of their key's first message). Other keys are not held back.
+func TestPublishBatchKeyStopsAtItsFirstNack(t *testing.T) {
+	t.Parallel()
+	const room, big, keys, perKey = 500, 1000, 6, 5
+	b := setup(t, amqp.Config{ChannelPoolSize: 2}, "full")
+	queue := amqp.QueueName(b.topic, "full")
+	const limit = 20000
+	bindQueue(t, b.topic, "full", amqp091.Table{"x-max-length-bytes": int32(limit), "x-overflow": "reject-publish"})
+	fillQueue(t, queue, limit-room)
+
+	// Keys k0..k5: seq 0 is too big for the room, the rest small; key
+	// "free" has only small messages and fits whole (room for all the
+	// small ones: 6*4+5 bodies of at most 8 bytes).
+	var msgs []*message.Message
+	add := func(k string, seq, size int) {
+		body := []byte(k + ":" + strconv.Itoa(seq))
+		if len(body) < size {
+			body = append(body, strings.Repeat(" ", size-len(body))...)
+		}
+		m := message.NewMessage(watermill.NewUUID(), body)
+		m.Metadata.Set(metadata.OrderingKey, k)
+		msgs = append(msgs, m)
+	}
+	for seq := range perKey {
+		for k := range keys {
+			size := 0
+			if seq == 0 {
+				size = big
+			}
+			add(fmt.Sprint("k", k), seq, size)
+		}
+		add("free", seq, 0)
+	}
+	bp := b.pub.(transport.BatchPublisher)
+	be := batchError(t, bp.PublishBatch(b.topic, msgs...))
+	var nacked int
+	for i, err := range be.Failed {
+		k, _, _ := strings.Cut(string(msgs[i].Payload), ":")
+		require.NotEqual(t, "free", k, "message %d of the key that fits failed: %v", i, err)
+		if errors.Is(err, amqp.ErrNacked) {
+			nacked++
+			require.Len(t, msgs[i].Payload, big, "a small message was nacked: the room was smaller than planned")
+		}
+	}
+	require.Equal(t, keys, nacked, "every key's first message is nacked (the fault happened), and nothing else: %v", be)
+	require.Len(t, be.Failed, keys*perKey, "every message of a nacked key fails: after the nack, its later ones are not sent")
+
+	// From the consumer's side: the queue holds the filler and key
+	// "free", nothing of the nacked keys.
+	depth := queueDepth(t, queue)
+	_, payloads := drain(t, queue, depth)
+	stored := map[string][]string{}
+	for _, p := range payloads[1:] { // the filler first
+		k, seq, _ := strings.Cut(strings.TrimRight(p, " "), ":")
+		stored[k] = append(stored[k], seq)
+	}
+	require.Equal(t, map[string][]string{"free": {"0", "1", "2", "3", "4"}}, stored,
+		"a message stored after its key's first message was nacked would reach consumers ahead of it")
+
+	// As the outbox relay does: publish the failed ones again, in order;
+	// the queue now has room. A consumer dropping duplicates applies each
+	// key in order.
+	var again []*message.Message
+	for i, m := range msgs {
+		if _, ok := be.Failed[i]; ok {
+			again = append(again, m)
+		}
+	}
+	require.NoError(t, bp.PublishBatch(b.topic, again...))
+	ids, payloads := drain(t, queue, len(again))
+	next := map[string]int{}
+	seen := map[string]bool{}
+	for j, p := range payloads {
+		if seen[ids[j]] {
+			continue
+		}
+		seen[ids[j]] = true
+		k, seq, _ := strings.Cut(strings.TrimRight(p, " "), ":")
+		require.Equal(t, strconv.Itoa(next[k]), seq, "key %s: first deliveries out of order: %v", k, payloads)
+		next[k]++
+	}
+	require.Len(t, next, keys)
+	require.Equal(t, 2, amqp.FreeChannels(b.pub))
 }

@@ -43,16 +43,27 @@
 //     or msg.Context() is done.
 //   - Batches: the publisher is a transport.BatchPublisher. PublishBatch
 //     (what the outbox relay calls, one per topic of a claimed batch)
-//     pipelines the whole batch with deferred confirms over one pooled
-//     channel, or, from 256 messages, over up to one free channel per
-//     128 (never more than ChannelPoolSize-1), and waits once for all
-//     confirms, instead of one round trip per Publish. All messages of one
-//     metadata.OrderingKey go on one channel, in order. It returns a
-//     *transport.BatchError naming exactly the messages nacked, returned
-//     as unroutable, or unconfirmed when a channel or the connection was
-//     lost (ErrNotConnected) or their context ended; the rest were
-//     confirmed. A failed message does not hold back later ones of its
-//     key (they were already sent), so its retry arrives after them.
+//     sends with deferred confirms over one pooled channel, or, from 256
+//     messages, over up to one free channel per 128 (never more than
+//     ChannelPoolSize-1). All messages of one metadata.OrderingKey go on
+//     one channel, in order, one at a time: each is sent once the broker
+//     confirmed the one before it, while the other keys' messages (and
+//     all messages without a key) are in flight beside it. A batch thus
+//     costs as many confirm round trips as its longest key has messages,
+//     not one per message. It returns a *transport.BatchError naming
+//     exactly the messages nacked, returned as unroutable, unconfirmed
+//     when a channel or the connection was lost (ErrNotConnected) or
+//     their context ended, or not sent (ErrNotSent); the rest were
+//     confirmed.
+//   - Order under partial failure: in PublishBatch and in a Publish of
+//     several messages alike, a key stops at its first failure, and the
+//     rest of it is reported not sent (ErrNotSent), so the broker never
+//     holds a message of a key after one it refused (a nack from a full
+//     queue with x-overflow=reject-publish, a return, a loss). When the
+//     outbox relay (or whoever repeats a failed Publish) publishes them
+//     again, a consumer that drops duplicates applies each aggregate in
+//     order. Publish sends the messages of one call as PublishBatch does
+//     on one channel: each key's one at a time, the keys together.
 //   - Close is idempotent and never panics: it refuses new publishes
 //     (ErrClosed), waits up to ConnectTimeout for those in flight, then
 //     closes the connection, failing any still waiting.

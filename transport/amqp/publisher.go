@@ -34,6 +34,13 @@ var (
 	// (basic.nack), for example because a bound queue with
 	// x-overflow=reject-publish is full.
 	ErrNacked = errors.New("broker refused the message (nack)")
+	// ErrNotSent is wrapped in PublishBatch's *transport.BatchError for a
+	// message it did not send because an earlier message with the same
+	// metadata.OrderingKey failed (the error names it), or because the
+	// channel was lost or the message's context was done before its turn
+	// (the error wraps that cause too). The broker has certainly not
+	// stored it: publish it again after the one that failed.
+	ErrNotSent = errors.New("not sent")
 	// ErrClosed is returned by Publish after Transport.Close.
 	ErrClosed = errors.New("publisher is closed")
 )
@@ -47,12 +54,12 @@ const (
 	maxBackoff = 5 * time.Second
 )
 
-// returnWindow is how many messages a mandatory publish sends before it
-// waits for their confirms and collects their returns. It is also the
-// capacity of each channel's NotifyReturn buffer: amqp091 delivers a
-// return from the connection's one reader goroutine with a blocking send,
-// so a full buffer would stall the whole connection.
-const returnWindow = 64
+// returnBuffer is the capacity of each channel's NotifyReturn buffer.
+// amqp091 delivers a return from the connection's one reader goroutine
+// with a blocking send, so a publish gathers returns all the while it
+// waits for confirms (returnCollector), and the buffer only absorbs
+// bursts.
+const returnBuffer = 64
 
 // publisher is millwright's AMQP publisher: one connection of its own,
 // reconnected in the background, and a fixed pool of confirm-mode channels.
@@ -255,7 +262,12 @@ func (p *publisher) enter() bool {
 
 // Publish publishes msgs to topic's exchange and, with confirms (the
 // default), returns nil only when the broker confirmed every one. It is
-// safe for concurrent use; each call holds one pooled channel.
+// safe for concurrent use; each call holds one pooled channel. As in
+// PublishBatch, messages of different ordering keys (and those without a
+// key) are in flight together, each key's one at a time, and a key stops
+// at its first failure: the error then wraps ErrNotSent for its later
+// messages, which the broker does not have, so that publishing the call
+// again keeps each key in order for a consumer that drops duplicates.
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -284,20 +296,26 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err != nil {
 		return err
 	}
-	window := len(msgs)
-	if !p.cfg.AllowUnroutable {
-		window = returnWindow
+	idx := make([]int, len(msgs))
+	for i := range idx {
+		idx[i] = i
 	}
-	for start := 0; start < len(msgs); start += window {
-		end := min(start+window, len(msgs))
-		if err := p.send(conn, s, topic, msgs[start:end], pubs[start:end]); err != nil {
-			if end < len(msgs) {
-				err = fmt.Errorf("%w (the %d messages after these were not published)", err, len(msgs)-end)
-			}
+	failed := p.sendPrepared(conn, s, topic, msgs, pubs, idx)
+	switch len(failed) {
+	case 0:
+		return nil
+	case 1:
+		for _, err := range failed {
 			return err
 		}
 	}
-	return nil
+	errs := make([]error, 0, len(failed))
+	for i := range msgs {
+		if err, ok := failed[i]; ok {
+			errs = append(errs, err)
+		}
+	}
+	return fmt.Errorf("amqp: %d of %d messages to exchange %q not published: %w", len(errs), len(msgs), topic, errors.Join(errs...))
 }
 
 // acquire takes a slot from the pool, waiting at most ConnectTimeout.
@@ -371,74 +389,6 @@ func (p *publisher) lost(conn *amqp091.Connection, what string, err error) error
 	return fmt.Errorf("amqp: %s: %w", what, err)
 }
 
-// send publishes one window of messages on s and waits for their confirms
-// and returns. On any failure that leaves the channel in doubt, the
-// channel is discarded (the slot stays).
-func (p *publisher) send(conn *amqp091.Connection, s *slot, topic string, msgs []*message.Message, pubs []amqp091.Publishing) error {
-	confirms := make([]*amqp091.DeferredConfirmation, 0, len(msgs))
-	for i, msg := range msgs {
-		dc, err := s.ch.PublishWithDeferredConfirmWithContext(msg.Context(), topic, "", !p.cfg.AllowUnroutable, false, pubs[i])
-		if err != nil {
-			s.discard()
-			what := fmt.Sprintf("publishing message %s to exchange %q", msg.UUID, topic)
-			if len(confirms) > 0 {
-				what += fmt.Sprintf(" (the %d before it in this call are unconfirmed)", len(confirms))
-			}
-			return p.lost(conn, what, err)
-		}
-		confirms = append(confirms, dc)
-	}
-	if p.cfg.NoConfirm {
-		return nil
-	}
-	var errs []error
-	for i, dc := range confirms {
-		msg := msgs[i]
-		rest := ""
-		if after := len(confirms) - i - 1; after > 0 {
-			rest = fmt.Sprintf(" (nor for the %d after it in this window)", after)
-		}
-		select {
-		case <-dc.Done():
-		case <-msg.Context().Done():
-			// Confirms are still owed on this channel: it cannot be
-			// handed to the next Publish.
-			s.discard()
-			return errors.Join(append(errs, fmt.Errorf("amqp: message %s to exchange %q: gave up waiting for the broker's confirm%s; it may still be stored: %w",
-				msg.UUID, topic, rest, msg.Context().Err()))...)
-		}
-		if dc.Acked() {
-			continue
-		}
-		if s.ch.IsClosed() {
-			// Closed, not nacked: amqp091 fails every pending confirm
-			// when the channel shuts down.
-			why := s.closeReason()
-			if why != nil && why.Code == amqp091.NotFound {
-				p.forget(topic) // the exchange was deleted: declare it again
-			}
-			err := p.lost(conn, fmt.Sprintf("message %s to exchange %q: channel closed before the broker confirmed it%s", msg.UUID, topic, rest), reasonErr(why))
-			s.discard()
-			return errors.Join(append(errs, err)...)
-		}
-		errs = append(errs, fmt.Errorf("amqp: message %s to exchange %q: %w", msg.UUID, topic, ErrNacked))
-	}
-	if s.returns != nil {
-		// The broker sends a message's basic.return before its basic.ack
-		// on the same channel, and amqp091 dispatches both, in order,
-		// from one goroutine: every return of this window is buffered by
-		// now.
-		errs = append(errs, s.drainReturns(topic)...)
-	}
-	switch len(errs) {
-	case 0:
-		return nil
-	case 1:
-		return errs[0]
-	}
-	return fmt.Errorf("amqp: %d of %d messages to exchange %q not published: %w", len(errs), len(msgs), topic, errors.Join(errs...))
-}
-
 // forget makes the next publish to topic declare its exchange again.
 func (p *publisher) forget(topic string) {
 	p.mu.Lock()
@@ -455,7 +405,7 @@ func (s *slot) open(conn *amqp091.Connection, gen uint64, confirm, mandatory boo
 	closes := ch.NotifyClose(make(chan *amqp091.Error, 1))
 	var returns chan amqp091.Return
 	if mandatory {
-		returns = ch.NotifyReturn(make(chan amqp091.Return, returnWindow))
+		returns = ch.NotifyReturn(make(chan amqp091.Return, returnBuffer))
 	}
 	if confirm {
 		if err := ch.Confirm(false); err != nil {
@@ -490,23 +440,6 @@ func reasonErr(e *amqp091.Error) error {
 		return amqp091.ErrClosed
 	}
 	return e
-}
-
-// drainReturns turns the buffered returns into errors.
-func (s *slot) drainReturns(topic string) []error {
-	var errs []error
-	for {
-		select {
-		case r, ok := <-s.returns:
-			if !ok {
-				return errs
-			}
-			id, _ := r.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
-			errs = append(errs, unroutableErr(id, r))
-		default:
-			return errs
-		}
-	}
 }
 
 // unroutableErr is the error of message id, which the broker returned.

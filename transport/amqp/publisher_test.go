@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -338,7 +339,7 @@ func TestPublishUnroutableFails(t *testing.T) {
 
 	bindQueue(t, b.topic, "bound", nil)
 	require.NoError(t, b.publish(), "a stale return leaked into the next publish")
-	batch := make([]*message.Message, 150) // more than one window of returns
+	batch := make([]*message.Message, 150) // more messages than the returns buffer holds
 	for i := range batch {
 		batch[i] = message.NewMessage(watermill.NewUUID(), nil)
 	}
@@ -422,4 +423,37 @@ func TestPublishCancelledContext(t *testing.T) {
 	require.ErrorIs(t, b.pub.Publish(b.topic, msg), context.Canceled)
 	require.NoError(t, b.publish())
 	require.Equal(t, 1, amqp.FreeChannels(b.pub))
+}
+
+// Publish with several messages keeps the order of each ordering key
+// under partial failure too: a key's message the broker refuses (a full
+// queue with x-overflow=reject-publish) stops its key, so no later one of
+// it is stored ahead of it for when the caller publishes the call again;
+// other keys go on. As the outbox relay calls it for a wrapped publisher
+// (one that hides PublishBatch).
+func TestPublishKeyStopsAtItsFirstNack(t *testing.T) {
+	t.Parallel()
+	const limit, room = 20000, 500
+	b := setup(t, amqp.Config{ChannelPoolSize: 1}, "full")
+	queue := amqp.QueueName(b.topic, "full")
+	bindQueue(t, b.topic, "full", amqp091.Table{"x-max-length-bytes": int32(limit), "x-overflow": "reject-publish"})
+	fillQueue(t, queue, limit-room)
+	msg := func(key, body string) *message.Message {
+		m := message.NewMessage(watermill.NewUUID(), []byte(body))
+		m.Metadata.Set(metadata.OrderingKey, key)
+		return m
+	}
+	msgs := []*message.Message{
+		msg("k", "k:0"+strings.Repeat(" ", 2*room)), // refused: larger than the room
+		msg("o", "o:0"),
+		msg("k", "k:1"),
+		msg("o", "o:1"),
+		msg("k", "k:2"),
+	}
+	err := b.pub.Publish(b.topic, msgs...)
+	require.ErrorIs(t, err, amqp.ErrNacked, "the broker did not refuse the big message: the fault did not happen")
+	_, payloads := drain(t, queue, queueDepth(t, queue))
+	require.Equal(t, []string{"o:0", "o:1"}, payloads[1:], "the queue (after the filler) holds a later message of the refused one's key")
+	require.ErrorIs(t, err, amqp.ErrNotSent)
+	require.ErrorContains(t, err, "3 of 5 messages")
 }
