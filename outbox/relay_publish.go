@@ -434,24 +434,24 @@ func (r *Relay) fail(ctx context.Context, lease batchLease, rows []row, results 
 		next_attempt_at = now() + u.delay_ms * interval '1 millisecond'
 	FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bool[]) AS u(row_id, delay_ms, err, final)
 	WHERE t.id = u.row_id AND t.status = 'pending' AND `+heldByOwner(lease.owner)+`
-	RETURNING t.id, (extract(epoch FROM t.first_failed_at) * 1000000)::int8`,
+	RETURNING t.id, (extract(epoch FROM t.first_failed_at) * 1000000)::int8, (extract(epoch FROM now()) * 1000000)::int8`,
 		pq.Array(ids), pq.Array(delays), pq.Array(msgs), pq.Array(final))
 	if err != nil {
 		return time.Time{}, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(ids), err)
 	}
 	type recorded struct {
-		k     int
-		first time.Time
+		k           int
+		first, last time.Time // the database's clock
 	}
 	var done []recorded
 	for q.Next() {
-		var id, first int64
-		if err := q.Scan(&id, &first); err != nil {
+		var id, first, last int64
+		if err := q.Scan(&id, &first, &last); err != nil {
 			_ = q.Close()
 			return time.Time{}, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(ids), err)
 		}
 		if k, ok := byID[id]; ok {
-			done = append(done, recorded{k, time.UnixMicro(first)})
+			done = append(done, recorded{k, time.UnixMicro(first), time.UnixMicro(last)})
 		}
 	}
 	if err := errors.Join(q.Err(), q.Close()); err != nil {
@@ -487,7 +487,7 @@ func (r *Relay) fail(ctx context.Context, lease batchLease, rows []row, results 
 		r.m.failed.Inc()
 		r.stats.failed.Add(1)
 		r.cfg.Logger.Error("outbox relay: event failed for good", results[i], tracing.LogFields(rw.topic, rw.msg).Add(watermill.LogFields{"id": rw.id, "attempts": rw.retryCount + 1}))
-		r.deadLetter(dctx, rw, results[i], d.first, now)
+		r.deadLetter(dctx, rw, results[i], d.first, d.last)
 	}
 	return next, nil
 }
