@@ -61,8 +61,8 @@ type RelayConfig struct {
 	// keeps its lanes that long; one that stalls longer loses them to the
 	// others. So nothing of a batch outlasts the lease it was claimed under
 	// (see the package doc, "Guarantees"): its publish is cut a tenth of
-	// Lease before the lanes' lease ends (at least 0.4 x Lease after the
-	// batch began: 12 s by default), the broker calls not answered by then
+	// Lease before the lanes' lease ends (about 0.4 x Lease or more after
+	// the batch began: 12 s by default), the broker calls not answered by then
 	// leave their rows pending, as they were, for whoever holds the lanes
 	// next (the attempt is not a failure: it burns no retry budget), and
 	// the marks write only rows of lanes the relay still holds. Lease also
@@ -88,11 +88,15 @@ type RelayConfig struct {
 	// retry.Permanent error fails the row at once.
 	Retry retry.Policy
 	// DeadLetterTopic, when set, receives a copy of every event that
-	// exhausts its attempts (or fails with a retry.Permanent error), with
+	// spends its retry budget (or fails with a retry.Permanent error), with
 	// package dlq's envelope (metadata.DeadLetter*: original topic, error,
 	// attempts, handler DeadLetterHandler): a dlq.Store recording that topic
 	// lists it beside the consumers' dead letters, and `millwright dlq
-	// replay` sends it back to its original topic. The row becomes failed
+	// replay` sends it back to its original topic. The copy is sent once
+	// per failure, after the statement recording the row failed commits
+	// (a statement that fails sends none), and waits for the broker at
+	// most Lease; a copy lost then (the broker refused it, the relay died
+	// before sending it) is logged, not sent again. The row becomes failed
 	// either way and stays in the table for `millwright outbox
 	// retry-failed`. Default "": off, because the failed row already parks
 	// the event where nothing is lost (millwright_outbox_failed_events and

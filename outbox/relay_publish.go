@@ -206,10 +206,13 @@ func (r *Relay) publishShares(ctx context.Context, rows []row, o *outcome) {
 func (r *Relay) publishTopics(ctx context.Context, rows []row, groups [][]int, o *outcome) {
 	slots := make(chan struct{}, r.cfg.PublishConcurrency)
 	for _, idx := range groups {
+		if ctx.Err() != nil {
+			return // the rest are not answered: cut
+		}
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
-			return // the rest are not answered: cut
+			return
 		}
 		o.start()
 		go func() {
