@@ -753,7 +753,7 @@ func (r *Relay) stages(ctx context.Context, lease batchLease, held []int32, clai
 	pctx, pcancel := context.WithDeadlineCause(lctx, by, errLeaseEnded)
 	results := r.publish(pctx, rows, r.cfg.Lease/20)
 	pcancel()
-	res.next, res.failures, res.err = r.mark(lctx, lease, rows, results)
+	res.next, res.failures, res.err = r.mark(lctx, ctx, lease, rows, results)
 	return res
 }
 

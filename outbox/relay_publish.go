@@ -324,7 +324,10 @@ func messages(rows []row, idx []int) []*message.Message {
 // relay that lost its lanes, say while stalled after the publish, writes
 // nothing, and the lanes' new holder publishes the rows again. It returns
 // the earliest backoff it scheduled and the number of failures.
-func (r *Relay) mark(ctx context.Context, lease batchLease, rows []row, results []error) (time.Time, int, error) {
+//
+// ctx bounds the statements (the lanes' lease); run, the relay's own
+// context, bounds the dead-letter copies, which no lane waits on.
+func (r *Relay) mark(ctx, run context.Context, lease batchLease, rows []row, results []error) (time.Time, int, error) {
 	blocked := map[string]bool{}
 	var published []int64
 	var failed []int
@@ -375,7 +378,7 @@ func (r *Relay) mark(ctx context.Context, lease batchLease, rows []row, results 
 	}
 	var next time.Time
 	if len(failed) > 0 {
-		n, err := r.fail(ctx, lease, rows, results, failed)
+		n, err := r.fail(ctx, run, lease, rows, results, failed)
 		next = n
 		errs = append(errs, err)
 	}
@@ -412,7 +415,7 @@ func idArray(ids []int64) string {
 // dead-letter topic: after the UPDATE, so that an UPDATE that fails (its
 // rows are claimed and fail again) sends no copy, and a row is
 // dead-lettered at most once per failure.
-func (r *Relay) fail(ctx context.Context, lease batchLease, rows []row, results []error, idx []int) (time.Time, error) {
+func (r *Relay) fail(ctx, run context.Context, lease batchLease, rows []row, results []error, idx []int) (time.Time, error) {
 	ids := make([]int64, len(idx))
 	delays := make([]int64, len(idx))
 	msgs := make([]string, len(idx))
@@ -482,7 +485,7 @@ func (r *Relay) fail(ctx context.Context, lease batchLease, rows []row, results 
 	}
 	// The copies get a bound of their own: their rows are failed, no
 	// lane's order waits on them, but the round does.
-	dctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
+	dctx, cancel := context.WithTimeout(run, r.cfg.Lease)
 	defer cancel()
 	for _, d := range dead {
 		i := idx[d.k]
