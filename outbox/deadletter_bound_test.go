@@ -60,3 +60,27 @@ func TestRelay_DeadLetterWaitIsBounded(t *testing.T) {
 	_, err = r.RunOnce(ctx)
 	require.NoError(t, err)
 }
+
+// A lane check that cannot finish (here the lanes' table is locked by
+// another session) ends after a Lease with an error instead of holding the
+// relay until the lock goes.
+func TestRelay_LaneCheckIsBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	tx, err := b.schema.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	_, err = tx.Exec(`LOCK TABLE millwright_outbox_lanes IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	r, err := NewRelay(b.db, b.pubsub, RelayConfig{Lease: 500 * time.Millisecond})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { _, err := r.RunOnce(ctx); done <- err }()
+	select {
+	case err := <-done:
+		require.ErrorContains(t, err, "holding lanes")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the lane check still waits for the lock after 30s (Lease 0.5s)")
+	}
+}

@@ -569,7 +569,11 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	}
 	l = &lanes{db: r.db, id: r.id + "/once", lease: r.cfg.Lease}
 	res := r.round(ctx, l, nil, false)
-	if err := l.free(ctx); err != nil && res.err == nil {
+	// Bounded as a lane check: lanes not freed are free once their lease
+	// ends.
+	fctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
+	defer cancel()
+	if err := l.free(fctx); err != nil && res.err == nil {
 		res.err = err
 	}
 	return res.n, res.err
@@ -595,7 +599,12 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 		return r.standAside(ctx, l, n)
 	}
 	l.aside = false
-	held, err := l.hold(ctx)
+	// A lane check that hangs (a lock, a server that stopped answering)
+	// ends with a lease: by then the lanes are no longer this relay's
+	// anyway, and the next round checks again.
+	hctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
+	held, err := l.hold(hctx)
+	cancel()
 	if err != nil {
 		return roundResult{err: err, waiting: true}
 	}
