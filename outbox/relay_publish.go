@@ -39,7 +39,12 @@ func (e *cutError) Error() string {
 	return "outbox relay: not published: " + e.why.Error() + ": " + e.err.Error()
 }
 
-func (e *cutError) Unwrap() []error { return []error{e.why, e.err} }
+func (e *cutError) Unwrap() []error {
+	if e.err == nil {
+		return []error{e.why}
+	}
+	return []error{e.why, e.err}
+}
 
 // isCut reports whether err is a row's cutError.
 func isCut(err error) bool {
