@@ -175,8 +175,8 @@
 //     them and leaves), and the other relays publish them. Such a call may
 //     still deliver its messages, before or while another relay publishes
 //     them: duplicates, which a consumer drops. Lease should exceed the
-//     slowest healthy round by far (a batch's publish gets at least 0.4 x
-//     Lease); a relay that stalls outside a publish (a paused VM) longer
+//     slowest healthy round by far (a batch's publish gets about 0.4 x
+//     Lease or more); a relay that stalls outside a publish (a paused VM) longer
 //     than Lease loses its lanes and writes nothing of its batch.
 //   - One aggregate goes no faster than one relay publishes: it is
 //     ordered. A lane shares that limit with the aggregates hashed into
