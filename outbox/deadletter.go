@@ -28,9 +28,12 @@ const maxDeadLetterError = 4096
 // so that dlq.Store records it like any other dead letter and `millwright
 // dlq replay` sends it back to its original topic without --target. The
 // relay has no consumer group; the handler is DeadLetterHandler. Attempts
-// counts the publish attempts; the first failure's time is not kept by the
-// outbox, so both failure times are now.
-func deadLetterMessage(rw row, dlTopic string, cause error, attempts int, now time.Time) *message.Message {
+// counts the publish attempts; first is the row's first failure
+// (first_failed_at), last the failure that made it failed. The relay sends
+// it once per failure (after recording it), and a copy sent again (a
+// redelivery) has the same UUID and last failure, which dlq.Store records
+// once.
+func deadLetterMessage(rw row, dlTopic string, cause error, attempts int, first, last time.Time) *message.Message {
 	m := message.NewMessage(rw.msg.UUID, rw.msg.Payload)
 	for k, v := range rw.msg.Metadata {
 		if !strings.HasPrefix(k, metadata.DeadLetterPrefix) {
@@ -61,9 +64,11 @@ func deadLetterMessage(rw row, dlTopic string, cause error, attempts int, now ti
 	md.Set(metadata.DeadLetterError, text)
 	md.Set(metadata.DeadLetterErrorType, fmt.Sprintf("%T", inner))
 	md.Set(metadata.DeadLetterAttempts, strconv.Itoa(attempts))
-	ts := now.UTC().Format(time.RFC3339Nano)
-	md.Set(metadata.DeadLetterFirstFailure, ts)
-	md.Set(metadata.DeadLetterLastFailure, ts)
+	if first.IsZero() || first.After(last) {
+		first = last
+	}
+	md.Set(metadata.DeadLetterFirstFailure, first.UTC().Format(time.RFC3339Nano))
+	md.Set(metadata.DeadLetterLastFailure, last.UTC().Format(time.RFC3339Nano))
 	md.Set(metadata.DeadLetterOriginalMessageID, rw.msg.UUID)
 	m.SetContext(rw.msg.Context())
 	return m

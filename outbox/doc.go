@@ -154,14 +154,38 @@
 //     the later one first.
 //   - A failing row backs off (RelayConfig.Retry, with jitter) and holds
 //     back only its own aggregate, including events written after the
-//     failure. After the last attempt it becomes failed (counted in
-//     millwright_outbox_failed_events; copied to DeadLetterTopic if set), its aggregate
-//     moves on, and it stays in the table until an operator runs
-//     `millwright outbox retry-failed`. No event is ever dropped.
-//   - Lease must exceed the slowest round (claim, publish, mark) by far: a
-//     relay that stalls longer loses its lanes to another, which may
-//     publish rows still in flight (duplicates; a consumer that drops them
-//     may then see an aggregate's event after a later one).
+//     failure. Its retry budget is a duration, Retry.MaxElapsedTime
+//     (default 15 minutes), counted from its first failure (the
+//     first_failed_at column): it is retried until its first failure is
+//     that old, whatever the jitter drew, and fails at the attempt made
+//     then (MaxAttempts, if set, bounds it too; a retry.Permanent error
+//     fails it at once). Then it becomes failed (counted in
+//     millwright_outbox_failed_events), its aggregate moves on, and it
+//     stays in the table until an operator runs `millwright outbox
+//     retry-failed`, which also restarts its budget. No event is ever
+//     dropped.
+//   - With DeadLetterTopic set, a row that becomes failed is copied there
+//     once: the copy is sent after the statement recording the failure
+//     commits, so a statement that fails (its row is retried) sends none.
+//     A relay that dies between the two, or a copy the broker refuses,
+//     leaves the row failed without a copy (logged); the failed row, not
+//     the copy, is what keeps the event.
+//   - Nothing of a batch outlasts the lease of the lanes it was claimed
+//     under (RelayConfig.Lease): its publish is cut a tenth of Lease
+//     before the lanes' lease ends, and broker calls not answered by then
+//     leave their rows pending, as they were (no failure, no retry budget
+//     spent), for whoever holds the lanes next; the marks write only rows
+//     of lanes the relay still holds under a live lease, so a relay that
+//     lost them marks nothing. A publisher whose call does not stop at its
+//     messages' context (Kafka's Sarama waits out its own timeouts; the
+//     AMQP publisher closing a channel waits for the broker) is left
+//     running: while such a call runs, its relay holds no lanes (it frees
+//     them and leaves), and the other relays publish them. Such a call may
+//     still deliver its messages, before or while another relay publishes
+//     them: duplicates, which a consumer drops. Lease should exceed the
+//     slowest healthy round by far (a batch's publish gets about 0.4 x
+//     Lease or more); a relay that stalls outside a publish (a paused VM) longer
+//     than Lease loses its lanes and writes nothing of its batch.
 //   - One aggregate goes no faster than one relay publishes: it is
 //     ordered. A lane shares that limit with the aggregates hashed into
 //     it.

@@ -32,6 +32,11 @@ const (
 	MetadataDeadLetterTopic = metadata.DeadLetterOriginalTopic
 )
 
+// DefaultRetryBudget is RelayConfig.Retry.MaxElapsedTime's default: how
+// long the relay retries a failing row, from its first failure, before the
+// row becomes failed and its aggregate's later events go out ahead of it.
+const DefaultRetryBudget = 15 * time.Minute
+
 // RelayConfig configures a Relay. The zero value is valid.
 type RelayConfig struct {
 	// BatchSize is the most rows claimed, published and marked at a time.
@@ -51,23 +56,47 @@ type RelayConfig struct {
 	// which a transaction-pooling PgBouncer breaks. Default "" (polling
 	// only).
 	ListenURL string
-	// Lease bounds each statement of a batch published in the database and
-	// each pause between them (statement_timeout,
-	// idle_in_transaction_session_timeout; see the package doc), so that a
-	// relay stalled in that transaction gives its rows back. Default 30s;
-	// minimum 1ms.
+	// Lease is how long a relay's hold on its lanes lasts without renewal;
+	// a relay renews it between rounds, once half spent. A relay that dies
+	// keeps its lanes that long; one that stalls longer loses them to the
+	// others. So nothing of a batch outlasts the lease it was claimed under
+	// (see the package doc, "Guarantees"): its publish is cut a tenth of
+	// Lease before the lanes' lease ends (about 0.4 x Lease or more after
+	// the batch began: 12 s by default), the broker calls not answered by then
+	// leave their rows pending, as they were, for whoever holds the lanes
+	// next (the attempt is not a failure: it burns no retry budget), and
+	// the marks write only rows of lanes the relay still holds. Lease also
+	// bounds each statement of a batch published in the database and each
+	// pause between them (statement_timeout,
+	// idle_in_transaction_session_timeout). Raise it above the slowest
+	// publish the broker has when healthy. Default 30s; minimum 1ms.
 	Lease time.Duration
-	// Retry is the backoff between publish attempts of a failing row.
-	// Default: InitialInterval 500ms, MaxInterval 1m, MaxAttempts 20 (about
-	// 15 minutes of retrying, enough to ride out a broker restart), full
-	// jitter. MaxElapsedTime counts from the row's creation.
+	// Retry is the backoff between publish attempts of a failing row, and
+	// its budget: MaxElapsedTime, counted from the row's first failure
+	// (first_failed_at), is how long a failing row is retried before it
+	// becomes failed. Jitter stays inside the budget: the delays are cut so
+	// that attempts go on until it has passed, whatever they drew, and the
+	// attempt made once it has is the last (retry.Policy.Next); a row
+	// fails only once its first failure is older than the budget. Default:
+	// InitialInterval 500ms, MaxInterval 1m, MaxElapsedTime 15m (enough to
+	// ride out a broker restart), full jitter, MaxAttempts -1 (no limit on
+	// the number of attempts: the budget is the duration). MaxAttempts set
+	// above 0 is an extra bound, whichever ends first (before this
+	// release it was the only one, default 20: with full jitter a median
+	// of 6.5 minutes, not the 15 documented). There is no way to retry a
+	// row without a time limit but a very long MaxElapsedTime. A
+	// retry.Permanent error fails the row at once.
 	Retry retry.Policy
 	// DeadLetterTopic, when set, receives a copy of every event that
-	// exhausts its attempts (or fails with a retry.Permanent error), with
+	// spends its retry budget (or fails with a retry.Permanent error), with
 	// package dlq's envelope (metadata.DeadLetter*: original topic, error,
 	// attempts, handler DeadLetterHandler): a dlq.Store recording that topic
 	// lists it beside the consumers' dead letters, and `millwright dlq
-	// replay` sends it back to its original topic. The row becomes failed
+	// replay` sends it back to its original topic. The copy is sent once
+	// per failure, after the statement recording the row failed commits
+	// (a statement that fails sends none), and waits for the broker at
+	// most Lease; a copy lost then (the broker refused it, the relay died
+	// before sending it) is logged, not sent again. The row becomes failed
 	// either way and stays in the table for `millwright outbox
 	// retry-failed`. Default "": off, because the failed row already parks
 	// the event where nothing is lost (millwright_outbox_failed_events and
@@ -125,8 +154,11 @@ func (c *RelayConfig) setDefaults() {
 	if c.Retry.MaxInterval == 0 {
 		c.Retry.MaxInterval = time.Minute
 	}
+	if c.Retry.MaxElapsedTime == 0 {
+		c.Retry.MaxElapsedTime = DefaultRetryBudget
+	}
 	if c.Retry.MaxAttempts == 0 {
-		c.Retry.MaxAttempts = 20
+		c.Retry.MaxAttempts = -1 // the budget is MaxElapsedTime
 	}
 	c.Retry = c.Retry.WithDefaults()
 	if c.PublishConcurrency == 0 {
@@ -233,6 +265,13 @@ type Relay struct {
 	// lanesChanged: a notification said lanes changed hands (or the
 	// LISTEN reconnected, and one may have been missed).
 	lanesChanged atomic.Bool
+	// stuck counts the broker calls still running that the relay stopped
+	// waiting for at their batch's bound (a publisher that does not stop
+	// at its messages' context): while there are any, the relay holds no
+	// lanes (see standAside).
+	stuck atomic.Int64
+	// cutBatches counts the batches whose publish the bound cut short.
+	cutBatches atomic.Int64
 }
 
 // NewRelay returns a relay reading the outbox through db and publishing with
@@ -530,7 +569,11 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	}
 	l = &lanes{db: r.db, id: r.id + "/once", lease: r.cfg.Lease}
 	res := r.round(ctx, l, nil, false)
-	if err := l.free(ctx); err != nil && res.err == nil {
+	// Bounded as a lane check: lanes not freed are free once their lease
+	// ends.
+	fctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
+	defer cancel()
+	if err := l.free(fctx); err != nil && res.err == nil {
 		res.err = err
 	}
 	return res.n, res.err
@@ -552,10 +595,20 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 		l.report(res)
 		res.awaitingLoan = l.awaitingLoan()
 	}()
-	held, err := l.hold(ctx)
+	if n := r.stuck.Load(); n > 0 {
+		return r.standAside(ctx, l, n)
+	}
+	l.aside = false
+	// A lane check that hangs (a lock, a server that stopped answering)
+	// ends with a lease: by then the lanes are no longer this relay's
+	// anyway, and the next round checks again.
+	hctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
+	held, err := l.hold(hctx)
+	cancel()
 	if err != nil {
 		return roundResult{err: err, waiting: true}
 	}
+	lease := batchLease{owner: l.id, until: l.validUntil}
 	res.waiting = l.waiting
 	if len(held) == 0 {
 		return res
@@ -571,18 +624,37 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 		}
 	}
 	if !grouped {
-		return r.stages(ctx, held, claimed, res)
+		return r.stages(ctx, lease, held, claimed, res)
 	}
 	groups := laneGroups(held, (r.cfg.Workers+max(l.relays, 1)-1)/max(l.relays, 1))
 	if len(groups) == 1 {
-		return r.stages(ctx, held, claimed, res)
+		return r.stages(ctx, lease, held, claimed, res)
 	}
-	return r.inGroups(ctx, groups, l.validUntil, claimed, res)
+	return r.inGroups(ctx, lease, groups, claimed, res)
+}
+
+// standAside gives the lanes up while n broker calls the relay stopped
+// waiting for are still running (stuck): their messages may still reach
+// the broker, so their lanes go to relays whose publishes end, and this
+// relay publishes nothing, piling up no more such calls, until they have
+// returned. Then its next round takes its share again.
+func (r *Relay) standAside(ctx context.Context, l *lanes, n int64) roundResult {
+	err := fmt.Errorf("outbox relay: %d broker call(s) still running after their batch's bound (the publisher does not stop at its messages' context deadline); "+
+		"this relay holds no lanes until they return, and the other relays publish its share", n)
+	if !l.aside || len(l.held) > 0 {
+		if ferr := l.free(ctx); ferr != nil {
+			return roundResult{err: errors.Join(err, ferr)}
+		}
+		l.aside = true
+		l.checked, l.validUntil = time.Time{}, time.Time{}
+		r.cfg.Logger.Error("outbox relay: standing aside", err, nil)
+	}
+	return roundResult{err: err}
 }
 
 // inGroups runs the groups of the held lanes at once, each with
 // groupStages, and adds up what they did to res.
-func (r *Relay) inGroups(ctx context.Context, groups [][]int32, validUntil time.Time, claimed func(), res roundResult) roundResult {
+func (r *Relay) inGroups(ctx context.Context, lease batchLease, groups [][]int32, claimed func(), res roundResult) roundResult {
 	var once sync.Once
 	if claimed != nil {
 		c := claimed
@@ -597,8 +669,8 @@ func (r *Relay) inGroups(ctx context.Context, groups [][]int32, validUntil time.
 		span = r.groupSpan
 	}
 	until := time.Now().Add(span)
-	if validUntil.Before(until) {
-		until = validUntil
+	if by := r.publishBound(lease); by.Before(until) {
+		until = by
 	}
 	results := make([]roundResult, len(groups))
 	var wg sync.WaitGroup
@@ -606,7 +678,7 @@ func (r *Relay) inGroups(ctx context.Context, groups [][]int32, validUntil time.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = r.groupStages(ctx, g, claimed, until)
+			results[i] = r.groupStages(ctx, lease, g, claimed, until)
 		}()
 	}
 	wg.Wait()
@@ -637,10 +709,10 @@ func (res *roundResult) add(b roundResult) {
 // while its batches come back full, without failures, and until has not
 // passed. A group's lanes are its own for the round, and each batch is
 // marked before the next is claimed, so each lane's rows go out in order.
-func (r *Relay) groupStages(ctx context.Context, g []int32, claimed func(), until time.Time) roundResult {
+func (r *Relay) groupStages(ctx context.Context, lease batchLease, g []int32, claimed func(), until time.Time) roundResult {
 	var res roundResult
 	for {
-		b := r.stages(ctx, g, claimed, roundResult{})
+		b := r.stages(ctx, lease, g, claimed, roundResult{})
 		res.add(b)
 		res.more = b.more // the earlier batches were full; this one says
 		if !b.more || b.err != nil || b.failures > 0 || ctx.Err() != nil || !time.Now().Before(until) {
@@ -649,9 +721,35 @@ func (r *Relay) groupStages(ctx context.Context, g []int32, claimed func(), unti
 	}
 }
 
-// stages is claim → publish → mark of one batch of the lanes held.
-func (r *Relay) stages(ctx context.Context, held []int32, claimed func(), res roundResult) roundResult {
-	rows, err := r.claim(ctx, held)
+// batchLease is what a batch is claimed under: the owner of its lanes in
+// millwright_outbox_lanes (the relay, or its RunOnce), and a time no later
+// than the end of their leases, from the relay's last lane check.
+type batchLease struct {
+	owner string
+	until time.Time
+}
+
+// publishBound is when a batch's publish is cut: a tenth of Lease before
+// its lanes' lease ends, what it then has to return and be marked.
+func (r *Relay) publishBound(lease batchLease) time.Time {
+	return lease.until.Add(-r.cfg.Lease / 10)
+}
+
+// stages is claim → publish → mark of one batch of the lanes held, every
+// step bounded by the lanes' lease: the claim and the marks end with it
+// (the marks also write only rows of lanes still held), the publish a
+// tenth of Lease earlier (see RelayConfig.Lease). A batch whose bound has
+// passed is not claimed (more: the next round's lane check renews the
+// leases).
+func (r *Relay) stages(ctx context.Context, lease batchLease, held []int32, claimed func(), res roundResult) roundResult {
+	by := r.publishBound(lease)
+	if !time.Now().Before(by) {
+		res.more = true
+		return res
+	}
+	lctx, cancel := context.WithDeadline(ctx, lease.until)
+	defer cancel()
+	rows, err := r.claim(lctx, held)
 	if err != nil || len(rows) == 0 {
 		res.err = err
 		return res
@@ -661,8 +759,10 @@ func (r *Relay) stages(ctx context.Context, held []int32, claimed func(), res ro
 	}
 	res.n, res.more = len(rows), len(rows) >= r.cfg.BatchSize
 	res.perLane = perLane(rows)
-	results := r.publish(rows)
-	res.next, res.failures, res.err = r.mark(ctx, rows, results)
+	pctx, pcancel := context.WithDeadlineCause(lctx, by, errLeaseEnded)
+	results := r.publish(pctx, rows, r.cfg.Lease/20)
+	pcancel()
+	res.next, res.failures, res.err = r.mark(lctx, ctx, lease, rows, results)
 	return res
 }
 

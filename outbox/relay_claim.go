@@ -197,7 +197,8 @@ var claimedCTE = `WITH ` + blockedCTE + `, claimed AS (
 var claimSQL = `WITH ` + blockedCTE + `
 ` + spreadLanes(`l.lane, o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
 	o.payload::text, o.payload_raw, NULLIF(o.metadata, '{}')::text, o.retry_count,
-	(extract(epoch FROM o.created_at) * 1000000)::int8`)
+	(extract(epoch FROM o.created_at) * 1000000)::int8,
+	(extract(epoch FROM now() - o.first_failed_at) * 1000000)::int8`)
 
 // row is one claimed outbox row.
 type row struct {
@@ -209,7 +210,23 @@ type row struct {
 	aggKey     string
 	retryCount int
 	createdAt  time.Time
-	msg        *message.Message
+	// failing is how long ago the row's first failure was (the database's
+	// clock, at the claim), counted from claimed: the retry budget's
+	// elapsed time. Zero for a row that has not failed, or whose first
+	// failure was not recorded (failing before migration 007).
+	failing time.Duration
+	claimed time.Time
+	msg     *message.Message
+}
+
+// sinceFirstFailure is how long ago the row first failed, at now; 0 for a
+// row that has not. It never counts more than has passed: claimed is taken
+// after the claim's now().
+func (rw row) sinceFirstFailure(now time.Time) time.Duration {
+	if rw.retryCount == 0 || rw.failing == 0 {
+		return 0
+	}
+	return rw.failing + max(now.Sub(rw.claimed), 0)
 }
 
 // claim is the first stage of a round: the due rows of the held lanes, at
@@ -235,6 +252,7 @@ func (r *Relay) claimRows(ctx context.Context, stmt *sql.Stmt, held, shares []in
 		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
 	}
 	defer rows.Close()
+	claimed := time.Now() // after the statement's now()
 	var out []row
 	var cache metaCache
 	for rows.Next() {
@@ -243,12 +261,17 @@ func (r *Relay) claimRows(ctx context.Context, stmt *sql.Stmt, held, shares []in
 			sr      storedRow
 			meta    sql.NullString
 			created int64 // µs since the epoch: cheaper to read than a timestamp
+			failing sql.NullInt64
 		)
-		if err := rows.Scan(&rw.lane, &rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &meta, &rw.retryCount, &created); err != nil {
+		if err := rows.Scan(&rw.lane, &rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &meta, &rw.retryCount, &created, &failing); err != nil {
 			return nil, fmt.Errorf("outbox relay: reading claimed row: %w", err)
 		}
 		sr.metadata, sr.createdAt = meta.String, time.UnixMicro(created)
 		rw.createdAt = sr.createdAt
+		rw.claimed = claimed
+		if failing.Valid {
+			rw.failing = max(time.Duration(failing.Int64)*time.Microsecond, time.Microsecond)
+		}
 		msg, err := rowMessageCached(sr, &cache)
 		if err != nil {
 			// Unreachable through Add; a hand-written row. Publish it with

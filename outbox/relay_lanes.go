@@ -56,6 +56,7 @@ type lanes struct {
 	notified   time.Time // last notification that this relay waits for lanes
 	validUntil time.Time // the held lanes' leases last at least this long
 	rotation   int       // where the next claim starts in held
+	aside      bool      // the relay stands aside: freed its lanes (see Relay.standAside)
 	relays     int       // live relays at the last rebalance, this one included
 
 	// Lending (see "Lending lanes" in DESIGN.md), for a running relay.
@@ -91,7 +92,9 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 	if l.waiting || l.awaitingLoan() {
 		every = laneWaitCheckEvery
 	}
-	if l.member && now.Sub(l.checked) < every && now.Before(l.validUntil) {
+	// A check is due too once the leases near their end (a tenth of Lease
+	// left: the publish bound, see Relay.stages).
+	if l.member && now.Sub(l.checked) < every && now.Before(l.validUntil.Add(-l.lease/10)) {
 		return l.order(), nil
 	}
 	if l.unchanged(ctx, now) {
@@ -178,7 +181,10 @@ func (l *lanes) quickMay(now time.Time) bool {
 	case load != l.sentLoad:
 		return false // its load is to be recorded
 	}
-	return now.Sub(l.rebalanced) < l.lease/4 && now.Before(l.validUntil)
+	// More than half a lease left: a batch's publish, bounded by the end of
+	// the leases (see RelayConfig.Lease), gets that much. Else the whole
+	// check renews them.
+	return now.Sub(l.rebalanced) < l.lease/4 && l.validUntil.Sub(now) > l.lease/2
 }
 
 // wakeOthers notifies, when relays LISTEN, after a check that needs other
@@ -262,7 +268,9 @@ func (l *lanes) order() []int32 {
 // commits without waiting for the WAL flush (a lease a server crash
 // forgets is taken again). It returns the lanes the relay holds, how many
 // of its share it waits for (those lent to others excluded), how many
-// relays are live, the spare and the full ones, and its borrowed lanes.
+// relays are live, the spare and the full ones, its borrowed lanes, and
+// how long (ms) the shortest lease of the lanes it holds has left: what
+// bounds the publish of their rows (see RelayConfig.Lease).
 //
 // A relay holding lanes lent to it that it keeps is not spare, whatever
 // its last round found: they were lent after that round.
@@ -317,7 +325,10 @@ SELECT ARRAY(SELECT lane FROM taken UNION
 	ARRAY(SELECT id FROM live WHERE load = 'spare' ORDER BY id),
 	ARRAY(SELECT id FROM live WHERE load = 'full' ORDER BY id),
 	ARRAY(SELECT lane FROM borrowed ORDER BY 1),
-	(SELECT string_agg(id || ':' || load, ',' ORDER BY id) FROM live)
+	(SELECT string_agg(id || ':' || load, ',' ORDER BY id) FROM live),
+	(SELECT extract(epoch FROM LEAST(now() + $2 * interval '1 millisecond', min(lease_until)) - now()) * 1000
+		FROM millwright_outbox_lanes WHERE owner = $1 AND lease_until >= now() + $2 * interval '0.5 millisecond'
+		  AND lane IN (SELECT lane FROM want) AND lane NOT IN (SELECT lane FROM taken))
 FROM async`
 
 // rebalance runs rebalanceSQL.
@@ -326,13 +337,14 @@ func (l *lanes) rebalance(ctx context.Context, start time.Time, take bool) error
 	var spares, fulls pq.StringArray
 	var want, relays int
 	var seen sql.NullString
+	var left float64 // ms
 	load := l.load
 	if load == "" {
 		load = loadSome
 	}
 	l.rebalanced = time.Time{}
 	err := l.db.QueryRowContext(ctx, rebalanceSQL, l.id, l.lease.Milliseconds(), l.member, take, load, intArrayParam(l.giveBack)).
-		Scan(&held, &want, &relays, &spares, &fulls, &borrowed, &seen)
+		Scan(&held, &want, &relays, &spares, &fulls, &borrowed, &seen, &left)
 	if err != nil {
 		return err
 	}
@@ -343,9 +355,11 @@ func (l *lanes) rebalance(ctx context.Context, start time.Time, take bool) error
 	l.checked = start
 	l.spares, l.fulls, l.borrowed = spares, fulls, borrowed
 	l.giveBack = l.giveBack[:0]
-	// Every lane held has at least half a lease left, counted from before
-	// the statement.
-	l.validUntil = start.Add(l.lease / 2)
+	// Every lane held has at least half a lease left (leases are renewed
+	// once half spent), left exactly, counted from before the statement:
+	// an end no later than the leases' (durations only, so the relay's and
+	// the server's clocks need not agree).
+	l.validUntil = start.Add(max(time.Duration(left*float64(time.Millisecond)), l.lease/2))
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -14,88 +15,236 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/tracing"
 )
 
-// publish is the second stage of a round: it sends the rows and returns
-// one error per row (nil: accepted).
-func (r *Relay) publish(rows []row) []error {
-	results := make([]error, len(rows))
-	if r.batch != nil {
-		r.publishTopics(rows, byTopic(rows, nil), results)
-		return results
+// errLeaseEnded is why the rows of a broker call that had not returned by
+// its batch's bound, shortly before the lanes' lease ends, stay pending.
+var errLeaseEnded = errors.New("the broker did not answer before the publish's bound, a tenth of RelayConfig.Lease before the lanes' lease ends; " +
+	"the rows stay pending and go out again, from the relay holding their lanes then (raise Lease if the broker is slow rather than stuck)")
+
+// cutError is the result of a row whose broker call the batch's bound (or
+// the relay stopping) cut short: the row is not sent as far as the relay
+// knows, and the attempt is not a failure (it burns no retry budget).
+type cutError struct {
+	why error // errLeaseEnded, or the relay's context's error
+	err error // what the call returned, if it returned
+}
+
+func (e *cutError) Error() string {
+	if e.err == nil {
+		return "outbox relay: not published: " + e.why.Error()
 	}
-	// Aggregates are spread over PublishConcurrency workers; each sends its
-	// share with one Publish call per topic, in id order, so each aggregate
-	// stays in order and a transport whose Publish takes many messages at
-	// once gets them at once. A failed call fails all its messages: some may
-	// have gone out and will go again (at-least-once).
-	var wg sync.WaitGroup
+	return "outbox relay: not published: " + e.why.Error() + ": " + e.err.Error()
+}
+
+func (e *cutError) Unwrap() []error {
+	if e.err == nil {
+		return []error{e.why}
+	}
+	return []error{e.why, e.err}
+}
+
+// isCut reports whether err is a row's cutError.
+func isCut(err error) bool {
+	var ce *cutError
+	return errors.As(err, &ce)
+}
+
+// outcome collects a batch's per-row results from its broker calls. A
+// call may outlive the publish stage (a publisher that does not stop at
+// its messages' context): once the stage has closed the outcome, a late
+// call's results are dropped, and the calls still running are counted in
+// stuck until they return.
+type outcome struct {
+	mu       sync.Mutex
+	results  []error
+	answered []bool
+	running  int // calls started that have not returned
+	closed   bool
+	stuck    *atomic.Int64
+	wg       sync.WaitGroup
+}
+
+// start registers a goroutine about to make broker calls.
+func (o *outcome) start() {
+	o.mu.Lock()
+	o.running++
+	o.mu.Unlock()
+	o.wg.Add(1)
+}
+
+// done unregisters it once its calls have returned.
+func (o *outcome) done() {
+	defer o.wg.Done()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		o.stuck.Add(-1)
+		return
+	}
+	o.running--
+}
+
+// record records the rows idx of a call that returned err (errs[j], when
+// errs is not nil, is row idx[j]'s own), cut when ctx was done by then;
+// nothing once the stage has closed the outcome.
+func (o *outcome) record(ctx context.Context, idx []int, err error, errs map[int]error) {
+	cut := ctx.Err() != nil
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return
+	}
+	for j, i := range idx {
+		e := err
+		if errs != nil {
+			e = errs[j]
+		}
+		if e != nil && cut {
+			e = &cutError{why: cause(ctx), err: e}
+		}
+		o.results[i], o.answered[i] = e, true
+	}
+}
+
+// wait waits for the calls until ctx is done and grace after, then closes
+// the outcome and returns the results.
+func (o *outcome) wait(ctx context.Context, grace time.Duration) []error {
+	done := make(chan struct{})
+	go func() {
+		o.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t := time.NewTimer(grace)
+		select {
+		case <-done:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	return o.close(ctx)
+}
+
+// close ends the stage: rows not answered are cut, and the calls still
+// running count in stuck until they return.
+func (o *outcome) close(ctx context.Context) []error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.closed = true
+	o.stuck.Add(int64(o.running))
+	for i, ok := range o.answered {
+		if !ok {
+			o.results[i] = &cutError{why: cause(ctx)}
+		}
+	}
+	return o.results
+}
+
+// cause is why a publish context is done: the lease bound, or the relay's
+// own context (stopping).
+func cause(ctx context.Context) error {
+	if errors.Is(context.Cause(ctx), errLeaseEnded) {
+		return errLeaseEnded
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errLeaseEnded // not done: a call abandoned at the bound's grace
+}
+
+// publish is the second stage of a round: it sends the rows, their
+// messages carrying ctx, and returns one error per row (nil: accepted). ctx
+// ends at the batch's bound (see RelayConfig.Lease): the stage waits for
+// the broker calls until then and grace after (for the calls to return
+// what they had), then returns; rows not answered by then are cut
+// (cutError), and a call still running is left to finish (Relay.stuck).
+func (r *Relay) publish(ctx context.Context, rows []row, grace time.Duration) []error {
+	o := &outcome{results: make([]error, len(rows)), answered: make([]bool, len(rows)), stuck: &r.stuck}
+	for i := range rows {
+		rows[i].msg.SetContext(ctx)
+	}
+	if r.batch != nil {
+		r.publishTopics(ctx, rows, byTopic(rows, nil), o)
+	} else {
+		r.publishShares(ctx, rows, o)
+	}
+	return o.wait(ctx, grace)
+}
+
+// publishShares sends the rows with Publish. Aggregates are spread over
+// PublishConcurrency workers; each sends its share with one Publish call
+// per topic, in id order, so each aggregate stays in order and a transport
+// whose Publish takes many messages at once gets them at once. A failed
+// call fails all its messages: some may have gone out and will go again
+// (at-least-once). A worker whose context is done starts no more calls.
+func (r *Relay) publishShares(ctx context.Context, rows []row, o *outcome) {
 	for _, share := range byAggregate(rows, min(r.cfg.PublishConcurrency, len(rows))) {
-		wg.Add(1)
+		o.start()
 		go func() {
-			defer wg.Done()
+			defer o.done()
 			for _, idx := range byTopic(rows, share) {
+				if ctx.Err() != nil {
+					return // the rest are not answered: cut
+				}
 				topic := rows[idx[0]].topic
 				err := r.observe(topic, messages(rows, idx), func(msgs []*message.Message) error { return r.pub.Publish(topic, msgs...) })
-				if err != nil {
-					for _, i := range idx {
-						results[i] = err
-					}
-				}
+				o.record(ctx, idx, err, nil)
 			}
 		}()
 	}
-	wg.Wait()
-	return results
 }
 
 // publishTopics sends each topic's rows with one PublishBatch call, up to
-// PublishConcurrency topics at once. Topics are independent: an
-// aggregate's rows of one topic keep their order within the topic's call,
-// and the mark stage judges each aggregate across all its topics as
-// before (nothing after a failed row counts as published). Sending the
-// topics one after another instead cost a broker round trip each: a saga's
-// commands, one topic per step, went out three calls in a row, where a
-// producer merges concurrent calls into one request.
-func (r *Relay) publishTopics(rows []row, groups [][]int, results []error) {
-	if len(groups) == 1 {
-		r.publishBatch(rows, groups[0], results)
-		return
-	}
-	var wg sync.WaitGroup
+// PublishConcurrency topics at once, starting none once ctx is done.
+// Topics are independent: an aggregate's rows of one topic keep their
+// order within the topic's call, and the mark stage judges each aggregate
+// across all its topics as before (nothing after a failed row counts as
+// published). Sending the topics one after another instead cost a broker
+// round trip each: a saga's commands, one topic per step, went out three
+// calls in a row, where a producer merges concurrent calls into one
+// request.
+func (r *Relay) publishTopics(ctx context.Context, rows []row, groups [][]int, o *outcome) {
 	slots := make(chan struct{}, r.cfg.PublishConcurrency)
 	for _, idx := range groups {
-		wg.Add(1)
-		slots <- struct{}{}
+		if ctx.Err() != nil {
+			return // the rest are not answered: cut
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		o.start()
 		go func() {
-			defer wg.Done()
 			defer func() { <-slots }()
-			r.publishBatch(rows, idx, results)
+			defer o.done()
+			r.publishBatch(ctx, rows, idx, o)
 		}()
 	}
-	wg.Wait()
 }
 
 // publishBatch sends the rows idx, all of one topic, with one PublishBatch
 // call and records each row's result.
-func (r *Relay) publishBatch(rows []row, idx []int, results []error) {
+func (r *Relay) publishBatch(ctx context.Context, rows []row, idx []int, o *outcome) {
 	topic := rows[idx[0]].topic
 	err := r.observe(topic, messages(rows, idx), func(msgs []*message.Message) error { return r.batch.PublishBatch(topic, msgs...) })
 	var be *batch.Error
-	switch {
-	case err == nil:
-	case errors.As(err, &be):
-		for j, e := range be.Failed {
-			if j >= 0 && j < len(idx) {
-				results[idx[j]] = e
-			}
-		}
-	default:
-		for _, i := range idx {
-			results[i] = err
+	if err == nil || !errors.As(err, &be) {
+		o.record(ctx, idx, err, nil)
+		return
+	}
+	errs := make(map[int]error, len(be.Failed))
+	for j, e := range be.Failed {
+		if j >= 0 && j < len(idx) {
+			errs[j] = e
 		}
 	}
+	o.record(ctx, idx, nil, errs)
 }
 
 // observe runs one broker call with its spans and latency metric. Without
@@ -173,17 +322,33 @@ func messages(rows []row, idx []int) []*message.Message {
 // mark is the third stage of a round: rows published are marked so; within
 // an aggregate nothing after a failure counts as published (it goes out
 // again after the failed row: at-least-once, in order for a consumer that
-// drops duplicates), and the failures back off or fail for good. It
-// returns the earliest backoff it scheduled and the number of failures.
-func (r *Relay) mark(ctx context.Context, rows []row, results []error) (time.Time, int, error) {
+// drops duplicates), and the failures back off or fail for good. A row
+// whose publish was cut (cutError) is neither: it and the rest of its
+// aggregate stay pending as they were. Both statements write only rows of
+// lanes the batch's owner still holds under a live lease (heldByOwner): a
+// relay that lost its lanes, say while stalled after the publish, writes
+// nothing, and the lanes' new holder publishes the rows again. It returns
+// the earliest backoff it scheduled and the number of failures.
+//
+// ctx bounds the statements (the lanes' lease); run, the relay's own
+// context, bounds the dead-letter copies, which no lane waits on.
+func (r *Relay) mark(ctx, run context.Context, lease batchLease, rows []row, results []error) (time.Time, int, error) {
 	blocked := map[string]bool{}
 	var published []int64
 	var failed []int
+	cut := 0
+	var cutErr error
 	for i, rw := range rows {
 		switch {
 		case blocked[rw.aggKey]:
 		case results[i] == nil:
 			published = append(published, rw.id)
+		case isCut(results[i]):
+			blocked[rw.aggKey] = true
+			cut++
+			if cutErr == nil {
+				cutErr = results[i]
+			}
 		default:
 			blocked[rw.aggKey] = true
 			failed = append(failed, i)
@@ -193,25 +358,43 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []error) (time.Tim
 		r.afterPublish(ctx, published)
 	}
 	var errs []error
+	if cut > 0 {
+		r.cutBatches.Add(1)
+		errs = append(errs, fmt.Errorf("outbox relay: %d row(s) of a batch of %d left pending: %w", cut, len(rows), cutErr))
+	}
 	if len(published) > 0 {
 		// One round trip, no parameters: one implicit transaction that
 		// commits without waiting for the WAL flush. A server crash may
 		// undo the last marks; their rows, still pending, are published
 		// again, in order, as after a relay crash before its mark.
-		if _, err := r.db.ExecContext(ctx, `SET LOCAL synchronous_commit = off; UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id = ANY(`+idArray(published)+`) AND status = 'pending'`); err != nil {
+		res, err := r.db.ExecContext(ctx, `SET LOCAL synchronous_commit = off; UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id = ANY(`+idArray(published)+`) AND status = 'pending' AND `+heldByOwner(lease.owner))
+		if err != nil {
 			errs = append(errs, fmt.Errorf("outbox relay: marking %d row(s) published (they will be published again): %w", len(published), err))
 		} else {
-			r.m.published.Add(float64(len(published)))
-			r.stats.published.Add(uint64(len(published)))
+			n := len(published)
+			if k, err := res.RowsAffected(); err == nil && int(k) < n {
+				n = int(k)
+				r.cfg.Logger.Error("outbox relay: published rows not marked: their lanes are no longer this relay's (their lease ended: a round longer than RelayConfig.Lease) or another relay marked them; they stay pending and go out again (duplicates)",
+					nil, watermill.LogFields{"published": len(published), "marked": k})
+			}
+			r.m.published.Add(float64(n))
+			r.stats.published.Add(uint64(n))
 		}
 	}
 	var next time.Time
 	if len(failed) > 0 {
-		n, err := r.fail(ctx, rows, results, failed)
+		n, err := r.fail(ctx, run, lease, rows, results, failed)
 		next = n
 		errs = append(errs, err)
 	}
 	return next, len(failed), errors.Join(errs...)
+}
+
+// heldByOwner is the condition, on a row of millwright_outbox, that its
+// lane is held by owner under a lease that has not ended (read once per
+// statement: an InitPlan over the 64 lanes).
+func heldByOwner(owner string) string {
+	return laneExpr + ` = ANY(ARRAY(SELECT lane FROM millwright_outbox_lanes WHERE owner = ` + pq.QuoteLiteral(owner) + ` AND lease_until > now()))`
 }
 
 // idArray renders ids as a bigint[] literal, so that hot statements carry
@@ -231,64 +414,136 @@ func idArray(ids []int64) string {
 
 // fail records failed attempts: a backoff, during which the claim holds
 // back the row's aggregate (see claimedCTE), or the failed state once the
-// retry policy is exhausted (with a copy to the dead-letter topic).
-func (r *Relay) fail(ctx context.Context, rows []row, results []error, idx []int) (time.Time, error) {
+// retry budget is spent (RelayConfig.Retry: its first failure older than
+// MaxElapsedTime, or MaxAttempts reached) or the error is permanent
+// (retry.Permanent). The rows it made failed are then copied to the
+// dead-letter topic: after the UPDATE, so that an UPDATE that fails (its
+// rows are claimed and fail again) sends no copy, and a row is
+// dead-lettered at most once per failure.
+func (r *Relay) fail(ctx, run context.Context, lease batchLease, rows []row, results []error, idx []int) (time.Time, error) {
 	ids := make([]int64, len(idx))
 	delays := make([]int64, len(idx))
 	msgs := make([]string, len(idx))
 	final := make([]bool, len(idx))
-	var next time.Time
+	byID := make(map[int64]int, len(idx)) // id -> k
 	now := time.Now()
 	for k, i := range idx {
 		rw := rows[i]
-		attempt := rw.retryCount + 1
 		ids[k] = rw.id
+		byID[rw.id] = k
 		msgs[k] = results[i].Error()
 		r.m.publishErrors.Inc()
-		if r.cfg.Retry.Exhausted(attempt, now.Sub(rw.createdAt)) {
-			final[k] = true
-			r.deadLetter(rw, results[i])
-			r.cfg.Logger.Error("outbox relay: event failed for good", results[i], tracing.LogFields(rw.topic, rw.msg).Add(watermill.LogFields{"id": rw.id, "attempts": attempt}))
+		d, ok := r.retryAfter(rw, results[i], now)
+		final[k] = !ok
+		delays[k] = d.Milliseconds()
+	}
+	q, err := r.db.QueryContext(ctx, `UPDATE millwright_outbox t SET
+		retry_count = t.retry_count + 1,
+		last_error = u.err,
+		first_failed_at = CASE WHEN t.retry_count = 0 THEN now() ELSE coalesce(t.first_failed_at, now()) END,
+		status = CASE WHEN u.final THEN 'failed' ELSE 'pending' END,
+		next_attempt_at = now() + u.delay_ms * interval '1 millisecond'
+	FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bool[]) AS u(row_id, delay_ms, err, final)
+	WHERE t.id = u.row_id AND t.status = 'pending' AND `+heldByOwner(lease.owner)+`
+	RETURNING t.id, (extract(epoch FROM t.first_failed_at) * 1000000)::int8, (extract(epoch FROM now()) * 1000000)::int8`,
+		pq.Array(ids), pq.Array(delays), pq.Array(msgs), pq.Array(final))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(ids), err)
+	}
+	type recorded struct {
+		k           int
+		first, last time.Time // the database's clock
+	}
+	var done []recorded
+	for q.Next() {
+		var id, first, last int64
+		if err := q.Scan(&id, &first, &last); err != nil {
+			_ = q.Close()
+			return time.Time{}, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(ids), err)
+		}
+		if k, ok := byID[id]; ok {
+			done = append(done, recorded{k, time.UnixMicro(first), time.UnixMicro(last)})
+		}
+	}
+	if err := errors.Join(q.Err(), q.Close()); err != nil {
+		// The statement may not have committed: send no dead letter.
+		return time.Time{}, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(ids), err)
+	}
+	if len(done) < len(ids) {
+		r.cfg.Logger.Error("outbox relay: failed publishes not recorded: their lanes are no longer this relay's (their lease ended) or the rows changed meanwhile; they stay pending as they were",
+			nil, watermill.LogFields{"failed": len(ids), "recorded": len(done)})
+	}
+	var next time.Time
+	var dead []recorded
+	for _, d := range done {
+		if final[d.k] {
+			dead = append(dead, d)
 			continue
 		}
-		d := r.cfg.Retry.Delay(attempt, 0)
-		delays[k] = d.Milliseconds()
 		r.stats.retried.Add(1)
-		if due := now.Add(d); next.IsZero() || due.Before(next) {
+		if due := now.Add(time.Duration(delays[d.k]) * time.Millisecond); next.IsZero() || due.Before(next) {
 			next = due
 		}
 	}
-	if _, err := r.db.ExecContext(ctx, `UPDATE millwright_outbox t SET
-		retry_count = t.retry_count + 1,
-		last_error = u.err,
-		status = CASE WHEN u.final THEN 'failed' ELSE 'pending' END,
-		next_attempt_at = now() + u.delay_ms * interval '1 millisecond'
-	FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bool[]) AS u(id, delay_ms, err, final)
-	WHERE t.id = u.id AND t.status = 'pending'`,
-		pq.Array(ids), pq.Array(delays), pq.Array(msgs), pq.Array(final)); err != nil {
-		return next, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(ids), err)
+	if len(dead) == 0 {
+		return next, nil
 	}
-	for _, f := range final {
-		if f {
-			r.m.failed.Inc()
-			r.stats.failed.Add(1)
-		}
+	// The copies get a bound of their own: their rows are failed, no
+	// lane's order waits on them, but the round does.
+	dctx, cancel := context.WithTimeout(run, r.cfg.Lease)
+	defer cancel()
+	for _, d := range dead {
+		i := idx[d.k]
+		rw := rows[i]
+		r.m.failed.Inc()
+		r.stats.failed.Add(1)
+		r.cfg.Logger.Error("outbox relay: event failed for good", results[i], tracing.LogFields(rw.topic, rw.msg).Add(watermill.LogFields{"id": rw.id, "attempts": rw.retryCount + 1}))
+		r.deadLetter(dctx, rw, results[i], d.first, d.last)
 	}
 	return next, nil
 }
 
-// deadLetter sends a copy of a failed event to the dead-letter topic, if one
-// is configured. The row is marked failed whatever happens here, so the
-// event stays in the outbox for the operator.
-func (r *Relay) deadLetter(rw row, cause error) {
+// retryAfter decides what follows the failed attempt of rw at now, with
+// the retry budget counted from the row's first failure: ok false when
+// the row fails for good (the policy is spent, or err is permanent), else
+// the delay before its next attempt (jittered, and cut to end no later
+// than the budget: see retry.Policy.Next).
+func (r *Relay) retryAfter(rw row, err error, now time.Time) (time.Duration, bool) {
+	if retry.IsPermanent(err) {
+		return 0, false
+	}
+	return r.cfg.Retry.Next(rw.retryCount+1, rw.sinceFirstFailure(now), 0)
+}
+
+// deadLetter sends a copy of a failed event to the dead-letter topic, if
+// one is configured, waiting at most until ctx is done (and a grace after:
+// a publisher that ignores its message's context is left to finish, see
+// Relay.stuck). The row is failed whatever happens here, so the event
+// stays in the outbox for the operator.
+func (r *Relay) deadLetter(ctx context.Context, rw row, cause error, first, last time.Time) {
 	if r.cfg.DeadLetterTopic == "" {
 		return
 	}
-	m := deadLetterMessage(rw, r.cfg.DeadLetterTopic, cause, rw.retryCount+1, time.Now())
-	if err := r.pub.Publish(r.cfg.DeadLetterTopic, m); err != nil {
+	m := deadLetterMessage(rw, r.cfg.DeadLetterTopic, cause, rw.retryCount+1, first, last)
+	m.SetContext(ctx)
+	err := r.bounded(ctx, func() error { return r.pub.Publish(r.cfg.DeadLetterTopic, m) })
+	if err != nil {
 		r.cfg.Logger.Error("outbox relay: publishing to the dead-letter topic failed; the row stays failed in the outbox", err,
 			tracing.LogFields(rw.topic, rw.msg).Add(watermill.LogFields{"id": rw.id, "dead_letter_topic": r.cfg.DeadLetterTopic}))
 		return
 	}
 	r.stats.deadLettered.Add(1)
+}
+
+// bounded runs call and waits for it until ctx is done and a grace
+// (a twentieth of Lease) after; a call still running then is left to
+// finish, counted in r.stuck until it does.
+func (r *Relay) bounded(ctx context.Context, call func() error) error {
+	o := &outcome{results: make([]error, 1), answered: make([]bool, 1), stuck: &r.stuck}
+	o.start()
+	go func() {
+		defer o.done()
+		o.record(ctx, []int{0}, call(), nil)
+	}()
+	return o.wait(ctx, r.cfg.Lease/20)[0]
 }

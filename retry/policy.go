@@ -43,7 +43,10 @@ type Policy struct {
 	// Default 5; -1 means no limit (then MaxElapsedTime should be set).
 	MaxAttempts int
 	// MaxElapsedTime stops retrying once this much time has passed since the
-	// first attempt. Default 0: no limit.
+	// first attempt: a duration budget, what an operator plans an outage
+	// with. Jitter stays inside it (see Next): attempts go on until the
+	// budget has passed, whatever the delays drew, and the attempt at its
+	// end is the last. Default 0: no limit.
 	MaxElapsedTime time.Duration
 	// Jitter strategy. Default JitterFull.
 	Jitter Jitter
@@ -103,6 +106,25 @@ func (p Policy) Exhausted(attempt int, elapsed time.Duration) bool {
 		return true
 	}
 	return p.MaxElapsedTime > 0 && elapsed >= p.MaxElapsedTime
+}
+
+// Next decides what follows the failure of attempt number `attempt`
+// (1-based), made `elapsed` after the first attempt: ok false when no
+// attempt may follow (Exhausted), else the jittered delay (Delay, prev as
+// there) before the next one, cut with MaxElapsedTime set so that the next
+// attempt starts no later than MaxElapsedTime after the first. So a
+// duration budget holds whatever the jitter draws: attempts go on until
+// it has passed, and the attempt made once it has is the last.
+func (p Policy) Next(attempt int, elapsed, prev time.Duration) (delay time.Duration, ok bool) {
+	p = p.WithDefaults()
+	if p.Exhausted(attempt, elapsed) {
+		return 0, false
+	}
+	delay = p.Delay(attempt, prev)
+	if p.MaxElapsedTime > 0 {
+		delay = min(delay, p.MaxElapsedTime-elapsed)
+	}
+	return max(delay, 0), true
 }
 
 // Backoff returns the exponential (un-jittered) delay after attempt

@@ -1,0 +1,16 @@
+-- The relay's retry budget is a duration (RelayConfig.Retry.MaxElapsedTime,
+-- default 15 minutes) counted from a row's first failure, so the row keeps
+-- when that was: first_failed_at, set by the relay when it records a
+-- failure of a row with retry_count 0 (its first, or its first since
+-- `millwright outbox retry-failed` reset it) and kept through the later
+-- ones. NULL for a row that never failed. A row already failing when this
+-- is applied gets it at its next failure: its budget starts then.
+--
+-- The number skips 006, which another change of this release may take.
+-- On the partitioned layout the column reaches every partition (ALTER TABLE
+-- on a partitioned table), and migrations_partitioned/001 copies it like
+-- every other column: that layout needs no migration of its own.
+--
+-- Relays of the version before ignore the column; relays of this version
+-- need it (their claim reads it): apply it before starting them.
+ALTER TABLE millwright_outbox ADD COLUMN first_failed_at TIMESTAMPTZ;
