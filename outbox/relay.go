@@ -376,6 +376,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer r.leave(ctx)
 		r.markReady()
 		r.loop(ctx, draining, wake)
+		if n := r.stuck.Load(); n > 0 {
+			// Run does not wait for them (they ignore their deadline and
+			// may never return), but it does not hide them either.
+			return fmt.Errorf("outbox relay: stopped with %d broker call(s) still running past their batch's bound (the publisher does not stop at its messages' context deadline): "+
+				"their rows stay pending and are republished after the lease by the relay that takes their lanes", n)
+		}
 		return nil
 	})
 }

@@ -21,6 +21,10 @@ type RelayStats struct {
 	DeadLettered uint64
 	// Rounds counts claim → publish → mark rounds, empty ones included.
 	Rounds uint64
+	// Cut counts batches whose publish the lanes' lease cut short (a broker
+	// that stopped answering): their unanswered rows stay pending, with no
+	// failure recorded, for whoever holds the lanes next.
+	Cut uint64
 	// LastSuccess is Relay.LastSuccess at the time of the snapshot.
 	LastSuccess time.Time
 }
@@ -60,6 +64,7 @@ func (r *Relay) Stats() RelayStats {
 		Failed:       r.stats.failed.Load(),
 		DeadLettered: r.stats.deadLettered.Load(),
 		Rounds:       r.stats.rounds.Load(),
+		Cut:          uint64(r.cutBatches.Load()),
 		LastSuccess:  r.LastSuccess(),
 	}
 }

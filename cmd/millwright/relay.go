@@ -253,6 +253,16 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 	if err := p.drain(&wg, cancelRun); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
+	// What the components said as they stopped (a relay that left broker
+	// calls running past their bound says so) is part of the exit status.
+	for more := true; more; {
+		select {
+		case err := <-failed:
+			runErr = errors.Join(runErr, err)
+		default:
+			more = false
+		}
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx)
