@@ -419,8 +419,14 @@ func (s *slot) open(conn *amqp091.Connection, gen uint64, confirm, mandatory boo
 
 // discard closes the slot's channel, if any; the next use opens another.
 func (s *slot) discard() {
-	if s.ch != nil {
-		_ = s.ch.Close() // returns at once when the channel or connection is already gone
+	if ch := s.ch; ch != nil {
+		// Close waits for the broker's close-ok with no bound; a broker
+		// that stopped answering (a memory alarm, a hung connection) would
+		// hold the publish whose confirm was just abandoned. The channel is
+		// no longer used: close it aside. It returns at once when the
+		// channel or connection is already gone, and when the connection
+		// dies at the latest.
+		go func() { _ = ch.Close() }()
 	}
 	s.ch, s.closes, s.returns = nil, nil, nil
 }

@@ -457,3 +457,31 @@ func TestPublishKeyStopsAtItsFirstNack(t *testing.T) {
 	require.ErrorIs(t, err, amqp.ErrNotSent)
 	require.ErrorContains(t, err, "3 of 5 messages")
 }
+
+// A broker that stops answering (a memory alarm, a hung connection) holds
+// the confirm; the publish ends at its message's deadline all the same,
+// and does not wait for the close-ok of the channel it abandons (amqp091's
+// Channel.Close waits for it with no bound: before, this publish hung
+// until the connection died).
+func TestPublishEndsAtItsDeadlineWhenConfirmsAreHeld(t *testing.T) {
+	t.Parallel()
+	proxy, through := proxied(t)
+	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: 1, ConnectTimeout: 5 * time.Second, DeclareGroups: sink}, sink...)
+	require.NoError(t, b.publish()) // channel open, exchange declared
+
+	proxy.Hold()
+	t.Cleanup(proxy.Release)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
+	msg.SetContext(ctx)
+	done := make(chan error, 1)
+	go func() { done <- b.pub.Publish(b.topic, msg) }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(15 * time.Second):
+		t.Fatalf("publish still waiting 15s after its 500ms deadline (held reads %d)", proxy.HeldReads())
+	}
+	require.Positive(t, proxy.HeldReads(), "the broker's confirm was not held")
+}
