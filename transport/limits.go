@@ -233,7 +233,7 @@ func (l Limits) CheckMessage(topic, uuid string, payload []byte, md iter.Seq2[st
 		}
 	case SQL:
 		if n := utf8.RuneCountInString(uuid); n > sqlMaxUUID {
-			return retry.Permanent(fmt.Errorf("transport: %w: message UUID %.40q... for topic %s has %d characters, over the %d of the sql transport's uuid column (watermill-sql's VARCHAR(36)): use a UUID", ErrMessageTooLarge, uuid, topic, n, sqlMaxUUID))
+			return retry.Permanent(fmt.Errorf("transport: %w: message UUID %.40q... for topic %s is too long: %d characters, over the %d of the sql transport's uuid column (watermill-sql's VARCHAR(36)): use a UUID", ErrMessageTooLarge, uuid, topic, n, sqlMaxUUID))
 		}
 	}
 	return nil
