@@ -11,8 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/kafka"
 	"github.com/millwright/millwright/transport/transporttest"
 )
 
@@ -80,4 +82,25 @@ func TestInvalidTopicIsPermanent(t *testing.T) {
 	err := tr.Publisher().Publish("bad topic/ü", message.NewMessage(watermill.NewUUID(), []byte("x")))
 	require.ErrorIs(t, err, transport.ErrInvalidName)
 	require.True(t, retry.IsPermanent(err), "an invalid name does not become valid by retrying: %v", err)
+}
+
+// transport.Limits counts a message as Sarama does (ByteSize of what the
+// Marshaler makes: key, value, headers under their CloudEvents names),
+// which Sarama compares with Producer.MaxMessageBytes.
+func TestLimitsSizeIsSaramasByteSize(t *testing.T) {
+	t.Parallel()
+	limits := transport.DefaultLimits(transport.Kafka)
+	for _, md := range []map[string]string{
+		nil,
+		{metadata.OrderingKey: "order/o-1", metadata.EventDataContentType: "application/json", metadata.EventID: "e-1"},
+		{metadata.EventType: "Kunde-Ä-注文", "x": "", metadata.TraceParent: "00-01020300000000000000000000000000-0405060000000000-01"},
+	} {
+		msg := message.NewMessage(watermill.NewUUID(), []byte(`{"a":1}`))
+		for k, v := range md {
+			msg.Metadata.Set(k, v)
+		}
+		pm, err := kafka.Marshaler{}.Marshal("orders", msg)
+		require.NoError(t, err)
+		require.Equal(t, pm.ByteSize(2), limits.Size("orders", msg.UUID, msg.Payload, msg.Metadata), "metadata %v", md)
+	}
 }
