@@ -121,13 +121,6 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	}
 	atLimit := lo
 
-	err = outbox.Add(tctx, s.DB, event(atLimit+1))
-	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
-	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
-	require.ErrorContains(t, err, "is "+strconv.Itoa(max+1)+" bytes on the wire of "+string(kind))
-	require.ErrorContains(t, err, "over the limit of "+strconv.Itoa(max))
-	require.ErrorContains(t, err, setting)
-	require.ErrorContains(t, err, "SetTransportLimits")
 	require.NoError(t, outbox.Add(tctx, s.DB, event(atLimit)), "an event at the limit is stored")
 
 	capture := &capturePublisher{Publisher: tr.Publisher()}
@@ -151,6 +144,13 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	}
 	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
 
+	err = outbox.Add(tctx, s.DB, event(atLimit+1))
+	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
+	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
+	require.ErrorContains(t, err, "is "+strconv.Itoa(max+1)+" bytes on the wire of "+string(kind))
+	require.ErrorContains(t, err, "over the limit of "+strconv.Itoa(max))
+	require.ErrorContains(t, err, setting)
+	require.ErrorContains(t, err, "SetTransportLimits")
 	capture.mu.Lock()
 	sent := capture.last
 	capture.mu.Unlock()
