@@ -104,7 +104,8 @@ var writeLimits atomic.Pointer[transport.Limits]
 // some kind takes, and MaxEventBytes counted as Kafka counts it. A
 // broker whose limit is lower than its kind's default (a Kafka topic's
 // max.message.bytes) is not known to Add: lower MaxEventBytes to it; the
-// relay fails an event the broker refuses for its size at once.
+// publisher reports an event the broker refuses for its size as a
+// permanent error (transport.ErrMessageTooLarge, retry.Permanent).
 func SetTransportLimits(l transport.Limits) {
 	writeLimits.Store(&l)
 	MaxEventBytes.Store(int64(l.MaxBytes))
