@@ -28,8 +28,26 @@
 // derive it: deploy relays first; see migrations/002_outbox_wakeup_lock.sql.)
 // Valid JSON payloads go to the JSONB payload
 // column (Postgres normalises whitespace and key order); other payloads, or
-// any with Event.RawPayload, are kept byte for byte in payload_raw. Nothing
-// is rejected for its payload.
+// any with Event.RawPayload, are kept byte for byte in payload_raw.
+//
+// Add refuses, with ErrInvalidEvent and in the caller's transaction, an
+// event the relay could never publish: a NUL byte Postgres cannot store,
+// metadata that does not make a valid CloudEvent, a topic the relay's
+// transport refuses (transport.ErrInvalidName), and an event larger than
+// MaxEventBytes as that transport counts it on the wire: payload, key and
+// headers or attributes, with the CloudEvents metadata the relay adds
+// (transport.ErrMessageTooLarge; the error names the size, the limit and
+// the setting). Tell Add the relay's transport once at start-up with
+// SetTransportLimits(transport.LimitsFor(cfg)) (Kafka: 1 MiB as Sarama
+// counts it, or what kafka.Config.Tune sets; Pub/Sub: 10 MB and its
+// attribute limits; RabbitMQ: 16 MiB of body; sql: 1 GiB and a
+// 36-character id); until then Add refuses names no kind takes and
+// bounds the event at 1 MiB counted as Kafka counts it. A broker whose
+// limit is below its kind's default (a Kafka topic's max.message.bytes)
+// is not known to Add: lower MaxEventBytes to it. What a broker still
+// refuses for its size or name comes back from the kafka, googlecloud and
+// sql publishers as a permanent error (retry.Permanent, wrapping
+// transport.ErrMessageTooLarge or transport.ErrInvalidName).
 //
 // Cost: one INSERT statement without parameters per 1,000 events: one round
 // trip with lib/pq, none of its own in a transaction of a pool from

@@ -22,6 +22,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/tracing"
+	"github.com/millwright/millwright/transport"
 )
 
 // Executor runs statements in the caller's transaction. *sql.Tx, *sql.DB
@@ -65,20 +66,64 @@ type Event struct {
 }
 
 // DefaultMaxEventBytes is the default of MaxEventBytes: 1 MiB, Kafka's
-// default message.max.bytes, the smallest limit among the transports
-// (Pub/Sub takes 10 MB, RabbitMQ 128 MB by default).
-const DefaultMaxEventBytes = 1 << 20
+// default (Sarama's Producer.MaxMessageBytes), the smallest limit among
+// the transports (Pub/Sub takes 10 MB, RabbitMQ 16 MiB by default).
+const DefaultMaxEventBytes = transport.KafkaMaxMessageBytes
 
-// MaxEventBytes bounds payload plus metadata of one event; Add and
-// TxPublisher.Publish refuse a larger event with ErrInvalidEvent, at write
-// time, in the business transaction, rather than leave the relay to find
-// out from the broker. Set it once at start-up to your broker's limit (0
-// or less: no limit).
+// MaxEventBytes bounds one event as the relay's transport kind counts it
+// on the wire (transport.Limits.Size: payload, key, headers and the
+// CloudEvents attributes the relay adds; see SetTransportLimits); Add and
+// TxPublisher.Publish refuse a larger event with ErrInvalidEvent (wrapping
+// transport.ErrMessageTooLarge), at write time, in the business
+// transaction, rather than leave the relay to find out from the broker.
+// SetTransportLimits sets it to the kind's limit; set it after that to
+// override (0 or less: no size limit).
 var MaxEventBytes = func() *atomic.Int64 {
 	var v atomic.Int64
 	v.Store(DefaultMaxEventBytes)
 	return &v
 }()
+
+// writeLimits holds the transport.Limits of SetTransportLimits.
+var writeLimits atomic.Pointer[transport.Limits]
+
+// SetTransportLimits makes Add check every event against the rules of the
+// transport its relays publish to: the topic must be a name that kind
+// takes (transport.ValidateName), and the event, counted as that kind
+// counts a message on the wire, must fit l.MaxBytes, which becomes
+// MaxEventBytes; for Pub/Sub, each metadata value must fit an attribute
+// (1,024 bytes), for the sql transport the id its 36-character column.
+// Call it once at start-up, before the first Add, with the relay's
+// settings, whether or not this process opens the transport:
+//
+//	cfg, err := transport.FromEnv() // the relay's MILLWRIGHT_TRANSPORT settings
+//	outbox.SetTransportLimits(transport.LimitsFor(cfg))
+//	// or, with an open transport: outbox.SetTransportLimits(t.Limits())
+//
+// Until it is called, Add applies the rules every kind shares: a name
+// some kind takes, and MaxEventBytes counted as Kafka counts it. A
+// broker whose limit is lower than its kind's default (a Kafka topic's
+// max.message.bytes) is not known to Add: lower MaxEventBytes to it; the
+// publisher reports an event the broker refuses for its size as a
+// permanent error (transport.ErrMessageTooLarge, retry.Permanent).
+func SetTransportLimits(l transport.Limits) {
+	writeLimits.Store(&l)
+	MaxEventBytes.Store(int64(l.MaxBytes))
+}
+
+// TransportLimits returns the limits Add checks events against: those of
+// SetTransportLimits, with MaxBytes from MaxEventBytes.
+func TransportLimits() transport.Limits {
+	l := transport.DefaultLimits("")
+	if p := writeLimits.Load(); p != nil {
+		l = *p
+	}
+	if max := MaxEventBytes.Load(); int64(l.MaxBytes) != max {
+		l.MaxBytes = int(min(max, int64(^uint(0)>>1)))
+		l.Setting = "outbox.MaxEventBytes"
+	}
+	return l
+}
 
 // ErrInvalidEvent is returned (wrapped) by Add and TxPublisher.Publish for an
 // event that cannot be stored; the message names the field to fix.
@@ -167,6 +212,10 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 	if ev.Topic == "" {
 		return nil, fmt.Errorf("%w: Topic is empty: set the topic the relay should publish to", ErrInvalidEvent)
 	}
+	limits := TransportLimits()
+	if err := limits.ValidateTopic(ev.Topic); err != nil {
+		return nil, fmt.Errorf("%w: %w (the relay's transport would refuse it on every attempt)", ErrInvalidEvent, err)
+	}
 	ev, aggID := withDefaults(ev)
 	if err := checkNUL(ev, aggID); err != nil {
 		return nil, err
@@ -175,7 +224,7 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 	if err := validateCloudEvent(ev, md); err != nil {
 		return nil, err
 	}
-	md, derivedSize := dropDerived(ev, aggID, isJSON, md)
+	md = dropDerived(ev, aggID, isJSON, md)
 	var payload, raw any
 	if isJSON {
 		payload = string(ev.Payload)
@@ -185,10 +234,10 @@ func prepare(ctx context.Context, ev Event) ([]any, error) {
 		}
 		raw = ev.Payload
 	}
-	mdJSON := appendMetadataJSON(nil, md)
-	if err := checkSize(ev, len(mdJSON)+derivedSize); err != nil {
+	if err := checkWire(limits, ev, aggID, isJSON, md); err != nil {
 		return nil, err
 	}
+	mdJSON := appendMetadataJSON(nil, md)
 	return []any{ev.ID, ev.Topic, ev.AggregateType, aggID, ev.EventType, payload, raw, string(mdJSON)}, nil
 }
 
@@ -271,35 +320,50 @@ func storedMetadata(ctx context.Context, ev Event) (map[string]string, bool) {
 // dropDerived removes from md the keys whose value the relay derives
 // anyway (a TxPublisher message carries them all), so they are not stored
 // twice; ce_time is kept, created_at is not known yet. It returns md (nil
-// when empty) and the size of what the relay adds, for MaxEventBytes.
-func dropDerived(ev Event, aggID string, isJSON bool, md map[string]string) (map[string]string, int) {
-	derivedSize := 0
+// when empty).
+func dropDerived(ev Event, aggID string, isJSON bool, md map[string]string) map[string]string {
 	derivedMetadata(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
-		if sv, ok := md[k]; ok {
-			if sv != v || k == metadata.EventTime {
-				return // stored, and wins
-			}
+		if sv, ok := md[k]; ok && sv == v && k != metadata.EventTime {
 			delete(md, k)
 		}
-		derivedSize += len(k) + len(v) + 6 // quotes, colon, comma
 	})
 	if len(md) == 0 {
 		md = nil
 	}
-	return md, derivedSize
+	return md
 }
 
-// checkSize refuses an event over MaxEventBytes: what the broker gets, the
-// payload and mdSize bytes of metadata (stored and derived, with the
-// longest ce_time).
-func checkSize(ev Event, mdSize int) error {
-	limit := MaxEventBytes.Load()
-	if limit <= 0 {
-		return nil
+// traceParentSize is a W3C traceparent, which the relay's span adds to an
+// event stored without one when a tracer records.
+var traceParentSize = strings.Repeat("0", len("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))
+
+// checkWire checks the message the relay will publish for ev (stored
+// metadata md, after dropDerived) against limits: its size as the kind
+// counts it on the wire, with the metadata the relay derives (the longest
+// ce_time, a traceparent when none is stored), and the kind's other rules.
+func checkWire(limits transport.Limits, ev Event, aggID string, isJSON bool, md map[string]string) error {
+	all := func(yield func(k, v string) bool) {
+		for k, v := range md {
+			if !yield(k, v) {
+				return
+			}
+		}
+		more := true
+		derivedMetadata(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
+			if _, stored := md[k]; more && !stored {
+				more = yield(k, v)
+			}
+		})
+		if _, ok := md[metadata.TraceParent]; more && !ok {
+			yield(metadata.TraceParent, traceParentSize)
+		}
 	}
-	if size := int64(len(ev.Payload) + mdSize); size > limit {
-		return fmt.Errorf("%w: event %s for topic %s is %d bytes (payload %d, metadata %d), over the limit of %d (outbox.MaxEventBytes; match it to your broker: Kafka message.max.bytes, Pub/Sub 10 MB): store large data elsewhere and send a reference",
-			ErrInvalidEvent, ev.ID, ev.Topic, size, len(ev.Payload), mdSize, limit)
+	if err := limits.CheckMessage(ev.Topic, ev.ID, ev.Payload, all); err != nil {
+		hint := "store large data elsewhere and send a reference"
+		if errors.Is(err, transport.ErrMessageTooLarge) && limits.MaxBytes > 0 {
+			hint += "; the limit is outbox.MaxEventBytes, set for the relay's transport by outbox.SetTransportLimits"
+		}
+		return fmt.Errorf("%w: %w: %s", ErrInvalidEvent, err, hint)
 	}
 	return nil
 }

@@ -36,6 +36,17 @@
 // and within ConnectTimeout (10s by default) for a broker that does not
 // answer. Passwords never appear in errors or in String.
 //
+// Limits (DefaultLimits, LimitsFor, Transport.Limits) are what a kind's
+// brokers take: topic names (ValidateName) and the largest message,
+// counted as the kind counts it on the wire (Kafka: Sarama's ByteSize,
+// payload, key and headers; Pub/Sub: the publish request; RabbitMQ: the
+// body; sql: payload and metadata). outbox.SetTransportLimits makes
+// outbox.Add refuse at write time what the relay could never publish. A
+// message a broker or client refuses for its size or name fails with an
+// error marked retry.Permanent and wrapping ErrMessageTooLarge or
+// ErrInvalidName (IsPermanent), from the kafka, googlecloud and sql
+// publishers and the name check of every kind.
+//
 // Development fakes, NOT FOR PRODUCTION, are selected by configuration
 // alone, in programs that link them (transport/embedded, which
 // transport/all imports; production builds that import only their kind

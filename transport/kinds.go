@@ -33,6 +33,9 @@ type Driver struct {
 	Validate func(cfg Config) error
 	// Open connects (cfg has passed Validate).
 	Open func(ctx context.Context, cfg Config) (Backend, error)
+	// Limits, if set, adjusts the kind's DefaultLimits (def) to cfg, for
+	// LimitsFor: settings that raise or lower the largest message.
+	Limits func(cfg Config, def Limits) Limits
 }
 
 var (

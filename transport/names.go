@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millwright/millwright/retry"
 )
 
 // Topic and consumer-group names reach SQL (watermill-sql makes tables of
@@ -27,10 +29,17 @@ var maxNameLen = map[Kind]int{
 	GoogleCloud: 120,
 	SQL:         45,
 	GoChannel:   255,
+	anyKind:     255,
 }
 
+// anyKind stands for "some kind": Limits with no Kind refuse only the
+// names that no kind takes.
+const anyKind Kind = "(any kind)"
+
 // ErrInvalidName is wrapped by the errors of Publish, Subscribe and
-// Subscriber for a topic or group name outside the allow-list.
+// Subscriber for a topic or group name outside the allow-list, and of
+// Limits.Check (outbox.Add) for such a topic. Those errors are also marked
+// retry.Permanent: the name does not become valid by retrying.
 var ErrInvalidName = fmt.Errorf("invalid name")
 
 // ValidateName reports whether name may be used as a topic or consumer
@@ -38,6 +47,10 @@ var ErrInvalidName = fmt.Errorf("invalid name")
 // '_' and '-', starting with a letter or digit (Pub/Sub: at least 3,
 // starting with a letter).
 func ValidateName(kind Kind, what, name string) error {
+	return retry.Permanent(validateName(kind, what, name))
+}
+
+func validateName(kind Kind, what, name string) error {
 	max := maxNameLen[kind]
 	if max == 0 {
 		max = 45

@@ -127,11 +127,12 @@ func (c Config) String() string {
 // Transport is an open transport of one kind: a publisher shared by the
 // application, subscribers per consumer group, and Close.
 type Transport struct {
-	kind  Kind
-	desc  string
-	b     Backend
-	pub   message.Publisher
-	names *nameCache
+	kind   Kind
+	desc   string
+	b      Backend
+	pub    message.Publisher
+	names  *nameCache
+	limits Limits
 }
 
 // Open validates cfg and connects to the broker. A broker that does not
@@ -151,7 +152,7 @@ func Open(ctx context.Context, cfg Config) (*Transport, error) {
 		return nil, fmt.Errorf("transport: opening %s: %w", cfg, err)
 	}
 	names := &nameCache{kind: cfg.Kind}
-	return &Transport{kind: cfg.Kind, desc: cfg.String(), b: b, pub: wrapPublisher(b.Publisher(), names), names: names}, nil
+	return &Transport{kind: cfg.Kind, desc: cfg.String(), b: b, pub: wrapPublisher(b.Publisher(), names), names: names, limits: LimitsFor(cfg)}, nil
 }
 
 // Kind returns the transport's kind.

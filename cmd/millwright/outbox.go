@@ -51,6 +51,16 @@ func outboxCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			nProblems, _ := cmd.Flags().GetInt("problems")
+			if nProblems < 0 {
+				return fmt.Errorf("--problems %d: want 0 (none) or more", nProblems)
+			}
+			var problems []outbox.ProblemEvent
+			if nProblems > 0 {
+				if problems, err = outbox.ReadProblems(ctx, db, nProblems); err != nil {
+					return err
+				}
+			}
 			out := cmd.OutOrStdout()
 			if asJSON, _ := cmd.Flags().GetBool("json"); asJSON {
 				enc := json.NewEncoder(out)
@@ -59,7 +69,12 @@ func outboxCmd() *cobra.Command {
 						return err
 					}
 				}
-				return enc.Encode(map[string]any{"topic": "*", "pending": total.Pending, "oldest_pending_age_seconds": total.OldestPendingAge.Seconds(), "failed": total.Failed})
+				recent := make([]map[string]any, 0, len(problems))
+				for _, p := range problems {
+					recent = append(recent, map[string]any{"id": p.ID, "event_id": p.EventID, "topic": p.Topic, "aggregate_id": p.AggregateID,
+						"status": problemStatus(p), "attempts": p.RetryCount, "last_error": p.LastError, "created_at": p.CreatedAt})
+				}
+				return enc.Encode(map[string]any{"topic": "*", "pending": total.Pending, "oldest_pending_age_seconds": total.OldestPendingAge.Seconds(), "failed": total.Failed, "problems": recent})
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST PENDING\tFAILED")
@@ -70,6 +85,19 @@ func outboxCmd() *cobra.Command {
 			if err := tw.Flush(); err != nil {
 				return err
 			}
+			if len(problems) > 0 {
+				fmt.Fprintf(out, "\nfailed and retrying events (the %d most recent failed, the %d with the most attempts):\n", nProblems, nProblems)
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tSTATUS\tTOPIC\tEVENT ID\tATTEMPTS\tAGE\tLAST ERROR")
+				now := time.Now()
+				for _, p := range problems {
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", p.ID, problemStatus(p), p.Topic, p.EventID, p.RetryCount,
+						now.Sub(p.CreatedAt).Round(time.Second), oneLine(p.LastError, 160))
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+			}
 			if total.Failed > 0 {
 				fmt.Fprintln(out, "failed events wait for `millwright outbox retry-failed` (try --dry-run first)")
 			}
@@ -77,7 +105,8 @@ func outboxCmd() *cobra.Command {
 		},
 	}
 	addDatabaseFlag(status)
-	status.Flags().Bool("json", false, "print one JSON object per topic, then the total")
+	status.Flags().Bool("json", false, "print one JSON object per topic, then the total (with the failed and retrying events as \"problems\")")
+	status.Flags().Int("problems", 5, "list this many of the most recent failed events and of the longest-retrying ones, with their last error (0: none)")
 
 	retryFailed := &cobra.Command{
 		Use:   "retry-failed",
@@ -136,6 +165,14 @@ required. Every run is recorded in millwright_audit.`,
 
 	cmd.AddCommand(status, retryFailed, cleanCmd("outbox"))
 	return cmd
+}
+
+// problemStatus names a ProblemEvent's state in `outbox status`.
+func problemStatus(p outbox.ProblemEvent) string {
+	if p.Failed {
+		return "failed"
+	}
+	return "retrying"
 }
 
 // printFailedEvents lists failed outbox events as a table.

@@ -359,7 +359,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := p.checkReceivers(topic, msgs); err != nil {
 		return err
 	}
-	return p.Publisher.Publish(topic, msgs...)
+	return classify(p.Publisher.Publish(topic, msgs...))
 }
 
 func (p *Publisher) declare(topic string) error {

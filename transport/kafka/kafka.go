@@ -435,7 +435,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			return fmt.Errorf("kafka: marshaling message %s: %w", msg.UUID, err)
 		}
 		if _, _, err := p.producer.SendMessage(km); err != nil {
-			return fmt.Errorf("kafka: publishing message %s to %s: %w", msg.UUID, topic, err)
+			return fmt.Errorf("kafka: publishing message %s to %s: %w", msg.UUID, topic, p.classify(km, err))
 		}
 	}
 	return nil
@@ -525,7 +525,7 @@ func (p *Publisher) PublishBatch(topic string, msgs ...*message.Message) error {
 			if !ok {
 				continue
 			}
-			failed[i] = fmt.Errorf("kafka: publishing message %s to %s: %w", msgs[i].UUID, topic, pe.Err)
+			failed[i] = fmt.Errorf("kafka: publishing message %s to %s: %w", msgs[i].UUID, topic, p.classify(pe.Msg, pe.Err))
 			if k := msgs[i].Metadata.Get(metadata.OrderingKey); k != "" {
 				failedKeys[k] = true
 			}

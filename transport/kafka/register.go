@@ -19,7 +19,22 @@ func init() {
 			}
 			return t, nil
 		},
+		Limits: limits,
 	})
+}
+
+// limits takes the largest message from the Sarama configuration the
+// transport would use: Config.Tune may change Producer.MaxMessageBytes.
+func limits(c transport.Config, def transport.Limits) transport.Limits {
+	kc := c.Kafka
+	setDefaults(&kc)
+	sc, err := saramaConfig(kc)
+	if err != nil || sc.Producer.MaxMessageBytes == def.MaxBytes {
+		return def // an invalid configuration fails Open, not here
+	}
+	def.MaxBytes = sc.Producer.MaxMessageBytes
+	def.Setting = "Sarama's Producer.MaxMessageBytes, set by kafka.Config.Tune (the topic's max.message.bytes must take it too)"
+	return def
 }
 
 var _ transport.Backend = (*Transport)(nil)
