@@ -204,7 +204,7 @@ func TestInDatabasePublishHandsOddRowsToThePublisher(t *testing.T) {
 		var status, lastErr string
 		var retries int
 		require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT status, retry_count, coalesce(last_error, '') FROM millwright_outbox WHERE topic = $1`, bad).Scan(&status, &retries, &lastErr))
-		require.Equal(t, "pending", status, "the refused row backs off")
+		require.Equal(t, "failed", status, "the refused row is failed at once: no retry can make the table take it (a permanent error)")
 		require.Equal(t, 1, retries)
 		require.Contains(t, lastErr, "too long")
 	})

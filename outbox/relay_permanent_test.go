@@ -1,10 +1,3 @@
-//go:build relaypermanent
-
-// This test needs the relay to treat a permanent publish error as final
-// (outbox/relay_publish.go, Relay.fail: `if retry.IsPermanent(results[i])
-// || r.cfg.Retry.Exhausted(...)`), which another change owns. Remove the
-// build constraint once that line is in.
-
 package outbox_test
 
 import (

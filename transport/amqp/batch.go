@@ -2,6 +2,8 @@ package amqp
 
 import (
 	"fmt"
+	"regexp"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -10,6 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -263,7 +266,14 @@ func (p *publisher) sendPrepared(conn *amqp091.Connection, s *slot, topic string
 		case gaveUp != nil:
 			err = fmt.Errorf("amqp: message %s to exchange %q: gave up waiting for the broker's confirm; it may still be stored: %w", msg.UUID, topic, gaveUp)
 		case s.ch == nil || s.ch.IsClosed():
-			err = p.lost(conn, fmt.Sprintf("message %s to exchange %q: channel closed before the broker confirmed it; it may still be stored", msg.UUID, topic), reasonErr(p.channelGone(s, topic)))
+			why := p.channelGone(s, topic)
+			err = p.lost(conn, fmt.Sprintf("message %s to exchange %q: channel closed before the broker confirmed it; it may still be stored", msg.UUID, topic), reasonErr(why))
+			if tooLarge(why, len(msg.Payload)) {
+				// No retry can make the broker take it; the other messages
+				// on the channel only lost their channel.
+				err = retry.Permanent(fmt.Errorf("amqp: message %s to exchange %q: %w: its body of %d bytes is over the broker's max_message_size (%s): store large data elsewhere and send a reference",
+					msg.UUID, topic, transport.ErrMessageTooLarge, len(msg.Payload), why.Reason))
+			}
 			if halt == nil {
 				halt = err
 			}
@@ -439,4 +449,26 @@ func (p *publisher) channelGone(s *slot, topic string) *amqp091.Error {
 		p.forget(topic) // the exchange was deleted: declare it again
 	}
 	return why
+}
+
+// maxSizeRe matches the reason RabbitMQ closes a channel with (406
+// PRECONDITION_FAILED) when a message's body is over max_message_size
+// (rabbit_channel.erl: "message size ~B is larger than configured max
+// size ~B").
+var maxSizeRe = regexp.MustCompile(`message size (\d+) is larger than configured max size (\d+)`)
+
+// tooLarge reports whether the broker closed the channel because of a body
+// of size bytes: the close names the size of the body it refused, so of
+// the messages in flight on the channel only those over the limit it
+// names are at fault.
+func tooLarge(why *amqp091.Error, size int) bool {
+	if why == nil || why.Code != amqp091.PreconditionFailed {
+		return false
+	}
+	m := maxSizeRe.FindStringSubmatch(why.Reason)
+	if m == nil {
+		return false
+	}
+	limit, err := strconv.Atoi(m[2])
+	return err == nil && size > limit
 }

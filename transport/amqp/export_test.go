@@ -32,3 +32,6 @@ func FreeChannels(pub message.Publisher) int { return len(pub.(*publisher).slots
 // BatchChannels is how many channels the publisher's last PublishBatch
 // spread its messages over.
 func BatchChannels(pub message.Publisher) int { return int(pub.(*publisher).lastLanes.Load()) }
+
+// TooLarge is tooLarge, for tests.
+var TooLarge = tooLarge
