@@ -37,6 +37,7 @@ import (
 	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
@@ -153,6 +154,9 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 		return nil, nil, err
 	}
 	closers = append(closers, func() { _ = tr.Close() })
+	// outbox.Add refuses at write time what this transport would refuse
+	// (its names, its message size on the wire).
+	outbox.SetTransportLimits(tr.Limits())
 	a, err := app.New(app.Config{DB: db, DatabaseURL: dbURL, Transport: tr, Logger: log, Duplicate: duplicate})
 	if err != nil {
 		cleanup()

@@ -102,6 +102,8 @@ func run() error {
 		return err
 	}
 	defer tr.Close()
+	// outbox.Add refuses at write time what this transport would refuse.
+	outbox.SetTransportLimits(tr.Limits())
 	sub, err := tr.Subscriber(consumer)
 	if err != nil {
 		return err
