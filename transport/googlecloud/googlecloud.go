@@ -49,18 +49,66 @@ func loadFake() *FakeStarter { return fakeStarter.Load() }
 // FakeProjectID is the project of Config.Fake when ProjectID is empty.
 const FakeProjectID = "millwright-dev"
 
+// Lease defaults (Config.MaxExtension). A consumer that dies leaves the
+// messages it held leased for at most MaxExtension after its last
+// renewal; then Pub/Sub redelivers them (see the package doc).
+const (
+	// DefaultMaxExtension is MaxExtension's default on Pub/Sub.
+	DefaultMaxExtension = time.Minute
+	// EmulatorMaxExtension is MaxExtension's default on the emulator
+	// (EmulatorHost or PUBSUB_EMULATOR_HOST set) and on Config.Fake.
+	EmulatorMaxExtension = 10 * time.Second
+	// EmulatorStreamDeadline is the gRPC deadline of each streaming pull
+	// on the emulator: the client reopens the stream when it passes. The
+	// emulator's bundled gRPC fails (NoSuchMethodError in its log) to
+	// tell the emulator that a stream was cancelled or its connection
+	// lost, so without a deadline the stream of a consumer that closed
+	// or died is never ended: it keeps its share of the subscription's
+	// ordering keys, which no other consumer then receives, and keeps
+	// taking unkeyed messages until their leases end. A stream past its
+	// deadline is ended by the emulator itself.
+	EmulatorStreamDeadline = 20 * time.Second
+)
+
+// streamingPullMethod is the gRPC method of a streaming pull.
+const streamingPullMethod = "/google.pubsub.v1.Subscriber/StreamingPull"
+
+// streamDeadline gives every streaming pull a deadline of d, so the
+// server ends it by itself (see EmulatorStreamDeadline). The client's
+// streaming pull reopens a stream that ended with DeadlineExceeded; its
+// leases and acks go on over the new stream.
+func streamDeadline(d time.Duration) grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if method != streamingPullMethod {
+			return streamer(ctx, desc, cc, method, opts...)
+		}
+		ctx, cancel := context.WithTimeout(ctx, d)
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		go func() { // release the timer once the stream is done
+			<-cs.Context().Done()
+			cancel()
+		}()
+		return cs, nil
+	}
+}
+
 var projectRe = regexp.MustCompile(`^[a-z][a-z0-9-]{4,28}[a-z0-9]$|^[a-zA-Z0-9._:-]+$`)
 
 func setDefaults(c *Config) {
-	if c.Fake {
-		if c.ProjectID == "" {
-			c.ProjectID = FakeProjectID
-		}
-		if c.MaxExtension == 0 {
-			// A subscriber closed mid-read leaves its messages leased
-			// until the extension ends; keep that short in development.
-			c.MaxExtension = 10 * time.Second
-		}
+	if c.Fake && c.ProjectID == "" {
+		c.ProjectID = FakeProjectID
+	}
+	if c.MaxExtension == 0 && (c.Fake || emulatorHost(*c) != "") {
+		// A subscriber that closes or dies mid-read leaves its messages
+		// leased until the extension ends, and the emulator leases a
+		// streamed message for the stream's ack deadline, which the
+		// client sets to MaxExtension, ignoring the client's shorter
+		// receipt modacks: keep it short in development.
+		c.MaxExtension = EmulatorMaxExtension
 	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = 30 * time.Second
@@ -69,7 +117,7 @@ func setDefaults(c *Config) {
 		c.PublishDelay = time.Millisecond
 	}
 	if c.MaxExtension == 0 {
-		c.MaxExtension = 10 * time.Minute
+		c.MaxExtension = DefaultMaxExtension
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 10 * time.Second
@@ -122,6 +170,9 @@ func clientOptions(c Config) []option.ClientOption {
 		)
 	} else if c.CredentialsFile != "" {
 		opts = append(opts, option.WithCredentialsFile(c.CredentialsFile))
+	}
+	if emulatorHost(c) != "" && !c.Fake {
+		opts = append(opts, option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(streamDeadline(EmulatorStreamDeadline))))
 	}
 	for _, o := range c.ClientOptions {
 		if o, ok := o.(option.ClientOption); ok {
