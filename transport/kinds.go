@@ -153,6 +153,10 @@ type KafkaConfig struct {
 	// typed any so that package transport does not link Sarama into
 	// programs that do not use Kafka; Validate refuses any other type.
 	Tune any
+	// Registerer receives the googlecloud Metric* gauges (outstanding
+	// messages, last delivery and stall per subscription). Default nil:
+	// none registered. Transports sharing a Registerer share them.
+	Registerer prometheus.Registerer
 	// Fake, a DEVELOPMENT FAKE NOT FOR PRODUCTION, makes Open start an
 	// in-process Kafka (franz-go's kfake: one broker, topics created on
 	// first use, everything in memory and lost on Close, no
@@ -249,6 +253,10 @@ type GoogleCloudConfig struct {
 	// a publish to it fails with ErrNoSubscription. Env
 	// MILLWRIGHT_PUBSUB_ALLOW_UNRECEIVED.
 	AllowUnreceived bool
+	// Registerer receives the googlecloud Metric* gauges (outstanding
+	// messages, last delivery and stall per subscription). Default nil:
+	// none registered. Transports sharing a Registerer share them.
+	Registerer prometheus.Registerer
 	// Fake, a DEVELOPMENT FAKE NOT FOR PRODUCTION, makes Open start an
 	// in-process Pub/Sub (the Google client's pstest: in memory, lost on
 	// Close, no authentication, about 800 msg/s at most, one message per

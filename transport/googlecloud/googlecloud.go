@@ -214,6 +214,7 @@ type Transport struct {
 	admin    *pubsub.Client
 	stopFake func() error // stops Config.Fake's server; nil without one
 	pub      *Publisher
+	metrics  *metrics
 
 	subs closers.Set
 }
@@ -227,6 +228,10 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *T
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
 	}
 	var stopFake func() error
 	if cfg.Fake {
@@ -290,7 +295,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *T
 		admin.Close()
 		return nil, fmt.Errorf("googlecloud: creating publisher: %w", err)
 	}
-	t := &Transport{cfg: cfg, logger: logger, admin: admin, stopFake: stopFake}
+	t := &Transport{cfg: cfg, logger: logger, admin: admin, stopFake: stopFake, metrics: m}
 	t.pub = &Publisher{Publisher: wp, t: t, declared: map[string]bool{}}
 	return t, nil
 }
@@ -354,7 +359,7 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 
 // Subscriber returns a subscriber for consumer group `group`.
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
-	sub, err := closers.Add(&t.subs, "googlecloud", func() (*wgc.Subscriber, error) {
+	sub, err := closers.Add(&t.subs, "googlecloud", func() (*Subscriber, error) {
 		sub, err := wgc.NewSubscriber(wgc.SubscriberConfig{
 			ProjectID:                t.cfg.ProjectID,
 			GenerateSubscriptionName: func(topic string) string { return SubscriptionName(topic, group) },
@@ -371,7 +376,7 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 		if err != nil {
 			return nil, fmt.Errorf("googlecloud: creating subscriber for group %q: %w", group, err)
 		}
-		return sub, nil
+		return &Subscriber{Subscriber: sub, t: t, group: group, closing: make(chan struct{})}, nil
 	})
 	if err != nil {
 		return nil, err // not a typed nil in the interface
