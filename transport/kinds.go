@@ -236,8 +236,12 @@ type GoogleCloudConfig struct {
 	// runs, its message's lease is renewed in steps of at most this long
 	// (for up to the client's MaxExtension, an hour), so a subscriber
 	// that stops or dies holding messages leaves them leased for at most
-	// this long after its last renewal, and Pub/Sub then redelivers them.
-	// Default 10 minutes.
+	// this long after its last renewal, and Pub/Sub then redelivers them
+	// (an ordering key's unacked message and every later one, in order).
+	// It is also the stream's ack deadline, which the emulator uses as the
+	// lease of every streamed message. Default 1 minute
+	// (googlecloud.DefaultMaxExtension); 10s on the emulator and the fake
+	// (googlecloud.EmulatorMaxExtension). See googlecloud.RedeliveryBound.
 	MaxExtension time.Duration
 	// DeclareGroups lists consumer groups whose subscriptions the
 	// publisher creates before its first publish to a topic, so messages
