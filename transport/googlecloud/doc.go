@@ -28,8 +28,12 @@
 // which the emulator enforces itself, and leases of EmulatorMaxExtension
 // (10s), which the emulator applies to every streamed message; a dead
 // consumer's messages come back within EmulatorStreamDeadline plus two
-// leases (40s), in waves, with duplicates. A program that uses Google's
-// client on the emulator directly needs the same deadline.
+// leases (40s), in waves, with duplicates. When a stream ends, the
+// emulator may give its ordering keys to another member of the group while
+// the first still holds earlier messages of them, so on the emulator a key
+// can be processed out of order across consumers around a stream's end. A
+// program that uses Google's client on the emulator directly needs the
+// same deadline.
 //
 // Where it falls short: a subscription only receives messages published
 // after it was created, so create the groups' subscriptions before
