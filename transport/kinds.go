@@ -238,8 +238,8 @@ type GoogleCloudConfig struct {
 	// that stops or dies holding messages leaves them leased for at most
 	// this long after its last renewal, and Pub/Sub then redelivers them
 	// (an ordering key's unacked message and every later one, in order).
-	// It is also the stream's ack deadline, which the emulator uses as the
-	// lease of every streamed message. Default 1 minute
+	// It is also the stream's ack deadline, the lease the emulator gives
+	// what it streams to a consumer that died. Default 1 minute
 	// (googlecloud.DefaultMaxExtension); 10s on the emulator and the fake
 	// (googlecloud.EmulatorMaxExtension). See googlecloud.RedeliveryBound.
 	MaxExtension time.Duration

@@ -26,7 +26,7 @@
 // transport therefore gives every streaming pull on the emulator a gRPC
 // deadline (EmulatorStreamDeadline, 20s; the client reopens the stream),
 // which the emulator enforces itself, and leases of EmulatorMaxExtension
-// (10s), which the emulator applies to every streamed message; a dead
+// (10s), the lease it gives what it streams to a dead consumer; a dead
 // consumer's messages come back within EmulatorStreamDeadline plus two
 // leases (40s), in waves, with duplicates. When a stream ends, the
 // emulator may give its ordering keys to another member of the group while

@@ -104,10 +104,10 @@ func setDefaults(c *Config) {
 	}
 	if c.MaxExtension == 0 && (c.Fake || emulatorHost(*c) != "") {
 		// A subscriber that closes or dies mid-read leaves its messages
-		// leased until the extension ends, and the emulator leases a
-		// streamed message for the stream's ack deadline, which the
-		// client sets to MaxExtension, ignoring the client's shorter
-		// receipt modacks: keep it short in development.
+		// leased until the extension ends, and the emulator leases
+		// what it streams to a dead stream for the stream's ack
+		// deadline, which the client sets to MaxExtension: keep it
+		// short in development.
 		c.MaxExtension = EmulatorMaxExtension
 	}
 	if c.PublishTimeout == 0 {
