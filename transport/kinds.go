@@ -156,6 +156,10 @@ type KafkaConfig struct {
 	// typed any so that package transport does not link Sarama into
 	// programs that do not use Kafka; Validate refuses any other type.
 	Tune any
+	// Registerer receives the googlecloud Metric* gauges (outstanding
+	// messages, last delivery and stall per subscription). Default nil:
+	// none registered. Transports sharing a Registerer share them.
+	Registerer prometheus.Registerer
 	// Fake, a DEVELOPMENT FAKE NOT FOR PRODUCTION, makes Open start an
 	// in-process Kafka (franz-go's kfake: one broker, topics created on
 	// first use, everything in memory and lost on Close, no
@@ -235,8 +239,12 @@ type GoogleCloudConfig struct {
 	// runs, its message's lease is renewed in steps of at most this long
 	// (for up to the client's MaxExtension, an hour), so a subscriber
 	// that stops or dies holding messages leaves them leased for at most
-	// this long after its last renewal, and Pub/Sub then redelivers them.
-	// Default 10 minutes.
+	// this long after its last renewal, and Pub/Sub then redelivers them
+	// (an ordering key's unacked message and every later one, in order).
+	// It is also the stream's ack deadline, the lease the emulator gives
+	// what it streams to a consumer that died. Default 1 minute
+	// (googlecloud.DefaultMaxExtension); 10s on the emulator and the fake
+	// (googlecloud.EmulatorMaxExtension). See googlecloud.RedeliveryBound.
 	MaxExtension time.Duration
 	// DeclareGroups lists consumer groups whose subscriptions the
 	// publisher creates before its first publish to a topic, so messages
@@ -252,6 +260,10 @@ type GoogleCloudConfig struct {
 	// a publish to it fails with ErrNoSubscription. Env
 	// MILLWRIGHT_PUBSUB_ALLOW_UNRECEIVED.
 	AllowUnreceived bool
+	// Registerer receives the googlecloud Metric* gauges (outstanding
+	// messages, last delivery and stall per subscription). Default nil:
+	// none registered. Transports sharing a Registerer share them.
+	Registerer prometheus.Registerer
 	// Fake, a DEVELOPMENT FAKE NOT FOR PRODUCTION, makes Open start an
 	// in-process Pub/Sub (the Google client's pstest: in memory, lost on
 	// Close, no authentication, about 800 msg/s at most, one message per

@@ -30,9 +30,11 @@ import (
 // How long the last ones take is the emulator's: our subscriptions keep
 // order, and for those it redelivers in waves, all outstanding messages at
 // once when the oldest outstanding delivery's lease ends (its
-// OrderedMessageBacklog: RESEND_ALL, checked against the oldest only), so
-// a late message can wait several leases, longer on a loaded machine (one
-// CI run still lacked 18 of 3,000 40s after the last close). The wait is
+// OrderedMessageBacklog: RESEND_ALL, checked against the oldest only), and
+// the streams of closed subscribers, which it never sees end, took
+// messages until googlecloud's EmulatorStreamDeadline ended them (before
+// that deadline existed, one CI run still lacked 18 of 3,000 40s after the
+// last close; see TestConsumerKilledMidStream). The wait is
 // bounded by progress: it fails when no new message came for three leases
 // (a wave missed twice), or after twelve leases in all, and reports the
 // waves it saw.

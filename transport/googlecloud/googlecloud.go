@@ -49,18 +49,66 @@ func loadFake() *FakeStarter { return fakeStarter.Load() }
 // FakeProjectID is the project of Config.Fake when ProjectID is empty.
 const FakeProjectID = "millwright-dev"
 
+// Lease defaults (Config.MaxExtension). A consumer that dies leaves the
+// messages it held leased for at most MaxExtension after its last
+// renewal; then Pub/Sub redelivers them (see the package doc).
+const (
+	// DefaultMaxExtension is MaxExtension's default on Pub/Sub.
+	DefaultMaxExtension = time.Minute
+	// EmulatorMaxExtension is MaxExtension's default on the emulator
+	// (EmulatorHost or PUBSUB_EMULATOR_HOST set) and on Config.Fake.
+	EmulatorMaxExtension = 10 * time.Second
+	// EmulatorStreamDeadline is the gRPC deadline of each streaming pull
+	// on the emulator: the client reopens the stream when it passes. The
+	// emulator's bundled gRPC fails (NoSuchMethodError in its log) to
+	// tell the emulator that a stream was cancelled or its connection
+	// lost, so without a deadline the stream of a consumer that closed
+	// or died is never ended: it keeps its share of the subscription's
+	// ordering keys, which no other consumer then receives, and keeps
+	// taking unkeyed messages until their leases end. A stream past its
+	// deadline is ended by the emulator itself.
+	EmulatorStreamDeadline = 20 * time.Second
+)
+
+// streamingPullMethod is the gRPC method of a streaming pull.
+const streamingPullMethod = "/google.pubsub.v1.Subscriber/StreamingPull"
+
+// streamDeadline gives every streaming pull a deadline of d, so the
+// server ends it by itself (see EmulatorStreamDeadline). The client's
+// streaming pull reopens a stream that ended with DeadlineExceeded; its
+// leases and acks go on over the new stream.
+func streamDeadline(d time.Duration) grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if method != streamingPullMethod {
+			return streamer(ctx, desc, cc, method, opts...)
+		}
+		ctx, cancel := context.WithTimeout(ctx, d)
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		go func() { // release the timer once the stream is done
+			<-cs.Context().Done()
+			cancel()
+		}()
+		return cs, nil
+	}
+}
+
 var projectRe = regexp.MustCompile(`^[a-z][a-z0-9-]{4,28}[a-z0-9]$|^[a-zA-Z0-9._:-]+$`)
 
 func setDefaults(c *Config) {
-	if c.Fake {
-		if c.ProjectID == "" {
-			c.ProjectID = FakeProjectID
-		}
-		if c.MaxExtension == 0 {
-			// A subscriber closed mid-read leaves its messages leased
-			// until the extension ends; keep that short in development.
-			c.MaxExtension = 10 * time.Second
-		}
+	if c.Fake && c.ProjectID == "" {
+		c.ProjectID = FakeProjectID
+	}
+	if c.MaxExtension == 0 && (c.Fake || emulatorHost(*c) != "") {
+		// A subscriber that closes or dies mid-read leaves its messages
+		// leased until the extension ends, and the emulator leases
+		// what it streams to a dead stream for the stream's ack
+		// deadline, which the client sets to MaxExtension: keep it
+		// short in development.
+		c.MaxExtension = EmulatorMaxExtension
 	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = 30 * time.Second
@@ -69,7 +117,7 @@ func setDefaults(c *Config) {
 		c.PublishDelay = time.Millisecond
 	}
 	if c.MaxExtension == 0 {
-		c.MaxExtension = 10 * time.Minute
+		c.MaxExtension = DefaultMaxExtension
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 10 * time.Second
@@ -123,6 +171,9 @@ func clientOptions(c Config) []option.ClientOption {
 	} else if c.CredentialsFile != "" {
 		opts = append(opts, option.WithCredentialsFile(c.CredentialsFile))
 	}
+	if emulatorHost(c) != "" && !c.Fake {
+		opts = append(opts, option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(streamDeadline(EmulatorStreamDeadline))))
+	}
 	for _, o := range c.ClientOptions {
 		if o, ok := o.(option.ClientOption); ok {
 			opts = append(opts, o)
@@ -163,6 +214,7 @@ type Transport struct {
 	admin    *pubsub.Client
 	stopFake func() error // stops Config.Fake's server; nil without one
 	pub      *Publisher
+	metrics  *metrics
 
 	subs closers.Set
 }
@@ -176,6 +228,10 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *T
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
 	}
 	var stopFake func() error
 	if cfg.Fake {
@@ -239,7 +295,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *T
 		admin.Close()
 		return nil, fmt.Errorf("googlecloud: creating publisher: %w", err)
 	}
-	t := &Transport{cfg: cfg, logger: logger, admin: admin, stopFake: stopFake}
+	t := &Transport{cfg: cfg, logger: logger, admin: admin, stopFake: stopFake, metrics: m}
 	t.pub = &Publisher{Publisher: wp, t: t, declared: map[string]bool{}}
 	return t, nil
 }
@@ -303,7 +359,7 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 
 // Subscriber returns a subscriber for consumer group `group`.
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
-	sub, err := closers.Add(&t.subs, "googlecloud", func() (*wgc.Subscriber, error) {
+	sub, err := closers.Add(&t.subs, "googlecloud", func() (*Subscriber, error) {
 		sub, err := wgc.NewSubscriber(wgc.SubscriberConfig{
 			ProjectID:                t.cfg.ProjectID,
 			GenerateSubscriptionName: func(topic string) string { return SubscriptionName(topic, group) },
@@ -320,7 +376,7 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 		if err != nil {
 			return nil, fmt.Errorf("googlecloud: creating subscriber for group %q: %w", group, err)
 		}
-		return sub, nil
+		return &Subscriber{Subscriber: sub, t: t, group: group, closing: make(chan struct{})}, nil
 	})
 	if err != nil {
 		return nil, err // not a typed nil in the interface
