@@ -33,9 +33,13 @@
 // # Guarantees
 //
 //   - A message is acked only when its handler succeeded or when it was
-//     published to its dead-letter topic. If that publish fails, the handler
-//     error is returned and the router nacks the message for redelivery
-//     (MetricPublishFailures counts it).
+//     published to its dead-letter topic. If that publish fails, or gives
+//     no answer within Config.PublishTimeout (30s by default: a broker that
+//     stopped confirming), the handler error is returned and the router
+//     nacks the message for redelivery (MetricPublishFailures counts it).
+//     A publish given up on may still reach the topic later: the dead
+//     letter keeps the original message's UUID, so a recorder sees the
+//     copies as one message.
 //   - Whether a published dead letter reaches a recorder that starts later
 //     depends on the transport:
 //     amqp: by default a publish no queue is bound for fails

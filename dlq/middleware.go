@@ -81,7 +81,17 @@ type Config struct {
 	MaxValueBytes int
 	// OnRetry is passed to the retry middleware (see retry.Config.OnRetry).
 	OnRetry func(msg *message.Message, attempt int, err error, delay time.Duration)
+	// PublishTimeout bounds the dead-letter publish: the dead letter's
+	// context carries this deadline, and a publisher that does not stop at
+	// it (a broker that stopped confirming) is left behind after it. The
+	// message is then nacked for redelivery, as after a failed publish, so
+	// the handler's slot is never held forever. Default
+	// DefaultPublishTimeout (30s); -1 means no bound.
+	PublishTimeout time.Duration
 }
+
+// DefaultPublishTimeout is the default of Config.PublishTimeout.
+const DefaultPublishTimeout = 30 * time.Second
 
 func (c *Config) setDefaults() {
 	if c.Topic == nil {
@@ -98,6 +108,9 @@ func (c *Config) setDefaults() {
 		c.MaxValueBytes = DefaultMaxValueBytes
 	}
 	c.Retry = c.Retry.WithDefaults()
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
 }
 
 // Validate reports a configuration that cannot work.
@@ -108,6 +121,9 @@ func (c Config) Validate() error {
 	}
 	if c.Retry.MaxAttempts < 0 && c.Retry.MaxElapsedTime == 0 {
 		errs = append(errs, errors.New("dlq: Config.Retry has no limit (MaxAttempts -1, MaxElapsedTime 0): a poison message would be retried forever and block its queue; set MaxAttempts or MaxElapsedTime"))
+	}
+	if c.PublishTimeout < -1 {
+		errs = append(errs, fmt.Errorf("dlq: Config.PublishTimeout %s: want > 0, or -1 for no bound", c.PublishTimeout))
 	}
 	if c.MaxValueBytes < -1 || (c.MaxValueBytes >= 0 && c.MaxValueBytes < 64) {
 		errs = append(errs, fmt.Errorf("dlq: Config.MaxValueBytes %d: want >= 64, or -1 for no limit", c.MaxValueBytes))
@@ -304,7 +320,13 @@ func (m *Middleware) deadLetter(msg *message.Message, cause error) error {
 	// Keep the context's values (trace spans) but not its cancellation: the
 	// decision to park was made, and a shutdown starting now should not turn
 	// it into a redelivery of a message that already used its attempts.
-	dl.SetContext(context.WithoutCancel(ctx))
+	dlCtx := context.WithoutCancel(ctx)
+	if m.cfg.PublishTimeout > 0 {
+		var cancel context.CancelFunc
+		dlCtx, cancel = context.WithTimeout(dlCtx, m.cfg.PublishTimeout)
+		defer cancel()
+	}
+	dl.SetContext(dlCtx)
 
 	fields := logfields.Of(topic, msg).Add(watermill.LogFields{
 		"dlq_topic":  dlTopic,
@@ -313,7 +335,7 @@ func (m *Middleware) deadLetter(msg *message.Message, cause error) error {
 		"attempts":   f.Attempts,
 		"error_type": f.ErrorType,
 	})
-	if err := m.pub.Publish(dlTopic, dl); err != nil {
+	if err := m.publish(dlCtx, dlTopic, dl); err != nil {
 		m.stats.publishFailures.Add(1)
 		if m.publishFailure != nil {
 			m.publishFailure.WithLabelValues(topic).Inc()
@@ -430,4 +452,20 @@ func truncate(s string, max int) string {
 		cut--
 	}
 	return s[:cut] + marker
+}
+
+// publish publishes the dead letter, returning when ctx is done even if
+// the publisher does not (it is left to finish on its own).
+func (m *Middleware) publish(ctx context.Context, topic string, dl *message.Message) error {
+	if m.cfg.PublishTimeout <= 0 {
+		return m.pub.Publish(topic, dl)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.pub.Publish(topic, dl) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("no answer within Config.PublishTimeout (%s); the publish is left to finish: %w", m.cfg.PublishTimeout, ctx.Err())
+	}
 }

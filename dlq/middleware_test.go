@@ -429,3 +429,54 @@ func TestDeadLetterIsNotDeadLetteredAgain(t *testing.T) {
 	}
 	require.Empty(t, dlPub.published(), "a dead letter was dead-lettered again")
 }
+
+// hungPublisher never answers and ignores its messages' context, as a
+// publisher whose broker stopped confirming may; it records the deadline
+// the dead letter carried.
+type hungPublisher struct {
+	entered  chan time.Time // the dead letter's deadline, or zero
+	released chan struct{}
+}
+
+func (p *hungPublisher) Publish(_ string, msgs ...*message.Message) error {
+	d, _ := msgs[0].Context().Deadline()
+	p.entered <- d
+	<-p.released
+	return nil
+}
+func (p *hungPublisher) Close() error { return nil }
+
+// A dead-letter publish that never returns does not hold the handler
+// forever: after Config.PublishTimeout the message is nacked for
+// redelivery, with an error that names the bound. Before, the middleware
+// waited with no bound (the dead letter's context had no deadline).
+func TestDLQPublishThatHangsIsBounded(t *testing.T) {
+	t.Parallel()
+	hung := &hungPublisher{entered: make(chan time.Time, 1), released: make(chan struct{})}
+	t.Cleanup(func() { close(hung.released) })
+	mw, err := dlq.NewMiddleware(hung, dlq.Config{Retry: retry.Policy{MaxAttempts: 1}, PublishTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := mw.Middleware(func(*message.Message) ([]*message.Message, error) {
+			return nil, errors.New("handler failed")
+		})(message.NewMessage("m1", nil))
+		done <- err
+	}()
+	select {
+	case d := <-hung.entered:
+		require.False(t, d.IsZero(), "the dead letter's context carries no deadline")
+		require.WithinDuration(t, start.Add(200*time.Millisecond), d, 5*time.Second)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dead letter was not published within 10s")
+	}
+	select {
+	case err := <-done:
+		require.ErrorContains(t, err, "PublishTimeout")
+		require.ErrorContains(t, err, "message nacked for redelivery")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the middleware still waits for the dead-letter publish 15s after its 200ms bound")
+	}
+}
