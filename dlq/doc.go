@@ -37,9 +37,10 @@
 //     no answer within Config.PublishTimeout (30s by default: a broker that
 //     stopped confirming), the handler error is returned and the router
 //     nacks the message for redelivery (MetricPublishFailures counts it).
-//     A publish given up on may still reach the topic later: the dead
-//     letter keeps the original message's UUID, so a recorder sees the
-//     copies as one message.
+//     A publish given up on may still reach the topic later, beside the
+//     redelivery's own dead letter; both carry the original message's UUID
+//     (metadata.DeadLetterOriginalMessageID), so the two are recognisable
+//     as one message's.
 //   - Whether a published dead letter reaches a recorder that starts later
 //     depends on the transport:
 //     amqp: by default a publish no queue is bound for fails
