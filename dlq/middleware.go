@@ -42,7 +42,7 @@ const (
 	MetricPublishFailures = "millwright_dlq_publish_failures_total"
 	// MetricDepth is the number of dead letters stored and not yet
 	// replayed, by original topic. See NewDepthCollector.
-	MetricDepth = "millwright_dlq_depth"
+	MetricDepth = "millwright_dlq_depth_messages"
 )
 
 // DefaultTopic is the default Config.Topic: the subscribe topic with a

@@ -238,8 +238,8 @@
 // # Metrics
 //
 // With RelayConfig.Registerer set, the relay exports the Metric* constants:
-// the backlog gauges (millwright_outbox_pending_events, outbox_oldest_pending_age_seconds,
+// the backlog gauges (millwright_outbox_pending_events, millwright_outbox_oldest_pending_age_seconds,
 // millwright_outbox_failed_events, refreshed every MetricsInterval from index-only
-// queries), relay_publish_latency_seconds and the published/failed
+// queries), millwright_outbox_publish_latency_seconds and the published/failed
 // counters. Package outboxtest waits for a drained outbox in tests.
 package outbox

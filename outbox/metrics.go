@@ -14,26 +14,28 @@ import (
 // Metric names. The gauges are what an operator looks at first: a growing
 // pending count or oldest age means the relays do not keep up, a non-zero
 // failed count means events wait for `millwright outbox retry-failed`.
+// Like every millwright metric they start with millwright_ (docs/metrics.md,
+// Naming, has the rule and the names they had before).
 const (
 	// MetricPendingCount is a gauge: rows waiting to be published.
 	MetricPendingCount = "millwright_outbox_pending_events"
 	// MetricOldestPendingAge is a gauge: age in seconds of the oldest
 	// pending row, 0 when none.
-	MetricOldestPendingAge = "outbox_oldest_pending_age_seconds"
+	MetricOldestPendingAge = "millwright_outbox_oldest_pending_age_seconds"
 	// MetricFailedCount is a gauge: rows in the failed state.
 	MetricFailedCount = "millwright_outbox_failed_events"
 	// MetricPublishLatency is a histogram: duration in seconds of each
 	// broker publish call of the relay (one message, or one batch when the
 	// publisher is a transport.BatchPublisher).
-	MetricPublishLatency = "relay_publish_latency_seconds"
+	MetricPublishLatency = "millwright_outbox_publish_latency_seconds"
 	// MetricPublished is a counter: events the relay published and marked.
-	MetricPublished = "outbox_published_total"
+	MetricPublished = "millwright_outbox_published_total"
 	// MetricPublishErrors is a counter: failed publish attempts, each
 	// followed by a backoff.
-	MetricPublishErrors = "outbox_publish_errors_total"
+	MetricPublishErrors = "millwright_outbox_publish_errors_total"
 	// MetricFailed is a counter: events moved to the failed state after
 	// their last attempt.
-	MetricFailed = "outbox_failed_total"
+	MetricFailed = "millwright_outbox_failed_total"
 )
 
 // metrics holds the relay's collectors. With a nil Registerer they are

@@ -16,7 +16,7 @@ import (
 // now, read from the database at each scrape. Unlike MetricStuck (a counter
 // of sagas that became stuck), it stays up until `millwright saga resolve`
 // moves the saga on, so an alert on it lasts as long as the problem.
-const MetricStuckNow = "millwright_saga_stuck"
+const MetricStuckNow = "millwright_saga_stuck_instances"
 
 // stuckQueryTimeout bounds the count a scrape runs. A scrape that cannot
 // count logs the error and reports no sample for the type, rather than a

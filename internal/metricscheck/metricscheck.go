@@ -8,6 +8,9 @@
 // starts with "Metric" in the component packages (Packages). Reading the
 // source rather than a hand-kept list means a metric added to a component
 // is seen at once, and the test asks for it to be documented and charted.
+//
+// Lint checks the names themselves (Prefix, promlint); the package's test
+// builds every component's registry and lints what it gathers.
 package metricscheck
 
 import (
@@ -21,11 +24,15 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Packages are the directories (relative to the module root) whose
 // Metric* constants name exported metrics.
-var Packages = []string{"outbox", "idempotency", "retry", "dlq", "saga", "transport/sql"}
+var Packages = []string{"outbox", "idempotency", "retry", "dlq", "saga",
+	"transport/sql", "transport/amqp", "transport/googlecloud", "transport/kafka"}
 
 // Source says where a metric name is defined.
 type Source struct {
@@ -149,4 +156,42 @@ func Resolve(name string, exported map[string]Source) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// Prefix starts the name of every metric millwright exports: one
+// application namespace, as Prometheus's naming guide asks. A name reads
+// millwright_<component>_<what>_<unit>, where component is the package or
+// transport kind (outbox, dlq, saga, sql, googlecloud, ...), unit is a base
+// unit in plural (seconds, bytes) or the thing counted (events, messages),
+// and a counter ends in _total.
+const Prefix = "millwright_"
+
+// Lint checks gathered metric families with client_golang's promlint (the
+// linter `promtool check metrics` runs) plus millwright's own rules: every
+// name starts with Prefix, and no gauge or histogram is named like another
+// family's counter without _total (OpenMetrics names a counter's family
+// without the suffix, so millwright_x and millwright_x_total would clash).
+func Lint(mfs []*dto.MetricFamily) ([]promlint.Problem, error) {
+	l := promlint.NewWithMetricFamilies(mfs)
+	l.AddCustomValidations(func(mf *dto.MetricFamily) []error {
+		if !strings.HasPrefix(mf.GetName(), Prefix) {
+			return []error{fmt.Errorf("name does not start with %q (one application namespace): rename it %s<component>_...", Prefix, Prefix)}
+		}
+		return nil
+	})
+	problems, err := l.Lint()
+	counters := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetType() == dto.MetricType_COUNTER {
+			counters[strings.TrimSuffix(mf.GetName(), "_total")] = true
+		}
+	}
+	for _, mf := range mfs {
+		if mf.GetType() != dto.MetricType_COUNTER && counters[mf.GetName()] {
+			problems = append(problems, promlint.Problem{Metric: mf.GetName(),
+				Text: "has the OpenMetrics family name of counter " + mf.GetName() + "_total: give one of them another name"})
+		}
+	}
+	sort.Slice(problems, func(i, j int) bool { return problems[i].Metric < problems[j].Metric })
+	return problems, err
 }

@@ -21,7 +21,7 @@ func exported(t *testing.T) map[string]metricscheck.Source {
 	m, err := metricscheck.Exported(root)
 	require.NoError(t, err)
 	// Sanity: the scan must see the components' metrics at all.
-	for _, want := range []string{"millwright_outbox_pending_events", "millwright_dlq_depth", "millwright_saga_stuck_total", "millwright_retry_retries_total"} {
+	for _, want := range []string{"millwright_outbox_pending_events", "millwright_dlq_depth_messages", "millwright_saga_stuck_total", "millwright_retry_retries_total"} {
 		require.Contains(t, m, want)
 	}
 	return m
@@ -94,11 +94,11 @@ func TestAlertRules(t *testing.T) {
 	// The design's thresholds.
 	design := []struct{ alert, exprRe, forDur string }{
 		{"MillwrightOutboxBacklog", `millwright_outbox_pending_events\)?\s*>\s*1000$`, "5m"},
-		{"MillwrightOutboxOldestPendingAge", `outbox_oldest_pending_age_seconds\)?\s*>\s*60$`, "1m"},
+		{"MillwrightOutboxOldestPendingAge", `millwright_outbox_oldest_pending_age_seconds\)?\s*>\s*60$`, "1m"},
 		{"MillwrightOutboxFailed", `millwright_outbox_failed_events\)?\s*>\s*0$`, ""},
-		{"MillwrightRelayPublishSlow", `histogram_quantile\(0\.99,.*relay_publish_latency_seconds_bucket.*>\s*5$`, "5m"},
+		{"MillwrightRelayPublishSlow", `histogram_quantile\(0\.99,.*millwright_outbox_publish_latency_seconds_bucket.*>\s*5$`, "5m"},
 		{"MillwrightDeadLettersArriving", `millwright_dlq_dead_letters_total`, ""},
-		{"MillwrightSagaStuck", `millwright_saga_stuck\)?\s*>\s*0$`, ""}, // the gauge of sagas stuck now, not the counter
+		{"MillwrightSagaStuck", `millwright_saga_stuck_instances\)?\s*>\s*0$`, ""}, // the gauge of sagas stuck now, not the counter
 	}
 	for _, d := range design {
 		require.Contains(t, byAlert, d.alert)
@@ -148,7 +148,7 @@ func TestDocsListEveryMetric(t *testing.T) {
 	require.NoError(t, err)
 	doc := string(raw)
 	documented := map[string]bool{}
-	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z_:]+)` \\|").FindAllStringSubmatch(doc, -1) {
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z_:]+)` \\| (?:gauge|counter|histogram|summary) \\|").FindAllStringSubmatch(doc, -1) {
 		_, ok := known[m[1]]
 		require.True(t, ok, "docs/metrics.md lists %q, which no component exports", m[1])
 		documented[m[1]] = true
