@@ -30,7 +30,9 @@ import (
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/gochannel"
+	_ "github.com/millwright/millwright/transport/googlecloud"
 	sqltransport "github.com/millwright/millwright/transport/sql"
+	"github.com/millwright/millwright/transport/transporttest"
 )
 
 // recorder is a fresh registry that remembers the collectors it accepted,
@@ -129,6 +131,13 @@ func registries(t *testing.T) map[string]*recorder {
 	sqlTr, err := sqltransport.Open(ctx, sqltransport.Config{DB: schema.DB, Registerer: reg("transport/sql")}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sqlTr.Close() })
+
+	// The emulator in CI, else pstest (transporttest says which).
+	gcCfg := transporttest.Config(t, transport.GoogleCloud)
+	gcCfg.GoogleCloud.Registerer = reg("transport/googlecloud")
+	gcTr, err := transport.Open(ctx, gcCfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = gcTr.Close() })
 
 	// The example registers the relay, consumers' middlewares and saga
 	// as it starts them.

@@ -19,19 +19,19 @@ import (
 const (
 	// MetricOutstanding is how many messages of the subscription this
 	// process has delivered to handlers and not yet seen acked or nacked.
-	MetricOutstanding = "millwright_pubsub_outstanding_messages"
+	MetricOutstanding = "millwright_googlecloud_outstanding_messages"
 	// MetricLastDelivery is the Unix time of the subscription's last
 	// delivery to this process (0: none yet). Pub/Sub's API shows no
 	// backlog: alert when Cloud Monitoring's
 	// subscription/oldest_unacked_message_age exceeds RedeliveryBound
 	// while this is older than RedeliveryBound (a killed consumer's
 	// messages that were not redelivered).
-	MetricLastDelivery = "millwright_pubsub_last_delivery_timestamp_seconds"
+	MetricLastDelivery = "millwright_googlecloud_last_delivery_timestamp_seconds"
 	// MetricStalled is 1 while the subscription has messages outstanding
 	// in this process and nothing was delivered, acked or nacked for
 	// longer than RedeliveryBound (the transport then logs an error
 	// naming the subscription), else 0.
-	MetricStalled = "millwright_pubsub_subscription_stalled"
+	MetricStalled = "millwright_googlecloud_subscription_stalled"
 )
 
 type metrics struct {
