@@ -299,12 +299,37 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 	if err != nil {
 		return change.finish(0, err)
 	}
+	total, err := store.CountSelected(cmd.Context(), opts)
+	if err != nil {
+		_ = tr.Close()
+		return change.finish(0, err)
+	}
+	prog := newProgress(cmd, "dlq replay", "messages", int64(total))
+	opts.Progress = func(n int) { prog.Set(int64(n)) }
 	rep, err := store.Replay(cmd.Context(), tr.Publisher(), opts)
+	if err != nil {
+		prog.Stopped(err, dlqReplayResume(opts, len(rep.Items)))
+	} else {
+		prog.Finish(fmt.Sprintf("%d published", len(rep.Items)))
+	}
 	printDLQReplay(out, rep)
 	if cerr := tr.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("closing transport %s (messages above were published): %w", tr, cerr)
 	}
 	return change.finish(int64(len(rep.Items)), err)
+}
+
+// dlqReplayResume says what re-running a replay that stopped after
+// publishing n messages does: each published row was marked replayed in
+// the transaction that published it, so without --force the same command
+// skips them and continues with the rest (a row whose marking failed after
+// its publish may go again: at least once, as always); with --force it
+// would publish them again.
+func dlqReplayResume(opts dlq.ReplayOptions, n int) string {
+	if opts.Force {
+		return fmt.Sprintf("re-running with --force would publish the %d above again: narrow the selection (--id, --since) to continue with the rest", n)
+	}
+	return fmt.Sprintf("re-running the same command continues safely: the %d published are marked replayed and skipped", n)
 }
 
 // dlqTransportConfig reads the transport from --transport or the
