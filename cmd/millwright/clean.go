@@ -2,6 +2,7 @@ package main
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -114,23 +115,37 @@ millwright_audit. Every table must exist: run ` + "`millwright migrate`" + ` fir
 	return cmd
 }
 
+// retentionFlag names the flag of t's retention on cmd: --retention on
+// `<component> clean`, --<component>-retention on `clean`.
+func retentionFlag(cmd *cobra.Command, t cleanTarget) string {
+	if cmd.Flags().Lookup("retention") != nil {
+		return "retention"
+	}
+	return t.component + "-retention"
+}
+
 // runClean counts (dry run) or cleans each target once, printing a line
 // per table, and audits the run with the total.
 func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retention func(cleanTarget) time.Duration, batch int) error {
-	change, db, err := openChange(cmd, args)
+	// The cleaners are built, and so their retention and batch size
+	// validated, before anything is written (the audit row included).
+	cleaners := make([]*cleaner.Cleaner, len(targets))
+	change, db, err := openChange(cmd, args, func(db *sql.DB) error {
+		var errs []error
+		for i, t := range targets {
+			var err error
+			if cleaners[i], err = t.open(db, cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
+				errs = append(errs, fmt.Errorf("%s --%s=%s --batch-size=%d: %w", cmd.CommandPath(), retentionFlag(cmd, t), retention(t), batch, err))
+			}
+		}
+		return errors.Join(errs...)
+	})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	ctx := cmd.Context()
 	out := cmd.OutOrStdout()
-
-	cleaners := make([]*cleaner.Cleaner, len(targets))
-	for i, t := range targets {
-		if cleaners[i], err = t.open(db, cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
-			return change.finish(0, err)
-		}
-	}
 	count := func() (counts []int64, total int64, err error) {
 		for _, c := range cleaners {
 			n, err := c.Count(ctx)

@@ -263,6 +263,14 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 	if opts.Rate < 0 {
 		return fmt.Errorf("--rate %v: want >= 0 (0 means unlimited)", opts.Rate)
 	}
+	// The transport is read (not opened) before anything is written: a dry
+	// run needs none, but one given must be valid.
+	var tcfg transport.Config
+	if !opts.DryRun || fl.Changed("transport") {
+		if tcfg, err = dlqTransportConfig(cmd); err != nil {
+			return err
+		}
+	}
 	change, db, err := openChange(cmd, args)
 	if err != nil {
 		return err
@@ -291,10 +299,6 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 		return err
 	}
 
-	tcfg, err := dlqTransportConfig(cmd)
-	if err != nil {
-		return change.finish(0, err)
-	}
 	tr, err := transport.Open(cmd.Context(), tcfg)
 	if err != nil {
 		return change.finish(0, err)

@@ -178,6 +178,9 @@ run is recorded in millwright_audit.`,
 			action, _ := cmd.Flags().GetString("action")
 			note, _ := cmd.Flags().GetString("note")
 			dry, _ := cmd.Flags().GetBool("dry-run")
+			if a := saga.ResolveAction(action); a != saga.ResolveRetry && a != saga.ResolveSkip {
+				return fmt.Errorf("saga resolve: --action: unknown action %q: want %s (send the stuck compensation again) or %s (it was done by hand)", action, saga.ResolveRetry, saga.ResolveSkip)
+			}
 			change, db, err := openChange(cmd, args)
 			if err != nil {
 				return err
