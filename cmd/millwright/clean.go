@@ -175,11 +175,19 @@ func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retentio
 	if err != nil {
 		return change.finish(0, err)
 	}
+	_, toDelete, err := count()
+	if err != nil {
+		return change.finish(0, err)
+	}
+	prog := newProgress(cmd, strings.TrimPrefix(cmd.CommandPath(), rootCmd.Name()+" "), "rows", toDelete)
 	var total int64
 	for i, c := range cleaners {
-		stats, err := c.RunOnce(ctx)
+		before := total
+		stats, err := c.RunOnceWithProgress(ctx, func(deleted int64) { prog.Set(before + deleted) })
 		total += stats.Deleted
 		if err != nil {
+			// Each batch is its own committed transaction.
+			prog.Stopped(err, fmt.Sprintf("the %d row(s) deleted stay deleted; re-running continues safely with the rest", total))
 			return change.finish(total, err)
 		}
 		if stats.Skipped {
@@ -193,5 +201,6 @@ func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retentio
 				targets[i].rows, stats.PartitionsDropped, stats.DroppedRows, stats.PartitionsCreated, len(stats.PartitionsKept), stats.PartitionsKept, stats.DefaultRows)
 		}
 	}
+	prog.Finish("")
 	return change.finish(total, nil)
 }
