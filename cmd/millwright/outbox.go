@@ -112,7 +112,7 @@ required. Every run is recorded in millwright_audit.`,
 			if err != nil {
 				return err
 			}
-			evs, err := outbox.RetryFailed(ctx, db, filter, dry)
+			evs, err := retryFailed(cmd, db, filter, dry)
 			if err != nil {
 				return change.finish(0, err)
 			}
