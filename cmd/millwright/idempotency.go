@@ -115,8 +115,10 @@ func runBenchIdempotency(cmd *cobra.Command, _ []string) error {
 	}
 	cfg.DB = db
 	cfg.Progress = cmd.ErrOrStderr()
+	step, end := benchProgress(cmd)
+	cfg.Step = step
 	rep, err := idempotencybench.Run(ctx, cfg)
-	if err != nil {
+	if err := end(err); err != nil {
 		return err
 	}
 	if asJSON {

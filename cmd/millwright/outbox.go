@@ -294,7 +294,9 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	cfg.DB, cfg.URL = db, schemaURL
-	return outboxbench.Run(ctx, cfg)
+	step, end := benchProgress(cmd)
+	cfg.Step = step
+	return end(outboxbench.Run(ctx, cfg))
 }
 
 // openOutboxBenchBroker is the transport of one drain or latency section,

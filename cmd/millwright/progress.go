@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -25,4 +27,30 @@ func writerIsTerminal(w io.Writer) bool {
 	}
 	f, ok := w.(*os.File)
 	return ok && fileIsTerminal(f)
+}
+
+// benchProgress reports a benchmark's progress in runs: step is the
+// bench's Step hook, end ends the report with the bench's error (or the
+// command's cancellation) and returns that error.
+func benchProgress(cmd *cobra.Command) (step func(done, total int), end func(error) error) {
+	prog := newProgress(cmd, strings.TrimPrefix(cmd.CommandPath(), rootCmd.Name()+" "), "runs", 0)
+	step = func(done, total int) {
+		prog.SetTotal(int64(total))
+		prog.Set(int64(done))
+	}
+	end = func(err error) error {
+		stopped := err
+		if stopped == nil {
+			// A bench may skip what fails and finish; after a signal
+			// that is not a finished run.
+			stopped = context.Cause(cmd.Context())
+		}
+		if stopped != nil {
+			prog.Stopped(stopped, "a benchmark keeps nothing between runs: re-running starts it over")
+		} else {
+			prog.Finish("")
+		}
+		return err
+	}
+	return step, end
 }

@@ -334,7 +334,10 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 				br.dropTopics(ctx, topics...)
 			}}, nil
 	}
+	step, end := benchProgress(cmd)
+	cfg.Step = step
 	rep, err := sagabench.Run(ctx, cfg)
+	err = end(err)
 	if len(rep.Rows) > 0 {
 		// Also when a later run failed: what was measured is printed.
 		write := rep.WriteTable
