@@ -81,6 +81,7 @@ func runBenchMemory(cmd *cobra.Command, _ []string) error {
 		fmt.Fprintf(out, "%10s %16s %14s %16s %10s %12s\n", "pending", "peak heap MiB", "peak RSS MiB", "heap before MiB", "drain s", "events/s")
 	}
 	step, end := benchProgress(cmd)
+	out = cmd.OutOrStdout() // wrapped by benchProgress on a terminal
 	for i, n := range sizes {
 		row, err := measureRelayMemory(ctx, admin, databaseURL(u), n)
 		if err != nil {

@@ -106,6 +106,7 @@ func runBenchTransport(cmd *cobra.Command, _ []string) error {
 		fmt.Fprintf(out, "%-12s %-26s %10s %17s %16s %7s\n", "kind", "broker", "publishers", "millwright msg/s", "watermill msg/s", "ratio")
 	}
 	step, end := benchProgress(cmd)
+	out = cmd.OutOrStdout() // wrapped by benchProgress on a terminal
 	return end(benchtransport.Run(ctx, benchtransport.Options{
 		Configs: configs, Publishers: pubs, Messages: n, Runs: runs, Payload: payload, Step: step,
 	}, func(r benchtransport.Row) {

@@ -180,6 +180,7 @@ func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retentio
 		return change.finish(0, err)
 	}
 	prog := newProgress(cmd, strings.TrimPrefix(cmd.CommandPath(), rootCmd.Name()+" "), "rows", toDelete)
+	out = cmd.OutOrStdout() // wrapped by newProgress on a terminal
 	var total int64
 	for i, c := range cleaners {
 		before := total

@@ -296,6 +296,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	cfg.DB, cfg.URL = db, schemaURL
 	step, end := benchProgress(cmd)
 	cfg.Step = step
+	cfg.Out = cmd.OutOrStdout() // wrapped by benchProgress on a terminal
 	return end(outboxbench.Run(ctx, cfg))
 }
 

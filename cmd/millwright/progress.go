@@ -14,9 +14,18 @@ import (
 // newProgress starts the progress reporter of a long operation of cmd:
 // on stderr, redrawn in place when stderr is a terminal, one line per
 // interval otherwise (safety_tty_*.go's detection).
+//
+// On a terminal the command's stdout and stderr are wrapped so that what
+// the command prints meanwhile clears the progress line first: writers
+// taken from cmd before newProgress are not, so take them after.
 func newProgress(cmd *cobra.Command, what, unit string, total int64) *progress.Reporter {
-	out := cmd.ErrOrStderr()
-	return progress.New(progress.Config{Out: out, What: what, Unit: unit, Total: total, Terminal: writerIsTerminal(out)})
+	errOut := cmd.ErrOrStderr()
+	p := progress.New(progress.Config{Out: errOut, What: what, Unit: unit, Total: total, Terminal: writerIsTerminal(errOut)})
+	if writerIsTerminal(errOut) {
+		cmd.SetOut(p.Wrap(cmd.OutOrStdout()))
+		cmd.SetErr(p.Wrap(errOut))
+	}
+	return p
 }
 
 // writerIsTerminal reports whether w is a terminal (tests stand in for

@@ -336,6 +336,7 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	}
 	step, end := benchProgress(cmd)
 	cfg.Step = step
+	cfg.Progress = cmd.ErrOrStderr() // wrapped by benchProgress on a terminal
 	rep, err := sagabench.Run(ctx, cfg)
 	err = end(err)
 	if len(rep.Rows) > 0 {

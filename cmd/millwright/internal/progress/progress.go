@@ -170,6 +170,32 @@ func (r *Reporter) rate(elapsed time.Duration) float64 {
 	return float64(r.done) / elapsed.Seconds()
 }
 
+// Wrap returns a writer to w for the operation's other output while the
+// report runs: on a terminal each write first clears the progress line
+// (which the next update redraws), so that the two do not run together
+// on one line; off a terminal it is w.
+func (r *Reporter) Wrap(w io.Writer) io.Writer {
+	if !r.cfg.Terminal {
+		return w
+	}
+	return clearing{r: r, w: w}
+}
+
+type clearing struct {
+	r *Reporter
+	w io.Writer
+}
+
+func (c clearing) Write(p []byte) (int, error) {
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	if c.r.drawn {
+		fmt.Fprint(c.r.cfg.Out, "\r\x1b[K")
+		c.r.drawn = false
+	}
+	return c.w.Write(p)
+}
+
 // endLocked ends a terminal line in progress, so the next line starts on
 // its own.
 func (r *Reporter) endLocked() {

@@ -107,3 +107,23 @@ func TestTerminalRedrawsInPlace(t *testing.T) {
 		"\rw: 5/10 (50%), 2.50/s, about 2s left (2s elapsed)\x1b[K\n"+
 		"w: done, 5/10 (50%) in 2s (2.50/s)\n", out.String())
 }
+
+// On a terminal, other output written through Wrap clears the progress
+// line first; the next update draws it again at once.
+func TestWrapClearsTheTerminalLine(t *testing.T) {
+	t.Parallel()
+	c, out := setup()
+	r := progress.New(progress.Config{Out: out, What: "w", Total: 4, Terminal: true, Now: c.now})
+	other := r.Wrap(out)
+	c.advance(time.Second)
+	r.Set(1)
+	_, _ = other.Write([]byte("deleted 1 row\n"))
+	r.Set(2) // within Redraw, but the line was cleared: drawn again
+	require.Equal(t, "\rw: 1/4 (25%), 1.00/s, about 3s left (1s elapsed)\x1b[K"+
+		"\r\x1b[Kdeleted 1 row\n"+
+		"\rw: 2/4 (50%), 2.00/s, about 1s left (1s elapsed)\x1b[K", out.String())
+
+	var plain bytes.Buffer
+	p := progress.New(progress.Config{Out: &plain, What: "w"})
+	require.Same(t, &plain, p.Wrap(&plain).(*bytes.Buffer), "off a terminal Wrap is the writer itself")
+}
