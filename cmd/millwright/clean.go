@@ -70,7 +70,9 @@ func cleanCmd(component string) *cobra.Command {
 statement, as the component's Cleaner does every interval. Skips (and says so)
 when another cleaner holds the lock. --dry-run counts the rows that would be
 deleted. On a terminal it shows that count and asks to confirm; elsewhere --yes
-is required. Every run is recorded in millwright_audit.`,
+is required. Every run past flag validation is recorded in
+millwright_audit (a dry run writes nothing else).
+Progress (rows deleted of those counted) goes to stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			retention, _ := cmd.Flags().GetDuration("retention")
@@ -95,8 +97,10 @@ marks, dead letters, completed and compensated sagas with their steps, audit
 rows; each older than its --<component>-retention, --batch-size rows per
 statement. A table whose cleaner is busy elsewhere is skipped (and said so).
 --dry-run counts what would be deleted. On a terminal it shows the counts and
-asks to confirm; elsewhere --yes is required. The run is recorded in
-millwright_audit. Every table must exist: run ` + "`millwright migrate`" + ` first.`,
+asks to confirm; elsewhere --yes is required. Every run past flag validation
+is recorded in millwright_audit (a dry run writes nothing else). Progress
+(rows deleted of those counted) goes to stderr. Every table must exist: run
+` + "`millwright migrate`" + ` first.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			batch, _ := cmd.Flags().GetInt("batch-size")

@@ -218,10 +218,14 @@ func dlqReplayCmd() *cobra.Command {
 		Long: `Publish the selected dead letters, oldest first, to their original topic (or
 --target) with their original UUID, payload and metadata, and mark each row
 replayed. Rows already replayed are skipped unless --force. --dry-run prints
-exactly which message would go to which topic and publishes nothing. At least
-one filter flag, or --all, is required, so a bare command cannot replay
-everything by accident. On a terminal it shows the selection and asks to
-confirm; elsewhere --yes is required. Every run is recorded in millwright_audit.
+exactly which message would go to which topic and publishes and marks
+nothing. At least one filter flag, or --all, is required, so a bare command
+cannot replay everything by accident. On a terminal it shows the selection
+and asks to confirm; elsewhere --yes is required. Every run past flag
+validation is recorded in millwright_audit (a dry run writes nothing else).
+Progress (messages published of those selected) goes to stderr; an
+interrupted replay says how far it got, and re-running it continues with the
+rest (without --force).
 
 The publisher comes from the transport named by --transport (a kind or URL,
 default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
@@ -230,7 +234,7 @@ default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
 	}
 	addDLQFilterFlags(cmd, 0)
 	f := cmd.Flags()
-	f.Bool("dry-run", false, "print what would be published where; publish and mark nothing")
+	f.Bool("dry-run", false, "print what would be published where; publish and mark nothing (writes only the audit row)")
 	f.Float64("rate", 10, "publish at most this many messages per second (0: unlimited)")
 	f.String("target", "", "publish to this topic instead of each dead letter's original topic")
 	f.Bool("force", false, "also replay dead letters replayed before")

@@ -43,7 +43,8 @@ nothing (add --sql to print each one's SQL).
 With --outbox-partitioned it also applies the outbox's partitioned layout
 (outbox.PartitionedMigrations): millwright_outbox becomes a table
 partitioned by day on created_at, its rows moved in one transaction, and
-the outbox cleaner drops whole partitions instead of deleting rows. Without
+the outbox cleaner drops whole partitions instead of deleting rows (the
+copy's progress, rows moved of the total, goes to stderr). Without
 it the outbox stays a plain table cleaned by batched DELETE. Once applied
 the layout stays; later runs need not repeat the flag. See
 docs/partitioning.md.`,

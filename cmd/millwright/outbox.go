@@ -86,7 +86,9 @@ func outboxCmd() *cobra.Command {
 publish attempts) back to pending with a fresh retry budget, and wakes the
 relays. --topic and --id narrow the selection; --dry-run only lists it. On a
 terminal it shows the selection and asks to confirm; elsewhere --yes is
-required. Every run is recorded in millwright_audit.`,
+required. Every run past flag validation is recorded in
+millwright_audit (a dry run writes nothing else).
+Progress (rows reset of those selected) goes to stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			topic, _ := cmd.Flags().GetString("topic")
@@ -131,7 +133,7 @@ required. Every run is recorded in millwright_audit.`,
 	addDatabaseFlag(retryFailed)
 	retryFailed.Flags().String("topic", "", "retry only this topic's failed events")
 	retryFailed.Flags().Int64Slice("id", nil, "retry only these row ids (repeat or comma-separate)")
-	retryFailed.Flags().Bool("dry-run", false, "list the events that would be retried, change nothing")
+	retryFailed.Flags().Bool("dry-run", false, "list the events that would be retried; change nothing but the audit row")
 	addSafetyFlags(retryFailed)
 
 	cmd.AddCommand(status, retryFailed, cleanCmd("outbox"))

@@ -151,8 +151,8 @@ func openChange(cmd *cobra.Command, args []string, validate ...func(*sql.DB) err
 
 // ready checks that the audit table exists in db, so nothing is changed
 // that could not be audited; finish writes there.
-// A dry run changes nothing, so it runs without the table: it is audited
-// only where the table exists.
+// A dry run changes nothing but its audit row, so it runs without the
+// table: it is audited only where the table exists.
 func (c *change) ready(db *sql.DB) error {
 	if err := audit.Ready(c.cmd.Context(), db); err != nil {
 		if c.dryRun {

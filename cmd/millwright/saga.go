@@ -170,9 +170,9 @@ participant is fixed:
                   compensations of the earlier steps.
 
 The next round of any running orchestrator of the saga's type acts on it.
---dry-run prints what would be done and changes nothing. On a terminal it
-shows the resolution and asks to confirm; elsewhere --yes is required. Every
-run is recorded in millwright_audit.`,
+--dry-run prints what would be done and writes only its audit row. On a
+terminal it shows the resolution and asks to confirm; elsewhere --yes is
+required. Every run past flag validation is recorded in millwright_audit.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			action, _ := cmd.Flags().GetString("action")
@@ -217,7 +217,7 @@ run is recorded in millwright_audit.`,
 	}
 	cmd.Flags().String("action", string(saga.ResolveRetry), "retry (send the stuck compensation again) or skip (it was done by hand)")
 	cmd.Flags().String("note", "", "recorded in the saga's history with the action")
-	cmd.Flags().Bool("dry-run", false, "print what would be done and change nothing")
+	cmd.Flags().Bool("dry-run", false, "print what would be done; change nothing but the audit row")
 	addSafetyFlags(cmd)
 	addDatabaseFlag(cmd)
 	return cmd
