@@ -192,7 +192,7 @@ func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retentio
 		total += stats.Deleted
 		if err != nil {
 			// Each batch is its own committed transaction.
-			prog.Stopped(err, fmt.Sprintf("the %d row(s) deleted stay deleted; re-running continues safely with the rest", total))
+			prog.Stopped(stoppedBy(ctx, err), fmt.Sprintf("the %d row(s) deleted stay deleted; re-running continues safely with the rest", total))
 			return change.finish(total, err)
 		}
 		if stats.Skipped {

@@ -315,12 +315,17 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 	prog := newProgress(cmd, "dlq replay", "messages", int64(total))
 	opts.Progress = func(n int) { prog.Set(int64(n)) }
 	rep, err := store.Replay(cmd.Context(), tr.Publisher(), opts)
+	printDLQReplay(cmd.OutOrStdout(), rep)
+	if err != nil && cmd.Context().Err() != nil {
+		// The audit row and main's line say what stopped it.
+		err = fmt.Errorf("dlq replay interrupted after publishing %d: %w", len(rep.Items), stoppedBy(cmd.Context(), err))
+	}
+	// Last, so that it is the line an operator sees.
 	if err != nil {
-		prog.Stopped(err, dlqReplayResume(opts, len(rep.Items)))
+		prog.Stopped(stoppedBy(cmd.Context(), err), dlqReplayResume(opts, len(rep.Items)))
 	} else {
 		prog.Finish(fmt.Sprintf("%d published", len(rep.Items)))
 	}
-	printDLQReplay(out, rep)
 	if cerr := tr.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("closing transport %s (messages above were published): %w", tr, cerr)
 	}

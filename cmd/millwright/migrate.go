@@ -147,7 +147,7 @@ func (p *migrateProgress) end(err error) {
 	switch {
 	case prog == nil:
 	case err != nil:
-		prog.Stopped(err, "the conversion is one transaction, applied whole or not at all: re-running is safe and starts it over")
+		prog.Stopped(stoppedBy(p.cmd.Context(), err), "the conversion is one transaction, applied whole or not at all: re-running is safe and starts it over")
 	default:
 		prog.Finish("committed")
 	}

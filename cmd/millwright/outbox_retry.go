@@ -23,7 +23,7 @@ func retryFailed(cmd *cobra.Command, db *sql.DB, filter outbox.FailedFilter, dry
 	if err != nil {
 		// Whether the one transaction committed or not, a re-run selects
 		// only the rows still failed.
-		prog.Stopped(err, "re-running is safe: the batches are one transaction, and rows back to pending are not selected again")
+		prog.Stopped(stoppedBy(ctx, err), "re-running is safe: the batches are one transaction, and rows back to pending are not selected again")
 		return nil, err
 	}
 	prog.Finish("committed")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -38,6 +39,23 @@ func writerIsTerminal(w io.Writer) bool {
 	return ok && fileIsTerminal(f)
 }
 
+// stoppedBy is why an operation stopped: err, prefixed with the cause of
+// ctx's end (the signal: "interrupt signal received") unless err says it,
+// or that cause alone when err is nil.
+func stoppedBy(ctx context.Context, err error) error {
+	if ctx.Err() == nil {
+		return err
+	}
+	cause := context.Cause(ctx)
+	switch {
+	case err == nil:
+		return cause
+	case strings.Contains(err.Error(), cause.Error()):
+		return err
+	}
+	return fmt.Errorf("%v: %w", cause, err)
+}
+
 // benchProgress reports a benchmark's progress in runs: step is the
 // bench's Step hook, end ends the report with the bench's error (or the
 // command's cancellation) and returns that error.
@@ -48,12 +66,9 @@ func benchProgress(cmd *cobra.Command) (step func(done, total int), end func(err
 		prog.Set(int64(done))
 	}
 	end = func(err error) error {
-		stopped := err
-		if stopped == nil {
-			// A bench may skip what fails and finish; after a signal
-			// that is not a finished run.
-			stopped = context.Cause(cmd.Context())
-		}
+		// A bench may skip what fails and finish; after a signal that is
+		// not a finished run.
+		stopped := stoppedBy(cmd.Context(), err)
 		if stopped != nil {
 			prog.Stopped(stopped, "a benchmark keeps nothing between runs: re-running starts it over")
 		} else {
