@@ -29,6 +29,28 @@ type ReplayOptions struct {
 	Rate float64
 	// Force replays rows already replayed, too.
 	Force bool
+	// Progress, if set, is called on Replay's goroutine after each selected
+	// row is handled (published and marked, listed in a dry run, or skipped
+	// as taken by a concurrent replay) with the number handled so far; a
+	// progress report counts the rows to handle with CountSelected. Default
+	// nil.
+	Progress func(handled int)
+}
+
+// CountSelected returns how many rows a Replay with opts would handle
+// now (the total of ReplayOptions.Progress): the rows the filter selects,
+// without those already replayed unless opts.Force, at most Filter.Limit.
+func (s *Store) CountSelected(ctx context.Context, opts ReplayOptions) (int, error) {
+	f := opts.Filter
+	f.Pending = !opts.Force
+	n, err := s.Count(ctx, f)
+	if err != nil {
+		return 0, err
+	}
+	if f.Limit > 0 {
+		n = min(n, f.Limit)
+	}
+	return n, nil
 }
 
 // ReplayItem is one dead letter replayed (or, in a dry run, to be replayed).
@@ -112,6 +134,13 @@ func (s *Store) Replay(ctx context.Context, pub message.Publisher, opts ReplayOp
 	// payloads: replayOne reads each row in its own transaction), however
 	// many dead letters the filter selects.
 	remaining := f.Limit
+	handled := 0
+	progress := func() {
+		handled++
+		if opts.Progress != nil {
+			opts.Progress(handled)
+		}
+	}
 	for {
 		pf := f
 		pf.Limit = page
@@ -132,6 +161,7 @@ func (s *Store) Replay(ctx context.Context, pub message.Publisher, opts ReplayOp
 			}
 			if opts.DryRun {
 				rep.Items = append(rep.Items, item)
+				progress()
 				continue
 			}
 			if interval > 0 {
@@ -149,9 +179,11 @@ func (s *Store) Replay(ctx context.Context, pub message.Publisher, opts ReplayOp
 			}
 			if !published {
 				rep.SkippedConcurrent++
+				progress()
 				continue
 			}
 			rep.Items = append(rep.Items, item)
+			progress()
 		}
 		if len(refs) < pf.Limit {
 			return rep, nil

@@ -73,6 +73,21 @@ type FailedEvent struct {
 // aggregate; note that later events of the aggregate may have been
 // published meanwhile (see the package documentation).
 func RetryFailed(ctx context.Context, db *sql.DB, f FailedFilter, dryRun bool) ([]FailedEvent, error) {
+	return RetryFailedWithProgress(ctx, db, f, dryRun, nil)
+}
+
+// RetryBatch is how many rows RetryFailedWithProgress resets per UPDATE.
+const RetryBatch = 1000
+
+// RetryFailedWithProgress is RetryFailed calling progress, if not nil,
+// with the rows selected (total) once they are locked and then after each
+// UPDATE of at most RetryBatch rows with the rows reset so far. Every batch
+// is in the one transaction, committed at the end: a run stopped midway
+// changes nothing.
+func RetryFailedWithProgress(ctx context.Context, db *sql.DB, f FailedFilter, dryRun bool, progress func(done, total int)) ([]FailedEvent, error) {
+	if progress == nil {
+		progress = func(int, int) {}
+	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: retry-failed: begin: %w", err)
@@ -111,9 +126,14 @@ func RetryFailed(ctx context.Context, db *sql.DB, f FailedFilter, dryRun bool) (
 	if dryRun || len(sel) == 0 {
 		return out, nil
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE millwright_outbox SET status = 'pending', retry_count = 0, next_attempt_at = now()
-		WHERE id = ANY($1) AND status = 'failed'`, int64Array(sel)); err != nil {
-		return nil, fmt.Errorf("outbox: retry-failed: resetting %d row(s): %w", len(sel), err)
+	progress(0, len(sel))
+	for start := 0; start < len(sel); start += RetryBatch {
+		batch := sel[start:min(start+RetryBatch, len(sel))]
+		if _, err := tx.ExecContext(ctx, `UPDATE millwright_outbox SET status = 'pending', retry_count = 0, next_attempt_at = now()
+			WHERE id = ANY($1) AND status = 'failed'`, int64Array(batch)); err != nil {
+			return nil, fmt.Errorf("outbox: retry-failed: resetting %d row(s) (%d of %d done, none committed): %w", len(batch), start, len(sel), err)
+		}
+		progress(start+len(batch), len(sel))
 	}
 	if _, err := tx.ExecContext(ctx, `SELECT pg_notify(`+notifyChannelSQL("n.nspname::text")+`, '')
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'millwright_outbox'::regclass`); err != nil {

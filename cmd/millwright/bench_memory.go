@@ -80,18 +80,21 @@ func runBenchMemory(cmd *cobra.Command, _ []string) error {
 		fmt.Fprintf(out, "relay memory: one relay (BatchSize 500) draining N pending 300-byte events into a discarding publisher\n")
 		fmt.Fprintf(out, "%10s %16s %14s %16s %10s %12s\n", "pending", "peak heap MiB", "peak RSS MiB", "heap before MiB", "drain s", "events/s")
 	}
-	for _, n := range sizes {
+	step, end := benchProgress(cmd)
+	out = cmd.OutOrStdout() // wrapped by benchProgress on a terminal
+	for i, n := range sizes {
 		row, err := measureRelayMemory(ctx, admin, databaseURL(u), n)
 		if err != nil {
-			return err
+			return end(err)
 		}
+		step(i+1, len(sizes))
 		if asJSON {
 			_ = json.NewEncoder(out).Encode(row)
 			continue
 		}
 		fmt.Fprintf(out, "%10d %16.1f %14.1f %16.1f %10.1f %12.0f\n", row.Pending, row.PeakHeapMiB, row.PeakRSSMiB, row.BaseHeapMiB, row.DrainSeconds, row.EventsPerSec)
 	}
-	return nil
+	return end(nil)
 }
 
 func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) (memRow, error) {

@@ -105,15 +105,17 @@ func runBenchTransport(cmd *cobra.Command, _ []string) error {
 		fmt.Fprintf(out, "transport benchmark: %d messages of %d bytes, median of %d runs, publish start to last ack\n", n, payload, runs)
 		fmt.Fprintf(out, "%-12s %-26s %10s %17s %16s %7s\n", "kind", "broker", "publishers", "millwright msg/s", "watermill msg/s", "ratio")
 	}
-	return benchtransport.Run(ctx, benchtransport.Options{
-		Configs: configs, Publishers: pubs, Messages: n, Runs: runs, Payload: payload,
+	step, end := benchProgress(cmd)
+	out = cmd.OutOrStdout() // wrapped by benchProgress on a terminal
+	return end(benchtransport.Run(ctx, benchtransport.Options{
+		Configs: configs, Publishers: pubs, Messages: n, Runs: runs, Payload: payload, Step: step,
 	}, func(r benchtransport.Row) {
 		if asJSON {
 			_ = json.NewEncoder(out).Encode(transportBenchRow{Row: r, Broker: labels[r.Kind]})
 			return
 		}
 		fmt.Fprintf(out, "%-12s %-26s %10d %17.0f %16.0f %7.3f\n", r.Kind, labels[r.Kind], r.Publishers, r.Millwright, r.Watermill, r.Ratio)
-	})
+	}))
 }
 
 // transportBenchRow is one --json row: benchtransport's figures and the

@@ -2,6 +2,7 @@ package main
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -69,7 +70,9 @@ func cleanCmd(component string) *cobra.Command {
 statement, as the component's Cleaner does every interval. Skips (and says so)
 when another cleaner holds the lock. --dry-run counts the rows that would be
 deleted. On a terminal it shows that count and asks to confirm; elsewhere --yes
-is required. Every run is recorded in millwright_audit.`,
+is required. Every run past flag validation is recorded in
+millwright_audit (a dry run writes nothing else).
+Progress (rows deleted of those counted) goes to stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			retention, _ := cmd.Flags().GetDuration("retention")
@@ -94,8 +97,10 @@ marks, dead letters, completed and compensated sagas with their steps, audit
 rows; each older than its --<component>-retention, --batch-size rows per
 statement. A table whose cleaner is busy elsewhere is skipped (and said so).
 --dry-run counts what would be deleted. On a terminal it shows the counts and
-asks to confirm; elsewhere --yes is required. The run is recorded in
-millwright_audit. Every table must exist: run ` + "`millwright migrate`" + ` first.`,
+asks to confirm; elsewhere --yes is required. Every run past flag validation
+is recorded in millwright_audit (a dry run writes nothing else). Progress
+(rows deleted of those counted) goes to stderr. Every table must exist: run
+` + "`millwright migrate`" + ` first.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			batch, _ := cmd.Flags().GetInt("batch-size")
@@ -114,23 +119,37 @@ millwright_audit. Every table must exist: run ` + "`millwright migrate`" + ` fir
 	return cmd
 }
 
+// retentionFlag names the flag of t's retention on cmd: --retention on
+// `<component> clean`, --<component>-retention on `clean`.
+func retentionFlag(cmd *cobra.Command, t cleanTarget) string {
+	if cmd.Flags().Lookup("retention") != nil {
+		return "retention"
+	}
+	return t.component + "-retention"
+}
+
 // runClean counts (dry run) or cleans each target once, printing a line
 // per table, and audits the run with the total.
 func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retention func(cleanTarget) time.Duration, batch int) error {
-	change, db, err := openChange(cmd, args)
+	// The cleaners are built, and so their retention and batch size
+	// validated, before anything is written (the audit row included).
+	cleaners := make([]*cleaner.Cleaner, len(targets))
+	change, db, err := openChange(cmd, args, func(db *sql.DB) error {
+		var errs []error
+		for i, t := range targets {
+			var err error
+			if cleaners[i], err = t.open(db, cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
+				errs = append(errs, fmt.Errorf("%s --%s=%s --batch-size=%d: %w", cmd.CommandPath(), retentionFlag(cmd, t), retention(t), batch, err))
+			}
+		}
+		return errors.Join(errs...)
+	})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	ctx := cmd.Context()
 	out := cmd.OutOrStdout()
-
-	cleaners := make([]*cleaner.Cleaner, len(targets))
-	for i, t := range targets {
-		if cleaners[i], err = t.open(db, cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
-			return change.finish(0, err)
-		}
-	}
 	count := func() (counts []int64, total int64, err error) {
 		for _, c := range cleaners {
 			n, err := c.Count(ctx)
@@ -160,11 +179,20 @@ func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retentio
 	if err != nil {
 		return change.finish(0, err)
 	}
+	_, toDelete, err := count()
+	if err != nil {
+		return change.finish(0, err)
+	}
+	prog := newProgress(cmd, strings.TrimPrefix(cmd.CommandPath(), rootCmd.Name()+" "), "rows", toDelete)
+	out = cmd.OutOrStdout() // wrapped by newProgress on a terminal
 	var total int64
 	for i, c := range cleaners {
-		stats, err := c.RunOnce(ctx)
+		before := total
+		stats, err := c.RunOnceWithProgress(ctx, func(deleted int64) { prog.Set(before + deleted) })
 		total += stats.Deleted
 		if err != nil {
+			// Each batch is its own committed transaction.
+			prog.Stopped(stoppedBy(ctx, err), fmt.Sprintf("the %d row(s) deleted stay deleted; re-running continues safely with the rest", total))
 			return change.finish(total, err)
 		}
 		if stats.Skipped {
@@ -178,5 +206,6 @@ func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retentio
 				targets[i].rows, stats.PartitionsDropped, stats.DroppedRows, stats.PartitionsCreated, len(stats.PartitionsKept), stats.PartitionsKept, stats.DefaultRows)
 		}
 	}
+	prog.Finish("")
 	return change.finish(total, nil)
 }

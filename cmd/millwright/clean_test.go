@@ -68,8 +68,12 @@ func TestCleanAllCountsThenDeletesEveryTableAndAudits(t *testing.T) {
 	all3["millwright_audit"]++ // the dry run's own audit row
 	require.Equal(t, all3, tableCounts(t, s), "a dry run deletes nothing")
 
-	out, _, err = runCLI(t, cleanAllCmd(), nil, s.URL, "--yes", "--batch-size", "1", "--saga-retention", "1000h")
+	out, stderr, err := runCLI(t, cleanAllCmd(), nil, s.URL, "--yes", "--batch-size", "1", "--saga-retention", "1000h")
 	require.NoError(t, err)
+	// Progress on stderr (not a terminal: a line per tenth, each batch of
+	// one row of the 8 being more), then the summary.
+	require.Regexp(t, `(?m)^clean: 4/8 rows \(50%\), [0-9.]+/s, about .* left`, stderr)
+	require.Regexp(t, `(?m)^clean: done, 8/8 rows \(100%\) in `, stderr)
 	require.Contains(t, out, "deleted 2 published outbox events in 2 batches")
 	require.Contains(t, out, "deleted 0 completed and compensated sagas (with their steps) in 0 batches", "--saga-retention 1000h keeps 31-day-old sagas")
 	require.Equal(t, map[string]int{

@@ -218,10 +218,14 @@ func dlqReplayCmd() *cobra.Command {
 		Long: `Publish the selected dead letters, oldest first, to their original topic (or
 --target) with their original UUID, payload and metadata, and mark each row
 replayed. Rows already replayed are skipped unless --force. --dry-run prints
-exactly which message would go to which topic and publishes nothing. At least
-one filter flag, or --all, is required, so a bare command cannot replay
-everything by accident. On a terminal it shows the selection and asks to
-confirm; elsewhere --yes is required. Every run is recorded in millwright_audit.
+exactly which message would go to which topic and publishes and marks
+nothing. At least one filter flag, or --all, is required, so a bare command
+cannot replay everything by accident. On a terminal it shows the selection
+and asks to confirm; elsewhere --yes is required. Every run past flag
+validation is recorded in millwright_audit (a dry run writes nothing else).
+Progress (messages published of those selected) goes to stderr; an
+interrupted replay says how far it got, and re-running it continues with the
+rest (without --force).
 
 The publisher comes from the transport named by --transport (a kind or URL,
 default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
@@ -230,7 +234,7 @@ default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
 	}
 	addDLQFilterFlags(cmd, 0)
 	f := cmd.Flags()
-	f.Bool("dry-run", false, "print what would be published where; publish and mark nothing")
+	f.Bool("dry-run", false, "print what would be published where; publish and mark nothing (writes only the audit row)")
 	f.Float64("rate", 10, "publish at most this many messages per second (0: unlimited)")
 	f.String("target", "", "publish to this topic instead of each dead letter's original topic")
 	f.Bool("force", false, "also replay dead letters replayed before")
@@ -263,6 +267,14 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 	if opts.Rate < 0 {
 		return fmt.Errorf("--rate %v: want >= 0 (0 means unlimited)", opts.Rate)
 	}
+	// The transport is read (not opened) before anything is written: a dry
+	// run needs none, but one given must be valid.
+	var tcfg transport.Config
+	if !opts.DryRun || fl.Changed("transport") {
+		if tcfg, err = dlqTransportConfig(cmd); err != nil {
+			return err
+		}
+	}
 	change, db, err := openChange(cmd, args)
 	if err != nil {
 		return err
@@ -291,20 +303,46 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 		return err
 	}
 
-	tcfg, err := dlqTransportConfig(cmd)
-	if err != nil {
-		return change.finish(0, err)
-	}
 	tr, err := transport.Open(cmd.Context(), tcfg)
 	if err != nil {
 		return change.finish(0, err)
 	}
+	total, err := store.CountSelected(cmd.Context(), opts)
+	if err != nil {
+		_ = tr.Close()
+		return change.finish(0, err)
+	}
+	prog := newProgress(cmd, "dlq replay", "messages", int64(total))
+	opts.Progress = func(n int) { prog.Set(int64(n)) }
 	rep, err := store.Replay(cmd.Context(), tr.Publisher(), opts)
-	printDLQReplay(out, rep)
+	printDLQReplay(cmd.OutOrStdout(), rep)
+	if err != nil && cmd.Context().Err() != nil {
+		// The audit row and main's line say what stopped it.
+		err = fmt.Errorf("dlq replay interrupted after publishing %d: %w", len(rep.Items), stoppedBy(cmd.Context(), err))
+	}
+	// Last, so that it is the line an operator sees.
+	if err != nil {
+		prog.Stopped(stoppedBy(cmd.Context(), err), dlqReplayResume(opts, len(rep.Items)))
+	} else {
+		prog.Finish(fmt.Sprintf("%d published", len(rep.Items)))
+	}
 	if cerr := tr.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("closing transport %s (messages above were published): %w", tr, cerr)
 	}
 	return change.finish(int64(len(rep.Items)), err)
+}
+
+// dlqReplayResume says what re-running a replay that stopped after
+// publishing n messages does: each published row was marked replayed in
+// the transaction that published it, so without --force the same command
+// skips them and continues with the rest (a row whose marking failed after
+// its publish may go again: at least once, as always); with --force it
+// would publish them again.
+func dlqReplayResume(opts dlq.ReplayOptions, n int) string {
+	if opts.Force {
+		return fmt.Sprintf("re-running with --force would publish the %d above again: narrow the selection (--id, --since) to continue with the rest", n)
+	}
+	return fmt.Sprintf("re-running the same command continues safely: the %d published are marked replayed and skipped", n)
 }
 
 // dlqTransportConfig reads the transport from --transport or the

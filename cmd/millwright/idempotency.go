@@ -114,9 +114,11 @@ func runBenchIdempotency(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	cfg.DB = db
-	cfg.Progress = cmd.ErrOrStderr()
+	step, end := benchProgress(cmd)
+	cfg.Progress = cmd.ErrOrStderr() // wrapped by benchProgress on a terminal
+	cfg.Step = step
 	rep, err := idempotencybench.Run(ctx, cfg)
-	if err != nil {
+	if err := end(err); err != nil {
 		return err
 	}
 	if asJSON {

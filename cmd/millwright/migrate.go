@@ -4,11 +4,15 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/lib/pq"
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/progress"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/migrate"
@@ -39,7 +43,8 @@ nothing (add --sql to print each one's SQL).
 With --outbox-partitioned it also applies the outbox's partitioned layout
 (outbox.PartitionedMigrations): millwright_outbox becomes a table
 partitioned by day on created_at, its rows moved in one transaction, and
-the outbox cleaner drops whole partitions instead of deleting rows. Without
+the outbox cleaner drops whole partitions instead of deleting rows (the
+copy's progress, rows moved of the total, goes to stderr). Without
 it the outbox stays a plain table cleaned by batched DELETE. Once applied
 the layout stays; later runs need not repeat the flag. See
 docs/partitioning.md.`,
@@ -49,7 +54,8 @@ docs/partitioning.md.`,
 			if withSQL && !dry {
 				return errors.New("--sql only prints, with --dry-run: nothing was applied")
 			}
-			db, err := openDB(cmd)
+			notices := &migrateProgress{cmd: cmd}
+			db, err := openDBWith(cmd, func(u string) (*sql.DB, error) { return pgconn.OpenWithNotices(u, notices.notice) })
 			if err != nil {
 				return err
 			}
@@ -80,6 +86,7 @@ docs/partitioning.md.`,
 				}
 			}
 			applied, err := migrate.Up(cmd.Context(), db, sources...)
+			notices.end(err)
 			for _, a := range applied {
 				fmt.Fprintf(cmd.OutOrStdout(), "applied %s %03d_%s\n", a.Component, a.Version, a.Name)
 			}
@@ -104,9 +111,54 @@ func addDatabaseFlag(cmd *cobra.Command) {
 	cmd.Flags().String("database-url", "", "Postgres URL (default $MILLWRIGHT_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/test?sslmode=disable); connect_timeout=10 (seconds) applies unless the URL or $PGCONNECT_TIMEOUT sets one")
 }
 
+// migrateProgress turns the progress notices of a migration (the
+// partitioned-outbox conversion: "millwright progress: <what>: <done> of
+// <total> rows moved") into a progress report.
+type migrateProgress struct {
+	cmd  *cobra.Command
+	mu   sync.Mutex
+	prog *progress.Reporter // nil until the first notice
+}
+
+var migrateProgressRe = regexp.MustCompile(`^millwright progress: (.+): (\d+) of (\d+) rows moved$`)
+
+func (p *migrateProgress) notice(e *pq.Error) {
+	m := migrateProgressRe.FindStringSubmatch(e.Message)
+	if m == nil {
+		return
+	}
+	done, _ := strconv.ParseInt(m[2], 10, 64)
+	total, _ := strconv.ParseInt(m[3], 10, 64)
+	p.mu.Lock()
+	if p.prog == nil {
+		p.prog = newProgress(p.cmd, "migrate: "+m[1], "rows", total)
+	}
+	prog := p.prog
+	p.mu.Unlock()
+	prog.Set(done)
+}
+
+// end ends the report, if a migration reported progress, with migrate.Up's
+// error. Each migration is one transaction, applied whole or not at all.
+func (p *migrateProgress) end(err error) {
+	p.mu.Lock()
+	prog := p.prog
+	p.mu.Unlock()
+	switch {
+	case prog == nil:
+	case err != nil:
+		prog.Stopped(stoppedBy(p.cmd.Context(), err), "the conversion is one transaction, applied whole or not at all: re-running is safe and starts it over")
+	default:
+		prog.Finish("committed")
+	}
+}
+
 // openDB opens the database of --database-url, working in the schema of
 // --schema or $MILLWRIGHT_SCHEMA.
-func openDB(cmd *cobra.Command) (*sql.DB, error) {
+func openDB(cmd *cobra.Command) (*sql.DB, error) { return openDBWith(cmd, pgconn.Open) }
+
+// openDBWith is openDB opening the pool with open.
+func openDBWith(cmd *cobra.Command, open func(string) (*sql.DB, error)) (*sql.DB, error) {
 	u, _ := cmd.Flags().GetString("database-url")
 	u = databaseURL(u)
 	schema, err := schemaOf(cmd)
@@ -114,7 +166,7 @@ func openDB(cmd *cobra.Command) (*sql.DB, error) {
 		return nil, err
 	}
 	u = withSchema(u, schema)
-	db, err := pgconn.Open(u)
+	db, err := open(u)
 	if err != nil {
 		return nil, fmt.Errorf("opening database %s: %w", redact.URL(u), redact.Error(err))
 	}

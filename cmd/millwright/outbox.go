@@ -115,7 +115,9 @@ func outboxCmd() *cobra.Command {
 publish attempts) back to pending with a fresh retry budget, and wakes the
 relays. --topic and --id narrow the selection; --dry-run only lists it. On a
 terminal it shows the selection and asks to confirm; elsewhere --yes is
-required. Every run is recorded in millwright_audit.`,
+required. Every run past flag validation is recorded in
+millwright_audit (a dry run writes nothing else).
+Progress (rows reset of those selected) goes to stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			topic, _ := cmd.Flags().GetString("topic")
@@ -141,7 +143,7 @@ required. Every run is recorded in millwright_audit.`,
 			if err != nil {
 				return err
 			}
-			evs, err := outbox.RetryFailed(ctx, db, filter, dry)
+			evs, err := retryFailed(cmd, db, filter, dry)
 			if err != nil {
 				return change.finish(0, err)
 			}
@@ -160,7 +162,7 @@ required. Every run is recorded in millwright_audit.`,
 	addDatabaseFlag(retryFailed)
 	retryFailed.Flags().String("topic", "", "retry only this topic's failed events")
 	retryFailed.Flags().Int64Slice("id", nil, "retry only these row ids (repeat or comma-separate)")
-	retryFailed.Flags().Bool("dry-run", false, "list the events that would be retried, change nothing")
+	retryFailed.Flags().Bool("dry-run", false, "list the events that would be retried; change nothing but the audit row")
 	addSafetyFlags(retryFailed)
 
 	cmd.AddCommand(status, retryFailed, cleanCmd("outbox"))
@@ -331,7 +333,10 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	cfg.DB, cfg.URL = db, schemaURL
-	return outboxbench.Run(ctx, cfg)
+	step, end := benchProgress(cmd)
+	cfg.Step = step
+	cfg.Out = cmd.OutOrStdout() // wrapped by benchProgress on a terminal
+	return end(outboxbench.Run(ctx, cfg))
 }
 
 // openOutboxBenchBroker is the transport of one drain or latency section,

@@ -45,3 +45,20 @@ func TestOutboxRetryFailedSafety(t *testing.T) {
 	require.EqualValues(t, 3, rows[1].Affected)
 	require.True(t, rows[1].DryRun)
 }
+
+// retry-failed of thousands of rows reports progress per batch of
+// outbox.RetryBatch on stderr, then its summary.
+func TestOutboxRetryFailedProgress(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, outbox.Migrations(), audit.Migrations())
+	_, err := s.DB.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, status, retry_count, last_error)
+		SELECT 'e-' || g, 'orders', 'o-' || g, '{}', 'failed', 10, 'broker said no' FROM generate_series(1, 2500) g`)
+	require.NoError(t, err)
+
+	out, stderr, err := runCLI(t, outboxCmd(), nil, s.URL, "retry-failed", "--yes")
+	require.NoError(t, err, stderr)
+	require.Contains(t, out, "2500 failed event(s) back to pending")
+	require.Regexp(t, `(?m)^outbox retry-failed: 1000/2500 events \(40%\), [0-9.]+/s, about .* left`, stderr)
+	require.Regexp(t, `(?m)^outbox retry-failed: 2000/2500 events \(80%\)`, stderr)
+	require.Regexp(t, `(?m)^outbox retry-failed: done, 2500/2500 events \(100%\) in [^ ]+ \([0-9.]+/s\); committed$`, stderr)
+}

@@ -19,14 +19,18 @@ import (
 )
 
 // Operator safety for commands that change state (dlq replay, outbox
-// retry-failed, saga resolve, idempotency clean):
+// retry-failed, saga resolve, clean and every <component> clean):
 //
-//   - --dry-run shows what would change and changes nothing;
+//   - every flag is validated first: a run refused for a flag changes
+//     nothing and writes nothing, not even an audit row;
+//   - --dry-run shows what would change; the only thing it writes is its
+//     millwright_audit row (none where the table does not exist);
 //   - without --yes, a terminal on stdin is asked to confirm after being
 //     shown what will change; anything else (CI, a pipe, cron) is refused,
 //     so a script can never change state without saying so;
-//   - every run, dry or not, failed or not, writes one millwright_audit row
-//     (who, where, when, command, redacted arguments, rows affected).
+//   - every run past validation, dry or not, failed or not, writes one
+//     millwright_audit row (who, where, when, command, redacted arguments,
+//     rows affected).
 
 func init() {
 	registerMigrations(audit.Migrations())
@@ -77,7 +81,7 @@ var errNeedsYes = errors.New("stdin is not a terminal, so there is no one to con
 // addSafetyFlags adds --yes, and --dry-run unless the command has it.
 func addSafetyFlags(cmd *cobra.Command) {
 	if cmd.Flags().Lookup("dry-run") == nil {
-		cmd.Flags().Bool("dry-run", false, "show what would change and change nothing (audited where millwright_audit exists; runs without it)")
+		cmd.Flags().Bool("dry-run", false, "show what would change; writes only its millwright_audit row (none where that table does not exist)")
 	}
 	cmd.Flags().Bool("yes", false, "proceed without asking for confirmation (required when stdin is not a terminal)")
 }
@@ -117,9 +121,13 @@ func newChange(cmd *cobra.Command, args []string) (*change, error) {
 }
 
 // openChange starts a state-changing command: it checks the flags
-// (newChange, before connecting), opens the database and checks that the
-// change can be audited (ready). The caller closes the returned db.
-func openChange(cmd *cobra.Command, args []string) (*change, *sql.DB, error) {
+// (newChange, before connecting), opens the database, runs validate (the
+// checks of flag values that need the database, such as building a
+// cleaner from its retention) and checks that the change can be audited
+// (ready). A run refused by validate, like one refused by a flag checked
+// before openChange, wrote nothing: no audit row either, dry run or not.
+// The caller closes the returned db.
+func openChange(cmd *cobra.Command, args []string, validate ...func(*sql.DB) error) (*change, *sql.DB, error) {
 	c, err := newChange(cmd, args)
 	if err != nil {
 		return nil, nil, err
@@ -127,6 +135,12 @@ func openChange(cmd *cobra.Command, args []string) (*change, *sql.DB, error) {
 	db, err := openDB(cmd)
 	if err != nil {
 		return nil, nil, err
+	}
+	for _, v := range validate {
+		if err := v(db); err != nil {
+			db.Close()
+			return nil, nil, err
+		}
 	}
 	if err := c.ready(db); err != nil {
 		db.Close()
@@ -137,8 +151,8 @@ func openChange(cmd *cobra.Command, args []string) (*change, *sql.DB, error) {
 
 // ready checks that the audit table exists in db, so nothing is changed
 // that could not be audited; finish writes there.
-// A dry run changes nothing, so it runs without the table: it is audited
-// only where the table exists.
+// A dry run changes nothing but its audit row, so it runs without the
+// table: it is audited only where the table exists.
 func (c *change) ready(db *sql.DB) error {
 	if err := audit.Ready(c.cmd.Context(), db); err != nil {
 		if c.dryRun {

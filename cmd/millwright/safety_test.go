@@ -157,8 +157,14 @@ func TestDLQReplayAuditsCountsAndDryRunChangesNothing(t *testing.T) {
 	require.Contains(t, rows[0].Args, "--topic=orders")
 	require.Empty(t, rows[0].Error)
 
-	// A failing run is audited with its error and what it did.
+	// A run refused for a flag writes nothing, not even an audit row.
 	_, _, err = runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--transport", "nosuch://x", "--yes")
+	require.ErrorContains(t, err, "unknown URL scheme")
+	require.Len(t, auditRows(t, s), 2)
+
+	// A failing run is audited with its error and what it did: here the
+	// broker cannot be reached (nothing listens on port 1).
+	_, _, err = runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--transport", "amqp://guest:guest@127.0.0.1:1/", "--yes")
 	require.Error(t, err)
 	rows = auditRows(t, s)
 	require.Len(t, rows, 3)

@@ -170,14 +170,17 @@ participant is fixed:
                   compensations of the earlier steps.
 
 The next round of any running orchestrator of the saga's type acts on it.
---dry-run prints what would be done and changes nothing. On a terminal it
-shows the resolution and asks to confirm; elsewhere --yes is required. Every
-run is recorded in millwright_audit.`,
+--dry-run prints what would be done and writes only its audit row. On a
+terminal it shows the resolution and asks to confirm; elsewhere --yes is
+required. Every run past flag validation is recorded in millwright_audit.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			action, _ := cmd.Flags().GetString("action")
 			note, _ := cmd.Flags().GetString("note")
 			dry, _ := cmd.Flags().GetBool("dry-run")
+			if a := saga.ResolveAction(action); a != saga.ResolveRetry && a != saga.ResolveSkip {
+				return fmt.Errorf("saga resolve: --action: unknown action %q: want %s (send the stuck compensation again) or %s (it was done by hand)", action, saga.ResolveRetry, saga.ResolveSkip)
+			}
 			change, db, err := openChange(cmd, args)
 			if err != nil {
 				return err
@@ -214,7 +217,7 @@ run is recorded in millwright_audit.`,
 	}
 	cmd.Flags().String("action", string(saga.ResolveRetry), "retry (send the stuck compensation again) or skip (it was done by hand)")
 	cmd.Flags().String("note", "", "recorded in the saga's history with the action")
-	cmd.Flags().Bool("dry-run", false, "print what would be done and change nothing")
+	cmd.Flags().Bool("dry-run", false, "print what would be done; change nothing but the audit row")
 	addSafetyFlags(cmd)
 	addDatabaseFlag(cmd)
 	return cmd
@@ -331,7 +334,11 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 				br.dropTopics(ctx, topics...)
 			}}, nil
 	}
+	step, end := benchProgress(cmd)
+	cfg.Step = step
+	cfg.Progress = cmd.ErrOrStderr() // wrapped by benchProgress on a terminal
 	rep, err := sagabench.Run(ctx, cfg)
+	err = end(err)
 	if len(rep.Rows) > 0 {
 		// Also when a later run failed: what was measured is printed.
 		write := rep.WriteTable

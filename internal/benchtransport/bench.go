@@ -50,6 +50,9 @@ type Options struct {
 	Messages   int
 	Runs       int
 	Payload    int
+	// Step, if set, is called after each timed run (a layer's run of a
+	// kind and publisher count) with the runs done and the runs in all.
+	Step func(done, total int)
 }
 
 type pair struct {
@@ -65,6 +68,12 @@ func Run(ctx context.Context, opts Options, emit func(Row)) error {
 	payload := make([]byte, opts.Payload)
 	for i := range payload {
 		payload[i] = 'a' + byte(i%26)
+	}
+	done, total := 0, 0
+	for _, kind := range transport.Kinds {
+		if _, ok := opts.Configs[kind]; ok {
+			total += len(opts.Publishers) * opts.Runs * 2
+		}
 	}
 	for _, kind := range transport.Kinds {
 		cfg, ok := opts.Configs[kind]
@@ -102,6 +111,10 @@ func Run(ctx context.Context, opts Options, emit func(Row)) error {
 						row.RunsMW = append(row.RunsMW, rate)
 					} else {
 						row.RunsWM = append(row.RunsWM, rate)
+					}
+					done++
+					if opts.Step != nil {
+						opts.Step(done, total)
 					}
 				}
 			}

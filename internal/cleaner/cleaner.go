@@ -259,6 +259,17 @@ func (c *Cleaner) Count(ctx context.Context) (int64, error) {
 // by others, so writers never wait on the cleaner. After Close it stops
 // between batches.
 func (c *Cleaner) RunOnce(ctx context.Context) (Stats, error) {
+	return c.RunOnceWithProgress(ctx, nil)
+}
+
+// RunOnceWithProgress is RunOnce calling progress, if not nil, after each
+// batch that deleted rows with the rows deleted so far (once, at the end
+// of the round, in partition mode, with the dropped partitions' rows), on
+// the caller's goroutine. The CLI's progress report uses it.
+func (c *Cleaner) RunOnceWithProgress(ctx context.Context, progress func(deleted int64)) (Stats, error) {
+	if progress == nil {
+		progress = func(int64) {}
+	}
 	var stats Stats
 	conn, err := c.db.Conn(ctx)
 	if err != nil {
@@ -281,7 +292,9 @@ func (c *Cleaner) RunOnce(ctx context.Context) (Stats, error) {
 	if part, err := c.partitioned(ctx, conn); err != nil {
 		return stats, err
 	} else if part {
-		return c.partitionRound(ctx, conn)
+		stats, err := c.partitionRound(ctx, conn)
+		progress(stats.DroppedRows)
+		return stats, err
 	}
 
 	for {
@@ -301,6 +314,7 @@ func (c *Cleaner) RunOnce(ctx context.Context) (Stats, error) {
 		if n > 0 {
 			stats.Deleted += n
 			stats.Batches++
+			progress(stats.Deleted)
 		}
 		if n < int64(c.cfg.BatchSize) {
 			return stats, nil

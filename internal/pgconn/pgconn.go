@@ -96,8 +96,22 @@ func Open(dsn string) (*sql.DB, error) {
 	return sql.OpenDB(c), nil
 }
 
+// OpenWithNotices is Open with every connection handing the server's
+// notices (RAISE NOTICE, warnings) to handler, on the goroutine of the
+// call that receives them. The CLI reads a migration's progress so.
+func OpenWithNotices(dsn string, handler func(*pq.Error)) (*sql.DB, error) {
+	c, err := newConnector(dsn)
+	if err != nil {
+		return nil, err
+	}
+	c.notice = handler
+	return sql.OpenDB(c), nil
+}
+
 // NewConnector returns the connector Open uses, for sql.OpenDB.
-func NewConnector(dsn string) (driver.Connector, error) {
+func NewConnector(dsn string) (driver.Connector, error) { return newConnector(dsn) }
+
+func newConnector(dsn string) (*connector, error) {
 	cfg, err := pq.NewConfig(WithConnectTimeout(dsn, 0))
 	if err != nil {
 		return nil, redact.Error(err)
@@ -121,8 +135,9 @@ func addrOf(cfg pq.Config) string {
 }
 
 type connector struct {
-	cfg  pq.Config
-	addr string
+	cfg    pq.Config
+	addr   string
+	notice func(*pq.Error) // nil: notices are dropped (lib/pq's default)
 }
 
 func (c *connector) Driver() driver.Driver { return &pq.Driver{} }
@@ -153,6 +168,9 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	d.mu.Lock()
 	nc := d.last // the connection's socket: the last one dialled
 	d.mu.Unlock()
+	if c.notice != nil {
+		pq.SetNoticeHandler(cn, c.notice)
+	}
 	return &conn{Conn: cn, nc: nc, addr: c.addr}, nil
 }
 

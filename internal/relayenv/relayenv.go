@@ -94,15 +94,22 @@ func CheckAddr(addr string) error {
 
 // Var documents one variable.
 type Var struct {
-	Name    string
+	Name string
+	// Default is the value used when the variable is unset, as the help
+	// prints it after "default ", or Required.
 	Default string
 	Doc     string
 }
 
+// Required is the Default of a variable that has none: Help prints
+// "(required)". (It once was "(required)", which Help wrapped in
+// parentheses again: "((required))".)
+const Required = "required"
+
 // Vars is every variable the relay reads itself, in the order of its help.
 var Vars = []Var{
-	{DatabaseURL, "(required)", "Postgres URL of the service's database; its search_path selects the schema holding millwright_outbox. Also the LISTEN connection's URL, so it must reach Postgres directly or through a session-pooling proxy."},
-	{transport.EnvTransport, "(required)", "transport kind or URL (kafka, amqp, googlecloud, sql, gochannel); the per-kind MILLWRIGHT_* variables of package transport apply"},
+	{DatabaseURL, Required, "Postgres URL of the service's database; its search_path selects the schema holding millwright_outbox. Also the LISTEN connection's URL, so it must reach Postgres directly or through a session-pooling proxy."},
+	{transport.EnvTransport, Required, "transport kind or URL (kafka, amqp, googlecloud, sql, gochannel); the per-kind MILLWRIGHT_* variables of package transport apply"},
 	{Addr, DefaultAddr, "HTTP address of /metrics, /healthz and /readyz (--addr takes its place): every interface by default, as the orchestrator's probes and Prometheus reach the pod at its IP; 127.0.0.1:9090 keeps them on this host"},
 	{Relays, "1", "relays run in this process (1..64); more than one helps only when one relay's round trip to the broker is the limit"},
 	{BatchSize, "500", "rows claimed and published at a time per relay (1..10000)"},
@@ -254,7 +261,7 @@ func Help() string {
 		if def == "" {
 			def = `""`
 		}
-		if !strings.HasPrefix(def, "(") {
+		if def != Required {
 			def = "default " + def
 		}
 		fmt.Fprintf(&b, "  %s (%s)\n      %s\n", v.Name, def, v.Doc)

@@ -41,6 +41,9 @@ type Config struct {
 	Rounds int
 	// Progress receives a line per round. Default io.Discard.
 	Progress io.Writer
+	// Step, if set, is called after each timed run with the runs done and
+	// the runs in all (Rounds times the variants). Default nil.
+	Step func(done, total int)
 }
 
 func (c *Config) setDefaults() {
@@ -152,6 +155,11 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		return Report{}, err
 	}
 	rounds := make([][]round, len(variants))
+	step := func() {}
+	if cfg.Step != nil {
+		done, total := 0, cfg.Rounds*len(variants)
+		step = func() { done++; cfg.Step(done, total) }
+	}
 	for r := range cfg.Rounds {
 		fmt.Fprintf(cfg.Progress, "round %d of %d ...\n", r+1, cfg.Rounds)
 		// Each round starts with another variant, so that none always
@@ -164,6 +172,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 				return Report{}, fmt.Errorf("%s: %w", v.name, err)
 			}
 			rounds[i] = append(rounds[i], res)
+			step()
 		}
 	}
 	var rep Report

@@ -78,6 +78,10 @@ type Config struct {
 	Out      io.Writer
 	JSON     bool
 	Progress func(format string, args ...any)
+	// Step, if set, is called after each part (a section, or a section's
+	// run on one kind, skipped or not) with the parts done and the parts
+	// in all. Default nil.
+	Step func(done, total int)
 }
 
 // Row is one line of the table, and one object with --json.
@@ -140,11 +144,32 @@ func Run(ctx context.Context, cfg Config) error {
 		// section runs, not skipped per broker below.
 		return errors.New("drain: no relay counts (Config.Relays)")
 	}
+	total := 0
+	for _, s := range []struct {
+		on    bool
+		parts int
+	}{
+		{want[SectionWrite], 1}, {want[SectionDrain], len(cfg.Kinds)},
+		{want[SectionClaim] && cfg.PublishedRows > 0, 1}, {want[SectionRetention] && cfg.PublishedRows > 0, 1},
+		{want[SectionLatency], len(cfg.Kinds)},
+	} {
+		if s.on {
+			total += s.parts
+		}
+	}
+	done := 0
+	step := func() {
+		done++
+		if cfg.Step != nil {
+			cfg.Step(done, total)
+		}
+	}
 	if want[SectionWrite] {
 		cfg.Progress("write overhead ...")
 		if err := b.benchWrite(ctx, cfg.Writes); err != nil {
 			return fmt.Errorf("write overhead: %w", err)
 		}
+		step()
 	}
 	if want[SectionDrain] {
 		for _, k := range cfg.Kinds {
@@ -153,6 +178,7 @@ func Run(ctx context.Context, cfg Config) error {
 				// One broker being unavailable does not void the others.
 				cfg.Progress("drain via %s: %v (skipped)", k, err)
 			}
+			step()
 		}
 	}
 	if want[SectionClaim] && cfg.PublishedRows > 0 {
@@ -160,12 +186,14 @@ func Run(ctx context.Context, cfg Config) error {
 		if err := b.benchClaim(ctx, cfg.PublishedRows); err != nil {
 			return fmt.Errorf("claim: %w", err)
 		}
+		step()
 	}
 	if want[SectionRetention] && cfg.PublishedRows > 0 {
 		cfg.Progress("retention (removing %d published rows) ...", cfg.PublishedRows)
 		if err := b.benchRetention(ctx, cfg.PublishedRows); err != nil {
 			return fmt.Errorf("retention: %w", err)
 		}
+		step()
 	}
 	if want[SectionLatency] {
 		for _, k := range cfg.Kinds {
@@ -173,6 +201,7 @@ func Run(ctx context.Context, cfg Config) error {
 			if err := b.withTransport(ctx, k, func(t *transport.Transport) error { return b.benchLatency(ctx, string(k), t) }); err != nil {
 				cfg.Progress("latency via %s: %v (skipped)", k, err)
 			}
+			step()
 		}
 	}
 	if cfg.JSON {

@@ -108,6 +108,9 @@ type Config struct {
 	KeepSchema bool
 	// Progress receives a line per run. Default io.Discard.
 	Progress io.Writer
+	// Step, if set, is called after each run (and after the ceiling) with
+	// the runs done and the runs in all. Default nil.
+	Step func(done, total int)
 }
 
 func (c *Config) setDefaults() {
@@ -275,6 +278,14 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 	}()
 	results := make([][]roundResult, len(cfg.Kinds)*len(plans))
+	step := func() {}
+	if cfg.Step != nil {
+		done, total := 0, cfg.Rounds*len(cfg.Kinds)*len(plans)
+		if cfg.CeilingFor > 0 {
+			total++
+		}
+		step = func() { done++; cfg.Step(done, total) }
+	}
 	for round := range cfg.Rounds {
 		for ki, kind := range cfg.Kinds {
 			for pi, p := range plans {
@@ -298,6 +309,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 				}
 				i := ki*len(plans) + pi
 				results[i] = append(results[i], roundResult{run: r, hops: h})
+				step()
 			}
 		}
 	}
@@ -321,6 +333,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			return Report{}, fmt.Errorf("bench saga: ceiling: %w", err)
 		}
 		ceiling = &Row{Bench: "saga", Row: RowCeiling, Writers: cfg.Starters, CommitsPerS: c}
+		step()
 	}
 	base := map[string]Row{}
 	for _, r := range runs {
