@@ -45,7 +45,9 @@ type RelayConfig struct {
 	BatchSize int
 	// PollInterval is how often the relay looks for rows when no
 	// notification wakes it (and the wake-up for rows whose backoff ends).
-	// Default 1s; minimum 1ms.
+	// It does not pace the relay's own failures (database unreachable, a
+	// claim or mark failing): those back off from 100ms to 1s, with
+	// jitter (see the package doc, "Guarantees"). Default 1s; minimum 1ms.
 	PollInterval time.Duration
 	// ListenURL is a Postgres URL on which the relay LISTENs for the
 	// notifications the outbox's insert trigger sends at commit, so that

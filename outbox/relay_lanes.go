@@ -474,12 +474,16 @@ func (l *lanes) free(ctx context.Context) error {
 
 // migrateHint is the advice added to an error of a statement on the
 // outbox's tables: " (did `millwright migrate` run?)" when the error is
-// that a table does not exist, none otherwise (an unreachable database
-// is not a missing migration).
+// that a table, a column or a function does not exist (a migration of
+// this version is missing), none otherwise (an unreachable database is
+// not a missing migration).
 func migrateHint(err error) string {
 	var pqErr *pq.Error
-	if errors.As(err, &pqErr) && pqErr.Code == "42P01" { // undefined_table
-		return " (did `millwright migrate` run?)"
+	if errors.As(err, &pqErr) {
+		switch pqErr.Code {
+		case "42P01", "42703", "42883": // undefined_table, _column, _function
+			return " (did `millwright migrate` run?)"
+		}
 	}
 	return ""
 }
