@@ -287,6 +287,7 @@ type failures struct {
 	policy retry.Policy
 	every  time.Duration
 	log    watermill.LoggerAdapter
+	now    func() time.Time // time.Now; tests set a clock
 
 	n        int       // consecutive failures
 	first    time.Time // of the run
@@ -296,13 +297,13 @@ type failures struct {
 }
 
 func newFailures(log watermill.LoggerAdapter, lease time.Duration) *failures {
-	return &failures{policy: failureBackoff(lease), every: failureLogEvery, log: log}
+	return &failures{policy: failureBackoff(lease), every: failureLogEvery, log: log, now: time.Now}
 }
 
 // failed records a failure of what (e.g. "outbox relay: batch failed")
 // and returns how long to wait before trying again.
 func (f *failures) failed(what string, err error) time.Duration {
-	now := time.Now()
+	now := f.now()
 	f.n++
 	f.unlogged++
 	if f.n == 1 {
@@ -332,7 +333,7 @@ func (f *failures) ok(what string) {
 	if f.n == 0 {
 		return
 	}
-	f.log.Info(fmt.Sprintf("%s: working again after %d failed attempt(s) in %s", what, f.n, time.Since(f.first).Round(time.Millisecond)),
+	f.log.Info(fmt.Sprintf("%s: working again after %d failed attempt(s) in %s", what, f.n, f.now().Sub(f.first).Round(time.Millisecond)),
 		watermill.LogFields{"failures": f.n})
 	f.n, f.unlogged, f.prev = 0, 0, 0
 }
