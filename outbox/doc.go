@@ -112,8 +112,11 @@
 // the earlier version before starting these; the two kinds do not know of
 // each other's claims. Lane lending (migrations/005_outbox_lane_lending.sql,
 // see DESIGN.md): apply it, stop the relays of the version before, then
-// start these; without it they refuse to run ("holding lanes (did
-// `millwright migrate` run?)").
+// start these; without it every round fails ("holding lanes (did
+// `millwright migrate` run?)"). Run checks at start that the outbox's
+// tables exist (millwright_outbox, millwright_outbox_lanes,
+// millwright_outbox_relays) and returns an error naming the missing ones,
+// the search_path and `millwright migrate` if they do not.
 //
 // # Publishing in the database
 //
@@ -188,6 +191,13 @@
 //     A relay that dies between the two, or a copy the broker refuses,
 //     leaves the row failed without a copy (logged); the failed row, not
 //     the copy, is what keeps the event.
+//   - A relay that fails on its own (its database unreachable, the lane
+//     check, the claim or the marks failing) retries after a backoff
+//     doubling from 100 ms to 1 s (or a third of Lease, if shorter), drawn
+//     with equal jitter, and logs the first failure, then at most one line
+//     per 10 s with the count since, then one when it works again; it is
+//     publishing again within about a second of its database answering.
+//     This is not RelayConfig.Retry, which paces a failing row.
 //   - Nothing of a batch outlasts the lease of the lanes it was claimed
 //     under (RelayConfig.Lease): its publish is cut a tenth of Lease
 //     before the lanes' lease ends, and broker calls not answered by then

@@ -16,6 +16,7 @@ import (
 
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/runner"
+	"github.com/millwright/millwright/internal/schemacheck"
 	"github.com/millwright/millwright/internal/sqlschema"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
@@ -44,7 +45,9 @@ type RelayConfig struct {
 	BatchSize int
 	// PollInterval is how often the relay looks for rows when no
 	// notification wakes it (and the wake-up for rows whose backoff ends).
-	// Default 1s; minimum 1ms.
+	// It does not pace the relay's own failures (database unreachable, a
+	// claim or mark failing): those back off from 100ms to 1s, with
+	// jitter (see the package doc, "Guarantees"). Default 1s; minimum 1ms.
 	PollInterval time.Duration
 	// ListenURL is a Postgres URL on which the relay LISTENs for the
 	// notifications the outbox's insert trigger sends at commit, so that
@@ -272,7 +275,15 @@ type Relay struct {
 	stuck atomic.Int64
 	// cutBatches counts the batches whose publish the bound cut short.
 	cutBatches atomic.Int64
+	// fails paces Run after its own failures (its start check and its
+	// rounds), idleFails logs the wake-up lock's (see failures); only
+	// Run's goroutine uses them.
+	fails, idleFails *failures
 }
+
+// relayTables are the tables a relay works on: Run checks they exist
+// before it starts.
+var relayTables = []string{"millwright_outbox", "millwright_outbox_lanes", "millwright_outbox_relays"}
 
 // NewRelay returns a relay reading the outbox through db and publishing with
 // pub. When pub also has PublishBatch (transport.BatchPublisher), each batch
@@ -295,7 +306,8 @@ func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error
 	r := &Relay{db: db, pub: pub, cfg: cfg, m: m, run: runner.New("outbox.Relay", cfg.CloseTimeout),
 		tr: tracing.Config{TracerProvider: cfg.TracerProvider}, id: watermill.NewUUID(), ready: make(chan struct{}),
 		claimStmt: preparedStmt{db: db, query: claimSQL, what: "the claim"},
-		quickStmt: preparedStmt{db: db, query: quickCheckSQL, what: "the quick lane check"}}
+		quickStmt: preparedStmt{db: db, query: quickCheckSQL, what: "the quick lane check"},
+		fails:     newFailures(cfg.Logger, cfg.Lease), idleFails: newFailures(cfg.Logger, cfg.Lease)}
 	if bp, ok := pub.(batch.Publisher); ok {
 		r.batch = bp
 	}
@@ -335,9 +347,21 @@ func (r *Relay) closeStmts() error {
 // ctx stops at once: rows of the batch in flight that were published but
 // not marked are published again by the relay that takes their lane. Close
 // lets that batch finish. Run may be called once.
+//
+// Run first checks that the outbox's tables exist in the search_path of
+// the relay's *sql.DB and returns an error naming those missing (and the
+// fix: `millwright migrate`) if they do not; while the database cannot be
+// asked, it retries. Failures of its own (the database unreachable, the
+// lane check, the claim or the marks failing) are retried with a backoff
+// of at most a second, drawn with jitter, and logged once and then at most
+// every 10 seconds with the count since (see DESIGN.md, "When the relay
+// fails"); the first round that works ends the backoff.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.markReady() // Close before Run: Run returns at once
 	return r.run.Run(ctx, func(ctx context.Context, draining <-chan struct{}) error {
+		if ok, err := r.checkTables(ctx, draining); !ok {
+			return err
+		}
 		wake := make(chan struct{}, 1)
 		if r.cfg.ListenURL != "" {
 			stop, err := r.listen(ctx, wake)
@@ -384,6 +408,28 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// checkTables checks that the relay's tables exist, retrying while the
+// database cannot be asked. It returns false when Run should return err:
+// tables are missing (err says which), or the relay was stopped (nil).
+func (r *Relay) checkTables(ctx context.Context, draining <-chan struct{}) (bool, error) {
+	for {
+		err := schemacheck.Check(ctx, r.db, "outbox relay", relayTables...)
+		var missing *schemacheck.MissingError
+		switch {
+		case err == nil:
+			r.fails.ok("outbox relay")
+			return true, nil
+		case errors.As(err, &missing):
+			return false, err
+		case ctx.Err() != nil:
+			return false, nil
+		}
+		if !runner.Wait(ctx, draining, r.fails.failed("outbox relay: checking its tables at start failed", err)) {
+			return false, nil
+		}
+	}
 }
 
 // leave gives Run's lanes back. On a cancelled ctx it still tries, briefly:
@@ -438,12 +484,12 @@ func (r *Relay) loop(ctx context.Context, draining <-chan struct{}, wake <-chan 
 		if ctx.Err() != nil {
 			return
 		}
-		r.logRound(res)
+		backoff := r.noteRound(res)
 		due = earliest(due, res.next)
 		if res.more && res.err == nil {
 			continue
 		}
-		if !r.idle(ctx, draining, wake, res, &due) {
+		if !r.idle(ctx, draining, wake, res, &due, backoff) {
 			return
 		}
 		if r.lanesChanged.Swap(false) {
@@ -464,9 +510,13 @@ func (r *Relay) recheckLanes() {
 	}
 }
 
-// idle waits for work after a round that did not fill its batch. It
-// returns false when the relay should stop.
-func (r *Relay) idle(ctx context.Context, draining <-chan struct{}, wake <-chan struct{}, res roundResult, due *time.Time) bool {
+// idle waits for work after a round that did not fill its batch, or
+// backoff after a round that failed. It returns false when the relay
+// should stop.
+func (r *Relay) idle(ctx context.Context, draining <-chan struct{}, wake <-chan struct{}, res roundResult, due *time.Time, backoff time.Duration) bool {
+	if backoff > 0 {
+		return r.backOff(ctx, draining, backoff, due)
+	}
 	listening := r.schema != ""
 	if res.n > 0 && res.err == nil && !listening {
 		return true
@@ -482,12 +532,15 @@ func (r *Relay) idle(ctx context.Context, draining <-chan struct{}, wake <-chan 
 	// the full relays are busy: writers need not notify anybody.
 	if listening && res.err == nil && !res.awaitingLoan {
 		var work, settled bool
-		release, work, settled = r.lookUnderLock(ctx, due)
+		release, work, settled, backoff = r.lookUnderLock(ctx, due)
 		if ctx.Err() != nil {
 			return false
 		}
 		if work {
 			return true
+		}
+		if backoff > 0 { // that round failed (and gave the lock back)
+			return r.backOff(ctx, draining, backoff, due)
 		}
 		if !settled {
 			// A writer that may have missed the request is still in its
@@ -517,18 +570,37 @@ func (r *Relay) idle(ctx context.Context, draining <-chan struct{}, wake <-chan 
 	return true
 }
 
+// backOff waits d after a failure of the relay's own. A notification
+// does not end the wait: a relay failing while its database works (a
+// statement that keeps failing) would otherwise retry at every commit.
+// The notification is not lost; the round after the wait looks anyway,
+// and claims the rows whose backoff (due) ended meanwhile.
+func (r *Relay) backOff(ctx context.Context, draining <-chan struct{}, d time.Duration, due *time.Time) bool {
+	if !runner.Wait(ctx, draining, d) {
+		return false
+	}
+	if !due.IsZero() && !time.Now().Before(*due) {
+		*due = time.Time{}
+	}
+	return true
+}
+
 // lookUnderLock asks writers for a NOTIFY (announceIdle), then runs one
 // more round: rows committed before the request went unannounced. work:
 // that round found rows (the lock is given back before they are
 // published, or writers would notify while this relay is busy); settled:
 // see announceIdle. release gives the lock back when the relay wakes.
-func (r *Relay) lookUnderLock(ctx context.Context, due *time.Time) (release func(bool), work, settled bool) {
+// backoff is set when that round failed: how long to wait (noteRound).
+func (r *Relay) lookUnderLock(ctx context.Context, due *time.Time) (release func(bool), work, settled bool, backoff time.Duration) {
 	release, settled, err := r.announceIdle(ctx)
-	if err != nil && ctx.Err() == nil {
+	switch {
+	case err != nil && ctx.Err() == nil:
 		// The wake-up connection is failing: poll at PollInterval until
 		// it works again.
-		r.cfg.Logger.Error("outbox relay: announcing idleness failed, polling", err, nil)
+		r.idleFails.failed("outbox relay: announcing idleness failed, polling at the poll interval ("+r.cfg.PollInterval.String()+")", err)
 		settled = true
+	case err == nil:
+		r.idleFails.ok("outbox relay: announcing idleness")
 	}
 	if r.beforeIdleLook != nil {
 		r.beforeIdleLook()
@@ -539,17 +611,22 @@ func (r *Relay) lookUnderLock(ctx context.Context, due *time.Time) (release func
 	}
 	if ctx.Err() != nil {
 		release(true)
-		return release, false, settled
+		return release, false, settled, 0
 	}
-	r.logRound(again)
+	backoff = r.noteRound(again)
 	*due = earliest(*due, again.next)
-	return release, again.n > 0 && again.err == nil, settled
+	return release, again.n > 0 && again.err == nil, settled, backoff
 }
 
-func (r *Relay) logRound(res roundResult) {
-	if res.err != nil {
-		r.cfg.Logger.Error("outbox relay: batch failed, retrying after the poll interval", res.err, nil)
+// noteRound paces and logs Run's rounds: after a failed round it returns
+// the backoff to wait (r.fails: logged once, then at most every
+// failureLogEvery), after one that worked 0, ending a run of failures.
+func (r *Relay) noteRound(res roundResult) time.Duration {
+	if res.err == nil {
+		r.fails.ok("outbox relay")
+		return 0
 	}
+	return max(r.fails.failed("outbox relay: batch failed", res.err), time.Nanosecond)
 }
 
 // earliest returns the earlier of two times, the zero time meaning none.
@@ -612,7 +689,8 @@ func (r *Relay) round(ctx context.Context, l *lanes, claimed func(), grouped boo
 	held, err := l.hold(hctx)
 	cancel()
 	if err != nil {
-		return roundResult{err: err, waiting: true}
+		// Run backs off (noteRound); RunOnce's caller decides.
+		return roundResult{err: err}
 	}
 	lease := batchLease{owner: l.id, until: l.validUntil}
 	res.waiting = l.waiting

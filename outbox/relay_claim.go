@@ -326,7 +326,7 @@ func (p *preparedStmt) get(ctx context.Context) (*sql.Stmt, error) {
 	}
 	s, err := p.db.PrepareContext(ctx, p.query)
 	if err != nil {
-		return nil, fmt.Errorf("outbox relay: preparing %s (did `millwright migrate` run?): %w", p.what, err)
+		return nil, fmt.Errorf("outbox relay: preparing %s%s: %w", p.what, migrateHint(err), err)
 	}
 	p.stmt = s
 	return s, nil

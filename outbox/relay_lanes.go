@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -111,7 +112,7 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 	gaveBack := take && len(l.giveBack) > 0 // the check gives them back
 	if err := l.rebalance(ctx, now, take); err != nil {
 		l.held = nil
-		return nil, fmt.Errorf("outbox relay: holding lanes (did `millwright migrate` run?): %w", err)
+		return nil, fmt.Errorf("outbox relay: holding lanes%s: %w", migrateHint(err), err)
 	}
 	if !take {
 		l.joined, l.waiting = true, true
@@ -469,4 +470,20 @@ func (l *lanes) free(ctx context.Context) error {
 		return fmt.Errorf("outbox relay: freeing lanes (other relays take them when their leases end): %w", err)
 	}
 	return nil
+}
+
+// migrateHint is the advice added to an error of a statement on the
+// outbox's tables: " (did `millwright migrate` run?)" when the error is
+// that a table, a column or a function does not exist (a migration of
+// this version is missing), none otherwise (an unreachable database is
+// not a missing migration).
+func migrateHint(err error) string {
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) {
+		switch pqErr.Code {
+		case "42P01", "42703", "42883": // undefined_table, _column, _function
+			return " (did `millwright migrate` run?)"
+		}
+	}
+	return ""
 }

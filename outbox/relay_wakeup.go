@@ -12,6 +12,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/millwright/millwright/internal/pgconn"
+	"github.com/millwright/millwright/retry"
 )
 
 // idleRecheck is how soon an idle relay looks again when a writer that may
@@ -241,4 +242,98 @@ func (r *Relay) refreshLoop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// The relay's own failures (its database unreachable, the lane check, the
+// claim or the marks failing, a batch cut at its bound, standing aside)
+// are retried after failureBackoff's delays, not the row retry policy
+// (RelayConfig.Retry: a row's backoff, minutes long, with a budget): a
+// failing relay must come back within about a second of its database
+// answering again, and needs no budget (it retries until it works).
+const (
+	// failureInitial is the backoff after the first failure: equal
+	// jitter draws the first wait from [50ms, 100ms], so a blip costs
+	// little.
+	failureInitial = 100 * time.Millisecond
+	// failureMax caps the backoff (the waits are drawn from [0.5s, 1s]
+	// once it is reached): a relay retries at most about every half
+	// second while its database is down, and is back within a second of
+	// its answering.
+	failureMax = time.Second
+	// failureLogEvery is how often a relay that keeps failing logs: the
+	// first failure, then one line per failureLogEvery with the count of
+	// the failures since, then one line when it recovers.
+	failureLogEvery = 10 * time.Second
+)
+
+// failureBackoff is the retry policy of the relay's own failures: doubling
+// from failureInitial to failureMax (or a third of the lease, if that is
+// shorter, so that a relay whose claim failed still renews its lanes in
+// time), equal jitter (never much shorter than the schedule, so that the
+// number of attempts of an outage stays bounded, still spread so that
+// relays restarted together do not retry together), no limit.
+func failureBackoff(lease time.Duration) retry.Policy {
+	maxWait := min(failureMax, max(lease/3, laneCheckEvery))
+	return retry.Policy{InitialInterval: min(failureInitial, maxWait), Multiplier: 2, MaxInterval: maxWait,
+		MaxAttempts: -1, Jitter: retry.JitterEqual}.WithDefaults()
+}
+
+// failures paces and logs a run of consecutive failures of one thing the
+// relay does: each failure gets the next backoff of policy, and is logged
+// only if it is the first of the run or failureLogEvery has passed since
+// the last line (which then counts the failures since); the success that
+// ends the run logs once. Only Run's goroutine uses it.
+type failures struct {
+	policy retry.Policy
+	every  time.Duration
+	log    watermill.LoggerAdapter
+	now    func() time.Time // time.Now; tests set a clock
+
+	n        int       // consecutive failures
+	first    time.Time // of the run
+	logged   time.Time // last line
+	unlogged int       // failures since the last line
+	prev     time.Duration
+}
+
+func newFailures(log watermill.LoggerAdapter, lease time.Duration) *failures {
+	return &failures{policy: failureBackoff(lease), every: failureLogEvery, log: log, now: time.Now}
+}
+
+// failed records a failure of what (e.g. "outbox relay: batch failed")
+// and returns how long to wait before trying again.
+func (f *failures) failed(what string, err error) time.Duration {
+	now := f.now()
+	f.n++
+	f.unlogged++
+	if f.n == 1 {
+		f.first = now
+	}
+	wait := f.policy.Delay(f.n, f.prev)
+	f.prev = wait
+	if f.n > 1 && now.Sub(f.logged) < f.every {
+		return wait
+	}
+	in := wait.Round(time.Millisecond)
+	fields := watermill.LogFields{"retry_in": in.String(), "failures": f.n}
+	if f.n == 1 {
+		f.log.Error(fmt.Sprintf("%s; retrying in %s (backing off up to %s while it fails; logged again once per %s)",
+			what, in, f.policy.MaxInterval, f.every), err, fields)
+	} else {
+		f.log.Error(fmt.Sprintf("%s: %d more failure(s) in the last %s, failing for %s; retrying in %s",
+			what, f.unlogged, now.Sub(f.logged).Round(time.Second), now.Sub(f.first).Round(time.Second), in), err, fields)
+	}
+	f.logged, f.unlogged = now, 0
+	return wait
+}
+
+// ok ends a run of failures, if any, logging that it did (what: e.g.
+// "outbox relay").
+func (f *failures) ok(what string) {
+	if f.n == 0 {
+		return
+	}
+	f.log.Info(fmt.Sprintf("%s: working again after %d failed attempt(s) in %s", what, f.n, f.now().Sub(f.first).Round(time.Millisecond)),
+		watermill.LogFields{"failures": f.n})
+	f.n, f.unlogged, f.prev = 0, 0, 0
 }

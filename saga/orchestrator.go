@@ -22,6 +22,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/internal/runner"
+	"github.com/millwright/millwright/internal/schemacheck"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
@@ -1018,10 +1019,32 @@ func (o *Orchestrator[D]) Running() <-chan struct{} { return o.r.Running() }
 // survives restarts because it is a column. Database errors are logged and
 // the round is retried after PollInterval. Run returns nil after Close or
 // when ctx ends; a second Run before Close returns an error.
+//
+// Before its first round Run checks that the saga tables
+// (millwright_saga_instances, millwright_saga_steps) exist in the
+// search_path of its *sql.DB, and returns an error naming those missing
+// and the fix (`millwright migrate`) if they do not; while the database
+// cannot be asked, it logs and asks again after PollInterval.
 func (o *Orchestrator[D]) Run(ctx context.Context) error {
 	return o.r.Run(ctx, func(ctx context.Context, draining <-chan struct{}) error {
 		var wait time.Duration // the first round at once
+		checked := false
 		for runner.Wait(ctx, draining, wait) {
+			if !checked {
+				err := schemacheck.Check(ctx, o.db, "saga "+o.def.name, sagaTables...)
+				var missing *schemacheck.MissingError
+				switch {
+				case errors.As(err, &missing):
+					return err
+				case err != nil && ctx.Err() != nil:
+					return nil
+				case err != nil:
+					o.cfg.Logger.Error("saga: checking its tables at start", err, watermill.LogFields{"saga_type": o.def.name})
+					wait = o.cfg.PollInterval
+					continue
+				}
+				checked = true
+			}
 			n, err := o.RunOnce(ctx)
 			wait = o.cfg.PollInterval
 			if err != nil {
@@ -1036,6 +1059,10 @@ func (o *Orchestrator[D]) Run(ctx context.Context) error {
 		return nil
 	})
 }
+
+// sagaTables are the tables an orchestrator works on: Run checks they
+// exist before it starts.
+var sagaTables = []string{"millwright_saga_instances", "millwright_saga_steps"}
 
 // RunOnce fires up to BatchSize due deadlines in one transaction and
 // returns how many it fired.

@@ -12,6 +12,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/millwright/millwright/internal/runner"
+	"github.com/millwright/millwright/internal/schemacheck"
 )
 
 // Defaults shared by every table (Retention's default is the table's).
@@ -198,10 +199,30 @@ func (c *Cleaner) Running() <-chan struct{} { return c.r.Running() }
 
 // Run runs a round at once and then every Interval until ctx is done or
 // Close is called; it then returns nil. A failed round is logged and
-// retried at the next interval. Run may be called once; after Close it
-// returns nil at once.
+// retried at the next interval. Before the first round it checks that the
+// table exists in the search_path and returns an error naming it and the
+// fix (`millwright migrate`) if it does not; while the database cannot be
+// asked it logs and asks again at the next interval. Run may be called
+// once; after Close it returns nil at once.
 func (c *Cleaner) Run(ctx context.Context) error {
 	return c.r.Run(ctx, func(ctx context.Context, draining <-chan struct{}) error {
+		for checked := false; !checked; {
+			err := schemacheck.Check(ctx, c.db, c.t.Component+": cleaner", c.t.Name)
+			var missing *schemacheck.MissingError
+			switch {
+			case err == nil:
+				checked = true
+				continue
+			case errors.As(err, &missing):
+				return err
+			case ctx.Err() != nil:
+				return nil
+			}
+			c.cfg.Logger.Error("Checking the table to clean failed; retrying at the next interval", err, watermill.LogFields{"table": c.t.Name})
+			if !runner.Wait(ctx, draining, c.cfg.Interval) {
+				return nil
+			}
+		}
 		for {
 			stats, err := c.RunOnce(ctx)
 			switch {

@@ -1,0 +1,63 @@
+// Package schemacheck checks, when a long-running component starts, that
+// the tables it works on exist in its database's search_path, so that a
+// service whose migrations never ran (or that points at the wrong schema)
+// fails at start with the fix, instead of logging the same error every
+// round. The outbox relay, the saga orchestrator, the cleaners and
+// `millwright relay` use it.
+package schemacheck
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+)
+
+// Querier is what Check needs of a database: *sql.DB, *sql.Conn and
+// *sql.Tx have it.
+type Querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// MissingError is returned by Check when the database answered and some
+// tables are not in the search_path.
+type MissingError struct {
+	// Component names who needs the tables ("outbox relay").
+	Component string
+	// Missing are the tables not found, in the order asked.
+	Missing []string
+	// Schema is current_schema() ("" when no schema of the search_path
+	// exists), SearchPath the session's search_path setting.
+	Schema, SearchPath string
+}
+
+func (e *MissingError) Error() string {
+	schema := fmt.Sprintf("schema %q", e.Schema)
+	if e.Schema == "" {
+		schema = "no schema of it exists"
+	}
+	return fmt.Sprintf("%s: no %s in the search_path (%s; %s): did `millwright migrate` run on this database? "+
+		"Run `millwright migrate` with the service's database URL, or set search_path in that URL to the schema it migrated",
+		e.Component, strings.Join(e.Missing, ", "), e.SearchPath, schema)
+}
+
+// Check reports whether tables (unqualified names) all exist in the
+// search_path of db: nil when they do, a *MissingError naming those that
+// do not when the database answered, and another error (wrapped, naming
+// the component) when it could not be asked, e.g. it is unreachable: a
+// caller retries that one and fails on a *MissingError.
+func Check(ctx context.Context, db Querier, component string, tables ...string) error {
+	var schema, path, missing string
+	// One round trip, no parameter of a driver-specific type: the names
+	// hold no comma.
+	err := db.QueryRowContext(ctx, `SELECT coalesce(current_schema(), ''), current_setting('search_path'),
+		coalesce(array_to_string(array(SELECT t FROM unnest(string_to_array($1, ',')) WITH ORDINALITY u(t, i)
+			WHERE to_regclass(t) IS NULL ORDER BY i), ','), '')`, strings.Join(tables, ",")).Scan(&schema, &path, &missing)
+	if err != nil {
+		return fmt.Errorf("%s: looking for its tables (%s): %w", component, strings.Join(tables, ", "), err)
+	}
+	if missing == "" {
+		return nil
+	}
+	return &MissingError{Component: component, Missing: strings.Split(missing, ","), Schema: schema, SearchPath: path}
+}

@@ -1,0 +1,168 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/faultproxy"
+	"github.com/millwright/millwright/internal/pgconn"
+	"github.com/millwright/millwright/internal/pgtest"
+)
+
+// countingLogger records the lines logged at Info and Error (the levels an
+// operator reads), to count them.
+type countingLogger struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *countingLogger) add(level, msg string, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		msg += ": " + err.Error()
+	}
+	l.lines = append(l.lines, level+" "+msg)
+}
+
+func (l *countingLogger) Error(msg string, err error, _ watermill.LogFields) {
+	l.add("ERROR", msg, err)
+}
+func (l *countingLogger) Info(msg string, _ watermill.LogFields)           { l.add("INFO", msg, nil) }
+func (l *countingLogger) Debug(string, watermill.LogFields)                {}
+func (l *countingLogger) Trace(string, watermill.LogFields)                {}
+func (l *countingLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+
+// since returns the lines logged after the first n.
+func (l *countingLogger) since(n int) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines[n:]...)
+}
+
+func (l *countingLogger) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.lines)
+}
+
+// pgProxy starts a faultproxy to the test server and returns it with
+// rawURL (a postgres:// URL) through it.
+func pgProxy(t *testing.T, rawURL string) (*faultproxy.Proxy, string) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(u.Scheme, "postgres"), "the test needs a postgres:// URL, got a DSN")
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "5432")
+	}
+	p, err := faultproxy.New(host)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	through, err := p.URL(rawURL)
+	require.NoError(t, err)
+	return p, through
+}
+
+// A database outage makes the relay back off: a bounded number of
+// connection attempts and log lines over 5 s (before, a failed lane
+// check returned "waiting" and the relay retried every 10 ms, logging
+// each time), and the relay is publishing again soon after the database
+// answers.
+func TestRelay_DatabaseOutageIsBackedOffAndLoggedSparingly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := b.collect(t, "outage")
+	p, through := pgProxy(t, b.schema.URL)
+	db, err := pgconn.Open(through)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	log := &countingLogger{}
+	startRelay(t, db, b.pubsub, RelayConfig{ListenURL: through, Logger: log})
+
+	ctx := context.Background()
+	// Written directly, not through the proxy: only the relay is cut off.
+	require.NoError(t, Add(ctx, b.db, Event{Topic: "outage", AggregateID: "a", Payload: []byte(`{"n":1}`)}))
+	eventually(t, 10*time.Second, func() bool { return len(got.all()) == 1 }, "the first event was not published before the outage")
+
+	const outage = 5 * time.Second
+	logged, cutBefore, refusedBefore := log.count(), p.CutConns(), p.Refused()
+	end := time.Now().Add(outage)
+	p.Outage(outage)
+	<-time.After(time.Until(end)) // the fault's own length, not a synchronisation
+	attempts := (p.Refused() - p.CutConns()) - (refusedBefore - cutBefore)
+	lines := log.since(logged)
+	failed := 0
+	for _, l := range lines {
+		if strings.Contains(l, "batch failed") {
+			failed++
+		}
+	}
+	t.Logf("during the %s outage: %d connection(s) refused, %d cut; %d line(s) logged:\n%s",
+		outage, attempts, p.CutConns()-cutBefore, len(lines), strings.Join(lines, "\n"))
+	require.Positive(t, attempts, "the relay never tried to reach the database during the outage: the fault did not happen")
+	require.Positive(t, failed, "the relay logged no failed batch during the outage")
+	// Backing off to at most a second with equal jitter, the relay's own
+	// rounds are about a dozen (each up to three connection attempts, as
+	// database/sql retries a bad connection), the LISTEN connection's
+	// reconnections about six.
+	require.LessOrEqual(t, attempts, int64(150), "too many connection attempts during a %s outage: the relay does not back off", outage)
+	require.LessOrEqual(t, failed, 3, "the relay logged %d failed batches in a %s outage: want the first and at most one per %s", failed, outage, failureLogEvery)
+	require.LessOrEqual(t, len(lines), 25, "too many lines logged during a %s outage", outage)
+
+	// The database answers again: an event written now is published soon
+	// (the backoff is at most a second; bounded generously for a loaded
+	// machine).
+	written := time.Now()
+	require.NoError(t, Add(ctx, b.db, Event{Topic: "outage", AggregateID: "a", Payload: []byte(`{"n":2}`)}))
+	eventually(t, 20*time.Second, func() bool { return len(got.all()) == 2 }, "the event written after the outage was not published")
+	took := time.Since(written)
+	require.Less(t, took, 3*time.Second, "the relay took %s after the outage to publish a new event", took)
+	// The round that published it logs the recovery once it has marked it.
+	recovered := func() bool {
+		for _, l := range log.since(logged) {
+			if strings.Contains(l, "working again after") {
+				return true
+			}
+		}
+		return false
+	}
+	eventually(t, 10*time.Second, recovered, "the relay did not log its recovery; lines:\n%s", strings.Join(log.since(logged), "\n"))
+}
+
+// Run on a schema without the outbox's tables fails at once, naming the
+// missing table, the schema and the fix (before, it looped, logging the
+// same error every round).
+func TestRelay_RunWithoutMigrationsFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t) // no migrations
+	db, err := pgconn.Open(s.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	b := setup(t)
+	r, err := NewRelay(db, b.pubsub, RelayConfig{})
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(context.Background()) }()
+	select {
+	case err = <-errc:
+	case <-time.After(10 * time.Second):
+		require.NoError(t, r.Close())
+		t.Fatalf("Run on a schema without migrations was still running after 10s; it returned %v once closed", <-errc)
+	}
+	require.Error(t, err)
+	for _, want := range []string{"millwright_outbox", "millwright migrate", s.Name, "search_path"} {
+		require.ErrorContains(t, err, want, fmt.Sprintf("the error should name %q", want))
+	}
+	require.NoError(t, r.Close())
+}
