@@ -353,8 +353,10 @@ func TestRelayKeepsFirstDeliveryOrderWhenKafkaRefusesPartOfABatch(t *testing.T) 
 }
 
 // refuseEveryOtherPublish is a pstest reactor that refuses every other
-// Publish RPC to one topic, with a code the client does not retry, until
-// it has refused limit of them.
+// Publish RPC to one topic, with a code the client does not retry and the
+// transport does not take for permanent (FailedPrecondition: an
+// InvalidArgument is, and would rightly fail the row at once), until it
+// has refused limit of them.
 type refuseEveryOtherPublish struct {
 	topic   atomic.Pointer[string]
 	limit   int64
@@ -370,7 +372,7 @@ func (r *refuseEveryOtherPublish) React(req any) (bool, any, error) {
 	}
 	if r.calls.Add(1)%2 == 0 && r.refused.Load() < r.limit {
 		r.refused.Add(1)
-		return true, nil, status.Error(codes.InvalidArgument, "publish refused by the test")
+		return true, nil, status.Error(codes.FailedPrecondition, "publish refused by the test")
 	}
 	return false, nil, nil
 }

@@ -161,12 +161,15 @@ func (w *watch) delivered(m *message.Message) {
 	w.mu.Unlock()
 	w.m.outstanding.WithLabelValues(w.sub).Set(float64(n))
 	w.m.lastDelivery.WithLabelValues(w.sub).Set(float64(now.UnixNano()) / 1e9)
+	// The context is read here, before the message is handed on: the
+	// router and middlewares replace it (SetContext) while it is handled.
+	ctx := m.Context()
 	go func() {
 		select {
 		case <-m.Acked():
 		case <-m.Nacked():
 		case <-w.closing: // watermill-googlecloud nacks it
-		case <-m.Context().Done(): // and here too
+		case <-ctx.Done(): // and here too
 		}
 		w.mu.Lock()
 		w.outstanding--
