@@ -376,18 +376,5 @@ func killconsumerOptions(host string, d time.Duration) []option.ClientOption {
 	if d == 0 {
 		return opts
 	}
-	return append(opts, option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(
-		func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			if method != "/google.pubsub.v1.Subscriber/StreamingPull" {
-				return streamer(ctx, desc, cc, method, opts...)
-			}
-			ctx, cancel := context.WithTimeout(ctx, d)
-			cs, err := streamer(ctx, desc, cc, method, opts...)
-			if err != nil {
-				cancel()
-				return nil, err
-			}
-			go func() { <-cs.Context().Done(); cancel() }()
-			return cs, nil
-		})))
+	return append(opts, option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(googlecloud.StreamDeadline(d))))
 }

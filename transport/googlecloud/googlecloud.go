@@ -73,11 +73,15 @@ const (
 // streamingPullMethod is the gRPC method of a streaming pull.
 const streamingPullMethod = "/google.pubsub.v1.Subscriber/StreamingPull"
 
-// streamDeadline gives every streaming pull a deadline of d, so the
-// server ends it by itself (see EmulatorStreamDeadline). The client's
-// streaming pull reopens a stream that ended with DeadlineExceeded; its
-// leases and acks go on over the new stream.
-func streamDeadline(d time.Duration) grpc.StreamClientInterceptor {
+// StreamDeadline is a gRPC interceptor that gives every streaming pull a
+// deadline of d, so the server ends it by itself (see
+// EmulatorStreamDeadline): the transport installs it on the emulator, and
+// a service that builds Google's client itself against the emulator
+// needs it too (option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(
+// googlecloud.StreamDeadline(googlecloud.EmulatorStreamDeadline)))). The
+// client's streaming pull reopens a stream that ended with
+// DeadlineExceeded; its leases and acks go on over the new stream.
+func StreamDeadline(d time.Duration) grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		if method != streamingPullMethod {
 			return streamer(ctx, desc, cc, method, opts...)
@@ -172,7 +176,7 @@ func clientOptions(c Config) []option.ClientOption {
 		opts = append(opts, option.WithCredentialsFile(c.CredentialsFile))
 	}
 	if emulatorHost(c) != "" && !c.Fake {
-		opts = append(opts, option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(streamDeadline(EmulatorStreamDeadline))))
+		opts = append(opts, option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(StreamDeadline(EmulatorStreamDeadline))))
 	}
 	for _, o := range c.ClientOptions {
 		if o, ok := o.(option.ClientOption); ok {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/all"
+	"github.com/millwright/millwright/transport/googlecloud"
 )
 
 // EnvConfig holds the JSON transport.Config of -client millwright.
@@ -127,18 +128,5 @@ func StreamDeadline(d time.Duration) []option.ClientOption {
 	if d == 0 {
 		return nil
 	}
-	return []option.ClientOption{option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(
-		func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			if method != "/google.pubsub.v1.Subscriber/StreamingPull" {
-				return streamer(ctx, desc, cc, method, opts...)
-			}
-			ctx, cancel := context.WithTimeout(ctx, d)
-			cs, err := streamer(ctx, desc, cc, method, opts...)
-			if err != nil {
-				cancel()
-				return nil, err
-			}
-			go func() { <-cs.Context().Done(); cancel() }()
-			return cs, nil
-		}))}
+	return []option.ClientOption{option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(googlecloud.StreamDeadline(d)))}
 }
