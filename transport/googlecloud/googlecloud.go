@@ -223,10 +223,10 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, setti
 	// the service answers at all.
 	if _, err := admin.Topic("millwright-probe").Exists(cctx); err != nil && status.Code(err) != codes.PermissionDenied {
 		admin.Close()
-		what := "Pub/Sub for project " + cfg.ProjectID + " (from " + setting("GoogleCloud.ProjectID") + ")"
-		hint := "check " + credentialsSetting(cfg, setting)
+		what := "Pub/Sub for project " + cfg.ProjectID
+		hint := "check " + credentialsSetting(cfg, setting) + " and the project (from " + setting("GoogleCloud.ProjectID") + ")"
 		if host := emulatorHost(cfg); host != "" {
-			what += " (emulator at " + host + ", from " + emulatorSetting(cfg, setting) + ")"
+			what += " (emulator at " + host + ")"
 			hint = "check " + emulatorSetting(cfg, setting)
 		}
 		err = fmt.Errorf("googlecloud: %w", contactError(ctx, cctx, what, cfg.ConnectTimeout, start, err, hint))
