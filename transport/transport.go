@@ -75,7 +75,8 @@ type Config struct {
 	// waiting after that long; NoWait (-1) returns the first failure.
 	// Between attempts Open backs off (WaitPolicy: 0.5s doubling to 5s,
 	// full jitter) and logs each failure at error level with what it
-	// waits for. Configuration errors (Validate), and those the broker
+	// waits for, to Logger (to slog's default logger when Logger is nil:
+	// a wait is never silent). Configuration errors (Validate), and those the broker
 	// states for good (credentials refused, a listener that does not
 	// speak the configured TLS or SASL, a database that does not
 	// exist), are returned at once: waiting cannot fix them. Env

@@ -23,7 +23,9 @@ var ErrGaveUpWaiting = errors.New("gave up waiting for the broker")
 func openWaiting(ctx context.Context, cfg Config, d Driver) (Backend, error) {
 	logger := cfg.Logger
 	if logger == nil {
-		logger = watermill.NopLogger{}
+		// A wait is never silent: without a Logger, the failures go to
+		// slog's default logger (stderr).
+		logger = watermill.NewSlogLogger(nil)
 	}
 	start := time.Now()
 	var prev time.Duration
