@@ -49,3 +49,11 @@ func TestSettingNamesWhereEachValueCameFrom(t *testing.T) {
 	_, err = transport.FromEnv()
 	require.ErrorContains(t, err, transport.EnvWaitForBroker+`="soon"`)
 }
+
+func TestWaitForBrokerValidates(t *testing.T) {
+	t.Parallel()
+	cfg := transport.Config{Kind: transport.GoChannel, WaitForBroker: -2}
+	require.ErrorContains(t, cfg.Validate(), "WaitForBroker -2ns")
+	cfg.WaitForBroker = transport.NoWait
+	require.NoError(t, cfg.Validate())
+}
