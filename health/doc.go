@@ -30,6 +30,11 @@
 //   - Orchestrator: ready while the saga orchestrator's Run loop runs
 //     (Running closed) and it has not been closed.
 //   - Ping: ready while a Pinger (a *sql.DB) answers.
+//   - Waiting: not ready while the process waits for something as it
+//     starts, saying "waiting for the broker" with the last failure; feed
+//     it transport.Config.OnWait (transport.Open waits for an unreachable
+//     broker), and call Done once the transport is open. Serve readiness
+//     before opening the transport, so that probes see the wait.
 //
 // Use it in a service's own process:
 //

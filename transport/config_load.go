@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/millwright/millwright/internal/redact"
 )
@@ -49,6 +50,11 @@ const (
 	// EnvDeclareGroups lists consumer groups (comma-separated) whose AMQP
 	// queues or Pub/Sub subscriptions the publisher creates up front.
 	EnvDeclareGroups = EnvPrefix + "DECLARE_GROUPS"
+
+	// EnvWaitForBroker bounds how long Open waits for a broker it cannot
+	// reach (Config.WaitForBroker): a duration (2m), forever (default)
+	// or off.
+	EnvWaitForBroker = EnvPrefix + "WAIT_FOR_BROKER"
 )
 
 // FromEnv builds a Config from the MILLWRIGHT_ environment variables.
@@ -69,6 +75,7 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 			return cfg, fmt.Errorf("%s: %w", EnvTransport, err)
 		}
 		cfg = c
+		cfg.sealSources(map[string]string{SourceURL: EnvTransport})
 	case strings.EqualFold(sel, FakeKafka):
 		cfg.Kind, cfg.Kafka.Fake = Kafka, true
 	case strings.EqualFold(sel, FakePubSub):
@@ -83,6 +90,7 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 	var errs []error
 	if v := get(EnvKafkaBrokers); v != "" {
 		cfg.Kafka.Brokers = splitList(v)
+		cfg.setSource("Kafka.Brokers", EnvKafkaBrokers)
 	}
 	tlsOn, err := parseBool(EnvKafkaTLS, get(EnvKafkaTLS))
 	errs = append(errs, err)
@@ -92,9 +100,15 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", EnvKafkaTLSCAFile, err))
 		}
 		cfg.Kafka.TLS = t
+		if ca != "" {
+			cfg.setSource("Kafka.TLS", EnvKafkaTLSCAFile)
+		} else {
+			cfg.setSource("Kafka.TLS", EnvKafkaTLS)
+		}
 	}
 	if v := get(EnvKafkaSASLMechanism); v != "" {
 		cfg.Kafka.SASL.Mechanism = strings.ToUpper(v)
+		cfg.setSource("Kafka.SASL", EnvKafkaSASLMechanism)
 	}
 	if v := get(EnvKafkaSASLUser); v != "" {
 		cfg.Kafka.SASL.User = v
@@ -115,6 +129,7 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 
 	if v := get(EnvAMQPURL); v != "" {
 		cfg.AMQP.URL = v
+		cfg.setSource("AMQP.URL", EnvAMQPURL)
 	}
 	if v := get(EnvAMQPPrefetch); v != "" {
 		n, err := strconv.Atoi(v)
@@ -131,12 +146,15 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 
 	if v := get(EnvPubSubProject); v != "" {
 		cfg.GoogleCloud.ProjectID = v
+		cfg.setSource("GoogleCloud.ProjectID", EnvPubSubProject)
 	}
 	if v := get(EnvPubSubEmulatorHost); v != "" {
 		cfg.GoogleCloud.EmulatorHost = v
+		cfg.setSource("GoogleCloud.EmulatorHost", EnvPubSubEmulatorHost)
 	}
 	if v := get(EnvPubSubCredentialsFile); v != "" {
 		cfg.GoogleCloud.CredentialsFile = v
+		cfg.setSource("GoogleCloud.CredentialsFile", EnvPubSubCredentialsFile)
 	}
 	if v := get(EnvPubSubAllowUnreceived); v != "" {
 		b, err := parseBool(EnvPubSubAllowUnreceived, v)
@@ -146,8 +164,15 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 
 	if v := get(EnvSQLURL); v != "" {
 		cfg.SQL.URL = v
+		cfg.setSource("SQL.URL", EnvSQLURL)
 	} else if v := get(EnvDatabaseURL); v != "" && cfg.SQL.URL == "" {
 		cfg.SQL.URL = v
+		cfg.setSource("SQL.URL", EnvDatabaseURL)
+	}
+	if v := get(EnvWaitForBroker); v != "" {
+		d, err := parseWait(v)
+		errs = append(errs, err)
+		cfg.WaitForBroker = d
 	}
 
 	if v := get(EnvDeclareGroups); v != "" {
@@ -158,7 +183,23 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 	if err := errors.Join(errs...); err != nil {
 		return cfg, err
 	}
+	cfg.sealSources(nil)
 	return cfg, cfg.Validate()
+}
+
+// parseWait parses MILLWRIGHT_WAIT_FOR_BROKER.
+func parseWait(v string) (time.Duration, error) {
+	switch strings.ToLower(v) {
+	case "forever":
+		return 0, nil
+	case "off", "0":
+		return NoWait, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a positive duration such as 2m, forever (the default: until the start context ends) or off (fail at the first attempt)", EnvWaitForBroker, v)
+	}
+	return d, nil
 }
 
 // isScheme reports whether s is a URL scheme as RFC 3986 spells it: a
@@ -268,7 +309,19 @@ func ParseURL(raw string) (Config, error) {
 	default:
 		return cfg, fmt.Errorf("transport: unknown URL scheme %q: want kafka, amqp, amqps, gcppubsub, postgres or mem, or a development fake: kfake, pstest", quoteShort(scheme))
 	}
+	for _, f := range urlFields[cfg.Kind] {
+		cfg.setSource(f, SourceURL)
+	}
+	cfg.sealSources(nil)
 	return cfg, cfg.Validate()
+}
+
+// urlFields are the settings a URL of each kind gives (see Setting).
+var urlFields = map[Kind][]string{
+	Kafka:       {"Kafka.Brokers", "Kafka.SASL", "Kafka.TLS"},
+	AMQP:        {"AMQP.URL"},
+	GoogleCloud: {"GoogleCloud.ProjectID", "GoogleCloud.EmulatorHost", "GoogleCloud.CredentialsFile"},
+	SQL:         {"SQL.URL"},
 }
 
 // parseKafkaURL parses [user[:pass]@]h1:p1,h2:p2[/][?sasl=...&tls=...&ca_file=...&partitioner=...].

@@ -32,9 +32,19 @@
 // once (a nacked or unacked message comes back); each consumer group gets
 // every message and its members share them; messages carrying
 // metadata.OrderingKey keep their order where the kind can (see the README
-// table). Open fails with an error naming the field for bad configuration,
-// and within ConnectTimeout (10s by default) for a broker that does not
-// answer. Passwords never appear in errors or in String.
+// table). Open fails at once with an error naming the field for bad
+// configuration, and for what the broker refuses for good (credentials, a
+// listener that does not speak the configured TLS or SASL). A broker it
+// cannot reach (refused, closed, no answer within the kind's
+// ConnectTimeout, 10s by default) is waited for, attempt after attempt
+// with backoff (WaitPolicy), each failure logged with what Open waits for
+// and passed to Config.OnWait (health.Waiter makes readiness say "waiting
+// for the broker"), until Open's ctx ends or Config.WaitForBroker passes
+// (NoWait: the first failure is returned; env MILLWRIGHT_WAIT_FOR_BROKER):
+// a service started while its broker restarts does not exit. Errors name
+// the setting each value came from (Config.Setting): the environment
+// variable, MILLWRIGHT_TRANSPORT's URL, or the Config field set in code.
+// Passwords never appear in errors or in String.
 //
 // Limits (DefaultLimits, LimitsFor, Transport.Limits) are what a kind's
 // brokers take: topic names (ValidateName) and the largest message,

@@ -9,12 +9,14 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/retry"
 )
 
 // Kind names a transport.
@@ -65,11 +67,48 @@ type Config struct {
 	GoChannel GoChannelConfig
 	// Logger receives the transport's logs. Default: none.
 	Logger watermill.LoggerAdapter
+	// WaitForBroker is how long Open keeps trying to reach a broker it
+	// cannot reach (refused, unanswered, closed), so that a service
+	// started while its broker is down or restarting waits for it
+	// instead of exiting. Default 0: until Open's ctx ends (a service's
+	// start context: its shutdown signal). A positive duration stops
+	// waiting after that long; NoWait (-1) returns the first failure.
+	// Between attempts Open backs off (WaitPolicy: 0.5s doubling to 5s,
+	// full jitter) and logs each failure at error level with what it
+	// waits for, to Logger (to slog's default logger when Logger is nil:
+	// a wait is never silent). Configuration errors (Validate), and those the broker
+	// states for good (credentials refused, a listener that does not
+	// speak the configured TLS or SASL, a database that does not
+	// exist), are returned at once: waiting cannot fix them. Env
+	// MILLWRIGHT_WAIT_FOR_BROKER: a duration, "forever" or "off".
+	WaitForBroker time.Duration
+	// OnWait, if set, is called after each failed attempt Open will
+	// retry, with its error, as it is logged: for instance a
+	// health.Waiter's Failed, so that readiness says "waiting for the
+	// broker" meanwhile. It must not block. Default: none.
+	OnWait func(err error)
+
+	// sources records where FromEnv and ParseURL took settings from,
+	// for error messages (see Setting).
+	sources map[string]source
 }
+
+// NoWait is the WaitForBroker value that makes Open return its first
+// failure instead of waiting for the broker.
+const NoWait time.Duration = -1
+
+// WaitPolicy paces Open's attempts while it waits for a broker (see
+// Config.WaitForBroker): 0.5s, doubling, at most 5s between attempts,
+// full jitter, so that services that started together do not retry in
+// lockstep; a broker back after a restart is reached within 5s.
+var WaitPolicy = retry.Policy{InitialInterval: 500 * time.Millisecond, MaxInterval: 5 * time.Second, MaxAttempts: -1}
 
 // Validate reports a configuration that cannot work, naming the field and
 // the fix. It checks only the selected kind.
 func (c Config) Validate() error {
+	if c.WaitForBroker < NoWait {
+		return fmt.Errorf("transport: WaitForBroker %s: want 0 (until Open's context ends), a positive duration, or NoWait (-1)", c.WaitForBroker)
+	}
 	switch {
 	case c.Kind == "":
 		return fmt.Errorf("transport: Kind is empty: want one of %s (env %s)", kindList(), EnvTransport)
@@ -135,10 +174,14 @@ type Transport struct {
 	limits Limits
 }
 
-// Open validates cfg and connects to the broker. A broker that does not
-// answer makes Open fail within the kind's ConnectTimeout (default 10s).
-// The kind must be linked into the program (see Driver); Open says which
-// import is missing.
+// Open validates cfg and connects to the broker. Each attempt is bounded
+// by the kind's ConnectTimeout (default 10s); a broker it cannot reach is
+// waited for, attempt after attempt, until ctx ends (Config.WaitForBroker
+// bounds or disables the wait), each failure logged. Configuration errors
+// and refusals that waiting cannot fix (bad credentials, a TLS or SASL
+// listener mismatch) are returned at once. Errors name the setting each
+// value came from (Config.Setting). The kind must be linked into the
+// program (see Driver); Open says which import is missing.
 func Open(ctx context.Context, cfg Config) (*Transport, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -147,9 +190,9 @@ func Open(ctx context.Context, cfg Config) (*Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := d.Open(ctx, cfg)
+	b, err := openWaiting(ctx, cfg, d)
 	if err != nil {
-		return nil, fmt.Errorf("transport: opening %s: %w", cfg, err)
+		return nil, err
 	}
 	names := &nameCache{kind: cfg.Kind}
 	return &Transport{kind: cfg.Kind, desc: cfg.String(), b: b, pub: wrapPublisher(b.Publisher(), names), names: names, limits: LimitsFor(cfg)}, nil

@@ -27,12 +27,14 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/examples/orders/app"
+	"github.com/millwright/millwright/health"
 	"github.com/millwright/millwright/internal/deadline"
 	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/metadata"
@@ -84,6 +86,9 @@ func main() {
 // common are the flags of every command.
 type common struct {
 	databaseURL, schema, transport, embedded, logLevel string
+	// onWait, if set, hears each failed attempt while transport.Open
+	// waits for the broker (transport.Config.OnWait).
+	onWait func(error)
 }
 
 func (c *common) register(fs *flag.FlagSet) {
@@ -148,6 +153,10 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 	}
 	closers = append(closers, closeBroker)
 	cfg.Logger = log
+	// A broker that is down or restarting is waited for, each failed
+	// attempt logged, until ctx ends (transport.Config.WaitForBroker):
+	// a service started before its broker does not exit.
+	cfg.OnWait = c.onWait
 	tr, err := transport.Open(ctx, cfg)
 	if err != nil {
 		cleanup()
@@ -389,34 +398,67 @@ func serve(args []string) error {
 	// of the signal, saying what it waited for.
 	ctx, stop := interrupt.Context(context.Background(), "orders")
 	defer stop()
-	e, cleanup, err := c.open(ctx, *duplicate)
+
+	// Liveness and readiness are served from the start: while the
+	// transport waits for the broker, /readyz answers 503 "waiting for
+	// the broker" with the last failure; then, until the services run,
+	// "starting". The API and /metrics follow once the services started.
+	ready, err := health.NewHandler(health.Config{})
 	if err != nil {
 		return err
 	}
-	defer cleanup()
-	proc, err := e.app.Start(ctx, services...)
-	if err != nil {
-		return err
-	}
+	broker := health.Waiting("the broker")
+	ready.Add("broker", broker)
+	c.onWait = broker.Failed
+	var starting http.Handler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "orders: starting (see "+health.PathReady+")", http.StatusServiceUnavailable)
+	})
+	var appHandler atomic.Pointer[http.Handler]
+	appHandler.Store(&starting)
 	if *addr != "" {
-		h := e.app.MetricsHandler()
-		if withOrders {
-			h = e.app.Handler()
-		} else {
-			mux := http.NewServeMux()
-			mux.Handle("GET /metrics", h)
-			h = mux
-		}
-		srv := newHTTPServer(*addr, h)
+		mux := http.NewServeMux()
+		mux.Handle(health.PathLive, ready.Live())
+		mux.Handle(health.PathReady, ready.Ready())
+		mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*appHandler.Load()).ServeHTTP(w, r) }))
+		srv := newHTTPServer(*addr, mux)
 		go func() {
 			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				e.log.Error("HTTP server", err, nil)
+				fmt.Fprintln(os.Stderr, "orders: HTTP server:", err)
 				stop()
 			}
 		}()
 		defer srv.Close()
 	}
-	fmt.Fprintf(os.Stderr, "orders: serving %v on transport %s (http %q); Ctrl-C stops\n", services, e.tr, *addr)
+	e, cleanup, err := c.open(ctx, *duplicate)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	broker.Done()
+	proc, err := e.app.Start(ctx, services...)
+	if err != nil {
+		return err
+	}
+	ready.Add("services", health.CheckerFunc(func(context.Context) error {
+		select {
+		case <-proc.Done():
+			return fmt.Errorf("stopped: %v", proc.Wait())
+		case <-proc.Running():
+			return nil
+		default:
+			return errors.New("starting")
+		}
+	}))
+	h := e.app.MetricsHandler()
+	if withOrders {
+		h = e.app.Handler()
+	} else {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", h)
+		h = mux
+	}
+	appHandler.Store(&h)
+	fmt.Fprintf(os.Stderr, "orders: serving %v on transport %s (http %q, %s and %s); Ctrl-C stops\n", services, e.tr, *addr, health.PathLive, health.PathReady)
 	return proc.Wait()
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -76,6 +77,7 @@ func validate(c Config) error {
 // each reconnects on its own.
 type Transport struct {
 	cfg     Config
+	urlFrom string // where URL came from (transport.Config.Setting)
 	logger  watermill.LoggerAdapter
 	amqpCfg amqp091.Config
 	pub     *publisher
@@ -87,11 +89,21 @@ type Transport struct {
 }
 
 // Open connects the publisher within ConnectTimeout (or ctx's deadline, if
-// sooner).
+// sooner). It makes one attempt: transport.Open is what waits for a broker
+// that is down (transport.Config.WaitForBroker). An error that waiting
+// cannot fix (configuration, credentials or vhost refused, TLS against a
+// plaintext port) is marked retry.Permanent. Errors name the URL as
+// amqp.Config.URL.
 func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
+	return open(ctx, cfg, logger, "amqp.Config.URL")
+}
+
+// open is Open naming urlFrom (transport.Config.Setting) as the URL's
+// source in its errors.
+func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, urlFrom string) (*Transport, error) {
 	setDefaults(&cfg)
 	if err := validate(cfg); err != nil {
-		return nil, err
+		return nil, retry.Permanent(err)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -105,7 +117,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		Heartbeat:       10 * time.Second,
 		Locale:          "en_US",
 	}
-	t := &Transport{cfg: cfg, logger: logger, amqpCfg: ac}
+	t := &Transport{cfg: cfg, urlFrom: urlFrom, logger: logger, amqpCfg: ac}
 	pc := t.config("")
 	var builder wamqp.TopologyBuilder = &wamqp.DefaultTopologyBuilder{}
 	if len(cfg.DeclareGroups) > 0 {
@@ -116,7 +128,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 	pubCfg.Properties.SetClientConnectionName("millwright publisher")
 	pub, err := newPublisher(ctx, cfg, pubCfg, pc, builder, logger, timeout)
 	if err != nil {
-		return nil, fmt.Errorf("amqp: cannot connect to %s: %w (check MILLWRIGHT_AMQP_URL and that RabbitMQ is up)", redact.URL(cfg.URL), err)
+		return nil, connectError(cfg.URL, urlFrom, err)
 	}
 	t.pub = pub
 	return t, nil
@@ -136,7 +148,7 @@ func (t *Transport) subscriberConn() (*wamqp.ConnectionWrapper, error) {
 	ac.Properties.SetClientConnectionName("millwright subscribers")
 	conn, err := wamqp.NewConnection(wamqp.ConnectionConfig{AmqpURI: t.cfg.URL, AmqpConfig: &ac}, t.logger)
 	if err != nil {
-		return nil, fmt.Errorf("amqp: cannot connect to %s: %w (check MILLWRIGHT_AMQP_URL and that RabbitMQ is up)", redact.URL(t.cfg.URL), redact.ErrorOf(err, t.cfg.URL))
+		return nil, connectError(t.cfg.URL, t.urlFrom, redact.ErrorOf(err, t.cfg.URL))
 	}
 	t.conn = conn
 	return conn, nil

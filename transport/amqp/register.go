@@ -13,7 +13,7 @@ func init() {
 	transport.Register(transport.AMQP, transport.Driver{
 		Validate: func(c transport.Config) error { return validate(c.AMQP) },
 		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
-			t, err := Open(ctx, c.AMQP, c.Logger)
+			t, err := open(ctx, c.AMQP, c.Logger, c.Setting("AMQP.URL"))
 			if err != nil {
 				return nil, err
 			}

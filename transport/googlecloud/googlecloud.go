@@ -25,6 +25,7 @@ import (
 	"github.com/millwright/millwright/cloudevent"
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -224,11 +225,20 @@ type Transport struct {
 }
 
 // Open creates the clients and checks, within ConnectTimeout, that the
-// service answers.
+// service answers. It makes one attempt: transport.Open is what waits for
+// a service that is down (transport.Config.WaitForBroker). An error that
+// waiting cannot fix (configuration, credentials) is marked
+// retry.Permanent. Errors name settings as googlecloud.Config fields.
 func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *Transport, err error) {
+	return open(ctx, cfg, logger, fieldSettings)
+}
+
+// open is Open with the settings' sources (transport.Config.Setting) for
+// its errors.
+func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, setting func(field string) string) (_ *Transport, err error) {
 	setDefaults(&cfg)
 	if err := validate(cfg); err != nil {
-		return nil, err
+		return nil, retry.Permanent(err)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -241,7 +251,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *T
 	if cfg.Fake {
 		cfg.EmulatorHost, stopFake, err = (*loadFake())()
 		if err != nil {
-			return nil, fmt.Errorf("googlecloud: starting the in-process development fake (pstest): %w", err)
+			return nil, retry.Permanent(fmt.Errorf("googlecloud: starting the in-process development fake (pstest): %w", err))
 		}
 		defer func() {
 			if err != nil {
@@ -261,24 +271,29 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *T
 		c, err := d.DialContext(cctx, "tcp", host)
 		if err != nil {
 			return nil, fmt.Errorf("googlecloud: %w", contactError(ctx, cctx, "the Pub/Sub emulator at "+host, cfg.ConnectTimeout, start, err,
-				"is the emulator running there? check MILLWRIGHT_PUBSUB_EMULATOR_HOST"))
+				"is the emulator running there? check "+emulatorSetting(cfg, setting)))
 		}
 		c.Close()
 	}
 	admin, err := pubsub.NewClient(cctx, cfg.ProjectID, clientOptions(cfg)...)
 	if err != nil {
-		return nil, fmt.Errorf("googlecloud: creating client for project %s: %w", cfg.ProjectID, err)
+		return nil, retry.Permanent(fmt.Errorf("googlecloud: creating client for project %s (from %s): %w (check %s)", cfg.ProjectID, setting("GoogleCloud.ProjectID"), err, credentialsSetting(cfg, setting)))
 	}
 	// The gRPC connection is lazy: ask something cheap to learn whether
 	// the service answers at all.
 	if _, err := admin.Topic("millwright-probe").Exists(cctx); err != nil && status.Code(err) != codes.PermissionDenied {
 		admin.Close()
 		what := "Pub/Sub for project " + cfg.ProjectID
+		hint := "check " + credentialsSetting(cfg, setting) + " and the project (from " + setting("GoogleCloud.ProjectID") + ")"
 		if host := emulatorHost(cfg); host != "" {
 			what += " (emulator at " + host + ")"
+			hint = "check " + emulatorSetting(cfg, setting)
 		}
-		return nil, fmt.Errorf("googlecloud: %w", contactError(ctx, cctx, what, cfg.ConnectTimeout, start, err,
-			"check MILLWRIGHT_PUBSUB_EMULATOR_HOST or credentials"))
+		err = fmt.Errorf("googlecloud: %w", contactError(ctx, cctx, what, cfg.ConnectTimeout, start, err, hint))
+		if status.Code(err) == codes.Unauthenticated {
+			err = retry.Permanent(err) // the credentials were refused
+		}
+		return nil, err
 	}
 	wp, err := wgc.NewPublisher(wgc.PublisherConfig{
 		ProjectID:             cfg.ProjectID,

@@ -28,7 +28,7 @@ func TestOpenSaysWhatHappened(t *testing.T) {
 		start := time.Now()
 		_, err := googlecloud.Open(context.Background(), cfg(addr), nil)
 		require.Less(t, time.Since(start), 500*time.Millisecond)
-		require.ErrorContains(t, err, "googlecloud: the Pub/Sub emulator at "+addr+" refused the connection (is the emulator running there? check MILLWRIGHT_PUBSUB_EMULATOR_HOST)")
+		require.ErrorContains(t, err, "googlecloud: the Pub/Sub emulator at "+addr+" refused the connection (is the emulator running there? check googlecloud.Config.EmulatorHost)")
 		require.ErrorContains(t, err, "connection refused")
 		require.NotContains(t, err.Error(), "did not answer")
 	})

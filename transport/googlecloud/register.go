@@ -13,7 +13,7 @@ func init() {
 	transport.Register(transport.GoogleCloud, transport.Driver{
 		Validate: func(c transport.Config) error { return validate(c.GoogleCloud) },
 		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
-			t, err := Open(ctx, c.GoogleCloud, c.Logger)
+			t, err := open(ctx, c.GoogleCloud, c.Logger, c.Setting)
 			if err != nil {
 				return nil, err
 			}

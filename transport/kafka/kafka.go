@@ -181,81 +181,13 @@ type Transport struct {
 }
 
 // Open checks the configuration, reaches the cluster within ConnectTimeout
-// and creates the publisher.
-func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *Transport, err error) {
-	if cfg.Fake && cfg.Version == "" {
-		cfg.Version = KfakeVersion
-	}
-	setDefaults(&cfg)
-	if err := validate(cfg); err != nil {
-		return nil, err
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
-	var stopFake func()
-	if cfg.Fake {
-		cfg.Brokers, stopFake, err = (*loadFake())()
-		if err != nil {
-			return nil, fmt.Errorf("kafka: starting the in-process development fake (kfake): %w", err)
-		}
-		defer func() {
-			if err != nil {
-				stopFake()
-			}
-		}()
-		logger.Info("DEVELOPMENT FAKE: in-process Kafka (kfake), in memory, not for production", watermill.LogFields{"brokers": strings.Join(cfg.Brokers, ",")})
-	}
-	sc, err := saramaConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-
-	type result struct {
-		c   sarama.Client
-		p   sarama.SyncProducer
-		err error
-	}
-	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
-	defer cancel()
-	ch := make(chan result, 1)
-	go func() {
-		c, err := sarama.NewClient(cfg.Brokers, sc)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		p, err := sarama.NewSyncProducerFromClient(c)
-		if err != nil {
-			_ = c.Close()
-		}
-		ch <- result{c, p, err}
-	}()
-	var r result
-	select {
-	case r = <-ch:
-		if r.err != nil {
-			return nil, fmt.Errorf("kafka: cannot reach brokers %s: %w (check MILLWRIGHT_KAFKA_BROKERS and that the cluster is up)", strings.Join(cfg.Brokers, ","), r.err)
-		}
-	case <-ctx.Done():
-		go func() { // the dial finishes on its own; release what it made
-			if r := <-ch; r.err == nil {
-				_ = r.p.Close()
-				_ = r.c.Close()
-			}
-		}()
-		return nil, fmt.Errorf("kafka: brokers %s did not answer within %s (check MILLWRIGHT_KAFKA_BROKERS and that the cluster is up): %w", strings.Join(cfg.Brokers, ","), cfg.ConnectTimeout, ctx.Err())
-	}
-
-	return &Transport{
-		cfg:      cfg,
-		stopFake: stopFake,
-		logger:   logger,
-		pub: &Publisher{
-			client: r.c, producer: r.p, marshaler: Marshaler{}, logger: logger,
-			topicWait: sc.Admin.Timeout,
-		},
-	}, nil
+// and creates the publisher. It makes one attempt: transport.Open is what
+// waits for a cluster that is down (transport.Config.WaitForBroker). An
+// error that waiting cannot fix (configuration, credentials refused, a
+// listener that does not speak the configured TLS or SASL) is marked
+// retry.Permanent. Errors name settings as kafka.Config fields.
+func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
+	return open(ctx, cfg, logger, fieldSettings)
 }
 
 func saramaConfig(c Config) (*sarama.Config, error) {

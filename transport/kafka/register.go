@@ -13,7 +13,7 @@ func init() {
 	transport.Register(transport.Kafka, transport.Driver{
 		Validate: func(c transport.Config) error { return validate(c.Kafka) },
 		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
-			t, err := Open(ctx, c.Kafka, c.Logger)
+			t, err := open(ctx, c.Kafka, c.Logger, c.Setting)
 			if err != nil {
 				return nil, err
 			}

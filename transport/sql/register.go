@@ -13,7 +13,7 @@ func init() {
 	transport.Register(transport.SQL, transport.Driver{
 		Validate: func(c transport.Config) error { return validate(c.SQL) },
 		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
-			t, err := Open(ctx, c.SQL, c.Logger)
+			t, err := open(ctx, c.SQL, c.Logger, c.Setting("SQL.URL"))
 			if err != nil {
 				return nil, err
 			}

@@ -20,6 +20,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/sqlschema"
+	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -92,11 +93,21 @@ type Transport struct {
 }
 
 // Open opens (or adopts) the pool, pings it within ConnectTimeout and
-// creates the publisher.
+// creates the publisher. It makes one attempt: transport.Open is what
+// waits for a database that is down (transport.Config.WaitForBroker). An
+// error that waiting cannot fix (configuration, credentials refused, a
+// database that does not exist, SSL the server does not have) is marked
+// retry.Permanent. Errors name the URL as sql.Config.URL.
 func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
+	return open(ctx, cfg, logger, "sql.Config.URL")
+}
+
+// open is Open naming urlFrom (transport.Config.Setting) as the URL's
+// source in its errors.
+func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, urlFrom string) (*Transport, error) {
 	setDefaults(&cfg)
 	if err := validate(cfg); err != nil {
-		return nil, err
+		return nil, retry.Permanent(err)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -109,7 +120,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		// statement.
 		db, err = pgconn.Open(pgconn.WithConnectTimeout(cfg.URL, cfg.ConnectTimeout))
 		if err != nil {
-			return nil, fmt.Errorf("sql: opening %s: %w", redact.URL(cfg.URL), redact.ErrorOf(err, cfg.URL))
+			return nil, retry.Permanent(fmt.Errorf("sql: opening %s (from %s): %w", redact.URL(cfg.URL), urlFrom, redact.ErrorOf(err, cfg.URL)))
 		}
 		db.SetMaxOpenConns(cfg.MaxOpenConns)
 		db.SetMaxIdleConns(cfg.MaxOpenConns)
@@ -119,11 +130,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 		if own {
 			db.Close()
 		}
-		where := "the shared pool"
-		if cfg.URL != "" {
-			where = redact.URL(cfg.URL)
-		}
-		return nil, fmt.Errorf("sql: connecting to %s: %w (check MILLWRIGHT_SQL_URL and that Postgres is up)", where, redact.ErrorOf(err, cfg.URL))
+		return nil, pingError(cfg, urlFrom, redact.ErrorOf(err, cfg.URL))
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {

@@ -26,7 +26,7 @@ func TestOpenSaysWhatHappened(t *testing.T) {
 		_, err := sql.Open(context.Background(), sql.Config{URL: "postgres://u:hunter2@" + addr + "/db?sslmode=disable"}, nil)
 		require.Less(t, time.Since(start), time.Second)
 		require.ErrorContains(t, err, "postgres at "+addr+" refused the connection after ")
-		require.ErrorContains(t, err, "check MILLWRIGHT_SQL_URL")
+		require.ErrorContains(t, err, "check sql.Config.URL")
 		require.NotContains(t, err.Error(), "within")
 		require.NotContains(t, err.Error(), "hunter2")
 	})
