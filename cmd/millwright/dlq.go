@@ -303,6 +303,7 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 		return err
 	}
 
+	tcfg.WaitForBroker = transport.NoWait // an operator command fails at once; services wait
 	tr, err := transport.Open(cmd.Context(), tcfg)
 	if err != nil {
 		return change.finish(0, err)

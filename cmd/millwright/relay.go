@@ -187,18 +187,16 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 	if err != nil {
 		return err
 	}
-	if err := p.openTransport(ctx, tcfg, hooks.wrapPublisher); err != nil {
+	// Readiness and metrics are served from before the transport opens:
+	// while Open waits for a broker that is down, /readyz says so.
+	if p.h, err = health.NewHandler(health.Config{CacheFor: relayenv.ReadyCacheFor}); err != nil {
 		return err
 	}
-	if hooks.transport != nil {
-		if err := hooks.transport(p.tr); err != nil {
-			return err
-		}
-	}
-	if err := p.components(tables); err != nil {
-		return err
-	}
-
+	p.h.Add("database", health.Ping(p.readyDB))
+	broker := health.Waiting("the broker")
+	p.h.Add("broker", broker)
+	p.reg = prometheus.NewRegistry()
+	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("%s=%s: %w", relayenv.Addr, cfg.Addr, err)
@@ -214,6 +212,25 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 	srv := newHTTPServer(mux, timeouts)
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(ln) }()
+	defer func() {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+
+	tcfg.OnWait = broker.Failed
+	if err := p.openTransport(ctx, tcfg, hooks.wrapPublisher); err != nil {
+		return err
+	}
+	broker.Done()
+	if hooks.transport != nil {
+		if err := hooks.transport(p.tr); err != nil {
+			return err
+		}
+	}
+	if err := p.components(tables); err != nil {
+		return err
+	}
 
 	// Components run on a context the signal does not cancel: the signal
 	// starts Close, which lets batches in flight finish.
@@ -263,9 +280,6 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 			more = false
 		}
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutdownCtx)
 	var published uint64
 	for _, r := range p.relays {
 		published += r.Stats().Published
@@ -327,17 +341,12 @@ func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config,
 		return err
 	}
 	p.tr = tr
-	if p.h, err = health.NewHandler(health.Config{CacheFor: relayenv.ReadyCacheFor}); err != nil {
-		return err
-	}
-	p.h.Add("database", health.Ping(p.readyDB))
+	// Add replaces the Waiter that answered while Open waited.
 	if sameDB {
 		p.h.Add("broker", health.Ping(p.readyDB))
 	} else {
 		p.h.Add("broker", brokerCheck(tcfg, p.readyDB))
 	}
-	p.reg = prometheus.NewRegistry()
-	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	pub := tr.Publisher()
 	if wrap != nil {
 		pub = wrap(pub)

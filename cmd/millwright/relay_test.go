@@ -368,3 +368,49 @@ func TestRelayRunsTheCleanersOfTheTablesItFinds(t *testing.T) {
 	onlyOutbox := pgtest.New(t, outbox.Migrations())
 	require.Equal(t, []string{"outbox cleaner"}, names(onlyOutbox, nil))
 }
+
+// A relay started while its broker is down serves /readyz meanwhile,
+// saying it waits for the broker (503), instead of serving nothing until
+// transport.Open returns; the signal ends the wait with an error.
+func TestRelayReadinessSaysItWaitsForTheBroker(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, outbox.Migrations())
+	addr := freeAddr(t)
+	cfg, err := relayenv.Load(func(k string) (string, bool) {
+		v, ok := map[string]string{relayenv.DatabaseURL: s.URL, relayenv.Addr: addr}[k]
+		return v, ok
+	})
+	require.NoError(t, err)
+	down := freeAddr(t) // nothing listens there
+	tcfg := transport.Config{Kind: transport.AMQP}
+	tcfg.AMQP.URL = "amqp://guest:guest@" + down + "/"
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	done := make(chan error, 1)
+	go func() { done <- runRelay(ctx, cfg, tcfg, io.Discard, nil) }()
+	var code int
+	var body string
+	poll.Until(t, 30*time.Second, func() bool {
+		resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + addr + health.PathReady)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		code, body = resp.StatusCode, string(b)
+		return strings.Contains(body, "waiting for the broker") && strings.Contains(body, "failed attempt")
+	}, "/readyz did not say it waits for the broker; last answer %d:\n%s", code, body)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	select {
+	case err := <-done:
+		t.Fatalf("runRelay returned while its broker is down: %v", err)
+	default:
+	}
+	cancel()
+	select {
+	case err := <-done:
+		require.Error(t, err, "the wait ended by the signal is an error")
+	case <-time.After(30 * time.Second):
+		t.Fatal("runRelay did not return within 30s of the signal")
+	}
+}

@@ -214,6 +214,7 @@ func TestSecretsNeverShown(t *testing.T) {
 			cfg.Kafka.ConnectTimeout = 3 * time.Second
 			cfg.AMQP.ConnectTimeout = 3 * time.Second
 			cfg.SQL.ConnectTimeout = 3 * time.Second
+			cfg.WaitForBroker = transport.NoWait
 			where := "transport " + cfg.String()
 			l.add(where+" String", cfg.String())
 			tr, err := transport.Open(ctx, cfg)

@@ -267,7 +267,9 @@ func (b *bench) withTransport(ctx context.Context, kind transport.Kind, f func(*
 		}
 		b.broker, b.topics = "", nil
 	}()
-	t, err := transport.Open(ctx, br.Config)
+	cfg := br.Config
+	cfg.WaitForBroker = transport.NoWait // a benchmark fails at once on a broker that is down
+	t, err := transport.Open(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -551,7 +551,9 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	if shards > 1 {
 		res.Broker += fmt.Sprintf(", %d reply topics", shards)
 	}
-	tr, err := transport.Open(ctx, br.Config)
+	tcfg := br.Config
+	tcfg.WaitForBroker = transport.NoWait // a benchmark fails at once on a broker that is down
+	tr, err := transport.Open(ctx, tcfg)
 	if err != nil {
 		return res, nil, err
 	}
