@@ -156,10 +156,6 @@ type KafkaConfig struct {
 	// typed any so that package transport does not link Sarama into
 	// programs that do not use Kafka; Validate refuses any other type.
 	Tune any
-	// Registerer receives the googlecloud Metric* gauges (outstanding
-	// messages, last delivery and stall per subscription). Default nil:
-	// none registered. Transports sharing a Registerer share them.
-	Registerer prometheus.Registerer
 	// Fake, a DEVELOPMENT FAKE NOT FOR PRODUCTION, makes Open start an
 	// in-process Kafka (franz-go's kfake: one broker, topics created on
 	// first use, everything in memory and lost on Close, no

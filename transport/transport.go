@@ -66,7 +66,7 @@ type Config struct {
 	// GoChannel settings, used when Kind is gochannel (gochannel.Config).
 	GoChannel GoChannelConfig
 	// Logger receives the transport's logs. Default: none.
-	Logger watermill.LoggerAdapter
+	Logger watermill.LoggerAdapter `json:"-"`
 	// WaitForBroker is how long Open keeps trying to reach a broker it
 	// cannot reach (refused, unanswered, closed), so that a service
 	// started while its broker is down or restarting waits for it
@@ -86,7 +86,7 @@ type Config struct {
 	// retry, with its error, as it is logged: for instance a
 	// health.Waiter's Failed, so that readiness says "waiting for the
 	// broker" meanwhile. It must not block. Default: none.
-	OnWait func(err error)
+	OnWait func(err error) `json:"-"`
 
 	// sources records where FromEnv and ParseURL took settings from,
 	// for error messages (see Setting).
