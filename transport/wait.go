@@ -48,7 +48,12 @@ func openWaiting(ctx context.Context, cfg Config, d Driver) (Backend, error) {
 		delay := WaitPolicy.Delay(attempt, prev)
 		prev = delay
 		waited := time.Since(start)
-		if cfg.WaitForBroker > 0 && waited+delay > cfg.WaitForBroker {
+		if cfg.WaitForBroker > 0 {
+			// The last attempt comes at the bound, not a jittered delay
+			// short of it.
+			delay = min(delay, cfg.WaitForBroker-waited)
+		}
+		if cfg.WaitForBroker > 0 && delay <= 0 {
 			return nil, fmt.Errorf("transport: opening %s: %w after %d attempts in %s (WaitForBroker %s): %w",
 				cfg, ErrGaveUpWaiting, attempt, waited.Round(time.Millisecond), cfg.WaitForBroker, err)
 		}

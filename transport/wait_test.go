@@ -239,8 +239,12 @@ func TestWaitForBrokerBoundsTheWait(t *testing.T) {
 	logs := newWaitLog()
 	cfg.Logger = logs
 	cfg.WaitForBroker = 2 * time.Second
+	start := time.Now()
 	_, err := transport.Open(context.Background(), cfg)
 	require.ErrorIs(t, err, transport.ErrGaveUpWaiting)
+	// It tries until the bound, not until a jittered delay would pass it
+	// (before, it could give up a whole delay early).
+	require.GreaterOrEqual(t, time.Since(start), 2*time.Second, "gave up before WaitForBroker")
 	require.Contains(t, err.Error(), "WaitForBroker 2s")
 	require.Positive(t, logs.count())
 
