@@ -413,7 +413,22 @@ func (p *Publisher) PublishBatch(topic string, msgs ...*message.Message) error {
 
 	failed := map[int]error{}
 	failedKeys := map[string]bool{}
-	for _, round := range rounds {
+	ctx := msgs[0].Context()
+	for r, round := range rounds {
+		// SendMessages does not watch the context: between rounds is
+		// where a batch whose bound passed (the outbox relay's lanes'
+		// lease) stops, so that the rounds sent are reported sent and the
+		// rest not sent, instead of the call outliving its bound whole.
+		if err := ctx.Err(); err != nil {
+			for _, rest := range rounds[r:] {
+				for _, i := range rest {
+					if _, ok := failed[i]; !ok {
+						failed[i] = fmt.Errorf("kafka: message %s not sent: the batch's context ended first: %w", msgs[i].UUID, err)
+					}
+				}
+			}
+			break
+		}
 		kms := make([]*sarama.ProducerMessage, 0, len(round))
 		index := make(map[*sarama.ProducerMessage]int, len(round))
 		for _, i := range round {

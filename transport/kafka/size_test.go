@@ -2,8 +2,10 @@ package kafka_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
@@ -103,4 +105,42 @@ func TestLimitsSizeIsSaramasByteSize(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, pm.ByteSize(2), limits.Size("orders", msg.UUID, msg.Payload, msg.Metadata), "metadata %v", md)
 	}
+}
+
+// A batch of many rounds (one busy ordering key: one round trip per
+// message) stops between rounds once its context ends: the rounds sent are
+// reported sent, the rest not sent with the context's error, instead of
+// the call running past its bound (the outbox relay's lanes' lease) with
+// nothing reported. Before, SendMessages went on to the last round and the
+// call returned nil long after its deadline.
+func TestPublishBatchStopsBetweenRoundsAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	tr := transporttest.Open(t, transport.Kafka)
+	bp := tr.Publisher().(transport.BatchPublisher)
+	topic := "rounds_" + watermill.NewShortUUID()
+	t.Cleanup(func() { deleteTopic(t, transporttest.Config(t, transport.Kafka).Kafka.Brokers, topic) })
+	require.NoError(t, bp.PublishBatch(topic, message.NewMessage(watermill.NewUUID(), []byte("first")))) // the topic exists
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	const n = 2000
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), []byte("x"))
+		msgs[i].Metadata.Set(metadata.OrderingKey, "hot")
+		msgs[i].SetContext(ctx)
+	}
+	err := bp.PublishBatch(topic, msgs...)
+	var be *batch.Error
+	require.ErrorAs(t, err, &be, "%d rounds of one key all sent after a 100ms deadline: %v", n, err)
+	first := n
+	for i := range n {
+		if be.Failed[i] != nil {
+			first = min(first, i)
+			require.ErrorIs(t, be.Failed[i], context.DeadlineExceeded)
+		} else {
+			require.Less(t, i, first, "message %d sent after an earlier one of its key was not", i)
+		}
+	}
+	require.Less(t, first, n)
+	require.Len(t, be.Failed, n-first, "the unsent are exactly a suffix of the key")
 }
