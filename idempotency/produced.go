@@ -96,6 +96,13 @@ func (m *Middleware) sendProduced(ctx context.Context, id string, tx Tx, produce
 		if p.Metadata == nil {
 			p.Metadata = message.Metadata{}
 		}
+		if p.Context() == context.Background() {
+			// A message made with NewMessage carries no deadline; the
+			// consumed message's context bounds the publish that holds the
+			// mark's transaction (and, on most transports, its wait for
+			// the broker's confirm).
+			p.SetContext(ctx)
+		}
 		if p.Metadata.Get(metadata.EventID) == "" {
 			p.Metadata.Set(metadata.EventID, producedEventID(m.cfg.Consumer, id, i))
 		}

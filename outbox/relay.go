@@ -415,13 +415,20 @@ func (r *Relay) Run(ctx context.Context) error {
 // tables are missing (err says which), or the relay was stopped (nil).
 func (r *Relay) checkTables(ctx context.Context, draining <-chan struct{}) (bool, error) {
 	for {
-		err := schemacheck.Check(ctx, r.db, "outbox relay", relayTables...)
+		// Bounded: a server that accepts connections and never answers
+		// would otherwise hold Run here, silent, until shutdown.
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
+		err := schemacheck.Check(cctx, r.db, "outbox relay", relayTables...)
+		if err == nil {
+			err = r.checkColumns(cctx)
+		}
+		cancel()
 		var missing *schemacheck.MissingError
 		switch {
 		case err == nil:
 			r.fails.ok("outbox relay")
 			return true, nil
-		case errors.As(err, &missing):
+		case errors.As(err, &missing), errors.Is(err, errMigrationMissing):
 			return false, err
 		case ctx.Err() != nil:
 			return false, nil
@@ -430,6 +437,25 @@ func (r *Relay) checkTables(ctx context.Context, draining <-chan struct{}) (bool
 			return false, nil
 		}
 	}
+}
+
+// errMigrationMissing is wrapped by checkColumns' error when a migration
+// this relay needs was not applied.
+var errMigrationMissing = errors.New("a migration this relay needs was not applied")
+
+// checkColumns checks that the outbox has the columns of the newest
+// migration this relay's statements use (007's first_failed_at): a relay
+// on a database migrated before it would otherwise fail every round.
+func (r *Relay) checkColumns(ctx context.Context) error {
+	rows, err := r.db.QueryContext(ctx, `SELECT first_failed_at FROM millwright_outbox LIMIT 0`)
+	if err != nil {
+		var st interface{ SQLState() string }
+		if errors.As(err, &st) && st.SQLState() == "42703" { // undefined_column
+			return fmt.Errorf("outbox relay: millwright_outbox has no column first_failed_at (outbox migration 007): %w: run `millwright migrate` of this version on the service's database", errMigrationMissing)
+		}
+		return err
+	}
+	return rows.Close()
 }
 
 // leave gives Run's lanes back. On a cancelled ctx it still tries, briefly:
@@ -726,7 +752,10 @@ func (r *Relay) standAside(ctx context.Context, l *lanes, n int64) roundResult {
 	err := fmt.Errorf("outbox relay: %d broker call(s) still running after their batch's bound (the publisher does not stop at its messages' context deadline); "+
 		"this relay holds no lanes until they return, and the other relays publish its share", n)
 	if !l.aside || len(l.held) > 0 {
-		if ferr := l.free(ctx); ferr != nil {
+		fctx, cancel := context.WithTimeout(ctx, r.cfg.Lease) // a hung server must not hold the relay here
+		ferr := l.free(fctx)
+		cancel()
+		if ferr != nil {
 			return roundResult{err: errors.Join(err, ferr)}
 		}
 		l.aside = true

@@ -166,3 +166,27 @@ func TestRelay_RunWithoutMigrationsFailsAtOnce(t *testing.T) {
 	}
 	require.NoError(t, r.Close())
 }
+
+// A relay on a database migrated before migration 007 fails at start,
+// naming the missing column and the fix, instead of failing every round
+// on "column o.first_failed_at does not exist".
+func TestRelay_RunWithoutTheNewestMigrationFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, Migrations())
+	_, err := s.DB.Exec(`ALTER TABLE millwright_outbox DROP COLUMN first_failed_at`)
+	require.NoError(t, err)
+	b := setup(t)
+	r, err := NewRelay(s.DB, b.pubsub, RelayConfig{})
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(context.Background()) }()
+	select {
+	case err = <-errc:
+	case <-time.After(10 * time.Second):
+		require.NoError(t, r.Close())
+		t.Fatalf("Run without migration 007 was still running after 10s; it returned %v once closed", <-errc)
+	}
+	require.ErrorContains(t, err, "first_failed_at")
+	require.ErrorContains(t, err, "millwright migrate")
+	require.NoError(t, r.Close())
+}

@@ -497,7 +497,15 @@ func (r *Relay) fail(ctx, run context.Context, lease batchLease, rows []row, res
 		rw := rows[i]
 		r.m.failed.Inc()
 		r.stats.failed.Add(1)
-		r.cfg.Logger.Error("outbox relay: event failed for good", results[i], tracing.LogFields(rw.topic, rw.msg).Add(watermill.LogFields{"id": rw.id, "attempts": rw.retryCount + 1}))
+		fields := tracing.LogFields(rw.topic, rw.msg).Add(watermill.LogFields{"id": rw.id, "attempts": rw.retryCount + 1})
+		r.cfg.Logger.Error("outbox relay: event failed for good", results[i], fields)
+		if r.cfg.DeadLetterTopic != "" && dctx.Err() != nil {
+			// The copies' bound passed (a dead-letter broker that stopped
+			// answering): starting more calls would only pile up more
+			// stuck ones. The row stays failed, with its event.
+			r.cfg.Logger.Error("outbox relay: dead-letter copy skipped: the copies' bound (RelayConfig.Lease) passed; the row stays failed in the outbox", dctx.Err(), fields)
+			continue
+		}
 		r.deadLetter(dctx, rw, results[i], d.first, d.last)
 	}
 	return next, nil

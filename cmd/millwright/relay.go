@@ -311,7 +311,7 @@ func (p *relayProcess) openDB(ctx context.Context) (tables map[string]bool, err 
 	for i := range present {
 		dest = append(dest, &present[i])
 	}
-	if err := p.db.QueryRowContext(ctx, `SELECT current_schema(), `+
+	if err := p.db.QueryRowContext(ctx, `SELECT coalesce(current_schema(), ''), `+
 		`to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL, to_regclass($5) IS NOT NULL`,
 		names[0], names[1], names[2], names[3], names[4]).Scan(dest...); err != nil {
 		return nil, fmt.Errorf("reading the schema of %s: %w", redact.URL(u), redact.ErrorOf(err, u))

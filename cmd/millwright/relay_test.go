@@ -414,3 +414,19 @@ func TestRelayReadinessSaysItWaitsForTheBroker(t *testing.T) {
 		t.Fatal("runRelay did not return within 30s of the signal")
 	}
 }
+
+// A search_path naming no schema that exists (a mistyped --schema) gets
+// the error with the fix, not "converting NULL to string is unsupported"
+// (current_schema() is NULL then).
+func TestRelayOnASchemaThatDoesNotExist(t *testing.T) {
+	t.Parallel()
+	u := pgtest.WithSearchPath(pgtest.BaseURL(), "no_such_schema_"+strings.ToLower(watermill.NewShortUUID()))
+	cfg, err := relayenv.Load(func(k string) (string, bool) {
+		v, ok := map[string]string{relayenv.DatabaseURL: u, relayenv.Addr: "127.0.0.1:0"}[k]
+		return v, ok
+	})
+	require.NoError(t, err)
+	err = runRelay(context.Background(), cfg, transport.Config{Kind: transport.GoChannel}, io.Discard, nil)
+	require.ErrorContains(t, err, "no millwright_outbox in the search_path")
+	require.ErrorContains(t, err, "millwright migrate")
+}

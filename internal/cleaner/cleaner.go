@@ -197,6 +197,9 @@ func (c *Cleaner) Config() Config { return c.cfg }
 // Running is closed once Run has started.
 func (c *Cleaner) Running() <-chan struct{} { return c.r.Running() }
 
+// startCheckTimeout bounds Run's check of its table.
+const startCheckTimeout = 30 * time.Second
+
 // Run runs a round at once and then every Interval until ctx is done or
 // Close is called; it then returns nil. A failed round is logged and
 // retried at the next interval. Before the first round it checks that the
@@ -207,7 +210,10 @@ func (c *Cleaner) Running() <-chan struct{} { return c.r.Running() }
 func (c *Cleaner) Run(ctx context.Context) error {
 	return c.r.Run(ctx, func(ctx context.Context, draining <-chan struct{}) error {
 		for checked := false; !checked; {
-			err := schemacheck.Check(ctx, c.db, c.t.Component+": cleaner", c.t.Name)
+			// Bounded: a server that never answers is retried, not waited on.
+			cctx, cancel := context.WithTimeout(ctx, startCheckTimeout)
+			err := schemacheck.Check(cctx, c.db, c.t.Component+": cleaner", c.t.Name)
+			cancel()
 			var missing *schemacheck.MissingError
 			switch {
 			case err == nil:

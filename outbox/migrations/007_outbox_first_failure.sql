@@ -6,7 +6,6 @@
 -- ones. NULL for a row that never failed. A row already failing when this
 -- is applied gets it at its next failure: its budget starts then.
 --
--- The number skips 006, which another change of this release may take.
 -- On the partitioned layout the column reaches every partition (ALTER TABLE
 -- on a partitioned table), and migrations_partitioned/001 copies it like
 -- every other column: that layout needs no migration of its own.

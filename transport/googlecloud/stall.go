@@ -157,9 +157,10 @@ func (w *watch) delivered(m *message.Message) {
 	w.mu.Lock()
 	w.outstanding++
 	w.last = now
-	n := w.outstanding
+	// Set under the lock: two settles setting out of order would leave
+	// the gauge wrong.
+	w.m.outstanding.WithLabelValues(w.sub).Set(float64(w.outstanding))
 	w.mu.Unlock()
-	w.m.outstanding.WithLabelValues(w.sub).Set(float64(n))
 	w.m.lastDelivery.WithLabelValues(w.sub).Set(float64(now.UnixNano()) / 1e9)
 	// The context is read here, before the message is handed on: the
 	// router and middlewares replace it (SetContext) while it is handled.
@@ -174,9 +175,8 @@ func (w *watch) delivered(m *message.Message) {
 		w.mu.Lock()
 		w.outstanding--
 		w.last = time.Now()
-		n := w.outstanding
+		w.m.outstanding.WithLabelValues(w.sub).Set(float64(w.outstanding))
 		w.mu.Unlock()
-		w.m.outstanding.WithLabelValues(w.sub).Set(float64(n))
 	}()
 }
 
