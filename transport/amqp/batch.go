@@ -234,7 +234,8 @@ func (p *publisher) sendPrepared(conn *amqp091.Connection, s *slot, topic string
 	for c := range chains {
 		publish(c, 0)
 	}
-	var gaveUp error // why the channel was closed under pending confirms, if by a context
+	var gaveUp error                 // why the channel was closed under pending confirms, if by a context
+	abandoned := make(chan struct{}) // closed with gaveUp: the confirms still owed will not come
 	for len(flight) > 0 {
 		f := flight[0]
 		flight = flight[1:]
@@ -242,6 +243,9 @@ func (p *publisher) sendPrepared(conn *amqp091.Connection, s *slot, topic string
 		msg := msgs[i]
 		select {
 		case <-f.dc.Done():
+		case <-abandoned:
+			// The channel was closed aside (it waits for a close-ok a
+			// hung broker never sends): judged below, as given up on.
 		case <-msg.Context().Done():
 			select {
 			case <-f.dc.Done(): // settled after all: judged below
@@ -253,6 +257,7 @@ func (p *publisher) sendPrepared(conn *amqp091.Connection, s *slot, topic string
 				if gaveUp == nil {
 					gaveUp = fmt.Errorf("the context of message %s was done first: %w", msg.UUID, msg.Context().Err())
 					halt = fmt.Errorf("gave up on the channel: %w", gaveUp)
+					close(abandoned)
 				}
 			}
 		}
@@ -441,9 +446,6 @@ func (rc *returnCollector) stop() {
 // channelGone is why the broker closed s's channel, if it said (nil once
 // the channel is discarded), forgetting topic's exchange if it was deleted.
 func (p *publisher) channelGone(s *slot, topic string) *amqp091.Error {
-	if s.ch == nil {
-		return nil
-	}
 	why := s.closeReason()
 	if why != nil && why.Code == amqp091.NotFound {
 		p.forget(topic) // the exchange was deleted: declare it again

@@ -104,6 +104,10 @@ type slot struct {
 	gen     uint64           // the connection ch belongs to
 	closes  chan *amqp091.Error
 	returns chan amqp091.Return // nil with AllowUnroutable
+	// reason is why the broker closed ch, once read from closes (one
+	// value is sent): kept past discard, so that every message of the
+	// call in flight on the channel is judged by it.
+	reason *amqp091.Error
 }
 
 // newPublisher connects within timeout (and ctx) and starts the
@@ -398,6 +402,7 @@ func (p *publisher) forget(topic string) {
 
 // open opens a channel on conn, in confirm mode unless !confirm.
 func (s *slot) open(conn *amqp091.Connection, gen uint64, confirm, mandatory bool) error {
+	s.reason = nil
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
@@ -419,6 +424,7 @@ func (s *slot) open(conn *amqp091.Connection, gen uint64, confirm, mandatory boo
 
 // discard closes the slot's channel, if any; the next use opens another.
 func (s *slot) discard() {
+	s.closeReason() // keep it: the closes channel goes with the slot's channel
 	if ch := s.ch; ch != nil {
 		// Close waits for the broker's close-ok with no bound; a broker
 		// that stopped answering (a memory alarm, a hung connection) would
@@ -433,12 +439,15 @@ func (s *slot) discard() {
 
 // closeReason is why the broker closed the channel, if it said.
 func (s *slot) closeReason() *amqp091.Error {
+	if s.reason != nil || s.closes == nil {
+		return s.reason
+	}
 	select {
 	case e := <-s.closes:
-		return e
+		s.reason = e
 	default:
-		return nil
 	}
+	return s.reason
 }
 
 func reasonErr(e *amqp091.Error) error {

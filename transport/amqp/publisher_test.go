@@ -20,6 +20,7 @@ import (
 	"github.com/millwright/millwright/cloudevent"
 	"github.com/millwright/millwright/internal/faultproxy"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/transporttest"
 )
@@ -484,4 +485,35 @@ func TestPublishEndsAtItsDeadlineWhenConfirmsAreHeld(t *testing.T) {
 		t.Fatalf("publish still waiting 15s after its 500ms deadline (held reads %d)", proxy.HeldReads())
 	}
 	require.Positive(t, proxy.HeldReads(), "the broker's confirm was not held")
+}
+
+// Two messages in flight, confirms held: the first's context ends, the
+// channel is given up on, and the second (whose context has no deadline)
+// is reported with it instead of waiting for a confirm that the closed
+// channel will never settle against a broker that does not answer.
+func TestPublishBatchGivesUpOnTheWholeChannelWhenConfirmsAreHeld(t *testing.T) {
+	t.Parallel()
+	proxy, through := proxied(t)
+	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: 1, ConnectTimeout: 5 * time.Second, DeclareGroups: sink}, sink...)
+	require.NoError(t, b.publish()) // channel open, exchange declared
+
+	proxy.Hold()
+	t.Cleanup(proxy.Release)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	first := message.NewMessage(watermill.NewUUID(), []byte("x"))
+	first.Metadata.Set(metadata.OrderingKey, "a")
+	first.SetContext(ctx)
+	second := message.NewMessage(watermill.NewUUID(), []byte("y")) // no deadline
+	second.Metadata.Set(metadata.OrderingKey, "b")
+	done := make(chan error, 1)
+	go func() { done <- b.pub.(transport.BatchPublisher).PublishBatch(b.topic, first, second) }()
+	select {
+	case err := <-done:
+		var be *transport.BatchError
+		require.ErrorAs(t, err, &be)
+		require.Len(t, be.Failed, 2, "%v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatalf("PublishBatch still waiting 15s after its first message's 500ms deadline (held reads %d)", proxy.HeldReads())
+	}
 }
