@@ -358,7 +358,7 @@ func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config,
 	for i := range p.cfg.Relays {
 		r, err := outbox.NewRelay(p.db, pub, outbox.RelayConfig{
 			BatchSize: p.cfg.BatchSize, Workers: p.cfg.Workers, PollInterval: p.cfg.PollInterval, ListenURL: listenURL,
-			DeadLetterTopic: p.cfg.DeadLetterTopic, CloseTimeout: p.cfg.DrainTimeout,
+			DeadLetterTopic: p.cfg.DeadLetterTopic, CloseTimeout: p.cfg.DrainTimeout, Lease: p.cfg.Lease,
 			Registerer: p.reg, Logger: p.logger,
 		})
 		if err != nil {

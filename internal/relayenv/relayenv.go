@@ -33,6 +33,7 @@ const (
 	Listen               = transport.EnvPrefix + "RELAY_LISTEN"
 	DeadLetterTopic      = transport.EnvPrefix + "RELAY_DEAD_LETTER_TOPIC"
 	DrainTimeout         = transport.EnvPrefix + "RELAY_DRAIN_TIMEOUT"
+	Lease                = transport.EnvPrefix + "RELAY_LEASE"
 	ReadyMaxAge          = transport.EnvPrefix + "RELAY_READY_MAX_AGE"
 	MaxConns             = transport.EnvPrefix + "RELAY_DB_MAX_CONNS"
 	OutboxRetention      = transport.EnvPrefix + "OUTBOX_RETENTION"
@@ -118,6 +119,7 @@ var Vars = []Var{
 	{Listen, "true", "LISTEN for the outbox trigger's notifications on " + DatabaseURL + " (two extra connections per relay); false polls only"},
 	{DeadLetterTopic, "", "topic receiving a copy of each event that exhausts its attempts (empty: rows are only marked failed)"},
 	{DrainTimeout, "20s", "on SIGTERM, how long the batches in flight may take to finish before they are abandoned (their rows are republished after the lease); keep it below the pod's terminationGracePeriodSeconds"},
+	{Lease, "30s", "how long a relay's hold on its lanes lasts without renewal (outbox.RelayConfig.Lease, at least 1s): a batch's publish is cut a tenth of it before the lanes' lease ends, so keep the slowest batch under about 0.4 x this; a relay that dies is replaced after it"},
 	{ReadyMaxAge, "30s", "/readyz fails when a relay's last successful round is older than this"},
 	{MaxConns, "4 per relay + 4", "size of the relays' and cleaners' database pool; /readyz pings through one connection of its own, and LISTEN adds two per relay"},
 	{OutboxRetention, "168h", "age at which published outbox rows are deleted by the outbox cleaner; 0 disables it"},
@@ -166,6 +168,7 @@ type Config struct {
 	Listen               bool
 	DeadLetterTopic      string
 	DrainTimeout         time.Duration
+	Lease                time.Duration
 	ReadyMaxAge          time.Duration
 	MaxConns             int
 	OutboxRetention      time.Duration
@@ -185,7 +188,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
 	c := Config{
 		Addr: DefaultAddr, Relays: 1, BatchSize: 500, Workers: 4, PollInterval: time.Second, Listen: true,
-		DrainTimeout: 20 * time.Second, ReadyMaxAge: 30 * time.Second,
+		DrainTimeout: 20 * time.Second, Lease: 30 * time.Second, ReadyMaxAge: 30 * time.Second,
 		OutboxRetention: 7 * 24 * time.Hour, IdempotencyRetention: idempotency.DefaultRetention,
 		DLQRetention: dlq.DefaultRetention, SagaRetention: saga.DefaultRetention, AuditRetention: audit.DefaultRetention,
 		CleanInterval: time.Minute,
@@ -232,6 +235,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	intVar(MaxConns, &c.MaxConns, 2, 10000)
 	durVar(PollInterval, &c.PollInterval, time.Millisecond)
 	durVar(DrainTimeout, &c.DrainTimeout, 0)
+	durVar(Lease, &c.Lease, time.Second)
 	durVar(ReadyMaxAge, &c.ReadyMaxAge, time.Second)
 	durVar(OutboxRetention, &c.OutboxRetention, 0)
 	durVar(IdempotencyRetention, &c.IdempotencyRetention, 0)
