@@ -17,6 +17,7 @@ import (
 
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -368,8 +369,18 @@ func TestPublishBatchContextEndsWhileWaiting(t *testing.T) {
 	}
 	require.Equal(t, 1, amqp.FreeChannels(b.pub))
 	proxy.Release()
-	require.True(t, amqp.WaitConnected(b.pub, true, 20*time.Second), "the publisher did not reconnect")
-	require.NoError(t, bp.PublishBatch(b.topic, keyed(500, 5)...))
+	// The publisher may not have noticed the cut yet when it is asked
+	// (WaitConnected then answers for the old connection): a publish
+	// refused as not connected sends nothing, so ask again until the new
+	// connection takes it.
+	var last error
+	poll.Until(t, 20*time.Second, func() bool {
+		last = bp.PublishBatch(b.topic, keyed(500, 5)...)
+		if last != nil {
+			require.ErrorIs(t, last, amqp.ErrNotConnected)
+		}
+		return last == nil
+	}, "the publisher did not reconnect: %v", last)
 	require.Equal(t, 1+n+500, queueDepth(t, queue))
 }
 
@@ -495,4 +506,23 @@ func TestTooLargeReadsTheBrokersReason(t *testing.T) {
 	require.False(t, amqp.TooLarge(&amqp091.Error{Code: amqp091.PreconditionFailed, Reason: "PRECONDITION_FAILED - inequivalent arg 'type' for exchange"}, 1<<30))
 	require.False(t, amqp.TooLarge(&amqp091.Error{Code: amqp091.NotFound, Reason: "message size 2001 is larger than configured max size 2000"}, 2001))
 	require.False(t, amqp.TooLarge(nil, 1<<30))
+}
+
+// RabbitMQ answers 530 NOT_ALLOWED both for a vhost the user may not use
+// (permanent: waiting cannot fix it) and for a vhost at its connection
+// limit or restarting (transient: transport.Open waits for it).
+func TestVhostRefusalsThatWaitingFixesAreNotPermanent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		reason    string
+		permanent bool
+	}{
+		{"NOT_ALLOWED - access to vhost 'orders' refused for user 'app'", true},
+		{"NOT_ALLOWED - connection refused: vhost 'orders' connection limit (10) is reached", false},
+		{"NOT_ALLOWED - vhost orders is down", false},
+	} {
+		err := amqp.ConnectError("amqp://app:secret@127.0.0.1:5672/orders", "MILLWRIGHT_AMQP_URL", &amqp091.Error{Code: amqp091.NotAllowed, Reason: tc.reason})
+		require.Equal(t, tc.permanent, retry.IsPermanent(err), "%s: %v", tc.reason, err)
+		require.NotContains(t, err.Error(), "secret")
+	}
 }

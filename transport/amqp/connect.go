@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
@@ -28,6 +29,10 @@ func connectError(url, urlFrom string, err error) error {
 	switch {
 	case errors.Is(err, amqp091.ErrCredentials), errors.As(err, &amqpErr) && amqpErr.Code == amqp091.AccessRefused:
 		return retry.Permanent(fmt.Errorf("amqp: %s refused the user and password of the URL (from %s): %w (fix them in %s, or grant the user access)", host, urlFrom, err, urlFrom))
+	case errors.As(err, &amqpErr) && amqpErr.Code == amqp091.NotAllowed && (strings.Contains(amqpErr.Reason, "limit") || strings.Contains(amqpErr.Reason, "is down")):
+		// A vhost's connection limit reached, or the vhost restarting:
+		// waiting can fix both.
+		return fmt.Errorf("amqp: %s refused the connection for now (URL from %s): %w", host, urlFrom, err)
 	case errors.Is(err, amqp091.ErrVhost), errors.As(err, &amqpErr) && amqpErr.Code == amqp091.NotAllowed:
 		return retry.Permanent(fmt.Errorf("amqp: %s refused the URL's vhost (from %s): %w (create it, grant the user access, or fix the path of %s)", host, urlFrom, err, urlFrom))
 	case errors.Is(err, amqp091.ErrSASL):

@@ -35,3 +35,6 @@ func BatchChannels(pub message.Publisher) int { return int(pub.(*publisher).last
 
 // TooLarge is tooLarge, for tests.
 var TooLarge = tooLarge
+
+// ConnectError is connectError, for tests.
+var ConnectError = connectError

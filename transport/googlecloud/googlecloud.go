@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -277,7 +278,14 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, setti
 	}
 	admin, err := pubsub.NewClient(cctx, cfg.ProjectID, clientOptions(cfg)...)
 	if err != nil {
-		return nil, retry.Permanent(fmt.Errorf("googlecloud: creating client for project %s (from %s): %w (check %s)", cfg.ProjectID, setting("GoogleCloud.ProjectID"), err, credentialsSetting(cfg, setting)))
+		err = fmt.Errorf("googlecloud: creating client for project %s (from %s): %w (check %s)", cfg.ProjectID, setting("GoogleCloud.ProjectID"), err, credentialsSetting(cfg, setting))
+		if cctx.Err() != nil || strings.Contains(err.Error(), "metadata") {
+			// Finding the default credentials through the metadata
+			// server can fail for a few seconds after a pod starts
+			// (GKE Workload Identity): waiting can fix that.
+			return nil, err
+		}
+		return nil, retry.Permanent(err)
 	}
 	// The gRPC connection is lazy: ask something cheap to learn whether
 	// the service answers at all.
