@@ -3,11 +3,15 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/retry"
 )
 
 // A dead-letter copy to a broker that does not answer holds the round at
@@ -83,4 +87,42 @@ func TestRelay_LaneCheckIsBounded(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the lane check still waits for the lock after 30s (Lease 0.5s)")
 	}
+}
+
+// Once the dead-letter copies' bound (a Lease) has passed, the round's
+// remaining copies are skipped, logged, not started: each would wait its
+// grace and pile up as one more stuck call. Five rows of five aggregates
+// fail for good in one round against a dead-letter broker that never
+// answers: one call is started (it holds past the bound), the other four
+// are skipped, and every row is failed with its event kept.
+func TestRelay_DeadLetterCopiesStopAtTheirBound(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for i := range 5 {
+		require.NoError(t, Add(ctx, b.db, Event{Topic: "orders", AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i), Payload: []byte(`{}`)}))
+	}
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	var calls atomic.Int64
+	pub := &hookPublisher{Publisher: b.pubsub, fail: func(topic string, _ *message.Message) error {
+		if topic == "orders" {
+			return retry.Permanent(errors.New("message too large"))
+		}
+		calls.Add(1)
+		<-release // a broker that never answers, and a client that does not give up
+		return nil
+	}}
+	r, err := NewRelay(b.db, pub, RelayConfig{DeadLetterTopic: "orders.dead", Retry: retryOnce, Lease: time.Second})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { _, err := r.RunOnce(ctx); done <- err }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the round still waits for the dead-letter copies after 30s (Lease 1s)")
+	}
+	require.Equal(t, 5, count(t, b.db, "status = 'failed'"))
+	require.EqualValues(t, 1, calls.Load(), "dead-letter calls started after their bound had passed")
 }
