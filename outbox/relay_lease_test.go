@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/url"
 	"slices"
 	"sync"
@@ -78,17 +77,9 @@ func openAMQP(t *testing.T, url, group string) *amqp.Transport {
 // broker's URL through it.
 func amqpProxy(t *testing.T) (*faultproxy.Proxy, string) {
 	t.Helper()
-	u, err := url.Parse(transporttest.AMQPURL())
-	require.NoError(t, err)
-	host := u.Host
-	if u.Port() == "" {
-		host = net.JoinHostPort(u.Hostname(), "5672")
-	}
-	p, err := faultproxy.New(host)
+	p, through, err := faultproxy.Through(transporttest.AMQPURL(), "5672")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
-	through, err := p.URL(transporttest.AMQPURL())
-	require.NoError(t, err)
 	return p, through
 }
 

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -62,15 +61,9 @@ func pgProxy(t *testing.T, rawURL string) (*faultproxy.Proxy, string) {
 	u, err := url.Parse(rawURL)
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(u.Scheme, "postgres"), "the test needs a postgres:// URL, got a DSN")
-	host := u.Host
-	if u.Port() == "" {
-		host = net.JoinHostPort(u.Hostname(), "5432")
-	}
-	p, err := faultproxy.New(host)
+	p, through, err := faultproxy.Through(rawURL, "5432")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
-	through, err := p.URL(rawURL)
-	require.NoError(t, err)
 	return p, through
 }
 

@@ -49,6 +49,29 @@ func New(target string) (*Proxy, error) {
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
+// Through starts a proxy to the host of rawURL (defaultPort when the URL
+// names none) and returns it with rawURL through it.
+func Through(rawURL, defaultPort string) (*Proxy, string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("faultproxy: %w", err)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), defaultPort)
+	}
+	p, err := New(host)
+	if err != nil {
+		return nil, "", err
+	}
+	through, err := p.URL(rawURL)
+	if err != nil {
+		_ = p.Close()
+		return nil, "", err
+	}
+	return p, through, nil
+}
+
 // URL returns raw (a URL) with its host replaced by the proxy's.
 func (p *Proxy) URL(raw string) (string, error) {
 	u, err := url.Parse(raw)

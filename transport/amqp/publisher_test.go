@@ -3,8 +3,6 @@ package amqp_test
 import (
 	"context"
 	"errors"
-	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,17 +88,9 @@ func bindQueue(t *testing.T, topic, group string, args amqp091.Table) {
 // broker's URL through it.
 func proxied(t *testing.T) (*faultproxy.Proxy, string) {
 	t.Helper()
-	u, err := url.Parse(transporttest.AMQPURL())
-	require.NoError(t, err)
-	host := u.Host
-	if u.Port() == "" {
-		host = net.JoinHostPort(u.Hostname(), "5672")
-	}
-	proxy, err := faultproxy.New(host)
+	proxy, through, err := faultproxy.Through(transporttest.AMQPURL(), "5672")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = proxy.Close() })
-	through, err := proxy.URL(transporttest.AMQPURL())
-	require.NoError(t, err)
 	return proxy, through
 }
 
@@ -459,6 +449,19 @@ func TestPublishKeyStopsAtItsFirstNack(t *testing.T) {
 	require.ErrorContains(t, err, "3 of 5 messages")
 }
 
+// confirmsHeld opens a publisher through a proxy, publishes once (the
+// channel is open and the exchange declared), and then holds everything
+// the broker sends until the test ends: a broker that stopped answering.
+func confirmsHeld(t *testing.T) (*bundle, *faultproxy.Proxy) {
+	t.Helper()
+	proxy, through := proxied(t)
+	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: 1, ConnectTimeout: 5 * time.Second, DeclareGroups: sink}, sink...)
+	require.NoError(t, b.publish())
+	proxy.Hold()
+	t.Cleanup(proxy.Release)
+	return b, proxy
+}
+
 // A broker that stops answering (a memory alarm, a hung connection) holds
 // the confirm; the publish ends at its message's deadline all the same,
 // and does not wait for the close-ok of the channel it abandons (amqp091's
@@ -466,12 +469,7 @@ func TestPublishKeyStopsAtItsFirstNack(t *testing.T) {
 // until the connection died).
 func TestPublishEndsAtItsDeadlineWhenConfirmsAreHeld(t *testing.T) {
 	t.Parallel()
-	proxy, through := proxied(t)
-	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: 1, ConnectTimeout: 5 * time.Second, DeclareGroups: sink}, sink...)
-	require.NoError(t, b.publish()) // channel open, exchange declared
-
-	proxy.Hold()
-	t.Cleanup(proxy.Release)
+	b, proxy := confirmsHeld(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
@@ -493,12 +491,7 @@ func TestPublishEndsAtItsDeadlineWhenConfirmsAreHeld(t *testing.T) {
 // channel will never settle against a broker that does not answer.
 func TestPublishBatchGivesUpOnTheWholeChannelWhenConfirmsAreHeld(t *testing.T) {
 	t.Parallel()
-	proxy, through := proxied(t)
-	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: 1, ConnectTimeout: 5 * time.Second, DeclareGroups: sink}, sink...)
-	require.NoError(t, b.publish()) // channel open, exchange declared
-
-	proxy.Hold()
-	t.Cleanup(proxy.Release)
+	b, proxy := confirmsHeld(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	first := message.NewMessage(watermill.NewUUID(), []byte("x"))
