@@ -19,12 +19,7 @@ import (
 // the outbox relay, which publishes many rows per call, would have failed
 // every one of them with the refused message's permanent error.
 func (p *Publisher) PublishBatch(topic string, msgs ...*message.Message) error {
-	if len(p.t.cfg.DeclareGroups) > 0 {
-		if err := p.declare(topic); err != nil {
-			return err
-		}
-	}
-	if err := p.checkReceivers(topic, msgs); err != nil {
+	if err := p.prepare(topic, msgs); err != nil {
 		return err
 	}
 	failed := map[int]error{}

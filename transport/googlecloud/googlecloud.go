@@ -434,6 +434,15 @@ type Publisher struct {
 
 // Publish publishes msgs to topic, in order for each ordering key.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.prepare(topic, msgs); err != nil {
+		return err
+	}
+	return classify(p.Publisher.Publish(topic, msgs...))
+}
+
+// prepare is what precedes a publish: the declared groups' subscriptions,
+// then the check that someone will receive msgs.
+func (p *Publisher) prepare(topic string, msgs []*message.Message) error {
 	if len(p.t.cfg.DeclareGroups) > 0 {
 		if err := p.declare(topic); err != nil {
 			return err
@@ -442,7 +451,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := p.checkReceivers(topic, msgs); err != nil {
 		return err
 	}
-	return classify(p.Publisher.Publish(topic, msgs...))
+	return nil
 }
 
 func (p *Publisher) declare(topic string) error {
