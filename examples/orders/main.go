@@ -322,6 +322,17 @@ func notSettled(ctx, wctx context.Context, e *env, pattern string, after time.Du
 	cctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	s, err := e.app.Count(cctx, pattern)
+	// A pooled connection whose last query the deadline cut can come back
+	// closed ("use of closed network connection": lib/pq closes it from
+	// the cancelled query's watcher, late). Counting only reads: ask
+	// again, on another connection, while the fresh context lasts.
+	for err != nil && cctx.Err() == nil {
+		select {
+		case <-cctx.Done():
+		case <-time.After(50 * time.Millisecond):
+			s, err = e.app.Count(cctx, pattern)
+		}
+	}
 	if err != nil {
 		fmt.Fprintf(stdout, "not settled after %s: counts unavailable: %v\n", after, err)
 		return fmt.Errorf("orders not settled after %s (%w); counting them failed: %v", after, cause, err)

@@ -224,10 +224,24 @@ func notSettled(ctx context.Context, db *sql.DB, kind transport.Kind, runID stri
 	cctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	var published, effects, distinct int
-	err := db.QueryRowContext(cctx, `SELECT
+	count := func() error {
+		return db.QueryRowContext(cctx, `SELECT
 		(SELECT count(*) FROM millwright_outbox WHERE status = 'published' AND aggregate_id LIKE $1),
 		(SELECT count(*) FROM quickstart_notifications WHERE order_id LIKE $1),
 		(SELECT count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1)`, runID+"-%").Scan(&published, &effects, &distinct)
+	}
+	err := count()
+	// A pooled connection whose last query the deadline cut can come back
+	// closed (lib/pq closes it from the cancelled query's watcher, late).
+	// Counting only reads: ask again, on another connection, while the
+	// fresh context lasts.
+	for err != nil && cctx.Err() == nil {
+		select {
+		case <-cctx.Done():
+		case <-time.After(50 * time.Millisecond):
+			err = count()
+		}
+	}
 	after := "after " + timeout.String()
 	if timeout == 0 {
 		after = "when interrupted"
