@@ -26,11 +26,29 @@
 package postgres
 
 import (
+	"context"
 	"database/sql"
 	"database/sql/driver"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/millwright/millwright/internal/pgconn"
 )
+
+// Pool is a connection pool millwright's components run on: a *sql.DB
+// (lib/pq, or pgx's stdlib adapter) or a *pgxpool.Pool. The relay, the
+// orchestrator, the idempotency store, the dead-letter store and the
+// cleaners take either.
+type Pool interface {
+	*sql.DB | *pgxpool.Pool
+}
+
+// OpenPgx returns a pgx pool on dsn with millwright's bounds: a connection
+// attempt is bounded (connect_timeout=10 unless the DSN or
+// PGCONNECT_TIMEOUT sets one) and a call whose context ends is abandoned at
+// once (pgx's own behaviour). The DSN is parsed now: an error names no
+// password. No connection is made until the pool's first use.
+func OpenPgx(ctx context.Context, dsn string) (*pgxpool.Pool, error) { return pgconn.OpenPgx(ctx, dsn) }
 
 // Open returns a pool on dsn, as sql.Open("postgres", dsn) would, with the
 // bounds and the round trips of the package doc. The DSN is parsed now: an

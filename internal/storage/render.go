@@ -1,0 +1,277 @@
+package storage
+
+import (
+	"database/sql/driver"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lib/pq"
+)
+
+// conflictTag starts the text a statement with Expect casts to an integer
+// when its row count is wrong: the cast's error (22P02) carries the
+// statement's position and count back from the server, on both drivers,
+// and stops the batch or transaction there.
+const conflictTag = "millwright-conflict:"
+
+var conflictRE = regexp.MustCompile(`millwright-conflict:(\d+):(\d+)`)
+
+// withExpect returns s's SQL, wrapped so that the server fails it when it
+// does not affect s.Expect rows (index is its position in its batch).
+func withExpect(s Statement, index int) string {
+	if s.Expect < 0 {
+		return s.SQL
+	}
+	return "WITH millwright_expect AS (" + s.SQL + " RETURNING 1) SELECT CASE WHEN count(*) = " +
+		strconv.FormatInt(s.Expect, 10) + " THEN 0 ELSE ('" + conflictTag + strconv.Itoa(index) +
+		":' || count(*))::int END FROM millwright_expect"
+}
+
+// conflictOf turns the server's error for an unmet Expect into a
+// *ConflictError, and returns any other error unchanged.
+func conflictOf(err error, ss []Statement) error {
+	if err == nil || Code(err) != "22P02" {
+		return err
+	}
+	m := conflictRE.FindStringSubmatch(ServerMessage(err))
+	if m == nil {
+		return err
+	}
+	i, _ := strconv.Atoi(m[1])
+	n, _ := strconv.ParseInt(m[2], 10, 64)
+	if i < 0 || i >= len(ss) {
+		return err
+	}
+	return &ConflictError{Index: i, What: ss[i].What, Affected: n, Expected: ss[i].Expect}
+}
+
+// inline returns s's SQL (with its Expect) with each $n replaced by its
+// argument as a quoted literal: one simple query, one round trip on lib/pq,
+// where a statement with parameters takes two.
+func inline(s Statement, index int) (string, error) {
+	q := withExpect(s, index)
+	if len(s.Args) == 0 {
+		return q, nil
+	}
+	var b strings.Builder
+	b.Grow(len(q) + 16*len(s.Args))
+	for i := 0; i < len(q); {
+		c := q[i]
+		switch {
+		case c == '\'':
+			j := skipString(q, i, i > 0 && (q[i-1] == 'E' || q[i-1] == 'e') && (i < 2 || !isIdent(q[i-2])))
+			b.WriteString(q[i:j])
+			i = j
+		case c == '"':
+			j := strings.IndexByte(q[i+1:], '"')
+			if j < 0 {
+				return "", fmt.Errorf("storage: unterminated identifier in %q", q)
+			}
+			b.WriteString(q[i : i+j+2])
+			i += j + 2
+		case c == '-' && i+1 < len(q) && q[i+1] == '-':
+			j := strings.IndexByte(q[i:], '\n')
+			if j < 0 {
+				j = len(q) - i
+			}
+			b.WriteString(q[i : i+j])
+			i += j
+		case c == '/' && i+1 < len(q) && q[i+1] == '*':
+			j := strings.Index(q[i+2:], "*/")
+			if j < 0 {
+				return "", fmt.Errorf("storage: unterminated comment in %q", q)
+			}
+			b.WriteString(q[i : i+j+4])
+			i += j + 4
+		case c == '$' && i+1 < len(q) && q[i+1] >= '0' && q[i+1] <= '9' && (i == 0 || !isIdent(q[i-1])):
+			j := i + 1
+			for j < len(q) && q[j] >= '0' && q[j] <= '9' {
+				j++
+			}
+			n, _ := strconv.Atoi(q[i+1 : j])
+			if n < 1 || n > len(s.Args) {
+				return "", fmt.Errorf("storage: $%d in a statement with %d argument(s)", n, len(s.Args))
+			}
+			lit, err := literal(s.Args[n-1])
+			if err != nil {
+				return "", fmt.Errorf("storage: argument $%d: %w", n, err)
+			}
+			b.WriteString(lit)
+			i = j
+		case c == '$' && (i == 0 || !isIdent(q[i-1])):
+			// A dollar-quoted string: $tag$ ... $tag$.
+			j := i + 1
+			for j < len(q) && isIdent(q[j]) {
+				j++
+			}
+			if j >= len(q) || q[j] != '$' {
+				b.WriteByte(c)
+				i++
+				continue
+			}
+			tag := q[i : j+1]
+			end := strings.Index(q[j+1:], tag)
+			if end < 0 {
+				return "", fmt.Errorf("storage: unterminated dollar quote in %q", q)
+			}
+			stop := j + 1 + end + len(tag)
+			b.WriteString(q[i:stop])
+			i = stop
+		default:
+			b.WriteByte(c)
+			i++
+		}
+	}
+	return b.String(), nil
+}
+
+func isIdent(c byte) bool {
+	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c >= 0x80
+}
+
+// skipString returns the index after the string literal starting at i.
+func skipString(q string, i int, escapes bool) int {
+	for j := i + 1; j < len(q); j++ {
+		switch q[j] {
+		case '\\':
+			if escapes {
+				j++
+			}
+		case '\'':
+			if j+1 < len(q) && q[j+1] == '\'' {
+				j++
+				continue
+			}
+			return j + 1
+		}
+	}
+	return len(q)
+}
+
+var errNUL = errors.New("text contains a NUL byte, which Postgres cannot store")
+
+// literal renders v as a Postgres literal.
+func literal(v any) (string, error) {
+	switch v := v.(type) {
+	case nil:
+		return "NULL", nil
+	case string:
+		if strings.IndexByte(v, 0) >= 0 {
+			return "", errNUL
+		}
+		return pq.QuoteLiteral(v), nil
+	case []byte:
+		if v == nil {
+			return "NULL", nil
+		}
+		return pq.QuoteLiteral(`\x`+hex.EncodeToString(v)) + "::bytea", nil
+	case bool:
+		if v {
+			return "true", nil
+		}
+		return "false", nil
+	case int:
+		return strconv.FormatInt(int64(v), 10), nil
+	case int8:
+		return strconv.FormatInt(int64(v), 10), nil
+	case int16:
+		return strconv.FormatInt(int64(v), 10), nil
+	case int32:
+		return strconv.FormatInt(int64(v), 10), nil
+	case int64:
+		return strconv.FormatInt(v, 10), nil
+	case uint8:
+		return strconv.FormatUint(uint64(v), 10), nil
+	case uint16:
+		return strconv.FormatUint(uint64(v), 10), nil
+	case uint32:
+		return strconv.FormatUint(uint64(v), 10), nil
+	case uint:
+		return strconv.FormatUint(uint64(v), 10), nil
+	case uint64:
+		return strconv.FormatUint(v, 10), nil
+	case float32:
+		return "'" + strconv.FormatFloat(float64(v), 'g', -1, 32) + "'::float8", nil
+	case float64:
+		return "'" + strconv.FormatFloat(v, 'g', -1, 64) + "'::float8", nil
+	case time.Time:
+		// The nanoseconds lib/pq would send; Postgres rounds them to
+		// microseconds either way.
+		return "'" + v.Format("2006-01-02 15:04:05.999999999Z07:00") + "'::timestamptz", nil
+	case time.Duration:
+		return "'" + strconv.FormatInt(v.Microseconds(), 10) + " microseconds'::interval", nil
+	case []int64:
+		return arrayLiteral(len(v), "bigint[]", func(i int) (string, error) { return strconv.FormatInt(v[i], 10), nil })
+	case []int:
+		return arrayLiteral(len(v), "bigint[]", func(i int) (string, error) { return strconv.Itoa(v[i]), nil })
+	case []string:
+		return arrayLiteral(len(v), "text[]", func(i int) (string, error) { return literal(v[i]) })
+	case driver.Valuer:
+		dv, err := v.Value()
+		if err != nil {
+			return "", err
+		}
+		if _, again := dv.(driver.Valuer); again {
+			return "", fmt.Errorf("%T's Value is a driver.Valuer again", v)
+		}
+		return literal(dv)
+	}
+	return "", fmt.Errorf("a %T cannot be sent as a Postgres literal", v)
+}
+
+func arrayLiteral(n int, typ string, elem func(i int) (string, error)) (string, error) {
+	if n == 0 {
+		return "'{}'::" + typ, nil
+	}
+	var b strings.Builder
+	b.WriteString("ARRAY[")
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		e, err := elem(i)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(e)
+	}
+	b.WriteString("]::")
+	b.WriteString(typ)
+	return b.String(), nil
+}
+
+// inlineAll renders ss as one simple query.
+func inlineAll(ss []Statement) (string, error) {
+	if len(ss) == 1 {
+		return inline(ss[0], 0)
+	}
+	var b strings.Builder
+	for i, s := range ss {
+		q, err := inline(s, i)
+		if err != nil {
+			return "", err
+		}
+		if i > 0 {
+			b.WriteString(";\n")
+		}
+		b.WriteString(q)
+	}
+	return b.String(), nil
+}
+
+// whats joins the statements' What for an error of a batch whose failing
+// statement the driver cannot name.
+func whats(ss []Statement) string {
+	var w []string
+	for _, s := range ss {
+		if s.What != "" && (len(w) == 0 || w[len(w)-1] != s.What) {
+			w = append(w, s.What)
+		}
+	}
+	return strings.Join(w, "; ")
+}

@@ -1,0 +1,56 @@
+package storage
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrUnsupported is returned (wrapped) by From and PoolFrom for a value
+// that is neither driver's.
+var ErrUnsupported = errors.New("storage: unsupported database handle")
+
+// From returns the Querier for a user's executor: a *sql.Tx, *sql.DB,
+// *sql.Conn (or anything with database/sql's ExecContext and
+// QueryContext), or a pgx.Tx, *pgx.Conn, *pgxpool.Pool, *pgxpool.Conn (or
+// anything with pgx's Exec, Query and SendBatch). A Querier is returned
+// as it is.
+func From(x any) (Querier, error) {
+	switch e := x.(type) {
+	case nil:
+		return nil, fmt.Errorf("%w: nil: pass the transaction (*sql.Tx or pgx.Tx)", ErrUnsupported)
+	case Querier:
+		return e, nil
+	case Tx:
+		return e, nil
+	case PgxExecutor:
+		return NewPgx(e), nil
+	case SQLExecutor:
+		return NewSQL(e), nil
+	}
+	return nil, fmt.Errorf("%w: %T is neither a database/sql executor (*sql.Tx, *sql.DB, *sql.Conn) nor a pgx one (pgx.Tx, *pgx.Conn, *pgxpool.Pool)", ErrUnsupported, x)
+}
+
+// PoolFrom returns the Pool for a *sql.DB or a *pgxpool.Pool.
+func PoolFrom(x any) (Pool, error) {
+	switch p := x.(type) {
+	case *sql.DB:
+		if p == nil {
+			break
+		}
+		return NewSQLPool(p), nil
+	case *pgxpool.Pool:
+		if p == nil {
+			break
+		}
+		return NewPgxPool(p), nil
+	case Pool:
+		return p, nil
+	}
+	if x == nil || fmt.Sprint(x) == "<nil>" {
+		return nil, fmt.Errorf("%w: nil pool: pass an open *sql.DB or *pgxpool.Pool", ErrUnsupported)
+	}
+	return nil, fmt.Errorf("%w: %T is not a pool: pass a *sql.DB or a *pgxpool.Pool", ErrUnsupported, x)
+}
