@@ -183,4 +183,3 @@ func (t *pgxTx) Rollback(ctx context.Context) error {
 	}
 	return nil
 }
-
