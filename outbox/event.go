@@ -3,8 +3,6 @@ package outbox
 import (
 	"bytes"
 	"context"
-	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,22 +14,25 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
-	"github.com/lib/pq"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/millwright/millwright/internal/pgconn"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/tracing"
 	"github.com/millwright/millwright/transport"
 )
 
-// Executor runs statements in the caller's transaction. *sql.Tx, *sql.DB
-// and *sql.Conn satisfy it. Passing a *sql.DB writes the event in its own
-// transaction, which gives up the outbox's atomicity with business writes.
-type Executor interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
+// Executor is the caller's transaction, on either driver: a *sql.Tx (or
+// *sql.DB, *sql.Conn, anything with database/sql's ExecContext and
+// QueryContext) or a pgx.Tx (or *pgx.Conn, *pgxpool.Pool, anything with
+// pgx's Exec, Query and SendBatch). Passing a pool writes the event in its
+// own transaction, which gives up the outbox's atomicity with business
+// writes. Any other value is refused with an error naming its type.
+type Executor any
+
+// sqlExecutor is database/sql's executor.
+// TODO(storage): the readers below move to the storage layer.
+type sqlExecutor = storage.SQLExecutor
 
 // Event is one event to publish, written with Add.
 type Event struct {
@@ -140,24 +141,22 @@ const maxRowsPerInsert = 1000
 // specversion, datacontenttype), the aggregate keys, and the W3C traceparent
 // of the OpenTelemetry span in ctx when Event.Metadata has none.
 //
-// In a transaction of a pool from postgres.Open, the INSERT goes to the
-// server with the transaction's next statement, normally its COMMIT, in
-// the same round trip: the event then costs the business transaction no
-// round trip of its own. Every later statement of the transaction sees
-// the rows as if they had been inserted at once; only a server-side error
-// of the INSERT (say, a schema without the outbox table) is returned by
-// that statement or by Commit instead of by Add, and then nothing of the
-// transaction commits. Events that fail Add's own checks (ErrInvalidEvent)
-// are refused by Add itself, on every pool.
+// exec is a *sql.Tx or a pgx.Tx (see Executor). The INSERT is one round
+// trip on either driver (database/sql: one simple query with the values
+// inlined as quoted literals; pgx: one extended-protocol statement), and
+// every error, Add's own checks (ErrInvalidEvent) and the server's (say, a
+// schema without the outbox table), is returned by Add itself, on every
+// driver and pool.
 func Add(ctx context.Context, exec Executor, events ...Event) (err error) {
 	ctx, span := tracing.StartWriteSpan(ctx, len(events))
 	defer func() { tracing.EndSpan(span, err) }()
-	if exec == nil {
-		return fmt.Errorf("outbox: Add: nil Executor: pass the *sql.Tx of the business transaction")
+	q, err := storage.From(exec)
+	if err != nil {
+		return fmt.Errorf("outbox: Add: %w", err)
 	}
 	for len(events) > 0 {
 		n := min(len(events), maxRowsPerInsert)
-		if err := insert(ctx, exec, events[:n]); err != nil {
+		if err := insert(ctx, q, events[:n]); err != nil {
 			return err
 		}
 		events = events[n:]
@@ -165,41 +164,17 @@ func Add(ctx context.Context, exec Executor, events ...Event) (err error) {
 	return nil
 }
 
-func insert(ctx context.Context, exec Executor, events []Event) error {
-	// Values are inlined as quoted literals: a statement without parameters
-	// is one round trip with lib/pq instead of two, which is most of the
-	// outbox's cost in the caller's transaction.
-	var q strings.Builder
-	q.WriteString(`INSERT INTO millwright_outbox (event_id, topic, aggregate_type, aggregate_id, event_type, payload, payload_raw, metadata) VALUES `)
+func insert(ctx context.Context, q storage.Querier, events []Event) error {
+	rows := make([]storage.EventRow, len(events))
 	for i, ev := range events {
 		row, err := prepare(ctx, ev)
 		if err != nil {
 			return fmt.Errorf("outbox: event %d (topic %q): %w", i, ev.Topic, err)
 		}
-		if i > 0 {
-			q.WriteByte(',')
-		}
-		q.WriteByte('(')
-		for j, v := range row {
-			if j > 0 {
-				q.WriteByte(',')
-			}
-			switch v := v.(type) {
-			case nil:
-				q.WriteString("NULL")
-			case []byte:
-				q.WriteString(pq.QuoteLiteral(`\x`+hex.EncodeToString(v)) + "::bytea")
-			case string:
-				q.WriteString(pq.QuoteLiteral(v))
-			}
-		}
-		q.WriteByte(')')
+		rows[i] = row
 	}
-	// what names the statement in its error, here or, when it travels
-	// with the transaction's next statement, in that one's.
-	what := fmt.Sprintf("outbox: inserting %d event(s) into millwright_outbox (did `millwright migrate` run?)", len(events))
-	if _, err := exec.ExecContext(pgconn.WithDeferred(ctx, what), q.String()); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+	if err := storage.InsertEvents(ctx, q, rows); err != nil {
+		return fmt.Errorf("outbox: inserting %d event(s) into millwright_outbox (did `millwright migrate` run?): %w", len(events), err)
 	}
 	return nil
 }
@@ -208,37 +183,37 @@ func insert(ctx context.Context, exec Executor, events []Event) error {
 // the defaults, the NUL check, the metadata to store, the CloudEvents
 // check, the metadata the relay derives (not stored twice), and the size
 // check.
-func prepare(ctx context.Context, ev Event) ([]any, error) {
+func prepare(ctx context.Context, ev Event) (storage.EventRow, error) {
 	if ev.Topic == "" {
-		return nil, fmt.Errorf("%w: Topic is empty: set the topic the relay should publish to", ErrInvalidEvent)
+		return storage.EventRow{}, fmt.Errorf("%w: Topic is empty: set the topic the relay should publish to", ErrInvalidEvent)
 	}
 	limits := TransportLimits()
 	if err := limits.ValidateTopic(ev.Topic); err != nil {
-		return nil, fmt.Errorf("%w: %w (the relay's transport would refuse it on every attempt)", ErrInvalidEvent, err)
+		return storage.EventRow{}, fmt.Errorf("%w: %w (the relay's transport would refuse it on every attempt)", ErrInvalidEvent, err)
 	}
 	ev, aggID := withDefaults(ev)
 	if err := checkNUL(ev, aggID); err != nil {
-		return nil, err
+		return storage.EventRow{}, err
 	}
 	md, isJSON := storedMetadata(ctx, ev)
 	if err := validateCloudEvent(ev, md); err != nil {
-		return nil, err
+		return storage.EventRow{}, err
 	}
 	md = dropDerived(ev, aggID, isJSON, md)
-	var payload, raw any
+	row := storage.EventRow{EventID: ev.ID, Topic: ev.Topic, AggregateType: ev.AggregateType, AggregateID: aggID, EventType: ev.EventType}
 	if isJSON {
-		payload = string(ev.Payload)
+		row.Payload, row.IsJSON = ev.Payload, true
 	} else {
-		if ev.Payload == nil {
-			ev.Payload = []byte{}
+		row.Payload = ev.Payload
+		if row.Payload == nil {
+			row.Payload = []byte{}
 		}
-		raw = ev.Payload
 	}
 	if err := checkWire(limits, ev, aggID, isJSON, md); err != nil {
-		return nil, err
+		return storage.EventRow{}, err
 	}
-	mdJSON := appendMetadataJSON(nil, md)
-	return []any{ev.ID, ev.Topic, ev.AggregateType, aggID, ev.EventType, payload, raw, string(mdJSON)}, nil
+	row.Metadata = string(appendMetadataJSON(nil, md))
+	return row, nil
 }
 
 // withDefaults fills in the ID, Source and EventType ev leaves empty, and

@@ -75,7 +75,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 // refreshGauges sets the backlog gauges from Stats.
-func (m *metrics) refreshGauges(ctx context.Context, db Executor) error {
+func (m *metrics) refreshGauges(ctx context.Context, db sqlExecutor) error {
 	s, err := ReadStats(ctx, db)
 	if err != nil {
 		return err
@@ -100,7 +100,7 @@ type Stats struct {
 // partial indexes on pending and failed rows, so they stay cheap however
 // many published rows the table holds: the oldest pending row is the
 // oldest of the lanes' heads (one probe of the lane index per lane).
-func ReadStats(ctx context.Context, db Executor) (Stats, error) {
+func ReadStats(ctx context.Context, db sqlExecutor) (Stats, error) {
 	rows, err := db.QueryContext(ctx, `SELECT
 		(SELECT count(*) FROM millwright_outbox WHERE status = 'pending'),
 		COALESCE((SELECT extract(epoch FROM now() - created_at)::float8 FROM millwright_outbox WHERE id = (

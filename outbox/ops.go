@@ -21,7 +21,7 @@ type TopicStats struct {
 
 // ReadTopicStats returns the pending and failed counts per topic, reading
 // only pending and failed rows (through their partial indexes).
-func ReadTopicStats(ctx context.Context, db Executor) ([]TopicStats, error) {
+func ReadTopicStats(ctx context.Context, db sqlExecutor) ([]TopicStats, error) {
 	rows, err := db.QueryContext(ctx, `SELECT topic,
 		count(*) FILTER (WHERE status = 'pending'),
 		COALESCE(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending'))::float8, 0),

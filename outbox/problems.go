@@ -33,7 +33,7 @@ const MaxProblemErrorChars = 500
 // then at most limit retrying rows, those with the most failed attempts
 // first. It reads only failed rows and pending rows with failed attempts,
 // through their partial indexes. limit must be positive.
-func ReadProblems(ctx context.Context, db Executor, limit int) ([]ProblemEvent, error) {
+func ReadProblems(ctx context.Context, db sqlExecutor, limit int) ([]ProblemEvent, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("outbox: ReadProblems: limit %d: want at least 1", limit)
 	}

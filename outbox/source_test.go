@@ -19,15 +19,15 @@ func TestPrepareMakesEveryEventValidCloudEvents(t *testing.T) {
 	row, err := prepare(ctx, Event{Topic: "orders", AggregateID: "o-1", Payload: []byte(`{}`)})
 	require.NoError(t, err)
 	var md map[string]string
-	require.NoError(t, json.Unmarshal([]byte(row[7].(string)), &md))
+	require.NoError(t, json.Unmarshal([]byte(row.Metadata), &md))
 	require.Equal(t, DefaultSource(), md[metadata.EventSource])
 	require.NotEmpty(t, DefaultSource())
-	require.Equal(t, "orders", row[4], "event_type defaults to the topic")
+	require.Equal(t, "orders", row.EventType, "event_type defaults to the topic")
 
 	// A RawPayload JSON event carries its content type.
 	row, err = prepare(ctx, Event{Topic: "orders", Payload: []byte(`{"a": 1}`), RawPayload: true})
 	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal([]byte(row[7].(string)), &md))
+	require.NoError(t, json.Unmarshal([]byte(row.Metadata), &md))
 	require.Equal(t, "application/json", md[metadata.EventDataContentType])
 
 	for name, ev := range map[string]Event{

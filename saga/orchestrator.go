@@ -23,6 +23,7 @@ import (
 	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/internal/schemacheck"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
@@ -396,7 +397,12 @@ func (t *transition) record(step, kind, detail string, attempt int, err string) 
 // command to the outbox, both through exec, normally the caller's
 // transaction: the saga starts if and only if it commits. It returns an
 // error wrapping ErrAlreadyStarted when the id exists.
-func (o *Orchestrator[D]) Start(ctx context.Context, exec outbox.Executor, id string, data D) error {
+func (o *Orchestrator[D]) Start(ctx context.Context, tx outbox.Executor, id string, data D) error {
+	// TODO(storage): the saga's statements move to the storage layer.
+	exec, ok := tx.(storage.SQLExecutor)
+	if !ok {
+		return fmt.Errorf("saga %s: Start(%q): %T is not a database/sql executor", o.def.name, id, tx)
+	}
 	if exec == nil {
 		return errors.New("saga: Start: nil Executor: pass the *sql.Tx of the business transaction")
 	}
@@ -496,7 +502,7 @@ func (o *Orchestrator[D]) event(sagaID, step, phase string, attempt int, cmd Com
 // pool of postgres.Open it travels with the transaction's COMMIT (or next
 // statement), which then fails with the statement's own error (the same
 // *pq.Error carrying conflictMessage, not errConflict).
-func (o *Orchestrator[D]) commit(ctx context.Context, exec outbox.Executor, old int64, t *transition) error {
+func (o *Orchestrator[D]) commit(ctx context.Context, exec storage.SQLExecutor, old int64, t *transition) error {
 	in := t.in
 	dctx := pgconn.WithDeferred(ctx, fmt.Sprintf("saga %s %q: writing a transition", o.def.name, in.id))
 	if in.version == 0 {

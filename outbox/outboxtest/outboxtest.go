@@ -2,6 +2,7 @@ package outboxtest
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -25,7 +26,7 @@ func WaitDrained(ctx context.Context, db outbox.Executor) error {
 	defer t.Stop()
 	var last outbox.Stats
 	for {
-		s, err := outbox.ReadStats(ctx, db)
+		s, err := readStats(ctx, db)
 		if err != nil {
 			if ctx.Err() != nil {
 				return notDrained(ctx, last)
@@ -50,4 +51,17 @@ func WaitDrained(ctx context.Context, db outbox.Executor) error {
 func notDrained(ctx context.Context, s outbox.Stats) error {
 	return fmt.Errorf("outboxtest: outbox not drained, %d pending, oldest %s old (is a relay running?): %w",
 		s.Pending, s.OldestPendingAge.Round(time.Millisecond), ctx.Err())
+}
+
+// readStats reads db's outbox stats.
+// TODO(storage): outbox.ReadStats takes any Executor once its reads move.
+func readStats(ctx context.Context, db outbox.Executor) (outbox.Stats, error) {
+	sx, ok := db.(interface {
+		ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+		QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	})
+	if !ok {
+		return outbox.Stats{}, fmt.Errorf("outboxtest: %T is not a database/sql executor", db)
+	}
+	return outbox.ReadStats(ctx, sx)
 }
