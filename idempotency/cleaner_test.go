@@ -191,6 +191,6 @@ func TestCleanerConfigValidate(t *testing.T) {
 		_, err := idempotency.NewCleaner(new(sql.DB), tc.cfg)
 		require.ErrorContains(t, err, tc.want)
 	}
-	_, err := idempotency.NewCleaner(nil, idempotency.CleanerConfig{})
+	_, err := idempotency.NewCleaner((*sql.DB)(nil), idempotency.CleanerConfig{})
 	require.ErrorContains(t, err, "db is nil")
 }

@@ -81,7 +81,7 @@ func TestCleaner_OneInstanceAtATime(t *testing.T) {
 	conn, err := b.db.Conn(ctx)
 	require.NoError(t, err)
 	defer conn.Close()
-	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, cleanerTable.LockClass)
+	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, cleanerTable.Store.LockClass)
 	require.NoError(t, err)
 	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
 	_, err = b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '8 days'`)
@@ -93,7 +93,7 @@ func TestCleaner_OneInstanceAtATime(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, CleanStats{Skipped: true}, stats)
 
-	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, cleanerTable.LockClass)
+	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, cleanerTable.Store.LockClass)
 	require.NoError(t, err)
 	stats, err = c.RunOnce(ctx)
 	require.NoError(t, err)

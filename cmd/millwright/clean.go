@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/dlq"
@@ -31,7 +32,7 @@ type cleanTarget struct {
 	component string // the command it hangs under, and its flag prefix in `millwright clean`
 	rows      string // what is deleted, for messages
 	retention time.Duration
-	open      func(*sql.DB, cleaner.Config) (*cleaner.Cleaner, error)
+	open      openCleaner
 	// consequence is what the prompt warns of.
 	consequence string
 }
@@ -39,15 +40,15 @@ type cleanTarget struct {
 // cleanTargets lists every table millwright writes, in the order
 // `millwright clean` cleans them.
 var cleanTargets = []cleanTarget{
-	{"outbox", "published outbox events", outbox.DefaultRetention, outbox.NewCleaner,
+	{"outbox", "published outbox events", outbox.DefaultRetention, cleanerOf(outbox.NewCleaner[*sql.DB], outbox.NewCleaner[*pgxpool.Pool]),
 		"they can no longer be inspected or re-published"},
-	{"idempotency", "processed marks", idempotency.DefaultRetention, idempotency.NewCleaner,
+	{"idempotency", "processed marks", idempotency.DefaultRetention, cleanerOf(idempotency.NewCleaner[*sql.DB], idempotency.NewCleaner[*pgxpool.Pool]),
 		"redeliveries of those events will be processed again"},
-	{"dlq", "dead letters", dlq.DefaultRetention, dlq.NewCleaner,
+	{"dlq", "dead letters", dlq.DefaultRetention, cleanerOf(dlq.NewCleaner[*sql.DB], dlq.NewCleaner[*pgxpool.Pool]),
 		"replayed or not, they can no longer be replayed"},
-	{"saga", "completed and compensated sagas (with their steps)", saga.DefaultRetention, saga.NewCleaner,
+	{"saga", "completed and compensated sagas (with their steps)", saga.DefaultRetention, cleanerOf(saga.NewCleaner[*sql.DB], saga.NewCleaner[*pgxpool.Pool]),
 		"a reply still arriving for one of them fails as not found"},
-	{"audit", "audit rows", audit.DefaultRetention, audit.NewCleaner,
+	{"audit", "audit rows", audit.DefaultRetention, cleanerOf(audit.NewCleaner[*sql.DB], audit.NewCleaner[*pgxpool.Pool]),
 		"the record of those commands is lost"},
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -379,13 +380,13 @@ func (p *relayProcess) components(tables map[string]bool) error {
 	cleaners := []struct {
 		name, env, table string
 		retention        time.Duration
-		open             func(*sql.DB, cleaner.Config) (*cleaner.Cleaner, error)
+		open             openCleaner
 	}{
-		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, outbox.NewCleaner},
-		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, idempotency.NewCleaner},
-		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, dlq.NewCleaner},
-		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, saga.NewCleaner},
-		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, audit.NewCleaner},
+		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, cleanerOf(outbox.NewCleaner[*sql.DB], outbox.NewCleaner[*pgxpool.Pool])},
+		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, cleanerOf(idempotency.NewCleaner[*sql.DB], idempotency.NewCleaner[*pgxpool.Pool])},
+		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, cleanerOf(dlq.NewCleaner[*sql.DB], dlq.NewCleaner[*pgxpool.Pool])},
+		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, cleanerOf(saga.NewCleaner[*sql.DB], saga.NewCleaner[*pgxpool.Pool])},
+		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, cleanerOf(audit.NewCleaner[*sql.DB], audit.NewCleaner[*pgxpool.Pool])},
 	}
 	for _, c := range cleaners {
 		if c.retention <= 0 || !tables[c.table] {

@@ -11,14 +11,19 @@ import (
 	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
+	"github.com/millwright/millwright/internal/storage"
 )
 
 const bound = 10 * time.Second
 
 var table = cleaner.Table{
-	Component: "test", Name: "things", Rows: "things", Key: "id", OrderBy: "id",
-	Where:     `done AND at < now() - $1 * interval '1 millisecond'`,
-	LockClass: 0x74657374, DefaultRetention: time.Hour, MinRetention: time.Millisecond,
+	Component: "test", Rows: "things",
+	Store: storage.RetentionTable{
+		Name: "things", Key: "id", OrderBy: "id",
+		Where:     `done AND at < now() - $1 * interval '1 millisecond'`,
+		LockClass: 0x74657374,
+	},
+	DefaultRetention: time.Hour, MinRetention: time.Millisecond,
 }
 
 // setup returns a schema with a things table holding old done rows, old
@@ -47,8 +52,15 @@ func rows(t *testing.T, db *sql.DB) int {
 
 func TestRunOnceDeletesOnlyQualifyingRowsInBatches(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testRunOnceDeletes(t, driver)
+	})
+}
+
+func testRunOnceDeletes(t *testing.T, driver string) {
 	s := setup(t, 25)
-	c, err := cleaner.New(s.DB, table, cleaner.Config{BatchSize: 10})
+	c, err := cleaner.New(s.Pool(t, driver), table, cleaner.Config{BatchSize: 10})
 	require.NoError(t, err)
 	ctx := context.Background()
 
@@ -69,29 +81,36 @@ func TestRunOnceDeletesOnlyQualifyingRowsInBatches(t *testing.T) {
 
 func TestRunOnceSkipsWhileAnotherInstanceHoldsTheLockOfItsSchema(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testRunOnceSkips(t, driver)
+	})
+}
+
+func testRunOnceSkips(t *testing.T, driver string) {
 	a, b := setup(t, 3), setup(t, 2)
 	ctx := context.Background()
 	conn, err := a.DB.Conn(ctx)
 	require.NoError(t, err)
 	defer conn.Close()
 	var locked bool
-	require.NoError(t, conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, hashtext(current_schema()))`, table.LockClass).Scan(&locked))
+	require.NoError(t, conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, hashtext(current_schema()))`, table.Store.LockClass).Scan(&locked))
 	require.True(t, locked)
 
-	ca, err := cleaner.New(a.DB, table, cleaner.Config{})
+	ca, err := cleaner.New(a.Pool(t, driver), table, cleaner.Config{})
 	require.NoError(t, err)
 	stats, err := ca.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, cleaner.Stats{Skipped: true}, stats)
 	require.Equal(t, 10, rows(t, a.DB))
 
-	cb, err := cleaner.New(b.DB, table, cleaner.Config{})
+	cb, err := cleaner.New(b.Pool(t, driver), table, cleaner.Config{})
 	require.NoError(t, err)
 	stats, err = cb.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, cleaner.Stats{Deleted: 2, Batches: 1}, stats, "another schema's cleaner is not excluded")
 
-	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, table.LockClass)
+	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, table.Store.LockClass)
 	require.NoError(t, err)
 	stats, err = ca.RunOnce(ctx)
 	require.NoError(t, err)
@@ -123,7 +142,7 @@ func blocked(t *testing.T, cfg cleaner.Config) (s *pgtest.Schema, c *cleaner.Cle
 	}
 	t.Cleanup(release)
 
-	c, err = cleaner.New(db, table, cfg)
+	c, err = cleaner.New(storage.NewSQLPool(db), table, cfg)
 	require.NoError(t, err)
 	ch := make(chan error, 1)
 	go func() { ch <- c.Run(context.Background()) }()
@@ -172,7 +191,7 @@ func TestCloseCancelsAfterCloseTimeout(t *testing.T) {
 func TestRunCleansUntilClosed(t *testing.T) {
 	t.Parallel()
 	s := setup(t, 5)
-	c, err := cleaner.New(s.DB, table, cleaner.Config{Interval: 5 * time.Millisecond})
+	c, err := cleaner.New(storage.NewSQLPool(s.DB), table, cleaner.Config{Interval: 5 * time.Millisecond})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(context.Background()) }()
