@@ -129,21 +129,38 @@ func retentionFlag(cmd *cobra.Command, t cleanTarget) string {
 	return t.component + "-retention"
 }
 
+// buildCleaners builds the cleaner of each target into cleaners, on the
+// pool of --driver, and returns what closes that pool.
+func buildCleaners(cmd *cobra.Command, db *sql.DB, targets []cleanTarget, cleaners []*cleaner.Cleaner, retention func(cleanTarget) time.Duration, batch int) (func(), error) {
+	// The cleaners run on the pool of --driver; the audit trail on db.
+	// TODO(coordinator, issue 32): once audit.Ready and audit.Record take
+	// a storage.Querier, run them on the same pool and open no *sql.DB for
+	// pgx.
+	pool, closePool, err := openPool(cmd, db)
+	if err != nil {
+		return func() {}, err
+	}
+	var errs []error
+	for i, t := range targets {
+		var err error
+		if cleaners[i], err = t.open(pool, cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
+			errs = append(errs, fmt.Errorf("%s --%s=%s --batch-size=%d: %w", cmd.CommandPath(), retentionFlag(cmd, t), retention(t), batch, err))
+		}
+	}
+	return closePool, errors.Join(errs...)
+}
+
 // runClean counts (dry run) or cleans each target once, printing a line
 // per table, and audits the run with the total.
 func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retention func(cleanTarget) time.Duration, batch int) error {
 	// The cleaners are built, and so their retention and batch size
 	// validated, before anything is written (the audit row included).
 	cleaners := make([]*cleaner.Cleaner, len(targets))
-	change, db, err := openChange(cmd, args, func(db *sql.DB) error {
-		var errs []error
-		for i, t := range targets {
-			var err error
-			if cleaners[i], err = t.open(db, cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
-				errs = append(errs, fmt.Errorf("%s --%s=%s --batch-size=%d: %w", cmd.CommandPath(), retentionFlag(cmd, t), retention(t), batch, err))
-			}
-		}
-		return errors.Join(errs...)
+	closePool := func() {}
+	defer func() { closePool() }()
+	change, db, err := openChange(cmd, args, func(db *sql.DB) (err error) {
+		closePool, err = buildCleaners(cmd, db, targets, cleaners, retention, batch)
+		return err
 	})
 	if err != nil {
 		return err
