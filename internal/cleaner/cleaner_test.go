@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/cleaner"
@@ -117,17 +118,40 @@ func testRunOnceSkips(t *testing.T, driver string) {
 	require.EqualValues(t, 3, stats.Deleted)
 }
 
+// onePool returns a pool of driver with one connection (its backend is
+// the cleaner's) and that backend's pid.
+func onePool(t *testing.T, s *pgtest.Schema, driver string) (storage.Pool, int) {
+	t.Helper()
+	var pool storage.Pool
+	switch driver {
+	case pgtest.DriverPQ:
+		db, err := sql.Open("postgres", s.URL)
+		require.NoError(t, err)
+		db.SetMaxOpenConns(1)
+		t.Cleanup(func() { db.Close() })
+		pool = storage.NewSQLPool(db)
+	case pgtest.DriverPgx:
+		cfg, err := pgxpool.ParseConfig(s.URL)
+		require.NoError(t, err)
+		cfg.MaxConns = 1
+		p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		pool = storage.NewPgxPool(p)
+	default:
+		t.Fatalf("unknown driver %q", driver)
+	}
+	var pid int
+	require.NoError(t, pool.QueryRow(context.Background(), storage.S(`SELECT pg_backend_pid()`), &pid))
+	return pool, pid
+}
+
 // blocked starts Run on a cleaner whose first DELETE waits on a table lock
 // the test holds, and returns once it waits. release ends the lock.
-func blocked(t *testing.T, cfg cleaner.Config) (s *pgtest.Schema, c *cleaner.Cleaner, errc <-chan error, release func()) {
+func blocked(t *testing.T, driver string, cfg cleaner.Config) (s *pgtest.Schema, c *cleaner.Cleaner, errc <-chan error, release func()) {
 	t.Helper()
 	s = setup(t, 10)
-	db, err := sql.Open("postgres", s.URL)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(1) // its one backend is the cleaner's
-	t.Cleanup(func() { db.Close() })
-	var pid int
-	require.NoError(t, db.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
+	pool, pid := onePool(t, s, driver)
 
 	block, err := s.DB.Begin()
 	require.NoError(t, err)
@@ -142,7 +166,7 @@ func blocked(t *testing.T, cfg cleaner.Config) (s *pgtest.Schema, c *cleaner.Cle
 	}
 	t.Cleanup(release)
 
-	c, err = cleaner.New(storage.NewSQLPool(db), table, cfg)
+	c, err = cleaner.New(pool, table, cfg)
 	require.NoError(t, err)
 	ch := make(chan error, 1)
 	go func() { ch <- c.Run(context.Background()) }()
@@ -152,7 +176,14 @@ func blocked(t *testing.T, cfg cleaner.Config) (s *pgtest.Schema, c *cleaner.Cle
 
 func TestCloseFinishesTheBatchInFlightAndStops(t *testing.T) {
 	t.Parallel()
-	s, c, errc, release := blocked(t, cleaner.Config{BatchSize: 2, Interval: time.Hour})
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testCloseFinishesTheBatchInFlight(t, driver)
+	})
+}
+
+func testCloseFinishesTheBatchInFlight(t *testing.T, driver string) {
+	s, c, errc, release := blocked(t, driver, cleaner.Config{BatchSize: 2, Interval: time.Hour})
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close() }()
 	select {
@@ -180,7 +211,14 @@ func TestCloseFinishesTheBatchInFlightAndStops(t *testing.T) {
 
 func TestCloseCancelsAfterCloseTimeout(t *testing.T) {
 	t.Parallel()
-	s, c, errc, release := blocked(t, cleaner.Config{BatchSize: 2, Interval: time.Hour, CloseTimeout: 20 * time.Millisecond})
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testCloseCancelsAfterCloseTimeout(t, driver)
+	})
+}
+
+func testCloseCancelsAfterCloseTimeout(t *testing.T, driver string) {
+	s, c, errc, release := blocked(t, driver, cleaner.Config{BatchSize: 2, Interval: time.Hour, CloseTimeout: 20 * time.Millisecond})
 	require.NoError(t, c.Close(), "returns although the batch is still blocked")
 	require.NoError(t, <-errc)
 	release()
@@ -190,8 +228,15 @@ func TestCloseCancelsAfterCloseTimeout(t *testing.T) {
 
 func TestRunCleansUntilClosed(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testRunCleansUntilClosed(t, driver)
+	})
+}
+
+func testRunCleansUntilClosed(t *testing.T, driver string) {
 	s := setup(t, 5)
-	c, err := cleaner.New(storage.NewSQLPool(s.DB), table, cleaner.Config{Interval: 5 * time.Millisecond})
+	c, err := cleaner.New(s.Pool(t, driver), table, cleaner.Config{Interval: 5 * time.Millisecond})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(context.Background()) }()
