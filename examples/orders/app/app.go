@@ -243,7 +243,7 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 			// relay processes. Every package's Cleaner and CleanerConfig are
 			// the same types.
 			for _, open := range []func(*sql.DB, outbox.CleanerConfig) (*outbox.Cleaner, error){
-				outbox.NewCleaner, idempotency.NewCleaner, saga.NewCleaner, dlq.NewCleaner,
+				outbox.NewCleaner[*sql.DB], idempotency.NewCleaner[*sql.DB], saga.NewCleaner[*sql.DB], dlq.NewCleaner[*sql.DB],
 			} {
 				var c *outbox.Cleaner
 				if c, err = open(a.db, outbox.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
