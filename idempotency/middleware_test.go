@@ -301,7 +301,7 @@ func TestNewMiddlewareValidates(t *testing.T) {
 	require.ErrorContains(t, err, "Config.ProducedToOutbox needs a PostgresStore")
 	_, err = idempotency.NewMiddleware(idempotency.NewMemoryStore(), idempotency.Config{Consumer: "c", ProducedPublisher: pub, ProducedTopic: "invoices"})
 	require.NoError(t, err)
-	_, err = idempotency.NewPostgresStore(nil)
+	_, err = idempotency.NewPostgresStore((*sql.DB)(nil))
 	require.ErrorContains(t, err, "db is nil")
 }
 
