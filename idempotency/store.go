@@ -49,7 +49,9 @@ type Marker interface {
 // store on a pool of postgres.Open: the mark travels with BEGIN).
 // Transactional mode uses it when the store has it. BeginMark has the
 // semantics of Begin followed by Tx.Mark; on error no unit of work is
-// left open.
+// left open. When fresh is false the unit of work may already be ended
+// (the Postgres store's is: the duplicate ended its transaction); call
+// only Rollback on it.
 type BeginMarker interface {
 	BeginMark(ctx context.Context, consumer, eventID string) (tx Tx, fresh bool, err error)
 }
