@@ -85,7 +85,7 @@ func NewPostgresStore[P postgres.Pool](db P, opts ...StoreOption) (*PostgresStor
 // Begin starts a READ COMMITTED transaction; its lock timeout
 // (WithLockTimeout) goes with BEGIN.
 func (s *PostgresStore) Begin(ctx context.Context) (Tx, error) {
-	tx, err := storage.BeginMarks(ctx, s.pool, s.lockTimeout)
+	tx, err := storage.BeginProcessedMarks(ctx, s.pool, s.lockTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: begin transaction%s: %w", migrationHint(err), err)
 	}
@@ -107,7 +107,7 @@ func (s *PostgresStore) Processed(ctx context.Context, consumer, eventID string)
 	if err := checkKey(consumer, eventID); err != nil {
 		return false, err
 	}
-	found, err := storage.Processed(ctx, s.pool, consumer, eventID)
+	found, err := storage.IsProcessed(ctx, s.pool, consumer, eventID)
 	if err != nil {
 		return false, fmt.Errorf("idempotency: reading mark of consumer %q event %q%s: %w", consumer, eventID, migrationHint(err), err)
 	}
@@ -137,7 +137,7 @@ func (s *PostgresStore) Mark(ctx context.Context, consumer, eventID string) (boo
 	if err := s.checkMark(ctx, consumer, eventID); err != nil {
 		return false, err
 	}
-	fresh, err := storage.MarkAlone(ctx, s.pool, consumer, eventID, s.lockTimeout)
+	fresh, err := storage.MarkProcessedAlone(ctx, s.pool, consumer, eventID, s.lockTimeout)
 	if err != nil {
 		return false, s.markError(ctx, consumer, eventID, err)
 	}
@@ -184,7 +184,7 @@ func (t *pgTx) Mark(ctx context.Context, consumer, eventID string) (bool, error)
 	if err := t.store.checkMark(ctx, consumer, eventID); err != nil {
 		return false, err
 	}
-	fresh, err := storage.Mark(ctx, t.tx, consumer, eventID)
+	fresh, err := storage.MarkProcessed(ctx, t.tx, consumer, eventID)
 	if err != nil {
 		return false, t.store.markError(ctx, consumer, eventID, err)
 	}
@@ -213,7 +213,7 @@ func (s *PostgresStore) BeginMark(ctx context.Context, consumer, eventID string)
 	if err := s.checkMark(ctx, consumer, eventID); err != nil {
 		return nil, false, err
 	}
-	tx, fresh, err := storage.BeginMark(ctx, s.pool, consumer, eventID, s.lockTimeout)
+	tx, fresh, err := storage.BeginMarkProcessed(ctx, s.pool, consumer, eventID, s.lockTimeout)
 	if err != nil {
 		if storage.IsServerError(err) {
 			return nil, false, s.markError(ctx, consumer, eventID, err)

@@ -55,8 +55,8 @@ RETURNING id`
     stack, attempts, first_failure_at, last_failure_at, payload, metadata::text, created_at, replayed_at, replay_count`
 	lockDeadLetterSQL = `SELECT ` + deadLetterColumns + ` FROM millwright_dead_letters
 WHERE id = $1 AND (replayed_at IS NULL OR $2) FOR UPDATE SKIP LOCKED`
-	markReplayedSQL    = `UPDATE millwright_dead_letters SET replayed_at = now(), replay_count = replay_count + 1 WHERE id = $1`
-	deadLetterDepthSQL = `SELECT original_topic, count(*) FROM millwright_dead_letters WHERE replayed_at IS NULL GROUP BY original_topic`
+	deadLetterReplayedSQL = `UPDATE millwright_dead_letters SET replayed_at = now(), replay_count = replay_count + 1 WHERE id = $1`
+	deadLetterDepthSQL    = `SELECT original_topic, count(*) FROM millwright_dead_letters WHERE replayed_at IS NULL GROUP BY original_topic`
 )
 
 // InsertDeadLetter writes r (its ID, CreatedAt, ReplayedAt and ReplayCount
@@ -129,7 +129,7 @@ func (f DeadLetterFilter) selectDeadLetters(cols, what string) Statement {
 	return Statement{SQL: q, Args: args, Expect: NoExpect, What: what}
 }
 
-func scanDeadLetter(r Row) (DeadLetterRow, error) {
+func scanDeadLetterRow(r Row) (DeadLetterRow, error) {
 	var (
 		d        DeadLetterRow
 		replayed sql.NullTime
@@ -148,7 +148,7 @@ func scanDeadLetter(r Row) (DeadLetterRow, error) {
 func ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) ([]DeadLetterRow, error) {
 	var out []DeadLetterRow
 	err := q.Query(ctx, f.selectDeadLetters(deadLetterColumns, "listing dead letters"), func(r Row) error {
-		d, err := scanDeadLetter(r)
+		d, err := scanDeadLetterRow(r)
 		out = append(out, d)
 		return err
 	})
@@ -166,11 +166,11 @@ func CountDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) (int, 
 // GetDeadLetter returns row id; no such row is an error for which IsNoRows
 // holds.
 func GetDeadLetter(ctx context.Context, q Querier, id int64) (DeadLetterRow, error) {
-	return getDeadLetter(ctx, q, Statement{SQL: "SELECT " + deadLetterColumns + " FROM millwright_dead_letters WHERE id = $1",
+	return queryDeadLetterRow(ctx, q, Statement{SQL: "SELECT " + deadLetterColumns + " FROM millwright_dead_letters WHERE id = $1",
 		Args: []any{id}, Expect: NoExpect, What: "reading a dead letter"})
 }
 
-func getDeadLetter(ctx context.Context, q Querier, s Statement) (DeadLetterRow, error) {
+func queryDeadLetterRow(ctx context.Context, q Querier, s Statement) (DeadLetterRow, error) {
 	var (
 		d     DeadLetterRow
 		found bool
@@ -181,7 +181,7 @@ func getDeadLetter(ctx context.Context, q Querier, s Statement) (DeadLetterRow, 
 		}
 		found = true
 		var err error
-		d, err = scanDeadLetter(r)
+		d, err = scanDeadLetterRow(r)
 		return err
 	})
 	if err == nil && !found {
@@ -212,7 +212,7 @@ func ListDeadLetterRefs(ctx context.Context, q Querier, f DeadLetterFilter) ([]D
 // LOCKED) unless it was replayed (and not force). ok is false when the row
 // is gone, replayed, or locked by a concurrent replay.
 func LockDeadLetterForReplay(ctx context.Context, tx Querier, id int64, force bool) (d DeadLetterRow, ok bool, err error) {
-	d, err = getDeadLetter(ctx, tx, Statement{SQL: lockDeadLetterSQL, Args: []any{id, force}, Expect: NoExpect, What: "locking a dead letter to replay"})
+	d, err = queryDeadLetterRow(ctx, tx, Statement{SQL: lockDeadLetterSQL, Args: []any{id, force}, Expect: NoExpect, What: "locking a dead letter to replay"})
 	if IsNoRows(err) {
 		return d, false, nil
 	}
@@ -221,7 +221,7 @@ func LockDeadLetterForReplay(ctx context.Context, tx Querier, id int64, force bo
 
 // MarkDeadLetterReplayed records a replay of row id.
 func MarkDeadLetterReplayed(ctx context.Context, q Querier, id int64) error {
-	_, err := q.Exec(ctx, Statement{SQL: markReplayedSQL, Args: []any{id}, Expect: NoExpect, What: "marking a dead letter replayed"})
+	_, err := q.Exec(ctx, Statement{SQL: deadLetterReplayedSQL, Args: []any{id}, Expect: NoExpect, What: "marking a dead letter replayed"})
 	return err
 }
 

@@ -20,15 +20,15 @@ import (
 // waits.
 
 const (
-	insertMarkSQL = `INSERT INTO millwright_processed_events (consumer, event_id) VALUES ($1, $2) ON CONFLICT (consumer, event_id) DO NOTHING`
-	processedSQL  = `SELECT EXISTS (SELECT 1 FROM millwright_processed_events WHERE consumer = $1 AND event_id = $2)`
+	insertProcessedMarkSQL = `INSERT INTO millwright_processed_events (consumer, event_id) VALUES ($1, $2) ON CONFLICT (consumer, event_id) DO NOTHING`
+	isProcessedSQL         = `SELECT EXISTS (SELECT 1 FROM millwright_processed_events WHERE consumer = $1 AND event_id = $2)`
 )
 
-// lockTimeoutStatements returns the statement bounding the transaction's
+// markLockTimeoutStatements returns the statement bounding the transaction's
 // lock waits to d (none for d < 0: unbounded). SET LOCAL, not SELECT
 // set_config(..., true): the same setting, but a utility statement skips
 // the planner and executor, which showed in the mark's cost.
-func lockTimeoutStatements(d time.Duration) []Statement {
+func markLockTimeoutStatements(d time.Duration) []Statement {
 	if d < 0 {
 		return nil
 	}
@@ -36,24 +36,24 @@ func lockTimeoutStatements(d time.Duration) []Statement {
 	return []Statement{{SQL: "SET LOCAL lock_timeout = " + strconv.FormatInt(ms, 10), Expect: NoExpect, What: "setting the mark's lock timeout"}}
 }
 
-func markStatement(consumer, eventID string, expect int64) Statement {
-	return Statement{SQL: insertMarkSQL, Args: []any{consumer, eventID}, Expect: expect, What: "writing the processed mark"}
+func processedMarkStatement(consumer, eventID string, expect int64) Statement {
+	return Statement{SQL: insertProcessedMarkSQL, Args: []any{consumer, eventID}, Expect: expect, What: "writing the processed mark"}
 }
 
-// BeginMarks begins a READ COMMITTED transaction for marks, whose lock
-// waits are bounded by lockTimeout (negative: unbounded). The bound goes
-// with BEGIN, in the same round trip.
-func BeginMarks(ctx context.Context, p Pool, lockTimeout time.Duration) (Tx, error) {
-	return p.Begin(ctx, TxOptions{Isolation: ReadCommitted, First: lockTimeoutStatements(lockTimeout)})
+// BeginProcessedMarks begins a READ COMMITTED transaction for marks, whose
+// lock waits are bounded by lockTimeout (negative: unbounded). The bound
+// goes with BEGIN, in the same round trip.
+func BeginProcessedMarks(ctx context.Context, p Pool, lockTimeout time.Duration) (Tx, error) {
+	return p.Begin(ctx, TxOptions{Isolation: ReadCommitted, First: markLockTimeoutStatements(lockTimeout)})
 }
 
-// BeginMark begins a transaction as BeginMarks and writes the mark of
-// (consumer, eventID) in it, with BEGIN in one round trip. When a committed
-// mark exists (or a concurrent one commits while it waits), fresh is false,
-// tx is nil and no transaction is left open. A wait longer than lockTimeout
-// fails with SQLSTATE 55P03 (Code).
-func BeginMark(ctx context.Context, p Pool, consumer, eventID string, lockTimeout time.Duration) (tx Tx, fresh bool, err error) {
-	first := append(lockTimeoutStatements(lockTimeout), markStatement(consumer, eventID, 1))
+// BeginMarkProcessed begins a transaction as BeginProcessedMarks and writes
+// the mark of (consumer, eventID) in it, with BEGIN in one round trip. When
+// a committed mark exists (or a concurrent one commits while it waits),
+// fresh is false, tx is nil and no transaction is left open. A wait longer
+// than lockTimeout fails with SQLSTATE 55P03 (Code).
+func BeginMarkProcessed(ctx context.Context, p Pool, consumer, eventID string, lockTimeout time.Duration) (tx Tx, fresh bool, err error) {
+	first := append(markLockTimeoutStatements(lockTimeout), processedMarkStatement(consumer, eventID, 1))
 	tx, err = p.Begin(ctx, TxOptions{Isolation: ReadCommitted, First: first})
 	if errors.Is(err, ErrConflict) {
 		return nil, false, nil
@@ -64,23 +64,24 @@ func BeginMark(ctx context.Context, p Pool, consumer, eventID string, lockTimeou
 	return tx, true, nil
 }
 
-// Mark writes the mark of (consumer, eventID) in q, a transaction of
-// BeginMarks or BeginMark, and reports whether it wrote it (false: a mark
-// existed). A duplicate leaves the transaction usable.
-func Mark(ctx context.Context, q Querier, consumer, eventID string) (fresh bool, err error) {
-	n, err := q.Exec(ctx, markStatement(consumer, eventID, NoExpect))
+// MarkProcessed writes the mark of (consumer, eventID) in q, a transaction
+// of BeginProcessedMarks or BeginMarkProcessed, and reports whether it
+// wrote it (false: a mark existed). A duplicate leaves the transaction
+// usable.
+func MarkProcessed(ctx context.Context, q Querier, consumer, eventID string) (fresh bool, err error) {
+	n, err := q.Exec(ctx, processedMarkStatement(consumer, eventID, NoExpect))
 	if err != nil {
 		return false, err
 	}
 	return n == 1, nil
 }
 
-// MarkAlone writes the mark of (consumer, eventID) in a transaction of its
-// own on q (a pool or a connection outside a transaction), its lock wait
-// bounded by lockTimeout, in one round trip (one Batch), and reports
-// whether it wrote it.
-func MarkAlone(ctx context.Context, q Querier, consumer, eventID string, lockTimeout time.Duration) (fresh bool, err error) {
-	ss := append(lockTimeoutStatements(lockTimeout), markStatement(consumer, eventID, 1))
+// MarkProcessedAlone writes the mark of (consumer, eventID) in a
+// transaction of its own on q (a pool or a connection outside a
+// transaction), its lock wait bounded by lockTimeout, in one round trip
+// (one Batch), and reports whether it wrote it.
+func MarkProcessedAlone(ctx context.Context, q Querier, consumer, eventID string, lockTimeout time.Duration) (fresh bool, err error) {
+	ss := append(markLockTimeoutStatements(lockTimeout), processedMarkStatement(consumer, eventID, 1))
 	err = q.Batch(ctx, ss...)
 	if errors.Is(err, ErrConflict) {
 		return false, nil
@@ -91,11 +92,11 @@ func MarkAlone(ctx context.Context, q Querier, consumer, eventID string, lockTim
 	return true, nil
 }
 
-// Processed reports whether a committed mark of (consumer, eventID) exists
-// (it does not wait for uncommitted ones).
-func Processed(ctx context.Context, q Querier, consumer, eventID string) (bool, error) {
+// IsProcessed reports whether a committed mark of (consumer, eventID)
+// exists (it does not wait for uncommitted ones).
+func IsProcessed(ctx context.Context, q Querier, consumer, eventID string) (bool, error) {
 	var found bool
-	if err := q.QueryRow(ctx, Statement{SQL: processedSQL, Args: []any{consumer, eventID}, Expect: NoExpect, What: "reading the processed mark"}, &found); err != nil {
+	if err := q.QueryRow(ctx, Statement{SQL: isProcessedSQL, Args: []any{consumer, eventID}, Expect: NoExpect, What: "reading the processed mark"}, &found); err != nil {
 		return false, err
 	}
 	return found, nil

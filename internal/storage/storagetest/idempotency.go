@@ -19,7 +19,7 @@ const markWait = 30 * time.Second
 
 func markProcessed(t *testing.T, p storage.Pool, consumer, id string) bool {
 	t.Helper()
-	ok, err := storage.Processed(context.Background(), p, consumer, id)
+	ok, err := storage.IsProcessed(context.Background(), p, consumer, id)
 	require.NoError(t, err)
 	return ok
 }
@@ -47,7 +47,7 @@ func exerciseIdempotency(t *testing.T, setup func(t *testing.T) Setup) {
 func marksBeginMarkThenDuplicate(t *testing.T, st Setup) {
 	ctx := context.Background()
 	p := st.Pool
-	tx, fresh, err := storage.BeginMark(ctx, p, "c", "e1", time.Second)
+	tx, fresh, err := storage.BeginMarkProcessed(ctx, p, "c", "e1", time.Second)
 	require.NoError(t, err)
 	require.True(t, fresh)
 	require.False(t, markProcessed(t, p, "c", "e1"), "an uncommitted mark is invisible")
@@ -55,7 +55,7 @@ func marksBeginMarkThenDuplicate(t *testing.T, st Setup) {
 	require.True(t, markProcessed(t, p, "c", "e1"))
 	require.False(t, markProcessed(t, p, "other", "e1"), "marks are per consumer")
 
-	tx, fresh, err = storage.BeginMark(ctx, p, "c", "e1", time.Second)
+	tx, fresh, err = storage.BeginMarkProcessed(ctx, p, "c", "e1", time.Second)
 	require.NoError(t, err)
 	require.False(t, fresh, "a committed mark makes a duplicate")
 	require.Nil(t, tx, "a duplicate leaves no transaction")
@@ -67,16 +67,16 @@ func marksBeginMarkThenDuplicate(t *testing.T, st Setup) {
 func marksMarkInATransactionKeepsItUsable(t *testing.T, st Setup) {
 	ctx := context.Background()
 	p := st.Pool
-	tx, err := storage.BeginMarks(ctx, p, -1)
+	tx, err := storage.BeginProcessedMarks(ctx, p, -1)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	fresh, err := storage.Mark(ctx, tx, "c", "e1")
+	fresh, err := storage.MarkProcessed(ctx, tx, "c", "e1")
 	require.NoError(t, err)
 	require.True(t, fresh)
-	fresh, err = storage.Mark(ctx, tx, "c", "e1")
+	fresh, err = storage.MarkProcessed(ctx, tx, "c", "e1")
 	require.NoError(t, err)
 	require.False(t, fresh, "the same transaction's mark is a duplicate")
-	fresh, err = storage.Mark(ctx, tx, "c", "e2")
+	fresh, err = storage.MarkProcessed(ctx, tx, "c", "e2")
 	require.NoError(t, err, "a duplicate does not abort the transaction")
 	require.True(t, fresh)
 	require.NoError(t, tx.Commit(ctx))
@@ -86,11 +86,11 @@ func marksMarkInATransactionKeepsItUsable(t *testing.T, st Setup) {
 func marksMarkAloneCommits(t *testing.T, st Setup) {
 	ctx := context.Background()
 	p := st.Pool
-	fresh, err := storage.MarkAlone(ctx, p, "c", "e1", time.Second)
+	fresh, err := storage.MarkProcessedAlone(ctx, p, "c", "e1", time.Second)
 	require.NoError(t, err)
 	require.True(t, fresh)
 	require.True(t, markProcessed(t, p, "c", "e1"))
-	fresh, err = storage.MarkAlone(ctx, p, "c", "e1", -1)
+	fresh, err = storage.MarkProcessedAlone(ctx, p, "c", "e1", -1)
 	require.NoError(t, err)
 	require.False(t, fresh)
 }
@@ -101,7 +101,7 @@ func marksConcurrentMarkWaitsForTheHolder(t *testing.T, st Setup) {
 	for _, commit := range []bool{true, false} {
 		// Unique in the server: the waiter is found by its statement.
 		id := fmt.Sprintf("held-%t-%d", commit, time.Now().UnixNano())
-		holder, fresh, err := storage.BeginMark(ctx, p, "c", id, -1)
+		holder, fresh, err := storage.BeginMarkProcessed(ctx, p, "c", id, -1)
 		require.NoError(t, err)
 		require.True(t, fresh)
 		type result struct {
@@ -110,7 +110,7 @@ func marksConcurrentMarkWaitsForTheHolder(t *testing.T, st Setup) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			tx, fresh, err := storage.BeginMark(ctx, p, "c", id, markWait)
+			tx, fresh, err := storage.BeginMarkProcessed(ctx, p, "c", id, markWait)
 			if tx != nil {
 				_ = tx.Rollback(ctx)
 			}
@@ -135,24 +135,24 @@ func marksConcurrentMarkWaitsForTheHolder(t *testing.T, st Setup) {
 func marksLockTimeoutIs55P03(t *testing.T, st Setup) {
 	ctx := context.Background()
 	p := st.Pool
-	holder, _, err := storage.BeginMark(ctx, p, "c", "held", -1)
+	holder, _, err := storage.BeginMarkProcessed(ctx, p, "c", "held", -1)
 	require.NoError(t, err)
 	defer holder.Rollback(ctx)
 	const timeout = 200 * time.Millisecond
 
 	start := time.Now()
-	_, err = storage.MarkAlone(ctx, p, "c", "held", timeout)
-	require.Equal(t, "55P03", storage.Code(err), "MarkAlone: %v", err)
+	_, err = storage.MarkProcessedAlone(ctx, p, "c", "held", timeout)
+	require.Equal(t, "55P03", storage.Code(err), "MarkProcessedAlone: %v", err)
 	require.GreaterOrEqual(t, time.Since(start), timeout)
 
-	_, _, err = storage.BeginMark(ctx, p, "c", "held", timeout)
-	require.Equal(t, "55P03", storage.Code(err), "BeginMark: %v", err)
+	_, _, err = storage.BeginMarkProcessed(ctx, p, "c", "held", timeout)
+	require.Equal(t, "55P03", storage.Code(err), "BeginMarkProcessed: %v", err)
 
-	tx, err := storage.BeginMarks(ctx, p, timeout)
+	tx, err := storage.BeginProcessedMarks(ctx, p, timeout)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	_, err = storage.Mark(ctx, tx, "c", "held")
-	require.Equal(t, "55P03", storage.Code(err), "Mark in BeginMarks' transaction: %v", err)
+	_, err = storage.MarkProcessed(ctx, tx, "c", "held")
+	require.Equal(t, "55P03", storage.Code(err), "MarkProcessed in BeginProcessedMarks' transaction: %v", err)
 }
 
 func marksMissingTableIs42P01(t *testing.T, st Setup) {
@@ -160,9 +160,9 @@ func marksMissingTableIs42P01(t *testing.T, st Setup) {
 	p := st.Pool
 	_, err := p.Exec(ctx, storage.S(`DROP TABLE millwright_processed_events`))
 	require.NoError(t, err)
-	_, err = storage.Processed(ctx, p, "c", "e")
+	_, err = storage.IsProcessed(ctx, p, "c", "e")
 	require.Equal(t, "42P01", storage.Code(err), "%v", err)
-	_, _, err = storage.BeginMark(ctx, p, "c", "e", -1)
+	_, _, err = storage.BeginMarkProcessed(ctx, p, "c", "e", -1)
 	require.Equal(t, "42P01", storage.Code(err), "%v", err)
 }
 
