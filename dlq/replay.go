@@ -265,7 +265,12 @@ func (s *Store) replayOne(ctx context.Context, pub message.Publisher, id int64, 
 	if err != nil {
 		return false, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		// Bounded, and run even when ctx has ended (no-op after Commit).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
 	row, ok, err := storage.LockDeadLetterForReplay(ctx, tx, id, force)
 	if err != nil {
 		return false, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)

@@ -254,8 +254,14 @@ func (t *pgTx) Commit() error {
 	return nil
 }
 
+// rollbackTimeout bounds a Rollback, which runs even when Begin's context
+// has ended (pgx closes the connection when it cannot finish in time).
+const rollbackTimeout = 10 * time.Second
+
 func (t *pgTx) Rollback() error {
-	if err := t.tx.Rollback(context.WithoutCancel(t.ctx)); err != nil {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.ctx), rollbackTimeout)
+	defer cancel()
+	if err := t.tx.Rollback(ctx); err != nil {
 		return fmt.Errorf("idempotency: rollback: %w", err)
 	}
 	return nil
