@@ -569,6 +569,12 @@ func (r *Relay) idle(ctx context.Context, draining <-chan struct{}, wake <-chan 
 	if !due.IsZero() {
 		wait = max(min(wait, time.Until(*due)), 0)
 	}
+	return r.sleep(ctx, draining, wake, wait, release, due)
+}
+
+// sleep waits wait, or for a notification, then calls release (with
+// handOver when the relay stops) and returns false if it should stop.
+func (r *Relay) sleep(ctx context.Context, draining, wake <-chan struct{}, wait time.Duration, release func(bool), due *time.Time) bool {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {

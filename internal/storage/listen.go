@@ -26,7 +26,7 @@ type Listener interface {
 	Listen(ctx context.Context, channel string) error
 	// Notifications delivers the notifications received, and a nil after
 	// each reconnection (notifications may have been missed). It is closed
-	// once the Listener is.
+	// once the Listener is closed or its ctx ends.
 	Notifications() <-chan *Notification
 	// Close ends the Listener and its connection; idempotent.
 	Close() error
@@ -46,8 +46,8 @@ type ListenerConfig struct {
 
 // NewListener returns a Listener of driver d on cfg.URL: lib/pq's
 // pq.Listener for DriverSQL, a pgx.Conn waiting in WaitForNotification for
-// DriverPgx. Its connections, and its connection attempts, end when ctx
-// does.
+// DriverPgx. It, its connections and its connection attempts end when
+// ctx does.
 func NewListener(ctx context.Context, d Driver, cfg ListenerConfig) (Listener, error) {
 	if cfg.MinReconnect <= 0 {
 		cfg.MinReconnect = 100 * time.Millisecond

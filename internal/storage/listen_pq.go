@@ -27,6 +27,13 @@ func newPQListener(ctx context.Context, cfg ListenerConfig) *pqListener {
 	})
 	pl := &pqListener{l: l, ch: make(chan *Notification, 64), stop: make(chan struct{}), done: make(chan struct{})}
 	go pl.forward()
+	go func() { // ctx ends the Listener, as it does pgx's
+		select {
+		case <-ctx.Done():
+			_ = pl.Close()
+		case <-pl.stop:
+		}
+	}()
 	return pl
 }
 

@@ -68,6 +68,7 @@ func exerciseOutbox(t *testing.T, setup func(t *testing.T) Setup) {
 	t.Run("Readers", func(t *testing.T) { t.Parallel(); outboxReaders(t, setup(t)) })
 	t.Run("RetryFailed", func(t *testing.T) { t.Parallel(); outboxRetryFailed(t, setup(t)) })
 	t.Run("WakeLockAndListen", func(t *testing.T) { t.Parallel(); outboxWakeAndListen(t, setup(t)) })
+	t.Run("ListenReconnects", func(t *testing.T) { t.Parallel(); outboxListenReconnects(t, setup(t)) })
 	t.Run("Move", func(t *testing.T) { t.Parallel(); outboxMove(t, setup(t)) })
 	t.Run("Checks", func(t *testing.T) { t.Parallel(); outboxChecks(t, setup(t)) })
 }
@@ -404,4 +405,47 @@ func outboxChecks(t *testing.T, s Setup) {
 	_, err = p.Exec(ctx, storage.S(`ALTER TABLE millwright_outbox DROP COLUMN first_failed_at`))
 	require.NoError(t, err)
 	require.Equal(t, "42703", storage.Code(storage.CheckOutboxColumns(ctx, p)))
+}
+
+// A Listener whose connection the server ends reconnects, says so (a nil
+// notification: some may have been missed) and LISTENs again; ending its
+// ctx closes it.
+func outboxListenReconnects(t *testing.T, s Setup) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := s.Pool
+	channel := "ch_" + s.Schema.Name
+	lctx, stop := context.WithCancel(ctx)
+	l, err := storage.NewListener(lctx, p.Driver(), storage.ListenerConfig{URL: s.Schema.URL, MinReconnect: 10 * time.Millisecond, MaxReconnect: 100 * time.Millisecond})
+	require.NoError(t, err)
+	defer l.Close()
+	require.NoError(t, l.Listen(ctx, channel))
+	next := func() *storage.Notification {
+		t.Helper()
+		select {
+		case n := <-l.Notifications():
+			return n
+		case <-ctx.Done():
+			t.Fatal("no notification")
+			return nil
+		}
+	}
+	require.NoError(t, storage.Notify(ctx, p, channel, "one"))
+	require.Equal(t, "one", next().Payload)
+	var killed int
+	require.NoError(t, p.QueryRow(ctx, storage.S(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE pid <> pg_backend_pid() AND query ILIKE 'LISTEN %' AND query LIKE '%' || $1 || '%'`, channel), &killed))
+	require.Equal(t, 1, killed, "the listener's session")
+	require.Nil(t, next(), "reconnected")
+	require.NoError(t, storage.Notify(ctx, p, channel, "two"))
+	require.Equal(t, "two", next().Payload)
+	stop()
+	select {
+	case _, open := <-l.Notifications():
+		for open { // a notification or a reconnection may be in flight
+			_, open = <-l.Notifications()
+		}
+	case <-ctx.Done():
+		t.Fatal("the listener did not end with its ctx")
+	}
 }
