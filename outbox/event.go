@@ -30,10 +30,6 @@ import (
 // writes. Any other value is refused with an error naming its type.
 type Executor any
 
-// sqlExecutor is database/sql's executor.
-// TODO(storage): the readers below move to the storage layer.
-type sqlExecutor = storage.SQLExecutor
-
 // Event is one event to publish, written with Add.
 type Event struct {
 	// Topic the relay publishes the event to. Required.

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,8 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	trace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/millwright/millwright/internal/pgconn"
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/metadata"
 )
 
@@ -159,83 +156,6 @@ func TestRowMessage_RowOfAnEarlierVersionKeepsItsMetadata(t *testing.T) {
 	var want message.Metadata
 	require.NoError(t, json.Unmarshal([]byte(old), &want))
 	require.Equal(t, want, msg.Metadata)
-}
-
-// On a pool from postgres.Open the event's INSERT reaches the server with
-// the business transaction's COMMIT, as one query; elsewhere Add inserts
-// at once.
-func TestAdd_InsertTravelsWithCommit(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	_, err := b.schema.DB.Exec(`CREATE TABLE orders (id TEXT PRIMARY KEY)`)
-	require.NoError(t, err)
-
-	tx, err := b.db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	var pid int
-	require.NoError(t, tx.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
-	_, err = tx.Exec(`INSERT INTO orders VALUES ('o-1')`)
-	require.NoError(t, err)
-	require.NoError(t, Add(ctx, tx, Event{Topic: "orders", AggregateID: "o-1", Payload: []byte(`{}`)}))
-	last := func() string { return pgtest.LastQuery(t, b.schema.DB, pid) }
-	require.Equal(t, `INSERT INTO orders VALUES ('o-1')`, last(), "the event is not sent before COMMIT")
-	require.NoError(t, tx.Commit())
-	q := last()
-	require.True(t, strings.HasPrefix(q, "INSERT INTO millwright_outbox "), q)
-	require.True(t, strings.HasSuffix(q, ";\nCOMMIT"), q)
-	require.Equal(t, 1, count(t, b.schema.DB, `aggregate_id = 'o-1' AND status = 'pending'`))
-
-	// lib/pq's own pool: inserted at once.
-	tx, err = b.schema.DB.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	require.NoError(t, tx.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
-	require.NoError(t, Add(ctx, tx, Event{Topic: "orders", AggregateID: "o-2", Payload: []byte(`{}`)}))
-	require.True(t, strings.HasPrefix(last(), "INSERT INTO millwright_outbox "))
-	require.NoError(t, tx.Commit())
-	require.Equal(t, 2, count(t, b.schema.DB, `status = 'pending'`))
-}
-
-// An INSERT that fails on the server after Add returned (here: a schema
-// without the outbox table) fails Commit with a message naming the outbox
-// and the fix, and nothing of the business transaction commits.
-func TestAdd_InsertErrorSentWithCommitFailsTheTransaction(t *testing.T) {
-	t.Parallel()
-	s := pgtest.New(t) // no migrations
-	_, err := s.DB.Exec(`CREATE TABLE orders (id TEXT PRIMARY KEY)`)
-	require.NoError(t, err)
-	db, err := pgconn.Open(s.URL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	ctx := context.Background()
-
-	tx, err := db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	_, err = tx.Exec(`INSERT INTO orders VALUES ('o-1')`)
-	require.NoError(t, err)
-	require.NoError(t, Add(ctx, tx, Event{Topic: "orders", AggregateID: "o-1", Payload: []byte(`{}`)}))
-	err = tx.Commit()
-	require.Error(t, err)
-	require.ErrorContains(t, err, "millwright_outbox")
-	require.ErrorContains(t, err, "did `millwright migrate` run?")
-	require.ErrorContains(t, err, "nothing committed")
-	require.Equal(t, 0, countOrders(t, s.DB))
-
-	// A statement after Add reports it instead, and Commit refuses.
-	tx, err = db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	require.NoError(t, Add(ctx, tx, Event{Topic: "orders", AggregateID: "o-2", Payload: []byte(`{}`)}))
-	_, err = tx.Exec(`INSERT INTO orders VALUES ('o-2')`)
-	require.ErrorContains(t, err, "millwright_outbox")
-	require.Error(t, tx.Commit())
-	require.Equal(t, 0, countOrders(t, s.DB))
-
-	// lib/pq's own pool: Add itself fails.
-	tx, err = s.DB.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	err = Add(ctx, tx, Event{Topic: "orders", AggregateID: "o-3", Payload: []byte(`{}`)})
-	require.ErrorContains(t, err, "did `millwright migrate` run?")
-	require.NoError(t, tx.Rollback())
 }
 
 func countOrders(t *testing.T, db *sql.DB) int {

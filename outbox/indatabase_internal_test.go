@@ -16,6 +16,7 @@ import (
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/sqlschema"
+	"github.com/millwright/millwright/internal/storage"
 	tsql "github.com/millwright/millwright/transport/sql"
 )
 
@@ -128,7 +129,7 @@ func TestSameDatabase(t *testing.T) {
 	base, err := sql.Open("postgres", pgtest.BaseURL())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = base.Close() })
-	same, err := sameDatabase(ctx, s.DB, base)
+	same, err := sameDatabase(ctx, storage.NewSQL(s.DB), storage.NewSQL(base))
 	require.NoError(t, err)
 	require.True(t, same)
 
@@ -143,7 +144,7 @@ func TestSameDatabase(t *testing.T) {
 	var tz string
 	require.NoError(t, other.QueryRowContext(ctx, `SHOW TimeZone`).Scan(&tz))
 	require.Equal(t, "Asia/Tokyo", tz)
-	same, err = sameDatabase(ctx, s.DB, other)
+	same, err = sameDatabase(ctx, storage.NewSQL(s.DB), storage.NewSQL(other))
 	require.NoError(t, err)
 	require.True(t, same, "the session's TimeZone does not change the database")
 
@@ -156,7 +157,7 @@ func TestSameDatabase(t *testing.T) {
 	if err := template.PingContext(ctx); err != nil {
 		t.Skipf("no second database to compare with: %v", err)
 	}
-	same, err = sameDatabase(ctx, s.DB, template)
+	same, err = sameDatabase(ctx, storage.NewSQL(s.DB), storage.NewSQL(template))
 	require.NoError(t, err)
 	require.False(t, same)
 }

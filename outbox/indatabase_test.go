@@ -77,11 +77,21 @@ func movedInOneTransaction(t *testing.T, db *sql.DB, topic string) int {
 // (INSERT ... SELECT in the transaction that marks them), the other
 // through Publish. The consumer must get the same payload and metadata
 // from both, and only the first may publish and mark in one transaction.
+// It runs on each driver of the matrix: the relays on a *sql.DB or a
+// *pgxpool.Pool (the in-database publish's transaction is then pgx's).
 func TestInDatabasePublishSendsWhatThePublisherSends(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		inDatabaseSendsWhatThePublisherSends(t, driver)
+	})
+}
+
+func inDatabaseSendsWhatThePublisherSends(t *testing.T, driver string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s, tr := inDatabaseFixture(t)
+	h := s.Handle(t, driver)
 	inDB, viaPublish := "indb_"+watermill.NewShortUUID(), "pub_"+watermill.NewShortUUID()
 
 	shapes := []outbox.Event{
@@ -107,9 +117,9 @@ func TestInDatabasePublishSendsWhatThePublisherSends(t *testing.T) {
 	require.NoError(t, tx.Commit())
 	// The first relay takes only inDB's rows (the others are set aside
 	// meanwhile), the second the rest.
-	moved, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{})
+	moved, err := relayOn(h, tr.Publisher(), outbox.RelayConfig{})
 	require.NoError(t, err)
-	published, err := outbox.NewRelay(s.DB, publisherOnly{tr.Publisher()}, outbox.RelayConfig{})
+	published, err := relayOn(h, publisherOnly{tr.Publisher()}, outbox.RelayConfig{})
 	require.NoError(t, err)
 	_, err = s.DB.ExecContext(ctx, `UPDATE millwright_outbox SET status = 'failed' WHERE topic = $1`, viaPublish)
 	require.NoError(t, err)

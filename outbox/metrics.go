@@ -3,12 +3,12 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/internal/promreg"
+	"github.com/millwright/millwright/internal/storage"
 )
 
 // Metric names. The gauges are what an operator looks at first: a growing
@@ -75,7 +75,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 // refreshGauges sets the backlog gauges from Stats.
-func (m *metrics) refreshGauges(ctx context.Context, db sqlExecutor) error {
+func (m *metrics) refreshGauges(ctx context.Context, db storage.Querier) error {
 	s, err := ReadStats(ctx, db)
 	if err != nil {
 		return err
@@ -100,30 +100,14 @@ type Stats struct {
 // partial indexes on pending and failed rows, so they stay cheap however
 // many published rows the table holds: the oldest pending row is the
 // oldest of the lanes' heads (one probe of the lane index per lane).
-func ReadStats(ctx context.Context, db sqlExecutor) (Stats, error) {
-	rows, err := db.QueryContext(ctx, `SELECT
-		(SELECT count(*) FROM millwright_outbox WHERE status = 'pending'),
-		COALESCE((SELECT extract(epoch FROM now() - created_at)::float8 FROM millwright_outbox WHERE id = (
-			SELECT min(h.id) FROM generate_series(0, `+strconv.Itoa(laneCount-1)+`) AS l(lane)
-			CROSS JOIN LATERAL (SELECT id FROM millwright_outbox WHERE `+laneExpr+` = l.lane AND status = 'pending' ORDER BY id LIMIT 1) h)), 0),
-		(SELECT count(*) FROM millwright_outbox WHERE status = 'failed')`)
+func ReadStats(ctx context.Context, db Executor) (Stats, error) {
+	q, err := storage.From(db)
+	if err != nil {
+		return Stats{}, fmt.Errorf("outbox: ReadStats: %w", err)
+	}
+	s, err := storage.ReadOutboxStats(ctx, q)
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: reading stats from millwright_outbox: %w", err)
 	}
-	defer rows.Close()
-	var s Stats
-	var age float64
-	if rows.Next() {
-		if err := rows.Scan(&s.Pending, &age, &s.Failed); err != nil {
-			return Stats{}, fmt.Errorf("outbox: reading stats: %w", err)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return Stats{}, fmt.Errorf("outbox: reading stats: %w", err)
-	}
-	if age < 0 {
-		age = 0
-	}
-	s.OldestPendingAge = time.Duration(age * float64(time.Second))
-	return s, nil
+	return Stats(s), nil
 }

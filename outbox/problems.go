@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/millwright/millwright/internal/storage"
 )
 
 // ProblemEvent is a row the relay has failed to publish: failed for good,
@@ -33,26 +35,22 @@ const MaxProblemErrorChars = 500
 // then at most limit retrying rows, those with the most failed attempts
 // first. It reads only failed rows and pending rows with failed attempts,
 // through their partial indexes. limit must be positive.
-func ReadProblems(ctx context.Context, db sqlExecutor, limit int) ([]ProblemEvent, error) {
+func ReadProblems(ctx context.Context, db Executor, limit int) ([]ProblemEvent, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("outbox: ReadProblems: limit %d: want at least 1", limit)
 	}
-	rows, err := db.QueryContext(ctx, `(SELECT id, event_id, topic, aggregate_id, true, retry_count, left(coalesce(last_error, ''), $2), created_at, next_attempt_at
-		FROM millwright_outbox WHERE status = 'failed' ORDER BY id DESC LIMIT $1)
-	UNION ALL
-	(SELECT id, event_id, topic, aggregate_id, false, retry_count, left(coalesce(last_error, ''), $2), created_at, next_attempt_at
-		FROM millwright_outbox WHERE status = 'pending' AND retry_count > 0 ORDER BY retry_count DESC, id LIMIT $1)`, limit, MaxProblemErrorChars)
+	q, err := storage.From(db)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: ReadProblems: %w", err)
+	}
+	ps, err := storage.ReadOutboxProblems(ctx, q, limit, MaxProblemErrorChars)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: reading failed and retrying events (did `millwright migrate` run?): %w", err)
 	}
-	defer rows.Close()
 	var out []ProblemEvent
-	for rows.Next() {
-		var p ProblemEvent
-		if err := rows.Scan(&p.ID, &p.EventID, &p.Topic, &p.AggregateID, &p.Failed, &p.RetryCount, &p.LastError, &p.CreatedAt, &p.NextAttemptAt); err != nil {
-			return nil, fmt.Errorf("outbox: reading failed and retrying events: %w", err)
-		}
-		out = append(out, p)
+	for _, p := range ps {
+		out = append(out, ProblemEvent{ID: p.ID, EventID: p.EventID, Topic: p.Topic, AggregateID: p.AggID, Failed: p.Failed,
+			RetryCount: p.RetryCount, LastError: p.LastError, CreatedAt: p.CreatedAt, NextAttemptAt: p.NextAt})
 	}
-	return out, rows.Err()
+	return out, nil
 }

@@ -19,8 +19,8 @@ import (
 // name its aggregate, metadata.EventType its type. A message without an
 // aggregate is unordered. See Event for how payloads are stored.
 //
-// A TxPublisher is as safe for concurrent use as its Executor (a *sql.Tx is
-// not). It is cheap: create one per transaction.
+// A TxPublisher is as safe for concurrent use as its Executor (a *sql.Tx or
+// a pgx.Tx is not). It is cheap: create one per transaction.
 type TxPublisher struct {
 	exec Executor
 	cfg  PublisherConfig
@@ -37,10 +37,10 @@ type PublisherConfig struct {
 }
 
 // NewTxPublisher returns a publisher that writes to the outbox through exec,
-// normally a *sql.Tx.
+// normally the caller's transaction: a *sql.Tx or a pgx.Tx (see Executor).
 func NewTxPublisher(exec Executor, cfg PublisherConfig) (*TxPublisher, error) {
 	if exec == nil {
-		return nil, fmt.Errorf("outbox: NewTxPublisher: nil Executor: pass the *sql.Tx the events belong to")
+		return nil, fmt.Errorf("outbox: NewTxPublisher: nil Executor: pass the transaction (*sql.Tx or pgx.Tx) the events belong to")
 	}
 	return &TxPublisher{exec: exec, cfg: cfg}, nil
 }

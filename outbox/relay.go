@@ -2,9 +2,9 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,7 +18,9 @@ import (
 	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/internal/schemacheck"
 	"github.com/millwright/millwright/internal/sqlschema"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/tracing"
 )
@@ -52,12 +54,13 @@ type RelayConfig struct {
 	// ListenURL is a Postgres URL on which the relay LISTENs for the
 	// notifications the outbox's insert trigger sends at commit, so that
 	// events go out without waiting out PollInterval. It must reach the
-	// same database and search_path as the relay's *sql.DB (Run checks,
+	// same database and search_path as the relay's pool (Run checks,
 	// and polls if it does not), directly or through a session-pooling
 	// proxy: the relay opens two connections on it, one for LISTEN and one
 	// holding the wake-up lock while it is idle (a session advisory lock),
-	// which a transaction-pooling PgBouncer breaks. Default "" (polling
-	// only).
+	// which a transaction-pooling PgBouncer breaks. On a *pgxpool.Pool
+	// both are pgx connections (LISTEN with WaitForNotification), on a
+	// *sql.DB lib/pq's. Default "" (polling only).
 	ListenURL string
 	// Lease is how long a relay's hold on its lanes lasts without renewal;
 	// a relay renews it between rounds, once half spent. A relay that dies
@@ -215,7 +218,7 @@ func (c RelayConfig) Validate() error {
 // number of relays, in any number of processes, may run on one table: they
 // divide its lanes between them (see the package doc).
 type Relay struct {
-	db    *sql.DB
+	db    storage.Pool
 	pub   message.Publisher
 	batch batch.Publisher
 	mover *mover // nil unless pub publishes in the database
@@ -234,22 +237,19 @@ type Relay struct {
 	roundMu  sync.Mutex
 	runLanes *lanes
 
-	claimStmt preparedStmt // claimSQL
-	quickStmt preparedStmt // quickCheckSQL
-	rates     laneRates    // how the claim divides a batch over the lanes
+	rates laneRates // how the claim divides a batch over the lanes
 
 	// schema and oid of the outbox table, and the connection holding the
 	// wake-up lock while the relay is idle; set once LISTEN works (only
 	// Run's goroutine reads them).
 	schema   string
 	tableOID uint32
-	waitDB   *sql.DB
-	// holdGuard: the server has idle_session_timeout (Postgres 14+), set
-	// while the wake-up lock is held.
+	waitDB   storage.Pool
+	// wakeLock is the wake-up lock (see announceIdle), built once by
+	// listen; holdGuard: the server has idle_session_timeout (Postgres
+	// 14+), set while the wake-up lock is held.
+	wakeLock  storage.WakeLock
 	holdGuard bool
-	// The wake-up lock's statements (see announceIdle), built once by
-	// listen.
-	tryLockSQL, unlockSQL, handOverSQL string
 
 	// afterPublish, when set (tests), runs after the broker calls of a batch
 	// and before the rows are marked.
@@ -285,13 +285,19 @@ type Relay struct {
 // before it starts.
 var relayTables = []string{"millwright_outbox", "millwright_outbox_lanes", "millwright_outbox_relays"}
 
-// NewRelay returns a relay reading the outbox through db and publishing with
-// pub. When pub also has PublishBatch (transport.BatchPublisher), each batch
-// goes out in one call per topic. The relay does not close pub.
-func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error) {
-	if db == nil {
-		return nil, errors.New("outbox: NewRelay: nil *sql.DB")
+// NewRelay returns a relay reading the outbox through db (a *sql.DB or a
+// *pgxpool.Pool) and publishing with pub. When pub also has PublishBatch
+// (transport.BatchPublisher), each batch goes out in one call per topic.
+// The relay does not close pub.
+func NewRelay[P postgres.Pool](db P, pub message.Publisher, cfg RelayConfig) (*Relay, error) {
+	pool, err := storage.PoolFrom(db)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: NewRelay: %w", err)
 	}
+	return newRelay(pool, pub, cfg)
+}
+
+func newRelay(db storage.Pool, pub message.Publisher, cfg RelayConfig) (*Relay, error) {
 	if pub == nil {
 		return nil, errors.New("outbox: NewRelay: nil publisher: pass the transport's message.Publisher")
 	}
@@ -305,9 +311,7 @@ func NewRelay(db *sql.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error
 	}
 	r := &Relay{db: db, pub: pub, cfg: cfg, m: m, run: runner.New("outbox.Relay", cfg.CloseTimeout),
 		tr: tracing.Config{TracerProvider: cfg.TracerProvider}, id: watermill.NewUUID(), ready: make(chan struct{}),
-		claimStmt: preparedStmt{db: db, query: claimSQL, what: "the claim"},
-		quickStmt: preparedStmt{db: db, query: quickCheckSQL, what: "the quick lane check"},
-		fails:     newFailures(cfg.Logger, cfg.Lease), idleFails: newFailures(cfg.Logger, cfg.Lease)}
+		fails: newFailures(cfg.Logger, cfg.Lease), idleFails: newFailures(cfg.Logger, cfg.Lease)}
 	if bp, ok := pub.(batch.Publisher); ok {
 		r.batch = bp
 	}
@@ -323,25 +327,8 @@ func (r *Relay) Running() <-chan struct{} { return r.ready }
 func (r *Relay) markReady() { r.readyOnce.Do(func() { close(r.ready) }) }
 
 // Close stops Run after the batch in flight, waiting at most CloseTimeout
-// before cancelling it, and closes the relay's prepared statements (a
-// later RunOnce prepares its claim again). It is idempotent and safe to
-// call before Run.
-func (r *Relay) Close() error {
-	return errors.Join(r.run.Close(), r.closeStmts())
-}
-
-// closeStmts closes the statements prepared on the pool's connections:
-// the claims and the quick lane check.
-func (r *Relay) closeStmts() error {
-	err := errors.Join(r.claimStmt.close(), r.quickStmt.close())
-	if r.mover != nil {
-		err = errors.Join(err, r.mover.claimStmt.close())
-	}
-	if err != nil {
-		return fmt.Errorf("outbox relay: closing the prepared statements: %w", err)
-	}
-	return nil
-}
+// before cancelling it. It is idempotent and safe to call before Run.
+func (r *Relay) Close() error { return r.run.Close() }
 
 // Run publishes rows until ctx is cancelled or Close is called. Cancelling
 // ctx stops at once: rows of the batch in flight that were published but
@@ -349,7 +336,7 @@ func (r *Relay) closeStmts() error {
 // lets that batch finish. Run may be called once.
 //
 // Run first checks that the outbox's tables exist in the search_path of
-// the relay's *sql.DB and returns an error naming those missing (and the
+// the relay's pool and returns an error naming those missing (and the
 // fix: `millwright migrate`) if they do not; while the database cannot be
 // asked, it retries. Failures of its own (the database unreachable, the
 // lane check, the claim or the marks failing) are retried with a backoff
@@ -383,7 +370,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}()
 		}
 		r.roundMu.Lock()
-		r.runLanes = &lanes{db: r.db, id: r.id, lease: r.cfg.Lease, member: true, quick: &r.quickStmt}
+		r.runLanes = &lanes{db: r.db, id: r.id, lease: r.cfg.Lease, member: true, quick: true}
 		if r.schema != "" {
 			r.runLanes.notify = NotifyChannel(r.schema)
 		}
@@ -392,11 +379,6 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.cfg.Logger.Debug("outbox relay: lent lanes to a spare relay", watermill.LogFields{"lanes": lent})
 		}
 		r.roundMu.Unlock()
-		defer func() {
-			if err := r.closeStmts(); err != nil {
-				r.cfg.Logger.Error("outbox relay: stopping", err, nil)
-			}
-		}()
 		defer r.leave(ctx)
 		r.markReady()
 		r.loop(ctx, draining, wake)
@@ -418,7 +400,7 @@ func (r *Relay) checkTables(ctx context.Context, draining <-chan struct{}) (bool
 		// Bounded: a server that accepts connections and never answers
 		// would otherwise hold Run here, silent, until shutdown.
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
-		err := schemacheck.Check(cctx, r.db, "outbox relay", relayTables...)
+		err := checkSchema(cctx, r.db, "outbox relay", relayTables...)
 		if err == nil {
 			err = r.checkColumns(cctx)
 		}
@@ -447,15 +429,25 @@ var errMigrationMissing = errors.New("a migration this relay needs was not appli
 // migration this relay's statements use (007's first_failed_at): a relay
 // on a database migrated before it would otherwise fail every round.
 func (r *Relay) checkColumns(ctx context.Context) error {
-	rows, err := r.db.QueryContext(ctx, `SELECT first_failed_at FROM millwright_outbox LIMIT 0`)
-	if err != nil {
-		var st interface{ SQLState() string }
-		if errors.As(err, &st) && st.SQLState() == "42703" { // undefined_column
-			return fmt.Errorf("outbox relay: millwright_outbox has no column first_failed_at (outbox migration 007): %w: run `millwright migrate` of this version on the service's database", errMigrationMissing)
-		}
-		return err
+	err := storage.CheckOutboxColumns(ctx, r.db)
+	if storage.Code(err) == "42703" { // undefined_column
+		return fmt.Errorf("outbox relay: millwright_outbox has no column first_failed_at (outbox migration 007): %w: run `millwright migrate` of this version on the service's database", errMigrationMissing)
 	}
-	return rows.Close()
+	return err
+}
+
+// checkSchema is schemacheck.Check on either driver: nil when the tables
+// all exist in q's search_path, a *schemacheck.MissingError naming those
+// that do not, or the error that kept the database from answering.
+func checkSchema(ctx context.Context, q storage.Querier, component string, tables ...string) error {
+	missing, schema, path, err := storage.MissingTables(ctx, q, tables...)
+	if err != nil {
+		return fmt.Errorf("%s: looking for its tables (%s): %w", component, strings.Join(tables, ", "), err)
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return &schemacheck.MissingError{Component: component, Missing: missing, Schema: schema, SearchPath: path}
 }
 
 // leave gives Run's lanes back. On a cancelled ctx it still tries, briefly:
@@ -577,6 +569,12 @@ func (r *Relay) idle(ctx context.Context, draining <-chan struct{}, wake <-chan 
 	if !due.IsZero() {
 		wait = max(min(wait, time.Until(*due)), 0)
 	}
+	return r.sleep(ctx, draining, wake, wait, release, due)
+}
+
+// sleep waits wait, or for a notification, then calls release (with
+// handOver when the relay stops) and returns false if it should stop.
+func (r *Relay) sleep(ctx context.Context, draining, wake <-chan struct{}, wait time.Duration, release func(bool), due *time.Time) bool {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {

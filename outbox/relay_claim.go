@@ -6,64 +6,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 )
-
-// laneExpr is a row's lane, exactly as millwright_outbox_pending_lane_idx
-// indexes it (migrations/003_outbox_lanes.sql): a hash of the aggregate, or
-// of the id for an event without one.
-const laneExpr = `(CASE WHEN aggregate_id = '' THEN (id & 63)::int ELSE hashtext(aggregate_type || '/' || aggregate_id) & 63 END)`
-
-// blockedCTE names the aggregates held back by a failing event: from the
-// event on, nothing of the aggregate goes out until its backoff ends
-// (the small index of failing rows answers it).
-const blockedCTE = `blocked AS MATERIALIZED (
-	SELECT aggregate_type, aggregate_id, min(id) AS head FROM millwright_outbox
-	WHERE status = 'pending' AND retry_count > 0 AND next_attempt_at > now()
-	GROUP BY aggregate_type, aggregate_id
-)`
-
-// claimLane selects, for lane l.lane, the due rows in id order that no
-// failing event holds back: the columns cols, then tail (a LIMIT and/or
-// OFFSET). Only the relay holding a lane reads it, so nothing is locked or
-// leased: a row stays pending until it is marked, and an aggregate never
-// overtakes its failing event, including events written after the failure.
-func claimLane(cols, tail string) string {
-	return `SELECT ` + cols + ` FROM millwright_outbox o
-		WHERE ` + laneExpr + ` = l.lane AND status = 'pending' AND next_attempt_at <= now()
-		  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.aggregate_type = o.aggregate_type
-			AND b.aggregate_id = o.aggregate_id AND b.head < o.id)
-		ORDER BY id
-		` + tail
-}
-
-// spreadLanes selects the columns cols of at most $2 due rows of the lanes
-// in $1 (an int[]), spread over the lanes: first at most $3[i] rows of
-// lane $1[i] (its share of the batch, an int[] of the same length), then,
-// if the batch is not full, the lanes' next rows, lane after lane. Both
-// passes read one snapshot with one now(), and the second skips exactly
-// the rows the first took (same filter, same order, OFFSET the same
-// share), so each lane's rows are the first of the lane in id order: no
-// aggregate skips one of its rows, in this batch or the next. The fill
-// keeps a batch full when few lanes have rows (one hot aggregate); the
-// first pass keeps the rows of every busy lane in each batch, so the
-// batch spans more aggregates (more partitions and ordering keys) than
-// filling it from the first lanes would.
-func spreadLanes(cols string) string {
-	return `(SELECT c.* FROM unnest($1::int[], $3::int[]) AS l(lane, share)
-	CROSS JOIN LATERAL (` + claimLane(cols, `LIMIT l.share`) + `) c)
-UNION ALL
-(SELECT c.* FROM unnest($1::int[], $3::int[]) AS l(lane, share)
-	CROSS JOIN LATERAL (` + claimLane(cols, `OFFSET l.share LIMIT $2`) + `) c)
-LIMIT $2`
-}
 
 // laneShare is the first pass's rows per lane when the lanes get equal
 // shares: the batch divided over the held lanes, rounded up.
@@ -74,7 +25,7 @@ func laneShare(batch, lanes int) int {
 	return (batch + lanes - 1) / lanes
 }
 
-// equalShares are the first pass's rows per lane (spreadLanes' $3) when
+// equalShares are the first pass's rows per lane (the claim's shares) when
 // the lanes get equal shares.
 func equalShares(batch int, held []int32) []int32 {
 	shares := make([]int32, len(held))
@@ -107,7 +58,7 @@ type laneRates struct {
 	density [laneCount]float64
 }
 
-// shares returns the first pass's rows per lane (spreadLanes' $3) of a
+// shares returns the first pass's rows per lane (the claim's shares) of a
 // batch of up to batch rows of the lanes held.
 func (lr *laneRates) shares(batch int, held []int32) []int32 {
 	lr.mu.Lock()
@@ -184,22 +135,6 @@ func (lr *laneRates) learn(batch int, held, shares []int32, rows []row) {
 	}
 }
 
-// claimedCTE names, as CTE claimed, the ids of at most $2 due rows of the
-// lanes in $1 (an int[]), spread over the lanes by spreadLanes, each
-// lane's in id order.
-var claimedCTE = `WITH ` + blockedCTE + `, claimed AS (
-	` + spreadLanes("id") + `
-)`
-
-// claimSQL is the claim of the publisher path, in one pass: the rows
-// themselves, spread over the lanes by spreadLanes, each lane's in id
-// order.
-var claimSQL = `WITH ` + blockedCTE + `
-` + spreadLanes(`l.lane, o.id, o.event_id, o.topic, o.aggregate_type, o.aggregate_id, o.event_type,
-	o.payload::text, o.payload_raw, NULLIF(o.metadata, '{}')::text, o.retry_count,
-	(extract(epoch FROM o.created_at) * 1000000)::int8,
-	(extract(epoch FROM now() - o.first_failed_at) * 1000000)::int8`)
-
 // row is one claimed outbox row.
 type row struct {
 	lane       int32
@@ -230,15 +165,11 @@ func (rw row) sinceFirstFailure(now time.Time) time.Duration {
 }
 
 // claim is the first stage of a round: the due rows of the held lanes, at
-// most BatchSize, spread over the lanes (spreadLanes), in id order within
-// each lane.
+// most BatchSize, spread over the lanes (storage.ClaimEvents), in id order
+// within each lane.
 func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
-	stmt, err := r.claimStmt.get(ctx)
-	if err != nil {
-		return nil, err
-	}
 	shares := r.rates.shares(r.cfg.BatchSize, held)
-	out, err := r.claimRows(ctx, stmt, held, shares)
+	out, err := r.claimRows(ctx, held, shares)
 	if err == nil {
 		r.rates.learn(r.cfg.BatchSize, held, shares, out)
 	}
@@ -246,32 +177,18 @@ func (r *Relay) claim(ctx context.Context, held []int32) ([]row, error) {
 }
 
 // claimRows runs the claim with the shares given and reads its rows.
-func (r *Relay) claimRows(ctx context.Context, stmt *sql.Stmt, held, shares []int32) ([]row, error) {
-	rows, err := stmt.QueryContext(ctx, intArrayParam(held), r.cfg.BatchSize, intArrayParam(shares))
-	if err != nil {
-		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
-	}
-	defer rows.Close()
-	claimed := time.Now() // after the statement's now()
+func (r *Relay) claimRows(ctx context.Context, held, shares []int32) ([]row, error) {
 	var out []row
 	var cache metaCache
-	for rows.Next() {
-		var (
-			rw      row
-			sr      storedRow
-			meta    sql.NullString
-			created int64 // µs since the epoch: cheaper to read than a timestamp
-			failing sql.NullInt64
-		)
-		if err := rows.Scan(&rw.lane, &rw.id, &sr.eventID, &rw.topic, &sr.aggType, &sr.aggID, &sr.eventType, &sr.payload, &sr.raw, &meta, &rw.retryCount, &created, &failing); err != nil {
-			return nil, fmt.Errorf("outbox relay: reading claimed row: %w", err)
+	var claimed time.Time // after the statement's now()
+	err := storage.ClaimEvents(ctx, r.db, held, r.cfg.BatchSize, shares, func(e storage.ClaimedEvent) error {
+		if claimed.IsZero() {
+			claimed = time.Now()
 		}
-		sr.metadata, sr.createdAt = meta.String, time.UnixMicro(created)
-		rw.createdAt = sr.createdAt
-		rw.claimed = claimed
-		if failing.Valid {
-			rw.failing = max(time.Duration(failing.Int64)*time.Microsecond, time.Microsecond)
-		}
+		sr := storedRow{eventID: e.EventID, aggType: e.AggType, aggID: e.AggID, eventType: e.EvType,
+			payload: e.Payload, raw: e.Raw, metadata: e.Metadata.String, createdAt: e.CreatedAt}
+		rw := row{lane: e.Lane, id: e.ID, topic: e.Topic, retryCount: e.RetryCount, createdAt: e.CreatedAt,
+			failing: e.Failing, claimed: claimed, aggType: e.AggType, aggID: e.AggID, aggKey: e.AggType + "\x00" + e.AggID}
 		msg, err := rowMessageCached(sr, &cache)
 		if err != nil {
 			// Unreachable through Add; a hand-written row. Publish it with
@@ -279,68 +196,14 @@ func (r *Relay) claimRows(ctx context.Context, stmt *sql.Stmt, held, shares []in
 			r.cfg.Logger.Error("outbox relay: row metadata is not a string map; published with the metadata its columns give", err, watermill.LogFields{"id": rw.id, "topic": rw.topic, "message_uuid": sr.eventID})
 		}
 		msg.SetContext(ctx)
-		rw.aggType, rw.aggID = sr.aggType, sr.aggID
-		rw.aggKey = sr.aggType + "\x00" + sr.aggID
 		rw.msg = msg
 		out = append(out, rw)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outbox relay: claiming rows: %w", err)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: claiming rows%s: %w", migrateHint(err), err)
 	}
 	return out, nil
-}
-
-// intArrayParam renders lanes (or shares) as the text of an int[]
-// parameter.
-func intArrayParam(lanes []int32) string {
-	b := make([]byte, 0, 4*len(lanes)+2)
-	b = append(b, '{')
-	for i, l := range lanes {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, int64(l), 10)
-	}
-	return string(append(b, '}'))
-}
-
-// preparedStmt is a statement prepared once, on first use (database/sql
-// prepares it again on each pooled connection): a prepared statement runs
-// in one round trip and soon skips planning. close closes it on the
-// pool's connections, where it would otherwise stay until the *sql.DB is
-// closed; a later get prepares it again. It is safe for concurrent use.
-type preparedStmt struct {
-	db    *sql.DB
-	query string
-	what  string // "the claim", for errors
-
-	mu   sync.Mutex
-	stmt *sql.Stmt
-}
-
-func (p *preparedStmt) get(ctx context.Context) (*sql.Stmt, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.stmt != nil {
-		return p.stmt, nil
-	}
-	s, err := p.db.PrepareContext(ctx, p.query)
-	if err != nil {
-		return nil, fmt.Errorf("outbox relay: preparing %s%s: %w", p.what, migrateHint(err), err)
-	}
-	p.stmt = s
-	return s, nil
-}
-
-func (p *preparedStmt) close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.stmt == nil {
-		return nil
-	}
-	err := p.stmt.Close()
-	p.stmt = nil
-	return err
 }
 
 // storedRow is an outbox row as read back for publishing.

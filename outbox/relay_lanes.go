@@ -2,17 +2,15 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
-	"github.com/lib/pq"
+	"github.com/millwright/millwright/internal/storage"
 )
 
 // laneCount is the number of lanes (see migrations/003_outbox_lanes.sql);
-// laneExpr in relay_claim.go and the migration's index hash into it.
+// storage.OutboxLaneExpr and the migration's index hash into it.
 const laneCount = 64
 
 // laneCheckEvery is how often a running relay renews its lanes and looks
@@ -44,7 +42,7 @@ const waitNotifyEvery = time.Second
 // ran out: one relay at a time publishes a lane, in id order. lanes is not
 // safe for concurrent use; the relay's round mutex guards it.
 type lanes struct {
-	db     *sql.DB
+	db     storage.Querier
 	id     string        // the relay's id in millwright_outbox_relays
 	lease  time.Duration // RelayConfig.Lease
 	member bool          // a running relay (Run); RunOnce alone takes what is free
@@ -74,7 +72,7 @@ type lanes struct {
 	rebalanced time.Time
 	sentLoad   string
 	relaysSeen string
-	quick      *preparedStmt // quickCheckSQL; nil: every check is whole
+	quick      bool // make quick checks (storage.QuickLaneCheck); false: every check is whole
 }
 
 // A relay's load, as the last round found it (millwright_outbox_relays.load).
@@ -129,17 +127,10 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 	return l.order(), nil
 }
 
-// quickCheckSQL is the check a running relay makes instead of
-// rebalanceSQL when nothing it knows of has changed (see unchanged): the
-// live relays with their loads, as rebalanceSQL's last column gives them,
-// and whether any lane is free, expired or lent. Two small reads, planned
-// once, that write nothing.
-const quickCheckSQL = `SELECT
-	(SELECT string_agg(id || ':' || load, ',' ORDER BY id) FROM millwright_outbox_relays WHERE seen_until > now()),
-	EXISTS (SELECT 1 FROM millwright_outbox_lanes WHERE owner IS NULL OR lease_until <= now() OR lent)`
-
-// unchanged reports whether a whole check (rebalanceSQL) due now would
-// change nothing, from a quicker read (quickCheckSQL): the relay is
+// unchanged reports whether a whole check (storage.CheckLanes) due now
+// would change nothing, from a quicker read (storage.QuickLaneCheck): the
+// live relays with their loads, and whether any lane is free, expired or
+// lent. The relay is
 // running, holds its share (waits for no lane, gives none back, lends
 // none), its load is the one it recorded, its last whole check is less
 // than a quarter of Lease old (so its leases, renewed once half spent,
@@ -155,16 +146,11 @@ func (l *lanes) unchanged(ctx context.Context, now time.Time) bool {
 	if !l.quickMay(now) {
 		return false
 	}
-	stmt, err := l.quick.get(ctx)
+	seen, moving, err := storage.QuickLaneCheck(ctx, l.db)
 	if err != nil {
 		return false
 	}
-	var seen sql.NullString
-	var moving bool
-	if err := stmt.QueryRowContext(ctx).Scan(&seen, &moving); err != nil {
-		return false
-	}
-	return !moving && seen.String == l.relaysSeen
+	return !moving && seen == l.relaysSeen
 }
 
 // quickMay reports whether, as far as the relay itself knows, its whole
@@ -175,7 +161,7 @@ func (l *lanes) quickMay(now time.Time) bool {
 		load = loadSome
 	}
 	switch {
-	case l.quick == nil || !l.member || !l.joined || l.rebalanced.IsZero():
+	case !l.quick || !l.member || !l.joined || l.rebalanced.IsZero():
 		return false // not running, or no whole check to compare with
 	case l.waiting || len(l.giveBack) > 0 || (load == loadFull && len(l.takers()) > 0):
 		return false // it takes, gives back or lends lanes
@@ -202,7 +188,7 @@ func (l *lanes) wakeOthers(ctx context.Context, now time.Time, gaveBack bool) er
 	if wait {
 		l.notified = now
 	}
-	if _, err := l.db.ExecContext(ctx, `SELECT pg_notify($1, $2)`, l.notify, lanesNotice); err != nil {
+	if err := storage.Notify(ctx, l.db, l.notify, lanesNotice); err != nil {
 		return fmt.Errorf("outbox relay: waking the other relays to check their lanes: %w", err)
 	}
 	return nil
@@ -259,97 +245,23 @@ func (l *lanes) order() []int32 {
 	return append(slices.Clone(l.held[l.rotation:]), l.held[:l.rotation]...)
 }
 
-// rebalanceSQL, in one statement: renews the relay's membership ($1: id,
-// $2: lease in ms, $3: member) and records its load ($5), finds its share
-// among the live relays (rank; empty unless $4: take), keeps the lanes
-// lent to it except those it gives back ($6, an int[]), frees the lanes
-// outside share and loans and takes or renews those inside that are
-// free, expired or its own. Leases are renewed once half spent, so most
-// checks write nothing: no row lock, no commit to flush. The rare write
-// commits without waiting for the WAL flush (a lease a server crash
-// forgets is taken again). It returns the lanes the relay holds, how many
-// of its share it waits for (those lent to others excluded), how many
-// relays are live, the spare and the full ones, its borrowed lanes, and
-// how long (ms) the shortest lease of the lanes it holds has left: what
-// bounds the publish of their rows (see RelayConfig.Lease).
-//
-// A relay holding lanes lent to it that it keeps is not spare, whatever
-// its last round found: they were lent after that round.
-const rebalanceSQL = `WITH async AS MATERIALIZED (
-	SELECT set_config('synchronous_commit', 'off', true)
-), borrowed AS (
-	SELECT lane FROM millwright_outbox_lanes
-	WHERE $3 AND $4 AND owner = $1 AND lent AND lease_until > now() AND lane <> ALL ($6::int[])
-), me AS (
-	SELECT CASE WHEN $5 = 'spare' AND EXISTS (SELECT 1 FROM borrowed) THEN 'some' ELSE $5 END AS load
-), joined AS (
-	INSERT INTO millwright_outbox_relays (id, seen_until, load)
-	SELECT $1, now() + $2 * interval '1 millisecond', me.load FROM me WHERE $3
-	ON CONFLICT (id) DO NOTHING
-), renewed AS (
-	UPDATE millwright_outbox_relays r SET load = me.load,
-		seen_until = CASE WHEN r.seen_until < now() + $2 * interval '0.5 millisecond'
-			THEN now() + $2 * interval '1 millisecond' ELSE r.seen_until END
-	FROM me
-	WHERE $3 AND r.id = $1 AND (r.seen_until < now() + $2 * interval '0.5 millisecond' OR r.load <> me.load)
-), gone AS (
-	DELETE FROM millwright_outbox_relays WHERE seen_until < now() - interval '1 hour'
-), live AS (
-	SELECT id, load FROM millwright_outbox_relays WHERE seen_until > now() AND id <> $1
-	UNION ALL SELECT $1, me.load FROM me WHERE $3
-), share AS (
-	SELECT count(*) AS n, count(*) FILTER (WHERE id < $1) AS rank FROM live
-), rank AS (
-	SELECT l.lane FROM millwright_outbox_lanes l, share s WHERE $4 AND (NOT $3 OR l.lane % s.n = s.rank)
-), want AS (
-	SELECT lane FROM rank UNION SELECT lane FROM borrowed
-), lent_out AS (
-	SELECT lane FROM millwright_outbox_lanes
-	WHERE lent AND owner <> $1 AND lease_until > now() AND lane IN (SELECT lane FROM rank)
-), freed AS (
-	UPDATE millwright_outbox_lanes SET owner = NULL, lease_until = '-infinity', lent = false
-	WHERE owner = $1 AND lane NOT IN (SELECT lane FROM want)
-), taken AS (
-	UPDATE millwright_outbox_lanes l SET owner = $1, lease_until = now() + $2 * interval '1 millisecond',
-		lent = l.lane NOT IN (SELECT lane FROM rank)
-	WHERE l.lane IN (SELECT lane FROM want)
-	  AND (l.owner IS DISTINCT FROM $1 OR l.lease_until < now() + $2 * interval '0.5 millisecond'
-		OR (l.lent AND l.lane IN (SELECT lane FROM rank)))
-	  AND (l.owner IS NULL OR l.owner = $1 OR l.lease_until <= now())
-	RETURNING l.lane
-)
-SELECT ARRAY(SELECT lane FROM taken UNION
-	SELECT lane FROM millwright_outbox_lanes WHERE owner = $1 AND lease_until >= now() + $2 * interval '0.5 millisecond'
-	  AND lane IN (SELECT lane FROM want) ORDER BY 1),
-	(SELECT count(*) FROM want) - (SELECT count(*) FROM lent_out),
-	(SELECT n FROM share),
-	ARRAY(SELECT id FROM live WHERE load = 'spare' ORDER BY id),
-	ARRAY(SELECT id FROM live WHERE load = 'full' ORDER BY id),
-	ARRAY(SELECT lane FROM borrowed ORDER BY 1),
-	(SELECT string_agg(id || ':' || load, ',' ORDER BY id) FROM live),
-	(SELECT extract(epoch FROM LEAST(now() + $2 * interval '1 millisecond', min(lease_until)) - now()) * 1000
-		FROM millwright_outbox_lanes WHERE owner = $1 AND lease_until >= now() + $2 * interval '0.5 millisecond'
-		  AND lane IN (SELECT lane FROM want) AND lane NOT IN (SELECT lane FROM taken))
-FROM async`
-
-// rebalance runs rebalanceSQL.
+// rebalance makes the whole check (storage.CheckLanes, one statement):
+// renews the relay's membership and records its load, finds its share
+// among the live relays (none unless take), keeps the lanes lent to it
+// except those it gives back, frees the lanes outside share and loans and
+// takes or renews those inside that are free, expired or its own.
 func (l *lanes) rebalance(ctx context.Context, start time.Time, take bool) error {
-	var held, borrowed pq.Int32Array
-	var spares, fulls pq.StringArray
-	var want, relays int
-	var seen sql.NullString
-	var left float64 // ms
 	load := l.load
 	if load == "" {
 		load = loadSome
 	}
 	l.rebalanced = time.Time{}
-	err := l.db.QueryRowContext(ctx, rebalanceSQL, l.id, l.lease.Milliseconds(), l.member, take, load, intArrayParam(l.giveBack)).
-		Scan(&held, &want, &relays, &spares, &fulls, &borrowed, &seen, &left)
+	st, err := storage.CheckLanes(ctx, l.db, storage.LaneCheck{Relay: l.id, Lease: l.lease, Member: l.member, Take: take, Load: load, GiveBack: l.giveBack})
 	if err != nil {
 		return err
 	}
-	l.rebalanced, l.sentLoad, l.relaysSeen = start, load, seen.String
+	held, want, relays, spares, fulls, borrowed, seen := st.Held, st.Want, st.Relays, st.Spares, st.Fulls, st.Borrowed, st.Seen
+	l.rebalanced, l.sentLoad, l.relaysSeen = start, load, seen
 	l.held = held
 	l.relays = relays
 	l.waiting = len(held) < want
@@ -360,27 +272,9 @@ func (l *lanes) rebalance(ctx context.Context, start time.Time, take bool) error
 	// once half spent), left exactly, counted from before the statement:
 	// an end no later than the leases' (durations only, so the relay's and
 	// the server's clocks need not agree).
-	l.validUntil = start.Add(max(time.Duration(left*float64(time.Millisecond)), l.lease/2))
+	l.validUntil = start.Add(max(st.LeaseLeft, l.lease/2))
 	return nil
 }
-
-// lendSQL hands lanes $3 (an int[]) of relay $1 to relays $4 (a text[],
-// pairwise), each still live and spare, with a fresh lease ($2 ms), and
-// marks each taker's load 'some' so that no other relay lends to it before
-// it has worked them. It returns the lanes lent.
-const lendSQL = `WITH async AS MATERIALIZED (
-	SELECT set_config('synchronous_commit', 'off', true)
-), given AS (
-	UPDATE millwright_outbox_lanes l SET owner = g.relay, lent = true,
-		lease_until = now() + $2 * interval '1 millisecond'
-	FROM unnest($3::int[], $4::text[]) AS g(lane, relay), millwright_outbox_relays r
-	WHERE l.lane = g.lane AND l.owner = $1 AND l.lease_until > now()
-	  AND r.id = g.relay AND r.seen_until > now() AND r.load = 'spare'
-	RETURNING l.lane, g.relay
-), taker AS (
-	UPDATE millwright_outbox_relays SET load = 'some' WHERE id IN (SELECT relay FROM given)
-)
-SELECT ARRAY(SELECT lane FROM given ORDER BY 1) FROM async`
 
 // lendToSpares, at a check of a relay whose last batch came back full,
 // lends some of its lanes that had rows to the spare relays paired with
@@ -418,8 +312,8 @@ func (l *lanes) lendToSpares(ctx context.Context) error {
 	if len(give) == 0 {
 		return nil
 	}
-	var lent pq.Int32Array
-	if err := l.db.QueryRowContext(ctx, lendSQL, l.id, l.lease.Milliseconds(), intArrayParam(give), pq.StringArray(to)).Scan(&lent); err != nil {
+	lent, err := storage.LendLanes(ctx, l.db, l.id, l.lease, give, to)
+	if err != nil {
 		return fmt.Errorf("outbox relay: lending lanes to spare relays: %w", err)
 	}
 	if len(lent) == 0 {
@@ -454,17 +348,7 @@ func (l *lanes) takers() []string {
 // about an event in one of them would otherwise wake a relay that does
 // not hold it yet).
 func (l *lanes) free(ctx context.Context) error {
-	q := `WITH freed AS (
-		UPDATE millwright_outbox_lanes SET owner = NULL, lease_until = '-infinity' WHERE owner = $1
-	) DELETE FROM millwright_outbox_relays WHERE id = $1`
-	if l.notify != "" {
-		q = `WITH freed AS (
-		UPDATE millwright_outbox_lanes SET owner = NULL, lease_until = '-infinity' WHERE owner = $1
-	), gone AS (
-		DELETE FROM millwright_outbox_relays WHERE id = $1
-	) SELECT pg_notify(` + pq.QuoteLiteral(l.notify) + `, '` + lanesNotice + `')`
-	}
-	_, err := l.db.ExecContext(ctx, q, l.id)
+	err := storage.FreeLanes(ctx, l.db, l.id, l.notify, lanesNotice)
 	l.held = nil
 	if err != nil {
 		return fmt.Errorf("outbox relay: freeing lanes (other relays take them when their leases end): %w", err)
@@ -478,12 +362,9 @@ func (l *lanes) free(ctx context.Context) error {
 // this version is missing), none otherwise (an unreachable database is
 // not a missing migration).
 func migrateHint(err error) string {
-	var pqErr *pq.Error
-	if errors.As(err, &pqErr) {
-		switch pqErr.Code {
-		case "42P01", "42703", "42883": // undefined_table, _column, _function
-			return " (did `millwright migrate` run?)"
-		}
+	switch storage.Code(err) {
+	case "42P01", "42703", "42883": // undefined_table, _column, _function
+		return " (did `millwright migrate` run?)"
 	}
 	return ""
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/storage"
 )
 
 // recorder is a publisher that keeps every message it accepts, in order.
@@ -175,8 +176,8 @@ func TestLanes_RelaysStartedTogetherTakeOnlyTheirShare(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	ls := []*lanes{
-		{db: b.db, id: "relay-a", lease: time.Minute, member: true},
-		{db: b.db, id: "relay-b", lease: time.Minute, member: true},
+		{db: storage.NewSQL(b.db), id: "relay-a", lease: time.Minute, member: true},
+		{db: storage.NewSQL(b.db), id: "relay-b", lease: time.Minute, member: true},
 	}
 	for _, l := range ls {
 		held, err := l.hold(ctx)
@@ -314,8 +315,8 @@ func TestLanes_FullRelayLendsToSpareOne(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	a := &lanes{db: b.db, id: "relay-a", lease: time.Minute, member: true}
-	s := &lanes{db: b.db, id: "relay-b", lease: time.Minute, member: true}
+	a := &lanes{db: storage.NewSQL(b.db), id: "relay-a", lease: time.Minute, member: true}
+	s := &lanes{db: storage.NewSQL(b.db), id: "relay-b", lease: time.Minute, member: true}
 	var lent []int32
 	a.onLend = func(l []int32) { lent = append(lent, l...) }
 	hold := func(l *lanes) []int32 {
@@ -390,7 +391,7 @@ func TestLanes_FullRelayLendsToSpareOne(t *testing.T) {
 }
 
 // While the relays, their loads and the lanes stay as they were, a
-// running relay's due check is the quick read (quickCheckSQL) instead of
+// running relay's due check is the quick read (storage.QuickLaneCheck) instead of
 // a whole one, which would change nothing. A relay joining or leaving, a
 // load changing, or a quarter of Lease since the last whole check makes
 // the check whole again, and the relays divide the lanes as before.
@@ -398,10 +399,8 @@ func TestLanes_QuickCheckWhileNothingChanges(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	quick := &preparedStmt{db: b.db, query: quickCheckSQL, what: "the quick lane check"}
-	t.Cleanup(func() { _ = quick.close() })
-	a := &lanes{db: b.db, id: "relay-a", lease: time.Minute, member: true, quick: quick}
-	s := &lanes{db: b.db, id: "relay-b", lease: time.Minute, member: true, quick: quick}
+	a := &lanes{db: storage.NewSQL(b.db), id: "relay-a", lease: time.Minute, member: true, quick: true}
+	s := &lanes{db: storage.NewSQL(b.db), id: "relay-b", lease: time.Minute, member: true, quick: true}
 	// whole makes l's next check due (instead of sleeping) and reports
 	// whether it was a whole one.
 	whole := func(l *lanes) bool {

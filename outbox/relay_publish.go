@@ -4,17 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/lib/pq"
 
 	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/tracing"
 )
@@ -363,16 +361,16 @@ func (r *Relay) mark(ctx, run context.Context, lease batchLease, rows []row, res
 		errs = append(errs, fmt.Errorf("outbox relay: %d row(s) of a batch of %d left pending: %w", cut, len(rows), cutErr))
 	}
 	if len(published) > 0 {
-		// One round trip, no parameters: one implicit transaction that
-		// commits without waiting for the WAL flush. A server crash may
-		// undo the last marks; their rows, still pending, are published
-		// again, in order, as after a relay crash before its mark.
-		res, err := r.db.ExecContext(ctx, `SET LOCAL synchronous_commit = off; UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id = ANY(`+idArray(published)+`) AND status = 'pending' AND `+heldByOwner(lease.owner))
+		// One round trip, one statement that commits without waiting for
+		// the WAL flush. A server crash may undo the last marks; their
+		// rows, still pending, are published again, in order, as after a
+		// relay crash before its mark.
+		k, err := storage.MarkPublished(ctx, r.db, lease.owner, published)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("outbox relay: marking %d row(s) published (they will be published again): %w", len(published), err))
 		} else {
 			n := len(published)
-			if k, err := res.RowsAffected(); err == nil && int(k) < n {
+			if int(k) < n {
 				n = int(k)
 				r.cfg.Logger.Error("outbox relay: published rows not marked: their lanes are no longer this relay's (their lease ended: a round longer than RelayConfig.Lease) or another relay marked them; they stay pending and go out again (duplicates)",
 					nil, watermill.LogFields{"published": len(published), "marked": k})
@@ -390,30 +388,8 @@ func (r *Relay) mark(ctx, run context.Context, lease batchLease, rows []row, res
 	return next, len(failed), errors.Join(errs...)
 }
 
-// heldByOwner is the condition, on a row of millwright_outbox, that its
-// lane is held by owner under a lease that has not ended (read once per
-// statement: an InitPlan over the 64 lanes).
-func heldByOwner(owner string) string {
-	return laneExpr + ` = ANY(ARRAY(SELECT lane FROM millwright_outbox_lanes WHERE owner = ` + pq.QuoteLiteral(owner) + ` AND lease_until > now()))`
-}
-
-// idArray renders ids as a bigint[] literal, so that hot statements carry
-// no parameters (one round trip with lib/pq instead of two).
-func idArray(ids []int64) string {
-	var b strings.Builder
-	b.WriteString("'{")
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(id, 10))
-	}
-	b.WriteString("}'::bigint[]")
-	return b.String()
-}
-
 // fail records failed attempts: a backoff, during which the claim holds
-// back the row's aggregate (see claimedCTE), or the failed state once the
+// back the row's aggregate (see storage.ClaimEvents), or the failed state once the
 // retry budget is spent (RelayConfig.Retry: its first failure older than
 // MaxElapsedTime, or MaxAttempts reached) or the error is permanent
 // (retry.Permanent). The rows it made failed are then copied to the
@@ -421,57 +397,36 @@ func idArray(ids []int64) string {
 // rows are claimed and fail again) sends no copy, and a row is
 // dead-lettered at most once per failure.
 func (r *Relay) fail(ctx, run context.Context, lease batchLease, rows []row, results []error, idx []int) (time.Time, error) {
-	ids := make([]int64, len(idx))
-	delays := make([]int64, len(idx))
-	msgs := make([]string, len(idx))
+	attempts := make([]storage.FailedAttempt, len(idx))
 	final := make([]bool, len(idx))
 	byID := make(map[int64]int, len(idx)) // id -> k
 	now := time.Now()
 	for k, i := range idx {
 		rw := rows[i]
-		ids[k] = rw.id
 		byID[rw.id] = k
-		msgs[k] = results[i].Error()
 		r.m.publishErrors.Inc()
 		d, ok := r.retryAfter(rw, results[i], now)
 		final[k] = !ok
-		delays[k] = d.Milliseconds()
+		attempts[k] = storage.FailedAttempt{ID: rw.id, Delay: d, Error: results[i].Error(), Final: !ok}
 	}
-	q, err := r.db.QueryContext(ctx, `UPDATE millwright_outbox t SET
-		retry_count = t.retry_count + 1,
-		last_error = u.err,
-		first_failed_at = CASE WHEN t.retry_count = 0 THEN now() ELSE coalesce(t.first_failed_at, now()) END,
-		status = CASE WHEN u.final THEN 'failed' ELSE 'pending' END,
-		next_attempt_at = now() + u.delay_ms * interval '1 millisecond'
-	FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bool[]) AS u(row_id, delay_ms, err, final)
-	WHERE t.id = u.row_id AND t.status = 'pending' AND `+heldByOwner(lease.owner)+`
-	RETURNING t.id, (extract(epoch FROM t.first_failed_at) * 1000000)::int8, (extract(epoch FROM now()) * 1000000)::int8`,
-		pq.Array(ids), pq.Array(delays), pq.Array(msgs), pq.Array(final))
+	recs, err := storage.RecordFailures(ctx, r.db, lease.owner, attempts)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(ids), err)
+		// The statement may not have committed: send no dead letter.
+		return time.Time{}, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(attempts), err)
 	}
 	type recorded struct {
 		k           int
 		first, last time.Time // the database's clock
 	}
 	var done []recorded
-	for q.Next() {
-		var id, first, last int64
-		if err := q.Scan(&id, &first, &last); err != nil {
-			_ = q.Close()
-			return time.Time{}, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(ids), err)
-		}
-		if k, ok := byID[id]; ok {
-			done = append(done, recorded{k, time.UnixMicro(first), time.UnixMicro(last)})
+	for _, rec := range recs {
+		if k, ok := byID[rec.ID]; ok {
+			done = append(done, recorded{k, rec.FirstFailed, rec.Now})
 		}
 	}
-	if err := errors.Join(q.Err(), q.Close()); err != nil {
-		// The statement may not have committed: send no dead letter.
-		return time.Time{}, fmt.Errorf("outbox relay: recording %d failed publish(es): %w", len(ids), err)
-	}
-	if len(done) < len(ids) {
+	if len(done) < len(attempts) {
 		r.cfg.Logger.Error("outbox relay: failed publishes not recorded: their lanes are no longer this relay's (their lease ended) or the rows changed meanwhile; they stay pending as they were",
-			nil, watermill.LogFields{"failed": len(ids), "recorded": len(done)})
+			nil, watermill.LogFields{"failed": len(attempts), "recorded": len(done)})
 	}
 	var next time.Time
 	var dead []recorded
@@ -481,7 +436,7 @@ func (r *Relay) fail(ctx, run context.Context, lease batchLease, rows []row, res
 			continue
 		}
 		r.stats.retried.Add(1)
-		if due := now.Add(time.Duration(delays[d.k]) * time.Millisecond); next.IsZero() || due.Before(next) {
+		if due := now.Add(attempts[d.k].Delay.Truncate(time.Millisecond)); next.IsZero() || due.Before(next) {
 			next = due
 		}
 	}

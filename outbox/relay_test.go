@@ -22,6 +22,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 )
@@ -491,7 +492,7 @@ func TestRelayConfig_Validate(t *testing.T) {
 	t.Parallel()
 	_, err := NewRelay(&sql.DB{}, gochannel.NewGoChannel(gochannel.Config{}, nil), RelayConfig{BatchSize: 20000})
 	require.ErrorContains(t, err, "BatchSize 20000: want 1..10000")
-	_, err = NewRelay(nil, nil, RelayConfig{})
+	_, err = NewRelay((*sql.DB)(nil), nil, RelayConfig{})
 	require.Error(t, err)
 }
 
@@ -810,7 +811,7 @@ func TestRelay_StoppingHolderHandsOverTheWakeup(t *testing.T) {
 		}
 		for _, r := range relays {
 			var pid int
-			require.NoError(t, r.waitDB.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
+			require.NoError(t, r.waitDB.QueryRow(context.Background(), storage.S(`SELECT pg_backend_pid()`), &pid))
 			if pid == h {
 				holder = r
 			}

@@ -5,24 +5,17 @@ import (
 	"crypto/md5" //nolint:gosec // a name, not a secret: Postgres has md5 built in
 	"encoding/hex"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/lib/pq"
 
-	"github.com/millwright/millwright/internal/pgconn"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/retry"
 )
 
 // idleRecheck is how soon an idle relay looks again when a writer that may
 // have missed its request for a notification is still in its transaction.
 const idleRecheck = 5 * time.Millisecond
-
-// wakeLockClass is the first half of the wake-up lock's key ("mwox" in
-// ASCII); the second is the outbox table's oid. See
-// migrations/002_outbox_wakeup_lock.sql.
-const wakeLockClass = 1836543864
 
 // announceIdle asks writers for a NOTIFY by taking the wake-up lock on the
 // relay's own connection, without waiting. While a relay holds it, every
@@ -40,63 +33,32 @@ const wakeLockClass = 1836543864
 // idempotent.
 func (r *Relay) announceIdle(ctx context.Context) (release func(handOver bool), settled bool, err error) {
 	release = func(bool) {}
-	var state string
-	if err := r.waitDB.QueryRowContext(ctx, r.tryLockSQL).Scan(&state); err != nil {
+	state, err := r.wakeLock.Try(ctx, r.waitDB)
+	if err != nil {
 		return release, false, fmt.Errorf("taking the outbox wake-up lock: %w", err)
 	}
 	switch state {
-	case "held":
+	case storage.WakeLockHeld:
 		done := false
 		return func(handOver bool) {
 			if done {
 				return
 			}
 			done = true
-			q := r.unlockSQL
-			if handOver {
-				q = r.handOverSQL
-			}
 			// A failed unlock leaves the lock to the session's end:
 			// writers notify a little longer, nothing is lost. Bounded,
 			// so an unreachable server cannot stall the relay here.
 			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if _, err := r.waitDB.ExecContext(uctx, q); err != nil {
+			if err := r.wakeLock.Unlock(uctx, r.waitDB, handOver); err != nil {
 				r.cfg.Logger.Info("outbox relay: releasing the wake-up lock failed; the connection's end releases it", watermill.LogFields{"err": err.Error()})
 			}
 		}, true, nil
-	case "other":
+	case storage.WakeLockOther:
 		return release, true, nil
 	default:
 		return release, false, nil
 	}
-}
-
-// setWakeStatements builds the wake-up lock's statements, each without
-// parameters (one round trip with lib/pq): the try, which reports 'held',
-// 'other' (another relay holds it) or 'writers' (writers hold it shared);
-// the unlock; and the unlock that also notifies (hand-over).
-func (r *Relay) setWakeStatements() {
-	key := fmt.Sprintf("%d, %d", wakeLockClass, int32(r.tableOID))
-	held, unlock := `'held'`, `SELECT pg_advisory_unlock(`+key+`)`
-	if r.holdGuard {
-		// A holder that stops answering (a hung process, a half-open
-		// connection) would otherwise keep every writer notifying, and
-		// commits serialised, until TCP gives up on it: the server ends a
-		// holding session idle for longer than the relay ever is while
-		// alive (it unlocks and takes the lock again every PollInterval).
-		held = `CASE WHEN set_config('idle_session_timeout', '` + strconv.FormatInt(r.holdTimeout().Milliseconds(), 10) + `', false) IS NOT NULL THEN 'held' END`
-		unlock += `, set_config('idle_session_timeout', '0', false)`
-	}
-	r.tryLockSQL = `SELECT CASE
-		WHEN pg_try_advisory_lock(` + key + `) THEN ` + held + `
-		WHEN EXISTS (SELECT 1 FROM pg_locks
-			WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted
-			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			  AND classid = ` + strconv.Itoa(wakeLockClass) + ` AND objid = '` + strconv.FormatUint(uint64(r.tableOID), 10) + `'::oid AND objsubid = 2)
-		THEN 'other' ELSE 'writers' END`
-	r.unlockSQL = unlock
-	r.handOverSQL = unlock + `, pg_notify(` + pq.QuoteLiteral(NotifyChannel(r.schema)) + `, '')`
 }
 
 // holdTimeout is the idle_session_timeout of a session holding the wake-up
@@ -107,126 +69,116 @@ func (r *Relay) holdTimeout() time.Duration { return 3*r.cfg.PollInterval + 2*ti
 // notifications (and reconnections, after which some may have been missed)
 // to wake. It also opens the connection on which the idle relay holds the
 // wake-up lock (announceIdle): both are on ListenURL, outside the caller's
-// pool, so a small pool cannot starve them.
+// pool, so a small pool cannot starve them, and of the pool's driver (pgx
+// listens with WaitForNotification, database/sql with lib/pq's Listener).
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), err error) {
-	q := `SELECT n.nspname, c.oid::int8, current_database(), current_setting('server_version_num')::int, ` + notifyChannelSQL("n.nspname::text") + `
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'millwright_outbox'::regclass`
-	var schema, dbName, channel string
-	var oid int64
-	var version int
-	if err := r.db.QueryRowContext(ctx, q).Scan(&schema, &oid, &dbName, &version, &channel); err != nil {
+	t, err := storage.FindOutboxTable(ctx, r.db)
+	if err != nil {
 		return nil, fmt.Errorf("finding the schema of millwright_outbox (did `millwright migrate` run?): %w", err)
 	}
-	if channel != NotifyChannel(schema) {
+	if t.Channel != NotifyChannel(t.Schema) {
 		// The trigger would notify a channel this relay does not listen
 		// on: it would sleep until its poll after every write.
-		return nil, fmt.Errorf("schema %q: the server names its wake-up channel %q, the relay %q (a long non-ASCII schema name in a database whose encoding is not UTF8): use a schema name of ASCII letters, digits and _", schema, channel, NotifyChannel(schema))
+		return nil, fmt.Errorf("schema %q: the server names its wake-up channel %q, the relay %q (a long non-ASCII schema name in a database whose encoding is not UTF8): use a schema name of ASCII letters, digits and _", t.Schema, t.Channel, NotifyChannel(t.Schema))
 	}
-	// Bounded connections (see internal/pgconn): connect_timeout unless
-	// ListenURL sets one, and each call gives up when its ctx ends, even on
-	// a server that accepts and never answers.
-	waitDB, err := pgconn.Open(r.cfg.ListenURL)
+	waitDB, closeWait, err := r.openWaitDB(ctx, t)
 	if err != nil {
-		return nil, fmt.Errorf("RelayConfig.ListenURL: %w", err)
+		return nil, err
 	}
-	waitDB.SetMaxOpenConns(1)
-	waitDB.SetMaxIdleConns(1)
-	var lSchema, lDB, lChannel string
-	var lOID int64
-	if err := waitDB.QueryRowContext(ctx, q).Scan(&lSchema, &lOID, &lDB, &version, &lChannel); err != nil {
-		waitDB.Close()
-		return nil, fmt.Errorf("RelayConfig.ListenURL does not reach millwright_outbox (it must reach the relay's database and search_path): %w", err)
-	}
-	if lOID != oid {
-		waitDB.Close()
-		return nil, fmt.Errorf("RelayConfig.ListenURL reaches millwright_outbox in %s.%s, the relay's *sql.DB the one in %s.%s: point both at the same database and search_path", lDB, lSchema, dbName, schema)
-	}
-	l := pgconn.NewListener(ctx, r.cfg.ListenURL, 100*time.Millisecond, 10*time.Second, func(ev pq.ListenerEventType, err error) {
-		if err != nil {
+	l, err := storage.NewListener(ctx, r.db.Driver(), storage.ListenerConfig{URL: r.cfg.ListenURL,
+		MinReconnect: 100 * time.Millisecond, MaxReconnect: 10 * time.Second,
+		OnEvent: func(ev string, err error) {
 			r.cfg.Logger.Info("outbox relay: listener event", watermill.LogFields{"event": ev, "err": err.Error()})
+		}})
+	if err == nil {
+		// Listen waits for a connection until ctx ends.
+		if err = l.Listen(ctx, NotifyChannel(t.Schema)); err != nil {
+			_ = l.Close()
 		}
-	})
-	// Listen waits for a connection as long as it takes: stop it with ctx.
-	listened := make(chan error, 1)
-	go func() { listened <- l.Listen(NotifyChannel(schema)) }()
-	var lerr error
-	select {
-	case lerr = <-listened:
-	case <-ctx.Done():
-		l.Close()
-		<-listened
-		lerr = context.Cause(ctx)
 	}
-	if lerr != nil {
-		l.Close()
-		waitDB.Close()
-		return nil, fmt.Errorf("LISTEN %q: %w", NotifyChannel(schema), lerr)
+	if err != nil {
+		closeWait()
+		return nil, fmt.Errorf("LISTEN %q: %w", NotifyChannel(t.Schema), err)
 	}
-	r.schema, r.tableOID, r.waitDB, r.holdGuard = schema, uint32(oid), waitDB, version >= 140000
-	r.setWakeStatements()
+	hold := time.Duration(0)
+	if t.Version >= 140000 {
+		hold = r.holdTimeout()
+	}
+	if r.wakeLock, err = storage.NewWakeLock(t.OID, NotifyChannel(t.Schema), hold); err != nil {
+		_ = l.Close()
+		closeWait()
+		return nil, err
+	}
+	r.schema, r.tableOID, r.waitDB, r.holdGuard = t.Schema, t.OID, waitDB, hold > 0
 	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case n, ok := <-l.NotificationChannel():
-				if !ok {
-					return
-				}
-				if n == nil || n.Extra == lanesNotice {
-					r.lanesChanged.Store(true)
-				}
-				select {
-				case wake <- struct{}{}:
-				default:
-				}
-			}
-		}
-	}()
+	go r.forwardNotifications(ctx, l, wake, done)
 	return func() {
-		l.Close()
+		_ = l.Close()
 		<-done
-		waitDB.Close()
+		closeWait()
 	}, nil
 }
 
-// The wake-up channel's forms (see NotifyChannel and
-// migrations/006_outbox_notify_channel_bound.sql).
-const (
-	notifyPrefix     = "millwright_outbox:"
-	notifyHashPrefix = "millwright_outbox#"
-	// maxIdentifierBytes is Postgres' limit on a name (NAMEDATALEN - 1):
-	// pg_notify refuses a longer channel (22023), LISTEN truncates it.
-	maxIdentifierBytes = 63
-	// maxPlainSchemaBytes is the longest schema whose channel is
-	// notifyPrefix + schema.
-	maxPlainSchemaBytes = maxIdentifierBytes - len(notifyPrefix)
-)
+// openWaitDB opens the connection of the wake-up lock on ListenURL and
+// checks that it reaches the outbox table t. Bounded (see
+// internal/pgconn): connect_timeout unless ListenURL sets one, and each
+// call gives up when its ctx ends, even on a server that accepts and
+// never answers.
+func (r *Relay) openWaitDB(ctx context.Context, t storage.OutboxTable) (storage.Pool, func(), error) {
+	waitDB, closeWait, err := storage.OpenSession(ctx, r.db.Driver(), r.cfg.ListenURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("RelayConfig.ListenURL: %w", err)
+	}
+	lt, err := storage.FindOutboxTable(ctx, waitDB)
+	if err != nil {
+		closeWait()
+		return nil, nil, fmt.Errorf("RelayConfig.ListenURL does not reach millwright_outbox (it must reach the relay's database and search_path): %w", err)
+	}
+	if lt.OID != t.OID {
+		closeWait()
+		return nil, nil, fmt.Errorf("RelayConfig.ListenURL reaches millwright_outbox in %s.%s, the relay's pool the one in %s.%s: point both at the same database and search_path", lt.Database, lt.Schema, t.Database, t.Schema)
+	}
+	return waitDB, closeWait, nil
+}
+
+// forwardNotifications wakes the relay at each notification of l until ctx
+// ends or l closes, then closes done. A lanes notice, or a reconnection
+// (nil: one may have been missed), makes the next round check the lanes.
+func (r *Relay) forwardNotifications(ctx context.Context, l storage.Listener, wake chan<- struct{}, done chan<- struct{}) {
+	defer close(done)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case n, ok := <-l.Notifications():
+			if !ok {
+				return
+			}
+			if n == nil || n.Payload == lanesNotice {
+				r.lanesChanged.Store(true)
+			}
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
 
 // NotifyChannel is the LISTEN channel of the outbox table in schema:
 // "millwright_outbox:" + schema for a schema of at most 45 bytes (the name
 // of every version before), and "millwright_outbox#" + the hex MD5 of the
 // schema for a longer one, so that the channel stays within Postgres' 63
 // bytes for any schema name. The trigger and RetryFailed compute the same
-// name in SQL (notifyChannelSQL); the two agree in a UTF-8 database (in
+// name in SQL (storage.OutboxNotifyChannelSQL); the two agree in a UTF-8 database (in
 // another encoding a non-ASCII schema's bytes differ, and the relay, which
 // checks, polls instead of listening).
 func NotifyChannel(schema string) string {
-	if len(schema) <= maxPlainSchemaBytes {
-		return notifyPrefix + schema
+	if len(schema) <= storage.OutboxMaxPlainSchemaBytes {
+		return storage.OutboxNotifyPrefix + schema
 	}
 	sum := md5.Sum([]byte(schema))
-	return notifyHashPrefix + hex.EncodeToString(sum[:])
-}
-
-// notifyChannelSQL is NotifyChannel in SQL, of the schema name expression
-// expr. Keep it identical to the trigger's (migration 006).
-func notifyChannelSQL(expr string) string {
-	return `CASE WHEN octet_length(` + expr + `) <= ` + strconv.Itoa(maxPlainSchemaBytes) +
-		` THEN '` + notifyPrefix + `' || ` + expr +
-		` ELSE '` + notifyHashPrefix + `' || md5(` + expr + `) END`
+	return storage.OutboxNotifyHashPrefix + hex.EncodeToString(sum[:])
 }
 
 func (r *Relay) refreshLoop(ctx context.Context) {

@@ -75,19 +75,25 @@ func (f *firstApplied) apply(t *testing.T, id string, ev seqEvent, ordered bool,
 // them through each transport kind and checks, at a consumer in a
 // consumer group that drops duplicates, that every event arrived and that
 // it applied each aggregate's events in commit order (the first copy of
-// each event in order; duplicates allowed: at least once).
+// each event in order; duplicates allowed: at least once). It runs on each
+// driver of the matrix: the events written in users' transactions of that
+// driver (*sql.Tx, pgx.Tx) and the relay on its pool (*sql.DB,
+// *pgxpool.Pool).
 func TestRelayOnEveryTransport(t *testing.T) {
 	t.Parallel()
-	for _, kind := range transport.Kinds {
-		t.Run(string(kind), func(t *testing.T) {
-			t.Parallel()
-			aggs, perAgg := 20, 10
-			if kind == transport.GoogleCloud {
-				aggs, perAgg = 10, 5 // pstest delivers one message per ordering key at a time
-			}
-			runRelayTransport(t, transporttest.Config(t, kind), aggs, perAgg, nil)
-		})
-	}
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		for _, kind := range transport.Kinds {
+			t.Run(string(kind), func(t *testing.T) {
+				t.Parallel()
+				aggs, perAgg := 20, 10
+				if kind == transport.GoogleCloud {
+					aggs, perAgg = 10, 5 // pstest delivers one message per ordering key at a time
+				}
+				runRelayTransportOn(t, driver, transporttest.Config(t, kind), aggs, perAgg, nil)
+			})
+		}
+	})
 }
 
 // TestRelayRidesOutKafkaRefusingPublishes makes the in-process Kafka
@@ -136,9 +142,16 @@ func TestRelayRidesOutKafkaRefusingPublishes(t *testing.T) {
 }
 
 func runRelayTransport(t *testing.T, cfg transport.Config, aggs, perAgg int, beforeRelay func(topic string)) {
+	runRelayTransportOn(t, pgtest.DriverPQ, cfg, aggs, perAgg, beforeRelay)
+}
+
+// runRelayTransportOn is runRelayTransport with the writers' transactions
+// and the relay's pool of driver.
+func runRelayTransportOn(t *testing.T, driver string, cfg transport.Config, aggs, perAgg int, beforeRelay func(topic string)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s := pgtest.New(t, outbox.Migrations())
+	h := s.Handle(t, driver)
 	kind := cfg.Kind
 	tr, err := transport.Open(ctx, cfg)
 	require.NoError(t, err, "opening %s", kind)
@@ -161,17 +174,16 @@ func runRelayTransport(t *testing.T, cfg transport.Config, aggs, perAgg int, bef
 		for a := 0; a < aggs; a++ {
 			agg := fmt.Sprintf("agg-%02d", a)
 			payload, _ := json.Marshal(seqEvent{Agg: agg, Seq: seq})
-			tx, err := s.DB.BeginTx(ctx, nil)
-			require.NoError(t, err)
-			require.NoError(t, outbox.Add(ctx, tx, outbox.Event{Topic: topic, AggregateType: "test", AggregateID: agg, EventType: "test.seq.v1", Payload: payload}))
-			require.NoError(t, tx.Commit())
+			require.NoError(t, inTx(ctx, h, func(tx any) error {
+				return outbox.Add(ctx, tx, outbox.Event{Topic: topic, AggregateType: "test", AggregateID: agg, EventType: "test.seq.v1", Payload: payload})
+			}))
 		}
 	}
 	if beforeRelay != nil {
 		beforeRelay(topic)
 	}
 
-	relay, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{
+	relay, err := relayOn(h, tr.Publisher(), outbox.RelayConfig{
 		BatchSize: 50, PollInterval: 20 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: -1},
 	})
@@ -199,7 +211,7 @@ func runRelayTransport(t *testing.T, cfg transport.Config, aggs, perAgg int, bef
 			t.Fatalf("%s: received %d of %d events: %v", kind, len(applied.seen), total, ctx.Err())
 		}
 	}
-	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
+	require.NoError(t, outboxtest.WaitDrained(ctx, h))
 	var pending int
 	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT count(*) FROM millwright_outbox WHERE status <> 'published'`).Scan(&pending))
 	require.Zero(t, pending)

@@ -1,5 +1,7 @@
-// Package postgres opens database/sql pools on Postgres (lib/pq) the way
-// millwright opens its own, for the services that use millwright:
+// Package postgres opens pools on Postgres the way millwright opens its
+// own, for the services that use millwright: database/sql pools on lib/pq
+// (Open) and pgx pools (OpenPgx); Pool is the constraint of the
+// components that run on either. Open's pools:
 //
 //   - a connection attempt is bounded (connect_timeout=10 unless the DSN
 //     or PGCONNECT_TIMEOUT sets one), and a call whose context ends is
@@ -8,13 +10,11 @@
 //   - idempotency's Postgres store sends the processed-event mark of
 //     Transactional mode with BEGIN, in one round trip, instead of in a
 //     round trip of its own (on any other *sql.DB it still works, one
-//     round trip slower);
-//   - outbox.Add's INSERT goes to the server with the transaction's next
-//     statement, normally its COMMIT, in the same round trip, instead of
-//     in a round trip of its own (on any other *sql.DB Add inserts at
-//     once). Later statements of the transaction see the event's row as
-//     usual; a server-side error of the INSERT is returned by that
-//     statement or by Commit, and nothing commits.
+//     round trip slower).
+//
+// outbox.Add sends its INSERT at once, in one round trip, on every pool
+// (this one, any other *sql.DB, pgx): its server-side errors are Add's
+// own.
 //
 // Transactions are begun and ended with simple queries of millwright's own
 // (BEGIN with lib/pq's options, COMMIT, ROLLBACK); Commit of a transaction

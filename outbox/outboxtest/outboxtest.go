@@ -2,7 +2,6 @@ package outboxtest
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -17,7 +16,9 @@ const PollInterval = 10 * time.Millisecond
 // failed state: they will never drain on their own.
 var ErrFailedEvents = errors.New("outboxtest: outbox has failed events")
 
-// WaitDrained waits until the outbox in db's search_path has no pending row,
+// WaitDrained waits until the outbox in db's search_path (any
+// outbox.Executor: a *sql.DB or *pgxpool.Pool, a transaction of either)
+// has no pending row,
 // that is until every committed event has been published (or has failed).
 // It returns ctx's error, naming the backlog, if ctx ends first (give ctx a
 // deadline), and ErrFailedEvents if drained but some rows failed.
@@ -26,7 +27,7 @@ func WaitDrained(ctx context.Context, db outbox.Executor) error {
 	defer t.Stop()
 	var last outbox.Stats
 	for {
-		s, err := readStats(ctx, db)
+		s, err := outbox.ReadStats(ctx, db)
 		if err != nil {
 			if ctx.Err() != nil {
 				return notDrained(ctx, last)
@@ -51,17 +52,4 @@ func WaitDrained(ctx context.Context, db outbox.Executor) error {
 func notDrained(ctx context.Context, s outbox.Stats) error {
 	return fmt.Errorf("outboxtest: outbox not drained, %d pending, oldest %s old (is a relay running?): %w",
 		s.Pending, s.OldestPendingAge.Round(time.Millisecond), ctx.Err())
-}
-
-// readStats reads db's outbox stats.
-// TODO(storage): outbox.ReadStats takes any Executor once its reads move.
-func readStats(ctx context.Context, db outbox.Executor) (outbox.Stats, error) {
-	sx, ok := db.(interface {
-		ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-		QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	})
-	if !ok {
-		return outbox.Stats{}, fmt.Errorf("outboxtest: %T is not a database/sql executor", db)
-	}
-	return outbox.ReadStats(ctx, sx)
 }

@@ -40,3 +40,20 @@ func TestWaitDrained(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, outboxtest.WaitDrained(wctx, s.DB), outboxtest.ErrFailedEvents)
 }
+
+// WaitDrained reads through a pgx pool as well (any outbox.Executor).
+func TestWaitDrained_Pgx(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, outbox.Migrations())
+	ctx := context.Background()
+	p := s.Pgx(t)
+	require.NoError(t, outbox.Add(ctx, p, outbox.Event{Topic: "t", AggregateID: "a", Payload: []byte(`{}`)}))
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	err := outboxtest.WaitDrained(short, p)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "1 pending")
+	_, err = p.Exec(ctx, `UPDATE millwright_outbox SET status = 'failed'`)
+	require.NoError(t, err)
+	require.ErrorIs(t, outboxtest.WaitDrained(ctx, p), outboxtest.ErrFailedEvents)
+}
