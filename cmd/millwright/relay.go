@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -105,6 +106,16 @@ func relayConfig(cmd *cobra.Command, lookup func(string) (string, bool)) (relaye
 			return env(k)
 		}
 	}
+	if f := cmd.Flags().Lookup("driver"); f != nil && f.Changed {
+		driver := f.Value.String()
+		env := lookup
+		lookup = func(k string) (string, bool) {
+			if k == relayenv.Driver {
+				return driver, true
+			}
+			return env(k)
+		}
+	}
 	cfg, err := relayenv.Load(lookup)
 	if err != nil {
 		return relayenv.Config{}, fmt.Errorf("millwright relay: %w", err)
@@ -165,7 +176,12 @@ type component struct {
 type relayProcess struct {
 	cfg    relayenv.Config
 	logger watermill.LoggerAdapter
-	db     *sql.DB
+	// db is the database/sql pool: the relays' and cleaners' with the pq
+	// driver, else only the sql transport's (watermill-sql).
+	db *sql.DB
+	// pgx is the relays' and cleaners' pool with the pgx driver (nil with
+	// pq).
+	pgx *pgxpool.Pool
 	// readyDB is the readiness checks' pool: one connection, so that
 	// probes never wait for, or take, a connection of db.
 	readyDB *sql.DB
@@ -292,14 +308,9 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 
 // openDB opens and checks the database; it reports which of the tables the
 // retention cleaners clean the schema has (beside the outbox, required).
-//
-// TODO(coordinator, issue 32): the relay process runs on *sql.DB until
-// outbox.NewRelay takes a postgres.Pool (another helper's change): then
-// open p.db with postgres.OpenPgx(ctx, u) (bounded connects; set
-// MaxConns from p.cfg.MaxConns) when the driver is pgx, pass the
-// *pgxpool.Pool to outbox.NewRelay and to the cleaners (components: their
-// openCleaner already takes either), and keep a *sql.DB only for the sql
-// transport (watermill-sql is database/sql) and the readiness pool.
+// With the pgx driver the relays and cleaners get a pgx pool of
+// cfg.MaxConns connections (postgres.OpenPgx: bounded connects), and the
+// database/sql pool only serves the sql transport.
 func (p *relayProcess) openDB(ctx context.Context) (tables map[string]bool, err error) {
 	u := p.cfg.DatabaseURL
 	if p.db, err = pgconn.Open(u); err != nil {
@@ -309,6 +320,11 @@ func (p *relayProcess) openDB(ctx context.Context) (tables map[string]bool, err 
 	p.db.SetMaxIdleConns(p.cfg.MaxConns)
 	if err := p.db.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("connecting to database %s: %w", redact.URL(u), redact.ErrorOf(err, u))
+	}
+	if p.cfg.Driver == driverPgx {
+		if err := p.openPgx(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if p.readyDB, err = pgconn.Open(withDSNParam(u, "application_name", readyAppName(u))); err != nil {
 		return nil, fmt.Errorf("opening the readiness pool on %s: %w", redact.URL(u), redact.ErrorOf(err, u))
@@ -333,6 +349,39 @@ func (p *relayProcess) openDB(ctx context.Context) (tables map[string]bool, err 
 			redact.URL(u), p.schema, relayenv.DatabaseURL)
 	}
 	return tables, nil
+}
+
+// openPgx opens the pgx pool of the relays and cleaners.
+func (p *relayProcess) openPgx(ctx context.Context) error {
+	u := p.cfg.DatabaseURL
+	pcfg, err := pgconn.PgxConfig(u)
+	if err != nil {
+		return fmt.Errorf("opening database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
+	}
+	pcfg.MaxConns = int32(min(p.cfg.MaxConns, math.MaxInt32))
+	if p.pgx, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+		return fmt.Errorf("opening database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
+	}
+	if err := p.pgx.Ping(ctx); err != nil {
+		return fmt.Errorf("connecting to database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
+	}
+	return nil
+}
+
+// newRelay makes a relay on the pool of the process's driver.
+func (p *relayProcess) newRelay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
+	if p.pgx != nil {
+		return outbox.NewRelay(p.pgx, pub, cfg)
+	}
+	return outbox.NewRelay(p.db, pub, cfg)
+}
+
+// pool is the relays' and cleaners' pool: a *pgxpool.Pool or a *sql.DB.
+func (p *relayProcess) pool() any {
+	if p.pgx != nil {
+		return p.pgx
+	}
+	return p.db
 }
 
 // openTransport opens the transport and the health checks of the database
@@ -364,7 +413,7 @@ func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config,
 		listenURL = p.cfg.DatabaseURL
 	}
 	for i := range p.cfg.Relays {
-		r, err := outbox.NewRelay(p.db, pub, outbox.RelayConfig{
+		r, err := p.newRelay(pub, outbox.RelayConfig{
 			BatchSize: p.cfg.BatchSize, Workers: p.cfg.Workers, PollInterval: p.cfg.PollInterval, ListenURL: listenURL,
 			DeadLetterTopic: p.cfg.DeadLetterTopic, CloseTimeout: p.cfg.DrainTimeout, Lease: p.cfg.Lease,
 			Registerer: p.reg, Logger: p.logger,
@@ -399,7 +448,7 @@ func (p *relayProcess) components(tables map[string]bool) error {
 		if c.retention <= 0 || !tables[c.table] {
 			continue
 		}
-		cl, err := c.open(p.db, cleaner.Config{Retention: c.retention, Interval: p.cfg.CleanInterval, Logger: p.logger})
+		cl, err := c.open(p.pool(), cleaner.Config{Retention: c.retention, Interval: p.cfg.CleanInterval, Logger: p.logger})
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.env, err)
 		}
@@ -447,6 +496,9 @@ func (p *relayProcess) close() {
 	}
 	if p.db != nil {
 		_ = p.db.Close()
+	}
+	if p.pgx != nil {
+		p.pgx.Close()
 	}
 	if p.readyDB != nil {
 		_ = p.readyDB.Close()

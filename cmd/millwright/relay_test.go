@@ -210,7 +210,7 @@ func (b *blockingPublisher) Publish(topic string, msgs ...*message.Message) erro
 
 // setupDrain starts runRelay in process on a fresh schema with a publisher
 // that blocks, writes events, and waits until a batch is in flight.
-func setupDrain(t *testing.T, drain time.Duration) (s *pgtest.Schema, bp *blockingPublisher, cancel context.CancelFunc, done chan error, base string) {
+func setupDrain(t *testing.T, drain time.Duration, driver ...string) (s *pgtest.Schema, bp *blockingPublisher, cancel context.CancelFunc, done chan error, base string) {
 	t.Helper()
 	s = pgtest.New(t, outbox.Migrations())
 	writeEvents(t, s.DB, "drain_topic", 10)
@@ -223,8 +223,9 @@ func setupDrain(t *testing.T, drain time.Duration) (s *pgtest.Schema, bp *blocki
 			relayenv.Addr:         "127.0.0.1:0",
 			relayenv.PollInterval: "20ms",
 			relayenv.DrainTimeout: drain.String(),
+			relayenv.Driver:       strings.Join(driver, ""), // empty: the default, pgx
 		}[k]
-		return v, ok
+		return v, ok && v != ""
 	})
 	require.NoError(t, err)
 	base, done = startRunRelay(t, ctx, cfg, transport.Config{Kind: transport.GoChannel},
@@ -242,7 +243,14 @@ func setupDrain(t *testing.T, drain time.Duration) (s *pgtest.Schema, bp *blocki
 // for another relay to republish.
 func TestRelayDrainFinishesTheBatchInFlight(t *testing.T) {
 	t.Parallel()
-	s, bp, cancel, done, base := setupDrain(t, 30*time.Second)
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testRelayDrainFinishesTheBatchInFlight(t, driver)
+	})
+}
+
+func testRelayDrainFinishesTheBatchInFlight(t *testing.T, driver string) {
+	s, bp, cancel, done, base := setupDrain(t, 30*time.Second, driver)
 	cancel() // SIGTERM
 	var body string
 	poll.Until(t, 10*time.Second, func() bool {

@@ -36,6 +36,7 @@ const (
 	Lease                = transport.EnvPrefix + "RELAY_LEASE"
 	ReadyMaxAge          = transport.EnvPrefix + "RELAY_READY_MAX_AGE"
 	MaxConns             = transport.EnvPrefix + "RELAY_DB_MAX_CONNS"
+	Driver               = transport.EnvPrefix + "DATABASE_DRIVER"
 	OutboxRetention      = transport.EnvPrefix + "OUTBOX_RETENTION"
 	IdempotencyRetention = transport.EnvPrefix + "IDEMPOTENCY_RETENTION"
 	DLQRetention         = transport.EnvPrefix + "DLQ_RETENTION"
@@ -121,6 +122,7 @@ var Vars = []Var{
 	{DrainTimeout, "20s", "on SIGTERM, how long the batches in flight may take to finish before they are abandoned (their rows are republished after the lease); keep it below the pod's terminationGracePeriodSeconds"},
 	{Lease, "30s", "how long a relay's hold on its lanes lasts without renewal (outbox.RelayConfig.Lease, at least 1s): a batch's publish is cut a tenth of it before the lanes' lease ends, so keep the slowest batch under about 0.4 x this; a relay that dies is replaced after it"},
 	{ReadyMaxAge, "30s", "/readyz fails when a relay's last successful round is older than this"},
+	{Driver, "pgx", "Postgres driver the relays and cleaners run on: pgx (a pgxpool.Pool) or pq (database/sql on lib/pq); --driver takes its place. The sql transport and /readyz use database/sql either way"},
 	{MaxConns, "4 per relay + 4", "size of the relays' and cleaners' database pool; /readyz pings through one connection of its own, and LISTEN adds two per relay"},
 	{OutboxRetention, "168h", "age at which published outbox rows are deleted by the outbox cleaner; 0 disables it"},
 	{IdempotencyRetention, idempotency.DefaultRetention.String(), "age at which processed-event rows are deleted by the idempotency cleaner (only when millwright_processed_events exists); 0 disables it"},
@@ -171,6 +173,8 @@ type Config struct {
 	Lease                time.Duration
 	ReadyMaxAge          time.Duration
 	MaxConns             int
+	// Driver is "pgx" or "pq".
+	Driver string
 	OutboxRetention      time.Duration
 	IdempotencyRetention time.Duration
 	DLQRetention         time.Duration
@@ -251,6 +255,13 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		c.Listen = b
 	}
 	c.DeadLetterTopic = get(DeadLetterTopic)
+	switch c.Driver = strings.ToLower(get(Driver)); c.Driver {
+	case "":
+		c.Driver = "pgx"
+	case "pgx", "pq":
+	default:
+		errs = append(errs, fmt.Errorf("%s=%q: want pgx or pq", Driver, get(Driver)))
+	}
 	if c.ReadyMaxAge <= c.PollInterval {
 		errs = append(errs, fmt.Errorf("%s %s must exceed %s %s: an idle relay succeeds once per poll interval", ReadyMaxAge, c.ReadyMaxAge, PollInterval, c.PollInterval))
 	}

@@ -64,3 +64,28 @@ func TestHelpAndKnown(t *testing.T) {
 	require.True(t, relayenv.Known(transport.EnvKafkaBrokers))
 	require.False(t, relayenv.Known("MILLWRIGHT_RELAY_DRAIN"))
 }
+
+// The driver defaults to pgx, takes pq, and refuses anything else by name.
+func TestDriver(t *testing.T) {
+	load := func(v string) (relayenv.Config, error) {
+		return relayenv.Load(func(k string) (string, bool) {
+			switch k {
+			case relayenv.DatabaseURL:
+				return "postgres://x", true
+			case relayenv.Driver:
+				return v, v != ""
+			}
+			return "", false
+		})
+	}
+	c, err := load("")
+	if err != nil || c.Driver != "pgx" {
+		t.Fatalf("default: %q, %v", c.Driver, err)
+	}
+	if c, err = load("PQ"); err != nil || c.Driver != "pq" {
+		t.Fatalf("pq: %q, %v", c.Driver, err)
+	}
+	if _, err = load("mysql"); err == nil || !strings.Contains(err.Error(), relayenv.Driver+`="mysql": want pgx or pq`) {
+		t.Fatalf("mysql: %v", err)
+	}
+}
