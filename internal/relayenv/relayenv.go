@@ -161,20 +161,20 @@ func Known(name string) bool {
 
 // Config is the parsed configuration (the transport's excepted).
 type Config struct {
-	DatabaseURL          string
-	Addr                 string
-	Relays               int
-	BatchSize            int
-	Workers              int
-	PollInterval         time.Duration
-	Listen               bool
-	DeadLetterTopic      string
-	DrainTimeout         time.Duration
-	Lease                time.Duration
-	ReadyMaxAge          time.Duration
-	MaxConns             int
+	DatabaseURL     string
+	Addr            string
+	Relays          int
+	BatchSize       int
+	Workers         int
+	PollInterval    time.Duration
+	Listen          bool
+	DeadLetterTopic string
+	DrainTimeout    time.Duration
+	Lease           time.Duration
+	ReadyMaxAge     time.Duration
+	MaxConns        int
 	// Driver is "pgx" or "pq".
-	Driver string
+	Driver               string
 	OutboxRetention      time.Duration
 	IdempotencyRetention time.Duration
 	DLQRetention         time.Duration
