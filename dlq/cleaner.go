@@ -1,10 +1,11 @@
 package dlq
 
 import (
-	"database/sql"
 	"time"
 
 	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // DefaultRetention is how long a Cleaner keeps dead letters by default:
@@ -24,11 +25,8 @@ type CleanerConfig = cleaner.Config
 type CleanStats = cleaner.Stats
 
 var cleanerTable = cleaner.Table{
-	Component: "dlq", Name: "millwright_dead_letters", Rows: "dead letters",
-	Key: "id", OrderBy: "created_at",
-	// Served by millwright_dead_letters_created_idx (migration 002).
-	Where:            `created_at < now() - $1 * interval '1 millisecond'`,
-	LockClass:        0x6d77444c, // "mwDL"
+	Component: "dlq", Rows: "dead letters",
+	Store:            storage.DLQRetention,
 	DefaultRetention: DefaultRetention, MinRetention: time.Hour,
 	Hint: cleaner.MissingTable("dlq.Migrations()"),
 }
@@ -43,6 +41,6 @@ var cleanerTable = cleaner.Table{
 type Cleaner = cleaner.Cleaner
 
 // NewCleaner returns a cleaner of the dead-letter table in db's search_path.
-func NewCleaner(db *sql.DB, cfg CleanerConfig) (*Cleaner, error) {
-	return cleaner.New(db, cleanerTable, cfg)
+func NewCleaner[P postgres.Pool](db P, cfg CleanerConfig) (*Cleaner, error) {
+	return cleaner.NewFrom(db, cleanerTable, cfg)
 }

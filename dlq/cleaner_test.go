@@ -2,9 +2,11 @@ package dlq_test
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
@@ -12,8 +14,29 @@ import (
 	"github.com/millwright/millwright/internal/pgtest"
 )
 
+// newCleaner builds the cleaner on the pool of driver: the generic
+// constructor, instantiated for *sql.DB or *pgxpool.Pool.
+func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg dlq.CleanerConfig) (*dlq.Cleaner, error) {
+	t.Helper()
+	switch h := s.Handle(t, driver).(type) {
+	case *sql.DB:
+		return dlq.NewCleaner(h, cfg)
+	case *pgxpool.Pool:
+		return dlq.NewCleaner(h, cfg)
+	}
+	t.Fatalf("no pool for driver %s", driver)
+	return nil, nil
+}
+
 func TestCleanerDeletesDeadLettersOlderThanRetentionReplayedOrNot(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testCleanerDeletesDeadLetters(t, driver)
+	})
+}
+
+func testCleanerDeletesDeadLetters(t *testing.T, driver string) {
 	store, s := newStore(t)
 	now := time.Now()
 	ids := insert(t, store,
@@ -25,7 +48,7 @@ func TestCleanerDeletesDeadLettersOlderThanRetentionReplayedOrNot(t *testing.T) 
 	_, err = s.DB.Exec(`UPDATE millwright_dead_letters SET replayed_at = now() WHERE id = $1`, ids[0])
 	require.NoError(t, err)
 
-	c, err := dlq.NewCleaner(s.DB, dlq.CleanerConfig{})
+	c, err := newCleaner(t, s, driver, dlq.CleanerConfig{})
 	require.NoError(t, err)
 	require.Equal(t, dlq.DefaultRetention, c.Config().Retention)
 	n, err := c.Count(context.Background())

@@ -92,8 +92,13 @@
 // Dead letters are stored in Postgres (table millwright_dead_letters, see
 // Migrations) by a Store consuming the dead-letter topics:
 //
-//	store := dlq.NewStore(db)
+//	store := dlq.NewStore(db) // a *sql.DB or a *pgxpool.Pool
 //	router.AddConsumerHandler("dlq-recorder", "orders.dlq", subscriber, store.Record)
+//
+// The Store runs on database/sql (lib/pq, or pgx's stdlib adapter) or on a
+// pgx v5 pool alike; its SQL lives in millwright's storage layer, one
+// implementation per driver. A nil pool gives a Store whose every call
+// fails saying so.
 //
 // The middleware does not write the table itself: the dead-letter publish is
 // the single durable step that decides the ack, and a second write in the

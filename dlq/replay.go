@@ -2,7 +2,6 @@ package dlq
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"strconv"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 )
 
@@ -97,103 +97,142 @@ type ReplayReport struct {
 // transaction; the report keeps one small item per message.
 func (s *Store) Replay(ctx context.Context, pub message.Publisher, opts ReplayOptions) (ReplayReport, error) {
 	rep := ReplayReport{DryRun: opts.DryRun}
+	if s.err != nil {
+		return rep, s.err
+	}
 	if opts.Rate < 0 {
 		return rep, fmt.Errorf("dlq: replay rate %v must be >= 0 (0 means unlimited)", opts.Rate)
 	}
 	if pub == nil && !opts.DryRun {
 		return rep, errors.New("dlq: replay needs a message.Publisher unless it is a dry run")
 	}
-	f := opts.Filter
-	f.Pending = !opts.Force
 	if !opts.Force {
-		all := opts.Filter
-		all.Pending, all.Limit = false, 0
-		total, err := s.Count(ctx, all)
+		skipped, err := s.countReplayed(ctx, opts.Filter)
 		if err != nil {
 			return rep, err
 		}
-		pendingAll := all
-		pendingAll.Pending = true
-		pending, err := s.Count(ctx, pendingAll)
-		if err != nil {
-			return rep, err
-		}
-		rep.SkippedReplayed = total - pending
+		rep.SkippedReplayed = skipped
 	}
-
-	var interval time.Duration
+	r := &replayer{store: s, pub: pub, opts: opts, rep: &rep, next: time.Now()}
 	if opts.Rate > 0 {
-		interval = time.Duration(float64(time.Second) / opts.Rate)
+		r.interval = time.Duration(float64(time.Second) / opts.Rate)
 	}
-	next := time.Now()
-	page := s.replayPage
+	err := r.run(ctx)
+	return rep, err
+}
+
+// countReplayed counts the rows f selects (without its limit) that were
+// replayed before.
+func (s *Store) countReplayed(ctx context.Context, f Filter) (int, error) {
+	f.Pending, f.Limit = false, 0
+	total, err := s.Count(ctx, f)
+	if err != nil {
+		return 0, err
+	}
+	f.Pending = true
+	pending, err := s.Count(ctx, f)
+	if err != nil {
+		return 0, err
+	}
+	return total - pending, nil
+}
+
+// replayer is one Replay's state.
+type replayer struct {
+	store    *Store
+	pub      message.Publisher
+	opts     ReplayOptions
+	rep      *ReplayReport
+	interval time.Duration
+	next     time.Time
+	handled  int
+}
+
+// run replays page after page. Keyset paging by id: memory holds one page
+// of row references (not payloads: replayOne reads each row in its own
+// transaction), however many dead letters the filter selects.
+func (r *replayer) run(ctx context.Context) error {
+	f := r.opts.Filter
+	f.Pending = !r.opts.Force
+	page := r.store.replayPage
 	if page <= 0 {
 		page = defaultReplayPage
 	}
-	// Keyset paging by id: memory holds one page of row references (not
-	// payloads: replayOne reads each row in its own transaction), however
-	// many dead letters the filter selects.
 	remaining := f.Limit
-	handled := 0
-	progress := func() {
-		handled++
-		if opts.Progress != nil {
-			opts.Progress(handled)
-		}
-	}
 	for {
 		pf := f
 		pf.Limit = page
 		if remaining > 0 {
 			pf.Limit = min(page, remaining)
 		}
-		refs, err := s.listRefs(ctx, pf)
+		refs, err := r.store.listRefs(ctx, pf)
 		if err != nil {
-			return rep, err
+			return err
 		}
 		for _, d := range refs {
-			item := ReplayItem{ID: d.id, MessageUUID: d.uuid, From: d.topic, To: opts.Target, Error: d.err}
-			if item.To == "" {
-				item.To = d.topic
+			if err := r.handle(ctx, d); err != nil {
+				return err
 			}
-			if item.To == "" {
-				return rep, fmt.Errorf("dlq: dead letter %d has no original topic recorded: pass a target topic", d.id)
-			}
-			if opts.DryRun {
-				rep.Items = append(rep.Items, item)
-				progress()
-				continue
-			}
-			if interval > 0 {
-				if err := sleepUntil(ctx, next); err != nil {
-					return rep, err
-				}
-				next = next.Add(interval)
-				if now := time.Now(); next.Before(now) {
-					next = now
-				}
-			}
-			published, err := s.replayOne(ctx, pub, d.id, item.To, opts.Force)
-			if err != nil {
-				return rep, err
-			}
-			if !published {
-				rep.SkippedConcurrent++
-				progress()
-				continue
-			}
-			rep.Items = append(rep.Items, item)
-			progress()
 		}
 		if len(refs) < pf.Limit {
-			return rep, nil
+			return nil
 		}
 		f.afterID = refs[len(refs)-1].id
 		if remaining > 0 {
 			if remaining -= len(refs); remaining == 0 {
-				return rep, nil
+				return nil
 			}
 		}
+	}
+}
+
+// handle replays (or, in a dry run, lists) one row, paced by the rate.
+func (r *replayer) handle(ctx context.Context, d rowRef) error {
+	item := ReplayItem{ID: d.id, MessageUUID: d.uuid, From: d.topic, To: r.opts.Target, Error: d.err}
+	if item.To == "" {
+		item.To = d.topic
+	}
+	if item.To == "" {
+		return fmt.Errorf("dlq: dead letter %d has no original topic recorded: pass a target topic", d.id)
+	}
+	if !r.opts.DryRun {
+		if err := r.pace(ctx); err != nil {
+			return err
+		}
+		published, err := r.store.replayOne(ctx, r.pub, d.id, item.To, r.opts.Force)
+		if err != nil {
+			return err
+		}
+		if !published {
+			r.rep.SkippedConcurrent++
+			r.progress()
+			return nil
+		}
+	}
+	r.rep.Items = append(r.rep.Items, item)
+	r.progress()
+	return nil
+}
+
+// pace waits for the next publish the rate allows.
+func (r *replayer) pace(ctx context.Context) error {
+	if r.interval <= 0 {
+		return nil
+	}
+	if err := sleepUntil(ctx, r.next); err != nil {
+		return err
+	}
+	r.next = r.next.Add(r.interval)
+	if now := time.Now(); r.next.Before(now) {
+		r.next = now
+	}
+	return nil
+}
+
+func (r *replayer) progress() {
+	r.handled++
+	if r.opts.Progress != nil {
+		r.opts.Progress(r.handled)
 	}
 }
 
@@ -208,26 +247,13 @@ type rowRef struct {
 
 // listRefs returns the references of the rows f selects, by id.
 func (s *Store) listRefs(ctx context.Context, f Filter) ([]rowRef, error) {
-	where, args := f.where()
-	q := "SELECT id, message_uuid, original_topic, error FROM millwright_dead_letters" + where + " ORDER BY id"
-	if f.Limit > 0 {
-		q += " LIMIT " + strconv.Itoa(f.Limit)
-	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	refs, err := storage.ListDeadLetterRefs(ctx, s.pool, f.selection())
 	if err != nil {
 		return nil, fmt.Errorf("dlq: listing dead letters to replay (did `millwright migrate` run?): %w", err)
 	}
-	defer rows.Close()
-	var out []rowRef
-	for rows.Next() {
-		var r rowRef
-		if err := rows.Scan(&r.id, &r.uuid, &r.topic, &r.err); err != nil {
-			return nil, fmt.Errorf("dlq: reading dead letter to replay: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("dlq: listing dead letters to replay: %w", err)
+	out := make([]rowRef, len(refs))
+	for i, r := range refs {
+		out[i] = rowRef{id: r.ID, uuid: r.MessageUUID, topic: r.Topic, err: r.Error}
 	}
 	return out, nil
 }
@@ -235,16 +261,24 @@ func (s *Store) listRefs(ctx context.Context, f Filter) ([]rowRef, error) {
 // replayOne publishes and marks one row inside a transaction holding its
 // lock. It returns false when the row was taken by another replay.
 func (s *Store) replayOne(ctx context.Context, pub message.Publisher, id int64, topic string, force bool) (bool, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.pool.Begin(ctx, storage.TxOptions{})
 	if err != nil {
 		return false, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
 	}
-	defer func() { _ = tx.Rollback() }()
-	d, err := scanDeadLetter(tx.QueryRowContext(ctx, "SELECT "+columns+
-		" FROM millwright_dead_letters WHERE id = $1 AND (replayed_at IS NULL OR $2) FOR UPDATE SKIP LOCKED", id, force))
-	if errors.Is(err, sql.ErrNoRows) {
+	defer func() {
+		// Bounded, and run even when ctx has ended (no-op after Commit).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	row, ok, err := storage.LockDeadLetterForReplay(ctx, tx, id, force)
+	if err != nil {
+		return false, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
+	}
+	if !ok {
 		return false, nil
 	}
+	d, err := deadLetter(row)
 	if err != nil {
 		return false, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
 	}
@@ -257,10 +291,10 @@ func (s *Store) replayOne(ctx context.Context, pub message.Publisher, id int64, 
 	if err := pub.Publish(topic, msg); err != nil {
 		return false, fmt.Errorf("dlq: publishing dead letter %d (message %s) to %q: %w; it stays unreplayed", d.ID, d.MessageUUID, topic, err)
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE millwright_dead_letters SET replayed_at = now(), replay_count = replay_count + 1 WHERE id = $1`, id); err != nil {
+	if err := storage.MarkDeadLetterReplayed(ctx, tx, id); err != nil {
 		return false, fmt.Errorf("dlq: dead letter %d was published to %q but marking it replayed failed (a later replay may publish it again): %w", id, topic, err)
 	}
-	if err := tx.Commit(); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("dlq: dead letter %d was published to %q but marking it replayed failed (a later replay may publish it again): %w", id, topic, err)
 	}
 	return true, nil

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 )
 
@@ -20,7 +21,7 @@ func TestReplayPagesThroughTheBacklog(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, Migrations())
 	s.DB.SetMaxOpenConns(2)
-	store := &Store{db: s.DB, replayPage: 3}
+	store := &Store{pool: storage.NewSQLPool(s.DB), replayPage: 3}
 	ctx := context.Background()
 	var ids []int64
 	for i := range 10 {

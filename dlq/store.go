@@ -2,7 +2,6 @@ package dlq
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,9 +11,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/lib/pq"
 
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 )
 
 // ErrNotFound is returned by Store.Get when no dead letter has the id.
@@ -54,18 +54,29 @@ type DeadLetter struct {
 	ReplayCount int
 }
 
-// Store keeps dead letters in Postgres for inspection and replay. It is
-// safe for concurrent use. The table comes from Migrations.
+// Store keeps dead letters in Postgres for inspection and replay, on a
+// *sql.DB or a *pgxpool.Pool. It is safe for concurrent use. The table
+// comes from Migrations.
 type Store struct {
-	db *sql.DB
+	pool storage.Pool
+	// err is NewStore's: a nil pool. Every method returns it.
+	err error
 	// replayPage is how many rows Replay reads at a time; 0 means
 	// defaultReplayPage. Tests set it small.
 	replayPage int
 }
 
-// NewStore returns a Store on db, whose search_path must reach the
-// millwright_dead_letters table.
-func NewStore(db *sql.DB) *Store { return &Store{db: db} }
+// NewStore returns a Store on db, a *sql.DB (lib/pq, or pgx's stdlib
+// adapter) or a *pgxpool.Pool, whose search_path must reach the
+// millwright_dead_letters table. A nil db gives a Store whose every method
+// fails saying so.
+func NewStore[P postgres.Pool](db P) *Store {
+	pool, err := storage.PoolFrom(db)
+	if err != nil {
+		err = fmt.Errorf("dlq: NewStore: db is nil; pass an open *sql.DB or *pgxpool.Pool: %w", err)
+	}
+	return &Store{pool: pool, err: err}
+}
 
 // Record stores a dead letter consumed from a dead-letter topic. Its
 // signature is message.NoPublishHandlerFunc, so it is a router handler:
@@ -83,6 +94,9 @@ func (s *Store) Record(msg *message.Message) error {
 // Insert stores msg like Record and returns the row id, or 0 when the row
 // already existed.
 func (s *Store) Insert(ctx context.Context, msg *message.Message) (int64, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
 	dlTopic := msg.Metadata.Get(metadata.DeadLetterTopic)
 	if dlTopic == "" {
 		dlTopic = message.SubscribeTopicFromCtx(ctx)
@@ -91,22 +105,21 @@ func (s *Store) Insert(ctx context.Context, msg *message.Message) (int64, error)
 	if err != nil {
 		return 0, err
 	}
-	var id int64
-	err = s.db.QueryRowContext(ctx, `
-INSERT INTO millwright_dead_letters (message_uuid, original_topic, dlq_topic, consumer_group, handler,
-    reason, error, error_type, stack, attempts, first_failure_at, last_failure_at, payload, metadata)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-ON CONFLICT (dlq_topic, message_uuid, last_failure_at) DO NOTHING
-RETURNING id`,
-		r.MessageUUID, r.OriginalTopic, r.DeadLetterTopic, r.ConsumerGroup, r.Handler, r.Reason, r.Error,
-		r.ErrorType, r.Stack, r.Attempts, r.FirstFailure, r.LastFailure, r.Payload, r.metadataJSON).Scan(&id)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, nil
-	}
+	id, err := storage.InsertDeadLetter(ctx, s.pool, r.row())
 	if err != nil {
 		return 0, fmt.Errorf("dlq: recording dead letter %s from %s (did `millwright migrate` run?): %w", r.MessageUUID, r.DeadLetterTopic, err)
 	}
 	return id, nil
+}
+
+// row is the envelope as the storage layer writes it.
+func (r envelope) row() storage.DeadLetterRow {
+	return storage.DeadLetterRow{
+		MessageUUID: r.MessageUUID, OriginalTopic: r.OriginalTopic, DLQTopic: r.DeadLetterTopic,
+		ConsumerGroup: r.ConsumerGroup, Handler: r.Handler, Reason: r.Reason, Error: r.Error,
+		ErrorType: r.ErrorType, Stack: r.Stack, Attempts: r.Attempts, FirstFailure: r.FirstFailure,
+		LastFailure: r.LastFailure, Payload: r.Payload, Metadata: r.metadataJSON,
+	}
 }
 
 // envelope is a dead letter read from a message, ready to insert.
@@ -196,65 +209,24 @@ type Filter struct {
 	afterID int64
 }
 
-// where returns the WHERE clause and its arguments.
-func (f Filter) where() (string, []any) {
-	var (
-		conds []string
-		args  []any
-	)
-	add := func(cond string, arg any) {
-		args = append(args, arg)
-		conds = append(conds, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
+// selection is f as the storage layer reads it.
+func (f Filter) selection() storage.DeadLetterFilter {
+	return storage.DeadLetterFilter{
+		IDs: f.IDs, Topic: f.Topic, Since: f.Since, Until: f.Until, ErrorContains: f.ErrorContains,
+		Pending: f.Pending, AfterID: f.afterID, Limit: f.Limit,
 	}
-	if len(f.IDs) > 0 {
-		add("id = ANY(?)", pq.Array(f.IDs))
-	}
-	if f.Topic != "" {
-		add("original_topic = ?", f.Topic)
-	}
-	if !f.Since.IsZero() {
-		add("last_failure_at >= ?", f.Since)
-	}
-	if !f.Until.IsZero() {
-		add("last_failure_at < ?", f.Until)
-	}
-	if f.ErrorContains != "" {
-		add("strpos(lower(error), lower(?)) > 0", f.ErrorContains)
-	}
-	if f.Pending {
-		conds = append(conds, "replayed_at IS NULL")
-	}
-	if f.afterID > 0 {
-		add("id > ?", f.afterID)
-	}
-	if len(conds) == 0 {
-		return "", nil
-	}
-	return " WHERE " + strings.Join(conds, " AND "), args
 }
 
-const columns = `id, message_uuid, original_topic, dlq_topic, consumer_group, handler, reason, error, error_type,
-    stack, attempts, first_failure_at, last_failure_at, payload, metadata, created_at, replayed_at, replay_count`
-
-type rowScanner interface{ Scan(dest ...any) error }
-
-func scanDeadLetter(r rowScanner) (DeadLetter, error) {
-	var (
-		d        DeadLetter
-		mdJSON   []byte
-		replayed sql.NullTime
-	)
-	err := r.Scan(&d.ID, &d.MessageUUID, &d.OriginalTopic, &d.DeadLetterTopic, &d.ConsumerGroup, &d.Handler,
-		&d.Reason, &d.Error, &d.ErrorType, &d.Stack, &d.Attempts, &d.FirstFailure, &d.LastFailure, &d.Payload,
-		&mdJSON, &d.CreatedAt, &replayed, &d.ReplayCount)
-	if err != nil {
-		return d, err
+// deadLetter decodes a row.
+func deadLetter(r storage.DeadLetterRow) (DeadLetter, error) {
+	d := DeadLetter{
+		ID: r.ID, MessageUUID: r.MessageUUID, OriginalTopic: r.OriginalTopic, DeadLetterTopic: r.DLQTopic,
+		ConsumerGroup: r.ConsumerGroup, Handler: r.Handler, Reason: r.Reason, Error: r.Error,
+		ErrorType: r.ErrorType, Stack: r.Stack, Attempts: r.Attempts, FirstFailure: r.FirstFailure,
+		LastFailure: r.LastFailure, Payload: r.Payload, CreatedAt: r.CreatedAt, ReplayedAt: r.ReplayedAt,
+		ReplayCount: r.ReplayCount,
 	}
-	if replayed.Valid {
-		t := replayed.Time
-		d.ReplayedAt = &t
-	}
-	if err := json.Unmarshal(mdJSON, &d.Metadata); err != nil {
+	if err := json.Unmarshal([]byte(r.Metadata), &d.Metadata); err != nil {
 		return d, fmt.Errorf("dlq: decoding metadata of dead letter %d: %w", d.ID, err)
 	}
 	return d, nil
@@ -262,35 +234,31 @@ func scanDeadLetter(r rowScanner) (DeadLetter, error) {
 
 // List returns the dead letters f selects, oldest first (by id).
 func (s *Store) List(ctx context.Context, f Filter) ([]DeadLetter, error) {
-	where, args := f.where()
-	q := "SELECT " + columns + " FROM millwright_dead_letters" + where + " ORDER BY id"
-	if f.Limit > 0 {
-		q += " LIMIT " + strconv.Itoa(f.Limit)
+	if s.err != nil {
+		return nil, s.err
 	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	rows, err := storage.ListDeadLetters(ctx, s.pool, f.selection())
 	if err != nil {
 		return nil, fmt.Errorf("dlq: listing dead letters (did `millwright migrate` run?): %w", err)
 	}
-	defer rows.Close()
-	var out []DeadLetter
-	for rows.Next() {
-		d, err := scanDeadLetter(rows)
+	out := make([]DeadLetter, 0, len(rows))
+	for _, r := range rows {
+		d, err := deadLetter(r)
 		if err != nil {
-			return nil, fmt.Errorf("dlq: reading dead letter: %w", err)
+			return nil, err
 		}
 		out = append(out, d)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("dlq: listing dead letters: %w", err)
 	}
 	return out, nil
 }
 
 // Count returns how many dead letters f selects, ignoring f.Limit.
 func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
-	where, args := f.where()
-	var n int
-	if err := s.db.QueryRowContext(ctx, "SELECT count(*) FROM millwright_dead_letters"+where, args...).Scan(&n); err != nil {
+	if s.err != nil {
+		return 0, s.err
+	}
+	n, err := storage.CountDeadLetters(ctx, s.pool, f.selection())
+	if err != nil {
 		return 0, fmt.Errorf("dlq: counting dead letters: %w", err)
 	}
 	return n, nil
@@ -298,34 +266,28 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 
 // Get returns one dead letter, or an error wrapping ErrNotFound.
 func (s *Store) Get(ctx context.Context, id int64) (DeadLetter, error) {
-	d, err := scanDeadLetter(s.db.QueryRowContext(ctx, "SELECT "+columns+" FROM millwright_dead_letters WHERE id = $1", id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return d, fmt.Errorf("dlq: dead letter %d: %w (see `millwright dlq list`)", id, ErrNotFound)
+	if s.err != nil {
+		return DeadLetter{}, s.err
+	}
+	r, err := storage.GetDeadLetter(ctx, s.pool, id)
+	if storage.IsNoRows(err) {
+		return DeadLetter{}, fmt.Errorf("dlq: dead letter %d: %w (see `millwright dlq list`)", id, ErrNotFound)
 	}
 	if err != nil {
-		return d, fmt.Errorf("dlq: reading dead letter %d: %w", id, err)
+		return DeadLetter{}, fmt.Errorf("dlq: reading dead letter %d: %w", id, err)
 	}
-	return d, nil
+	return deadLetter(r)
 }
 
 // Depth returns the number of dead letters not yet replayed, by original
 // topic.
 func (s *Store) Depth(ctx context.Context) (map[string]int64, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT original_topic, count(*) FROM millwright_dead_letters WHERE replayed_at IS NULL GROUP BY original_topic`)
+	if s.err != nil {
+		return nil, s.err
+	}
+	out, err := storage.DeadLetterDepth(ctx, s.pool)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: measuring depth: %w", err)
 	}
-	defer rows.Close()
-	out := map[string]int64{}
-	for rows.Next() {
-		var (
-			topic string
-			n     int64
-		)
-		if err := rows.Scan(&topic, &n); err != nil {
-			return nil, fmt.Errorf("dlq: measuring depth: %w", err)
-		}
-		out[topic] = n
-	}
-	return out, rows.Err()
+	return out, nil
 }

@@ -2,6 +2,7 @@ package dlq_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strconv"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -74,10 +76,17 @@ func deadLetter(topic, errText string, last time.Time) *message.Message {
 	return msg
 }
 
-func newStore(t *testing.T) (*dlq.Store, *pgtest.Schema) {
+func newStore(t *testing.T) (*dlq.Store, *pgtest.Schema) { return newStoreOn(t, pgtest.DriverPQ) }
+
+// newStoreOn is newStore on driver: a *sql.DB for pgtest.DriverPQ, a
+// *pgxpool.Pool for pgtest.DriverPgx.
+func newStoreOn(t *testing.T, driver string) (*dlq.Store, *pgtest.Schema) {
 	t.Helper()
 	s := pgtest.New(t, dlq.Migrations())
 	s.DB.SetMaxOpenConns(4)
+	if driver == pgtest.DriverPgx {
+		return dlq.NewStore(s.Pgx(t)), s
+	}
 	return dlq.NewStore(s.DB), s
 }
 
@@ -104,180 +113,198 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // middleware, the dead-letter topic and the recorder handler.
 func TestRecorderStoresDeadLetters(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	store, _ := newStore(t)
-	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
-	t.Cleanup(func() { _ = ps.Close() })
-	mw, err := dlq.NewMiddleware(ps, dlq.Config{Retry: fastRetry, ConsumerGroup: "billing", MaxValueBytes: -1})
-	require.NoError(t, err)
-	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
-	require.NoError(t, err)
-	router.AddConsumerHandler("charge", "orders", ps, func(*message.Message) error {
-		explode()
-		return nil
-	}).AddMiddleware(mw.Middleware)
-	router.AddConsumerHandler("dlq-recorder", "orders.dlq", ps, store.Record)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = router.Run(ctx) }()
-	t.Cleanup(func() { _ = router.Close(); <-done })
-	<-router.Running()
-
-	orig := message.NewMessage(watermill.NewUUID(), []byte(`{"order":7}`))
-	orig.Metadata.Set(metadata.TraceParent, traceParent)
-	require.NoError(t, ps.Publish("orders", orig))
-
-	var rows []dlq.DeadLetter
-	eventually(t, "the dead letter row", func() bool {
-		rows, err = store.List(ctx, dlq.Filter{})
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		ctx := context.Background()
+		store, _ := newStoreOn(t, driver)
+		ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
+		t.Cleanup(func() { _ = ps.Close() })
+		mw, err := dlq.NewMiddleware(ps, dlq.Config{Retry: fastRetry, ConsumerGroup: "billing", MaxValueBytes: -1})
 		require.NoError(t, err)
-		return len(rows) == 1
-	})
-	d := rows[0]
-	require.Equal(t, orig.UUID, d.MessageUUID)
-	require.Equal(t, "orders", d.OriginalTopic)
-	require.Equal(t, "orders.dlq", d.DeadLetterTopic)
-	require.Equal(t, "billing", d.ConsumerGroup)
-	require.Equal(t, "charge", d.Handler)
-	require.Equal(t, dlq.ReasonPanic, d.Reason)
-	require.Equal(t, "panic: nil map in pricing", d.Error)
-	require.Equal(t, "*retry.PanicError", d.ErrorType)
-	require.Contains(t, d.Stack, "dlq_test.explode")
-	require.Equal(t, 3, d.Attempts)
-	require.True(t, d.LastFailure.After(d.FirstFailure))
-	require.Equal(t, `{"order":7}`, string(d.Payload))
-	require.Equal(t, map[string]string{metadata.TraceParent: traceParent}, d.Metadata, "original metadata without dlq_ keys")
-	require.Nil(t, d.ReplayedAt)
+		router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+		require.NoError(t, err)
+		router.AddConsumerHandler("charge", "orders", ps, func(*message.Message) error {
+			explode()
+			return nil
+		}).AddMiddleware(mw.Middleware)
+		router.AddConsumerHandler("dlq-recorder", "orders.dlq", ps, store.Record)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = router.Run(ctx) }()
+		t.Cleanup(func() { _ = router.Close(); <-done })
+		<-router.Running()
 
-	got, err := store.Get(ctx, d.ID)
-	require.NoError(t, err)
-	require.Equal(t, d.MessageUUID, got.MessageUUID)
-	_, err = store.Get(ctx, d.ID+1000)
-	require.ErrorIs(t, err, dlq.ErrNotFound)
+		orig := message.NewMessage(watermill.NewUUID(), []byte(`{"order":7}`))
+		orig.Metadata.Set(metadata.TraceParent, traceParent)
+		require.NoError(t, ps.Publish("orders", orig))
+
+		var rows []dlq.DeadLetter
+		eventually(t, "the dead letter row", func() bool {
+			rows, err = store.List(ctx, dlq.Filter{})
+			require.NoError(t, err)
+			return len(rows) == 1
+		})
+		d := rows[0]
+		require.Equal(t, orig.UUID, d.MessageUUID)
+		require.Equal(t, "orders", d.OriginalTopic)
+		require.Equal(t, "orders.dlq", d.DeadLetterTopic)
+		require.Equal(t, "billing", d.ConsumerGroup)
+		require.Equal(t, "charge", d.Handler)
+		require.Equal(t, dlq.ReasonPanic, d.Reason)
+		require.Equal(t, "panic: nil map in pricing", d.Error)
+		require.Equal(t, "*retry.PanicError", d.ErrorType)
+		require.Contains(t, d.Stack, "dlq_test.explode")
+		require.Equal(t, 3, d.Attempts)
+		require.True(t, d.LastFailure.After(d.FirstFailure))
+		require.Equal(t, `{"order":7}`, string(d.Payload))
+		require.Equal(t, map[string]string{metadata.TraceParent: traceParent}, d.Metadata, "original metadata without dlq_ keys")
+		require.Nil(t, d.ReplayedAt)
+
+		got, err := store.Get(ctx, d.ID)
+		require.NoError(t, err)
+		require.Equal(t, d.MessageUUID, got.MessageUUID)
+		_, err = store.Get(ctx, d.ID+1000)
+		require.ErrorIs(t, err, dlq.ErrNotFound)
+	})
 }
 
 func TestRecordIsIdempotent(t *testing.T) {
 	t.Parallel()
-	store, _ := newStore(t)
-	msg := deadLetter("orders", "boom", time.Now())
-	insert(t, store, msg)
-	id, err := store.Insert(context.Background(), msg)
-	require.NoError(t, err)
-	require.Zero(t, id, "a redelivered dead letter is not stored twice")
-	require.NoError(t, store.Record(msg))
-	n, err := store.Count(context.Background(), dlq.Filter{})
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		store, _ := newStoreOn(t, driver)
+		msg := deadLetter("orders", "boom", time.Now())
+		insert(t, store, msg)
+		id, err := store.Insert(context.Background(), msg)
+		require.NoError(t, err)
+		require.Zero(t, id, "a redelivered dead letter is not stored twice")
+		require.NoError(t, store.Record(msg))
+		n, err := store.Count(context.Background(), dlq.Filter{})
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+	})
 }
 
 func TestListFilters(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	store, _ := newStore(t)
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	ids := insert(t, store,
-		deadLetter("orders", "payment declined", t0),
-		deadLetter("orders", "Timeout talking to stock", t0.Add(time.Hour)),
-		deadLetter("invoices", "timeout talking to mailer", t0.Add(2*time.Hour)),
-	)
-	list := func(f dlq.Filter) []int64 {
-		rows, err := store.List(ctx, f)
-		require.NoError(t, err)
-		out := []int64{}
-		for _, r := range rows {
-			out = append(out, r.ID)
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		ctx := context.Background()
+		store, _ := newStoreOn(t, driver)
+		t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		ids := insert(t, store,
+			deadLetter("orders", "payment declined", t0),
+			deadLetter("orders", "Timeout talking to stock", t0.Add(time.Hour)),
+			deadLetter("invoices", "timeout talking to mailer", t0.Add(2*time.Hour)),
+		)
+		list := func(f dlq.Filter) []int64 {
+			rows, err := store.List(ctx, f)
+			require.NoError(t, err)
+			out := []int64{}
+			for _, r := range rows {
+				out = append(out, r.ID)
+			}
+			return out
 		}
-		return out
-	}
-	require.Equal(t, ids, list(dlq.Filter{}))
-	require.Equal(t, ids[:2], list(dlq.Filter{Topic: "orders"}))
-	require.Equal(t, ids[1:], list(dlq.Filter{ErrorContains: "TIMEOUT"}))
-	require.Equal(t, ids[1:2], list(dlq.Filter{Since: t0.Add(time.Minute), Until: t0.Add(2 * time.Hour)}))
-	require.Equal(t, ids[:1], list(dlq.Filter{Limit: 1}))
-	require.Equal(t, ids[2:], list(dlq.Filter{IDs: []int64{ids[2]}}))
-	require.Empty(t, list(dlq.Filter{Topic: "orders", ErrorContains: "mailer"}))
+		require.Equal(t, ids, list(dlq.Filter{}))
+		require.Equal(t, ids[:2], list(dlq.Filter{Topic: "orders"}))
+		require.Equal(t, ids[1:], list(dlq.Filter{ErrorContains: "TIMEOUT"}))
+		require.Equal(t, ids[1:2], list(dlq.Filter{Since: t0.Add(time.Minute), Until: t0.Add(2 * time.Hour)}))
+		require.Equal(t, ids[:1], list(dlq.Filter{Limit: 1}))
+		require.Equal(t, ids[2:], list(dlq.Filter{IDs: []int64{ids[2]}}))
+		require.Empty(t, list(dlq.Filter{Topic: "orders", ErrorContains: "mailer"}))
 
-	depth, err := store.Depth(ctx)
-	require.NoError(t, err)
-	require.Equal(t, map[string]int64{"orders": 2, "invoices": 1}, depth)
+		depth, err := store.Depth(ctx)
+		require.NoError(t, err)
+		require.Equal(t, map[string]int64{"orders": 2, "invoices": 1}, depth)
+	})
 }
 
 func TestReplayDryRunPublishesNothing(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	store, _ := newStore(t)
-	ids := insert(t, store, deadLetter("orders", "a", time.Now()), deadLetter("invoices", "b", time.Now()))
-	pub := &recordingPublisher{}
-	rep, err := store.Replay(ctx, pub, dlq.ReplayOptions{DryRun: true})
-	require.NoError(t, err)
-	require.True(t, rep.DryRun)
-	require.Len(t, rep.Items, 2)
-	require.Equal(t, ids[0], rep.Items[0].ID)
-	require.Equal(t, "orders", rep.Items[0].To)
-	require.Equal(t, "invoices", rep.Items[1].To)
-	require.Empty(t, pub.published())
-	rows, err := store.List(ctx, dlq.Filter{Pending: true})
-	require.NoError(t, err)
-	require.Len(t, rows, 2, "a dry run marks nothing")
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		ctx := context.Background()
+		store, _ := newStoreOn(t, driver)
+		ids := insert(t, store, deadLetter("orders", "a", time.Now()), deadLetter("invoices", "b", time.Now()))
+		pub := &recordingPublisher{}
+		rep, err := store.Replay(ctx, pub, dlq.ReplayOptions{DryRun: true})
+		require.NoError(t, err)
+		require.True(t, rep.DryRun)
+		require.Len(t, rep.Items, 2)
+		require.Equal(t, ids[0], rep.Items[0].ID)
+		require.Equal(t, "orders", rep.Items[0].To)
+		require.Equal(t, "invoices", rep.Items[1].To)
+		require.Empty(t, pub.published())
+		rows, err := store.List(ctx, dlq.Filter{Pending: true})
+		require.NoError(t, err)
+		require.Len(t, rows, 2, "a dry run marks nothing")
 
-	rep, err = store.Replay(ctx, nil, dlq.ReplayOptions{DryRun: true, Target: "orders.retry"})
-	require.NoError(t, err)
-	require.Equal(t, "orders.retry", rep.Items[1].To)
+		rep, err = store.Replay(ctx, nil, dlq.ReplayOptions{DryRun: true, Target: "orders.retry"})
+		require.NoError(t, err)
+		require.Equal(t, "orders.retry", rep.Items[1].To)
+	})
 }
 
 func TestReplayPublishesMarksAndSkipsReplayed(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	store, _ := newStore(t)
-	orig := deadLetter("orders", "boom", time.Now())
-	ids := insert(t, store, orig)
-	pub := &recordingPublisher{}
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		ctx := context.Background()
+		store, _ := newStoreOn(t, driver)
+		orig := deadLetter("orders", "boom", time.Now())
+		ids := insert(t, store, orig)
+		pub := &recordingPublisher{}
 
-	rep, err := store.Replay(ctx, pub, dlq.ReplayOptions{})
-	require.NoError(t, err)
-	require.Len(t, rep.Items, 1)
-	sentMsgs := pub.published()
-	require.Len(t, sentMsgs, 1)
-	require.Equal(t, "orders", sentMsgs[0].topic)
-	m := sentMsgs[0].msg
-	require.Equal(t, orig.UUID, m.UUID)
-	require.Equal(t, orig.Payload, m.Payload)
-	require.Equal(t, message.Metadata{
-		metadata.EventID:            "evt-" + orig.UUID,
-		metadata.TraceParent:        traceParent,
-		metadata.DeadLetterReplayOf: strconv.FormatInt(ids[0], 10),
-	}, m.Metadata)
-	d, err := store.Get(ctx, ids[0])
-	require.NoError(t, err)
-	require.NotNil(t, d.ReplayedAt)
-	require.Equal(t, 1, d.ReplayCount)
+		rep, err := store.Replay(ctx, pub, dlq.ReplayOptions{})
+		require.NoError(t, err)
+		require.Len(t, rep.Items, 1)
+		sentMsgs := pub.published()
+		require.Len(t, sentMsgs, 1)
+		require.Equal(t, "orders", sentMsgs[0].topic)
+		m := sentMsgs[0].msg
+		require.Equal(t, orig.UUID, m.UUID)
+		require.Equal(t, orig.Payload, m.Payload)
+		require.Equal(t, message.Metadata{
+			metadata.EventID:            "evt-" + orig.UUID,
+			metadata.TraceParent:        traceParent,
+			metadata.DeadLetterReplayOf: strconv.FormatInt(ids[0], 10),
+		}, m.Metadata)
+		d, err := store.Get(ctx, ids[0])
+		require.NoError(t, err)
+		require.NotNil(t, d.ReplayedAt)
+		require.Equal(t, 1, d.ReplayCount)
 
-	rep, err = store.Replay(ctx, pub, dlq.ReplayOptions{})
-	require.NoError(t, err)
-	require.Empty(t, rep.Items, "a second replay publishes nothing")
-	require.Equal(t, 1, rep.SkippedReplayed)
-	require.Len(t, pub.published(), 1)
+		rep, err = store.Replay(ctx, pub, dlq.ReplayOptions{})
+		require.NoError(t, err)
+		require.Empty(t, rep.Items, "a second replay publishes nothing")
+		require.Equal(t, 1, rep.SkippedReplayed)
+		require.Len(t, pub.published(), 1)
 
-	rep, err = store.Replay(ctx, pub, dlq.ReplayOptions{Force: true, Target: "orders.v2"})
-	require.NoError(t, err)
-	require.Len(t, rep.Items, 1)
-	require.Equal(t, "orders.v2", pub.published()[1].topic)
-	d, err = store.Get(ctx, ids[0])
-	require.NoError(t, err)
-	require.Equal(t, 2, d.ReplayCount)
+		rep, err = store.Replay(ctx, pub, dlq.ReplayOptions{Force: true, Target: "orders.v2"})
+		require.NoError(t, err)
+		require.Len(t, rep.Items, 1)
+		require.Equal(t, "orders.v2", pub.published()[1].topic)
+		d, err = store.Get(ctx, ids[0])
+		require.NoError(t, err)
+		require.Equal(t, 2, d.ReplayCount)
+	})
 }
 
 func TestReplayPublishFailureLeavesRowUnreplayed(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	store, _ := newStore(t)
-	ids := insert(t, store, deadLetter("orders", "boom", time.Now()))
-	pub := &recordingPublisher{fail: errors.New("broker down")}
-	_, err := store.Replay(ctx, pub, dlq.ReplayOptions{})
-	require.ErrorContains(t, err, "broker down")
-	d, err := store.Get(ctx, ids[0])
-	require.NoError(t, err)
-	require.Nil(t, d.ReplayedAt)
-	require.Zero(t, d.ReplayCount)
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		ctx := context.Background()
+		store, _ := newStoreOn(t, driver)
+		ids := insert(t, store, deadLetter("orders", "boom", time.Now()))
+		pub := &recordingPublisher{fail: errors.New("broker down")}
+		_, err := store.Replay(ctx, pub, dlq.ReplayOptions{})
+		require.ErrorContains(t, err, "broker down")
+		d, err := store.Get(ctx, ids[0])
+		require.NoError(t, err)
+		require.Nil(t, d.ReplayedAt)
+		require.Zero(t, d.ReplayCount)
+	})
 }
 
 func TestReplayRateLimit(t *testing.T) {
@@ -300,15 +327,18 @@ func TestReplayRateLimit(t *testing.T) {
 
 func TestDepthCollector(t *testing.T) {
 	t.Parallel()
-	store, _ := newStore(t)
-	insert(t, store, deadLetter("orders", "a", time.Now()), deadLetter("orders", "b", time.Now()))
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(dlq.NewDepthCollector(store))
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	require.Len(t, mfs, 1)
-	require.Equal(t, dlq.MetricDepth, mfs[0].GetName())
-	require.Equal(t, 2.0, mfs[0].GetMetric()[0].GetGauge().GetValue())
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		store, _ := newStoreOn(t, driver)
+		insert(t, store, deadLetter("orders", "a", time.Now()), deadLetter("orders", "b", time.Now()))
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(dlq.NewDepthCollector(store))
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		require.Len(t, mfs, 1)
+		require.Equal(t, dlq.MetricDepth, mfs[0].GetName())
+		require.Equal(t, 2.0, mfs[0].GetMetric()[0].GetGauge().GetValue())
+	})
 }
 
 // TestReplayAfterFixProcessesOnce: a message fails until a bug is fixed,
@@ -371,4 +401,21 @@ func TestReplayAfterFixProcessesOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rep.Items, 1)
 	require.Empty(t, processed, "the replayed event was processed twice")
+}
+
+// A Store on a nil pool fails every call with an error that says so,
+// instead of panicking.
+func TestStoreOnNilPoolFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, store := range []*dlq.Store{dlq.NewStore((*sql.DB)(nil)), dlq.NewStore((*pgxpool.Pool)(nil))} {
+		_, err := store.List(ctx, dlq.Filter{})
+		require.ErrorContains(t, err, "db is nil")
+		_, err = store.Insert(ctx, deadLetter("orders", "boom", time.Now()))
+		require.ErrorContains(t, err, "db is nil")
+		_, err = store.Replay(ctx, nil, dlq.ReplayOptions{DryRun: true})
+		require.ErrorContains(t, err, "db is nil")
+		_, err = store.Depth(ctx)
+		require.ErrorContains(t, err, "db is nil")
+	}
 }

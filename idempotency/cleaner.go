@@ -1,21 +1,17 @@
 package idempotency
 
 import (
-	"database/sql"
 	"time"
 
 	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // DefaultRetention is how long processed marks are kept by default: a
 // redelivery later than this is processed again. Seven days covers broker
 // retention and replays after most incidents.
 const DefaultRetention = 7 * 24 * time.Hour
-
-// cleanerLockClass is the first key of the advisory lock the cleaner holds
-// while deleting; the second is a hash of the schema, so cleaners of
-// different schemas do not exclude each other.
-const cleanerLockClass int32 = 0x6d775045 // "mwPE"
 
 // CleanerConfig configures a Cleaner (the same for every millwright
 // cleaner). The zero value is valid. Retention: how long marks are kept,
@@ -31,10 +27,8 @@ type CleanStats = cleaner.Stats
 // and a ctid IN (...) delete is a TID scan. Rows a consumer has locked
 // (a mark being written) are skipped, so consumers never wait.
 var cleanerTable = cleaner.Table{
-	Component: "idempotency", Name: "millwright_processed_events", Rows: "processed marks",
-	Key:              "ctid",
-	Where:            `processed_at < now() - $1 * interval '1 millisecond'`,
-	LockClass:        cleanerLockClass,
+	Component: "idempotency", Rows: "processed marks",
+	Store:            storage.IdempotencyRetention,
 	DefaultRetention: DefaultRetention, MinRetention: time.Minute,
 	Hint: cleaner.MissingTable("idempotency.Migrations()"),
 }
@@ -50,6 +44,6 @@ type Cleaner = cleaner.Cleaner
 
 // NewCleaner returns a cleaner of the millwright_processed_events table in
 // db's search_path schema.
-func NewCleaner(db *sql.DB, cfg CleanerConfig) (*Cleaner, error) {
-	return cleaner.New(db, cleanerTable, cfg)
+func NewCleaner[P postgres.Pool](db P, cfg CleanerConfig) (*Cleaner, error) {
+	return cleaner.NewFrom(db, cleanerTable, cfg)
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
@@ -21,14 +22,35 @@ func insertMarks(t *testing.T, b *pgBundle, prefix string, n int, age time.Durat
 	require.NoError(t, err)
 }
 
+// newCleaner builds the cleaner on the pool of driver: the generic
+// constructor, instantiated for *sql.DB or *pgxpool.Pool.
+func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg idempotency.CleanerConfig) (*idempotency.Cleaner, error) {
+	t.Helper()
+	switch h := s.Handle(t, driver).(type) {
+	case *sql.DB:
+		return idempotency.NewCleaner(h, cfg)
+	case *pgxpool.Pool:
+		return idempotency.NewCleaner(h, cfg)
+	}
+	t.Fatalf("no pool for driver %s", driver)
+	return nil, nil
+}
+
 func TestCleanerDeletesOnlyOldMarksInBatches(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testCleanerDeletesOnlyOldMarks(t, driver)
+	})
+}
+
+func testCleanerDeletesOnlyOldMarks(t *testing.T, driver string) {
 	b := setupPG(t)
 	insertMarks(t, b, "old-", 25, 8*24*time.Hour)
 	insertMarks(t, b, "recent-", 5, 6*24*time.Hour)
 	insertMarks(t, b, "new-", 5, 0)
 
-	c, err := idempotency.NewCleaner(b.schema.DB, idempotency.CleanerConfig{BatchSize: 10})
+	c, err := newCleaner(t, b.schema, driver, idempotency.CleanerConfig{BatchSize: 10})
 	require.NoError(t, err)
 	stats, err := c.RunOnce(context.Background())
 	require.NoError(t, err)
@@ -191,6 +213,6 @@ func TestCleanerConfigValidate(t *testing.T) {
 		_, err := idempotency.NewCleaner(new(sql.DB), tc.cfg)
 		require.ErrorContains(t, err, tc.want)
 	}
-	_, err := idempotency.NewCleaner(nil, idempotency.CleanerConfig{})
+	_, err := idempotency.NewCleaner((*sql.DB)(nil), idempotency.CleanerConfig{})
 	require.ErrorContains(t, err, "db is nil")
 }

@@ -9,7 +9,8 @@
 //   - if the mark already existed, the message is a duplicate: the handler is
 //     skipped, the message is acked, and MetricDuplicates is incremented;
 //   - otherwise the handler runs with the transaction in its message context
-//     (TxFromContext). Its own writes through that transaction commit
+//     (TxFromContext for a *sql.Tx, PgxTxFromContext for a pgx.Tx when the
+//     store is on a *pgxpool.Pool). Its own writes through that transaction commit
 //     atomically with the mark when it returns nil; when it returns an error
 //     both roll back, so the redelivery runs it again.
 //
@@ -28,6 +29,16 @@
 //		_, err := tx.ExecContext(msg.Context(), `UPDATE accounts SET ...`)
 //		return err
 //	}).AddMiddleware(dedup.Middleware)
+//
+// On pgx v5, give the store a *pgxpool.Pool (postgres.OpenPgx opens one
+// with millwright's bounds); the handler then gets a pgx.Tx:
+//
+//	pool, _ := postgres.OpenPgx(ctx, dsn)
+//	store, _ := idempotency.NewPostgresStore(pool)
+//	...
+//		tx, _ := idempotency.PgxTxFromContext(msg.Context())
+//		_, err := tx.Exec(msg.Context(), `UPDATE accounts SET ...`)
+//		// outbox.Add(msg.Context(), tx, events...) commits with the mark too
 //
 // A handler that returns messages (Watermill's produced messages, for
 // Router.AddHandler) needs a destination for them in the Config: the
@@ -49,7 +60,8 @@
 //
 // # Guarantees
 //
-// Transactional mode: effects written through TxFromContext happen exactly
+// Transactional mode: effects written through TxFromContext (or
+// PgxTxFromContext) happen exactly
 // once per (consumer, event id) within the retention period. Anything else
 // the handler does outside that transaction (an HTTP call) is at least
 // once. The transaction runs at READ COMMITTED and holds one connection and
@@ -83,8 +95,9 @@
 // the redelivery would be skipped as a duplicate and the follow-ups would
 // be gone). Where they go:
 //
-//   - Config.ProducedToOutbox (PostgresStore): written to the outbox in the
-//     unit of work that holds the mark, and published by an outbox relay,
+//   - Config.ProducedToOutbox (PostgresStore, on either driver): written to
+//     the outbox in the unit of work that holds the mark (its *sql.Tx or
+//     pgx.Tx), and published by an outbox relay,
 //     at least once, with the outbox's guarantees (package outbox). In
 //     Transactional mode that is the handler's transaction: effects, mark
 //     and follow-ups commit together or not at all, so each event's
@@ -113,8 +126,8 @@
 //
 // The topic is Config.ProducedTopic, else the router handler's publish
 // topic (Router.AddHandler's). Handlers that return no messages need none
-// of this; writing follow-ups with outbox.Add through TxFromContext in the
-// handler gives the same guarantee as ProducedToOutbox, with a topic per
+// of this; writing follow-ups with outbox.Add through TxFromContext (or
+// PgxTxFromContext) in the handler gives the same guarantee as ProducedToOutbox, with a topic per
 // event.
 //
 // # Retention
@@ -138,7 +151,9 @@
 //
 // # Stores
 //
-// PostgresStore is the production store. MemoryStore keeps marks in memory
+// PostgresStore is the production store, on a *sql.DB (lib/pq, or pgx's
+// stdlib adapter) or a *pgxpool.Pool; its SQL lives in millwright's storage
+// layer, with one implementation per driver. MemoryStore keeps marks in memory
 // with the same transactional behaviour, for unit tests of handlers. Both
 // pass the shared suite idempotencytest.Exercise, and both implement the
 // optional Marker (one mark in a unit of work of its own), which
@@ -147,11 +162,14 @@
 // # Cost
 //
 // Transactional mode adds one statement to the handler's transaction. On a
-// pool opened with postgres.Open (package
+// *pgxpool.Pool, and on a pool opened with postgres.Open (package
 // github.com/millwright/millwright/postgres; millwright's own tools open
-// theirs so) the Postgres store sends it with BEGIN, adding no round trip
+// theirs so), the Postgres store sends it with BEGIN, adding no round trip
 // (PostgresStore.BeginMark); on any other *sql.DB it costs one round trip
-// of its own. `millwright bench
+// of its own. A duplicate ends that transaction on the server (the mark's
+// row count is checked there), so skipping it costs the ROLLBACK's round
+// trip, as before. MarkAfterSuccess mode's mark is one round trip on
+// either driver (the lock timeout and the insert in one batch). `millwright bench
 // idempotency` compares a handler inserting one row with and without the
 // middleware.
 package idempotency

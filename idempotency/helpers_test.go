@@ -13,6 +13,8 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/migrate"
 )
 
 // pgBundle is a fresh schema with the idempotency table and an effects table
@@ -23,27 +25,59 @@ type pgBundle struct {
 	store  *idempotency.PostgresStore
 }
 
-func setupPG(t *testing.T) *pgBundle {
+func setupPG(t *testing.T) *pgBundle { return setupPGOn(t, pgtest.DriverPQ) }
+
+// setupPGOn is setupPG with the store on driver (pgtest.DriverPQ or
+// pgtest.DriverPgx).
+func setupPGOn(t *testing.T, driver string, sources ...migrate.Source) *pgBundle {
 	t.Helper()
-	s := pgtest.New(t, idempotency.Migrations())
+	s := pgtest.New(t, append([]migrate.Source{idempotency.Migrations()}, sources...)...)
 	_, err := s.DB.Exec(`CREATE TABLE effects (consumer TEXT NOT NULL, event_id TEXT NOT NULL)`)
 	require.NoError(t, err)
-	// The store's pool is one of millwright's own connections (the mark
-	// travels with BEGIN); the store suite covers plain lib/pq pools too.
-	store, err := idempotency.NewPostgresStore(pgconnPool(t, s))
+	return &pgBundle{schema: s, store: storeOn(t, s, driver)}
+}
+
+// storeOn returns a store on s for driver: on pq, a pool of millwright's
+// own connections (the mark travels with BEGIN; the store suite covers
+// plain lib/pq pools too); on pgx, a pgxpool.
+func storeOn(t *testing.T, s *pgtest.Schema, driver string, opts ...idempotency.StoreOption) *idempotency.PostgresStore {
+	t.Helper()
+	var (
+		store *idempotency.PostgresStore
+		err   error
+	)
+	switch driver {
+	case pgtest.DriverPQ:
+		store, err = idempotency.NewPostgresStore(pgconnPool(t, s), opts...)
+	case pgtest.DriverPgx:
+		store, err = idempotency.NewPostgresStore(s.Pgx(t), opts...)
+	default:
+		t.Fatalf("unknown driver %q", driver)
+	}
 	require.NoError(t, err)
-	return &pgBundle{schema: s, store: store}
+	return store
+}
+
+// handlerTx returns the middleware's transaction, on either driver.
+func handlerTx(ctx context.Context) (storage.Querier, bool) {
+	if tx, ok := idempotency.TxFromContext(ctx); ok {
+		return storage.NewSQL(tx), true
+	}
+	if tx, ok := idempotency.PgxTxFromContext(ctx); ok {
+		return storage.NewPgx(tx), true
+	}
+	return nil, false
 }
 
 // effectHandler writes one effects row in the middleware's transaction.
 func effectHandler(consumer string) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := idempotency.TxFromContext(msg.Context())
+		tx, ok := handlerTx(msg.Context())
 		if !ok {
 			return nil, errNoTx
 		}
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO effects (consumer, event_id) VALUES ($1, $2)`,
-			consumer, msg.Metadata.Get("ce_id"))
+		_, err := tx.Exec(msg.Context(), storage.S(`INSERT INTO effects (consumer, event_id) VALUES ($1, $2)`,
+			consumer, msg.Metadata.Get("ce_id")))
 		return nil, err
 	}
 }

@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
 )
@@ -20,11 +22,21 @@ import (
 // of waiting as long as the other transaction lives.
 func TestMarkWaitingOnAnUncommittedMarkIsBounded(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testMarkWaitingIsBounded(t, driver)
+	})
+}
+
+func testMarkWaitingIsBounded(t *testing.T, driver string) {
 	ctx := context.Background()
 	s, tx := holdUncommittedMark(t, "billing", "evt-1")
 
 	const lockTimeout = 300 * time.Millisecond
 	waiter, err := idempotency.NewPostgresStore(s.DB, idempotency.WithLockTimeout(lockTimeout))
+	if driver == pgtest.DriverPgx {
+		waiter, err = idempotency.NewPostgresStore(s.Pgx(t), idempotency.WithLockTimeout(lockTimeout))
+	}
 	require.NoError(t, err)
 	start := time.Now()
 	done := make(chan error, 1)
@@ -36,6 +48,8 @@ func TestMarkWaitingOnAnUncommittedMarkIsBounded(t *testing.T) {
 	require.ErrorIs(t, err, idempotency.ErrMarkLocked)
 	require.GreaterOrEqual(t, time.Since(start), lockTimeout, "it gave up before the lock timeout: it did not wait on the mark")
 	require.Contains(t, err.Error(), `consumer "billing" event "evt-1"`)
+	_, _, err = waiter.BeginMark(ctx, "billing", "evt-1")
+	require.ErrorIs(t, err, idempotency.ErrMarkLocked, "BeginMark is bounded alike")
 
 	// Once the holder commits, the same Mark finds the duplicate.
 	require.NoError(t, tx.Commit())
@@ -49,18 +63,16 @@ func TestMarkWaitingOnAnUncommittedMarkIsBounded(t *testing.T) {
 // a lock timeout: only the cancellation can end it.
 func TestMarkWaitingReturnsWhenItsContextIsCancelled(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testMarkWaitingIsCancelled(t, driver)
+	})
+}
+
+func testMarkWaitingIsCancelled(t *testing.T, driver string) {
 	ctx := context.Background()
 	s, _ := holdUncommittedMark(t, "billing", "evt-1")
-
-	// The waiter's pool has one connection, so its backend pid is known.
-	waiterDB, err := sql.Open("postgres", s.URL)
-	require.NoError(t, err)
-	waiterDB.SetMaxOpenConns(1)
-	t.Cleanup(func() { _ = waiterDB.Close() })
-	var pid int
-	require.NoError(t, waiterDB.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
-	waiter, err := idempotency.NewPostgresStore(waiterDB, idempotency.WithLockTimeout(-1))
-	require.NoError(t, err)
+	waiter, pid := oneConnectionStore(t, s, driver)
 
 	markCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -78,8 +90,35 @@ func TestMarkWaitingReturnsWhenItsContextIsCancelled(t *testing.T) {
 		return pgtest.WaitingOnLock(t, s.DB, pid) == 1
 	}, "the waiting Mark (pid %d) to wait on the lock", pid)
 	cancel()
-	err = receive(t, done, "the cancelled Mark's result")
+	err := receive(t, done, "the cancelled Mark's result")
 	require.True(t, errors.Is(err, context.Canceled), "want context.Canceled, got %v", err)
+}
+
+// oneConnectionStore returns a store without a lock timeout on a pool of
+// one connection of driver, and that connection's backend pid.
+func oneConnectionStore(t *testing.T, s *pgtest.Schema, driver string) (*idempotency.PostgresStore, int) {
+	t.Helper()
+	var pid int
+	if driver == pgtest.DriverPgx {
+		cfg, err := pgconn.PgxConfig(s.URL)
+		require.NoError(t, err)
+		cfg.MaxConns = 1
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid))
+		waiter, err := idempotency.NewPostgresStore(pool, idempotency.WithLockTimeout(-1))
+		require.NoError(t, err)
+		return waiter, pid
+	}
+	waiterDB, err := sql.Open("postgres", s.URL)
+	require.NoError(t, err)
+	waiterDB.SetMaxOpenConns(1)
+	t.Cleanup(func() { _ = waiterDB.Close() })
+	require.NoError(t, waiterDB.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
+	waiter, err := idempotency.NewPostgresStore(waiterDB, idempotency.WithLockTimeout(-1))
+	require.NoError(t, err)
+	return waiter, pid
 }
 
 // holdUncommittedMark marks an event in a unit of work of a fresh schema

@@ -26,7 +26,10 @@ func stores(t *testing.T, f func(t *testing.T, store idempotency.Store)) {
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		f(t, setupPG(t).store)
+		pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+			t.Parallel()
+			f(t, setupPGOn(t, driver).store)
+		})
 	})
 }
 
@@ -104,7 +107,13 @@ func TestMiddlewareHandlerErrorRemovesMark(t *testing.T) {
 // nor the mark.
 func TestMiddlewareHandlerErrorRollsBackEffect(t *testing.T) {
 	t.Parallel()
-	b := setupPG(t)
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testHandlerErrorRollsBackEffect(t, setupPGOn(t, driver))
+	})
+}
+
+func testHandlerErrorRollsBackEffect(t *testing.T, b *pgBundle) {
 	m, _ := newMiddleware(t, b.store, idempotency.Config{Consumer: "billing"})
 	boom := errors.New("boom")
 	fail := true
@@ -301,7 +310,7 @@ func TestNewMiddlewareValidates(t *testing.T) {
 	require.ErrorContains(t, err, "Config.ProducedToOutbox needs a PostgresStore")
 	_, err = idempotency.NewMiddleware(idempotency.NewMemoryStore(), idempotency.Config{Consumer: "c", ProducedPublisher: pub, ProducedTopic: "invoices"})
 	require.NoError(t, err)
-	_, err = idempotency.NewPostgresStore(nil)
+	_, err = idempotency.NewPostgresStore((*sql.DB)(nil))
 	require.ErrorContains(t, err, "db is nil")
 }
 

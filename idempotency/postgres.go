@@ -9,23 +9,22 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/lib/pq"
+	"github.com/jackc/pgx/v5"
 
-	"github.com/millwright/millwright/internal/pgconn"
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
 // PostgresStore keeps marks in the millwright_processed_events table (see
-// Migrations). Its units of work are READ COMMITTED database transactions:
-// at that level a second INSERT of the same key waits for the first
-// transaction and then sees the conflict, which is what makes concurrent
-// duplicates safe. (At REPEATABLE READ or SERIALIZABLE the second would fail
-// with a serialization error instead.)
+// Migrations), on a *sql.DB or a *pgxpool.Pool. Its units of work are READ
+// COMMITTED database transactions: at that level a second INSERT of the
+// same key waits for the first transaction and then sees the conflict,
+// which is what makes concurrent duplicates safe. (At REPEATABLE READ or
+// SERIALIZABLE the second would fail with a serialization error instead.)
 type PostgresStore struct {
-	db *sql.DB
-	// markSQLPrefix sets the statement's lock_timeout; "" when unbounded.
-	markSQLPrefix string
-	lockTimeout   time.Duration
+	pool        storage.Pool
+	lockTimeout time.Duration
 }
 
 // DefaultLockTimeout is how long Mark waits, by default, for another unit
@@ -68,31 +67,39 @@ func WithLockTimeout(d time.Duration) StoreOption {
 // longer than the lock timeout (WithLockTimeout).
 var ErrMarkLocked = errors.New("idempotency: another unit of work holds an uncommitted mark of this event")
 
-// NewPostgresStore returns a store on db. The table must exist: apply
+// NewPostgresStore returns a store on db, a *sql.DB (lib/pq, or pgx's
+// stdlib adapter) or a *pgxpool.Pool. The table must exist: apply
 // Migrations() with migrate.Up or `millwright migrate` first. The pool needs
-// one connection per message being handled at once.
-func NewPostgresStore(db *sql.DB, opts ...StoreOption) (*PostgresStore, error) {
-	if db == nil {
-		return nil, errors.New("idempotency: NewPostgresStore: db is nil; pass an open *sql.DB (lib/pq)")
+// one connection per message being handled at once. On a *pgxpool.Pool the
+// middleware's transaction is a pgx.Tx (PgxTxFromContext); on a *sql.DB a
+// *sql.Tx (TxFromContext).
+func NewPostgresStore[P postgres.Pool](db P, opts ...StoreOption) (*PostgresStore, error) {
+	pool, err := storage.PoolFrom(db)
+	if err != nil {
+		// P is a *sql.DB or a *pgxpool.Pool: only a nil one fails.
+		return nil, fmt.Errorf("idempotency: NewPostgresStore: db is nil; pass an open *sql.DB or *pgxpool.Pool: %w", err)
 	}
-	s := &PostgresStore{db: db, lockTimeout: applyOptions(opts).lockTimeout}
-	if s.lockTimeout >= 0 {
-		ms := max(s.lockTimeout.Milliseconds(), 1) // 0 would mean no timeout to Postgres
-		// SET LOCAL, not SELECT set_config(..., true): the same setting,
-		// but a utility statement skips the planner and executor, which
-		// showed in the mark's cost.
-		s.markSQLPrefix = fmt.Sprintf("SET LOCAL lock_timeout = %d; ", ms)
-	}
-	return s, nil
+	return &PostgresStore{pool: pool, lockTimeout: applyOptions(opts).lockTimeout}, nil
 }
 
-// Begin starts a READ COMMITTED transaction.
+// Begin starts a READ COMMITTED transaction; its lock timeout
+// (WithLockTimeout) goes with BEGIN.
 func (s *PostgresStore) Begin(ctx context.Context) (Tx, error) {
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, err := storage.BeginProcessedMarks(ctx, s.pool, s.lockTimeout)
 	if err != nil {
-		return nil, fmt.Errorf("idempotency: begin transaction: %w", err)
+		return nil, fmt.Errorf("idempotency: begin transaction%s: %w", migrationHint(err), err)
 	}
-	return &pgTx{tx: tx, store: s}, nil
+	return s.wrap(ctx, tx), nil
+}
+
+// wrap returns the unit of work of tx, which hands the handler the
+// transaction of its driver.
+func (s *PostgresStore) wrap(ctx context.Context, tx storage.Tx) Tx {
+	base := &pgTx{tx: tx, store: s, ctx: ctx}
+	if _, ok := tx.Handle().(pgx.Tx); ok {
+		return &pgxStoreTx{base}
+	}
+	return &sqlStoreTx{base}
 }
 
 // Processed reports whether a committed mark exists.
@@ -100,10 +107,7 @@ func (s *PostgresStore) Processed(ctx context.Context, consumer, eventID string)
 	if err := checkKey(consumer, eventID); err != nil {
 		return false, err
 	}
-	var found bool
-	err := s.db.QueryRowContext(ctx,
-		`SELECT EXISTS (SELECT 1 FROM millwright_processed_events WHERE consumer = `+pq.QuoteLiteral(consumer)+
-			` AND event_id = `+pq.QuoteLiteral(eventID)+`)`).Scan(&found)
+	found, err := storage.IsProcessed(ctx, s.pool, consumer, eventID)
 	if err != nil {
 		return false, fmt.Errorf("idempotency: reading mark of consumer %q event %q%s: %w", consumer, eventID, migrationHint(err), err)
 	}
@@ -112,8 +116,7 @@ func (s *PostgresStore) Processed(ctx context.Context, consumer, eventID string)
 
 // migrationHint suggests the fix when the table is missing.
 func migrationHint(err error) string {
-	var pqErr *pq.Error
-	if errors.As(err, &pqErr) && pqErr.Code == "42P01" { // undefined_table
+	if storage.Code(err) == "42P01" { // undefined_table
 		return " (table missing: run `millwright migrate` or migrate.Up with idempotency.Migrations())"
 	}
 	return ""
@@ -128,68 +131,69 @@ func checkKey(consumer, eventID string) error {
 	return nil
 }
 
-// The statements inline the ids as quoted literals (pq.QuoteLiteral, the
-// libpq escaping algorithm) instead of $n parameters: lib/pq sends a
-// statement without parameters in one round trip and a parameterised one in
-// two, and the mark is on every message's path. Measured with `millwright
-// bench idempotency`.
-
-// Mark writes one mark in an autocommit statement (Marker).
+// Mark writes one mark in a unit of work of its own (Marker): one round
+// trip, the lock timeout and the INSERT in one batch.
 func (s *PostgresStore) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
-	return s.mark(ctx, s.db, consumer, eventID)
-}
-
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
-type pgTx struct {
-	tx    *sql.Tx
-	store *PostgresStore
-}
-
-func (t *pgTx) SQLTx() *sql.Tx { return t.tx }
-
-func (t *pgTx) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
-	return t.store.mark(ctx, t.tx, consumer, eventID)
-}
-
-// mark inserts the mark. A concurrent unit of work holding an uncommitted
-// mark of the same key makes the INSERT wait for its end; lock_timeout
-// bounds that wait even when a cancellation of ctx is lost (lib/pq's
-// cancel request can reach the server before the statement does, and the
-// server then ignores it).
-func (s *PostgresStore) mark(ctx context.Context, db execer, consumer, eventID string) (bool, error) {
-	if err := checkKey(consumer, eventID); err != nil {
+	if err := s.checkMark(ctx, consumer, eventID); err != nil {
 		return false, err
 	}
-	if err := ctx.Err(); err != nil {
-		return false, fmt.Errorf("idempotency: marking consumer %q event %q: %w", consumer, eventID, err)
-	}
-	// One round trip: lib/pq sends a statement without parameters as a
-	// simple query, and Exec reports the last statement's row count.
-	res, err := db.ExecContext(ctx, s.markSQL(consumer, eventID))
+	fresh, err := storage.MarkProcessedAlone(ctx, s.pool, consumer, eventID, s.lockTimeout)
 	if err != nil {
 		return false, s.markError(ctx, consumer, eventID, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("idempotency: marking consumer %q event %q: %w", consumer, eventID, err)
-	}
-	return n == 1, nil
+	return fresh, nil
 }
 
-// markSQL is the mark of (consumer, eventID): its lock_timeout, then the
-// INSERT, whose row count says whether it wrote the mark.
-func (s *PostgresStore) markSQL(consumer, eventID string) string {
-	return s.markSQLPrefix + `INSERT INTO millwright_processed_events (consumer, event_id) VALUES (` +
-		pq.QuoteLiteral(consumer) + `, ` + pq.QuoteLiteral(eventID) + `) ON CONFLICT (consumer, event_id) DO NOTHING`
+// checkMark refuses a mark that cannot be written.
+func (s *PostgresStore) checkMark(ctx context.Context, consumer, eventID string) error {
+	if err := checkKey(consumer, eventID); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("idempotency: marking consumer %q event %q: %w", consumer, eventID, err)
+	}
+	return nil
+}
+
+// pgTx is a unit of work of the Postgres store: a storage transaction. A
+// concurrent unit of work holding an uncommitted mark of the same key makes
+// Mark wait for its end; the lock timeout set at Begin bounds that wait
+// even when a cancellation of ctx is lost.
+type pgTx struct {
+	tx    storage.Tx
+	store *PostgresStore
+	// ctx is Begin's: it bounds Commit, as database/sql binds a
+	// transaction to BeginTx's context.
+	ctx context.Context
+}
+
+// sqlStoreTx is a unit of work on database/sql (TxFromContext).
+type sqlStoreTx struct{ *pgTx }
+
+func (t *sqlStoreTx) SQLTx() *sql.Tx { return t.tx.Handle().(*sql.Tx) }
+
+// pgxStoreTx is a unit of work on pgx (PgxTxFromContext).
+type pgxStoreTx struct{ *pgTx }
+
+func (t *pgxStoreTx) PgxTx() pgx.Tx { return t.tx.Handle().(pgx.Tx) }
+
+// storageTx gives the produced messages' outbox.Add the transaction.
+func (t *pgTx) storageTx() storage.Tx { return t.tx }
+
+func (t *pgTx) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
+	if err := t.store.checkMark(ctx, consumer, eventID); err != nil {
+		return false, err
+	}
+	fresh, err := storage.MarkProcessed(ctx, t.tx, consumer, eventID)
+	if err != nil {
+		return false, t.store.markError(ctx, consumer, eventID, err)
+	}
+	return fresh, nil
 }
 
 // markError says why the mark of (consumer, eventID) failed.
 func (s *PostgresStore) markError(ctx context.Context, consumer, eventID string, err error) error {
-	var pqErr *pq.Error
-	if errors.As(err, &pqErr) && pqErr.Code == "55P03" { // lock_not_available
+	if storage.Code(err) == "55P03" { // lock_not_available
 		return fmt.Errorf("idempotency: marking consumer %q event %q: waited %s (lock timeout): %w (%v)",
 			consumer, eventID, s.lockTimeout, ErrMarkLocked, err)
 	}
@@ -201,54 +205,63 @@ func (s *PostgresStore) markError(ctx context.Context, consumer, eventID string,
 }
 
 // BeginMark begins a unit of work and writes the mark of (consumer,
-// eventID) in it, as Begin then Tx.Mark would. On a pool of
-// postgres.Open the mark travels with BEGIN, one round trip instead of
-// two; on any other pool it is Begin then Mark.
+// eventID) in it, as Begin then Tx.Mark would, but with BEGIN in one round
+// trip (on pgx always; on database/sql on a pool of postgres.Open, else
+// BEGIN then the mark). When the event is a duplicate (fresh false) the
+// unit of work is already ended: its Rollback does nothing.
 func (s *PostgresStore) BeginMark(ctx context.Context, consumer, eventID string) (Tx, bool, error) {
-	if err := checkKey(consumer, eventID); err != nil {
+	if err := s.checkMark(ctx, consumer, eventID); err != nil {
 		return nil, false, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, false, fmt.Errorf("idempotency: marking consumer %q event %q: %w", consumer, eventID, err)
-	}
-	first := &pgconn.FirstStatement{SQL: s.markSQL(consumer, eventID)}
-	tx, err := s.db.BeginTx(pgconn.WithFirstStatement(ctx, first), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, fresh, err := storage.BeginMarkProcessed(ctx, s.pool, consumer, eventID, s.lockTimeout)
 	if err != nil {
-		var pqErr *pq.Error
-		if errors.As(err, &pqErr) {
+		if storage.IsServerError(err) {
 			return nil, false, s.markError(ctx, consumer, eventID, err)
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+			err = fmt.Errorf("%w (%v)", ctxErr, err)
 		}
 		return nil, false, fmt.Errorf("idempotency: consumer %q event %q: begin transaction: %w", consumer, eventID, err)
 	}
-	t := &pgTx{tx: tx, store: s}
-	if first.Sent {
-		return t, first.RowsAffected == 1, nil
+	if !fresh {
+		return endedTx{}, false, nil
 	}
-	fresh, err := t.Mark(ctx, consumer, eventID)
-	if err != nil {
-		_ = tx.Rollback()
-		return nil, false, err
-	}
-	return t, fresh, nil
+	return s.wrap(ctx, tx), true, nil
 }
+
+// endedTx is the unit of work of a duplicate BeginMark: the mark's
+// conflict ended its transaction.
+type endedTx struct{}
+
+func (endedTx) Mark(context.Context, string, string) (bool, error) {
+	return false, errors.New("idempotency: Mark on the unit of work of a duplicate BeginMark, which is ended: begin another")
+}
+func (endedTx) Commit() error   { return nil }
+func (endedTx) Rollback() error { return nil }
 
 var (
 	_ Store       = (*PostgresStore)(nil)
 	_ Marker      = (*PostgresStore)(nil)
 	_ BeginMarker = (*PostgresStore)(nil)
-	_ SQLTx       = (*pgTx)(nil)
+	_ SQLTx       = (*sqlStoreTx)(nil)
+	_ PgxTx       = (*pgxStoreTx)(nil)
 )
 
 func (t *pgTx) Commit() error {
-	if err := t.tx.Commit(); err != nil {
+	if err := t.tx.Commit(t.ctx); err != nil {
 		return fmt.Errorf("idempotency: commit: %w", err)
 	}
 	return nil
 }
 
+// rollbackTimeout bounds a Rollback, which runs even when Begin's context
+// has ended (pgx closes the connection when it cannot finish in time).
+const rollbackTimeout = 10 * time.Second
+
 func (t *pgTx) Rollback() error {
-	err := t.tx.Rollback()
-	if err != nil && !errors.Is(err, sql.ErrTxDone) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.ctx), rollbackTimeout)
+	defer cancel()
+	if err := t.tx.Rollback(ctx); err != nil {
 		return fmt.Errorf("idempotency: rollback: %w", err)
 	}
 	return nil

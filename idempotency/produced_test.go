@@ -334,11 +334,21 @@ func TestProducedWithoutDestinationRollsBackEffect(t *testing.T) {
 // MarkAfterSuccess mode write one set of follow-ups.
 func TestProducedToOutboxCommitsWithTheMark(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testProducedToOutboxCommitsWithTheMark(t, driver)
+	})
+}
+
+func testProducedToOutboxCommitsWithTheMark(t *testing.T, driver string) {
 	for _, mode := range []idempotency.Mode{idempotency.Transactional, idempotency.MarkAfterSuccess} {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			s := pgtest.New(t, idempotency.Migrations(), outbox.Migrations())
 			store, err := idempotency.NewPostgresStore(s.DB)
+			if driver == pgtest.DriverPgx {
+				store, err = idempotency.NewPostgresStore(s.Pgx(t))
+			}
 			require.NoError(t, err)
 			m, _ := newMiddleware(t, store, idempotency.Config{Consumer: "billing", Mode: mode, ProducedToOutbox: true, ProducedTopic: "invoices"})
 

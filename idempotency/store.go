@@ -3,6 +3,8 @@ package idempotency
 import (
 	"context"
 	"database/sql"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Store keeps the processed marks of (consumer, event id) pairs.
@@ -47,16 +49,27 @@ type Marker interface {
 // store on a pool of postgres.Open: the mark travels with BEGIN).
 // Transactional mode uses it when the store has it. BeginMark has the
 // semantics of Begin followed by Tx.Mark; on error no unit of work is
-// left open.
+// left open. When fresh is false the unit of work may already be ended
+// (the Postgres store's is: the duplicate ended its transaction); call
+// only Rollback on it.
 type BeginMarker interface {
 	BeginMark(ctx context.Context, consumer, eventID string) (tx Tx, fresh bool, err error)
 }
 
 // SQLTx is implemented by a Tx that runs on a database/sql transaction
-// (the Postgres store's). The middleware hands that transaction to the
-// handler through the message context, see TxFromContext.
+// (the Postgres store's on a *sql.DB). The middleware hands that
+// transaction to the handler through the message context, see
+// TxFromContext.
 type SQLTx interface {
 	SQLTx() *sql.Tx
+}
+
+// PgxTx is implemented by a Tx that runs on a pgx transaction (the
+// Postgres store's on a *pgxpool.Pool). The middleware hands that
+// transaction to the handler through the message context, see
+// PgxTxFromContext.
+type PgxTx interface {
+	PgxTx() pgx.Tx
 }
 
 type txKey struct{}
@@ -71,13 +84,28 @@ func withTx(ctx context.Context, tx Tx) context.Context {
 // handler's effects through it: they commit atomically with the processed
 // mark, and roll back with it when the handler returns an error. ok is false
 // outside the middleware, in MarkAfterSuccess mode, and with a store that is
-// not SQL-backed (the in-memory store).
+// not on database/sql (the in-memory store, or the Postgres store on a
+// *pgxpool.Pool: use PgxTxFromContext).
 func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 	st, ok := ctx.Value(txKey{}).(SQLTx)
 	if !ok {
 		return nil, false
 	}
 	return st.SQLTx(), true
+}
+
+// PgxTxFromContext is TxFromContext for the Postgres store on a
+// *pgxpool.Pool: it returns the pgx transaction the middleware opened for
+// the message whose context is ctx. Effects written through it (and
+// outbox.Add with it) commit atomically with the processed mark. ok is
+// false outside the middleware, in MarkAfterSuccess mode, and with a store
+// not on pgx.
+func PgxTxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
+	pt, ok := ctx.Value(txKey{}).(PgxTx)
+	if !ok {
+		return nil, false
+	}
+	return pt.PgxTx(), true
 }
 
 // StoreTxFromContext returns the store unit of work the middleware opened for

@@ -18,34 +18,53 @@ func TestMemoryStore(t *testing.T) {
 	})
 }
 
-// TestPostgresStore runs the store suite on a plain lib/pq pool (BeginMark
-// is Begin then Mark there) and on a pool of millwright's own connections
-// (internal/pgconn: the mark travels with BEGIN).
+// TestPostgresStore runs the store suite on each driver: on pq, a plain
+// lib/pq pool (BeginMark is Begin then Mark there) and a pool of
+// millwright's own connections (internal/pgconn: the mark travels with
+// BEGIN); on pgx, a pgxpool (the mark travels with BEGIN).
 func TestPostgresStore(t *testing.T) {
 	t.Parallel()
-	for _, pool := range []string{"lib/pq", "pgconn"} {
-		t.Run(pool, func(t *testing.T) {
-			t.Parallel()
-			idempotencytest.Exercise(t, func(t *testing.T) idempotency.Store {
-				s := pgtest.New(t, idempotency.Migrations())
-				db := s.DB
-				if pool == "pgconn" {
-					db = pgconnPool(t, s)
-				}
-				// A cancel that reaches the server before the waiting
-				// statement is lost (lib/pq sends it on another
-				// connection); the lock timeout then ends
-				// WaitingMarkStopsWithContext's wait, which once hung 20
-				// minutes. The cancellation itself is proven by
-				// TestMarkWaitingReturnsWhenItsContextIsCancelled.
-				store, err := idempotency.NewPostgresStore(db, idempotency.WithLockTimeout(2*time.Second))
-				if err != nil {
-					t.Fatal(err)
-				}
-				return store
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		pools := []string{"pgxpool"}
+		if driver == pgtest.DriverPQ {
+			pools = []string{"lib/pq", "pgconn"}
+		}
+		for _, pool := range pools {
+			t.Run(pool, func(t *testing.T) {
+				t.Parallel()
+				idempotencytest.Exercise(t, func(t *testing.T) idempotency.Store {
+					return suiteStore(t, pool)
+				})
 			})
-		})
+		}
+	})
+}
+
+// suiteStore is the suite's store on pool. A cancel that reaches the
+// server before the waiting statement is lost (lib/pq sends it on another
+// connection); the lock timeout then ends WaitingMarkStopsWithContext's
+// wait, which once hung 20 minutes. The cancellation itself is proven by
+// TestMarkWaitingReturnsWhenItsContextIsCancelled.
+func suiteStore(t *testing.T, pool string) idempotency.Store {
+	s := pgtest.New(t, idempotency.Migrations())
+	opt := idempotency.WithLockTimeout(2 * time.Second)
+	var (
+		store *idempotency.PostgresStore
+		err   error
+	)
+	switch pool {
+	case "lib/pq":
+		store, err = idempotency.NewPostgresStore(s.DB, opt)
+	case "pgconn":
+		store, err = idempotency.NewPostgresStore(pgconnPool(t, s), opt)
+	default:
+		store, err = idempotency.NewPostgresStore(s.Pgx(t), opt)
 	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store
 }
 
 // pgconnPool opens a pool of millwright's own connections on s, closed at

@@ -1,10 +1,11 @@
 package outbox
 
 import (
-	"database/sql"
 	"time"
 
 	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // DefaultRetention is how long a Cleaner keeps published rows by
@@ -24,15 +25,10 @@ type CleanStats = cleaner.Stats
 // oldest row: old published rows sit at its start, so each batch reads
 // little more than it deletes. Pending and failed rows are never deleted.
 var cleanerTable = cleaner.Table{
-	Component: "outbox", Name: "millwright_outbox", Rows: "published events",
-	Key: "id", OrderBy: "id",
-	Where:            `status = 'published' AND published_at < now() - $1 * interval '1 millisecond'`,
-	LockClass:        0x6d774f43, // "mwOC"
+	Component: "outbox", Rows: "published events",
+	Store:            storage.OutboxRetention,
 	DefaultRetention: DefaultRetention, MinRetention: time.Millisecond,
 	Hint: cleaner.MissingTable("outbox.Migrations()"),
-	// The partitioned layout (PartitionedMigrations): whole partitions are
-	// dropped instead, never one holding a pending or failed row.
-	Partitions: &cleaner.Partitions{Keep: []string{"status = 'pending'", "status = 'failed'"}, With: "fillfactor = 70"},
 }
 
 // Cleaner deletes published rows older than the retention period, in
@@ -53,6 +49,6 @@ var cleanerTable = cleaner.Table{
 type Cleaner = cleaner.Cleaner
 
 // NewCleaner returns a cleaner of the outbox in db's search_path.
-func NewCleaner(db *sql.DB, cfg CleanerConfig) (*Cleaner, error) {
-	return cleaner.New(db, cleanerTable, cfg)
+func NewCleaner[P postgres.Pool](db P, cfg CleanerConfig) (*Cleaner, error) {
+	return cleaner.NewFrom(db, cleanerTable, cfg)
 }

@@ -2,12 +2,16 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/pgtest"
 )
 
 func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) {
@@ -81,7 +85,7 @@ func TestCleaner_OneInstanceAtATime(t *testing.T) {
 	conn, err := b.db.Conn(ctx)
 	require.NoError(t, err)
 	defer conn.Close()
-	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, cleanerTable.LockClass)
+	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, cleanerTable.Store.LockClass)
 	require.NoError(t, err)
 	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
 	_, err = b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '8 days'`)
@@ -93,7 +97,7 @@ func TestCleaner_OneInstanceAtATime(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, CleanStats{Skipped: true}, stats)
 
-	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, cleanerTable.LockClass)
+	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, cleanerTable.Store.LockClass)
 	require.NoError(t, err)
 	stats, err = c.RunOnce(ctx)
 	require.NoError(t, err)
@@ -115,4 +119,43 @@ func TestCleaner_RunAndClose(t *testing.T) {
 	require.NoError(t, c.Close())
 	require.NoError(t, <-errc)
 	require.NoError(t, c.Close(), "Close is idempotent")
+}
+
+// TestCleaner_OnEveryDriver: the generic NewCleaner on a *sql.DB and on a
+// *pgxpool.Pool deletes the old published rows, in batches, and keeps
+// pending, failed and recent ones.
+func TestCleaner_OnEveryDriver(t *testing.T) {
+	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		b := setup(t)
+		ctx := context.Background()
+		var evs []Event
+		for i := 0; i < 20; i++ {
+			evs = append(evs, Event{Topic: "t", AggregateID: fmt.Sprint(i), Payload: []byte(`{}`)})
+		}
+		require.NoError(t, Add(ctx, b.db, evs...))
+		// 12 old published, 3 recently published, 3 old failed, 2 pending.
+		_, err := b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '8 days' WHERE id < (SELECT min(id) + 12 FROM millwright_outbox);
+			UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id IN (SELECT id FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 3);
+			UPDATE millwright_outbox SET status = 'failed', created_at = now() - interval '30 days' WHERE id IN (SELECT id FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 3)`)
+		require.NoError(t, err)
+		var c *Cleaner
+		switch h := b.schema.Handle(t, driver).(type) {
+		case *sql.DB:
+			c, err = NewCleaner(h, CleanerConfig{BatchSize: 5})
+		case *pgxpool.Pool:
+			c, err = NewCleaner(h, CleanerConfig{BatchSize: 5})
+		}
+		require.NoError(t, err)
+		n, err := c.Count(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 12, n)
+		stats, err := c.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, CleanStats{Deleted: 12, Batches: 3}, stats)
+		var left string
+		require.NoError(t, b.db.QueryRow(`SELECT string_agg(status || '=' || n, ',' ORDER BY status) FROM (SELECT status, count(*) n FROM millwright_outbox GROUP BY status) s`).Scan(&left))
+		require.Equal(t, "failed=3,pending=2,published=3", left)
+	})
 }

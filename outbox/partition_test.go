@@ -356,7 +356,7 @@ func TestPartitionCleaner_CreatesAheadDropsOnlyFullyPublishedPartitions(t *testi
 	require.NoError(t, err)
 	defer conn.Close()
 	var locked bool
-	require.NoError(t, conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock(`+strconv.Itoa(int(cleanerTable.LockClass))+`, hashtext(current_schema()))`).Scan(&locked))
+	require.NoError(t, conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock(`+strconv.Itoa(int(cleanerTable.Store.LockClass))+`, hashtext(current_schema()))`).Scan(&locked))
 	require.True(t, locked)
 	stats, err = c.RunOnce(ctx)
 	require.NoError(t, err)

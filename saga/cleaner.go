@@ -1,10 +1,11 @@
 package saga
 
 import (
-	"database/sql"
 	"time"
 
 	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // DefaultRetention is how long a Cleaner keeps finished (completed or
@@ -24,11 +25,8 @@ type CleanerConfig = cleaner.Config
 type CleanStats = cleaner.Stats
 
 var cleanerTable = cleaner.Table{
-	Component: "saga", Name: "millwright_saga_instances", Rows: "finished sagas",
-	Key: "id", OrderBy: "updated_at",
-	// Served by millwright_saga_instances_finished_idx (migration 003).
-	Where:            `state IN ('completed', 'compensated') AND updated_at < now() - $1 * interval '1 millisecond'`,
-	LockClass:        0x6d775347, // "mwSG"
+	Component: "saga", Rows: "finished sagas",
+	Store:            storage.SagaRetention,
 	DefaultRetention: DefaultRetention, MinRetention: time.Minute,
 	Hint: cleaner.MissingTable("saga.Migrations()"),
 }
@@ -45,6 +43,6 @@ type Cleaner = cleaner.Cleaner
 
 // NewCleaner returns a cleaner of the saga tables in db's search_path, for
 // every saga type.
-func NewCleaner(db *sql.DB, cfg CleanerConfig) (*Cleaner, error) {
-	return cleaner.New(db, cleanerTable, cfg)
+func NewCleaner[P postgres.Pool](db P, cfg CleanerConfig) (*Cleaner, error) {
+	return cleaner.NewFrom(db, cleanerTable, cfg)
 }

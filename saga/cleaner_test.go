@@ -2,17 +2,40 @@ package saga_test
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/saga"
 )
 
+// newCleaner builds the cleaner on the pool of driver: the generic
+// constructor, instantiated for *sql.DB or *pgxpool.Pool.
+func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg saga.CleanerConfig) (*saga.Cleaner, error) {
+	t.Helper()
+	switch h := s.Handle(t, driver).(type) {
+	case *sql.DB:
+		return saga.NewCleaner(h, cfg)
+	case *pgxpool.Pool:
+		return saga.NewCleaner(h, cfg)
+	}
+	t.Fatalf("no pool for driver %s", driver)
+	return nil, nil
+}
+
 func TestCleanerDeletesOldFinishedSagasWithTheirSteps(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testCleanerDeletesOldFinishedSagas(t, driver)
+	})
+}
+
+func testCleanerDeletesOldFinishedSagas(t *testing.T, driver string) {
 	s := pgtest.New(t, saga.Migrations())
 	// One saga per state, finished 31 days ago, and one completed today.
 	_, err := s.DB.Exec(`INSERT INTO millwright_saga_instances (id, type, state, data, updated_at)
@@ -22,7 +45,7 @@ func TestCleanerDeletesOldFinishedSagasWithTheirSteps(t *testing.T) {
 		INSERT INTO millwright_saga_steps (saga_id, step, kind) SELECT id, 's', 'command' FROM millwright_saga_instances`)
 	require.NoError(t, err)
 
-	c, err := saga.NewCleaner(s.DB, saga.CleanerConfig{})
+	c, err := newCleaner(t, s, driver, saga.CleanerConfig{})
 	require.NoError(t, err)
 	require.Equal(t, saga.DefaultRetention, c.Config().Retention)
 	n, err := c.Count(context.Background())

@@ -3,13 +3,11 @@ package transport
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/millwright/millwright/internal/redact"
+	"github.com/millwright/millwright/internal/envparse"
 )
 
 // EnvPrefix is the prefix of every environment variable millwright reads.
@@ -59,132 +57,75 @@ const (
 
 // FromEnv builds a Config from the MILLWRIGHT_ environment variables.
 // MILLWRIGHT_TRANSPORT selects the kind, by name or by URL; the per-kind
-// variables fill in or override the rest.
+// variables (read by every linked kind's Settings.FromEnv) fill in or
+// override the rest.
 func FromEnv() (Config, error) { return fromLookup(os.LookupEnv) }
 
 func fromLookup(lookup func(string) (string, bool)) (Config, error) {
-	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
-	var cfg Config
-	sel := get(EnvTransport)
-	switch {
-	case sel == "":
-		return cfg, fmt.Errorf("%w: set %s to one of %s, or to a URL such as kafka://host:9092", errNoKind, EnvTransport, kindList())
-	case strings.Contains(sel, "://"):
-		c, err := ParseURL(sel)
-		if err != nil {
-			return cfg, fmt.Errorf("%s: %w", EnvTransport, err)
-		}
-		cfg = c
-		cfg.sealSources(map[string]string{SourceURL: EnvTransport})
-	case strings.EqualFold(sel, FakeKafka):
-		cfg.Kind, cfg.Kafka.Fake = Kafka, true
-	case strings.EqualFold(sel, FakePubSub):
-		cfg.Kind, cfg.GoogleCloud.Fake = GoogleCloud, true
-	default:
-		cfg.Kind = Kind(strings.ToLower(sel))
-		if !isKind(cfg.Kind) {
-			return cfg, fmt.Errorf("%s: invalid transport %q: want one of %s, or a development fake: %s, %s", EnvTransport, sel, kindList(), FakeKafka, FakePubSub)
-		}
+	env := Env{lookup: lookup}
+	cfg, err := selectKind(env.Get(EnvTransport))
+	if err != nil {
+		return cfg, err
 	}
-
+	env.cfg = &cfg
 	var errs []error
-	if v := get(EnvKafkaBrokers); v != "" {
-		cfg.Kafka.Brokers = splitList(v)
-		cfg.setSource("Kafka.Brokers", EnvKafkaBrokers)
-	}
-	tlsOn, err := parseBool(EnvKafkaTLS, get(EnvKafkaTLS))
-	errs = append(errs, err)
-	if ca := get(EnvKafkaTLSCAFile); tlsOn || ca != "" {
-		t, err := loadTLS(ca, false)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", EnvKafkaTLSCAFile, err))
-		}
-		cfg.Kafka.TLS = t
-		if ca != "" {
-			cfg.setSource("Kafka.TLS", EnvKafkaTLSCAFile)
-		} else {
-			cfg.setSource("Kafka.TLS", EnvKafkaTLS)
+	for _, s := range linkedSettings() {
+		if s.FromEnv != nil {
+			errs = append(errs, s.FromEnv(&cfg, env))
 		}
 	}
-	if v := get(EnvKafkaSASLMechanism); v != "" {
-		cfg.Kafka.SASL.Mechanism = strings.ToUpper(v)
-		cfg.setSource("Kafka.SASL", EnvKafkaSASLMechanism)
-	}
-	if v := get(EnvKafkaSASLUser); v != "" {
-		cfg.Kafka.SASL.User = v
-	}
-	if v, ok := lookup(EnvKafkaSASLPassword); ok {
-		cfg.Kafka.SASL.Password = v
-	}
-	if v := get(EnvKafkaPartitions); v != "" {
-		n, err := strconv.ParseInt(v, 10, 32)
-		if err != nil || n < 1 {
-			errs = append(errs, fmt.Errorf("%s=%q: want a positive integer", EnvKafkaPartitions, v))
-		}
-		cfg.Kafka.Partitions = int32(n)
-	}
-	if v := get(EnvKafkaPartitioner); v != "" {
-		cfg.Kafka.Partitioner = strings.ToLower(v)
-	}
-
-	if v := get(EnvAMQPURL); v != "" {
-		cfg.AMQP.URL = v
-		cfg.setSource("AMQP.URL", EnvAMQPURL)
-	}
-	if v := get(EnvAMQPPrefetch); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			errs = append(errs, fmt.Errorf("%s=%q: want a positive integer", EnvAMQPPrefetch, v))
-		}
-		cfg.AMQP.Prefetch = n
-	}
-	if v := get(EnvAMQPAllowUnroutable); v != "" {
-		b, err := parseBool(EnvAMQPAllowUnroutable, v)
-		errs = append(errs, err)
-		cfg.AMQP.AllowUnroutable = b
-	}
-
-	if v := get(EnvPubSubProject); v != "" {
-		cfg.GoogleCloud.ProjectID = v
-		cfg.setSource("GoogleCloud.ProjectID", EnvPubSubProject)
-	}
-	if v := get(EnvPubSubEmulatorHost); v != "" {
-		cfg.GoogleCloud.EmulatorHost = v
-		cfg.setSource("GoogleCloud.EmulatorHost", EnvPubSubEmulatorHost)
-	}
-	if v := get(EnvPubSubCredentialsFile); v != "" {
-		cfg.GoogleCloud.CredentialsFile = v
-		cfg.setSource("GoogleCloud.CredentialsFile", EnvPubSubCredentialsFile)
-	}
-	if v := get(EnvPubSubAllowUnreceived); v != "" {
-		b, err := parseBool(EnvPubSubAllowUnreceived, v)
-		errs = append(errs, err)
-		cfg.GoogleCloud.AllowUnreceived = b
-	}
-
-	if v := get(EnvSQLURL); v != "" {
-		cfg.SQL.URL = v
-		cfg.setSource("SQL.URL", EnvSQLURL)
-	} else if v := get(EnvDatabaseURL); v != "" && cfg.SQL.URL == "" {
-		cfg.SQL.URL = v
-		cfg.setSource("SQL.URL", EnvDatabaseURL)
-	}
-	if v := get(EnvWaitForBroker); v != "" {
+	if v := env.Get(EnvWaitForBroker); v != "" {
 		d, err := parseWait(v)
 		errs = append(errs, err)
 		cfg.WaitForBroker = d
-	}
-
-	if v := get(EnvDeclareGroups); v != "" {
-		g := splitList(v)
-		cfg.AMQP.DeclareGroups = g
-		cfg.GoogleCloud.DeclareGroups = g
 	}
 	if err := errors.Join(errs...); err != nil {
 		return cfg, err
 	}
 	cfg.sealSources(nil)
 	return cfg, cfg.Validate()
+}
+
+// selectKind reads MILLWRIGHT_TRANSPORT: a URL, a development fake or a
+// kind name.
+func selectKind(sel string) (Config, error) {
+	var cfg Config
+	if sel == "" {
+		return cfg, fmt.Errorf("%w: set %s to one of %s, or to a URL such as kafka://host:9092", errNoKind, EnvTransport, kindList())
+	}
+	if strings.Contains(sel, "://") {
+		c, err := ParseURL(sel)
+		if err != nil {
+			return cfg, fmt.Errorf("%s: %w", EnvTransport, err)
+		}
+		c.sealSources(map[string]string{SourceURL: EnvTransport})
+		return c, nil
+	}
+	name := strings.ToLower(sel)
+	if sc, _, ok, _ := lookupScheme(name); ok && (sc.fake != nil || isFakeName(name)) {
+		cfg.Kind = sc.kind // an unlinked kind's fake fails Validate, naming the import
+		if sc.fake != nil {
+			sc.fake.Select(&cfg)
+		}
+		return cfg, nil
+	}
+	cfg.Kind = Kind(name)
+	if !isKind(cfg.Kind) {
+		_, fakes := schemeList("")
+		return cfg, fmt.Errorf("%s: invalid transport %q: want one of %s%s", EnvTransport, sel, kindList(), orFakes(fakes))
+	}
+	return cfg, nil
+}
+
+// isFakeName reports whether name is a built-in development fake.
+func isFakeName(name string) bool { return name == FakeKafka || name == FakePubSub }
+
+// orFakes is the tail of an error listing the development fakes, if any.
+func orFakes(fakes string) string {
+	if fakes == "" {
+		return ""
+	}
+	return ", or a development fake: " + fakes
 }
 
 // parseWait parses MILLWRIGHT_WAIT_FOR_BROKER.
@@ -216,23 +157,16 @@ func isScheme(s string) bool {
 	return s != ""
 }
 
+// isKind reports whether k is a built-in kind (linked or not: Validate
+// then names the import) or a registered one.
 func isKind(k Kind) bool {
-	for _, x := range Kinds {
-		if x == k {
-			return true
-		}
+	if kindOrder(k) < len(Kinds) {
+		return true
 	}
-	return false
-}
-
-func splitList(v string) []string {
-	var out []string
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
+	driversMu.RLock()
+	defer driversMu.RUnlock()
+	_, ok := drivers[k]
+	return ok
 }
 
 // ParseURL builds a Config from a URL:
@@ -253,127 +187,25 @@ func splitList(v string) []string {
 //
 // Errors never include the password.
 func ParseURL(raw string) (Config, error) {
-	var cfg Config
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok || !isScheme(scheme) {
-		// Not echoed: without a scheme nothing tells which part is a
-		// password (what stands before a later "://" may be one).
-		return cfg, errors.New("transport: URL has no scheme (not shown: it may hold a password): want kafka://, amqp://, amqps://, gcppubsub://, postgres:// or mem://")
+		return Config{}, errNoScheme()
 	}
-	switch strings.ToLower(scheme) {
-	case "kafka":
-		c, err := parseKafkaURL(rest)
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Kind, cfg.Kafka = Kafka, c
-	case "amqp", "amqps":
-		if _, err := url.Parse(raw); err != nil {
-			return cfg, errors.New("transport: malformed amqp URL (not shown: it may hold a password): want amqp://user:pass@host:5672/vhost")
-		}
-		cfg.Kind, cfg.AMQP.URL = AMQP, raw
-	case "gcppubsub", "pubsub":
-		u, err := url.Parse(raw)
-		if err != nil {
-			return cfg, fmt.Errorf("transport: malformed gcppubsub URL: want gcppubsub://PROJECT: %v", redact.Error(err))
-		}
-		if u.Host == "" {
-			return cfg, errors.New("transport: gcppubsub URL has no project id: want gcppubsub://PROJECT")
-		}
-		cfg.Kind = GoogleCloud
-		cfg.GoogleCloud.ProjectID = u.Host
-		cfg.GoogleCloud.EmulatorHost = u.Query().Get("emulator")
-		cfg.GoogleCloud.CredentialsFile = u.Query().Get("credentials_file")
-	case "postgres", "postgresql":
-		if _, err := url.Parse(raw); err != nil {
-			return cfg, errors.New("transport: malformed postgres URL (not shown: it may hold a password): want postgres://user:pass@host:5432/db")
-		}
-		cfg.Kind, cfg.SQL.URL = SQL, raw
-	case "mem", "gochannel":
-		if rest != "" && rest != "/" {
-			return cfg, fmt.Errorf("transport: %s:// takes no host or path (got %q): write mem:// for the in-process gochannel transport", scheme, quoteShort(rest))
-		}
-		cfg.Kind = GoChannel
-	case FakeKafka:
-		if rest != "" && rest != "/" {
-			return cfg, fmt.Errorf("transport: kfake:// takes no address (got %q): it starts its own in-process broker; for a real cluster write kafka://host:9092", quoteShort(rest))
-		}
-		cfg.Kind, cfg.Kafka.Fake = Kafka, true
-	case FakePubSub:
-		u, err := url.Parse(raw)
-		if err != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
-			return cfg, fmt.Errorf("transport: malformed pstest URL: want pstest:// or pstest://PROJECT (the in-process development fake)")
-		}
-		cfg.Kind, cfg.GoogleCloud.Fake = GoogleCloud, true
-		cfg.GoogleCloud.ProjectID = u.Host
-	default:
-		return cfg, fmt.Errorf("transport: unknown URL scheme %q: want kafka, amqp, amqps, gcppubsub, postgres or mem, or a development fake: kfake, pstest", quoteShort(scheme))
+	sc, s, ok, err := lookupScheme(strings.ToLower(scheme))
+	switch {
+	case !ok:
+		listed, fakes := schemeList("")
+		return Config{}, fmt.Errorf("transport: unknown URL scheme %q: want %s%s", envparse.Short(scheme), listed, orFakes(fakes))
+	case err != nil:
+		return Config{Kind: sc.kind}, err
 	}
-	for _, f := range urlFields[cfg.Kind] {
+	cfg := Config{Kind: sc.kind}
+	if err := s.ParseURL(&cfg, URL{Raw: raw, Scheme: strings.ToLower(scheme), Rest: rest}); err != nil {
+		return Config{}, err
+	}
+	for f := range s.Fields {
 		cfg.setSource(f, SourceURL)
 	}
 	cfg.sealSources(nil)
 	return cfg, cfg.Validate()
-}
-
-// urlFields are the settings a URL of each kind gives (see Setting).
-var urlFields = map[Kind][]string{
-	Kafka:       {"Kafka.Brokers", "Kafka.SASL", "Kafka.TLS"},
-	AMQP:        {"AMQP.URL"},
-	GoogleCloud: {"GoogleCloud.ProjectID", "GoogleCloud.EmulatorHost", "GoogleCloud.CredentialsFile"},
-	SQL:         {"SQL.URL"},
-}
-
-// parseKafkaURL parses [user[:pass]@]h1:p1,h2:p2[/][?sasl=...&tls=...&ca_file=...&partitioner=...].
-// net/url cannot: it refuses a comma-separated host list.
-func parseKafkaURL(rest string) (c KafkaConfig, err error) {
-	rest, query, _ := strings.Cut(rest, "?")
-	if at := strings.LastIndex(rest, "@"); at >= 0 {
-		userinfo := rest[:at]
-		rest = rest[at+1:]
-		user, pass, _ := strings.Cut(userinfo, ":")
-		if user, err = url.PathUnescape(user); err != nil {
-			return c, errors.New("transport: kafka URL has a malformed user name")
-		}
-		if pass, err = url.PathUnescape(pass); err != nil {
-			return c, errors.New("transport: kafka URL has a malformed password (not shown)")
-		}
-		c.SASL.User, c.SASL.Password = user, pass
-		c.SASL.Mechanism = "PLAIN"
-	}
-	rest = strings.TrimSuffix(rest, "/")
-	c.Brokers = splitList(rest)
-	if len(c.Brokers) == 0 {
-		return c, errors.New("transport: kafka URL has no brokers: want kafka://host1:9092,host2:9092")
-	}
-	q, err := url.ParseQuery(query)
-	if err != nil {
-		return c, fmt.Errorf("transport: kafka URL has a malformed query: %v", err)
-	}
-	if m := q.Get("sasl"); m != "" {
-		c.SASL.Mechanism = strings.ToUpper(m)
-	}
-	if p := q.Get("partitioner"); p != "" {
-		c.Partitioner = strings.ToLower(p)
-	}
-	tlsOn, err := parseBool("tls", q.Get("tls"))
-	if err != nil {
-		return c, fmt.Errorf("transport: kafka URL: %w", err)
-	}
-	if ca := q.Get("ca_file"); tlsOn || ca != "" {
-		t, err := loadTLS(ca, false)
-		if err != nil {
-			return c, fmt.Errorf("transport: kafka URL ca_file: %w", err)
-		}
-		c.TLS = t
-	}
-	return c, nil
-}
-
-// quoteShort cuts v for an error message.
-func quoteShort(v string) string {
-	if len(v) > 64 {
-		return v[:64] + "..."
-	}
-	return v
 }

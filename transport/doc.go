@@ -24,7 +24,11 @@
 // 26.9 MB with googlecloud and 39.2 MB with transport/all; before the
 // split, importing transport linked everything: 33.5 MB (go1.26,
 // linux/amd64). Each kind's settings are a type of this package
-// (KafkaConfig, ...), which its sub-package names Config.
+// (KafkaConfig, ...), which its sub-package names Config; how they are
+// read (its URL form, its MILLWRIGHT_ variables, the sources
+// Config.Setting names, its description) is the sub-package's own
+// Settings (transport/<kind>/settings.go), registered with its Driver:
+// ParseURL and FromEnv only dispatch to the linked kinds.
 //
 // Guarantees common to every kind: Publish returns nil only once the broker
 // has accepted the message (Kafka acks=all, RabbitMQ publisher confirms,

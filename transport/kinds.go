@@ -36,6 +36,9 @@ type Driver struct {
 	// Limits, if set, adjusts the kind's DefaultLimits (def) to cfg, for
 	// LimitsFor: settings that raise or lower the largest message.
 	Limits func(cfg Config, def Limits) Limits
+	// Settings are how ParseURL, FromEnv, Config.Setting and Config.String
+	// read and describe the kind's configuration.
+	Settings Settings
 }
 
 var (
@@ -55,6 +58,7 @@ func Register(kind Kind, d Driver) {
 	if _, dup := drivers[kind]; dup {
 		panic("transport: Register called twice for kind " + string(kind))
 	}
+	registerSettings(kind, d.Settings)
 	drivers[kind] = d
 }
 

@@ -1,10 +1,5 @@
 package transport
 
-import (
-	"fmt"
-	"strings"
-)
-
 // SourceURL is what Setting names for a value ParseURL took from its
 // URL, when the URL did not come from MILLWRIGHT_TRANSPORT.
 const SourceURL = "the transport URL"
@@ -31,27 +26,10 @@ func (c Config) Setting(field string) string {
 }
 
 // settingValue is field's value as a comparable string ("" for a field
-// Setting does not know).
+// no linked kind's Settings.Fields has).
 func (c Config) settingValue(field string) string {
-	switch field {
-	case "Kafka.Brokers":
-		return strings.Join(c.Kafka.Brokers, ",")
-	case "Kafka.SASL":
-		return c.Kafka.SASL.Mechanism + "\x00" + c.Kafka.SASL.User + "\x00" + c.Kafka.SASL.Password
-	case "Kafka.TLS":
-		return fmt.Sprintf("%p", c.Kafka.TLS)
-	case "AMQP.URL":
-		return c.AMQP.URL
-	case "GoogleCloud.ProjectID":
-		return c.GoogleCloud.ProjectID
-	case "GoogleCloud.EmulatorHost":
-		return c.GoogleCloud.EmulatorHost
-	case "GoogleCloud.CredentialsFile":
-		return c.GoogleCloud.CredentialsFile
-	case "SQL.URL":
-		return c.SQL.URL
-	}
-	return ""
+	v, _ := fieldValue(c, field)
+	return v
 }
 
 // setSource records that field's value came from `from`; the value is

@@ -2,19 +2,14 @@ package transport
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 )
@@ -118,47 +113,25 @@ func (c Config) Validate() error {
 	return validateKind(c.Kind, c)
 }
 
+// kindList lists Kinds, then any other registered kind.
 func kindList() string {
-	s := make([]string, len(Kinds))
-	for i, k := range Kinds {
-		s[i] = string(k)
+	s := make([]string, 0, len(Kinds))
+	for _, k := range Kinds {
+		s = append(s, string(k))
+	}
+	for _, k := range Registered() {
+		if kindOrder(k) == len(Kinds) {
+			s = append(s, string(k))
+		}
 	}
 	return strings.Join(s, ", ")
 }
 
-// String describes the configuration without secrets, for logs.
+// String describes the configuration without secrets, for logs (through
+// the kind's Settings.Describe).
 func (c Config) String() string {
-	switch c.Kind {
-	case Kafka:
-		if c.Kafka.Fake {
-			return "kfake:// (in-process development fake)"
-		}
-		s := "kafka://" + strings.Join(c.Kafka.Brokers, ",")
-		if c.Kafka.SASL.Mechanism != "" {
-			s += " sasl=" + c.Kafka.SASL.Mechanism + " user=" + c.Kafka.SASL.User
-		}
-		if c.Kafka.TLS != nil {
-			s += " tls"
-		}
+	if s, ok := describe(c); ok {
 		return s
-	case AMQP:
-		return redact.URL(c.AMQP.URL)
-	case GoogleCloud:
-		if c.GoogleCloud.Fake {
-			return "pstest://" + c.GoogleCloud.ProjectID + " (in-process development fake)"
-		}
-		s := "gcppubsub://" + c.GoogleCloud.ProjectID
-		if c.GoogleCloud.EmulatorHost != "" {
-			s += "?emulator=" + c.GoogleCloud.EmulatorHost
-		}
-		return redact.URL(s)
-	case SQL:
-		if c.SQL.URL == "" {
-			return "sql (shared pool)"
-		}
-		return redact.URL(c.SQL.URL)
-	case GoChannel:
-		return "mem://"
 	}
 	return fmt.Sprintf("transport %q", string(c.Kind))
 }
@@ -235,33 +208,5 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 // connections. It is idempotent. Stop the router that uses them first, so
 // handlers can drain (Watermill issue #446).
 func (t *Transport) Close() error { return t.b.Close() }
-
-// loadTLS builds a TLS configuration from a CA file ("" = system roots).
-func loadTLS(caFile string, insecure bool) (*tls.Config, error) {
-	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: insecure} //nolint:gosec // opt-in, documented
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, fmt.Errorf("reading CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("CA file %s holds no PEM certificate", caFile)
-		}
-		c.RootCAs = pool
-	}
-	return c, nil
-}
-
-func parseBool(name, v string) (bool, error) {
-	if v == "" {
-		return false, nil
-	}
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		return false, fmt.Errorf("%s=%q: want true or false", name, v)
-	}
-	return b, nil
-}
 
 var errNoKind = errors.New("transport: no transport configured")

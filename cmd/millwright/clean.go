@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/dlq"
@@ -31,7 +32,7 @@ type cleanTarget struct {
 	component string // the command it hangs under, and its flag prefix in `millwright clean`
 	rows      string // what is deleted, for messages
 	retention time.Duration
-	open      func(*sql.DB, cleaner.Config) (*cleaner.Cleaner, error)
+	open      openCleaner
 	// consequence is what the prompt warns of.
 	consequence string
 }
@@ -39,15 +40,15 @@ type cleanTarget struct {
 // cleanTargets lists every table millwright writes, in the order
 // `millwright clean` cleans them.
 var cleanTargets = []cleanTarget{
-	{"outbox", "published outbox events", outbox.DefaultRetention, outbox.NewCleaner,
+	{"outbox", "published outbox events", outbox.DefaultRetention, cleanerOf(outbox.NewCleaner[*sql.DB], outbox.NewCleaner[*pgxpool.Pool]),
 		"they can no longer be inspected or re-published"},
-	{"idempotency", "processed marks", idempotency.DefaultRetention, idempotency.NewCleaner,
+	{"idempotency", "processed marks", idempotency.DefaultRetention, cleanerOf(idempotency.NewCleaner[*sql.DB], idempotency.NewCleaner[*pgxpool.Pool]),
 		"redeliveries of those events will be processed again"},
-	{"dlq", "dead letters", dlq.DefaultRetention, dlq.NewCleaner,
+	{"dlq", "dead letters", dlq.DefaultRetention, cleanerOf(dlq.NewCleaner[*sql.DB], dlq.NewCleaner[*pgxpool.Pool]),
 		"replayed or not, they can no longer be replayed"},
-	{"saga", "completed and compensated sagas (with their steps)", saga.DefaultRetention, saga.NewCleaner,
+	{"saga", "completed and compensated sagas (with their steps)", saga.DefaultRetention, cleanerOf(saga.NewCleaner[*sql.DB], saga.NewCleaner[*pgxpool.Pool]),
 		"a reply still arriving for one of them fails as not found"},
-	{"audit", "audit rows", audit.DefaultRetention, audit.NewCleaner,
+	{"audit", "audit rows", audit.DefaultRetention, cleanerOf(audit.NewCleaner[*sql.DB], audit.NewCleaner[*pgxpool.Pool]),
 		"the record of those commands is lost"},
 }
 
@@ -128,21 +129,38 @@ func retentionFlag(cmd *cobra.Command, t cleanTarget) string {
 	return t.component + "-retention"
 }
 
+// buildCleaners builds the cleaner of each target into cleaners, on the
+// pool of --driver, and returns what closes that pool.
+func buildCleaners(cmd *cobra.Command, db *sql.DB, targets []cleanTarget, cleaners []*cleaner.Cleaner, retention func(cleanTarget) time.Duration, batch int) (func(), error) {
+	// The cleaners run on the pool of --driver; the audit trail on db.
+	// TODO(coordinator, issue 32): once audit.Ready and audit.Record take
+	// a storage.Querier, run them on the same pool and open no *sql.DB for
+	// pgx.
+	pool, closePool, err := openPool(cmd, db)
+	if err != nil {
+		return func() {}, err
+	}
+	var errs []error
+	for i, t := range targets {
+		var err error
+		if cleaners[i], err = t.open(pool, cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
+			errs = append(errs, fmt.Errorf("%s --%s=%s --batch-size=%d: %w", cmd.CommandPath(), retentionFlag(cmd, t), retention(t), batch, err))
+		}
+	}
+	return closePool, errors.Join(errs...)
+}
+
 // runClean counts (dry run) or cleans each target once, printing a line
 // per table, and audits the run with the total.
 func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retention func(cleanTarget) time.Duration, batch int) error {
 	// The cleaners are built, and so their retention and batch size
 	// validated, before anything is written (the audit row included).
 	cleaners := make([]*cleaner.Cleaner, len(targets))
-	change, db, err := openChange(cmd, args, func(db *sql.DB) error {
-		var errs []error
-		for i, t := range targets {
-			var err error
-			if cleaners[i], err = t.open(db, cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
-				errs = append(errs, fmt.Errorf("%s --%s=%s --batch-size=%d: %w", cmd.CommandPath(), retentionFlag(cmd, t), retention(t), batch, err))
-			}
-		}
-		return errors.Join(errs...)
+	closePool := func() {}
+	defer func() { closePool() }()
+	change, db, err := openChange(cmd, args, func(db *sql.DB) (err error) {
+		closePool, err = buildCleaners(cmd, db, targets, cleaners, retention, batch)
+		return err
 	})
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/bench/idempotencybench"
 	"github.com/millwright/millwright/internal/pgconn"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/migrate"
 )
 
@@ -35,23 +36,15 @@ func idempotencyCmd() *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			rows, err := db.QueryContext(cmd.Context(), `SELECT consumer, count(*), min(processed_at)
-				FROM millwright_processed_events GROUP BY consumer ORDER BY consumer`)
+			marks, err := storage.CountMarksByConsumer(cmd.Context(), storage.NewSQLPool(db))
 			if err != nil {
 				return fmt.Errorf("reading millwright_processed_events (run `millwright migrate` first?): %w", err)
 			}
-			defer rows.Close()
 			fmt.Fprintf(cmd.OutOrStdout(), "%-40s %12s  %s\n", "CONSUMER", "MARKS", "OLDEST")
-			for rows.Next() {
-				var consumer string
-				var n int64
-				var oldest time.Time
-				if err := rows.Scan(&consumer, &n, &oldest); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%-40s %12d  %s\n", consumer, n, oldest.UTC().Format(time.RFC3339))
+			for _, m := range marks {
+				fmt.Fprintf(cmd.OutOrStdout(), "%-40s %12d  %s\n", m.Consumer, m.Marks, m.Oldest.UTC().Format(time.RFC3339))
 			}
-			return rows.Err()
+			return nil
 		},
 	}
 	addDatabaseFlag(stats)

@@ -66,6 +66,7 @@ func stopCPUProfile() error {
 func init() {
 	rootCmd.AddCommand(benchCmd)
 	addSchemaFlag(rootCmd)
+	addDriverFlag(rootCmd)
 	benchCmd.PersistentFlags().String("cpuprofile", "", "write a Go CPU profile of the benchmark to this file (read it with go tool pprof)")
 }
 

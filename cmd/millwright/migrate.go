@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/cmd/millwright/internal/progress"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 )
@@ -81,7 +82,7 @@ docs/partitioning.md.`,
 				return nil
 			}
 			if schema, _ := schemaOf(cmd); schema != "" {
-				if _, err := db.ExecContext(cmd.Context(), `CREATE SCHEMA IF NOT EXISTS `+pq.QuoteIdentifier(schema)); err != nil {
+				if err := storage.CreateSchema(cmd.Context(), storage.NewSQLPool(db), schema, true); err != nil {
 					return fmt.Errorf("creating schema %s: %w", schema, err)
 				}
 			}
@@ -157,15 +158,23 @@ func (p *migrateProgress) end(err error) {
 // --schema or $MILLWRIGHT_SCHEMA.
 func openDB(cmd *cobra.Command) (*sql.DB, error) { return openDBWith(cmd, pgconn.Open) }
 
+// commandURL is the database URL of --database-url (or its default) with
+// the search_path of --schema or $MILLWRIGHT_SCHEMA.
+func commandURL(cmd *cobra.Command) (string, error) {
+	u, _ := cmd.Flags().GetString("database-url")
+	schema, err := schemaOf(cmd)
+	if err != nil {
+		return "", err
+	}
+	return withSchema(databaseURL(u), schema), nil
+}
+
 // openDBWith is openDB opening the pool with open.
 func openDBWith(cmd *cobra.Command, open func(string) (*sql.DB, error)) (*sql.DB, error) {
-	u, _ := cmd.Flags().GetString("database-url")
-	u = databaseURL(u)
-	schema, err := schemaOf(cmd)
+	u, err := commandURL(cmd)
 	if err != nil {
 		return nil, err
 	}
-	u = withSchema(u, schema)
 	db, err := open(u)
 	if err != nil {
 		return nil, fmt.Errorf("opening database %s: %w", redact.URL(u), redact.Error(err))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -30,6 +31,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/relayenv"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
@@ -290,6 +292,14 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 
 // openDB opens and checks the database; it reports which of the tables the
 // retention cleaners clean the schema has (beside the outbox, required).
+//
+// TODO(coordinator, issue 32): the relay process runs on *sql.DB until
+// outbox.NewRelay takes a postgres.Pool (another helper's change): then
+// open p.db with postgres.OpenPgx(ctx, u) (bounded connects; set
+// MaxConns from p.cfg.MaxConns) when the driver is pgx, pass the
+// *pgxpool.Pool to outbox.NewRelay and to the cleaners (components: their
+// openCleaner already takes either), and keep a *sql.DB only for the sql
+// transport (watermill-sql is database/sql) and the readiness pool.
 func (p *relayProcess) openDB(ctx context.Context) (tables map[string]bool, err error) {
 	u := p.cfg.DatabaseURL
 	if p.db, err = pgconn.Open(u); err != nil {
@@ -306,19 +316,17 @@ func (p *relayProcess) openDB(ctx context.Context) (tables map[string]bool, err 
 	p.readyDB.SetMaxOpenConns(1)
 	p.readyDB.SetMaxIdleConns(1)
 	names := []string{"millwright_outbox", "millwright_processed_events", "millwright_dead_letters", "millwright_saga_instances", "millwright_audit"}
-	present := make([]bool, len(names))
-	dest := []any{&p.schema}
-	for i := range present {
-		dest = append(dest, &present[i])
-	}
-	if err := p.db.QueryRowContext(ctx, `SELECT coalesce(current_schema(), ''), `+
-		`to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL, to_regclass($5) IS NOT NULL`,
-		names[0], names[1], names[2], names[3], names[4]).Scan(dest...); err != nil {
+	info, err := storage.LookupTables(ctx, storage.NewSQLPool(p.db), names...)
+	if err != nil {
 		return nil, fmt.Errorf("reading the schema of %s: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
+	p.schema = info.Schema
 	tables = make(map[string]bool, len(names))
-	for i, n := range names {
-		tables[n] = present[i]
+	for _, n := range names {
+		tables[n] = true
+	}
+	for _, n := range info.Missing {
+		tables[n] = false
 	}
 	if !tables["millwright_outbox"] {
 		return nil, fmt.Errorf("no millwright_outbox in the search_path of %s (schema %q): run `millwright migrate` on that URL, or set search_path in %s to the service's schema",
@@ -379,13 +387,13 @@ func (p *relayProcess) components(tables map[string]bool) error {
 	cleaners := []struct {
 		name, env, table string
 		retention        time.Duration
-		open             func(*sql.DB, cleaner.Config) (*cleaner.Cleaner, error)
+		open             openCleaner
 	}{
-		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, outbox.NewCleaner},
-		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, idempotency.NewCleaner},
-		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, dlq.NewCleaner},
-		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, saga.NewCleaner},
-		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, audit.NewCleaner},
+		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, cleanerOf(outbox.NewCleaner[*sql.DB], outbox.NewCleaner[*pgxpool.Pool])},
+		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, cleanerOf(idempotency.NewCleaner[*sql.DB], idempotency.NewCleaner[*pgxpool.Pool])},
+		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, cleanerOf(dlq.NewCleaner[*sql.DB], dlq.NewCleaner[*pgxpool.Pool])},
+		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, cleanerOf(saga.NewCleaner[*sql.DB], saga.NewCleaner[*pgxpool.Pool])},
+		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, cleanerOf(audit.NewCleaner[*sql.DB], audit.NewCleaner[*pgxpool.Pool])},
 	}
 	for _, c := range cleaners {
 		if c.retention <= 0 || !tables[c.table] {

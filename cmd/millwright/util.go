@@ -15,6 +15,7 @@ import (
 
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/redact"
+	"github.com/millwright/millwright/internal/storage"
 )
 
 // defaultDatabaseURL is the local development server.
@@ -81,10 +82,11 @@ func scratchSchema(ctx context.Context, admin *sql.DB, base, prefix string) (sch
 	var b [5]byte
 	_, _ = rand.Read(b[:])
 	schema = prefix + "_" + hex.EncodeToString(b[:])
-	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
+	q := storage.NewSQLPool(admin)
+	if err := storage.CreateSchema(ctx, q, schema, false); err != nil {
 		return "", "", nil, fmt.Errorf("creating scratch schema %s on %s: %w", schema, redact.URL(base), err)
 	}
 	return schema, pgtest.WithSearchPath(base, schema), func() {
-		_, _ = admin.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA `+schema+` CASCADE`)
+		_ = storage.DropSchema(context.WithoutCancel(ctx), q, schema)
 	}, nil
 }

@@ -35,12 +35,11 @@ import (
 
 	"github.com/millwright/millwright/examples/orders/app"
 	"github.com/millwright/millwright/health"
-	"github.com/millwright/millwright/internal/deadline"
-	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/shutdown"
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
 )
@@ -220,7 +219,7 @@ func demo(args []string, stdout io.Writer) error {
 
 	// SIGINT and SIGTERM cancel ctx; the process exits within a second
 	// of the signal, saying what it waited for.
-	ctx, stop := interrupt.Context(context.Background(), "orders")
+	ctx, stop := shutdown.Context(context.Background(), "orders")
 	defer stop()
 	e, cleanup, err := c.open(ctx, *duplicate)
 	if err != nil {
@@ -281,7 +280,7 @@ func demo(args []string, stdout io.Writer) error {
 	s, waitErr := e.app.WaitSettled(wctx, run+"-%", wantDLQ)
 	if waitErr != nil {
 		after := time.Since(waitStart).Round(100 * time.Millisecond)
-		if ctx.Err() == nil && deadline.Passed(wctx) {
+		if ctx.Err() == nil && shutdown.DeadlinePassed(wctx) {
 			after = *timeout
 		}
 		err := notSettled(ctx, wctx, e, run+"-%", after, waitErr, stdout)
@@ -306,18 +305,18 @@ func demo(args []string, stdout io.Writer) error {
 // returns the error saying so. WaitSettled's last count may have been cut
 // short by the same deadline (and read as zeros: "orders=0 ... lost=0"
 // while 50 orders were pending), so they are counted again with a fresh
-// context: 5 s, or after a signal what fits in interrupt.Grace.
+// context: 5 s, or after a signal what fits in shutdown.Grace.
 func notSettled(ctx, wctx context.Context, e *env, pattern string, after time.Duration, waitErr error, stdout io.Writer) error {
 	cause := waitErr
 	switch {
 	case wctx.Err() != nil:
 		cause = context.Cause(wctx)
-	case deadline.Passed(wctx):
+	case shutdown.DeadlinePassed(wctx):
 		cause = context.DeadlineExceeded
 	}
 	limit := 5 * time.Second
 	if ctx.Err() != nil {
-		limit = interrupt.Grace / 2
+		limit = shutdown.Grace / 2
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
@@ -407,7 +406,7 @@ func serve(args []string) error {
 
 	// SIGINT and SIGTERM cancel ctx; the process exits within a second
 	// of the signal, saying what it waited for.
-	ctx, stop := interrupt.Context(context.Background(), "orders")
+	ctx, stop := shutdown.Context(context.Background(), "orders")
 	defer stop()
 
 	// Liveness and readiness are served from the start: while the

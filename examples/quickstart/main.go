@@ -37,12 +37,12 @@ import (
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/shutdown"
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
 )
@@ -69,7 +69,7 @@ func run() error {
 
 	// SIGINT and SIGTERM cancel ctx; the process exits within a second of
 	// the signal, saying what it waited for.
-	ctx, stop := interrupt.Context(context.Background(), "quickstart")
+	ctx, stop := shutdown.Context(context.Background(), "quickstart")
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	wlog := watermill.NewSlogLogger(log)
@@ -215,11 +215,11 @@ func run() error {
 // notSettled prints the true counts of a run that did not settle within
 // timeout and returns the error saying so. The wait's own count may have
 // been cut short by the same deadline, so they are counted again with a
-// fresh context: 5 s, or after a signal what fits in interrupt.Grace.
+// fresh context: 5 s, or after a signal what fits in shutdown.Grace.
 func notSettled(ctx context.Context, db *sql.DB, kind transport.Kind, runID string, n int, timeout time.Duration, cause error) error {
 	limit := 5 * time.Second
 	if ctx.Err() != nil {
-		limit, timeout = interrupt.Grace/2, 0
+		limit, timeout = shutdown.Grace/2, 0
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()

@@ -2,7 +2,6 @@ package audit
 
 import (
 	"context"
-	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
@@ -11,9 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lib/pq"
-
 	"github.com/millwright/millwright/internal/redact"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/migrate"
 )
 
@@ -55,10 +53,9 @@ type Entry struct {
 	Error string
 }
 
-// Execer is the part of *sql.DB, *sql.Tx and *sql.Conn that Record needs.
-type Execer interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+// Execer is what Ready and Record write through: a *sql.DB, *sql.Tx or
+// *sql.Conn, or a pgx.Tx, *pgx.Conn or *pgxpool.Pool.
+type Execer any
 
 // ErrNotMigrated is returned by Ready and Record when millwright_audit does
 // not exist in the search_path: run `millwright migrate`.
@@ -67,11 +64,15 @@ var ErrNotMigrated = errors.New("audit: table millwright_audit does not exist: r
 // Ready returns ErrNotMigrated when the audit table is missing, so a
 // command can refuse before it changes anything it could not audit.
 func Ready(ctx context.Context, db Execer) error {
-	var name sql.NullString
-	if err := db.QueryRowContext(ctx, `SELECT to_regclass('millwright_audit')::text`).Scan(&name); err != nil {
+	q, err := storage.From(db)
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	ok, err := storage.AuditTableExists(ctx, q)
+	if err != nil {
 		return fmt.Errorf("audit: checking for table millwright_audit: %w", err)
 	}
-	if !name.Valid {
+	if !ok {
 		return ErrNotMigrated
 	}
 	return nil
@@ -83,52 +84,45 @@ func Record(ctx context.Context, db Execer, e Entry) (int64, error) {
 	if e.Command == "" {
 		return 0, errors.New("audit: Entry.Command is empty: name the command run")
 	}
-	if e.Args == nil {
-		e.Args = []string{}
-	}
-	var id int64
-	err := db.QueryRowContext(ctx, `INSERT INTO millwright_audit
-		(os_user, hostname, command, args, dry_run, confirmed, affected, error)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, '')) RETURNING id`,
-		e.User, e.Host, e.Command, pq.Array(e.Args), e.DryRun, e.Confirmed, e.Affected, e.Error).Scan(&id)
+	q, err := storage.From(db)
 	if err != nil {
-		var pqErr *pq.Error
-		if errors.As(err, &pqErr) && pqErr.Code == "42P01" {
-			return 0, ErrNotMigrated
-		}
+		return 0, fmt.Errorf("audit: %w", err)
+	}
+	id, err := storage.InsertAudit(ctx, q, storage.AuditRow{
+		User: e.User, Host: e.Host, Command: e.Command, Args: e.Args, DryRun: e.DryRun,
+		Confirmed: e.Confirmed, Affected: e.Affected, Error: e.Error,
+	})
+	if storage.Code(err) == "42P01" { // undefined_table
+		return 0, ErrNotMigrated
+	}
+	if err != nil {
 		return 0, fmt.Errorf("audit: writing to millwright_audit: %w", err)
 	}
 	return id, nil
 }
 
-// Querier is the part of *sql.DB that List needs.
-type Querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
+// Querier is what List reads through: the same as Execer.
+type Querier any
 
 // List returns the newest limit rows, newest first (limit <= 0: all).
 func List(ctx context.Context, db Querier, limit int) ([]Entry, error) {
-	q := `SELECT id, at, os_user, hostname, command, args, dry_run, confirmed, affected, COALESCE(error, '')
-		FROM millwright_audit ORDER BY id DESC`
-	var args []any
-	if limit > 0 {
-		q += ` LIMIT $1`
-		args = append(args, limit)
+	q, err := storage.From(db)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
 	}
-	rows, err := db.QueryContext(ctx, q, args...)
+	rows, err := storage.ListAudit(ctx, q, limit)
 	if err != nil {
 		return nil, fmt.Errorf("audit: reading millwright_audit (run `millwright migrate` first?): %w", err)
 	}
-	defer rows.Close()
-	var out []Entry
-	for rows.Next() {
-		var e Entry
-		if err := rows.Scan(&e.ID, &e.At, &e.User, &e.Host, &e.Command, pq.Array(&e.Args), &e.DryRun, &e.Confirmed, &e.Affected, &e.Error); err != nil {
-			return nil, fmt.Errorf("audit: reading millwright_audit: %w", err)
-		}
-		out = append(out, e)
+	var out []Entry // nil for none, as before
+	if len(rows) > 0 {
+		out = make([]Entry, len(rows))
 	}
-	return out, rows.Err()
+	for i, r := range rows {
+		out[i] = Entry{ID: r.ID, At: r.At, User: r.User, Host: r.Host, Command: r.Command, Args: r.Args,
+			DryRun: r.DryRun, Confirmed: r.Confirmed, Affected: r.Affected, Error: r.Error}
+	}
+	return out, nil
 }
 
 // CurrentUser names who runs this process: $USER when set, else the

@@ -1,10 +1,11 @@
 package audit
 
 import (
-	"database/sql"
 	"time"
 
 	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // DefaultRetention is how long audit rows are kept by default: one year,
@@ -12,11 +13,8 @@ import (
 const DefaultRetention = 365 * 24 * time.Hour
 
 var cleanerTable = cleaner.Table{
-	Component: "audit", Name: "millwright_audit", Rows: "audit rows",
-	Key: "id", OrderBy: "at",
-	// Served by millwright_audit_at_idx.
-	Where:     `at < now() - $1 * interval '1 millisecond'`,
-	LockClass: 0x6d774155, // "mwAU"
+	Component: "audit", Rows: "audit rows",
+	Store: storage.AuditRetention,
 	// A day at least: a trail that forgets yesterday is no trail.
 	DefaultRetention: DefaultRetention, MinRetention: 24 * time.Hour,
 	Hint: cleaner.MissingTable("audit.Migrations()"),
@@ -25,6 +23,6 @@ var cleanerTable = cleaner.Table{
 // NewCleaner returns the retention cleaner of millwright_audit in db's
 // search_path: rows older than cfg.Retention (default DefaultRetention, at
 // least 24h) are deleted in bounded batches, one instance at a time.
-func NewCleaner(db *sql.DB, cfg cleaner.Config) (*cleaner.Cleaner, error) {
-	return cleaner.New(db, cleanerTable, cfg)
+func NewCleaner[P postgres.Pool](db P, cfg cleaner.Config) (*cleaner.Cleaner, error) {
+	return cleaner.NewFrom(db, cleanerTable, cfg)
 }

@@ -2,17 +2,15 @@ package cleaner
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/lib/pq"
 
 	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/internal/schemacheck"
+	"github.com/millwright/millwright/internal/storage"
 )
 
 // Defaults shared by every table (Retention's default is the table's).
@@ -77,32 +75,20 @@ type Stats struct {
 type Table struct {
 	// Component names the owner in errors, logs and the lock ("outbox").
 	Component string
-	// Name is the table, unqualified: it is found on the search_path.
-	Name string
 	// Rows names the rows in messages ("published events").
 	Rows string
-	// Key identifies a row in the DELETE: its primary key, or "ctid".
-	Key string
-	// Where selects the rows to delete; $1 is the retention in
-	// milliseconds (int8), e.g. `created_at < now() - $1 * interval '1 millisecond'`.
-	// An index must serve it (see each component's migrations).
-	Where string
-	// OrderBy, optional, orders each batch's sub-select (e.g. "id": old
-	// rows sit at the start of the primary key).
-	OrderBy string
-	// LockClass is the first key of the session advisory lock held while
-	// a round runs; the second is hashtext(current_schema()), so cleaners
-	// of different schemas do not exclude each other. One per table.
-	LockClass int32
+	// Store is the table and the SQL of its DELETE, its lock and its
+	// partition mode: one of the storage layer's RetentionTables
+	// (storage.OutboxRetention, ...). When Store.Partitions is set and
+	// the table is a partitioned table, rounds drop whole partitions
+	// instead of deleting rows (see the partition mode in doc.go); when
+	// it is a plain table they delete.
+	Store storage.RetentionTable
 	// DefaultRetention and MinRetention apply to Config.Retention.
 	DefaultRetention, MinRetention time.Duration
 	// Hint, optional, turns a database error into advice appended to the
 	// error message (e.g. "run `millwright migrate`").
 	Hint func(error) string
-	// Partitions, optional, is the partition mode: when Name is a
-	// partitioned table, rounds drop whole partitions instead of deleting
-	// rows (see Partitions); when it is a plain table they delete.
-	Partitions *Partitions
 }
 
 // SetDefaults fills the zero fields of c, Retention with t's default.
@@ -153,12 +139,10 @@ func (c Config) Validate(t Table) error {
 // Cleaner deletes the old rows of one table, in batches, on one instance at
 // a time. It is safe for concurrent use.
 type Cleaner struct {
-	db  *sql.DB
+	db  storage.Pool
 	t   Table
 	cfg Config
 	r   *runner.Runner
-
-	deleteSQL, countSQL, lockSQL, unlockSQL string
 
 	// beforeDrop, in tests, runs between the look for rows to keep
 	// without a lock and the transaction that drops partitions.
@@ -167,28 +151,25 @@ type Cleaner struct {
 
 // New returns a cleaner of t in db. It sets cfg's defaults and validates
 // it; a nil db is an error naming the component.
-func New(db *sql.DB, t Table, cfg Config) (*Cleaner, error) {
+func New(db storage.Pool, t Table, cfg Config) (*Cleaner, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%s: NewCleaner: db is nil: pass the open *sql.DB holding %s", t.Component, t.Name)
+		return nil, fmt.Errorf("%s: NewCleaner: db is nil: pass the open *sql.DB or *pgxpool.Pool holding %s", t.Component, t.Store.Name)
 	}
 	cfg.SetDefaults(t)
 	if err := cfg.Validate(t); err != nil {
 		return nil, err
 	}
-	order := ""
-	if t.OrderBy != "" {
-		order = " ORDER BY " + t.OrderBy
+	return &Cleaner{db: db, t: t, cfg: cfg, r: runner.New(t.Component+".Cleaner", cfg.CloseTimeout)}, nil
+}
+
+// NewFrom is New on a *sql.DB or a *pgxpool.Pool (storage.PoolFrom): the
+// domain cleaners' constructors call it.
+func NewFrom(db any, t Table, cfg Config) (*Cleaner, error) {
+	p, err := storage.PoolFrom(db)
+	if err != nil {
+		return nil, fmt.Errorf("%s: NewCleaner: db is nil or not a pool: pass the open *sql.DB or *pgxpool.Pool holding %s: %w", t.Component, t.Store.Name, err)
 	}
-	class := strconv.Itoa(int(t.LockClass))
-	return &Cleaner{
-		db: db, t: t, cfg: cfg,
-		r: runner.New(t.Component+".Cleaner", cfg.CloseTimeout),
-		deleteSQL: `DELETE FROM ` + t.Name + ` WHERE ` + t.Key + ` IN (SELECT ` + t.Key + ` FROM ` + t.Name +
-			` WHERE ` + t.Where + order + ` LIMIT $2 FOR UPDATE SKIP LOCKED)`,
-		countSQL:  `SELECT count(*) FROM ` + t.Name + ` WHERE ` + t.Where,
-		lockSQL:   `SELECT pg_try_advisory_lock(` + class + `, hashtext(current_schema()))`,
-		unlockSQL: `SELECT pg_advisory_unlock(` + class + `, hashtext(current_schema()))`,
-	}, nil
+	return New(p, t, cfg)
 }
 
 // Config returns the configuration in use, defaults set.
@@ -212,7 +193,7 @@ func (c *Cleaner) Run(ctx context.Context) error {
 		for checked := false; !checked; {
 			// Bounded: a server that never answers is retried, not waited on.
 			cctx, cancel := context.WithTimeout(ctx, startCheckTimeout)
-			err := schemacheck.Check(cctx, c.db, c.t.Component+": cleaner", c.t.Name)
+			err := schemacheck.Check(cctx, c.db, c.t.Component+": cleaner", c.t.Store.Name)
 			cancel()
 			var missing *schemacheck.MissingError
 			switch {
@@ -224,7 +205,7 @@ func (c *Cleaner) Run(ctx context.Context) error {
 			case ctx.Err() != nil:
 				return nil
 			}
-			c.cfg.Logger.Error("Checking the table to clean failed; retrying at the next interval", err, watermill.LogFields{"table": c.t.Name})
+			c.cfg.Logger.Error("Checking the table to clean failed; retrying at the next interval", err, watermill.LogFields{"table": c.t.Store.Name})
 			if !runner.Wait(ctx, draining, c.cfg.Interval) {
 				return nil
 			}
@@ -234,12 +215,12 @@ func (c *Cleaner) Run(ctx context.Context) error {
 			switch {
 			case err != nil && ctx.Err() == nil:
 				c.cfg.Logger.Error("Cleaning "+c.t.Rows+" failed; retrying at the next interval", err,
-					watermill.LogFields{"table": c.t.Name})
+					watermill.LogFields{"table": c.t.Store.Name})
 			case err == nil && stats.partitionNews():
 				c.logPartitions(stats)
 			case err == nil && stats.Deleted > 0:
 				c.cfg.Logger.Info("Cleaned "+c.t.Rows, watermill.LogFields{
-					"table": c.t.Name, "deleted": stats.Deleted, "batches": stats.Batches,
+					"table": c.t.Store.Name, "deleted": stats.Deleted, "batches": stats.Batches,
 				})
 			}
 			if !runner.Wait(ctx, draining, c.cfg.Interval) {
@@ -273,8 +254,8 @@ func (c *Cleaner) Count(ctx context.Context) (int64, error) {
 	} else if part {
 		return c.countPartitions(ctx)
 	}
-	var n int64
-	if err := c.db.QueryRowContext(ctx, c.countSQL, c.cfg.Retention.Milliseconds()).Scan(&n); err != nil {
+	n, err := storage.CountRetained(ctx, c.db, c.t.Store, c.cfg.Retention)
+	if err != nil {
 		return 0, c.wrap("counting", err)
 	}
 	return n, nil
@@ -298,15 +279,16 @@ func (c *Cleaner) RunOnceWithProgress(ctx context.Context, progress func(deleted
 		progress = func(int64) {}
 	}
 	var stats Stats
-	conn, err := c.db.Conn(ctx)
+	// One session holds the advisory lock and runs the round.
+	sess, err := storage.AcquireSession(ctx, c.db)
 	if err != nil {
 		return stats, fmt.Errorf("%s: cleaner: connecting: %w", c.t.Component, err)
 	}
-	defer conn.Close()
+	defer sess.Release()
 
-	var locked bool
-	if err := conn.QueryRowContext(ctx, c.lockSQL).Scan(&locked); err != nil {
-		return stats, fmt.Errorf("%s: cleaner: taking the advisory lock of %s: %w", c.t.Component, c.t.Name, err)
+	locked, err := storage.TryRetentionLock(ctx, sess, c.t.Store)
+	if err != nil {
+		return stats, fmt.Errorf("%s: cleaner: taking the advisory lock of %s: %w", c.t.Component, c.t.Store.Name, err)
 	}
 	if !locked {
 		stats.Skipped = true
@@ -314,27 +296,29 @@ func (c *Cleaner) RunOnceWithProgress(ctx context.Context, progress func(deleted
 	}
 	// The lock goes with the session anyway; unlock so that the pooled
 	// connection does not keep it.
-	defer conn.ExecContext(context.WithoutCancel(ctx), c.unlockSQL) //nolint:errcheck // see above
+	defer storage.RetentionUnlock(context.WithoutCancel(ctx), sess, c.t.Store) //nolint:errcheck // see above
 
-	if part, err := c.partitioned(ctx, conn); err != nil {
+	if part, err := c.partitioned(ctx, sess); err != nil {
 		return stats, err
 	} else if part {
-		stats, err := c.partitionRound(ctx, conn)
+		stats, err := c.partitionRound(ctx, sess)
 		progress(stats.DroppedRows)
 		return stats, err
 	}
+	return c.deleteRound(ctx, sess, progress)
+}
 
+// deleteRound deletes batches on sess until one is short or Close is
+// called.
+func (c *Cleaner) deleteRound(ctx context.Context, sess storage.Querier, progress func(int64)) (Stats, error) {
+	var stats Stats
 	for {
 		select {
 		case <-c.r.Draining():
 			return stats, nil
 		default:
 		}
-		res, err := conn.ExecContext(ctx, c.deleteSQL, c.cfg.Retention.Milliseconds(), c.cfg.BatchSize)
-		if err != nil {
-			return stats, c.wrap("deleting", err)
-		}
-		n, err := res.RowsAffected()
+		n, err := storage.DeleteRetained(ctx, sess, c.t.Store, c.cfg.Retention, c.cfg.BatchSize)
 		if err != nil {
 			return stats, c.wrap("deleting", err)
 		}
@@ -354,8 +338,7 @@ func (c *Cleaner) RunOnceWithProgress(ctx context.Context, progress func(deleted
 // "idempotency.Migrations()".
 func MissingTable(migrations string) func(error) string {
 	return func(err error) string {
-		var pqErr *pq.Error
-		if errors.As(err, &pqErr) && pqErr.Code == "42P01" {
+		if storage.Code(err) == "42P01" {
 			return " (table missing: run `millwright migrate` or migrate.Up with " + migrations + ")"
 		}
 		return ""

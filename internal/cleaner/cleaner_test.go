@@ -6,19 +6,25 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
+	"github.com/millwright/millwright/internal/storage"
 )
 
 const bound = 10 * time.Second
 
 var table = cleaner.Table{
-	Component: "test", Name: "things", Rows: "things", Key: "id", OrderBy: "id",
-	Where:     `done AND at < now() - $1 * interval '1 millisecond'`,
-	LockClass: 0x74657374, DefaultRetention: time.Hour, MinRetention: time.Millisecond,
+	Component: "test", Rows: "things",
+	Store: storage.RetentionTable{
+		Name: "things", Key: "id", OrderBy: "id",
+		Where:     `done AND at < now() - $1 * interval '1 millisecond'`,
+		LockClass: 0x74657374,
+	},
+	DefaultRetention: time.Hour, MinRetention: time.Millisecond,
 }
 
 // setup returns a schema with a things table holding old done rows, old
@@ -47,8 +53,15 @@ func rows(t *testing.T, db *sql.DB) int {
 
 func TestRunOnceDeletesOnlyQualifyingRowsInBatches(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testRunOnceDeletes(t, driver)
+	})
+}
+
+func testRunOnceDeletes(t *testing.T, driver string) {
 	s := setup(t, 25)
-	c, err := cleaner.New(s.DB, table, cleaner.Config{BatchSize: 10})
+	c, err := cleaner.New(s.Pool(t, driver), table, cleaner.Config{BatchSize: 10})
 	require.NoError(t, err)
 	ctx := context.Background()
 
@@ -69,46 +82,76 @@ func TestRunOnceDeletesOnlyQualifyingRowsInBatches(t *testing.T) {
 
 func TestRunOnceSkipsWhileAnotherInstanceHoldsTheLockOfItsSchema(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testRunOnceSkips(t, driver)
+	})
+}
+
+func testRunOnceSkips(t *testing.T, driver string) {
 	a, b := setup(t, 3), setup(t, 2)
 	ctx := context.Background()
 	conn, err := a.DB.Conn(ctx)
 	require.NoError(t, err)
 	defer conn.Close()
 	var locked bool
-	require.NoError(t, conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, hashtext(current_schema()))`, table.LockClass).Scan(&locked))
+	require.NoError(t, conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, hashtext(current_schema()))`, table.Store.LockClass).Scan(&locked))
 	require.True(t, locked)
 
-	ca, err := cleaner.New(a.DB, table, cleaner.Config{})
+	ca, err := cleaner.New(a.Pool(t, driver), table, cleaner.Config{})
 	require.NoError(t, err)
 	stats, err := ca.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, cleaner.Stats{Skipped: true}, stats)
 	require.Equal(t, 10, rows(t, a.DB))
 
-	cb, err := cleaner.New(b.DB, table, cleaner.Config{})
+	cb, err := cleaner.New(b.Pool(t, driver), table, cleaner.Config{})
 	require.NoError(t, err)
 	stats, err = cb.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, cleaner.Stats{Deleted: 2, Batches: 1}, stats, "another schema's cleaner is not excluded")
 
-	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, table.LockClass)
+	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, table.Store.LockClass)
 	require.NoError(t, err)
 	stats, err = ca.RunOnce(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 3, stats.Deleted)
 }
 
+// onePool returns a pool of driver with one connection (its backend is
+// the cleaner's) and that backend's pid.
+func onePool(t *testing.T, s *pgtest.Schema, driver string) (storage.Pool, int) {
+	t.Helper()
+	var pool storage.Pool
+	switch driver {
+	case pgtest.DriverPQ:
+		db, err := sql.Open("postgres", s.URL)
+		require.NoError(t, err)
+		db.SetMaxOpenConns(1)
+		t.Cleanup(func() { db.Close() })
+		pool = storage.NewSQLPool(db)
+	case pgtest.DriverPgx:
+		cfg, err := pgxpool.ParseConfig(s.URL)
+		require.NoError(t, err)
+		cfg.MaxConns = 1
+		p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		pool = storage.NewPgxPool(p)
+	default:
+		t.Fatalf("unknown driver %q", driver)
+	}
+	var pid int
+	require.NoError(t, pool.QueryRow(context.Background(), storage.S(`SELECT pg_backend_pid()`), &pid))
+	return pool, pid
+}
+
 // blocked starts Run on a cleaner whose first DELETE waits on a table lock
 // the test holds, and returns once it waits. release ends the lock.
-func blocked(t *testing.T, cfg cleaner.Config) (s *pgtest.Schema, c *cleaner.Cleaner, errc <-chan error, release func()) {
+func blocked(t *testing.T, driver string, cfg cleaner.Config) (s *pgtest.Schema, c *cleaner.Cleaner, errc <-chan error, release func()) {
 	t.Helper()
 	s = setup(t, 10)
-	db, err := sql.Open("postgres", s.URL)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(1) // its one backend is the cleaner's
-	t.Cleanup(func() { db.Close() })
-	var pid int
-	require.NoError(t, db.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
+	pool, pid := onePool(t, s, driver)
 
 	block, err := s.DB.Begin()
 	require.NoError(t, err)
@@ -123,7 +166,7 @@ func blocked(t *testing.T, cfg cleaner.Config) (s *pgtest.Schema, c *cleaner.Cle
 	}
 	t.Cleanup(release)
 
-	c, err = cleaner.New(db, table, cfg)
+	c, err = cleaner.New(pool, table, cfg)
 	require.NoError(t, err)
 	ch := make(chan error, 1)
 	go func() { ch <- c.Run(context.Background()) }()
@@ -133,7 +176,14 @@ func blocked(t *testing.T, cfg cleaner.Config) (s *pgtest.Schema, c *cleaner.Cle
 
 func TestCloseFinishesTheBatchInFlightAndStops(t *testing.T) {
 	t.Parallel()
-	s, c, errc, release := blocked(t, cleaner.Config{BatchSize: 2, Interval: time.Hour})
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testCloseFinishesTheBatchInFlight(t, driver)
+	})
+}
+
+func testCloseFinishesTheBatchInFlight(t *testing.T, driver string) {
+	s, c, errc, release := blocked(t, driver, cleaner.Config{BatchSize: 2, Interval: time.Hour})
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close() }()
 	select {
@@ -161,7 +211,14 @@ func TestCloseFinishesTheBatchInFlightAndStops(t *testing.T) {
 
 func TestCloseCancelsAfterCloseTimeout(t *testing.T) {
 	t.Parallel()
-	s, c, errc, release := blocked(t, cleaner.Config{BatchSize: 2, Interval: time.Hour, CloseTimeout: 20 * time.Millisecond})
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testCloseCancelsAfterCloseTimeout(t, driver)
+	})
+}
+
+func testCloseCancelsAfterCloseTimeout(t *testing.T, driver string) {
+	s, c, errc, release := blocked(t, driver, cleaner.Config{BatchSize: 2, Interval: time.Hour, CloseTimeout: 20 * time.Millisecond})
 	require.NoError(t, c.Close(), "returns although the batch is still blocked")
 	require.NoError(t, <-errc)
 	release()
@@ -171,8 +228,15 @@ func TestCloseCancelsAfterCloseTimeout(t *testing.T) {
 
 func TestRunCleansUntilClosed(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testRunCleansUntilClosed(t, driver)
+	})
+}
+
+func testRunCleansUntilClosed(t *testing.T, driver string) {
 	s := setup(t, 5)
-	c, err := cleaner.New(s.DB, table, cleaner.Config{Interval: 5 * time.Millisecond})
+	c, err := cleaner.New(s.Pool(t, driver), table, cleaner.Config{Interval: 5 * time.Millisecond})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(context.Background()) }()

@@ -2,9 +2,16 @@
 // writes: published outbox rows (outbox.Cleaner), processed marks
 // (idempotency.Cleaner), dead letters (dlq.Cleaner), finished saga
 // instances and their steps (saga.Cleaner) and audit rows
-// (audit.NewCleaner). A Table names the table, the predicate of the rows to
-// delete, the lock and the default retention; Config the age, batch size,
-// interval and close timeout.
+// (audit.NewCleaner). A Table names the component and its default
+// retention, and holds the storage layer's RetentionTable (the table, the
+// predicate of the rows to delete, the lock, the partition mode: every SQL
+// statement a cleaner runs is internal/storage's); Config the age, batch
+// size, interval and close timeout.
+//
+// A cleaner runs on a storage.Pool: a *sql.DB (database/sql, lib/pq) or a
+// *pgxpool.Pool (pgx v5), alike; the components' NewCleaner take either
+// (NewCleaner[P postgres.Pool]). A round holds one connection of the pool
+// (storage.Session) for its lock and its statements.
 //
 // Guarantees, for every table:
 //

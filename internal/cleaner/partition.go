@@ -2,14 +2,14 @@ package cleaner
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/lib/pq"
+
+	"github.com/millwright/millwright/internal/storage"
 )
 
 // Partition mode defaults.
@@ -30,7 +30,7 @@ const (
 	defaultRowsCap = 100000
 )
 
-// Partitions is the partition mode of a Table. When the table is
+// The partition mode of a Table (Store.Partitions set). When the table is
 // partitioned by range on a timestamptz column by UTC day (as the outbox's
 // partitioned layout, outbox.PartitionedMigrations), a round does not
 // delete rows; it
@@ -52,66 +52,23 @@ const (
 // that turned pending again (say, by `outbox retry-failed`) impossible.
 // The ACCESS EXCLUSIVE lock it takes on the parent lasts milliseconds,
 // once a round that has partitions to drop (once a day).
-type Partitions struct {
-	// Keep lists predicates of rows that keep their partition from being
-	// dropped ("status = 'pending'"); an index should serve each.
-	Keep []string
-	// With, optional, is the storage parameters of new partitions
-	// ("fillfactor = 70").
-	With string
-}
-
-// partition is one partition of the table as the catalog shows it.
-type partition struct {
-	name      string
-	isDefault bool
-	upper     sql.NullTime
-	expired   bool
-	tuples    int64
-}
-
-func (c *Cleaner) partitionCatalogSQL() string {
-	return `SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT',
-		b.upper, coalesce(b.upper <= now() - $1 * interval '1 millisecond', false), greatest(c.reltuples, 0)::int8
-	FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-	CROSS JOIN LATERAL (SELECT (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz AS upper) b
-	WHERE i.inhparent = '` + c.t.Name + `'::regclass
-	ORDER BY b.upper NULLS LAST`
-}
-
-type querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
 
 // partitioned reports whether the table is a partitioned table in the
 // partition mode of t.
-func (c *Cleaner) partitioned(ctx context.Context, q querier) (bool, error) {
-	if c.t.Partitions == nil {
+func (c *Cleaner) partitioned(ctx context.Context, q storage.Querier) (bool, error) {
+	if c.t.Store.Partitions == nil {
 		return false, nil
 	}
-	var kind string
-	if err := q.QueryRowContext(ctx, `SELECT relkind FROM pg_class WHERE oid = '`+c.t.Name+`'::regclass`).Scan(&kind); err != nil {
+	part, err := storage.IsPartitioned(ctx, q, c.t.Store.Name)
+	if err != nil {
 		return false, c.wrap("looking up the layout of the table of", err)
 	}
-	return kind == "p", nil
+	return part, nil
 }
 
-func (c *Cleaner) partitions(ctx context.Context, q querier) ([]partition, error) {
-	rows, err := q.QueryContext(ctx, c.partitionCatalogSQL(), c.cfg.Retention.Milliseconds())
+func (c *Cleaner) partitions(ctx context.Context, q storage.Querier) ([]storage.Partition, error) {
+	ps, err := storage.ListPartitions(ctx, q, c.t.Store.Name, c.cfg.Retention)
 	if err != nil {
-		return nil, c.wrap("listing the partitions holding", err)
-	}
-	defer rows.Close()
-	var ps []partition
-	for rows.Next() {
-		var p partition
-		if err := rows.Scan(&p.name, &p.isDefault, &p.upper, &p.expired, &p.tuples); err != nil {
-			return nil, c.wrap("listing the partitions holding", err)
-		}
-		ps = append(ps, p)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, c.wrap("listing the partitions holding", err)
 	}
 	return ps, nil
@@ -127,36 +84,32 @@ func (c *Cleaner) countPartitions(ctx context.Context) (int64, error) {
 	}
 	var n int64
 	for _, p := range ps {
-		if !p.expired {
+		if !p.Expired {
 			continue
 		}
-		kept, err := c.keptRows(ctx, c.db, p.name)
+		kept, err := c.keptRows(ctx, c.db, p.Name)
 		if err != nil {
 			return 0, err
 		}
 		if kept == 0 {
-			n += p.tuples
+			n += p.Tuples
 		}
 	}
 	return n, nil
 }
 
 // keptRows counts the rows of partition name that Keep protects.
-func (c *Cleaner) keptRows(ctx context.Context, q querier, name string) (int64, error) {
-	var total int64
-	for _, pred := range c.t.Partitions.Keep {
-		var n int64
-		if err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+pq.QuoteIdentifier(name)+` WHERE `+pred).Scan(&n); err != nil {
-			return 0, c.wrap("looking for rows to keep in partition "+name+" of", err)
-		}
-		total += n
+func (c *Cleaner) keptRows(ctx context.Context, q storage.Querier, name string) (int64, error) {
+	n, err := storage.KeptRows(ctx, q, c.t.Store, name)
+	if err != nil {
+		return 0, c.wrap("looking for rows to keep in partition "+name+" of", err)
 	}
-	return total, nil
+	return n, nil
 }
 
 // partitionRound is RunOnce in partition mode, on conn holding the lock.
 // A failing step does not stop the others; their errors are joined.
-func (c *Cleaner) partitionRound(ctx context.Context, conn *sql.Conn) (Stats, error) {
+func (c *Cleaner) partitionRound(ctx context.Context, conn *storage.Session) (Stats, error) {
 	var stats Stats
 	ps, err := c.partitions(ctx, conn)
 	if err != nil {
@@ -164,11 +117,11 @@ func (c *Cleaner) partitionRound(ctx context.Context, conn *sql.Conn) (Stats, er
 	}
 	errs := []error{c.createAhead(ctx, conn, ps, &stats), c.dropExpired(ctx, conn, ps, &stats)}
 	for _, p := range ps {
-		if !p.isDefault {
+		if !p.IsDefault {
 			continue
 		}
-		err := conn.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+pq.QuoteIdentifier(p.name)+` LIMIT `+fmt.Sprint(defaultRowsCap)+`) d`).Scan(&stats.DefaultRows)
-		if err != nil {
+		var err error
+		if stats.DefaultRows, err = storage.CountRows(ctx, conn, p.Name, defaultRowsCap); err != nil {
 			errs = append(errs, c.wrap("counting the rows of the default partition of", err))
 		}
 	}
@@ -177,20 +130,19 @@ func (c *Cleaner) partitionRound(ctx context.Context, conn *sql.Conn) (Stats, er
 
 // createAhead creates the missing partitions of today and the next
 // PartitionsAhead days, by UTC day (the server's clock).
-func (c *Cleaner) createAhead(ctx context.Context, conn *sql.Conn, ps []partition, stats *Stats) error {
-	var today time.Time
-	if err := conn.QueryRowContext(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC')::timestamp`).Scan(&today); err != nil {
+func (c *Cleaner) createAhead(ctx context.Context, conn *storage.Session, ps []storage.Partition, stats *Stats) error {
+	today, err := storage.UTCToday(ctx, conn)
+	if err != nil {
 		return c.wrap("reading the date for the partitions of", err)
 	}
-	today = time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
 	have := map[string]bool{}
 	for _, p := range ps {
-		have[p.name] = true
+		have[p.Name] = true
 	}
 	var errs []error
 	for d := 0; d <= c.cfg.PartitionsAhead; d++ {
 		day := today.AddDate(0, 0, d)
-		name := PartitionName(c.t.Name, day)
+		name := PartitionName(c.t.Store.Name, day)
 		if have[name] {
 			continue
 		}
@@ -206,22 +158,22 @@ func (c *Cleaner) createAhead(ctx context.Context, conn *sql.Conn, ps []partitio
 // dropExpired drops, in one transaction, the expired partitions that hold
 // nothing to keep as far as a look without a lock tells (dropPartitions
 // looks again under the lock).
-func (c *Cleaner) dropExpired(ctx context.Context, conn *sql.Conn, ps []partition, stats *Stats) error {
+func (c *Cleaner) dropExpired(ctx context.Context, conn *storage.Session, ps []storage.Partition, stats *Stats) error {
 	var errs []error
-	var drop []partition
+	var drop []storage.Partition
 	for _, p := range ps {
-		if p.isDefault || !p.expired {
+		if p.IsDefault || !p.Expired {
 			continue
 		}
 		if len(drop) >= MaxPartitionsPerRound {
 			break
 		}
-		kept, err := c.keptRows(ctx, conn, p.name)
+		kept, err := c.keptRows(ctx, conn, p.Name)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
 		case kept > 0:
-			stats.PartitionsKept = append(stats.PartitionsKept, c.keptNote(p.name, kept))
+			stats.PartitionsKept = append(stats.PartitionsKept, c.keptNote(p.Name, kept))
 		default:
 			drop = append(drop, p)
 		}
@@ -239,7 +191,7 @@ func (c *Cleaner) dropExpired(ctx context.Context, conn *sql.Conn, ps []partitio
 	stats.PartitionsKept = append(stats.PartitionsKept, kept...)
 	for _, p := range dropped {
 		stats.PartitionsDropped++
-		stats.DroppedRows += p.tuples
+		stats.DroppedRows += p.Tuples
 	}
 	return errors.Join(errs...)
 }
@@ -250,46 +202,37 @@ func PartitionName(table string, day time.Time) string {
 	return table + "_p" + day.UTC().Format("20060102")
 }
 
-func (c *Cleaner) inTx(ctx context.Context, conn *sql.Conn, f func(tx *sql.Tx) error) error {
-	tx, err := conn.BeginTx(ctx, nil)
+// inTx runs f in a transaction of conn whose lock waits are bounded by
+// PartitionLockTimeout (set by f's first batch when lockSet, else here).
+func (c *Cleaner) inTx(ctx context.Context, conn *storage.Session, lockSet bool, f func(tx storage.Tx) error) error {
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return err
 	}
-	defer tx.Rollback() //nolint:errcheck // no-op after commit
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, PartitionLockTimeout.Milliseconds())); err != nil {
-		return err
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if !lockSet {
+		if err := storage.SetLockTimeout(ctx, tx, PartitionLockTimeout); err != nil {
+			return err
+		}
 	}
 	if err := f(tx); err != nil {
 		return err
 	}
-	return tx.Commit()
+	return tx.Commit(ctx)
 }
 
 // createPartition creates the partition of day as a plain table and
-// attaches it: ATTACH takes only SHARE UPDATE EXCLUSIVE on the parent (and
-// ACCESS EXCLUSIVE on the DEFAULT partition, which it scans for rows of
-// that day).
-func (c *Cleaner) createPartition(ctx context.Context, conn *sql.Conn, name string, day time.Time) error {
-	with := ""
-	if c.t.Partitions.With != "" {
-		with = " WITH (" + c.t.Partitions.With + ")"
-	}
-	from, to := day.Format(time.RFC3339), day.AddDate(0, 0, 1).Format(time.RFC3339)
-	err := c.inTx(ctx, conn, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `CREATE TABLE `+pq.QuoteIdentifier(name)+` (LIKE `+c.t.Name+` INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`+with); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, `ALTER TABLE `+c.t.Name+` ATTACH PARTITION `+pq.QuoteIdentifier(name)+
-			` FOR VALUES FROM (`+pq.QuoteLiteral(from)+`) TO (`+pq.QuoteLiteral(to)+`)`)
-		return err
+// attaches it (storage.CreatePartition).
+func (c *Cleaner) createPartition(ctx context.Context, conn *storage.Session, name string, day time.Time) error {
+	err := c.inTx(ctx, conn, true, func(tx storage.Tx) error {
+		return storage.CreatePartition(ctx, tx, c.t.Store, name, day, day.AddDate(0, 0, 1), PartitionLockTimeout)
 	})
 	if err != nil {
 		hint := ""
-		var pqErr *pq.Error
-		if errors.As(err, &pqErr) && pqErr.Code == "23514" {
+		if storage.Code(err) == "23514" {
 			hint = " (the DEFAULT partition holds rows of that day: move them out, see docs/partitioning.md)"
 		}
-		return fmt.Errorf("%s: cleaner: creating partition %s of %s%s: %w", c.t.Component, name, c.t.Name, hint, err)
+		return fmt.Errorf("%s: cleaner: creating partition %s of %s%s: %w", c.t.Component, name, c.t.Store.Name, hint, err)
 	}
 	return nil
 }
@@ -301,28 +244,25 @@ func (c *Cleaner) createPartition(ctx context.Context, conn *sql.Conn, name stri
 // can appear, and one that has some (made pending again since the look
 // without the lock) is put back by rolling back to the savepoint and
 // reported kept. The DROP returns the space at commit.
-func (c *Cleaner) dropPartitions(ctx context.Context, conn *sql.Conn, ps []partition) (dropped []partition, kept []string, err error) {
-	err = c.inTx(ctx, conn, func(tx *sql.Tx) error {
+func (c *Cleaner) dropPartitions(ctx context.Context, conn *storage.Session, ps []storage.Partition) (dropped []storage.Partition, kept []string, err error) {
+	err = c.inTx(ctx, conn, false, func(tx storage.Tx) error {
 		dropped, kept = nil, nil
 		for _, p := range ps {
-			if _, err := tx.ExecContext(ctx, `SAVEPOINT detach`); err != nil {
+			if err := storage.DetachPartition(ctx, tx, c.t.Store, p.Name); err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, `ALTER TABLE `+c.t.Name+` DETACH PARTITION `+pq.QuoteIdentifier(p.name)); err != nil {
-				return err
-			}
-			n, err := c.keptRows(ctx, tx, p.name)
+			n, err := c.keptRows(ctx, tx, p.Name)
 			if err != nil {
 				return err
 			}
 			if n > 0 {
-				if _, err := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT detach`); err != nil {
+				if err := storage.RestorePartition(ctx, tx); err != nil {
 					return err
 				}
-				kept = append(kept, c.keptNote(p.name, n))
+				kept = append(kept, c.keptNote(p.Name, n))
 				continue
 			}
-			if _, err := tx.ExecContext(ctx, `DROP TABLE `+pq.QuoteIdentifier(p.name)); err != nil {
+			if err := storage.DropPartition(ctx, tx, p.Name); err != nil {
 				return err
 			}
 			dropped = append(dropped, p)
@@ -332,30 +272,30 @@ func (c *Cleaner) dropPartitions(ctx context.Context, conn *sql.Conn, ps []parti
 	if err != nil {
 		names := make([]string, len(ps))
 		for i, p := range ps {
-			names[i] = p.name
+			names[i] = p.Name
 		}
-		return nil, nil, fmt.Errorf("%s: cleaner: dropping partitions %s of %s (nothing dropped; retried next round): %w", c.t.Component, strings.Join(names, ", "), c.t.Name, err)
+		return nil, nil, fmt.Errorf("%s: cleaner: dropping partitions %s of %s (nothing dropped; retried next round): %w", c.t.Component, strings.Join(names, ", "), c.t.Store.Name, err)
 	}
 	return dropped, kept, nil
 }
 
 func (c *Cleaner) keptNote(name string, n int64) string {
-	return fmt.Sprintf("%s (%d rows where %s)", name, n, strings.Join(c.t.Partitions.Keep, " or "))
+	return fmt.Sprintf("%s (%d rows where %s)", name, n, strings.Join(c.t.Store.Partitions.Keep, " or "))
 }
 
 // logPartitions logs what a partition-mode round did; rows in the DEFAULT
 // partition and partitions kept for their pending rows are warnings an
 // operator must see.
 func (c *Cleaner) logPartitions(stats Stats) {
-	f := watermill.LogFields{"table": c.t.Name}
+	f := watermill.LogFields{"table": c.t.Store.Name}
 	if stats.PartitionsCreated > 0 || stats.PartitionsDropped > 0 {
 		c.cfg.Logger.Info("Maintained the partitions of "+c.t.Rows, watermill.LogFields{
-			"table": c.t.Name, "created": stats.PartitionsCreated, "dropped": stats.PartitionsDropped, "dropped_rows_estimate": stats.DroppedRows,
+			"table": c.t.Store.Name, "created": stats.PartitionsCreated, "dropped": stats.PartitionsDropped, "dropped_rows_estimate": stats.DroppedRows,
 		})
 	}
 	if len(stats.PartitionsKept) > 0 {
 		c.cfg.Logger.Error("Partitions past the retention kept: they hold rows that must not be dropped", nil,
-			watermill.LogFields{"table": c.t.Name, "partitions": strings.Join(stats.PartitionsKept, ", ")})
+			watermill.LogFields{"table": c.t.Store.Name, "partitions": strings.Join(stats.PartitionsKept, ", ")})
 	}
 	if stats.DefaultRows > 0 {
 		f["rows"] = stats.DefaultRows

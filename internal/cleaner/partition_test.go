@@ -10,13 +10,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/storage"
 )
 
 var events = Table{
-	Component: "test", Name: "events", Rows: "events", Key: "id", OrderBy: "id",
-	Where:     `done AND at < now() - $1 * interval '1 millisecond'`,
-	LockClass: 0x74657375, DefaultRetention: time.Hour, MinRetention: time.Millisecond,
-	Partitions: &Partitions{Keep: []string{"NOT done"}, With: "fillfactor = 90"},
+	Component: "test", Rows: "events",
+	Store: storage.RetentionTable{
+		Name: "events", Key: "id", OrderBy: "id",
+		Where:      `done AND at < now() - $1 * interval '1 millisecond'`,
+		LockClass:  0x74657375,
+		Partitions: &storage.PartitionSpec{Keep: []string{"NOT done"}, With: "fillfactor = 90"},
+	},
+	DefaultRetention: time.Hour, MinRetention: time.Millisecond,
 }
 
 // partitionedEvents returns a schema with events partitioned by UTC day:
@@ -49,8 +54,15 @@ func partitionedEvents(t *testing.T) (*pgtest.Schema, time.Time) {
 // partition's detach is rolled back.
 func TestPartitionRound_RowKeptAfterTheFirstLookKeepsItsPartition(t *testing.T) {
 	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testRowKeptAfterTheFirstLook(t, driver)
+	})
+}
+
+func testRowKeptAfterTheFirstLook(t *testing.T, driver string) {
 	s, today := partitionedEvents(t)
-	c, err := New(s.DB, events, Config{Retention: time.Millisecond, PartitionsAhead: 1})
+	c, err := New(s.Pool(t, driver), events, Config{Retention: time.Millisecond, PartitionsAhead: 1})
 	require.NoError(t, err)
 	revived := PartitionName("events", today.AddDate(0, 0, -2))
 	called := false
@@ -93,7 +105,7 @@ func TestPartitionRound_PlainTableIsDeletedFrom(t *testing.T) {
 	_, err := s.DB.Exec(`CREATE TABLE events (id BIGSERIAL PRIMARY KEY, done BOOLEAN NOT NULL, at TIMESTAMPTZ NOT NULL);
 		INSERT INTO events (done, at) SELECT true, now() - interval '2 days' FROM generate_series(1, 5)`)
 	require.NoError(t, err)
-	c, err := New(s.DB, events, Config{Retention: time.Millisecond})
+	c, err := New(storage.NewSQLPool(s.DB), events, Config{Retention: time.Millisecond})
 	require.NoError(t, err)
 	stats, err := c.RunOnce(context.Background())
 	require.NoError(t, err)

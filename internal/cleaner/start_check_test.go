@@ -17,7 +17,7 @@ import (
 func TestRunWithoutTheTableFailsAtOnce(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t) // no things table
-	c, err := cleaner.New(s.DB, table, cleaner.Config{Interval: 10 * time.Millisecond})
+	c, err := cleaner.New(s.Pool(t, pgtest.DriverPgx), table, cleaner.Config{Interval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(context.Background()) }()

@@ -1,88 +1,27 @@
-// Package interrupt gives millwright's commands (the operator CLI, the
-// examples) a context cancelled by SIGINT or SIGTERM, and a bound on how
-// long the program may take to return after that.
-//
-// Every call that can wait takes that context, so a signal normally ends
-// the program at once with an error saying what it was doing ("interrupted
-// while connecting to postgres at ..."). Some waits cannot hear a context
-// (a library's Close, reading a result a silent server never finishes):
-// once Grace has passed since the signal, the process prints what it is
-// still waiting for (the Postgres calls in flight, from pgconn.Waiting) and
-// exits with status 1. A relay stopped that way leaves its batch leased;
-// another relay republishes it after the lease, as after a crash.
+// Package interrupt forwards to the public package shutdown, which holds
+// the signal context and its backstop (millwright's commands import it
+// under this name).
 package interrupt
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"os"
-	"os/signal"
-	"strings"
-	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/millwright/millwright/internal/pgconn"
+	"github.com/millwright/millwright/shutdown"
 )
 
-// Grace is how long a program may take to return after the signal before
-// it is made to exit. Below 1s, so that every command stops within a second.
-const Grace = 750 * time.Millisecond
+// Grace is shutdown.Grace.
+const Grace = shutdown.Grace
 
-// extraGrace, set by ExtendGrace, is added to Grace: a program that drains
-// on the signal (millwright relay) needs longer than a second.
-var extraGrace atomic.Int64
+// ExtendGrace is shutdown.ExtendGrace.
+func ExtendGrace(d time.Duration) { shutdown.ExtendGrace(d) }
 
-// ExtendGrace lets the program take Grace+d to return after the signal,
-// for a program whose drain is bounded by d. Call it before the signal.
-func ExtendGrace(d time.Duration) { extraGrace.Store(int64(max(d, 0))) }
-
-// exit and stderr are replaced by tests.
-var (
-	exit             = os.Exit
-	stderr io.Writer = os.Stderr
-)
-
-// Context returns a context cancelled by SIGINT or SIGTERM (context.Cause
-// names the signal) and a stop function to defer. name prefixes the
-// message printed if the program has not returned Grace after the signal.
+// Context is shutdown.Context.
 func Context(parent context.Context, name string) (context.Context, context.CancelFunc) {
-	ctx, stopSignals := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
-	returned := make(chan struct{})
-	var once sync.Once
-	go func() {
-		select {
-		case <-returned:
-			return
-		case <-ctx.Done():
-		}
-		if parent.Err() != nil {
-			return // not a signal
-		}
-		at := time.Now()
-		t := time.NewTimer(Grace + time.Duration(extraGrace.Load()))
-		defer t.Stop()
-		select {
-		case <-returned:
-		case <-t.C:
-			fmt.Fprintln(stderr, Message(name, context.Cause(ctx), time.Since(at), pgconn.Waiting()))
-			exit(1)
-		}
-	}()
-	return ctx, func() {
-		once.Do(func() { close(returned) })
-		stopSignals()
-	}
+	return shutdown.Context(parent, name)
 }
 
-// Message is what the program prints when it is made to exit: the cause
-// (the signal), how long it has waited since, and what for.
+// Message is shutdown.Message.
 func Message(name string, cause error, waited time.Duration, waiting []string) string {
-	what := "work that does not watch the signal (no Postgres call in flight)"
-	if len(waiting) > 0 {
-		what = strings.Join(waiting, "; ")
-	}
-	return fmt.Sprintf("%s: %v; still waiting after %s for %s; exiting", name, cause, waited.Round(time.Millisecond), what)
+	return shutdown.Message(name, cause, waited, waiting)
 }

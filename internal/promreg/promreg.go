@@ -1,36 +1,20 @@
-// Package promreg registers millwright's Prometheus collectors so that
-// several components of one process (relays, middlewares, transports) can
-// share one Registerer: a collector already registered under the same
-// description is reused instead of failing.
+// Package promreg forwards to the public package metrics, which shares
+// one Prometheus Registerer between components (millwright's packages
+// import it under this name).
 package promreg
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millwright/millwright/metrics"
 )
 
-// Register registers c with reg and returns it, or returns the collector of
-// the same type already registered under its description. Any other
-// failure (a name registered with other labels or help) is returned with c.
+// Register is metrics.Register.
 func Register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	return c, err
+	return metrics.Register(reg, c)
 }
 
-// Into is Register for registering several collectors in a row: it joins
-// a failure into *errp and returns the collector to use.
+// Into is metrics.Into.
 func Into[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
-	c, err := Register(reg, c)
-	*errp = errors.Join(*errp, err)
-	return c
+	return metrics.Into(reg, c, errp)
 }

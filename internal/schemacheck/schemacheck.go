@@ -8,16 +8,11 @@ package schemacheck
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strings"
-)
 
-// Querier is what Check needs of a database: *sql.DB, *sql.Conn and
-// *sql.Tx have it.
-type Querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+	"github.com/millwright/millwright/internal/storage"
+)
 
 // MissingError is returned by Check when the database answered and some
 // tables are not in the search_path.
@@ -46,18 +41,21 @@ func (e *MissingError) Error() string {
 // do not when the database answered, and another error (wrapped, naming
 // the component) when it could not be asked, e.g. it is unreachable: a
 // caller retries that one and fails on a *MissingError.
-func Check(ctx context.Context, db Querier, component string, tables ...string) error {
-	var schema, path, missing string
-	// One round trip, no parameter of a driver-specific type: the names
-	// hold no comma.
-	err := db.QueryRowContext(ctx, `SELECT coalesce(current_schema(), ''), current_setting('search_path'),
-		coalesce(array_to_string(array(SELECT t FROM unnest(string_to_array($1, ',')) WITH ORDINALITY u(t, i)
-			WHERE to_regclass(t) IS NULL ORDER BY i), ','), '')`, strings.Join(tables, ",")).Scan(&schema, &path, &missing)
+//
+// db is a storage.Querier (a storage.Pool, Tx or Session), or anything
+// storage.From resolves to one: a *sql.DB, *sql.Conn, *sql.Tx, pgx.Tx,
+// *pgx.Conn or *pgxpool.Pool.
+func Check(ctx context.Context, db any, component string, tables ...string) error {
+	q, err := storage.From(db)
 	if err != nil {
 		return fmt.Errorf("%s: looking for its tables (%s): %w", component, strings.Join(tables, ", "), err)
 	}
-	if missing == "" {
+	info, err := storage.LookupTables(ctx, q, tables...)
+	if err != nil {
+		return fmt.Errorf("%s: looking for its tables (%s): %w", component, strings.Join(tables, ", "), err)
+	}
+	if len(info.Missing) == 0 {
 		return nil
 	}
-	return &MissingError{Component: component, Missing: strings.Split(missing, ","), Schema: schema, SearchPath: path}
+	return &MissingError{Component: component, Missing: info.Missing, Schema: info.Schema, SearchPath: info.SearchPath}
 }

@@ -61,39 +61,16 @@ func inline(s Statement, index int) (string, error) {
 	var b strings.Builder
 	b.Grow(len(q) + 16*len(s.Args))
 	for i := 0; i < len(q); {
-		c := q[i]
-		switch {
-		case c == '\'':
-			j := skipString(q, i, i > 0 && (q[i-1] == 'E' || q[i-1] == 'e') && (i < 2 || !isIdent(q[i-2])))
+		j, err := skipQuoted(q, i)
+		if err != nil {
+			return "", err
+		}
+		if j > i { // a literal, identifier or comment: copied as it is
 			b.WriteString(q[i:j])
 			i = j
-		case c == '"':
-			j := strings.IndexByte(q[i+1:], '"')
-			if j < 0 {
-				return "", fmt.Errorf("storage: unterminated identifier in %q", q)
-			}
-			b.WriteString(q[i : i+j+2])
-			i += j + 2
-		case c == '-' && i+1 < len(q) && q[i+1] == '-':
-			j := strings.IndexByte(q[i:], '\n')
-			if j < 0 {
-				j = len(q) - i
-			}
-			b.WriteString(q[i : i+j])
-			i += j
-		case c == '/' && i+1 < len(q) && q[i+1] == '*':
-			j := strings.Index(q[i+2:], "*/")
-			if j < 0 {
-				return "", fmt.Errorf("storage: unterminated comment in %q", q)
-			}
-			b.WriteString(q[i : i+j+4])
-			i += j + 4
-		case c == '$' && i+1 < len(q) && q[i+1] >= '0' && q[i+1] <= '9' && (i == 0 || !isIdent(q[i-1])):
-			j := i + 1
-			for j < len(q) && q[j] >= '0' && q[j] <= '9' {
-				j++
-			}
-			n, _ := strconv.Atoi(q[i+1 : j])
+			continue
+		}
+		if n, end := placeholder(q, i); end > i {
 			if n < 1 || n > len(s.Args) {
 				return "", fmt.Errorf("storage: $%d in a statement with %d argument(s)", n, len(s.Args))
 			}
@@ -102,32 +79,77 @@ func inline(s Statement, index int) (string, error) {
 				return "", fmt.Errorf("storage: argument $%d: %w", n, err)
 			}
 			b.WriteString(lit)
-			i = j
-		case c == '$' && (i == 0 || !isIdent(q[i-1])):
-			// A dollar-quoted string: $tag$ ... $tag$.
-			j := i + 1
-			for j < len(q) && isIdent(q[j]) {
-				j++
-			}
-			if j >= len(q) || q[j] != '$' {
-				b.WriteByte(c)
-				i++
-				continue
-			}
-			tag := q[i : j+1]
-			end := strings.Index(q[j+1:], tag)
-			if end < 0 {
-				return "", fmt.Errorf("storage: unterminated dollar quote in %q", q)
-			}
-			stop := j + 1 + end + len(tag)
-			b.WriteString(q[i:stop])
-			i = stop
-		default:
-			b.WriteByte(c)
-			i++
+			i = end
+			continue
 		}
+		b.WriteByte(q[i])
+		i++
 	}
 	return b.String(), nil
+}
+
+// placeholder returns the number of the $n at q[i] and the index after
+// it, or end == i when there is none.
+func placeholder(q string, i int) (n, end int) {
+	if q[i] != '$' || i+1 >= len(q) || q[i+1] < '0' || q[i+1] > '9' || (i > 0 && isIdent(q[i-1])) {
+		return 0, i
+	}
+	j := i + 1
+	for j < len(q) && q[j] >= '0' && q[j] <= '9' {
+		j++
+	}
+	n, _ = strconv.Atoi(q[i+1 : j])
+	return n, j
+}
+
+// skipQuoted returns the index after the string literal, quoted
+// identifier, comment or dollar-quoted string starting at q[i], or i when
+// none starts there.
+func skipQuoted(q string, i int) (int, error) {
+	c := q[i]
+	next := byte(0)
+	if i+1 < len(q) {
+		next = q[i+1]
+	}
+	switch {
+	case c == '\'':
+		escapes := i > 0 && (q[i-1] == 'E' || q[i-1] == 'e') && (i < 2 || !isIdent(q[i-2]))
+		return skipString(q, i, escapes), nil
+	case c == '"':
+		return closing(q, i, 1, `"`, "identifier")
+	case c == '-' && next == '-':
+		if j := strings.IndexByte(q[i:], '\n'); j >= 0 {
+			return i + j, nil
+		}
+		return len(q), nil
+	case c == '/' && next == '*':
+		return closing(q, i, 2, "*/", "comment")
+	case c == '$' && (i == 0 || !isIdent(q[i-1])):
+		return skipDollar(q, i)
+	}
+	return i, nil
+}
+
+// closing returns the index after the first end at or after q[i+from].
+func closing(q string, i, from int, end, what string) (int, error) {
+	j := strings.Index(q[i+from:], end)
+	if j < 0 {
+		return 0, fmt.Errorf("storage: unterminated %s in %q", what, q)
+	}
+	return i + from + j + len(end), nil
+}
+
+// skipDollar skips a dollar-quoted string ($tag$ ... $tag$) at q[i]; a $
+// that starts none (a placeholder) is left alone.
+func skipDollar(q string, i int) (int, error) {
+	j := i + 1
+	for j < len(q) && isIdent(q[j]) && !(j == i+1 && q[j] >= '0' && q[j] <= '9') {
+		j++
+	}
+	if j >= len(q) || q[j] != '$' {
+		return i, nil
+	}
+	return closing(q, j, 1, q[i:j+1], "dollar quote")
 }
 
 func isIdent(c byte) bool {
@@ -157,6 +179,9 @@ var errNUL = errors.New("text contains a NUL byte, which Postgres cannot store")
 
 // literal renders v as a Postgres literal.
 func literal(v any) (string, error) {
+	if lit, ok := intLiteral(v); ok {
+		return lit, nil
+	}
 	switch v := v.(type) {
 	case nil:
 		return "NULL", nil
@@ -171,30 +196,7 @@ func literal(v any) (string, error) {
 		}
 		return pq.QuoteLiteral(`\x`+hex.EncodeToString(v)) + "::bytea", nil
 	case bool:
-		if v {
-			return "true", nil
-		}
-		return "false", nil
-	case int:
-		return strconv.FormatInt(int64(v), 10), nil
-	case int8:
-		return strconv.FormatInt(int64(v), 10), nil
-	case int16:
-		return strconv.FormatInt(int64(v), 10), nil
-	case int32:
-		return strconv.FormatInt(int64(v), 10), nil
-	case int64:
-		return strconv.FormatInt(v, 10), nil
-	case uint8:
-		return strconv.FormatUint(uint64(v), 10), nil
-	case uint16:
-		return strconv.FormatUint(uint64(v), 10), nil
-	case uint32:
-		return strconv.FormatUint(uint64(v), 10), nil
-	case uint:
-		return strconv.FormatUint(uint64(v), 10), nil
-	case uint64:
-		return strconv.FormatUint(v, 10), nil
+		return strconv.FormatBool(v), nil
 	case float32:
 		return "'" + strconv.FormatFloat(float64(v), 'g', -1, 32) + "'::float8", nil
 	case float64:
@@ -212,16 +214,48 @@ func literal(v any) (string, error) {
 	case []string:
 		return arrayLiteral(len(v), "text[]", func(i int) (string, error) { return literal(v[i]) })
 	case driver.Valuer:
-		dv, err := v.Value()
-		if err != nil {
-			return "", err
-		}
-		if _, again := dv.(driver.Valuer); again {
-			return "", fmt.Errorf("%T's Value is a driver.Valuer again", v)
-		}
-		return literal(dv)
+		return valuerLiteral(v)
 	}
 	return "", fmt.Errorf("a %T cannot be sent as a Postgres literal", v)
+}
+
+// intLiteral renders the integer types.
+func intLiteral(v any) (string, bool) {
+	switch v := v.(type) {
+	case int:
+		return strconv.FormatInt(int64(v), 10), true
+	case int8:
+		return strconv.FormatInt(int64(v), 10), true
+	case int16:
+		return strconv.FormatInt(int64(v), 10), true
+	case int32:
+		return strconv.FormatInt(int64(v), 10), true
+	case int64:
+		return strconv.FormatInt(v, 10), true
+	case uint8:
+		return strconv.FormatUint(uint64(v), 10), true
+	case uint16:
+		return strconv.FormatUint(uint64(v), 10), true
+	case uint32:
+		return strconv.FormatUint(uint64(v), 10), true
+	case uint:
+		return strconv.FormatUint(uint64(v), 10), true
+	case uint64:
+		return strconv.FormatUint(v, 10), true
+	}
+	return "", false
+}
+
+// valuerLiteral renders what v's Value gives (sql.NullString, ...).
+func valuerLiteral(v driver.Valuer) (string, error) {
+	dv, err := v.Value()
+	if err != nil {
+		return "", err
+	}
+	if _, again := dv.(driver.Valuer); again {
+		return "", fmt.Errorf("%T's Value is a driver.Valuer again", v)
+	}
+	return literal(dv)
 }
 
 func arrayLiteral(n int, typ string, elem func(i int) (string, error)) (string, error) {

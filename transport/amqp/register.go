@@ -12,6 +12,7 @@ import (
 func init() {
 	transport.Register(transport.AMQP, transport.Driver{
 		Validate: func(c transport.Config) error { return validate(c.AMQP) },
+		Settings: kindSettings,
 		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
 			t, err := open(ctx, c.AMQP, c.Logger, c.Setting("AMQP.URL"))
 			if err != nil {

@@ -12,6 +12,7 @@ import (
 func init() {
 	transport.Register(transport.GoChannel, transport.Driver{
 		Validate: func(c transport.Config) error { return validate(c.GoChannel) },
+		Settings: kindSettings,
 		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
 			t, err := Open(ctx, c.GoChannel, c.Logger)
 			if err != nil {

@@ -12,6 +12,7 @@ import (
 func init() {
 	transport.Register(transport.GoogleCloud, transport.Driver{
 		Validate: func(c transport.Config) error { return validate(c.GoogleCloud) },
+		Settings: kindSettings,
 		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
 			t, err := open(ctx, c.GoogleCloud, c.Logger, c.Setting)
 			if err != nil {

@@ -12,6 +12,7 @@ import (
 func init() {
 	transport.Register(transport.Kafka, transport.Driver{
 		Validate: func(c transport.Config) error { return validate(c.Kafka) },
+		Settings: kindSettings,
 		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
 			t, err := open(ctx, c.Kafka, c.Logger, c.Setting)
 			if err != nil {

@@ -1,14 +1,13 @@
 package sql
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/lib/pq"
 
 	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
@@ -64,11 +63,11 @@ func precheck(topic string, msgs []*message.Message) error {
 // exceptions (class 22, e.g. a character the encoding cannot hold) are
 // permanent. Connection errors and the like are returned unchanged.
 func classify(err error) error {
-	var pe *pq.Error
-	if err == nil || !errors.As(err, &pe) {
+	code := storage.Code(err) // lib/pq's or pgx's
+	if code == "" {
 		return err
 	}
-	switch code := string(pe.Code); {
+	switch {
 	case strings.HasPrefix(code, "54") || code == "22001":
 		return retry.Permanent(fmt.Errorf("sql: %w: %w", transport.ErrMessageTooLarge, err))
 	case strings.HasPrefix(code, "22"):

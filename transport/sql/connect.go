@@ -7,6 +7,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/millwright/millwright/internal/redact"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -17,11 +18,11 @@ func pingError(cfg Config, urlFrom string, err error) error {
 	if cfg.DB == nil {
 		where, check = redact.URL(cfg.URL)+" (from "+urlFrom+")", urlFrom
 	}
-	var pqErr *pq.Error
+	code := storage.Code(err) // lib/pq's, or pgx's through its stdlib adapter
 	switch {
-	case errors.As(err, &pqErr) && (pqErr.Code == "28P01" || pqErr.Code == "28000"):
+	case code == "28P01" || code == "28000":
 		return retry.Permanent(fmt.Errorf("sql: %s refused the connection's credentials: %w (fix the user and password in %s, or pg_hba.conf)", where, err, check))
-	case errors.As(err, &pqErr) && pqErr.Code == "3D000":
+	case code == "3D000":
 		return retry.Permanent(fmt.Errorf("sql: %s: %w (create the database, or fix its name in %s)", where, err, check))
 	case errors.Is(err, pq.ErrSSLNotSupported):
 		return retry.Permanent(fmt.Errorf("sql: %s: %w (set sslmode=disable in %s, or enable SSL on the server)", where, err, check))

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/millwright/millwright/internal/storage"
 )
 
 // Horizon is the Postgres xmin horizon at one moment: the oldest
@@ -54,52 +56,29 @@ type Horizon struct {
 	Age time.Duration
 }
 
-// Queryer is what ReadHorizon needs: *sql.DB, *sql.Conn and *sql.Tx have it.
-type Queryer interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *stdsql.Row
-}
-
-// horizonQuery finds the transaction whose id is the horizon, among
-// sessions (pg_stat_activity, every database) and prepared transactions.
-// The horizon is the oldest running id, so an exact match names the one
-// transaction that holds it. xmin = xmax does not mean that none runs:
-// xmax is the latest completed id + 1, so a running transaction that took
-// the newest id is the horizon with xmin = xmax.
-const horizonQuery = `SELECT x.xmin::text, x.xmin <> x.xmax OR h.pid IS NOT NULL, h.pid IS NOT NULL, COALESCE(h.hidden, false),
-	COALESCE(h.pid, 0), COALESCE(h.database, ''), COALESCE(h.usename, ''), COALESCE(h.application_name, ''),
-	COALESCE(h.state, ''), h.gid IS NOT NULL, COALESCE(h.gid, ''), COALESCE(h.age_seconds, 0)
-FROM (SELECT pg_snapshot_xmin(s) AS xmin, pg_snapshot_xmax(s) AS xmax FROM pg_current_snapshot() s) x
-LEFT JOIN LATERAL (
-	SELECT a.pid, a.xact_start IS NULL AS hidden, a.datname::text AS database, a.usename::text AS usename,
-		a.application_name, a.state, NULL::text AS gid, COALESCE(extract(epoch FROM now() - a.xact_start), 0)::float8 AS age_seconds
-	FROM pg_stat_activity a WHERE a.backend_xid = x.xmin::xid
-	UNION ALL
-	SELECT 0, false, p.database::text, p.owner::text, '', 'prepared', p.gid, extract(epoch FROM now() - p.prepared)::float8
-	FROM pg_prepared_xacts p WHERE p.transaction = x.xmin::xid
-	LIMIT 1
-) h ON true`
+// Queryer is what ReadHorizon reads through: a *sql.DB, *sql.Conn or
+// *sql.Tx, a pgx.Tx, *pgx.Conn or *pgxpool.Pool (anything the storage
+// layer's storage.From accepts).
+type Queryer = any
 
 // ReadHorizon reads the server's xmin horizon and the transaction holding
 // it. To see the state and age of other roles' sessions, the role needs
 // pg_read_all_stats (or to be a superuser); otherwise Hidden is true.
 func ReadHorizon(ctx context.Context, db Queryer) (Horizon, error) {
-	var (
-		h    Horizon
-		xmin string
-		age  float64
-	)
-	err := db.QueryRowContext(ctx, horizonQuery).Scan(&xmin, &h.Held, &h.Found, &h.Hidden, &h.PID, &h.Database, &h.User,
-		&h.Application, &h.State, &h.Prepared, &h.GID, &age)
+	q, err := storage.From(db)
+	if err != nil {
+		return Horizon{}, fmt.Errorf("sql: reading the xmin horizon: %w", err)
+	}
+	x, err := storage.ReadXminHorizon(ctx, q)
 	if err != nil {
 		return Horizon{}, fmt.Errorf("sql: reading the xmin horizon (pg_current_snapshot, pg_stat_activity): %w", err)
 	}
-	if h.XID, err = strconv.ParseUint(xmin, 10, 64); err != nil {
-		return Horizon{}, fmt.Errorf("sql: reading the xmin horizon: %q is not a transaction id", xmin)
+	h := Horizon{Held: x.Held, Found: x.Found, Hidden: x.Hidden, PID: x.PID, Database: x.Database, User: x.User,
+		Application: x.Application, State: x.State, Prepared: x.Prepared, GID: x.GID}
+	if h.XID, err = strconv.ParseUint(x.XID, 10, 64); err != nil {
+		return Horizon{}, fmt.Errorf("sql: reading the xmin horizon: %q is not a transaction id", x.XID)
 	}
-	if age < 0 {
-		age = 0
-	}
-	h.Age = time.Duration(age * float64(time.Second))
+	h.Age = time.Duration(max(x.AgeSeconds, 0) * float64(time.Second))
 	return h, nil
 }
 
@@ -110,10 +89,8 @@ const maxCountedRows = 10000
 // waitingRows counts (up to maxCountedRows) the committed rows of topic
 // that no consumer group can read yet: those at or above the horizon.
 // The primary key starts with transaction_id, so this reads only them.
-func waitingRows(ctx context.Context, db Queryer, topic string) (int64, error) {
-	var n int64
-	err := db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+schema.MessagesTable(topic)+
-		` WHERE transaction_id >= pg_snapshot_xmin(pg_current_snapshot()) LIMIT `+strconv.Itoa(maxCountedRows)+`) w`).Scan(&n)
+func waitingRows(ctx context.Context, db *stdsql.DB, topic string) (int64, error) {
+	n, err := storage.CountBehindHorizon(ctx, storage.NewSQL(db), schema.MessagesTable(topic), maxCountedRows)
 	if err != nil {
 		return 0, fmt.Errorf("sql: counting the rows of topic %q behind the xmin horizon: %w", topic, err)
 	}

@@ -12,6 +12,7 @@ import (
 func init() {
 	transport.Register(transport.SQL, transport.Driver{
 		Validate: func(c transport.Config) error { return validate(c.SQL) },
+		Settings: kindSettings,
 		Open: func(ctx context.Context, c transport.Config) (transport.Backend, error) {
 			t, err := open(ctx, c.SQL, c.Logger, c.Setting("SQL.URL"))
 			if err != nil {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
-	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/sqlschema"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
@@ -225,13 +225,11 @@ func (a raceFreeOffsets) SchemaInitializingQueries(topic string) []wsql.Query {
 func tolerateExisting(qs []wsql.Query) []wsql.Query {
 	out := make([]wsql.Query, len(qs))
 	for i, q := range qs {
-		if len(q.Args) > 0 || strings.Contains(q.Query, "$mw$") {
+		if len(q.Args) > 0 {
 			out[i] = q
 			continue
 		}
-		stmt := strings.TrimRight(strings.TrimSpace(q.Query), ";")
-		out[i] = wsql.Query{Query: "DO $mw$ BEGIN FOR attempt IN 1..10 LOOP BEGIN " + stmt +
-			"; EXIT; EXCEPTION WHEN unique_violation OR duplicate_table OR duplicate_object THEN IF attempt = 10 THEN RAISE; END IF; END; END LOOP; END $mw$"}
+		out[i] = wsql.Query{Query: storage.TolerateExisting(q.Query)}
 	}
 	return out
 }
@@ -304,14 +302,14 @@ func (p *publisher) table(ctx context.Context, topic string) (string, error) {
 	if disallowedTopic.MatchString(topic) {
 		return "", fmt.Errorf("sql: topic %q: %w", topic, wsql.ErrInvalidTopicName)
 	}
+	// The schema adapter's statements (watermill-sql's, wrapped by
+	// tolerateExisting), run as watermill-sql runs them.
 	for _, q := range schema.SchemaInitializingQueries(topic) {
 		if _, err := p.db.ExecContext(ctx, q.Query, q.Args...); err != nil {
 			return "", fmt.Errorf("sql: creating the table of topic %q: %w", topic, err)
 		}
 	}
-	err := p.db.QueryRowContext(ctx, `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = to_regclass($1)`, schema.MessagesTable(topic)).Scan(&name)
+	name, err := storage.QualifiedTableName(ctx, storage.NewSQL(p.db), schema.MessagesTable(topic))
 	if err != nil {
 		return "", fmt.Errorf("sql: finding the table of topic %q: %w", topic, err)
 	}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/promreg"
+	"github.com/millwright/millwright/metrics"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
@@ -57,7 +57,7 @@ func New(cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := promreg.Register(cfg.Registerer, dlq.NewDepthCollector(a.store)); err != nil {
+	if _, err := metrics.Register(cfg.Registerer, dlq.NewDepthCollector(a.store)); err != nil {
 		return nil, fmt.Errorf("orders: registering the dead-letter depth gauge: %w", err)
 	}
 	return a, nil
@@ -243,7 +243,7 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 			// relay processes. Every package's Cleaner and CleanerConfig are
 			// the same types.
 			for _, open := range []func(*sql.DB, outbox.CleanerConfig) (*outbox.Cleaner, error){
-				outbox.NewCleaner, idempotency.NewCleaner, saga.NewCleaner, dlq.NewCleaner,
+				outbox.NewCleaner[*sql.DB], idempotency.NewCleaner[*sql.DB], saga.NewCleaner[*sql.DB], dlq.NewCleaner[*sql.DB],
 			} {
 				var c *outbox.Cleaner
 				if c, err = open(a.db, outbox.CleanerConfig{Logger: a.cfg.Logger}); err != nil {

@@ -1,4 +1,4 @@
-package interrupt
+package shutdown
 
 import (
 	"context"

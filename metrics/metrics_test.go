@@ -1,4 +1,4 @@
-package promreg_test
+package metrics_test
 
 import (
 	"testing"
@@ -6,21 +6,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/promreg"
+	"github.com/millwright/millwright/metrics"
 )
 
 func TestRegisterReusesTheSameCollector(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	opts := prometheus.CounterOpts{Name: "x_total", Help: "x"}
-	first, err := promreg.Register(reg, prometheus.NewCounterVec(opts, []string{"a"}))
+	first, err := metrics.Register(reg, prometheus.NewCounterVec(opts, []string{"a"}))
 	require.NoError(t, err)
-	second, err := promreg.Register(reg, prometheus.NewCounterVec(opts, []string{"a"}))
+	second, err := metrics.Register(reg, prometheus.NewCounterVec(opts, []string{"a"}))
 	require.NoError(t, err)
 	require.Same(t, first, second, "the second registration reuses the first collector")
 
 	// The same name with other labels is a conflict, reported.
 	var errs error
-	promreg.Into(reg, prometheus.NewCounterVec(opts, []string{"b"}), &errs)
+	metrics.Into(reg, prometheus.NewCounterVec(opts, []string{"b"}), &errs)
 	require.Error(t, errs)
 }

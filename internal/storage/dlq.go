@@ -1,0 +1,241 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Dead letters: millwright_dead_letters, one row per message a consumer
+// gave up on, kept for inspection and replay.
+
+// DeadLetterRow is one row of millwright_dead_letters.
+type DeadLetterRow struct {
+	ID                                   int64
+	MessageUUID, OriginalTopic, DLQTopic string
+	ConsumerGroup, Handler, Reason       string
+	Error, ErrorType, Stack              string
+	Attempts                             int
+	FirstFailure, LastFailure            time.Time
+	Payload                              []byte
+	// Metadata is a JSON object of strings.
+	Metadata    string
+	CreatedAt   time.Time
+	ReplayedAt  *time.Time
+	ReplayCount int
+}
+
+// DeadLetterFilter selects rows; the zero filter selects every row.
+type DeadLetterFilter struct {
+	// IDs, when not empty, selects only these rows.
+	IDs []int64
+	// Topic selects one original topic.
+	Topic string
+	// Since <= last failure < Until; zero is unbounded.
+	Since, Until time.Time
+	// ErrorContains selects rows whose error contains it, ignoring case.
+	ErrorContains string
+	// Pending selects rows never replayed.
+	Pending bool
+	// AfterID selects rows with a larger id (keyset paging).
+	AfterID int64
+	// Limit caps the rows, by id; 0 is no cap.
+	Limit int
+}
+
+const (
+	insertDeadLetterSQL = `INSERT INTO millwright_dead_letters (message_uuid, original_topic, dlq_topic, consumer_group, handler,
+    reason, error, error_type, stack, attempts, first_failure_at, last_failure_at, payload, metadata)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14::jsonb)
+ON CONFLICT (dlq_topic, message_uuid, last_failure_at) DO NOTHING
+RETURNING id`
+	deadLetterColumns = `id, message_uuid, original_topic, dlq_topic, consumer_group, handler, reason, error, error_type,
+    stack, attempts, first_failure_at, last_failure_at, payload, metadata::text, created_at, replayed_at, replay_count`
+	lockDeadLetterSQL = `SELECT ` + deadLetterColumns + ` FROM millwright_dead_letters
+WHERE id = $1 AND (replayed_at IS NULL OR $2) FOR UPDATE SKIP LOCKED`
+	deadLetterReplayedSQL = `UPDATE millwright_dead_letters SET replayed_at = now(), replay_count = replay_count + 1 WHERE id = $1`
+	deadLetterDepthSQL    = `SELECT original_topic, count(*) FROM millwright_dead_letters WHERE replayed_at IS NULL GROUP BY original_topic`
+)
+
+// InsertDeadLetter writes r (its ID, CreatedAt, ReplayedAt and ReplayCount
+// are ignored) and returns its id, or 0 when the same dead letter (dead
+// letter topic, message UUID, last failure) was stored before.
+func InsertDeadLetter(ctx context.Context, q Querier, r DeadLetterRow) (int64, error) {
+	md := r.Metadata
+	if md == "" {
+		md = "{}"
+	}
+	payload := r.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	var id int64
+	err := q.QueryRow(ctx, Statement{SQL: insertDeadLetterSQL, Args: []any{
+		r.MessageUUID, r.OriginalTopic, r.DLQTopic, r.ConsumerGroup, r.Handler, r.Reason, r.Error,
+		r.ErrorType, r.Stack, r.Attempts, r.FirstFailure, r.LastFailure, payload, md,
+	}, Expect: NoExpect, What: "recording a dead letter"}, &id)
+	if IsNoRows(err) {
+		return 0, nil
+	}
+	return id, err
+}
+
+// where returns f's WHERE clause and its arguments.
+func (f DeadLetterFilter) where() (string, []any) {
+	var (
+		conds []string
+		args  []any
+	)
+	add := func(cond string, arg any) {
+		args = append(args, arg)
+		conds = append(conds, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
+	}
+	if len(f.IDs) > 0 {
+		add("id = ANY(?)", f.IDs)
+	}
+	if f.Topic != "" {
+		add("original_topic = ?", f.Topic)
+	}
+	if !f.Since.IsZero() {
+		add("last_failure_at >= ?", f.Since)
+	}
+	if !f.Until.IsZero() {
+		add("last_failure_at < ?", f.Until)
+	}
+	if f.ErrorContains != "" {
+		add("strpos(lower(error), lower(?)) > 0", f.ErrorContains)
+	}
+	if f.Pending {
+		conds = append(conds, "replayed_at IS NULL")
+	}
+	if f.AfterID > 0 {
+		add("id > ?", f.AfterID)
+	}
+	if len(conds) == 0 {
+		return "", nil
+	}
+	return " WHERE " + strings.Join(conds, " AND "), args
+}
+
+// selectDeadLetters is the SELECT of cols of the rows f selects, by id.
+func (f DeadLetterFilter) selectDeadLetters(cols, what string) Statement {
+	where, args := f.where()
+	q := "SELECT " + cols + " FROM millwright_dead_letters" + where + " ORDER BY id"
+	if f.Limit > 0 {
+		q += " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	return Statement{SQL: q, Args: args, Expect: NoExpect, What: what}
+}
+
+func scanDeadLetterRow(r Row) (DeadLetterRow, error) {
+	var (
+		d        DeadLetterRow
+		replayed sql.NullTime
+	)
+	err := r.Scan(&d.ID, &d.MessageUUID, &d.OriginalTopic, &d.DLQTopic, &d.ConsumerGroup, &d.Handler,
+		&d.Reason, &d.Error, &d.ErrorType, &d.Stack, &d.Attempts, &d.FirstFailure, &d.LastFailure, &d.Payload,
+		&d.Metadata, &d.CreatedAt, &replayed, &d.ReplayCount)
+	if replayed.Valid {
+		t := replayed.Time
+		d.ReplayedAt = &t
+	}
+	return d, err
+}
+
+// ListDeadLetters returns the rows f selects, by id.
+func ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) ([]DeadLetterRow, error) {
+	var out []DeadLetterRow
+	err := q.Query(ctx, f.selectDeadLetters(deadLetterColumns, "listing dead letters"), func(r Row) error {
+		d, err := scanDeadLetterRow(r)
+		out = append(out, d)
+		return err
+	})
+	return out, err
+}
+
+// CountDeadLetters counts the rows f selects, ignoring f.Limit.
+func CountDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) (int, error) {
+	where, args := f.where()
+	var n int
+	err := q.QueryRow(ctx, Statement{SQL: "SELECT count(*) FROM millwright_dead_letters" + where, Args: args, Expect: NoExpect, What: "counting dead letters"}, &n)
+	return n, err
+}
+
+// GetDeadLetter returns row id; no such row is an error for which IsNoRows
+// holds.
+func GetDeadLetter(ctx context.Context, q Querier, id int64) (DeadLetterRow, error) {
+	return queryDeadLetterRow(ctx, q, Statement{SQL: "SELECT " + deadLetterColumns + " FROM millwright_dead_letters WHERE id = $1",
+		Args: []any{id}, Expect: NoExpect, What: "reading a dead letter"})
+}
+
+func queryDeadLetterRow(ctx context.Context, q Querier, s Statement) (DeadLetterRow, error) {
+	var (
+		d     DeadLetterRow
+		found bool
+	)
+	err := q.Query(ctx, s, func(r Row) error {
+		if found {
+			return nil
+		}
+		found = true
+		var err error
+		d, err = scanDeadLetterRow(r)
+		return err
+	})
+	if err == nil && !found {
+		err = sql.ErrNoRows
+	}
+	return d, err
+}
+
+// DeadLetterRef is what a replay reads of a row before locking it.
+type DeadLetterRef struct {
+	ID                        int64
+	MessageUUID, Topic, Error string
+}
+
+// ListDeadLetterRefs returns the references of the rows f selects, by id.
+func ListDeadLetterRefs(ctx context.Context, q Querier, f DeadLetterFilter) ([]DeadLetterRef, error) {
+	var out []DeadLetterRef
+	err := q.Query(ctx, f.selectDeadLetters("id, message_uuid, original_topic, error", "listing dead letters to replay"), func(r Row) error {
+		var d DeadLetterRef
+		err := r.Scan(&d.ID, &d.MessageUUID, &d.Topic, &d.Error)
+		out = append(out, d)
+		return err
+	})
+	return out, err
+}
+
+// LockDeadLetterForReplay reads row id and locks it in tx (FOR UPDATE SKIP
+// LOCKED) unless it was replayed (and not force). ok is false when the row
+// is gone, replayed, or locked by a concurrent replay.
+func LockDeadLetterForReplay(ctx context.Context, tx Querier, id int64, force bool) (d DeadLetterRow, ok bool, err error) {
+	d, err = queryDeadLetterRow(ctx, tx, Statement{SQL: lockDeadLetterSQL, Args: []any{id, force}, Expect: NoExpect, What: "locking a dead letter to replay"})
+	if IsNoRows(err) {
+		return d, false, nil
+	}
+	return d, err == nil, err
+}
+
+// MarkDeadLetterReplayed records a replay of row id.
+func MarkDeadLetterReplayed(ctx context.Context, q Querier, id int64) error {
+	_, err := q.Exec(ctx, Statement{SQL: deadLetterReplayedSQL, Args: []any{id}, Expect: NoExpect, What: "marking a dead letter replayed"})
+	return err
+}
+
+// DeadLetterDepth counts the rows not yet replayed, by original topic.
+func DeadLetterDepth(ctx context.Context, q Querier) (map[string]int64, error) {
+	out := map[string]int64{}
+	err := q.Query(ctx, Statement{SQL: deadLetterDepthSQL, Expect: NoExpect, What: "measuring the dead-letter depth"}, func(r Row) error {
+		var (
+			topic string
+			n     int64
+		)
+		err := r.Scan(&topic, &n)
+		out[topic] = n
+		return err
+	})
+	return out, err
+}
