@@ -1,30 +1,22 @@
 package main
 
 import (
-	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 )
 
-// addBenchDriversFlag adds --driver to a bench command: the drivers its
-// Postgres figures are measured on, side by side in the same run.
-func addBenchDriversFlag(cmd *cobra.Command) {
-	cmd.Flags().StringSlice("driver", []string{"pq", "pgx"}, "Postgres drivers to measure on, in the same run: pq (lib/pq, database/sql), pgx (pgxpool)")
-}
-
-// benchDrivers returns the --driver values, checked.
+// benchDrivers returns the Postgres drivers a bench measures on, side by
+// side in the same run: the one --driver (or $MILLWRIGHT_DATABASE_DRIVER)
+// names, else both, pq first.
 func benchDrivers(cmd *cobra.Command) ([]string, error) {
-	ds, err := cmd.Flags().GetStringSlice("driver")
+	f := cmd.Flags().Lookup("driver")
+	if _, env := os.LookupEnv(envDriver); (f == nil || !f.Changed) && !env {
+		return []string{driverPQ, driverPgx}, nil
+	}
+	d, err := driverOf(cmd)
 	if err != nil {
 		return nil, err
 	}
-	if len(ds) == 0 {
-		return nil, fmt.Errorf("%s: --driver is empty: want pq, pgx or both", cmd.CommandPath())
-	}
-	for _, d := range ds {
-		if d != "pq" && d != "pgx" {
-			return nil, fmt.Errorf("%s: --driver %q: want pq or pgx", cmd.CommandPath(), d)
-		}
-	}
-	return ds, nil
+	return []string{d}, nil
 }
