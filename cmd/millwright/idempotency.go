@@ -106,7 +106,10 @@ func runBenchIdempotency(cmd *cobra.Command, _ []string) error {
 	if _, err := migrate.Up(ctx, db, idempotency.Migrations()); err != nil {
 		return err
 	}
-	cfg.DB = db
+	cfg.DB, cfg.URL = db, schemaURL
+	if cfg.Drivers, err = benchDrivers(cmd); err != nil {
+		return fmt.Errorf("bench idempotency: %w", err)
+	}
 	step, end := benchProgress(cmd)
 	cfg.Progress = cmd.ErrOrStderr() // wrapped by benchProgress on a terminal
 	cfg.Step = step

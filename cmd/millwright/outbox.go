@@ -285,7 +285,11 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 			return fmt.Errorf("bench outbox: --relays %d: want 1..64", n)
 		}
 	}
-	cfg := outboxbench.Config{Rounds: rounds, Writes: writes, Backlog: backlog, Aggregates: aggregates, HotPercent: hot, Relays: relays,
+	drivers, err := benchDrivers(cmd)
+	if err != nil {
+		return fmt.Errorf("bench outbox: %w", err)
+	}
+	cfg := outboxbench.Config{Drivers: drivers, Rounds: rounds, Writes: writes, Backlog: backlog, Aggregates: aggregates, HotPercent: hot, Relays: relays,
 		PublishedRows: published, Rate: rate, LatencyDuration: latDur, Sections: sections, Group: sinkGroup,
 		Out: cmd.OutOrStdout(), JSON: asJSON}
 	cfg.Progress = func(format string, args ...any) {

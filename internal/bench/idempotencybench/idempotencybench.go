@@ -17,20 +17,31 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/bench/roundtrips"
 	"github.com/millwright/millwright/internal/bench/stats"
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 )
 
 // Budget is the most the transactional middleware may cost, as the
 // baseline's rate over its own.
-const Budget = 1.3
+const Budget = 1.15
 
 // Config configures Run.
 type Config struct {
 	// DB is a pool on a scratch schema with idempotency.Migrations()
 	// applied; Run creates its effects table there. Required.
 	DB *sql.DB
+	// URL reaches the same schema: Run opens each driver's pool on it
+	// (Workers connections), and one through a round-trip counter.
+	// Required.
+	URL string
+	// Drivers to measure on, in order: "pq" (lib/pq through pgconn.Open,
+	// as postgres.Open), "pgx" (pgxpool). Default both.
+	Drivers []string
 	// Messages per variant and round. Default 4000.
 	Messages int
 	// Workers are concurrent handlers, each holding one connection.
@@ -59,13 +70,27 @@ func (c *Config) setDefaults() {
 	if c.Progress == nil {
 		c.Progress = io.Discard
 	}
+	if len(c.Drivers) == 0 {
+		c.Drivers = []string{DriverPQ, DriverPgx}
+	}
 }
+
+// Drivers.
+const (
+	DriverPQ  = "pq"
+	DriverPgx = "pgx"
+)
 
 // Validate reports every invalid field.
 func (c Config) Validate() error {
 	var errs []error
-	if c.DB == nil {
-		errs = append(errs, errors.New("bench idempotency: Config.DB is required"))
+	if c.DB == nil || c.URL == "" {
+		errs = append(errs, errors.New("bench idempotency: Config.DB and Config.URL are required"))
+	}
+	for _, d := range c.Drivers {
+		if d != DriverPQ && d != DriverPgx {
+			errs = append(errs, fmt.Errorf("bench idempotency: driver %q: want pq or pgx", d))
+		}
 	}
 	if c.Messages < 1 || c.Workers < 1 || c.Rounds < 1 {
 		errs = append(errs, fmt.Errorf("bench idempotency: --messages %d, --workers %d and --rounds %d must be at least 1", c.Messages, c.Workers, c.Rounds))
@@ -76,6 +101,7 @@ func (c Config) Validate() error {
 // Row is one variant's figures, and one --json object.
 type Row struct {
 	Bench    string `json:"bench"` // "idempotency"
+	Driver   string `json:"driver"`
 	Variant  string `json:"variant"`
 	Messages int    `json:"messages"`
 	Workers  int    `json:"workers"`
@@ -91,6 +117,9 @@ type Row struct {
 	Cost float64 `json:"cost"`
 	// Budget is Budget for the transactional middleware, else absent.
 	Budget float64 `json:"budget,omitempty"`
+	// RoundTrips is the client's round trips per message, counted through
+	// a proxy in a separate pass of one worker.
+	RoundTrips float64 `json:"round_trips"`
 }
 
 // Report is what Run measured: the baseline first.
@@ -102,94 +131,228 @@ type round struct {
 	rate, p50, p99 float64
 }
 
-// Run measures the handler alone (its own transaction), then behind the
-// middleware in Transactional mode (the mark is one more insert in the
-// handler's transaction) and in MarkAfterSuccess mode.
+// Run measures, on each driver, the handler alone (its own transaction),
+// then behind the middleware in Transactional mode (the mark is one more
+// insert in the handler's transaction) and in MarkAfterSuccess mode.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return Report{}, err
 	}
-	db := cfg.DB
-	if _, err := db.ExecContext(ctx, `CREATE TABLE bench_effects (event_id TEXT NOT NULL, payload TEXT NOT NULL)`); err != nil {
+	if _, err := cfg.DB.ExecContext(ctx, `CREATE TABLE bench_effects (event_id TEXT NOT NULL, payload TEXT NOT NULL)`); err != nil {
 		return Report{}, fmt.Errorf("creating bench_effects: %w", err)
 	}
+	var rep Report
+	for _, d := range cfg.Drivers {
+		rows, err := runDriver(ctx, cfg, d)
+		if err != nil {
+			return Report{}, fmt.Errorf("driver %s: %w", d, err)
+		}
+		rep.Rows = append(rep.Rows, rows...)
+	}
+	return rep, nil
+}
+
+type variant struct {
+	name string
+	h    message.HandlerFunc
+}
+
+// pool is one driver's pool: the handler's own transaction, and the
+// store's pool.
+type pool struct {
+	begin func(ctx context.Context) (exec func(ctx context.Context, q string, args ...any) error, commit func() error, rollback func(), err error)
+	store *idempotency.PostgresStore
+	close func()
+}
+
+// openPool opens driver's pool on rawURL with conns connections.
+func openPool(ctx context.Context, driver, rawURL string, conns int) (*pool, error) {
+	if driver == DriverPgx {
+		pcfg, err := pgconn.PgxConfig(rawURL)
+		if err != nil {
+			return nil, err
+		}
+		pcfg.MaxConns = int32(conns)
+		p, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return nil, err
+		}
+		store, err := idempotency.NewPostgresStore(p)
+		if err != nil {
+			p.Close()
+			return nil, err
+		}
+		return &pool{store: store, close: p.Close, begin: func(ctx context.Context) (func(context.Context, string, ...any) error, func() error, func(), error) {
+			tx, err := p.Begin(ctx)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			exec := func(ctx context.Context, q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err }
+			return exec, func() error { return tx.Commit(ctx) }, func() { _ = tx.Rollback(ctx) }, nil
+		}}, nil
+	}
+	db, err := pgconn.Open(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	store, err := idempotency.NewPostgresStore(db)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &pool{store: store, close: func() { db.Close() }, begin: func(ctx context.Context) (func(context.Context, string, ...any) error, func() error, func(), error) {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		exec := func(ctx context.Context, q string, args ...any) error {
+			_, err := tx.ExecContext(ctx, q, args...)
+			return err
+		}
+		return exec, tx.Commit, func() { _ = tx.Rollback() }, nil
+	}}, nil
+}
+
+// variants returns the baseline handler and the middleware's modes over
+// it, on p.
+func variants(p *pool) ([]variant, error) {
 	handler := func(msg *message.Message) ([]*message.Message, error) {
 		mctx := msg.Context()
 		const insert = `INSERT INTO bench_effects (event_id, payload) VALUES ($1, $2)`
+		id, body := msg.Metadata.Get(metadata.EventID), string(msg.Payload)
 		if tx, ok := idempotency.TxFromContext(mctx); ok {
-			_, err := tx.ExecContext(mctx, insert, msg.Metadata.Get(metadata.EventID), string(msg.Payload))
+			_, err := tx.ExecContext(mctx, insert, id, body)
 			return nil, err
 		}
-		tx, err := db.BeginTx(mctx, nil)
+		if tx, ok := idempotency.PgxTxFromContext(mctx); ok {
+			_, err := tx.Exec(mctx, insert, id, body)
+			return nil, err
+		}
+		exec, commit, rollback, err := p.begin(mctx)
 		if err != nil {
 			return nil, err
 		}
-		defer tx.Rollback() //nolint:errcheck // no-op after commit
-		if _, err := tx.ExecContext(mctx, insert, msg.Metadata.Get(metadata.EventID), string(msg.Payload)); err != nil {
+		defer rollback()
+		if err := exec(mctx, insert, id, body); err != nil {
 			return nil, err
 		}
-		return nil, tx.Commit()
+		return nil, commit()
 	}
-	store, err := idempotency.NewPostgresStore(db)
-	if err != nil {
-		return Report{}, err
-	}
-	type variant struct {
-		name string
-		h    message.HandlerFunc
-	}
-	variants := []variant{{name: "baseline (no middleware)", h: handler}}
+	vs := []variant{{name: "baseline (no middleware)", h: handler}}
 	for _, mode := range []idempotency.Mode{idempotency.Transactional, idempotency.MarkAfterSuccess} {
-		mw, err := idempotency.NewMiddleware(store, idempotency.Config{
+		mw, err := idempotency.NewMiddleware(p.store, idempotency.Config{
 			Consumer: "bench-" + mode.String(), Mode: mode, Registerer: prometheus.NewRegistry(),
 		})
 		if err != nil {
-			return Report{}, err
+			return nil, err
 		}
-		variants = append(variants, variant{name: "middleware " + mode.String(), h: mw.Middleware(handler)})
+		vs = append(vs, variant{name: "middleware " + mode.String(), h: mw.Middleware(handler)})
 	}
+	return vs, nil
+}
 
+// runDriver measures every variant on driver.
+func runDriver(ctx context.Context, cfg Config, driver string) ([]Row, error) {
+	rts, err := roundTrips(ctx, cfg, driver)
+	if err != nil {
+		return nil, fmt.Errorf("counting round trips: %w", err)
+	}
+	p, err := openPool(ctx, driver, cfg.URL, cfg.Workers)
+	if err != nil {
+		return nil, err
+	}
+	defer p.close()
+	vs, err := variants(p)
+	if err != nil {
+		return nil, err
+	}
 	// Warm the pool and the plans.
-	if _, err := feed(ctx, variants[0].h, "warmup", min(cfg.Messages, 200), cfg.Workers); err != nil {
-		return Report{}, err
+	if _, err := feed(ctx, vs[0].h, driver+"-warmup", min(cfg.Messages, 200), cfg.Workers); err != nil {
+		return nil, err
 	}
-	rounds := make([][]round, len(variants))
-	step := func() {}
-	if cfg.Step != nil {
-		done, total := 0, cfg.Rounds*len(variants)
-		step = func() { done++; cfg.Step(done, total) }
+	rounds, err := runRounds(ctx, cfg, driver, vs)
+	if err != nil {
+		return nil, err
 	}
-	for r := range cfg.Rounds {
-		fmt.Fprintf(cfg.Progress, "round %d of %d ...\n", r+1, cfg.Rounds)
-		// Each round starts with another variant, so that none always
-		// runs first (right after the previous round's last one).
-		for j := range variants {
-			i := (r + j) % len(variants)
-			v := variants[i]
-			res, err := feed(ctx, v.h, fmt.Sprintf("%s-r%d", v.name, r), cfg.Messages, cfg.Workers)
-			if err != nil {
-				return Report{}, fmt.Errorf("%s: %w", v.name, err)
-			}
-			rounds[i] = append(rounds[i], res)
-			step()
-		}
-	}
-	var rep Report
-	for i, v := range variants {
+	var rows []Row
+	for i, v := range vs {
 		var rates, p50s, p99s, costs []float64
 		for r, res := range rounds[i] {
 			rates, p50s, p99s = append(rates, res.rate), append(p50s, res.p50), append(p99s, res.p99)
 			costs = append(costs, rounds[0][r].rate/res.rate)
 		}
-		row := Row{Bench: "idempotency", Variant: v.name, Messages: cfg.Messages, Workers: cfg.Workers, Rounds: cfg.Rounds,
-			Rate: stats.Median(rates), P50: stats.Median(p50s), P99: stats.Median(p99s), Cost: stats.Median(costs)}
+		row := Row{Bench: "idempotency", Driver: driver, Variant: v.name, Messages: cfg.Messages, Workers: cfg.Workers, Rounds: cfg.Rounds,
+			Rate: stats.Median(rates), P50: stats.Median(p50s), P99: stats.Median(p99s), Cost: stats.Median(costs), RoundTrips: rts[i]}
 		if i == 1 {
 			row.Budget = Budget
 		}
-		rep.Rows = append(rep.Rows, row)
+		rows = append(rows, row)
 	}
-	return rep, nil
+	return rows, nil
+}
+
+// runRounds alternates the variants for cfg.Rounds rounds.
+func runRounds(ctx context.Context, cfg Config, driver string, vs []variant) ([][]round, error) {
+	rounds := make([][]round, len(vs))
+	step := func() {}
+	if cfg.Step != nil {
+		done, total := 0, cfg.Rounds*len(vs)*len(cfg.Drivers)
+		if driver != cfg.Drivers[0] {
+			done = cfg.Rounds * len(vs)
+		}
+		step = func() { done++; cfg.Step(done, total) }
+	}
+	for r := range cfg.Rounds {
+		fmt.Fprintf(cfg.Progress, "%s: round %d of %d ...\n", driver, r+1, cfg.Rounds)
+		// Each round starts with another variant, so that none always
+		// runs first (right after the previous round's last one).
+		for j := range vs {
+			i := (r + j) % len(vs)
+			v := vs[i]
+			res, err := feed(ctx, v.h, fmt.Sprintf("%s-%s-r%d", driver, v.name, r), cfg.Messages, cfg.Workers)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", v.name, err)
+			}
+			rounds[i] = append(rounds[i], res)
+			step()
+		}
+	}
+	return rounds, nil
+}
+
+// roundTrips counts each variant's round trips per message, one worker
+// on one connection through a counting proxy, after a warm-up.
+func roundTrips(ctx context.Context, cfg Config, driver string) ([]float64, error) {
+	c, u, err := roundtrips.Start(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	p, err := openPool(ctx, driver, u, 1)
+	if err != nil {
+		return nil, err
+	}
+	defer p.close()
+	vs, err := variants(p)
+	if err != nil {
+		return nil, err
+	}
+	const k = 50
+	out := make([]float64, len(vs))
+	for i, v := range vs {
+		if _, err := feed(ctx, v.h, driver+"-rt-warm-"+v.name, k, 1); err != nil {
+			return nil, err
+		}
+		before := c.Count()
+		if _, err := feed(ctx, v.h, driver+"-rt-"+v.name, k, 1); err != nil {
+			return nil, err
+		}
+		out[i] = float64(c.Count()-before) / k
+	}
+	return out, nil
 }
 
 // feed feeds n messages with unique event ids to h from workers
@@ -247,9 +410,9 @@ func (r Report) WriteTable(w io.Writer) error {
 	}
 	b := r.Rows[0]
 	fmt.Fprintf(w, "handler inserting one row; %d messages x %d workers, median of %d rounds\n", b.Messages, b.Workers, b.Rounds)
-	fmt.Fprintf(w, "%-36s %10s %10s %10s %8s\n", "VARIANT", "MSG/S", "P50 MS", "P99 MS", "COST")
+	fmt.Fprintf(w, "%-6s %-36s %10s %10s %10s %8s %12s\n", "DRIVER", "VARIANT", "MSG/S", "P50 MS", "P99 MS", "COST", "ROUND TRIPS")
 	for _, row := range r.Rows {
-		fmt.Fprintf(w, "%-36s %10.0f %10.2f %10.2f %7.2fx\n", row.Variant, row.Rate, row.P50, row.P99, row.Cost)
+		fmt.Fprintf(w, "%-6s %-36s %10.0f %10.2f %10.2f %7.2fx %12.1f\n", row.Driver, row.Variant, row.Rate, row.P50, row.P99, row.Cost, row.RoundTrips)
 	}
 	for _, row := range r.Rows {
 		if row.Budget == 0 {
@@ -259,7 +422,7 @@ func (r Report) WriteTable(w io.Writer) error {
 		if row.Cost > row.Budget {
 			verdict = "OVER"
 		}
-		fmt.Fprintf(w, "%s costs %.2fx the baseline (%s the %.1fx budget; COST is the median of the rounds' ratios)\n", row.Variant, row.Cost, verdict, row.Budget)
+		fmt.Fprintf(w, "%s: %s costs %.2fx the baseline (%s the %.2fx budget; COST is the median of the rounds' ratios)\n", row.Driver, row.Variant, row.Cost, verdict, row.Budget)
 	}
 	return nil
 }

@@ -20,19 +20,25 @@ import (
 func TestRun(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, idempotency.Migrations())
-	rep, err := idempotencybench.Run(context.Background(), idempotencybench.Config{DB: s.DB, Messages: 50, Workers: 2, Rounds: 3})
+	rep, err := idempotencybench.Run(context.Background(), idempotencybench.Config{DB: s.DB, URL: s.URL, Messages: 50, Workers: 2, Rounds: 3})
 	require.NoError(t, err)
-	require.Len(t, rep.Rows, 3)
-	require.InDelta(t, 1.0, rep.Rows[0].Cost, 1e-9, "the baseline is its own reference")
+	require.Len(t, rep.Rows, 6, "three variants on each of pq and pgx")
 	for i, r := range rep.Rows {
+		require.Equal(t, []string{"pq", "pgx"}[i/3], r.Driver, r)
+		if i%3 == 0 {
+			require.InDelta(t, 1.0, r.Cost, 1e-9, "the baseline is its own reference")
+		}
 		require.Positive(t, r.Rate, r)
 		require.Positive(t, r.Cost, r)
+		require.GreaterOrEqual(t, r.RoundTrips, 1.0, r)
 		require.GreaterOrEqual(t, r.P99, r.P50, r)
-		require.Equal(t, i == 1, r.Budget == idempotencybench.Budget, r)
+		require.Equal(t, i%3 == 1, r.Budget == idempotencybench.Budget, r)
 	}
 	var marks int
 	require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM millwright_processed_events`).Scan(&marks))
-	require.Equal(t, 2*3*50, marks, "both modes mark every message of every round")
+	// Per driver and mode: 3 timed rounds, and the round-trip pass's
+	// warm-up and counted run, of 50 messages each.
+	require.Equal(t, 2*2*(3+2)*50, marks, "both modes mark every message of every run")
 
 	var js bytes.Buffer
 	require.NoError(t, rep.WriteJSON(&js))
@@ -44,7 +50,7 @@ func TestRun(t *testing.T) {
 		require.Equal(t, "idempotency", row["bench"])
 		n++
 	}
-	require.Equal(t, 3, n)
+	require.Equal(t, 6, n)
 	var table strings.Builder
 	require.NoError(t, rep.WriteTable(&table))
 	require.Contains(t, table.String(), "middleware transactional costs")
@@ -54,6 +60,6 @@ func TestRun(t *testing.T) {
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	_, err := idempotencybench.Run(context.Background(), idempotencybench.Config{Workers: -1})
-	require.ErrorContains(t, err, "Config.DB is required")
+	require.ErrorContains(t, err, "Config.DB and Config.URL are required")
 	require.ErrorContains(t, err, "--workers -1")
 }

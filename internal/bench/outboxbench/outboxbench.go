@@ -67,6 +67,10 @@ type Config struct {
 	LatencyDuration time.Duration
 	// Sections to run (SectionWrite, ...).
 	Sections []string
+	// Drivers the write section runs on, in order: DriverPQ (lib/pq
+	// through pgconn.Open, as postgres.Open), DriverPgx (pgxpool). Default
+	// both.
+	Drivers []string
 	// Kinds are the transports of the drain and latency sections, opened
 	// with Open.
 	Kinds []transport.Kind
@@ -106,8 +110,11 @@ type Row struct {
 	VsPublisher float64 `json:"vs_publisher,omitempty"`
 	// VsFewer is, for a drain's relay row, the median of each round's run
 	// over that round's run with the relay count before (1 for 2, 2 for 4).
-	VsFewer float64   `json:"vs_fewer,omitempty"`
-	Runs    []float64 `json:"runs"`
+	VsFewer float64 `json:"vs_fewer,omitempty"`
+	// RoundTrips is the client's round trips per operation (a write's
+	// transaction), counted through a proxy in a separate pass.
+	RoundTrips float64   `json:"round_trips,omitempty"`
+	Runs       []float64 `json:"runs"`
 }
 
 type bench struct {
@@ -230,7 +237,7 @@ func (b *bench) emit(r Row) {
 
 func (b *bench) print() error {
 	tw := tabwriter.NewWriter(b.Out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "CASE\tBROKER\tVARIANT\tVALUE\tUNIT\tBASELINE\tRATIO\tVS FEWER\tVS FORWARDER\tVS PUBLISHER\tTARGET\n")
+	fmt.Fprintf(tw, "CASE\tBROKER\tVARIANT\tVALUE\tUNIT\tBASELINE\tRATIO\tROUND TRIPS\tVS FEWER\tVS FORWARDER\tVS PUBLISHER\tTARGET\n")
 	x := func(v float64) string {
 		if v == 0 {
 			return ""
@@ -246,8 +253,12 @@ func (b *bench) print() error {
 		if broker == "" {
 			broker = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Case, broker, r.Variant, r.Value, r.Unit, base,
-			x(r.Ratio), x(r.VsFewer), x(r.VsForwarder), x(r.VsPublisher), r.Target)
+		rt := ""
+		if r.RoundTrips != 0 {
+			rt = strconv.FormatFloat(r.RoundTrips, 'f', 1, 64)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Case, broker, r.Variant, r.Value, r.Unit, base,
+			x(r.Ratio), rt, x(r.VsFewer), x(r.VsForwarder), x(r.VsPublisher), r.Target)
 	}
 	fmt.Fprintf(tw, "(medians of %d runs)\n", b.Rounds)
 	return tw.Flush()
