@@ -34,11 +34,12 @@ func steps(h []histRow) []storage.SagaStep {
 	return out
 }
 
-// decideIn decides what inp does to in, reading the saga's history first
-// only when the decision needs it (a stale reply, a compensation to
-// start): most transitions read nothing more than the locked row. A
-// decision that needs the history is made twice (its Command, Compensation
-// and OnSuccess functions run twice, on the same data).
+// decideIn decides what inp does to in, reading the saga's history only
+// when the decision needs it (a stale reply, a compensation to start):
+// most transitions read nothing more than the locked row. A decision asks
+// for the history before it calls any of the definition's functions,
+// except after a success whose next command cannot be built: that step's
+// OnSuccess and the next Command then run twice, on the same data.
 func (o *Orchestrator[D]) decideIn(ctx context.Context, q storage.Querier, in instance, inp input, now time.Time) (*transition, error) {
 	t, err := o.d.decide(in, inp, history{}, now)
 	if !errors.Is(err, errNeedHistory) {
