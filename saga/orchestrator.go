@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -493,7 +494,7 @@ func (o *Orchestrator[D]) Run(ctx context.Context) error {
 		for runner.Wait(ctx, draining, wait) {
 			wait = o.cfg.PollInterval
 			if !checked {
-				err := storage.CheckSagaTables(ctx, o.pool, "saga "+o.def.name)
+				err := o.checkTables(ctx)
 				var missing *schemacheck.MissingError
 				switch {
 				case errors.As(err, &missing):
@@ -518,6 +519,20 @@ func (o *Orchestrator[D]) Run(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// checkTables is schemacheck.Check of the saga tables on the
+// orchestrator's pool, whichever its driver.
+func (o *Orchestrator[D]) checkTables(ctx context.Context) error {
+	component := "saga " + o.def.name
+	missing, schema, path, err := storage.MissingSagaTables(ctx, o.pool)
+	if err != nil {
+		return fmt.Errorf("%s: looking for its tables (%s): %w", component, strings.Join(storage.SagaTables, ", "), err)
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return &schemacheck.MissingError{Component: component, Missing: missing, Schema: schema, SearchPath: path}
 }
 
 // RunOnce fires up to BatchSize due deadlines in one transaction and

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/millwright/millwright/internal/schemacheck"
 )
 
 // SagaInstance is a row of millwright_saga_instances.
@@ -310,25 +308,22 @@ func CountSagas(ctx context.Context, q Querier, typ, state string) (int64, error
 	return n, err
 }
 
-// sagaTables are the tables an orchestrator works on.
-var sagaTables = []string{"millwright_saga_instances", "millwright_saga_steps"}
+// SagaTables are the tables an orchestrator works on.
+var SagaTables = []string{"millwright_saga_instances", "millwright_saga_steps"}
 
-// CheckSagaTables reports whether the saga tables exist in q's
-// search_path: nil, a *schemacheck.MissingError naming those missing, or
-// another error (wrapped, naming component) when the database could not be
-// asked. It is schemacheck.Check on either driver.
-func CheckSagaTables(ctx context.Context, q Querier, component string) error {
-	var schema, path, missing string
-	err := q.QueryRow(ctx, S(`SELECT coalesce(current_schema(), ''), current_setting('search_path'),
+// MissingSagaTables returns the SagaTables not on q's search_path (in
+// that order), with the session's current_schema() ("" when no schema of
+// the search_path exists) and search_path, for schemacheck's
+// MissingError: schemacheck.Check on either driver.
+func MissingSagaTables(ctx context.Context, q Querier) (missing []string, schema, searchPath string, err error) {
+	var list string
+	err = q.QueryRow(ctx, S(`SELECT coalesce(current_schema(), ''), current_setting('search_path'),
 		coalesce(array_to_string(array(SELECT t FROM unnest($1::text[]) WITH ORDINALITY u(t, i)
-			WHERE to_regclass(t) IS NULL ORDER BY i), ','), '')`, sagaTables), &schema, &path, &missing)
-	if err != nil {
-		return fmt.Errorf("%s: looking for its tables (%s): %w", component, strings.Join(sagaTables, ", "), err)
+			WHERE to_regclass(t) IS NULL ORDER BY i), ','), '')`, SagaTables), &schema, &searchPath, &list)
+	if err != nil || list == "" {
+		return nil, schema, searchPath, err
 	}
-	if missing == "" {
-		return nil
-	}
-	return &schemacheck.MissingError{Component: component, Missing: strings.Split(missing, ","), Schema: schema, SearchPath: path}
+	return strings.Split(list, ","), schema, searchPath, nil
 }
 
 func sagaNullTime(t sql.NullTime) any {

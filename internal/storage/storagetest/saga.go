@@ -7,10 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
-	"github.com/millwright/millwright/internal/schemacheck"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/stretchr/testify/require"
 )
 
 func init() { Register("saga", exerciseSaga) }
@@ -278,17 +276,20 @@ func sagaResolve(t *testing.T, p storage.Pool) {
 
 func sagaCheckTables(t *testing.T, p storage.Pool) {
 	ctx := context.Background()
-	require.NoError(t, storage.CheckSagaTables(ctx, p, "saga orders"))
+	missing, schema, _, err := storage.MissingSagaTables(ctx, p)
+	require.NoError(t, err)
+	require.Empty(t, missing)
+	require.NotEmpty(t, schema)
 	tx, err := p.Begin(ctx, storage.TxOptions{})
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, storage.S(`SET LOCAL search_path TO pg_catalog`))
 	require.NoError(t, err)
-	err = storage.CheckSagaTables(ctx, tx, "saga orders")
-	var missing *schemacheck.MissingError
-	require.ErrorAs(t, err, &missing)
-	require.Equal(t, []string{"millwright_saga_instances", "millwright_saga_steps"}, missing.Missing)
-	require.Equal(t, "saga orders", missing.Component)
+	missing, schema, path, err := storage.MissingSagaTables(ctx, tx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"millwright_saga_instances", "millwright_saga_steps"}, missing)
+	require.Equal(t, "pg_catalog", schema)
+	require.Equal(t, "pg_catalog", path)
 }
 
 // newSaga is a running instance of typ, due in a minute.
