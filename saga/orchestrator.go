@@ -395,10 +395,13 @@ func (o *Orchestrator[D]) HandleReply(msg *message.Message) (err error) {
 	if err != nil {
 		return err
 	}
+	// Reported once written, before the commit makes the new state
+	// visible, as in the middleware's transaction: whoever sees the state
+	// sees its metrics.
+	o.report(t)
 	if err := own.Commit(ctx); err != nil {
 		return fmt.Errorf("saga %s %q: commit: %w", o.def.name, r.sagaID, err)
 	}
-	o.report(t)
 	return nil
 }
 
