@@ -2,90 +2,88 @@ package saga
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
 )
 
 // A transition written against a version the row no longer has fails
-// loudly and writes nothing: at once (errConflict) on lib/pq's own pool,
-// at COMMIT on a pool of postgres.Open, where the statement travels with
-// it. The orchestrator holds the row lock, so this guards against a bug,
-// not a race; it must not pass silently either way.
+// loudly (errConflict, wrapping storage.ErrConflict) and writes nothing,
+// neither its history nor its commands, on every driver, at the write
+// itself. The orchestrator holds the row lock, so this guards against a
+// bug, not a race; it must not pass silently.
 func TestCommitOfAStaleVersionFails(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), Migrations())
-	deferring, err := pgconn.Open(s.URL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = deferring.Close() })
-	type data struct{}
-	def, err := Define("conflict", Step[data]{
-		Name:         "one",
-		Command:      func(data) (Command, error) { return Command{Topic: "one"}, nil },
-		Compensation: func(data) (Command, error) { return Command{Topic: "one"}, nil },
-	})
-	require.NoError(t, err)
-	o, err := NewOrchestrator(s.DB, def, Config{ReplyTopic: "conflict.replies"})
-	require.NoError(t, err)
-	ctx := context.Background()
-	require.NoError(t, o.Start(ctx, s.DB, "s-1", data{}))
-
-	load := func(db *sql.DB) instance {
-		in, err := scanInstance(db.QueryRowContext(ctx, `SELECT `+instanceColumns+` FROM millwright_saga_instances WHERE id = 's-1'`))
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		s := pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), Migrations())
+		pool := s.Pool(t, driver)
+		type data struct{}
+		def, err := Define("conflict", Step[data]{
+			Name:         "one",
+			Command:      func(data) (Command, error) { return Command{Topic: "one"}, nil },
+			Compensation: func(data) (Command, error) { return Command{Topic: "one"}, nil },
+		})
 		require.NoError(t, err)
-		return in
-	}
-	steps := func() int {
-		var n int
-		require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT count(*) FROM millwright_saga_steps WHERE saga_id = 's-1'`).Scan(&n))
-		return n
-	}
-	before, history := load(s.DB), steps()
-	require.EqualValues(t, 1, before.version)
-	transition := func() *transition {
-		tr := &transition{in: before}
-		tr.in.state = StateCompleted
-		tr.record("one", KindCompleted, "", 0, "")
-		return tr
-	}
-
-	for _, db := range []*sql.DB{s.DB, deferring} {
-		tx, err := db.BeginTx(ctx, nil)
+		o, err := NewOrchestrator(s.DB, def, Config{ReplyTopic: "conflict.replies"})
 		require.NoError(t, err)
-		err = o.commit(ctx, tx, before.version+1, transition()) // stale: the row is at 1
-		if db == s.DB {
-			require.ErrorIs(t, err, errConflict)
-			require.ErrorContains(t, err, `instance "s-1" is no longer at version 2`)
-			require.NoError(t, tx.Rollback())
-		} else {
-			require.NoError(t, err, "deferred to COMMIT")
-			err = tx.Commit()
-			require.ErrorContains(t, err, conflictMessage)
-			require.ErrorContains(t, err, "nothing committed")
+		ctx := context.Background()
+		require.NoError(t, o.Start(ctx, pool.Handle(), "s-1", data{}))
+
+		load := func() instance {
+			row, err := storage.LockSaga(ctx, pool, "s-1")
+			require.NoError(t, err)
+			return fromRow(row)
 		}
-		after := load(s.DB)
+		count := func(table string) int {
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, storage.S(`SELECT count(*) FROM `+table), &n))
+			return n
+		}
+		before, hist, events := load(), count("millwright_saga_steps"), count("millwright_outbox")
+		require.EqualValues(t, 1, before.version)
+		// A transition that also sends a command: its outbox row must not
+		// survive the conflict either.
+		compensating := func(in instance) *transition {
+			tr := &transition{in: in}
+			tr.in.state = StateCompensating
+			require.NoError(t, o.d.compensateFrom(tr, 0, data{}, history{loaded: true}, in.createdAt))
+			require.Len(t, tr.events, 1)
+			return tr
+		}
+		write := func(old int64, tr *transition) error {
+			tx, err := pool.Begin(ctx, storage.TxOptions{})
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			q := storage.NewQueue(tx)
+			require.NoError(t, o.stage(ctx, q, old, tr))
+			if err := q.Flush(ctx); err != nil {
+				return writeError(err)
+			}
+			return tx.Commit(ctx)
+		}
+
+		err = write(before.version+1, compensating(before)) // stale: the row is at 1
+		require.ErrorIs(t, err, errConflict)
+		require.ErrorIs(t, err, storage.ErrConflict)
+		require.ErrorContains(t, err, `writing saga instance s-1 over version 2`)
+		after := load()
 		require.Equal(t, before.version, after.version)
 		require.Equal(t, StateRunning, after.state)
-		require.Equal(t, history, steps(), "no history written")
-	}
+		require.Equal(t, hist, count("millwright_saga_steps"), "no history written")
+		require.Equal(t, events, count("millwright_outbox"), "no command written")
 
-	// The right version commits, on both pools.
-	for i, db := range []*sql.DB{s.DB, deferring} {
-		cur := load(s.DB)
-		tr := transition()
-		tr.in = cur
-		tr.in.state = StateCompleted
-		tx, err := db.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		require.NoError(t, o.commit(ctx, tx, cur.version, tr))
-		require.NoError(t, tx.Commit())
-		require.EqualValues(t, before.version+int64(i)+1, load(s.DB).version)
-		require.Equal(t, history+i+1, steps())
-	}
+		// The right version commits.
+		require.NoError(t, write(before.version, compensating(before)))
+		after = load()
+		require.EqualValues(t, before.version+1, after.version)
+		require.Equal(t, StateCompensating, after.state)
+		require.Equal(t, hist+1, count("millwright_saga_steps"))
+		require.Equal(t, events+1, count("millwright_outbox"))
+	})
 }

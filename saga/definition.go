@@ -129,52 +129,67 @@ func Define[D any](name string, steps ...Step[D]) (*Definition[D], error) {
 			errs = append(errs, fmt.Errorf("saga: %q step %d: Name %q is used by an earlier step: step names must be unique", name, i, s.Name))
 		}
 		d.index[s.Name] = i
-		if s.Command == nil {
-			errs = append(errs, fmt.Errorf("saga: %q step %q: Command is nil: set the function that builds the step's command", name, s.Name))
-		}
-		// A step without a compensation keeps whatever its command did,
-		// even after the saga gave up on it: that must be a decision.
-		switch {
-		case s.Compensation == nil && !s.NoCompensation:
-			errs = append(errs, fmt.Errorf("saga: %q step %q: no Compensation: set Compensation to the command that undoes the step, "+
-				"or NoCompensation: true if its effect is harmless to keep (its success after a timeout is then kept too)", name, s.Name))
-		case s.Compensation != nil && s.NoCompensation:
-			errs = append(errs, fmt.Errorf("saga: %q step %q: both Compensation and NoCompensation are set: keep one", name, s.Name))
-		}
-		if s.SuccessReply == "" {
-			s.SuccessReply = s.Name + ".succeeded"
-		}
-		if s.FailureReply == "" {
-			s.FailureReply = s.Name + ".failed"
-		}
-		if s.CompensatedReply == "" {
-			s.CompensatedReply = s.Name + ".compensated"
-		}
-		if s.CompensationFailedReply == "" {
-			s.CompensationFailedReply = s.Name + ".compensation_failed"
-		}
-		if s.SuccessReply == s.FailureReply || s.CompensatedReply == s.CompensationFailedReply {
-			errs = append(errs, fmt.Errorf("saga: %q step %q: success and failure reply types must differ", name, s.Name))
-		}
-		if s.Timeout == 0 {
-			s.Timeout = DefaultTimeout
-		}
-		if s.CompensationTimeout == 0 {
-			s.CompensationTimeout = s.Timeout
-		}
-		if s.Timeout < time.Millisecond || s.CompensationTimeout < time.Millisecond {
-			errs = append(errs, fmt.Errorf("saga: %q step %q: Timeout %s, CompensationTimeout %s: want at least 1ms", name, s.Name, s.Timeout, s.CompensationTimeout))
-		}
-		s.Retry = s.Retry.WithDefaults()
-		if err := s.Retry.Validate(); err != nil {
-			errs = append(errs, fmt.Errorf("saga: %q step %q: Retry: %w", name, s.Name, err))
-		}
+		s = s.withDefaults()
+		errs = append(errs, s.check(name)...)
 		d.steps = append(d.steps, s)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return d, nil
+}
+
+// withDefaults returns s with its unset reply types, timeouts and retry
+// policy set to their defaults.
+func (s Step[D]) withDefaults() Step[D] {
+	if s.SuccessReply == "" {
+		s.SuccessReply = s.Name + ".succeeded"
+	}
+	if s.FailureReply == "" {
+		s.FailureReply = s.Name + ".failed"
+	}
+	if s.CompensatedReply == "" {
+		s.CompensatedReply = s.Name + ".compensated"
+	}
+	if s.CompensationFailedReply == "" {
+		s.CompensationFailedReply = s.Name + ".compensation_failed"
+	}
+	if s.Timeout == 0 {
+		s.Timeout = DefaultTimeout
+	}
+	if s.CompensationTimeout == 0 {
+		s.CompensationTimeout = s.Timeout
+	}
+	s.Retry = s.Retry.WithDefaults()
+	return s
+}
+
+// check returns what is wrong with s (with its defaults), a step of saga
+// type name.
+func (s Step[D]) check(name string) []error {
+	var errs []error
+	if s.Command == nil {
+		errs = append(errs, fmt.Errorf("saga: %q step %q: Command is nil: set the function that builds the step's command", name, s.Name))
+	}
+	// A step without a compensation keeps whatever its command did,
+	// even after the saga gave up on it: that must be a decision.
+	switch {
+	case s.Compensation == nil && !s.NoCompensation:
+		errs = append(errs, fmt.Errorf("saga: %q step %q: no Compensation: set Compensation to the command that undoes the step, "+
+			"or NoCompensation: true if its effect is harmless to keep (its success after a timeout is then kept too)", name, s.Name))
+	case s.Compensation != nil && s.NoCompensation:
+		errs = append(errs, fmt.Errorf("saga: %q step %q: both Compensation and NoCompensation are set: keep one", name, s.Name))
+	}
+	if s.SuccessReply == s.FailureReply || s.CompensatedReply == s.CompensationFailedReply {
+		errs = append(errs, fmt.Errorf("saga: %q step %q: success and failure reply types must differ", name, s.Name))
+	}
+	if s.Timeout < time.Millisecond || s.CompensationTimeout < time.Millisecond {
+		errs = append(errs, fmt.Errorf("saga: %q step %q: Timeout %s, CompensationTimeout %s: want at least 1ms", name, s.Name, s.Timeout, s.CompensationTimeout))
+	}
+	if err := s.Retry.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("saga: %q step %q: Retry: %w", name, s.Name, err))
+	}
+	return errs
 }
 
 // MustDefine is Define for package-level definitions: it panics on an

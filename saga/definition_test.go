@@ -2,10 +2,12 @@ package saga_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
@@ -58,7 +60,9 @@ func TestConfigValidate(t *testing.T) {
 	require.ErrorContains(t, err, "BatchSize 20000")
 	_, err = saga.NewOrchestrator(s.DB, def, saga.Config{PollInterval: time.Microsecond})
 	require.ErrorContains(t, err, "PollInterval")
-	_, err = saga.NewOrchestrator(nil, def, saga.Config{})
+	_, err = saga.NewOrchestrator((*sql.DB)(nil), def, saga.Config{})
+	require.ErrorContains(t, err, "db is nil")
+	_, err = saga.NewOrchestrator((*pgxpool.Pool)(nil), def, saga.Config{})
 	require.ErrorContains(t, err, "db is nil")
 	_, err = saga.NewOrchestrator[struct{}](s.DB, nil, saga.Config{})
 	require.ErrorContains(t, err, "saga.Define")

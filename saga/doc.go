@@ -52,11 +52,18 @@
 //	err := o.Start(ctx, tx, order.ID, Order{ID: order.ID})
 //	err = tx.Commit()
 //
+// db is a *sql.DB (lib/pq, or pgx's stdlib adapter) or a *pgxpool.Pool;
+// Start takes the business transaction, a *sql.Tx or a pgx.Tx (from
+// pgxpool or a pgx.Conn), whichever the pool. List, Get, History and
+// CountStuck read through either driver's pool, transaction or connection;
+// Resolve takes either pool.
+//
 // Participants consume their command topic and answer with ReplyEvent
 // (through the outbox, in the transaction of their effect) or NewReply;
 // both copy the saga keys (metadata.SagaID, SagaStep, SagaPhase,
 // SagaAttempt) and set metadata.SagaReplyType. A failure reply carries its
-// reason in metadata.SagaError.
+// reason in metadata.SagaError. A participant on pgx writes its effect and
+// outbox.Add(ctx, tx, ev) in the same pgx.Tx.
 //
 // A transport that hands a topic's messages to its consumer one at a
 // time (sql; RabbitMQ with one consumer) applies one reply at a time. Set
@@ -128,6 +135,13 @@
 //     `millwright saga resolve ID` (Resolve) to retry it or to record it as
 //     done by hand. (A late success of a later step still undoes that step
 //     at once, then retries the stuck compensation.)
+//   - A transition is load, decide, write, in one transaction: the
+//     instance row (locked), and only when the decision needs it one read
+//     of the step history; then a pure decision (no I/O); then one batch,
+//     one round trip on either driver, of the command's outbox rows, the
+//     instance row and the history. Its errors, a version conflict
+//     included, are the write's own, on every driver (nothing is held
+//     until COMMIT).
 //   - Deadlines are columns, claimed by Run with FOR UPDATE SKIP LOCKED by
 //     whichever orchestrator instance is alive: they survive restarts.
 //     Killing an orchestrator at any point loses nothing: the transaction in

@@ -27,7 +27,7 @@ func fuzzOrchestrator(t testing.TB) *Orchestrator[fuzzOrder] {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Orchestrator[fuzzOrder]{def: def}
+	return &Orchestrator[fuzzOrder]{def: def, d: decider[fuzzOrder]{def: def}}
 }
 
 // storable reports whether Postgres accepts s in a TEXT column: valid
@@ -61,7 +61,7 @@ func FuzzParseReply(f *testing.F) {
 		set(metadata.SagaReplyType, replyType)
 		set(metadata.EventType, eventType)
 		set(metadata.SagaError, sagaErr)
-		r, err := o.parseReply(msg)
+		r, err := o.d.parseReply(msg)
 		if err != nil {
 			if !strings.Contains(err.Error(), "saga orders") {
 				t.Fatalf("error does not name the saga type: %v", err)
@@ -95,7 +95,7 @@ func FuzzDecodeData(f *testing.F) {
 	f.Add([]byte(`{"amount":1e400}`))
 	o := fuzzOrchestrator(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		d, err := o.decode(instance{id: "o-1", data: data})
+		d, err := o.d.decode(instance{id: "o-1", data: data})
 		if err != nil {
 			if !strings.Contains(err.Error(), `saga orders "o-1": decoding data into saga.fuzzOrder`) {
 				t.Fatalf("error does not name the saga and type: %v", err)

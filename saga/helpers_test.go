@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
@@ -169,6 +170,10 @@ type participants struct {
 	// before, when set, runs before each reply is sent (outside the lock).
 	before func(sagaID, step, phase string)
 	pub    message.Publisher
+	// pgx, when set, is where participants write: each reply goes to the
+	// outbox (saga.ReplyEvent, outbox.Add) in a pgx.Tx that also records
+	// the effect in participant_effects, instead of being published.
+	pgx *pgxpool.Pool
 	// by "id/step": the effect is in place; how often it was applied, and
 	// how often a compensation removed it.
 	inPlace         map[string]bool
@@ -298,6 +303,9 @@ func (p *participants) answer(msg *message.Message, act action) error {
 	default:
 		typ = step + ".compensation_failed"
 	}
+	if p.pgx != nil {
+		return p.answerInPgxTx(msg, typ, act)
+	}
 	reply, err := saga.NewReply(msg, typ, map[string]string{"ID": step + "-" + id})
 	if err != nil {
 		return err
@@ -306,6 +314,43 @@ func (p *participants) answer(msg *message.Message, act action) error {
 		reply.Metadata.Set(metadata.SagaError, step+" "+phase+" refused")
 	}
 	return p.pub.Publish(saga.ReplyTopic(msg), reply)
+}
+
+// answerInPgxTx is a participant on pgx: its effect (a row) and its reply
+// (an outbox event) commit in one pgx.Tx, and the relay publishes the
+// reply.
+func (p *participants) answerInPgxTx(msg *message.Message, typ string, act action) error {
+	md := msg.Metadata
+	id, step, phase := md.Get(metadata.SagaID), md.Get(metadata.SagaStep), md.Get(metadata.SagaPhase)
+	ctx := msg.Context()
+	tx, err := p.pgx.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `INSERT INTO participant_effects (event_id, saga_id, step, phase, reply) VALUES ($1, $2, $3, $4, $5)`,
+		md.Get(metadata.EventID), id, step, phase, typ); err != nil {
+		return err
+	}
+	ev, err := saga.ReplyEvent(msg, typ, map[string]string{"ID": step + "-" + id})
+	if err != nil {
+		return err
+	}
+	if act == fail {
+		ev.Metadata[metadata.SagaError] = step + " " + phase + " refused"
+	}
+	if err := outbox.Add(ctx, tx, ev); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// effects counts saga id's participant_effects rows (pgx participants).
+func (b *bundle) effects(t *testing.T, id string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pgx.QueryRow(context.Background(), `SELECT count(*) FROM participant_effects WHERE saga_id = $1`, id).Scan(&n))
+	return n
 }
 
 // bundle is what a saga test needs.
@@ -325,6 +370,28 @@ type bundle struct {
 	// replyShards is the Config.ReplyShards of orchestrators started
 	// afterwards (0: the default, one reply topic).
 	replyShards int
+	// driver is pgtest.DriverPQ or pgtest.DriverPgx: with pgx the
+	// orchestrators run on pgx (a *pgxpool.Pool), sagas start in a pgx.Tx,
+	// participants answer from a pgx.Tx, and the tests read through pgx.
+	driver string
+	pgx    *pgxpool.Pool
+}
+
+// handle is the pool the tests read sagas through: the pgx pool on pgx,
+// else the *sql.DB.
+func (b *bundle) handle() saga.Querier {
+	if b.pgx != nil {
+		return b.pgx
+	}
+	return b.schema.DB
+}
+
+// resolve is saga.Resolve on the bundle's driver.
+func (b *bundle) resolve(ctx context.Context, id string, action saga.ResolveAction, note string, dryRun bool) (saga.Resolution, error) {
+	if b.pgx != nil {
+		return saga.Resolve(ctx, b.pgx, id, action, note, dryRun)
+	}
+	return saga.Resolve(ctx, b.schema.DB, id, action, note, dryRun)
 }
 
 // setup opens a schema, a transport (gochannel by default), starts an
@@ -335,10 +402,21 @@ func setup(t *testing.T, tcfg *transport.Config, o defOpts) *bundle {
 	return setupTopics(t, tcfg, o, newTopics())
 }
 
+// setupDriver is setup on driver (pgtest.DriverPQ or pgtest.DriverPgx).
+func setupDriver(t *testing.T, driver string, o defOpts) *bundle {
+	t.Helper()
+	return setupOn(t, nil, o, newTopics(), driver)
+}
+
 // setupTopics is setup with the given topic names.
 func setupTopics(t *testing.T, tcfg *transport.Config, o defOpts, tp topics) *bundle {
 	t.Helper()
-	b := &bundle{tp: tp}
+	return setupOn(t, tcfg, o, tp, pgtest.DriverPQ)
+}
+
+func setupOn(t *testing.T, tcfg *transport.Config, o defOpts, tp topics, driver string) *bundle {
+	t.Helper()
+	b := &bundle{tp: tp, driver: driver}
 	b.schema = pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), saga.Migrations())
 	// Everything runs on the pool postgres.Open gives users (transition
 	// statements and outbox rows travel with COMMIT on it); pgtest's own
@@ -370,6 +448,13 @@ func setupTopics(t *testing.T, tcfg *transport.Config, o defOpts, tp topics) *bu
 	runBackground(t, "relay", relay.Run, relay.Close)
 
 	b.parts = newParticipants(tr.Publisher())
+	if driver == pgtest.DriverPgx {
+		b.pgx = b.schema.Pgx(t)
+		_, err := b.pgx.Exec(context.Background(), `CREATE TABLE participant_effects (event_id text PRIMARY KEY, saga_id text NOT NULL,
+			step text NOT NULL, phase text NOT NULL, reply text NOT NULL)`)
+		require.NoError(t, err)
+		b.parts.pgx = b.pgx
+	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, nil)
 	require.NoError(t, err)
 	for _, topic := range []string{b.tp.inventory, b.tp.payment, b.tp.shipping} {
@@ -444,10 +529,17 @@ func (b *bundle) startOrchestrator(t *testing.T) *orch {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	logs := watermill.NewCaptureLogger()
-	o, err := saga.NewOrchestrator(b.schema.DB, b.def, saga.Config{
+	cfg := saga.Config{
 		ReplyTopic: b.tp.replies, PollInterval: 20 * time.Millisecond, Registerer: reg, Logger: logs,
 		TracerProvider: b.tracerProvider, ReplyShards: b.replyShards,
-	})
+	}
+	var o *saga.Orchestrator[Order]
+	var err error
+	if b.pgx != nil {
+		o, err = saga.NewOrchestrator(b.pgx, b.def, cfg)
+	} else {
+		o, err = saga.NewOrchestrator(b.schema.DB, b.def, cfg)
+	}
 	require.NoError(t, err)
 	dedup, err := idempotency.NewMiddleware(b.store, idempotency.Config{Consumer: "orders-saga", Registerer: reg})
 	require.NoError(t, err)
@@ -458,7 +550,12 @@ func (b *bundle) startOrchestrator(t *testing.T) *orch {
 	for i, topic := range o.ReplyTopics() {
 		initTopic(t, sub, topic)
 		h := router.AddConsumerHandler(fmt.Sprintf("orders-saga-%d", i), topic, sub, o.HandleReply)
-		h.AddMiddleware(dedup.Middleware)
+		if b.pgx == nil {
+			// On pgx the orchestrator applies each reply in a pgx.Tx of
+			// its own (the idempotency middleware's transaction is a
+			// *sql.Tx here).
+			h.AddMiddleware(dedup.Middleware)
+		}
 		if b.replyMiddleware != nil {
 			h.AddMiddleware(b.replyMiddleware)
 		}
@@ -472,6 +569,13 @@ func (b *bundle) startOrchestrator(t *testing.T) *orch {
 func (b *bundle) start(t *testing.T, o *orch, id string) {
 	t.Helper()
 	ctx := context.Background()
+	if b.pgx != nil {
+		tx, err := b.pgx.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, o.o.Start(ctx, tx, id, Order{ID: id, Amount: 42}))
+		require.NoError(t, tx.Commit(ctx))
+		return
+	}
 	tx, err := b.schema.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	require.NoError(t, o.o.Start(ctx, tx, id, Order{ID: id, Amount: 42}))
@@ -484,13 +588,13 @@ func (b *bundle) waitState(t *testing.T, id string, want saga.State) saga.Info {
 	t.Helper()
 	var last saga.Info
 	poll.Until(t, 30*time.Second, func() bool {
-		info, _, err := saga.Get(context.Background(), b.schema.DB, id)
+		info, _, err := saga.Get(context.Background(), b.handle(), id)
 		if err == nil {
 			last = info
 		}
 		return err == nil && info.State == want
 	}, "saga %s: want state %s, still %v", id, want, later(func() string {
-		h, _ := saga.History(context.Background(), b.schema.DB, id)
+		h, _ := saga.History(context.Background(), b.handle(), id)
 		return fmt.Sprintf("%s (last error %q); history %+v; commands %v", last.State, last.LastError, h, b.parts.commands(id))
 	}))
 	return last
@@ -502,7 +606,7 @@ func (b *bundle) waitHistory(t *testing.T, id, kind string) []saga.HistoryEntry 
 	var h []saga.HistoryEntry
 	poll.Until(t, 30*time.Second, func() bool {
 		var err error
-		h, err = saga.History(context.Background(), b.schema.DB, id)
+		h, err = saga.History(context.Background(), b.handle(), id)
 		require.NoError(t, err)
 		return slices.ContainsFunc(h, func(e saga.HistoryEntry) bool { return e.Kind == kind })
 	}, "saga %s: no %s entry in history", id, kind)

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
@@ -53,59 +54,64 @@ func TestLateSuccessIsCompensated(t *testing.T) {
 	opts := defOpts{cancelShipping: true, timeouts: map[string]time.Duration{shipping: 300 * time.Millisecond}}
 
 	t.Run("after the saga is compensated", func(t *testing.T) {
+		// On both drivers: on pgx the participants answer from a pgx.Tx and
+		// the orchestrator runs on a *pgxpool.Pool.
 		t.Parallel()
-		b := setup(t, nil, opts)
-		o := b.startOrchestrator(t)
-		b.parts.setDecide(func(_, step, phase string, _ int) action {
-			if step == shipping && phase == saga.PhaseForward {
-				return hold
-			}
-			return succeed
+		pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+			t.Parallel()
+			b := setupDriver(t, driver, opts)
+			o := b.startOrchestrator(t)
+			b.parts.setDecide(func(_, step, phase string, _ int) action {
+				if step == shipping && phase == saga.PhaseForward {
+					return hold
+				}
+				return succeed
+			})
+			b.start(t, o, "late")
+			first := b.waitState(t, "late", saga.StateCompensated)
+			require.Equal(t, cause, first.LastError)
+			inPlace, applied, _ := b.parts.effect("late", shipping)
+			require.False(t, inPlace)
+			require.Zero(t, applied, "the shipment was not made yet")
+
+			// Shipping is back and schedules the shipment.
+			n, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			h := b.waitLateUndone(t, "late")
+
+			require.Equal(t, []string{
+				fwd(reserve), fwd(charge), fwd(shipping),
+				comp(shipping, 1), comp(charge, 1), comp(reserve, 1),
+				comp(shipping, 2), // numbered after attempt 1, sent once
+			}, b.parts.commands("late"))
+			inPlace, applied, undone := b.parts.effect("late", shipping)
+			require.False(t, inPlace, "the late shipment is cancelled")
+			require.Equal(t, 1, applied)
+			require.Equal(t, 1, undone)
+			require.Equal(t, []string{
+				shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply", ":compensated",
+			}, afterLate(h))
+			info, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+			require.NoError(t, err)
+			require.Equal(t, cause, info.LastError, "the reason is still the timeout")
+			require.Equal(t, cause, info.Cause)
+			require.Empty(t, info.Step)
+			require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricLateSuccesses, map[string]string{"type": "orders"}))
+			require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricCompensated, map[string]string{"type": "orders"}), "counted once")
+
+			// The same success again, under another event id (a participant
+			// that replied twice): a duplicate, nothing sent.
+			again, err := saga.NewReply(b.parts.command("late", shipping, saga.PhaseForward), shipping+".succeeded", nil)
+			require.NoError(t, err)
+			require.NoError(t, b.tr.Publisher().Publish(b.tp.replies, again))
+			h = b.waitHistory(t, "late", saga.KindDuplicate)
+			require.Equal(t, shipping+":duplicate", historyKinds(h)[len(h)-1])
+			after, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+			require.NoError(t, err)
+			require.Equal(t, info.Version, after.Version)
+			require.Len(t, b.parts.commands("late"), 7)
 		})
-		b.start(t, o, "late")
-		first := b.waitState(t, "late", saga.StateCompensated)
-		require.Equal(t, cause, first.LastError)
-		inPlace, applied, _ := b.parts.effect("late", shipping)
-		require.False(t, inPlace)
-		require.Zero(t, applied, "the shipment was not made yet")
-
-		// Shipping is back and schedules the shipment.
-		n, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
-		h := b.waitLateUndone(t, "late")
-
-		require.Equal(t, []string{
-			fwd(reserve), fwd(charge), fwd(shipping),
-			comp(shipping, 1), comp(charge, 1), comp(reserve, 1),
-			comp(shipping, 2), // numbered after attempt 1, sent once
-		}, b.parts.commands("late"))
-		inPlace, applied, undone := b.parts.effect("late", shipping)
-		require.False(t, inPlace, "the late shipment is cancelled")
-		require.Equal(t, 1, applied)
-		require.Equal(t, 1, undone)
-		require.Equal(t, []string{
-			shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply", ":compensated",
-		}, afterLate(h))
-		info, _, err := saga.Get(context.Background(), b.schema.DB, "late")
-		require.NoError(t, err)
-		require.Equal(t, cause, info.LastError, "the reason is still the timeout")
-		require.Equal(t, cause, info.Cause)
-		require.Empty(t, info.Step)
-		require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricLateSuccesses, map[string]string{"type": "orders"}))
-		require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricCompensated, map[string]string{"type": "orders"}), "counted once")
-
-		// The same success again, under another event id (a participant
-		// that replied twice): a duplicate, nothing sent.
-		again, err := saga.NewReply(b.parts.command("late", shipping, saga.PhaseForward), shipping+".succeeded", nil)
-		require.NoError(t, err)
-		require.NoError(t, b.tr.Publisher().Publish(b.tp.replies, again))
-		h = b.waitHistory(t, "late", saga.KindDuplicate)
-		require.Equal(t, shipping+":duplicate", historyKinds(h)[len(h)-1])
-		after, _, err := saga.Get(context.Background(), b.schema.DB, "late")
-		require.NoError(t, err)
-		require.Equal(t, info.Version, after.Version)
-		require.Len(t, b.parts.commands("late"), 7)
 	})
 
 	t.Run("while an earlier step is compensated", func(t *testing.T) {

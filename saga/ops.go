@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Info is a saga instance as stored, for operators: it needs no Definition.
@@ -51,13 +54,10 @@ type HistoryEntry struct {
 	At      time.Time
 }
 
-// Querier reads and writes saga tables: *sql.DB, *sql.Tx and *sql.Conn
-// satisfy it.
-type Querier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+// Querier is what List, Get, History and CountStuck read through: a
+// *sql.DB, *sql.Tx or *sql.Conn, or a *pgxpool.Pool, pgx.Tx or *pgx.Conn
+// (as outbox.Executor).
+type Querier any
 
 // Filter selects instances for List. Zero fields match everything.
 type Filter struct {
@@ -67,88 +67,79 @@ type Filter struct {
 	Limit int
 }
 
-// stepName resolves the current step's name from the history: the most
-// recent entry of the current step index is not recorded, so it is the
-// step of the newest command or compensation entry.
-const infoSelect = `SELECT i.id, i.type, i.state, i.current_step, i.data, i.version, i.deadline_at,
-	i.awaiting_reply, i.compensation_attempts, COALESCE(i.cause, ''), COALESCE(i.last_error, ''), i.created_at, i.updated_at,
-	COALESCE((SELECT s.step FROM millwright_saga_steps s WHERE s.saga_id = i.id
-		AND s.kind IN ('command', 'compensation', 'resolved') ORDER BY s.id DESC LIMIT 1), '')
-	FROM millwright_saga_instances i`
-
-func scanInfo(sc interface{ Scan(...any) error }) (Info, error) {
-	var in Info
-	var deadline sql.NullTime
-	var data []byte
-	err := sc.Scan(&in.ID, &in.Type, &in.State, &in.StepIndex, &data, &in.Version, &deadline,
-		&in.AwaitingReply, &in.CompensationAttempts, &in.Cause, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.Step)
-	in.Data = data
-	in.Deadline = deadline.Time
+func infoOf(r storage.SagaInfoRow) Info {
+	in := Info{ID: r.ID, Type: r.Type, State: State(r.State), Step: r.Step, StepIndex: r.StepIndex, Data: r.Data,
+		Version: r.Version, Deadline: r.Deadline.Time, AwaitingReply: r.AwaitingReply,
+		CompensationAttempts: r.CompensationAttempts, Cause: r.Cause, LastError: r.LastError,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
 	if in.State == StateCompleted || in.StepIndex < 0 {
 		in.Step = ""
 	}
-	return in, err
+	return in
 }
 
 // List returns instances matching f, newest first.
 func List(ctx context.Context, db Querier, f Filter) ([]Info, error) {
-	q := infoSelect + ` WHERE ($1 = '' OR i.type = $1) AND ($2 = '' OR i.state = $2) ORDER BY i.created_at DESC, i.id`
+	q, err := storage.From(db)
+	if err != nil {
+		return nil, fmt.Errorf("saga: listing instances: %w", err)
+	}
 	limit := f.Limit
 	if limit == 0 {
 		limit = 100
 	}
-	args := []any{f.Type, string(f.State)}
-	if limit > 0 {
-		q += ` LIMIT $3`
-		args = append(args, limit)
-	}
-	rows, err := db.QueryContext(ctx, q, args...)
+	rows, err := storage.ListSagas(ctx, q, f.Type, string(f.State), limit)
 	if err != nil {
 		return nil, fmt.Errorf("saga: listing instances (did `millwright migrate` run?): %w", err)
 	}
-	defer rows.Close()
-	var out []Info
-	for rows.Next() {
-		in, err := scanInfo(rows)
-		if err != nil {
-			return nil, fmt.Errorf("saga: listing instances: %w", err)
-		}
-		out = append(out, in)
+	out := make([]Info, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, infoOf(r))
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // Get returns instance id and its step history, oldest entry first. The
 // error wraps ErrNotFound when there is no such instance.
 func Get(ctx context.Context, db Querier, id string) (Info, []HistoryEntry, error) {
-	in, err := scanInfo(db.QueryRowContext(ctx, infoSelect+` WHERE i.id = $1`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return in, nil, fmt.Errorf("saga %q: %w", id, ErrNotFound)
+	q, err := storage.From(db)
+	if err != nil {
+		return Info{}, nil, fmt.Errorf("saga %q: %w", id, err)
+	}
+	in, err := get(ctx, q, id)
+	if err != nil {
+		return in, nil, err
+	}
+	h, err := History(ctx, q, id)
+	return in, h, err
+}
+
+func get(ctx context.Context, q storage.Querier, id string) (Info, error) {
+	r, err := storage.GetSaga(ctx, q, id)
+	if storage.IsNoRows(err) {
+		return Info{}, fmt.Errorf("saga %q: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return in, nil, fmt.Errorf("saga %q: loading (did `millwright migrate` run?): %w", id, err)
+		return Info{}, fmt.Errorf("saga %q: loading (did `millwright migrate` run?): %w", id, err)
 	}
-	h, err := History(ctx, db, id)
-	return in, h, err
+	return infoOf(r), nil
 }
 
 // History returns the step history of saga id, oldest entry first.
 func History(ctx context.Context, db Querier, id string) ([]HistoryEntry, error) {
-	rows, err := db.QueryContext(ctx, `SELECT step, kind, detail, attempt, COALESCE(error, ''), at
-		FROM millwright_saga_steps WHERE saga_id = $1 ORDER BY id`, id)
+	q, err := storage.From(db)
 	if err != nil {
 		return nil, fmt.Errorf("saga %q: reading history: %w", id, err)
 	}
-	defer rows.Close()
-	var out []HistoryEntry
-	for rows.Next() {
-		var h HistoryEntry
-		if err := rows.Scan(&h.Step, &h.Kind, &h.Detail, &h.Attempt, &h.Error, &h.At); err != nil {
-			return nil, fmt.Errorf("saga %q: reading history: %w", id, err)
-		}
-		out = append(out, h)
+	rows, err := storage.SagaHistory(ctx, q, id)
+	if err != nil {
+		return nil, fmt.Errorf("saga %q: reading history: %w", id, err)
 	}
-	return out, rows.Err()
+	out := make([]HistoryEntry, len(rows))
+	for i, r := range rows {
+		out[i] = HistoryEntry{Step: r.Step, Kind: r.Kind, Detail: r.Detail, Attempt: r.Attempt, Error: r.Error, At: r.At}
+	}
+	return out, nil
 }
 
 // ResolveAction is what an operator does with a stuck saga.
@@ -185,25 +176,29 @@ type Resolution struct {
 // history; no Definition is needed, so the CLI can call it. With dryRun
 // nothing is written. The error wraps ErrNotFound or ErrNotStuck when the
 // saga cannot be resolved.
-func Resolve(ctx context.Context, db *sql.DB, id string, action ResolveAction, note string, dryRun bool) (Resolution, error) {
+func Resolve[P postgres.Pool](ctx context.Context, db P, id string, action ResolveAction, note string, dryRun bool) (Resolution, error) {
 	if action != ResolveRetry && action != ResolveSkip {
 		return Resolution{}, fmt.Errorf("saga: Resolve %q: unknown action %q: want %q or %q", id, action, ResolveRetry, ResolveSkip)
 	}
-	tx, err := db.BeginTx(ctx, nil)
+	pool, err := storage.PoolFrom(db)
+	if err != nil {
+		return Resolution{}, fmt.Errorf("saga: Resolve %q: %w", id, err)
+	}
+	tx, err := pool.Begin(ctx, storage.TxOptions{})
 	if err != nil {
 		return Resolution{}, fmt.Errorf("saga: Resolve %q: begin: %w", id, err)
 	}
-	defer func() { _ = tx.Rollback() }()
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// resume is set while the compensation of a late success runs: the
 	// step whose compensation follows it.
-	var resume sql.NullInt64
-	if err := tx.QueryRowContext(ctx, `SELECT resume_step FROM millwright_saga_instances WHERE id = $1 FOR UPDATE`, id).Scan(&resume); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return Resolution{}, fmt.Errorf("saga %q: %w", id, ErrNotFound)
-		}
+	resume, err := storage.LockSagaResume(ctx, tx, id)
+	if storage.IsNoRows(err) {
+		return Resolution{}, fmt.Errorf("saga %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
 		return Resolution{}, fmt.Errorf("saga %q: locking instance: %w", id, err)
 	}
-	in, _, err := Get(ctx, tx, id)
+	in, err := get(ctx, tx, id)
 	if err != nil {
 		return Resolution{}, err
 	}
@@ -211,49 +206,49 @@ func Resolve(ctx context.Context, db *sql.DB, id string, action ResolveAction, n
 	if in.State != StateStuck {
 		return r, fmt.Errorf("saga %q is %s, not stuck: only stuck sagas are resolved: %w", id, in.State, ErrNotStuck)
 	}
-	next := in.StepIndex
-	switch action {
-	case ResolveRetry:
-		r.Description = fmt.Sprintf("resend the compensation of step %q (index %d) with a fresh retry budget; it failed %d time(s), last: %s",
-			in.Step, in.StepIndex, in.CompensationAttempts, in.LastError)
-	case ResolveSkip:
-		next = in.StepIndex - 1
-		r.Description = fmt.Sprintf("mark the compensation of step %q (index %d) as done by hand and continue with the compensations of the steps before it",
-			in.Step, in.StepIndex)
-		if resume.Valid {
-			// The stuck compensation undoes a late success; the chain it
-			// interrupted goes on where it was.
-			next = int(resume.Int64)
-			r.Description = fmt.Sprintf("mark the compensation of step %q (index %d, undoing its success after its timeout) as done by hand and go back to the compensations it interrupted",
-				in.Step, in.StepIndex)
-		}
-		if next < 0 {
-			r.Description = fmt.Sprintf("mark the compensation of step %q (index %d) as done by hand; no earlier step is left, so the saga becomes compensated",
-				in.Step, in.StepIndex)
-		}
-		resume = sql.NullInt64{}
-	}
+	next, resume := resolution(&r, resume)
 	if dryRun {
 		return r, nil
-	}
-	// The next Run round starts a new round of the step's compensation,
-	// numbered after its earlier attempts.
-	if _, err := tx.ExecContext(ctx, `UPDATE millwright_saga_instances SET state = 'compensating',
-		current_step = $2, version = version + 1, deadline_at = now(), awaiting_reply = false,
-		compensation_attempts = 0, compensation_started_at = NULL, resume_step = $3, updated_at = now()
-		WHERE id = $1`, id, next, resume); err != nil {
-		return r, fmt.Errorf("saga %q: resolving: %w", id, err)
 	}
 	detail := string(action)
 	if note = strings.TrimSpace(note); note != "" {
 		detail += ": " + note
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO millwright_saga_steps (saga_id, step, kind, detail, attempt)
-		VALUES ($1, $2, $3, $4, $5)`, id, in.Step, KindResolved, detail, in.CompensationAttempts); err != nil {
-		return r, fmt.Errorf("saga %q: recording resolution: %w", id, err)
+	// The next Run round starts a new round of the step's compensation,
+	// numbered after its earlier attempts.
+	if err := storage.ResolveSaga(ctx, tx, id, next, resume,
+		storage.SagaStep{Step: in.Step, Kind: KindResolved, Detail: detail, Attempt: in.CompensationAttempts}); err != nil {
+		return r, fmt.Errorf("saga %q: resolving: %w", id, err)
 	}
-	if err := tx.Commit(); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		return r, fmt.Errorf("saga %q: commit: %w", id, err)
 	}
 	return r, nil
+}
+
+// resolution describes r (a stuck saga's resolution) for the operator and
+// returns the step whose compensation goes next and the resume step after
+// it.
+func resolution(r *Resolution, resume sql.NullInt64) (int, sql.NullInt64) {
+	in := r.Info
+	if r.Action == ResolveRetry {
+		r.Description = fmt.Sprintf("resend the compensation of step %q (index %d) with a fresh retry budget; it failed %d time(s), last: %s",
+			in.Step, in.StepIndex, in.CompensationAttempts, in.LastError)
+		return in.StepIndex, resume
+	}
+	next := in.StepIndex - 1
+	r.Description = fmt.Sprintf("mark the compensation of step %q (index %d) as done by hand and continue with the compensations of the steps before it",
+		in.Step, in.StepIndex)
+	if resume.Valid {
+		// The stuck compensation undoes a late success; the chain it
+		// interrupted goes on where it was.
+		next = int(resume.Int64)
+		r.Description = fmt.Sprintf("mark the compensation of step %q (index %d, undoing its success after its timeout) as done by hand and go back to the compensations it interrupted",
+			in.Step, in.StepIndex)
+	}
+	if next < 0 {
+		r.Description = fmt.Sprintf("mark the compensation of step %q (index %d) as done by hand; no earlier step is left, so the saga becomes compensated",
+			in.Step, in.StepIndex)
+	}
+	return next, sql.NullInt64{}
 }

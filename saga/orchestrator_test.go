@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
@@ -29,39 +30,67 @@ func comp(step string, attempt int) string {
 	return fmt.Sprintf("%s/compensation/%d", step, attempt)
 }
 
+// On both drivers: on pgx the orchestrator runs on a *pgxpool.Pool, the
+// saga starts in a pgx.Tx and the participants write their effects and
+// replies in pgx.Tx (helpers_test.go).
 func TestHappyPath(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, defOpts{})
-	o := b.startOrchestrator(t)
-	b.start(t, o, "order-1")
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		b := setupDriver(t, driver, defOpts{})
+		o := b.startOrchestrator(t)
+		b.start(t, o, "order-1")
 
-	info := b.waitState(t, "order-1", saga.StateCompleted)
-	require.Equal(t, []string{fwd(reserve), fwd(charge), fwd(shipping)}, b.parts.commands("order-1"))
-	require.JSONEq(t, `{"id":"order-1","amount":42,"reservation_id":"reserve_inventory-order-1","payment_id":"charge_payment-order-1"}`, string(info.Data))
-	require.Empty(t, info.Step)
-	require.True(t, info.Deadline.IsZero(), "a completed saga has no deadline")
+		info := b.waitState(t, "order-1", saga.StateCompleted)
+		require.Equal(t, []string{fwd(reserve), fwd(charge), fwd(shipping)}, b.parts.commands("order-1"))
+		require.JSONEq(t, `{"id":"order-1","amount":42,"reservation_id":"reserve_inventory-order-1","payment_id":"charge_payment-order-1"}`, string(info.Data))
+		require.Empty(t, info.Step)
+		require.True(t, info.Deadline.IsZero(), "a completed saga has no deadline")
 
-	_, h, err := saga.Get(context.Background(), b.schema.DB, "order-1")
-	require.NoError(t, err)
-	require.Equal(t, []string{
-		reserve + ":command", reserve + ":reply",
-		charge + ":command", charge + ":reply",
-		shipping + ":command", shipping + ":reply", shipping + ":completed",
-	}, historyKinds(h))
-	require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricCompleted, map[string]string{"type": "orders"}))
-	require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricDuration, map[string]string{"type": "orders", "outcome": "completed"}))
+		_, h, err := saga.Get(context.Background(), b.handle(), "order-1")
+		require.NoError(t, err)
+		require.Equal(t, []string{
+			reserve + ":command", reserve + ":reply",
+			charge + ":command", charge + ":reply",
+			shipping + ":command", shipping + ":reply", shipping + ":completed",
+		}, historyKinds(h))
+		require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricCompleted, map[string]string{"type": "orders"}))
+		require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricDuration, map[string]string{"type": "orders", "outcome": "completed"}))
+		if b.pgx != nil {
+			require.Equal(t, 3, b.effects(t, "order-1"), "each participant's effect committed with its reply")
+		}
 
-	// A second Start with the same id does nothing.
-	tx, err := b.schema.DB.Begin()
-	require.NoError(t, err)
-	defer tx.Rollback()
-	require.ErrorIs(t, o.o.Start(context.Background(), tx, "order-1", Order{}), saga.ErrAlreadyStarted)
+		// A second Start with the same id does nothing, and leaves the
+		// transaction usable.
+		ctx := context.Background()
+		if b.pgx != nil {
+			tx, err := b.pgx.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			require.ErrorIs(t, o.o.Start(ctx, tx, "order-1", Order{}), saga.ErrAlreadyStarted)
+			var one int
+			require.NoError(t, tx.QueryRow(ctx, `SELECT 1`).Scan(&one))
+			return
+		}
+		tx, err := b.schema.DB.Begin()
+		require.NoError(t, err)
+		defer tx.Rollback()
+		require.ErrorIs(t, o.o.Start(ctx, tx, "order-1", Order{}), saga.ErrAlreadyStarted)
+		_, err = tx.Exec(`SELECT 1`)
+		require.NoError(t, err)
+	})
 }
 
 // Failure at step i runs exactly the compensations of steps i-1..0.
 func TestFailureAtEachStepCompensatesEarlierStepsInReverse(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, defOpts{})
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testFailureAtEachStep(t, setupDriver(t, driver, defOpts{}))
+	})
+}
+
+func testFailureAtEachStep(t *testing.T, b *bundle) {
 	o := b.startOrchestrator(t)
 	failAt := map[string]string{"fail-0": reserve, "fail-1": charge, "fail-2": shipping}
 	b.parts.setDecide(func(id, step, phase string, _ int) action {
@@ -83,7 +112,7 @@ func TestFailureAtEachStepCompensatesEarlierStepsInReverse(t *testing.T) {
 		require.Equal(t, cmds, b.parts.commands(id), id)
 		require.Contains(t, info.LastError, failAt[id]+" forward refused")
 	}
-	_, h, err := saga.Get(context.Background(), b.schema.DB, "fail-2")
+	_, h, err := saga.Get(context.Background(), b.handle(), "fail-2")
 	require.NoError(t, err)
 	require.Equal(t, shipping+" forward refused", h[5].Error)
 	require.EqualValues(t, 3, metricValue(t, o.reg, saga.MetricCompensated, map[string]string{"type": "orders"}))
@@ -206,7 +235,13 @@ func TestCompensationFailsThenSucceeds(t *testing.T) {
 // an operator fixes the participant and resolves it.
 func TestCompensationPastBudgetIsStuckThenResolved(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, defOpts{retry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxAttempts: 3, Jitter: retry.JitterNone}})
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testStuckThenResolved(t, setupDriver(t, driver, defOpts{retry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxAttempts: 3, Jitter: retry.JitterNone}}))
+	})
+}
+
+func testStuckThenResolved(t *testing.T, b *bundle) {
 	o := b.startOrchestrator(t)
 	refundBroken := true
 	b.parts.setDecide(func(_, step, phase string, _ int) action {
@@ -239,10 +274,10 @@ func TestCompensationPastBudgetIsStuckThenResolved(t *testing.T) {
 	require.ElementsMatch(t, []string{"stuck-retry", "stuck-skip"}, stuckLines, "one error line per stuck saga")
 
 	// Dry run: says what it would do, changes nothing.
-	r, err := saga.Resolve(ctx, b.schema.DB, "stuck-retry", saga.ResolveRetry, "", true)
+	r, err := b.resolve(ctx, "stuck-retry", saga.ResolveRetry, "", true)
 	require.NoError(t, err)
 	require.Contains(t, r.Description, `resend the compensation of step "charge_payment"`)
-	info, _, err := saga.Get(ctx, b.schema.DB, "stuck-retry")
+	info, _, err := saga.Get(ctx, b.handle(), "stuck-retry")
 	require.NoError(t, err)
 	require.Equal(t, saga.StateStuck, info.State)
 
@@ -253,7 +288,7 @@ func TestCompensationPastBudgetIsStuckThenResolved(t *testing.T) {
 		return succeed
 	})
 	refundBroken = false
-	_, err = saga.Resolve(ctx, b.schema.DB, "stuck-retry", saga.ResolveRetry, "payment service fixed", false)
+	_, err = b.resolve(ctx, "stuck-retry", saga.ResolveRetry, "payment service fixed", false)
 	require.NoError(t, err)
 	b.waitState(t, "stuck-retry", saga.StateCompensated)
 	// A new round of the refund, numbered after the stuck round's attempts
@@ -261,17 +296,17 @@ func TestCompensationPastBudgetIsStuckThenResolved(t *testing.T) {
 	require.Equal(t, []string{comp(charge, 4), comp(reserve, 1)}, b.parts.commands("stuck-retry")[6:])
 
 	// Skip: the refund was done by hand; only the release follows.
-	_, err = saga.Resolve(ctx, b.schema.DB, "stuck-skip", saga.ResolveSkip, "refunded by hand", false)
+	_, err = b.resolve(ctx, "stuck-skip", saga.ResolveSkip, "refunded by hand", false)
 	require.NoError(t, err)
 	b.waitState(t, "stuck-skip", saga.StateCompensated)
 	require.Equal(t, []string{comp(reserve, 1)}, b.parts.commands("stuck-skip")[6:])
-	h, err := saga.History(ctx, b.schema.DB, "stuck-skip")
+	h, err := saga.History(ctx, b.handle(), "stuck-skip")
 	require.NoError(t, err)
 	require.Contains(t, historyKinds(h), charge+":resolved")
 
-	_, err = saga.Resolve(ctx, b.schema.DB, "stuck-skip", saga.ResolveRetry, "", false)
+	_, err = b.resolve(ctx, "stuck-skip", saga.ResolveRetry, "", false)
 	require.ErrorIs(t, err, saga.ErrNotStuck)
-	_, err = saga.Resolve(ctx, b.schema.DB, "nope", saga.ResolveRetry, "", false)
+	_, err = b.resolve(ctx, "nope", saga.ResolveRetry, "", false)
 	require.ErrorIs(t, err, saga.ErrNotFound)
 }
 

@@ -3,6 +3,8 @@ package saga
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
@@ -83,4 +85,49 @@ func marshalPayload(p any) ([]byte, error) {
 		return nil, fmt.Errorf("marshalling payload %T: %w", p, err)
 	}
 	return b, nil
+}
+
+// parseReply reads and checks what reply msg says about itself.
+func (d decider[D]) parseReply(msg *message.Message) (replyInfo, error) {
+	var r replyInfo
+	md := msg.Metadata
+	r.sagaID = md.Get(metadata.SagaID)
+	if r.sagaID == "" {
+		return r, fmt.Errorf("saga %s: reply %s has no %q metadata: participants must copy the command's saga keys (use saga.NewReply or saga.ReplyEvent)", d.def.name, msg.UUID, metadata.SagaID)
+	}
+	if storableText(r.sagaID) != r.sagaID {
+		// Saga ids are stored as text: this one cannot name a saga.
+		return r, fmt.Errorf("saga %s: reply %s has %s %q that is not valid UTF-8 or holds a NUL byte: no saga has that id", d.def.name, msg.UUID, metadata.SagaID, r.sagaID)
+	}
+	if typ := md.Get(metadata.SagaType); typ != "" && typ != d.def.name {
+		return r, fmt.Errorf("saga %s: reply %s is for saga type %q: give each saga type its own reply topic (Config.ReplyTopic)", d.def.name, msg.UUID, typ)
+	}
+	r.step, r.phase = md.Get(metadata.SagaStep), md.Get(metadata.SagaPhase)
+	idx, ok := d.def.index[r.step]
+	if !ok {
+		return r, fmt.Errorf("saga %s %q: reply %s names unknown step %q: want one of %s", d.def.name, r.sagaID, msg.UUID, r.step, strings.Join(d.def.Steps(), ", "))
+	}
+	r.stepIdx = idx
+	if r.phase != PhaseForward && r.phase != PhaseCompensation {
+		return r, fmt.Errorf("saga %s %q: reply %s has %s %q: want %q or %q", d.def.name, r.sagaID, msg.UUID, metadata.SagaPhase, r.phase, PhaseForward, PhaseCompensation)
+	}
+	att, err := strconv.Atoi(md.Get(metadata.SagaAttempt))
+	if err != nil || att < 1 {
+		return r, fmt.Errorf("saga %s %q: reply %s has %s %q: want a positive integer copied from the command", d.def.name, r.sagaID, msg.UUID, metadata.SagaAttempt, md.Get(metadata.SagaAttempt))
+	}
+	r.attempt = att
+	r.reply = Reply{Type: md.Get(metadata.SagaReplyType), Payload: msg.Payload, Metadata: map[string]string(md)}
+	if r.reply.Type == "" {
+		r.reply.Type = md.Get(metadata.EventType)
+	}
+	s := d.def.steps[idx]
+	want := []string{s.SuccessReply, s.FailureReply}
+	if r.phase == PhaseCompensation {
+		want = []string{s.CompensatedReply, s.CompensationFailedReply}
+	}
+	if r.reply.Type != want[0] && r.reply.Type != want[1] {
+		return r, fmt.Errorf("saga %s %q: step %q %s reply %s has type %q: want %q or %q (set %s)",
+			d.def.name, r.sagaID, r.step, r.phase, msg.UUID, r.reply.Type, want[0], want[1], metadata.SagaReplyType)
+	}
+	return r, nil
 }

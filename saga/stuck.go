@@ -2,7 +2,6 @@ package saga
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/internal/promreg"
+	"github.com/millwright/millwright/internal/storage"
 )
 
 // MetricStuckNow is a gauge, with a "type" label: sagas in the stuck state
@@ -28,7 +28,7 @@ const stuckQueryTimeout = 5 * time.Second
 // stuckCollector reports MetricStuckNow for one saga type. Orchestrators of
 // the same type sharing a Registerer share one collector (promreg).
 type stuckCollector struct {
-	db     *sql.DB
+	db     storage.Pool
 	typ    string
 	desc   *prometheus.Desc
 	logger watermill.LoggerAdapter
@@ -36,7 +36,7 @@ type stuckCollector struct {
 
 var _ prometheus.Collector = (*stuckCollector)(nil)
 
-func newStuckCollector(db *sql.DB, typ string, logger watermill.LoggerAdapter) *stuckCollector {
+func newStuckCollector(db storage.Pool, typ string, logger watermill.LoggerAdapter) *stuckCollector {
 	return &stuckCollector{db: db, typ: typ, logger: logger, desc: prometheus.NewDesc(MetricStuckNow,
 		"Sagas in the stuck state now (compensation retries exhausted, waiting for `millwright saga resolve`).",
 		nil, prometheus.Labels{"type": typ})}
@@ -58,17 +58,21 @@ func (c *stuckCollector) Collect(ch chan<- prometheus.Metric) {
 // CountStuck returns how many sagas of type typ are stuck now. It reads the
 // (type, state) index, so it stays cheap however many finished sagas the
 // table holds.
-func CountStuck(ctx context.Context, db *sql.DB, typ string) (int64, error) {
-	var n int64
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM millwright_saga_instances WHERE type = $1 AND state = $2`,
-		typ, StateStuck).Scan(&n); err != nil {
+// db is a *sql.DB or a *pgxpool.Pool (any Querier).
+func CountStuck(ctx context.Context, db Querier, typ string) (int64, error) {
+	q, err := storage.From(db)
+	if err != nil {
+		return 0, fmt.Errorf("saga %s: counting stuck sagas: %w", typ, err)
+	}
+	n, err := storage.CountSagas(ctx, q, typ, string(StateStuck))
+	if err != nil {
 		return 0, fmt.Errorf("saga %s: counting stuck sagas (did `millwright migrate` run?): %w", typ, err)
 	}
 	return n, nil
 }
 
 // registerStuck registers the stuck gauge of typ with reg (nil: none).
-func registerStuck(reg prometheus.Registerer, db *sql.DB, typ string, logger watermill.LoggerAdapter) error {
+func registerStuck(reg prometheus.Registerer, db storage.Pool, typ string, logger watermill.LoggerAdapter) error {
 	if reg == nil {
 		return nil
 	}

@@ -3,6 +3,7 @@ package sagatest_test
 import (
 	"context"
 	"database/sql"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -62,7 +63,8 @@ func TestWaitState(t *testing.T) {
 	require.ErrorContains(t, err, "never read")
 }
 
-// countingDB counts the instance reads (one QueryRowContext per poll) and
+// countingDB counts the instance reads (one query of
+// millwright_saga_instances per poll; the history is another query) and
 // closes polledTwice when the second starts: the first read has found the
 // saga not yet in the wanted state and WaitState has waited a tick.
 type countingDB struct {
@@ -71,9 +73,9 @@ type countingDB struct {
 	polledTwice chan struct{}
 }
 
-func (d *countingDB) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	if d.polls.Add(1) == 2 {
+func (d *countingDB) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if strings.Contains(query, "FROM millwright_saga_instances") && d.polls.Add(1) == 2 {
 		close(d.polledTwice)
 	}
-	return d.DB.QueryRowContext(ctx, query, args...)
+	return d.DB.QueryContext(ctx, query, args...)
 }

@@ -1,0 +1,316 @@
+package storagetest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/stretchr/testify/require"
+)
+
+func init() { Register("saga", exerciseSaga) }
+
+// exerciseSaga checks the saga operations (internal/storage/saga.go).
+func exerciseSaga(t *testing.T, setup func(t *testing.T) Setup) {
+	for _, c := range []struct {
+		name string
+		f    func(t *testing.T, p storage.Pool)
+	}{
+		{"InsertOnceWithHistoryInOrder", sagaInsertOnceWithHistoryInOrder},
+		{"LockAndTransition", sagaLockAndTransition},
+		{"Facts", sagaFacts},
+		{"ClaimDueSkipsLockedAndOtherTypes", sagaClaimDueSkipsLockedAndOtherTypes},
+		{"InfoListAndCount", sagaInfoListAndCount},
+		{"Resolve", sagaResolve},
+		{"CheckTables", sagaCheckTables},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.f(t, setup(t).Pool)
+		})
+	}
+}
+
+func sagaInsertOnceWithHistoryInOrder(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	in := newSaga("s-1", "orders")
+	ok, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{
+		{Step: "reserve", Kind: "command", Detail: "reserve.v1", Attempt: 1},
+		{Step: "it's", Kind: "note", Detail: `q"uote \ é`, Error: "boom"},
+	})
+	require.NoError(t, err)
+	require.True(t, ok)
+	h, err := storage.SagaHistory(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.Len(t, h, 2)
+	require.Equal(t, storage.SagaStep{Step: "reserve", Kind: "command", Detail: "reserve.v1", Attempt: 1}, h[0].SagaStep)
+	require.Equal(t, storage.SagaStep{Step: "it's", Kind: "note", Detail: `q"uote \ é`, Error: "boom"}, h[1].SagaStep)
+	var nullErrors int
+	require.NoError(t, p.QueryRow(ctx, storage.S(`SELECT count(*) FROM millwright_saga_steps WHERE error IS NULL`), &nullErrors))
+	require.Equal(t, 1, nullErrors, "an empty Error is stored as NULL")
+
+	// The id exists: false, nothing written, the transaction goes on.
+	tx, err := p.Begin(ctx, storage.TxOptions{})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	ok, err = storage.InsertSaga(ctx, tx, newSaga("s-1", "other"), []storage.SagaStep{{Step: "x", Kind: "command"}})
+	require.NoError(t, err)
+	require.False(t, ok)
+	n, err := storage.CountSagas(ctx, tx, "orders", "running")
+	require.NoError(t, err, "the transaction is usable")
+	require.EqualValues(t, 1, n)
+	h, err = storage.SagaHistory(ctx, tx, "s-1")
+	require.NoError(t, err)
+	require.Len(t, h, 2)
+
+	_, err = storage.InsertSaga(ctx, p, newSaga("s-2", "orders"), nil)
+	require.Error(t, err, "a saga starts with its history")
+}
+
+func sagaLockAndTransition(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	in := newSaga("s-1", "orders")
+	_, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "reserve", Kind: "command", Attempt: 1}})
+	require.NoError(t, err)
+	_, err = storage.LockSaga(ctx, p, "missing")
+	require.True(t, storage.IsNoRows(err), "err: %v", err)
+
+	got, err := storage.LockSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, got.Version)
+	require.Equal(t, "running", got.State)
+	require.JSONEq(t, string(in.Data), string(got.Data))
+	require.True(t, got.Deadline.Time.Equal(in.Deadline.Time))
+	require.True(t, got.CreatedAt.Equal(in.CreatedAt))
+	require.False(t, got.LastError.Valid)
+	require.False(t, got.ResumeStep.Valid)
+
+	next := got
+	next.State, next.Step, next.Data = "compensating", -1, []byte(`{"id":"s-1","note":"it's"}`)
+	next.Deadline, next.Awaiting, next.CompAttempts = sql.NullTime{}, false, 2
+	next.CompStarted = sql.NullTime{Time: in.CreatedAt.Add(time.Second), Valid: true}
+	next.LastError = sql.NullString{String: "it's broken", Valid: true}
+	next.AttemptBase, next.ResumeStep = 3, sql.NullInt64{Int64: -1, Valid: true}
+	next.Cause = sql.NullString{String: "cause", Valid: true}
+	history := []storage.SagaStep{{Step: "reserve", Kind: "reply", Attempt: 1}, {Step: "reserve", Kind: "compensation", Attempt: 4}}
+	require.NoError(t, p.Batch(ctx, storage.SagaTransition(next, 1, history)...))
+	got, err = storage.LockSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, got.Version)
+	want := next
+	want.Version = 2
+	got.CompStarted.Time, want.CompStarted.Time = got.CompStarted.Time.UTC(), want.CompStarted.Time.UTC()
+	got.CreatedAt, want.CreatedAt = got.CreatedAt.UTC(), want.CreatedAt.UTC()
+	require.JSONEq(t, string(want.Data), string(got.Data))
+	got.Data, want.Data = nil, nil
+	require.Equal(t, want, got)
+	h, err := storage.SagaHistory(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.Len(t, h, 3)
+
+	// A stale version: a conflict, and the history after it is not
+	// written.
+	err = p.Batch(ctx, storage.SagaTransition(next, 1, history)...)
+	require.ErrorIs(t, err, storage.ErrConflict)
+	var ce *storage.ConflictError
+	require.True(t, errors.As(err, &ce))
+	require.Zero(t, ce.Index)
+	h, err = storage.SagaHistory(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.Len(t, h, 3)
+
+	// History alone.
+	require.NoError(t, p.Batch(ctx, storage.SagaSteps("s-1", []storage.SagaStep{{Step: "charge", Kind: "duplicate", Attempt: 1}})))
+	h, err = storage.SagaHistory(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.Equal(t, "duplicate", h[3].Kind)
+}
+
+func sagaFacts(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	_, err := storage.InsertSaga(ctx, p, newSaga("s-1", "orders"), []storage.SagaStep{
+		{Step: "charge", Kind: "compensation", Attempt: 1},
+		{Step: "charge", Kind: "compensation", Attempt: 3},
+		{Step: "reserve", Kind: "compensation", Attempt: 2},
+		{Step: "charge", Kind: "late_success", Attempt: 1},
+	})
+	require.NoError(t, err)
+	q := storage.SagaFactsQuery{ID: "s-1", AnsweredStep: "charge", AnsweredKinds: []string{"reply", "late_success"}, AnsweredAttempt: 1,
+		FinalKind: "compensated", AttemptKind: "compensation"}
+	f, err := storage.LoadSagaFacts(ctx, p, q)
+	require.NoError(t, err)
+	require.Equal(t, storage.SagaFacts{Answered: true, MaxAttempt: map[string]int{"charge": 3, "reserve": 2}}, f)
+	q.AnsweredAttempt = 2
+	f, err = storage.LoadSagaFacts(ctx, p, q)
+	require.NoError(t, err)
+	require.False(t, f.Answered)
+	q.AnsweredKinds, q.FinalKind = nil, "late_success"
+	f, err = storage.LoadSagaFacts(ctx, p, q)
+	require.NoError(t, err)
+	require.False(t, f.Answered, "no kinds: not asked")
+	require.True(t, f.Final)
+	f, err = storage.LoadSagaFacts(ctx, p, storage.SagaFactsQuery{ID: "missing", AttemptKind: "compensation"})
+	require.NoError(t, err)
+	require.Empty(t, f.MaxAttempt)
+}
+
+func sagaClaimDueSkipsLockedAndOtherTypes(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	now := time.Now()
+	for i, s := range []struct {
+		id, typ string
+		due     time.Duration
+	}{{"a", "orders", -3 * time.Second}, {"b", "orders", -2 * time.Second}, {"c", "orders", -time.Second}, {"d", "orders", time.Hour}, {"e", "other", -time.Hour}} {
+		in := newSaga(s.id, s.typ)
+		in.Deadline = sql.NullTime{Time: now.Add(s.due), Valid: true}
+		_, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "x", Kind: "command", Attempt: i}})
+		require.NoError(t, err)
+	}
+	holder, err := p.Begin(ctx, storage.TxOptions{})
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = storage.LockSaga(ctx, holder, "a")
+	require.NoError(t, err)
+
+	tx, err := p.Begin(ctx, storage.TxOptions{})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	due, err := storage.ClaimDueSagas(ctx, tx, "orders", 10)
+	require.NoError(t, err)
+	require.Equal(t, []string{"b", "c"}, ids(due), "earliest first; a is locked, d not due, e another type")
+	due, err = storage.ClaimDueSagas(ctx, holder, "orders", 1)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a"}, ids(due), "limit; the holder's own lock")
+}
+
+func sagaInfoListAndCount(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	base := time.Now().Add(-time.Hour)
+	for i, id := range []string{"o-1", "o-2", "o-3"} {
+		in := newSaga(id, "orders")
+		in.CreatedAt = base.Add(time.Duration(i) * time.Minute)
+		_, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "reserve", Kind: "command", Attempt: 1}})
+		require.NoError(t, err)
+	}
+	require.NoError(t, p.Batch(ctx, storage.SagaSteps("o-2", []storage.SagaStep{
+		{Step: "charge", Kind: "command", Attempt: 1}, {Step: "charge", Kind: "reply", Attempt: 1}})))
+	_, err := p.Exec(ctx, storage.S(`UPDATE millwright_saga_instances SET state = 'stuck', last_error = 'x' WHERE id = 'o-3'`))
+	require.NoError(t, err)
+
+	all, err := storage.ListSagas(ctx, p, "", "", -1)
+	require.NoError(t, err)
+	require.Equal(t, []string{"o-3", "o-2", "o-1"}, infoIDs(all), "newest first")
+	stuck, err := storage.ListSagas(ctx, p, "orders", "stuck", 10)
+	require.NoError(t, err)
+	require.Equal(t, []string{"o-3"}, infoIDs(stuck))
+	one, err := storage.ListSagas(ctx, p, "orders", "", 1)
+	require.NoError(t, err)
+	require.Len(t, one, 1)
+	none, err := storage.ListSagas(ctx, p, "other", "", 10)
+	require.NoError(t, err)
+	require.Empty(t, none)
+
+	info, err := storage.GetSaga(ctx, p, "o-2")
+	require.NoError(t, err)
+	require.Equal(t, "charge", info.Step, "the newest command's step")
+	require.JSONEq(t, `{"id":"o-2"}`, string(info.Data))
+	require.True(t, info.Deadline.Valid)
+	info, err = storage.GetSaga(ctx, p, "o-3")
+	require.NoError(t, err)
+	require.Equal(t, "x", info.LastError)
+	require.Equal(t, "", info.Cause)
+	_, err = storage.GetSaga(ctx, p, "missing")
+	require.True(t, storage.IsNoRows(err), "err: %v", err)
+
+	n, err := storage.CountSagas(ctx, p, "orders", "stuck")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}
+
+func sagaResolve(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	in := newSaga("s-1", "orders")
+	in.State, in.Step, in.Deadline = "stuck", 1, sql.NullTime{}
+	_, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "charge", Kind: "stuck", Attempt: 3}})
+	require.NoError(t, err)
+	_, err = p.Exec(ctx, storage.S(`UPDATE millwright_saga_instances SET resume_step = 0, compensation_attempts = 3 WHERE id = 's-1'`))
+	require.NoError(t, err)
+
+	tx, err := p.Begin(ctx, storage.TxOptions{})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = storage.LockSagaResume(ctx, tx, "missing")
+	require.True(t, storage.IsNoRows(err), "err: %v", err)
+	require.NoError(t, tx.Rollback(ctx))
+
+	tx, err = p.Begin(ctx, storage.TxOptions{})
+	require.NoError(t, err)
+	resume, err := storage.LockSagaResume(ctx, tx, "s-1")
+	require.NoError(t, err)
+	require.Equal(t, sql.NullInt64{Int64: 0, Valid: true}, resume)
+	require.NoError(t, storage.ResolveSaga(ctx, tx, "s-1", 0, sql.NullInt64{}, storage.SagaStep{Step: "charge", Kind: "resolved", Detail: "skip: by hand", Attempt: 3}))
+	require.NoError(t, tx.Commit(ctx))
+	got, err := storage.LockSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.Equal(t, "compensating", got.State)
+	require.Zero(t, got.Step)
+	require.Zero(t, got.CompAttempts)
+	require.False(t, got.ResumeStep.Valid)
+	require.False(t, got.Awaiting)
+	require.True(t, got.Deadline.Valid, "due now")
+	require.EqualValues(t, 2, got.Version)
+	due, err := storage.ClaimDueSagas(ctx, p, "orders", 10)
+	require.NoError(t, err)
+	require.Equal(t, []string{"s-1"}, ids(due))
+	h, err := storage.SagaHistory(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.Equal(t, storage.SagaStep{Step: "charge", Kind: "resolved", Detail: "skip: by hand", Attempt: 3}, h[1].SagaStep)
+
+	// A vanished instance is a conflict, not a silent no-op.
+	err = storage.ResolveSaga(ctx, p, "missing", 0, sql.NullInt64{}, storage.SagaStep{Kind: "resolved"})
+	require.ErrorIs(t, err, storage.ErrConflict)
+}
+
+func sagaCheckTables(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	missing, schema, _, err := storage.MissingSagaTables(ctx, p)
+	require.NoError(t, err)
+	require.Empty(t, missing)
+	require.NotEmpty(t, schema)
+	tx, err := p.Begin(ctx, storage.TxOptions{})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, storage.S(`SET LOCAL search_path TO pg_catalog`))
+	require.NoError(t, err)
+	missing, schema, path, err := storage.MissingSagaTables(ctx, tx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"millwright_saga_instances", "millwright_saga_steps"}, missing)
+	require.Equal(t, "pg_catalog", schema)
+	require.Equal(t, "pg_catalog", path)
+}
+
+// newSaga is a running instance of typ, due in a minute.
+func newSaga(id, typ string) storage.SagaInstance {
+	now := time.Now().Truncate(time.Microsecond)
+	return storage.SagaInstance{ID: id, Type: typ, State: "running", Step: 0, Data: []byte(`{"id":"` + id + `"}`),
+		Deadline: sql.NullTime{Time: now.Add(time.Minute), Valid: true}, Awaiting: true, CreatedAt: now}
+}
+
+func ids(in []storage.SagaInstance) []string {
+	out := []string{}
+	for _, i := range in {
+		out = append(out, i.ID)
+	}
+	return out
+}
+
+func infoIDs(in []storage.SagaInfoRow) []string {
+	out := []string{}
+	for _, i := range in {
+		out = append(out, i.ID)
+	}
+	return out
+}

@@ -1,0 +1,95 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/outbox"
+)
+
+// The orchestrator's I/O: load what a decision needs, then write the
+// transition, through the storage layer's saga operations
+// (internal/storage/saga.go), in the transaction that locked the instance.
+
+func fromRow(r storage.SagaInstance) instance {
+	return instance{id: r.ID, typ: r.Type, state: State(r.State), step: r.Step, data: r.Data, version: r.Version,
+		deadline: r.Deadline, awaiting: r.Awaiting, compAttempts: r.CompAttempts, compStarted: r.CompStarted,
+		lastError: r.LastError, createdAt: r.CreatedAt, attemptBase: r.AttemptBase, resumeStep: r.ResumeStep, cause: r.Cause}
+}
+
+func (in instance) row() storage.SagaInstance {
+	return storage.SagaInstance{ID: in.id, Type: in.typ, State: string(in.state), Step: in.step, Data: in.data, Version: in.version,
+		Deadline: in.deadline, Awaiting: in.awaiting, CompAttempts: in.compAttempts, CompStarted: in.compStarted,
+		LastError: in.lastError, CreatedAt: in.createdAt, AttemptBase: in.attemptBase, ResumeStep: in.resumeStep, Cause: in.cause}
+}
+
+func steps(h []histRow) []storage.SagaStep {
+	out := make([]storage.SagaStep, len(h))
+	for i, r := range h {
+		out[i] = storage.SagaStep{Step: r.step, Kind: r.kind, Detail: r.detail, Attempt: r.attempt, Error: r.err}
+	}
+	return out
+}
+
+// decideIn decides what inp does to in, reading the saga's history only
+// when the decision needs it (a stale reply, a compensation to start):
+// most transitions read nothing more than the locked row. A decision asks
+// for the history before it calls any of the definition's functions,
+// except after a success whose next command cannot be built: that step's
+// OnSuccess and the next Command then run twice, on the same data.
+func (o *Orchestrator[D]) decideIn(ctx context.Context, q storage.Querier, in instance, inp input, now time.Time) (*transition, error) {
+	t, err := o.d.decide(in, inp, history{}, now)
+	if !errors.Is(err, errNeedHistory) {
+		return t, err
+	}
+	h, err := loadHistory(ctx, q, in.id, inp)
+	if err != nil {
+		return nil, fmt.Errorf("saga %s %q: reading history: %w", o.def.name, in.id, err)
+	}
+	return o.d.decide(in, inp, h, now)
+}
+
+// loadHistory reads what a decision on inp may need of saga id's history,
+// in one statement.
+func loadHistory(ctx context.Context, q storage.Querier, id string, inp input) (history, error) {
+	f := storage.SagaFactsQuery{ID: id, FinalKind: KindCompensated, AttemptKind: KindCompensation}
+	if !inp.deadline {
+		f.AnsweredStep, f.AnsweredKinds, f.AnsweredAttempt = inp.reply.step, answeredKinds(inp.reply), inp.reply.attempt
+	}
+	facts, err := storage.LoadSagaFacts(ctx, q, f)
+	if err != nil {
+		return history{}, err
+	}
+	return history{loaded: true, answered: facts.Answered, compensated: facts.Final, compAttempts: facts.MaxAttempt}, nil
+}
+
+// stage queues transition t on queue: its commands' outbox rows (outbox.Add
+// on the queue), then the instance row written over version old (a
+// conflict fails the batch: errConflict) and the history; a transition
+// whose in.version is 0 writes only history. Queue.Flush sends them all in
+// one round trip.
+func (o *Orchestrator[D]) stage(ctx context.Context, queue *storage.Queue, old int64, t *transition) error {
+	if err := outbox.Add(ctx, queue, t.events...); err != nil {
+		return err
+	}
+	if t.in.version == 0 {
+		if len(t.hist) == 0 {
+			return nil
+		}
+		_, err := queue.Exec(ctx, storage.SagaSteps(t.in.id, steps(t.hist)))
+		return err
+	}
+	return queue.Batch(ctx, storage.SagaTransition(t.in.row(), old, steps(t.hist))...)
+}
+
+// writeError marks a transition's conflict (storage.ErrConflict: the row
+// was no longer at the version read) as errConflict.
+func writeError(err error) error {
+	if errors.Is(err, storage.ErrConflict) {
+		return fmt.Errorf("%w: %w", errConflict, err)
+	}
+	return err
+}
