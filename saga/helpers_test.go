@@ -418,9 +418,8 @@ func setupOn(t *testing.T, tcfg *transport.Config, o defOpts, tp topics, driver 
 	t.Helper()
 	b := &bundle{tp: tp, driver: driver}
 	b.schema = pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), saga.Migrations())
-	// Everything runs on the pool postgres.Open gives users (transition
-	// statements and outbox rows travel with COMMIT on it); pgtest's own
-	// lib/pq pool, left unused, closes after it.
+	// On pq everything runs on the pool postgres.Open gives users; pgtest's
+	// own lib/pq pool, left unused, closes after it.
 	db, err := postgres.Open(b.schema.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
@@ -438,18 +437,25 @@ func setupOn(t *testing.T, tcfg *transport.Config, o defOpts, tp topics, driver 
 	b.tr = tr
 	t.Cleanup(func() { _ = tr.Close() })
 	b.def = ordersDef(t, b.tp, o)
-	b.store, err = idempotency.NewPostgresStore(b.schema.DB)
-	require.NoError(t, err)
-
-	relay, err := outbox.NewRelay(b.schema.DB, tr.Publisher(), outbox.RelayConfig{
-		PollInterval: 20 * time.Millisecond, ListenURL: b.schema.URL, BatchSize: 100,
-	})
+	relayCfg := outbox.RelayConfig{PollInterval: 20 * time.Millisecond, ListenURL: b.schema.URL, BatchSize: 100}
+	var relay *outbox.Relay
+	if driver == pgtest.DriverPgx {
+		// The reply consumers' idempotency middleware then hands
+		// HandleReply a pgx.Tx (idempotency.PgxTxFromContext).
+		b.pgx = b.schema.Pgx(t)
+		b.store, err = idempotency.NewPostgresStore(b.pgx)
+		require.NoError(t, err)
+		relay, err = outbox.NewRelay(b.pgx, tr.Publisher(), relayCfg)
+	} else {
+		b.store, err = idempotency.NewPostgresStore(b.schema.DB)
+		require.NoError(t, err)
+		relay, err = outbox.NewRelay(b.schema.DB, tr.Publisher(), relayCfg)
+	}
 	require.NoError(t, err)
 	runBackground(t, "relay", relay.Run, relay.Close)
 
 	b.parts = newParticipants(tr.Publisher())
 	if driver == pgtest.DriverPgx {
-		b.pgx = b.schema.Pgx(t)
 		_, err := b.pgx.Exec(context.Background(), `CREATE TABLE participant_effects (event_id text PRIMARY KEY, saga_id text NOT NULL,
 			step text NOT NULL, phase text NOT NULL, reply text NOT NULL)`)
 		require.NoError(t, err)

@@ -352,9 +352,22 @@ func isNil(x any) bool {
 	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
+// middlewareTx returns the idempotency middleware's transaction in ctx, a
+// *sql.Tx or a pgx.Tx, whichever driver its store runs on.
+func middlewareTx(ctx context.Context) (any, bool) {
+	if tx, ok := idempotency.TxFromContext(ctx); ok {
+		return tx, true
+	}
+	if tx, ok := idempotency.PgxTxFromContext(ctx); ok {
+		return tx, true
+	}
+	return nil, false
+}
+
 // HandleReply applies a participant's reply. Consume Config.ReplyTopic with
 // it behind the idempotency middleware: it then writes through the
-// middleware's transaction (idempotency.TxFromContext), so the processed
+// middleware's transaction (idempotency.TxFromContext or PgxTxFromContext,
+// on either driver), so the processed
 // mark, the state change, the history and the next command commit together.
 // Without the middleware it uses a transaction of its own on the
 // orchestrator's pool, and a redelivered reply is recorded as a duplicate.
@@ -374,7 +387,7 @@ func (o *Orchestrator[D]) HandleReply(msg *message.Message) (err error) {
 	// traceparent of ctx).
 	ctx, span := tracing.Config{TracerProvider: o.cfg.TracerProvider}.StartSagaStep(msg.Context(), o.def.name, r.step, msg)
 	defer func() { tracing.EndSpan(span, err) }()
-	if tx, ok := idempotency.TxFromContext(ctx); ok {
+	if tx, ok := middlewareTx(ctx); ok {
 		q, err := storage.From(tx)
 		if err != nil {
 			return fmt.Errorf("saga %s %q: the idempotency middleware's transaction: %w", o.def.name, r.sagaID, err)
