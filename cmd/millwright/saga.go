@@ -316,6 +316,9 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	base := databaseURL(flagURL)
 	cfg.Admin = admin
 	cfg.PostgresLabel = postgresLabel(base)
+	if cfg.Drivers, err = benchDrivers(cmd); err != nil {
+		return fmt.Errorf("bench saga: %w", err)
+	}
 	cfg.Progress = cmd.ErrOrStderr()
 	cfg.Scratch = func(ctx context.Context, prefix string) (string, string, func(), error) {
 		return scratchSchema(ctx, admin, base, prefix)

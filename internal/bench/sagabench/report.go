@@ -97,7 +97,7 @@ func (r Report) WriteJSON(w io.Writer) error { return stats.WriteJSON(w, r.Rows)
 // the footer that says what the figures count.
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TRANSPORT\tBROKER\tRUN\tSAGAS\tSAGAS/S\tP50 MS\tP99 MS\tP99/P50\tMAX MS\tVS GOCHANNEL\tTX/SAGA\tOF CEILING")
+	fmt.Fprintln(tw, "TRANSPORT\tDRIVER\tBROKER\tRUN\tSAGAS\tSAGAS/S\tP50 MS\tP99 MS\tP99/P50\tMAX MS\tVS GOCHANNEL\tVS PQ\tTX/SAGA\tRT/SAGA\tOF CEILING")
 	var hops []Row
 	var ceiling *Row
 	for _, row := range r.Rows {
@@ -121,8 +121,12 @@ func (r Report) WriteTable(w io.Writer) error {
 		if row.OfCeiling > 0 {
 			of = fmt.Sprintf("%.0f%%", 100*row.OfCeiling)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%.2f\t%s\n", row.Kind, row.Broker, row.Run, row.Sagas, row.Rate,
-			row.P50, row.P99, row.P99OverP50, row.Max, ratio, row.TxPerSaga, of)
+		vsPQ := "-"
+		if row.VsPQ > 0 {
+			vsPQ = fmt.Sprintf("%.2fx", row.VsPQ)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%s\t%.2f\t%.1f\t%s\n", row.Kind, row.Driver, row.Broker, row.Run, row.Sagas, row.Rate,
+			row.P50, row.P99, row.P99OverP50, row.Max, ratio, vsPQ, row.TxPerSaga, row.RoundTrips, of)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -131,13 +135,13 @@ func (r Report) WriteTable(w io.Writer) error {
 		fmt.Fprintln(w, "\nwhere a step's time goes (per step, every step of every measured saga; the relay's rows time its statements")
 		fmt.Fprintln(w, "and publishes within the first hop, per call):")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "TRANSPORT\tRUN\tHOP\tCALLS\tP50 MS\tP99 MS\tMAX MS")
+		fmt.Fprintln(tw, "TRANSPORT\tDRIVER\tRUN\tHOP\tCALLS\tP50 MS\tP99 MS\tMAX MS")
 		for _, h := range hops {
 			calls := "-"
 			if h.Calls > 0 {
 				calls = fmt.Sprint(h.Calls)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.1f\n", h.Kind, h.Run, h.Hop, calls, h.P50, h.P99, h.Max)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.1f\n", h.Kind, h.Driver, h.Run, h.Hop, calls, h.P50, h.P99, h.Max)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -158,6 +162,8 @@ func (r Report) WriteTable(w io.Writer) error {
 	fmt.Fprintln(w, "\nsagas: 3 steps; TX/SAGA: write transactions committed per saga by all parties (orchestrator: start + 3 replies,")
 	fmt.Fprintln(w, "each with its idempotency mark; relay: claim + mark per batch, shared by its rows; sql: also the transport's")
 	fmt.Fprintln(w, "3 reply inserts, not its consumers' offset updates, one per batch; the participants here write nothing).")
+	fmt.Fprintln(w, "RT/SAGA: round trips per saga of the orchestrator (its timeout loop included), its idempotency store and the starter")
+	fmt.Fprintln(w, "(not the relay), counted by a loopback proxy their pool goes through on both drivers; VS PQ: a pgx run's rate over the pq run's of the same kind.")
 	if ceiling != nil {
 		fmt.Fprintf(w, "database ceiling: %.0f single-row commits/s with %d writers, measured in this run; a kind's ceiling is that / TX/SAGA,\n", ceiling.CommitsPerS, ceiling.Writers)
 		fmt.Fprintln(w, "and OF CEILING its throughput as a fraction of it.")
@@ -182,7 +188,7 @@ func writeRounds(w io.Writer, rows []Row) error {
 		for i, f := range figs {
 			parts[i] = fmt.Sprintf("%.0f", f)
 		}
-		lines = append(lines, fmt.Sprintf("  %s %s: %s %s", row.Kind, row.Run, strings.Join(parts, ", "), unit))
+		lines = append(lines, fmt.Sprintf("  %s on %s %s: %s %s", row.Kind, row.Driver, row.Run, strings.Join(parts, ", "), unit))
 	}
 	if len(lines) == 0 {
 		return nil

@@ -26,8 +26,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/bench/stats"
+
+	"github.com/millwright/millwright/internal/bench/roundtrips"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
@@ -68,6 +71,11 @@ type Config struct {
 	PostgresLabel string
 	// Kinds to run, in order.
 	Kinds []transport.Kind
+	// Drivers the orchestrator, its idempotency store, the starters and
+	// the relays run on, each kind's runs on every one in turn: "pq"
+	// (lib/pq through pgconn.Open, as postgres.Open) and "pgx" (pgxpool).
+	// Default both.
+	Drivers []string
 	// Sagas in the throughput run. Default 2000.
 	Sagas int
 	// Starters are the goroutines starting sagas, each in its own
@@ -138,6 +146,9 @@ func (c *Config) setDefaults() {
 	if c.Timeout == 0 {
 		c.Timeout = 5 * time.Minute
 	}
+	if len(c.Drivers) == 0 {
+		c.Drivers = []string{DriverPQ, DriverPgx}
+	}
 	if c.Progress == nil {
 		c.Progress = io.Discard
 	}
@@ -148,6 +159,11 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.Admin == nil || c.Scratch == nil {
 		errs = append(errs, errors.New("bench saga: Config.Admin and Config.Scratch are required"))
+	}
+	for _, d := range c.Drivers {
+		if d != DriverPQ && d != DriverPgx {
+			errs = append(errs, fmt.Errorf("bench saga: driver %q: want pq or pgx", d))
+		}
 	}
 	if c.SQLReplyShards < 0 || c.SQLReplyShards > 64 {
 		errs = append(errs, fmt.Errorf("bench saga: --sql-reply-shards %d: want 1..64", c.SQLReplyShards))
@@ -183,6 +199,13 @@ type Row struct {
 	Bench string `json:"bench"` // "saga"
 	Row   string `json:"row"`   // RowRun, RowHop or RowCeiling
 	Kind  string `json:"kind,omitempty"`
+	// Driver is the Postgres driver of the run ("pq" or "pgx").
+	Driver string `json:"driver,omitempty"`
+	// RoundTrips is the round trips one measured saga cost the
+	// orchestrator, its idempotency store and its starter together (not
+	// the relay): their pool's connections go through a counting proxy
+	// (internal/bench/roundtrips) in every run, on both drivers alike.
+	RoundTrips float64 `json:"round_trips_per_saga,omitempty"`
 	// Broker names the broker: "kfake", "kafka 127.0.0.1:9092", ...
 	Broker string `json:"broker,omitempty"`
 	Run    string `json:"run,omitempty"` // throughput or latency
@@ -199,6 +222,10 @@ type Row struct {
 	// VsGoChannel is Rate (throughput) or P50 (latency) over gochannel's
 	// in the same Run; absent without a gochannel run.
 	VsGoChannel float64 `json:"vs_gochannel,omitempty"`
+	// VsPQ is, for a pgx run, its Rate (throughput) over the pq run's of
+	// the same kind in the same Run, or the pq run's P50 over its own
+	// (latency): above 1 is pgx faster.
+	VsPQ float64 `json:"vs_pq,omitempty"`
 	// TxPerSaga is the committed write transactions one saga cost in the
 	// run, all parties (see Report.Footer), and OfCeiling the run's Rate
 	// over the ceiling those allow (throughput runs).
@@ -277,10 +304,10 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			f()
 		}
 	}()
-	results := make([][]roundResult, len(cfg.Kinds)*len(plans))
+	results := make([][]roundResult, len(cfg.Kinds)*len(plans)*len(cfg.Drivers))
 	step := func() {}
 	if cfg.Step != nil {
-		done, total := 0, cfg.Rounds*len(cfg.Kinds)*len(plans)
+		done, total := 0, cfg.Rounds*len(cfg.Kinds)*len(plans)*len(cfg.Drivers)
 		if cfg.CeilingFor > 0 {
 			total++
 		}
@@ -289,27 +316,29 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	for round := range cfg.Rounds {
 		for ki, kind := range cfg.Kinds {
 			for pi, p := range plans {
-				fmt.Fprintf(cfg.Progress, "%s %s: %d sagas (round %d of %d) ...\n", kind, p.mode, p.n, round+1, cfg.Rounds)
-				rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-				r, h, err := runKind(rctx, cfg, kind, p.n, p.rate, atEnd)
-				cancel()
-				if err != nil {
-					// The runs so far are reported with the error.
-					var done []Row
-					for _, rs := range results {
-						for _, r := range rs {
-							done = append(done, r.run)
+				for di, driver := range cfg.Drivers {
+					fmt.Fprintf(cfg.Progress, "%s %s on %s: %d sagas (round %d of %d) ...\n", kind, p.mode, driver, p.n, round+1, cfg.Rounds)
+					rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+					r, h, err := runKind(rctx, cfg, kind, driver, p.n, p.rate, atEnd)
+					cancel()
+					if err != nil {
+						// The runs so far are reported with the error.
+						var done []Row
+						for _, rs := range results {
+							for _, r := range rs {
+								done = append(done, r.run)
+							}
 						}
+						return Report{Rows: done}, fmt.Errorf("bench saga %s %s on %s (round %d): %w", kind, p.mode, driver, round+1, err)
 					}
-					return Report{Rows: done}, fmt.Errorf("bench saga %s %s (round %d): %w", kind, p.mode, round+1, err)
+					r.Run = p.mode
+					for i := range h {
+						h[i].Run, h[i].Driver = p.mode, driver
+					}
+					i := (ki*len(plans)+pi)*len(cfg.Drivers) + di
+					results[i] = append(results[i], roundResult{run: r, hops: h})
+					step()
 				}
-				r.Run = p.mode
-				for i := range h {
-					h[i].Run = p.mode
-				}
-				i := ki*len(plans) + pi
-				results[i] = append(results[i], roundResult{run: r, hops: h})
-				step()
 			}
 		}
 	}
@@ -335,14 +364,24 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		ceiling = &Row{Bench: "saga", Row: RowCeiling, Writers: cfg.Starters, CommitsPerS: c}
 		step()
 	}
-	base := map[string]Row{}
+	base, pq := map[string]Row{}, map[string]Row{}
 	for _, r := range runs {
 		if r.Kind == string(transport.GoChannel) {
-			base[r.Run] = r
+			base[r.Run+"\x00"+r.Driver] = r
+		}
+		if r.Driver == DriverPQ {
+			pq[r.Kind+"\x00"+r.Run] = r
 		}
 	}
 	for i, r := range runs {
-		if b, ok := base[r.Run]; ok {
+		if p, ok := pq[r.Kind+"\x00"+r.Run]; ok && r.Driver != DriverPQ {
+			if r.Run == "throughput" && p.Rate > 0 {
+				runs[i].VsPQ = r.Rate / p.Rate
+			} else if r.Run == "latency" && r.P50 > 0 {
+				runs[i].VsPQ = p.P50 / r.P50
+			}
+		}
+		if b, ok := base[r.Run+"\x00"+r.Driver]; ok {
 			if r.Run == "throughput" && b.Rate > 0 {
 				runs[i].VsGoChannel = r.Rate / b.Rate
 			} else if r.Run == "latency" && b.P50 > 0 {
@@ -510,8 +549,8 @@ func brokerFor(cfg Config, kind transport.Kind, db *sql.DB) (Broker, int, error)
 // runKind runs n sagas on one kind; rate > 0 paces the starts. It hands
 // the deletion of the run's topics to atEnd, which Run calls when every
 // run is done.
-func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate float64, atEnd func(func())) (Row, []Row, error) {
-	res := Row{Bench: "saga", Row: RowRun, Kind: string(kind), Sagas: n}
+func runKind(ctx context.Context, cfg Config, kind transport.Kind, driver string, n int, rate float64, atEnd func(func())) (Row, []Row, error) {
+	res := Row{Bench: "saga", Row: RowRun, Kind: string(kind), Driver: driver, Sagas: n}
 	schema, schemaURL, drop, err := cfg.Scratch(ctx, "mw_bench_saga")
 	if err != nil {
 		return res, nil, err
@@ -576,20 +615,23 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 		return res, nil, err
 	}
 	reg := prometheus.NewRegistry()
-	orch, err := saga.NewOrchestrator(db, def, saga.Config{ReplyTopic: replies, ReplyShards: shards, Registerer: reg})
+	counter, countedURL, err := roundtrips.Start(schemaURL)
 	if err != nil {
 		return res, nil, err
 	}
+	defer counter.Close()
+	ps, err := openParties(ctx, driver, countedURL, def, saga.Config{ReplyTopic: replies, ReplyShards: shards, Registerer: reg})
+	if err != nil {
+		return res, nil, err
+	}
+	defer ps.close()
+	orch, store := ps.orch, ps.store
 	if br.Cleanup != nil {
 		// Before any topic exists: the subscribers below create them.
 		all := append(slices.Clone(topics), orch.ReplyTopics()...)
 		atEnd(func() {
 			br.Cleanup(context.WithoutCancel(ctx), all, []string{participantGroup, orchestratorGroup})
 		})
-	}
-	store, err := idempotency.NewPostgresStore(db)
-	if err != nil {
-		return res, nil, err
 	}
 	dedup, err := idempotency.NewMiddleware(store, idempotency.Config{Consumer: "bench-orders-saga", Registerer: reg})
 	if err != nil {
@@ -643,17 +685,17 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	// claims, marks and publishes (the sql kind's publisher is left as it
 	// is: the relay publishes in the database through it).
 	rt := &relayTimes{}
-	relayDB, err := openTimedDB(schemaURL, rt)
+	newRelay, closeRelays, err := openRelayPool(ctx, driver, schemaURL, rt)
 	if err != nil {
 		return res, nil, err
 	}
-	defer relayDB.Close()
+	defer closeRelays()
 	relayPub := pub
-	if kind != transport.SQL {
+	if kind != transport.SQL && driver == DriverPQ {
 		relayPub = rt.timed(pub)
 	}
 	for range cfg.Relays {
-		relay, err := outbox.NewRelay(relayDB, relayPub, outbox.RelayConfig{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond,
+		relay, err := newRelay(relayPub, outbox.RelayConfig{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond,
 			PublishConcurrency: cfg.RelayPublishConcurrency})
 		if err != nil {
 			return res, nil, err
@@ -674,15 +716,7 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	}
 
 	start := func(id string) error {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if err := orch.Start(ctx, tx, id, benchOrder{ID: id}); err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		if err := tx.Commit(); err != nil {
+		if err := ps.start(ctx, id); err != nil {
 			return err
 		}
 		clock.first(clock.committed, id+"\x00reserve", time.Now())
@@ -701,6 +735,7 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 		return res, nil, err
 	}
 	rt.reset() // the warm-up's are not measured
+	rtBefore := counter.Count()
 
 	begin := time.Now()
 	if err := startSagas(ctx, begin, n, cfg.Starters, rate, start); err != nil {
@@ -709,6 +744,7 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, n int, rate f
 	if err := waitCompleted(ctx, db, "bench-%", n); err != nil {
 		return res, nil, err
 	}
+	res.RoundTrips = float64(counter.Count()-rtBefore) / float64(n)
 	if err := measure(ctx, db, &res, begin, batchesBefore); err != nil {
 		return res, nil, err
 	}
@@ -868,3 +904,104 @@ func hopRows(ctx context.Context, db *sql.DB, clock *hopClock, run Row) ([]Row, 
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// parties are the orchestrator, its reply consumers' idempotency store and
+// the starters, on one pool of the run's driver.
+type parties struct {
+	orch  *saga.Orchestrator[benchOrder]
+	store *idempotency.PostgresStore
+	start func(ctx context.Context, id string) error
+	close func()
+}
+
+// partyConns is the parties' pool size.
+const partyConns = 32
+
+// openParties opens the parties' pool on rawURL with driver.
+func openParties(ctx context.Context, driver, rawURL string, def *saga.Definition[benchOrder], scfg saga.Config) (*parties, error) {
+	if driver == DriverPgx {
+		pcfg, err := pgconn.PgxConfig(rawURL)
+		if err != nil {
+			return nil, err
+		}
+		pcfg.MaxConns = partyConns
+		p, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return nil, err
+		}
+		ps := &parties{close: p.Close}
+		if ps.orch, err = saga.NewOrchestrator(p, def, scfg); err == nil {
+			ps.store, err = idempotency.NewPostgresStore(p)
+		}
+		if err != nil {
+			p.Close()
+			return nil, err
+		}
+		ps.start = func(ctx context.Context, id string) error {
+			tx, err := p.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+			if err := ps.orch.Start(ctx, tx, id, benchOrder{ID: id}); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		}
+		return ps, nil
+	}
+	db, err := pgconn.Open(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(partyConns)
+	db.SetMaxIdleConns(partyConns)
+	ps := &parties{close: func() { _ = db.Close() }}
+	if ps.orch, err = saga.NewOrchestrator(db, def, scfg); err == nil {
+		ps.store, err = idempotency.NewPostgresStore(db)
+	}
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	ps.start = func(ctx context.Context, id string) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback() //nolint:errcheck // no-op after commit
+		if err := ps.orch.Start(ctx, tx, id, benchOrder{ID: id}); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	return ps, nil
+}
+
+// openRelayPool opens the relays' pool: on pq a database/sql pool that
+// times the claim and mark statements into rt; on pgx a pgx pool, untimed.
+func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (newRelay func(message.Publisher, outbox.RelayConfig) (*outbox.Relay, error), closePool func(), err error) {
+	if driver == DriverPgx {
+		p, err := pgconn.OpenPgx(ctx, rawURL)
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(pub message.Publisher, c outbox.RelayConfig) (*outbox.Relay, error) {
+			return outbox.NewRelay(p, pub, c)
+		}, p.Close, nil
+	}
+	db, err := openTimedDB(rawURL, rt)
+	if err != nil {
+		return nil, nil, err
+	}
+	return func(pub message.Publisher, c outbox.RelayConfig) (*outbox.Relay, error) {
+			return outbox.NewRelay(db, pub, c)
+		},
+		func() { _ = db.Close() }, nil
+}
+
+// Drivers.
+const (
+	DriverPQ  = "pq"
+	DriverPgx = "pgx"
+)

@@ -58,6 +58,7 @@ func TestRunGoChannel(t *testing.T) {
 	})
 	require.NoError(t, err)
 	var runs, hops, ceilings int
+	drivers := map[string]int{}
 	for _, r := range rep.Rows {
 		switch r.Row {
 		case sagabench.RowRun:
@@ -68,6 +69,14 @@ func TestRunGoChannel(t *testing.T) {
 			require.InDelta(t, r.P99/r.P50, r.P99OverP50, 1e-9)
 			require.Positive(t, r.RelayBatches, r)
 			require.GreaterOrEqual(t, r.TxPerSaga, 4.0, r)
+			// Start, then three replies: each at least one round trip.
+			require.GreaterOrEqual(t, r.RoundTrips, 4.0, r)
+			drivers[r.Driver]++
+			if r.Driver == sagabench.DriverPgx {
+				require.Positive(t, r.VsPQ, "a pgx run is compared with pq's: %+v", r)
+			} else {
+				require.Zero(t, r.VsPQ, r)
+			}
 			require.InDelta(t, 1.0, r.VsGoChannel, 1e-9, "gochannel is its own baseline")
 			require.Equal(t, 2, r.Rounds)
 			require.Len(t, r.RoundRates, 2)
@@ -81,6 +90,7 @@ func TestRunGoChannel(t *testing.T) {
 		case sagabench.RowHop:
 			hops++
 			if strings.HasPrefix(r.Hop, "relay: ") {
+				require.Equal(t, sagabench.DriverPQ, r.Driver, "the relay's statements are timed on pq only")
 				require.Positive(t, r.Calls, r)
 			} else {
 				require.Contains(t, sagabench.Hops, r.Hop)
@@ -92,8 +102,9 @@ func TestRunGoChannel(t *testing.T) {
 			require.Positive(t, r.CommitsPerS)
 		}
 	}
-	require.Equal(t, []int{2, 1}, []int{runs, ceilings})
-	require.GreaterOrEqual(t, hops, 2*(4+2), "four hops and at least the relay's claim and mark per run")
+	require.Equal(t, []int{4, 1}, []int{runs, ceilings}, "throughput and latency on each of pq and pgx, and the ceiling")
+	require.Equal(t, map[string]int{"pq": 2, "pgx": 2}, drivers)
+	require.GreaterOrEqual(t, hops, 4*4+2*2, "four hops per run, and the relay's claim and mark per pq run")
 
 	var js bytes.Buffer
 	require.NoError(t, rep.WriteJSON(&js))
@@ -110,10 +121,11 @@ func TestRunGoChannel(t *testing.T) {
 	var table strings.Builder
 	require.NoError(t, rep.WriteTable(&table))
 	require.Contains(t, table.String(), "P99/P50")
+	require.Contains(t, table.String(), "RT/SAGA")
 	require.Contains(t, table.String(), "database ceiling:")
 	require.Contains(t, table.String(), "external figure, not measured here: dtm")
-	require.Contains(t, table.String(), "gochannel throughput: ")
-	require.Contains(t, table.String(), "gochannel latency: ")
+	require.Contains(t, table.String(), "gochannel on pq throughput: ")
+	require.Contains(t, table.String(), "gochannel on pgx latency: ")
 }
 
 func TestConfigValidate(t *testing.T) {
