@@ -55,18 +55,7 @@ func (q pgxQuerier) Query(ctx context.Context, s Statement, scan func(Row) error
 }
 
 func (q pgxQuerier) QueryRow(ctx context.Context, s Statement, dest ...any) error {
-	found := false
-	err := q.Query(ctx, s, func(r Row) error {
-		if found {
-			return nil
-		}
-		found = true
-		return r.Scan(dest...)
-	})
-	if err == nil && !found {
-		return pgx.ErrNoRows // wraps sql.ErrNoRows
-	}
-	return err
+	return firstRow(ctx, q, s, dest)
 }
 
 func (q pgxQuerier) Batch(ctx context.Context, ss ...Statement) error {

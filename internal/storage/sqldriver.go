@@ -69,18 +69,7 @@ func (q sqlQuerier) Query(ctx context.Context, s Statement, scan func(Row) error
 }
 
 func (q sqlQuerier) QueryRow(ctx context.Context, s Statement, dest ...any) error {
-	found := false
-	err := q.Query(ctx, s, func(r Row) error {
-		if found {
-			return nil
-		}
-		found = true
-		return r.Scan(dest...)
-	})
-	if err == nil && !found {
-		return sql.ErrNoRows
-	}
-	return err
+	return firstRow(ctx, q, s, dest)
 }
 
 func (q sqlQuerier) Batch(ctx context.Context, ss ...Statement) error {

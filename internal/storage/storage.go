@@ -194,3 +194,20 @@ func IsNoRows(err error) bool { return errors.Is(err, sql.ErrNoRows) }
 func Array(p any) any { return arrayDest{p} }
 
 type arrayDest struct{ p any }
+
+// firstRow is QueryRow on q: the first row of s scanned into dest, the
+// rest read and dropped; no row is sql.ErrNoRows (pgx.ErrNoRows wraps it).
+func firstRow(ctx context.Context, q Querier, s Statement, dest []any) error {
+	found := false
+	err := q.Query(ctx, s, func(r Row) error {
+		if found {
+			return nil
+		}
+		found = true
+		return r.Scan(dest...)
+	})
+	if err == nil && !found {
+		return sql.ErrNoRows
+	}
+	return err
+}
