@@ -37,12 +37,13 @@ func outboxCmd() *cobra.Command {
 		Use:   "status",
 		Short: "Pending and failed events, oldest pending age, per topic",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			db, err := openDB(cmd)
+			pool, err := openPool(cmd)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
+			defer pool.Close()
 			ctx := cmd.Context()
+			db := pool.handle()
 			total, err := outbox.ReadStats(ctx, db)
 			if err != nil {
 				return err
@@ -123,15 +124,14 @@ Progress (rows reset of those selected) goes to stderr.`,
 			topic, _ := cmd.Flags().GetString("topic")
 			ids, _ := cmd.Flags().GetInt64Slice("id")
 			dry, _ := cmd.Flags().GetBool("dry-run")
-			change, db, err := openChange(cmd, args)
+			change, pool, err := openChange(cmd, args)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			ctx := cmd.Context()
+			defer pool.Close()
 			filter := outbox.FailedFilter{Topic: topic, IDs: ids}
 			err = change.confirm(func() (string, error) {
-				evs, err := outbox.RetryFailed(ctx, db, filter, true)
+				evs, err := retryFailedOn(cmd.Context(), pool, filter, true, nil)
 				if err != nil {
 					return "", err
 				}
@@ -143,7 +143,7 @@ Progress (rows reset of those selected) goes to stderr.`,
 			if err != nil {
 				return err
 			}
-			evs, err := retryFailed(cmd, db, filter, dry)
+			evs, err := retryFailed(cmd, pool, filter, dry)
 			if err != nil {
 				return change.finish(0, err)
 			}
