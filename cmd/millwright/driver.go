@@ -35,8 +35,9 @@ const (
 // addDriverFlag adds --driver, persistent, to the root: every command
 // takes it.
 func addDriverFlag(cmd *cobra.Command) {
-	cmd.PersistentFlags().String("driver", "", "Postgres driver of the commands that read or change millwright's tables: pgx (a pgxpool.Pool) or pq (database/sql on lib/pq); default $"+
-		envDriver+", else "+defaultDriver+". relay, clean, every <component> clean, outbox status and retry-failed, dlq list, show and replay, saga list, show and resolve, idempotency stats and audit list run on it, with their audit rows; migrate and the benchmarks' scratch schemas use database/sql")
+	cmd.PersistentFlags().String("driver", "", "Postgres driver: pgx (a pgxpool.Pool) or pq (database/sql on lib/pq); default $"+envDriver+", else "+defaultDriver+
+		". Every command that reads or changes millwright's tables runs on one pool of it, its audit row included: relay, clean and every <component> clean, outbox status and retry-failed, dlq list, show and replay, saga list, show and resolve, idempotency stats, audit list."+
+		" The benchmarks measure on it (unset: on both, side by side). migrate and the benchmarks' scratch schemas use database/sql")
 }
 
 // driverOf returns the driver the command uses: --driver, else
