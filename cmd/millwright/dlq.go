@@ -310,6 +310,13 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 		return err
 	}
 
+	return publishDLQReplay(cmd, change, store, opts, tcfg)
+}
+
+// publishDLQReplay is the confirmed run of `dlq replay`: it publishes the
+// selection with the transport of tcfg, reporting progress, and audits
+// the run.
+func publishDLQReplay(cmd *cobra.Command, change *change, store *dlq.Store, opts dlq.ReplayOptions, tcfg transport.Config) error {
 	tcfg.WaitForBroker = transport.NoWait // an operator command fails at once; services wait
 	tr, err := transport.Open(cmd.Context(), tcfg)
 	if err != nil {
