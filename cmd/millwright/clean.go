@@ -130,24 +130,16 @@ func retentionFlag(cmd *cobra.Command, t cleanTarget) string {
 }
 
 // buildCleaners builds the cleaner of each target into cleaners, on the
-// pool of --driver, and returns what closes that pool.
-func buildCleaners(cmd *cobra.Command, db *sql.DB, targets []cleanTarget, cleaners []*cleaner.Cleaner, retention func(cleanTarget) time.Duration, batch int) (func(), error) {
-	// The cleaners run on the pool of --driver; the audit trail on db.
-	// TODO(coordinator, issue 32): once audit.Ready and audit.Record take
-	// a storage.Querier, run them on the same pool and open no *sql.DB for
-	// pgx.
-	pool, closePool, err := openPool(cmd, db)
-	if err != nil {
-		return func() {}, err
-	}
+// command's pool (--driver), which also carries the run's audit row.
+func buildCleaners(cmd *cobra.Command, pool *cliPool, targets []cleanTarget, cleaners []*cleaner.Cleaner, retention func(cleanTarget) time.Duration, batch int) error {
 	var errs []error
 	for i, t := range targets {
 		var err error
-		if cleaners[i], err = t.open(pool, cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
+		if cleaners[i], err = t.open(pool.handle(), cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
 			errs = append(errs, fmt.Errorf("%s --%s=%s --batch-size=%d: %w", cmd.CommandPath(), retentionFlag(cmd, t), retention(t), batch, err))
 		}
 	}
-	return closePool, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // runClean counts (dry run) or cleans each target once, printing a line
@@ -156,16 +148,13 @@ func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retentio
 	// The cleaners are built, and so their retention and batch size
 	// validated, before anything is written (the audit row included).
 	cleaners := make([]*cleaner.Cleaner, len(targets))
-	closePool := func() {}
-	defer func() { closePool() }()
-	change, db, err := openChange(cmd, args, func(db *sql.DB) (err error) {
-		closePool, err = buildCleaners(cmd, db, targets, cleaners, retention, batch)
-		return err
+	change, pool, err := openChange(cmd, args, func(pool *cliPool) error {
+		return buildCleaners(cmd, pool, targets, cleaners, retention, batch)
 	})
 	if err != nil {
 		return err
 	}
-	defer db.Close()
+	defer pool.Close()
 	ctx := cmd.Context()
 	out := cmd.OutOrStdout()
 	count := func() (counts []int64, total int64, err error) {

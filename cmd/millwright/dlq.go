@@ -1,6 +1,7 @@
 package main
 
 import (
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/dlq"
@@ -34,6 +36,11 @@ commands read that table and replay rows to their original topic (or another).`,
 	}
 	cmd.AddCommand(dlqListCmd(), dlqShowCmd(), dlqReplayCmd(), cleanCmd("dlq"))
 	return cmd
+}
+
+// dlqStore is the dead-letter store on the command's pool (--driver).
+func dlqStore(pool *cliPool) *dlq.Store {
+	return onPool(pool, dlq.NewStore[*sql.DB], dlq.NewStore[*pgxpool.Pool])
 }
 
 // addDLQFilterFlags adds the row selection flags shared by list and replay.
@@ -95,12 +102,12 @@ func dlqListCmd() *cobra.Command {
 				return err
 			}
 			f.Pending, _ = cmd.Flags().GetBool("pending")
-			db, err := openDB(cmd)
+			pool, err := openPool(cmd)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			rows, err := dlq.NewStore(db).List(cmd.Context(), f)
+			defer pool.Close()
+			rows, err := dlqStore(pool).List(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
@@ -153,12 +160,12 @@ func dlqShowCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("dead letter id %q is not a number: see the ID column of `millwright dlq list`", args[0])
 			}
-			db, err := openDB(cmd)
+			pool, err := openPool(cmd)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			d, err := dlq.NewStore(db).Get(cmd.Context(), id)
+			defer pool.Close()
+			d, err := dlqStore(pool).Get(cmd.Context(), id)
 			if err != nil {
 				return err
 			}
@@ -275,12 +282,12 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 			return err
 		}
 	}
-	change, db, err := openChange(cmd, args)
+	change, pool, err := openChange(cmd, args)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	store := dlq.NewStore(db)
+	defer pool.Close()
+	store := dlqStore(pool)
 	out := cmd.OutOrStdout()
 
 	if opts.DryRun {
@@ -303,6 +310,13 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 		return err
 	}
 
+	return publishDLQReplay(cmd, change, store, opts, tcfg)
+}
+
+// publishDLQReplay is the confirmed run of `dlq replay`: it publishes the
+// selection with the transport of tcfg, reporting progress, and audits
+// the run.
+func publishDLQReplay(cmd *cobra.Command, change *change, store *dlq.Store, opts dlq.ReplayOptions, tcfg transport.Config) error {
 	tcfg.WaitForBroker = transport.NoWait // an operator command fails at once; services wait
 	tr, err := transport.Open(cmd.Context(), tcfg)
 	if err != nil {

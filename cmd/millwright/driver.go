@@ -1,17 +1,26 @@
 package main
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/internal/deadline"
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
-	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/internal/storage"
 )
 
 // The Postgres driver of the components a command runs (--driver).
@@ -26,8 +35,9 @@ const (
 // addDriverFlag adds --driver, persistent, to the root: every command
 // takes it.
 func addDriverFlag(cmd *cobra.Command) {
-	cmd.PersistentFlags().String("driver", "", "Postgres driver of the components a command runs: pgx (a pgxpool.Pool) or pq (database/sql on lib/pq); default $"+
-		envDriver+", else "+defaultDriver+". The cleaners of clean and <component> clean use it; migrations, the audit trail and the other commands use database/sql")
+	cmd.PersistentFlags().String("driver", "", "Postgres driver: pgx (a pgxpool.Pool) or pq (database/sql on lib/pq); default $"+envDriver+", else "+defaultDriver+
+		". Every command that reads or changes millwright's tables runs on one pool of it, its audit row included: relay, clean and every <component> clean, outbox status and retry-failed, dlq list, show and replay, saga list, show and resolve, idempotency stats, audit list."+
+		" The benchmarks measure on it (unset: on both, side by side). migrate and the benchmarks' scratch schemas use database/sql")
 }
 
 // driverOf returns the driver the command uses: --driver, else
@@ -51,31 +61,168 @@ func driverFrom(cmd *cobra.Command, lookup func(string) (string, bool)) (string,
 	return "", fmt.Errorf("driver %q (%s): want pgx or pq", d, from)
 }
 
-// openPool returns the pool the command's components run on for its
-// --driver: db itself for pq, a new pgx pool on the same URL and schema
-// for pgx (bounded connects: postgres.OpenPgx), checked with a ping. The
-// caller calls closePool.
-func openPool(cmd *cobra.Command, db *sql.DB) (pool any, closePool func(), err error) {
+// cliPool is the one database pool of a command invocation, on the
+// driver of --driver: a *sql.DB (pq) or a *pgxpool.Pool (pgx), never both.
+// Everything the command does in millwright's tables, its audit row
+// included, goes through it.
+type cliPool struct {
+	sql *sql.DB       // with pq
+	pgx *pgxpool.Pool // with pgx
+}
+
+// openPool opens the pool of the command's --driver on the URL and schema
+// of --database-url and --schema, checked with a ping (connects bounded
+// by connect_timeout on both drivers). Errors name the database without
+// its password. The caller closes the pool.
+func openPool(cmd *cobra.Command) (*cliPool, error) {
 	d, err := driverOf(cmd)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if d == driverPQ {
-		return db, func() {}, nil
+		db, err := openDB(cmd)
+		if err != nil {
+			return nil, err
+		}
+		return &cliPool{sql: db}, nil
 	}
 	u, err := commandURL(cmd)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	p, err := postgres.OpenPgx(cmd.Context(), u)
+	p, err := openPgx(cmd.Context(), u)
 	if err != nil {
-		return nil, nil, fmt.Errorf("opening database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
+		return nil, err
 	}
-	if err := p.Ping(cmd.Context()); err != nil {
-		p.Close()
-		return nil, nil, fmt.Errorf("connecting to database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
+	return &cliPool{pgx: p}, nil
+}
+
+// handle is the pool itself, for the components' executor parameters (a
+// *sql.DB or a *pgxpool.Pool).
+func (p *cliPool) handle() any {
+	if p.pgx != nil {
+		return p.pgx
 	}
-	return p, p.Close, nil
+	return p.sql
+}
+
+// storage is the pool as a storage.Pool, for the CLI's own reads.
+func (p *cliPool) storage() storage.Pool {
+	if p.pgx != nil {
+		return storage.NewPgxPool(p.pgx)
+	}
+	return storage.NewSQLPool(p.sql)
+}
+
+// Close closes the pool.
+func (p *cliPool) Close() {
+	if p.pgx != nil {
+		p.pgx.Close()
+		return
+	}
+	_ = p.sql.Close()
+}
+
+// onPool calls onSQL or onPgx, whichever fits p's driver: the way to the
+// components' generic constructors (func NewX[P postgres.Pool]).
+func onPool[T any](p *cliPool, onSQL func(*sql.DB) T, onPgx func(*pgxpool.Pool) T) T {
+	if p.pgx != nil {
+		return onPgx(p.pgx)
+	}
+	return onSQL(p.sql)
+}
+
+// openPgx opens a pgx pool on u (pgconn.PgxConfig: connect_timeout as
+// lib/pq's) and pings it. A failed connect says what happened as the
+// database/sql pool's do: refused, accepted but silent within
+// connect_timeout, or interrupted (by a signal, with its name).
+func openPgx(ctx context.Context, u string) (*pgxpool.Pool, error) {
+	cfg, err := pgconn.PgxConfig(u)
+	if err != nil {
+		return nil, fmt.Errorf("opening database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
+	}
+	// Whether a dial succeeded tells a silent server from an unreachable one.
+	var accepted atomic.Bool
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err == nil {
+			accepted.Store(true)
+		}
+		return c, err
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("opening database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
+	}
+	start := time.Now()
+	if err := p.Ping(ctx); err != nil {
+		// Close waits for a connect in progress, which ends within
+		// connect_timeout: not after a signal.
+		if ctx.Err() == nil {
+			p.Close()
+		} else {
+			go p.Close()
+		}
+		err = pgxConnectError(ctx, pgxAddr(cfg), cfg.ConnConfig.ConnectTimeout, accepted.Load(), time.Since(start), err)
+		return nil, fmt.Errorf("connecting to database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
+	}
+	return p, nil
+}
+
+// pgxAddr names the server(s) of cfg for messages, as host:port.
+func pgxAddr(cfg *pgxpool.Config) string {
+	one := func(host string, port uint16) string {
+		if strings.HasPrefix(host, "/") {
+			return host // unix socket directory
+		}
+		return net.JoinHostPort(host, strconv.Itoa(int(port)))
+	}
+	s := one(cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	for _, f := range cfg.ConnConfig.Fallbacks {
+		if a := one(f.Host, f.Port); !strings.Contains(s, a) {
+			s += "," + a
+		}
+	}
+	return s
+}
+
+// pgxConnectError says what went wrong with pgx's connection to addr, in
+// the words of internal/pgconn's database/sql connector.
+func pgxConnectError(ctx context.Context, addr string, timeout time.Duration, accepted bool, elapsed time.Duration, err error) error {
+	if deadline.Passed(ctx) {
+		cause := context.Cause(ctx)
+		if cause == nil {
+			cause = ctx.Err()
+		}
+		waited := "TCP connect pending"
+		if accepted {
+			waited = "no answer"
+		}
+		return fmt.Errorf("interrupted while connecting to postgres at %s (%s after %s): %w", addr, waited, roundDuration(elapsed), cause)
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		if accepted {
+			return fmt.Errorf("postgres at %s accepted the connection but did not answer within %s (connect_timeout; is it a Postgres server, and is it overloaded?): %w", addr, timeout, err)
+		}
+		return fmt.Errorf("postgres at %s did not accept a connection within %s (connect_timeout; check the host, port and firewall): %w", addr, timeout, err)
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("postgres at %s refused the connection after %s (is it running on that port?): %w", addr, roundDuration(elapsed), err)
+	}
+	return err
+}
+
+// roundDuration keeps durations readable in messages.
+func roundDuration(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return "<1ms"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(100 * time.Millisecond).String()
 }
 
 // openCleaner builds a component's cleaner on the CLI's pool: a *sql.DB

@@ -50,25 +50,34 @@ func TestDriverFromFlagEnvOrDefault(t *testing.T) {
 	require.ErrorContains(t, err, `driver "libpq" ($MILLWRIGHT_DATABASE_DRIVER): want pgx or pq`)
 }
 
+// openPool opens one pool, of --driver's kind, on the URL's schema.
 func TestOpenPoolOfEachDriver(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t)
-	p, closePool, err := openPool(driverCmd(t, "--driver", "pq", "--database-url", s.URL), s.DB)
+	ctx := context.Background()
+	p, err := openPool(driverCmd(t, "--driver", "pq", "--database-url", s.URL))
 	require.NoError(t, err)
-	require.Same(t, s.DB, p, "pq: the command's *sql.DB")
-	closePool()
-
-	p, closePool, err = openPool(driverCmd(t, "--driver", "pgx", "--database-url", s.URL), s.DB)
-	require.NoError(t, err)
-	defer closePool()
-	pool, ok := p.(*pgxpool.Pool)
-	require.True(t, ok, "pgx: a *pgxpool.Pool, got %T", p)
+	require.NotNil(t, p.sql, "pq: a *sql.DB")
+	require.Nil(t, p.pgx, "pq: no pgx pool beside it")
+	require.IsType(t, (*sql.DB)(nil), p.handle())
 	var schema string
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT current_schema()`).Scan(&schema))
+	require.NoError(t, p.sql.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&schema))
+	require.Equal(t, s.Name, schema, "on the URL's schema")
+	p.Close()
+
+	p, err = openPool(driverCmd(t, "--driver", "pgx", "--database-url", s.URL))
+	require.NoError(t, err)
+	defer p.Close()
+	require.NotNil(t, p.pgx, "pgx: a *pgxpool.Pool")
+	require.Nil(t, p.sql, "pgx: no *sql.DB beside it")
+	require.IsType(t, (*pgxpool.Pool)(nil), p.handle())
+	require.NoError(t, p.pgx.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
 	require.Equal(t, s.Name, schema, "on the URL's schema")
 
-	_, _, err = openPool(driverCmd(t, "--driver", "pgx", "--database-url", "postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=2"), (*sql.DB)(nil))
-	require.ErrorContains(t, err, "connecting to database")
+	_, err = openPool(driverCmd(t, "--driver", "pgx", "--database-url", "postgres://u:hunter2@127.0.0.1:1/x?sslmode=disable&connect_timeout=2"))
+	require.ErrorContains(t, err, "connecting to database postgres://u:xxxxx@127.0.0.1:1/x")
+	require.ErrorContains(t, err, "postgres at 127.0.0.1:1 refused the connection after ")
+	require.NotContains(t, err.Error(), "hunter2")
 }
 
 // `outbox clean` deletes the same rows with either driver.

@@ -13,7 +13,7 @@ import (
 )
 
 // A database that accepts connections and never answers: every command
-// that connects fails after connect_timeout saying so, and stops within a
+// that connects, on either driver, fails after connect_timeout saying so, and stops within a
 // second of SIGINT or SIGTERM saying what it was waiting for. The real
 // binary runs, so main's signal handling is what is tested.
 func TestSilentDatabase(t *testing.T) {
@@ -27,6 +27,9 @@ func TestSilentDatabase(t *testing.T) {
 		{"idempotency", "stats"},
 		{"audit", "list"},
 		{"outbox", "retry-failed", "--yes"},
+		// The default driver is pgx: the same on lib/pq.
+		{"outbox", "status", "--driver", "pq"},
+		{"outbox", "retry-failed", "--yes", "--driver", "pq"},
 	}
 
 	t.Run("connect_timeout", func(t *testing.T) {

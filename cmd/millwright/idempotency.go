@@ -31,12 +31,12 @@ func idempotencyCmd() *cobra.Command {
 		Use:   "stats",
 		Short: "Print the number of processed marks per consumer and the oldest mark",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			db, err := openDB(cmd)
+			pool, err := openPool(cmd)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			marks, err := storage.CountMarksByConsumer(cmd.Context(), storage.NewSQLPool(db))
+			defer pool.Close()
+			marks, err := storage.CountMarksByConsumer(cmd.Context(), pool.storage())
 			if err != nil {
 				return fmt.Errorf("reading millwright_processed_events (run `millwright migrate` first?): %w", err)
 			}

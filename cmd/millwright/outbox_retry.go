@@ -1,7 +1,7 @@
 package main
 
 import (
-	"database/sql"
+	"context"
 
 	"github.com/spf13/cobra"
 
@@ -9,14 +9,15 @@ import (
 )
 
 // retryFailed runs `outbox retry-failed`'s change (or, with dry, lists
-// it), reporting progress per batch of outbox.RetryBatch rows reset.
-func retryFailed(cmd *cobra.Command, db *sql.DB, filter outbox.FailedFilter, dry bool) ([]outbox.FailedEvent, error) {
+// it) on the command's pool, reporting progress per batch of
+// outbox.RetryBatch rows reset.
+func retryFailed(cmd *cobra.Command, pool *cliPool, filter outbox.FailedFilter, dry bool) ([]outbox.FailedEvent, error) {
 	ctx := cmd.Context()
 	if dry {
-		return outbox.RetryFailed(ctx, db, filter, true)
+		return retryFailedOn(ctx, pool, filter, true, nil)
 	}
 	prog := newProgress(cmd, "outbox retry-failed", "events", 0)
-	evs, err := outbox.RetryFailedWithProgress(ctx, db, filter, false, func(done, total int) {
+	evs, err := retryFailedOn(ctx, pool, filter, false, func(done, total int) {
 		prog.SetTotal(int64(total))
 		prog.Set(int64(done))
 	})
@@ -28,4 +29,13 @@ func retryFailed(cmd *cobra.Command, db *sql.DB, filter outbox.FailedFilter, dry
 	}
 	prog.Finish("committed")
 	return evs, nil
+}
+
+// retryFailedOn is outbox.RetryFailedWithProgress on the command's pool
+// (--driver); progress may be nil.
+func retryFailedOn(ctx context.Context, pool *cliPool, filter outbox.FailedFilter, dry bool, progress func(done, total int)) ([]outbox.FailedEvent, error) {
+	if pool.pgx != nil {
+		return outbox.RetryFailedWithProgress(ctx, pool.pgx, filter, dry, progress)
+	}
+	return outbox.RetryFailedWithProgress(ctx, pool.sql, filter, dry, progress)
 }

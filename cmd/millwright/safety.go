@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -48,12 +47,12 @@ func auditCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			limit, _ := cmd.Flags().GetInt("limit")
-			db, err := openDB(cmd)
+			pool, err := openPool(cmd)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			rows, err := audit.List(cmd.Context(), db, limit)
+			defer pool.Close()
+			rows, err := audit.List(cmd.Context(), pool.handle(), limit)
 			if err != nil {
 				return err
 			}
@@ -105,7 +104,9 @@ type change struct {
 	dryRun    bool
 	yes       bool
 	confirmed string
-	db        *sql.DB
+	// audit is where finish writes the audit row: the command's pool (a
+	// *sql.DB or a *pgxpool.Pool); nil for a dry run without the table.
+	audit any
 }
 
 // newChange reads --dry-run and --yes and refuses at once, before any
@@ -121,47 +122,48 @@ func newChange(cmd *cobra.Command, args []string) (*change, error) {
 }
 
 // openChange starts a state-changing command: it checks the flags
-// (newChange, before connecting), opens the database, runs validate (the
-// checks of flag values that need the database, such as building a
-// cleaner from its retention) and checks that the change can be audited
-// (ready). A run refused by validate, like one refused by a flag checked
-// before openChange, wrote nothing: no audit row either, dry run or not.
-// The caller closes the returned db.
-func openChange(cmd *cobra.Command, args []string, validate ...func(*sql.DB) error) (*change, *sql.DB, error) {
+// (newChange, before connecting), opens the pool of --driver (openPool),
+// runs validate (the checks of flag values that need the database, such as
+// building a cleaner from its retention) and checks that the change can be
+// audited (ready). A run refused by validate, like one refused by a flag
+// checked before openChange, wrote nothing: no audit row either, dry run
+// or not. The command's changes and its audit row go through the one
+// returned pool, which the caller closes.
+func openChange(cmd *cobra.Command, args []string, validate ...func(*cliPool) error) (*change, *cliPool, error) {
 	c, err := newChange(cmd, args)
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err := openDB(cmd)
+	pool, err := openPool(cmd)
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, v := range validate {
-		if err := v(db); err != nil {
-			db.Close()
+		if err := v(pool); err != nil {
+			pool.Close()
 			return nil, nil, err
 		}
 	}
-	if err := c.ready(db); err != nil {
-		db.Close()
+	if err := c.ready(pool.handle()); err != nil {
+		pool.Close()
 		return nil, nil, err
 	}
-	return c, db, nil
+	return c, pool, nil
 }
 
 // ready checks that the audit table exists in db, so nothing is changed
 // that could not be audited; finish writes there.
 // A dry run changes nothing but its audit row, so it runs without the
 // table: it is audited only where the table exists.
-func (c *change) ready(db *sql.DB) error {
+func (c *change) ready(db any) error {
 	if err := audit.Ready(c.cmd.Context(), db); err != nil {
 		if c.dryRun {
 			fmt.Fprintf(c.cmd.ErrOrStderr(), "dry run not audited: %v\n", err)
-			return nil // c.db stays nil: finish records nothing
+			return nil // c.audit stays nil: finish records nothing
 		}
 		return fmt.Errorf("%s: refusing to change anything that cannot be audited: %w", c.cmd.CommandPath(), err)
 	}
-	c.db = db
+	c.audit = db
 	return nil
 }
 
@@ -198,7 +200,7 @@ func (c *change) confirm(describe func() (string, error)) error {
 // finish writes the audit row for the run and returns runErr, joined with
 // the audit error if the row could not be written.
 func (c *change) finish(affected int64, runErr error) error {
-	if c.db == nil {
+	if c.audit == nil {
 		return runErr
 	}
 	if c.confirmed == "" {
@@ -219,7 +221,7 @@ func (c *change) finish(affected int64, runErr error) error {
 	if runErr != nil {
 		e.Error = audit.RedactValue(runErr.Error())
 	}
-	id, err := audit.Record(context.WithoutCancel(c.cmd.Context()), c.db, e)
+	id, err := audit.Record(context.WithoutCancel(c.cmd.Context()), c.audit, e)
 	if err != nil {
 		return errors.Join(runErr, fmt.Errorf("%s changed %d row(s) but the audit row was not written: %w", c.cmd.CommandPath(), affected, err))
 	}

@@ -56,12 +56,12 @@ func sagaListCmd() *cobra.Command {
 			if f.Limit == 0 {
 				f.Limit = -1
 			}
-			db, err := openDB(cmd)
+			pool, err := openPool(cmd)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			rows, err := saga.List(cmd.Context(), db, f)
+			defer pool.Close()
+			rows, err := saga.List(cmd.Context(), pool.handle(), f)
 			if err != nil {
 				return err
 			}
@@ -105,12 +105,12 @@ func sagaShowCmd() *cobra.Command {
 		Short: "Show a saga instance, its data and its step history with times and errors",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			db, err := openDB(cmd)
+			pool, err := openPool(cmd)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			in, hist, err := saga.Get(cmd.Context(), db, args[0])
+			defer pool.Close()
+			in, hist, err := saga.Get(cmd.Context(), pool.handle(), args[0])
 			if err != nil {
 				return err
 			}
@@ -181,15 +181,18 @@ required. Every run past flag validation is recorded in millwright_audit.`,
 			if a := saga.ResolveAction(action); a != saga.ResolveRetry && a != saga.ResolveSkip {
 				return fmt.Errorf("saga resolve: --action: unknown action %q: want %s (send the stuck compensation again) or %s (it was done by hand)", action, saga.ResolveRetry, saga.ResolveSkip)
 			}
-			change, db, err := openChange(cmd, args)
+			change, pool, err := openChange(cmd, args)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
+			defer pool.Close()
 			ctx := cmd.Context()
 			out := cmd.OutOrStdout()
+			resolve := func(dryRun bool) (saga.Resolution, error) {
+				return resolveSaga(ctx, pool, args[0], saga.ResolveAction(action), note, dryRun)
+			}
 			if dry {
-				r, err := saga.Resolve(ctx, db, args[0], saga.ResolveAction(action), note, true)
+				r, err := resolve(true)
 				if err != nil {
 					return change.finish(0, err)
 				}
@@ -197,7 +200,7 @@ required. Every run past flag validation is recorded in millwright_audit.`,
 				return change.finish(1, nil)
 			}
 			err = change.confirm(func() (string, error) {
-				r, err := saga.Resolve(ctx, db, args[0], saga.ResolveAction(action), note, true)
+				r, err := resolve(true)
 				if err != nil {
 					return "", err
 				}
@@ -206,7 +209,7 @@ required. Every run past flag validation is recorded in millwright_audit.`,
 			if err != nil {
 				return err
 			}
-			r, err := saga.Resolve(ctx, db, args[0], saga.ResolveAction(action), note, false)
+			r, err := resolve(false)
 			if err != nil {
 				return change.finish(0, err)
 			}
@@ -221,6 +224,14 @@ required. Every run past flag validation is recorded in millwright_audit.`,
 	addSafetyFlags(cmd)
 	addDatabaseFlag(cmd)
 	return cmd
+}
+
+// resolveSaga is saga.Resolve on the command's pool (--driver).
+func resolveSaga(ctx context.Context, pool *cliPool, id string, action saga.ResolveAction, note string, dryRun bool) (saga.Resolution, error) {
+	if pool.pgx != nil {
+		return saga.Resolve(ctx, pool.pgx, id, action, note, dryRun)
+	}
+	return saga.Resolve(ctx, pool.sql, id, action, note, dryRun)
 }
 
 func benchSagaCmd() *cobra.Command {
