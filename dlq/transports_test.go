@@ -115,86 +115,104 @@ func TestDeadLetterWaitsForItsRecorderAllTransports(t *testing.T) {
 		name := string(kind)
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			defer cancel()
-			topic := fmt.Sprintf("latedl_%s_%s", name, watermill.NewShortUUID())
-			dlTopic := dlq.DefaultTopic(topic)
-			if kind == transport.AMQP {
-				transporttest.DeleteAMQPTopology(t, []string{topic, dlTopic}, "svc", "recorder")
-			}
-			tr, err := transport.Open(ctx, transporttest.Config(t, kind))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = tr.Close() })
-
-			// The service: its own topic exists and is subscribed before
-			// the poison message is published; its dead-letter topic has
-			// no subscriber at all.
-			sub, err := tr.Subscriber("svc")
-			require.NoError(t, err)
-			if si, ok := sub.(message.SubscribeInitializer); ok {
-				require.NoError(t, si.SubscribeInitialize(topic))
-			}
-			pub := &countingPublisher{Publisher: tr.Publisher(), topic: dlTopic, changed: make(chan struct{})}
-			mw, err := dlq.NewMiddleware(pub, dlq.Config{ConsumerGroup: "svc", Retry: retry.Policy{MaxAttempts: 1}})
-			require.NoError(t, err)
-			router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-			require.NoError(t, err)
-			var attempts atomic.Int64
-			router.AddConsumerHandler("svc-"+topic, topic, sub, func(msg *message.Message) error {
-				attempts.Add(1)
-				return fmt.Errorf("poison message %s always fails", msg.UUID)
-			}).AddMiddleware(mw.Middleware)
-			dlqtest.RunRouter(ctx, t, router)
-			poison := message.NewMessage(watermill.NewUUID(), []byte("poison"))
-			require.NoError(t, tr.Publisher().Publish(topic, poison))
-
-			switch kind {
-			case transport.AMQP, transport.GoogleCloud:
-				// Dead-lettered, refused, nacked, redelivered and
-				// dead-lettered again: the original was not acked away.
-				failed, succeeded, lastErr, ok := pub.waitFor(ctx, func(f, s int) bool { return f >= 2 || s > 0 })
-				require.Zero(t, succeeded, "a dead letter was published while nothing could receive it: the broker dropped it")
-				require.True(t, ok, "the dead-letter publish did not fail twice (failed %d)", failed)
-				if kind == transport.AMQP {
-					require.ErrorIs(t, lastErr, amqp.ErrUnroutable)
-				} else {
-					require.ErrorIs(t, lastErr, googlecloud.ErrNoSubscription)
-				}
-				require.GreaterOrEqual(t, attempts.Load(), int64(2), "the original was not redelivered")
-			default:
-				// Kept by the topic for a later group: published at once.
-				_, _, _, ok := pub.waitFor(ctx, func(_, s int) bool { return s >= 1 })
-				require.True(t, ok, "the dead letter was not published")
-			}
-
-			// The recorder starts afterwards.
-			rec, err := tr.Subscriber("recorder")
-			require.NoError(t, err)
-			if si, ok := rec.(message.SubscribeInitializer); ok {
-				require.NoError(t, si.SubscribeInitialize(dlTopic))
-			}
-			dead, err := rec.Subscribe(ctx, dlTopic)
-			require.NoError(t, err)
-			for {
-				select {
-				case dl := <-dead:
-					dl.Ack()
-					if dl.Metadata.Get(metadata.DeadLetterOriginalMessageID) != poison.UUID {
-						continue
-					}
-					require.Equal(t, topic, dl.Metadata.Get(metadata.DeadLetterOriginalTopic))
-					require.Equal(t, "svc", dl.Metadata.Get(metadata.DeadLetterConsumerGroup))
-					require.Equal(t, "poison", string(dl.Payload))
-					pub.mu.Lock()
-					t.Logf("%s: dead letter arrived after %d failed dead-letter publishes and %d attempts", name, pub.failed, attempts.Load())
-					pub.mu.Unlock()
-					return
-				case <-ctx.Done():
-					pub.mu.Lock()
-					defer pub.mu.Unlock()
-					t.Fatalf("the dead letter did not reach the late recorder (dead-letter publishes: %d failed, %d succeeded; last error %v)", pub.failed, pub.succeeded, pub.lastErr)
-				}
-			}
+			testDeadLetterWaitsForItsRecorder(t, kind)
 		})
+	}
+}
+
+func testDeadLetterWaitsForItsRecorder(t *testing.T, kind transport.Kind) {
+	name := string(kind)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	topic := fmt.Sprintf("latedl_%s_%s", name, watermill.NewShortUUID())
+	dlTopic := dlq.DefaultTopic(topic)
+	if kind == transport.AMQP {
+		transporttest.DeleteAMQPTopology(t, []string{topic, dlTopic}, "svc", "recorder")
+	}
+	tr, err := transport.Open(ctx, transporttest.Config(t, kind))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+
+	// The service: its own topic exists and is subscribed before
+	// the poison message is published; its dead-letter topic has
+	// no subscriber at all.
+	sub, err := tr.Subscriber("svc")
+	require.NoError(t, err)
+	if si, ok := sub.(message.SubscribeInitializer); ok {
+		require.NoError(t, si.SubscribeInitialize(topic))
+	}
+	pub := &countingPublisher{Publisher: tr.Publisher(), topic: dlTopic, changed: make(chan struct{})}
+	mw, err := dlq.NewMiddleware(pub, dlq.Config{ConsumerGroup: "svc", Retry: retry.Policy{MaxAttempts: 1}})
+	require.NoError(t, err)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	var attempts atomic.Int64
+	router.AddConsumerHandler("svc-"+topic, topic, sub, func(msg *message.Message) error {
+		attempts.Add(1)
+		return fmt.Errorf("poison message %s always fails", msg.UUID)
+	}).AddMiddleware(mw.Middleware)
+	dlqtest.RunRouter(ctx, t, router)
+	poison := message.NewMessage(watermill.NewUUID(), []byte("poison"))
+	require.NoError(t, tr.Publisher().Publish(topic, poison))
+
+	requireDeadLetterKept(ctx, t, kind, pub, &attempts)
+
+	// The recorder starts afterwards.
+	rec, err := tr.Subscriber("recorder")
+	require.NoError(t, err)
+	if si, ok := rec.(message.SubscribeInitializer); ok {
+		require.NoError(t, si.SubscribeInitialize(dlTopic))
+	}
+	dead, err := rec.Subscribe(ctx, dlTopic)
+	require.NoError(t, err)
+	awaitLateDeadLetter(ctx, t, dead, poison, topic, pub, &attempts)
+}
+
+// requireDeadLetterKept waits until the dead letter is either kept by its
+// topic for a later group (published) or refused while nothing could
+// receive it, with the original redelivered (AMQP, Pub/Sub).
+func requireDeadLetterKept(ctx context.Context, t *testing.T, kind transport.Kind, pub *countingPublisher, attempts *atomic.Int64) {
+	switch kind {
+	case transport.AMQP, transport.GoogleCloud:
+		// Dead-lettered, refused, nacked, redelivered and
+		// dead-lettered again: the original was not acked away.
+		failed, succeeded, lastErr, ok := pub.waitFor(ctx, func(f, s int) bool { return f >= 2 || s > 0 })
+		require.Zero(t, succeeded, "a dead letter was published while nothing could receive it: the broker dropped it")
+		require.True(t, ok, "the dead-letter publish did not fail twice (failed %d)", failed)
+		if kind == transport.AMQP {
+			require.ErrorIs(t, lastErr, amqp.ErrUnroutable)
+		} else {
+			require.ErrorIs(t, lastErr, googlecloud.ErrNoSubscription)
+		}
+		require.GreaterOrEqual(t, attempts.Load(), int64(2), "the original was not redelivered")
+	default:
+		// Kept by the topic for a later group: published at once.
+		_, _, _, ok := pub.waitFor(ctx, func(_, s int) bool { return s >= 1 })
+		require.True(t, ok, "the dead letter was not published")
+	}
+}
+
+// awaitLateDeadLetter waits for poison's dead letter on dead, the late
+// recorder's subscription.
+func awaitLateDeadLetter(ctx context.Context, t *testing.T, dead <-chan *message.Message, poison *message.Message, topic string, pub *countingPublisher, attempts *atomic.Int64) {
+	for {
+		select {
+		case dl := <-dead:
+			dl.Ack()
+			if dl.Metadata.Get(metadata.DeadLetterOriginalMessageID) != poison.UUID {
+				continue
+			}
+			require.Equal(t, topic, dl.Metadata.Get(metadata.DeadLetterOriginalTopic))
+			require.Equal(t, "svc", dl.Metadata.Get(metadata.DeadLetterConsumerGroup))
+			require.Equal(t, "poison", string(dl.Payload))
+			pub.mu.Lock()
+			t.Logf("%s: dead letter arrived after %d failed dead-letter publishes and %d attempts", t.Name(), pub.failed, attempts.Load())
+			pub.mu.Unlock()
+			return
+		case <-ctx.Done():
+			pub.mu.Lock()
+			defer pub.mu.Unlock()
+			t.Fatalf("the dead letter did not reach the late recorder (dead-letter publishes: %d failed, %d succeeded; last error %v)", pub.failed, pub.succeeded, pub.lastErr)
+		}
 	}
 }

@@ -53,18 +53,7 @@ func FuzzEventID(f *testing.F) {
 			want = uuid
 		}
 		if err != nil {
-			if !errors.Is(err, idempotency.ErrNoEventID) || !retry.IsPermanent(err) {
-				t.Fatalf("error is not a permanent ErrNoEventID: %v", err)
-			}
-			if want != "" && !errors.Is(err, idempotency.ErrInvalidEventID) {
-				t.Fatalf("id %q refused without ErrInvalidEventID: %v", want, err)
-			}
-			if want != "" && !strings.Contains(err.Error(), metadata.EventID) && !strings.Contains(err.Error(), "KeyFunc") {
-				t.Fatalf("error does not say where the id came from: %v", err)
-			}
-			if len(err.Error()) > 600+len(uuid) {
-				t.Fatalf("error of %d bytes echoes the id unbounded", len(err.Error()))
-			}
+			checkEventIDRefusal(t, err, want, uuid)
 			return
 		}
 		if got != want {
@@ -74,6 +63,24 @@ func FuzzEventID(f *testing.F) {
 			t.Fatalf("accepted an id no store can keep: %q", got)
 		}
 	})
+}
+
+// checkEventIDRefusal: a refused id (want, "" when there was none) is a
+// permanent ErrNoEventID, an ErrInvalidEventID naming where the id came
+// from when there was one, quoting at most a bounded prefix of it.
+func checkEventIDRefusal(t *testing.T, err error, want, uuid string) {
+	if !errors.Is(err, idempotency.ErrNoEventID) || !retry.IsPermanent(err) {
+		t.Fatalf("error is not a permanent ErrNoEventID: %v", err)
+	}
+	if want != "" && !errors.Is(err, idempotency.ErrInvalidEventID) {
+		t.Fatalf("id %q refused without ErrInvalidEventID: %v", want, err)
+	}
+	if want != "" && !strings.Contains(err.Error(), metadata.EventID) && !strings.Contains(err.Error(), "KeyFunc") {
+		t.Fatalf("error does not say where the id came from: %v", err)
+	}
+	if len(err.Error()) > 600+len(uuid) {
+		t.Fatalf("error of %d bytes echoes the id unbounded", len(err.Error()))
+	}
 }
 
 // TestOversizedEventIDFailsPermanently: Postgres cannot index an id of a

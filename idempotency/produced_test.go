@@ -79,15 +79,10 @@ func (p *flakyPublisher) attempts() []string {
 // the first event never arrived.
 func TestProducedMessagesSurviveAFailedPublish(t *testing.T) {
 	t.Parallel()
-	type variant struct {
-		mode   idempotency.Mode
-		store  string // "memory" or "postgres"
-		outbox bool   // ProducedToOutbox, else ProducedPublisher
-	}
-	var variants []variant
+	var variants []producedVariant
 	for _, mode := range []idempotency.Mode{idempotency.Transactional, idempotency.MarkAfterSuccess} {
 		variants = append(variants,
-			variant{mode, "memory", false}, variant{mode, "postgres", false}, variant{mode, "postgres", true})
+			producedVariant{mode, "memory", false}, producedVariant{mode, "postgres", false}, producedVariant{mode, "postgres", true})
 	}
 	for _, v := range variants {
 		sink := "publisher"
@@ -96,160 +91,224 @@ func TestProducedMessagesSurviveAFailedPublish(t *testing.T) {
 		}
 		t.Run(fmt.Sprintf("%s/%s/%s", v.mode, v.store, sink), func(t *testing.T) {
 			t.Parallel()
-			const events = 3
-			ctx, cancel := context.WithCancel(context.Background())
-			t.Cleanup(cancel)
-			logger := watermill.NopLogger{}
-			pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true, OutputChannelBuffer: 64}, logger)
-			t.Cleanup(func() { _ = pubSub.Close() })
-			flaky := newFlaky(pubSub, 1)
-
-			var store idempotency.Store = idempotency.NewMemoryStore()
-			var schema *pgtest.Schema
-			if v.store == "postgres" {
-				schema = pgtest.New(t, idempotency.Migrations(), outbox.Migrations())
-				_, err := schema.DB.Exec(`CREATE TABLE effects (consumer TEXT NOT NULL, event_id TEXT NOT NULL)`)
-				require.NoError(t, err)
-				pg, err := idempotency.NewPostgresStore(pgconnPool(t, schema))
-				require.NoError(t, err)
-				store = pg
-			}
-			cfg := idempotency.Config{Consumer: "billing", Mode: v.mode}
-			if v.outbox {
-				// The relay's publisher is the one that fails once.
-				cfg.ProducedToOutbox, cfg.ProducedTopic = true, "invoices"
-				relay, err := outbox.NewRelay(schema.DB, flaky, outbox.RelayConfig{
-					PollInterval: 10 * time.Millisecond,
-					Retry:        retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
-				})
-				require.NoError(t, err)
-				relayErr := make(chan error, 1)
-				go func() { relayErr <- relay.Run(ctx) }()
-				t.Cleanup(func() {
-					require.NoError(t, relay.Close())
-					<-relayErr
-				})
-			} else {
-				// The topic is the router handler's publish topic.
-				cfg.ProducedPublisher = flaky
-			}
-			m, _ := newMiddleware(t, store, cfg)
-
-			// The consumer downstream of the follow-ups.
-			downstream, err := pubSub.Subscribe(ctx, "invoices")
-			require.NoError(t, err)
-			received := make(chan *message.Message, 100)
-			go func() {
-				for f := range downstream {
-					f.Ack()
-					received <- f
-				}
-			}()
-
-			var runs, externalEffects atomic.Int32
-			acked := make(chan string, 4*events)
-			router, err := message.NewRouter(message.RouterConfig{}, logger)
-			require.NoError(t, err)
-			h := func(msg *message.Message) ([]*message.Message, error) {
-				runs.Add(1)
-				id := msg.Metadata.Get(metadata.EventID)
-				if tx, ok := idempotency.TxFromContext(msg.Context()); ok {
-					if _, err := tx.ExecContext(msg.Context(), `INSERT INTO effects (consumer, event_id) VALUES ('billing', $1)`, id); err != nil {
-						return nil, err
-					}
-				} else {
-					externalEffects.Add(1) // an HTTP call, say: nothing rolls it back
-				}
-				return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte("invoice for "+id))}, nil
-			}
-			// The router's own publisher is never given a message.
-			router.AddHandler("billing", "orders", pubSub, "invoices", neverPublisher{t}, h).
-				AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
-					return func(msg *message.Message) ([]*message.Message, error) {
-						out, err := next(msg)
-						if err == nil {
-							acked <- msg.Metadata.Get(metadata.EventID)
-						}
-						return out, err
-					}
-				}, m.Middleware)
-			runErr := make(chan error, 1)
-			go func() { runErr <- router.Run(ctx) }()
-			t.Cleanup(func() {
-				require.NoError(t, router.Close())
-				require.NoError(t, receive(t, runErr, "the router to stop"))
-			})
-			receive(t, router.Running(), "the router to run")
-
-			for i := range events {
-				require.NoError(t, pubSub.Publish("orders", idempotencytest.NewMessage(fmt.Sprintf("evt-%d", i), nil)))
-			}
-			ackDeadline := time.After(30 * time.Second)
-			for i := range events {
-				select {
-				case <-acked:
-				case <-ackDeadline:
-					t.Fatalf("timed out after 30s: %d of %d inputs handled without error; handler ran %d times, publisher failed %d times",
-						i, events, runs.Load(), flaky.failed.Load())
-				}
-			}
-			followUps := map[string]int{} // by payload: the consumed event
-			ids := map[string]string{}    // payload -> ce_id of its copies
-			deadline := time.After(30 * time.Second)
-			for len(followUps) < events {
-				select {
-				case f := <-received:
-					p := string(f.Payload)
-					followUps[p]++
-					id := f.Metadata.Get(metadata.EventID)
-					require.NotEmpty(t, id, "follow-up %q has an event id", p)
-					if prev, ok := ids[p]; ok {
-						require.Equal(t, prev, id, "copies of the follow-up %q share its event id", p)
-					}
-					ids[p] = id
-				case <-deadline:
-					t.Fatalf("timed out after 30s: follow-ups received %v of %d events; handler ran %d times, publisher failed %d times",
-						followUps, events, runs.Load(), flaky.failed.Load())
-				}
-			}
-
-			require.EqualValues(t, 1, flaky.failed.Load(), "the injected publish failure happened")
-			for i := range events {
-				require.GreaterOrEqual(t, followUps[fmt.Sprintf("invoice for evt-%d", i)], 1, "follow-up of evt-%d received", i)
-				seen, err := store.Processed(ctx, "billing", fmt.Sprintf("evt-%d", i))
-				require.NoError(t, err)
-				require.True(t, seen, "evt-%d marked", i)
-			}
-			require.EqualValues(t, events, m.Stats().Processed)
-			if v.outbox {
-				// The relay retried its publish: the handler ran once per event.
-				require.EqualValues(t, events, runs.Load(), "handler runs")
-			} else {
-				// The failed publish failed the message: its event ran twice.
-				require.EqualValues(t, events+1, runs.Load(), "handler runs")
-				attempts, failed := flaky.attempts(), flaky.failedAttempts()
-				require.Len(t, attempts, events+1)
-				require.Len(t, failed, 1)
-				sameID := 0
-				for _, id := range attempts {
-					if id == failed[0] {
-						sameID++
-					}
-				}
-				require.Equal(t, 2, sameID, "the republished copy has the failed one's event id %s: attempts %v", failed[0], attempts)
-				for _, id := range ids {
-					require.Contains(t, attempts, id, "a delivered follow-up's event id was attempted")
-				}
-			}
-			if schema != nil && v.mode == idempotency.Transactional {
-				require.Equal(t, events, countRows(t, schema.DB, `SELECT count(*) FROM effects`), "effects applied once each")
-				require.Equal(t, events, countRows(t, schema.DB, `SELECT count(DISTINCT event_id) FROM effects`))
-			} else {
-				// No transaction to roll back: each run's effect happened,
-				// as the package doc says for this mode or store.
-				require.EqualValues(t, runs.Load(), externalEffects.Load())
-			}
+			testProducedSurviveAFailedPublish(t, v)
 		})
+	}
+}
+
+// producedVariant is one case of TestProducedMessagesSurviveAFailedPublish.
+type producedVariant struct {
+	mode   idempotency.Mode
+	store  string // "memory" or "postgres"
+	outbox bool   // ProducedToOutbox, else ProducedPublisher
+}
+
+// producedEvents is how many events each variant consumes.
+const producedEvents = 3
+
+// producedRun is what one variant sets up and observes.
+type producedRun struct {
+	v                     producedVariant
+	ctx                   context.Context
+	pubSub                *gochannel.GoChannel
+	flaky                 *flakyPublisher
+	store                 idempotency.Store
+	schema                *pgtest.Schema // nil on the memory store
+	m                     *idempotency.Middleware
+	received              chan *message.Message // the follow-ups downstream
+	acked                 chan string           // inputs handled without error
+	runs, externalEffects atomic.Int32
+}
+
+func testProducedSurviveAFailedPublish(t *testing.T, v producedVariant) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	r := &producedRun{v: v, ctx: ctx}
+	r.pubSub = gochannel.NewGoChannel(gochannel.Config{Persistent: true, OutputChannelBuffer: 64}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = r.pubSub.Close() })
+	r.flaky = newFlaky(r.pubSub, 1)
+	r.setupStore(t)
+	r.m, _ = newMiddleware(t, r.store, r.config(t))
+	r.subscribeDownstream(t)
+	r.runRouter(t)
+
+	for i := range producedEvents {
+		require.NoError(t, r.pubSub.Publish("orders", idempotencytest.NewMessage(fmt.Sprintf("evt-%d", i), nil)))
+	}
+	r.awaitAcks(t)
+	followUps, ids := r.collectFollowUps(t)
+	r.check(t, followUps, ids)
+}
+
+func (r *producedRun) setupStore(t *testing.T) {
+	r.store = idempotency.NewMemoryStore()
+	if r.v.store != "postgres" {
+		return
+	}
+	r.schema = pgtest.New(t, idempotency.Migrations(), outbox.Migrations())
+	_, err := r.schema.DB.Exec(`CREATE TABLE effects (consumer TEXT NOT NULL, event_id TEXT NOT NULL)`)
+	require.NoError(t, err)
+	pg, err := idempotency.NewPostgresStore(pgconnPool(t, r.schema))
+	require.NoError(t, err)
+	r.store = pg
+}
+
+// config is the middleware's: the follow-ups go to the flaky publisher,
+// or to the outbox whose relay publishes through it.
+func (r *producedRun) config(t *testing.T) idempotency.Config {
+	cfg := idempotency.Config{Consumer: "billing", Mode: r.v.mode}
+	if !r.v.outbox {
+		// The topic is the router handler's publish topic.
+		cfg.ProducedPublisher = r.flaky
+		return cfg
+	}
+	// The relay's publisher is the one that fails once.
+	cfg.ProducedToOutbox, cfg.ProducedTopic = true, "invoices"
+	relay, err := outbox.NewRelay(r.schema.DB, r.flaky, outbox.RelayConfig{
+		PollInterval: 10 * time.Millisecond,
+		Retry:        retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+	})
+	require.NoError(t, err)
+	relayErr := make(chan error, 1)
+	go func() { relayErr <- relay.Run(r.ctx) }()
+	t.Cleanup(func() {
+		require.NoError(t, relay.Close())
+		<-relayErr
+	})
+	return cfg
+}
+
+// subscribeDownstream starts the consumer downstream of the follow-ups.
+func (r *producedRun) subscribeDownstream(t *testing.T) {
+	downstream, err := r.pubSub.Subscribe(r.ctx, "invoices")
+	require.NoError(t, err)
+	r.received = make(chan *message.Message, 100)
+	go func() {
+		for f := range downstream {
+			f.Ack()
+			r.received <- f
+		}
+	}()
+}
+
+// handle is the handler: its effect, then one follow-up.
+func (r *producedRun) handle(msg *message.Message) ([]*message.Message, error) {
+	r.runs.Add(1)
+	id := msg.Metadata.Get(metadata.EventID)
+	if tx, ok := idempotency.TxFromContext(msg.Context()); ok {
+		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO effects (consumer, event_id) VALUES ('billing', $1)`, id); err != nil {
+			return nil, err
+		}
+	} else {
+		r.externalEffects.Add(1) // an HTTP call, say: nothing rolls it back
+	}
+	return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte("invoice for "+id))}, nil
+}
+
+func (r *producedRun) runRouter(t *testing.T) {
+	r.acked = make(chan string, 4*producedEvents)
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	require.NoError(t, err)
+	// The router's own publisher is never given a message.
+	router.AddHandler("billing", "orders", r.pubSub, "invoices", neverPublisher{t}, r.handle).
+		AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				out, err := next(msg)
+				if err == nil {
+					r.acked <- msg.Metadata.Get(metadata.EventID)
+				}
+				return out, err
+			}
+		}, r.m.Middleware)
+	runErr := make(chan error, 1)
+	go func() { runErr <- router.Run(r.ctx) }()
+	t.Cleanup(func() {
+		require.NoError(t, router.Close())
+		require.NoError(t, receive(t, runErr, "the router to stop"))
+	})
+	receive(t, router.Running(), "the router to run")
+}
+
+func (r *producedRun) awaitAcks(t *testing.T) {
+	ackDeadline := time.After(30 * time.Second)
+	for i := range producedEvents {
+		select {
+		case <-r.acked:
+		case <-ackDeadline:
+			t.Fatalf("timed out after 30s: %d of %d inputs handled without error; handler ran %d times, publisher failed %d times",
+				i, producedEvents, r.runs.Load(), r.flaky.failed.Load())
+		}
+	}
+}
+
+// collectFollowUps waits for a follow-up of every event: their counts and
+// event ids by payload (the consumed event).
+func (r *producedRun) collectFollowUps(t *testing.T) (followUps map[string]int, ids map[string]string) {
+	followUps = map[string]int{} // by payload: the consumed event
+	ids = map[string]string{}    // payload -> ce_id of its copies
+	deadline := time.After(30 * time.Second)
+	for len(followUps) < producedEvents {
+		select {
+		case f := <-r.received:
+			p := string(f.Payload)
+			followUps[p]++
+			id := f.Metadata.Get(metadata.EventID)
+			require.NotEmpty(t, id, "follow-up %q has an event id", p)
+			if prev, ok := ids[p]; ok {
+				require.Equal(t, prev, id, "copies of the follow-up %q share its event id", p)
+			}
+			ids[p] = id
+		case <-deadline:
+			t.Fatalf("timed out after 30s: follow-ups received %v of %d events; handler ran %d times, publisher failed %d times",
+				followUps, producedEvents, r.runs.Load(), r.flaky.failed.Load())
+		}
+	}
+	return followUps, ids
+}
+
+func (r *producedRun) check(t *testing.T, followUps map[string]int, ids map[string]string) {
+	const events = producedEvents
+	require.EqualValues(t, 1, r.flaky.failed.Load(), "the injected publish failure happened")
+	for i := range events {
+		require.GreaterOrEqual(t, followUps[fmt.Sprintf("invoice for evt-%d", i)], 1, "follow-up of evt-%d received", i)
+		seen, err := r.store.Processed(r.ctx, "billing", fmt.Sprintf("evt-%d", i))
+		require.NoError(t, err)
+		require.True(t, seen, "evt-%d marked", i)
+	}
+	require.EqualValues(t, events, r.m.Stats().Processed)
+	if r.v.outbox {
+		// The relay retried its publish: the handler ran once per event.
+		require.EqualValues(t, events, r.runs.Load(), "handler runs")
+	} else {
+		r.checkRepublished(t, ids)
+	}
+	if r.schema != nil && r.v.mode == idempotency.Transactional {
+		require.Equal(t, events, countRows(t, r.schema.DB, `SELECT count(*) FROM effects`), "effects applied once each")
+		require.Equal(t, events, countRows(t, r.schema.DB, `SELECT count(DISTINCT event_id) FROM effects`))
+	} else {
+		// No transaction to roll back: each run's effect happened,
+		// as the package doc says for this mode or store.
+		require.EqualValues(t, r.runs.Load(), r.externalEffects.Load())
+	}
+}
+
+// checkRepublished: the failed publish failed the message, so its event
+// ran twice, and the republished copy kept the failed one's event id.
+func (r *producedRun) checkRepublished(t *testing.T, ids map[string]string) {
+	const events = producedEvents
+	require.EqualValues(t, events+1, r.runs.Load(), "handler runs")
+	attempts, failed := r.flaky.attempts(), r.flaky.failedAttempts()
+	require.Len(t, attempts, events+1)
+	require.Len(t, failed, 1)
+	sameID := 0
+	for _, id := range attempts {
+		if id == failed[0] {
+			sameID++
+		}
+	}
+	require.Equal(t, 2, sameID, "the republished copy has the failed one's event id %s: attempts %v", failed[0], attempts)
+	for _, id := range ids {
+		require.Contains(t, attempts, id, "a delivered follow-up's event id was attempted")
 	}
 }
 

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,66 +68,19 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	tr, err := transport.Open(ctx, transporttest.Config(t, kind))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tr.Close() })
-	limits := tr.Limits()
-	setting := limits.Setting
-	switch kind {
-	case transport.Kafka:
-		require.Equal(t, transport.KafkaMaxMessageBytes, limits.MaxBytes)
-	case transport.GoogleCloud:
-		require.Equal(t, transport.GoogleCloudMaxMessageBytes, limits.MaxBytes)
-	case transport.AMQP:
-		require.Equal(t, transport.AMQPMaxMessageBytes, limits.MaxBytes)
-	}
-	useLimits(t, limits)
-	if kind == transport.SQL {
-		// 1 GiB is the sql transport's limit; a lower MaxEventBytes
-		// checks the counting and names itself.
-		outbox.MaxEventBytes.Store(64 << 10)
-		setting = "outbox.MaxEventBytes"
-	}
+	limits, setting := wireLimitsOf(t, tr, kind)
 	max := int(outbox.MaxEventBytes.Load())
 
 	topic := "size_" + watermill.NewShortUUID()
-	if kind == transport.AMQP {
-		transporttest.DeleteAMQPTopology(t, []string{topic}, "size-test")
-	}
-	sub, err := tr.Subscriber("size-test")
-	require.NoError(t, err)
-	if si, ok := sub.(message.SubscribeInitializer); ok {
-		require.NoError(t, si.SubscribeInitialize(topic))
-	}
-	received, err := sub.Subscribe(ctx, topic)
-	require.NoError(t, err)
+	received := subscribeSizeTopic(ctx, t, tr, kind, topic)
 
 	// A stored traceparent and ce_time: the relay then sends exactly what
 	// Add counted (without them Add counts the longest it may add).
 	tctx := trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, TraceFlags: trace.FlagsSampled}))
-	event := func(n int) outbox.Event {
-		return outbox.Event{Topic: topic, AggregateType: "order", AggregateID: "o-1", EventType: "size.v1",
-			ID: "0d9b8f3e-6f0a-4c57-9b55-3e4f1c2a7b10", Payload: bytes.Repeat([]byte("x"), n),
-			Metadata: map[string]string{metadata.EventTime: "2026-12-03T09:00:00.123456Z"}}
-	}
-	// The largest payload Add takes (the metadata takes less than 4 KiB).
-	accepts := func(n int) bool {
-		tx, err := s.DB.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		defer tx.Rollback() //nolint:errcheck // probe only
-		return outbox.Add(tctx, tx, event(n)) == nil
-	}
-	lo, hi := max-4096, max+1 // accepts(lo), !accepts(hi)
-	require.True(t, accepts(lo), "a payload of %d bytes", lo)
-	require.False(t, accepts(hi), "a payload over the limit")
-	for hi-lo > 1 {
-		if mid := (lo + hi) / 2; accepts(mid) {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	atLimit := lo
+	atLimit := largestAccepted(tctx, t, s.DB, topic, max)
 
-	require.NoError(t, outbox.Add(tctx, s.DB, event(atLimit)), "an event at the limit is stored")
+	require.NoError(t, outbox.Add(tctx, s.DB, sizeEvent(topic, atLimit)), "an event at the limit is stored")
 
 	capture := &capturePublisher{Publisher: tr.Publisher()}
 	relay, err := outbox.NewRelay(s.DB, capture, outbox.RelayConfig{PollInterval: 20 * time.Millisecond,
@@ -149,7 +103,7 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	}
 	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
 
-	err = outbox.Add(tctx, s.DB, event(atLimit+1))
+	err = outbox.Add(tctx, s.DB, sizeEvent(topic, atLimit+1))
 	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
 	require.ErrorContains(t, err, "is "+strconv.Itoa(max+1)+" bytes on the wire of "+string(kind))
@@ -163,11 +117,84 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	if kind == transport.SQL || kind == transport.AMQP {
 		return // RabbitMQ 3.x takes 128 MiB; the sql transport 1 GiB
 	}
+	requireClientRefusesOneByteMore(t, tr, topic, sent)
+}
+
+// wireLimitsOf checks tr's limits for kind and makes them outbox's for
+// the test; it returns them and the setting Add's error names.
+func wireLimitsOf(t *testing.T, tr *transport.Transport, kind transport.Kind) (transport.Limits, string) {
+	limits := tr.Limits()
+	setting := limits.Setting
+	switch kind {
+	case transport.Kafka:
+		require.Equal(t, transport.KafkaMaxMessageBytes, limits.MaxBytes)
+	case transport.GoogleCloud:
+		require.Equal(t, transport.GoogleCloudMaxMessageBytes, limits.MaxBytes)
+	case transport.AMQP:
+		require.Equal(t, transport.AMQPMaxMessageBytes, limits.MaxBytes)
+	}
+	useLimits(t, limits)
+	if kind == transport.SQL {
+		// 1 GiB is the sql transport's limit; a lower MaxEventBytes
+		// checks the counting and names itself.
+		outbox.MaxEventBytes.Store(64 << 10)
+		setting = "outbox.MaxEventBytes"
+	}
+	return limits, setting
+}
+
+// subscribeSizeTopic subscribes group size-test to topic.
+func subscribeSizeTopic(ctx context.Context, t *testing.T, tr *transport.Transport, kind transport.Kind, topic string) <-chan *message.Message {
+	if kind == transport.AMQP {
+		transporttest.DeleteAMQPTopology(t, []string{topic}, "size-test")
+	}
+	sub, err := tr.Subscriber("size-test")
+	require.NoError(t, err)
+	if si, ok := sub.(message.SubscribeInitializer); ok {
+		require.NoError(t, si.SubscribeInitialize(topic))
+	}
+	received, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	return received
+}
+
+// sizeEvent is an event to topic with a payload of n bytes.
+func sizeEvent(topic string, n int) outbox.Event {
+	return outbox.Event{Topic: topic, AggregateType: "order", AggregateID: "o-1", EventType: "size.v1",
+		ID: "0d9b8f3e-6f0a-4c57-9b55-3e4f1c2a7b10", Payload: bytes.Repeat([]byte("x"), n),
+		Metadata: map[string]string{metadata.EventTime: "2026-12-03T09:00:00.123456Z"}}
+}
+
+// largestAccepted is the largest payload Add takes (the metadata takes
+// less than 4 KiB), found by bisection in rolled back transactions.
+func largestAccepted(tctx context.Context, t *testing.T, db *sql.DB, topic string, max int) int {
+	accepts := func(n int) bool {
+		tx, err := db.BeginTx(tctx, nil)
+		require.NoError(t, err)
+		defer tx.Rollback() //nolint:errcheck // probe only
+		return outbox.Add(tctx, tx, sizeEvent(topic, n)) == nil
+	}
+	lo, hi := max-4096, max+1 // accepts(lo), !accepts(hi)
+	require.True(t, accepts(lo), "a payload of %d bytes", lo)
+	require.False(t, accepts(hi), "a payload over the limit")
+	for hi-lo > 1 {
+		if mid := (lo + hi) / 2; accepts(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// requireClientRefusesOneByteMore: the transport's client refuses sent
+// with one byte more, permanently.
+func requireClientRefusesOneByteMore(t *testing.T, tr *transport.Transport, topic string, sent *message.Message) {
 	over := message.NewMessage(sent.UUID, append(bytes.Clone(sent.Payload), 'x'))
 	for k, v := range sent.Metadata {
 		over.Metadata.Set(k, v)
 	}
-	err = tr.Publisher().Publish(topic, over)
+	err := tr.Publisher().Publish(topic, over)
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge, "the client refuses one byte more: %v", err)
 	require.True(t, retry.IsPermanent(err), "%v", err)
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
@@ -137,10 +138,56 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 	require.Equal(t, "r", relkind(t, b.db))
 	ctx := context.Background()
 	got := b.collect(t, "mig")
+	seedBeforePartitioning(ctx, t, b)
 
-	// Before: 200 rows, 50 of them published by a relay round, one failed,
-	// 20 pending and created 3 days ago (they move to the partition of
-	// rows older than today).
+	// During: a relay publishes and writers write while the table is
+	// converted. The relay's wake-up is keyed by the old table's oid, so
+	// after the conversion it polls (20 ms).
+	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 20 * time.Millisecond, BatchSize: 10})
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var written [3]int
+	startMigrationWriters(ctx, t, b.db, &wg, stop, &written)
+	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "true") > 260 }, "writers write")
+	before := outboxIDs(t, b.db)
+	var maxBefore int64
+	for x := range before {
+		maxBefore = max(maxBefore, x.id)
+	}
+	applied, err := migrate.Up(ctx, b.db, Migrations(), PartitionedMigrations())
+	require.NoError(t, err)
+	require.Len(t, applied, 1)
+	require.Equal(t, "p", relkind(t, b.db))
+	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "id > "+strconv.FormatInt(maxBefore+100, 10)) > 0 }, "writers write after the conversion")
+	close(stop)
+	wg.Wait()
+
+	after := outboxIDs(t, b.db)
+	for x := range before {
+		require.True(t, after[x], "row %d (%s) kept with its id", x.id, x.ev)
+	}
+	total := 200 + written[0] + written[1] + written[2]
+	require.Equal(t, total+1, len(after), "every row, nothing duplicated")
+	eventually(t, 20*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the relay drains the partitioned table")
+	require.Equal(t, 1, count(t, b.db, "status = 'failed' AND event_id = 'failed-1'"), "the failed row stays failed")
+	var oldPending int
+	require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM millwright_outbox WHERE created_at < now() - interval '2 days'`).Scan(&oldPending))
+	require.Equal(t, 20, oldPending, "the old rows moved too")
+
+	eventually(t, 10*time.Second, func() bool { return len(got.all()) == total }, "every event published")
+	requireOncePerEventInAggregateOrder(t, got.all())
+	var lastID int64
+	require.NoError(t, b.db.QueryRow(`SELECT max(id) FROM millwright_outbox`).Scan(&lastID))
+	require.NoError(t, Add(ctx, b.db, Event{Topic: "mig", AggregateID: "z"}))
+	var newID int64
+	require.NoError(t, b.db.QueryRow(`SELECT id FROM millwright_outbox WHERE aggregate_id = 'z'`).Scan(&newID))
+	require.Greater(t, newID, lastID, "the sequence goes on")
+}
+
+// seedBeforePartitioning writes 200 rows, 50 of them published by a relay
+// round, one failed, 20 pending and created 3 days ago (they move to the
+// partition of rows older than today).
+func seedBeforePartitioning(ctx context.Context, t *testing.T, b bundle) {
 	for i := range 200 {
 		require.NoError(t, Add(ctx, b.db, Event{Topic: "mig", AggregateID: "a" + strconv.Itoa(i%10), Payload: []byte(fmt.Sprintf(`{"agg":"a%d","seq":%d}`, i%10, i/10))}))
 	}
@@ -154,32 +201,33 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 	_, err = b.db.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, status, last_error) VALUES ('failed-1', 'mig-failed', 'f', '{}', 'failed', 'boom')`)
 	require.NoError(t, err)
 	require.Equal(t, 150, count(t, b.db, "status = 'pending'"))
+}
 
-	type idEvent struct {
-		id int64
-		ev string
-	}
-	snapshot := func() map[idEvent]bool {
-		rows, err := b.db.Query(`SELECT id, event_id FROM millwright_outbox`)
-		require.NoError(t, err)
-		defer rows.Close()
-		m := map[idEvent]bool{}
-		for rows.Next() {
-			var x idEvent
-			require.NoError(t, rows.Scan(&x.id, &x.ev))
-			m[x] = true
-		}
-		require.NoError(t, rows.Err())
-		return m
-	}
+// outboxIDEvent is a row's id and event id.
+type outboxIDEvent struct {
+	id int64
+	ev string
+}
 
-	// During: a relay publishes and writers write while the table is
-	// converted. The relay's wake-up is keyed by the old table's oid, so
-	// after the conversion it polls (20 ms).
-	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 20 * time.Millisecond, BatchSize: 10})
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	var written [3]int
+// outboxIDs is the set of the outbox's rows.
+func outboxIDs(t *testing.T, db *sql.DB) map[outboxIDEvent]bool {
+	rows, err := db.Query(`SELECT id, event_id FROM millwright_outbox`)
+	require.NoError(t, err)
+	defer rows.Close()
+	m := map[outboxIDEvent]bool{}
+	for rows.Next() {
+		var x outboxIDEvent
+		require.NoError(t, rows.Scan(&x.id, &x.ev))
+		m[x] = true
+	}
+	require.NoError(t, rows.Err())
+	return m
+}
+
+// startMigrationWriters starts three writers, each adding events of its
+// own aggregate (w0..w2) in sequence until stop closes, counting them in
+// written.
+func startMigrationWriters(ctx context.Context, t *testing.T, db *sql.DB, wg *sync.WaitGroup, stop <-chan struct{}, written *[3]int) {
 	for w := range 3 {
 		wg.Add(1)
 		go func() {
@@ -191,7 +239,7 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 				default:
 				}
 				agg := fmt.Sprintf("w%d", w)
-				if err := Add(ctx, b.db, Event{Topic: "mig", AggregateID: agg, Payload: []byte(fmt.Sprintf(`{"agg":%q,"seq":%d}`, agg, i))}); err != nil {
+				if err := Add(ctx, db, Event{Topic: "mig", AggregateID: agg, Payload: []byte(fmt.Sprintf(`{"agg":%q,"seq":%d}`, agg, i))}); err != nil {
 					t.Errorf("writer %d: %v", w, err)
 					return
 				}
@@ -199,34 +247,11 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "true") > 260 }, "writers write")
-	before := snapshot()
-	var maxBefore int64
-	for x := range before {
-		maxBefore = max(maxBefore, x.id)
-	}
-	applied, err := migrate.Up(ctx, b.db, Migrations(), PartitionedMigrations())
-	require.NoError(t, err)
-	require.Len(t, applied, 1)
-	require.Equal(t, "p", relkind(t, b.db))
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "id > "+strconv.FormatInt(maxBefore+100, 10)) > 0 }, "writers write after the conversion")
-	close(stop)
-	wg.Wait()
+}
 
-	after := snapshot()
-	for x := range before {
-		require.True(t, after[x], "row %d (%s) kept with its id", x.id, x.ev)
-	}
-	total := 200 + written[0] + written[1] + written[2]
-	require.Equal(t, total+1, len(after), "every row, nothing duplicated")
-	eventually(t, 20*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the relay drains the partitioned table")
-	require.Equal(t, 1, count(t, b.db, "status = 'failed' AND event_id = 'failed-1'"), "the failed row stays failed")
-	var oldPending int
-	require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM millwright_outbox WHERE created_at < now() - interval '2 days'`).Scan(&oldPending))
-	require.Equal(t, 20, oldPending, "the old rows moved too")
-
-	eventually(t, 10*time.Second, func() bool { return len(got.all()) == total }, "every event published")
-	msgs := got.all()
+// requireOncePerEventInAggregateOrder: no event published twice, and each
+// aggregate's seq counts up from 0.
+func requireOncePerEventInAggregateOrder(t *testing.T, msgs []*message.Message) {
 	seen := map[string]bool{}
 	last := map[string]int{}
 	for _, m := range msgs {
@@ -244,12 +269,6 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 		}
 		last[p.Agg] = p.Seq
 	}
-	var lastID int64
-	require.NoError(t, b.db.QueryRow(`SELECT max(id) FROM millwright_outbox`).Scan(&lastID))
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "mig", AggregateID: "z"}))
-	var newID int64
-	require.NoError(t, b.db.QueryRow(`SELECT id FROM millwright_outbox WHERE aggregate_id = 'z'`).Scan(&newID))
-	require.Greater(t, newID, lastID, "the sequence goes on")
 }
 
 // partitionedSetup returns an empty partitioned outbox whose partitions
@@ -291,17 +310,7 @@ func TestPartitionCleaner_CreatesAheadDropsOnlyFullyPublishedPartitions(t *testi
 	// Day -3: published only. Day -2: published and one pending. Day -1:
 	// published and one failed. Today: published. The future: one row in
 	// the DEFAULT partition (the cleaner has not run yet).
-	_, err := b.db.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, status, published_at, created_at)
-		SELECT 'e' || d || '-' || g, 't', 'a', '{}', 'published', now(), $1::timestamptz + (d * interval '1 day') + interval '1 hour'
-		FROM generate_series(-3, 0) d, generate_series(1, 100) g`, today)
-	require.NoError(t, err)
-	_, err = b.db.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, status, created_at) VALUES
-		('pending-old', 't', 'p', '{}', 'pending', $1::timestamptz - interval '2 days' + interval '2 hours'),
-		('failed-old', 't', 'f', '{}', 'failed', $1::timestamptz - interval '1 day' + interval '2 hours'),
-		('future', 't', 'x', '{}', 'pending', now() + interval '30 days')`, today)
-	require.NoError(t, err)
-	_, err = b.db.Exec(`ANALYZE millwright_outbox`)
-	require.NoError(t, err)
+	seedPartitionDays(t, b.db, today)
 
 	c, err := NewCleaner(b.db, CleanerConfig{Retention: time.Millisecond, PartitionsAhead: 4})
 	require.NoError(t, err)
@@ -329,16 +338,7 @@ func TestPartitionCleaner_CreatesAheadDropsOnlyFullyPublishedPartitions(t *testi
 	require.Equal(t, 1, count(t, b.db, "event_id = 'pending-old' AND status = 'pending'"), "the pending row is kept")
 	require.Equal(t, 1, count(t, b.db, "event_id = 'failed-old'"), "the failed row is kept")
 
-	// A new partition is like the others: the relay's indexes, the
-	// storage parameters.
-	var idx int
-	require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM pg_index WHERE indrelid = $1::regclass`, pname(4)).Scan(&idx))
-	var parentIdx int
-	require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM pg_index WHERE indrelid = 'millwright_outbox'::regclass`).Scan(&parentIdx))
-	require.Equal(t, parentIdx, idx)
-	var opts string
-	require.NoError(t, b.db.QueryRow(`SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = $1::regclass`, pname(4)).Scan(&opts))
-	require.Equal(t, "fillfactor=70", opts)
+	requireLikeTheOtherPartitions(t, b.db, pname(4))
 
 	// Once the pending row is published, its partition goes; nothing to
 	// create any more. The failed one stays until retried or removed.
@@ -363,6 +363,36 @@ func TestPartitionCleaner_CreatesAheadDropsOnlyFullyPublishedPartitions(t *testi
 	require.True(t, stats.Skipped)
 	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock_all()`)
 	require.NoError(t, err)
+}
+
+// seedPartitionDays writes 100 published rows on each of days -3..0 from
+// today, a pending row on day -2, a failed one on day -1 and a pending one
+// 30 days ahead.
+func seedPartitionDays(t *testing.T, db *sql.DB, today time.Time) {
+	_, err := db.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, status, published_at, created_at)
+		SELECT 'e' || d || '-' || g, 't', 'a', '{}', 'published', now(), $1::timestamptz + (d * interval '1 day') + interval '1 hour'
+		FROM generate_series(-3, 0) d, generate_series(1, 100) g`, today)
+	require.NoError(t, err)
+	_, err = db.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, status, created_at) VALUES
+		('pending-old', 't', 'p', '{}', 'pending', $1::timestamptz - interval '2 days' + interval '2 hours'),
+		('failed-old', 't', 'f', '{}', 'failed', $1::timestamptz - interval '1 day' + interval '2 hours'),
+		('future', 't', 'x', '{}', 'pending', now() + interval '30 days')`, today)
+	require.NoError(t, err)
+	_, err = db.Exec(`ANALYZE millwright_outbox`)
+	require.NoError(t, err)
+}
+
+// requireLikeTheOtherPartitions: a new partition is like the others: the
+// relay's indexes, the storage parameters.
+func requireLikeTheOtherPartitions(t *testing.T, db *sql.DB, partition string) {
+	var idx int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_index WHERE indrelid = $1::regclass`, partition).Scan(&idx))
+	var parentIdx int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_index WHERE indrelid = 'millwright_outbox'::regclass`).Scan(&parentIdx))
+	require.Equal(t, parentIdx, idx)
+	var opts string
+	require.NoError(t, db.QueryRow(`SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = $1::regclass`, partition).Scan(&opts))
+	require.Equal(t, "fillfactor=70", opts)
 }
 
 func TestPartitionCleaner_ConflictWithDefaultRowsIsReported(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -400,7 +399,7 @@ func (r *Relay) checkTables(ctx context.Context, draining <-chan struct{}) (bool
 		// Bounded: a server that accepts connections and never answers
 		// would otherwise hold Run here, silent, until shutdown.
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
-		err := checkSchema(cctx, r.db, "outbox relay", relayTables...)
+		err := schemacheck.Check(cctx, r.db, "outbox relay", relayTables...)
 		if err == nil {
 			err = r.checkColumns(cctx)
 		}
@@ -434,20 +433,6 @@ func (r *Relay) checkColumns(ctx context.Context) error {
 		return fmt.Errorf("outbox relay: millwright_outbox has no column first_failed_at (outbox migration 007): %w: run `millwright migrate` of this version on the service's database", errMigrationMissing)
 	}
 	return err
-}
-
-// checkSchema is schemacheck.Check on either driver: nil when the tables
-// all exist in q's search_path, a *schemacheck.MissingError naming those
-// that do not, or the error that kept the database from answering.
-func checkSchema(ctx context.Context, q storage.Querier, component string, tables ...string) error {
-	missing, schema, path, err := storage.MissingTables(ctx, q, tables...)
-	if err != nil {
-		return fmt.Errorf("%s: looking for its tables (%s): %w", component, strings.Join(tables, ", "), err)
-	}
-	if len(missing) == 0 {
-		return nil
-	}
-	return &schemacheck.MissingError{Component: component, Missing: missing, Schema: schema, SearchPath: path}
 }
 
 // leave gives Run's lanes back. On a cancelled ctx it still tries, briefly:

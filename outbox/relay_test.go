@@ -36,9 +36,9 @@ type bundle struct {
 func setup(t *testing.T) bundle {
 	t.Helper()
 	s := pgtest.New(t, layoutMigrations(t)...) // partition_test.go: the plain or the partitioned layout
-	// The pool millwright opens and postgres.Open gives users: Add's
-	// INSERT travels with COMMIT on it. s.DB (lib/pq's own pool) stays for
-	// the tests that look from outside.
+	// The pool millwright opens and postgres.Open gives users (its BEGIN
+	// carries first statements). s.DB (lib/pq's own pool) stays for the
+	// tests that look from outside.
 	db, err := pgconn.Open(s.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })

@@ -264,27 +264,7 @@ func TestRelayKeepsFirstDeliveryOrderWhenRabbitMQNacks(t *testing.T) {
 	topic := "outbox_nack_" + watermill.NewShortUUID()
 	const group = "outbox-test"
 	transporttest.DeleteAMQPTopology(t, []string{topic}, group)
-
-	// The group's queue, bound as the transport binds it, with room for
-	// the small events but not a big one while the filler is in it.
-	const limit, room, big = 20000, 500, 1000
-	conn, err := amqp091.Dial(transporttest.AMQPURL())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	queue := amqp.QueueName(topic, group)
-	require.NoError(t, ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil))
-	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp091.Table{"x-max-length-bytes": int32(limit), "x-overflow": "reject-publish"})
-	require.NoError(t, err)
-	require.NoError(t, ch.QueueBind(queue, "", topic, false, nil))
-	require.NoError(t, ch.Confirm(false))
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
-		amqp091.Publishing{Body: make([]byte, limit-room), DeliveryMode: amqp091.Persistent, Headers: amqp091.Table{"filler": true}})
-	require.NoError(t, err)
-	acked, err := dc.WaitContext(ctx)
-	require.NoError(t, err)
-	require.True(t, acked, "the broker refused the filler")
+	ch, queue := fillNackQueue(ctx, t, topic, group)
 
 	// Event 1 of each aggregate is big; events 2..4 are small (about 30
 	// bytes each: 12 of them fit the room).
@@ -293,7 +273,7 @@ func TestRelayKeepsFirstDeliveryOrderWhenRabbitMQNacks(t *testing.T) {
 		for a := range aggs {
 			ev := seqEvent{Agg: fmt.Sprintf("agg-%02d", a), Seq: seq}
 			if seq == 1 {
-				ev.Pad = strings.Repeat("x", big)
+				ev.Pad = strings.Repeat("x", nackBig)
 			}
 			payload, _ := json.Marshal(ev)
 			require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateType: "test", AggregateID: ev.Agg, EventType: "test.seq.v1", Payload: payload}))
@@ -339,6 +319,36 @@ func TestRelayKeepsFirstDeliveryOrderWhenRabbitMQNacks(t *testing.T) {
 	}
 	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
 	t.Logf("%d nacks; arrivals: %v", pub.nacks.Load(), applied.trace)
+}
+
+// nackBig is the payload padding of the events RabbitMQ nacks in
+// TestRelayKeepsFirstDeliveryOrderWhenRabbitMQNacks.
+const nackBig = 1000
+
+// fillNackQueue declares group's queue of topic, bound as the transport
+// binds it, with room for the small events but not a big one while the
+// filler it publishes is in it. It returns a channel on the broker and
+// the queue's name.
+func fillNackQueue(ctx context.Context, t *testing.T, topic, group string) (*amqp091.Channel, string) {
+	const limit, room = 20000, 500
+	conn, err := amqp091.Dial(transporttest.AMQPURL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	queue := amqp.QueueName(topic, group)
+	require.NoError(t, ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil))
+	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp091.Table{"x-max-length-bytes": int32(limit), "x-overflow": "reject-publish"})
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind(queue, "", topic, false, nil))
+	require.NoError(t, ch.Confirm(false))
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
+		amqp091.Publishing{Body: make([]byte, limit-room), DeliveryMode: amqp091.Persistent, Headers: amqp091.Table{"filler": true}})
+	require.NoError(t, err)
+	acked, err := dc.WaitContext(ctx)
+	require.NoError(t, err)
+	require.True(t, acked, "the broker refused the filler")
+	return ch, queue
 }
 
 // Kafka refuses part of a produce request: the in-process Kafka (kfake's

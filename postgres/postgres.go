@@ -7,14 +7,16 @@
 //     or PGCONNECT_TIMEOUT sets one), and a call whose context ends is
 //     abandoned at once, its connection closed, even when the server has
 //     stopped answering (lib/pq alone waits for a silent server);
-//   - idempotency's Postgres store sends the processed-event mark of
-//     Transactional mode with BEGIN, in one round trip, instead of in a
-//     round trip of its own (on any other *sql.DB it still works, one
-//     round trip slower).
+//   - a transaction millwright begins itself can carry its first
+//     statements with BEGIN, in one round trip (idempotency's Postgres
+//     store sends the processed-event mark of Transactional mode so;
+//     OpenPgx's pools do the same; on any other *sql.DB it still works,
+//     one round trip slower).
 //
-// outbox.Add sends its INSERT at once, in one round trip, on every pool
-// (this one, any other *sql.DB, pgx): its server-side errors are Add's
-// own.
+// Every statement is sent when it is issued, on every pool (this one, any
+// other *sql.DB, pgx): outbox.Add sends its INSERT at once, in one round
+// trip, and its server-side errors are Add's own; none is held until
+// COMMIT.
 //
 // Transactions are begun and ended with simple queries of millwright's own
 // (BEGIN with lib/pq's options, COMMIT, ROLLBACK); Commit of a transaction

@@ -53,158 +53,26 @@ func TestLateSuccessIsCompensated(t *testing.T) {
 	const cause = `step "schedule_shipping" timed out after 300ms`
 	opts := defOpts{cancelShipping: true, timeouts: map[string]time.Duration{shipping: 300 * time.Millisecond}}
 
-	t.Run("after the saga is compensated", func(t *testing.T) {
-		// On both drivers: on pgx the participants answer from a pgx.Tx and
-		// the orchestrator runs on a *pgxpool.Pool.
-		t.Parallel()
-		pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
-			t.Parallel()
-			b := setupDriver(t, driver, opts)
-			o := b.startOrchestrator(t)
-			b.parts.setDecide(func(_, step, phase string, _ int) action {
-				if step == shipping && phase == saga.PhaseForward {
-					return hold
-				}
-				return succeed
-			})
-			b.start(t, o, "late")
-			first := b.waitState(t, "late", saga.StateCompensated)
-			require.Equal(t, cause, first.LastError)
-			inPlace, applied, _ := b.parts.effect("late", shipping)
-			require.False(t, inPlace)
-			require.Zero(t, applied, "the shipment was not made yet")
+	t.Run("after the saga is compensated", func(t *testing.T) { lateCompensatedAfterTheSagaIsCompensated(t, opts, cause) })
 
-			// Shipping is back and schedules the shipment.
-			n, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
-			require.NoError(t, err)
-			require.Equal(t, 1, n)
-			h := b.waitLateUndone(t, "late")
+	t.Run("while an earlier step is compensated", func(t *testing.T) { lateCompensatedWhileAnEarlierStepIsCompensated(t, opts) })
 
-			require.Equal(t, []string{
-				fwd(reserve), fwd(charge), fwd(shipping),
-				comp(shipping, 1), comp(charge, 1), comp(reserve, 1),
-				comp(shipping, 2), // numbered after attempt 1, sent once
-			}, b.parts.commands("late"))
-			inPlace, applied, undone := b.parts.effect("late", shipping)
-			require.False(t, inPlace, "the late shipment is cancelled")
-			require.Equal(t, 1, applied)
-			require.Equal(t, 1, undone)
-			require.Equal(t, []string{
-				shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply", ":compensated",
-			}, afterLate(h))
-			info, _, err := saga.Get(context.Background(), b.schema.DB, "late")
-			require.NoError(t, err)
-			require.Equal(t, cause, info.LastError, "the reason is still the timeout")
-			require.Equal(t, cause, info.Cause)
-			require.Empty(t, info.Step)
-			require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricLateSuccesses, map[string]string{"type": "orders"}))
-			require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricCompensated, map[string]string{"type": "orders"}), "counted once")
-
-			// The same success again, under another event id (a participant
-			// that replied twice): a duplicate, nothing sent.
-			again, err := saga.NewReply(b.parts.command("late", shipping, saga.PhaseForward), shipping+".succeeded", nil)
-			require.NoError(t, err)
-			require.NoError(t, b.tr.Publisher().Publish(b.tp.replies, again))
-			h = b.waitHistory(t, "late", saga.KindDuplicate)
-			require.Equal(t, shipping+":duplicate", historyKinds(h)[len(h)-1])
-			after, _, err := saga.Get(context.Background(), b.schema.DB, "late")
-			require.NoError(t, err)
-			require.Equal(t, info.Version, after.Version)
-			require.Len(t, b.parts.commands("late"), 7)
-		})
-	})
-
-	t.Run("while an earlier step is compensated", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, nil, opts)
-		o := b.startOrchestrator(t)
-		b.parts.setDecide(func(_, step, phase string, attempt int) action {
-			switch {
-			case step == shipping && phase == saga.PhaseForward:
-				return hold
-			case step == charge && phase == saga.PhaseCompensation && attempt == 1:
-				return hold // the refund is slow
-			}
-			return succeed
-		})
-		b.start(t, o, "late")
-		b.waitCommand(t, "late", comp(charge, 1))
-		_, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
-		require.NoError(t, err)
-		h := b.waitLateUndone(t, "late")
-		// The cancellation goes first; the refund it interrupted starts
-		// again (attempt 2), then the release.
-		require.Equal(t, []string{
-			fwd(reserve), fwd(charge), fwd(shipping),
-			comp(shipping, 1), comp(charge, 1), comp(shipping, 2), comp(charge, 2), comp(reserve, 1),
-		}, b.parts.commands("late"))
-		require.Equal(t, []string{
-			shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply",
-			charge + ":compensation", charge + ":compensation_reply", reserve + ":compensation", reserve + ":compensation_reply", ":compensated",
-		}, afterLate(h))
-		inPlace, applied, undone := b.parts.effect("late", shipping)
-		require.Equal(t, []any{false, 1, 1}, []any{inPlace, applied, undone})
-
-		// The interrupted refund's reply arrives at last: ignored.
-		_, err = b.parts.release("late", charge, saga.PhaseCompensation, succeed)
-		require.NoError(t, err)
-		h = b.waitHistory(t, "late", saga.KindLateReply)
-		require.Equal(t, charge+":late_reply", historyKinds(h)[len(h)-1])
-		require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricCompensated, map[string]string{"type": "orders"}))
-	})
-
-	t.Run("while its own compensation is unanswered", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, nil, opts)
-		o := b.startOrchestrator(t)
-		b.parts.setDecide(func(_, step, phase string, attempt int) action {
-			if step == shipping && (phase == saga.PhaseForward || attempt == 1) {
-				return hold // shipping is down
-			}
-			return succeed
-		})
-		b.start(t, o, "late")
-		b.waitCommand(t, "late", comp(shipping, 1))
-		_, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
-		require.NoError(t, err)
-		h := b.waitLateUndone(t, "late")
-		// The cancellation is sent again at once, and the chain goes on
-		// from its answer.
-		require.Equal(t, []string{
-			fwd(reserve), fwd(charge), fwd(shipping),
-			comp(shipping, 1), comp(shipping, 2), comp(charge, 1), comp(reserve, 1),
-		}, b.parts.commands("late"))
-		require.Equal(t, shipping+":late_success", afterLate(h)[0])
-		inPlace, applied, undone := b.parts.effect("late", shipping)
-		require.Equal(t, []any{false, 1, 1}, []any{inPlace, applied, undone})
-
-		// Attempt 1's answer (it finds nothing left to cancel) is late.
-		_, err = b.parts.release("late", shipping, saga.PhaseCompensation, succeed)
-		require.NoError(t, err)
-		h = b.waitHistory(t, "late", saga.KindLateReply)
-		require.Equal(t, shipping+":late_reply", historyKinds(h)[len(h)-1])
-		_, _, undone = b.parts.effect("late", shipping)
-		require.Equal(t, 1, undone)
-	})
+	t.Run("while its own compensation is unanswered", func(t *testing.T) { lateCompensatedWhileItsOwnCompensationIsUnanswered(t, opts) })
 
 	// The orchestrator dies after applying the late success, before its
 	// transaction commits: the record and the compensation roll back
 	// together, the reply is redelivered, and the compensation is written
 	// once.
-	t.Run("orchestrator dies before commit", func(t *testing.T) {
+	t.Run("orchestrator dies before commit", func(t *testing.T) { lateCompensatedOrchestratorDiesBeforeCommit(t, opts) })
+}
+
+func lateCompensatedAfterTheSagaIsCompensated(t *testing.T, opts defOpts, cause string) {
+	// On both drivers: on pgx the participants answer from a pgx.Tx and
+	// the orchestrator runs on a *pgxpool.Pool.
+	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		t.Parallel()
-		b := setup(t, nil, opts)
-		var crashes atomic.Int32
-		b.replyMiddleware = func(h message.HandlerFunc) message.HandlerFunc {
-			return func(msg *message.Message) ([]*message.Message, error) {
-				out, err := h(msg)
-				if err == nil && msg.Metadata.Get(metadata.SagaStep) == shipping && msg.Metadata.Get(metadata.SagaPhase) == saga.PhaseForward &&
-					crashes.CompareAndSwap(0, 1) {
-					return nil, errors.New("orchestrator died before commit")
-				}
-				return out, err
-			}
-		}
+		b := setupDriver(t, driver, opts)
 		o := b.startOrchestrator(t)
 		b.parts.setDecide(func(_, step, phase string, _ int) action {
 			if step == shipping && phase == saga.PhaseForward {
@@ -213,21 +81,161 @@ func TestLateSuccessIsCompensated(t *testing.T) {
 			return succeed
 		})
 		b.start(t, o, "late")
-		b.waitState(t, "late", saga.StateCompensated)
-		_, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
+		first := b.waitState(t, "late", saga.StateCompensated)
+		require.Equal(t, cause, first.LastError)
+		inPlace, applied, _ := b.parts.effect("late", shipping)
+		require.False(t, inPlace)
+		require.Zero(t, applied, "the shipment was not made yet")
+
+		// Shipping is back and schedules the shipment.
+		n, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
 		require.NoError(t, err)
+		require.Equal(t, 1, n)
 		h := b.waitLateUndone(t, "late")
-		require.EqualValues(t, 1, crashes.Load(), "the crash happened")
+
+		require.Equal(t, []string{
+			fwd(reserve), fwd(charge), fwd(shipping),
+			comp(shipping, 1), comp(charge, 1), comp(reserve, 1),
+			comp(shipping, 2), // numbered after attempt 1, sent once
+		}, b.parts.commands("late"))
+		inPlace, applied, undone := b.parts.effect("late", shipping)
+		require.False(t, inPlace, "the late shipment is cancelled")
+		require.Equal(t, 1, applied)
+		require.Equal(t, 1, undone)
 		require.Equal(t, []string{
 			shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply", ":compensated",
-		}, afterLate(h), "recorded once")
-		var cancels int
-		require.NoError(t, b.schema.DB.QueryRow(`SELECT count(*) FROM millwright_outbox WHERE topic = $1 AND event_type = 'shipping.cancel.v1'`,
-			b.tp.shipping).Scan(&cancels))
-		require.Equal(t, 2, cancels, "the cancellation at the timeout and the one for the late success")
-		_, _, undone := b.parts.effect("late", shipping)
-		require.Equal(t, 1, undone)
+		}, afterLate(h))
+		info, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+		require.NoError(t, err)
+		require.Equal(t, cause, info.LastError, "the reason is still the timeout")
+		require.Equal(t, cause, info.Cause)
+		require.Empty(t, info.Step)
+		require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricLateSuccesses, map[string]string{"type": "orders"}))
+		require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricCompensated, map[string]string{"type": "orders"}), "counted once")
+
+		// The same success again, under another event id (a participant
+		// that replied twice): a duplicate, nothing sent.
+		again, err := saga.NewReply(b.parts.command("late", shipping, saga.PhaseForward), shipping+".succeeded", nil)
+		require.NoError(t, err)
+		require.NoError(t, b.tr.Publisher().Publish(b.tp.replies, again))
+		h = b.waitHistory(t, "late", saga.KindDuplicate)
+		require.Equal(t, shipping+":duplicate", historyKinds(h)[len(h)-1])
+		after, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+		require.NoError(t, err)
+		require.Equal(t, info.Version, after.Version)
+		require.Len(t, b.parts.commands("late"), 7)
 	})
+}
+
+func lateCompensatedWhileAnEarlierStepIsCompensated(t *testing.T, opts defOpts) {
+	t.Parallel()
+	b := setup(t, nil, opts)
+	o := b.startOrchestrator(t)
+	b.parts.setDecide(func(_, step, phase string, attempt int) action {
+		switch {
+		case step == shipping && phase == saga.PhaseForward:
+			return hold
+		case step == charge && phase == saga.PhaseCompensation && attempt == 1:
+			return hold // the refund is slow
+		}
+		return succeed
+	})
+	b.start(t, o, "late")
+	b.waitCommand(t, "late", comp(charge, 1))
+	_, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
+	require.NoError(t, err)
+	h := b.waitLateUndone(t, "late")
+	// The cancellation goes first; the refund it interrupted starts
+	// again (attempt 2), then the release.
+	require.Equal(t, []string{
+		fwd(reserve), fwd(charge), fwd(shipping),
+		comp(shipping, 1), comp(charge, 1), comp(shipping, 2), comp(charge, 2), comp(reserve, 1),
+	}, b.parts.commands("late"))
+	require.Equal(t, []string{
+		shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply",
+		charge + ":compensation", charge + ":compensation_reply", reserve + ":compensation", reserve + ":compensation_reply", ":compensated",
+	}, afterLate(h))
+	inPlace, applied, undone := b.parts.effect("late", shipping)
+	require.Equal(t, []any{false, 1, 1}, []any{inPlace, applied, undone})
+
+	// The interrupted refund's reply arrives at last: ignored.
+	_, err = b.parts.release("late", charge, saga.PhaseCompensation, succeed)
+	require.NoError(t, err)
+	h = b.waitHistory(t, "late", saga.KindLateReply)
+	require.Equal(t, charge+":late_reply", historyKinds(h)[len(h)-1])
+	require.EqualValues(t, 1, metricValue(t, o.reg, saga.MetricCompensated, map[string]string{"type": "orders"}))
+}
+
+func lateCompensatedWhileItsOwnCompensationIsUnanswered(t *testing.T, opts defOpts) {
+	t.Parallel()
+	b := setup(t, nil, opts)
+	o := b.startOrchestrator(t)
+	b.parts.setDecide(func(_, step, phase string, attempt int) action {
+		if step == shipping && (phase == saga.PhaseForward || attempt == 1) {
+			return hold // shipping is down
+		}
+		return succeed
+	})
+	b.start(t, o, "late")
+	b.waitCommand(t, "late", comp(shipping, 1))
+	_, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
+	require.NoError(t, err)
+	h := b.waitLateUndone(t, "late")
+	// The cancellation is sent again at once, and the chain goes on
+	// from its answer.
+	require.Equal(t, []string{
+		fwd(reserve), fwd(charge), fwd(shipping),
+		comp(shipping, 1), comp(shipping, 2), comp(charge, 1), comp(reserve, 1),
+	}, b.parts.commands("late"))
+	require.Equal(t, shipping+":late_success", afterLate(h)[0])
+	inPlace, applied, undone := b.parts.effect("late", shipping)
+	require.Equal(t, []any{false, 1, 1}, []any{inPlace, applied, undone})
+
+	// Attempt 1's answer (it finds nothing left to cancel) is late.
+	_, err = b.parts.release("late", shipping, saga.PhaseCompensation, succeed)
+	require.NoError(t, err)
+	h = b.waitHistory(t, "late", saga.KindLateReply)
+	require.Equal(t, shipping+":late_reply", historyKinds(h)[len(h)-1])
+	_, _, undone = b.parts.effect("late", shipping)
+	require.Equal(t, 1, undone)
+}
+
+func lateCompensatedOrchestratorDiesBeforeCommit(t *testing.T, opts defOpts) {
+	t.Parallel()
+	b := setup(t, nil, opts)
+	var crashes atomic.Int32
+	b.replyMiddleware = func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil && msg.Metadata.Get(metadata.SagaStep) == shipping && msg.Metadata.Get(metadata.SagaPhase) == saga.PhaseForward &&
+				crashes.CompareAndSwap(0, 1) {
+				return nil, errors.New("orchestrator died before commit")
+			}
+			return out, err
+		}
+	}
+	o := b.startOrchestrator(t)
+	b.parts.setDecide(func(_, step, phase string, _ int) action {
+		if step == shipping && phase == saga.PhaseForward {
+			return hold
+		}
+		return succeed
+	})
+	b.start(t, o, "late")
+	b.waitState(t, "late", saga.StateCompensated)
+	_, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
+	require.NoError(t, err)
+	h := b.waitLateUndone(t, "late")
+	require.EqualValues(t, 1, crashes.Load(), "the crash happened")
+	require.Equal(t, []string{
+		shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply", ":compensated",
+	}, afterLate(h), "recorded once")
+	var cancels int
+	require.NoError(t, b.schema.DB.QueryRow(`SELECT count(*) FROM millwright_outbox WHERE topic = $1 AND event_type = 'shipping.cancel.v1'`,
+		b.tp.shipping).Scan(&cancels))
+	require.Equal(t, 2, cancels, "the cancellation at the timeout and the one for the late success")
+	_, _, undone := b.parts.effect("late", shipping)
+	require.Equal(t, 1, undone)
 }
 
 // When compensations fail or time out, the saga's last error still names

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -537,18 +536,11 @@ func (o *Orchestrator[D]) Run(ctx context.Context) error {
 	})
 }
 
-// checkTables is schemacheck.Check of the saga tables on the
-// orchestrator's pool, whichever its driver.
+// checkTables checks that the saga tables are on the orchestrator's
+// pool's search_path (a *schemacheck.MissingError names those that are
+// not), whichever its driver.
 func (o *Orchestrator[D]) checkTables(ctx context.Context) error {
-	component := "saga " + o.def.name
-	missing, schema, path, err := storage.MissingSagaTables(ctx, o.pool)
-	if err != nil {
-		return fmt.Errorf("%s: looking for its tables (%s): %w", component, strings.Join(storage.SagaTables, ", "), err)
-	}
-	if len(missing) == 0 {
-		return nil
-	}
-	return &schemacheck.MissingError{Component: component, Missing: missing, Schema: schema, SearchPath: path}
+	return schemacheck.Check(ctx, o.pool, "saga "+o.def.name, storage.SagaTables...)
 }
 
 // RunOnce fires up to BatchSize due deadlines in one transaction and

@@ -73,98 +73,120 @@ func TestLateSuccessOnEveryTransport(t *testing.T) {
 		t.Skip("starts in-process Kafka and Pub/Sub and uses RabbitMQ; skipped with -short")
 	}
 	t.Parallel()
-	const cause = `step "schedule_shipping" timed out after 1s`
 	for _, kind := range transport.Kinds {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
-			cfg := transport.Config{Kind: transport.SQL}
-			if kind != transport.SQL {
-				cfg = transporttest.Config(t, kind)
-			}
-			tp := newTopics()
-			if kind == transport.AMQP {
-				t.Cleanup(func() { deleteAMQP(t, tp) })
-			}
-			b := setupTopics(t, &cfg, defOpts{
-				cancelShipping: true,
-				timeouts:       map[string]time.Duration{shipping: time.Second},
-				compTimeouts:   map[string]time.Duration{shipping: time.Second},
-				// Compensation attempts for a minute of 1s timeouts: with
-				// the default five, a loaded machine (CI, sql polling) let
-				// the saga go stuck before the test released the replies.
-				retry: retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: 60, Jitter: retry.JitterNone},
-			}, tp)
-			o := b.startOrchestrator(t)
-			var down atomic.Bool
-			down.Store(true)
-			b.parts.setDecide(func(_, step, phase string, _ int) action {
-				if step == shipping && (phase == saga.PhaseForward || down.Load()) {
-					return hold
-				}
-				return succeed
-			})
-			b.start(t, o, "late")
-
-			// The step timed out, then its compensation's first attempt.
-			poll.Until(t, 30*time.Second, func() bool {
-				h, err := saga.History(context.Background(), b.schema.DB, "late")
-				require.NoError(t, err)
-				n := 0
-				for _, e := range h {
-					if e.Step == shipping && e.Kind == saga.KindTimeout {
-						n++
-					}
-				}
-				return n == 2
-			}, "the shipping step and its compensation time out")
-			info, _, err := saga.Get(context.Background(), b.schema.DB, "late")
-			require.NoError(t, err)
-			require.True(t, strings.HasPrefix(info.LastError, cause+`; then compensation of step "schedule_shipping" (attempt `), info.LastError)
-			require.Equal(t, cause, info.Cause)
-
-			// Shipping is back: it answers its compensations (nothing to
-			// cancel yet), and the saga ends compensated.
-			down.Store(false)
-			_, err = b.parts.release("late", shipping, saga.PhaseCompensation, succeed)
-			require.NoError(t, err)
-			b.waitState(t, "late", saga.StateCompensated)
-			// Then it schedules the shipment.
-			n, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
-			require.NoError(t, err)
-			require.Equal(t, 1, n)
-			h := b.waitLateUndone(t, "late")
-
-			// The undo's compensation has the same 1s timeout: on a slow
-			// machine it may time out and be resent before its reply
-			// arrives (the sql kind polls); the resent one's reply is then
-			// a late reply. Those resends are the protocol working, so
-			// they are folded away before comparing.
-			require.Equal(t, []string{
-				shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply", ":compensated",
-			}, foldResends(afterLate(h)))
-			inPlace, applied, undone := b.parts.effect("late", shipping)
-			require.False(t, inPlace, "the shipment is cancelled")
-			require.Equal(t, 1, applied)
-			require.Equal(t, 1, undone, "cancelled exactly once")
-			// The refund and the release once each, then the cancellation,
-			// numbered after every earlier attempt; on a slow machine its
-			// 1s timeout may resend it (numbered on), which the
-			// participant's effect above shows was applied once.
-			cmds := b.parts.commands("late")
-			i := slices.Index(cmds, comp(charge, 1))
-			require.Positive(t, i, "%v", cmds)
-			require.GreaterOrEqual(t, len(cmds), i+3, "%v", cmds)
-			want := []string{comp(charge, 1), comp(reserve, 1)}
-			for k := range len(cmds) - i - 2 {
-				want = append(want, comp(shipping, i-3+1+k))
-			}
-			require.Equal(t, want, cmds[i:], "%v", cmds)
-			final, _, err := saga.Get(context.Background(), b.schema.DB, "late")
-			require.NoError(t, err)
-			require.Equal(t, saga.StateCompensated, final.State)
-			require.Equal(t, cause, final.LastError)
+			testLateSuccessOnTransport(t, kind)
 		})
 	}
+}
+
+// lateOnTransportCause is the saga's cause in TestLateSuccessOnEveryTransport.
+const lateOnTransportCause = `step "schedule_shipping" timed out after 1s`
+
+func testLateSuccessOnTransport(t *testing.T, kind transport.Kind) {
+	const cause = lateOnTransportCause
+	b := setupLateOnTransport(t, kind)
+	o := b.startOrchestrator(t)
+	var down atomic.Bool
+	down.Store(true)
+	b.parts.setDecide(func(_, step, phase string, _ int) action {
+		if step == shipping && (phase == saga.PhaseForward || down.Load()) {
+			return hold
+		}
+		return succeed
+	})
+	b.start(t, o, "late")
+
+	// The step timed out, then its compensation's first attempt.
+	poll.Until(t, 30*time.Second, func() bool { return shippingTimeouts(t, b) == 2 },
+		"the shipping step and its compensation time out")
+	info, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(info.LastError, cause+`; then compensation of step "schedule_shipping" (attempt `), info.LastError)
+	require.Equal(t, cause, info.Cause)
+
+	// Shipping is back: it answers its compensations (nothing to
+	// cancel yet), and the saga ends compensated.
+	down.Store(false)
+	_, err = b.parts.release("late", shipping, saga.PhaseCompensation, succeed)
+	require.NoError(t, err)
+	b.waitState(t, "late", saga.StateCompensated)
+	// Then it schedules the shipment.
+	n, err := b.parts.release("late", shipping, saga.PhaseForward, succeed)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	h := b.waitLateUndone(t, "late")
+
+	// The undo's compensation has the same 1s timeout: on a slow
+	// machine it may time out and be resent before its reply
+	// arrives (the sql kind polls); the resent one's reply is then
+	// a late reply. Those resends are the protocol working, so
+	// they are folded away before comparing.
+	require.Equal(t, []string{
+		shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply", ":compensated",
+	}, foldResends(afterLate(h)))
+	inPlace, applied, undone := b.parts.effect("late", shipping)
+	require.False(t, inPlace, "the shipment is cancelled")
+	require.Equal(t, 1, applied)
+	require.Equal(t, 1, undone, "cancelled exactly once")
+	requireLateCancellationLast(t, b)
+	final, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+	require.NoError(t, err)
+	require.Equal(t, saga.StateCompensated, final.State)
+	require.Equal(t, cause, final.LastError)
+}
+
+// setupLateOnTransport is a bundle on kind's transport whose shipping step
+// and its compensation time out after 1s.
+func setupLateOnTransport(t *testing.T, kind transport.Kind) *bundle {
+	cfg := transport.Config{Kind: transport.SQL}
+	if kind != transport.SQL {
+		cfg = transporttest.Config(t, kind)
+	}
+	tp := newTopics()
+	if kind == transport.AMQP {
+		t.Cleanup(func() { deleteAMQP(t, tp) })
+	}
+	return setupTopics(t, &cfg, defOpts{
+		cancelShipping: true,
+		timeouts:       map[string]time.Duration{shipping: time.Second},
+		compTimeouts:   map[string]time.Duration{shipping: time.Second},
+		// Compensation attempts for a minute of 1s timeouts: with
+		// the default five, a loaded machine (CI, sql polling) let
+		// the saga go stuck before the test released the replies.
+		retry: retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: 60, Jitter: retry.JitterNone},
+	}, tp)
+}
+
+// shippingTimeouts counts the shipping step's timeouts in the history of
+// saga "late".
+func shippingTimeouts(t *testing.T, b *bundle) int {
+	h, err := saga.History(context.Background(), b.schema.DB, "late")
+	require.NoError(t, err)
+	n := 0
+	for _, e := range h {
+		if e.Step == shipping && e.Kind == saga.KindTimeout {
+			n++
+		}
+	}
+	return n
+}
+
+// requireLateCancellationLast: the refund and the release once each, then
+// the cancellation, numbered after every earlier attempt; on a slow
+// machine its 1s timeout may resend it (numbered on), which the
+// participant's effect shows was applied once.
+func requireLateCancellationLast(t *testing.T, b *bundle) {
+	cmds := b.parts.commands("late")
+	i := slices.Index(cmds, comp(charge, 1))
+	require.Positive(t, i, "%v", cmds)
+	require.GreaterOrEqual(t, len(cmds), i+3, "%v", cmds)
+	want := []string{comp(charge, 1), comp(reserve, 1)}
+	for k := range len(cmds) - i - 2 {
+		want = append(want, comp(shipping, i-3+1+k))
+	}
+	require.Equal(t, want, cmds[i:], "%v", cmds)
 }
 
 // deleteAMQP removes the test's exchanges and queues from the shared server.

@@ -58,34 +58,70 @@ func TestPoisonDoesNotBlock(t *testing.T, pub message.Publisher, sub message.Sub
 
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
-	var (
-		mu            sync.Mutex
-		poisonTries   int
-		processed     = map[string]bool{}
-		processedDone = make(chan struct{})
-	)
-	router.AddConsumerHandler("dlqtest-"+topic, topic, sub, func(msg *message.Message) error {
-		if string(msg.Payload) == "poison" {
-			mu.Lock()
-			poisonTries++
-			mu.Unlock()
-			return fmt.Errorf("poison message %s always fails", msg.UUID)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !processed[msg.UUID] {
-			processed[msg.UUID] = true
-			if len(processed) == good {
-				close(processedDone)
-			}
-		}
-		return nil
-	}).AddMiddleware(mw.Middleware)
+	h := &poisonHandler{good: good, processed: map[string]bool{}, processedDone: make(chan struct{})}
+	router.AddConsumerHandler("dlqtest-"+topic, topic, sub, h.handle).AddMiddleware(mw.Middleware)
 
 	RunRouter(ctx, t, router)
 
-	msgs := make([]*message.Message, 0, good+1)
-	poison := message.NewMessage(watermill.NewUUID(), []byte("poison"))
+	poison, msgs := poisonAndGood(good)
+	for _, m := range msgs {
+		require.NoError(t, pub.Publish(topic, m), "publishing to %s", topic)
+	}
+
+	select {
+	case <-h.processedDone:
+	case <-ctx.Done():
+		h.mu.Lock()
+		n := len(h.processed)
+		h.mu.Unlock()
+		t.Fatalf("only %d of %d messages behind the poison message were processed within %s", n, good, Timeout)
+	}
+
+	select {
+	case dl := <-dead:
+		dl.Ack()
+		requireDeadLetterOf(t, dl, poison, topic)
+	case <-ctx.Done():
+		t.Fatalf("poison message did not reach dead-letter topic %s within %s", dlTopic, Timeout)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	require.Equal(t, PoisonAttempts, h.poisonTries, "attempts on the poison message")
+}
+
+// poisonHandler fails every poison message and records the good ones,
+// closing processedDone when good distinct ones were handled.
+type poisonHandler struct {
+	good          int
+	mu            sync.Mutex
+	poisonTries   int
+	processed     map[string]bool
+	processedDone chan struct{}
+}
+
+func (h *poisonHandler) handle(msg *message.Message) error {
+	if string(msg.Payload) == "poison" {
+		h.mu.Lock()
+		h.poisonTries++
+		h.mu.Unlock()
+		return fmt.Errorf("poison message %s always fails", msg.UUID)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.processed[msg.UUID] {
+		h.processed[msg.UUID] = true
+		if len(h.processed) == h.good {
+			close(h.processedDone)
+		}
+	}
+	return nil
+}
+
+// poisonAndGood is a poison message followed by good ones, all on one
+// ordering key.
+func poisonAndGood(good int) (poison *message.Message, msgs []*message.Message) {
+	msgs = make([]*message.Message, 0, good+1)
+	poison = message.NewMessage(watermill.NewUUID(), []byte("poison"))
 	poison.Metadata.Set(metadata.OrderingKey, "dlqtest")
 	poison.Metadata.Set(metadata.TraceParent, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
 	msgs = append(msgs, poison)
@@ -94,35 +130,19 @@ func TestPoisonDoesNotBlock(t *testing.T, pub message.Publisher, sub message.Sub
 		m.Metadata.Set(metadata.OrderingKey, "dlqtest")
 		msgs = append(msgs, m)
 	}
-	for _, m := range msgs {
-		require.NoError(t, pub.Publish(topic, m), "publishing to %s", topic)
-	}
+	return poison, msgs
+}
 
-	select {
-	case <-processedDone:
-	case <-ctx.Done():
-		mu.Lock()
-		n := len(processed)
-		mu.Unlock()
-		t.Fatalf("only %d of %d messages behind the poison message were processed within %s", n, good, Timeout)
-	}
-
-	select {
-	case dl := <-dead:
-		dl.Ack()
-		require.Equal(t, poison.UUID, dl.Metadata.Get(metadata.DeadLetterOriginalMessageID))
-		require.Equal(t, topic, dl.Metadata.Get(metadata.DeadLetterOriginalTopic))
-		require.Equal(t, dlq.ReasonExhausted, dl.Metadata.Get(metadata.DeadLetterReason))
-		require.Equal(t, strconv.Itoa(PoisonAttempts), dl.Metadata.Get(metadata.DeadLetterAttempts))
-		require.Contains(t, dl.Metadata.Get(metadata.DeadLetterError), "always fails")
-		require.Equal(t, poison.Metadata.Get(metadata.TraceParent), dl.Metadata.Get(metadata.TraceParent))
-		require.Equal(t, "poison", string(dl.Payload))
-	case <-ctx.Done():
-		t.Fatalf("poison message did not reach dead-letter topic %s within %s", dlTopic, Timeout)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	require.Equal(t, PoisonAttempts, poisonTries, "attempts on the poison message")
+// requireDeadLetterOf checks that dl is poison's dead letter from topic.
+func requireDeadLetterOf(t *testing.T, dl, poison *message.Message, topic string) {
+	t.Helper()
+	require.Equal(t, poison.UUID, dl.Metadata.Get(metadata.DeadLetterOriginalMessageID))
+	require.Equal(t, topic, dl.Metadata.Get(metadata.DeadLetterOriginalTopic))
+	require.Equal(t, dlq.ReasonExhausted, dl.Metadata.Get(metadata.DeadLetterReason))
+	require.Equal(t, strconv.Itoa(PoisonAttempts), dl.Metadata.Get(metadata.DeadLetterAttempts))
+	require.Contains(t, dl.Metadata.Get(metadata.DeadLetterError), "always fails")
+	require.Equal(t, poison.Metadata.Get(metadata.TraceParent), dl.Metadata.Get(metadata.TraceParent))
+	require.Equal(t, "poison", string(dl.Payload))
 }
 
 // RunRouter runs router until the test ends (closing it and waiting for

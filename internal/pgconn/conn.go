@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,9 +14,8 @@ import (
 )
 
 // conn is a lib/pq connection whose context-taking calls give up when
-// their context ends (see guard), whose transactions this package drives
-// itself (see tx), and which holds a transaction's deferred statements
-// until its next statement (see WithDeferred).
+// their context ends (see guard) and whose transactions this package
+// drives itself (see tx).
 //
 // database/sql uses a connection from one goroutine at a time: only
 // aborted, which a guard sets from another goroutine, needs mu.
@@ -26,8 +24,7 @@ type conn struct {
 	nc   net.Conn
 	addr string
 
-	tx      *tx        // the transaction open on the connection, nil outside one
-	pending []deferred // statements waiting for the transaction's next one
+	tx *tx // the transaction open on the connection, nil outside one
 
 	mu      sync.Mutex
 	aborted bool
@@ -77,37 +74,24 @@ func (c *conn) guard(ctx context.Context, what string) func(error) error {
 }
 
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if err := c.flush(ctx); err != nil {
-		return nil, err
-	}
 	end := c.guard(ctx, "a query")
 	rows, err := c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
 	return rows, end(err)
 }
 
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if what, ok := ctx.Value(deferKey{}).(string); ok && c.tx != nil && len(args) == 0 {
-		c.pending = append(c.pending, deferred{sql: query, what: what})
-		return deferredResult{}, nil
-	}
-	if err := c.flush(ctx); err != nil {
-		return nil, err
-	}
 	end := c.guard(ctx, "a statement")
 	res, err := c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
 	return res, end(err)
 }
 
 func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	if err := c.flush(ctx); err != nil {
-		return nil, err
-	}
 	end := c.guard(ctx, "a prepare")
 	st, err := c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
 	if err = end(err); err != nil {
 		return nil, err
 	}
-	return &stmt{Stmt: st, c: c}, nil
+	return st, nil
 }
 
 func (c *conn) Ping(ctx context.Context) error {
@@ -142,32 +126,6 @@ func (c *conn) markBad() {
 	c.mu.Unlock()
 }
 
-// stmt is a prepared statement of conn: it sends the transaction's
-// deferred statements before its own, as every other statement does.
-type stmt struct {
-	driver.Stmt
-	c *conn
-}
-
-var (
-	_ driver.StmtExecContext  = (*stmt)(nil)
-	_ driver.StmtQueryContext = (*stmt)(nil)
-)
-
-func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	if err := s.c.flush(ctx); err != nil {
-		return nil, err
-	}
-	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
-}
-
-func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	if err := s.c.flush(ctx); err != nil {
-		return nil, err
-	}
-	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
-}
-
 // FirstStatement is a statement sent with BEGIN in one round trip by a
 // transaction begun on a pool of Open (see WithFirstStatement). lib/pq
 // sends BEGIN alone, so a statement every transaction of some kind starts
@@ -192,76 +150,6 @@ type firstKey struct{}
 // *pq.Error), and no transaction is left open. Other pools ignore it.
 func WithFirstStatement(ctx context.Context, first *FirstStatement) context.Context {
 	return context.WithValue(ctx, firstKey{}, first)
-}
-
-type deferKey struct{}
-
-// WithDeferred returns ctx asking ExecContext, on a connection of Open
-// inside a transaction and for a statement without parameters, to send
-// the statement with the transaction's next one instead of now: with
-// COMMIT, in one round trip, when nothing else comes first. Every later
-// statement of the transaction, a prepared one too, sends the deferred
-// statements first, so it sees their effects exactly as if they had run
-// when asked; only their errors come later, from that statement or from
-// Commit, naming what (for example "outbox: inserting 1 event(s)").
-// Rollback discards them. The result the deferring ExecContext returns
-// has no row count.
-//
-// Elsewhere (another pool, no transaction, a statement with parameters)
-// the statement runs at once, as without the request.
-func WithDeferred(ctx context.Context, what string) context.Context {
-	return context.WithValue(ctx, deferKey{}, what)
-}
-
-// deferred is a statement waiting for the next one of its transaction.
-type deferred struct {
-	sql  string
-	what string // for errors: what the statement does
-}
-
-// deferredResult is the result of a deferred statement: it has not run.
-type deferredResult struct{}
-
-func (deferredResult) LastInsertId() (int64, error) {
-	return 0, errors.New("pgconn: the statement was deferred: LastInsertId is not supported")
-}
-
-func (deferredResult) RowsAffected() (int64, error) {
-	return 0, errors.New("pgconn: the statement was deferred: its row count is not known yet")
-}
-
-// takePending returns the deferred statements joined into one simple
-// query, with what they do, and forgets them.
-func (c *conn) takePending() (query, what string) {
-	if len(c.pending) == 0 {
-		return "", ""
-	}
-	qs := make([]string, len(c.pending))
-	whats := make([]string, 0, len(c.pending))
-	for i, d := range c.pending {
-		qs[i] = d.sql
-		if len(whats) == 0 || whats[len(whats)-1] != d.what {
-			whats = append(whats, d.what)
-		}
-	}
-	c.pending = nil
-	return strings.Join(qs, ";\n"), strings.Join(whats, "; ")
-}
-
-// flush sends the deferred statements, before a statement that is not
-// deferred. On failure the transaction has failed (the server refuses
-// every later statement of it until it ends).
-func (c *conn) flush(ctx context.Context) error {
-	query, what := c.takePending()
-	if query == "" {
-		return nil
-	}
-	end := c.guard(ctx, "deferred statements")
-	_, err := c.Conn.(driver.ExecerContext).ExecContext(ctx, query, nil)
-	if err = end(err); err != nil {
-		return fmt.Errorf("pgconn: deferred statement(s) failed (%s): %w", what, err)
-	}
-	return nil
 }
 
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -332,8 +220,7 @@ var ErrTxAborted = pq.ErrInFailedTransaction
 
 // tx is a transaction of conn, begun, committed and rolled back with simple
 // queries of this package's own rather than lib/pq's BeginTx, so that BEGIN
-// can carry a first statement and COMMIT the deferred ones, each in one
-// round trip. lib/pq takes the connection's transaction state from the
+// can carry a first statement in one round trip. lib/pq takes the connection's transaction state from the
 // server's ReadyForQuery, so its statements inside work as in its own
 // transactions.
 //
@@ -368,41 +255,19 @@ func (t *tx) Commit() error {
 	}
 	t.end()
 	c := t.c
-	deferredSQL, what := c.takePending()
-	query := "COMMIT"
-	if deferredSQL != "" {
-		query = deferredSQL + ";\nCOMMIT"
-	}
 	end := c.guard(t.ctx, "COMMIT")
-	rows, err := c.Conn.(driver.QueryerContext).QueryContext(context.WithoutCancel(t.ctx), query, nil)
+	rows, err := c.Conn.(driver.QueryerContext).QueryContext(context.WithoutCancel(t.ctx), "COMMIT", nil)
 	if err == nil {
-		// Close reads every statement's results up to the end of the
-		// query (a deferred statement may return rows, and lib/pq hands
-		// them over at the first one): its error is a later statement's,
-		// and the tag is then COMMIT's.
 		err = rows.Close()
 	}
 	if err = end(err); err != nil {
 		var pqErr *pq.Error
 		if !errors.As(err, &pqErr) {
 			c.markBad() // the connection failed: its state is unknown
-			return err
 		}
-		if deferredSQL == "" {
-			// COMMIT itself failed (a deferred constraint, a
-			// serialization failure): it ended the transaction.
-			return err
-		}
-		// A deferred statement failed, and the server skipped COMMIT
-		// (the transaction is open, failed), or COMMIT failed and ended
-		// it: ROLLBACK ends the first and is a no-op after the second.
-		if _, rerr := c.Conn.(driver.ExecerContext).ExecContext(context.WithoutCancel(t.ctx), "ROLLBACK", nil); rerr != nil {
-			c.markBad()
-		}
-		if pqErr.Code == "25P02" { // in_failed_sql_transaction: an earlier statement had failed
-			return ErrTxAborted
-		}
-		return fmt.Errorf("pgconn: COMMIT with deferred statement(s) (%s) failed, nothing committed: %w", what, err)
+		// Otherwise COMMIT itself failed (a deferred constraint, a
+		// serialization failure): it ended the transaction.
+		return err
 	}
 	tag := ""
 	if tg, ok := rows.(tagged); ok {
@@ -423,7 +288,6 @@ func (t *tx) Rollback() error {
 		return nil
 	}
 	t.end()
-	t.c.pending = nil
 	// database/sql rolls back itself when the transaction's context ends:
 	// the statement must not depend on that context.
 	if _, err := t.c.Conn.(driver.ExecerContext).ExecContext(context.Background(), "ROLLBACK", nil); err != nil {

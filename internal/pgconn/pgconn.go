@@ -19,6 +19,18 @@
 //     answer lib/pq's cancel request (a silent server never does);
 //   - NewListener's connections are closed when its context ends.
 //
+// OpenPgx and PgxConfig give pgx pools the same connect bound (pgx itself
+// abandons a statement whose context ends).
+//
+// Open's transactions are begun and ended with simple queries of this
+// package's own (BEGIN with lib/pq's options, COMMIT, ROLLBACK) so that
+// BEGIN can carry a first statement in the same round trip
+// (WithFirstStatement: the storage layer's TxOptions.First on database/sql,
+// such as the idempotency mark). Every other statement is sent when it is
+// issued, as lib/pq sends it, and its errors are its own. Commit of a
+// transaction in which a statement failed returns ErrTxAborted (lib/pq's
+// pq.ErrInFailedTransaction).
+//
 // Errors say what happened: "refused the connection", "accepted the
 // connection but did not answer within 10s (connect_timeout)",
 // "interrupted while connecting ... (no answer after 1.2s)". Waiting lists

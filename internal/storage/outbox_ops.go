@@ -3,7 +3,6 @@ package storage
 import (
 	"context"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -217,21 +216,4 @@ func FindOutboxTable(ctx context.Context, q Querier) (OutboxTable, error) {
 func CheckOutboxColumns(ctx context.Context, q Querier) error {
 	return q.Query(ctx, Statement{SQL: `SELECT first_failed_at FROM millwright_outbox LIMIT 0`, Expect: NoExpect, What: "checking millwright_outbox's columns"},
 		func(Row) error { return nil })
-}
-
-// MissingTables returns the tables (unqualified names, without commas) not
-// in q's search_path, in the order given, with current_schema() ("" when
-// no schema of the search_path exists) and the search_path setting.
-func MissingTables(ctx context.Context, q Querier, tables ...string) (missing []string, schema, path string, err error) {
-	var m string
-	s := Statement{SQL: `SELECT coalesce(current_schema()::text, ''), current_setting('search_path'),
-		coalesce(array_to_string(array(SELECT t FROM unnest(string_to_array($1, ',')) WITH ORDINALITY u(t, i)
-			WHERE to_regclass(t) IS NULL ORDER BY i), ','), '')`, Args: []any{strings.Join(tables, ",")}, Expect: NoExpect, What: "looking for tables"}
-	if err := q.QueryRow(ctx, s, &schema, &path, &m); err != nil {
-		return nil, "", "", err
-	}
-	if m != "" {
-		missing = strings.Split(m, ",")
-	}
-	return missing, schema, path, nil
 }

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -310,21 +309,6 @@ func CountSagas(ctx context.Context, q Querier, typ, state string) (int64, error
 
 // SagaTables are the tables an orchestrator works on.
 var SagaTables = []string{"millwright_saga_instances", "millwright_saga_steps"}
-
-// MissingSagaTables returns the SagaTables not on q's search_path (in
-// that order), with the session's current_schema() ("" when no schema of
-// the search_path exists) and search_path, for schemacheck's
-// MissingError: schemacheck.Check on either driver.
-func MissingSagaTables(ctx context.Context, q Querier) (missing []string, schema, searchPath string, err error) {
-	var list string
-	err = q.QueryRow(ctx, S(`SELECT coalesce(current_schema(), ''), current_setting('search_path'),
-		coalesce(array_to_string(array(SELECT t FROM unnest($1::text[]) WITH ORDINALITY u(t, i)
-			WHERE to_regclass(t) IS NULL ORDER BY i), ','), '')`, SagaTables), &schema, &searchPath, &list)
-	if err != nil || list == "" {
-		return nil, schema, searchPath, err
-	}
-	return strings.Split(list, ","), schema, searchPath, nil
-}
 
 func sagaNullTime(t sql.NullTime) any {
 	if !t.Valid {

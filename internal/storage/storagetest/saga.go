@@ -276,20 +276,20 @@ func sagaResolve(t *testing.T, p storage.Pool) {
 
 func sagaCheckTables(t *testing.T, p storage.Pool) {
 	ctx := context.Background()
-	missing, schema, _, err := storage.MissingSagaTables(ctx, p)
+	info, err := storage.LookupTables(ctx, p, storage.SagaTables...)
 	require.NoError(t, err)
-	require.Empty(t, missing)
-	require.NotEmpty(t, schema)
+	require.Empty(t, info.Missing)
+	require.NotEmpty(t, info.Schema)
 	tx, err := p.Begin(ctx, storage.TxOptions{})
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, storage.S(`SET LOCAL search_path TO pg_catalog`))
 	require.NoError(t, err)
-	missing, schema, path, err := storage.MissingSagaTables(ctx, tx)
+	info, err = storage.LookupTables(ctx, tx, storage.SagaTables...)
 	require.NoError(t, err)
-	require.Equal(t, []string{"millwright_saga_instances", "millwright_saga_steps"}, missing)
-	require.Equal(t, "pg_catalog", schema)
-	require.Equal(t, "pg_catalog", path)
+	require.Equal(t, []string{"millwright_saga_instances", "millwright_saga_steps"}, info.Missing)
+	require.Equal(t, "pg_catalog", info.Schema)
+	require.Equal(t, "pg_catalog", info.SearchPath)
 }
 
 // newSaga is a running instance of typ, due in a minute.
