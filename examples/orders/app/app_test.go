@@ -24,8 +24,8 @@ import (
 )
 
 // setupHTTP runs every service (relay included) on the in-process
-// transport and serves the order API.
-func setupHTTP(t *testing.T) (*app.App, *transport.Transport, *httptest.Server) {
+// transport and serves the order API, the services on driver (pgx or pq).
+func setupHTTP(t *testing.T, driver string) (*app.App, *transport.Transport, *httptest.Server) {
 	t.Helper()
 	schema := pgtest.New(t, app.AllMigrations()...)
 	schema.DB.SetMaxOpenConns(8)
@@ -33,7 +33,11 @@ func setupHTTP(t *testing.T) (*app.App, *transport.Transport, *httptest.Server) 
 	tr, err := transport.Open(ctx, transport.Config{Kind: transport.GoChannel})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tr.Close() })
-	a, err := app.New(app.Config{DB: schema.DB, DatabaseURL: schema.URL, Transport: tr, SagaPollInterval: 100 * time.Millisecond})
+	cfg := app.Config{DB: schema.DB, DatabaseURL: schema.URL, Transport: tr, SagaPollInterval: 100 * time.Millisecond}
+	if driver == pgtest.DriverPgx {
+		cfg.DB, cfg.Pgx = nil, schema.Pgx(t)
+	}
+	a, err := app.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, a.Seed(ctx, map[string]int64{"book": 10}))
 	startServices(t, ctx, a)
@@ -42,9 +46,17 @@ func setupHTTP(t *testing.T) (*app.App, *transport.Transport, *httptest.Server) 
 	return a, tr, srv
 }
 
+// The whole workflow, through the HTTP API, on each driver.
 func TestHTTPOrderLifecycle(t *testing.T) {
 	t.Parallel()
-	a, tr, srv := setupHTTP(t)
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testHTTPOrderLifecycle(t, driver)
+	})
+}
+
+func testHTTPOrderLifecycle(t *testing.T, driver string) {
+	a, tr, srv := setupHTTP(t, driver)
 
 	// Invalid requests are refused with the reason.
 	for body, want := range map[string]string{
