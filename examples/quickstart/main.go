@@ -99,33 +99,11 @@ func run() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	wlog := watermill.NewSlogLogger(log)
 
-	if *driver != "pgx" && *driver != "pq" {
-		return fmt.Errorf("-driver %q (or MILLWRIGHT_DATABASE_DRIVER): want pgx or pq", *driver)
-	}
-	// Bounded connections: connect_timeout (10s unless the URL sets one),
-	// and calls that give up when ctx ends, even on a silent server. The
-	// migrations and the summary's counts run on this *sql.DB whatever the
-	// driver.
-	db, err := postgres.Open(*dbURL)
+	db, svc, err := openDatabase(ctx, *driver, *dbURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(10)
-	if _, err := migrate.Up(ctx, db, outbox.Migrations(), idempotency.Migrations(), dlq.Migrations()); err != nil {
-		return fmt.Errorf("migrating (is Postgres running at --database-url?): %w", err)
-	}
-	if _, err := db.ExecContext(ctx, `
-		CREATE TABLE IF NOT EXISTS quickstart_orders (id TEXT PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL DEFAULT now());
-		CREATE TABLE IF NOT EXISTS quickstart_notifications (order_id TEXT NOT NULL, sent_at TIMESTAMPTZ NOT NULL DEFAULT now());`); err != nil {
-		return err
-	}
-	var svc service = sqlService{db}
-	if *driver == "pgx" {
-		if svc, err = openPgx(ctx, *dbURL); err != nil {
-			return err
-		}
-	}
 	defer svc.close()
 
 	// The transport comes from configuration alone.
@@ -141,35 +119,10 @@ func run() error {
 	defer tr.Close()
 	// outbox.Add refuses at write time what this transport would refuse.
 	outbox.SetTransportLimits(tr.Limits())
-	sub, err := tr.Subscriber(consumer)
+	router, idem, err := newConsumer(svc, tr, wlog)
 	if err != nil {
 		return err
 	}
-
-	// Consumer: dead-letter stack (recover, retry with jitter, DLQ) around
-	// the idempotency middleware, which runs the handler in the transaction
-	// that records the event id. Duplicator delivers every message twice to
-	// show that the effect still happens once.
-	reg := prometheus.NewRegistry()
-	store, err := svc.idempotencyStore()
-	if err != nil {
-		return err
-	}
-	idem, err := idempotency.NewMiddleware(store, idempotency.Config{Consumer: consumer, Registerer: reg})
-	if err != nil {
-		return err
-	}
-	dead, err := dlq.NewMiddleware(tr.Publisher(), dlq.Config{ConsumerGroup: consumer, Registerer: reg, Logger: wlog,
-		Retry: retry.Policy{InitialInterval: 50 * time.Millisecond, MaxAttempts: 5}})
-	if err != nil {
-		return err
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, wlog)
-	if err != nil {
-		return err
-	}
-	router.AddConsumerHandler("notify", topic, sub, svc.notify)
-	router.AddMiddleware(dead.Middleware, middleware.Duplicator, idem.Middleware)
 
 	// Relay: publishes committed outbox rows through the transport.
 	relay, err := svc.relay(tr.Publisher(), outbox.RelayConfig{ListenURL: *dbURL, Logger: wlog, PollInterval: time.Second})
@@ -197,22 +150,7 @@ func run() error {
 	// Wait until every event is published and every notification applied.
 	waitCtx, waitCancel := context.WithTimeout(ctx, *timeout)
 	defer waitCancel()
-	var effects, distinct int
-	err = outboxtest.WaitDrained(waitCtx, db)
-	for err == nil {
-		err = db.QueryRowContext(waitCtx, `SELECT count(*), count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1`, runID+"-%").Scan(&effects, &distinct)
-		// Every delivery runs twice (Duplicator): settled once every
-		// effect is applied and every second run has been skipped, so the
-		// count printed below is complete however the shutdown goes.
-		if err != nil || (distinct == *n && idem.Stats().Duplicates >= uint64(*n)) {
-			break
-		}
-		select {
-		case <-waitCtx.Done():
-			err = context.Cause(waitCtx)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	effects, distinct, err := waitSettled(waitCtx, db, idem, runID, *n)
 	if err != nil {
 		if waitCtx.Err() == nil {
 			return err // not the deadline: the database failed
@@ -240,6 +178,96 @@ func run() error {
 		return errors.New("effects do not match orders")
 	}
 	return nil
+}
+
+// openDatabase migrates the database at dbURL and opens the service on
+// driver. The migrations and the summary's counts run on the returned
+// *sql.DB whatever the driver.
+func openDatabase(ctx context.Context, driver, dbURL string) (*sql.DB, service, error) {
+	if driver != "pgx" && driver != "pq" {
+		return nil, nil, fmt.Errorf("-driver %q (or MILLWRIGHT_DATABASE_DRIVER): want pgx or pq", driver)
+	}
+	// Bounded connections: connect_timeout (10s unless the URL sets one),
+	// and calls that give up when ctx ends, even on a silent server.
+	db, err := postgres.Open(dbURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	db.SetMaxOpenConns(10)
+	if _, err := migrate.Up(ctx, db, outbox.Migrations(), idempotency.Migrations(), dlq.Migrations()); err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("migrating (is Postgres running at --database-url?): %w", err)
+	}
+	if _, err := db.ExecContext(ctx, `
+		CREATE TABLE IF NOT EXISTS quickstart_orders (id TEXT PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL DEFAULT now());
+		CREATE TABLE IF NOT EXISTS quickstart_notifications (order_id TEXT NOT NULL, sent_at TIMESTAMPTZ NOT NULL DEFAULT now());`); err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	if driver == "pq" {
+		return db, sqlService{db}, nil
+	}
+	svc, err := openPgx(ctx, dbURL)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return db, svc, nil
+}
+
+// newConsumer returns the router with the consumer: the dead-letter stack
+// (recover, retry with jitter, DLQ) around the idempotency middleware,
+// which runs the handler in the transaction that records the event id.
+// Duplicator delivers every message twice to show that the effect still
+// happens once.
+func newConsumer(svc service, tr *transport.Transport, wlog watermill.LoggerAdapter) (*message.Router, *idempotency.Middleware, error) {
+	sub, err := tr.Subscriber(consumer)
+	if err != nil {
+		return nil, nil, err
+	}
+	reg := prometheus.NewRegistry()
+	store, err := svc.idempotencyStore()
+	if err != nil {
+		return nil, nil, err
+	}
+	idem, err := idempotency.NewMiddleware(store, idempotency.Config{Consumer: consumer, Registerer: reg})
+	if err != nil {
+		return nil, nil, err
+	}
+	dead, err := dlq.NewMiddleware(tr.Publisher(), dlq.Config{ConsumerGroup: consumer, Registerer: reg, Logger: wlog,
+		Retry: retry.Policy{InitialInterval: 50 * time.Millisecond, MaxAttempts: 5}})
+	if err != nil {
+		return nil, nil, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, wlog)
+	if err != nil {
+		return nil, nil, err
+	}
+	router.AddConsumerHandler("notify", topic, sub, svc.notify)
+	router.AddMiddleware(dead.Middleware, middleware.Duplicator, idem.Middleware)
+	return router, idem, nil
+}
+
+// waitSettled waits until every event of the run is published and every
+// notification applied, and returns the effects counted (all, distinct
+// orders).
+func waitSettled(ctx context.Context, db *sql.DB, idem *idempotency.Middleware, runID string, n int) (effects, distinct int, err error) {
+	err = outboxtest.WaitDrained(ctx, db)
+	for err == nil {
+		err = db.QueryRowContext(ctx, `SELECT count(*), count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1`, runID+"-%").Scan(&effects, &distinct)
+		// Every delivery runs twice (Duplicator): settled once every
+		// effect is applied and every second run has been skipped, so the
+		// count printed below is complete however the shutdown goes.
+		if err != nil || (distinct == n && idem.Stats().Duplicates >= uint64(n)) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			err = context.Cause(ctx)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return effects, distinct, err
 }
 
 // notSettled prints the true counts of a run that did not settle within

@@ -46,18 +46,27 @@ type ShipmentCommand struct {
 	Refuse bool `json:"refuse,omitempty"`
 }
 
-// outcome is a participant's answer: the reply type and, for failures, why.
+// outcome is a participant's answer: the reply type and, for failures, why;
+// and the effect it applied, if any ("" for none), for the ledger.
 type outcome struct {
 	replyType string
 	reason    string
+	effect    string
 }
+
+// command is a participant's command: it names its order.
+type command interface{ order() string }
+
+func (c StockCommand) order() string    { return c.OrderID }
+func (c PaymentCommand) order() string  { return c.OrderID }
+func (c ShipmentCommand) order() string { return c.OrderID }
 
 // participant adapts a service's command handling to a router handler: it
 // takes the idempotency middleware's transaction, decodes the command, runs
 // forward or compensate in that transaction, and writes the reply through
 // the outbox in the same transaction, so the effect, the reply and the
 // processed mark commit together or not at all.
-func participant[C any](service string, valid func(C) error,
+func participant[C command](service string, valid func(C) error,
 	forward, compensate func(ctx context.Context, tx tx, c C) (outcome, error),
 ) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
@@ -99,7 +108,12 @@ func participant[C any](service string, valid func(C) error,
 		if out.reason != "" {
 			ev.Metadata[metadata.SagaError] = out.reason
 		}
-		return tx.emit(ctx, ev)
+		// The ledger row of the effect and the reply: one round trip on pgx.
+		var ledger []statement
+		if out.effect != "" {
+			ledger = append(ledger, effectStatement(service, c.order(), out.effect))
+		}
+		return tx.emit(ctx, ev, ledger...)
 	}
 }
 
@@ -148,7 +162,7 @@ func reserve(ctx context.Context, tx tx, c StockCommand) (outcome, error) {
 		c.OrderID, c.SKU, c.Qty); err != nil {
 		return outcome{}, fmt.Errorf("recording reservation of %s: %w", c.OrderID, err)
 	}
-	return outcome{replyType: ReplyReserved}, effect(ctx, tx, "inventory", c.OrderID, "reserve")
+	return outcome{replyType: ReplyReserved, effect: "reserve"}, nil
 }
 
 // release gives a reservation's stock back, once. With no reservation it
@@ -177,7 +191,7 @@ func release(ctx context.Context, tx tx, c StockCommand) (outcome, error) {
 	if _, err := tx.exec(ctx, `UPDATE orders_stock SET available = available + $2 WHERE sku = $1`, sku, qty); err != nil {
 		return outcome{}, fmt.Errorf("returning %d x %s to stock: %w", qty, sku, err)
 	}
-	return outcome{replyType: ReplyReleased}, effect(ctx, tx, "inventory", c.OrderID, "release")
+	return outcome{replyType: ReplyReleased, effect: "release"}, nil
 }
 
 func validPayment(c PaymentCommand) error {
@@ -205,13 +219,13 @@ func (a *App) charge(ctx context.Context, tx tx, c PaymentCommand) (outcome, err
 			c.OrderID, c.AmountCents); err != nil {
 			return outcome{}, fmt.Errorf("recording declined payment of %s: %w", c.OrderID, err)
 		}
-		return outcome{replyType: ReplyChargeFailed, reason: "payment declined"}, effect(ctx, tx, "billing", c.OrderID, "decline")
+		return outcome{replyType: ReplyChargeFailed, reason: "payment declined", effect: "decline"}, nil
 	}
 	if _, err := tx.exec(ctx, `INSERT INTO orders_payments (order_id, amount_cents, status) VALUES ($1, $2, 'charged')`,
 		c.OrderID, c.AmountCents); err != nil {
 		return outcome{}, fmt.Errorf("charging %s: %w", c.OrderID, err)
 	}
-	return outcome{replyType: ReplyCharged}, effect(ctx, tx, "billing", c.OrderID, "charge")
+	return outcome{replyType: ReplyCharged, effect: "charge"}, nil
 }
 
 // refund gives a charged payment back, once; with no payment it leaves a
@@ -231,7 +245,7 @@ func refund(ctx context.Context, tx tx, c PaymentCommand) (outcome, error) {
 	if n == 0 {
 		return outcome{replyType: ReplyRefunded}, nil // declined or refunded before
 	}
-	return outcome{replyType: ReplyRefunded}, effect(ctx, tx, "billing", c.OrderID, "refund")
+	return outcome{replyType: ReplyRefunded, effect: "refund"}, nil
 }
 
 func validShipment(c ShipmentCommand) error {
@@ -253,14 +267,14 @@ func schedule(ctx context.Context, tx tx, c ShipmentCommand) (outcome, error) {
 	case !errors.Is(err, sql.ErrNoRows):
 		return outcome{}, fmt.Errorf("reading shipment of %s: %w", c.OrderID, err)
 	}
-	status, out := "scheduled", outcome{replyType: ReplyScheduled}
+	status, out := "scheduled", outcome{replyType: ReplyScheduled, effect: "scheduled"}
 	if c.Refuse {
-		status, out = "refused", outcome{replyType: ReplyScheduleFailed, reason: "shipment refused: no carrier serves the address"}
+		status, out = "refused", outcome{replyType: ReplyScheduleFailed, reason: "shipment refused: no carrier serves the address", effect: "refused"}
 	}
 	if _, err := tx.exec(ctx, `INSERT INTO orders_shipments (order_id, status) VALUES ($1, $2)`, c.OrderID, status); err != nil {
 		return outcome{}, fmt.Errorf("scheduling shipment of %s: %w", c.OrderID, err)
 	}
-	return out, effect(ctx, tx, "shipping", c.OrderID, status)
+	return out, nil
 }
 
 // cancelShipment cancels a scheduled shipment, once. With none scheduled it
@@ -276,5 +290,5 @@ func cancelShipment(ctx context.Context, tx tx, c ShipmentCommand) (outcome, err
 	if n == 0 {
 		return outcome{replyType: ReplyShipmentCancelled}, nil // nothing scheduled, or cancelled before
 	}
-	return outcome{replyType: ReplyShipmentCancelled}, effect(ctx, tx, "shipping", c.OrderID, "cancel")
+	return outcome{replyType: ReplyShipmentCancelled, effect: "cancel"}, nil
 }
