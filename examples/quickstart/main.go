@@ -83,15 +83,27 @@ func main() {
 	}
 }
 
-func run() error {
-	dbURL := flag.String("database-url", envOr("MILLWRIGHT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL of the service database")
-	transportSel := flag.String("transport", os.Getenv(transport.EnvTransport), "transport kind or URL (default: sql on --database-url)")
-	driver := flag.String("driver", envOr("MILLWRIGHT_DATABASE_DRIVER", "pgx"), "Postgres driver of the service: pgx (pgx v5) or pq (database/sql on lib/pq)")
-	emb := flag.String("embedded", "", "start an in-process broker: kafka or googlecloud (not for production)")
-	n := flag.Int("orders", 20, "orders to place")
-	timeout := flag.Duration("timeout", 2*time.Minute, "how long to wait for the orders to settle")
-	flag.Parse()
+// options are the command line's.
+type options struct {
+	dbURL, transport, driver, embedded string
+	orders                             int
+	timeout                            time.Duration
+}
 
+func parseFlags() options {
+	var o options
+	flag.StringVar(&o.dbURL, "database-url", envOr("MILLWRIGHT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL of the service database")
+	flag.StringVar(&o.transport, "transport", os.Getenv(transport.EnvTransport), "transport kind or URL (default: sql on --database-url)")
+	flag.StringVar(&o.driver, "driver", envOr("MILLWRIGHT_DATABASE_DRIVER", "pgx"), "Postgres driver of the service: pgx (pgx v5) or pq (database/sql on lib/pq)")
+	flag.StringVar(&o.embedded, "embedded", "", "start an in-process broker: kafka or googlecloud (not for production)")
+	flag.IntVar(&o.orders, "orders", 20, "orders to place")
+	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the orders to settle")
+	flag.Parse()
+	return o
+}
+
+func run() error {
+	o := parseFlags()
 	// SIGINT and SIGTERM cancel ctx; the process exits within a second of
 	// the signal, saying what it waited for.
 	ctx, stop := shutdown.Context(context.Background(), "quickstart")
@@ -99,7 +111,7 @@ func run() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	wlog := watermill.NewSlogLogger(log)
 
-	db, svc, err := openDatabase(ctx, *driver, *dbURL)
+	db, svc, err := openDatabase(ctx, o.driver, o.dbURL)
 	if err != nil {
 		return err
 	}
@@ -107,7 +119,7 @@ func run() error {
 	defer svc.close()
 
 	// The transport comes from configuration alone.
-	cfg, err := transportConfig(*transportSel, *emb, *dbURL)
+	cfg, err := transportConfig(o.transport, o.embedded, o.dbURL)
 	if err != nil {
 		return err
 	}
@@ -125,7 +137,7 @@ func run() error {
 	}
 
 	// Relay: publishes committed outbox rows through the transport.
-	relay, err := svc.relay(tr.Publisher(), outbox.RelayConfig{ListenURL: *dbURL, Logger: wlog, PollInterval: time.Second})
+	relay, err := svc.relay(tr.Publisher(), outbox.RelayConfig{ListenURL: o.dbURL, Logger: wlog, PollInterval: time.Second})
 	if err != nil {
 		return err
 	}
@@ -139,27 +151,21 @@ func run() error {
 
 	// Place orders: business row and event in one transaction.
 	runID := watermill.NewShortUUID()
-	ids := make([]string, *n)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("%s-%03d", runID, i)
-		if err := svc.placeOrder(ctx, ids[i]); err != nil {
+	for i := range o.orders {
+		if err := svc.placeOrder(ctx, fmt.Sprintf("%s-%03d", runID, i)); err != nil {
 			return err
 		}
 	}
 
 	// Wait until every event is published and every notification applied.
-	waitCtx, waitCancel := context.WithTimeout(ctx, *timeout)
+	waitCtx, waitCancel := context.WithTimeout(ctx, o.timeout)
 	defer waitCancel()
-	effects, distinct, err := waitSettled(waitCtx, db, idem, runID, *n)
+	effects, distinct, err := waitSettled(waitCtx, db, idem, runID, o.orders)
 	if err != nil {
 		if waitCtx.Err() == nil {
 			return err // not the deadline: the database failed
 		}
-		return notSettled(ctx, db, *driver, tr.Kind(), runID, *n, *timeout, context.Cause(waitCtx))
-	}
-	var published int
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM millwright_outbox WHERE status = 'published' AND aggregate_id LIKE $1`, runID+"-%").Scan(&published); err != nil {
-		return err
+		return notSettled(ctx, db, o.driver, tr.Kind(), runID, o.orders, o.timeout, context.Cause(waitCtx))
 	}
 	cancel()
 	_ = relay.Close()
@@ -172,9 +178,19 @@ func run() error {
 	// Read after the router drained: the Duplicator's second delivery of
 	// the last message runs after its effect committed.
 	dups := idem.Stats().Duplicates
+	return report(ctx, db, o.driver, tr.Kind(), runID, o.orders, effects, distinct, dups)
+}
+
+// report prints the summary line of a settled run, and fails when the
+// effects do not match the orders.
+func report(ctx context.Context, db *sql.DB, driver string, kind transport.Kind, runID string, n, effects, distinct int, dups uint64) error {
+	var published int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM millwright_outbox WHERE status = 'published' AND aggregate_id LIKE $1`, runID+"-%").Scan(&published); err != nil {
+		return err
+	}
 	fmt.Printf("driver=%s transport=%s orders=%d published=%d effects=%d duplicates_skipped=%d lost=%d duplicate_effects=%d\n",
-		*driver, tr.Kind(), *n, published, effects, dups, *n-distinct, effects-distinct)
-	if distinct != *n || effects != distinct {
+		driver, kind, n, published, effects, dups, n-distinct, effects-distinct)
+	if distinct != n || effects != distinct {
 		return errors.New("effects do not match orders")
 	}
 	return nil
