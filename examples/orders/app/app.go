@@ -239,62 +239,16 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 	if err != nil {
 		return nil, err
 	}
-	type loop struct {
-		run     func(context.Context) error
-		running <-chan struct{}
-		close   func() error
-	}
-	var loops []loop
-	consumers := 0
+	var (
+		loops     []loop
+		consumers int
+	)
 	for _, s := range services {
-		var err error
-		switch s {
-		case Orders:
-			err = a.untilReady(ctx, "reaching the database", func() error { return a.db.ping(ctx) })
-		case Inventory:
-			err = a.consumer(ctx, router, "inventory", a.topics.InventoryCommands, GroupInventory,
-				participant("inventory", validStock, reserve, release))
-			consumers++
-		case Billing:
-			err = a.consumer(ctx, router, "billing", a.topics.BillingCommands, GroupBilling,
-				participant("billing", validPayment, a.charge, refund))
-			consumers++
-		case Shipping:
-			err = a.consumer(ctx, router, "shipping", a.topics.ShippingCommands, GroupShipping,
-				participant("shipping", validShipment, schedule, cancelShipment))
-			consumers++
-		case Notify:
-			err = a.consumer(ctx, router, "notify", a.topics.OrderEvents, GroupNotify, a.notify)
-			consumers++
-		case Orchestrator:
-			err = errors.Join(
-				a.consumer(ctx, router, "orchestrator.start", a.topics.OrderEvents, GroupOrchestrator, a.startSaga),
-				a.consumer(ctx, router, "orchestrator.replies", a.topics.Replies, GroupOrchestrator, a.handleReply))
-			loops = append(loops, loop{a.orch.Run, a.orch.Running(), a.orch.Close})
-			consumers += 2
-		case DeadLetters:
-			err = a.recorders(ctx, router)
-			consumers++
-		case Relay:
-			var relay *outbox.Relay
-			relay, err = a.NewRelay(a.cfg.Transport.Publisher())
-			if err != nil {
-				break
-			}
-			loops = append(loops, loop{relay.Run, relay.Running(), relay.Close})
-			var cleaners []*outbox.Cleaner
-			if cleaners, err = a.newCleaners(outbox.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
-				break
-			}
-			for _, c := range cleaners {
-				loops = append(loops, loop{c.Run, c.Running(), c.Close})
-			}
-		default:
-			err = fmt.Errorf("unknown service %q", s)
-		}
+		l, c, err := a.startService(ctx, router, s)
 		if err != nil {
 			return nil, fmt.Errorf("orders: starting %s: %w", s, err)
 		}
+		loops, consumers = append(loops, l...), consumers+c
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -343,6 +297,63 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 		close(p.running)
 	}()
 	return p, nil
+}
+
+// loop is a component that runs until its context ends.
+type loop struct {
+	run     func(context.Context) error
+	running <-chan struct{}
+	close   func() error
+}
+
+// startService adds service s's consumers to r and returns its loops and
+// the number of consumers it added.
+func (a *App) startService(ctx context.Context, r *message.Router, s Service) (loops []loop, consumers int, err error) {
+	switch s {
+	case Orders:
+		err = a.untilReady(ctx, "reaching the database", func() error { return a.db.ping(ctx) })
+	case Inventory:
+		err = a.consumer(ctx, r, "inventory", a.topics.InventoryCommands, GroupInventory,
+			participant("inventory", validStock, reserve, release))
+		consumers++
+	case Billing:
+		err = a.consumer(ctx, r, "billing", a.topics.BillingCommands, GroupBilling,
+			participant("billing", validPayment, a.charge, refund))
+		consumers++
+	case Shipping:
+		err = a.consumer(ctx, r, "shipping", a.topics.ShippingCommands, GroupShipping,
+			participant("shipping", validShipment, schedule, cancelShipment))
+		consumers++
+	case Notify:
+		err = a.consumer(ctx, r, "notify", a.topics.OrderEvents, GroupNotify, a.notify)
+		consumers++
+	case Orchestrator:
+		err = errors.Join(
+			a.consumer(ctx, r, "orchestrator.start", a.topics.OrderEvents, GroupOrchestrator, a.startSaga),
+			a.consumer(ctx, r, "orchestrator.replies", a.topics.Replies, GroupOrchestrator, a.handleReply))
+		loops = append(loops, loop{a.orch.Run, a.orch.Running(), a.orch.Close})
+		consumers += 2
+	case DeadLetters:
+		err = a.recorders(ctx, r)
+		consumers++
+	case Relay:
+		var relay *outbox.Relay
+		relay, err = a.NewRelay(a.cfg.Transport.Publisher())
+		if err != nil {
+			break
+		}
+		loops = append(loops, loop{relay.Run, relay.Running(), relay.Close})
+		var cleaners []*outbox.Cleaner
+		if cleaners, err = a.newCleaners(outbox.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
+			break
+		}
+		for _, c := range cleaners {
+			loops = append(loops, loop{c.Run, c.Running(), c.Close})
+		}
+	default:
+		err = fmt.Errorf("unknown service %q", s)
+	}
+	return loops, consumers, err
 }
 
 // NewRelay returns an outbox relay configured like the one Run starts,
