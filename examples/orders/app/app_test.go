@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
@@ -146,4 +148,27 @@ func testHTTPOrderLifecycle(t *testing.T, driver string) {
 		}
 		return true
 	}, 10*time.Second, 100*time.Millisecond)
+}
+
+// The app runs on one pool: Pgx or DB, not both, not neither.
+func TestConfigWantsOnePool(t *testing.T) {
+	t.Parallel()
+	tr, err := transport.Open(context.Background(), transport.Config{Kind: transport.GoChannel})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	db, err := sql.Open("postgres", "postgres://127.0.0.1:1/none") // does not connect
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none") // connects lazily
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	_, err = app.New(app.Config{Transport: tr})
+	require.ErrorContains(t, err, "Config.Pgx and Config.DB are nil")
+	_, err = app.New(app.Config{Transport: tr, DB: db, Pgx: pool})
+	require.ErrorContains(t, err, "both Config.Pgx and Config.DB are set")
+	_, err = app.New(app.Config{Transport: tr, Pgx: pool})
+	require.NoError(t, err)
+	_, err = app.New(app.Config{Transport: tr, DB: db})
+	require.NoError(t, err)
 }
