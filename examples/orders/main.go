@@ -3,6 +3,7 @@
 // notification consumer, on any of the five transports.
 //
 //	go run ./examples/orders demo -orders 100              # everything in one process, sql transport
+//	go run ./examples/orders demo -driver pq               # database/sql (lib/pq) instead of pgx
 //	go run ./examples/orders demo -embedded kafka          # in-process Kafka fake
 //	MILLWRIGHT_TRANSPORT=amqp://guest:guest@127.0.0.1:5672/ go run ./examples/orders demo
 //	go run ./examples/orders serve orders -http :8080      # one service per process
@@ -14,7 +15,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -46,6 +46,10 @@ import (
 
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
+// envDriver chooses the services' Postgres driver, as for the millwright
+// CLI.
+const envDriver = "MILLWRIGHT_DATABASE_DRIVER"
+
 const usage = `usage:
   orders demo  [flags]              place N orders, wait until they settle, print one summary line
   orders serve [flags] [service...] run services until interrupted (default: all of them)
@@ -56,6 +60,8 @@ The transport comes from -transport or MILLWRIGHT_TRANSPORT (kafka, amqp,
 googlecloud, sql, gochannel, or a URL; see the transport package), default
 the sql transport on the database. -embedded kafka|googlecloud starts an
 in-process fake broker (demo, or serve with every service in one process).
+The services run on pgx v5 by default; -driver pq or
+MILLWRIGHT_DATABASE_DRIVER=pq runs them on database/sql (lib/pq).
 `
 
 func main() {
@@ -84,7 +90,7 @@ func main() {
 
 // common are the flags of every command.
 type common struct {
-	databaseURL, schema, transport, embedded, logLevel string
+	databaseURL, driver, schema, transport, embedded, logLevel string
 	// onWait, if set, hears each failed attempt while transport.Open
 	// waits for the broker (transport.Config.OnWait).
 	onWait func(error)
@@ -92,6 +98,7 @@ type common struct {
 
 func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.databaseURL, "database-url", envOr(transport.EnvDatabaseURL, defaultDatabaseURL), "Postgres URL (env "+transport.EnvDatabaseURL+")")
+	fs.StringVar(&c.driver, "driver", envOr(envDriver, "pgx"), "Postgres driver of the services: pgx (pgx v5, a pgxpool.Pool) or pq (database/sql on lib/pq) (env "+envDriver+")")
 	fs.StringVar(&c.schema, "schema", envOr("MILLWRIGHT_ORDERS_SCHEMA", "millwright_orders"), "Postgres schema of the example's tables, created if missing (\"\" = the URL's search_path)")
 	fs.StringVar(&c.transport, "transport", os.Getenv(transport.EnvTransport), "transport kind or URL (env "+transport.EnvTransport+"; default: sql on the database)")
 	fs.StringVar(&c.embedded, "embedded", "", "start an in-process broker: kafka or googlecloud (not for production)")
@@ -100,7 +107,6 @@ func (c *common) register(fs *flag.FlagSet) {
 
 // env is what a command runs with.
 type env struct {
-	db  *sql.DB
 	tr  *transport.Transport
 	app *app.App
 	url string
@@ -121,6 +127,9 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 			closers[i]()
 		}
 	}
+	if c.driver != "pgx" && c.driver != "pq" {
+		return nil, nil, fmt.Errorf("-driver %q (or %s): want pgx or pq", c.driver, envDriver)
+	}
 	dbURL := c.databaseURL
 	if c.schema != "" {
 		if !schemaRe.MatchString(c.schema) {
@@ -135,16 +144,11 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 		}
 		dbURL = withSearchPath(dbURL, c.schema)
 	}
-	db, err := postgres.Open(dbURL)
+	pool, closePool, err := c.openPool(ctx, dbURL)
 	if err != nil {
 		return nil, nil, err
 	}
-	db.SetMaxOpenConns(20)
-	closers = append(closers, func() { db.Close() })
-	if _, err := migrate.Up(ctx, db, app.AllMigrations()...); err != nil {
-		cleanup()
-		return nil, nil, fmt.Errorf("migrating (is Postgres running at -database-url?): %w", err)
-	}
+	closers = append(closers, closePool)
 	cfg, closeBroker, err := c.transportConfig(dbURL)
 	if err != nil {
 		cleanup()
@@ -165,7 +169,8 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 	// outbox.Add refuses at write time what this transport would refuse
 	// (its names, its message size on the wire).
 	outbox.SetTransportLimits(tr.Limits())
-	a, err := app.New(app.Config{DB: db, DatabaseURL: dbURL, Transport: tr, Logger: log, Duplicate: duplicate})
+	pool.DatabaseURL, pool.Transport, pool.Logger, pool.Duplicate = dbURL, tr, log, duplicate
+	a, err := app.New(pool)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
@@ -175,7 +180,31 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 		cleanup()
 		return nil, nil, err
 	}
-	return &env{db: db, tr: tr, app: a, url: dbURL, log: log}, cleanup, nil
+	return &env{tr: tr, app: a, url: dbURL, log: log}, cleanup, nil
+}
+
+// openPool migrates the schema (migrate runs on database/sql) and returns
+// an app.Config with the services' pool on the chosen driver: Pgx (a
+// *pgxpool.Pool) or DB (a *sql.DB), 20 connections at most either way.
+func (c *common) openPool(ctx context.Context, dbURL string) (app.Config, func(), error) {
+	db, err := postgres.Open(dbURL)
+	if err != nil {
+		return app.Config{}, nil, err
+	}
+	db.SetMaxOpenConns(20)
+	if _, err := migrate.Up(ctx, db, app.AllMigrations()...); err != nil {
+		db.Close()
+		return app.Config{}, nil, fmt.Errorf("migrating (is Postgres running at -database-url?): %w", err)
+	}
+	if c.driver == "pq" {
+		return app.Config{DB: db}, func() { db.Close() }, nil
+	}
+	db.Close()
+	pool, err := postgres.OpenPgx(ctx, withParam(dbURL, "pool_max_conns", "20"))
+	if err != nil {
+		return app.Config{}, nil, err
+	}
+	return app.Config{Pgx: pool}, pool.Close, nil
 }
 
 func (c *common) transportConfig(dbURL string) (transport.Config, func(), error) {
@@ -290,7 +319,7 @@ func demo(args []string, stdout io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(stdout, s)
-	fmt.Fprintf(os.Stderr, "orders: transport %s, settled in %s\n", e.tr, time.Since(started).Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "orders: driver %s, transport %s, settled in %s\n", c.driver, e.tr, time.Since(started).Round(time.Millisecond))
 	if err := proc.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "orders: stopping:", err)
 	}
@@ -505,15 +534,18 @@ func createSchema(ctx context.Context, dbURL, schema string) error {
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
-// withSearchPath sets search_path on a postgres:// URL (lib/pq passes
-// unknown parameters to the server as settings) or a key=value DSN.
-func withSearchPath(raw, schema string) string {
+// withSearchPath sets search_path on a postgres:// URL (lib/pq and pgx
+// pass unknown parameters to the server as settings) or a key=value DSN.
+func withSearchPath(raw, schema string) string { return withParam(raw, "search_path", schema) }
+
+// withParam sets the parameter key on a postgres:// URL or a key=value DSN.
+func withParam(raw, key, value string) string {
 	u, err := url.Parse(raw)
 	if err != nil || !strings.HasPrefix(u.Scheme, "postgres") {
-		return raw + " search_path=" + schema
+		return raw + " " + key + "=" + value
 	}
 	q := u.Query()
-	q.Set("search_path", schema)
+	q.Set(key, value)
 	u.RawQuery = q.Encode()
 	return u.String()
 }

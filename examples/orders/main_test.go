@@ -10,16 +10,26 @@ import (
 	"github.com/millwright/millwright/internal/pgtest"
 )
 
-// The demo prints one summary line counted from the database.
+// The demo prints one summary line counted from the database, on each
+// driver (-driver pgx, the default, and -driver pq).
 func TestDemo(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.New(t) // migrations are applied by the demo itself
-	var out strings.Builder
-	err := demo([]string{"-database-url", pgtest.BaseURL(), "-schema", schema.Name, "-transport", "gochannel",
-		"-orders", "12", "-fail-payment-every", "4", "-fail-shipping-every", "5"}, &out)
-	require.NoError(t, err)
-	// Orders 4, 8 and 12 fail payment, 5 and 10 fail shipping.
-	require.Equal(t, "orders=12 completed=7 compensated=5 dlq=1 lost=0 duplicate_effects=0\n", out.String())
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		schema := pgtest.New(t) // migrations are applied by the demo itself
+		var out strings.Builder
+		err := demo([]string{"-database-url", pgtest.BaseURL(), "-schema", schema.Name, "-transport", "gochannel", "-driver", driver,
+			"-orders", "12", "-fail-payment-every", "4", "-fail-shipping-every", "5"}, &out)
+		require.NoError(t, err)
+		// Orders 4, 8 and 12 fail payment, 5 and 10 fail shipping.
+		require.Equal(t, "orders=12 completed=7 compensated=5 dlq=1 lost=0 duplicate_effects=0\n", out.String())
+	})
+}
+
+func TestDemoRejectsUnknownDriver(t *testing.T) {
+	t.Parallel()
+	err := demo([]string{"-database-url", pgtest.BaseURL(), "-driver", "libpq", "-transport", "gochannel"}, &strings.Builder{})
+	require.ErrorContains(t, err, `-driver "libpq" (or MILLWRIGHT_DATABASE_DRIVER): want pgx or pq`)
 }
 
 func TestServeRejectsUnknownService(t *testing.T) {

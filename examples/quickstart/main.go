@@ -4,20 +4,24 @@
 // idempotent consumer (with retry and dead-lettering) applies its effect
 // exactly once, even though every message is delivered twice.
 //
-//	go run ./examples/quickstart                         # Postgres transport (default)
+//	go run ./examples/quickstart                         # Postgres transport (default), pgx driver (default)
+//	go run ./examples/quickstart -driver pq              # database/sql (lib/pq) instead of pgx
 //	go run ./examples/quickstart -transport amqp://guest:guest@127.0.0.1:5672/
 //	MILLWRIGHT_TRANSPORT=kfake go run ./examples/quickstart    # in-process Kafka, a development fake
 //	MILLWRIGHT_TRANSPORT=pstest go run ./examples/quickstart   # in-process Pub/Sub, a development fake
 //
 // (-embedded kafka and -embedded googlecloud are shorthands for the last
-// two.) It prints one summary line counted from the database (TestOutputLine
+// two.) The service's code that depends on the Postgres driver is in
+// pgx.go (pgx v5: *pgxpool.Pool, pgx.Tx, outbox.AddToBatch) and sql.go
+// (database/sql: *sql.DB, *sql.Tx, outbox.Add); -driver or
+// MILLWRIGHT_DATABASE_DRIVER chooses one. It prints one summary line counted from the database (TestOutputLine
 // runs it and compares):
 //
-//	transport=sql orders=20 published=20 effects=20 duplicates_skipped=20 lost=0 duplicate_effects=0
+//	driver=pgx transport=sql orders=20 published=20 effects=20 duplicates_skipped=20 lost=0 duplicate_effects=0
 //
 // or, when they do not settle within -timeout, the counts at that moment:
 //
-//	not settled after 2m0s: transport=sql orders=20 published=20 effects=0 pending=20
+//	not settled after 2m0s: driver=pgx transport=sql orders=20 published=20 effects=0 pending=20
 package main
 
 import (
@@ -52,6 +56,26 @@ const (
 	consumer = "quickstart-notifier"
 )
 
+// service is the part of the program that depends on the Postgres driver:
+// pgxService (pgx.go) or sqlService (sql.go).
+type service interface {
+	// placeOrder writes an order and its event in one transaction.
+	placeOrder(ctx context.Context, id string) error
+	// notify is the consumer's handler.
+	notify(msg *message.Message) error
+	idempotencyStore() (*idempotency.PostgresStore, error)
+	relay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error)
+	close()
+}
+
+// orderCreated is the event of order id.
+func orderCreated(id string) outbox.Event {
+	return outbox.Event{
+		Topic: topic, AggregateType: "order", AggregateID: id, EventType: "order.created.v1",
+		Payload: []byte(id), Source: "examples/quickstart",
+	}
+}
+
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
@@ -59,14 +83,27 @@ func main() {
 	}
 }
 
-func run() error {
-	dbURL := flag.String("database-url", envOr("MILLWRIGHT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL of the service database")
-	transportSel := flag.String("transport", os.Getenv(transport.EnvTransport), "transport kind or URL (default: sql on --database-url)")
-	emb := flag.String("embedded", "", "start an in-process broker: kafka or googlecloud (not for production)")
-	n := flag.Int("orders", 20, "orders to place")
-	timeout := flag.Duration("timeout", 2*time.Minute, "how long to wait for the orders to settle")
-	flag.Parse()
+// options are the command line's.
+type options struct {
+	dbURL, transport, driver, embedded string
+	orders                             int
+	timeout                            time.Duration
+}
 
+func parseFlags() options {
+	var o options
+	flag.StringVar(&o.dbURL, "database-url", envOr("MILLWRIGHT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL of the service database")
+	flag.StringVar(&o.transport, "transport", os.Getenv(transport.EnvTransport), "transport kind or URL (default: sql on --database-url)")
+	flag.StringVar(&o.driver, "driver", envOr("MILLWRIGHT_DATABASE_DRIVER", "pgx"), "Postgres driver of the service: pgx (pgx v5) or pq (database/sql on lib/pq)")
+	flag.StringVar(&o.embedded, "embedded", "", "start an in-process broker: kafka or googlecloud (not for production)")
+	flag.IntVar(&o.orders, "orders", 20, "orders to place")
+	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the orders to settle")
+	flag.Parse()
+	return o
+}
+
+func run() error {
+	o := parseFlags()
 	// SIGINT and SIGTERM cancel ctx; the process exits within a second of
 	// the signal, saying what it waited for.
 	ctx, stop := shutdown.Context(context.Background(), "quickstart")
@@ -74,25 +111,15 @@ func run() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	wlog := watermill.NewSlogLogger(log)
 
-	// Bounded connections: connect_timeout (10s unless the URL sets one),
-	// and calls that give up when ctx ends, even on a silent server.
-	db, err := postgres.Open(*dbURL)
+	db, svc, err := openDatabase(ctx, o.driver, o.dbURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(10)
-	if _, err := migrate.Up(ctx, db, outbox.Migrations(), idempotency.Migrations(), dlq.Migrations()); err != nil {
-		return fmt.Errorf("migrating (is Postgres running at --database-url?): %w", err)
-	}
-	if _, err := db.ExecContext(ctx, `
-		CREATE TABLE IF NOT EXISTS quickstart_orders (id TEXT PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL DEFAULT now());
-		CREATE TABLE IF NOT EXISTS quickstart_notifications (order_id TEXT NOT NULL, sent_at TIMESTAMPTZ NOT NULL DEFAULT now());`); err != nil {
-		return err
-	}
+	defer svc.close()
 
 	// The transport comes from configuration alone.
-	cfg, err := transportConfig(*transportSel, *emb, *dbURL)
+	cfg, err := transportConfig(o.transport, o.embedded, o.dbURL)
 	if err != nil {
 		return err
 	}
@@ -104,45 +131,13 @@ func run() error {
 	defer tr.Close()
 	// outbox.Add refuses at write time what this transport would refuse.
 	outbox.SetTransportLimits(tr.Limits())
-	sub, err := tr.Subscriber(consumer)
+	router, idem, err := newConsumer(svc, tr, wlog)
 	if err != nil {
 		return err
 	}
-
-	// Consumer: dead-letter stack (recover, retry with jitter, DLQ) around
-	// the idempotency middleware, which runs the handler in the transaction
-	// that records the event id. Duplicator delivers every message twice to
-	// show that the effect still happens once.
-	reg := prometheus.NewRegistry()
-	store, err := idempotency.NewPostgresStore(db)
-	if err != nil {
-		return err
-	}
-	idem, err := idempotency.NewMiddleware(store, idempotency.Config{Consumer: consumer, Registerer: reg})
-	if err != nil {
-		return err
-	}
-	dead, err := dlq.NewMiddleware(tr.Publisher(), dlq.Config{ConsumerGroup: consumer, Registerer: reg, Logger: wlog,
-		Retry: retry.Policy{InitialInterval: 50 * time.Millisecond, MaxAttempts: 5}})
-	if err != nil {
-		return err
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, wlog)
-	if err != nil {
-		return err
-	}
-	router.AddConsumerHandler("notify", topic, sub, func(msg *message.Message) error {
-		tx, ok := idempotency.TxFromContext(msg.Context())
-		if !ok {
-			return retry.Permanent(errors.New("notify: no idempotency transaction in the message context"))
-		}
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO quickstart_notifications (order_id) VALUES ($1)`, string(msg.Payload))
-		return err
-	})
-	router.AddMiddleware(dead.Middleware, middleware.Duplicator, idem.Middleware)
 
 	// Relay: publishes committed outbox rows through the transport.
-	relay, err := outbox.NewRelay(db, tr.Publisher(), outbox.RelayConfig{ListenURL: *dbURL, Logger: wlog, PollInterval: time.Second})
+	relay, err := svc.relay(tr.Publisher(), outbox.RelayConfig{ListenURL: o.dbURL, Logger: wlog, PollInterval: time.Second})
 	if err != nil {
 		return err
 	}
@@ -156,42 +151,21 @@ func run() error {
 
 	// Place orders: business row and event in one transaction.
 	runID := watermill.NewShortUUID()
-	ids := make([]string, *n)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("%s-%03d", runID, i)
-		if err := placeOrder(ctx, db, ids[i]); err != nil {
+	for i := range o.orders {
+		if err := svc.placeOrder(ctx, fmt.Sprintf("%s-%03d", runID, i)); err != nil {
 			return err
 		}
 	}
 
 	// Wait until every event is published and every notification applied.
-	waitCtx, waitCancel := context.WithTimeout(ctx, *timeout)
+	waitCtx, waitCancel := context.WithTimeout(ctx, o.timeout)
 	defer waitCancel()
-	var effects, distinct int
-	err = outboxtest.WaitDrained(waitCtx, db)
-	for err == nil {
-		err = db.QueryRowContext(waitCtx, `SELECT count(*), count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1`, runID+"-%").Scan(&effects, &distinct)
-		// Every delivery runs twice (Duplicator): settled once every
-		// effect is applied and every second run has been skipped, so the
-		// count printed below is complete however the shutdown goes.
-		if err != nil || (distinct == *n && idem.Stats().Duplicates >= uint64(*n)) {
-			break
-		}
-		select {
-		case <-waitCtx.Done():
-			err = context.Cause(waitCtx)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	effects, distinct, err := waitSettled(waitCtx, db, idem, runID, o.orders)
 	if err != nil {
 		if waitCtx.Err() == nil {
 			return err // not the deadline: the database failed
 		}
-		return notSettled(ctx, db, tr.Kind(), runID, *n, *timeout, context.Cause(waitCtx))
-	}
-	var published int
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM millwright_outbox WHERE status = 'published' AND aggregate_id LIKE $1`, runID+"-%").Scan(&published); err != nil {
-		return err
+		return notSettled(ctx, db, o.driver, tr.Kind(), runID, o.orders, o.timeout, context.Cause(waitCtx))
 	}
 	cancel()
 	_ = relay.Close()
@@ -204,19 +178,119 @@ func run() error {
 	// Read after the router drained: the Duplicator's second delivery of
 	// the last message runs after its effect committed.
 	dups := idem.Stats().Duplicates
-	fmt.Printf("transport=%s orders=%d published=%d effects=%d duplicates_skipped=%d lost=%d duplicate_effects=%d\n",
-		tr.Kind(), *n, published, effects, dups, *n-distinct, effects-distinct)
-	if distinct != *n || effects != distinct {
+	return report(ctx, db, o.driver, tr.Kind(), runID, o.orders, effects, distinct, dups)
+}
+
+// report prints the summary line of a settled run, and fails when the
+// effects do not match the orders.
+func report(ctx context.Context, db *sql.DB, driver string, kind transport.Kind, runID string, n, effects, distinct int, dups uint64) error {
+	var published int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM millwright_outbox WHERE status = 'published' AND aggregate_id LIKE $1`, runID+"-%").Scan(&published); err != nil {
+		return err
+	}
+	fmt.Printf("driver=%s transport=%s orders=%d published=%d effects=%d duplicates_skipped=%d lost=%d duplicate_effects=%d\n",
+		driver, kind, n, published, effects, dups, n-distinct, effects-distinct)
+	if distinct != n || effects != distinct {
 		return errors.New("effects do not match orders")
 	}
 	return nil
+}
+
+// openDatabase migrates the database at dbURL and opens the service on
+// driver. The migrations and the summary's counts run on the returned
+// *sql.DB whatever the driver.
+func openDatabase(ctx context.Context, driver, dbURL string) (*sql.DB, service, error) {
+	if driver != "pgx" && driver != "pq" {
+		return nil, nil, fmt.Errorf("-driver %q (or MILLWRIGHT_DATABASE_DRIVER): want pgx or pq", driver)
+	}
+	// Bounded connections: connect_timeout (10s unless the URL sets one),
+	// and calls that give up when ctx ends, even on a silent server.
+	db, err := postgres.Open(dbURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	db.SetMaxOpenConns(10)
+	if _, err := migrate.Up(ctx, db, outbox.Migrations(), idempotency.Migrations(), dlq.Migrations()); err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("migrating (is Postgres running at --database-url?): %w", err)
+	}
+	if _, err := db.ExecContext(ctx, `
+		CREATE TABLE IF NOT EXISTS quickstart_orders (id TEXT PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL DEFAULT now());
+		CREATE TABLE IF NOT EXISTS quickstart_notifications (order_id TEXT NOT NULL, sent_at TIMESTAMPTZ NOT NULL DEFAULT now());`); err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	if driver == "pq" {
+		return db, sqlService{db}, nil
+	}
+	svc, err := openPgx(ctx, dbURL)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return db, svc, nil
+}
+
+// newConsumer returns the router with the consumer: the dead-letter stack
+// (recover, retry with jitter, DLQ) around the idempotency middleware,
+// which runs the handler in the transaction that records the event id.
+// Duplicator delivers every message twice to show that the effect still
+// happens once.
+func newConsumer(svc service, tr *transport.Transport, wlog watermill.LoggerAdapter) (*message.Router, *idempotency.Middleware, error) {
+	sub, err := tr.Subscriber(consumer)
+	if err != nil {
+		return nil, nil, err
+	}
+	reg := prometheus.NewRegistry()
+	store, err := svc.idempotencyStore()
+	if err != nil {
+		return nil, nil, err
+	}
+	idem, err := idempotency.NewMiddleware(store, idempotency.Config{Consumer: consumer, Registerer: reg})
+	if err != nil {
+		return nil, nil, err
+	}
+	dead, err := dlq.NewMiddleware(tr.Publisher(), dlq.Config{ConsumerGroup: consumer, Registerer: reg, Logger: wlog,
+		Retry: retry.Policy{InitialInterval: 50 * time.Millisecond, MaxAttempts: 5}})
+	if err != nil {
+		return nil, nil, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, wlog)
+	if err != nil {
+		return nil, nil, err
+	}
+	router.AddConsumerHandler("notify", topic, sub, svc.notify)
+	router.AddMiddleware(dead.Middleware, middleware.Duplicator, idem.Middleware)
+	return router, idem, nil
+}
+
+// waitSettled waits until every event of the run is published and every
+// notification applied, and returns the effects counted (all, distinct
+// orders).
+func waitSettled(ctx context.Context, db *sql.DB, idem *idempotency.Middleware, runID string, n int) (effects, distinct int, err error) {
+	err = outboxtest.WaitDrained(ctx, db)
+	for err == nil {
+		err = db.QueryRowContext(ctx, `SELECT count(*), count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1`, runID+"-%").Scan(&effects, &distinct)
+		// Every delivery runs twice (Duplicator): settled once every
+		// effect is applied and every second run has been skipped, so the
+		// count printed below is complete however the shutdown goes.
+		if err != nil || (distinct == n && idem.Stats().Duplicates >= uint64(n)) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			err = context.Cause(ctx)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return effects, distinct, err
 }
 
 // notSettled prints the true counts of a run that did not settle within
 // timeout and returns the error saying so. The wait's own count may have
 // been cut short by the same deadline, so they are counted again with a
 // fresh context: 5 s, or after a signal what fits in shutdown.Grace.
-func notSettled(ctx context.Context, db *sql.DB, kind transport.Kind, runID string, n int, timeout time.Duration, cause error) error {
+func notSettled(ctx context.Context, db *sql.DB, driver string, kind transport.Kind, runID string, n int, timeout time.Duration, cause error) error {
 	limit := 5 * time.Second
 	if ctx.Err() != nil {
 		limit, timeout = shutdown.Grace/2, 0
@@ -247,34 +321,16 @@ func notSettled(ctx context.Context, db *sql.DB, kind transport.Kind, runID stri
 		after = "when interrupted"
 	}
 	if err != nil {
-		fmt.Printf("not settled %s: transport=%s orders=%d, counts unavailable: %v\n", after, kind, n, err)
+		fmt.Printf("not settled %s: driver=%s transport=%s orders=%d, counts unavailable: %v\n", after, driver, kind, n, err)
 		return fmt.Errorf("orders not settled %s (%w); counting them failed: %v", after, cause, err)
 	}
-	fmt.Printf("not settled %s: transport=%s orders=%d published=%d effects=%d pending=%d\n", after, kind, n, published, effects, n-distinct)
+	fmt.Printf("not settled %s: driver=%s transport=%s orders=%d published=%d effects=%d pending=%d\n", after, driver, kind, n, published, effects, n-distinct)
 	hint := ""
 	if kind == transport.SQL && distinct < n {
 		hint = " (sql transport: one long transaction anywhere on the Postgres server holds every consumer back; " +
 			"if one does, the log says \"sql: consumers blocked by a long transaction\" with its pid: see docs/runbooks.md#millwrightsqlhorizonheld)"
 	}
 	return fmt.Errorf("orders not settled %s: %d of %d notified%s: %w", after, distinct, n, hint, cause)
-}
-
-func placeOrder(ctx context.Context, db *sql.DB, id string) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck // no-op after commit
-	if _, err := tx.ExecContext(ctx, `INSERT INTO quickstart_orders (id) VALUES ($1)`, id); err != nil {
-		return err
-	}
-	if err := outbox.Add(ctx, tx, outbox.Event{
-		Topic: topic, AggregateType: "order", AggregateID: id, EventType: "order.created.v1",
-		Payload: []byte(id), Source: "examples/quickstart",
-	}); err != nil {
-		return err
-	}
-	return tx.Commit()
 }
 
 func transportConfig(sel, emb, dbURL string) (transport.Config, error) {

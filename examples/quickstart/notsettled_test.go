@@ -19,12 +19,12 @@ func TestGivesUpWithTrueCounts(t *testing.T) {
 	t.Parallel()
 	bin := pgconntest.Build(t, ".")
 	schema := pgtest.New(t) // migrations are applied by the quickstart itself
-	p := pgconntest.Start(t, bin, []string{transport.EnvTransport + "="}, "-database-url", schema.URL, "-timeout", "1ms")
+	p := pgconntest.Start(t, bin, []string{transport.EnvTransport + "=", "MILLWRIGHT_DATABASE_DRIVER="}, "-database-url", schema.URL, "-timeout", "1ms")
 	_, code, out, ok := p.Wait(60 * time.Second)
 	require.True(t, ok, "still running after 60s:\n%s", out)
 	t.Log(out)
 	require.Equal(t, 1, code, out)
-	require.Regexp(t, regexp.MustCompile(`(?m)^not settled after 1ms: transport=sql orders=20 published=\d+ effects=\d+ pending=\d+$`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^not settled after 1ms: driver=pgx transport=sql orders=20 published=\d+ effects=\d+ pending=\d+$`), out)
 	require.Regexp(t, regexp.MustCompile(`(?m)^quickstart: orders not settled after 1ms: \d+ of 20 notified.*: context deadline exceeded$`), out)
 	require.NotContains(t, out, "lost=")
 }

@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"net/http"
@@ -19,6 +18,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/metrics"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/tracing"
@@ -28,10 +28,15 @@ import (
 // database pool, transport and metrics registry.
 type App struct {
 	cfg    Config
-	db     *sql.DB
+	db     db
 	topics Topics
 	orch   *saga.Orchestrator[Fulfilment]
 	store  *dlq.Store
+	// The constructors of millwright's components are generic over the
+	// pool (postgres.Pool): wire builds them on Config's pool.
+	newIdempotencyStore func() (*idempotency.PostgresStore, error)
+	newRelay            func(message.Publisher, outbox.RelayConfig) (*outbox.Relay, error)
+	newCleaners         func(outbox.CleanerConfig) ([]*outbox.Cleaner, error)
 
 	mu   sync.Mutex
 	subs map[string]message.Subscriber
@@ -45,15 +50,15 @@ func New(cfg Config) (*App, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	a := &App{cfg: cfg, db: cfg.DB, topics: NewTopics(cfg.TopicPrefix), store: dlq.NewStore(cfg.DB), subs: map[string]message.Subscriber{}}
-	def, err := a.definition()
-	if err != nil {
-		return nil, err
+	a := &App{cfg: cfg, topics: NewTopics(cfg.TopicPrefix), subs: map[string]message.Subscriber{}}
+	var err error
+	if cfg.Pgx != nil {
+		a.db = pgxDB{cfg.Pgx}
+		err = wire(a, cfg.Pgx)
+	} else {
+		a.db = sqlDB{cfg.DB}
+		err = wire(a, cfg.DB)
 	}
-	a.orch, err = saga.NewOrchestrator(cfg.DB, def, saga.Config{
-		ReplyTopic: a.topics.Replies, PollInterval: cfg.SagaPollInterval, Source: "examples/orders/orchestrator",
-		Registerer: cfg.Registerer, Logger: cfg.Logger,
-	})
 	if err != nil {
 		return nil, err
 	}
@@ -61,6 +66,47 @@ func New(cfg Config) (*App, error) {
 		return nil, fmt.Errorf("orders: registering the dead-letter depth gauge: %w", err)
 	}
 	return a, nil
+}
+
+// wire builds the saga orchestrator, the dead-letter store and the
+// constructors of the other components on pool, a *pgxpool.Pool or a
+// *sql.DB: the same calls on either driver.
+func wire[P postgres.Pool](a *App, pool P) error {
+	def, err := a.definition()
+	if err != nil {
+		return err
+	}
+	a.orch, err = saga.NewOrchestrator(pool, def, saga.Config{
+		ReplyTopic: a.topics.Replies, PollInterval: a.cfg.SagaPollInterval, Source: "examples/orders/orchestrator",
+		Registerer: a.cfg.Registerer, Logger: a.cfg.Logger,
+	})
+	if err != nil {
+		return err
+	}
+	a.store = dlq.NewStore(pool)
+	a.newIdempotencyStore = func() (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(pool) }
+	a.newRelay = func(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
+		return outbox.NewRelay(pool, pub, cfg)
+	}
+	// Retention, each table at its package's DefaultRetention: published
+	// outbox rows and processed-event marks (7 days), finished sagas (30
+	// days), dead letters (90 days). One cleaner of each per schema works
+	// at a time, whatever the number of relay processes. Every package's
+	// Cleaner and CleanerConfig are the same types.
+	a.newCleaners = func(cfg outbox.CleanerConfig) ([]*outbox.Cleaner, error) {
+		var cs []*outbox.Cleaner
+		for _, open := range []func(P, outbox.CleanerConfig) (*outbox.Cleaner, error){
+			outbox.NewCleaner[P], idempotency.NewCleaner[P], saga.NewCleaner[P], dlq.NewCleaner[P],
+		} {
+			c, err := open(pool, cfg)
+			if err != nil {
+				return nil, err
+			}
+			cs = append(cs, c)
+		}
+		return cs, nil
+	}
+	return nil
 }
 
 // Topics returns the example's topic names.
@@ -81,7 +127,7 @@ func (a *App) MetricsHandler() http.Handler {
 // already stocked keeps its stock).
 func (a *App) Seed(ctx context.Context, stock map[string]int64) error {
 	for sku, n := range stock {
-		if _, err := a.db.ExecContext(ctx, `INSERT INTO orders_stock (sku, initial, available) VALUES ($1, $2, $2) ON CONFLICT (sku) DO NOTHING`, sku, n); err != nil {
+		if err := a.db.exec(ctx, `INSERT INTO orders_stock (sku, initial, available) VALUES ($1, $2, $2) ON CONFLICT (sku) DO NOTHING`, sku, n); err != nil {
 			return fmt.Errorf("seeding stock of %s (did the migrations run?): %w", sku, err)
 		}
 	}
@@ -122,7 +168,7 @@ func (a *App) consumer(ctx context.Context, r *message.Router, name, topic, grou
 	if err != nil {
 		return err
 	}
-	store, err := idempotency.NewPostgresStore(a.db)
+	store, err := a.newIdempotencyStore()
 	if err != nil {
 		return err
 	}
@@ -193,70 +239,16 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 	if err != nil {
 		return nil, err
 	}
-	type loop struct {
-		run     func(context.Context) error
-		running <-chan struct{}
-		close   func() error
-	}
-	var loops []loop
-	consumers := 0
+	var (
+		loops     []loop
+		consumers int
+	)
 	for _, s := range services {
-		var err error
-		switch s {
-		case Orders:
-			err = a.untilReady(ctx, "reaching the database", func() error { return a.db.PingContext(ctx) })
-		case Inventory:
-			err = a.consumer(ctx, router, "inventory", a.topics.InventoryCommands, GroupInventory,
-				participant("inventory", validStock, reserve, release))
-			consumers++
-		case Billing:
-			err = a.consumer(ctx, router, "billing", a.topics.BillingCommands, GroupBilling,
-				participant("billing", validPayment, a.charge, refund))
-			consumers++
-		case Shipping:
-			err = a.consumer(ctx, router, "shipping", a.topics.ShippingCommands, GroupShipping,
-				participant("shipping", validShipment, schedule, cancelShipment))
-			consumers++
-		case Notify:
-			err = a.consumer(ctx, router, "notify", a.topics.OrderEvents, GroupNotify, a.notify)
-			consumers++
-		case Orchestrator:
-			err = errors.Join(
-				a.consumer(ctx, router, "orchestrator.start", a.topics.OrderEvents, GroupOrchestrator, a.startSaga),
-				a.consumer(ctx, router, "orchestrator.replies", a.topics.Replies, GroupOrchestrator, a.handleReply))
-			loops = append(loops, loop{a.orch.Run, a.orch.Running(), a.orch.Close})
-			consumers += 2
-		case DeadLetters:
-			err = a.recorders(ctx, router)
-			consumers++
-		case Relay:
-			var relay *outbox.Relay
-			relay, err = a.NewRelay(a.cfg.Transport.Publisher())
-			if err != nil {
-				break
-			}
-			loops = append(loops, loop{relay.Run, relay.Running(), relay.Close})
-			// Retention, each table at its package's DefaultRetention:
-			// published outbox rows and processed-event marks (7 days),
-			// finished sagas (30 days), dead letters (90 days). One cleaner
-			// of each per schema works at a time, whatever the number of
-			// relay processes. Every package's Cleaner and CleanerConfig are
-			// the same types.
-			for _, open := range []func(*sql.DB, outbox.CleanerConfig) (*outbox.Cleaner, error){
-				outbox.NewCleaner[*sql.DB], idempotency.NewCleaner[*sql.DB], saga.NewCleaner[*sql.DB], dlq.NewCleaner[*sql.DB],
-			} {
-				var c *outbox.Cleaner
-				if c, err = open(a.db, outbox.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
-					break
-				}
-				loops = append(loops, loop{c.Run, c.Running(), c.Close})
-			}
-		default:
-			err = fmt.Errorf("unknown service %q", s)
-		}
+		l, c, err := a.startService(ctx, router, s)
 		if err != nil {
 			return nil, fmt.Errorf("orders: starting %s: %w", s, err)
 		}
+		loops, consumers = append(loops, l...), consumers+c
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -307,13 +299,70 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 	return p, nil
 }
 
+// loop is a component that runs until its context ends.
+type loop struct {
+	run     func(context.Context) error
+	running <-chan struct{}
+	close   func() error
+}
+
+// startService adds service s's consumers to r and returns its loops and
+// the number of consumers it added.
+func (a *App) startService(ctx context.Context, r *message.Router, s Service) (loops []loop, consumers int, err error) {
+	switch s {
+	case Orders:
+		err = a.untilReady(ctx, "reaching the database", func() error { return a.db.ping(ctx) })
+	case Inventory:
+		err = a.consumer(ctx, r, "inventory", a.topics.InventoryCommands, GroupInventory,
+			participant("inventory", validStock, reserve, release))
+		consumers++
+	case Billing:
+		err = a.consumer(ctx, r, "billing", a.topics.BillingCommands, GroupBilling,
+			participant("billing", validPayment, a.charge, refund))
+		consumers++
+	case Shipping:
+		err = a.consumer(ctx, r, "shipping", a.topics.ShippingCommands, GroupShipping,
+			participant("shipping", validShipment, schedule, cancelShipment))
+		consumers++
+	case Notify:
+		err = a.consumer(ctx, r, "notify", a.topics.OrderEvents, GroupNotify, a.notify)
+		consumers++
+	case Orchestrator:
+		err = errors.Join(
+			a.consumer(ctx, r, "orchestrator.start", a.topics.OrderEvents, GroupOrchestrator, a.startSaga),
+			a.consumer(ctx, r, "orchestrator.replies", a.topics.Replies, GroupOrchestrator, a.handleReply))
+		loops = append(loops, loop{a.orch.Run, a.orch.Running(), a.orch.Close})
+		consumers += 2
+	case DeadLetters:
+		err = a.recorders(ctx, r)
+		consumers++
+	case Relay:
+		var relay *outbox.Relay
+		relay, err = a.NewRelay(a.cfg.Transport.Publisher())
+		if err != nil {
+			break
+		}
+		loops = append(loops, loop{relay.Run, relay.Running(), relay.Close})
+		var cleaners []*outbox.Cleaner
+		if cleaners, err = a.newCleaners(outbox.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
+			break
+		}
+		for _, c := range cleaners {
+			loops = append(loops, loop{c.Run, c.Running(), c.Close})
+		}
+	default:
+		err = fmt.Errorf("unknown service %q", s)
+	}
+	return loops, consumers, err
+}
+
 // NewRelay returns an outbox relay configured like the one Run starts,
 // publishing through pub (wrapped by Config.RelayPublisher when set).
 func (a *App) NewRelay(pub message.Publisher) (*outbox.Relay, error) {
 	if a.cfg.RelayPublisher != nil {
 		pub = a.cfg.RelayPublisher(pub)
 	}
-	return outbox.NewRelay(a.db, pub, outbox.RelayConfig{
+	return a.newRelay(pub, outbox.RelayConfig{
 		ListenURL: a.cfg.DatabaseURL, Lease: a.cfg.RelayLease, Retry: a.cfg.RelayRetry,
 		Registerer: a.cfg.Registerer, MetricsInterval: time.Second, Logger: a.cfg.Logger,
 	})

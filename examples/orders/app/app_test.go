@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
@@ -24,8 +26,8 @@ import (
 )
 
 // setupHTTP runs every service (relay included) on the in-process
-// transport and serves the order API.
-func setupHTTP(t *testing.T) (*app.App, *transport.Transport, *httptest.Server) {
+// transport and serves the order API, the services on driver (pgx or pq).
+func setupHTTP(t *testing.T, driver string) (*app.App, *transport.Transport, *httptest.Server) {
 	t.Helper()
 	schema := pgtest.New(t, app.AllMigrations()...)
 	schema.DB.SetMaxOpenConns(8)
@@ -33,7 +35,11 @@ func setupHTTP(t *testing.T) (*app.App, *transport.Transport, *httptest.Server) 
 	tr, err := transport.Open(ctx, transport.Config{Kind: transport.GoChannel})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tr.Close() })
-	a, err := app.New(app.Config{DB: schema.DB, DatabaseURL: schema.URL, Transport: tr, SagaPollInterval: 100 * time.Millisecond})
+	cfg := app.Config{DB: schema.DB, DatabaseURL: schema.URL, Transport: tr, SagaPollInterval: 100 * time.Millisecond}
+	if driver == pgtest.DriverPgx {
+		cfg.DB, cfg.Pgx = nil, schema.Pgx(t)
+	}
+	a, err := app.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, a.Seed(ctx, map[string]int64{"book": 10}))
 	startServices(t, ctx, a)
@@ -42,9 +48,17 @@ func setupHTTP(t *testing.T) (*app.App, *transport.Transport, *httptest.Server) 
 	return a, tr, srv
 }
 
+// The whole workflow, through the HTTP API, on each driver.
 func TestHTTPOrderLifecycle(t *testing.T) {
 	t.Parallel()
-	a, tr, srv := setupHTTP(t)
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testHTTPOrderLifecycle(t, driver)
+	})
+}
+
+func testHTTPOrderLifecycle(t *testing.T, driver string) {
+	a, tr, srv := setupHTTP(t, driver)
 
 	// Invalid requests are refused with the reason.
 	for body, want := range map[string]string{
@@ -134,4 +148,27 @@ func TestHTTPOrderLifecycle(t *testing.T) {
 		}
 		return true
 	}, 10*time.Second, 100*time.Millisecond)
+}
+
+// The app runs on one pool: Pgx or DB, not both, not neither.
+func TestConfigWantsOnePool(t *testing.T) {
+	t.Parallel()
+	tr, err := transport.Open(context.Background(), transport.Config{Kind: transport.GoChannel})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	db, err := sql.Open("postgres", "postgres://127.0.0.1:1/none") // does not connect
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none") // connects lazily
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	_, err = app.New(app.Config{Transport: tr})
+	require.ErrorContains(t, err, "Config.Pgx and Config.DB are nil")
+	_, err = app.New(app.Config{Transport: tr, DB: db, Pgx: pool})
+	require.ErrorContains(t, err, "both Config.Pgx and Config.DB are set")
+	_, err = app.New(app.Config{Transport: tr, Pgx: pool})
+	require.NoError(t, err)
+	_, err = app.New(app.Config{Transport: tr, DB: db})
+	require.NoError(t, err)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/retry"
@@ -60,8 +61,11 @@ func ParseService(s string) (Service, error) {
 
 // Config wires the example to its database and transport.
 type Config struct {
-	// DB holds every table of the example (AllMigrations applied).
-	// Required.
+	// Pgx holds every table of the example (AllMigrations applied): the
+	// services run on pgx v5, handlers on a pgx.Tx. Set Pgx or DB.
+	Pgx *pgxpool.Pool
+	// DB is Pgx on database/sql (lib/pq): handlers run on a *sql.Tx. Set
+	// Pgx or DB.
 	DB *sql.DB
 	// DatabaseURL reaches DB's database and schema; the relay LISTENs on
 	// it to wake up at commit. Default "": the relay polls.
@@ -134,8 +138,11 @@ func (c *Config) setDefaults() {
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
 	var errs []error
-	if c.DB == nil {
-		errs = append(errs, errors.New("orders: Config.DB is nil: pass the *sql.DB holding the example's tables"))
+	switch {
+	case c.DB == nil && c.Pgx == nil:
+		errs = append(errs, errors.New("orders: Config.Pgx and Config.DB are nil: pass the *pgxpool.Pool (or the *sql.DB) holding the example's tables"))
+	case c.DB != nil && c.Pgx != nil:
+		errs = append(errs, errors.New("orders: both Config.Pgx and Config.DB are set: pass one pool, on the driver the services should use"))
 	}
 	if c.Transport == nil {
 		errs = append(errs, errors.New("orders: Config.Transport is nil: open one with transport.Open"))

@@ -12,7 +12,9 @@
 // order.completed.v1 or order.cancelled.v1. The notification service reads
 // the same order events in its own consumer group (fan-out).
 //
-//	a, err := app.New(app.Config{DB: db, DatabaseURL: url, Transport: tr})
+//	pool, err := postgres.OpenPgx(ctx, url) // or app.Config{DB: db} with a *sql.DB (lib/pq)
+//	if err != nil { ... }
+//	a, err := app.New(app.Config{Pgx: pool, DatabaseURL: url, Transport: tr})
 //	if err != nil { ... }
 //	proc, err := a.Start(ctx)            // every service, or a.Start(ctx, app.Billing)
 //	if err != nil { ... }

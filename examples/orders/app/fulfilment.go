@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
@@ -80,9 +78,9 @@ func (a *App) Mermaid() string { return a.orch.Definition().Mermaid() }
 // saga, in the idempotency transaction.
 func (a *App) startSaga(msg *message.Message) error {
 	ctx := msg.Context()
-	tx, ok := idempotency.TxFromContext(ctx)
-	if !ok {
-		return retry.Permanent(errors.New("orchestrator: no idempotency transaction in the message context"))
+	tx, err := txFromContext(ctx)
+	if err != nil {
+		return retry.Permanent(fmt.Errorf("orchestrator: %w", err))
 	}
 	if msg.Metadata.Get(metadata.EventType) != EventOrderCreated {
 		return nil // the orchestrator's own order.completed/cancelled events
@@ -94,7 +92,7 @@ func (a *App) startSaga(msg *message.Message) error {
 	if o.ID == "" {
 		return dlq.Malformed(fmt.Errorf("orchestrator: %s %s has no order id", EventOrderCreated, msg.UUID))
 	}
-	err := a.orch.Start(ctx, tx, o.ID, Fulfilment{OrderID: o.ID, SKU: o.SKU, Qty: o.Qty, AmountCents: o.AmountCents,
+	err = a.orch.Start(ctx, tx.handle(), o.ID, Fulfilment{OrderID: o.ID, SKU: o.SKU, Qty: o.Qty, AmountCents: o.AmountCents,
 		FailPayment: o.FailPayment, FailShipping: o.FailShipping})
 	if errors.Is(err, saga.ErrAlreadyStarted) {
 		return nil
@@ -120,21 +118,21 @@ func (a *App) handleReply(msg *message.Message) error {
 		return err
 	}
 	ctx := msg.Context()
-	tx, ok := idempotency.TxFromContext(ctx)
-	if !ok {
-		return retry.Permanent(errors.New("orchestrator: no idempotency transaction in the message context"))
+	tx, err := txFromContext(ctx)
+	if err != nil {
+		return retry.Permanent(fmt.Errorf("orchestrator: %w", err))
 	}
 	return a.settle(ctx, tx, msg.Metadata.Get(metadata.SagaID))
 }
 
 // settle moves a pending order to completed or cancelled once its saga has
 // ended, and writes order.completed.v1 or order.cancelled.v1.
-func (a *App) settle(ctx context.Context, tx *sql.Tx, orderID string) error {
+func (a *App) settle(ctx context.Context, tx tx, orderID string) error {
 	var (
 		state  saga.State
 		reason string
 	)
-	err := tx.QueryRowContext(ctx, `SELECT state, COALESCE(last_error, '') FROM millwright_saga_instances WHERE id = $1`, orderID).Scan(&state, &reason)
+	err := tx.queryRow(ctx, `SELECT state, COALESCE(last_error, '') FROM millwright_saga_instances WHERE id = $1`, orderID).Scan(&state, &reason)
 	if err != nil {
 		return fmt.Errorf("orchestrator: reading saga %s: %w", orderID, err)
 	}
@@ -148,32 +146,31 @@ func (a *App) settle(ctx context.Context, tx *sql.Tx, orderID string) error {
 	default:
 		return nil
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE orders_orders SET status = $2, reason = $3, settled_at = now() WHERE id = $1 AND status = 'pending'`,
+	n, err := tx.exec(ctx, `UPDATE orders_orders SET status = $2, reason = $3, settled_at = now() WHERE id = $1 AND status = 'pending'`,
 		orderID, s.Status, s.Reason)
 	if err != nil {
 		return fmt.Errorf("orchestrator: settling order %s: %w", orderID, err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	if n == 0 {
 		return nil
 	}
 	payload, err := json.Marshal(s)
 	if err != nil {
 		return err
 	}
-	if err := outbox.Add(ctx, tx, outbox.Event{Topic: a.topics.OrderEvents, AggregateType: "order", AggregateID: orderID,
-		EventType: evType, Payload: payload, Source: "examples/orders/orchestrator"}); err != nil {
-		return err
-	}
-	return effect(ctx, tx, "orchestrator", orderID, s.Status)
+	// The ledger row and the event: one round trip on pgx.
+	return tx.emit(ctx, outbox.Event{Topic: a.topics.OrderEvents, AggregateType: "order", AggregateID: orderID,
+		EventType: evType, Payload: payload, Source: "examples/orders/orchestrator"},
+		effectStatement("orchestrator", orderID, s.Status))
 }
 
 // notify consumes the order events as a second reader (its own consumer
 // group): one notification per event.
 func (a *App) notify(msg *message.Message) error {
 	ctx := msg.Context()
-	tx, ok := idempotency.TxFromContext(ctx)
-	if !ok {
-		return retry.Permanent(errors.New("notify: no idempotency transaction in the message context"))
+	tx, err := txFromContext(ctx)
+	if err != nil {
+		return retry.Permanent(fmt.Errorf("notify: %w", err))
 	}
 	var ev struct {
 		ID string `json:"id"`
@@ -185,7 +182,7 @@ func (a *App) notify(msg *message.Message) error {
 	if ev.ID == "" || typ == "" {
 		return dlq.Malformed(fmt.Errorf("notify: order event %s has no id or no %s", msg.UUID, metadata.EventType))
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO orders_notifications (order_id, event_type) VALUES ($1, $2)`, ev.ID, typ); err != nil {
+	if _, err := tx.exec(ctx, `INSERT INTO orders_notifications (order_id, event_type) VALUES ($1, $2)`, ev.ID, typ); err != nil {
 		return fmt.Errorf("notify: %w", err)
 	}
 	return effect(ctx, tx, "notify", ev.ID, typ)

@@ -69,12 +69,12 @@ func (a *App) PlaceOrder(ctx context.Context, o Order) (Order, error) {
 		return Order{}, fmt.Errorf("%w: amount_cents %d is negative", ErrInvalidOrder, o.AmountCents)
 	}
 	o.Status, o.Reason, o.SettledAt = StatusPending, "", nil
-	tx, err := a.db.BeginTx(ctx, nil)
+	tx, err := a.db.begin(ctx)
 	if err != nil {
 		return Order{}, fmt.Errorf("placing order %s: begin: %w", o.ID, err)
 	}
-	defer func() { _ = tx.Rollback() }()
-	err = tx.QueryRowContext(ctx, `INSERT INTO orders_orders (id, sku, qty, amount_cents, fail_payment, fail_shipping)
+	defer func() { _ = tx.rollback(ctx) }()
+	err = tx.queryRow(ctx, `INSERT INTO orders_orders (id, sku, qty, amount_cents, fail_payment, fail_shipping)
 		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING RETURNING created_at`,
 		o.ID, o.SKU, o.Qty, o.AmountCents, o.FailPayment, o.FailShipping).Scan(&o.CreatedAt)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -87,13 +87,15 @@ func (a *App) PlaceOrder(ctx context.Context, o Order) (Order, error) {
 	if err != nil {
 		return Order{}, fmt.Errorf("placing order %s: %w", o.ID, err)
 	}
-	if err := outbox.Add(ctx, tx, outbox.Event{
+	// outbox.Add takes the business transaction as it is: a pgx.Tx or a
+	// *sql.Tx.
+	if err := outbox.Add(ctx, tx.handle(), outbox.Event{
 		Topic: a.topics.OrderEvents, AggregateType: "order", AggregateID: o.ID,
 		EventType: EventOrderCreated, Payload: payload, Source: "examples/orders/orders",
 	}); err != nil {
 		return Order{}, fmt.Errorf("placing order %s: %w", o.ID, err)
 	}
-	if err := tx.Commit(); err != nil {
+	if err := tx.commit(ctx); err != nil {
 		return Order{}, fmt.Errorf("placing order %s: commit: %w", o.ID, err)
 	}
 	return o, nil
@@ -105,7 +107,7 @@ func (a *App) GetOrder(ctx context.Context, id string) (Order, error) {
 		o       Order
 		settled sql.NullTime
 	)
-	err := a.db.QueryRowContext(ctx, `SELECT id, sku, qty, amount_cents, fail_payment, fail_shipping, status, reason, created_at, settled_at
+	err := a.db.queryRow(ctx, `SELECT id, sku, qty, amount_cents, fail_payment, fail_shipping, status, reason, created_at, settled_at
 		FROM orders_orders WHERE id = $1`, id).
 		Scan(&o.ID, &o.SKU, &o.Qty, &o.AmountCents, &o.FailPayment, &o.FailShipping, &o.Status, &o.Reason, &o.CreatedAt, &settled)
 	if errors.Is(err, sql.ErrNoRows) {

@@ -87,23 +87,28 @@ type faults struct {
 // ones scripts/services.sh starts), where the outage is made at the relay's
 // publisher, and on the in-process fake, whose broker-side refusals only a
 // fake can inject ("kafka-kfake", "googlecloud-pstest").
+//
+// The services run on database/sql (lib/pq); gochannel and sql run once
+// more with the services on pgx ("gochannel-pgx", "sql-pgx").
 func TestReliability(t *testing.T) {
 	type variant struct {
-		name string
-		kind transport.Kind
-		fake bool // the in-process fake, for its broker-side faults
+		name   string
+		kind   transport.Kind
+		fake   bool   // the in-process fake, for its broker-side faults
+		driver string // of the services: pgtest.DriverPQ or DriverPgx
 	}
 	var variants []variant
 	for _, kind := range []transport.Kind{transport.GoChannel, transport.SQL, transport.Kafka, transport.AMQP, transport.GoogleCloud} {
 		switch {
 		case kind == transport.Kafka || kind == transport.GoogleCloud:
 			if transporttest.Real(kind) {
-				variants = append(variants, variant{string(kind), kind, false})
+				variants = append(variants, variant{string(kind), kind, false, pgtest.DriverPQ})
 			}
 			fakeName := map[transport.Kind]string{transport.Kafka: "kafka-kfake", transport.GoogleCloud: "googlecloud-pstest"}[kind]
-			variants = append(variants, variant{fakeName, kind, true})
+			variants = append(variants, variant{fakeName, kind, true, pgtest.DriverPQ})
 		default:
-			variants = append(variants, variant{string(kind), kind, false})
+			variants = append(variants, variant{string(kind), kind, false, pgtest.DriverPQ},
+				variant{string(kind) + "-pgx", kind, false, pgtest.DriverPgx})
 		}
 	}
 	for _, v := range variants {
@@ -118,7 +123,7 @@ func TestReliability(t *testing.T) {
 			if testing.Short() && n > 30 {
 				n = 30
 			}
-			runReliability(t, kind, v.fake, n)
+			runReliability(t, kind, v.fake, v.driver, n)
 		})
 	}
 }
@@ -130,7 +135,7 @@ type bundle struct {
 	faults faults
 }
 
-func setup(t *testing.T, kind transport.Kind, fake bool) *bundle {
+func setup(t *testing.T, kind transport.Kind, fake bool, driver string) *bundle {
 	t.Helper()
 	schema := pgtest.New(t, app.AllMigrations()...)
 	schema.DB.SetMaxOpenConns(12)
@@ -190,14 +195,18 @@ func setup(t *testing.T, kind transport.Kind, fake bool) *bundle {
 	defer cancel()
 	tr, err := transport.Open(ctx, cfg)
 	require.NoError(t, err, "opening %s (is the broker running?)", kind)
-	a, err := app.New(app.Config{
+	acfg := app.Config{
 		DB: schema.DB, DatabaseURL: schema.URL, Transport: tr, TopicPrefix: prefix,
 		Duplicate:     true,
 		ConsumerRetry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 500 * time.Millisecond, MaxAttempts: 20},
 		RelayLease:    time.Second,
 		RelayRetry:    retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 500 * time.Millisecond, MaxAttempts: 1000},
 		StepTimeout:   2 * time.Minute, SagaPollInterval: 200 * time.Millisecond,
-	})
+	}
+	if driver == pgtest.DriverPgx {
+		acfg.DB, acfg.Pgx = nil, schema.Pgx(t)
+	}
+	a, err := app.New(acfg)
 	require.NoError(t, err)
 	// Transport closed after the services (registered first, runs last).
 	t.Cleanup(func() { _ = tr.Close() })
@@ -205,8 +214,8 @@ func setup(t *testing.T, kind transport.Kind, fake bool) *bundle {
 	return &bundle{schema: schema, tr: tr, app: a, faults: f}
 }
 
-func runReliability(t *testing.T, kind transport.Kind, fake bool, n int) {
-	b := setup(t, kind, fake)
+func runReliability(t *testing.T, kind transport.Kind, fake bool, driver string, n int) {
+	b := setup(t, kind, fake, driver)
 	ctx := context.Background()
 
 	// Every service but the relay, which the test runs itself.

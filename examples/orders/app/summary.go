@@ -45,7 +45,7 @@ func (s Summary) Settled() bool { return s.Pending == 0 && s.UnnotifiedEvents ==
 // against their message id.
 func (a *App) Count(ctx context.Context, pattern string) (Summary, error) {
 	var s Summary
-	err := a.db.QueryRowContext(ctx, `SELECT count(*),
+	err := a.db.queryRow(ctx, `SELECT count(*),
 			count(*) FILTER (WHERE status = 'completed'),
 			count(*) FILTER (WHERE status = 'cancelled'),
 			count(*) FILTER (WHERE status = 'pending')
@@ -53,17 +53,17 @@ func (a *App) Count(ctx context.Context, pattern string) (Summary, error) {
 	if err != nil {
 		return s, fmt.Errorf("counting orders (did the migrations run?): %w", err)
 	}
-	err = a.db.QueryRowContext(ctx, `SELECT count(*) - count(DISTINCT (service, order_id, action)) FROM orders_effects WHERE order_id LIKE $1`,
+	err = a.db.queryRow(ctx, `SELECT count(*) - count(DISTINCT (service, order_id, action)) FROM orders_effects WHERE order_id LIKE $1`,
 		pattern).Scan(&s.DuplicateEffects)
 	if err != nil {
 		return s, fmt.Errorf("counting effects: %w", err)
 	}
-	err = a.db.QueryRowContext(ctx, `SELECT count(DISTINCT message_uuid) FROM millwright_dead_letters WHERE message_uuid LIKE $1`,
+	err = a.db.queryRow(ctx, `SELECT count(DISTINCT message_uuid) FROM millwright_dead_letters WHERE message_uuid LIKE $1`,
 		pattern).Scan(&s.DeadLetters)
 	if err != nil {
 		return s, fmt.Errorf("counting dead letters: %w", err)
 	}
-	err = a.db.QueryRowContext(ctx, `SELECT
+	err = a.db.queryRow(ctx, `SELECT
 			(SELECT count(*) FROM orders_notifications WHERE order_id LIKE $1),
 			(SELECT count(*) FROM orders_orders o WHERE o.id LIKE $1 AND NOT EXISTS
 				(SELECT 1 FROM orders_notifications n WHERE n.order_id = o.id AND n.event_type = $2))
@@ -91,7 +91,7 @@ func (a *App) WaitSettled(ctx context.Context, pattern string, wantDeadLetters i
 			return s, err
 		}
 		if err == nil && s.Settled() && s.DeadLetters >= wantDeadLetters {
-			st, err := outbox.ReadStats(ctx, a.db)
+			st, err := outbox.ReadStats(ctx, a.db.handle())
 			if err != nil && ctx.Err() == nil {
 				return s, err
 			}
