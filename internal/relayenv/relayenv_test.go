@@ -21,7 +21,7 @@ func TestDefaults(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, relayenv.Config{
 		DatabaseURL: "postgres://db/app", Addr: ":9090", Relays: 1, BatchSize: 500, Workers: 4, PollInterval: time.Second,
-		Listen: true, DrainTimeout: 20 * time.Second, Lease: 30 * time.Second, ReadyMaxAge: 30 * time.Second, MaxConns: 8,
+		Listen: true, DrainTimeout: 20 * time.Second, Lease: 30 * time.Second, ReadyMaxAge: 30 * time.Second, MaxConns: 8, Driver: "pgx",
 		OutboxRetention: 7 * 24 * time.Hour, IdempotencyRetention: 7 * 24 * time.Hour,
 		DLQRetention: 90 * 24 * time.Hour, SagaRetention: 30 * 24 * time.Hour, AuditRetention: 365 * 24 * time.Hour,
 		CleanInterval: time.Minute,

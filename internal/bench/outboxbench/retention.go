@@ -191,12 +191,36 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 	// closing the idle connections (the cleaner's among them) makes them
 	// report.
 	db.SetMaxIdleConns(0)
-	time.Sleep(1500 * time.Millisecond)
-	if err := db.QueryRowContext(ctx, `SELECT coalesce(sum(n_dead_tup), 0)::int8 FROM pg_stat_user_tables
-		WHERE relid IN (SELECT relid FROM pg_partition_tree('millwright_outbox') UNION SELECT 'millwright_outbox'::regclass)`).Scan(&run.deadTuples); err != nil {
+	if run.deadTuples, err = settledDeadTuples(ctx, db, run.remove > 0 && stats.Deleted > 0); err != nil {
 		return run, err
 	}
 	return run, nil
+}
+
+// settledDeadTuples reads n_dead_tup of the outbox's tables until the
+// sessions' reports have arrived: two reads 300 ms apart that agree, and,
+// when rows were deleted (expectSome), not zero; at most 15 s (a loaded
+// server reports late), then the last read.
+func settledDeadTuples(ctx context.Context, db *sql.DB, expectSome bool) (int64, error) {
+	const q = `SELECT coalesce(sum(n_dead_tup), 0)::int8 FROM pg_stat_user_tables
+		WHERE relid IN (SELECT relid FROM pg_partition_tree('millwright_outbox') UNION SELECT 'millwright_outbox'::regclass)`
+	deadline := time.Now().Add(15 * time.Second)
+	last := int64(-1)
+	for {
+		var n int64
+		if err := db.QueryRowContext(ctx, q).Scan(&n); err != nil {
+			return 0, err
+		}
+		if (n == last && (n > 0 || !expectSome)) || time.Now().After(deadline) {
+			return n, nil
+		}
+		last = n
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
 }
 
 // autovacuumOff turns autovacuum off for every table holding the
