@@ -12,8 +12,8 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/pgconn"
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
 // TestMarkWaitingOnAnUncommittedMarkIsBounded: a Mark that waits for

@@ -13,10 +13,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/sqlschema"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 	tsql "github.com/millwright/millwright/transport/sql"
 )
 

@@ -9,8 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/pgconn/pgconntest"
-	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/testing/pgconntest"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
 // A ListenURL server that accepts and never answers: the relay gives up on

@@ -13,9 +13,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/faultproxy"
 	"github.com/millwright/millwright/internal/pgconn"
-	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/testing/faultproxy"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
 // countingLogger records the lines logged at Info and Error (the levels an

@@ -7,8 +7,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
 )
 

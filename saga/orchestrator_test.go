@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"

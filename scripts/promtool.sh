@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes Prometheus's promtool available for the tests that check the
-# framework's /metrics output and alert rules with it (internal/metricscheck),
+# framework's /metrics output and alert rules with it (internal/testing/metricscheck),
 # idempotently and cached: promtool on PATH is used as it is; otherwise the
 # binary is taken out of Debian's `prometheus` package (downloaded, not
 # installed: no Prometheus server is set up or started) into a cache

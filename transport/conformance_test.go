@@ -18,8 +18,8 @@ import (
 	_ "github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/faultproxy"
-	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/testing/faultproxy"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
 )
@@ -57,7 +57,7 @@ const envTestReconnect = "MILLWRIGHT_TEST_RECONNECT"
 //     starts it again on the same log directory.
 //   - googlecloud: the emulator keeps its state in memory, so a restart
 //     would lose the topics and messages the test checks; instead the
-//     suite reaches it through a TCP proxy (internal/faultproxy) and the
+//     suite reaches it through a TCP proxy (internal/testing/faultproxy) and the
 //     command signals this process (SIGUSR1), which cuts every connection
 //     the proxy carries: the client sees the server go away mid-stream.
 //

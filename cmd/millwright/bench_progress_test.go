@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
 // Every bench reports its progress in runs (done/total) on stderr and

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/internal/benchtransport"
+	"github.com/millwright/millwright/cmd/millwright/internal/benchtransport"
 	"github.com/millwright/millwright/transport"
 )
 

@@ -16,8 +16,8 @@ import (
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/audit"
-	"github.com/millwright/millwright/internal/pgconn/pgconntest"
-	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/testing/pgconntest"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 )
 

@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/idempotencybench"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/bench/idempotencybench"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/migrate"

@@ -14,7 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/internal/bench/outboxbench"
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/outboxbench"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"

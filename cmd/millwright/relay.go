@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/relayenv"
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/health"
 	"github.com/millwright/millwright/idempotency"
@@ -31,7 +32,6 @@ import (
 	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
-	"github.com/millwright/millwright/internal/relayenv"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"

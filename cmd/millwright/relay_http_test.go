@@ -20,9 +20,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/relayenv"
 	"github.com/millwright/millwright/health"
-	"github.com/millwright/millwright/internal/pgtest"
-	"github.com/millwright/millwright/internal/relayenv"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/transport"
 )

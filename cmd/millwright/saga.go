@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/internal/bench/sagabench"
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/sagabench"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"

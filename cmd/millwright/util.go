@@ -13,9 +13,9 @@ import (
 	_ "github.com/lib/pq" // registers the "postgres" driver
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
 // defaultDatabaseURL is the local development server.

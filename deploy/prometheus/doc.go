@@ -1,5 +1,5 @@
 // Package prometheus holds millwright's Prometheus alerting rules
 // (alerts.yml). It has no Go code; its test checks that every rule has a
 // runbook_url whose section exists in docs/runbooks.md. The metric names
-// the rules use are checked by internal/metricscheck.
+// the rules use are checked by internal/testing/metricscheck.
 package prometheus

@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/pgconn/pgconntest"
-	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/testing/pgconntest"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
 // The quickstart prints the line its doc comment shows (driver=pgx, the

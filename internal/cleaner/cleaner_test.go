@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/cleaner"
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
 const bound = 10 * time.Second

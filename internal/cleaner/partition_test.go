@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
 var events = Table{

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/pgconn"
-	"github.com/millwright/millwright/internal/pgconn/pgconntest"
-	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/testing/pgconntest"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
 // unsetenv unsets key for the test (t.Setenv restores it after).

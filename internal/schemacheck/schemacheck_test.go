@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/schemacheck"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
 func TestCheck_NamesTheMissingTablesAndTheFix(t *testing.T) {

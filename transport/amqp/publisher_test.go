@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/cloudevent"
-	"github.com/millwright/millwright/internal/faultproxy"
+	"github.com/millwright/millwright/internal/testing/faultproxy"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/pgconn/pgconntest"
+	"github.com/millwright/millwright/internal/testing/pgconntest"
 	"github.com/millwright/millwright/transport/googlecloud"
 )
 

@@ -10,7 +10,7 @@ import (
 	_ "github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/pgconn/pgconntest"
+	"github.com/millwright/millwright/internal/testing/pgconntest"
 	"github.com/millwright/millwright/transport/sql"
 )
 

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millwright/millwright/internal/pgtest"
 	"github.com/millwright/millwright/internal/redact"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/all" // tests use every kind
 	"github.com/millwright/millwright/transport/amqp"

@@ -18,7 +18,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/examples/orders/app"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"

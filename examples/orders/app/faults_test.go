@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/millwright/millwright/internal/faultproxy"
+	"github.com/millwright/millwright/internal/testing/faultproxy"
 )
 
 // newFaultProxy starts a TCP proxy in front of a broker (RabbitMQ,

@@ -14,8 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/bench/sagabench"
-	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/sagabench"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/transport"
 )
 

@@ -1,4 +1,4 @@
-package kubernetes_test
+package main
 
 import (
 	"bytes"
@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/relayenv"
 	"github.com/millwright/millwright/health"
-	"github.com/millwright/millwright/internal/relayenv"
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/all" // the manifest selects a kind: millwright relay links every kind
 )
@@ -73,7 +73,7 @@ type manifest struct {
 
 func load(t *testing.T) map[string]manifest {
 	t.Helper()
-	raw, err := os.ReadFile("relay.yaml")
+	raw, err := os.ReadFile("../../deploy/kubernetes/relay.yaml")
 	require.NoError(t, err)
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	out := map[string]manifest{}
@@ -103,7 +103,7 @@ func TestManifestMatchesTheCode(t *testing.T) {
 
 	env := map[string]string{}
 	for _, e := range c.Env {
-		require.True(t, relayenv.Known(e.Name), "relay.yaml sets %s, which neither millwright relay nor the transport reads (internal/relayenv.Vars, TransportVars)", e.Name)
+		require.True(t, relayenv.Known(e.Name), "relay.yaml sets %s, which neither millwright relay nor the transport reads (cmd/millwright/internal/relayenv.Vars, TransportVars)", e.Name)
 		require.NotContains(t, env, e.Name, "%s set twice", e.Name)
 		switch {
 		case e.Value != nil:

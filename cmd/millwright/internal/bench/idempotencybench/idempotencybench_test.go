@@ -10,9 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/idempotencybench"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/bench/idempotencybench"
-	"github.com/millwright/millwright/internal/pgtest"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
 // A small run gives the baseline and both modes with figures, the budget

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/lib/pq"
 
-	"github.com/millwright/millwright/internal/bench/roundtrips"
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/roundtrips"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/outbox"
 )

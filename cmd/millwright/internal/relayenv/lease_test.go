@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/relayenv"
+	"github.com/millwright/millwright/cmd/millwright/internal/relayenv"
 )
 
 // The lanes' lease is an operator's setting: it bounds every batch's

@@ -11,10 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/millwright/millwright/internal/metricscheck"
+	"github.com/millwright/millwright/internal/testing/metricscheck"
 )
 
-const root = "../.."
+const root = "../../.."
 
 func exported(t *testing.T) map[string]metricscheck.Source {
 	t.Helper()

@@ -10,7 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millwright/millwright/internal/bench/stats"
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/transport"
 )

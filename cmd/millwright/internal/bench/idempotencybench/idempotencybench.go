@@ -19,9 +19,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/roundtrips"
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/bench/roundtrips"
-	"github.com/millwright/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 )

@@ -27,10 +27,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/bench/stats"
 
-	"github.com/millwright/millwright/internal/bench/roundtrips"
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/roundtrips"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
@@ -204,7 +204,7 @@ type Row struct {
 	// RoundTrips is the round trips one measured saga cost the
 	// orchestrator, its idempotency store and its starter together (not
 	// the relay): their pool's connections go through a counting proxy
-	// (internal/bench/roundtrips) in every run, on both drivers alike.
+	// (cmd/millwright/internal/bench/roundtrips) in every run, on both drivers alike.
 	RoundTrips float64 `json:"round_trips_per_saga,omitempty"`
 	// Broker names the broker: "kfake", "kafka 127.0.0.1:9092", ...
 	Broker string `json:"broker,omitempty"`

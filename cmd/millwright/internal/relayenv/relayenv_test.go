@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/relayenv"
+	"github.com/millwright/millwright/cmd/millwright/internal/relayenv"
 	"github.com/millwright/millwright/transport"
 )
 
