@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"time"
 )
@@ -21,6 +20,14 @@ import (
 
 const (
 	insertProcessedMarkSQL = `INSERT INTO millwright_processed_events (consumer, event_id) VALUES ($1, $2) ON CONFLICT (consumer, event_id) DO NOTHING`
+	// freshMarkSQL is the mark of BeginMarkProcessed and
+	// MarkProcessedAlone: a duplicate is its unique violation (23505),
+	// which ends the batch or the transaction BEGIN opened on both
+	// drivers. It waits for a concurrent uncommitted mark as ON CONFLICT
+	// does, and costs less than the same insert under an Expect (measured
+	// by bench idempotency: 1.35x the baseline handler with the Expect's
+	// counting CTE, 1.17x without, on pq with one worker).
+	freshMarkSQL = `INSERT INTO millwright_processed_events (consumer, event_id) VALUES ($1, $2)`
 	isProcessedSQL         = `SELECT EXISTS (SELECT 1 FROM millwright_processed_events WHERE consumer = $1 AND event_id = $2)`
 )
 
@@ -35,6 +42,14 @@ func markLockTimeoutStatements(d time.Duration) []Statement {
 	ms := max(d.Milliseconds(), 1) // 0 would mean no timeout to Postgres
 	return []Statement{{SQL: "SET LOCAL lock_timeout = " + strconv.FormatInt(ms, 10), Expect: NoExpect, What: "setting the mark's lock timeout"}}
 }
+
+func freshMarkStatement(consumer, eventID string) Statement {
+	return Statement{SQL: freshMarkSQL, Args: []any{consumer, eventID}, Expect: NoExpect, What: "writing the processed mark"}
+}
+
+// isDuplicateMark reports the unique violation of freshMarkSQL: a
+// committed mark of the same key exists.
+func isDuplicateMark(err error) bool { return err != nil && Code(err) == "23505" }
 
 func processedMarkStatement(consumer, eventID string, expect int64) Statement {
 	return Statement{SQL: insertProcessedMarkSQL, Args: []any{consumer, eventID}, Expect: expect, What: "writing the processed mark"}
@@ -53,9 +68,9 @@ func BeginProcessedMarks(ctx context.Context, p Pool, lockTimeout time.Duration)
 // fresh is false, tx is nil and no transaction is left open. A wait longer
 // than lockTimeout fails with SQLSTATE 55P03 (Code).
 func BeginMarkProcessed(ctx context.Context, p Pool, consumer, eventID string, lockTimeout time.Duration) (tx Tx, fresh bool, err error) {
-	first := append(markLockTimeoutStatements(lockTimeout), processedMarkStatement(consumer, eventID, 1))
+	first := append(markLockTimeoutStatements(lockTimeout), freshMarkStatement(consumer, eventID))
 	tx, err = p.Begin(ctx, TxOptions{Isolation: ReadCommitted, First: first})
-	if errors.Is(err, ErrConflict) {
+	if isDuplicateMark(err) {
 		return nil, false, nil
 	}
 	if err != nil {
@@ -81,9 +96,9 @@ func MarkProcessed(ctx context.Context, q Querier, consumer, eventID string) (fr
 // transaction), its lock wait bounded by lockTimeout, in one round trip
 // (one Batch), and reports whether it wrote it.
 func MarkProcessedAlone(ctx context.Context, q Querier, consumer, eventID string, lockTimeout time.Duration) (fresh bool, err error) {
-	ss := append(markLockTimeoutStatements(lockTimeout), processedMarkStatement(consumer, eventID, 1))
+	ss := append(markLockTimeoutStatements(lockTimeout), freshMarkStatement(consumer, eventID))
 	err = q.Batch(ctx, ss...)
-	if errors.Is(err, ErrConflict) {
+	if isDuplicateMark(err) {
 		return false, nil
 	}
 	if err != nil {
