@@ -27,8 +27,8 @@ const (
 	// does, and costs less than the same insert under an Expect (measured
 	// by bench idempotency: 1.35x the baseline handler with the Expect's
 	// counting CTE, 1.17x without, on pq with one worker).
-	freshMarkSQL = `INSERT INTO millwright_processed_events (consumer, event_id) VALUES ($1, $2)`
-	isProcessedSQL         = `SELECT EXISTS (SELECT 1 FROM millwright_processed_events WHERE consumer = $1 AND event_id = $2)`
+	freshMarkSQL   = `INSERT INTO millwright_processed_events (consumer, event_id) VALUES ($1, $2)`
+	isProcessedSQL = `SELECT EXISTS (SELECT 1 FROM millwright_processed_events WHERE consumer = $1 AND event_id = $2)`
 )
 
 // markLockTimeoutStatements returns the statement bounding the transaction's
