@@ -982,7 +982,15 @@ func openParties(ctx context.Context, driver, rawURL string, def *saga.Definitio
 // times the claim and mark statements into rt; on pgx a pgx pool, untimed.
 func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (newRelay func(message.Publisher, outbox.RelayConfig) (*outbox.Relay, error), closePool func(), err error) {
 	if driver == DriverPgx {
-		p, err := pgconn.OpenPgx(ctx, rawURL)
+		// As many connections as the relays may use on pq (database/sql
+		// has no limit there): pgxpool's default, max(4, cores), is 4
+		// here and made the relays wait for connections.
+		pcfg, err := pgconn.PgxConfig(rawURL)
+		if err != nil {
+			return nil, nil, err
+		}
+		pcfg.MaxConns = partyConns
+		p, err := pgxpool.NewWithConfig(ctx, pcfg)
 		if err != nil {
 			return nil, nil, err
 		}
