@@ -6,7 +6,7 @@ import (
 )
 
 // unquote reads one Postgres string literal as literal writes it ('...'
-// with '' for a quote, or E'...' with \\ and '' when it holds a
+// with ” for a quote, or E'...' with \\ and ” when it holds a
 // backslash) and returns its value and what follows it.
 func unquote(t *testing.T, lit string) (string, string) {
 	t.Helper()
