@@ -5,9 +5,9 @@ import (
 	"testing"
 )
 
-// unquote reads one Postgres string literal as literal writes it ('...'
-// with ” for a quote, or E'...' with \\ and ” when it holds a
-// backslash) and returns its value and what follows it.
+// unquote reads one Postgres string literal as literal writes it (quotes
+// doubled inside; the E form, with backslashes doubled too, when it holds
+// a backslash) and returns its value and what follows it.
 func unquote(t *testing.T, lit string) (string, string) {
 	t.Helper()
 	escapes := strings.HasPrefix(lit, " E'")
