@@ -525,7 +525,7 @@ func runBackground(t *testing.T, what string, run func(context.Context) error, c
 type orch struct {
 	o    *saga.Orchestrator[Order]
 	reg  *prometheus.Registry
-	logs *watermill.CaptureLoggerAdapter
+	logs *syncLogger
 	stop func()
 }
 
@@ -534,7 +534,7 @@ type orch struct {
 func (b *bundle) startOrchestrator(t *testing.T) *orch {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	logs := watermill.NewCaptureLogger()
+	logs := newSyncLogger()
 	cfg := saga.Config{
 		ReplyTopic: b.tp.replies, PollInterval: 20 * time.Millisecond, Registerer: reg, Logger: logs,
 		TracerProvider: b.tracerProvider, ReplyShards: b.replyShards,
@@ -675,4 +675,72 @@ func matches(m *dto.Metric, labels map[string]string) bool {
 		}
 	}
 	return n == len(labels)
+}
+
+// syncLogger captures log lines like watermill's CaptureLoggerAdapter, whose
+// Captured hands out its live map: a test reading it while the orchestrator
+// logs is a data race. errorsLogged copies under the lock.
+type syncLogger struct {
+	s      *logStore
+	fields watermill.LogFields
+}
+
+type logStore struct {
+	mu   sync.Mutex
+	msgs []watermill.CapturedMessage
+}
+
+func newSyncLogger() *syncLogger { return &syncLogger{s: &logStore{}} }
+
+func (l *syncLogger) log(level watermill.LogLevel, msg string, err error, fields watermill.LogFields) {
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	l.s.msgs = append(l.s.msgs, watermill.CapturedMessage{Level: level, Time: time.Now(), Fields: l.fields.Add(fields), Msg: msg, Err: err})
+}
+
+func (l *syncLogger) Error(msg string, err error, fields watermill.LogFields) {
+	l.log(watermill.ErrorLogLevel, msg, err, fields)
+}
+func (l *syncLogger) Info(msg string, fields watermill.LogFields) {
+	l.log(watermill.InfoLogLevel, msg, nil, fields)
+}
+func (l *syncLogger) Debug(msg string, fields watermill.LogFields) {
+	l.log(watermill.DebugLogLevel, msg, nil, fields)
+}
+func (l *syncLogger) Trace(msg string, fields watermill.LogFields) {
+	l.log(watermill.TraceLogLevel, msg, nil, fields)
+}
+func (l *syncLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return &syncLogger{s: l.s, fields: l.fields.Add(fields)}
+}
+
+// errorsLogged returns a copy of the error lines so far.
+func (l *syncLogger) errorsLogged() []watermill.CapturedMessage {
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	var out []watermill.CapturedMessage
+	for _, m := range l.s.msgs {
+		if m.Level == watermill.ErrorLogLevel {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// waitErrorsLogged waits (bounded) until ok holds for the error lines, and
+// returns them: an orchestrator may log a transition after the state it
+// wrote is visible.
+func (l *syncLogger) waitErrorsLogged(t *testing.T, what string, ok func([]watermill.CapturedMessage) bool) []watermill.CapturedMessage {
+	t.Helper()
+	var got []watermill.CapturedMessage
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if got = l.errorsLogged(); ok(got) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not logged within 10s; error lines: %+v", what, got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -264,14 +264,19 @@ func TestCompensationTimeoutKeepsCause(t *testing.T) {
 	info := b.waitState(t, "stuck", saga.StateStuck)
 	require.Equal(t, cause+`; then compensation of step "charge_payment" (attempt 2) timed out after 200ms`, info.LastError)
 	require.Equal(t, cause, info.Cause)
-	var logged bool
-	for _, l := range o.logs.Captured()[watermill.ErrorLogLevel] {
+	stuckLogged := func(ls []watermill.CapturedMessage) bool {
+		for _, l := range ls {
+			if l.Fields["saga_id"] == "stuck" {
+				return true
+			}
+		}
+		return false
+	}
+	for _, l := range o.logs.waitErrorsLogged(t, "the stuck saga", stuckLogged) {
 		if l.Fields["saga_id"] == "stuck" {
-			logged = true
-			require.ErrorContains(t, l.Err, cause)
+			require.ErrorContains(t, l.Err, cause, "the stuck saga is logged with its cause")
 		}
 	}
-	require.True(t, logged, "the stuck saga is logged with its cause")
 
 	info = b.waitState(t, "recovers", saga.StateCompensated)
 	require.Equal(t, cause, info.LastError)

@@ -265,7 +265,8 @@ func testStuckThenResolved(t *testing.T, b *bundle) {
 	}
 	require.EqualValues(t, 2, metricValue(t, o.reg, saga.MetricStuck, map[string]string{"type": "orders"}))
 	var stuckLines []string
-	for _, l := range o.logs.Captured()[watermill.ErrorLogLevel] {
+	logged := o.logs.waitErrorsLogged(t, "both stuck sagas", func(ls []watermill.CapturedMessage) bool { return len(ls) >= 2 })
+	for _, l := range logged {
 		require.Contains(t, l.Msg, "saga: stuck")
 		require.Equal(t, charge, l.Fields["step"])
 		require.ErrorContains(t, l.Err, "charge_payment compensation refused")
