@@ -27,6 +27,18 @@
 //	err := outbox.Add(ctx, tx, outbox.Event{...})
 //	err = tx.Commit(ctx)
 //
+// Add sends its INSERT at once, one round trip on either driver, and
+// returns its server error itself. With pgx, AddToBatch queues the INSERT
+// in the pgx.Batch that carries the business statements instead, so the
+// event costs the transaction no round trip of its own; the INSERT's
+// server error then comes back with the batch's results, as for any
+// statement of a pgx.Batch:
+//
+//	b := &pgx.Batch{}
+//	b.Queue(`INSERT INTO orders (id) VALUES ($1)`, order.ID)
+//	err := outbox.AddToBatch(ctx, b, outbox.Event{...}) // ErrInvalidEvent now
+//	err = tx.SendBatch(ctx, b).Close()                   // the server's answer
+//
 // Every event gets a CloudEvents id (metadata.EventID, also the Watermill
 // UUID), type, time and subject, the aggregate as metadata.OrderingKey, and
 // the W3C traceparent of the OpenTelemetry span in ctx. Only what the row's
