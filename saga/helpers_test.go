@@ -733,14 +733,7 @@ func (l *syncLogger) errorsLogged() []watermill.CapturedMessage {
 func (l *syncLogger) waitErrorsLogged(t *testing.T, what string, ok func([]watermill.CapturedMessage) bool) []watermill.CapturedMessage {
 	t.Helper()
 	var got []watermill.CapturedMessage
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if got = l.errorsLogged(); ok(got) {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not logged within 10s; error lines: %+v", what, got)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, func() bool { got = l.errorsLogged(); return ok(got) },
+		"%s: not logged within 10s; error lines: %+v", what, &got)
+	return got
 }
