@@ -3,21 +3,14 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"net"
 	"os"
-	"strconv"
 	"strings"
-	"sync/atomic"
-	"syscall"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/internal/cleaner"
-	"github.com/millwright/millwright/internal/deadline"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
@@ -133,96 +126,18 @@ func onPool[T any](p *cliPool, onSQL func(*sql.DB) T, onPgx func(*pgxpool.Pool) 
 }
 
 // openPgx opens a pgx pool on u (pgconn.PgxConfig: connect_timeout as
-// lib/pq's) and pings it. A failed connect says what happened as the
-// database/sql pool's do: refused, accepted but silent within
-// connect_timeout, or interrupted (by a signal, with its name).
+// lib/pq's) and pings it; pgconn.ConnectPgx says what a failed connect
+// was, as the database/sql pool's do.
 func openPgx(ctx context.Context, u string) (*pgxpool.Pool, error) {
 	cfg, err := pgconn.PgxConfig(u)
 	if err != nil {
 		return nil, fmt.Errorf("opening database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
-	// Whether a dial succeeded tells a silent server from an unreachable one.
-	var accepted atomic.Bool
-	dial := cfg.ConnConfig.DialFunc
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err == nil {
-			accepted.Store(true)
-		}
-		return c, err
-	}
-	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	p, err := pgconn.ConnectPgx(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("opening database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
-	}
-	start := time.Now()
-	if err := p.Ping(ctx); err != nil {
-		// Close waits for a connect in progress, which ends within
-		// connect_timeout: not after a signal.
-		if ctx.Err() == nil {
-			p.Close()
-		} else {
-			go p.Close()
-		}
-		err = pgxConnectError(ctx, pgxAddr(cfg), cfg.ConnConfig.ConnectTimeout, accepted.Load(), time.Since(start), err)
 		return nil, fmt.Errorf("connecting to database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
 	return p, nil
-}
-
-// pgxAddr names the server(s) of cfg for messages, as host:port.
-func pgxAddr(cfg *pgxpool.Config) string {
-	one := func(host string, port uint16) string {
-		if strings.HasPrefix(host, "/") {
-			return host // unix socket directory
-		}
-		return net.JoinHostPort(host, strconv.Itoa(int(port)))
-	}
-	s := one(cfg.ConnConfig.Host, cfg.ConnConfig.Port)
-	for _, f := range cfg.ConnConfig.Fallbacks {
-		if a := one(f.Host, f.Port); !strings.Contains(s, a) {
-			s += "," + a
-		}
-	}
-	return s
-}
-
-// pgxConnectError says what went wrong with pgx's connection to addr, in
-// the words of internal/pgconn's database/sql connector.
-func pgxConnectError(ctx context.Context, addr string, timeout time.Duration, accepted bool, elapsed time.Duration, err error) error {
-	if deadline.Passed(ctx) {
-		cause := context.Cause(ctx)
-		if cause == nil {
-			cause = ctx.Err()
-		}
-		waited := "TCP connect pending"
-		if accepted {
-			waited = "no answer"
-		}
-		return fmt.Errorf("interrupted while connecting to postgres at %s (%s after %s): %w", addr, waited, roundDuration(elapsed), cause)
-	}
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-		if accepted {
-			return fmt.Errorf("postgres at %s accepted the connection but did not answer within %s (connect_timeout; is it a Postgres server, and is it overloaded?): %w", addr, timeout, err)
-		}
-		return fmt.Errorf("postgres at %s did not accept a connection within %s (connect_timeout; check the host, port and firewall): %w", addr, timeout, err)
-	}
-	if errors.Is(err, syscall.ECONNREFUSED) {
-		return fmt.Errorf("postgres at %s refused the connection after %s (is it running on that port?): %w", addr, roundDuration(elapsed), err)
-	}
-	return err
-}
-
-// roundDuration keeps durations readable in messages.
-func roundDuration(d time.Duration) string {
-	switch {
-	case d < time.Millisecond:
-		return "<1ms"
-	case d < time.Second:
-		return d.Round(time.Millisecond).String()
-	}
-	return d.Round(100 * time.Millisecond).String()
 }
 
 // openCleaner builds a component's cleaner on the CLI's pool: a *sql.DB

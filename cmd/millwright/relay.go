@@ -359,10 +359,7 @@ func (p *relayProcess) openPgx(ctx context.Context) error {
 		return fmt.Errorf("opening database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
 	pcfg.MaxConns = int32(min(p.cfg.MaxConns, math.MaxInt32))
-	if p.pgx, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
-		return fmt.Errorf("opening database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
-	}
-	if err := p.pgx.Ping(ctx); err != nil {
+	if p.pgx, err = pgconn.ConnectPgx(ctx, pcfg); err != nil {
 		return fmt.Errorf("connecting to database %s with pgx: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
 	return nil

@@ -205,8 +205,10 @@ func connectError(ctx context.Context, addr string, timeout time.Duration, accep
 		}
 		return fmt.Errorf("interrupted while connecting to postgres at %s (%s after %s): %w", addr, waited, round(elapsed), cause)
 	}
+	// lib/pq's dial timeout is a net.Error; pgx's connect_timeout ends
+	// the connect's own context.
 	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
 		if accepted {
 			return fmt.Errorf("postgres at %s accepted the connection but did not answer within %s (connect_timeout; is it a Postgres server, and is it overloaded?): %w", addr, timeout, err)
 		}

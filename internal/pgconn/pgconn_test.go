@@ -231,3 +231,25 @@ func TestRealServer(t *testing.T) {
 		t.Fatal("no notification")
 	}
 }
+
+// ConnectPgx says what a failed connect was in Open's words: a silent
+// server after connect_timeout, a refused port at once.
+func TestConnectPgxNamesTheFailure(t *testing.T) {
+	t.Parallel()
+	srv := pgconntest.Silent(t)
+	cfg, err := pgconn.PgxConfig(srv.URL("connect_timeout=1"))
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = pgconn.ConnectPgx(context.Background(), cfg)
+	require.Error(t, err)
+	require.Positive(t, srv.Accepted(), "the fault: the server accepted")
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.ErrorContains(t, err, "postgres at "+srv.Addr()+" accepted the connection but did not answer within 1s (connect_timeout")
+	require.NotContains(t, err.Error(), "hunter2")
+
+	cfg, err = pgconn.PgxConfig("postgres://u:hunter2@127.0.0.1:1/x?sslmode=disable&connect_timeout=2")
+	require.NoError(t, err)
+	_, err = pgconn.ConnectPgx(context.Background(), cfg)
+	require.ErrorContains(t, err, "postgres at 127.0.0.1:1 refused the connection after ")
+	require.NotContains(t, err.Error(), "hunter2")
+}

@@ -3,6 +3,10 @@ package pgconn
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -41,4 +45,55 @@ func PgxConfig(dsn string) (*pgxpool.Config, error) {
 	// idle connection is next used.
 	cfg.HealthCheckPeriod = min(cfg.HealthCheckPeriod, 30*time.Second)
 	return cfg, nil
+}
+
+// ConnectPgx opens a pgx pool with cfg (from PgxConfig, adjusted by the
+// caller) and pings it. A failed connect says what happened in the words
+// of Open's connector: refused, accepted but silent within
+// connect_timeout, or interrupted (by a signal or the caller's deadline).
+// The error names no password; the caller adds which database it was.
+func ConnectPgx(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
+	// Whether a dial succeeded tells a silent server from an unreachable one.
+	var accepted atomic.Bool
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err == nil {
+			accepted.Store(true)
+		}
+		return c, err
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, redact.Error(err)
+	}
+	start := time.Now()
+	if err := p.Ping(ctx); err != nil {
+		// Close waits for a connect in progress, which ends within
+		// connect_timeout: not after a signal.
+		if ctx.Err() == nil {
+			p.Close()
+		} else {
+			go p.Close()
+		}
+		return nil, redact.Error(connectError(ctx, pgxAddr(cfg), cfg.ConnConfig.ConnectTimeout, accepted.Load(), time.Since(start), err))
+	}
+	return p, nil
+}
+
+// pgxAddr names the server(s) of cfg for messages, as host:port.
+func pgxAddr(cfg *pgxpool.Config) string {
+	one := func(host string, port uint16) string {
+		if strings.HasPrefix(host, "/") {
+			return host // unix socket directory
+		}
+		return net.JoinHostPort(host, strconv.Itoa(int(port)))
+	}
+	s := one(cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	for _, f := range cfg.ConnConfig.Fallbacks {
+		if a := one(f.Host, f.Port); !strings.Contains(s, a) {
+			s += "," + a
+		}
+	}
+	return s
 }
