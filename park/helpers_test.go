@@ -32,11 +32,12 @@ type app struct {
 	seen      map[string]bool
 	failing   map[string]bool // fails transiently while set
 	permanent map[string]bool
+	failTimes map[string]int // fails transiently this many more calls
 	calls     map[string]int
 }
 
 func newApp() *app {
-	return &app{seen: map[string]bool{}, failing: map[string]bool{}, permanent: map[string]bool{}, calls: map[string]int{}}
+	return &app{seen: map[string]bool{}, failing: map[string]bool{}, permanent: map[string]bool{}, failTimes: map[string]int{}, calls: map[string]int{}}
 }
 
 func (a *app) fail(uuids ...string) {
@@ -63,6 +64,10 @@ func (a *app) handle(msg *message.Message) ([]*message.Message, error) {
 		return nil, retry.Permanent(errors.New("rejected by business rule"))
 	}
 	if a.failing[msg.UUID] {
+		return nil, errTransient
+	}
+	if a.failTimes[msg.UUID] > 0 {
+		a.failTimes[msg.UUID]--
 		return nil, errTransient
 	}
 	if !a.seen[msg.UUID] {
