@@ -179,7 +179,7 @@ func (b *bundle) drain(t *testing.T, p *park.Parker, cond func() bool) {
 
 func (b *bundle) keys(t *testing.T) []park.Key {
 	t.Helper()
-	ks, err := b.store.List(context.Background(), "", 0)
+	ks, err := b.store.List(context.Background(), park.Filter{})
 	require.NoError(t, err)
 	return ks
 }

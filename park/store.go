@@ -67,13 +67,21 @@ func NewStore[P postgres.Pool](db P) *Store {
 	return &Store{pool: pool, err: err}
 }
 
-// List returns the parked keys of handler ("" for all), held ones first,
-// then by due time; at most limit (0: all).
-func (s *Store) List(ctx context.Context, handler string, limit int) ([]Key, error) {
+// Filter selects parked keys; the zero Filter selects all.
+type Filter struct {
+	// Handler and Key, when not "", select one handler's keys, one key.
+	Handler, Key string
+	// Limit caps the keys; 0 is no cap.
+	Limit int
+}
+
+// List returns the parked keys f selects, held ones first, then by due
+// time.
+func (s *Store) List(ctx context.Context, f Filter) ([]Key, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
-	rows, err := storage.ListParked(ctx, s.pool, handler, limit)
+	rows, err := storage.ListParked(ctx, s.pool, f.Handler, f.Key, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("park: listing parked keys (did `millwright migrate` run?): %w", err)
 	}

@@ -316,14 +316,16 @@ func RetryParked(ctx context.Context, q Querier, handler, key string) error {
 }
 
 // ListParked returns the parked keys of handler (all handlers when ""),
-// by due time, at most limit (0: all).
-func ListParked(ctx context.Context, q Querier, handler string, limit int) ([]ParkedKey, error) {
+// only key when key is not "", held ones first then by due time, at most
+// limit (0: all).
+func ListParked(ctx context.Context, q Querier, handler, key string, limit int) ([]ParkedKey, error) {
 	s := `SELECT k.handler, k.key, (SELECT count(*) FROM millwright_parked_messages m WHERE m.handler = k.handler AND m.key = k.key),
     k.due_at, k.held, k.attempts, k.rounds, k.first_failure_at, k.last_failure_at, k.last_error, k.dead_letter_id, k.created_at
-FROM millwright_parked_keys k WHERE ($1 = '' OR k.handler = $1) ORDER BY k.held DESC, k.due_at, k.handler, k.key`
-	args := []any{handler}
+FROM millwright_parked_keys k WHERE ($1 = '' OR k.handler = $1) AND ($2 = '' OR k.key = $2)
+ORDER BY k.held DESC, k.due_at, k.handler, k.key`
+	args := []any{handler, key}
 	if limit > 0 {
-		s += ` LIMIT $2`
+		s += ` LIMIT $3`
 		args = append(args, limit)
 	}
 	var out []ParkedKey

@@ -116,7 +116,7 @@ func parkCompleteAdvancesThenReleases(t *testing.T, st Setup) {
 	require.Zero(t, c.Attempts, "with a fresh budget")
 	require.False(t, c.FirstFailure.Valid)
 	require.NoError(t, storage.CompleteParked(ctx, p, "h", "k", c.Claim, c.Head.ID))
-	ks, err := storage.ListParked(ctx, p, "", 0)
+	ks, err := storage.ListParked(ctx, p, "", "", 0)
 	require.NoError(t, err)
 	require.Empty(t, ks, "the last message done releases the key")
 	parked, err := storage.ParkBehind(ctx, p, pm("c3", "k"))
@@ -137,7 +137,7 @@ func parkStaleClaimWritesNothing(t *testing.T, st Setup) {
 	f := pf(time.Hour)
 	f.Attempts, f.Rounds = 5, 1
 	require.NoError(t, storage.RescheduleParked(ctx, p, "h", "k", newer.Claim, f))
-	ks, err := storage.ListParked(ctx, p, "h", 0)
+	ks, err := storage.ListParked(ctx, p, "h", "", 0)
 	require.NoError(t, err)
 	require.Len(t, ks, 1)
 	require.Equal(t, 5, ks[0].Attempts)
@@ -160,7 +160,7 @@ func parkDeadLetterHoldsOrContinues(t *testing.T, st Setup) {
 		require.NoError(t, err)
 		require.NotZero(t, id)
 	}
-	ks, err := storage.ListParked(ctx, p, "h", 0)
+	ks, err := storage.ListParked(ctx, p, "h", "", 0)
 	require.NoError(t, err)
 	require.Len(t, ks, 2)
 	require.Equal(t, "hold", ks[0].Key, "held keys first")
@@ -184,4 +184,8 @@ func parkDeadLetterHoldsOrContinues(t *testing.T, st Setup) {
 	d, err := storage.ParkedDepths(ctx, p)
 	require.NoError(t, err)
 	require.Equal(t, storage.ParkedDepth{Keys: 2, Messages: 2, Held: 0}, d["h"])
+	one, err := storage.ListParked(ctx, p, "", "cont", 0)
+	require.NoError(t, err)
+	require.Len(t, one, 1)
+	require.Equal(t, "cont", one[0].Key)
 }
