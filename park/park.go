@@ -41,12 +41,12 @@ const (
 // Parker with Config.Registerer.
 const (
 	// MetricParkedKeys is the number of parked keys, by handler.
-	MetricParkedKeys = "millwright_parked_keys"
+	MetricParkedKeys = "millwright_park_parked_keys"
 	// MetricParkedMessages is the number of parked messages, by handler.
-	MetricParkedMessages = "millwright_parked_messages"
+	MetricParkedMessages = "millwright_park_parked_messages"
 	// MetricHeldKeys is the number of keys held after a dead letter
 	// (OnDeadLetter Hold), by handler: each waits for an operator.
-	MetricHeldKeys = "millwright_parked_held_keys"
+	MetricHeldKeys = "millwright_park_held_keys"
 	// MetricParked counts messages parked, by handler and cause
 	// ("failed": its handler failed; "behind": its key was parked).
 	MetricParked = "millwright_park_parked_total"
