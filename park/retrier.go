@@ -163,13 +163,28 @@ func (p *Parker) retryKey(ctx context.Context, c storage.ParkedClaim) error {
 	if c.FirstFailure.Valid {
 		f.FirstFailure = c.FirstFailure.Time
 	}
-	if delay, ok := p.cfg.Retry.Next(round, since(f.FirstFailure), c.PrevDelay); ok && !retry.IsPermanent(herr) {
+	if delay, ok := p.nextDelay(round, since(f.FirstFailure), c.PrevDelay); ok && !retry.IsPermanent(herr) {
 		p.countRetry(c.Handler, "failed")
 		ff := failure(c, delay, delay, herr, round)
 		ff.Attempts, ff.FirstFailure = f.Attempts, f.FirstFailure
 		return p.lost(storage.RescheduleParked(wctx, p.pool, c.Handler, c.Key, c.Claim, ff))
 	}
 	return p.deadLetterHead(wctx, c, round, f, herr)
+}
+
+// nextDelay decides what follows the failure of round `round`: ok false
+// when the budget is spent, else the jittered delay. The first round came
+// after Delay(1) (see handle), so round n is followed by Delay(n+1); with
+// MaxElapsedTime the next round starts no later than the budget's end.
+func (p *Parker) nextDelay(round int, elapsed, prev time.Duration) (time.Duration, bool) {
+	if p.cfg.Retry.Exhausted(round, elapsed) {
+		return 0, false
+	}
+	d := p.cfg.Retry.Delay(round+1, prev)
+	if p.cfg.Retry.MaxElapsedTime > 0 {
+		d = min(d, p.cfg.Retry.MaxElapsedTime-elapsed)
+	}
+	return max(d, 0), true
 }
 
 // deadLetterHead records the dead letter of a claimed key's head, with
