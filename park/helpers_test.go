@@ -21,6 +21,10 @@ import (
 // fast is a park budget for tests: 5 ms between rounds, no jitter.
 var fast = retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 5 * time.Millisecond, Jitter: retry.JitterNone, MaxAttempts: 50}
 
+// patient is a budget that outlasts any wait of a test (broker
+// deliveries on a loaded machine): rounds every 5 to 20 ms for 10 minutes.
+var patient = retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond, Jitter: retry.JitterNone, MaxAttempts: -1, MaxElapsedTime: 10 * time.Minute}
+
 var errTransient = errors.New("database unavailable")
 
 // app is a consumer that applies each message once (a deduplicating

@@ -72,14 +72,14 @@ func TestParkedKeyMovesWithRebalanceKafka(t *testing.T) {
 		return stop
 	}
 
-	first := b.parker(t, park.Config{})
+	first := b.parker(t, park.Config{Retry: patient})
 	stopFirst := member("first", first)
 	a.fail("k1")
 	pub := tr.Publisher()
 	require.NoError(t, pub.Publish(topic, msg("k1", "k")))
 	poll.Until(t, 90*time.Second, func() bool { return len(b.keys(t)) == 1 }, "k parked by the first member")
 
-	second := b.parker(t, park.Config{PollInterval: 20 * time.Millisecond})
+	second := b.parker(t, park.Config{PollInterval: 20 * time.Millisecond, Retry: patient})
 	member("second", second)
 	ctx, cancel := context.WithCancel(context.Background())
 	retrier := make(chan error, 1)
