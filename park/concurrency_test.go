@@ -125,3 +125,39 @@ func TestLeaseTakeover(t *testing.T) {
 		require.Equal(t, []string{"l1", "l2"}, a.order(isKey("l")))
 	})
 }
+
+// Run gives each key its own slot: a round that hangs does not hold the
+// other parked keys' rounds.
+func TestSlowRoundDoesNotHoldOtherKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgtest.DriverPgx)
+	a := newApp()
+	hanging, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	p := b.parker(t, park.Config{Concurrency: 2, PollInterval: 10 * time.Millisecond, Retry: patient})
+	h := chain(t, p, "billing", func(m *message.Message) ([]*message.Message, error) {
+		if _, retried := park.Retried(m.Context()); retried && m.UUID == "s1" {
+			once.Do(func() { close(hanging) })
+			<-release
+		}
+		return a.handle(m)
+	})
+	a.fail("s1", "f1")
+	deliver(t, h, msg("s1", "s"))
+	a.heal("s1")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	<-hanging
+	deliver(t, h, msg("f1", "f")) // parked after s1's round started
+	deliver(t, h, msg("f2", "f"))
+	a.heal("f1")
+	poll.Until(t, 20*time.Second, func() bool { return len(a.order(isKey("f"))) == 2 }, "key f retried while s1's round hangs")
+	require.Empty(t, a.order(isKey("s")))
+	close(release)
+	poll.Until(t, 20*time.Second, func() bool { return len(b.keys(t)) == 0 }, "s released")
+	require.Equal(t, []string{"f1", "f2", "s1"}, a.appliedList())
+	require.NoError(t, p.Close())
+	require.NoError(t, <-done)
+}

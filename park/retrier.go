@@ -30,15 +30,17 @@ func Retried(ctx context.Context) (round int, ok bool) {
 }
 
 // Run retries due parked keys of the handlers whose Middleware was applied
-// (the router applies middlewares when it starts: start Run beside the
-// router), up to Config.Concurrency keys at once, until ctx ends or Close
-// is called. A database error is logged and retried at the next poll; Run
-// returns nil when stopped. Run once per Parker.
+// (the router applies middlewares when it starts: start Run once the
+// router is running), up to Config.Concurrency keys at once: a slow
+// round holds its own slot only. It runs until ctx ends or Close is
+// called, then waits for its rounds in flight. A database error is logged
+// and retried at the next poll; Run returns nil when stopped. Run once
+// per Parker.
 func (p *Parker) Run(ctx context.Context) error {
 	started := false
 	p.runOnce.Do(func() { started = true })
 	if !started {
-		return errors.New("park: Run called twice on one Parker; create one Parker per retrier")
+		return errors.New("park: Run called twice on one Parker (or after Close); create one Parker per retrier")
 	}
 	defer close(p.done)
 	ctx, cancel := context.WithCancel(ctx)
@@ -51,7 +53,12 @@ func (p *Parker) Run(ctx context.Context) error {
 		}
 	}()
 	close(p.running)
-	t := time.NewTimer(0)
+	var (
+		wg    sync.WaitGroup
+		slots = make(chan struct{}, p.cfg.Concurrency)
+		t     = time.NewTimer(0)
+	)
+	defer wg.Wait()
 	defer t.Stop()
 	for {
 		select {
@@ -60,16 +67,43 @@ func (p *Parker) Run(ctx context.Context) error {
 		case <-t.C:
 		case <-p.wake:
 		}
-		n, err := p.RetryDue(ctx)
-		if err != nil && ctx.Err() == nil {
-			p.cfg.Logger.Error("Retrying parked keys failed; trying again at the next poll", err, nil)
-		}
+		n := p.startRounds(ctx, &wg, slots)
 		next := p.cfg.PollInterval
-		if n > 0 {
-			next = 0 // more may be due
+		if n > 0 && len(slots) < cap(slots) {
+			next = 0 // more may be due, and there is room
 		}
 		t.Reset(next)
 	}
+}
+
+// startRounds claims as many due keys as slots are free and starts a
+// round on each, returning how many it started. A round ending frees its
+// slot and wakes Run.
+func (p *Parker) startRounds(ctx context.Context, wg *sync.WaitGroup, slots chan struct{}) int {
+	free := cap(slots) - len(slots)
+	names := p.handlerNames()
+	if free == 0 || len(names) == 0 {
+		return 0
+	}
+	claims, err := storage.ClaimParked(ctx, p.pool, names, free, p.cfg.Lease)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.cfg.Logger.Error("Claiming due parked keys failed (did `millwright migrate` run?); trying again at the next poll", err, nil)
+		}
+		return 0
+	}
+	for _, c := range claims {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots; p.poke() }()
+			if err := p.retryKey(ctx, c); err != nil && ctx.Err() == nil {
+				p.cfg.Logger.Error("Retrying a parked key failed; it is due again after Config.Lease", err, watermill.LogFields{"handler": c.Handler, "key": c.Key})
+			}
+		}()
+	}
+	return len(claims)
 }
 
 // Running is closed once Run has started.
@@ -93,10 +127,11 @@ func (p *Parker) Close() error {
 	return nil
 }
 
-// RetryDue runs one round: it claims the due keys of the registered
-// handlers (at most Config.Concurrency) and retries their head messages
-// concurrently, returning how many keys it claimed. Run calls it; tests
-// and callers with their own loop may too.
+// RetryDue runs one round synchronously: it claims the due keys of the
+// registered handlers (at most Config.Concurrency), retries their head
+// messages concurrently and returns, when all are done, how many keys it
+// claimed. It is for callers with their own loop (and tests); Run does the
+// same continuously.
 func (p *Parker) RetryDue(ctx context.Context) (int, error) {
 	names := p.handlerNames()
 	if len(names) == 0 {
