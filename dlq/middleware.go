@@ -469,3 +469,20 @@ func (m *Middleware) publish(ctx context.Context, topic string, dl *message.Mess
 		return fmt.Errorf("no answer within Config.PublishTimeout (%s); the publish is left to finish: %w", m.cfg.PublishTimeout, ctx.Err())
 	}
 }
+
+// Describe returns what the middleware would record about a message whose
+// handler failed with err: the reason, the handler's own error (redacted,
+// under millwright's wrappers), its Go type, the panic stack, and the
+// attempt count and failure times of a *retry.Error (else one attempt,
+// failing now). Other dead-lettering components (package park) use it so
+// that their dead letters read like the middleware's.
+func Describe(err error) Failure {
+	now := time.Now()
+	f := Failure{Attempts: 1, FirstFailure: now, LastFailure: now}
+	var re *retry.Error
+	if errors.As(err, &re) {
+		f.Attempts, f.FirstFailure, f.LastFailure = re.Attempts, re.FirstFailure, re.LastFailure
+	}
+	f.Reason, f.Error, f.ErrorType, f.Stack = classify(err)
+	return f
+}

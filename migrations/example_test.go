@@ -21,6 +21,7 @@ func ExampleAll() {
 	// outbox true
 	// idempotency true
 	// dlq true
+	// park true
 	// saga true
 	// audit true
 }

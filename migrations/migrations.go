@@ -6,13 +6,14 @@ import (
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/saga"
 )
 
 // All returns every component's migrations, in an order that satisfies
-// their dependencies: outbox, idempotency, dlq, saga, audit.
+// their dependencies: outbox, idempotency, dlq, park, saga, audit.
 func All() []migrate.Source {
-	return []migrate.Source{outbox.Migrations(), idempotency.Migrations(), dlq.Migrations(), saga.Migrations(), Audit()}
+	return []migrate.Source{outbox.Migrations(), idempotency.Migrations(), dlq.Migrations(), park.Migrations(), saga.Migrations(), Audit()}
 }
 
 // Audit returns the migrations of millwright_audit, where the operator

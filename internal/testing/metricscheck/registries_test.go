@@ -26,6 +26,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
@@ -117,6 +118,14 @@ func registries(t *testing.T) map[string]*recorder {
 	dead := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	dead.Metadata.Set(metadata.DeadLetterTopic, "lint.dlq")
 	_, err = store.Insert(ctx, dead)
+	require.NoError(t, err)
+
+	r = reg("park")
+	_, err = park.New(schema.DB, park.Config{Registerer: r})
+	require.NoError(t, err)
+	r.MustRegister(park.NewCollector(park.NewStore(schema.DB)))
+	// The gauges have samples per handler with parked keys.
+	_, err = schema.DB.Exec(`INSERT INTO millwright_parked_keys (handler, key, due_at) VALUES ('lint', 'k', now())`)
 	require.NoError(t, err)
 
 	def, err := saga.Define[struct{}]("lint", saga.Step[struct{}]{

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/park"
+)
+
+// seedParked parks two keys of handler billing: "held" (held behind dead
+// letter 7, one message behind) and "due" (being retried, alone).
+func seedParked(t *testing.T) *pgtest.Schema {
+	t.Helper()
+	s := pgtest.New(t, dlq.Migrations(), park.Migrations(), audit.Migrations())
+	s.DB.SetMaxOpenConns(2)
+	for _, q := range []string{
+		`INSERT INTO millwright_parked_keys (handler, key, due_at, held, attempts, rounds, first_failure_at, last_failure_at, last_error, dead_letter_id)
+			VALUES ('billing', 'held', now(), true, 12, 5, now() - interval '1 hour', now(), 'payment provider down', 7),
+			       ('billing', 'due', now() + interval '1 minute', false, 2, 0, now(), now(), 'timeout', NULL)`,
+		`INSERT INTO millwright_parked_messages (handler, key, message_uuid, topic, payload)
+			VALUES ('billing', 'held', 'm1', 'orders', ''), ('billing', 'held', 'm2', 'orders', ''), ('billing', 'due', 'm3', 'orders', '')`,
+	} {
+		_, err := s.DB.Exec(q)
+		require.NoError(t, err, q)
+	}
+	return s
+}
+
+func parkedMessages(t *testing.T, s *pgtest.Schema) string {
+	t.Helper()
+	var got string
+	require.NoError(t, s.DB.QueryRow(`SELECT coalesce(string_agg(key || ':' || message_uuid, ',' ORDER BY id), '') FROM millwright_parked_messages`).Scan(&got))
+	return got
+}
+
+func TestParkedListRetryRelease(t *testing.T) {
+	t.Parallel()
+	s := seedParked(t)
+	out, _, err := runCLI(t, parkedCmd(), nil, s.URL, "list")
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3, out)
+	require.Contains(t, lines[1], "held (dead letter 7)", "held keys first")
+	require.Contains(t, lines[1], "payment provider down")
+	require.Contains(t, lines[2], "timeout")
+
+	out, _, err = runCLI(t, parkedCmd(), nil, s.URL, "list", "--json", "--handler", "billing")
+	require.NoError(t, err)
+	var rows []parkedRow
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r parkedRow
+		require.NoError(t, json.Unmarshal([]byte(l), &r), l)
+		rows = append(rows, r)
+	}
+	require.Len(t, rows, 2)
+	require.Equal(t, parkedRow{Handler: "billing", Key: "held", Messages: 2, Held: true, Attempts: 12, Rounds: 5, LastError: "payment provider down",
+		DeadLetterID: 7, FirstFailure: rows[0].FirstFailure, LastFailure: rows[0].LastFailure, ParkedSince: rows[0].ParkedSince}, rows[0])
+	require.Nil(t, rows[0].DueAt, "a held key has no due time")
+	require.NotNil(t, rows[1].DueAt)
+
+	before := parkedMessages(t, s)
+	_, _, err = runCLI(t, parkedCmd(), nil, s.URL, "release", "held")
+	require.ErrorIs(t, err, errNeedsYes)
+	_, _, err = runCLI(t, parkedCmd(), nil, s.URL, "release", "due", "--yes")
+	require.ErrorContains(t, err, "not held")
+	require.ErrorContains(t, err, "--force")
+	out, _, err = runCLI(t, parkedCmd(), nil, s.URL, "release", "held", "--dry-run")
+	require.NoError(t, err)
+	require.Contains(t, out, "dry run: would drop the head of key \"held\" of handler \"billing\" and go on with its 1 later message(s)")
+	_, _, err = runCLI(t, parkedCmd(), nil, s.URL, "retry", "nope", "--yes")
+	require.ErrorIs(t, err, park.ErrNotParked)
+	require.Equal(t, before, parkedMessages(t, s), "refused, failed and dry runs change nothing")
+
+	_, _, err = runCLI(t, parkedCmd(), nil, s.URL, "release", "held", "--yes")
+	require.NoError(t, err)
+	require.Equal(t, "held:m2,due:m3", parkedMessages(t, s), "the held head dropped, its next message stays")
+	var held bool
+	require.NoError(t, s.DB.QueryRow(`SELECT held FROM millwright_parked_keys WHERE key = 'held'`).Scan(&held))
+	require.False(t, held, "the key goes on")
+
+	out, _, err = runCLI(t, parkedCmd(), nil, s.URL, "retry", "due", "--yes")
+	require.NoError(t, err)
+	require.Contains(t, out, "done: run the head of key \"due\"")
+	var due bool
+	require.NoError(t, s.DB.QueryRow(`SELECT due_at <= now() AND attempts = 0 FROM millwright_parked_keys WHERE key = 'due'`).Scan(&due))
+	require.True(t, due)
+
+	var cmds []string
+	for _, e := range auditRows(t, s) {
+		cmds = append(cmds, e.Command+" "+strings.Join(e.Args, " ")+" error="+e.Error)
+	}
+	require.Len(t, cmds, 5, "every run past flag checks is audited: %v", cmds)
+}

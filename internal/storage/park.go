@@ -1,0 +1,376 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Parked keys: millwright_parked_keys (one row per handler and key whose
+// messages wait for the retrier, the key's lock) and
+// millwright_parked_messages (the messages, in their key's order).
+//
+// Order rests on the key row: parking behind a key and releasing it both
+// lock the row, and the release decides "no message left" in a statement
+// run after it holds the lock (so it sees every message parked before),
+// never in the statement that takes the lock (whose snapshot may predate a
+// message committed while it waited).
+
+// ParkedMessage is one row of millwright_parked_messages.
+type ParkedMessage struct {
+	ID                        int64
+	Handler, Key, MessageUUID string
+	Topic                     string
+	Payload                   []byte
+	// Metadata is a JSON object of strings.
+	Metadata string
+	ParkedAt time.Time
+}
+
+// ParkFailure is the failure state of a key's head message.
+type ParkFailure struct {
+	// DueIn is how long from now the head is retried.
+	DueIn time.Duration
+	// Attempts made so far (in place included), the retrier's rounds,
+	// and the last jittered delay.
+	Attempts, Rounds int
+	PrevDelay        time.Duration
+	// FirstFailure and LastFailure of the head; a zero FirstFailure keeps
+	// the stored one.
+	FirstFailure, LastFailure time.Time
+	LastError                 string
+}
+
+// ParkedClaim is a due key claimed by a retrier, with its head message
+// (nil when the key has none left: release it).
+type ParkedClaim struct {
+	Handler, Key              string
+	Claim                     int64
+	Attempts, Rounds          int
+	PrevDelay                 time.Duration
+	FirstFailure, LastFailure sql.NullTime
+	Head                      *ParkedMessage
+}
+
+// ParkedKey is a parked key as the operator lists it.
+type ParkedKey struct {
+	Handler, Key              string
+	Messages                  int64
+	DueAt                     time.Time
+	Held                      bool
+	Attempts, Rounds          int
+	FirstFailure, LastFailure sql.NullTime
+	LastError                 string
+	DeadLetterID              sql.NullInt64
+	CreatedAt                 time.Time
+}
+
+// ParkedDepth is one handler's parked keys and messages (Held counts held
+// keys).
+type ParkedDepth struct {
+	Keys, Messages, Held int64
+}
+
+func ms(d time.Duration) int64 { return d.Milliseconds() }
+
+func jsonOrEmpty(s string) string {
+	if s == "" {
+		return "{}"
+	}
+	return s
+}
+
+func bytesOrEmpty(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+const parkBehindSQL = `WITH k AS (SELECT handler, key FROM millwright_parked_keys WHERE handler = $1 AND key = $2 FOR UPDATE),
+ins AS (INSERT INTO millwright_parked_messages (handler, key, message_uuid, topic, payload, metadata)
+    SELECT k.handler, k.key, $3, $4, $5, $6::jsonb FROM k
+    ON CONFLICT (handler, message_uuid) DO NOTHING RETURNING id)
+SELECT EXISTS (SELECT 1 FROM k), EXISTS (SELECT 1 FROM ins)`
+
+// ParkBehind parks m behind its key when the key is parked, in one
+// statement that locks the key's row: parked is false (nothing written)
+// when the key is not parked, so every earlier message of the key is done.
+// A message already parked (same handler and UUID) counts as parked.
+func ParkBehind(ctx context.Context, q Querier, m ParkedMessage) (parked bool, err error) {
+	var inserted bool
+	err = q.QueryRow(ctx, Statement{SQL: parkBehindSQL, Args: []any{
+		m.Handler, m.Key, m.MessageUUID, m.Topic, bytesOrEmpty(m.Payload), jsonOrEmpty(m.Metadata),
+	}, Expect: NoExpect, What: "parking a message behind its key"}, &parked, &inserted)
+	return parked, err
+}
+
+const parkHeadSQL = `WITH k AS (INSERT INTO millwright_parked_keys (handler, key, due_at, attempts, prev_delay_ms, first_failure_at, last_failure_at, last_error,
+        rounds, held, dead_letter_id)
+    VALUES ($1, $2, now() + $7::bigint * interval '1 millisecond', $8, $9, $10, $11, $12, $13, $14, NULLIF($15::bigint, 0))
+    ON CONFLICT (handler, key) DO UPDATE SET handler = EXCLUDED.handler
+    RETURNING handler, key, (xmax = 0) AS fresh),
+ins AS (INSERT INTO millwright_parked_messages (handler, key, message_uuid, topic, payload, metadata)
+    SELECT k.handler, k.key, $3, $4, $5, $6::jsonb FROM k
+    ON CONFLICT (handler, message_uuid) DO NOTHING RETURNING id)
+SELECT fresh FROM k`
+
+// ParkHead parks m, which failed, as its key's head with failure state f,
+// in one statement. When the key was parked meanwhile (another consumer of
+// the key) m goes behind its messages instead, and head is false.
+func ParkHead(ctx context.Context, q Querier, m ParkedMessage, f ParkFailure) (head bool, err error) {
+	return parkHead(ctx, q, m, f, false, 0)
+}
+
+func parkHead(ctx context.Context, q Querier, m ParkedMessage, f ParkFailure, held bool, deadLetter int64) (head bool, err error) {
+	err = q.QueryRow(ctx, Statement{SQL: parkHeadSQL, Args: []any{
+		m.Handler, m.Key, m.MessageUUID, m.Topic, bytesOrEmpty(m.Payload), jsonOrEmpty(m.Metadata),
+		ms(f.DueIn), f.Attempts, ms(f.PrevDelay), f.FirstFailure, f.LastFailure, f.LastError,
+		f.Rounds, held, deadLetter,
+	}, Expect: NoExpect, What: "parking a failed message"}, &head)
+	return head, err
+}
+
+// ParkDead records dl, the dead letter of m whose handler failed
+// permanently before its key was parked, and with hold also parks m as its
+// key's held head (in one transaction), so that the key's later messages
+// wait for the operator. It returns the dead letter's id.
+func ParkDead(ctx context.Context, p Pool, m ParkedMessage, dl DeadLetterRow, hold bool) (id int64, err error) {
+	if !hold {
+		return InsertDeadLetter(ctx, p, dl)
+	}
+	tx, err := p.Begin(ctx, TxOptions{})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if id, err = InsertDeadLetter(ctx, tx, dl); err != nil {
+		return 0, err
+	}
+	f := ParkFailure{Attempts: dl.Attempts, FirstFailure: dl.FirstFailure, LastFailure: dl.LastFailure, LastError: dl.Error}
+	if _, err = parkHead(ctx, tx, m, f, true, id); err != nil {
+		return 0, err
+	}
+	return id, tx.Commit(ctx)
+}
+
+const claimParkedSQL = `WITH c AS (SELECT handler, key FROM millwright_parked_keys
+    WHERE NOT held AND due_at <= now() AND handler = ANY($1)
+    ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED),
+u AS (UPDATE millwright_parked_keys k SET due_at = now() + $3::bigint * interval '1 millisecond', claims = k.claims + 1
+    FROM c WHERE k.handler = c.handler AND k.key = c.key
+    RETURNING k.handler, k.key, k.claims, k.attempts, k.rounds, k.prev_delay_ms, k.first_failure_at, k.last_failure_at)
+SELECT u.handler, u.key, u.claims, u.attempts, u.rounds, u.prev_delay_ms, u.first_failure_at, u.last_failure_at,
+    m.id, m.message_uuid, m.topic, m.payload, m.metadata::text, m.parked_at
+FROM u LEFT JOIN LATERAL (SELECT * FROM millwright_parked_messages p
+    WHERE p.handler = u.handler AND p.key = u.key ORDER BY p.id LIMIT 1) m ON true`
+
+// ClaimParked claims up to limit due keys of handlers that no other
+// retrier holds (SKIP LOCKED), moving their due time lease ahead so that
+// a retrier that dies leaves them due again then.
+func ClaimParked(ctx context.Context, q Querier, handlers []string, limit int, lease time.Duration) ([]ParkedClaim, error) {
+	var out []ParkedClaim
+	err := q.Query(ctx, Statement{SQL: claimParkedSQL, Args: []any{handlers, limit, ms(lease)}, Expect: NoExpect, What: "claiming due parked keys"},
+		func(r Row) error {
+			var (
+				c                 ParkedClaim
+				prev              int64
+				id                sql.NullInt64
+				uuid, topic, meta sql.NullString
+				payload           []byte
+				at                sql.NullTime
+			)
+			if err := r.Scan(&c.Handler, &c.Key, &c.Claim, &c.Attempts, &c.Rounds, &prev, &c.FirstFailure, &c.LastFailure,
+				&id, &uuid, &topic, &payload, &meta, &at); err != nil {
+				return err
+			}
+			c.PrevDelay = time.Duration(prev) * time.Millisecond
+			if id.Valid {
+				c.Head = &ParkedMessage{ID: id.Int64, Handler: c.Handler, Key: c.Key, MessageUUID: uuid.String,
+					Topic: topic.String, Payload: payload, Metadata: meta.String, ParkedAt: at.Time}
+			}
+			out = append(out, c)
+			return nil
+		})
+	return out, err
+}
+
+// ErrParkedClaimLost is returned (wrapped) when a claim is no longer the
+// key's latest (its lease passed and another retrier claimed the key), or
+// the key is gone or not in the state the operation needs.
+var ErrParkedClaimLost = errors.New("parked key claim lost")
+
+// lockParked is the first statement of a transaction on a key: it locks
+// the key's row, and fails unless the row is there with claim number claim
+// (any when claim < 0) and, when heldOnly, held.
+func lockParked(handler, key string, claim int64, heldOnly bool) Statement {
+	return Statement{SQL: `UPDATE millwright_parked_keys SET claims = claims WHERE handler = $1 AND key = $2 AND ($3 < 0 OR claims = $3) AND (held OR NOT $4)`,
+		Args: []any{handler, key, claim, heldOnly}, Expect: 1, What: "locking parked key " + key}
+}
+
+// advanceParked, run while the key's row is locked and after its head was
+// deleted, makes the key's next message due at once, or releases the key
+// when none is left. Its snapshot is taken after the lock, so it sees
+// every message parked behind the key.
+func advanceParked(handler, key string) Statement {
+	return S(`WITH more AS (SELECT EXISTS (SELECT 1 FROM millwright_parked_messages WHERE handler = $1 AND key = $2) AS m),
+u AS (UPDATE millwright_parked_keys SET due_at = now(), held = false, attempts = 0, rounds = 0, prev_delay_ms = 0,
+        first_failure_at = NULL, last_failure_at = NULL, last_error = '', dead_letter_id = NULL
+    WHERE handler = $1 AND key = $2 AND (SELECT m FROM more) RETURNING 1)
+DELETE FROM millwright_parked_keys WHERE handler = $1 AND key = $2 AND NOT (SELECT m FROM more)`, handler, key)
+}
+
+func deleteParkedMessage(handler, key string, id int64) Statement {
+	return S(`DELETE FROM millwright_parked_messages WHERE handler = $1 AND key = $2 AND id = $3`, handler, key, id)
+}
+
+// inKeyTx runs fn in a transaction whose first statement is lock; a lock
+// that finds no row is ErrParkedClaimLost.
+func inKeyTx(ctx context.Context, p Pool, lock Statement, fn func(Tx) error) error {
+	tx, err := p.Begin(ctx, TxOptions{First: []Statement{lock}})
+	if errors.Is(err, ErrConflict) {
+		return fmt.Errorf("%s: %w", lock.What, ErrParkedClaimLost)
+	}
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// CompleteParked deletes the head message headID of a key claimed with
+// claim (it succeeded) and makes the key's next message due at once, or
+// releases the key. ErrParkedClaimLost when the claim is no longer the
+// key's.
+func CompleteParked(ctx context.Context, p Pool, handler, key string, claim, headID int64) error {
+	return inKeyTx(ctx, p, lockParked(handler, key, claim, false), func(tx Tx) error {
+		return tx.Batch(ctx, deleteParkedMessage(handler, key, headID), advanceParked(handler, key))
+	})
+}
+
+// RescheduleParked records the failure f of a claimed key's head and makes
+// it due f.DueIn from now. ErrParkedClaimLost when the claim is no longer
+// the key's.
+func RescheduleParked(ctx context.Context, q Querier, handler, key string, claim int64, f ParkFailure) error {
+	_, err := q.Exec(ctx, Statement{SQL: `UPDATE millwright_parked_keys SET due_at = now() + $4::bigint * interval '1 millisecond',
+    attempts = $5, prev_delay_ms = $6, first_failure_at = COALESCE(first_failure_at, $7), last_failure_at = $8, last_error = $9, rounds = $10
+WHERE handler = $1 AND key = $2 AND claims = $3`, Args: []any{handler, key, claim, ms(f.DueIn), f.Attempts, ms(f.PrevDelay),
+		f.FirstFailure, f.LastFailure, f.LastError, f.Rounds}, Expect: 1, What: "rescheduling parked key " + key})
+	if errors.Is(err, ErrConflict) {
+		return fmt.Errorf("rescheduling parked key %s: %w", key, ErrParkedClaimLost)
+	}
+	return err
+}
+
+// DeadLetterParked records dl, the dead letter of a claimed key's head
+// headID, in millwright_dead_letters, in one transaction with what follows
+// for the key: hold keeps the head and holds the key (nothing of it runs
+// until ReleaseParked or RetryParked), else the head is deleted and the
+// next message is due at once. It returns the dead letter's id (0 when the
+// same dead letter was stored before).
+func DeadLetterParked(ctx context.Context, p Pool, claim, headID int64, rounds int, dl DeadLetterRow, key string, hold bool) (id int64, err error) {
+	err = inKeyTx(ctx, p, lockParked(dl.Handler, key, claim, false), func(tx Tx) error {
+		var err error
+		if id, err = InsertDeadLetter(ctx, tx, dl); err != nil {
+			return err
+		}
+		if hold {
+			_, err = tx.Exec(ctx, Statement{SQL: `UPDATE millwright_parked_keys SET held = true, dead_letter_id = NULLIF($3, 0),
+    attempts = $4, last_failure_at = $5, last_error = $6, first_failure_at = COALESCE(first_failure_at, $7), rounds = $8
+WHERE handler = $1 AND key = $2`, Args: []any{dl.Handler, key, id, dl.Attempts, dl.LastFailure, dl.Error, dl.FirstFailure, rounds},
+				Expect: 1, What: "holding parked key " + key})
+			return err
+		}
+		return tx.Batch(ctx, deleteParkedMessage(dl.Handler, key, headID), advanceParked(dl.Handler, key))
+	})
+	return id, err
+}
+
+// ReleaseParked drops a held key's head (its dead letter stays in
+// millwright_dead_letters) and makes the next message due at once, or
+// releases the key. force drops the head of a key that is not held too.
+// ErrParkedClaimLost when the key is not parked (or not held, without
+// force).
+func ReleaseParked(ctx context.Context, p Pool, handler, key string, force bool) error {
+	return inKeyTx(ctx, p, lockParked(handler, key, -1, !force), func(tx Tx) error {
+		return tx.Batch(ctx, S(`DELETE FROM millwright_parked_messages WHERE id = (SELECT min(id) FROM millwright_parked_messages
+    WHERE handler = $1 AND key = $2)`, handler, key), advanceParked(handler, key))
+	})
+}
+
+// RetryParked makes a parked key's head due at once with a fresh budget,
+// held or not. ErrParkedClaimLost when the key is not parked.
+func RetryParked(ctx context.Context, q Querier, handler, key string) error {
+	_, err := q.Exec(ctx, Statement{SQL: `UPDATE millwright_parked_keys SET held = false, due_at = now(), attempts = 0, rounds = 0, prev_delay_ms = 0,
+    first_failure_at = NULL, last_failure_at = NULL, dead_letter_id = NULL WHERE handler = $1 AND key = $2`,
+		Args: []any{handler, key}, Expect: 1, What: "retrying parked key " + key})
+	if errors.Is(err, ErrConflict) {
+		return fmt.Errorf("retrying parked key %s: %w", key, ErrParkedClaimLost)
+	}
+	return err
+}
+
+// ListParked returns the parked keys of handler (all handlers when ""),
+// only key when key is not "", held ones first then by due time, at most
+// limit (0: all).
+func ListParked(ctx context.Context, q Querier, handler, key string, limit int) ([]ParkedKey, error) {
+	s := `SELECT k.handler, k.key, (SELECT count(*) FROM millwright_parked_messages m WHERE m.handler = k.handler AND m.key = k.key),
+    k.due_at, k.held, k.attempts, k.rounds, k.first_failure_at, k.last_failure_at, k.last_error, k.dead_letter_id, k.created_at
+FROM millwright_parked_keys k WHERE ($1 = '' OR k.handler = $1) AND ($2 = '' OR k.key = $2)
+ORDER BY k.held DESC, k.due_at, k.handler, k.key`
+	args := []any{handler, key}
+	if limit > 0 {
+		s += ` LIMIT $3`
+		args = append(args, limit)
+	}
+	var out []ParkedKey
+	err := q.Query(ctx, Statement{SQL: s, Args: args, Expect: NoExpect, What: "listing parked keys"}, func(r Row) error {
+		var k ParkedKey
+		if err := r.Scan(&k.Handler, &k.Key, &k.Messages, &k.DueAt, &k.Held, &k.Attempts, &k.Rounds, &k.FirstFailure, &k.LastFailure,
+			&k.LastError, &k.DeadLetterID, &k.CreatedAt); err != nil {
+			return err
+		}
+		out = append(out, k)
+		return nil
+	})
+	return out, err
+}
+
+// ListParkedMessages returns the parked messages of one key, in order.
+func ListParkedMessages(ctx context.Context, q Querier, handler, key string) ([]ParkedMessage, error) {
+	var out []ParkedMessage
+	err := q.Query(ctx, S(`SELECT id, handler, key, message_uuid, topic, payload, metadata::text, parked_at
+FROM millwright_parked_messages WHERE handler = $1 AND key = $2 ORDER BY id`, handler, key), func(r Row) error {
+		var m ParkedMessage
+		if err := r.Scan(&m.ID, &m.Handler, &m.Key, &m.MessageUUID, &m.Topic, &m.Payload, &m.Metadata, &m.ParkedAt); err != nil {
+			return err
+		}
+		out = append(out, m)
+		return nil
+	})
+	return out, err
+}
+
+// ParkedDepths returns the parked keys and messages by handler.
+func ParkedDepths(ctx context.Context, q Querier) (map[string]ParkedDepth, error) {
+	out := map[string]ParkedDepth{}
+	err := q.Query(ctx, S(`SELECT k.handler, count(*), count(*) FILTER (WHERE k.held),
+    COALESCE(sum((SELECT count(*) FROM millwright_parked_messages m WHERE m.handler = k.handler AND m.key = k.key)), 0)::bigint
+FROM millwright_parked_keys k GROUP BY k.handler`), func(r Row) error {
+		var (
+			h string
+			d ParkedDepth
+		)
+		if err := r.Scan(&h, &d.Keys, &d.Held, &d.Messages); err != nil {
+			return err
+		}
+		out[h] = d
+		return nil
+	})
+	return out, err
+}

@@ -1,0 +1,153 @@
+package park
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/internal/logfields"
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/retry"
+)
+
+// Middleware returns the parking middleware of the handler named handler,
+// and registers the handler it wraps with the retrier, which runs it on
+// the handler's parked messages. The name scopes the parked keys in the
+// database: give every handler (every consumer group's handler of a
+// topic) its own, the same in every instance of the service.
+//
+// Put it outside the in-place retry and the idempotency middleware, and do
+// not wrap it in dlq.Middleware (it dead-letters itself):
+//
+//	h.AddMiddleware(parker.Middleware("billing"), rm.Middleware, dedup.Middleware)
+//
+// For each message it:
+//   - parks it behind its key, without running the handler, when the key
+//     is parked (acks);
+//   - else runs the handler: success acks (produced messages go to the
+//     router); a transient failure after the in-place retries parks the
+//     message as its key's head, due after the park policy's first delay,
+//     and acks; a permanent failure writes a dead letter (and, with Hold,
+//     parks the message as the key's held head) and acks; an interrupted
+//     retry (shutdown) nacks;
+//   - nacks, for redelivery, when the database does not answer.
+func (p *Parker) Middleware(handler string) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		p.register(handler, h)
+		return func(msg *message.Message) ([]*message.Message, error) {
+			return p.handle(handler, h, msg)
+		}
+	}
+}
+
+func (p *Parker) handle(handler string, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	ctx := msg.Context()
+	pm, err := p.parkedMessage(handler, message.SubscribeTopicFromCtx(ctx), msg)
+	if err != nil {
+		return nil, err
+	}
+	parked, err := storage.ParkBehind(ctx, p.pool, pm)
+	if err != nil {
+		return nil, fmt.Errorf("park: handler %q: checking whether key %q is parked (message %s nacked; is the database up, did `millwright migrate` run?): %w",
+			handler, pm.Key, msg.UUID, err)
+	}
+	if parked {
+		p.countParked(handler, "behind")
+		return nil, nil
+	}
+	produced, herr := callRecovering(h, msg)
+	if herr == nil {
+		return produced, nil
+	}
+	if !retry.Final(herr) {
+		return nil, herr
+	}
+	// The decision is made: a shutdown starting now must not turn it into
+	// a redelivery of a message that used its in-place attempts.
+	wctx := context.WithoutCancel(ctx)
+	if retry.IsPermanent(herr) {
+		return nil, p.deadLetterFirst(wctx, handler, pm, herr)
+	}
+	f := dlq.Describe(herr)
+	delay := p.cfg.Retry.Delay(1, 0)
+	if _, err := storage.ParkHead(wctx, p.pool, pm, storage.ParkFailure{
+		DueIn: delay, Attempts: f.Attempts, PrevDelay: delay, FirstFailure: f.FirstFailure, LastFailure: f.LastFailure, LastError: f.Error,
+	}); err != nil {
+		return nil, errors.Join(herr, fmt.Errorf("park: handler %q: parking message %s of key %q failed, nacked for redelivery: %w", handler, msg.UUID, pm.Key, err))
+	}
+	p.countParked(handler, "failed")
+	p.cfg.Logger.Info("Message parked; its key waits for the retrier", logfields.Of(pm.Topic, msg).Add(watermill.LogFields{
+		"handler": handler, "key": pm.Key, "attempts": f.Attempts, "due_in": delay.String(), "error": f.Error,
+	}))
+	return nil, nil
+}
+
+// deadLetterFirst records the dead letter of a message that failed
+// permanently on first delivery; with Hold its key is held behind it.
+func (p *Parker) deadLetterFirst(ctx context.Context, handler string, pm storage.ParkedMessage, cause error) error {
+	f := dlq.Describe(cause)
+	row := p.deadLetterRow(handler, pm, f)
+	id, err := storage.ParkDead(ctx, p.pool, pm, row, p.cfg.OnDeadLetter == Hold)
+	if err != nil {
+		return errors.Join(cause, fmt.Errorf("park: handler %q: recording the dead letter of message %s failed, nacked for redelivery (did `millwright migrate` run?): %w", handler, pm.MessageUUID, err))
+	}
+	p.countRetry(handler, "dead_letter")
+	p.logDeadLetter(handler, pm, f, id, cause)
+	return nil
+}
+
+func (p *Parker) logDeadLetter(handler string, pm storage.ParkedMessage, f dlq.Failure, id int64, cause error) {
+	p.cfg.Logger.Error("Message dead-lettered", cause, watermill.LogFields{
+		"handler": handler, "key": pm.Key, "message_uuid": pm.MessageUUID, "topic": pm.Topic, "reason": f.Reason,
+		"attempts": f.Attempts, "dead_letter_id": id, "on_dead_letter": string(p.cfg.OnDeadLetter),
+	})
+}
+
+// deadLetterRow is the dead letter of pm, as dlq's Store reads it.
+func (p *Parker) deadLetterRow(handler string, pm storage.ParkedMessage, f dlq.Failure) storage.DeadLetterRow {
+	return storage.DeadLetterRow{
+		MessageUUID: pm.MessageUUID, OriginalTopic: pm.Topic, DLQTopic: p.cfg.DeadLetterTopic(pm.Topic),
+		ConsumerGroup: p.cfg.ConsumerGroup, Handler: handler, Reason: f.Reason, Error: f.Error, ErrorType: f.ErrorType,
+		Stack: f.Stack, Attempts: f.Attempts, FirstFailure: f.FirstFailure, LastFailure: f.LastFailure,
+		Payload: pm.Payload, Metadata: pm.Metadata,
+	}
+}
+
+// parkedMessage is msg as a row: its key, topic and metadata.
+func (p *Parker) parkedMessage(handler, topic string, msg *message.Message) (storage.ParkedMessage, error) {
+	key := p.cfg.Key(msg)
+	if key == "" {
+		key = "uuid:" + msg.UUID
+	}
+	md, err := json.Marshal(storableMetadata(msg.Metadata))
+	if err != nil {
+		return storage.ParkedMessage{}, fmt.Errorf("park: encoding metadata of message %s: %w", msg.UUID, err)
+	}
+	return storage.ParkedMessage{Handler: handler, Key: storable(key), MessageUUID: storable(msg.UUID), Topic: storable(topic),
+		Payload: msg.Payload, Metadata: string(md)}, nil
+}
+
+// callRecovering calls h, turning a panic into an error (the retry
+// middleware inside usually recovers first).
+func callRecovering(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			produced, err = nil, fmt.Errorf("park: handler panicked: %v", r)
+		}
+	}()
+	return h(msg)
+}
+
+// since is time.Since of a failure time that may be unset.
+func since(t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return time.Since(t)
+}

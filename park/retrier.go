@@ -1,0 +1,283 @@
+package park
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/retry"
+)
+
+// ErrProduced is returned (wrapped, permanent) when a handler run by the
+// retrier returns messages and Config.Publish is not set.
+var ErrProduced = errors.New("park: a retried handler returned messages to publish but Config.Publish is not set")
+
+type retriedKey struct{}
+
+// Retried reports whether ctx is a message's context given by the
+// retrier (the message was parked), and the round (1-based).
+func Retried(ctx context.Context) (round int, ok bool) {
+	round, ok = ctx.Value(retriedKey{}).(int)
+	return round, ok
+}
+
+// Run retries due parked keys of the handlers whose Middleware was applied
+// (the router applies middlewares when it starts: start Run once the
+// router is running), up to Config.Concurrency keys at once: a slow
+// round holds its own slot only. It runs until ctx ends or Close is
+// called, then waits for its rounds in flight. A database error is logged
+// and retried at the next poll; Run returns nil when stopped. Run once
+// per Parker.
+func (p *Parker) Run(ctx context.Context) error {
+	started := false
+	p.runOnce.Do(func() { started = true })
+	if !started {
+		return errors.New("park: Run called twice on one Parker (or after Close); create one Parker per retrier")
+	}
+	defer close(p.done)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	close(p.running)
+	var (
+		wg    sync.WaitGroup
+		slots = make(chan struct{}, p.cfg.Concurrency)
+		t     = time.NewTimer(0)
+	)
+	defer wg.Wait()
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-p.wake:
+		}
+		n := p.startRounds(ctx, &wg, slots)
+		next := p.cfg.PollInterval
+		if n > 0 && len(slots) < cap(slots) {
+			next = 0 // more may be due, and there is room
+		}
+		t.Reset(next)
+	}
+}
+
+// startRounds claims as many due keys as slots are free and starts a
+// round on each, returning how many it started. A round ending frees its
+// slot and wakes Run.
+func (p *Parker) startRounds(ctx context.Context, wg *sync.WaitGroup, slots chan struct{}) int {
+	free := cap(slots) - len(slots)
+	names := p.handlerNames()
+	if free == 0 || len(names) == 0 {
+		return 0
+	}
+	claims, err := storage.ClaimParked(ctx, p.pool, names, free, p.cfg.Lease)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.cfg.Logger.Error("Claiming due parked keys failed (did `millwright migrate` run?); trying again at the next poll", err, nil)
+		}
+		return 0
+	}
+	for _, c := range claims {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots; p.poke() }()
+			if err := p.retryKey(ctx, c); err != nil && ctx.Err() == nil {
+				p.cfg.Logger.Error("Retrying a parked key failed; it is due again after Config.Lease", err, watermill.LogFields{"handler": c.Handler, "key": c.Key})
+			}
+		}()
+	}
+	return len(claims)
+}
+
+// Running is closed once Run has started.
+func (p *Parker) Running() <-chan struct{} { return p.running }
+
+// Close stops Run, waiting for its rounds in flight (their handlers get a
+// cancelled context). It is idempotent and returns at once when Run never
+// started.
+func (p *Parker) Close() error {
+	p.close.Do(func() { close(p.closed) })
+	started := false
+	p.runOnce.Do(func() {}) // a Run after Close refuses to start
+	select {
+	case <-p.running:
+		started = true
+	default:
+	}
+	if started {
+		<-p.done
+	}
+	return nil
+}
+
+// RetryDue runs one round synchronously: it claims the due keys of the
+// registered handlers (at most Config.Concurrency), retries their head
+// messages concurrently and returns, when all are done, how many keys it
+// claimed. It is for callers with their own loop (and tests); Run does the
+// same continuously.
+func (p *Parker) RetryDue(ctx context.Context) (int, error) {
+	names := p.handlerNames()
+	if len(names) == 0 {
+		return 0, nil
+	}
+	claims, err := storage.ClaimParked(ctx, p.pool, names, p.cfg.Concurrency, p.cfg.Lease)
+	if err != nil {
+		return 0, fmt.Errorf("park: claiming due parked keys (did `millwright migrate` run?): %w", err)
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, c := range claims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.retryKey(ctx, c); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return len(claims), errors.Join(errs...)
+}
+
+// retryKey runs one claimed key's head message once and records the
+// outcome.
+func (p *Parker) retryKey(ctx context.Context, c storage.ParkedClaim) error {
+	h := p.handler(c.Handler)
+	if c.Head == nil {
+		// The messages were deleted by hand: release the key.
+		return p.lost(storage.CompleteParked(context.WithoutCancel(ctx), p.pool, c.Handler, c.Key, c.Claim, 0))
+	}
+	round := c.Rounds + 1
+	msg, err := p.message(ctx, c, round)
+	if err != nil {
+		return err
+	}
+	produced, herr := callRecovering(h, msg)
+	if herr == nil && len(produced) > 0 {
+		herr = p.publish(c.Handler, produced)
+	}
+	wctx := context.WithoutCancel(ctx)
+	if herr == nil {
+		if err := p.lost(storage.CompleteParked(wctx, p.pool, c.Handler, c.Key, c.Claim, c.Head.ID)); err != nil {
+			return fmt.Errorf("park: handler %q key %q: message %s succeeded but its parked row was not removed (it will run again; idempotency keeps it once): %w",
+				c.Handler, c.Key, c.Head.MessageUUID, err)
+		}
+		p.countRetry(c.Handler, "ok")
+		p.poke()
+		return nil
+	}
+	if !retry.Final(herr) {
+		// Shutting down: due again at once, same budget, for the next
+		// retrier (without waiting out the lease).
+		return p.lost(storage.RescheduleParked(wctx, p.pool, c.Handler, c.Key, c.Claim, failure(c, 0, c.PrevDelay, herr, c.Rounds)))
+	}
+	f := dlq.Describe(herr)
+	f.Attempts += c.Attempts
+	if c.FirstFailure.Valid {
+		f.FirstFailure = c.FirstFailure.Time
+	}
+	if delay, ok := p.nextDelay(round, since(f.FirstFailure), c.PrevDelay); ok && !retry.IsPermanent(herr) {
+		p.countRetry(c.Handler, "failed")
+		ff := failure(c, delay, delay, herr, round)
+		ff.Attempts, ff.FirstFailure = f.Attempts, f.FirstFailure
+		return p.lost(storage.RescheduleParked(wctx, p.pool, c.Handler, c.Key, c.Claim, ff))
+	}
+	return p.deadLetterHead(wctx, c, round, f, herr)
+}
+
+// nextDelay decides what follows the failure of round `round`: ok false
+// when the budget is spent, else the jittered delay. The first round came
+// after Delay(1) (see handle), so round n is followed by Delay(n+1); with
+// MaxElapsedTime the next round starts no later than the budget's end.
+func (p *Parker) nextDelay(round int, elapsed, prev time.Duration) (time.Duration, bool) {
+	if p.cfg.Retry.Exhausted(round, elapsed) {
+		return 0, false
+	}
+	d := p.cfg.Retry.Delay(round+1, prev)
+	if p.cfg.Retry.MaxElapsedTime > 0 {
+		d = min(d, p.cfg.Retry.MaxElapsedTime-elapsed)
+	}
+	return max(d, 0), true
+}
+
+// deadLetterHead records the dead letter of a claimed key's head, with
+// what Config.OnDeadLetter says for the key.
+func (p *Parker) deadLetterHead(ctx context.Context, c storage.ParkedClaim, round int, f dlq.Failure, cause error) error {
+	row := p.deadLetterRow(c.Handler, *c.Head, f)
+	hold := p.cfg.OnDeadLetter == Hold
+	id, err := storage.DeadLetterParked(ctx, p.pool, c.Claim, c.Head.ID, round, row, c.Key, hold)
+	if err := p.lost(err); err != nil {
+		return fmt.Errorf("park: handler %q key %q: recording the dead letter of message %s (it stays parked, retried after the lease): %w",
+			c.Handler, c.Key, c.Head.MessageUUID, err)
+	}
+	p.countRetry(c.Handler, "dead_letter")
+	p.logDeadLetter(c.Handler, *c.Head, f, id, cause)
+	if !hold {
+		p.poke()
+	}
+	return nil
+}
+
+// failure is the failure state after a round of c.
+func failure(c storage.ParkedClaim, due, prev time.Duration, err error, rounds int) storage.ParkFailure {
+	now := time.Now()
+	f := storage.ParkFailure{DueIn: due, Attempts: c.Attempts, Rounds: rounds, PrevDelay: prev, FirstFailure: now, LastFailure: now, LastError: dlq.Describe(err).Error}
+	if c.FirstFailure.Valid {
+		f.FirstFailure = c.FirstFailure.Time
+	}
+	return f
+}
+
+// lost drops ErrParkedClaimLost: another retrier took the key over (its
+// lease passed) and records the outcome itself.
+func (p *Parker) lost(err error) error {
+	if errors.Is(err, storage.ErrParkedClaimLost) {
+		p.cfg.Logger.Info("Parked key claim lost to another retrier (round longer than Config.Lease?); its outcome is theirs", watermill.LogFields{"error": err.Error()})
+		return nil
+	}
+	return err
+}
+
+// message rebuilds the parked message for a round.
+func (p *Parker) message(ctx context.Context, c storage.ParkedClaim, round int) (*message.Message, error) {
+	msg := message.NewMessage(c.Head.MessageUUID, c.Head.Payload)
+	if c.Head.Metadata != "" {
+		if err := json.Unmarshal([]byte(c.Head.Metadata), &msg.Metadata); err != nil {
+			return nil, fmt.Errorf("park: decoding metadata of parked message %s: %w", c.Head.MessageUUID, err)
+		}
+	}
+	msg.SetContext(context.WithValue(ctx, retriedKey{}, round))
+	return msg, nil
+}
+
+func (p *Parker) publish(handler string, msgs []*message.Message) error {
+	if p.cfg.Publish == nil {
+		return retry.Permanent(fmt.Errorf("%w (handler %q returned %d)", ErrProduced, handler, len(msgs)))
+	}
+	if err := p.cfg.Publish(handler, msgs); err != nil {
+		return fmt.Errorf("park: publishing the %d messages handler %q produced: %w", len(msgs), handler, err)
+	}
+	return nil
+}

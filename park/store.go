@@ -1,0 +1,202 @@
+package park
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
+)
+
+// ErrNotParked is returned (wrapped) by Store.Release and Store.Retry when
+// the key is not parked (or, for Release without force, not held).
+var ErrNotParked = errors.New("key not parked")
+
+// Key is a parked key as the operator sees it.
+type Key struct {
+	// Handler and Key name it.
+	Handler, Key string
+	// Messages counts its parked messages, the head included.
+	Messages int64
+	// DueAt is when the head is retried next (meaningless while Held).
+	DueAt time.Time
+	// Held is true when the head was dead-lettered under Hold.
+	Held bool
+	// Attempts are the head's attempts (in place included), Rounds the
+	// retrier's.
+	Attempts, Rounds int
+	// FirstFailure and LastFailure of the head; zero when it has not run
+	// since it became the head.
+	FirstFailure, LastFailure time.Time
+	// LastError is the head's last error.
+	LastError string
+	// DeadLetterID is the held head's row in millwright_dead_letters (0
+	// when not held).
+	DeadLetterID int64
+	// ParkedSince is when the key was parked.
+	ParkedSince time.Time
+}
+
+// Message is one parked message.
+type Message struct {
+	ID          int64
+	UUID, Topic string
+	Payload     []byte
+	Metadata    string
+	ParkedAt    time.Time
+}
+
+// Store inspects and releases parked keys: what `millwright parked` runs.
+// Safe for concurrent use.
+type Store struct {
+	pool storage.Pool
+	err  error
+}
+
+// NewStore returns a Store on db. A nil db gives a Store whose every
+// method fails saying so.
+func NewStore[P postgres.Pool](db P) *Store {
+	pool, err := storage.PoolFrom(db)
+	if err != nil {
+		err = fmt.Errorf("park: NewStore: db is nil; pass an open *sql.DB or *pgxpool.Pool: %w", err)
+	}
+	return &Store{pool: pool, err: err}
+}
+
+// Filter selects parked keys; the zero Filter selects all.
+type Filter struct {
+	// Handler and Key, when not "", select one handler's keys, one key.
+	Handler, Key string
+	// Limit caps the keys; 0 is no cap.
+	Limit int
+}
+
+// List returns the parked keys f selects, held ones first, then by due
+// time.
+func (s *Store) List(ctx context.Context, f Filter) ([]Key, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	rows, err := storage.ListParked(ctx, s.pool, f.Handler, f.Key, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("park: listing parked keys (did `millwright migrate` run?): %w", err)
+	}
+	out := make([]Key, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, Key{Handler: r.Handler, Key: r.Key, Messages: r.Messages, DueAt: r.DueAt, Held: r.Held,
+			Attempts: r.Attempts, Rounds: r.Rounds, FirstFailure: r.FirstFailure.Time, LastFailure: r.LastFailure.Time,
+			LastError: r.LastError, DeadLetterID: r.DeadLetterID.Int64, ParkedSince: r.CreatedAt})
+	}
+	return out, nil
+}
+
+// Messages returns the parked messages of one key, in order.
+func (s *Store) Messages(ctx context.Context, handler, key string) ([]Message, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	rows, err := storage.ListParkedMessages(ctx, s.pool, handler, key)
+	if err != nil {
+		return nil, fmt.Errorf("park: listing the parked messages of %s/%s: %w", handler, key, err)
+	}
+	out := make([]Message, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, Message{ID: r.ID, UUID: r.MessageUUID, Topic: r.Topic, Payload: r.Payload, Metadata: r.Metadata, ParkedAt: r.ParkedAt})
+	}
+	return out, nil
+}
+
+// Release drops a held key's head (its dead letter stays in the DLQ for
+// `millwright dlq replay`) and makes its next message due at once, or
+// releases the key when none is left. force also drops the head of a key
+// that is not held (a message that never reached the DLQ: it is lost).
+func (s *Store) Release(ctx context.Context, handler, key string, force bool) error {
+	if s.err != nil {
+		return s.err
+	}
+	err := storage.ReleaseParked(ctx, s.pool, handler, key, force)
+	if errors.Is(err, storage.ErrParkedClaimLost) {
+		what := "parked"
+		if !force {
+			what = "held"
+		}
+		return fmt.Errorf("park: key %q of handler %q is not %s (see `millwright parked list`): %w", key, handler, what, ErrNotParked)
+	}
+	return err
+}
+
+// Retry makes a parked key's head due at once with a fresh budget, held or
+// not: after the cause of its failures was fixed.
+func (s *Store) Retry(ctx context.Context, handler, key string) error {
+	if s.err != nil {
+		return s.err
+	}
+	err := storage.RetryParked(ctx, s.pool, handler, key)
+	if errors.Is(err, storage.ErrParkedClaimLost) {
+		return fmt.Errorf("park: key %q of handler %q is not parked (see `millwright parked list`): %w", key, handler, ErrNotParked)
+	}
+	return err
+}
+
+// Depth is one handler's parked keys, messages and held keys.
+type Depth struct{ Keys, Messages, Held int64 }
+
+// Depths returns the parked keys, messages and held keys by handler.
+func (s *Store) Depths(ctx context.Context) (map[string]Depth, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	d, err := storage.ParkedDepths(ctx, s.pool)
+	if err != nil {
+		return nil, fmt.Errorf("park: measuring parked keys: %w", err)
+	}
+	out := make(map[string]Depth, len(d))
+	for h, v := range d {
+		out[h] = Depth{Keys: v.Keys, Messages: v.Messages, Held: v.Held}
+	}
+	return out, nil
+}
+
+// NewCollector returns a Prometheus collector of MetricParkedKeys,
+// MetricParkedMessages and MetricHeldKeys by handler, queried from the
+// store at each scrape (5 s timeout; a failed query is reported to the
+// scraper as invalid metrics, not as zero). Register it once per process.
+func NewCollector(s *Store) prometheus.Collector {
+	return &collector{store: s,
+		keys:     prometheus.NewDesc(MetricParkedKeys, "Parked keys (millwright_parked_keys), by handler.", []string{"handler"}, nil),
+		messages: prometheus.NewDesc(MetricParkedMessages, "Parked messages (millwright_parked_messages), by handler.", []string{"handler"}, nil),
+		held:     prometheus.NewDesc(MetricHeldKeys, "Parked keys held after a dead letter, waiting for an operator, by handler.", []string{"handler"}, nil),
+	}
+}
+
+type collector struct {
+	store                *Store
+	keys, messages, held *prometheus.Desc
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.keys
+	ch <- c.messages
+	ch <- c.held
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d, err := c.store.Depths(ctx)
+	if err != nil {
+		for _, desc := range []*prometheus.Desc{c.keys, c.messages, c.held} {
+			ch <- prometheus.NewInvalidMetric(desc, err)
+		}
+		return
+	}
+	for h, v := range d {
+		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(v.Keys), h)
+		ch <- prometheus.MustNewConstMetric(c.messages, prometheus.GaugeValue, float64(v.Messages), h)
+		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(v.Held), h)
+	}
+}
