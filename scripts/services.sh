@@ -85,14 +85,19 @@ pg_configure() {
 		} >"$tmp" && cat "$tmp" >"$conf/pg_hba.conf" && rm -f "$tmp"
 	fi
 	# Room for the test suite's pools; pg_stat_statements for the
-	# benchmarks' where-does-the-time-go questions.
+	# benchmarks' where-does-the-time-go questions; logical decoding for
+	# Debezium (scripts/connect.sh): wal_level=logical (the slots and WAL
+	# senders it needs, one per connector, fit Postgres's default 10).
 	mkdir -p "$conf/conf.d"
 	local want
 	want="$(printf '%s\n' \
 		"# scripts/services.sh" \
 		"listen_addresses = '127.0.0.1,::1'" \
 		"max_connections = 300" \
-		"shared_preload_libraries = 'pg_stat_statements'")"
+		"shared_preload_libraries = 'pg_stat_statements'" \
+		"wal_level = logical" \
+		"max_replication_slots = 10" \
+		"max_wal_senders = 10")"
 	if [ "$(cat "$conf/conf.d/millwright.conf" 2>/dev/null)" != "$want" ]; then
 		printf '%s\n' "$want" >"$conf/conf.d/millwright.conf"
 		grep -q "^include_dir = 'conf.d'" "$conf/postgresql.conf" ||
@@ -100,6 +105,13 @@ pg_configure() {
 		return 10 # changed: a running server needs a restart
 	fi
 	return 0
+}
+
+pg_needs_restart() {
+	local psql=(psql -X -h 127.0.0.1 -U postgres -d postgres -qtA)
+	"${psql[@]}" -c 'SELECT pg_reload_conf()' >/dev/null 2>&1 || return 0
+	sleep 1 # the postmaster applies the reload asynchronously
+	[ "$("${psql[@]}" -c 'SELECT count(*) FROM pg_settings WHERE pending_restart' 2>/dev/null)" != 0 ]
 }
 
 pg_up() {
@@ -113,7 +125,10 @@ pg_up() {
 	pg_configure "$v"; local changed=$?
 	local how="already running"
 	if pg_ready; then
-		if [ "$changed" = 10 ]; then
+		# A changed file restarts the server only when a setting it holds
+		# needs one (wal_level, say) and the running server does not already
+		# have it: reload, then ask pg_settings.pending_restart.
+		if [ "$changed" = 10 ] && pg_needs_restart; then
 			pg_ctlcluster --skip-systemctl-redirect "$v" main restart >>"$state/postgres.log" 2>&1 9>&-
 			how="restarted (configuration changed)"
 		fi
