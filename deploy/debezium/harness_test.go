@@ -66,7 +66,6 @@ func setup(t *testing.T, partitions int32) *env {
 
 	// Registered after pgtest.New: runs before the schema is dropped.
 	t.Cleanup(func() { e.teardown(t) })
-	require.NoError(t, storage.EnableCapture(ctx, q, e.name))
 	return e
 }
 
@@ -133,8 +132,14 @@ func (e *env) consume(t *testing.T) *consumer {
 	require.NoError(t, err)
 	k := &consumer{c: c, more: make(chan struct{}, 1)}
 	for _, p := range parts {
-		pc, err := c.ConsumePartition(e.topic, p, sarama.OffsetOldest)
-		require.NoError(t, err)
+		// A topic just created may not have its leaders yet.
+		var pc sarama.PartitionConsumer
+		deadline := time.Now().Add(30 * time.Second)
+		for pc, err = c.ConsumePartition(e.topic, p, sarama.OffsetOldest); err != nil && time.Now().Before(deadline); {
+			time.Sleep(200 * time.Millisecond)
+			pc, err = c.ConsumePartition(e.topic, p, sarama.OffsetOldest)
+		}
+		require.NoError(t, err, "consuming %s/%d", e.topic, p)
 		go func() {
 			for m := range pc.Messages() {
 				r := record{Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Headers: map[string]string{}}

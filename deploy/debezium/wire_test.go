@@ -29,6 +29,7 @@ func TestDebeziumRecordsEqualRelayRecords(t *testing.T) {
 	e := setup(t, 6)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	require.NoError(t, storage.EnableCapture(ctx, e.q, e.name))
 	_, err := storage.CreateCaptureSlot(ctx, e.q, e.name)
 	require.NoError(t, err)
 
