@@ -127,7 +127,7 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 
 	// To Debezium: capture on, slot, a mark after the slot; the relay
 	// publishes everything the mark sees, then stops; the connector
-	// starts on the slot.
+	// starts on the slot, and the capture tracker marks what it delivers.
 	require.NoError(t, storage.EnableCapture(ctx, e.q, e.name))
 	_, err := storage.CreateCaptureSlot(ctx, e.q, e.name)
 	require.NoError(t, err)
@@ -140,8 +140,7 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	stopRelay()
 	atSwitch := w.written.Load()
 	e.start(ctx, t)
-	markerCtx, stopMarker := context.WithCancel(ctx)
-	marker := e.markCaptured(markerCtx, t)
+	stopTracker := e.track(ctx, t)
 	until(ctx, t, "Debezium relaying", func() (bool, error) { return w.written.Load() > atSwitch+1500, nil })
 
 	// Back: a mark, Debezium confirms past it, the connector stops, the
@@ -149,8 +148,7 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	// publishes the rest.
 	m1, err := storage.TakeCaptureMark(ctx, e.q)
 	require.NoError(t, err)
-	stopMarker()
-	<-marker
+	stopTracker()
 	confirmStart := time.Now()
 	until(ctx, t, "Debezium confirming the last mark", func() (bool, error) {
 		_, mark, err := storage.MarkCaptured(ctx, e.q, e.name)
@@ -184,29 +182,17 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 		written, atSwitch, atBack, len(recs), dups, confirmWait.Round(time.Millisecond), pendingBack)
 }
 
-// markCaptured is the cleaner's helper while Debezium relays: a capture
-// mark and MarkCaptured every 500ms.
-func (e *env) markCaptured(ctx context.Context, t *testing.T) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(500 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			if _, err := storage.TakeCaptureMark(ctx, e.q); err != nil && ctx.Err() == nil {
-				t.Errorf("capture mark: %v", err)
-			}
-			if _, _, err := storage.MarkCaptured(ctx, e.q, e.name); err != nil && ctx.Err() == nil {
-				t.Errorf("MarkCaptured: %v", err)
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return done
+// track runs an outbox.CaptureTracker (a round every 500ms) until the
+// returned stop.
+func (e *env) track(ctx context.Context, t *testing.T) (stop func()) {
+	tr, err := outbox.NewCaptureTracker(e.schema.DB, outbox.CaptureConfig{Slot: e.name, Interval: 500 * time.Millisecond})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- tr.Run(ctx) }()
+	return func() {
+		require.NoError(t, tr.Close())
+		require.NoError(t, <-done)
+	}
 }
 
 // firstApplied is what a consumer that drops duplicates (package

@@ -64,6 +64,11 @@ func CreateCaptureSlot(ctx context.Context, q Querier, slot string) (string, err
 	if err := q.QueryRow(ctx, S(`SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`, slot), &lsn); err != nil {
 		return "", fmt.Errorf("creating replication slot %q (wal_level must be logical): %w", slot, err)
 	}
+	// A mark older than the slot would look confirmed (its position is
+	// before the slot's), though the connector never saw its rows.
+	if _, err := q.Exec(ctx, S(`DELETE FROM millwright_outbox_capture_marks`)); err != nil {
+		return "", err
+	}
 	return lsn, nil
 }
 
