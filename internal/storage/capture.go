@@ -154,3 +154,17 @@ func ReadSlotLag(ctx context.Context, q Querier) ([]SlotLag, error) {
 	})
 	return out, err
 }
+
+// TruncateOutbox empties the outbox: `millwright bench debezium` between
+// its measurements, in its scratch schema. Never on a live outbox.
+func TruncateOutbox(ctx context.Context, q Querier) error {
+	_, err := q.Exec(ctx, S(`TRUNCATE millwright_outbox`))
+	return err
+}
+
+// CountUnpublished counts the rows not published yet (pending or failed).
+func CountUnpublished(ctx context.Context, q Querier) (int64, error) {
+	var n int64
+	err := q.QueryRow(ctx, S(`SELECT count(*) FROM millwright_outbox WHERE status <> 'published'`), &n)
+	return n, err
+}
