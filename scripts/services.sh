@@ -14,6 +14,9 @@
 #   scripts/services.sh restart kafka
 #                                stop the broker `up` started and start it again
 #                                on the same log directory (the reconnect test)
+#   scripts/services.sh connect up|down|status
+#                                Kafka Connect with Debezium (scripts/connect.sh),
+#                                against the broker above; not part of `up`
 #
 #   eval "$(scripts/services.sh up)" && go test ./...
 #
@@ -400,6 +403,12 @@ status_line() { # name description check...
 # emptied log directory under the restarting one, and both died (seen when
 # a benchmark's `up` met the reconnect test's restart). The servers it
 # starts do not inherit the lock (9>&- on each), or they would hold it.
+# Kafka Connect has a script, state and lock of its own.
+if [ "${1:-}" = connect ]; then
+	shift
+	exec bash "$here/connect.sh" "$@"
+fi
+
 case "${1:-}" in
 up | down | restart)
 	mkdir -p "$state"
@@ -446,7 +455,7 @@ restart)
 	esac
 	;;
 *)
-	echo "usage: $0 up|down|status|env|restart kafka" >&2
+	echo "usage: $0 up|down|status|env|restart kafka|connect up|down|status" >&2
 	exit 2
 	;;
 esac
