@@ -176,6 +176,23 @@
 // always), and the consumer's span is its child. Wrap the publisher (any
 // decorator hides the interface) to keep the publisher path.
 //
+// # Relaying with Debezium
+//
+// Debezium's outbox event router on Kafka Connect can relay the same table
+// instead of a Relay, with records a consumer cannot tell from the relay's
+// (same topic, key, partition, headers and payload bytes; Kafka only).
+// EnableCapture creates the row trigger that fills the wire_key,
+// wire_headers and wire_payload columns the router reads (migration 008),
+// and an insert-only publication; writers change nothing, and pay the
+// trigger only while capture is on. Debezium does not mark rows
+// published: a CaptureTracker beside the connector does, from capture
+// marks its slot has confirmed, so that retention and a relay started
+// again work; it also exports MetricSlotRetainedWAL. Guarantees on that
+// path are Debezium's (at-least-once, commit order, per-key order on the
+// topic); no retry budget, no failed state, no dead letters. The
+// connector's configuration: deploy/debezium; switching relays without
+// losing an event: docs/operations.md, "Relaying with Debezium".
+//
 // # Guarantees
 //
 //   - A rolled-back transaction leaves no event; a committed one is

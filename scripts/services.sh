@@ -14,6 +14,9 @@
 #   scripts/services.sh restart kafka
 #                                stop the broker `up` started and start it again
 #                                on the same log directory (the reconnect test)
+#   scripts/services.sh connect up|down|status
+#                                Kafka Connect with Debezium (scripts/connect.sh),
+#                                against the broker above; not part of `up`
 #
 #   eval "$(scripts/services.sh up)" && go test ./...
 #
@@ -85,14 +88,19 @@ pg_configure() {
 		} >"$tmp" && cat "$tmp" >"$conf/pg_hba.conf" && rm -f "$tmp"
 	fi
 	# Room for the test suite's pools; pg_stat_statements for the
-	# benchmarks' where-does-the-time-go questions.
+	# benchmarks' where-does-the-time-go questions; logical decoding for
+	# Debezium (scripts/connect.sh): wal_level=logical (the slots and WAL
+	# senders it needs, one per connector, fit Postgres's default 10).
 	mkdir -p "$conf/conf.d"
 	local want
 	want="$(printf '%s\n' \
 		"# scripts/services.sh" \
 		"listen_addresses = '127.0.0.1,::1'" \
 		"max_connections = 300" \
-		"shared_preload_libraries = 'pg_stat_statements'")"
+		"shared_preload_libraries = 'pg_stat_statements'" \
+		"wal_level = logical" \
+		"max_replication_slots = 10" \
+		"max_wal_senders = 10")"
 	if [ "$(cat "$conf/conf.d/millwright.conf" 2>/dev/null)" != "$want" ]; then
 		printf '%s\n' "$want" >"$conf/conf.d/millwright.conf"
 		grep -q "^include_dir = 'conf.d'" "$conf/postgresql.conf" ||
@@ -100,6 +108,13 @@ pg_configure() {
 		return 10 # changed: a running server needs a restart
 	fi
 	return 0
+}
+
+pg_needs_restart() {
+	local psql=(psql -X -h 127.0.0.1 -U postgres -d postgres -qtA)
+	"${psql[@]}" -c 'SELECT pg_reload_conf()' >/dev/null 2>&1 || return 0
+	sleep 1 # the postmaster applies the reload asynchronously
+	[ "$("${psql[@]}" -c 'SELECT count(*) FROM pg_settings WHERE pending_restart' 2>/dev/null)" != 0 ]
 }
 
 pg_up() {
@@ -113,7 +128,10 @@ pg_up() {
 	pg_configure "$v"; local changed=$?
 	local how="already running"
 	if pg_ready; then
-		if [ "$changed" = 10 ]; then
+		# A changed file restarts the server only when a setting it holds
+		# needs one (wal_level, say) and the running server does not already
+		# have it: reload, then ask pg_settings.pending_restart.
+		if [ "$changed" = 10 ] && pg_needs_restart; then
 			pg_ctlcluster --skip-systemctl-redirect "$v" main restart >>"$state/postgres.log" 2>&1 9>&-
 			how="restarted (configuration changed)"
 		fi
@@ -385,6 +403,12 @@ status_line() { # name description check...
 # emptied log directory under the restarting one, and both died (seen when
 # a benchmark's `up` met the reconnect test's restart). The servers it
 # starts do not inherit the lock (9>&- on each), or they would hold it.
+# Kafka Connect has a script, state and lock of its own.
+if [ "${1:-}" = connect ]; then
+	shift
+	exec bash "$here/connect.sh" "$@"
+fi
+
 case "${1:-}" in
 up | down | restart)
 	mkdir -p "$state"
@@ -431,7 +455,7 @@ restart)
 	esac
 	;;
 *)
-	echo "usage: $0 up|down|status|env|restart kafka" >&2
+	echo "usage: $0 up|down|status|env|restart kafka|connect up|down|status" >&2
 	exit 2
 	;;
 esac

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/debeziumbench"
 	"github.com/millwright/millwright/internal/interrupt"
 	_ "github.com/millwright/millwright/transport/all" // the CLI reaches every kind
 )
@@ -65,6 +66,7 @@ func stopCPUProfile() error {
 
 func init() {
 	rootCmd.AddCommand(benchCmd)
+	benchCmd.AddCommand(debeziumbench.Command())
 	addSchemaFlag(rootCmd)
 	addDriverFlag(rootCmd)
 	benchCmd.PersistentFlags().String("cpuprofile", "", "write a Go CPU profile of the benchmark to this file (read it with go tool pprof)")

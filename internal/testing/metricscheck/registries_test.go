@@ -103,6 +103,9 @@ func registries(t *testing.T) map[string]*recorder {
 	_, err = outbox.NewRelay(schema.DB, tr.Publisher(), outbox.RelayConfig{Registerer: reg("outbox relay")})
 	require.NoError(t, err)
 
+	_, err = outbox.NewCaptureTracker(schema.DB, outbox.CaptureConfig{Slot: "lint", Registerer: reg("outbox capture")})
+	require.NoError(t, err)
+
 	_, err = idempotency.NewMiddleware(idempotency.NewMemoryStore(), idempotency.Config{Consumer: "lint", Registerer: reg("idempotency")})
 	require.NoError(t, err)
 
