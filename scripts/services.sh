@@ -14,6 +14,12 @@
 #   scripts/services.sh restart kafka
 #                                stop the broker `up` started and start it again
 #                                on the same log directory (the reconnect test)
+#   scripts/services.sh up --kafka-brokers 3
+#                                also a three-broker KRaft cluster on
+#                                127.0.0.1:19092-19094 (the failover test)
+#   scripts/services.sh cluster up|down|status|env|kill-leader TOPIC PARTITION|
+#                               kill-broker N|start-broker N
+#                                that cluster alone (scripts/kafka-cluster.sh)
 #
 #   eval "$(scripts/services.sh up)" && go test ./...
 #
@@ -43,6 +49,10 @@ KAFKA_HEAP="${MILLWRIGHT_KAFKA_HEAP:--Xms256m -Xmx1g}"
 # heap for as long as it runs: at 512 MiB, two hours of test runs left it
 # collecting garbage and answering nothing within 10 s.
 PUBSUB_HEAP="${MILLWRIGHT_PUBSUB_HEAP:--Xms256m -Xmx2g}"
+
+# The three-broker cluster's functions (kc_*), beside the single broker.
+# shellcheck source=scripts/kafka-cluster.sh
+. "$here/kafka-cluster.sh"
 
 say() { printf '%-10s %s\n' "$1" "$2" >&2; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -372,6 +382,7 @@ print_env() {
 	port_open 5672 && echo "export MILLWRIGHT_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:5672/'"
 	kafka_ready && echo "export MILLWRIGHT_TEST_KAFKA_BROKERS='127.0.0.1:$KAFKA_PORT'"
 	port_open "$PUBSUB_PORT" && echo "export MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST='127.0.0.1:$PUBSUB_PORT'"
+	kc_env
 	return 0
 }
 
@@ -405,17 +416,31 @@ up)
 	rabbit_up || rc=1
 	kafka_up || rc=1
 	pubsub_up || rc=1
+	case "${2:-}" in
+	"") ;;
+	--kafka-brokers)
+		if [ "${3:-}" != 3 ]; then echo "usage: $0 up [--kafka-brokers 3] (the cluster has three brokers)" >&2; exit 2; fi
+		kc_main up >/dev/null || rc=1
+		;;
+	*) echo "usage: $0 up [--kafka-brokers 3]" >&2; exit 2 ;;
+	esac
 	print_env
 	exit "$rc"
 	;;
 down)
-	pubsub_down; kafka_down; rabbit_down; pg_down
+	kc_main down; pubsub_down; kafka_down; rabbit_down; pg_down
+	;;
+cluster)
+	shift
+	kc_main "$@"
+	exit $?
 	;;
 status)
 	status_line postgres "127.0.0.1:5432" pg_ready
 	status_line rabbitmq "127.0.0.1:5672" port_open 5672
 	status_line kafka "Apache Kafka $(kafka_version) on 127.0.0.1:$KAFKA_PORT" kafka_ready
 	status_line pubsub "Pub/Sub emulator $(pubsub_version) on 127.0.0.1:$PUBSUB_PORT" port_open "$PUBSUB_PORT"
+	[ -f "$state/started/kafka-cluster" ] && kc_status >/dev/null
 	print_env
 	;;
 env)
@@ -431,7 +456,7 @@ restart)
 	esac
 	;;
 *)
-	echo "usage: $0 up|down|status|env|restart kafka" >&2
+	echo "usage: $0 up [--kafka-brokers 3]|down|status|env|restart kafka|cluster ..." >&2
 	exit 2
 	;;
 esac
