@@ -12,7 +12,7 @@
 #   scripts/services.sh cluster env            only the export
 #   scripts/services.sh cluster kill-leader TOPIC PARTITION
 #                                              SIGKILL the node leading TOPIC/PARTITION;
-#                                              prints "killed broker N pid P leader of T/P"
+#                                              prints "killed broker N pid P at MS leader of T/P"
 #   scripts/services.sh cluster kill-broker N  SIGKILL node N
 #   scripts/services.sh cluster start-broker N start node N again on its log directory
 #
@@ -209,11 +209,12 @@ kc_kill() { # N [WHAT]
 	kc_check_node "$n" || return 2
 	p="$(kc_pid "$n")"
 	if [ -z "$p" ]; then say cluster "node $n is not running (see $(kc_node "$n")/kafka.log)"; return 1; fi
+	local at; at="$(date +%s%3N)"
 	kill -KILL "$p"
 	if ! wait_for 10 bash -c "! kill -0 $p 2>/dev/null"; then
 		say cluster "node $n (pid $p) still runs 10s after SIGKILL"; return 1
 	fi
-	echo "killed broker $n pid $p${2:+ $2}"
+	echo "killed broker $n pid $p at $at${2:+ $2}"
 }
 
 kc_kill_leader() { # TOPIC PARTITION
