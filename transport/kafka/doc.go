@@ -20,8 +20,8 @@
 //
 // The producer is set for no loss and per-key order when a partition's
 // leader dies mid-batch. They are the Java client's defaults since Kafka
-// 3.0 (KIP-679), in Sarama's terms; Config.Tune can change them, and
-// Sarama refuses (at Open) an idempotent producer without the other three:
+// 3.0 (KIP-679) in Sarama's terms, but for idempotence; Config.Tune can
+// change them:
 //
 //   - Producer.RequiredAcks = WaitForAll (Java acks=all): the leader
 //     answers once every in-sync replica has the batch, at least
@@ -29,29 +29,28 @@
 //     dies is one of those, so an acknowledged event survives the
 //     failover. acks=1 would lose what the dead leader had not yet
 //     replicated.
-//   - Producer.Idempotent = true (Java enable.idempotence=true): each batch
-//     carries the producer's id and a sequence number per partition, and
-//     the leader, the new one too (producer state is replicated with the
-//     log), drops a retry of a batch it already wrote. A leader that
-//     writes a batch and dies before answering would otherwise get it
-//     twice from Sarama's own retry. Needs Version 0.11 or later (always
-//     true here) and, on a cluster with ACLs, IDEMPOTENT_WRITE (implied by
-//     WRITE on the topic since Kafka 2.8).
 //   - Net.MaxOpenRequests = 1 (Java max.in.flight.requests.per.connection,
-//     at most 5 with idempotence): Sarama's idempotent producer requires
-//     1. One request in flight per broker also means a retried batch
-//     cannot overtake a later batch of the same key.
+//     at most 5): one request in flight per broker, so a retried batch
+//     cannot overtake a later one on the connection.
 //   - Producer.Retry.Max = 10, backoff doubling from 100 ms to 1 s (Java
 //     retries=MAX_INT bounded by delivery.timeout.ms=2m; retry.backoff.ms
 //     100 ms, retry.backoff.max.ms 1 s): Sarama rides out about 7.5 s of a
 //     partition without a leader (a controller fences a dead broker after
-//     broker.session.timeout.ms, 9 s by default), with no duplicate thanks
-//     to the sequence numbers. Longer outages reach the caller as errors:
-//     the outbox relay leaves the rows pending and retries them with its
-//     own backoff, well inside its publish bound (0.4 x RelayConfig.Lease),
-//     which Sarama's calls ignore. A row retried by the relay is a new
-//     send: a copy that reached the broker before the error is delivered
-//     twice, and the idempotency middleware drops the second.
+//     broker.session.timeout.ms, 9 s by default). Longer outages reach
+//     the caller as errors: the outbox relay leaves the rows pending and
+//     retries them with its own backoff, well inside its publish bound
+//     (0.4 x RelayConfig.Lease), which Sarama's calls ignore.
+//   - Producer.Idempotent = false (Java enable.idempotence=true): Sarama
+//     1.43.3, the version watermill-kafka v3.0.6 pins, mis-sequences
+//     retried batches of its idempotent producer (IBM/sarama#2619, #2803,
+//     #2860; fixed by #3422 in a later Sarama). Turned on here, Watermill's
+//     suite on one broker got "The broker received an out of order
+//     sequence number" on each retry of a partition, and 10 of the 5,000
+//     messages it had sent never arrived. Without it, a batch that the
+//     dying leader wrote but did not acknowledge is written again by
+//     Sarama's retry or the relay's: consumers see that copy twice, and
+//     the idempotency middleware drops the second (at least once, as
+//     every millwright transport). Order does not depend on it (below).
 //
 // PublishBatch sends a batch in rounds (one message per ordering key per
 // round) and sends nothing more of a key once one of its messages failed,

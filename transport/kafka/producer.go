@@ -50,8 +50,8 @@ func tuneProducer(sc *sarama.Config) {
 	// batches (IBM/sarama#2619, #2803, #2860; fixed by #3422 in a later
 	// release). With it on, Watermill's suite on the single broker got
 	// "The broker received an out of order sequence number" on every
-	// retry of a partition and lost 10 of 5,000 messages
-	// (TestContinueAfterSubscribeClose). Order does not rest on it:
+	// retry of a partition, and 10 of the 5,000 messages it had sent never
+	// arrived (TestContinueAfterSubscribeClose). Order does not rest on it:
 	// PublishBatch never has two messages of one key in flight (rounds),
 	// and Publish waits for each message. A retry's duplicate, which
 	// idempotence would drop at the broker, is dropped by the
