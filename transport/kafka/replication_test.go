@@ -50,8 +50,9 @@ func createClusterTopic(t *testing.T, brokers []string, topic string, rf int16, 
 
 // On the three-broker cluster, the first publish to a topic of
 // replication factor 1 logs an error naming the topic and the fix; one to
-// a topic of three replicas with min.insync.replicas=1 names that; a
-// topic as the doc asks (RF 3, min.insync.replicas=2) logs nothing.
+// a topic of three replicas with min.insync.replicas=1 names that, one
+// with unclean leader election on names that; a topic as the doc asks
+// (RF 3, min.insync.replicas=2) logs nothing.
 func TestPublishingToAnUnreplicatedTopicOnAClusterWarns(t *testing.T) {
 	brokers := clusterBrokers(t)
 	one := "rf1_" + watermill.NewShortUUID()
@@ -68,6 +69,13 @@ func TestPublishingToAnUnreplicatedTopicOnAClusterWarns(t *testing.T) {
 	lines = replicationErrors(t, brokers, isr1)
 	require.Len(t, lines, 1, "want one min.insync.replicas warning for %s: %q", isr1, lines)
 	require.Contains(t, lines[0], "topic "+isr1+" has min.insync.replicas=1 with replication factor 3")
+
+	unclean := "unclean_" + watermill.NewShortUUID()
+	yes := "true"
+	createClusterTopic(t, brokers, unclean, 3, map[string]*string{"unclean.leader.election.enable": &yes})
+	lines = replicationErrors(t, brokers, unclean)
+	require.Len(t, lines, 1, "want one unclean election warning for %s: %q", unclean, lines)
+	require.Contains(t, lines[0], "topic "+unclean+" has unclean.leader.election.enable=true")
 
 	good := "rf3_" + watermill.NewShortUUID()
 	createClusterTopic(t, brokers, good, 3, nil) // the cluster's default min.insync.replicas=2
