@@ -173,6 +173,7 @@ kc_up() {
 		how="restarted the nodes that were down"
 	fi
 	touch "$state/started/kafka-cluster"
+	kc_leader_tool >/dev/null || say cluster "warning: kill-leader's helper did not build (above); kill-leader will try again"
 	# Three JVMs starting at once on 2 cores, and each waits for a quorum.
 	for n in $(kc_nodes); do kc_wait "$n" 180 || return 1; done
 	say cluster "$how: Apache Kafka $(kafka_version) (KRaft, $KCLUSTER_NODES combined nodes) on $(kc_brokers) (RF 3, min.insync.replicas=2; state in $(kc_dir))"
@@ -217,10 +218,24 @@ kc_kill() { # N [WHAT]
 	echo "killed broker $n pid $p at $at${2:+ $2}"
 }
 
+# kc_leader_tool: the leader helper's binary, built by `cluster up` so
+# that kill-leader does not compile on the spot (seconds on a loaded
+# machine, while the test waits to kill mid-batch); rebuilt when its
+# source is newer.
+kc_leader_tool() {
+	local bin src
+	bin="$(kc_dir)/kafkaleader" src="$here/../internal/testing/kafkaleader/main.go"
+	if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ]; then
+		(cd "$here/.." && go build -o "$bin" ./internal/testing/kafkaleader) >&2 || return 1
+	fi
+	echo "$bin"
+}
+
 kc_kill_leader() { # TOPIC PARTITION
-	local topic="$1" part="$2" out
+	local topic="$1" part="$2" out tool
 	if [ -z "$topic" ] || [ -z "$part" ]; then echo "usage: $0 cluster kill-leader TOPIC PARTITION" >&2; return 2; fi
-	if ! out="$(cd "$here/.." && go run ./internal/testing/kafkaleader -brokers "$(kc_brokers)" -topic "$topic" -partition "$part")"; then
+	if ! tool="$(kc_leader_tool)"; then say cluster "building internal/testing/kafkaleader failed (above)"; return 1; fi
+	if ! out="$("$tool" -brokers "$(kc_brokers)" -topic "$topic" -partition "$part")"; then
 		say cluster "could not find the leader of $topic/$part (above)"; return 1
 	fi
 	kc_kill "${out%% *}" "leader of $topic/$part (isr ${out#* })"
