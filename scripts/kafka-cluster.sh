@@ -112,15 +112,23 @@ kc_format() {
 	if ! id="$("${java[@]}" kafka.tools.StorageTool random-uuid 2>>"$(kc_dir)/format.log" | tail -1)" || [ -z "$id" ]; then
 		echo "kafka.tools.StorageTool random-uuid failed (see $(kc_dir)/format.log)"; return 1
 	fi
+	# The three formats at once: each is a JVM start, 10 s or more on a
+	# loaded 2-core machine.
+	local pids=() failed=""
 	for n in $(kc_nodes); do
 		local d; d="$(kc_node "$n")"
 		rm -rf "$d/data"
 		mkdir -p "$d/data"
 		kc_properties "$n" >"$d/server.properties"
-		if ! "${java[@]}" kafka.tools.StorageTool format -t "$id" -c "$d/server.properties" >>"$(kc_dir)/format.log" 2>&1; then
-			echo "formatting node $n's log directory failed (see $(kc_dir)/format.log)"; return 1
-		fi
+		"${java[@]}" kafka.tools.StorageTool format -t "$id" -c "$d/server.properties" >"$d/format.log" 2>&1 &
+		pids+=("$!")
 	done
+	for n in $(kc_nodes); do
+		wait "${pids[$((n - 1))]}" || failed="$failed $n"
+	done
+	if [ -n "$failed" ]; then
+		echo "formatting the log directory of node(s)$failed failed (see $(kc_dir)/node-N/format.log)"; return 1
+	fi
 }
 
 # kc_start N: start node N on its (formatted) log directory; returns at once.

@@ -51,6 +51,11 @@
 //     Sarama's retry or the relay's: consumers see that copy twice, and
 //     the idempotency middleware drops the second (at least once, as
 //     every millwright transport). Order does not depend on it (below).
+//     Sarama accepts Idempotent only with Version 0.11 or later,
+//     RequiredAcks WaitForAll, Net.MaxOpenRequests 1 and Retry.Max 1 or
+//     more (its config validation), all of which hold here: once Sarama
+//     is upgraded past the fix, Config.Tune can turn it on; do not on
+//     1.43.3.
 //
 // PublishBatch sends a batch in rounds (one message per ordering key per
 // round) and sends nothing more of a key once one of its messages failed,
