@@ -412,21 +412,20 @@ esac
 case "${1:-}" in
 up)
 	rc=0
+	case "${2:-} ${3:-}" in
+	" " | "--kafka-brokers 3") ;;
+	*) echo "usage: $0 up [--kafka-brokers 3] (the cluster has three brokers)" >&2; exit 2 ;;
+	esac
 	# Postgres and RabbitMQ first: the tests need them most, and the JVMs
 	# start faster on a machine that is not also installing packages.
 	pg_up || rc=1
 	rabbit_up || rc=1
 	kafka_up || rc=1
 	pubsub_up || rc=1
-	case "${2:-}" in
-	"") ;;
-	--kafka-brokers)
-		if [ "${3:-}" != 3 ]; then echo "usage: $0 up [--kafka-brokers 3] (the cluster has three brokers)" >&2; exit 2; fi
+	if [ "${2:-}" = --kafka-brokers ]; then
 		kc_main up >/dev/null || rc=1
 		with_cluster=1
-		;;
-	*) echo "usage: $0 up [--kafka-brokers 3]" >&2; exit 2 ;;
-	esac
+	fi
 	print_env
 	exit "$rc"
 	;;
