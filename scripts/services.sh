@@ -17,6 +17,12 @@
 #   scripts/services.sh connect up|down|status
 #                                Kafka Connect with Debezium (scripts/connect.sh),
 #                                against the broker above; not part of `up`
+#   scripts/services.sh up --kafka-brokers 3
+#                                also a three-broker KRaft cluster on
+#                                127.0.0.1:19092-19094 (the failover test)
+#   scripts/services.sh cluster up|down|status|env|kill-leader TOPIC PARTITION|
+#                               kill-broker N|start-broker N
+#                                that cluster alone (scripts/kafka-cluster.sh)
 #
 #   eval "$(scripts/services.sh up)" && go test ./...
 #
@@ -46,6 +52,10 @@ KAFKA_HEAP="${MILLWRIGHT_KAFKA_HEAP:--Xms256m -Xmx1g}"
 # heap for as long as it runs: at 512 MiB, two hours of test runs left it
 # collecting garbage and answering nothing within 10 s.
 PUBSUB_HEAP="${MILLWRIGHT_PUBSUB_HEAP:--Xms256m -Xmx2g}"
+
+# The three-broker cluster's functions (kc_*), beside the single broker.
+# shellcheck source=scripts/kafka-cluster.sh
+. "$here/kafka-cluster.sh"
 
 say() { printf '%-10s %s\n' "$1" "$2" >&2; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -390,6 +400,9 @@ print_env() {
 	port_open 5672 && echo "export MILLWRIGHT_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:5672/'"
 	kafka_ready && echo "export MILLWRIGHT_TEST_KAFKA_BROKERS='127.0.0.1:$KAFKA_PORT'"
 	port_open "$PUBSUB_PORT" && echo "export MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST='127.0.0.1:$PUBSUB_PORT'"
+	# The cluster only when asked for (up --kafka-brokers 3): with its
+	# variable set, the whole suite would run the failover test too.
+	[ -n "${with_cluster:-}" ] && kc_env
 	return 0
 }
 
@@ -423,23 +436,37 @@ esac
 case "${1:-}" in
 up)
 	rc=0
+	case "${2:-} ${3:-}" in
+	" " | "--kafka-brokers 3") ;;
+	*) echo "usage: $0 up [--kafka-brokers 3] (the cluster has three brokers)" >&2; exit 2 ;;
+	esac
 	# Postgres and RabbitMQ first: the tests need them most, and the JVMs
 	# start faster on a machine that is not also installing packages.
 	pg_up || rc=1
 	rabbit_up || rc=1
 	kafka_up || rc=1
 	pubsub_up || rc=1
+	if [ "${2:-}" = --kafka-brokers ]; then
+		kc_main up >/dev/null || rc=1
+		with_cluster=1
+	fi
 	print_env
 	exit "$rc"
 	;;
 down)
-	pubsub_down; kafka_down; rabbit_down; pg_down
+	kc_main down; pubsub_down; kafka_down; rabbit_down; pg_down
+	;;
+cluster)
+	shift
+	kc_main "$@"
+	exit $?
 	;;
 status)
 	status_line postgres "127.0.0.1:5432" pg_ready
 	status_line rabbitmq "127.0.0.1:5672" port_open 5672
 	status_line kafka "Apache Kafka $(kafka_version) on 127.0.0.1:$KAFKA_PORT" kafka_ready
 	status_line pubsub "Pub/Sub emulator $(pubsub_version) on 127.0.0.1:$PUBSUB_PORT" port_open "$PUBSUB_PORT"
+	[ -f "$state/started/kafka-cluster" ] && kc_status
 	print_env
 	;;
 env)
@@ -455,7 +482,7 @@ restart)
 	esac
 	;;
 *)
-	echo "usage: $0 up|down|status|env|restart kafka|connect up|down|status" >&2
+	echo "usage: $0 up [--kafka-brokers 3]|down|status|env|restart kafka|cluster ...|connect up|down|status" >&2
 	exit 2
 	;;
 esac

@@ -195,16 +195,12 @@ func saramaConfig(c Config) (*sarama.Config, error) {
 	sc.ClientID = c.ClientID
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
-	sc.Producer.RequiredAcks = sarama.WaitForAll
-	sc.Producer.Retry.Max = 10
+	tuneProducer(sc) // acks, idempotence, in-flight requests, retries: producer.go
 	part, err := partitioner(c.Partitioner)
 	if err != nil {
 		return nil, err
 	}
 	sc.Producer.Partitioner = part
-	// One request in flight per broker: a retried batch cannot overtake a
-	// later one, so messages with one key keep their order.
-	sc.Net.MaxOpenRequests = 1
 	sc.Net.DialTimeout = c.ConnectTimeout
 	sc.Metadata.Retry.Max = 2
 	sc.Metadata.Retry.Backoff = 250 * time.Millisecond
@@ -514,7 +510,9 @@ func (p *Publisher) awaitTopic(ctx context.Context, topic string) error {
 		if err == nil && len(parts) > 0 {
 			writable, werr := p.client.WritablePartitions(topic)
 			if werr == nil && len(writable) == len(parts) {
-				p.ready.Store(topic, struct{}{})
+				if _, seen := p.ready.LoadOrStore(topic, struct{}{}); !seen {
+					p.checkReplication(topic)
+				}
 				return nil
 			}
 			err = fmt.Errorf("%d of %d partitions have a leader", len(writable), len(parts))
