@@ -76,6 +76,11 @@ func validate(c Config) error {
 	if c.HorizonWarnAge < 0 {
 		errs = append(errs, fmt.Errorf("sql: HorizonWarnAge %s is negative", c.HorizonWarnAge))
 	}
+	if c.ListenURL != "" && c.ListenURL != "-" {
+		if u, err := url.Parse(c.ListenURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+			errs = append(errs, errors.New(`sql: ListenURL is not a postgres:// URL (not shown: it may hold a password): want postgres://user:pass@host:5432/db, or "-" to disable the wake-up`))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -88,6 +93,7 @@ type Transport struct {
 	pub    *wsql.Publisher
 	bp     *publisher
 	mon    *horizonMonitor // nil when HorizonCheckInterval is -1
+	notify *notifier       // nil when the subscribers only poll
 
 	subs closers.Set
 }
@@ -150,7 +156,22 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, urlFr
 	if cfg.HorizonCheckInterval > 0 {
 		t.mon = newHorizonMonitor(db, logger, cfg.HorizonCheckInterval, cfg.HorizonWarnAge, m)
 	}
+	if u := listenURL(cfg); u != "" {
+		t.notify = newNotifier(pgconn.WithConnectTimeout(u, cfg.ConnectTimeout), logger)
+	}
 	return t, nil
+}
+
+// listenURL is where the wake-up LISTENs: ListenURL, else URL; "" for
+// none.
+func listenURL(cfg Config) string {
+	switch cfg.ListenURL {
+	case "-":
+		return ""
+	case "":
+		return cfg.URL
+	}
+	return cfg.ListenURL
 }
 
 // ping checks the pool within timeout. A pool from Config.DB may be plain
@@ -211,7 +232,13 @@ func OffsetsAdapter() wsql.OffsetsAdapter {
 type raceFreeSchema struct{ wsql.DefaultPostgreSQLSchema }
 
 func (s raceFreeSchema) SchemaInitializingQueries(topic string) []wsql.Query {
-	return tolerateExisting(s.DefaultPostgreSQLSchema.SchemaInitializingQueries(topic))
+	qs := tolerateExisting(s.DefaultPostgreSQLSchema.SchemaInitializingQueries(topic))
+	// The wake-up trigger (see notify.go), on every table the transport
+	// creates or subscribes to.
+	for _, q := range storage.SQLNotifySchemaStatements(s.MessagesTable(topic)) {
+		qs = append(qs, wsql.Query{Query: q})
+	}
+	return qs
 }
 
 type raceFreeOffsets struct {
@@ -332,18 +359,18 @@ var disallowedTopic = regexp.MustCompile(`[^A-Za-z0-9\-\$\:\.\_]`)
 // check (Config.HorizonCheckInterval).
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 	sub, err := closers.Add(&t.subs, "sql", func() (*subscriber, error) {
-		sub, err := wsql.NewSubscriber(t.db, wsql.SubscriberConfig{
-			ConsumerGroup:    group,
-			PollInterval:     t.cfg.PollInterval,
-			ResendInterval:   t.cfg.ResendInterval,
-			SchemaAdapter:    Schema(),
-			OffsetsAdapter:   OffsetsAdapter(),
-			InitializeSchema: true,
-		}, t.logger)
+		sub, err := wsql.NewSubscriber(t.db, t.subscriberConfig(group, nil), t.logger)
 		if err != nil {
 			return nil, fmt.Errorf("sql: creating subscriber for group %q: %w", group, err)
 		}
-		return newSubscriber(sub, t.mon), nil
+		s := newSubscriber(sub, t.mon)
+		if t.notify != nil {
+			t.notify.start()
+			s.woken = func(ctx context.Context, topic string) (upstreamSubscriber, func(), error) {
+				return t.wokenSubscriber(ctx, s, group, topic)
+			}
+		}
+		return s, nil
 	})
 	if err != nil {
 		return nil, err // not a typed nil in the interface
@@ -351,13 +378,62 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 	return sub, nil
 }
 
-// Close stops the horizon check, closes the subscribers, the publisher
-// and the pool it opened. It is idempotent.
+// wokenSubscriber is a watermill-sql subscriber of its own for one
+// Subscribe of topic, whose BackoffManager waits for the topic table's
+// notifications (see notify.go); the returned function stops them. It
+// creates the table first (the trigger comes with it) to know its oid, and
+// waits up to ConnectTimeout for the LISTEN to be in effect, so that a
+// message committed after Subscribe returns wakes it; past that it logs
+// and polls until the listener connects.
+func (t *Transport) wokenSubscriber(ctx context.Context, s *subscriber, group, topic string) (upstreamSubscriber, func(), error) {
+	if err := s.SubscribeInitialize(topic); err != nil {
+		return nil, nil, err
+	}
+	oid, err := storage.TableOID(ctx, storage.NewSQL(t.db), schema.MessagesTable(topic))
+	if err != nil {
+		return nil, nil, fmt.Errorf("sql: finding the table of topic %q: %w", topic, err)
+	}
+	if !t.notify.waitReady(t.cfg.ConnectTimeout) {
+		t.logger.Info("sql: the wake-up LISTEN is not in effect yet; the subscriber polls every PollInterval until it is",
+			watermill.LogFields{"topic": topic, "poll_interval": t.cfg.PollInterval.String()})
+	}
+	w, unregister := t.notify.register(oid)
+	bm := &wakeBackoff{n: t.notify, w: w, def: wsql.NewDefaultBackoffManager(t.cfg.PollInterval, 0), poll: t.cfg.PollInterval,
+		ctx: ctx, close: s.closing, xmin: func(ctx context.Context) (uint64, error) {
+			qctx, cancel := context.WithTimeout(ctx, t.cfg.ConnectTimeout)
+			defer cancel()
+			return storage.SnapshotXmin(qctx, storage.NewSQL(t.db))
+		}}
+	sub, err := wsql.NewSubscriber(t.db, t.subscriberConfig(group, bm), t.logger)
+	if err != nil {
+		unregister()
+		return nil, nil, fmt.Errorf("sql: creating subscriber for group %q: %w", group, err)
+	}
+	return sub, unregister, nil
+}
+
+func (t *Transport) subscriberConfig(group string, bm wsql.BackoffManager) wsql.SubscriberConfig {
+	return wsql.SubscriberConfig{
+		ConsumerGroup:    group,
+		PollInterval:     t.cfg.PollInterval,
+		ResendInterval:   t.cfg.ResendInterval,
+		BackoffManager:   bm,
+		SchemaAdapter:    Schema(),
+		OffsetsAdapter:   OffsetsAdapter(),
+		InitializeSchema: true,
+	}
+}
+
+// Close stops the horizon check, closes the subscribers, the wake-up
+// listener, the publisher and the pool it opened. It is idempotent.
 func (t *Transport) Close() error {
 	if t.mon != nil {
 		t.mon.stop()
 	}
 	return t.subs.Close(t.pub.Close, func() error {
+		if t.notify != nil {
+			t.notify.stop()
+		}
 		if t.ownDB {
 			return t.db.Close()
 		}
