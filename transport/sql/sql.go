@@ -94,6 +94,7 @@ type Transport struct {
 	bp     *publisher
 	mon    *horizonMonitor // nil when HorizonCheckInterval is -1
 	notify *notifier       // nil when the subscribers only poll
+	schema raceFreeSchema  // pollOnlySchema when ListenURL is "-"
 
 	subs closers.Set
 }
@@ -145,14 +146,18 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, urlFr
 		}
 		return nil, err
 	}
-	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: Schema(), AutoInitializeSchema: true}, logger)
+	sch := schema
+	if cfg.ListenURL == "-" {
+		sch = pollOnlySchema
+	}
+	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: sch, AutoInitializeSchema: true}, logger)
 	if err != nil {
 		if own {
 			db.Close()
 		}
 		return nil, fmt.Errorf("sql: creating publisher: %w", err)
 	}
-	t := &Transport{cfg: cfg, logger: logger, db: db, ownDB: own, pub: pub, bp: &publisher{Publisher: pub, db: db}}
+	t := &Transport{cfg: cfg, logger: logger, db: db, ownDB: own, pub: pub, schema: sch, bp: &publisher{Publisher: pub, db: db, schema: sch}}
 	if cfg.HorizonCheckInterval > 0 {
 		t.mon = newHorizonMonitor(db, logger, cfg.HorizonCheckInterval, cfg.HorizonWarnAge, m)
 	}
@@ -205,12 +210,16 @@ func ping(ctx context.Context, db *stdsql.DB, timeout time.Duration) error {
 
 // Schema is the watermill-sql schema adapter millwright uses: one table per
 // topic named watermill_<topic>, payload stored as BYTEA so any payload
-// (not only JSON) round-trips.
+// (not only JSON) round-trips, with the wake-up trigger (see notify.go).
 func Schema() wsql.SchemaAdapter { return schema }
 
-var schema = raceFreeSchema{wsql.DefaultPostgreSQLSchema{
-	GeneratePayloadType: func(string) string { return "BYTEA" },
-}}
+var (
+	schema = raceFreeSchema{DefaultPostgreSQLSchema: wsql.DefaultPostgreSQLSchema{
+		GeneratePayloadType: func(string) string { return "BYTEA" },
+	}}
+	// pollOnlySchema creates no trigger (ListenURL "-").
+	pollOnlySchema = raceFreeSchema{DefaultPostgreSQLSchema: schema.DefaultPostgreSQLSchema, noNotify: true}
+)
 
 // OffsetsAdapter is the watermill-sql offsets adapter millwright uses.
 func OffsetsAdapter() wsql.OffsetsAdapter {
@@ -229,10 +238,16 @@ func OffsetsAdapter() wsql.OffsetsAdapter {
 // conflict was on an implicit object of a different table: two new topics
 // whose long names truncate to the same 63-byte sequence name collide on
 // that sequence, and a later attempt picks a free name.
-type raceFreeSchema struct{ wsql.DefaultPostgreSQLSchema }
+type raceFreeSchema struct {
+	wsql.DefaultPostgreSQLSchema
+	noNotify bool // no wake-up trigger
+}
 
 func (s raceFreeSchema) SchemaInitializingQueries(topic string) []wsql.Query {
 	qs := tolerateExisting(s.DefaultPostgreSQLSchema.SchemaInitializingQueries(topic))
+	if s.noNotify {
+		return qs
+	}
 	// The wake-up trigger (see notify.go), on every table the transport
 	// creates or subscribes to.
 	for _, q := range storage.SQLNotifySchemaStatements(s.MessagesTable(topic)) {
@@ -273,7 +288,8 @@ func (t *Transport) Publisher() message.Publisher { return t.bp }
 // watermill-sql's publisher.
 type publisher struct {
 	*wsql.Publisher
-	db *stdsql.DB
+	db     *stdsql.DB
+	schema raceFreeSchema
 
 	mu     sync.Mutex
 	tables map[string]string // topic -> its table, schema-qualified
@@ -331,7 +347,7 @@ func (p *publisher) table(ctx context.Context, topic string) (string, error) {
 	}
 	// The schema adapter's statements (watermill-sql's, wrapped by
 	// tolerateExisting), run as watermill-sql runs them.
-	for _, q := range schema.SchemaInitializingQueries(topic) {
+	for _, q := range p.schema.SchemaInitializingQueries(topic) {
 		if _, err := p.db.ExecContext(ctx, q.Query, q.Args...); err != nil {
 			return "", fmt.Errorf("sql: creating the table of topic %q: %w", topic, err)
 		}
@@ -418,7 +434,7 @@ func (t *Transport) subscriberConfig(group string, bm wsql.BackoffManager) wsql.
 		PollInterval:     t.cfg.PollInterval,
 		ResendInterval:   t.cfg.ResendInterval,
 		BackoffManager:   bm,
-		SchemaAdapter:    Schema(),
+		SchemaAdapter:    t.schema,
 		OffsetsAdapter:   OffsetsAdapter(),
 		InitializeSchema: true,
 	}
