@@ -356,9 +356,11 @@ func openOutboxBenchBroker(brokers benchBrokers, kind transport.Kind, db *sql.DB
 	if kind == transport.SQL {
 		cfg := transport.Config{Kind: transport.SQL}
 		cfg.SQL.DB = db
-		// watermill-sql's subscriber has no wake-up: it polls. At its
-		// default 100 ms the latency rows would show that poll, not the
-		// relay's part; the forwarder is measured with the same consumer.
+		// The consumer is woken by NOTIFY on its own connection to the
+		// same database; its poll (1 s) is only the fallback, so the
+		// latency rows show the relay's part and the database's, not a
+		// poll. The forwarder is measured with the same consumer.
+		cfg.SQL.ListenURL = dbURL
 		cfg.SQL.PollInterval = outboxbench.SQLConsumerPoll
 		return outboxbench.Broker{Config: cfg, Label: postgresLabel(dbURL)}, nil
 	}
