@@ -18,8 +18,9 @@
 // reconnects, backing off up to 10s) costs at most one PollInterval, and a
 // transport given DB without ListenURL only polls. A row notified while an
 // older transaction still runs is not readable yet (below); the subscriber
-// re-reads the horizon (1ms, doubling up to PollInterval) until it has
-// passed the notified transaction, so the row is not left to the poll.
+// re-reads the horizon (every eighth of its wait so far, 1ms up to
+// PollInterval) until it has passed the notified transaction, so the row
+// is not left to the poll.
 //
 // The trigger's cost is on the write path: Postgres serializes the commits
 // of notifying transactions (a lock held through the commit's WAL flush),

@@ -25,7 +25,8 @@ import (
 // still runs is not visible yet, and that older transaction may never
 // notify (it need not write to this table). So the loop remembers the
 // highest transaction id notified, and after an empty query re-reads the
-// horizon (1 ms, doubling up to PollInterval) until it has passed that id,
+// horizon (every eighth of the time waited so far, from 1 ms up to
+// PollInterval) until it has passed that id,
 // then queries once more. A notification that never comes (the LISTEN
 // connection was down, the payload was lost) costs at most one
 // PollInterval: the poll stays.
@@ -226,6 +227,16 @@ type wakeBackoff struct {
 // minRecheck is the first wait before the horizon is read again.
 const minRecheck = time.Millisecond
 
+// recheckAfter is the wait before the horizon is read again, elapsed into
+// a wait for it: an eighth of elapsed, from minRecheck up to poll. A row
+// is then seen at most an eighth later than its horizon passed it (a
+// doubling wait would add up to the whole hold again: 64 ms more for a
+// hold of 70 ms), with about 8 reads per doubling of the hold (some 70
+// over a minute).
+func recheckAfter(elapsed, poll time.Duration) time.Duration {
+	return min(max(elapsed/8, minRecheck), poll)
+}
+
 func (b *wakeBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, err error) time.Duration {
 	if err != nil || !noMsg {
 		return b.def.HandleError(logger, noMsg, err)
@@ -234,7 +245,7 @@ func (b *wakeBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, er
 	defer poll.Stop()
 	recheck := time.NewTimer(minRecheck)
 	defer recheck.Stop()
-	wait := minRecheck
+	begun := time.Now()
 	for {
 		var again <-chan time.Time
 		if p := b.w.pendingXid(); p != 0 {
@@ -244,9 +255,8 @@ func (b *wakeBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, er
 				return 0
 			}
 			if err == nil {
-				recheck.Reset(wait)
+				recheck.Reset(recheckAfter(time.Since(begun), b.poll))
 				again = recheck.C
-				wait = min(2*wait, b.poll)
 			}
 			// A failed read: the poll (or a wake) takes over.
 		}

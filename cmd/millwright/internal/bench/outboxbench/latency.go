@@ -46,8 +46,15 @@ func (b *bench) benchLatency(ctx context.Context, kind string, t *transport.Tran
 			return b.forwarderLatency(ctx, t, round, 10*time.Millisecond)
 		}},
 	}
+	var horizon *horizonSampler
 	for round := range b.Rounds {
-		for _, v := range variants {
+		for i, v := range variants {
+			if kind == "sql" && i == 0 && round == 0 {
+				var err error
+				if horizon, err = startHorizonSampler(ctx, b.DB); err != nil {
+					return err
+				}
+			}
 			write, start := v.start(round)
 			xs, err := b.latencyRun(ctx, t, fmt.Sprintf("bench_outbox_latency_%d_%d", time.Now().UnixNano(), round), write, start, v.spans)
 			if err != nil {
@@ -56,6 +63,10 @@ func (b *bench) benchLatency(ctx context.Context, kind string, t *transport.Tran
 			p50, p99 := percentiles(xs)
 			v.p50s, v.p99s = append(v.p50s, p50), append(v.p99s, p99)
 			v.samples = append(v.samples, xs...)
+			if horizon != nil && i == 0 {
+				b.horizonRows = append(b.horizonRows, horizon.rows(kind)...)
+				horizon = nil
+			}
 		}
 	}
 	consumer := ""
@@ -74,6 +85,10 @@ func (b *bench) benchLatency(ctx context.Context, kind string, t *transport.Tran
 		}
 		b.emit(row)
 	}
+	for _, r := range b.horizonRows {
+		b.emit(r)
+	}
+	b.horizonRows = nil
 	// Where the relay's tail comes from (all rounds together).
 	a := attribute(variants[0].samples)
 	for i, name := range stageNames {

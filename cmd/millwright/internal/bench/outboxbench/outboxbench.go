@@ -123,9 +123,10 @@ type Row struct {
 
 type bench struct {
 	Config
-	payload []byte
-	rows    []Row
-	cleanup []func()
+	payload     []byte
+	horizonRows []Row // the sql latency run's horizon holders (latency.go)
+	rows        []Row
+	cleanup     []func()
 	// broker labels the rows of the section withTransport runs; empty
 	// outside it.
 	broker string
