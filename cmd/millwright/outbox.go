@@ -332,6 +332,9 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer drop()
+	// Named, so that the latency section tells its own sessions holding
+	// the xmin horizon from the server's other sessions.
+	schemaURL = withDSNParam(schemaURL, "application_name", outboxbench.AppName)
 	db, err := pgconn.Open(schemaURL)
 	if err != nil {
 		return err

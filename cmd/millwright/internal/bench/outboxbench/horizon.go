@@ -25,6 +25,9 @@ type horizonSampler struct {
 
 const horizonEvery = 2 * time.Millisecond
 
+// AppName is the application_name of the benchmark's connections.
+const AppName = "millwright bench outbox"
+
 func startHorizonSampler(ctx context.Context, db *sql.DB) (*horizonSampler, error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
@@ -38,18 +41,14 @@ func startHorizonSampler(ctx context.Context, db *sql.DB) (*horizonSampler, erro
 		t := time.NewTicker(horizonEvery)
 		defer t.Stop()
 		last := time.Now()
+		prev := map[int]string{} // a session's last statement before COMMIT
 		for {
 			select {
 			case <-sctx.Done():
 				return
 			case <-t.C:
 			}
-			var holder string
-			var age float64
-			err := conn.QueryRowContext(sctx, `SELECT COALESCE(a.datname || ': ' || left(regexp_replace(a.query, '\s+', ' ', 'g'), 70), ''),
-	COALESCE(extract(epoch FROM clock_timestamp() - a.xact_start), 0)::float8
-FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::xid AS x) s
-LEFT JOIN pg_stat_activity a ON a.backend_xid = s.x AND a.pid <> pg_backend_pid()`).Scan(&holder, &age)
+			holder, age, err := h.sample(sctx, conn, prev)
 			now := time.Now()
 			dt := now.Sub(last)
 			last = now
@@ -57,14 +56,55 @@ LEFT JOIN pg_stat_activity a ON a.backend_xid = s.x AND a.pid <> pg_backend_pid(
 				continue
 			}
 			h.total += dt
-			if holder == "" {
-				holder = "(none running, or a prepared transaction)"
-			}
 			h.held[holder] += dt
-			h.longst[holder] = max(h.longst[holder], time.Duration(age*float64(time.Second)))
+			h.longst[holder] = max(h.longst[holder], age)
 		}
 	}()
 	return h, nil
+}
+
+// sample names the session holding the horizon now: whose (this
+// benchmark's, by application_name, or another's), and its statement (for
+// one committing, the statement it ran before COMMIT, as last sampled).
+func (h *horizonSampler) sample(ctx context.Context, conn *sql.Conn, prev map[int]string) (string, time.Duration, error) {
+	rows, err := conn.QueryContext(ctx, `SELECT a.pid, a.application_name = '`+AppName+`', a.datname::text,
+	left(regexp_replace(a.query, '\s+', ' ', 'g'), 24) || COALESCE(' .. ' || substring(a.query from '(watermill_[A-Za-z]+|millwright_[a-z_]+)'), ''),
+	a.backend_xid = s.x, COALESCE(extract(epoch FROM clock_timestamp() - a.xact_start), 0)::float8
+FROM pg_stat_activity a, (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::xid AS x) s
+WHERE a.pid <> pg_backend_pid() AND (a.application_name = '`+AppName+`' OR a.backend_xid = s.x)`)
+	if err != nil {
+		return "", 0, err
+	}
+	defer rows.Close()
+	holder, age := "(none running, or a prepared transaction)", time.Duration(0)
+	for rows.Next() {
+		var (
+			pid        int
+			ours       bool
+			db, q      string
+			held       sql.NullBool
+			ageSeconds float64
+		)
+		if err := rows.Scan(&pid, &ours, &db, &q, &held, &ageSeconds); err != nil {
+			return "", 0, err
+		}
+		committing := strings.HasPrefix(q, "COMMIT")
+		if ours && !committing && !strings.HasPrefix(q, "BEGIN") {
+			prev[pid] = q
+		}
+		if !held.Bool {
+			continue
+		}
+		who := "another session (database " + db + ")"
+		if ours {
+			who = "this benchmark"
+		}
+		if committing && prev[pid] != "" {
+			q = "COMMIT after " + prev[pid]
+		}
+		holder, age = who+": "+q, time.Duration(ageSeconds*float64(time.Second))
+	}
+	return holder, age, rows.Err()
 }
 
 // rows stops the sampler and returns the top holders, by time held.
