@@ -280,6 +280,12 @@ warmup:
 	if len(received) < total {
 		return nil, fmt.Errorf("received %d of %d events within 30s", len(received), total)
 	}
+	return samples(received, commitDone, spans), nil
+}
+
+// samples joins each received event's commit, receipt and (spans not nil)
+// relay publish span.
+func samples(received, commitDone map[string]time.Time, spans *spanLog) []sample {
 	xs := make([]sample, 0, len(received))
 	for id, at := range received {
 		s := sample{commit: commitDone[id], received: at}
@@ -290,5 +296,5 @@ warmup:
 		}
 		xs = append(xs, s)
 	}
-	return xs, nil
+	return xs
 }
