@@ -101,3 +101,38 @@ func attribute(xs []sample) attribution {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// lateness measures the machine: a goroutine asking to sleep 1 ms, over
+// and over, records how much longer each sleep took. On a loaded machine
+// (the scheduler, other processes on the cores) every stage of an event
+// waits like this, several times over.
+type lateness struct {
+	stop func()
+	done chan struct{}
+	over []time.Duration
+}
+
+func startLateness() *lateness {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &lateness{stop: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		for ctx.Err() == nil {
+			t0 := time.Now()
+			time.Sleep(time.Millisecond)
+			l.over = append(l.over, max(time.Since(t0)-time.Millisecond, 0))
+		}
+	}()
+	return l
+}
+
+// result stops the probe and returns the p99 and max oversleep, in ms.
+func (l *lateness) result() (p99, worst float64) {
+	l.stop()
+	<-l.done
+	if len(l.over) == 0 {
+		return 0, 0
+	}
+	sort.Slice(l.over, func(i, j int) bool { return l.over[i] < l.over[j] })
+	return ms(l.over[len(l.over)*99/100]), ms(l.over[len(l.over)-1])
+}
