@@ -245,7 +245,7 @@ func (b *bench) emit(r Row) {
 // notRun records that section did not run on kind, as a row of the table
 // (and of --json): a kind asked for is never silently missing.
 func (b *bench) notRun(section string, kind transport.Kind, err error) {
-	b.emit(Row{Case: section + " " + string(kind), Variant: "not run", Unit: "-", NotRun: err.Error()})
+	b.emit(Row{Case: section + " " + string(kind), Variant: "every variant", Unit: "-", NotRun: err.Error()})
 }
 
 func (b *bench) print() error {
@@ -271,7 +271,7 @@ func (b *bench) print() error {
 			rt = strconv.FormatFloat(r.RoundTrips, 'f', 1, 64)
 		}
 		if r.NotRun != "" {
-			fmt.Fprintf(tw, "%s\t%s\tnot run: %s\t-\t-\t\t\t\t\t\t\t%s\n", r.Case, broker, strings.ReplaceAll(r.NotRun, "\t", " "), r.Target)
+			fmt.Fprintf(tw, "%s\t%s\t%s: not run: %s\t-\t-\t\t\t\t\t\t\t%s\n", r.Case, broker, r.Variant, strings.ReplaceAll(r.NotRun, "\t", " "), r.Target)
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Case, broker, r.Variant, r.Value, r.Unit, base,
