@@ -223,7 +223,11 @@ func benchOutboxCmd() *cobra.Command {
   latency          commit-to-consumer p50/p99 at --rate events/s through the
                    relay (LISTEN wake-up, 1 s poll fallback) and through
                    Watermill's forwarder at its default 1 s poll and at a
-                   10 ms poll, per --kinds;
+                   10 ms poll, per --kinds (the sql consumer is woken by
+                   NOTIFY, its 1 s poll the fallback); the relay's p99 tail
+                   split by stage (from its publish spans), how late a 1 ms
+                   sleep wakes meanwhile (the machine's load) and, on sql,
+                   which sessions held the xmin horizon;
   retention        (only with --sections retention) removing
                    --published-rows published rows spread over 10 days by
                    the cleaner's batched DELETE (plain layout) and by
