@@ -44,6 +44,9 @@ const (
 
 	EnvSQLURL      = EnvPrefix + "SQL_URL"      // postgres://...; falls back to EnvDatabaseURL
 	EnvDatabaseURL = EnvPrefix + "DATABASE_URL" // the service's own database
+	// EnvSQLListenURL is where the sql subscribers' LISTEN connection goes
+	// (SQLConfig.ListenURL; "-" turns the NOTIFY wake-up off).
+	EnvSQLListenURL = EnvPrefix + "SQL_LISTEN_URL"
 
 	// EnvDeclareGroups lists consumer groups (comma-separated) whose AMQP
 	// queues or Pub/Sub subscriptions the publisher creates up front.

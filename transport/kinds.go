@@ -283,8 +283,17 @@ type SQLConfig struct {
 	DB *sql.DB
 	// MaxOpenConns bounds the pool opened from URL. Default 10.
 	MaxOpenConns int
-	// PollInterval is how often an idle subscriber polls. Default 100ms.
+	// PollInterval is how often an idle subscriber polls when no
+	// notification wakes it first: the fallback for a notification lost
+	// (the LISTEN connection down) or a subscriber without one (DB set and
+	// ListenURL empty). Default 100ms.
 	PollInterval time.Duration
+	// ListenURL is where the subscribers' LISTEN connection (one per
+	// transport) connects: each messages table's trigger NOTIFYs at the
+	// commit of every insert, and the subscriber of that table queries at
+	// once instead of waiting for its poll. Default URL; with DB set and
+	// ListenURL empty the subscribers only poll. "-" disables the wake-up.
+	ListenURL string
 	// ResendInterval is how long a nacked message waits before it is
 	// delivered again. Default 1s (watermill-sql's).
 	ResendInterval time.Duration

@@ -223,7 +223,11 @@ func benchOutboxCmd() *cobra.Command {
   latency          commit-to-consumer p50/p99 at --rate events/s through the
                    relay (LISTEN wake-up, 1 s poll fallback) and through
                    Watermill's forwarder at its default 1 s poll and at a
-                   10 ms poll, per --kinds;
+                   10 ms poll, per --kinds (the sql consumer is woken by
+                   NOTIFY, its 1 s poll the fallback); the relay's p99 tail
+                   split by stage (from its publish spans), how late a 1 ms
+                   sleep wakes meanwhile (the machine's load) and, on sql,
+                   which sessions held the xmin horizon;
   retention        (only with --sections retention) removing
                    --published-rows published rows spread over 10 days by
                    the cleaner's batched DELETE (plain layout) and by
@@ -332,6 +336,9 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer drop()
+	// Named, so that the latency section tells its own sessions holding
+	// the xmin horizon from the server's other sessions.
+	schemaURL = withDSNParam(schemaURL, "application_name", outboxbench.AppName)
 	db, err := pgconn.Open(schemaURL)
 	if err != nil {
 		return err
@@ -356,9 +363,11 @@ func openOutboxBenchBroker(brokers benchBrokers, kind transport.Kind, db *sql.DB
 	if kind == transport.SQL {
 		cfg := transport.Config{Kind: transport.SQL}
 		cfg.SQL.DB = db
-		// watermill-sql's subscriber has no wake-up: it polls. At its
-		// default 100 ms the latency rows would show that poll, not the
-		// relay's part; the forwarder is measured with the same consumer.
+		// The consumer is woken by NOTIFY on its own connection to the
+		// same database; its poll (1 s) is only the fallback, so the
+		// latency rows show the relay's part and the database's, not a
+		// poll. The forwarder is measured with the same consumer.
+		cfg.SQL.ListenURL = dbURL
 		cfg.SQL.PollInterval = outboxbench.SQLConsumerPoll
 		return outboxbench.Broker{Config: cfg, Label: postgresLabel(dbURL)}, nil
 	}

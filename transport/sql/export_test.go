@@ -8,3 +8,13 @@ func HorizonChecks(t *Transport) int64 {
 	}
 	return t.mon.checks.Load()
 }
+
+// WakeCounts returns the wake-up listener's reconnections, and the
+// queries its subscribers ran on a notification and on the poll's expiry
+// (all 0 without a listener).
+func WakeCounts(t *Transport) (reconnects, wakes, polls int64) {
+	if t.notify == nil {
+		return 0, 0, 0
+	}
+	return t.notify.reconnects.Load(), t.notify.wakes.Load(), t.notify.polls.Load()
+}

@@ -36,7 +36,8 @@ func parseURL(c *transport.Config, u transport.URL) error {
 }
 
 // fromEnv reads MILLWRIGHT_SQL_URL, or MILLWRIGHT_DATABASE_URL when
-// neither it nor the transport URL gives the database.
+// neither it nor the transport URL gives the database, and
+// MILLWRIGHT_SQL_LISTEN_URL.
 func fromEnv(cfg *transport.Config, env transport.Env) error {
 	if v := env.Get(transport.EnvSQLURL); v != "" {
 		cfg.SQL.URL = v
@@ -44,6 +45,9 @@ func fromEnv(cfg *transport.Config, env transport.Env) error {
 	} else if v := env.Get(transport.EnvDatabaseURL); v != "" && cfg.SQL.URL == "" {
 		cfg.SQL.URL = v
 		env.From("SQL.URL", transport.EnvDatabaseURL)
+	}
+	if v := env.Get(transport.EnvSQLListenURL); v != "" {
+		cfg.SQL.ListenURL = v
 	}
 	return nil
 }

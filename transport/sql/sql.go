@@ -76,6 +76,11 @@ func validate(c Config) error {
 	if c.HorizonWarnAge < 0 {
 		errs = append(errs, fmt.Errorf("sql: HorizonWarnAge %s is negative", c.HorizonWarnAge))
 	}
+	if c.ListenURL != "" && c.ListenURL != "-" {
+		if u, err := url.Parse(c.ListenURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+			errs = append(errs, errors.New(`sql: ListenURL is not a postgres:// URL (not shown: it may hold a password): want postgres://user:pass@host:5432/db, or "-" to disable the wake-up`))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -88,6 +93,8 @@ type Transport struct {
 	pub    *wsql.Publisher
 	bp     *publisher
 	mon    *horizonMonitor // nil when HorizonCheckInterval is -1
+	notify *notifier       // nil when the subscribers only poll
+	schema raceFreeSchema  // pollOnlySchema when ListenURL is "-"
 
 	subs closers.Set
 }
@@ -139,18 +146,37 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, urlFr
 		}
 		return nil, err
 	}
-	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: Schema(), AutoInitializeSchema: true}, logger)
+	sch := schema
+	if cfg.ListenURL == "-" {
+		sch = pollOnlySchema
+	}
+	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: sch, AutoInitializeSchema: true}, logger)
 	if err != nil {
 		if own {
 			db.Close()
 		}
 		return nil, fmt.Errorf("sql: creating publisher: %w", err)
 	}
-	t := &Transport{cfg: cfg, logger: logger, db: db, ownDB: own, pub: pub, bp: &publisher{Publisher: pub, db: db}}
+	t := &Transport{cfg: cfg, logger: logger, db: db, ownDB: own, pub: pub, schema: sch, bp: &publisher{Publisher: pub, db: db, schema: sch}}
 	if cfg.HorizonCheckInterval > 0 {
 		t.mon = newHorizonMonitor(db, logger, cfg.HorizonCheckInterval, cfg.HorizonWarnAge, m)
 	}
+	if u := listenURL(cfg); u != "" {
+		t.notify = newNotifier(pgconn.WithConnectTimeout(u, cfg.ConnectTimeout), logger)
+	}
 	return t, nil
+}
+
+// listenURL is where the wake-up LISTENs: ListenURL, else URL; "" for
+// none.
+func listenURL(cfg Config) string {
+	switch cfg.ListenURL {
+	case "-":
+		return ""
+	case "":
+		return cfg.URL
+	}
+	return cfg.ListenURL
 }
 
 // ping checks the pool within timeout. A pool from Config.DB may be plain
@@ -184,12 +210,16 @@ func ping(ctx context.Context, db *stdsql.DB, timeout time.Duration) error {
 
 // Schema is the watermill-sql schema adapter millwright uses: one table per
 // topic named watermill_<topic>, payload stored as BYTEA so any payload
-// (not only JSON) round-trips.
+// (not only JSON) round-trips, with the wake-up trigger (see notify.go).
 func Schema() wsql.SchemaAdapter { return schema }
 
-var schema = raceFreeSchema{wsql.DefaultPostgreSQLSchema{
-	GeneratePayloadType: func(string) string { return "BYTEA" },
-}}
+var (
+	schema = raceFreeSchema{DefaultPostgreSQLSchema: wsql.DefaultPostgreSQLSchema{
+		GeneratePayloadType: func(string) string { return "BYTEA" },
+	}}
+	// pollOnlySchema creates no trigger (ListenURL "-").
+	pollOnlySchema = raceFreeSchema{DefaultPostgreSQLSchema: schema.DefaultPostgreSQLSchema, noNotify: true}
+)
 
 // OffsetsAdapter is the watermill-sql offsets adapter millwright uses.
 func OffsetsAdapter() wsql.OffsetsAdapter {
@@ -208,10 +238,22 @@ func OffsetsAdapter() wsql.OffsetsAdapter {
 // conflict was on an implicit object of a different table: two new topics
 // whose long names truncate to the same 63-byte sequence name collide on
 // that sequence, and a later attempt picks a free name.
-type raceFreeSchema struct{ wsql.DefaultPostgreSQLSchema }
+type raceFreeSchema struct {
+	wsql.DefaultPostgreSQLSchema
+	noNotify bool // no wake-up trigger
+}
 
 func (s raceFreeSchema) SchemaInitializingQueries(topic string) []wsql.Query {
-	return tolerateExisting(s.DefaultPostgreSQLSchema.SchemaInitializingQueries(topic))
+	qs := tolerateExisting(s.DefaultPostgreSQLSchema.SchemaInitializingQueries(topic))
+	if s.noNotify {
+		return qs
+	}
+	// The wake-up trigger (see notify.go), on every table the transport
+	// creates or subscribes to.
+	for _, q := range storage.SQLNotifySchemaStatements(s.MessagesTable(topic)) {
+		qs = append(qs, wsql.Query{Query: q})
+	}
+	return qs
 }
 
 type raceFreeOffsets struct {
@@ -246,7 +288,8 @@ func (t *Transport) Publisher() message.Publisher { return t.bp }
 // watermill-sql's publisher.
 type publisher struct {
 	*wsql.Publisher
-	db *stdsql.DB
+	db     *stdsql.DB
+	schema raceFreeSchema
 
 	mu     sync.Mutex
 	tables map[string]string // topic -> its table, schema-qualified
@@ -304,7 +347,7 @@ func (p *publisher) table(ctx context.Context, topic string) (string, error) {
 	}
 	// The schema adapter's statements (watermill-sql's, wrapped by
 	// tolerateExisting), run as watermill-sql runs them.
-	for _, q := range schema.SchemaInitializingQueries(topic) {
+	for _, q := range p.schema.SchemaInitializingQueries(topic) {
 		if _, err := p.db.ExecContext(ctx, q.Query, q.Args...); err != nil {
 			return "", fmt.Errorf("sql: creating the table of topic %q: %w", topic, err)
 		}
@@ -332,18 +375,18 @@ var disallowedTopic = regexp.MustCompile(`[^A-Za-z0-9\-\$\:\.\_]`)
 // check (Config.HorizonCheckInterval).
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 	sub, err := closers.Add(&t.subs, "sql", func() (*subscriber, error) {
-		sub, err := wsql.NewSubscriber(t.db, wsql.SubscriberConfig{
-			ConsumerGroup:    group,
-			PollInterval:     t.cfg.PollInterval,
-			ResendInterval:   t.cfg.ResendInterval,
-			SchemaAdapter:    Schema(),
-			OffsetsAdapter:   OffsetsAdapter(),
-			InitializeSchema: true,
-		}, t.logger)
+		sub, err := wsql.NewSubscriber(t.db, t.subscriberConfig(group, nil), t.logger)
 		if err != nil {
 			return nil, fmt.Errorf("sql: creating subscriber for group %q: %w", group, err)
 		}
-		return newSubscriber(sub, t.mon), nil
+		s := newSubscriber(sub, t.mon)
+		if t.notify != nil {
+			t.notify.start()
+			s.woken = func(ctx context.Context, topic string) (upstreamSubscriber, func(), error) {
+				return t.wokenSubscriber(ctx, s, group, topic)
+			}
+		}
+		return s, nil
 	})
 	if err != nil {
 		return nil, err // not a typed nil in the interface
@@ -351,13 +394,62 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 	return sub, nil
 }
 
-// Close stops the horizon check, closes the subscribers, the publisher
-// and the pool it opened. It is idempotent.
+// wokenSubscriber is a watermill-sql subscriber of its own for one
+// Subscribe of topic, whose BackoffManager waits for the topic table's
+// notifications (see notify.go); the returned function stops them. It
+// creates the table first (the trigger comes with it) to know its oid, and
+// waits up to ConnectTimeout for the LISTEN to be in effect, so that a
+// message committed after Subscribe returns wakes it; past that it logs
+// and polls until the listener connects.
+func (t *Transport) wokenSubscriber(ctx context.Context, s *subscriber, group, topic string) (upstreamSubscriber, func(), error) {
+	if err := s.SubscribeInitialize(topic); err != nil {
+		return nil, nil, err
+	}
+	oid, err := storage.TableOID(ctx, storage.NewSQL(t.db), schema.MessagesTable(topic))
+	if err != nil {
+		return nil, nil, fmt.Errorf("sql: finding the table of topic %q: %w", topic, err)
+	}
+	if !t.notify.waitReady(t.cfg.ConnectTimeout) {
+		t.logger.Info("sql: the wake-up LISTEN is not in effect yet; the subscriber polls every PollInterval until it is",
+			watermill.LogFields{"topic": topic, "poll_interval": t.cfg.PollInterval.String()})
+	}
+	w, unregister := t.notify.register(oid)
+	bm := &wakeBackoff{n: t.notify, w: w, def: wsql.NewDefaultBackoffManager(t.cfg.PollInterval, 0), poll: t.cfg.PollInterval,
+		ctx: ctx, close: s.closing, xmin: func(ctx context.Context) (uint64, error) {
+			qctx, cancel := context.WithTimeout(ctx, t.cfg.ConnectTimeout)
+			defer cancel()
+			return storage.SnapshotXmin(qctx, storage.NewSQL(t.db))
+		}}
+	sub, err := wsql.NewSubscriber(t.db, t.subscriberConfig(group, bm), t.logger)
+	if err != nil {
+		unregister()
+		return nil, nil, fmt.Errorf("sql: creating subscriber for group %q: %w", group, err)
+	}
+	return sub, unregister, nil
+}
+
+func (t *Transport) subscriberConfig(group string, bm wsql.BackoffManager) wsql.SubscriberConfig {
+	return wsql.SubscriberConfig{
+		ConsumerGroup:    group,
+		PollInterval:     t.cfg.PollInterval,
+		ResendInterval:   t.cfg.ResendInterval,
+		BackoffManager:   bm,
+		SchemaAdapter:    t.schema,
+		OffsetsAdapter:   OffsetsAdapter(),
+		InitializeSchema: true,
+	}
+}
+
+// Close stops the horizon check, closes the subscribers, the wake-up
+// listener, the publisher and the pool it opened. It is idempotent.
 func (t *Transport) Close() error {
 	if t.mon != nil {
 		t.mon.stop()
 	}
 	return t.subs.Close(t.pub.Close, func() error {
+		if t.notify != nil {
+			t.notify.stop()
+		}
 		if t.ownDB {
 			return t.db.Close()
 		}

@@ -31,6 +31,12 @@ type upstreamSubscriber interface {
 type subscriber struct {
 	upstream upstreamSubscriber
 	mon      *horizonMonitor // nil when the check is disabled
+	// woken, if set, returns a watermill-sql subscriber of its own for one
+	// Subscribe, woken by the topic table's notifications (notify.go),
+	// and the function that stops them; nil: upstream polls.
+	woken func(ctx context.Context, topic string) (upstreamSubscriber, func(), error)
+	// ownUps are woken's subscribers, closed by Close.
+	ownUps []upstreamSubscriber
 
 	mu      sync.Mutex
 	open    map[<-chan *message.Message]struct{} // channels not yet closed by their ctx
@@ -82,11 +88,16 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 // concurrent creation of the topic's tables); the topic is watched until
 // ctx ends or the subscriber closes.
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	ch, err := s.upstream.Subscribe(ctx, topic)
+	up, unwake, err := s.upstreamFor(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := up.Subscribe(ctx, topic)
 	if lostCreateRace(err) {
-		ch, err = s.upstream.Subscribe(ctx, topic)
+		ch, err = up.Subscribe(ctx, topic)
 	}
 	if err != nil {
+		unwake()
 		return ch, err
 	}
 	s.mu.Lock()
@@ -94,14 +105,16 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		// Subscribe raced Close; watermill-sql refuses a closed
 		// subscriber itself, so this only guards the bookkeeping.
 		s.mu.Unlock()
+		unwake()
 		return ch, nil
 	}
 	s.open[ch] = struct{}{}
 	s.mu.Unlock()
 
-	unwatch := func() {}
+	unwatch := unwake
 	if s.mon != nil {
-		unwatch = s.mon.watch(topic)
+		unmon := s.mon.watch(topic)
+		unwatch = func() { unmon(); unwake() }
 	}
 	go func() {
 		select {
@@ -115,6 +128,34 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		unwatch()
 	}()
 	return ch, nil
+}
+
+// upstreamFor returns the watermill-sql subscriber one Subscribe of topic
+// runs on, and the function that stops its notifications.
+func (s *subscriber) upstreamFor(ctx context.Context, topic string) (upstreamSubscriber, func(), error) {
+	if s.woken == nil {
+		return s.upstream, func() {}, nil
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return s.upstream, func() {}, nil // refuses: closed
+	}
+	up, unwake, err := s.woken(ctx, topic)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	if s.closed { // Close ran meanwhile: it would not close up
+		s.mu.Unlock()
+		unwake()
+		_ = up.Close()
+		return s.upstream, func() {}, nil // refuses: closed
+	}
+	s.ownUps = append(s.ownUps, up)
+	s.mu.Unlock()
+	return up, unwake, nil
 }
 
 // Close closes watermill-sql's subscriber and returns once every channel
@@ -131,9 +172,14 @@ func (s *subscriber) Close() error {
 	for ch := range s.open {
 		open = append(open, ch)
 	}
+	ups := append([]upstreamSubscriber{s.upstream}, s.ownUps...)
 	s.mu.Unlock()
 
-	err := s.upstream.Close()
+	var errs []error
+	for _, up := range ups {
+		errs = append(errs, up.Close())
+	}
+	err := errors.Join(errs...)
 	for _, ch := range open {
 		for range ch {
 			// Unreachable once upstream's loops are done; a message here

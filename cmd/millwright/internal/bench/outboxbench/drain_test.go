@@ -1,6 +1,8 @@
 package outboxbench
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -35,4 +37,30 @@ func TestPairedRatioIsTheMedianOfEachRoundsRatio(t *testing.T) {
 func TestDrainWithoutRelayCountsIsAnError(t *testing.T) {
 	err := Run(t.Context(), Config{Sections: []string{SectionDrain}, Kinds: []transport.Kind{transport.GoChannel}})
 	require.EqualError(t, err, "drain: no relay counts (Config.Relays)")
+}
+
+// A kind asked for whose broker cannot be opened is a row saying so, in
+// the table and in --json, for the latency and drain sections: never
+// silence (the latency section printed nothing for googlecloud).
+func TestKindThatCannotRunIsARow(t *testing.T) {
+	for _, asJSON := range []bool{false, true} {
+		var out strings.Builder
+		err := Run(t.Context(), Config{
+			Sections: []string{SectionLatency, SectionDrain}, Relays: []int{1}, JSON: asJSON, Out: &out,
+			Kinds: []transport.Kind{transport.GoogleCloud},
+			Open: func(k transport.Kind) (Broker, error) {
+				return Broker{}, errors.New("no Pub/Sub emulator at 127.0.0.1:1")
+			},
+		})
+		require.NoError(t, err)
+		for _, section := range []string{"latency googlecloud", "drain googlecloud"} {
+			require.Contains(t, out.String(), section, "json %v:\n%s", asJSON, out.String())
+		}
+		require.Equal(t, 2, strings.Count(out.String(), "no Pub/Sub emulator at 127.0.0.1:1"), out.String())
+		if !asJSON {
+			require.Contains(t, out.String(), "every variant: not run: no Pub/Sub emulator")
+		} else {
+			require.Contains(t, out.String(), `"not_run":"no Pub/Sub emulator`)
+		}
+	}
 }

@@ -20,8 +20,8 @@ import (
 )
 
 // SQLConsumerPoll is the poll interval of the sql kind's consumer in the
-// benchmark.
-const SQLConsumerPoll = 10 * time.Millisecond
+// benchmark: its fallback, since a NOTIFY wakes it (Config.SQL.ListenURL).
+const SQLConsumerPoll = time.Second
 
 // benchLatency measures commit-to-consumer latency through the relay
 // (LISTEN and a 1 s poll fallback) and through Watermill's forwarder at its
@@ -31,41 +31,95 @@ func (b *bench) benchLatency(ctx context.Context, kind string, t *transport.Tran
 		return err
 	}
 	type variant struct {
-		name  string
-		start func(round int) (write writeFunc, start startFunc)
-		p50s  []float64
-		p99s  []float64
+		name    string
+		start   func(round int) (write writeFunc, start startFunc)
+		p50s    []float64
+		p99s    []float64
+		spans   *spanLog
+		samples []sample
 	}
+	spans := newSpanLog()
 	variants := []*variant{
-		{name: "outbox relay, LISTEN + 1s poll", start: func(int) (writeFunc, startFunc) { return b.relayLatency(ctx, t) }},
+		{name: "outbox relay, LISTEN + 1s poll", spans: spans, start: func(int) (writeFunc, startFunc) { return b.relayLatency(ctx, t, spans) }},
 		{name: "watermill forwarder (defaults, 1s poll)", start: func(round int) (writeFunc, startFunc) { return b.forwarderLatency(ctx, t, round, 0) }},
 		{name: "watermill forwarder, 10ms poll", start: func(round int) (writeFunc, startFunc) {
 			return b.forwarderLatency(ctx, t, round, 10*time.Millisecond)
 		}},
 	}
+	var horizon *horizonSampler
+	var (
+		latePs  []float64 // per relay run: p99 oversleep of a 1 ms sleep
+		lateMax float64
+	)
 	for round := range b.Rounds {
-		for _, v := range variants {
+		for i, v := range variants {
+			if kind == "sql" && i == 0 && round == 0 {
+				var err error
+				if horizon, err = startHorizonSampler(ctx, b.DB); err != nil {
+					return err
+				}
+			}
 			write, start := v.start(round)
-			p50, p99, err := b.latencyRun(ctx, t, fmt.Sprintf("bench_outbox_latency_%d_%d", time.Now().UnixNano(), round), write, start)
+			var probe *lateness
+			if i == 0 {
+				probe = startLateness()
+			}
+			xs, err := b.latencyRun(ctx, t, fmt.Sprintf("bench_outbox_latency_%d_%d", time.Now().UnixNano(), round), write, start, v.spans)
 			if err != nil {
 				return fmt.Errorf("%s: %w", v.name, err)
 			}
+			if probe != nil {
+				p, w := probe.result()
+				latePs, lateMax = append(latePs, p), max(lateMax, w)
+			}
+			p50, p99 := percentiles(xs)
 			v.p50s, v.p99s = append(v.p50s, p50), append(v.p99s, p99)
+			v.samples = append(v.samples, xs...)
+			if horizon != nil && i == 0 {
+				b.horizonRows = append(b.horizonRows, horizon.rows(kind)...)
+				horizon = nil
+			}
 		}
 	}
 	consumer := ""
 	if kind == "sql" {
-		consumer = fmt.Sprintf(" (consumer polls every %s)", SQLConsumerPoll)
+		consumer = fmt.Sprintf(" (consumer woken by NOTIFY, polls every %s as fallback)", SQLConsumerPoll)
 	}
+	fwd := median(variants[2].p99s) // the forwarder at a 10 ms poll
 	for i, v := range variants {
 		b.emit(Row{Case: "latency " + kind, Variant: fmt.Sprintf("%s: commit to consumer p50 at %d/s%s", v.name, b.Rate, consumer), Value: median(v.p50s), Unit: "ms", Runs: v.p50s})
 		row := Row{Case: "latency " + kind, Variant: fmt.Sprintf("%s: commit to consumer p99 at %d/s%s", v.name, b.Rate, consumer), Value: median(v.p99s), Unit: "ms", Runs: v.p99s}
 		if i == 0 {
 			row.Target = "<= 25 ms"
+			if fwd > 0 {
+				row.VsForwarder = row.Value / fwd
+			}
 		}
 		b.emit(row)
 	}
+	b.emit(Row{Case: "latency " + kind, Unit: "ms", Value: median(latePs), Runs: latePs,
+		Variant: fmt.Sprintf("machine during the relay runs: a 1 ms sleep overslept by p99 (worst %.0f ms)", lateMax)})
+	for _, r := range b.horizonRows {
+		b.emit(r)
+	}
+	b.horizonRows = nil
+	// Where the relay's tail comes from (all rounds together).
+	a := attribute(variants[0].samples)
+	for i, name := range stageNames {
+		b.emit(Row{Case: "latency " + kind, Variant: fmt.Sprintf("outbox relay p99 tail (%d slowest events): %s; that stage's own p99 %.1f ms", a.tailN, name, a.p99[i]),
+			Value: a.tailMean[i], Unit: "ms mean"})
+	}
 	return nil
+}
+
+// percentiles returns the p50 and p99 of the samples' totals, in ms.
+func percentiles(xs []sample) (p50, p99 float64) {
+	d := make([]time.Duration, len(xs))
+	for i, s := range xs {
+		d[i] = s.total()
+	}
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	return ms(d[len(d)/2]), ms(d[len(d)*99/100])
 }
 
 // writeFunc writes one event in tx; startFunc starts the relaying side.
@@ -76,12 +130,13 @@ type (
 
 // relayLatency: outbox.Add in the transaction, a relay with LISTEN and a
 // 1 s poll fallback.
-func (b *bench) relayLatency(ctx context.Context, t *transport.Transport) (writeFunc, startFunc) {
+func (b *bench) relayLatency(ctx context.Context, t *transport.Transport, spans *spanLog) (writeFunc, startFunc) {
 	write := func(ctx context.Context, tx *sql.Tx, topic, id, agg string) error {
 		return outbox.Add(ctx, tx, outbox.Event{ID: id, Topic: topic, AggregateType: "order", AggregateID: agg, Payload: b.payload})
 	}
 	start := func() (func(), error) {
-		r, err := outbox.NewRelay(b.DB, t.Publisher(), outbox.RelayConfig{ListenURL: b.URL, PollInterval: time.Second})
+		r, err := outbox.NewRelay(b.DB, t.Publisher(), outbox.RelayConfig{ListenURL: b.URL, PollInterval: time.Second,
+			TracerProvider: spans.provider()})
 		if err != nil {
 			return nil, err
 		}
@@ -136,20 +191,21 @@ func (b *bench) forwarderLatency(ctx context.Context, t *transport.Transport, ro
 
 // latencyRun writes events at rate per second for d, each in its own
 // transaction through write, while the relaying side started by start
-// forwards them to topic on t, and returns the p50 and p99 of the time
-// from Commit's return to the consumer's receipt, in milliseconds.
-func (b *bench) latencyRun(ctx context.Context, t *transport.Transport, topic string, write writeFunc, start startFunc) (p50, p99 float64, err error) {
+// forwards them to topic on t, and returns each event's commit (Commit's
+// return), receipt by the consumer and, from spans (nil: none), the
+// relay's publish span.
+func (b *bench) latencyRun(ctx context.Context, t *transport.Transport, topic string, write writeFunc, start startFunc, spans *spanLog) ([]sample, error) {
 	rate, d := b.Rate, b.LatencyDuration
 	b.topics = append(b.topics, topic)
 	sub, err := t.Subscriber(b.Group)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ch, err := sub.Subscribe(sctx, topic)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	var committed sync.Map // event ids written
 	var mu sync.Mutex
@@ -174,7 +230,7 @@ func (b *bench) latencyRun(ctx context.Context, t *transport.Transport, topic st
 	}()
 	stop, err := start()
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer stop()
 	writeOne := func(id, agg string) error {
@@ -193,14 +249,14 @@ func (b *bench) latencyRun(ctx context.Context, t *transport.Transport, topic st
 warmup:
 	for {
 		if err := writeOne(watermill.NewUUID(), "warmup"); err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 		select {
 		case <-warm:
 			break warmup
 		case <-time.After(time.Second):
 			if time.Now().After(warmDeadline) {
-				return 0, 0, errors.New("subscriber received nothing within 60s")
+				return nil, errors.New("subscriber received nothing within 60s")
 			}
 		}
 	}
@@ -216,7 +272,7 @@ warmup:
 		committed.Store(id, true)
 		if err := writeOne(id, strconv.Itoa(i%100)); err != nil {
 			tick.Stop()
-			return 0, 0, err
+			return nil, err
 		}
 		mu.Lock()
 		commitDone[id] = time.Now()
@@ -235,13 +291,24 @@ warmup:
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	var xs []time.Duration
+	if len(received) < total {
+		return nil, fmt.Errorf("received %d of %d events within 30s", len(received), total)
+	}
+	return samples(received, commitDone, spans), nil
+}
+
+// samples joins each received event's commit, receipt and (spans not nil)
+// relay publish span.
+func samples(received, commitDone map[string]time.Time, spans *spanLog) []sample {
+	xs := make([]sample, 0, len(received))
 	for id, at := range received {
-		xs = append(xs, max(at.Sub(commitDone[id]), 0))
+		s := sample{commit: commitDone[id], received: at}
+		if spans != nil {
+			spans.mu.Lock()
+			s.pubStart, s.pubEnd = spans.start[id], spans.end[id]
+			spans.mu.Unlock()
+		}
+		xs = append(xs, s)
 	}
-	if len(xs) < total {
-		return 0, 0, fmt.Errorf("received %d of %d events within 30s", len(xs), total)
-	}
-	sort.Slice(xs, func(i, j int) bool { return xs[i] < xs[j] })
-	return float64(xs[len(xs)/2]) / float64(time.Millisecond), float64(xs[len(xs)*99/100]) / float64(time.Millisecond), nil
+	return xs
 }

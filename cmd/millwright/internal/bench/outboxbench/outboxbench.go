@@ -14,6 +14,7 @@ import (
 	"io"
 	"sort"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -115,13 +116,17 @@ type Row struct {
 	// transaction), counted through a proxy in a separate pass.
 	RoundTrips float64   `json:"round_trips,omitempty"`
 	Runs       []float64 `json:"runs"`
+	// NotRun says why a section asked for did not run on a kind (its
+	// broker unreachable, a run that failed); Value is then meaningless.
+	NotRun string `json:"not_run,omitempty"`
 }
 
 type bench struct {
 	Config
-	payload []byte
-	rows    []Row
-	cleanup []func()
+	payload     []byte
+	horizonRows []Row // the sql latency run's horizon holders (latency.go)
+	rows        []Row
+	cleanup     []func()
 	// broker labels the rows of the section withTransport runs; empty
 	// outside it.
 	broker string
@@ -184,6 +189,7 @@ func Run(ctx context.Context, cfg Config) error {
 			if err := b.withTransport(ctx, k, func(t *transport.Transport) error { return b.benchDrain(ctx, string(k), t) }); err != nil {
 				// One broker being unavailable does not void the others.
 				cfg.Progress("drain via %s: %v (skipped)", k, err)
+				b.notRun(SectionDrain, k, err)
 			}
 			step()
 		}
@@ -207,6 +213,7 @@ func Run(ctx context.Context, cfg Config) error {
 			cfg.Progress("latency via %s ...", k)
 			if err := b.withTransport(ctx, k, func(t *transport.Transport) error { return b.benchLatency(ctx, string(k), t) }); err != nil {
 				cfg.Progress("latency via %s: %v (skipped)", k, err)
+				b.notRun(SectionLatency, k, err)
 			}
 			step()
 		}
@@ -235,6 +242,12 @@ func (b *bench) emit(r Row) {
 	b.rows = append(b.rows, r)
 }
 
+// notRun records that section did not run on kind, as a row of the table
+// (and of --json): a kind asked for is never silently missing.
+func (b *bench) notRun(section string, kind transport.Kind, err error) {
+	b.emit(Row{Case: section + " " + string(kind), Variant: "every variant", Unit: "-", NotRun: err.Error()})
+}
+
 func (b *bench) print() error {
 	tw := tabwriter.NewWriter(b.Out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "CASE\tBROKER\tVARIANT\tVALUE\tUNIT\tBASELINE\tRATIO\tROUND TRIPS\tVS FEWER\tVS FORWARDER\tVS PUBLISHER\tTARGET\n")
@@ -256,6 +269,10 @@ func (b *bench) print() error {
 		rt := ""
 		if r.RoundTrips != 0 {
 			rt = strconv.FormatFloat(r.RoundTrips, 'f', 1, 64)
+		}
+		if r.NotRun != "" {
+			fmt.Fprintf(tw, "%s\t%s\t%s: not run: %s\t-\t-\t\t\t\t\t\t\t%s\n", r.Case, broker, r.Variant, strings.ReplaceAll(r.NotRun, "\t", " "), r.Target)
+			continue
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Case, broker, r.Variant, r.Value, r.Unit, base,
 			x(r.Ratio), rt, x(r.VsFewer), x(r.VsForwarder), x(r.VsPublisher), r.Target)

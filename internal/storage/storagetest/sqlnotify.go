@@ -1,0 +1,88 @@
+package storagetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/storage"
+)
+
+func init() { Register("sqlnotify", exerciseSQLNotify) }
+
+// exerciseSQLNotify checks the sql transport's wake-up operations: the
+// trigger statements (idempotent), the oid and horizon reads, and the
+// payload the trigger sends.
+func exerciseSQLNotify(t *testing.T, setup func(t *testing.T) Setup) {
+	ctx := context.Background()
+
+	t.Run("TriggerNotifiesTheTableAndTransaction", func(t *testing.T) {
+		t.Parallel()
+		s := setup(t)
+		p := s.Pool
+		_, err := p.Exec(ctx, storage.S(`CREATE TABLE "watermill_n" ("offset" BIGSERIAL, transaction_id xid8 NOT NULL)`))
+		require.NoError(t, err)
+		for range 2 { // idempotent
+			for _, q := range storage.SQLNotifySchemaStatements(`"watermill_n"`) {
+				_, err := p.Exec(ctx, storage.S(q))
+				require.NoError(t, err)
+			}
+		}
+		var triggers int
+		require.NoError(t, p.QueryRow(ctx, storage.S(`SELECT count(*) FROM pg_trigger WHERE tgrelid = '"watermill_n"'::regclass AND tgname = 'millwright_notify'`), &triggers))
+		require.Equal(t, 1, triggers)
+		oid, err := storage.TableOID(ctx, p, `"watermill_n"`)
+		require.NoError(t, err)
+
+		// What a listener receives at the commit: the table's oid and the
+		// inserting transaction's id, once for two rows.
+		l, err := storage.NewListener(ctx, storage.DriverSQL, storage.ListenerConfig{URL: s.Schema.URL})
+		require.NoError(t, err)
+		defer l.Close()
+		require.NoError(t, l.Listen(ctx, storage.SQLNotifyChannel))
+		tx, err := p.Begin(ctx, storage.TxOptions{})
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck
+		_, err = tx.Exec(ctx, storage.S(`INSERT INTO "watermill_n" (transaction_id) VALUES (pg_current_xact_id()), (pg_current_xact_id())`))
+		require.NoError(t, err)
+		var xid uint64
+		require.NoError(t, tx.QueryRow(ctx, storage.S(`SELECT pg_current_xact_id()::text::bigint`), &xid))
+		h, err := storage.SnapshotXmin(ctx, tx)
+		require.NoError(t, err)
+		require.LessOrEqual(t, h, xid, "a running transaction is at or above the horizon")
+		require.NoError(t, tx.Commit(ctx))
+		got := 0
+		timeout := time.After(10 * time.Second)
+		for got == 0 {
+			select {
+			case n := <-l.Notifications():
+				if n == nil {
+					continue
+				}
+				table, x, ok := storage.ParseSQLNotification(n.Payload)
+				if ok && table == oid {
+					require.Equal(t, xid, x)
+					got++
+				}
+			case <-timeout:
+				t.Fatal("no notification within 10s of the commit")
+			}
+		}
+	})
+
+	t.Run("MissingTable", func(t *testing.T) {
+		t.Parallel()
+		_, err := storage.TableOID(ctx, setup(t).Pool, `"watermill_absent"`)
+		require.Error(t, err)
+	})
+
+	t.Run("ForeignPayload", func(t *testing.T) {
+		t.Parallel()
+		for _, p := range []string{"", "x", "12", "12 x", "x 12", "-1 5", "4294967296 1"} {
+			_, _, ok := storage.ParseSQLNotification(p)
+			require.False(t, ok, "%q", p)
+		}
+	})
+}

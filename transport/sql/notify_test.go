@@ -1,0 +1,177 @@
+package sql_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/internal/testing/faultproxy"
+	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/transport/sql"
+)
+
+// longPoll is the poll interval of the wake-up tests: a message that
+// arrives well within it was not fetched by the poll.
+const longPoll = time.Minute
+
+type notifyBundle struct {
+	schema *pgtest.Schema
+	tr     *sql.Transport
+	topic  string
+	msgs   <-chan *message.Message
+}
+
+func setupNotify(t *testing.T, poll time.Duration, listenURL func(schemaURL string) string) *notifyBundle {
+	t.Helper()
+	s := pgtest.New(t)
+	cfg := sql.Config{URL: s.URL, PollInterval: poll, HorizonCheckInterval: -1}
+	if listenURL != nil {
+		cfg.ListenURL = listenURL(s.URL)
+	}
+	tr, err := sql.Open(context.Background(), cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, tr.Close()) })
+	b := &notifyBundle{schema: s, tr: tr, topic: fmt.Sprintf("notify.orders.%d", time.Now().UnixNano())}
+	sub, err := tr.Subscriber("g")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	b.msgs, err = sub.Subscribe(ctx, b.topic)
+	require.NoError(t, err)
+	return b
+}
+
+func (b *notifyBundle) publish(t *testing.T, payload string) {
+	t.Helper()
+	require.NoError(t, b.tr.Publisher().Publish(b.topic, message.NewMessage(watermill.NewUUID(), []byte(payload))))
+}
+
+// receive returns the next message's payload, failing after limit.
+func (b *notifyBundle) receive(t *testing.T, limit time.Duration) string {
+	t.Helper()
+	select {
+	case m := <-b.msgs:
+		m.Ack()
+		return string(m.Payload)
+	case <-time.After(limit):
+		r, w, p := sql.WakeCounts(b.tr)
+		t.Fatalf("no message within %s (reconnects %d, wakes %d, polls %d)", limit, r, w, p)
+		return ""
+	}
+}
+
+// A commit wakes the subscriber: with a one-minute poll, each message
+// arrives within seconds, fetched on a notification, never by the poll.
+func TestNotifyWakesTheSubscriber(t *testing.T) {
+	t.Parallel()
+	b := setupNotify(t, longPoll, nil)
+	for i := range 5 {
+		b.publish(t, fmt.Sprint(i))
+		require.Equal(t, fmt.Sprint(i), b.receive(t, 10*time.Second))
+	}
+	_, _, polls := sql.WakeCounts(b.tr)
+	require.Zero(t, polls, "a message came by the poll")
+}
+
+// Inside a user's transaction (watermill-sql's publisher on it): nothing
+// is delivered before the commit, the commit wakes the subscriber, and a
+// rolled-back insert wakes nobody and delivers nothing.
+func TestNotifyAtTheUsersCommit(t *testing.T) {
+	t.Parallel()
+	b := setupNotify(t, longPoll, nil)
+	publishIn := func(payload string, commit bool) {
+		tx, err := b.schema.DB.Begin()
+		require.NoError(t, err)
+		p, err := wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: sql.Schema()}, nil)
+		require.NoError(t, err)
+		require.NoError(t, p.Publish(b.topic, message.NewMessage(watermill.NewUUID(), []byte(payload))))
+		if commit {
+			require.NoError(t, tx.Commit())
+		} else {
+			require.NoError(t, tx.Rollback())
+		}
+	}
+	publishIn("rolled back", false)
+	publishIn("committed", true)
+	require.Equal(t, "committed", b.receive(t, 10*time.Second), "the rolled-back message was delivered")
+	_, _, polls := sql.WakeCounts(b.tr)
+	require.Zero(t, polls)
+}
+
+// watermill-sql reads only rows below the xmin horizon: a message
+// committed while an older transaction (one that does not touch the topic,
+// so never notifies) still runs is invisible at its notification. It is
+// not lost: it arrives once that transaction ends, within seconds, with a
+// one-minute poll.
+func TestNotifyWaitsForTheHorizon(t *testing.T) {
+	t.Parallel()
+	b := setupNotify(t, longPoll, nil)
+	blocker, err := b.schema.DB.Begin()
+	require.NoError(t, err)
+	defer blocker.Rollback() //nolint:errcheck
+	var xid uint64
+	require.NoError(t, blocker.QueryRow(`SELECT pg_current_xact_id()::text::bigint`).Scan(&xid))
+
+	b.publish(t, "behind")
+	// Invisible while the blocker runs: the notification came and went.
+	require.Eventually(t, func() bool { _, w, _ := sql.WakeCounts(b.tr); return w > 0 }, 10*time.Second, 5*time.Millisecond)
+	select {
+	case m := <-b.msgs:
+		t.Fatalf("delivered %q above the horizon %d", m.Payload, xid)
+	case <-time.After(200 * time.Millisecond):
+	}
+	require.NoError(t, blocker.Commit())
+	require.Equal(t, "behind", b.receive(t, 10*time.Second))
+	_, _, polls := sql.WakeCounts(b.tr)
+	require.Zero(t, polls, "it came by the poll, not by the horizon re-check")
+}
+
+// With its LISTEN connection cut and refused (a proxy between the
+// listener and the server), the subscriber falls back to its poll and
+// loses nothing; once the proxy lets it through again the listener
+// reconnects (bounded) and notifications wake the subscriber again.
+func TestNotifyFallsBackToThePollWhenTheListenerIsCut(t *testing.T) {
+	t.Parallel()
+	var proxy *faultproxy.Proxy
+	b := setupNotify(t, 500*time.Millisecond, func(u string) string {
+		p, through, err := faultproxy.Through(u, "5432")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+		proxy = p
+		return through
+	})
+	b.publish(t, "before")
+	require.Equal(t, "before", b.receive(t, 10*time.Second))
+
+	proxy.Outage(8 * time.Second)
+	require.Positive(t, proxy.CutConns(), "the LISTEN connection was not cut")
+	// Two polls after the cut, the loop is idle in its wait: only the
+	// poll can fetch what comes now.
+	_, _, p0 := sql.WakeCounts(b.tr)
+	require.Eventually(t, func() bool { _, _, p := sql.WakeCounts(b.tr); return p >= p0+2 }, 10*time.Second, 5*time.Millisecond)
+	_, wakes0, polls0 := sql.WakeCounts(b.tr)
+	for i := range 3 {
+		b.publish(t, fmt.Sprint("during ", i))
+	}
+	for i := range 3 {
+		require.Equal(t, fmt.Sprint("during ", i), b.receive(t, 5*time.Second))
+	}
+	reconnects, wakes, polls := sql.WakeCounts(b.tr)
+	require.Zero(t, reconnects, "the listener was back before the messages: not the fallback")
+	require.Equal(t, wakes0, wakes, "woken without a listener")
+	require.Greater(t, polls, polls0)
+
+	require.Eventually(t, func() bool { r, _, _ := sql.WakeCounts(b.tr); return r > 0 }, 40*time.Second, 20*time.Millisecond,
+		"the listener did not reconnect")
+	_, wakes, _ = sql.WakeCounts(b.tr)
+	b.publish(t, "after")
+	require.Equal(t, "after", b.receive(t, 10*time.Second))
+	require.Eventually(t, func() bool { _, w, _ := sql.WakeCounts(b.tr); return w > wakes }, 10*time.Second, 5*time.Millisecond,
+		"no wake after the reconnection")
+}
