@@ -74,7 +74,9 @@ func runShop(t *testing.T) *shop {
 	})))
 	router.AddConsumerHandler("dlq-recorder", dlq.DefaultTopic(sh.topic), broker, dlq.NewStore(s.DB).Record)
 
-	cmd := func(struct{}) (saga.Command, error) { return saga.Command{Topic: "transfer.commands", Payload: struct{}{}}, nil }
+	cmd := func(struct{}) (saga.Command, error) {
+		return saga.Command{Topic: "transfer.commands", Payload: struct{}{}}, nil
+	}
 	def := saga.MustDefine("transfer",
 		saga.Step[struct{}]{Name: "debit", Command: cmd, Compensation: cmd},
 		saga.Step[struct{}]{Name: "credit", Command: cmd, Compensation: cmd},
