@@ -102,7 +102,7 @@ func (b *bundle) get(t *testing.T, path string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-var csrfRe = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+var csrfRe = regexp.MustCompile(`<meta name="millwright-csrf" content="([^"]+)">`)
 
 // token returns the CSRF token of a page (and sets the cookie).
 func (b *bundle) token(t *testing.T) string {
@@ -111,9 +111,7 @@ func (b *bundle) token(t *testing.T) string {
 	require.Equal(t, http.StatusOK, status, body)
 	m := csrfRe.FindStringSubmatch(body)
 	if m == nil {
-		// A page with no form still set the cookie; the audit page has none
-		// either: take the token from a dead letter's page instead.
-		t.Fatalf("no CSRF token on the dead-letters page (no dead letter yet?)")
+		t.Fatalf("no CSRF token on the dead-letters page")
 	}
 	return m[1]
 }

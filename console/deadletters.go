@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/millwright/millwright/internal/redact"
 
 	"github.com/millwright/millwright/internal/storage"
 )
@@ -139,13 +142,55 @@ func (h *Handler) deadLetter(ctx context.Context, q *req) error {
 
 // editData is the edit form and its preview.
 type editData struct {
-	Letter   letterView
-	Encoding string
-	Text     string
-	Diff     []diffLine
-	Changed  bool
-	Preview  bool
-	JSONNote string
+	Letter       letterView
+	Encoding     string
+	Text         string
+	Metadata     string
+	Diff         []diffLine
+	MetadataDiff []diffLine
+	Changed      bool
+	Preview      bool
+	JSONNote     string
+}
+
+// shownValue is a metadata value as the console shows it: masked for a
+// secret-named key, with URL passwords and secret parameters masked
+// otherwise.
+func shownValue(k, v string) string {
+	if redact.SecretName(k) {
+		return redact.Mask
+	}
+	return redact.Text(v)
+}
+
+// metadataText is metadata as the edit form shows it: a JSON object, keys
+// sorted, values as shownValue shows them (a value left as shown keeps the
+// stored one, see editedMetadata).
+func metadataText(md map[string]string) string {
+	shown := make(map[string]string, len(md))
+	for k, v := range md {
+		shown[k] = shownValue(k, v)
+	}
+	b, _ := json.MarshalIndent(shown, "", "  ") // a map of strings always encodes
+	return string(b)
+}
+
+// editedMetadata decodes the form's metadata; a value left as the form
+// showed it (masked) keeps its stored value.
+func editedMetadata(text string, stored map[string]string) (map[string]string, error) {
+	var md map[string]string
+	if err := json.Unmarshal([]byte(text), &md); err != nil {
+		return nil, badRequest("the metadata is not a JSON object of strings: %v", err)
+	}
+	if md == nil {
+		md = map[string]string{}
+	}
+	for k, v := range md {
+		if old, ok := stored[k]; ok && v == shownValue(k, old) {
+			md[k] = old
+		}
+	}
+	return md, nil
 }
 
 func (h *Handler) editForm(ctx context.Context, q *req) error {
@@ -158,7 +203,7 @@ func (h *Handler) editForm(ctx context.Context, q *req) error {
 		return err
 	}
 	lv := newLetterView(row)
-	d := editData{Letter: lv, Encoding: "text", Text: lv.Payload.Text}
+	d := editData{Letter: lv, Encoding: "text", Text: lv.Payload.Text, Metadata: metadataText(lv.metadata)}
 	if lv.Payload.Kind == "binary" {
 		d.Encoding, d.Text = "hex", hex.EncodeToString(row.Payload)
 	}
@@ -190,17 +235,30 @@ func (h *Handler) edit(ctx context.Context, q *req) error {
 	if err != nil {
 		return err
 	}
-	if q.PostForm.Get("action") == "replay" {
-		return h.editReplay(ctx, q, id, payload)
-	}
 	row, err := h.loadLetter(ctx, q, id)
 	if err != nil {
 		return err
 	}
 	lv := newLetterView(row)
+	e := &edit{payload: payload}
+	mdText := q.PostForm.Get("metadata")
+	if strings.TrimSpace(mdText) != "" {
+		if e.metadata, err = editedMetadata(mdText, lv.metadata); err != nil {
+			return err
+		}
+		if maps.Equal(e.metadata, lv.metadata) {
+			e.metadata = nil
+		}
+	}
+	if q.PostForm.Get("action") == "replay" {
+		return h.editReplay(ctx, q, id, e)
+	}
 	edited := viewPayload(payload)
-	d := editData{Letter: lv, Encoding: q.PostForm.Get("encoding"), Text: q.PostForm.Get("payload"), Preview: true,
-		Diff: lineDiff(lv.Payload.Text, edited.Text), Changed: string(payload) != string(row.Payload)}
+	d := editData{Letter: lv, Encoding: q.PostForm.Get("encoding"), Text: q.PostForm.Get("payload"), Metadata: mdText, Preview: true,
+		Diff: lineDiff(lv.Payload.Text, edited.Text), Changed: string(payload) != string(row.Payload) || e.metadata != nil}
+	if e.metadata != nil {
+		d.MetadataDiff = lineDiff(metadataText(lv.metadata), metadataText(e.metadata))
+	}
 	if lv.Payload.Kind == "json" && edited.Kind != "json" {
 		d.JSONNote = "The original payload is JSON; the edited one is not."
 	}
@@ -219,9 +277,9 @@ type outcome struct {
 	Note  string
 }
 
-func (h *Handler) editReplay(ctx context.Context, q *req, id int64, payload []byte) error {
+func (h *Handler) editReplay(ctx context.Context, q *req, id int64, e *edit) error {
 	res := resultData{}
-	err := h.takeAndQueue(ctx, q, id, &payload)
+	err := h.takeAndQueue(ctx, q, id, e)
 	switch {
 	case errors.Is(err, errTaken):
 		res.Skipped = append(res.Skipped, outcome{ID: id, Note: "not replayed: another operator replayed or edited it first; nothing was sent"})

@@ -154,11 +154,7 @@ func metadataView(md map[string]string) (ce, trace, other []kv) {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		v := redact.Text(md[k])
-		if redact.SecretName(k) {
-			v = redact.Mask
-		}
-		e := kv{k, v}
+		e := kv{k, shownValue(k, md[k])}
 		switch {
 		case strings.HasPrefix(k, "ce_"):
 			ce = append(ce, e)

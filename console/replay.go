@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 
 	"github.com/millwright/millwright/internal/audit"
@@ -32,7 +33,7 @@ var errTaken = errors.New("the dead letter was already replayed or superseded")
 // metadata.DeadLetterReplayOf = the row id: a deduplicating consumer
 // group that had processed the original skips it, the one that failed
 // processes it once.
-func (h *Handler) takeAndQueue(ctx context.Context, q *req, id int64, edited *[]byte) error {
+func (h *Handler) takeAndQueue(ctx context.Context, q *req, id int64, edited *edit) error {
 	tx, err := h.begin(ctx, q, false)
 	if err != nil {
 		return err
@@ -68,7 +69,10 @@ func (h *Handler) takeAndQueue(ctx context.Context, q *req, id int64, edited *[]
 	}
 	args := []string{"--schema=" + q.schema, "--id=" + strconv.FormatInt(id, 10)}
 	if edited != nil {
-		args = append(args, fmt.Sprintf("--payload-bytes=%d", len(*edited)))
+		args = append(args, fmt.Sprintf("--payload-bytes=%d", len(edited.payload)))
+		if edited.metadata != nil {
+			args = append(args, "--metadata-edited")
+		}
 	}
 	if err := h.audit(ctx, tx, q, command, args, 1); err != nil {
 		return err
@@ -79,12 +83,22 @@ func (h *Handler) takeAndQueue(ctx context.Context, q *req, id int64, edited *[]
 	return nil
 }
 
-// replayEvent is the outbox event replaying row, with the edited payload
-// when edited is not nil.
-func replayEvent(row storage.DeadLetterRow, edited *[]byte) (outbox.Event, error) {
+// edit is an operator's edit of a dead letter: its payload, and its
+// metadata when that was edited too (nil: the stored metadata).
+type edit struct {
+	payload  []byte
+	metadata map[string]string
+}
+
+// replayEvent is the outbox event replaying row, with the edit when edited
+// is not nil.
+func replayEvent(row storage.DeadLetterRow, edited *edit) (outbox.Event, error) {
 	var md map[string]string
 	if err := json.Unmarshal([]byte(row.Metadata), &md); err != nil {
 		return outbox.Event{}, fmt.Errorf("dead letter %d: its stored metadata is not a JSON object of strings: %w", row.ID, err)
+	}
+	if edited != nil && edited.metadata != nil {
+		md = maps.Clone(edited.metadata)
 	}
 	if row.OriginalTopic == "" {
 		return outbox.Event{}, badRequest("dead letter %d has no original topic recorded: replay it with `millwright dlq replay --target`", row.ID)
@@ -99,7 +113,7 @@ func replayEvent(row storage.DeadLetterRow, edited *[]byte) (outbox.Event, error
 	}
 	payload := row.Payload
 	if edited != nil {
-		payload = *edited
+		payload = edited.payload
 	}
 	return outbox.Event{
 		Topic: row.OriginalTopic, ID: id, Payload: payload, RawPayload: true, Metadata: md,

@@ -134,7 +134,10 @@ type OutboxRelayRow struct {
 // running.
 func ReadOutboxLanes(ctx context.Context, q Querier) ([]OutboxLane, error) {
 	var out []OutboxLane
-	err := q.Query(ctx, Statement{SQL: `SELECT lane, COALESCE(owner, ''), lease_until, lent, lease_until > now()
+	// A lane never leased has lease_until -infinity, which time.Time cannot
+	// hold: it reads as the zero time.
+	err := q.Query(ctx, Statement{SQL: `SELECT lane, COALESCE(owner, ''),
+	CASE WHEN isfinite(lease_until) THEN lease_until ELSE '0001-01-01 00:00:00+00' END, lent, lease_until > now()
 	FROM millwright_outbox_lanes ORDER BY lane`, Expect: NoExpect, What: "reading the outbox lanes"}, func(r Row) error {
 		var l OutboxLane
 		err := r.Scan(&l.Lane, &l.Owner, &l.LeaseUntil, &l.Lent, &l.Held)
@@ -147,7 +150,8 @@ func ReadOutboxLanes(ctx context.Context, q Querier) ([]OutboxLane, error) {
 // ReadOutboxRelays returns the relays that announced themselves, by id.
 func ReadOutboxRelays(ctx context.Context, q Querier) ([]OutboxRelayRow, error) {
 	var out []OutboxRelayRow
-	err := q.Query(ctx, Statement{SQL: `SELECT id, seen_until, load, seen_until > now() FROM millwright_outbox_relays ORDER BY id`,
+	err := q.Query(ctx, Statement{SQL: `SELECT id, CASE WHEN isfinite(seen_until) THEN seen_until ELSE '0001-01-01 00:00:00+00' END,
+	load, seen_until > now() FROM millwright_outbox_relays ORDER BY id`,
 		Expect: NoExpect, What: "reading the outbox relays"}, func(r Row) error {
 		var x OutboxRelayRow
 		err := r.Scan(&x.ID, &x.SeenUntil, &x.Load, &x.Live)
