@@ -174,13 +174,13 @@ func TestSecretsAreNeverShown(t *testing.T) {
 		require.NotContains(t, body, secret, path)
 	}
 	status, body := b.post(t, "/dead-letters/"+sid+"/edit", b.token(t), url.Values{"encoding": {"text"}, "payload": {`{"a":1}`},
-		"metadata": {`{"password": "`+redact.Mask+`", "callback": "amqp://u:`+redact.Mask+`@mq/", "extra": "1"}`}, "action": {"preview"}})
+		"metadata": {`{"password": "` + redact.Mask + `", "callback": "amqp://u:` + redact.Mask + `@mq/", "extra": "1"}`}, "action": {"preview"}})
 	require.Equal(t, http.StatusOK, status, body)
 	require.NotContains(t, body, secret)
 
 	// An edit that leaves the masked values as shown keeps the stored ones.
 	status, body = b.post(t, "/dead-letters/"+sid+"/edit", b.token(t), url.Values{"encoding": {"text"}, "payload": {`{"a":1}`},
-		"metadata": {`{"password": "`+redact.Mask+`", "callback": "amqp://u:`+redact.Mask+`@mq/", "extra": "1"}`}, "action": {"replay"}})
+		"metadata": {`{"password": "` + redact.Mask + `", "callback": "amqp://u:` + redact.Mask + `@mq/", "extra": "1"}`}, "action": {"replay"}})
 	require.Equal(t, http.StatusOK, status, body)
 	md := pgtest.Column[string](t, b.schema.DB, `SELECT metadata->>'password' || ' ' || (metadata->>'callback') || ' ' || (metadata->>'extra') FROM millwright_outbox WHERE topic = 'secrets'`)
 	require.Equal(t, []string{secret + " amqp://u:" + secret + "@mq/ 1"}, md)
