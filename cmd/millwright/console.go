@@ -32,6 +32,10 @@ const envConsoleToken = "MILLWRIGHT_CONSOLE_TOKEN"
 
 const defaultConsoleListen = "127.0.0.1:8089"
 
+// consoleReady, set by tests, receives the console's address once it
+// listens.
+var consoleReady chan<- string
+
 func consoleCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "console",
@@ -55,7 +59,7 @@ accepted, requests must name a loopback host (no DNS rebinding), and
 actions are recorded as the OS user running the console.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runConsole(cmd, nil)
+			return runConsole(cmd, consoleReady)
 		},
 	}
 	f := cmd.Flags()
@@ -99,7 +103,7 @@ func runConsole(cmd *cobra.Command, ready chan<- string) error {
 		return fmt.Errorf("millwright console: %w", err)
 	}
 	var handler http.Handler = h
-	if how == "none" {
+	if strings.HasPrefix(how, "none") {
 		handler = loopbackHostOnly(h)
 	}
 	ln, err := net.Listen("tcp", listen)
