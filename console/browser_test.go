@@ -257,7 +257,16 @@ func TestBrowser(t *testing.T) {
 	)
 	require.Equal(t, fmt.Sprintf("Dead letter %d · millwright console", poison), run(t, ctx, chromedp.Title()))
 
-	// A payload with a script is shown as text and does not run.
+	checkScriptDoesNotRun(t, ctx, base, xss)
+	checkPostWithoutTokenRefused(t, ctx, sh, base, xss)
+	editAndReplay(t, ctx, sh, base, poison)
+	checkSagaTimeline(t, ctx, sh, base)
+	checkAudit(t, ctx, base)
+}
+
+// checkScriptDoesNotRun: a payload with a script is shown as text and
+// does not run.
+func checkScriptDoesNotRun(t *testing.T, ctx context.Context, base string, xss int64) {
 	do(t, ctx, "open the dead letter with a script",
 		chromedp.Navigate(fmt.Sprintf("%s/dead-letters/%d", base, xss)),
 		chromedp.WaitVisible(css(`pre.payload-text`)),
@@ -267,6 +276,11 @@ func TestBrowser(t *testing.T) {
 	require.False(t, run(t, ctx, chromedp.Evaluate[bool](`window.pwned === 1`)), "the payload's script ran")
 	require.Equal(t, fmt.Sprintf("Dead letter %d · millwright console", xss), run(t, ctx, chromedp.Title()), "the payload's script ran")
 
+}
+
+// checkPostWithoutTokenRefused: a POST without the token is refused, and
+// changes nothing.
+func checkPostWithoutTokenRefused(t *testing.T, ctx context.Context, sh *shop, base string, xss int64) {
 	// A POST without the token is refused, and changes nothing: a form the
 	// page did not render (the CSP blocks fetch), submitted from the page.
 	do(t, ctx, "post a replay without the CSRF token",
@@ -281,7 +295,12 @@ func TestBrowser(t *testing.T) {
 	require.Contains(t, run(t, ctx, chromedp.Text(css(`#error`))), "CSRF token")
 	require.Equal(t, []string{"dead"}, pgtest.Column[string](t, sh.schema.DB, `SELECT state FROM millwright_dead_letters WHERE id = $1`, xss))
 
-	// Edit, preview the diff, replay.
+}
+
+// editAndReplay edits the poison message, previews the diff and replays
+// it; the consumer processes the edited message once and the original
+// never.
+func editAndReplay(t *testing.T, ctx context.Context, sh *shop, base string, poison int64) {
 	do(t, ctx, "edit and preview",
 		chromedp.Navigate(fmt.Sprintf("%s/dead-letters/%d/edit", base, poison)),
 		chromedp.WaitVisible(css(`#payload`)),
@@ -311,7 +330,11 @@ func TestBrowser(t *testing.T) {
 	require.Equal(t, []int64{1}, pgtest.Column[int64](t, sh.schema.DB, `SELECT count(*) FROM millwright_dead_letters WHERE message_uuid = 'order-poison'`),
 		"the edited message was not dead-lettered again")
 
-	// The compensated saga's timeline, in order.
+}
+
+// checkSagaTimeline: the compensated saga's timeline, in order, and its
+// definition's diagram.
+func checkSagaTimeline(t *testing.T, ctx context.Context, sh *shop, base string) {
 	do(t, ctx, "open the compensated saga",
 		chromedp.Navigate(base+"/sagas?state=compensated"),
 		chromedp.WaitVisible(css(`#sagas a.saga-link`)),
@@ -330,7 +353,11 @@ func TestBrowser(t *testing.T) {
 		"compensation debit", "compensation_reply debit", "compensated "}, got, "the timeline, in the order of the saga's history")
 	require.Equal(t, sh.diagram, run(t, ctx, chromedp.Text(css(`#diagram`))))
 
-	// The outbox and the audit pages: the edit is recorded with its operator.
+}
+
+// checkAudit: the outbox and the audit pages; the edit is recorded with
+// its operator.
+func checkAudit(t *testing.T, ctx context.Context, base string) {
 	do(t, ctx, "the outbox and audit pages",
 		chromedp.Navigate(base+"/outbox"),
 		chromedp.WaitVisible(css(`#totals`)),
