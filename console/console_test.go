@@ -41,6 +41,13 @@ const testActor = "alice"
 // adjusts the configuration.
 func setup(t *testing.T, extra ...func(*console.Config)) *bundle {
 	t.Helper()
+	return setupOn(t, pgtest.DriverPQ, extra...)
+}
+
+// setupOn is setup with the console on driver's pool: a *sql.DB
+// (pgtest.DriverPQ) or a *pgxpool.Pool (pgtest.DriverPgx).
+func setupOn(t *testing.T, driver string, extra ...func(*console.Config)) *bundle {
+	t.Helper()
 	s := pgtest.New(t, migrations.All()...)
 	cfg := console.Config{
 		Authenticate: func(w http.ResponseWriter, r *http.Request) (string, bool) {
@@ -54,7 +61,15 @@ func setup(t *testing.T, extra ...func(*console.Config)) *bundle {
 	for _, f := range extra {
 		f(&cfg)
 	}
-	h, err := console.New(s.DB, cfg)
+	var (
+		h   *console.Handler
+		err error
+	)
+	if driver == pgtest.DriverPgx {
+		h, err = console.New(s.Pgx(t), cfg)
+	} else {
+		h, err = console.New(s.DB, cfg)
+	}
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	prefix := cfg.BasePath

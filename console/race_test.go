@@ -70,70 +70,72 @@ func holdRow(t *testing.T, b *bundle, id int64) (int, func()) {
 // message is queued, and the other is told it lost.
 func TestTwoOperatorsRacingOnOneDeadLetterSendExactlyOneMessage(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
-		name         string
-		alice, bobby url.Values
-	}{
-		{"EditAgainstEdit", url.Values{"encoding": {"text"}, "payload": {`{"by":"alice"}`}, "action": {"replay"}},
-			url.Values{"encoding": {"text"}, "payload": {`{"by":"bob"}`}, "action": {"replay"}}},
-		{"EditAgainstReplay", url.Values{"encoding": {"text"}, "payload": {`{"by":"alice"}`}, "action": {"replay"}},
-			url.Values{"action": {"replay"}}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			id := b.deadLetter(t, "race", "T", "boom", []byte(`{"by":"nobody"}`), nil)
-			sid := strconv.FormatInt(id, 10)
-			alice, at := b.operator(t, "alice")
-			bob, bt := b.operator(t, "bob")
-			holder, release := holdRow(t, b, id)
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		for _, c := range []struct {
+			name         string
+			alice, bobby url.Values
+		}{
+			{"EditAgainstEdit", url.Values{"encoding": {"text"}, "payload": {`{"by":"alice"}`}, "action": {"replay"}},
+				url.Values{"encoding": {"text"}, "payload": {`{"by":"bob"}`}, "action": {"replay"}}},
+			{"EditAgainstReplay", url.Values{"encoding": {"text"}, "payload": {`{"by":"alice"}`}, "action": {"replay"}},
+				url.Values{"action": {"replay"}}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				b := setupOn(t, driver)
+				id := b.deadLetter(t, "race", "T", "boom", []byte(`{"by":"nobody"}`), nil)
+				sid := strconv.FormatInt(id, 10)
+				alice, at := b.operator(t, "alice")
+				bob, bt := b.operator(t, "bob")
+				holder, release := holdRow(t, b, id)
 
-			paths := []string{"/dead-letters/" + sid + "/edit", "/dead-letters/" + sid + "/edit"}
-			if c.bobby.Get("payload") == "" {
-				paths[1] = "/dead-letters/replay"
-				c.bobby.Set("id", sid)
-			}
-			bodies := make([]string, 2)
-			var wg sync.WaitGroup
-			for i, op := range []struct {
-				b    *bundle
-				tok  string
-				form url.Values
-			}{{alice, at, c.alice}, {bob, bt, c.bobby}} {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					status, body := op.b.post(t, paths[i], op.tok, op.form)
-					if status != http.StatusOK {
-						body = "status " + strconv.Itoa(status) + ": " + body
-					}
-					bodies[i] = body
-				}()
-			}
-			waitBlocked(t, b, holder, 2)
-			release()
-			wg.Wait()
-
-			queued := b.outboxPayloads(t, "race")
-			require.Len(t, queued, 1, "exactly one message is queued: %v", queued)
-			won := 0
-			for _, body := range bodies {
-				require.NotContains(t, body, "status ")
-				if !strings.Contains(body, `id="skipped"`) {
-					won++
+				paths := []string{"/dead-letters/" + sid + "/edit", "/dead-letters/" + sid + "/edit"}
+				if c.bobby.Get("payload") == "" {
+					paths[1] = "/dead-letters/replay"
+					c.bobby.Set("id", sid)
 				}
-			}
-			require.Equal(t, 1, won, "one operator wins, the other is told it lost")
-			state := b.state(t, id)
-			if queued[0] == `{"by":"nobody"}` {
-				require.Equal(t, "replayed", state)
-			} else {
-				require.Equal(t, "superseded", state)
-			}
-			audited := pgtest.Column[string](t, b.schema.DB, `SELECT os_user FROM millwright_audit`)
-			require.Len(t, audited, 1, "only the winner's action is recorded")
-		})
-	}
+				bodies := make([]string, 2)
+				var wg sync.WaitGroup
+				for i, op := range []struct {
+					b    *bundle
+					tok  string
+					form url.Values
+				}{{alice, at, c.alice}, {bob, bt, c.bobby}} {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						status, body := op.b.post(t, paths[i], op.tok, op.form)
+						if status != http.StatusOK {
+							body = "status " + strconv.Itoa(status) + ": " + body
+						}
+						bodies[i] = body
+					}()
+				}
+				waitBlocked(t, b, holder, 2)
+				release()
+				wg.Wait()
+
+				queued := b.outboxPayloads(t, "race")
+				require.Len(t, queued, 1, "exactly one message is queued: %v", queued)
+				won := 0
+				for _, body := range bodies {
+					require.NotContains(t, body, "status ")
+					if !strings.Contains(body, `id="skipped"`) {
+						won++
+					}
+				}
+				require.Equal(t, 1, won, "one operator wins, the other is told it lost")
+				state := b.state(t, id)
+				if queued[0] == `{"by":"nobody"}` {
+					require.Equal(t, "replayed", state)
+				} else {
+					require.Equal(t, "superseded", state)
+				}
+				audited := pgtest.Column[string](t, b.schema.DB, `SELECT os_user FROM millwright_audit`)
+				require.Len(t, audited, 1, "only the winner's action is recorded")
+			})
+		}
+	})
 }
 
 // blockingPublisher holds its first Publish until released.
