@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/redact"
 
 	"github.com/millwright/millwright/internal/storage"
@@ -18,9 +19,9 @@ import (
 
 // Dead-letter states (dlq migration 003).
 const (
-	stateDead       = "dead"
-	stateReplayed   = "replayed"
-	stateSuperseded = "superseded"
+	stateDead       = dlq.StateDead
+	stateReplayed   = dlq.StateReplayed
+	stateSuperseded = dlq.StateSuperseded
 )
 
 // topicGroup sums the groups of one topic.
