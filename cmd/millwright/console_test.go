@@ -3,7 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrations"
 )
@@ -167,3 +175,69 @@ type headerRecorder struct {
 func (r *headerRecorder) Header() http.Header         { return r.h }
 func (r *headerRecorder) Write(b []byte) (int, error) { return len(b), nil }
 func (r *headerRecorder) WriteHeader(code int)        { r.code = code }
+
+// TestConsoleOnTheDemosData is the README's walkthrough: after the orders
+// demo, the console finds the poison message in its group, edits its
+// payload and metadata and replays it; billing, run afterwards, charges it
+// exactly once.
+func TestConsoleOnTheDemosData(t *testing.T) { // not parallel: consoleReady
+	if testing.Short() {
+		t.Skip("builds and runs the orders demo")
+	}
+	schema := pgtest.New(t) // the demo migrates it
+	bin := filepath.Join(t.TempDir(), "orders")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "../../examples/orders").CombinedOutput()
+	require.NoError(t, err, "building the demo: %s", out)
+	demoArgs := []string{"-database-url", pgtest.BaseURL(), "-schema", schema.Name, "-transport", "gochannel"}
+	out, err = exec.CommandContext(ctx, bin, append([]string{"demo", "-orders", "4"}, demoArgs...)...).CombinedOutput()
+	require.NoError(t, err, "the demo: %s", out)
+	require.Contains(t, string(out), "dlq=1")
+
+	addr, _ := startConsole(t, "--database-url", pgtest.BaseURL(), "--schema", schema.Name)
+	base := "http://" + addr
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar, Timeout: 20 * time.Second}
+	page := func(path string) string {
+		resp, err := client.Get(base + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, b)
+		return string(b)
+	}
+	body := page("/dead-letters")
+	require.Contains(t, body, "billing.commands")
+	require.Contains(t, body, "*json.SyntaxError")
+	ids := pgtest.Column[string](t, schema.DB, `SELECT id::text || ' ' || message_uuid FROM millwright_dead_letters`)
+	require.Len(t, ids, 1)
+	id, uuid, _ := strings.Cut(ids[0], " ")
+	body = page("/dead-letters/" + id + "/edit")
+	require.Contains(t, body, "{not json")
+	tok := regexp.MustCompile(`<meta name="millwright-csrf" content="([^"]+)">`).FindStringSubmatch(body)[1]
+	payload := `{"order_id":"` + uuid + `","amount_cents":1250}`
+	resp, err := client.PostForm(base+"/dead-letters/"+id+"/edit", url.Values{"csrf": {tok}, "encoding": {"text"}, "payload": {payload},
+		"metadata": {`{"ce_id":"` + uuid + `","saga_id":"` + uuid + `","saga_phase":"forward","saga_reply_to":"order_fulfilment.replies"}`},
+		"action":   {"replay"}})
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	require.Contains(t, string(b), "superseded")
+
+	// Billing and a relay, on one in-process broker, deliver it.
+	serve := exec.CommandContext(ctx, bin, append([]string{"serve"}, append(demoArgs, "relay", "billing")...)...)
+	serve.Cancel = func() error { return serve.Process.Signal(os.Interrupt) }
+	serve.WaitDelay = 10 * time.Second
+	var serveOut syncBuffer
+	serve.Stdout, serve.Stderr = &serveOut, &serveOut
+	require.NoError(t, serve.Start())
+	defer func() { _ = serve.Process.Signal(os.Interrupt); _ = serve.Wait() }()
+	charged := func() []string {
+		return pgtest.Column[string](t, schema.DB, `SELECT status || ' ' || amount_cents FROM orders_payments WHERE order_id = $1`, uuid)
+	}
+	poll.Until(t, time.Minute, func() bool { return len(charged()) > 0 }, "billing charges the edited command:\n%s", &serveOut)
+	require.Equal(t, []string{"charged 1250"}, charged())
+	require.Equal(t, []string{"1"}, pgtest.Column[string](t, schema.DB, `SELECT count(*)::text FROM millwright_processed_events WHERE event_id = $1`, uuid))
+}
