@@ -68,9 +68,14 @@ type DeadLetterGroup struct {
 func GroupDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) ([]DeadLetterGroup, error) {
 	f.IDs, f.AfterID, f.Limit = nil, 0, 0
 	where, args := f.where()
-	text := `SELECT original_topic, error_type, count(*), count(*) FILTER (WHERE state = 'dead'),
-	min(first_failure_at), max(last_failure_at), (array_agg(error ORDER BY id DESC))[1]
-	FROM millwright_dead_letters` + where + ` GROUP BY original_topic, error_type ORDER BY original_topic, count(*) DESC, error_type`
+	// The newest error of a group is read by the group's largest id, one
+	// index probe per group, rather than aggregated.
+	text := `SELECT g.original_topic, g.error_type, g.n, g.dead, g.first_at, g.last_at, d.error FROM (
+	SELECT original_topic, error_type, count(*) AS n, count(*) FILTER (WHERE state = 'dead') AS dead,
+		min(first_failure_at) AS first_at, max(last_failure_at) AS last_at, max(id) AS newest
+	FROM millwright_dead_letters` + where + ` GROUP BY original_topic, error_type) g
+	JOIN millwright_dead_letters d ON d.id = g.newest
+	ORDER BY g.original_topic, g.n DESC, g.error_type`
 	var out []DeadLetterGroup
 	err := q.Query(ctx, Statement{SQL: text, Args: args, Expect: NoExpect, What: "grouping dead letters"}, func(r Row) error {
 		var g DeadLetterGroup
