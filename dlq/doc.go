@@ -109,6 +109,10 @@
 // original topic by default) at a bounded rate, with a dry run, and marks
 // each replayed row so that a second run does not publish it again unless
 // forced. The millwright CLI wraps these as `millwright dlq list|show|replay`.
+// The operator console (package console) also edits and replays: the
+// edited copy goes out through the outbox in the transaction that marks
+// the row StateSuperseded, and Replay never publishes a superseded row,
+// not even forced, so only one of the two is ever sent.
 //
 // # Retention
 //

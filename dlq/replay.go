@@ -27,7 +27,8 @@ type ReplayOptions struct {
 	// Rate caps publishing at this many messages per second. Default 0: no
 	// cap. Must be >= 0.
 	Rate float64
-	// Force replays rows already replayed, too.
+	// Force replays rows already replayed, too (never a superseded row:
+	// its edited copy replaced it).
 	Force bool
 	// Progress, if set, is called on Replay's goroutine after each selected
 	// row is handled (published and marked, listed in a dry run, or skipped

@@ -52,7 +52,18 @@ type DeadLetter struct {
 	ReplayedAt *time.Time
 	// ReplayCount counts replays.
 	ReplayCount int
+	// State is StateDead, StateReplayed or StateSuperseded.
+	State string
 }
+
+// The states of a dead letter (migration 003). A superseded one was
+// replaced by an edited copy (the operator console's edit and replay) and
+// is never replayed again, not even with ReplayOptions.Force.
+const (
+	StateDead       = "dead"
+	StateReplayed   = "replayed"
+	StateSuperseded = "superseded"
+)
 
 // Store keeps dead letters in Postgres for inspection and replay, on a
 // *sql.DB or a *pgxpool.Pool. It is safe for concurrent use. The table
@@ -224,7 +235,7 @@ func deadLetter(r storage.DeadLetterRow) (DeadLetter, error) {
 		ConsumerGroup: r.ConsumerGroup, Handler: r.Handler, Reason: r.Reason, Error: r.Error,
 		ErrorType: r.ErrorType, Stack: r.Stack, Attempts: r.Attempts, FirstFailure: r.FirstFailure,
 		LastFailure: r.LastFailure, Payload: r.Payload, CreatedAt: r.CreatedAt, ReplayedAt: r.ReplayedAt,
-		ReplayCount: r.ReplayCount,
+		ReplayCount: r.ReplayCount, State: r.State,
 	}
 	if err := json.Unmarshal([]byte(r.Metadata), &d.Metadata); err != nil {
 		return d, fmt.Errorf("dlq: decoding metadata of dead letter %d: %w", d.ID, err)

@@ -189,6 +189,33 @@ func Resolve[P postgres.Pool](ctx context.Context, db P, id string, action Resol
 		return Resolution{}, fmt.Errorf("saga: Resolve %q: begin: %w", id, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	r, err := resolveIn(ctx, tx, id, action, note, dryRun)
+	if err != nil || dryRun {
+		return r, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return r, fmt.Errorf("saga %q: commit: %w", id, err)
+	}
+	return r, nil
+}
+
+// ResolveTx is Resolve in the caller's transaction tx (a *sql.Tx or
+// pgx.Tx, as Querier): the caller commits, and the change is made if and
+// only if it does. The operator console uses it to resolve and audit in
+// one transaction, in the schema it selected.
+func ResolveTx(ctx context.Context, tx Querier, id string, action ResolveAction, note string, dryRun bool) (Resolution, error) {
+	if action != ResolveRetry && action != ResolveSkip {
+		return Resolution{}, fmt.Errorf("saga: Resolve %q: unknown action %q: want %q or %q", id, action, ResolveRetry, ResolveSkip)
+	}
+	q, err := storage.From(tx)
+	if err != nil {
+		return Resolution{}, fmt.Errorf("saga: Resolve %q: %w", id, err)
+	}
+	return resolveIn(ctx, q, id, action, note, dryRun)
+}
+
+// resolveIn is Resolve's work in tx, without the commit.
+func resolveIn(ctx context.Context, tx storage.Querier, id string, action ResolveAction, note string, dryRun bool) (Resolution, error) {
 	// resume is set while the compensation of a late success runs: the
 	// step whose compensation follows it.
 	resume, err := storage.LockSagaResume(ctx, tx, id)
@@ -219,9 +246,6 @@ func Resolve[P postgres.Pool](ctx context.Context, db P, id string, action Resol
 	if err := storage.ResolveSaga(ctx, tx, id, next, resume,
 		storage.SagaStep{Step: in.Step, Kind: KindResolved, Detail: detail, Attempt: in.CompensationAttempts}); err != nil {
 		return r, fmt.Errorf("saga %q: resolving: %w", id, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return r, fmt.Errorf("saga %q: commit: %w", id, err)
 	}
 	return r, nil
 }

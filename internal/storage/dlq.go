@@ -25,6 +25,10 @@ type DeadLetterRow struct {
 	CreatedAt   time.Time
 	ReplayedAt  *time.Time
 	ReplayCount int
+	// State is dead, replayed or superseded (dlq migration 003);
+	// SupersededBy is the event id of the edited copy that replaced a
+	// superseded row, SupersededActor who edited it.
+	State, SupersededBy, SupersededActor string
 }
 
 // DeadLetterFilter selects rows; the zero filter selects every row.
@@ -37,6 +41,8 @@ type DeadLetterFilter struct {
 	Since, Until time.Time
 	// ErrorContains selects rows whose error contains it, ignoring case.
 	ErrorContains string
+	// ErrorType selects one error type (the console's groups).
+	ErrorType string
 	// Pending selects rows never replayed.
 	Pending bool
 	// AfterID selects rows with a larger id (keyset paging).
@@ -52,10 +58,11 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14::jsonb)
 ON CONFLICT (dlq_topic, message_uuid, last_failure_at) DO NOTHING
 RETURNING id`
 	deadLetterColumns = `id, message_uuid, original_topic, dlq_topic, consumer_group, handler, reason, error, error_type,
-    stack, attempts, first_failure_at, last_failure_at, payload, metadata::text, created_at, replayed_at, replay_count`
+    stack, attempts, first_failure_at, last_failure_at, payload, metadata::text, created_at, replayed_at, replay_count,
+    state, superseded_by, superseded_actor`
 	lockDeadLetterSQL = `SELECT ` + deadLetterColumns + ` FROM millwright_dead_letters
-WHERE id = $1 AND (replayed_at IS NULL OR $2) FOR UPDATE SKIP LOCKED`
-	deadLetterReplayedSQL = `UPDATE millwright_dead_letters SET replayed_at = now(), replay_count = replay_count + 1 WHERE id = $1`
+WHERE id = $1 AND (replayed_at IS NULL OR $2) AND state <> 'superseded' FOR UPDATE SKIP LOCKED`
+	deadLetterReplayedSQL = `UPDATE millwright_dead_letters SET replayed_at = now(), replay_count = replay_count + 1, state = 'replayed' WHERE id = $1`
 	deadLetterDepthSQL    = `SELECT original_topic, count(*) FROM millwright_dead_letters WHERE replayed_at IS NULL GROUP BY original_topic`
 )
 
@@ -107,6 +114,9 @@ func (f DeadLetterFilter) where() (string, []any) {
 	if f.ErrorContains != "" {
 		add("strpos(lower(error), lower(?)) > 0", f.ErrorContains)
 	}
+	if f.ErrorType != "" {
+		add("error_type = ?", f.ErrorType)
+	}
 	if f.Pending {
 		conds = append(conds, "replayed_at IS NULL")
 	}
@@ -136,7 +146,7 @@ func scanDeadLetterRow(r Row) (DeadLetterRow, error) {
 	)
 	err := r.Scan(&d.ID, &d.MessageUUID, &d.OriginalTopic, &d.DLQTopic, &d.ConsumerGroup, &d.Handler,
 		&d.Reason, &d.Error, &d.ErrorType, &d.Stack, &d.Attempts, &d.FirstFailure, &d.LastFailure, &d.Payload,
-		&d.Metadata, &d.CreatedAt, &replayed, &d.ReplayCount)
+		&d.Metadata, &d.CreatedAt, &replayed, &d.ReplayCount, &d.State, &d.SupersededBy, &d.SupersededActor)
 	if replayed.Valid {
 		t := replayed.Time
 		d.ReplayedAt = &t
@@ -209,8 +219,9 @@ func ListDeadLetterRefs(ctx context.Context, q Querier, f DeadLetterFilter) ([]D
 }
 
 // LockDeadLetterForReplay reads row id and locks it in tx (FOR UPDATE SKIP
-// LOCKED) unless it was replayed (and not force). ok is false when the row
-// is gone, replayed, or locked by a concurrent replay.
+// LOCKED) unless it was replayed (and not force) or superseded by an
+// edited copy (even with force). ok is false when the row is gone,
+// replayed, superseded, or locked by a concurrent replay or edit.
 func LockDeadLetterForReplay(ctx context.Context, tx Querier, id int64, force bool) (d DeadLetterRow, ok bool, err error) {
 	d, err = queryDeadLetterRow(ctx, tx, Statement{SQL: lockDeadLetterSQL, Args: []any{id, force}, Expect: NoExpect, What: "locking a dead letter to replay"})
 	if IsNoRows(err) {

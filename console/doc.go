@@ -1,0 +1,46 @@
+// Package console is millwright's operator console: an http.Handler,
+// server-rendered with html/template (no JavaScript build chain; one small
+// script, and every page works without it), that a service mounts under
+// its own authentication, and that `millwright console` serves.
+//
+//	h, err := console.New(db, console.Config{
+//		Authenticate: console.ContextActor, // behind the host's auth middleware (console.WithActor)
+//		BasePath:     "/console",
+//		SagaDiagrams: map[string]string{orderSaga.Name(): orderSaga.Mermaid()},
+//	})
+//	mux.Handle("/console/", authMiddleware(h))
+//
+// Pages: dead letters grouped by topic and by error type, each one with
+// its payload (JSON pretty-printed, binary as hex), headers, CloudEvents
+// attributes, trace context, attempts and stack; replay of one or a
+// selection after a dry run; edit and replay. Sagas by type and state, one
+// saga's timeline and its definition's Mermaid source; resolving a stuck
+// saga. The outbox backlog per topic, the relays and the lanes each holds
+// (and was lent), failed rows and retry-failed. The audit table.
+//
+// Guarantees:
+//
+//   - Edit and replay is atomic: the edited message is queued with
+//     outbox.Add in the transaction that marks the dead letter superseded
+//     (a conditional update from the 'dead' state). Of two operators
+//     editing or replaying one dead letter at once, or an edit racing
+//     `millwright dlq replay`, exactly one commits and only its message is
+//     ever sent; the other is told so and nothing of it is queued. Replays
+//     from the console go through the outbox as well, so a relay publishes
+//     them (run `millwright relay`).
+//   - Every state-changing request is a POST carrying a CSRF token (a
+//     signed double submit: an HttpOnly SameSite=Strict cookie and its
+//     HMAC with the operator's name in the form); a cross-site Origin or
+//     Sec-Fetch-Site is refused; GET never changes anything.
+//   - Every action is recorded in millwright_audit, with the operator
+//     Config.Authenticate named, in the transaction of the action: a
+//     schema without the audit table refuses actions.
+//   - Every value is escaped (html/template); the Content-Security-Policy
+//     allows no inline script, and frames are refused. Connection strings
+//     and passwords are never shown: errors, stacks and metadata values
+//     have URL passwords and secret-named parameters masked, metadata keys
+//     named like a secret show a mask.
+//   - The schema comes from a selector listing the schemas that hold
+//     millwright tables; any other name is refused, and the chosen one
+//     reaches SQL only as an argument of set_config.
+package console

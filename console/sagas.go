@@ -1,0 +1,148 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/saga"
+)
+
+// sagaStates are the states the list filters by, in lifecycle order.
+var sagaStates = []saga.State{saga.StateRunning, saga.StateCompensating, saga.StateStuck, saga.StateCompleted, saga.StateCompensated}
+
+type sagasData struct {
+	Type, State string
+	States      []saga.State
+	Summary     []storage.SagaSummary
+	Sagas       []saga.Info
+	Limit       int
+}
+
+func (h *Handler) sagas(ctx context.Context, q *req) error {
+	d := sagasData{Type: q.FormValue("type"), State: q.FormValue("state"), States: sagaStates, Limit: listLimit}
+	if d.State != "" && !isSagaState(d.State) {
+		return badRequest("saga state %q: want one of running, compensating, stuck, completed, compensated", d.State)
+	}
+	err := h.read(ctx, q, func(tx storage.Tx) error {
+		var err error
+		if d.Summary, err = storage.SummarizeSagas(ctx, tx); err != nil {
+			return fmt.Errorf("counting sagas (did `millwright migrate` run in schema %s?): %w", q.schema, err)
+		}
+		d.Sagas, err = saga.List(ctx, tx, saga.Filter{Type: d.Type, State: saga.State(d.State), Limit: listLimit})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return h.render(q, "sagas.html", &view{Title: "Sagas", Nav: "sagas", Data: d})
+}
+
+func isSagaState(s string) bool {
+	for _, st := range sagaStates {
+		if string(st) == s {
+			return true
+		}
+	}
+	return false
+}
+
+// timelineEntry is one history row with the class the timeline draws it
+// with.
+type timelineEntry struct {
+	saga.HistoryEntry
+	Class string
+}
+
+type sagaData struct {
+	Info     saga.Info
+	Timeline []timelineEntry
+	Mermaid  string
+	Stuck    bool
+	Result   string
+}
+
+func timelineClass(kind string) string {
+	switch kind {
+	case saga.KindCommand, saga.KindReply:
+		return "forward"
+	case saga.KindCompensation, saga.KindCompensationReply, saga.KindCompensated:
+		return "compensation"
+	case saga.KindTimeout, saga.KindStuck:
+		return "problem"
+	case saga.KindLateReply, saga.KindLateSuccess, saga.KindDuplicate:
+		return "late"
+	case saga.KindCompleted, saga.KindResolved:
+		return "done"
+	}
+	return "other"
+}
+
+func (h *Handler) loadSaga(ctx context.Context, q *req, id string) (sagaData, error) {
+	var d sagaData
+	err := h.read(ctx, q, func(tx storage.Tx) error {
+		in, hist, err := saga.Get(ctx, tx, id)
+		if errors.Is(err, saga.ErrNotFound) {
+			return notFound("no saga %q in schema %s", id, q.schema)
+		}
+		d.Info = in
+		for _, e := range hist {
+			d.Timeline = append(d.Timeline, timelineEntry{HistoryEntry: e, Class: timelineClass(e.Kind)})
+		}
+		return err
+	})
+	d.Mermaid = h.cfg.SagaDiagrams[d.Info.Type]
+	d.Stuck = d.Info.State == saga.StateStuck
+	return d, err
+}
+
+func (h *Handler) sagaPage(ctx context.Context, q *req) error {
+	id := q.PathValue("id")
+	d, err := h.loadSaga(ctx, q, id)
+	if err != nil {
+		return err
+	}
+	return h.render(q, "saga.html", &view{Title: "Saga " + id, Nav: "sagas", Data: d})
+}
+
+// resolve resolves a stuck saga (retry or skip) with the operator's
+// reason, audited in the same transaction.
+func (h *Handler) resolve(ctx context.Context, q *req) error {
+	id := q.PathValue("id")
+	action := saga.ResolveAction(q.PostForm.Get("action"))
+	if action != saga.ResolveRetry && action != saga.ResolveSkip {
+		return badRequest("resolve action %q: want retry or skip", action)
+	}
+	reason := strings.TrimSpace(q.PostForm.Get("reason"))
+	if reason == "" {
+		return badRequest("resolving saga %q needs a reason (it goes into its history and the audit table)", id)
+	}
+	tx, err := h.begin(ctx, q, false)
+	if err != nil {
+		return err
+	}
+	defer rollback(ctx, tx)
+	res, err := saga.ResolveTx(ctx, tx, id, action, q.actor+": "+reason, false)
+	switch {
+	case errors.Is(err, saga.ErrNotFound):
+		return notFound("no saga %q in schema %s", id, q.schema)
+	case errors.Is(err, saga.ErrNotStuck):
+		return &httpError{status: 409, msg: err.Error()}
+	case err != nil:
+		return err
+	}
+	if err := h.audit(ctx, tx, q, "console saga resolve", []string{"--schema=" + q.schema, "--id=" + id, "--action=" + string(action), "--reason=" + reason}, 1); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("committing the resolution of saga %q: %w", id, err)
+	}
+	d, err := h.loadSaga(ctx, q, id)
+	if err != nil {
+		return err
+	}
+	d.Result = res.Description
+	return h.render(q, "saga.html", &view{Title: "Saga " + id, Nav: "sagas", Data: d})
+}
