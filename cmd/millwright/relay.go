@@ -395,12 +395,6 @@ func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config,
 		return err
 	}
 	p.tr = tr
-	// Add replaces the Waiter that answered while Open waited.
-	if sameDB {
-		p.h.Add("broker", health.Ping(p.readyDB))
-	} else {
-		p.h.Add("broker", brokerCheck(tcfg, p.readyDB))
-	}
 	pub := tr.Publisher()
 	if wrap != nil {
 		pub = wrap(pub)
@@ -420,6 +414,14 @@ func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config,
 		}
 		p.relays = append(p.relays, r)
 		p.h.Add(fmt.Sprintf("relay-%d", i), health.Relay(r, p.cfg.ReadyMaxAge))
+	}
+	// Add replaces the Waiter that answered while Open waited: last, so
+	// that /readyz, not ready until then, never passes without the relays'
+	// checks.
+	if sameDB {
+		p.h.Add("broker", health.Ping(p.readyDB))
+	} else {
+		p.h.Add("broker", brokerCheck(tcfg, p.readyDB))
 	}
 	return nil
 }
