@@ -33,7 +33,8 @@
 // key.
 //
 // Drain stops a partition (revoked by a rebalance, or the consumer
-// closing): nothing new starts, the running handlers get until the
+// closing): nothing new starts, a failed message is not run again, the
+// running handlers get until the
 // context's end to finish, then their contexts are cancelled; the returned
 // watermark is final. Unstarted messages are simply not finished: the next
 // owner of the partition gets them from the committed watermark.

@@ -180,6 +180,9 @@ func (p *Partition[T]) run(it item[T]) bool {
 		if p.handle(p.ctx, it.v) == nil {
 			return true
 		}
+		if p.isStopping() {
+			return false // the partition's next owner runs it again
+		}
 		if p.cfg.RetryDelay > 0 {
 			t := time.NewTimer(p.cfg.RetryDelay)
 			select {
@@ -217,6 +220,12 @@ func (p *Partition[T]) finish(q *keyQueue[T], it item[T]) *keyQueue[T] {
 	p.ready[0] = nil
 	p.ready = p.ready[1:]
 	return next
+}
+
+func (p *Partition[T]) isStopping() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stopping
 }
 
 func (p *Partition[T]) exitLocked() {
