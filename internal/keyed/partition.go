@@ -15,7 +15,8 @@ type Config struct {
 	// 1 gives one message at a time, in stream order.
 	Concurrency int
 	// MaxInFlight bounds the messages submitted and not finished (running
-	// or waiting behind their key or for a free slot). Default
+	// or waiting behind their key or for a free slot); finished messages
+	// above the watermark are not counted (nor kept). Default
 	// 16 × Concurrency; must be at least Concurrency.
 	MaxInFlight int
 	// RetryDelay is the pause before a message whose handler returned an
@@ -204,7 +205,8 @@ func (p *Partition[T]) finish(q *keyQueue[T], it item[T]) *keyQueue[T] {
 	q.items[0] = item[T]{}
 	q.items = q.items[1:]
 	if p.wm.done(it.offset) && p.ctx.Err() == nil {
-		p.commit(p.wm.next)
+		next, _ := p.wm.value()
+		p.commit(next)
 	}
 	<-p.slots
 	if len(q.items) == 0 {

@@ -313,3 +313,38 @@ func TestPartitionRejects(t *testing.T) {
 	require.NoError(t, p.Submit(ctx, "a", 5, 0))
 	require.ErrorContains(t, p.Submit(ctx, "a", 5, 0), "offset 5 is not above")
 }
+
+// TestPartitionRunsAheadOfAStuckMessage: one message that does not finish
+// holds the watermark but not the partition: the other keys' messages,
+// many times MaxInFlight, all run, and what the partition keeps stays
+// within MaxInFlight.
+func TestPartitionRunsAheadOfAStuckMessage(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	p, err := NewPartition(Config{Concurrency: 4, MaxInFlight: 8}, func(ctx context.Context, i int) error {
+		if i == 0 {
+			<-release
+		}
+		return nil
+	}, func(int64) {})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 1000
+	for i := 0; i < n; i++ {
+		key := fmt.Sprint("k", 1+i%50)
+		if i == 0 {
+			key = "stuck"
+		}
+		require.NoError(t, p.Submit(ctx, key, int64(i), i))
+	}
+	require.NoError(t, waitFor(ctx, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.wm.unfinished) == 1
+	}), "all but the stuck message finish")
+	w, _ := p.Watermark()
+	require.Equal(t, int64(0), w, "the watermark stays at the stuck message")
+	close(release)
+	require.NoError(t, waitFor(ctx, func() bool { w, _ := p.Watermark(); return w == n }))
+}
