@@ -122,8 +122,7 @@ func (s *KeyedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		s.consume(ctx, group, topic, h)
 		_ = group.Close() // closes Errors(), ending logErrors
 		_ = client.Close()
-		h.handlers.Wait() // nobody sends on out any more
-		close(out)
+		h.closeOut()
 	}()
 	return out, nil
 }
@@ -177,10 +176,40 @@ func (s *KeyedSubscriber) SubscribeInitialize(topic string) error {
 
 // keyedHandler is the sarama.ConsumerGroupHandler of one Subscribe.
 type keyedHandler struct {
-	s        *KeyedSubscriber
-	out      chan *message.Message
-	topic    string
-	handlers sync.WaitGroup // deliveries running, across sessions
+	s     *KeyedSubscriber
+	out   chan *message.Message
+	topic string
+
+	// mu guards sends on out against its close: a handler the drain bound
+	// gave up on may still be about to send when the last session ends.
+	mu     sync.RWMutex
+	closed bool
+}
+
+// closeOut closes the output channel once no delivery is sending on it.
+func (h *keyedHandler) closeOut() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	close(h.out)
+}
+
+// send hands msg to the output channel, unless it is closed or closing,
+// or ctx ends first.
+func (h *keyedHandler) send(ctx context.Context, msg *message.Message) error {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if h.closed {
+		return errClosing
+	}
+	select {
+	case h.out <- msg:
+		return nil
+	case <-h.s.closing:
+		return errClosing
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (h *keyedHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
@@ -235,8 +264,6 @@ func (h *keyedHandler) drain(sess sarama.ConsumerGroupSession, p *keyed.Partitio
 // deliver hands one message to the output channel and waits for its ack
 // (nil) or nack (errNacked: keyed.Partition sends it again).
 func (h *keyedHandler) deliver(ctx context.Context, km *sarama.ConsumerMessage) error {
-	h.handlers.Add(1)
-	defer h.handlers.Done()
 	msg, err := h.s.unmarshaler.Unmarshal(km)
 	if err != nil {
 		err = fmt.Errorf("kafka: unmarshaling %s partition %d offset %d: %w", km.Topic, km.Partition, km.Offset, err)
@@ -246,12 +273,8 @@ func (h *keyedHandler) deliver(ctx context.Context, km *sarama.ConsumerMessage) 
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	msg.SetContext(mctx)
-	select {
-	case h.out <- msg:
-	case <-h.s.closing:
-		return errClosing
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := h.send(ctx, msg); err != nil {
+		return err
 	}
 	select {
 	case <-msg.Acked():
