@@ -261,6 +261,13 @@ type GoogleCloudConfig struct {
 	// (googlecloud.DefaultMaxExtension); 10s on the emulator and the fake
 	// (googlecloud.EmulatorMaxExtension). See googlecloud.RedeliveryBound.
 	MaxExtension time.Duration
+	// MaxOutstandingMessages bounds the messages a subscriber holds
+	// unacked (the client's ReceiveSettings.MaxOutstandingMessages): with
+	// the message ordering millwright's subscriptions enable, Google's
+	// client runs one handler at a time per ordering key and different
+	// keys concurrently, so this is how many keys are handled at once.
+	// Default 0: the client's default, 1,000; negative: no limit.
+	MaxOutstandingMessages int
 	// DeclareGroups lists consumer groups whose subscriptions the
 	// publisher creates before its first publish to a topic, so messages
 	// published before their subscribers start are kept. Default none.
