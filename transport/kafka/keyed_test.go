@@ -289,32 +289,8 @@ func TestKeyedConsumerKilledMidBatch(t *testing.T) {
 			block = append(block, r.String())
 		}
 	}
-	spec, err := json.Marshal(keyedChild{Config: cfg, Topic: topic, Group: group, Block: block})
-	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyedChildProcess$", "-test.v")
-	cmd.Env = append(os.Environ(), envKeyedChild+"="+string(spec))
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-
-	// Every key but the blocked ones' can finish: wait for most of that,
-	// and for a commit in every partition (auto-commit runs each second).
+	cmd, lines, stderr := startKeyedChild(t, keyedChild{Config: cfg, Topic: topic, Group: group, Block: block})
 	childDone := map[ref]bool{}
-	lines := make(chan ref, 10000)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if s, ok := strings.CutPrefix(sc.Text(), "done "); ok {
-				if r, ok := parseRef(s); ok {
-					lines <- r
-				}
-			}
-		}
-	}()
 	want := (keys - len(block)) * perKey / 2
 	for len(childDone) < want {
 		select {
@@ -337,17 +313,7 @@ func TestKeyedConsumerKilledMidBatch(t *testing.T) {
 	commits := committed(t, cfg.Kafka.Brokers, topic, group, partitions)
 	t.Logf("killed after %d finished messages; committed %v; blocked %v", len(childDone), commits, blocked)
 
-	// The fault happened: finished work above an unfinished message.
-	for p, r := range blocked {
-		require.False(t, childDone[r], "blocked %s finished", r)
-		above := 0
-		for ps, rr := range where {
-			if ps.part == p && childDone[rr] && ps.off > offsetOf(where, r) {
-				above++
-			}
-		}
-		require.Positive(t, above, "partition %d finished nothing above its blocked message", p)
-	}
+	requireFinishedAbove(t, where, blocked, childDone)
 	past := pastUnfinished(where, commits, func(r ref) bool { return childDone[r] })
 	require.Empty(t, past, "commits past unfinished messages: %d", len(past))
 
@@ -364,6 +330,51 @@ func TestKeyedConsumerKilledMidBatch(t *testing.T) {
 	defer l.mu.Unlock()
 	t.Logf("reorders %d, commits past unfinished %d, duplicates %d", len(l.reorders), len(past), l.duplicates)
 	require.Empty(t, l.reorders)
+}
+
+// startKeyedChild starts this test binary as TestKeyedChildProcess; lines
+// gets each message it finished, and closes when its stdout ends.
+func startKeyedChild(t *testing.T, spec keyedChild) (*exec.Cmd, <-chan ref, *strings.Builder) {
+	t.Helper()
+	js, err := json.Marshal(spec)
+	require.NoError(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyedChildProcess$", "-test.v")
+	cmd.Env = append(os.Environ(), envKeyedChild+"="+string(js))
+	stderr := &strings.Builder{}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan ref, 10000)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if s, ok := strings.CutPrefix(sc.Text(), "done "); ok {
+				if r, ok := parseRef(s); ok {
+					lines <- r
+				}
+			}
+		}
+	}()
+	return cmd, lines, stderr
+}
+
+// requireFinishedAbove proves the fault happened: in every partition the
+// blocked message is unfinished and messages above it are finished.
+func requireFinishedAbove(t *testing.T, where map[pos]ref, blocked map[int32]ref, done map[ref]bool) {
+	t.Helper()
+	for p, r := range blocked {
+		require.False(t, done[r], "blocked %s finished", r)
+		above := 0
+		for ps, rr := range where {
+			if ps.part == p && done[rr] && ps.off > offsetOf(where, r) {
+				above++
+			}
+		}
+		require.Positive(t, above, "partition %d finished nothing above its blocked message", p)
+	}
 }
 
 func offsetOf(where map[pos]ref, r ref) int64 {
