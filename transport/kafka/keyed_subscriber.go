@@ -46,7 +46,10 @@ import (
 //
 // Messages without a key have no order among themselves. The Router's
 // handler must be safe for concurrent use (Router handlers are: the
-// Router already runs one goroutine per message).
+// Router already runs one goroutine per message). The message context
+// does not carry watermill-kafka's partition, offset and key values
+// (wkafka.MessagePartitionFromCtx and the like): their setters are not
+// exported.
 //
 // An empty consumer group gets watermill-kafka's subscriber: without a
 // group nothing is committed, so there is nothing to keep in order.
