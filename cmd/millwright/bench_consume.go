@@ -50,7 +50,7 @@ end; topics and groups are deleted at the end.`,
 	f.Int32("partitions", 8, "partitions of each topic")
 	f.Int("keys", 10000, "keys the messages are spread over")
 	f.String("delays", "0,5ms,50ms", "comma-separated handler transaction durations; none: only the failing-key scenario")
-	f.Float64("scale", 1, "multiplies the message counts (20,000 at 0 ms, 8,000 at 5 ms, 2,400 at 50 ms, 16,000 with one key failing)")
+	f.Float64("scale", 1, "multiplies the message counts (20,000 at 0 ms, 8,000 at 5 ms, 6,000 at 50 ms, 16,000 with one key failing)")
 	f.Int("key-parallelism", 16, "KeyParallelism of the keyed consumer (keys at once per partition)")
 	f.Int("max-conns", 80, "database connections (each running handler holds one)")
 	f.Duration("fail-for", 30*time.Second, "how long the failing key fails; -1ns skips the scenario")

@@ -66,7 +66,7 @@ type Config struct {
 	// runs). Default false.
 	NoThroughput bool
 	// Scale multiplies the default message counts (20,000 at 0 ms, 8,000
-	// at 5 ms, 2,400 at 50 ms and 16,000 in the failing-key scenario, whose
+	// at 5 ms, 6,000 at 50 ms and 16,000 in the failing-key scenario, whose
 	// runs are short: the other keys' rate needs a few seconds to settle).
 	// Default 1.
 	Scale float64
@@ -131,7 +131,7 @@ func (c Config) messages(d time.Duration) int {
 	n := 20000
 	switch {
 	case d >= 50*time.Millisecond:
-		n = 2400
+		n = 6000
 	case d >= 5*time.Millisecond:
 		n = 8000
 	case d > 0:
@@ -155,8 +155,9 @@ type Row struct {
 	Messages int     `json:"messages"`
 	// Failing says whether one key failed during the run.
 	Failing bool `json:"failing,omitempty"`
-	// Rate is messages/s from the first message finished to the last
-	// (in the failing-key scenario: of the other keys' messages).
+	// Rate is messages/s between the 10th and the 90th percentile of the
+	// finish times (in the failing-key scenario: of the other keys'
+	// messages), the steady state of the run.
 	Rate float64 `json:"msgs_per_s"`
 	// Ratio is Rate over the baseline's in the same run (Watermill's
 	// subscriber; for the failing run, the mean of the runs without

@@ -26,7 +26,7 @@ func TestMessagesScale(t *testing.T) {
 	c := Config{Scale: 0.5}
 	require.Equal(t, 10000, c.messages(0))
 	require.Equal(t, 4000, c.messages(5*time.Millisecond))
-	require.Equal(t, 1200, c.messages(50*time.Millisecond))
+	require.Equal(t, 3000, c.messages(50*time.Millisecond))
 	require.Equal(t, 100, Config{Scale: 0.001}.messages(0), "at least 100")
 }
 
@@ -60,4 +60,16 @@ func TestTallyCountsReorders(t *testing.T) {
 	default:
 		t.Fatal("all four finished")
 	}
+}
+
+func TestSteadyRateLeavesOutStartAndTail(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(0, 0)
+	var times []time.Time
+	times = append(times, t0) // the first message, before a long start
+	for i := 0; i < 100; i++ {
+		times = append(times, t0.Add(10*time.Second+time.Duration(i)*10*time.Millisecond)) // 100 msg/s
+	}
+	require.InDelta(t, 100, steadyRate(times), 1)
+	require.Zero(t, steadyRate(times[:1]))
 }

@@ -192,17 +192,15 @@ func (b *bench) cleanup() {
 
 // tally is one run's view of what the handlers finished.
 type tally struct {
-	mu        sync.Mutex
-	finished  map[ref]bool
-	lastSeq   map[string]int
-	reorders  int
-	count     int // messages finished the first time
-	others    int // of them, not of the failing key
-	first     time.Time
-	last      time.Time // the last message finished
-	lastOther time.Time // the last message of another key finished
-	all       chan struct{}
-	n         int
+	mu       sync.Mutex
+	finished map[ref]bool
+	lastSeq  map[string]int
+	reorders int
+	count    int         // messages finished the first time
+	others   int         // of them, not of the failing key
+	times    []time.Time // when each message of another key finished, in order
+	all      chan struct{}
+	n        int
 }
 
 func newTally(n int) *tally {
@@ -220,15 +218,10 @@ func (t *tally) finish(r ref, failingKey string) {
 	}
 	t.lastSeq[r.key] = max(t.lastSeq[r.key], r.seq)
 	t.finished[r] = true
-	now := time.Now()
-	if t.count == 0 {
-		t.first = now
-	}
 	t.count++
-	t.last = now
 	if r.key != failingKey {
 		t.others++
-		t.lastOther = now
+		t.times = append(t.times, time.Now())
 	}
 	if t.count == t.n {
 		close(t.all)
@@ -283,20 +276,24 @@ func (b *bench) consume(ctx context.Context, tp *topic, r run) (Row, error) {
 	row := Row{Bench: "consume", Consumer: r.consumer, DelayMS: float64(r.delay) / float64(time.Millisecond), Messages: tp.n,
 		Failing: r.failingKey != "", Reorders: t.reorders, CommitsPastUnfinished: past, CommitSamples: samples,
 		Seconds: time.Since(start).Seconds()}
-	row.Rate = rate(t.count, t.first, t.last)
-	if r.failingKey != "" || r.wrap {
-		row.Rate = rate(t.others, t.first, t.lastOther)
-	}
+	row.Rate = steadyRate(t.times)
 	b.step()
 	fmt.Fprintf(b.cfg.Progress, "bench consume: %s, %s handler%s: %.0f msg/s\n", r.consumer, r.delay, map[bool]string{true: ", one key failing"}[r.failingKey != ""], row.Rate)
 	return row, nil
 }
 
-func rate(n int, first, last time.Time) float64 {
-	if n < 2 || !last.After(first) {
+// steadyRate is the messages/s between the 10th and the 90th percentile
+// of the finish times: the start (the group's join, the first fetches,
+// a consumer filling its parallelism) and the tail (the last keys of a
+// short run) would otherwise weigh on a run of a few seconds more than on
+// a long one, and the two consumers' runs differ tenfold in length.
+func steadyRate(times []time.Time) float64 {
+	n := len(times)
+	lo, hi := n/10, n-1-n/10
+	if hi <= lo || !times[hi].After(times[lo]) {
 		return 0
 	}
-	return float64(n-1) / last.Sub(first).Seconds()
+	return float64(hi-lo) / times[hi].Sub(times[lo]).Seconds()
 }
 
 // router builds the run's Router: [KeyFailureMiddleware], idempotency,
