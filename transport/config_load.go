@@ -28,6 +28,11 @@ const (
 	EnvKafkaSASLPassword  = EnvPrefix + "KAFKA_SASL_PASSWORD"
 	EnvKafkaPartitions    = EnvPrefix + "KAFKA_PARTITIONS"  // partitions of topics the subscriber creates
 	EnvKafkaPartitioner   = EnvPrefix + "KAFKA_PARTITIONER" // murmur2 (default, the Java client's) or fnv1a (Sarama's)
+	// EnvKafkaKeyParallelism, above 0, turns on the key-parallel consumer
+	// (kafka.Config.KeyParallelism); EnvKafkaKeyMaxInFlight bounds its
+	// unfinished messages per partition (kafka.Config.KeyMaxInFlight).
+	EnvKafkaKeyParallelism = EnvPrefix + "KAFKA_KEY_PARALLELISM"
+	EnvKafkaKeyMaxInFlight = EnvPrefix + "KAFKA_KEY_MAX_IN_FLIGHT"
 
 	EnvAMQPURL      = EnvPrefix + "AMQP_URL" // amqp://user:pass@host:5672/vhost or amqps://
 	EnvAMQPPrefetch = EnvPrefix + "AMQP_PREFETCH"

@@ -155,6 +155,21 @@ type KafkaConfig struct {
 	// broker's own version; a broker older than 3.6 needs its own. Kafka
 	// 4.x supports clients from 2.1 on (KIP-896).
 	Version string
+	// KeyParallelism, above 0, makes consumer-group subscribers
+	// millwright's key-parallel consumer (kafka.KeyedSubscriber): within
+	// one partition, messages of different Kafka keys (the ordering key,
+	// i.e. the aggregate) are handled concurrently, up to this many at
+	// once; one key's messages stay in order, one at a time; offsets are
+	// committed only up to the oldest unfinished message. Default 0:
+	// watermill-kafka's subscriber, one message per partition at a time.
+	// Env MILLWRIGHT_KAFKA_KEY_PARALLELISM.
+	KeyParallelism int
+	// KeyMaxInFlight bounds, per partition, the messages the key-parallel
+	// consumer has fetched and not finished (memory, and how far a
+	// failing key's partition reads ahead before the fetch stops).
+	// Default 16 × KeyParallelism; at least KeyParallelism. Env
+	// MILLWRIGHT_KAFKA_KEY_MAX_IN_FLIGHT.
+	KeyMaxInFlight int
 	// Tune, if set, adjusts the Sarama configuration last (escape hatch).
 	// It must be a func(*sarama.Config) (github.com/IBM/sarama): it is
 	// typed any so that package transport does not link Sarama into
@@ -246,6 +261,13 @@ type GoogleCloudConfig struct {
 	// (googlecloud.DefaultMaxExtension); 10s on the emulator and the fake
 	// (googlecloud.EmulatorMaxExtension). See googlecloud.RedeliveryBound.
 	MaxExtension time.Duration
+	// MaxOutstandingMessages bounds the messages a subscriber holds
+	// unacked (the client's ReceiveSettings.MaxOutstandingMessages): with
+	// the message ordering millwright's subscriptions enable, Google's
+	// client runs one handler at a time per ordering key and different
+	// keys concurrently, so this is how many keys are handled at once.
+	// Default 0: the client's default, 1,000; negative: no limit.
+	MaxOutstandingMessages int
 	// DeclareGroups lists consumer groups whose subscriptions the
 	// publisher creates before its first publish to a topic, so messages
 	// published before their subscribers start are kept. Default none.

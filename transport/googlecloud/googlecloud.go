@@ -384,6 +384,14 @@ func SubscriptionName(topic, group string) string {
 // Publisher returns the transport's publisher, safe for concurrent use.
 func (t *Transport) Publisher() message.Publisher { return t.pub }
 
+// maxOutstanding is Config.MaxOutstandingMessages, or the client's default.
+func (t *Transport) maxOutstanding() int {
+	if t.cfg.MaxOutstandingMessages != 0 {
+		return t.cfg.MaxOutstandingMessages
+	}
+	return pubsub.DefaultReceiveSettings.MaxOutstandingMessages
+}
+
 // Subscriber returns a subscriber for consumer group `group`.
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 	sub, err := closers.Add(&t.subs, "googlecloud", func() (*Subscriber, error) {
@@ -392,7 +400,7 @@ func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
 			GenerateSubscriptionName: func(topic string) string { return SubscriptionName(topic, group) },
 			ReceiveSettings: pubsub.ReceiveSettings{
 				MaxExtensionPeriod:     t.cfg.MaxExtension,
-				MaxOutstandingMessages: pubsub.DefaultReceiveSettings.MaxOutstandingMessages,
+				MaxOutstandingMessages: t.maxOutstanding(),
 				MaxOutstandingBytes:    pubsub.DefaultReceiveSettings.MaxOutstandingBytes,
 				NumGoroutines:          pubsub.DefaultReceiveSettings.NumGoroutines,
 			},

@@ -12,6 +12,13 @@
 // Publishes wait for all in-sync replicas. A nacked message is redelivered to
 // the same consumer after NackResendSleep; offsets are committed after ack.
 //
+// Consumers: by default watermill-kafka's subscriber, which hands out a
+// partition's messages one at a time. Config.KeyParallelism above 0
+// (MILLWRIGHT_KAFKA_KEY_PARALLELISM) makes consumer-group subscribers
+// KeyedSubscribers: keys in parallel within a partition, one key in order,
+// offsets committed only up to the oldest unfinished message (see
+// KeyedSubscriber for the guarantees, rebalances and bounds).
+//
 // CloudEvents (Kafka protocol binding, binary mode): the metadata.Event*
 // attributes travel as "ce_<attr>" headers and datacontenttype as the
 // "content-type" header; consumers get the same metadata keys back.

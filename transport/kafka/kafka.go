@@ -113,6 +113,7 @@ func validate(c Config) error {
 	if c.Partitions < 0 {
 		errs = append(errs, fmt.Errorf("kafka: Partitions %d is negative", c.Partitions))
 	}
+	errs = append(errs, validateKeyed(c)...)
 	if c.ConnectTimeout < 0 {
 		errs = append(errs, fmt.Errorf("kafka: ConnectTimeout %s is negative", c.ConnectTimeout))
 	}
@@ -127,6 +128,18 @@ func validate(c Config) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateKeyed checks the key-parallel consumer's settings.
+func validateKeyed(c Config) []error {
+	var errs []error
+	if c.KeyParallelism < 0 {
+		errs = append(errs, fmt.Errorf("kafka: KeyParallelism %d is negative: want 0 (off: one message per partition at a time) or the keys handled at once per partition (env MILLWRIGHT_KAFKA_KEY_PARALLELISM)", c.KeyParallelism))
+	}
+	if c.KeyMaxInFlight < 0 || (c.KeyMaxInFlight > 0 && c.KeyMaxInFlight < c.KeyParallelism) {
+		errs = append(errs, fmt.Errorf("kafka: KeyMaxInFlight %d: want 0 (default 16 x KeyParallelism) or at least KeyParallelism %d (env MILLWRIGHT_KAFKA_KEY_MAX_IN_FLIGHT)", c.KeyMaxInFlight, c.KeyParallelism))
+	}
+	return errs
 }
 
 // FakeStarter starts an in-process Kafka and returns its brokers and a
@@ -252,7 +265,24 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 // Subscriber returns a subscriber in consumer group `group`. An empty group
 // reads every partition without committing offsets (each subscriber gets
 // every message).
+//
+// With Config.KeyParallelism above 0 and a group, the subscriber is a
+// KeyedSubscriber: keys in parallel within each partition, offsets
+// committed in order.
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
+	if t.cfg.KeyParallelism > 0 && group != "" {
+		sub, err := closers.Add(&t.subs, "kafka", func() (*KeyedSubscriber, error) {
+			sc, err := saramaConfig(t.cfg)
+			if err != nil {
+				return nil, err
+			}
+			return newKeyedSubscriber(t.cfg, group, sc, t.logger)
+		})
+		if err != nil {
+			return nil, err
+		}
+		return sub, nil
+	}
 	sub, err := closers.Add(&t.subs, "kafka", func() (*wkafka.Subscriber, error) {
 		sc, err := saramaConfig(t.cfg)
 		if err != nil {

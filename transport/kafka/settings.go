@@ -147,5 +147,22 @@ func fromEnv(cfg *transport.Config, env transport.Env) error {
 	if v := env.Get(transport.EnvKafkaPartitioner); v != "" {
 		c.Partitioner = strings.ToLower(v)
 	}
+	errs = append(errs, envInt(env, transport.EnvKafkaKeyParallelism, &c.KeyParallelism))
+	errs = append(errs, envInt(env, transport.EnvKafkaKeyMaxInFlight, &c.KeyMaxInFlight))
 	return errors.Join(errs...)
+}
+
+// envInt reads a non-negative integer variable into *dst (the
+// key-parallel consumer's settings; 0 keeps the default).
+func envInt(env transport.Env, name string, dst *int) error {
+	v := env.Get(name)
+	if v == "" {
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%s=%q: want a non-negative integer (0: the default)", name, v)
+	}
+	*dst = n
+	return nil
 }

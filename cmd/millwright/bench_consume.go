@@ -1,0 +1,135 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/consumebench"
+	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/internal/envparse"
+	"github.com/millwright/millwright/internal/pgconn"
+	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/transport"
+)
+
+func init() { benchCmd.AddCommand(benchConsumeCmd()) }
+
+func benchConsumeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "consume",
+		Short: "Consumer msgs/s on Kafka: millwright's key-parallel consumer against Watermill's subscriber, and one key failing",
+		Long: `Publishes messages over --keys keys (uniformly at random) to a topic of
+--partitions partitions on a real Kafka, then consumes them twice in the same
+run: with Watermill's default Kafka subscriber (one message per partition at a
+time) and with millwright's key-parallel consumer (kafka.Config.KeyParallelism,
+MILLWRIGHT_KAFKA_KEY_PARALLELISM). Both run through a Watermill Router with the
+idempotency middleware; the handler runs SELECT pg_sleep(delay) in the
+middleware's transaction (a real Postgres transaction held for the delay), for
+each of --delays. RATIO is the keyed consumer's msgs/s over Watermill's.
+
+The "one key failing" scenario runs the keyed consumer with the retry middleware
+(consumebench.KeyFailureMiddleware) three times over one topic, with a 5 ms
+handler: without failure, with the key having the most messages failing for
+--fail-for, and without failure again; RATIO is the other keys' msgs/s over the
+mean of the runs without failure.
+
+Every run counts per-key reorders and commits past unfinished messages (the
+group's committed offsets read from the broker every 250 ms against what the
+handlers finished): both must be 0. Works in a scratch schema dropped at the
+end; topics and groups are deleted at the end.`,
+		Args: cobra.NoArgs,
+		RunE: runBenchConsume,
+	}
+	f := cmd.Flags()
+	f.String("kafka-brokers", "", "comma-separated host:port of a real Kafka (default $"+transport.EnvKafkaBrokers+")")
+	f.Int32("partitions", 8, "partitions of each topic")
+	f.Int("keys", 10000, "keys the messages are spread over")
+	f.String("delays", "0,5ms,50ms", "comma-separated handler transaction durations; none: only the failing-key scenario")
+	f.Float64("scale", 1, "multiplies the message counts (20,000 at 0 ms, 8,000 at 5 ms, 6,000 at 50 ms, 16,000 with one key failing)")
+	f.Int("key-parallelism", 16, "KeyParallelism of the keyed consumer (keys at once per partition)")
+	f.Int("max-conns", 80, "database connections (each running handler holds one)")
+	f.Duration("fail-for", 30*time.Second, "how long the failing key fails; -1ns skips the scenario")
+	f.Bool("json", false, "print one JSON object per row instead of the table")
+	addDatabaseFlag(cmd)
+	return cmd
+}
+
+func runBenchConsume(cmd *cobra.Command, _ []string) error {
+	ctx := cmd.Context()
+	var cfg consumebench.Config
+	f := cmd.Flags()
+	brokers, _ := f.GetString("kafka-brokers")
+	if brokers == "" {
+		brokers = os.Getenv(transport.EnvKafkaBrokers)
+	}
+	cfg.Brokers = envparse.List(brokers)
+	if len(cfg.Brokers) == 0 {
+		return errors.New("bench consume: needs a real Kafka: set --kafka-brokers or " + transport.EnvKafkaBrokers)
+	}
+	cfg.Partitions, _ = f.GetInt32("partitions")
+	cfg.Keys, _ = f.GetInt("keys")
+	cfg.Scale, _ = f.GetFloat64("scale")
+	cfg.KeyParallelism, _ = f.GetInt("key-parallelism")
+	cfg.FailFor, _ = f.GetDuration("fail-for")
+	if cfg.FailFor < 0 {
+		cfg.FailFor = -1
+	}
+	delays, _ := f.GetString("delays")
+	cfg.NoThroughput = delays == "none"
+	for _, s := range envparse.List(delays) {
+		if cfg.NoThroughput {
+			break
+		}
+		if s == "0" {
+			s = "0s"
+		}
+		d, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("bench consume: --delays %q: %q is not a duration such as 5ms", delays, s)
+		}
+		cfg.Delays = append(cfg.Delays, d)
+	}
+	conns, _ := f.GetInt("max-conns")
+	if conns < 1 {
+		return errors.New("bench consume: --max-conns must be at least 1")
+	}
+	asJSON, _ := f.GetBool("json")
+	admin, err := openDB(cmd)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	u, _ := f.GetString("database-url")
+	_, schemaURL, drop, err := scratchSchema(ctx, admin, databaseURL(u), "mw_bench_consume")
+	if err != nil {
+		return err
+	}
+	defer drop()
+	db, err := pgconn.Open(schemaURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	if _, err := migrate.Up(ctx, db, idempotency.Migrations()); err != nil {
+		return err
+	}
+	cfg.DB = db
+	step, end := benchProgress(cmd)
+	cfg.Progress = cmd.ErrOrStderr()
+	cfg.Step = step
+	rep, err := consumebench.Run(ctx, cfg)
+	if err := end(err); err != nil {
+		return err
+	}
+	if asJSON {
+		return rep.WriteJSON(cmd.OutOrStdout())
+	}
+	return rep.WriteTable(cmd.OutOrStdout())
+}

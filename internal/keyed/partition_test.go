@@ -1,0 +1,350 @@
+package keyed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+type msg struct {
+	key    string
+	seq    int // position among its key's messages
+	offset int64
+}
+
+// checker records what the handlers did and counts every violation of the
+// package's promises.
+type checker struct {
+	t           *testing.T
+	mu          sync.Mutex
+	lastDone    map[string]int // the key's highest finished seq
+	active      map[string]bool
+	finished    map[int64]bool
+	running     int
+	maxRunning  int
+	violations  []string
+	lastCommit  int64
+	commits     int
+	failOnce    map[int64]bool // offsets that fail their first attempts
+	failedTimes map[int64]int
+}
+
+func newChecker(t *testing.T) *checker {
+	return &checker{t: t, lastDone: map[string]int{}, active: map[string]bool{}, finished: map[int64]bool{},
+		lastCommit: -1, failOnce: map[int64]bool{}, failedTimes: map[int64]int{}}
+}
+
+func (c *checker) violate(format string, args ...any) {
+	c.violations = append(c.violations, fmt.Sprintf(format, args...))
+}
+
+func (c *checker) handle(ctx context.Context, m msg, d time.Duration) error {
+	c.mu.Lock()
+	if c.active[m.key] {
+		c.violate("key %s: seq %d started while another of its messages runs", m.key, m.seq)
+	}
+	if last, ok := c.lastDone[m.key]; (ok && last != m.seq-1) || (!ok && m.seq != 0) {
+		c.violate("key %s: seq %d started after seq %d finished (last %v)", m.key, m.seq, last, ok)
+	}
+	c.active[m.key] = true
+	c.running++
+	c.maxRunning = max(c.maxRunning, c.running)
+	fail := c.failOnce[m.offset] && c.failedTimes[m.offset] < 2
+	c.mu.Unlock()
+
+	if d > 0 {
+		time.Sleep(d) // the handler's work: a simulated duration, not synchronisation
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.active[m.key] = false
+	c.running--
+	if fail {
+		c.failedTimes[m.offset]++
+		return errors.New("transient")
+	}
+	c.lastDone[m.key] = m.seq
+	c.finished[m.offset] = true
+	return nil
+}
+
+// commit is Partition's commit function: every offset below next must be
+// finished, and commits must grow.
+func (c *checker) commit(first int64) func(int64) {
+	return func(next int64) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.commits++
+		if next <= c.lastCommit {
+			c.violate("commit %d after commit %d", next, c.lastCommit)
+		}
+		for o := max(first, c.lastCommit); o < next; o++ {
+			if o%3 == 2 { // the gaps the stream leaves (see stream)
+				continue
+			}
+			if !c.finished[o] {
+				c.violate("commit %d passes unfinished offset %d", next, o)
+			}
+		}
+		c.lastCommit = next
+	}
+}
+
+// stream makes n messages over keys keys, with offsets that skip every
+// third number (gaps such as Kafka's transaction markers leave).
+func stream(r *rand.Rand, n, keys int) []msg {
+	seq := map[string]int{}
+	out := make([]msg, 0, n)
+	off := int64(0)
+	for i := 0; i < n; i++ {
+		k := fmt.Sprintf("k%d", r.Intn(keys))
+		out = append(out, msg{key: k, seq: seq[k], offset: off})
+		seq[k]++
+		off++
+		if off%3 == 2 {
+			off++
+		}
+	}
+	return out
+}
+
+// TestPartitionProperties runs random streams (random keys, durations,
+// transient failures, settings) and asserts per-key order, one message of
+// a key at a time, the concurrency and in-flight bounds, and that no
+// commit passes an unfinished message.
+func TestPartitionProperties(t *testing.T) {
+	t.Parallel()
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewSource(seed))
+	for round := 0; round < 30; round++ {
+		cfg := Config{Concurrency: 1 + r.Intn(8), RetryDelay: -1}
+		cfg.MaxInFlight = cfg.Concurrency + r.Intn(40)
+		n, keys := 50+r.Intn(400), 1+r.Intn(60)
+		msgs := stream(r, n, keys)
+		t.Run(fmt.Sprintf("round%d_c%d_f%d_keys%d", round, cfg.Concurrency, cfg.MaxInFlight, keys), func(t *testing.T) {
+			runProperties(t, cfg, msgs, r.Int63())
+		})
+	}
+}
+
+func runProperties(t *testing.T, cfg Config, msgs []msg, seed int64) {
+	c := newChecker(t)
+	r := rand.New(rand.NewSource(seed))
+	durations := make(map[int64]time.Duration, len(msgs))
+	for _, m := range msgs {
+		durations[m.offset] = time.Duration(r.Intn(300)) * time.Microsecond
+		if r.Intn(20) == 0 {
+			c.failOnce[m.offset] = true
+		}
+	}
+	var inFlight atomic.Int64
+	var maxInFlight atomic.Int64
+	p, err := NewPartition(cfg, func(ctx context.Context, m msg) error {
+		err := c.handle(ctx, m, durations[m.offset])
+		if err == nil {
+			inFlight.Add(-1)
+		}
+		return err
+	}, c.commit(0))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, m := range msgs {
+		require.NoError(t, p.Submit(ctx, m.key, m.offset, m))
+		n := inFlight.Add(1)
+		if n > maxInFlight.Load() {
+			maxInFlight.Store(n)
+		}
+	}
+	last := msgs[len(msgs)-1].offset
+	require.NoError(t, waitFor(ctx, func() bool { w, _ := p.Watermark(); return w == last+1 }), "every message finishes")
+	next, known, finished := p.Drain(ctx)
+	require.True(t, finished && known)
+	require.Equal(t, last+1, next)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	require.Empty(t, c.violations)
+	require.LessOrEqual(t, c.maxRunning, cfg.Concurrency)
+	// Submit returned at most MaxInFlight times ahead of the finished
+	// messages (+1: the counter is bumped after Submit returns).
+	require.LessOrEqual(t, maxInFlight.Load(), int64(cfg.MaxInFlight)+1)
+	require.Equal(t, last+1, c.lastCommit)
+	for _, m := range msgs {
+		if c.failOnce[m.offset] {
+			require.Equal(t, 2, c.failedTimes[m.offset], "offset %d failed twice then ran again", m.offset)
+		}
+	}
+}
+
+// waitFor polls cond until it holds or ctx ends (the watermark has no
+// channel to wait on; the poll is bounded by ctx).
+func waitFor(ctx context.Context, cond func() bool) error {
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// TestPartitionKeysRunConcurrently: Concurrency keys must all be running
+// at once (each handler waits for all of them), and one more key waits.
+func TestPartitionKeysRunConcurrently(t *testing.T) {
+	t.Parallel()
+	const conc = 4
+	var started sync.WaitGroup
+	started.Add(conc)
+	release := make(chan struct{})
+	var running, maxRunning atomic.Int32
+	p, err := NewPartition(Config{Concurrency: conc}, func(ctx context.Context, i int) error {
+		n := running.Add(1)
+		for m := maxRunning.Load(); n > m && !maxRunning.CompareAndSwap(m, n); m = maxRunning.Load() {
+		}
+		if i < conc {
+			started.Done()
+		}
+		<-release
+		running.Add(-1)
+		return nil
+	}, func(int64) {})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := 0; i <= conc; i++ {
+		require.NoError(t, p.Submit(ctx, fmt.Sprint("key", i), int64(i), i))
+	}
+	waitGroup(t, ctx, &started)
+	require.Equal(t, int32(conc), maxRunning.Load())
+	close(release)
+	require.NoError(t, waitFor(ctx, func() bool { w, _ := p.Watermark(); return w == conc+1 }))
+	require.Equal(t, int32(conc), maxRunning.Load(), "never more than Concurrency at once")
+}
+
+func waitGroup(t *testing.T, ctx context.Context, wg *sync.WaitGroup) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("handlers did not all start")
+	}
+}
+
+// TestPartitionBackpressure: with MaxInFlight messages unfinished, Submit
+// blocks until its context ends, and goes on once one finishes.
+func TestPartitionBackpressure(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	p, err := NewPartition(Config{Concurrency: 2, MaxInFlight: 3}, func(ctx context.Context, i int) error {
+		<-release
+		return nil
+	}, func(int64) {})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := 0; i < 3; i++ {
+		require.NoError(t, p.Submit(ctx, "k", int64(i), i))
+	}
+	short, stop := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer stop()
+	require.ErrorIs(t, p.Submit(short, "k", 3, 3), context.DeadlineExceeded)
+	close(release)
+	require.NoError(t, p.Submit(ctx, "k", 3, 3))
+	require.NoError(t, waitFor(ctx, func() bool { w, _ := p.Watermark(); return w == 4 }))
+}
+
+// TestPartitionDrain: a drain past its bound cancels the running
+// handlers, returns a watermark at the oldest unfinished message, and
+// commits nothing afterwards; Submit then refuses.
+func TestPartitionDrain(t *testing.T) {
+	t.Parallel()
+	var commits []int64
+	var mu sync.Mutex
+	p, err := NewPartition(Config{Concurrency: 2}, func(ctx context.Context, i int) error {
+		if i == 1 {
+			<-ctx.Done() // the slow message: ends only when cancelled
+			return ctx.Err()
+		}
+		return nil
+	}, func(n int64) { mu.Lock(); commits = append(commits, n); mu.Unlock() })
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, p.Submit(ctx, "a", 10, 0))
+	require.NoError(t, p.Submit(ctx, "b", 11, 1))
+	require.NoError(t, p.Submit(ctx, "c", 12, 2))
+	require.NoError(t, p.Submit(ctx, "b", 13, 3)) // behind the slow one
+	require.NoError(t, waitFor(ctx, func() bool { w, _ := p.Watermark(); return w == 11 }))
+	bound, stop := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer stop()
+	next, known, finished := p.Drain(bound)
+	require.True(t, known)
+	require.False(t, finished, "the slow handler did not finish within the bound")
+	require.Equal(t, int64(11), next, "the watermark stays at the unfinished message")
+	require.ErrorIs(t, p.Submit(ctx, "d", 14, 4), ErrStopped)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, c := range commits {
+		require.LessOrEqual(t, c, int64(11))
+	}
+}
+
+// TestPartitionRejectsBackwardsOffsets and bad settings.
+func TestPartitionRejects(t *testing.T) {
+	t.Parallel()
+	_, err := NewPartition(Config{Concurrency: 4, MaxInFlight: 2}, func(context.Context, int) error { return nil }, func(int64) {})
+	require.ErrorContains(t, err, "MaxInFlight 2 is below Concurrency 4")
+	p, err := NewPartition(Config{}, func(context.Context, int) error { return nil }, func(int64) {})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, p.Submit(ctx, "a", 5, 0))
+	require.ErrorContains(t, p.Submit(ctx, "a", 5, 0), "offset 5 is not above")
+}
+
+// TestPartitionRunsAheadOfAStuckMessage: one message that does not finish
+// holds the watermark but not the partition: the other keys' messages,
+// many times MaxInFlight, all run, and what the partition keeps stays
+// within MaxInFlight.
+func TestPartitionRunsAheadOfAStuckMessage(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	p, err := NewPartition(Config{Concurrency: 4, MaxInFlight: 8}, func(ctx context.Context, i int) error {
+		if i == 0 {
+			<-release
+		}
+		return nil
+	}, func(int64) {})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 1000
+	for i := 0; i < n; i++ {
+		key := fmt.Sprint("k", 1+i%50)
+		if i == 0 {
+			key = "stuck"
+		}
+		require.NoError(t, p.Submit(ctx, key, int64(i), i))
+	}
+	require.NoError(t, waitFor(ctx, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.wm.unfinished) == 1
+	}), "all but the stuck message finish")
+	w, _ := p.Watermark()
+	require.Equal(t, int64(0), w, "the watermark stays at the stuck message")
+	close(release)
+	require.NoError(t, waitFor(ctx, func() bool { w, _ := p.Watermark(); return w == n }))
+}

@@ -1,0 +1,441 @@
+package kafka_test
+
+// The key-parallel consumer (Config.KeyParallelism) on a broker: per-key
+// order and no commit past an unfinished message, across a consumer
+// SIGKILLed mid-batch and a rebalance (a second consumer joins, then
+// leaves). Reorders and commits past unfinished messages are counted and
+// must both be 0.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/transporttest"
+)
+
+// envKeyedChild makes this test binary the consumer process that
+// TestKeyedConsumerKilledMidBatch kills: its JSON keyedChild.
+const envKeyedChild = "MILLWRIGHT_TEST_KEYED_CHILD"
+
+type keyedChild struct {
+	Config transport.Config
+	Topic  string
+	Group  string
+	// Block lists "key:seq" messages whose handler never returns, so the
+	// partition has unfinished work below finished work when it is killed.
+	Block []string
+}
+
+// ref names one published message.
+type ref struct {
+	key string
+	seq int
+}
+
+func (r ref) String() string { return r.key + ":" + strconv.Itoa(r.seq) }
+
+func parseRef(s string) (ref, bool) {
+	k, seq, ok := strings.Cut(s, ":")
+	n, err := strconv.Atoi(seq)
+	return ref{k, n}, ok && err == nil
+}
+
+// pos is where a message landed.
+type pos struct {
+	part int32
+	off  int64
+}
+
+// keyedTopic creates a topic, publishes keys × perKey messages (payload
+// "key:seq", the key as ordering key) and returns where each landed.
+func keyedTopic(t *testing.T, ctx context.Context, cfg transport.Config, partitions int32, keys, perKey int) (string, map[pos]ref) {
+	t.Helper()
+	topic := "keyed_" + watermill.NewShortUUID()
+	createTopic(t, cfg.Kafka.Brokers, topic, partitions)
+	tr, err := transport.Open(ctx, cfg)
+	require.NoError(t, err)
+	defer tr.Close()
+	var msgs []*message.Message
+	for s := 0; s < perKey; s++ {
+		for k := 0; k < keys; k++ {
+			m := message.NewMessage(watermill.NewUUID(), []byte(ref{fmt.Sprint("k", k), s}.String()))
+			m.Metadata.Set(metadata.OrderingKey, fmt.Sprint("k", k))
+			msgs = append(msgs, m)
+		}
+	}
+	for i := 0; i < len(msgs); i += 500 {
+		require.NoError(t, tr.Publisher().(transport.BatchPublisher).PublishBatch(topic, msgs[i:min(i+500, len(msgs))]...))
+	}
+	where := map[pos]ref{}
+	for _, r := range readAll(ctx, t, cfg.Kafka.Brokers, topic, len(msgs)) {
+		ref, ok := parseRef(string(r.Value))
+		require.True(t, ok, "payload %q", r.Value)
+		where[pos{r.Partition, r.Offset}] = ref
+	}
+	return topic, where
+}
+
+// ledger is the shared view of what every consumer's handlers did: it
+// counts reorders (a key's message starting before its predecessor
+// finished anywhere, or while another message of the key runs) and
+// duplicates (a message run again after it finished: allowed, at least
+// once).
+type ledger struct {
+	mu         sync.Mutex
+	done       map[ref]bool
+	active     map[string]bool
+	reorders   []string
+	duplicates int
+	maxActive  int
+	nowActive  int
+}
+
+func newLedger() *ledger { return &ledger{done: map[ref]bool{}, active: map[string]bool{}} }
+
+func (l *ledger) start(r ref) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.active[r.key] {
+		l.reorders = append(l.reorders, fmt.Sprintf("%s started while another message of its key runs", r))
+	}
+	if r.seq > 0 && !l.done[ref{r.key, r.seq - 1}] {
+		l.reorders = append(l.reorders, fmt.Sprintf("%s started before %s:%d finished", r, r.key, r.seq-1))
+	}
+	if l.done[r] {
+		l.duplicates++
+	}
+	l.active[r.key] = true
+	l.nowActive++
+	l.maxActive = max(l.maxActive, l.nowActive)
+}
+
+func (l *ledger) finish(r ref) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.active[r.key] = false
+	l.nowActive--
+	l.done[r] = true
+}
+
+func (l *ledger) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.done)
+}
+
+// committed reads the group's committed offsets of topic from the broker.
+func committed(t *testing.T, brokers []string, topic, group string, partitions int32) map[int32]int64 {
+	t.Helper()
+	c, err := fetchCommitted(t, brokers, topic, group, partitions)
+	require.NoError(t, err)
+	return c
+}
+
+func fetchCommitted(t *testing.T, brokers []string, topic, group string, partitions int32) (map[int32]int64, error) {
+	admin, err := sarama.NewClusterAdmin(brokers, adminConfig(t))
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	parts := make([]int32, partitions)
+	for i := range parts {
+		parts[i] = int32(i)
+	}
+	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: parts})
+	if err != nil {
+		return nil, err
+	}
+	out := map[int32]int64{}
+	for p, b := range resp.Blocks[topic] {
+		if b.Err != sarama.ErrNoError {
+			return nil, fmt.Errorf("partition %d: %w", p, b.Err)
+		}
+		if b.Offset >= 0 {
+			out[p] = b.Offset
+		}
+	}
+	return out, nil
+}
+
+// pastUnfinished lists the messages below a committed offset that done
+// does not have.
+func pastUnfinished(where map[pos]ref, commits map[int32]int64, done func(ref) bool) []string {
+	var out []string
+	for p, r := range where {
+		if c, ok := commits[p.part]; ok && p.off < c && !done(r) {
+			out = append(out, fmt.Sprintf("partition %d committed %d past unfinished offset %d (%s)", p.part, c, p.off, r))
+		}
+	}
+	return out
+}
+
+func keyedConfig(t *testing.T, parallelism int) transport.Config {
+	cfg := transporttest.Config(t, transport.Kafka)
+	cfg.Kafka.KeyParallelism = parallelism
+	return cfg
+}
+
+// runKeyedRouter consumes topic in group through a Watermill Router whose
+// handler reports to l, sleeping d for each message (the handler's
+// simulated work). It returns the router's close function.
+func runKeyedRouter(t *testing.T, cfg transport.Config, topic, group string, l *ledger, d func(ref) time.Duration, handled *atomic.Int64) func() {
+	t.Helper()
+	tr, err := transport.Open(context.Background(), cfg)
+	require.NoError(t, err)
+	sub, err := tr.Subscriber(group)
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddConsumerHandler("keyed", topic, sub, func(m *message.Message) error {
+		ref, ok := parseRef(string(m.Payload))
+		if !ok {
+			return fmt.Errorf("payload %q", m.Payload)
+		}
+		l.start(ref)
+		time.Sleep(d(ref)) // the handler's simulated work
+		l.finish(ref)
+		handled.Add(1)
+		return nil
+	})
+	go func() { _ = r.Run(context.Background()) }()
+	select {
+	case <-r.Running():
+	case <-time.After(30 * time.Second):
+		t.Fatal("router did not start")
+	}
+	var once sync.Once
+	stop := func() { once.Do(func() { _ = r.Close(); _ = tr.Close() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestKeyedChildProcess is the consumer process of
+// TestKeyedConsumerKilledMidBatch; it does nothing in a normal run.
+func TestKeyedChildProcess(t *testing.T) {
+	spec := os.Getenv(envKeyedChild)
+	if spec == "" {
+		t.Skip("only as TestKeyedConsumerKilledMidBatch's child process")
+	}
+	var c keyedChild
+	require.NoError(t, json.Unmarshal([]byte(spec), &c))
+	block := map[string]bool{}
+	for _, b := range c.Block {
+		block[b] = true
+	}
+	tr, err := transport.Open(context.Background(), c.Config)
+	require.NoError(t, err)
+	sub, err := tr.Subscriber(c.Group)
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), c.Topic)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	out := bufio.NewWriter(os.Stdout)
+	for m := range msgs {
+		go func(m *message.Message) { // as Watermill's Router does
+			if block[string(m.Payload)] {
+				fmt.Fprintf(os.Stderr, "blocking %s\n", m.Payload)
+				select {} // never finishes: killed with it
+			}
+			time.Sleep(time.Millisecond) // the handler's simulated work
+			mu.Lock()
+			fmt.Fprintf(out, "done %s\n", m.Payload)
+			_ = out.Flush()
+			mu.Unlock()
+			m.Ack()
+		}(m)
+	}
+}
+
+// TestKeyedConsumerKilledMidBatch SIGKILLs a key-parallel consumer that
+// has finished messages above unfinished ones in several partitions:
+// the offsets the broker has committed must not pass any message it did
+// not finish, and a successor in the group gets the rest, each key in
+// order.
+func TestKeyedConsumerKilledMidBatch(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const partitions, keys, perKey = 4, 40, 30
+	cfg := keyedConfig(t, 4)
+	topic, where := keyedTopic(t, ctx, cfg, partitions, keys, perKey)
+	group := "group_" + topic
+	t.Cleanup(func() { deleteTopic(t, cfg.Kafka.Brokers, topic, group) })
+
+	// One blocked message per partition, early, so that most of the
+	// partition finishes above it.
+	var block []string
+	blocked := map[int32]ref{}
+	for p, r := range where {
+		if r.seq == 2 && blocked[p.part] == (ref{}) {
+			blocked[p.part] = r
+			block = append(block, r.String())
+		}
+	}
+	cmd, lines, stderr := startKeyedChild(t, keyedChild{Config: cfg, Topic: topic, Group: group, Block: block})
+	childDone := map[ref]bool{}
+	want := (keys - len(block)) * perKey / 2
+	for len(childDone) < want {
+		select {
+		case r := <-lines:
+			childDone[r] = true
+		case <-ctx.Done():
+			t.Fatalf("the child finished %d of %d messages: %v; stderr:\n%s", len(childDone), want, ctx.Err(), stderr.String())
+		}
+	}
+	require.Eventually(t, func() bool {
+		c, err := fetchCommitted(t, cfg.Kafka.Brokers, topic, group, partitions)
+		return err == nil && len(c) == partitions
+	}, 30*time.Second, 100*time.Millisecond, "every partition has a commit")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	for r := range lines { // until its stdout ends: everything it finished
+		childDone[r] = true
+	}
+	_ = cmd.Wait()
+	commits := committed(t, cfg.Kafka.Brokers, topic, group, partitions)
+	t.Logf("killed after %d finished messages; committed %v; blocked %v", len(childDone), commits, blocked)
+
+	requireFinishedAbove(t, where, blocked, childDone)
+	past := pastUnfinished(where, commits, func(r ref) bool { return childDone[r] })
+	require.Empty(t, past, "commits past unfinished messages: %d", len(past))
+
+	// The successor: every message, each key in order.
+	l := newLedger()
+	for r := range childDone {
+		l.done[r] = true
+	}
+	stop := runKeyedRouter(t, cfg, topic, group, l, func(ref) time.Duration { return time.Millisecond }, new(atomic.Int64))
+	require.Eventually(t, func() bool { return l.count() == len(where) }, 2*time.Minute, 50*time.Millisecond,
+		"the successor finishes every message")
+	stop()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t.Logf("reorders %d, commits past unfinished %d, duplicates %d", len(l.reorders), len(past), l.duplicates)
+	require.Empty(t, l.reorders)
+}
+
+// startKeyedChild starts this test binary as TestKeyedChildProcess; lines
+// gets each message it finished, and closes when its stdout ends.
+func startKeyedChild(t *testing.T, spec keyedChild) (*exec.Cmd, <-chan ref, *strings.Builder) {
+	t.Helper()
+	js, err := json.Marshal(spec)
+	require.NoError(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyedChildProcess$", "-test.v")
+	cmd.Env = append(os.Environ(), envKeyedChild+"="+string(js))
+	stderr := &strings.Builder{}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan ref, 10000)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if s, ok := strings.CutPrefix(sc.Text(), "done "); ok {
+				if r, ok := parseRef(s); ok {
+					lines <- r
+				}
+			}
+		}
+	}()
+	return cmd, lines, stderr
+}
+
+// requireFinishedAbove proves the fault happened: in every partition the
+// blocked message is unfinished and messages above it are finished.
+func requireFinishedAbove(t *testing.T, where map[pos]ref, blocked map[int32]ref, done map[ref]bool) {
+	t.Helper()
+	for p, r := range blocked {
+		require.False(t, done[r], "blocked %s finished", r)
+		above := 0
+		for ps, rr := range where {
+			if ps.part == p && done[rr] && ps.off > offsetOf(where, r) {
+				above++
+			}
+		}
+		require.Positive(t, above, "partition %d finished nothing above its blocked message", p)
+	}
+}
+
+func offsetOf(where map[pos]ref, r ref) int64 {
+	for p, rr := range where {
+		if rr == r {
+			return p.off
+		}
+	}
+	return -1
+}
+
+// TestKeyedConsumerRebalance runs consumer A, lets consumer B join the
+// group mid-stream, then closes B: every key stays in order across the
+// two rebalances, no commit sampled meanwhile passes an unfinished
+// message, and within a partition several keys run at once.
+func TestKeyedConsumerRebalance(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	const partitions, keys, perKey = 4, 100, 30
+	cfg := keyedConfig(t, 2)
+	topic, where := keyedTopic(t, ctx, cfg, partitions, keys, perKey)
+	group := "group_" + topic
+	t.Cleanup(func() { deleteTopic(t, cfg.Kafka.Brokers, topic, group) })
+
+	l := newLedger()
+	work := func(r ref) time.Duration { return time.Duration(10+(r.seq*7+len(r.key))%20) * time.Millisecond }
+	var past []string
+	var samples int
+	sample := func() {
+		c := committed(t, cfg.Kafka.Brokers, topic, group, partitions)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		samples++
+		past = append(past, pastUnfinished(where, c, func(r ref) bool { return l.done[r] })...)
+	}
+	waitDone := func(n int, what string) {
+		t.Helper()
+		for l.count() < n {
+			sample()
+			if ctx.Err() != nil {
+				t.Fatalf("%s: %d of %d messages finished", what, l.count(), n)
+			}
+			time.Sleep(100 * time.Millisecond) // the sampling interval
+		}
+	}
+	var byA, byB atomic.Int64
+	runKeyedRouter(t, cfg, topic, group, l, work, &byA)
+	waitDone(len(where)/5, "A alone")
+	stopB := runKeyedRouter(t, cfg, topic, group, l, work, &byB)
+	waitDone(len(where)/2, "A and B")
+	stopB()
+	waitDone(len(where), "A after B left")
+	sample()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t.Logf("reorders %d, commits past unfinished %d (in %d samples), duplicates %d, most handlers at once %d, handled by A %d, by B %d",
+		len(l.reorders), len(past), samples, l.duplicates, l.maxActive, byA.Load(), byB.Load())
+	require.Positive(t, byB.Load(), "B got partitions: the rebalance happened")
+	require.Empty(t, l.reorders)
+	require.Empty(t, past)
+	require.Greater(t, l.maxActive, partitions, "keys ran in parallel within partitions")
+}

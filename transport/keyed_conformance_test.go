@@ -1,0 +1,33 @@
+package transport_test
+
+import (
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+
+	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/transporttest"
+)
+
+// TestConformanceKafkaKeyed runs Watermill's universal suite through the
+// key-parallel Kafka consumer (KafkaConfig.KeyParallelism), with the
+// Features of the default Kafka subscriber: nack redelivery, close and
+// reconnect behave as there. The default group "test" selects it for
+// every constructor (the key-parallel consumer needs a group).
+func TestConformanceKafkaKeyed(t *testing.T) {
+	t.Parallel()
+	restart := reconnectCommand(t, transport.Kafka, "")
+	pub, group := constructors(func(t *testing.T) transport.Config {
+		c := transporttest.Config(t, transport.Kafka)
+		c.Kafka.KeyParallelism = 8
+		return c
+	}, "test")
+	tests.TestPubSub(t, tests.Features{
+		RestartServiceCommand: restart,
+		ForceShort:            short(),
+		ConsumerGroups:        true,
+		ExactlyOnceDelivery:   false,
+		GuaranteedOrder:       false,
+		Persistent:            true,
+	}, pub, group)
+}
