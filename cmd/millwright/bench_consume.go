@@ -1,19 +1,25 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/consumebench"
+	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/envparse"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/park"
+	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -36,7 +42,9 @@ The "one key failing" scenario runs the keyed consumer with the retry middleware
 (consumebench.KeyFailureMiddleware) three times over one topic, with a 5 ms
 handler: without failure, with the key having the most messages failing for
 --fail-for, and without failure again; RATIO is the other keys' msgs/s over the
-mean of the runs without failure.
+mean of the runs without failure. With --park the failing key is parked in
+Postgres (package park) after its in-place attempts and retried by park's
+retrier, in all three runs (so that each pays park's check per message).
 
 Every run counts per-key reorders and commits past unfinished messages (the
 group's committed offsets read from the broker every 250 ms against what the
@@ -54,6 +62,7 @@ end; topics and groups are deleted at the end.`,
 	f.Int("key-parallelism", 16, "KeyParallelism of the keyed consumer (keys at once per partition)")
 	f.Int("max-conns", 80, "database connections (each running handler holds one)")
 	f.Duration("fail-for", 30*time.Second, "how long the failing key fails; -1ns skips the scenario")
+	f.Bool("park", false, "in the failing-key scenario, park the failing key (package park, outermost, before 3 in-place attempts) instead of redelivering it in its key's place")
 	f.Bool("json", false, "print one JSON object per row instead of the table")
 	addDatabaseFlag(cmd)
 	return cmd
@@ -120,6 +129,13 @@ func runBenchConsume(cmd *cobra.Command, _ []string) error {
 	if _, err := migrate.Up(ctx, db, idempotency.Migrations()); err != nil {
 		return err
 	}
+	if usePark, _ := f.GetBool("park"); usePark {
+		stop, err := parkFailingKey(ctx, db)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	cfg.DB = db
 	step, end := benchProgress(cmd)
 	cfg.Progress = cmd.ErrOrStderr()
@@ -132,4 +148,40 @@ func runBenchConsume(cmd *cobra.Command, _ []string) error {
 		return rep.WriteJSON(cmd.OutOrStdout())
 	}
 	return rep.WriteTable(cmd.OutOrStdout())
+}
+
+// parkFailingKey makes the failing-key scenario's wrapper package park's
+// middleware around 3 in-place attempts, each run with a Parker of its
+// own (and a handler name of its own) whose retrier runs until stop. The
+// retry budget outlasts --fail-for many times, so the failing key heals
+// instead of going to the DLQ.
+func parkFailingKey(ctx context.Context, db *sql.DB) (stop func(), err error) {
+	if _, err := migrate.Up(ctx, db, dlq.Migrations(), park.Migrations()); err != nil {
+		return nil, err
+	}
+	var parkers []*park.Parker
+	n := 0
+	consumebench.KeyFailureMiddleware = func() (message.HandlerMiddleware, error) {
+		n++
+		p, err := park.New(db, park.Config{
+			Retry:        retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: time.Second, MaxAttempts: -1, MaxElapsedTime: 30 * time.Minute},
+			PollInterval: 50 * time.Millisecond,
+		})
+		if err != nil {
+			return nil, err
+		}
+		inPlace, err := retry.NewMiddleware(retry.Config{Policy: retry.Policy{MaxAttempts: 3, InitialInterval: 50 * time.Millisecond}})
+		if err != nil {
+			return nil, err
+		}
+		parkers = append(parkers, p)
+		go func() { _ = p.Run(ctx) }()
+		outer := p.Middleware(fmt.Sprintf("bench-%d", n))
+		return func(h message.HandlerFunc) message.HandlerFunc { return outer(inPlace.Middleware(h)) }, nil
+	}
+	return func() {
+		for _, p := range parkers {
+			_ = p.Close()
+		}
+	}, nil
 }

@@ -194,6 +194,7 @@ func (b *bench) cleanup() {
 type tally struct {
 	mu       sync.Mutex
 	finished map[ref]bool
+	acked    map[ref]bool // the outermost middleware returned nil: the consumer may commit past it
 	lastSeq  map[string]int
 	reorders int
 	count    int         // messages finished the first time
@@ -204,7 +205,13 @@ type tally struct {
 }
 
 func newTally(n int) *tally {
-	return &tally{finished: map[ref]bool{}, lastSeq: map[string]int{}, all: make(chan struct{}), n: n}
+	return &tally{finished: map[ref]bool{}, acked: map[ref]bool{}, lastSeq: map[string]int{}, all: make(chan struct{}), n: n}
+}
+
+func (t *tally) ack(r ref) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.acked[r] = true
 }
 
 func (t *tally) finish(r ref, failingKey string) {
@@ -315,6 +322,19 @@ func (b *bench) router(tr *transport.Transport, tp *topic, group string, r run) 
 	if err != nil {
 		return nil, nil, err
 	}
+	t := newTally(tp.n)
+	// Outermost: a message is acked (the consumer may commit past it) when
+	// the whole chain returned nil: its handler ran or, with park, it was
+	// parked durably.
+	router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if ref, perr := parseRef(msg.Payload); err == nil && perr == nil {
+				t.ack(ref)
+			}
+			return out, err
+		}
+	})
 	if r.wrap {
 		mw, err := KeyFailureMiddleware()
 		if err != nil {
@@ -323,7 +343,6 @@ func (b *bench) router(tr *transport.Transport, tp *topic, group string, r run) 
 		router.AddMiddleware(mw)
 	}
 	router.AddMiddleware(dedup.Middleware)
-	t := newTally(tp.n)
 	sleep := ""
 	if r.delay > 0 {
 		sleep = fmt.Sprintf("SELECT pg_sleep(%.6f)", r.delay.Seconds())
@@ -373,7 +392,7 @@ func (b *bench) watch(ctx context.Context, tp *topic, group string, t *tally) (s
 		defer t.mu.Unlock()
 		samples++
 		for p, r := range tp.where {
-			if blk := resp.GetBlock(tp.name, p.part); blk != nil && blk.Offset > p.off && !t.finished[r] {
+			if blk := resp.GetBlock(tp.name, p.part); blk != nil && blk.Offset > p.off && !t.acked[r] {
 				past++
 			}
 		}
