@@ -19,9 +19,9 @@ import (
 
 // Pub/Sub already consumes keys in parallel, which README's consumer
 // section states: within one subscription, messages of different ordering
-// keys are handled at the same time (here every key's first message is
-// held until all keys' are out at once), one key's in order, one at a
-// time; MaxOutstandingMessages bounds how many at once.
+// keys are handled at the same time (here a key's first message is held
+// until another key's is out too), one key's in order, one at a time;
+// MaxOutstandingMessages bounds how many at once.
 func TestSubscriptionHandlesKeysInParallelAndEachKeyInOrder(t *testing.T) {
 	t.Parallel()
 	const keys, perKey = 4, 3
@@ -44,7 +44,9 @@ func TestSubscriptionHandlesKeysInParallelAndEachKeyInOrder(t *testing.T) {
 	var mu sync.Mutex
 	next := map[string]int{}
 	active := map[string]bool{}
-	var firsts []*message.Message // each key's first message, held
+	const inParallel = 2          // keys' first messages out at once
+	var firsts []*message.Message // keys' first messages, held
+	released := false
 	var reorders []string
 	for got := 0; got < keys*perKey; {
 		var m *message.Message
@@ -69,10 +71,15 @@ func TestSubscriptionHandlesKeysInParallelAndEachKeyInOrder(t *testing.T) {
 			m.Ack()
 		}
 		got++
-		if seq == 0 {
-			// Hold it: the other keys' first messages must still come.
+		if seq == 0 && !released {
+			// Hold it: another key's first message must still come. (Not
+			// all keys': the emulator, on a loaded machine, sometimes
+			// streams fewer than MaxOutstandingMessages at once; seen: 3
+			// of 4 for two minutes.) With a limit of 1 the second never
+			// comes and the test fails.
 			firsts = append(firsts, m)
-			if len(firsts) == keys {
+			if len(firsts) == inParallel {
+				released = true
 				for _, f := range firsts {
 					kk, _, _ := strings.Cut(string(f.Payload), ":")
 					mu.Lock()
@@ -85,6 +92,6 @@ func TestSubscriptionHandlesKeysInParallelAndEachKeyInOrder(t *testing.T) {
 		}
 		finish(m)
 	}
-	require.Len(t, firsts, keys, "every key's first message was out at once")
+	require.Len(t, firsts, inParallel, "keys' first messages were out at once")
 	require.Empty(t, reorders)
 }
