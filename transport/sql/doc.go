@@ -26,7 +26,7 @@
 // of notifying transactions (a lock held through the commit's WAL flush),
 // so many concurrent one-message publishers commit one at a time (pgbench,
 // 4 clients inserting one row per transaction: 1.6x to 3.5x fewer
-// commits/s than without the trigger in four runs on a loaded 2-core
+// commits/s than without the trigger in three runs on a loaded 2-core
 // machine: 675 against 190, 7,013 against 3,642, 4,898 against 3,039).
 // Notifying only while a consumer waits (the outbox's wake-up lock) would
 // remove most of it (1.2x to 1.6x more commits than always notifying, in
