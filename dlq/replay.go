@@ -296,9 +296,31 @@ func (s *Store) replayOne(ctx context.Context, pub message.Publisher, id int64, 
 		return false, fmt.Errorf("dlq: dead letter %d was published to %q but marking it replayed failed (a later replay may publish it again): %w", id, topic, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if s.commitLanded(ctx, tx, id, row.ReplayCount) {
+			// The commit was cut (an interrupt cancels ctx) after the
+			// server applied it: the row is marked, so count it.
+			return true, nil
+		}
 		return false, fmt.Errorf("dlq: dead letter %d was published to %q but marking it replayed failed (a later replay may publish it again): %w", id, topic, err)
 	}
 	return true, nil
+}
+
+// commitLanded reports whether a commit that returned an error was applied
+// anyway: row id's replay count is one past before. A cancelled context
+// cuts the wait for the commit's answer, not the commit, so the outcome is
+// read back on a fresh, bounded context, by a read that waits for the
+// row's lock (the server ends the cut transaction one way or the other).
+// Any doubt (the read fails) is false, which keeps the row counted as
+// unmarked and the error reported.
+func (s *Store) commitLanded(ctx context.Context, tx storage.Tx, id int64, before int) bool {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	// A commit never sent leaves the transaction, and its lock, open on
+	// this connection: end it first (a no-op when the driver already did).
+	_ = tx.Rollback(rctx)
+	n, err := storage.DeadLetterReplayCount(rctx, s.pool, id)
+	return err == nil && n == before+1
 }
 
 func sleepUntil(ctx context.Context, t time.Time) error {

@@ -236,6 +236,22 @@ func MarkDeadLetterReplayed(ctx context.Context, q Querier, id int64) error {
 	return err
 }
 
+// DeadLetterReplayCount returns how many times row id was replayed. It
+// reads FOR SHARE, so it waits for a transaction still holding the row
+// (one whose commit's answer was lost) to end, and sees its outcome.
+func DeadLetterReplayCount(ctx context.Context, q Querier, id int64) (int, error) {
+	n, found := 0, false
+	err := q.Query(ctx, Statement{SQL: `SELECT replay_count FROM millwright_dead_letters WHERE id = $1 FOR SHARE`,
+		Args: []any{id}, Expect: NoExpect, What: "reading a dead letter's replay count"}, func(r Row) error {
+		found = true
+		return r.Scan(&n)
+	})
+	if err == nil && !found {
+		err = sql.ErrNoRows
+	}
+	return n, err
+}
+
 // DeadLetterDepth counts the rows not yet replayed, by original topic.
 func DeadLetterDepth(ctx context.Context, q Querier) (map[string]int64, error) {
 	out := map[string]int64{}
