@@ -85,23 +85,35 @@ func (a *App) Count(ctx context.Context, pattern string) (Summary, error) {
 func (a *App) WaitSettled(ctx context.Context, pattern string, wantDeadLetters int) (Summary, error) {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
+	var (
+		last          Summary
+		outboxPending = "unread"
+	)
 	for {
 		s, err := a.Count(ctx, pattern)
 		if err != nil && ctx.Err() == nil {
 			return s, err
+		}
+		if err == nil {
+			last = s
 		}
 		if err == nil && s.Settled() && s.DeadLetters >= wantDeadLetters {
 			st, err := outbox.ReadStats(ctx, a.db.handle())
 			if err != nil && ctx.Err() == nil {
 				return s, err
 			}
-			if err == nil && st.Pending == 0 {
-				return s, nil
+			if err == nil {
+				outboxPending = fmt.Sprint(st.Pending)
+				if st.Pending == 0 {
+					return s, nil
+				}
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return s, fmt.Errorf("orders not settled: %d of %d pending, %d order events not notified: %w", s.Pending, s.Orders, s.UnnotifiedEvents, ctx.Err())
+			// The last summary read, not the count the ended ctx cut.
+			return last, fmt.Errorf("orders not settled: %d of %d pending, %d order events not notified, %d of %d dead letters, outbox rows pending %s: %w",
+				last.Pending, last.Orders, last.UnnotifiedEvents, last.DeadLetters, wantDeadLetters, outboxPending, ctx.Err())
 		case <-t.C:
 		}
 	}
