@@ -31,3 +31,26 @@ func TestConformanceKafkaKeyed(t *testing.T) {
 		Persistent:            true,
 	}, pub, group)
 }
+
+// TestConformanceAMQPKeyed runs Watermill's universal suite through the
+// key-parallel RabbitMQ consumer (AMQPConfig.KeyParallelism), with the
+// Features of the default AMQP subscriber.
+func TestConformanceAMQPKeyed(t *testing.T) {
+	t.Parallel()
+	restart := reconnectCommand(t, transport.AMQP, "")
+	pub, group := constructors(func(t *testing.T) transport.Config {
+		c := transporttest.Config(t, transport.AMQP)
+		c.AMQP.KeyParallelism = 8
+		return c
+	}, "")
+	tests.TestPubSub(t, tests.Features{
+		RestartServiceCommand: restart,
+		ForceShort:            short(),
+		ConsumerGroups:        true,
+		ExactlyOnceDelivery:   false,
+		// Messages without an ordering key run concurrently.
+		GuaranteedOrder:                     false,
+		GuaranteedOrderWithSingleSubscriber: false,
+		Persistent:                          true,
+	}, pub, group)
+}
