@@ -2,6 +2,7 @@ package transport_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 
@@ -41,6 +42,9 @@ func TestConformanceAMQPKeyed(t *testing.T) {
 	pub, group := constructors(func(t *testing.T) transport.Config {
 		c := transporttest.Config(t, transport.AMQP)
 		c.AMQP.KeyParallelism = 8
+		// TestMessageCtx wants a message's context cancelled within 30s of
+		// Close while it is still unacked: that is the drain bound.
+		c.AMQP.KeyDrainTimeout = 5 * time.Second
 		return c
 	}, "")
 	tests.TestPubSub(t, tests.Features{
