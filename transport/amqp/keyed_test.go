@@ -452,3 +452,76 @@ func TestKeyedConnectionCut(t *testing.T) {
 	require.Positive(t, l.started[hang], "the hanging message ran")
 	require.Positive(t, l.duplicates, "the cut lost the hanging message's ack: RabbitMQ redelivered it")
 }
+
+// TestKeyedCloseDrains closes the subscriber while two handlers run:
+// Close waits for the one that finishes within KeyDrainTimeout and acks
+// it; the one that does not has its message's context cancelled and is
+// redelivered to the next consumer, and Close returns within the bound.
+func TestKeyedCloseDrains(t *testing.T) {
+	t.Parallel()
+	const group = "drain"
+	topic := keyedTopic(t, group, 2, 1) // k0:0, k1:0
+	tr, err := amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL(), KeyParallelism: 2, KeyDrainTimeout: 2 * time.Second}, nil)
+	require.NoError(t, err)
+	sub, err := tr.Subscriber(group)
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	out := map[string]*message.Message{}
+	for len(out) < 2 {
+		select {
+		case m := <-msgs:
+			out[string(m.Payload)] = m
+		case <-time.After(30 * time.Second):
+			t.Fatal("both messages out")
+		}
+	}
+	closed := make(chan error, 1)
+	start := time.Now()
+	go func() { closed <- tr.Close() }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a handler ran", err)
+	case <-out["k1:0"].Context().Done():
+		t.Fatal("a running message's context was cancelled before the drain bound")
+	default:
+	}
+	require.True(t, out["k0:0"].Ack())
+	select {
+	case <-out["k1:0"].Context().Done(): // the bound passed: cancelled
+	case <-time.After(30 * time.Second):
+		t.Fatal("the unfinished message's context was never cancelled")
+	}
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return after the drain bound")
+	}
+	require.GreaterOrEqual(t, time.Since(start), 2*time.Second, "Close waited for the drain bound")
+	_, ok := <-msgs
+	require.False(t, ok, "the output channel is closed")
+
+	// The next consumer gets only the unfinished message.
+	next := keyedTransport(t, transporttest.AMQPURL(), 2)
+	sub2, err := next.Subscriber(group)
+	require.NoError(t, err)
+	msgs2, err := sub2.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	select {
+	case m := <-msgs2:
+		require.Equal(t, "k1:0", string(m.Payload))
+		m.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("the unfinished message was not redelivered")
+	}
+	// A marker published now comes next: k0:0, acked at drain, does not.
+	require.NoError(t, next.Publisher().Publish(topic, keyedMessage(ref{"marker", 0})))
+	select {
+	case m := <-msgs2:
+		require.Equal(t, "marker:0", string(m.Payload), "k0:0 was acked by the drain")
+		m.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("the marker never arrived")
+	}
+}
