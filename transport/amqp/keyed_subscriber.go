@@ -102,7 +102,7 @@ func (s *KeyedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	}
 	queue := s.wcfg.Queue.GenerateName(topic)
 	sub := &subscription{
-		s: s, topic: topic, queue: queue, exchange: s.wcfg.Exchange.GenerateName(topic),
+		s: s, topic: topic, queue: queue,
 		out:    make(chan *message.Message),
 		fields: watermill.LogFields{"topic": topic, "amqp_queue_name": queue},
 	}
@@ -200,12 +200,12 @@ func (s *KeyedSubscriber) Close() error {
 // subscription is one Subscribe: one queue, one keyed.Partition across
 // every connection it consumes on.
 type subscription struct {
-	s                      *KeyedSubscriber
-	topic, queue, exchange string
-	fields                 watermill.LogFields
-	part                   *keyed.Partition[delivery]
-	seq                    int64           // the partition's offsets: deliveries in arrival order, across channels
-	done                   <-chan struct{} // closed when the subscription ends
+	s            *KeyedSubscriber
+	topic, queue string
+	fields       watermill.LogFields
+	part         *keyed.Partition[delivery]
+	seq          int64           // the partition's offsets: deliveries in arrival order, across channels
+	done         <-chan struct{} // closed when the subscription ends
 
 	// mu guards sends on out against its close: a handler the drain bound
 	// gave up on may still be about to send.
@@ -293,7 +293,15 @@ func (sub *subscription) consume(conn *amqp091.Connection) (*consumerChannel, <-
 		return nil, nil, fmt.Errorf("amqp: consuming queue %s: %w", sub.queue, err)
 	}
 	sub.s.logger.Info("Consuming from AMQP queue (key-parallel)", sub.fields)
-	return &consumerChannel{ch: ch, tag: tag, gone: make(chan struct{})}, deliveries, nil
+	cc := &consumerChannel{ch: ch, tag: tag, gone: make(chan struct{})}
+	// Marked gone as soon as the channel closes, not only when the reader
+	// next looks: fewer of its deliveries are handed out to be run twice.
+	closes := ch.NotifyClose(make(chan *amqp091.Error, 1))
+	go func() {
+		<-closes // closed by amqp091 when the channel or connection closes
+		cc.markGone()
+	}()
+	return cc, deliveries, nil
 }
 
 // read submits cc's deliveries to the partition until they end (false:
