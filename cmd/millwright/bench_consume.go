@@ -82,27 +82,8 @@ func runBenchConsume(cmd *cobra.Command, _ []string) error {
 	ctx := cmd.Context()
 	var cfg consumebench.Config
 	f := cmd.Flags()
-	cfg.Kind, _ = f.GetString("kind")
-	switch cfg.Kind {
-	case consumebench.KindAMQP:
-		cfg.AMQPURL, _ = f.GetString("amqp-url")
-		if cfg.AMQPURL == "" {
-			cfg.AMQPURL = os.Getenv(transport.EnvAMQPURL)
-		}
-		if cfg.AMQPURL == "" {
-			return errors.New("bench consume: --kind amqp needs a real RabbitMQ: set --amqp-url or " + transport.EnvAMQPURL)
-		}
-	case consumebench.KindKafka:
-		brokers, _ := f.GetString("kafka-brokers")
-		if brokers == "" {
-			brokers = os.Getenv(transport.EnvKafkaBrokers)
-		}
-		cfg.Brokers = envparse.List(brokers)
-		if len(cfg.Brokers) == 0 {
-			return errors.New("bench consume: needs a real Kafka: set --kafka-brokers or " + transport.EnvKafkaBrokers)
-		}
-	default:
-		return fmt.Errorf("bench consume: --kind %q: want kafka or amqp", cfg.Kind)
+	if err := benchConsumeBroker(cmd, &cfg); err != nil {
+		return err
 	}
 	cfg.Partitions, _ = f.GetInt32("partitions")
 	cfg.Keys, _ = f.GetInt("keys")
@@ -208,4 +189,32 @@ func parkFailingKey(ctx context.Context, db *sql.DB) (stop func(), err error) {
 			_ = p.Close()
 		}
 	}, nil
+}
+
+// benchConsumeBroker reads --kind and the broker's address into cfg.
+func benchConsumeBroker(cmd *cobra.Command, cfg *consumebench.Config) error {
+	f := cmd.Flags()
+	cfg.Kind, _ = f.GetString("kind")
+	switch cfg.Kind {
+	case consumebench.KindAMQP:
+		cfg.AMQPURL, _ = f.GetString("amqp-url")
+		if cfg.AMQPURL == "" {
+			cfg.AMQPURL = os.Getenv(transport.EnvAMQPURL)
+		}
+		if cfg.AMQPURL == "" {
+			return errors.New("bench consume: --kind amqp needs a real RabbitMQ: set --amqp-url or " + transport.EnvAMQPURL)
+		}
+	case consumebench.KindKafka:
+		brokers, _ := f.GetString("kafka-brokers")
+		if brokers == "" {
+			brokers = os.Getenv(transport.EnvKafkaBrokers)
+		}
+		cfg.Brokers = envparse.List(brokers)
+		if len(cfg.Brokers) == 0 {
+			return errors.New("bench consume: needs a real Kafka: set --kafka-brokers or " + transport.EnvKafkaBrokers)
+		}
+	default:
+		return fmt.Errorf("bench consume: --kind %q: want kafka or amqp", cfg.Kind)
+	}
+	return nil
 }
