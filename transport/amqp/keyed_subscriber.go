@@ -50,7 +50,7 @@ import (
 //     key's redelivered messages wait for it, and its ack is lost
 //     (RabbitMQ redelivers that message: at least once, deduplicate with
 //     package idempotency); deliveries of the lost channel not yet
-//     handed out are not (they are redelivered);
+//     handed out are skipped, since RabbitMQ redelivers them;
 //   - Close (or the end of Subscribe's ctx) stops consuming, waits up to
 //     KeyDrainTimeout for the messages out to be acked or nacked, acks
 //     those that were, then closes the channel: RabbitMQ requeues the
@@ -59,9 +59,10 @@ import (
 //
 // Per-key order holds while one consumer reads the queue: RabbitMQ
 // spreads a queue's deliveries over all its consumers, so two processes
-// in one group each get part of a key (declare the queue with
-// x-single-active-consumer to keep one reader and a standby). Messages
-// without an ordering key have no order among themselves.
+// in one group each get part of a key, and so do two Subscribe calls for
+// one topic. Messages without an ordering key have no order among
+// themselves. The key is read from the delivery's metadata.OrderingKey
+// header, which the publisher sends with every message that has one.
 type KeyedSubscriber struct {
 	t      *Transport
 	group  string
