@@ -116,7 +116,7 @@ func (s *KeyedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if err != nil {
 		return nil, err
 	}
-	cc, deliveries, err := sub.consume(conn)
+	cc, deliveries, err := sub.consume(ctx, conn)
 	if err != nil {
 		_ = conn.CloseDeadline(time.Now().Add(s.t.cfg.ConnectTimeout))
 		return nil, err
@@ -260,7 +260,7 @@ func (sub *subscription) run(ctx context.Context, conn *amqp091.Connection, cc *
 				return
 			}
 			var err error
-			if cc, deliveries, err = sub.consume(conn); err == nil {
+			if cc, deliveries, err = sub.consume(ctx, conn); err == nil {
 				break
 			}
 			sub.s.logger.Error("AMQP key-parallel subscriber cannot consume its queue, retrying (check that the queue exists or can be declared with these arguments, and the user's permissions on it)", err, sub.fields)
@@ -273,7 +273,11 @@ func nextBackoff(d time.Duration) time.Duration { return min(max(2*d, minBackoff
 
 // consume opens a channel on conn, declares the topology, sets the QoS
 // and starts consuming.
-func (sub *subscription) consume(conn *amqp091.Connection) (*consumerChannel, <-chan amqp091.Delivery, error) {
+// A broker that stopped answering is noticed by the heartbeat; ctx's end
+// closes conn, so that Close need not wait for that.
+func (sub *subscription) consume(ctx context.Context, conn *amqp091.Connection) (*consumerChannel, <-chan amqp091.Delivery, error) {
+	stop := context.AfterFunc(ctx, func() { _ = conn.CloseDeadline(time.Now().Add(sub.s.t.cfg.ConnectTimeout)) })
+	defer stop()
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, nil, fmt.Errorf("amqp: opening a channel for queue %s: %w", sub.queue, err)

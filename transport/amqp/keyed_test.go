@@ -525,3 +525,40 @@ func TestKeyedCloseDrains(t *testing.T) {
 		t.Fatal("the marker never arrived")
 	}
 }
+
+// TestKeyedCloseWithSilentBroker: with RabbitMQ's replies held back (a
+// faultproxy's Hold: the broker gets the client's requests, the client
+// none of the answers), Close still returns, each wait bounded by
+// ConnectTimeout.
+func TestKeyedCloseWithSilentBroker(t *testing.T) {
+	t.Parallel()
+	const group = "silent"
+	topic := keyedTopic(t, group, 1, 1)
+	proxy, through := proxied(t)
+	tr, err := amqp.Open(context.Background(), amqp.Config{URL: through, KeyParallelism: 2, ConnectTimeout: time.Second}, nil)
+	require.NoError(t, err)
+	sub, err := tr.Subscriber(group)
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	select {
+	case m := <-msgs:
+		m.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("no message")
+	}
+	proxy.Hold()
+	defer proxy.Release()
+	closed := make(chan error, 1)
+	start := time.Now()
+	go func() { closed <- sub.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return with the broker silent")
+	}
+	t.Logf("Close returned after %s", time.Since(start).Round(time.Millisecond))
+	require.Positive(t, proxy.HeldReads(), "the broker's replies were held back")
+	_ = tr.Close()
+}
