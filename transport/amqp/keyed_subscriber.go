@@ -39,7 +39,10 @@ import (
 //     most Prefetch deliveries are unacked, which bounds memory;
 //   - a nacked message is sent again after 100 ms in its key's place,
 //     holding its key (the others go on): never requeued to RabbitMQ,
-//     where it would fall behind its key's later messages;
+//     where it would fall behind its key's later messages. Its key's
+//     later deliveries wait unacked and count against Prefetch: a key
+//     that keeps failing stops the queue once Prefetch deliveries wait
+//     (park it with package park instead);
 //   - when the connection or channel is lost, RabbitMQ requeues every
 //     unacked delivery, in queue order. A key's unacked deliveries are
 //     all at or after its first unfinished one (a key's messages finish
