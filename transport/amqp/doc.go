@@ -118,6 +118,12 @@
 // queue's deliveries over its consumers, so two processes of one group
 // each get part of a key.
 //
+// `millwright bench consume --kind amqp` measures it against
+// watermill-amqp's subscriber in the same run (idempotency middleware, a
+// pg_sleep in its transaction, KeyParallelism 16): on 2026-12-03, at
+// --scale 0.2 on a 2-core machine loaded by other work, 7.5x the msgs/s
+// with a trivial handler, 13.8x at 5 ms and 15.2x at 50 ms, no reorders.
+//
 // CloudEvents (AMQP protocol binding, binary mode): the metadata.Event*
 // attributes travel as application properties (headers) "cloudEvents:<attr>"
 // and datacontenttype as the content-type property; consumers get the same
