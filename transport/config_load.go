@@ -36,6 +36,10 @@ const (
 
 	EnvAMQPURL      = EnvPrefix + "AMQP_URL" // amqp://user:pass@host:5672/vhost or amqps://
 	EnvAMQPPrefetch = EnvPrefix + "AMQP_PREFETCH"
+	// EnvAMQPKeyParallelism, above 0, turns on the key-parallel consumer
+	// (amqp.Config.KeyParallelism); its cap on deliveries in flight is
+	// EnvAMQPPrefetch.
+	EnvAMQPKeyParallelism = EnvPrefix + "AMQP_KEY_PARALLELISM"
 	// EnvAMQPAllowUnroutable, true, lets RabbitMQ drop a message no queue
 	// is bound for instead of failing its publish (amqp.Config.AllowUnroutable).
 	EnvAMQPAllowUnroutable = EnvPrefix + "AMQP_ALLOW_UNROUTABLE"

@@ -128,6 +128,11 @@ func TestConsumerKilledMidStream(t *testing.T) {
 	for _, kind := range []transport.Kind{transport.GoogleCloud, transport.Kafka, transport.AMQP, transport.SQL} {
 		cases = append(cases, millwrightCase(t, kind, emulatorBound))
 	}
+	// The key-parallel RabbitMQ consumer: each delivery acked only after
+	// its handler, so every held one comes back.
+	keyedAMQP := transporttest.Config(t, transport.AMQP)
+	keyedAMQP.AMQP.KeyParallelism = 8
+	cases = append(cases, millwrightCaseConfig(t, "amqp-keyed", keyedAMQP, emulatorBound))
 	if gc := transporttest.Config(t, transport.GoogleCloud).GoogleCloud; gc.EmulatorHost != "" && !gc.Fake {
 		cases = append(cases, googleClientCase(t, googlecloud.EmulatorStreamDeadline, emulatorBound))
 		if os.Getenv(envTestEmulatorBug) == "1" {
@@ -250,8 +255,13 @@ func TestConsumerKilledMidStream(t *testing.T) {
 // child process, with the kind's production defaults (Pub/Sub's
 // MaxExtension unset, as in examples/orders).
 func millwrightCase(t *testing.T, kind transport.Kind, emulatorBound time.Duration) killCase {
-	cfg := transporttest.Config(t, kind)
-	kc := killCase{name: string(kind), bound: 45 * time.Second, atKill: 11}
+	return millwrightCaseConfig(t, string(kind), transporttest.Config(t, kind), emulatorBound)
+}
+
+// millwrightCaseConfig is millwrightCase with cfg, under name.
+func millwrightCaseConfig(t *testing.T, name string, cfg transport.Config, emulatorBound time.Duration) killCase {
+	kind := cfg.Kind
+	kc := killCase{name: name, bound: 45 * time.Second, atKill: 11}
 	if kind == transport.GoogleCloud {
 		cfg.GoogleCloud.MaxExtension = 0
 		kc.bound = emulatorBound

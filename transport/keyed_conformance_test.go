@@ -2,6 +2,7 @@ package transport_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 
@@ -29,5 +30,31 @@ func TestConformanceKafkaKeyed(t *testing.T) {
 		ExactlyOnceDelivery:   false,
 		GuaranteedOrder:       false,
 		Persistent:            true,
+	}, pub, group)
+}
+
+// TestConformanceAMQPKeyed runs Watermill's universal suite through the
+// key-parallel RabbitMQ consumer (AMQPConfig.KeyParallelism), with the
+// Features of the default AMQP subscriber.
+func TestConformanceAMQPKeyed(t *testing.T) {
+	t.Parallel()
+	restart := reconnectCommand(t, transport.AMQP, "")
+	pub, group := constructors(func(t *testing.T) transport.Config {
+		c := transporttest.Config(t, transport.AMQP)
+		c.AMQP.KeyParallelism = 8
+		// TestMessageCtx wants a message's context cancelled within 30s of
+		// Close while it is still unacked: that is the drain bound.
+		c.AMQP.KeyDrainTimeout = 5 * time.Second
+		return c
+	}, "")
+	tests.TestPubSub(t, tests.Features{
+		RestartServiceCommand: restart,
+		ForceShort:            short(),
+		ConsumerGroups:        true,
+		ExactlyOnceDelivery:   false,
+		// Messages without an ordering key run concurrently.
+		GuaranteedOrder:                     false,
+		GuaranteedOrderWithSingleSubscriber: false,
+		Persistent:                          true,
 	}, pub, group)
 }

@@ -199,9 +199,28 @@ type AMQPConfig struct {
 	// TLS configures amqps. Default nil: the system roots when the URL is
 	// amqps://, plaintext for amqp://.
 	TLS *tls.Config
-	// Prefetch is how many unacked messages a consumer holds. Default 100;
-	// 1 gives strict ordering with one consumer.
+	// Prefetch is how many unacked messages a consumer holds (the
+	// channel's QoS). Default 100, or 16 × KeyParallelism when that is
+	// larger; 1 gives strict ordering with one consumer. With
+	// KeyParallelism it is the key-parallel consumer's cap on deliveries
+	// in flight (memory) and must be at least KeyParallelism.
 	Prefetch int
+	// KeyParallelism, above 0, makes subscribers millwright's
+	// key-parallel consumer (amqp.KeyedSubscriber): messages of different
+	// ordering keys (metadata.OrderingKey, the aggregate) are handled
+	// concurrently, up to this many at once per subscription; one key's
+	// messages stay in queue order, one at a time; a nacked message runs
+	// again in its key's place instead of being requeued; each delivery
+	// is acked only after its handler finished. Default 0:
+	// watermill-amqp's subscriber, which hands out one delivery at a time
+	// and waits for its ack. Env MILLWRIGHT_AMQP_KEY_PARALLELISM.
+	KeyParallelism int
+	// KeyDrainTimeout bounds how long the key-parallel consumer's Close
+	// (and a subscription's end) waits for handlers still running to
+	// finish and be acked; those still running after it have their
+	// message's context cancelled, and RabbitMQ redelivers their
+	// messages. Default 30s (Watermill's Router CloseTimeout).
+	KeyDrainTimeout time.Duration
 	// ChannelPoolSize is the number of publishing channels. Default 8.
 	ChannelPoolSize int
 	// NoConfirm turns off publisher confirms (faster; a publish may then be

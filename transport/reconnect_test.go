@@ -166,3 +166,30 @@ func runReconnectUnderLoad(t *testing.T, cfg transport.Config, cut func(context.
 	require.Equal(t, 2, cuts, "the broker was not cut twice")
 	t.Logf("%s: %d messages received across 2 cuts; %d publish attempts failed and were retried", cfg.Kind, messages, failures.Load())
 }
+
+// TestReconnectUnderLoadAMQPKeyed is TestReconnectUnderLoad on the
+// key-parallel RabbitMQ consumer (AMQPConfig.KeyParallelism), cut twice
+// through a faultproxy: only this test's connections (its publisher's
+// and its subscriber's) are cut, so it runs in the main suite.
+func TestReconnectUnderLoadAMQPKeyed(t *testing.T) {
+	t.Parallel()
+	cfg := transporttest.Config(t, transport.AMQP)
+	cfg.AMQP.KeyParallelism = 8
+	proxy, through, err := faultproxy.Through(cfg.AMQP.URL, "5672")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proxy.Close() })
+	cfg.AMQP.URL = through
+	first := true
+	runReconnectUnderLoad(t, cfg, func(context.Context) error {
+		before := proxy.CutConns()
+		proxy.Cut()
+		cut := proxy.CutConns() - before
+		// Both ends of the publisher's and the subscriber's connections
+		// at the first cut (both are up before the first publish).
+		if (first && cut < 4) || cut == 0 {
+			return fmt.Errorf("the proxy to RabbitMQ cut %d connection ends: want the publisher's and the subscriber's", cut)
+		}
+		first = false
+		return nil
+	})
+}

@@ -49,12 +49,22 @@ retrier, in all three runs (so that each pays park's check per message).
 Every run counts per-key reorders and commits past unfinished messages (the
 group's committed offsets read from the broker every 250 ms against what the
 handlers finished): both must be 0. Works in a scratch schema dropped at the
-end; topics and groups are deleted at the end.`,
+end; topics and groups are deleted at the end.
+
+With --kind amqp the throughput scenario runs on RabbitMQ: one fanout
+exchange per delay with a queue for each consumer, watermill-amqp's subscriber
+(one delivery at a time; its run stops after about 15 s of messages, its rate
+read over its steady state) against the keyed consumer
+(amqp.Config.KeyParallelism, MILLWRIGHT_AMQP_KEY_PARALLELISM, --key-parallelism
+keys at once over the queue). Reorders are counted; RabbitMQ has no committed
+position to read, so no commit samples.`,
 		Args: cobra.NoArgs,
 		RunE: runBenchConsume,
 	}
 	f := cmd.Flags()
+	f.String("kind", consumebench.KindKafka, "broker: kafka, or amqp (RabbitMQ: the keyed consumer against watermill-amqp's subscriber, throughput only)")
 	f.String("kafka-brokers", "", "comma-separated host:port of a real Kafka (default $"+transport.EnvKafkaBrokers+")")
+	f.String("amqp-url", "", "URL of a real RabbitMQ, with --kind amqp (default $"+transport.EnvAMQPURL+")")
 	f.Int32("partitions", 8, "partitions of each topic")
 	f.Int("keys", 10000, "keys the messages are spread over")
 	f.String("delays", "0,5ms,50ms", "comma-separated handler transaction durations; none: only the failing-key scenario")
@@ -72,13 +82,8 @@ func runBenchConsume(cmd *cobra.Command, _ []string) error {
 	ctx := cmd.Context()
 	var cfg consumebench.Config
 	f := cmd.Flags()
-	brokers, _ := f.GetString("kafka-brokers")
-	if brokers == "" {
-		brokers = os.Getenv(transport.EnvKafkaBrokers)
-	}
-	cfg.Brokers = envparse.List(brokers)
-	if len(cfg.Brokers) == 0 {
-		return errors.New("bench consume: needs a real Kafka: set --kafka-brokers or " + transport.EnvKafkaBrokers)
+	if err := benchConsumeBroker(cmd, &cfg); err != nil {
+		return err
 	}
 	cfg.Partitions, _ = f.GetInt32("partitions")
 	cfg.Keys, _ = f.GetInt("keys")
@@ -184,4 +189,32 @@ func parkFailingKey(ctx context.Context, db *sql.DB) (stop func(), err error) {
 			_ = p.Close()
 		}
 	}, nil
+}
+
+// benchConsumeBroker reads --kind and the broker's address into cfg.
+func benchConsumeBroker(cmd *cobra.Command, cfg *consumebench.Config) error {
+	f := cmd.Flags()
+	cfg.Kind, _ = f.GetString("kind")
+	switch cfg.Kind {
+	case consumebench.KindAMQP:
+		cfg.AMQPURL, _ = f.GetString("amqp-url")
+		if cfg.AMQPURL == "" {
+			cfg.AMQPURL = os.Getenv(transport.EnvAMQPURL)
+		}
+		if cfg.AMQPURL == "" {
+			return errors.New("bench consume: --kind amqp needs a real RabbitMQ: set --amqp-url or " + transport.EnvAMQPURL)
+		}
+	case consumebench.KindKafka:
+		brokers, _ := f.GetString("kafka-brokers")
+		if brokers == "" {
+			brokers = os.Getenv(transport.EnvKafkaBrokers)
+		}
+		cfg.Brokers = envparse.List(brokers)
+		if len(cfg.Brokers) == 0 {
+			return errors.New("bench consume: needs a real Kafka: set --kafka-brokers or " + transport.EnvKafkaBrokers)
+		}
+	default:
+		return fmt.Errorf("bench consume: --kind %q: want kafka or amqp", cfg.Kind)
+	}
+	return nil
 }

@@ -29,7 +29,10 @@ type Config = transport.AMQPConfig
 
 func setDefaults(c *Config) {
 	if c.Prefetch == 0 {
-		c.Prefetch = 100
+		c.Prefetch = max(100, 16*c.KeyParallelism)
+	}
+	if c.KeyDrainTimeout == 0 {
+		c.KeyDrainTimeout = 30 * time.Second
 	}
 	if c.ChannelPoolSize == 0 {
 		c.ChannelPoolSize = 8
@@ -54,6 +57,7 @@ func validate(c Config) error {
 	if c.Prefetch < 0 {
 		errs = append(errs, fmt.Errorf("amqp: Prefetch %d is negative", c.Prefetch))
 	}
+	errs = append(errs, validateKeyed(c)...)
 	if c.ChannelPoolSize < 0 {
 		errs = append(errs, fmt.Errorf("amqp: ChannelPoolSize %d is negative", c.ChannelPoolSize))
 	}
@@ -69,6 +73,24 @@ func validate(c Config) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateKeyed checks the key-parallel consumer's settings.
+func validateKeyed(c Config) []error {
+	var errs []error
+	if c.KeyParallelism < 0 {
+		errs = append(errs, fmt.Errorf("amqp: KeyParallelism %d is negative: want 0 (off: watermill-amqp's subscriber, one delivery at a time) or the keys handled at once per subscription (env MILLWRIGHT_AMQP_KEY_PARALLELISM)", c.KeyParallelism))
+	}
+	if c.KeyParallelism > 0 && c.Prefetch > 0 && c.Prefetch < c.KeyParallelism {
+		errs = append(errs, fmt.Errorf("amqp: Prefetch %d is below KeyParallelism %d: the broker would never send enough deliveries to run that many keys at once; raise Prefetch (env MILLWRIGHT_AMQP_PREFETCH; unset, it defaults to 16 x KeyParallelism) or lower KeyParallelism", c.Prefetch, c.KeyParallelism))
+	}
+	if c.Prefetch > 65535 {
+		errs = append(errs, fmt.Errorf("amqp: Prefetch %d is above 65535, the largest prefetch count AMQP 0-9-1 can carry", c.Prefetch))
+	}
+	if c.KeyDrainTimeout < 0 {
+		errs = append(errs, fmt.Errorf("amqp: KeyDrainTimeout %s is negative: want 0 (default 30s) or how long Close waits for running handlers", c.KeyDrainTimeout))
+	}
+	return errs
 }
 
 // Transport holds two connections to RabbitMQ: the publisher's own, and
@@ -306,7 +328,17 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 
 // Subscriber returns a subscriber reading the group's durable queue of each
 // topic it subscribes to. Group "" uses a queue named after the topic.
+//
+// With Config.KeyParallelism above 0 the subscriber is a KeyedSubscriber:
+// keys in parallel, each delivery acked once its handler finished.
 func (t *Transport) Subscriber(group string) (message.Subscriber, error) {
+	if t.cfg.KeyParallelism > 0 {
+		sub, err := closers.Add(&t.subs, "amqp", func() (*KeyedSubscriber, error) { return newKeyedSubscriber(t, group), nil })
+		if err != nil {
+			return nil, err
+		}
+		return sub, nil
+	}
 	sub, err := closers.Add(&t.subs, "amqp", func() (*wamqp.Subscriber, error) {
 		conn, err := t.subscriberConn()
 		if err != nil {

@@ -1,5 +1,6 @@
 // Package amqp is millwright's RabbitMQ transport. Applications reach it
-// through package transport. Subscribers are watermill-amqp's; the
+// through package transport. Subscribers are watermill-amqp's, or with
+// Config.KeyParallelism millwright's key-parallel KeyedSubscriber; the
 // publisher is millwright's own, on amqp091-go (watermill-amqp v2.1.3's
 // publisher leaks pooled channels while disconnected until every Publish
 // blocks, and can panic on Close).
@@ -74,12 +75,54 @@
 // (ErrUnroutable), but one while only some groups' queues exist reaches
 // only those. Subscribe once at deployment, or list the groups in
 // Config.DeclareGroups so the publisher declares their queues
-// itself. Ordering holds per queue only while one consumer with prefetch 1
-// reads it; a nacked message is requeued and can overtake later ones.
+// itself. With watermill-amqp's subscriber, ordering holds per queue only
+// while one consumer with prefetch 1 reads it; a nacked message is
+// requeued and can overtake later ones (KeyParallelism keeps each key in
+// order at any prefetch).
 // Concurrent Publish calls use different channels, so only the messages
 // of one call keep their order among themselves. Subscribers open their
 // connection on the first Transport.Subscriber call and reconnect by
-// themselves (watermill-amqp).
+// themselves (watermill-amqp); a KeyedSubscriber has a connection per
+// subscribed queue.
+//
+// # Consuming: keys in parallel
+//
+// watermill-amqp's subscriber hands out a queue's next delivery only after
+// the previous one's ack, so one subscriber runs one handler at a time, and
+// a nack requeues the message behind its key's later ones. With
+// Config.KeyParallelism above 0 (MILLWRIGHT_AMQP_KEY_PARALLELISM) every
+// subscriber is a KeyedSubscriber instead, on the same queues, headers and
+// Marshaler, and the Router and its middlewares do not change:
+//
+//   - messages of one metadata.OrderingKey run strictly in queue order, one
+//     at a time; different keys run concurrently, up to KeyParallelism;
+//   - a delivery is acked only after its handler finished (acks are per
+//     delivery tag): a crash or a lost connection redelivers exactly the
+//     unacked deliveries, and since a key's are all at or after its first
+//     unfinished one, RabbitMQ gives them back in the key's order (a
+//     deduplicating consumer, package idempotency, applies each key in
+//     order);
+//   - at most Config.Prefetch deliveries (the channel's QoS; default 16 ×
+//     KeyParallelism, at least 100) are unacked: memory is bounded;
+//   - a nacked message runs again after 100 ms in its key's place, never
+//     requeued; a message that keeps failing holds its key until the retry
+//     budget ends (package park parks it instead);
+//   - a lost connection or channel is redialled at once, then with backoff
+//     (100 ms to 5 s); a handler still running from the lost channel keeps
+//     its key until it returns, and its ack is lost (redelivered);
+//   - Close waits up to Config.KeyDrainTimeout (default 30s) for the
+//     messages out, acks those acked, then closes the channel: RabbitMQ
+//     requeues the rest.
+//
+// Per-key order needs one consumer on the queue: RabbitMQ spreads a
+// queue's deliveries over its consumers, so two processes of one group
+// each get part of a key.
+//
+// `millwright bench consume --kind amqp` measures it against
+// watermill-amqp's subscriber in the same run (idempotency middleware, a
+// pg_sleep in its transaction, KeyParallelism 16): on 2026-12-03, at
+// --scale 0.2 on a 2-core machine loaded by other work, 7.5x the msgs/s
+// with a trivial handler, 13.8x at 5 ms and 15.2x at 50 ms, no reorders.
 //
 // CloudEvents (AMQP protocol binding, binary mode): the metadata.Event*
 // attributes travel as application properties (headers) "cloudEvents:<attr>"

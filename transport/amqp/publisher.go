@@ -140,7 +140,16 @@ func newPublisher(ctx context.Context, cfg Config, ac amqp091.Config, wcfg wamqp
 // dial opens a connection within timeout, aborted when ctx is done, and
 // registers for its close before anyone can use it.
 func (p *publisher) dial(ctx context.Context, timeout time.Duration) (*amqp091.Connection, chan *amqp091.Error, error) {
-	ac := p.amqpCfg
+	conn, err := dialAMQP(ctx, p.cfg.URL, p.amqpCfg, timeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, conn.NotifyClose(make(chan *amqp091.Error, 1)), nil
+}
+
+// dialAMQP opens a connection to url within timeout, aborted when ctx is
+// done. Its error has the URL's password redacted.
+func dialAMQP(ctx context.Context, url string, ac amqp091.Config, timeout time.Duration) (*amqp091.Connection, error) {
 	var stop func() bool
 	ac.Dial = func(network, addr string) (net.Conn, error) {
 		d := net.Dialer{Timeout: timeout}
@@ -158,14 +167,14 @@ func (p *publisher) dial(ctx context.Context, timeout time.Duration) (*amqp091.C
 		stop = context.AfterFunc(ctx, func() { _ = c.Close() })
 		return c, nil
 	}
-	conn, err := amqp091.DialConfig(p.cfg.URL, ac)
+	conn, err := amqp091.DialConfig(url, ac)
 	if stop != nil {
 		stop()
 	}
 	if err != nil {
-		return nil, nil, redact.ErrorOf(err, p.cfg.URL)
+		return nil, redact.ErrorOf(err, url)
 	}
-	return conn, conn.NotifyClose(make(chan *amqp091.Error, 1)), nil
+	return conn, nil
 }
 
 // setUp makes conn the current connection.

@@ -48,6 +48,13 @@ func fromEnv(cfg *transport.Config, env transport.Env) error {
 		}
 		c.Prefetch = n
 	}
+	if v := env.Get(transport.EnvAMQPKeyParallelism); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			errs = append(errs, fmt.Errorf("%s=%q: want a non-negative integer (0: watermill-amqp's subscriber, one delivery at a time)", transport.EnvAMQPKeyParallelism, v))
+		}
+		c.KeyParallelism = n
+	}
 	if v := env.Get(transport.EnvAMQPAllowUnroutable); v != "" {
 		b, err := envparse.Bool(transport.EnvAMQPAllowUnroutable, v)
 		errs = append(errs, err)

@@ -139,7 +139,7 @@ var TransportVars = []string{
 	transport.EnvKafkaBrokers, transport.EnvKafkaTLS, transport.EnvKafkaTLSCAFile,
 	transport.EnvKafkaSASLMechanism, transport.EnvKafkaSASLUser, transport.EnvKafkaSASLPassword,
 	transport.EnvKafkaPartitions, transport.EnvKafkaPartitioner, transport.EnvKafkaKeyParallelism, transport.EnvKafkaKeyMaxInFlight,
-	transport.EnvAMQPURL, transport.EnvAMQPPrefetch, transport.EnvAMQPAllowUnroutable,
+	transport.EnvAMQPURL, transport.EnvAMQPPrefetch, transport.EnvAMQPKeyParallelism, transport.EnvAMQPAllowUnroutable,
 	transport.EnvPubSubProject, transport.EnvPubSubEmulatorHost, transport.EnvPubSubCredentialsFile, transport.EnvPubSubAllowUnreceived,
 	transport.EnvSQLURL, transport.EnvDeclareGroups,
 }

@@ -48,10 +48,22 @@ var KeyFailureMiddleware = func() (message.HandlerMiddleware, error) {
 	return m.Middleware, nil
 }
 
+// Kinds Run measures.
+const (
+	KindKafka = "kafka"
+	KindAMQP  = "amqp"
+)
+
 // Config configures Run.
 type Config struct {
-	// Brokers of the Kafka cluster. Required.
+	// Kind is the broker: KindKafka (default) or KindAMQP (RabbitMQ:
+	// amqp.Config.KeyParallelism against watermill-amqp's subscriber; the
+	// throughput scenario only).
+	Kind string
+	// Brokers of the Kafka cluster. Required with KindKafka.
 	Brokers []string
+	// AMQPURL is the RabbitMQ URL. Required with KindAMQP.
+	AMQPURL string
 	// DB is a pool on a scratch schema with idempotency.Migrations()
 	// applied; its MaxOpenConns bounds the handlers running at once.
 	// Required.
@@ -83,6 +95,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.Kind == "" {
+		c.Kind = KindKafka
+	}
 	if c.Partitions == 0 {
 		c.Partitions = 8
 	}
@@ -109,7 +124,12 @@ func (c *Config) setDefaults() {
 // Validate reports every invalid field.
 func (c Config) Validate() error {
 	var errs []error
-	if len(c.Brokers) == 0 || c.DB == nil {
+	switch {
+	case c.Kind != KindKafka && c.Kind != KindAMQP:
+		errs = append(errs, fmt.Errorf("bench consume: --kind %q: want kafka or amqp", c.Kind))
+	case c.Kind == KindAMQP && (c.AMQPURL == "" || c.DB == nil):
+		errs = append(errs, errors.New("bench consume: Config.AMQPURL and Config.DB are required (--amqp-url or MILLWRIGHT_AMQP_URL; --database-url)"))
+	case c.Kind == KindKafka && (len(c.Brokers) == 0 || c.DB == nil):
 		errs = append(errs, errors.New("bench consume: Config.Brokers and Config.DB are required (--brokers or MILLWRIGHT_KAFKA_BROKERS; --database-url)"))
 	}
 	if c.Partitions < 1 || c.Keys < 1 || c.KeyParallelism < 1 || c.Scale <= 0 {
@@ -149,6 +169,7 @@ const (
 // Row is one run's figures, and one --json object.
 type Row struct {
 	Bench    string  `json:"bench"`    // "consume"
+	Kind     string  `json:"kind"`     // "kafka" or "amqp"
 	Scenario string  `json:"scenario"` // "throughput" or "one key failing"
 	Consumer string  `json:"consumer"`
 	DelayMS  float64 `json:"delay_ms"`
@@ -183,6 +204,9 @@ type Report struct {
 	Keys           int
 	KeyParallelism int
 	MaxConns       int
+	// Kind is the broker measured; Notes say what was not run and why.
+	Kind  string
+	Notes []string
 }
 
 // Run runs every scenario and returns the figures.
@@ -191,9 +215,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	rep := &Report{Partitions: cfg.Partitions, Keys: cfg.Keys, KeyParallelism: cfg.KeyParallelism, MaxConns: cfg.DB.Stats().MaxOpenConnections}
+	rep := &Report{Partitions: cfg.Partitions, Keys: cfg.Keys, KeyParallelism: cfg.KeyParallelism, MaxConns: cfg.DB.Stats().MaxOpenConnections, Kind: cfg.Kind}
 	if cfg.NoThroughput {
 		cfg.Delays = nil
+	}
+	if cfg.Kind == KindAMQP {
+		return runAMQP(ctx, cfg, rep)
 	}
 	total := 2 * len(cfg.Delays)
 	if cfg.FailFor > 0 {
@@ -223,8 +250,12 @@ func (r Report) WriteJSON(w io.Writer) error { return stats.WriteJSON(w, r.Rows)
 
 // WriteTable writes the rows and the verdicts.
 func (r Report) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "Kafka, %d partitions, %d keys; idempotency middleware; handler: SELECT pg_sleep(delay) in its transaction; keyed consumer KeyParallelism %d; %d database connections\n",
-		r.Partitions, r.Keys, r.KeyParallelism, r.MaxConns)
+	where := fmt.Sprintf("Kafka, %d partitions", r.Partitions)
+	if r.Kind == KindAMQP {
+		where = "RabbitMQ, one queue per consumer"
+	}
+	fmt.Fprintf(w, "%s, %d keys; idempotency middleware; handler: SELECT pg_sleep(delay) in its transaction; keyed consumer KeyParallelism %d; %d database connections\n",
+		where, r.Keys, r.KeyParallelism, r.MaxConns)
 	fmt.Fprintf(w, "%-16s %-33s %6s %8s %10s %8s %7s %9s %13s %8s\n", "SCENARIO", "CONSUMER", "DELAY", "MESSAGES", "MSG/S", "RATIO", "TARGET", "REORDERS", "PAST UNFIN.", "SECONDS")
 	for _, row := range r.Rows {
 		consumer := row.Consumer
@@ -252,6 +283,9 @@ func (r Report) WriteTable(w io.Writer) error {
 		if row.Reorders > 0 || row.CommitsPastUnfinished > 0 {
 			fmt.Fprintf(w, "%s %s at %.0f ms: %d reorders, %d commits past unfinished messages: MUST BE 0\n", row.Scenario, row.Consumer, row.DelayMS, row.Reorders, row.CommitsPastUnfinished)
 		}
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintln(w, n)
 	}
 	return nil
 }

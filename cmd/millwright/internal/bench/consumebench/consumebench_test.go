@@ -21,6 +21,16 @@ func TestConfigValidate(t *testing.T) {
 	require.ErrorContains(t, err, "--fail-for")
 }
 
+func TestConfigValidateKind(t *testing.T) {
+	t.Parallel()
+	c := Config{Kind: KindAMQP}
+	c.setDefaults()
+	require.ErrorContains(t, c.Validate(), "Config.AMQPURL and Config.DB are required")
+	c = Config{Kind: "nats"}
+	c.setDefaults()
+	require.ErrorContains(t, c.Validate(), `--kind "nats": want kafka or amqp`)
+}
+
 func TestMessagesScale(t *testing.T) {
 	t.Parallel()
 	c := Config{Scale: 0.5}

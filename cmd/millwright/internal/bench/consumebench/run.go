@@ -243,6 +243,7 @@ type run struct {
 	failUntil  time.Time     // the failing key fails until then
 	wrap       bool          // KeyFailureMiddleware outermost
 	timeout    time.Duration // bound on the whole run
+	limit      int           // the run ends after this many messages (0: all of the topic's)
 }
 
 func (b *bench) step() {
@@ -280,7 +281,7 @@ func (b *bench) consume(ctx context.Context, tp *topic, r run) (Row, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	row := Row{Bench: "consume", Consumer: r.consumer, DelayMS: float64(r.delay) / float64(time.Millisecond), Messages: tp.n,
+	row := Row{Bench: "consume", Kind: KindKafka, Consumer: r.consumer, DelayMS: float64(r.delay) / float64(time.Millisecond), Messages: tp.n,
 		Failing: r.failingKey != "", Reorders: t.reorders, CommitsPastUnfinished: past, CommitSamples: samples,
 		Seconds: time.Since(start).Seconds()}
 	row.Rate = steadyRate(t.times)
@@ -322,7 +323,11 @@ func (b *bench) router(tr *transport.Transport, tp *topic, group string, r run) 
 	if err != nil {
 		return nil, nil, err
 	}
-	t := newTally(tp.n)
+	n := tp.n
+	if r.limit > 0 {
+		n = min(n, r.limit)
+	}
+	t := newTally(n)
 	// Outermost: a message is acked (the consumer may commit past it) when
 	// the whole chain returned nil: its handler ran or, with park, it was
 	// parked durably.

@@ -1,0 +1,564 @@
+package amqp_test
+
+// The key-parallel consumer (Config.KeyParallelism) on the real RabbitMQ:
+// keys in parallel, one key in order under random handler durations and
+// nacks, no ack before the handler finished (a consumer SIGKILLed with
+// handlers running: RabbitMQ redelivers exactly its unfinished work, each
+// key in order), and a connection cut mid-stream.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/amqp"
+	"github.com/millwright/millwright/transport/transporttest"
+)
+
+// ref names one published message: its key and its place among the key's.
+type ref struct {
+	key string
+	seq int
+}
+
+func (r ref) String() string { return r.key + ":" + strconv.Itoa(r.seq) }
+
+func parseRef(s string) (ref, bool) {
+	k, seq, ok := strings.Cut(s, ":")
+	n, err := strconv.Atoi(seq)
+	return ref{k, n}, ok && err == nil
+}
+
+// keyedTopic declares group's queue on a fresh topic and publishes keys ×
+// perKey messages (payload "key:seq", the key as metadata.OrderingKey),
+// each key's in order.
+func keyedTopic(t *testing.T, group string, keys, perKey int) string {
+	t.Helper()
+	topic := freshTopic(t, group)
+	tr, err := amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL(), DeclareGroups: []string{group}}, nil)
+	require.NoError(t, err)
+	defer tr.Close()
+	var msgs []*message.Message
+	for s := 0; s < perKey; s++ {
+		for k := 0; k < keys; k++ {
+			msgs = append(msgs, keyedMessage(ref{fmt.Sprint("k", k), s}))
+		}
+	}
+	for i := 0; i < len(msgs); i += 500 {
+		require.NoError(t, tr.Publisher().(transport.BatchPublisher).PublishBatch(topic, msgs[i:min(i+500, len(msgs))]...))
+	}
+	return topic
+}
+
+func keyedMessage(r ref) *message.Message {
+	m := message.NewMessage(watermill.NewUUID(), []byte(r.String()))
+	m.Metadata.Set(metadata.OrderingKey, r.key)
+	return m
+}
+
+// ledger is what a deduplicating consumer sees: each message's first
+// application must come after its key's previous message finished, and
+// no two messages of a key may run at once anywhere.
+type ledger struct {
+	mu         sync.Mutex
+	done       map[ref]bool
+	active     map[string]bool
+	reorders   []string
+	duplicates int
+	nowActive  int
+	maxActive  int
+	started    map[ref]int
+}
+
+func newLedger() *ledger {
+	return &ledger{done: map[ref]bool{}, active: map[string]bool{}, started: map[ref]int{}}
+}
+
+func (l *ledger) start(r ref) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.active[r.key] {
+		l.reorders = append(l.reorders, fmt.Sprintf("%s started while another message of its key runs", r))
+	}
+	if r.seq > 0 && !l.done[ref{r.key, r.seq - 1}] {
+		l.reorders = append(l.reorders, fmt.Sprintf("%s started before %s:%d finished", r, r.key, r.seq-1))
+	}
+	if l.done[r] {
+		l.duplicates++
+	}
+	l.started[r]++
+	l.active[r.key] = true
+	l.nowActive++
+	l.maxActive = max(l.maxActive, l.nowActive)
+}
+
+// end ends a run; finished says whether it succeeded (a nack does not).
+func (l *ledger) end(r ref, finished bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.active[r.key] = false
+	l.nowActive--
+	if finished {
+		l.done[r] = true
+	}
+}
+
+func (l *ledger) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.done)
+}
+
+// waitCount waits until n messages are done, or fails after d.
+func (l *ledger) waitCount(t *testing.T, n int, d time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool { return l.count() >= n }, d, 10*time.Millisecond, "messages finished")
+}
+
+// keyedTransport opens a transport with the key-parallel consumer.
+func keyedTransport(t *testing.T, url string, parallelism int) *amqp.Transport {
+	t.Helper()
+	tr, err := amqp.Open(context.Background(), amqp.Config{URL: url, KeyParallelism: parallelism, KeyDrainTimeout: 5 * time.Second}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	return tr
+}
+
+// runRouter consumes topic in group through a Watermill Router running
+// handler, and returns the router's close function.
+func runRouter(t *testing.T, tr *amqp.Transport, topic, group string, handler message.NoPublishHandlerFunc) func() {
+	t.Helper()
+	sub, err := tr.Subscriber(group)
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddNoPublisherHandler("keyed", topic, sub, handler)
+	go func() { _ = r.Run(context.Background()) }()
+	select {
+	case <-r.Running():
+	case <-time.After(30 * time.Second):
+		t.Fatal("router did not start")
+	}
+	var once sync.Once
+	stop := func() { once.Do(func() { _ = r.Close() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestKeyedKeysRunInParallel: the first messages of two keys are in their
+// handlers at the same time (each waits for the other to start), and a
+// key's second message does not start while its first runs. With
+// KeyParallelism 1 (or watermill-amqp's subscriber) the two never meet.
+func TestKeyedKeysRunInParallel(t *testing.T) {
+	t.Parallel()
+	const group = "par"
+	topic := keyedTopic(t, group, 2, 2)
+	tr := keyedTransport(t, transporttest.AMQPURL(), 2)
+	first := map[string]chan struct{}{"k0": make(chan struct{}), "k1": make(chan struct{})}
+	l := newLedger()
+	runRouter(t, tr, topic, group, func(m *message.Message) error {
+		r, _ := parseRef(string(m.Payload))
+		l.start(r)
+		defer l.end(r, true)
+		if r.seq == 0 {
+			close(first[r.key])
+			other := first["k1"]
+			if r.key == "k1" {
+				other = first["k0"]
+			}
+			select {
+			case <-other:
+			case <-time.After(20 * time.Second):
+				return fmt.Errorf("%s: the other key's first message never ran beside it", r)
+			}
+		}
+		return nil
+	})
+	l.waitCount(t, 4, 40*time.Second)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	require.Empty(t, l.reorders)
+	require.Equal(t, 2, l.maxActive, "two keys at once")
+	for r, n := range l.started {
+		require.Equal(t, 1, n, "%s ran once: neither first message timed out waiting for the other", r)
+	}
+}
+
+// TestKeyedOrderUnderNacks runs 40 keys × 25 messages through the Router
+// with random handler durations and a nack on the first attempt of one
+// message in ten: every key's messages start only after their
+// predecessor finished, never two of a key at once, at most
+// KeyParallelism at once, and all finish; a nacked message is run again
+// in its key's place (the checks above would catch it falling behind).
+func TestKeyedOrderUnderNacks(t *testing.T) {
+	t.Parallel()
+	const group, keys, perKey, parallelism = "order", 40, 25, 8
+	topic := keyedTopic(t, group, keys, perKey)
+	tr := keyedTransport(t, transporttest.AMQPURL(), parallelism)
+	l := newLedger()
+	var nacks atomic.Int64
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	rnd := rand.New(rand.NewPCG(seed, 1))
+	var rmu sync.Mutex
+	runRouter(t, tr, topic, group, func(m *message.Message) error {
+		r, _ := parseRef(string(m.Payload))
+		l.start(r)
+		rmu.Lock()
+		d := time.Duration(rnd.IntN(3000)) * time.Microsecond
+		fail := rnd.IntN(10) == 0
+		rmu.Unlock()
+		time.Sleep(d) // the handler's simulated work, not synchronisation
+		l.mu.Lock()
+		fail = fail && l.started[r] == 1
+		l.mu.Unlock()
+		l.end(r, !fail)
+		if fail {
+			nacks.Add(1)
+			return fmt.Errorf("transient failure of %s", r)
+		}
+		return nil
+	})
+	l.waitCount(t, keys*perKey, 2*time.Minute)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t.Logf("nacks %d, most at once %d, duplicates %d", nacks.Load(), l.maxActive, l.duplicates)
+	require.Positive(t, nacks.Load(), "some messages were nacked")
+	require.Empty(t, l.reorders)
+	require.LessOrEqual(t, l.maxActive, parallelism)
+	require.Greater(t, l.maxActive, 1, "keys ran in parallel")
+}
+
+// envKeyedChild makes this test binary the consumer process that
+// TestKeyedConsumerKilled kills: its JSON keyedChild.
+const envKeyedChild = "MILLWRIGHT_TEST_AMQP_KEYED_CHILD"
+
+type keyedChild struct {
+	URL, Topic, Group string
+	Parallelism       int
+	// Block lists "key:seq" messages whose handler never returns.
+	Block []string
+}
+
+// TestKeyedChildProcess is the consumer process of TestKeyedConsumerKilled;
+// it does nothing in a normal run. It prints "done key:seq" as each
+// handler finishes, before its ack.
+func TestKeyedChildProcess(t *testing.T) {
+	spec := os.Getenv(envKeyedChild)
+	if spec == "" {
+		t.Skip("only as TestKeyedConsumerKilled's child process")
+	}
+	var c keyedChild
+	require.NoError(t, json.Unmarshal([]byte(spec), &c))
+	block := map[string]bool{}
+	for _, b := range c.Block {
+		block[b] = true
+	}
+	tr, err := amqp.Open(context.Background(), amqp.Config{URL: c.URL, KeyParallelism: c.Parallelism}, nil)
+	require.NoError(t, err)
+	sub, err := tr.Subscriber(c.Group)
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), c.Topic)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	out := bufio.NewWriter(os.Stdout)
+	for m := range msgs {
+		go func(m *message.Message) { // as Watermill's Router does
+			if block[string(m.Payload)] {
+				select {} // never finishes: killed with it
+			}
+			time.Sleep(time.Millisecond) // the handler's simulated work
+			mu.Lock()
+			fmt.Fprintf(out, "done %s\n", m.Payload)
+			_ = out.Flush()
+			mu.Unlock()
+			m.Ack()
+		}(m)
+	}
+}
+
+// TestKeyedConsumerKilled SIGKILLs a key-parallel consumer while three of
+// its handlers hang and its other keys have run ahead: RabbitMQ must give
+// a successor every message the child did not finish (the hanging ones
+// included: nothing was acked before its handler finished), at most a
+// few it did finish (acks in flight at the kill), and the successor, as a
+// deduplicating consumer, applies every key in order.
+func TestKeyedConsumerKilled(t *testing.T) {
+	t.Parallel()
+	const group, keys, perKey, parallelism = "kill", 30, 20, 8
+	topic := keyedTopic(t, group, keys, perKey)
+	block := []string{"k1:2", "k7:3", "k12:1"}
+	cmd, lines, stderr := startKeyedChild(t, keyedChild{URL: transporttest.AMQPURL(), Topic: topic, Group: group, Parallelism: parallelism, Block: block})
+	childDone := map[ref]bool{}
+	want := (keys - len(block)) * perKey / 2
+	timeout := time.After(2 * time.Minute)
+	for len(childDone) < want {
+		select {
+		case r := <-lines:
+			childDone[r] = true
+		case <-timeout:
+			t.Fatalf("the child finished %d of %d messages; stderr:\n%s", len(childDone), want, stderr.String())
+		}
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	for r := range lines { // until its stdout ends: everything it finished
+		childDone[r] = true
+	}
+	_ = cmd.Wait()
+	for _, b := range block {
+		r, _ := parseRef(b)
+		require.False(t, childDone[r], "blocked %s finished", r)
+		require.True(t, childDone[ref{r.key, r.seq - 1}], "the fault: %s's predecessor finished before the kill", r)
+	}
+	t.Logf("killed after %d finished messages", len(childDone))
+
+	l := newLedger()
+	for r := range childDone {
+		l.done[r] = true
+	}
+	tr := keyedTransport(t, transporttest.AMQPURL(), parallelism)
+	var redelivered sync.Map
+	runRouter(t, tr, topic, group, func(m *message.Message) error {
+		r, _ := parseRef(string(m.Payload))
+		redelivered.Store(r, true)
+		l.start(r)
+		l.end(r, true)
+		return nil
+	})
+	l.waitCount(t, keys*perKey, 2*time.Minute)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k := 0; k < keys; k++ {
+		for s := 0; s < perKey; s++ {
+			r := ref{fmt.Sprint("k", k), s}
+			if _, ok := redelivered.Load(r); !childDone[r] && !ok {
+				t.Errorf("%s, unfinished by the child, never reached the successor", r)
+			}
+		}
+	}
+	t.Logf("reorders %d, redelivered though finished %d", len(l.reorders), l.duplicates)
+	require.Empty(t, l.reorders)
+	require.LessOrEqual(t, l.duplicates, 2*parallelism, "only unfinished work (and acks in flight at the kill) is redelivered")
+}
+
+// startKeyedChild starts this test binary as TestKeyedChildProcess; lines
+// gets each message it finished, and closes when its stdout ends.
+func startKeyedChild(t *testing.T, spec keyedChild) (*exec.Cmd, <-chan ref, *strings.Builder) {
+	t.Helper()
+	js, err := json.Marshal(spec)
+	require.NoError(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyedChildProcess$", "-test.v")
+	cmd.Env = append(os.Environ(), envKeyedChild+"="+string(js))
+	stderr := &strings.Builder{}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan ref, 10000)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if s, ok := strings.CutPrefix(sc.Text(), "done "); ok {
+				if r, ok := parseRef(s); ok {
+					lines <- r
+				}
+			}
+		}
+	}()
+	return cmd, lines, stderr
+}
+
+// TestKeyedConnectionCut cuts the consumer's connection (a faultproxy
+// between it and RabbitMQ) while one handler hangs: the subscriber
+// reconnects, the other keys go on, the hanging message's key waits for
+// its handler (its redelivered messages do not run beside it), and once
+// it returns every message is finished, each key in order for a
+// deduplicating consumer.
+func TestKeyedConnectionCut(t *testing.T) {
+	t.Parallel()
+	const group, keys, perKey = "cut", 10, 20
+	topic := keyedTopic(t, group, keys, perKey)
+	proxy, through := proxied(t)
+	tr := keyedTransport(t, through, 4)
+	hang, release := ref{"k3", 2}, make(chan struct{})
+	hanging := make(chan struct{})
+	l := newLedger()
+	runRouter(t, tr, topic, group, func(m *message.Message) error {
+		r, _ := parseRef(string(m.Payload))
+		l.start(r)
+		if r == hang {
+			select {
+			case <-hanging:
+			default:
+				close(hanging)
+				<-release
+			}
+		}
+		time.Sleep(time.Millisecond) // the handler's simulated work
+		l.end(r, true)
+		return nil
+	})
+	select {
+	case <-hanging:
+	case <-time.After(time.Minute):
+		t.Fatal("the hanging message never ran")
+	}
+	before := l.count()
+	proxy.Cut()
+	require.Positive(t, proxy.CutConns(), "the cut closed the consumer's connection")
+	// Messages published after the cut arrive: the subscriber reconnected.
+	pubTr, err := amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL()}, nil)
+	require.NoError(t, err)
+	defer pubTr.Close()
+	for s := 0; s < 5; s++ {
+		require.NoError(t, pubTr.Publisher().Publish(topic, keyedMessage(ref{"after", s})))
+	}
+	require.Eventually(t, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.done[ref{"after", 4}]
+	}, time.Minute, 10*time.Millisecond, "a message published after the cut is handled")
+	l.mu.Lock()
+	require.False(t, l.done[hang], "still hanging")
+	for s := hang.seq + 1; s < perKey; s++ {
+		require.Zero(t, l.started[ref{hang.key, s}], "%s:%d started while its predecessor hangs", hang.key, s)
+	}
+	l.mu.Unlock()
+	close(release)
+	l.waitCount(t, keys*perKey+5, time.Minute)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t.Logf("finished %d before the cut; reorders %d, duplicates %d", before, len(l.reorders), l.duplicates)
+	require.Empty(t, l.reorders)
+	require.Positive(t, l.started[hang], "the hanging message ran")
+	require.Positive(t, l.duplicates, "the cut lost the hanging message's ack: RabbitMQ redelivered it")
+}
+
+// TestKeyedCloseDrains closes the subscriber while two handlers run:
+// Close waits for the one that finishes within KeyDrainTimeout and acks
+// it; the one that does not has its message's context cancelled and is
+// redelivered to the next consumer, and Close returns within the bound.
+func TestKeyedCloseDrains(t *testing.T) {
+	t.Parallel()
+	const group = "drain"
+	topic := keyedTopic(t, group, 2, 1) // k0:0, k1:0
+	tr, err := amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL(), KeyParallelism: 2, KeyDrainTimeout: 2 * time.Second}, nil)
+	require.NoError(t, err)
+	sub, err := tr.Subscriber(group)
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	out := map[string]*message.Message{}
+	for len(out) < 2 {
+		select {
+		case m := <-msgs:
+			out[string(m.Payload)] = m
+		case <-time.After(30 * time.Second):
+			t.Fatal("both messages out")
+		}
+	}
+	closed := make(chan error, 1)
+	start := time.Now()
+	go func() { closed <- tr.Close() }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a handler ran", err)
+	case <-out["k1:0"].Context().Done():
+		t.Fatal("a running message's context was cancelled before the drain bound")
+	default:
+	}
+	require.True(t, out["k0:0"].Ack())
+	select {
+	case <-out["k1:0"].Context().Done(): // the bound passed: cancelled
+	case <-time.After(30 * time.Second):
+		t.Fatal("the unfinished message's context was never cancelled")
+	}
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return after the drain bound")
+	}
+	require.GreaterOrEqual(t, time.Since(start), 2*time.Second, "Close waited for the drain bound")
+	_, ok := <-msgs
+	require.False(t, ok, "the output channel is closed")
+
+	// The next consumer gets only the unfinished message.
+	next := keyedTransport(t, transporttest.AMQPURL(), 2)
+	sub2, err := next.Subscriber(group)
+	require.NoError(t, err)
+	msgs2, err := sub2.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	select {
+	case m := <-msgs2:
+		require.Equal(t, "k1:0", string(m.Payload))
+		m.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("the unfinished message was not redelivered")
+	}
+	// A marker published now comes next: k0:0, acked at drain, does not.
+	require.NoError(t, next.Publisher().Publish(topic, keyedMessage(ref{"marker", 0})))
+	select {
+	case m := <-msgs2:
+		require.Equal(t, "marker:0", string(m.Payload), "k0:0 was acked by the drain")
+		m.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("the marker never arrived")
+	}
+}
+
+// TestKeyedCloseWithSilentBroker: with RabbitMQ's replies held back (a
+// faultproxy's Hold: the broker gets the client's requests, the client
+// none of the answers), Close still returns, each wait bounded by
+// ConnectTimeout.
+func TestKeyedCloseWithSilentBroker(t *testing.T) {
+	t.Parallel()
+	const group = "silent"
+	topic := keyedTopic(t, group, 1, 1)
+	proxy, through := proxied(t)
+	tr, err := amqp.Open(context.Background(), amqp.Config{URL: through, KeyParallelism: 2, ConnectTimeout: time.Second}, nil)
+	require.NoError(t, err)
+	sub, err := tr.Subscriber(group)
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	select {
+	case m := <-msgs:
+		m.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("no message")
+	}
+	proxy.Hold()
+	defer proxy.Release()
+	closed := make(chan error, 1)
+	start := time.Now()
+	go func() { closed <- sub.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return with the broker silent")
+	}
+	t.Logf("Close returned after %s", time.Since(start).Round(time.Millisecond))
+	require.Positive(t, proxy.HeldReads(), "the broker's replies were held back")
+	_ = tr.Close()
+}
