@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/outboxbench"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
@@ -331,7 +332,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	}
 	defer admin.Close()
 	flagURL, _ := f.GetString("database-url")
-	_, schemaURL, drop, err := scratchSchema(ctx, admin, databaseURL(flagURL), "mw_bench")
+	_, schemaURL, drop, err := benchdb.Scratch(ctx, admin, databaseURL(flagURL), "mw_bench")
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/sagabench"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
@@ -332,7 +333,7 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	}
 	cfg.Progress = cmd.ErrOrStderr()
 	cfg.Scratch = func(ctx context.Context, prefix string) (string, string, func(), error) {
-		return scratchSchema(ctx, admin, base, prefix)
+		return benchdb.Scratch(ctx, admin, base, prefix)
 	}
 	cfg.OpenBroker = func(kind transport.Kind) (sagabench.Broker, error) {
 		br, err := brokers.open(kind)

@@ -30,6 +30,7 @@ import (
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/idempotency"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/roundtrips"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
@@ -919,61 +920,35 @@ const partyConns = 32
 
 // openParties opens the parties' pool on rawURL with driver.
 func openParties(ctx context.Context, driver, rawURL string, def *saga.Definition[benchOrder], scfg saga.Config) (*parties, error) {
-	if driver == DriverPgx {
-		pcfg, err := pgconn.PgxConfig(rawURL)
-		if err != nil {
-			return nil, err
-		}
-		pcfg.MaxConns = partyConns
-		p, err := pgxpool.NewWithConfig(ctx, pcfg)
-		if err != nil {
-			return nil, err
-		}
-		ps := &parties{close: p.Close}
-		if ps.orch, err = saga.NewOrchestrator(p, def, scfg); err == nil {
-			ps.store, err = idempotency.NewPostgresStore(p)
-		}
-		if err != nil {
-			p.Close()
-			return nil, err
-		}
-		ps.start = func(ctx context.Context, id string) error {
-			tx, err := p.Begin(ctx)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
-			if err := ps.orch.Start(ctx, tx, id, benchOrder{ID: id}); err != nil {
-				return err
-			}
-			return tx.Commit(ctx)
-		}
-		return ps, nil
-	}
-	db, err := pgconn.Open(rawURL)
+	p, err := benchdb.Open(ctx, driver, rawURL, partyConns)
 	if err != nil {
 		return nil, err
 	}
-	db.SetMaxOpenConns(partyConns)
-	db.SetMaxIdleConns(partyConns)
-	ps := &parties{close: func() { _ = db.Close() }}
-	if ps.orch, err = saga.NewOrchestrator(db, def, scfg); err == nil {
-		ps.store, err = idempotency.NewPostgresStore(db)
+	ps := &parties{close: p.Close}
+	ps.orch, err = benchdb.Build(p,
+		func(db *sql.DB) (*saga.Orchestrator[benchOrder], error) { return saga.NewOrchestrator(db, def, scfg) },
+		func(db *pgxpool.Pool) (*saga.Orchestrator[benchOrder], error) {
+			return saga.NewOrchestrator(db, def, scfg)
+		})
+	if err == nil {
+		ps.store, err = benchdb.Build(p,
+			func(db *sql.DB) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(db) },
+			func(db *pgxpool.Pool) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(db) })
 	}
 	if err != nil {
-		_ = db.Close()
+		p.Close()
 		return nil, err
 	}
 	ps.start = func(ctx context.Context, id string) error {
-		tx, err := db.BeginTx(ctx, nil)
+		tx, err := p.Begin(ctx)
 		if err != nil {
 			return err
 		}
-		defer tx.Rollback() //nolint:errcheck // no-op after commit
-		if err := ps.orch.Start(ctx, tx, id, benchOrder{ID: id}); err != nil {
+		defer tx.Rollback(ctx) // no-op after commit
+		if err := ps.orch.Start(ctx, tx.Executor(), id, benchOrder{ID: id}); err != nil {
 			return err
 		}
-		return tx.Commit()
+		return tx.Commit(ctx)
 	}
 	return ps, nil
 }
@@ -985,17 +960,12 @@ func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (
 		// As many connections as the relays may use on pq (database/sql
 		// has no limit there): pgxpool's default, max(4, cores), is 4
 		// here and made the relays wait for connections.
-		pcfg, err := pgconn.PgxConfig(rawURL)
-		if err != nil {
-			return nil, nil, err
-		}
-		pcfg.MaxConns = partyConns
-		p, err := pgxpool.NewWithConfig(ctx, pcfg)
+		p, err := benchdb.Open(ctx, driver, rawURL, partyConns)
 		if err != nil {
 			return nil, nil, err
 		}
 		return func(pub message.Publisher, c outbox.RelayConfig) (*outbox.Relay, error) {
-			return outbox.NewRelay(p, pub, c)
+			return outbox.NewRelay(p.Pgx, pub, c)
 		}, p.Close, nil
 	}
 	db, err := openTimedDB(rawURL, rt)
@@ -1010,6 +980,6 @@ func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (
 
 // Drivers.
 const (
-	DriverPQ  = "pq"
-	DriverPgx = "pgx"
+	DriverPQ  = benchdb.DriverPQ
+	DriverPgx = benchdb.DriverPgx
 )
