@@ -324,13 +324,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 					cancel()
 					if err != nil {
 						// The runs so far are reported with the error.
-						var done []Row
-						for _, rs := range results {
-							for _, r := range rs {
-								done = append(done, r.run)
-							}
-						}
-						return Report{Rows: done}, fmt.Errorf("bench saga %s %s on %s (round %d): %w", kind, p.mode, driver, round+1, err)
+						return Report{Rows: runsSoFar(results)}, fmt.Errorf("bench saga %s %s on %s (round %d): %w", kind, p.mode, driver, round+1, err)
 					}
 					r.Run = p.mode
 					for i := range h {
@@ -343,18 +337,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			}
 		}
 	}
-	var runs, hops []Row
-	for _, rs := range results {
-		m := medianRound(rs)
-		run := rs[m].run
-		run.Rounds = cfg.Rounds
-		for _, r := range rs {
-			run.RoundRates = append(run.RoundRates, r.run.Rate)
-			run.RoundP99s = append(run.RoundP99s, r.run.P99)
-		}
-		runs = append(runs, run)
-		hops = append(hops, rs[m].hops...)
-	}
+	runs, hops := medianRuns(results, cfg.Rounds)
 	var ceiling *Row
 	if cfg.CeilingFor > 0 {
 		fmt.Fprintf(cfg.Progress, "ceiling: single-row commits with %d writers for %s ...\n", cfg.Starters, cfg.CeilingFor)
@@ -365,6 +348,47 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		ceiling = &Row{Bench: "saga", Row: RowCeiling, Writers: cfg.Starters, CommitsPerS: c}
 		step()
 	}
+	compareRuns(runs, ceiling)
+	rep := Report{Rows: append(runs, hops...)}
+	if ceiling != nil {
+		rep.Rows = append(rep.Rows, *ceiling)
+	}
+	return rep, nil
+}
+
+// runsSoFar is every round's run row in results.
+func runsSoFar(results [][]roundResult) []Row {
+	var done []Row
+	for _, rs := range results {
+		for _, r := range rs {
+			done = append(done, r.run)
+		}
+	}
+	return done
+}
+
+// medianRuns is each run's median round (its row, with every round's
+// rate and p99, and that round's hops).
+func medianRuns(results [][]roundResult, rounds int) (runs, hops []Row) {
+	for _, rs := range results {
+		m := medianRound(rs)
+		run := rs[m].run
+		run.Rounds = rounds
+		for _, r := range rs {
+			run.RoundRates = append(run.RoundRates, r.run.Rate)
+			run.RoundP99s = append(run.RoundP99s, r.run.P99)
+		}
+		runs = append(runs, run)
+		hops = append(hops, rs[m].hops...)
+	}
+	return runs, hops
+}
+
+// compareRuns sets each run's same-run ratios: against the same kind and
+// run on pq (VsPQ), against gochannel on the same driver (VsGoChannel),
+// and the throughput's share of the database's ceiling (OfCeiling, when
+// measured).
+func compareRuns(runs []Row, ceiling *Row) {
 	base, pq := map[string]Row{}, map[string]Row{}
 	for _, r := range runs {
 		if r.Kind == string(transport.GoChannel) {
@@ -393,11 +417,6 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			runs[i].OfCeiling = r.Rate / (ceiling.CommitsPerS / r.TxPerSaga)
 		}
 	}
-	rep := Report{Rows: append(runs, hops...)}
-	if ceiling != nil {
-		rep.Rows = append(rep.Rows, *ceiling)
-	}
-	return rep, nil
 }
 
 // roundResult is one round of one run: its row and its hops.
