@@ -109,6 +109,12 @@
 //     concurrent use by handlers of different keys (a key-parallel
 //     consumer). A parked key costs its partition nothing; every message
 //     costs one statement (the parked check) on the database.
+//   - A handler name belongs to one handler of a Parker: a second handler
+//     wrapped under a taken name (or park's middleware added to the
+//     router, which wraps every handler) is refused, not silently given
+//     the first's parked keys: its messages are nacked with
+//     ErrDuplicateHandler, which names the handler and the fix, and Run
+//     returns it.
 //   - Rounds run outside the Router: message.HandlerNameFromCtx and
 //     SubscribeTopicFromCtx are empty there; Retried(ctx) reports a round.
 //     Messages a round's handler returns go to Config.Publish (without it

@@ -37,9 +37,19 @@ import (
 //     parks the message as the key's held head) and acks; an interrupted
 //     retry (shutdown) nacks;
 //   - nacks, for redelivery, when the database does not answer.
+//
+// A name belongs to one handler: wrapping a second handler under a name
+// the Parker already has (two Middleware calls with one name, or one
+// Middleware added to the router, which applies it to every handler) is
+// refused, loudly: the error is logged, every message of the second
+// handler is nacked with it (ErrDuplicateHandler, naming the handler and
+// the fix) without running, and Run returns it.
 func (p *Parker) Middleware(handler string) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
-		p.register(handler, h)
+		if err := p.register(handler, h); err != nil {
+			p.cfg.Logger.Error("Handler not registered with the parker: its messages are nacked", err, watermill.LogFields{"handler": handler})
+			return func(*message.Message) ([]*message.Message, error) { return nil, err }
+		}
 		return func(msg *message.Message) ([]*message.Message, error) {
 			return p.handle(handler, h, msg)
 		}

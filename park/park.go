@@ -178,8 +178,9 @@ type Parker struct {
 	pool storage.Pool
 	cfg  Config
 
-	mu       sync.Mutex
-	handlers map[string]message.HandlerFunc
+	mu        sync.Mutex
+	handlers  map[string]message.HandlerFunc
+	conflicts error // every refused second registration of a name
 
 	wake    chan struct{}
 	running chan struct{}
@@ -267,11 +268,34 @@ func (p *Parker) countRetry(handler, outcome string) {
 	}
 }
 
-// register records h as the handler named name, for the retrier.
-func (p *Parker) register(name string, h message.HandlerFunc) {
+// ErrDuplicateHandler is returned (wrapped, naming the handler) for every
+// message of a handler whose name another handler of the same Parker
+// already has, and by Run when such a handler was wrapped before it
+// started.
+var ErrDuplicateHandler = errors.New("park: handler name already taken")
+
+// register records h as the handler named name, for the retrier. A name
+// is taken once: a second handler under it would share the first's
+// parked keys in the database, and the retrier would run every parked
+// message of both with whichever handler was registered last.
+func (p *Parker) register(name string, h message.HandlerFunc) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if _, taken := p.handlers[name]; taken {
+		err := fmt.Errorf("%w: two handlers of one Parker are named %q (Middleware(%q) wrapped a second handler, or park's middleware was added to the router instead of to one handler): give each handler its own name with h.AddMiddleware(parker.Middleware(NAME)), the same in every instance; the first handler keeps the name, the second's messages are nacked",
+			ErrDuplicateHandler, name, name)
+		p.conflicts = errors.Join(p.conflicts, err)
+		return err
+	}
 	p.handlers[name] = h
+	return nil
+}
+
+// conflict returns the refused registrations so far, or nil.
+func (p *Parker) conflict() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conflicts
 }
 
 func (p *Parker) handler(name string) message.HandlerFunc {

@@ -233,3 +233,36 @@ func TestReleaseRacesArrival(t *testing.T) {
 		t.Logf("%d arrivals parked behind, %d ran after the release", parkedBehind, ranDirect)
 	})
 }
+
+// Two handlers wrapped under one name on one Parker: the second is
+// refused (its messages nacked with an error naming the handler and the
+// fix, its handler never run), the first keeps the name and its parked
+// keys, and Run says why it does not start. Before, the second silently
+// took the name and the retrier ran the first's parked messages with it.
+func TestSecondHandlerWithTakenNameIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgtest.DriverPQ)
+	first, second := newApp(), newApp()
+	p := b.parker(t, park.Config{})
+	h1 := chain(t, p, "billing", first.handle)
+	h2 := chain(t, p, "billing", second.handle)
+
+	first.fail("a1")
+	deliver(t, h1, msg("a1", "a"))
+	require.Len(t, b.keys(t), 1, "a1 parked under billing")
+
+	_, err := h2(msg("c1", "c"))
+	require.ErrorIs(t, err, park.ErrDuplicateHandler, "the second handler's message is nacked")
+	require.ErrorContains(t, err, `two handlers of one Parker are named "billing"`)
+	require.ErrorContains(t, err, "give each handler its own name")
+	require.Zero(t, second.callsOf("c1"), "the refused handler never runs")
+
+	first.heal("a1")
+	b.drain(t, p, nil)
+	require.Equal(t, []string{"a1"}, first.appliedList(), "the first handler keeps its parked keys")
+	require.Empty(t, second.appliedList())
+
+	err = p.Run(context.Background())
+	require.ErrorIs(t, err, park.ErrDuplicateHandler)
+	require.ErrorContains(t, err, `"billing"`)
+}

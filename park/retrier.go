@@ -42,6 +42,10 @@ func (p *Parker) Run(ctx context.Context) error {
 	if !started {
 		return errors.New("park: Run called twice on one Parker (or after Close); create one Parker per retrier")
 	}
+	if err := p.conflict(); err != nil {
+		close(p.done)
+		return fmt.Errorf("park: Run: %w", err)
+	}
 	defer close(p.done)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -25,9 +25,9 @@
 # MILLWRIGHT_SERVICES_DIR/connect-<hash of the poms and the transform>.
 set -uo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-state="${MILLWRIGHT_SERVICES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/millwright/services}"
-mkdir -p "$state/started"
+# $here, $state and the helpers shared with services.sh.
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 CONNECT_PORT=8083
 CONNECT_BROKERS="${MILLWRIGHT_CONNECT_BROKERS:-127.0.0.1:9092}"
@@ -36,53 +36,39 @@ CONNECT_BROKERS="${MILLWRIGHT_CONNECT_BROKERS:-127.0.0.1:9092}"
 # and the race-enabled tests on 2 cores / 24 GiB.
 CONNECT_HEAP="${MILLWRIGHT_CONNECT_HEAP:--Xms256m -Xmx768m}"
 
-say() { printf '%-10s %s\n' "$1" "$2" >&2; }
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_for() {
-	local deadline=$((SECONDS + $1)); shift
-	until "$@"; do
-		[ "$SECONDS" -ge "$deadline" ] && return 1
-		sleep 0.5
-	done
-}
-
 connect_key() {
-	cat "$here/connect/pom.xml" "$here/connect/debezium/pom.xml" "$here/connect/smt/pom.xml" \
-		"$here"/connect/smt/src/main/java/io/github/millwright/connect/*.java | sha256sum | cut -c1-12
+	content_key "$here/connect/pom.xml" "$here/connect/debezium/pom.xml" "$here/connect/smt/pom.xml" \
+		"$here"/connect/smt/src/main/java/io/github/millwright/connect/*.java
 }
 connect_home() { echo "$state/connect-$(connect_key)"; }
-connect_pid() { local p; p="$(cat "$state/connect.pid" 2>/dev/null)" && kill -0 "$p" 2>/dev/null && echo "$p"; }
+connect_pid() { pid_from "$state/connect.pid"; }
 connect_url() { echo "http://127.0.0.1:$CONNECT_PORT"; }
 # Ready once the REST API answers and the Debezium plugin is loaded.
 connect_ready() {
 	curl -fsS -m 5 "$(connect_url)/connector-plugins" 2>/dev/null | grep -q 'io.debezium.connector.postgresql.PostgresConnector'
 }
 
-connect_fetch() {
-	local home; home="$(connect_home)"
-	[ -f "$home/.complete" ] && return 0
-	if ! command -v mvn >/dev/null || ! command -v java >/dev/null; then
-		echo "java and mvn are needed to fetch Kafka Connect and Debezium"; return 1
-	fi
-	rm -rf "$home"
+# connect_fill HOME LOG: the worker's jars, Debezium's plugin and the
+# ExpandHeaders transform into HOME (emptied by `cached`).
+connect_fill() {
+	local home="$1" log="$2"
 	mkdir -p "$home/libs" "$home/plugins/debezium-postgres" "$home/smt"
-	local log="$state/connect-fetch.log"
-	: >"$log"
-	if ! mvn -B -q -f "$here/connect/pom.xml" dependency:copy-dependencies \
-		-DincludeScope=runtime -DoutputDirectory="$home/libs" >>"$log" 2>&1; then
-		echo "mvn: fetching connect-runtime failed (see $log)"; return 1
-	fi
-	if ! mvn -B -q -f "$here/connect/debezium/pom.xml" dependency:copy-dependencies \
-		-DincludeScope=runtime -DoutputDirectory="$home/plugins/debezium-postgres" >>"$log" 2>&1; then
-		echo "mvn: fetching debezium-connector-postgres failed (see $log)"; return 1
-	fi
+	mvn_copy "$here/connect/pom.xml" "$home/libs" "$log" connect-runtime || return 1
+	mvn_copy "$here/connect/debezium/pom.xml" "$home/plugins/debezium-postgres" "$log" debezium-connector-postgres || return 1
 	# Built in the cache, not in the source tree.
 	cp -r "$here/connect/smt/pom.xml" "$here/connect/smt/src" "$home/smt/"
 	if ! mvn -B -q -f "$home/smt/pom.xml" package >>"$log" 2>&1; then
 		echo "mvn: building scripts/connect/smt (ExpandHeaders) failed (see $log)"; return 1
 	fi
 	cp "$home"/smt/target/millwright-connect-transforms-*.jar "$home/plugins/debezium-postgres/"
-	touch "$home/.complete"
+}
+
+connect_fetch() {
+	local home; home="$(connect_home)"
+	[ -f "$home/.complete" ] && return 0
+	need_tools "fetch Kafka Connect and Debezium" java mvn || return 1
+	: >"$state/connect-fetch.log"
+	cached "$home/.complete" "$home" connect_fill "$home" "$state/connect-fetch.log"
 }
 
 connect_up() {
@@ -122,35 +108,20 @@ connect_up() {
 			connector.client.config.override.policy=All
 		EOF
 		: >"$state/connect.log"
-		setsid nohup java -cp "$home/libs/*" $CONNECT_HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+		# shellcheck disable=SC2086
+		start_detached "$state/connect.log" "$state/connect.pid" \
+			java -cp "$home/libs/*" $CONNECT_HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
 			-Djava.awt.headless=true -Dlog4j2.configurationFile="$here/connect/log4j2.properties" \
-			org.apache.kafka.connect.cli.ConnectDistributed "$home/worker.properties" \
-			>>"$state/connect.log" 2>&1 </dev/null 8>&- 9>&- &
-		echo $! >"$state/connect.pid"
+			org.apache.kafka.connect.cli.ConnectDistributed "$home/worker.properties"
 		touch "$state/started/connect"
 		how="started"
 	fi
-	if ! wait_for 120 connect_ready; then
-		if [ -z "$(connect_pid)" ] && port_open "$CONNECT_PORT"; then
-			say connect "unavailable: 127.0.0.1:$CONNECT_PORT is taken by something this script did not start"
-		else
-			say connect "unavailable: REST API without the Debezium plugin after 120s (see $state/connect.log)"
-		fi
-		return 1
-	fi
+	await connect 120 "$CONNECT_PORT" "$state/connect.pid" "$state/connect.log" \
+		"REST API with the Debezium plugin" connect_ready || return 1
 	say connect "$how: Kafka Connect (distributed) with Debezium on $(connect_url)"
 }
 
-connect_down() {
-	[ -f "$state/started/connect" ] || { say connect "not started by this script: left alone"; return 0; }
-	local p; p="$(connect_pid)"
-	if [ -n "$p" ]; then
-		kill "$p" 2>/dev/null
-		wait_for 30 bash -c "! kill -0 $p 2>/dev/null" || kill -9 "$p" 2>/dev/null
-	fi
-	rm -f "$state/started/connect" "$state/connect.pid"
-	say connect "stopped"
-}
+connect_down() { stop_started connect "$state/connect.pid"; }
 
 print_env() {
 	connect_ready && echo "export MILLWRIGHT_TEST_CONNECT_URL='$(connect_url)'"
@@ -159,8 +130,7 @@ print_env() {
 
 case "${1:-}" in
 up)
-	exec 8>"$state/connect.lock"
-	flock -w 300 8 || { echo "connect: another scripts/connect.sh holds $state/connect.lock" >&2; exit 1; }
+	take_lock 8 "$state/connect.lock" "connect: another scripts/connect.sh up" || exit 1
 	connect_up; rc=$?
 	print_env
 	exit "$rc"

@@ -1,9 +1,10 @@
 # shellcheck shell=bash
 # A three-broker Apache Kafka cluster (KRaft) for the failover tests,
 # beside the shared single broker on 9092 and never touching it. Sourced
-# by scripts/services.sh, which provides $here, $state, say, port_open,
-# wait_for, kafka_fetch and kafka_home (the cluster runs the same cached
-# jars as the single broker: scripts/kafka/pom.xml).
+# by scripts/services.sh, which provides kafka_fetch, kafka_home and
+# kafka_topic_properties (the cluster runs the same cached jars as the
+# single broker: scripts/kafka/pom.xml); $here, $state and the
+# start/wait/stop helpers come from scripts/lib.sh.
 #
 #   scripts/services.sh cluster up             start the three nodes (fresh logs)
 #   scripts/services.sh up --kafka-brokers 3   the shared services, then the cluster
@@ -39,6 +40,9 @@
 # in 24 GiB. CPU is what is scarce on 2 cores: each node runs 2 network
 # and 2 I/O threads (defaults 3 and 8), and no JMX.
 
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
 KCLUSTER_NODES=3
 KCLUSTER_CLIENT_BASE=19091     # node N: 19091+N
 KCLUSTER_CONTROLLER_BASE=19191 # node N: 19191+N
@@ -48,7 +52,7 @@ kc_dir() { echo "$state/kafka-cluster"; }
 kc_node() { echo "$(kc_dir)/node-$1"; }
 kc_port() { echo $((KCLUSTER_CLIENT_BASE + $1)); }
 kc_cport() { echo $((KCLUSTER_CONTROLLER_BASE + $1)); }
-kc_pid() { local p; p="$(cat "$(kc_node "$1")/pid" 2>/dev/null)" && kill -0 "$p" 2>/dev/null && echo "$p"; }
+kc_pid() { pid_from "$(kc_node "$1")/pid"; }
 kc_ready() { port_open "$(kc_port "$1")" && grep -q 'Kafka Server started' "$(kc_node "$1")/kafka.log" 2>/dev/null; }
 kc_nodes() { seq 1 "$KCLUSTER_NODES"; }
 kc_brokers() {
@@ -77,19 +81,9 @@ kc_properties() { # N
 		# a write acknowledged by acks=all is on at least two, and an
 		# out-of-sync replica never becomes leader (it would drop what the
 		# others acknowledged).
-		auto.create.topics.enable=true
-		num.partitions=6
-		default.replication.factor=3
-		min.insync.replicas=2
+		$(kafka_topic_properties 3 2 6)
 		unclean.leader.election.enable=false
-		offsets.topic.replication.factor=3
 		offsets.topic.num.partitions=6
-		transaction.state.log.replication.factor=3
-		transaction.state.log.min.isr=2
-		share.coordinator.state.topic.replication.factor=3
-		share.coordinator.state.topic.min.isr=2
-		group.initial.rebalance.delay.ms=0
-		delete.topic.enable=true
 		# A SIGKILLed node stops heartbeating; the active controller fences
 		# it, and moves its leaderships, after broker.session.timeout.ms
 		# (default 9 s). 3 s keeps the failover test's stalls short; a GC
@@ -138,26 +132,15 @@ kc_start() {
 	read -ra java <<<"$(kc_java)"
 	[ -f "$d/kafka.log" ] && mv -f "$d/kafka.log" "$d/kafka.log.1"
 	: >"$d/kafka.log"
-	# setsid: the node outlives this shell; kill-broker and down stop it by pid.
 	# shellcheck disable=SC2086
-	setsid nohup "${java[@]}" $KCLUSTER_HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-		-Djava.awt.headless=true kafka.Kafka "$d/server.properties" \
-		>>"$d/kafka.log" 2>&1 </dev/null 9>&- 8>&- &
-	echo $! >"$d/pid"
+	start_detached "$d/kafka.log" "$d/pid" \
+		"${java[@]}" $KCLUSTER_HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+		-Djava.awt.headless=true kafka.Kafka "$d/server.properties"
 }
 
 kc_wait() { # N SECONDS
 	local n="$1" d; d="$(kc_node "$1")"
-	if wait_for "$2" kc_ready "$n"; then return 0; fi
-	if port_open "$(kc_port "$n")" && [ -z "$(kc_pid "$n")" ]; then
-		say cluster "node $n: 127.0.0.1:$(kc_port "$n") is taken by something this script did not start"
-	elif [ -z "$(kc_pid "$n")" ]; then
-		say cluster "node $n exited before 'Kafka Server started' (see $d/kafka.log):"
-		tail -n 20 "$d/kafka.log" >&2
-	else
-		say cluster "node $n: no 'Kafka Server started' within $2s (see $d/kafka.log)"
-	fi
-	return 1
+	await "cluster:node $n" "$2" "$(kc_port "$n")" "$d/pid" "$d/kafka.log" "'Kafka Server started'" kc_ready "$n"
 }
 
 kc_up() {
@@ -190,9 +173,7 @@ kc_up() {
 kc_stop() { # N SIGNAL
 	local p; p="$(kc_pid "$1")"
 	[ -z "$p" ] && return 0
-	kill "-$2" "$p" 2>/dev/null
-	wait_for 30 bash -c "! kill -0 $p 2>/dev/null" || kill -9 "$p" 2>/dev/null
-	wait_for 10 bash -c "! kill -0 $p 2>/dev/null"
+	stop_pid "$p" "$2"
 }
 
 kc_down() {
@@ -220,7 +201,7 @@ kc_kill() { # N [WHAT]
 	if [ -z "$p" ]; then say cluster "node $n is not running (see $(kc_node "$n")/kafka.log)"; return 1; fi
 	local at; at="$(date +%s%3N)"
 	kill -KILL "$p"
-	if ! wait_for 10 bash -c "! kill -0 $p 2>/dev/null"; then
+	if ! wait_for 10 pid_gone "$p"; then
 		say cluster "node $n (pid $p) still runs 10s after SIGKILL"; return 1
 	fi
 	echo "killed broker $n pid $p at $at${2:+ $2}"
@@ -286,11 +267,7 @@ kc_main() {
 	case "$verb" in
 	up | down | kill-leader | kill-broker | start-broker)
 		mkdir -p "$(kc_dir)" "$state/started"
-		exec 8>"$(kc_dir)/lock"
-		if ! flock -w 300 8; then
-			echo "cluster: another scripts/services.sh cluster verb has held $(kc_dir)/lock for 5 minutes; giving up" >&2
-			return 1
-		fi
+		take_lock 8 "$(kc_dir)/lock" "cluster: another scripts/services.sh cluster verb" || return 1
 		;;
 	esac
 	case "$verb" in

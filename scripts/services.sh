@@ -37,9 +37,10 @@
 # emulator 127.0.0.1:8085.
 set -uo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-state="${MILLWRIGHT_SERVICES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/millwright/services}"
-mkdir -p "$state/started"
+# $here, $state, say, port_open, wait_for, the lock, the Maven cache and
+# the start/wait/stop helpers, shared with connect.sh and kafka-cluster.sh.
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 KAFKA_PORT=9092
 KAFKA_CONTROLLER_PORT=9093
@@ -57,16 +58,6 @@ PUBSUB_HEAP="${MILLWRIGHT_PUBSUB_HEAP:--Xms256m -Xmx2g}"
 # shellcheck source=scripts/kafka-cluster.sh
 . "$here/kafka-cluster.sh"
 
-say() { printf '%-10s %s\n' "$1" "$2" >&2; }
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# wait_for SECONDS COMMAND...: true once COMMAND succeeds, false after SECONDS.
-wait_for() {
-	local deadline=$((SECONDS + $1)); shift
-	until "$@"; do
-		[ "$SECONDS" -ge "$deadline" ] && return 1
-		sleep 0.5
-	done
-}
 apt_updated=""
 apt_install() {
 	if [ -z "$apt_updated" ]; then
@@ -242,25 +233,40 @@ rabbit_down() {
 
 # ---------------------------------------------------------------- Kafka
 
-kafka_key() { sha256sum "$here/kafka/pom.xml" | cut -c1-12; }
+kafka_key() { content_key "$here/kafka/pom.xml"; }
 kafka_home() { echo "$state/kafka-$(kafka_key)"; }
 kafka_version() { ls "$(kafka_home)/libs" 2>/dev/null | sed -n 's/^kafka_2\.13-\(.*\)\.jar$/\1/p' | head -1; }
-kafka_pid() { local p; p="$(cat "$state/kafka.pid" 2>/dev/null)" && kill -0 "$p" 2>/dev/null && echo "$p"; }
+kafka_pid() { pid_from "$state/kafka.pid"; }
 kafka_ready() { port_open "$KAFKA_PORT" && grep -q 'Kafka Server started' "$state/kafka.log" 2>/dev/null; }
 
+# kafka_fetch: the broker's jars (scripts/kafka/pom.xml), once, into
+# kafka-<key>/libs (the cluster of kafka-cluster.sh runs the same ones).
 kafka_fetch() {
 	local home; home="$(kafka_home)"
 	[ -f "$home/libs/.complete" ] && return 0
-	if ! command -v mvn >/dev/null || ! command -v java >/dev/null; then
-		echo "java and mvn are needed to fetch the broker"; return 1
-	fi
-	rm -rf "$home/libs"
-	mkdir -p "$home/libs"
-	if ! mvn -B -q -f "$here/kafka/pom.xml" dependency:copy-dependencies \
-		-DincludeScope=runtime -DoutputDirectory="$home/libs" >"$state/kafka-fetch.log" 2>&1; then
-		echo "mvn dependency:copy-dependencies failed (see $state/kafka-fetch.log)"; return 1
-	fi
-	touch "$home/libs/.complete"
+	need_tools "fetch the broker" java mvn || return 1
+	: >"$state/kafka-fetch.log"
+	cached "$home/libs/.complete" "$home/libs" \
+		mvn_copy "$here/kafka/pom.xml" "$home/libs" "$state/kafka-fetch.log" "the broker's jars (scripts/kafka/pom.xml)"
+}
+
+# kafka_topic_properties RF MIN_ISR PARTITIONS: the topic settings of the
+# single broker and of the cluster (kafka-cluster.sh), which differ only in
+# these numbers: every topic, the internal ones too, gets RF replicas and
+# MIN_ISR in sync; topics are created on first use and may be deleted.
+kafka_topic_properties() {
+	printf '%s\n' \
+		"auto.create.topics.enable=true" \
+		"num.partitions=$3" \
+		"default.replication.factor=$1" \
+		"min.insync.replicas=$2" \
+		"offsets.topic.replication.factor=$1" \
+		"transaction.state.log.replication.factor=$1" \
+		"transaction.state.log.min.isr=$2" \
+		"share.coordinator.state.topic.replication.factor=$1" \
+		"share.coordinator.state.topic.min.isr=$2" \
+		"group.initial.rebalance.delay.ms=0" \
+		"delete.topic.enable=true"
 }
 
 kafka_up() {
@@ -284,18 +290,8 @@ kafka_up() {
 			log.dirs=$home/data
 			# Publishing to a topic nobody created yet creates it (as kfake does);
 			# the transport's subscriber creates topics with its own partition count.
-			auto.create.topics.enable=true
-			num.partitions=1
-			default.replication.factor=1
-			min.insync.replicas=1
-			offsets.topic.replication.factor=1
+			$(kafka_topic_properties 1 1 1)
 			offsets.topic.num.partitions=10
-			transaction.state.log.replication.factor=1
-			transaction.state.log.min.isr=1
-			share.coordinator.state.topic.replication.factor=1
-			share.coordinator.state.topic.min.isr=1
-			group.initial.rebalance.delay.ms=0
-			delete.topic.enable=true
 			# Tests create many small topics: keep each one's files small.
 			log.segment.bytes=16777216
 			log.retention.hours=24
@@ -317,35 +313,18 @@ kafka_up() {
 			fi
 		fi
 		: >"$state/kafka.log"
-		# setsid: the broker outlives this shell and `down` can stop it by pid.
-		setsid nohup "${java[@]}" $KAFKA_HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-			-Djava.awt.headless=true kafka.Kafka "$home/server.properties" \
-			>>"$state/kafka.log" 2>&1 </dev/null 9>&- &
-		echo $! >"$state/kafka.pid"
+		# shellcheck disable=SC2086
+		start_detached "$state/kafka.log" "$state/kafka.pid" \
+			"${java[@]}" $KAFKA_HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+			-Djava.awt.headless=true kafka.Kafka "$home/server.properties"
 		touch "$state/started/kafka"
 		how="started"
 	fi
-	if ! wait_for 90 kafka_ready; then
-		if port_open "$KAFKA_PORT" && [ -z "$(kafka_pid)" ]; then
-			say kafka "unavailable: 127.0.0.1:$KAFKA_PORT is taken by something this script did not start"
-		else
-			say kafka "unavailable: no 'Kafka Server started' within 90s (see $state/kafka.log)"
-		fi
-		return 1
-	fi
+	await kafka 90 "$KAFKA_PORT" "$state/kafka.pid" "$state/kafka.log" "'Kafka Server started'" kafka_ready || return 1
 	say kafka "$how: Apache Kafka $(kafka_version) (KRaft) on 127.0.0.1:$KAFKA_PORT"
 }
 
-kafka_down() {
-	[ -f "$state/started/kafka" ] || { say kafka "not started by this script: left alone"; return 0; }
-	local p; p="$(kafka_pid)"
-	if [ -n "$p" ]; then
-		kill "$p" 2>/dev/null
-		wait_for 30 bash -c "! kill -0 $p 2>/dev/null" || kill -9 "$p" 2>/dev/null
-	fi
-	rm -f "$state/started/kafka" "$state/kafka.pid"
-	say kafka "stopped"
-}
+kafka_down() { stop_started kafka "$state/kafka.pid"; }
 
 # ---------------------------------------------------------------- Pub/Sub emulator
 
@@ -358,7 +337,7 @@ pubsub_bin() {
 	return 1
 }
 pubsub_version() { dpkg-query -W -f='${Version}' google-cloud-cli-pubsub-emulator 2>/dev/null || echo '?'; }
-pubsub_pid() { local p; p="$(cat "$state/pubsub.pid" 2>/dev/null)" && kill -0 "$p" 2>/dev/null && echo "$p"; }
+pubsub_pid() { pid_from "$state/pubsub.pid"; }
 
 pubsub_up() {
 	local bin
@@ -372,15 +351,13 @@ pubsub_up() {
 	local how="already running"
 	if ! port_open "$PUBSUB_PORT"; then
 		: >"$state/pubsub.log"
-		JAVA_OPTS="$PUBSUB_HEAP" setsid nohup "$bin" --host=127.0.0.1 --port="$PUBSUB_PORT" \
-			>>"$state/pubsub.log" 2>&1 </dev/null 9>&- &
-		echo $! >"$state/pubsub.pid"
+		start_detached "$state/pubsub.log" "$state/pubsub.pid" \
+			env JAVA_OPTS="$PUBSUB_HEAP" "$bin" --host=127.0.0.1 --port="$PUBSUB_PORT"
 		touch "$state/started/pubsub"
 		how="started"
 	fi
-	if ! wait_for 90 port_open "$PUBSUB_PORT"; then
-		say pubsub "unavailable: emulator not answering on 127.0.0.1:$PUBSUB_PORT after 90s (see $state/pubsub.log)"; return 1
-	fi
+	await pubsub 90 "$PUBSUB_PORT" "$state/pubsub.pid" "$state/pubsub.log" \
+		"emulator answer on 127.0.0.1:$PUBSUB_PORT" port_open "$PUBSUB_PORT" || return 1
 	say pubsub "$how: Google Cloud Pub/Sub emulator $(pubsub_version) on 127.0.0.1:$PUBSUB_PORT"
 }
 
@@ -424,12 +401,7 @@ fi
 
 case "${1:-}" in
 up | down | restart)
-	mkdir -p "$state"
-	exec 9>"$state/lock"
-	if ! flock -w 300 9; then
-		echo "services: another scripts/services.sh up|down|restart has held $state/lock for 5 minutes; giving up" >&2
-		exit 1
-	fi
+	take_lock 9 "$state/lock" "services: another scripts/services.sh up|down|restart" || exit 1
 	;;
 esac
 

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/consumebench"
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
@@ -119,7 +120,7 @@ func runBenchConsume(cmd *cobra.Command, _ []string) error {
 	}
 	defer admin.Close()
 	u, _ := f.GetString("database-url")
-	_, schemaURL, drop, err := scratchSchema(ctx, admin, databaseURL(u), "mw_bench_consume")
+	_, schemaURL, drop, err := benchdb.Scratch(ctx, admin, databaseURL(u), "mw_bench_consume")
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
@@ -99,7 +100,7 @@ func runBenchMemory(cmd *cobra.Command, _ []string) error {
 
 func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) (memRow, error) {
 	row := memRow{Bench: "relay-memory", Pending: n}
-	_, scratch, drop, err := scratchSchema(ctx, admin, base, "bench")
+	_, scratch, drop, err := benchdb.Scratch(ctx, admin, base, "bench")
 	if err != nil {
 		return row, err
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/benchtransport"
 	"github.com/millwright/millwright/transport"
 )
@@ -87,7 +88,7 @@ func runBenchTransport(cmd *cobra.Command, _ []string) error {
 		}
 		defer admin.Close()
 		u, _ := f.GetString("database-url")
-		_, scratch, drop, err := scratchSchema(ctx, admin, databaseURL(u), "bench")
+		_, scratch, drop, err := benchdb.Scratch(ctx, admin, databaseURL(u), "bench")
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/idempotencybench"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/pgconn"
@@ -91,7 +92,7 @@ func runBenchIdempotency(cmd *cobra.Command, _ []string) error {
 	}
 	defer admin.Close()
 	u, _ := cmd.Flags().GetString("database-url")
-	_, schemaURL, drop, err := scratchSchema(ctx, admin, databaseURL(u), "mw_bench")
+	_, schemaURL, drop, err := benchdb.Scratch(ctx, admin, databaseURL(u), "mw_bench")
 	if err != nil {
 		return err
 	}

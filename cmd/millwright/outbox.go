@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/outboxbench"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
@@ -269,8 +270,8 @@ Each drain and latency row names the broker it ran on.`,
 	return cmd
 }
 
-func runBenchOutbox(cmd *cobra.Command, _ []string) error {
-	ctx := cmd.Context()
+// benchOutboxConfig is `bench outbox`'s Config from its flags, checked.
+func benchOutboxConfig(cmd *cobra.Command) (outboxbench.Config, error) {
 	f := cmd.Flags()
 	rounds, _ := f.GetInt("rounds")
 	writes, _ := f.GetInt("writes")
@@ -279,35 +280,45 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	hot, _ := f.GetInt("hot")
 	relays, _ := f.GetIntSlice("relays")
 	published, _ := f.GetInt("published-rows")
-	kindFlag, _ := f.GetStringSlice("kinds")
 	rate, _ := f.GetInt("rate")
 	latDur, _ := f.GetDuration("latency-duration")
 	sections, _ := f.GetStringSlice("sections")
 	asJSON, _ := f.GetBool("json")
 	if rounds < 1 || writes < 1 || backlog < 1 || rate < 1 || published < 0 || aggregates < 1 {
-		return errors.New("bench outbox: --rounds, --writes, --backlog, --aggregates and --rate must be at least 1, --published-rows at least 0")
+		return outboxbench.Config{}, errors.New("bench outbox: --rounds, --writes, --backlog, --aggregates and --rate must be at least 1, --published-rows at least 0")
 	}
 	if hot < 0 || hot > 100 {
-		return fmt.Errorf("bench outbox: --hot %d: want a percent, 0..100", hot)
+		return outboxbench.Config{}, fmt.Errorf("bench outbox: --hot %d: want a percent, 0..100", hot)
 	}
 	for _, n := range relays {
 		if n < 1 || n > 64 {
-			return fmt.Errorf("bench outbox: --relays %d: want 1..64", n)
+			return outboxbench.Config{}, fmt.Errorf("bench outbox: --relays %d: want 1..64", n)
 		}
 	}
 	drivers, err := benchDrivers(cmd)
 	if err != nil {
-		return fmt.Errorf("bench outbox: %w", err)
+		return outboxbench.Config{}, fmt.Errorf("bench outbox: %w", err)
 	}
-	cfg := outboxbench.Config{Drivers: drivers, Rounds: rounds, Writes: writes, Backlog: backlog, Aggregates: aggregates, HotPercent: hot, Relays: relays,
+	return outboxbench.Config{Drivers: drivers, Rounds: rounds, Writes: writes, Backlog: backlog, Aggregates: aggregates, HotPercent: hot, Relays: relays,
 		PublishedRows: published, Rate: rate, LatencyDuration: latDur, Sections: sections, Group: sinkGroup,
-		Out: cmd.OutOrStdout(), JSON: asJSON}
+		Out: cmd.OutOrStdout(), JSON: asJSON}, nil
+}
+
+func runBenchOutbox(cmd *cobra.Command, _ []string) error {
+	ctx := cmd.Context()
+	f := cmd.Flags()
+	cfg, err := benchOutboxConfig(cmd)
+	if err != nil {
+		return err
+	}
+	asJSON := cfg.JSON
+	kindFlag, _ := f.GetStringSlice("kinds")
 	cfg.Progress = func(format string, args ...any) {
 		if !asJSON {
 			fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", args...)
 		}
 	}
-	if slices.Contains(sections, outboxbench.SectionDrain) || slices.Contains(sections, outboxbench.SectionLatency) {
+	if slices.Contains(cfg.Sections, outboxbench.SectionDrain) || slices.Contains(cfg.Sections, outboxbench.SectionLatency) {
 		kinds, err := benchKinds("outbox", kindFlag, transport.GoChannel, transport.Kafka, transport.GoogleCloud, transport.AMQP, transport.SQL)
 		if err != nil {
 			return err
@@ -331,7 +342,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	}
 	defer admin.Close()
 	flagURL, _ := f.GetString("database-url")
-	_, schemaURL, drop, err := scratchSchema(ctx, admin, databaseURL(flagURL), "mw_bench")
+	_, schemaURL, drop, err := benchdb.Scratch(ctx, admin, databaseURL(flagURL), "mw_bench")
 	if err != nil {
 		return err
 	}

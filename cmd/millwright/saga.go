@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/sagabench"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
@@ -286,8 +287,8 @@ fraction of it.`,
 	return cmd
 }
 
-func runBenchSaga(cmd *cobra.Command, _ []string) error {
-	ctx := cmd.Context()
+// benchSagaConfig is `bench saga`'s Config from its figure flags, checked.
+func benchSagaConfig(cmd *cobra.Command) (sagabench.Config, error) {
 	var cfg sagabench.Config
 	f := cmd.Flags()
 	cfg.Sagas, _ = f.GetInt("sagas")
@@ -302,12 +303,21 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	cfg.Rounds, _ = f.GetInt("rounds")
 	cfg.RelayPublishConcurrency, _ = f.GetInt("relay-publish-concurrency")
 	cfg.CeilingFor, _ = f.GetDuration("ceiling")
+	if cfg.Sagas < 1 || cfg.Starters < 1 || cfg.LatencySagas < 0 || cfg.LatencyRate <= 0 || cfg.Consumers < 1 || cfg.Relays < 1 || cfg.SQLReplyShards < 1 || cfg.Rounds < 1 || cfg.CeilingFor < 0 || cfg.RelayPublishConcurrency < 0 {
+		return cfg, errors.New("bench saga: --sagas, --starters, --consumers, --relays, --sql-reply-shards and --rounds must be at least 1, --latency-sagas, --ceiling and --relay-publish-concurrency at least 0, --latency-rate above 0")
+	}
+	return cfg, nil
+}
+
+func runBenchSaga(cmd *cobra.Command, _ []string) error {
+	ctx := cmd.Context()
+	f := cmd.Flags()
+	cfg, err := benchSagaConfig(cmd)
+	if err != nil {
+		return err
+	}
 	kindFlag, _ := f.GetStringSlice("kinds")
 	asJSON, _ := f.GetBool("json")
-	if cfg.Sagas < 1 || cfg.Starters < 1 || cfg.LatencySagas < 0 || cfg.LatencyRate <= 0 || cfg.Consumers < 1 || cfg.Relays < 1 || cfg.SQLReplyShards < 1 || cfg.Rounds < 1 || cfg.CeilingFor < 0 || cfg.RelayPublishConcurrency < 0 {
-		return errors.New("bench saga: --sagas, --starters, --consumers, --relays, --sql-reply-shards and --rounds must be at least 1, --latency-sagas, --ceiling and --relay-publish-concurrency at least 0, --latency-rate above 0")
-	}
-	var err error
 	if cfg.Kinds, err = benchKinds("saga", kindFlag, transport.GoChannel, transport.Kafka, transport.GoogleCloud, transport.AMQP, transport.SQL); err != nil {
 		return err
 	}
@@ -332,7 +342,7 @@ func runBenchSaga(cmd *cobra.Command, _ []string) error {
 	}
 	cfg.Progress = cmd.ErrOrStderr()
 	cfg.Scratch = func(ctx context.Context, prefix string) (string, string, func(), error) {
-		return scratchSchema(ctx, admin, base, prefix)
+		return benchdb.Scratch(ctx, admin, base, prefix)
 	}
 	cfg.OpenBroker = func(kind transport.Kind) (sagabench.Broker, error) {
 		br, err := brokers.open(kind)

@@ -1,10 +1,6 @@
 package main
 
 import (
-	"context"
-	"crypto/rand"
-	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"regexp"
@@ -13,8 +9,6 @@ import (
 	_ "github.com/lib/pq" // registers the "postgres" driver
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/internal/redact"
-	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
@@ -73,20 +67,4 @@ func withSchema(rawURL, schema string) string {
 		return rawURL
 	}
 	return pgtest.WithSearchPath(rawURL, schema)
-}
-
-// scratchSchema creates a throw-away schema named prefix_<random> through
-// admin, on the server base reaches. It returns the schema, a URL like base
-// whose search_path points at it, and a function that drops it.
-func scratchSchema(ctx context.Context, admin *sql.DB, base, prefix string) (schema, schemaURL string, drop func(), err error) {
-	var b [5]byte
-	_, _ = rand.Read(b[:])
-	schema = prefix + "_" + hex.EncodeToString(b[:])
-	q := storage.NewSQLPool(admin)
-	if err := storage.CreateSchema(ctx, q, schema, false); err != nil {
-		return "", "", nil, fmt.Errorf("creating scratch schema %s on %s: %w", schema, redact.URL(base), err)
-	}
-	return schema, pgtest.WithSearchPath(base, schema), func() {
-		_ = storage.DropSchema(context.WithoutCancel(ctx), q, schema)
-	}, nil
 }

@@ -231,6 +231,39 @@ func (c *common) transportConfig(dbURL string) (transport.Config, func(), error)
 	return cfg, func() {}, err
 }
 
+// placeOrders posts n orders of the run to the API at base: every
+// failEvery-th fails payment, else every shipEvery-th fails shipping (0:
+// none).
+func placeOrders(ctx context.Context, base, run string, n, failEvery, shipEvery int) error {
+	for i := 1; i <= n; i++ {
+		o := app.Order{ID: fmt.Sprintf("%s-%05d", run, i), SKU: []string{"book", "lamp"}[i%2], Qty: 1 + i%3, AmountCents: int64(1000 + 37*i)}
+		switch {
+		case failEvery > 0 && i%failEvery == 0:
+			o.FailPayment = true
+		case shipEvery > 0 && i%shipEvery == 0:
+			o.FailShipping = true
+		}
+		if err := post(ctx, base+"/orders", o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// publishPoison sends billing one malformed command of the run, which
+// must end in the dead-letter queue.
+func publishPoison(e *env, run string) error {
+	id := run + "-poison"
+	msg := message.NewMessage(id, []byte("{not json"))
+	msg.Metadata.Set(metadata.EventID, id)
+	msg.Metadata.Set(metadata.SagaID, id)
+	msg.Metadata.Set(metadata.SagaPhase, "forward")
+	if err := e.tr.Publisher().Publish(e.app.Topics().BillingCommands, msg); err != nil {
+		return fmt.Errorf("publishing the poison message: %w", err)
+	}
+	return nil
+}
+
 func demo(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ExitOnError)
 	var c common
@@ -278,28 +311,14 @@ func demo(args []string, stdout io.Writer) error {
 
 	run := watermill.NewShortUUID()
 	started := time.Now()
-	for i := 1; i <= *n; i++ {
-		o := app.Order{ID: fmt.Sprintf("%s-%05d", run, i), SKU: []string{"book", "lamp"}[i%2], Qty: 1 + i%3, AmountCents: int64(1000 + 37*i)}
-		switch {
-		case *failEvery > 0 && i%*failEvery == 0:
-			o.FailPayment = true
-		case *shipEvery > 0 && i%*shipEvery == 0:
-			o.FailShipping = true
-		}
-		if err := post(ctx, base+"/orders", o); err != nil {
-			return err
-		}
+	if err := placeOrders(ctx, base, run, *n, *failEvery, *shipEvery); err != nil {
+		return err
 	}
 	wantDLQ := 0
 	if *poison {
 		wantDLQ = 1
-		id := run + "-poison"
-		msg := message.NewMessage(id, []byte("{not json"))
-		msg.Metadata.Set(metadata.EventID, id)
-		msg.Metadata.Set(metadata.SagaID, id)
-		msg.Metadata.Set(metadata.SagaPhase, "forward")
-		if err := e.tr.Publisher().Publish(e.app.Topics().BillingCommands, msg); err != nil {
-			return fmt.Errorf("publishing the poison message: %w", err)
+		if err := publishPoison(e, run); err != nil {
+			return err
 		}
 	}
 

@@ -261,29 +261,9 @@ func (p *publisher) sendPrepared(conn *amqp091.Connection, s *slot, topic string
 				}
 			}
 		}
-		var err error
-		switch {
-		case f.dc.Acked():
-			// The broker returns an unroutable message before acking it.
-			if r, ok := returns.of(msg.UUID); ok {
-				err = unroutableErr(msg.UUID, r)
-			}
-		case gaveUp != nil:
-			err = fmt.Errorf("amqp: message %s to exchange %q: gave up waiting for the broker's confirm; it may still be stored: %w", msg.UUID, topic, gaveUp)
-		case s.ch == nil || s.ch.IsClosed():
-			why := p.channelGone(s, topic)
-			err = p.lost(conn, fmt.Sprintf("message %s to exchange %q: channel closed before the broker confirmed it; it may still be stored", msg.UUID, topic), reasonErr(why))
-			if tooLarge(why, len(msg.Payload)) {
-				// No retry can make the broker take it; the other messages
-				// on the channel only lost their channel.
-				err = retry.Permanent(fmt.Errorf("amqp: message %s to exchange %q: %w: its body of %d bytes is over the broker's max_message_size (%s): store large data elsewhere and send a reference",
-					msg.UUID, topic, transport.ErrMessageTooLarge, len(msg.Payload), why.Reason))
-			}
-			if halt == nil {
-				halt = err
-			}
-		default:
-			err = fmt.Errorf("amqp: message %s to exchange %q: %w", msg.UUID, topic, ErrNacked)
+		channelLost, err := p.confirmed(conn, s, topic, msg, f.dc, returns, gaveUp)
+		if channelLost && halt == nil {
+			halt = err
 		}
 		next := f.at + 1
 		switch {
@@ -295,6 +275,35 @@ func (p *publisher) sendPrepared(conn *amqp091.Connection, s *slot, topic string
 		}
 	}
 	return failed
+}
+
+// confirmed judges msg once its confirm dc settled (or was given up on,
+// gaveUp set): nil when the broker acked it and did not return it, else
+// why not. channelLost is true when the channel closed under it: the lane
+// sends nothing more on it.
+func (p *publisher) confirmed(conn *amqp091.Connection, s *slot, topic string, msg *message.Message, dc *amqp091.DeferredConfirmation, returns *returnCollector, gaveUp error) (channelLost bool, err error) {
+	switch {
+	case dc.Acked():
+		// The broker returns an unroutable message before acking it.
+		if r, ok := returns.of(msg.UUID); ok {
+			return false, unroutableErr(msg.UUID, r)
+		}
+		return false, nil
+	case gaveUp != nil:
+		return false, fmt.Errorf("amqp: message %s to exchange %q: gave up waiting for the broker's confirm; it may still be stored: %w", msg.UUID, topic, gaveUp)
+	case s.ch == nil || s.ch.IsClosed():
+		why := p.channelGone(s, topic)
+		err = p.lost(conn, fmt.Sprintf("message %s to exchange %q: channel closed before the broker confirmed it; it may still be stored", msg.UUID, topic), reasonErr(why))
+		if tooLarge(why, len(msg.Payload)) {
+			// No retry can make the broker take it; the other messages
+			// on the channel only lost their channel.
+			err = retry.Permanent(fmt.Errorf("amqp: message %s to exchange %q: %w: its body of %d bytes is over the broker's max_message_size (%s): store large data elsewhere and send a reference",
+				msg.UUID, topic, transport.ErrMessageTooLarge, len(msg.Payload), why.Reason))
+		}
+		return true, err
+	default:
+		return false, fmt.Errorf("amqp: message %s to exchange %q: %w", msg.UUID, topic, ErrNacked)
+	}
 }
 
 // chainsOf splits the indices in idx into chains that are sent one

@@ -423,6 +423,30 @@ func (p *Publisher) PublishBatch(topic string, msgs ...*message.Message) error {
 	if err := p.awaitTopic(msgs[0].Context(), topic); err != nil {
 		return err
 	}
+	rounds := orderingRounds(msgs)
+	b := &batchState{topic: topic, msgs: msgs, failed: map[int]error{}, failedKeys: map[string]bool{}}
+	ctx := msgs[0].Context()
+	for r, round := range rounds {
+		// SendMessages does not watch the context: between rounds is
+		// where a batch whose bound passed (the outbox relay's lanes'
+		// lease) stops, so that the rounds sent are reported sent and the
+		// rest not sent, instead of the call outliving its bound whole.
+		if err := ctx.Err(); err != nil {
+			b.notSent(rounds[r:], err)
+			break
+		}
+		p.sendRound(b, round)
+	}
+	if len(b.failed) == 0 {
+		return nil
+	}
+	return &batch.Error{Failed: b.failed}
+}
+
+// orderingRounds splits msgs (by index) into PublishBatch's rounds: round
+// r holds the r-th message of each ordering key, in order, and every
+// unkeyed message goes in the first.
+func orderingRounds(msgs []*message.Message) [][]int {
 	var rounds [][]int
 	nth := map[string]int{}
 	for i, msg := range msgs {
@@ -436,78 +460,78 @@ func (p *Publisher) PublishBatch(topic string, msgs ...*message.Message) error {
 		}
 		rounds[r] = append(rounds[r], i)
 	}
+	return rounds
+}
 
-	failed := map[int]error{}
-	failedKeys := map[string]bool{}
-	ctx := msgs[0].Context()
-	for r, round := range rounds {
-		// SendMessages does not watch the context: between rounds is
-		// where a batch whose bound passed (the outbox relay's lanes'
-		// lease) stops, so that the rounds sent are reported sent and the
-		// rest not sent, instead of the call outliving its bound whole.
-		if err := ctx.Err(); err != nil {
-			for _, rest := range rounds[r:] {
-				for _, i := range rest {
-					if _, ok := failed[i]; !ok {
-						failed[i] = fmt.Errorf("kafka: message %s not sent: the batch's context ended first: %w", msgs[i].UUID, err)
-					}
-				}
-			}
-			break
-		}
-		kms := make([]*sarama.ProducerMessage, 0, len(round))
-		index := make(map[*sarama.ProducerMessage]int, len(round))
-		for _, i := range round {
-			k := msgs[i].Metadata.Get(metadata.OrderingKey)
-			if k != "" && failedKeys[k] {
-				failed[i] = fmt.Errorf("kafka: message %s not sent: an earlier message with ordering key %q failed", msgs[i].UUID, k)
-				continue
-			}
-			km, err := p.marshaler.Marshal(topic, msgs[i])
-			if err != nil {
-				failed[i] = fmt.Errorf("kafka: marshaling message %s: %w", msgs[i].UUID, err)
-				if k != "" {
-					failedKeys[k] = true
-				}
-				continue
-			}
-			kms = append(kms, km)
-			index[km] = i
-		}
-		if len(kms) == 0 {
-			continue
-		}
-		err := p.producer.SendMessages(kms)
-		if err == nil {
-			continue
-		}
-		var perrs sarama.ProducerErrors
-		if !errors.As(err, &perrs) {
-			// Nothing is known of this round: all of it failed.
-			for _, km := range kms {
-				i := index[km]
-				failed[i] = fmt.Errorf("kafka: publishing message %s to %s: %w", msgs[i].UUID, topic, err)
-				if k := msgs[i].Metadata.Get(metadata.OrderingKey); k != "" {
-					failedKeys[k] = true
-				}
-			}
-			continue
-		}
-		for _, pe := range perrs {
-			i, ok := index[pe.Msg]
-			if !ok {
-				continue
-			}
-			failed[i] = fmt.Errorf("kafka: publishing message %s to %s: %w", msgs[i].UUID, topic, p.classify(pe.Msg, pe.Err))
-			if k := msgs[i].Metadata.Get(metadata.OrderingKey); k != "" {
-				failedKeys[k] = true
+// batchState is one PublishBatch's bookkeeping: the messages that failed
+// (by index, with why) and the ordering keys that may send nothing more.
+type batchState struct {
+	topic      string
+	msgs       []*message.Message
+	failed     map[int]error
+	failedKeys map[string]bool
+}
+
+// fail records message i's failure and stops its ordering key.
+func (b *batchState) fail(i int, err error) {
+	b.failed[i] = err
+	if k := b.msgs[i].Metadata.Get(metadata.OrderingKey); k != "" {
+		b.failedKeys[k] = true
+	}
+}
+
+// notSent records the messages of rounds not yet failed as not sent
+// because the batch's context ended with err.
+func (b *batchState) notSent(rounds [][]int, err error) {
+	for _, rest := range rounds {
+		for _, i := range rest {
+			if _, ok := b.failed[i]; !ok {
+				b.failed[i] = fmt.Errorf("kafka: message %s not sent: the batch's context ended first: %w", b.msgs[i].UUID, err)
 			}
 		}
 	}
-	if len(failed) == 0 {
-		return nil
+}
+
+// sendRound marshals the round's messages whose key has not failed, sends
+// them in one SendMessages call and records what failed.
+func (p *Publisher) sendRound(b *batchState, round []int) {
+	kms := make([]*sarama.ProducerMessage, 0, len(round))
+	index := make(map[*sarama.ProducerMessage]int, len(round))
+	for _, i := range round {
+		msg := b.msgs[i]
+		if k := msg.Metadata.Get(metadata.OrderingKey); k != "" && b.failedKeys[k] {
+			b.failed[i] = fmt.Errorf("kafka: message %s not sent: an earlier message with ordering key %q failed", msg.UUID, k)
+			continue
+		}
+		km, err := p.marshaler.Marshal(b.topic, msg)
+		if err != nil {
+			b.fail(i, fmt.Errorf("kafka: marshaling message %s: %w", msg.UUID, err))
+			continue
+		}
+		kms = append(kms, km)
+		index[km] = i
 	}
-	return &batch.Error{Failed: failed}
+	if len(kms) == 0 {
+		return
+	}
+	err := p.producer.SendMessages(kms)
+	if err == nil {
+		return
+	}
+	var perrs sarama.ProducerErrors
+	if !errors.As(err, &perrs) {
+		// Nothing is known of this round: all of it failed.
+		for _, km := range kms {
+			i := index[km]
+			b.fail(i, fmt.Errorf("kafka: publishing message %s to %s: %w", b.msgs[i].UUID, b.topic, err))
+		}
+		return
+	}
+	for _, pe := range perrs {
+		if i, ok := index[pe.Msg]; ok {
+			b.fail(i, fmt.Errorf("kafka: publishing message %s to %s: %w", b.msgs[i].UUID, b.topic, p.classify(pe.Msg, pe.Err)))
+		}
+	}
 }
 
 // Close closes the producer. It is idempotent.

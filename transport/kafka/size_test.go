@@ -144,3 +144,36 @@ func TestPublishBatchStopsBetweenRoundsAtItsDeadline(t *testing.T) {
 	require.Less(t, first, n)
 	require.Len(t, be.Failed, n-first, "the unsent are exactly a suffix of the key")
 }
+
+// In a batch, a keyed message that fails stops its key's later messages
+// (reported not sent, never written after it), and the other keys'
+// messages are sent.
+func TestPublishBatchStopsAFailedKey(t *testing.T) {
+	t.Parallel()
+	if !transporttest.Real(transport.Kafka) {
+		t.Skip("needs a real broker: set MILLWRIGHT_TEST_KAFKA_BROKERS")
+	}
+	tr := transporttest.Open(t, transport.Kafka)
+	bp := tr.Publisher().(transport.BatchPublisher)
+	topic := "batch_key_stop_" + watermill.NewShortUUID()
+	t.Cleanup(func() { deleteTopic(t, transporttest.Config(t, transport.Kafka).Kafka.Brokers, topic) })
+	require.NoError(t, bp.PublishBatch(topic, message.NewMessage(watermill.NewUUID(), []byte("first")))) // the topic exists
+
+	keyed := func(payload []byte) *message.Message {
+		m := message.NewMessage(watermill.NewUUID(), payload)
+		m.Metadata.Set(metadata.OrderingKey, "k")
+		return m
+	}
+	// Over Sarama's Producer.MaxMessageBytes: refused before the broker,
+	// for this message alone.
+	big := keyed(bytes.Repeat([]byte("x"), transport.KafkaMaxMessageBytes))
+	after := keyed([]byte("after"))
+	other := message.NewMessage(watermill.NewUUID(), []byte("unkeyed"))
+	err := bp.PublishBatch(topic, big, after, other)
+	var be *batch.Error
+	require.True(t, errors.As(err, &be), "a partial failure: %v", err)
+	require.ErrorIs(t, be.Failed[0], transport.ErrMessageTooLarge)
+	require.ErrorContains(t, be.Failed[1], `not sent: an earlier message with ordering key "k" failed`)
+	require.NotContains(t, be.Failed, 2, "the unkeyed message was sent")
+	require.Len(t, be.Failed, 2)
+}

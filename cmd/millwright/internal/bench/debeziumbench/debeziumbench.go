@@ -19,9 +19,7 @@ package debeziumbench
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -32,11 +30,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/connecttest"
-	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 )
@@ -164,20 +162,17 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 }
 
 func open(ctx context.Context, cfg Config) (*bench, func(), error) {
-	var r [5]byte
-	_, _ = rand.Read(r[:])
-	b := &bench{cfg: cfg, schema: "mw_dbz_" + hex.EncodeToString(r[:]), connect: connecttest.New(cfg.ConnectURL)}
-	b.name = b.schema
+	b := &bench{cfg: cfg, connect: connecttest.New(cfg.ConnectURL)}
 	admin, err := pgconn.Open(cfg.DatabaseURL)
 	if err != nil {
 		return nil, nil, err
 	}
-	aq := storage.NewSQLPool(admin)
-	if err := storage.CreateSchema(ctx, aq, b.schema, false); err != nil {
+	var dropSchema func()
+	if b.schema, b.url, dropSchema, err = benchdb.Scratch(ctx, admin, cfg.DatabaseURL, "mw_dbz"); err != nil {
 		admin.Close()
-		return nil, nil, fmt.Errorf("creating scratch schema %s: %w", b.schema, err)
+		return nil, nil, err
 	}
-	b.url = pgtest.WithSearchPath(cfg.DatabaseURL, b.schema)
+	b.name = b.schema
 	if b.db, err = pgconn.Open(b.url); err == nil {
 		b.db.SetMaxOpenConns(cfg.Writers + 8)
 		b.q = storage.NewSQLPool(b.db)
@@ -194,7 +189,7 @@ func open(ctx context.Context, cfg Config) (*bench, func(), error) {
 		if b.db != nil {
 			b.db.Close()
 		}
-		_ = storage.DropSchema(c, aq, b.schema)
+		dropSchema()
 		admin.Close()
 	}
 	if err != nil {

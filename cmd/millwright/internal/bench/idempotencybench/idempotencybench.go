@@ -19,10 +19,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/roundtrips"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
 )
 
@@ -77,8 +77,8 @@ func (c *Config) setDefaults() {
 
 // Drivers.
 const (
-	DriverPQ  = "pq"
-	DriverPgx = "pgx"
+	DriverPQ  = benchdb.DriverPQ
+	DriverPgx = benchdb.DriverPgx
 )
 
 // Validate reports every invalid field.
@@ -158,62 +158,27 @@ type variant struct {
 	h    message.HandlerFunc
 }
 
-// pool is one driver's pool: the handler's own transaction, and the
-// store's pool.
+// pool is one driver's pool (the handler's own transactions) and the
+// store on it.
 type pool struct {
-	begin func(ctx context.Context) (exec func(ctx context.Context, q string, args ...any) error, commit func() error, rollback func(), err error)
+	*benchdb.Pool
 	store *idempotency.PostgresStore
-	close func()
 }
 
 // openPool opens driver's pool on rawURL with conns connections.
 func openPool(ctx context.Context, driver, rawURL string, conns int) (*pool, error) {
-	if driver == DriverPgx {
-		pcfg, err := pgconn.PgxConfig(rawURL)
-		if err != nil {
-			return nil, err
-		}
-		pcfg.MaxConns = int32(conns)
-		p, err := pgxpool.NewWithConfig(ctx, pcfg)
-		if err != nil {
-			return nil, err
-		}
-		store, err := idempotency.NewPostgresStore(p)
-		if err != nil {
-			p.Close()
-			return nil, err
-		}
-		return &pool{store: store, close: p.Close, begin: func(ctx context.Context) (func(context.Context, string, ...any) error, func() error, func(), error) {
-			tx, err := p.Begin(ctx)
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			exec := func(ctx context.Context, q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err }
-			return exec, func() error { return tx.Commit(ctx) }, func() { _ = tx.Rollback(ctx) }, nil
-		}}, nil
-	}
-	db, err := pgconn.Open(rawURL)
+	p, err := benchdb.Open(ctx, driver, rawURL, conns)
 	if err != nil {
 		return nil, err
 	}
-	db.SetMaxOpenConns(conns)
-	db.SetMaxIdleConns(conns)
-	store, err := idempotency.NewPostgresStore(db)
+	store, err := benchdb.Build(p,
+		func(db *sql.DB) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(db) },
+		func(db *pgxpool.Pool) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(db) })
 	if err != nil {
-		db.Close()
+		p.Close()
 		return nil, err
 	}
-	return &pool{store: store, close: func() { db.Close() }, begin: func(ctx context.Context) (func(context.Context, string, ...any) error, func() error, func(), error) {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		exec := func(ctx context.Context, q string, args ...any) error {
-			_, err := tx.ExecContext(ctx, q, args...)
-			return err
-		}
-		return exec, tx.Commit, func() { _ = tx.Rollback() }, nil
-	}}, nil
+	return &pool{Pool: p, store: store}, nil
 }
 
 // variants returns the baseline handler and the middleware's modes over
@@ -231,15 +196,15 @@ func variants(p *pool) ([]variant, error) {
 			_, err := tx.Exec(mctx, insert, id, body)
 			return nil, err
 		}
-		exec, commit, rollback, err := p.begin(mctx)
+		tx, err := p.Begin(mctx)
 		if err != nil {
 			return nil, err
 		}
-		defer rollback()
-		if err := exec(mctx, insert, id, body); err != nil {
+		defer tx.Rollback(mctx)
+		if err := tx.Exec(mctx, insert, id, body); err != nil {
 			return nil, err
 		}
-		return nil, commit()
+		return nil, tx.Commit(mctx)
 	}
 	vs := []variant{{name: "baseline (no middleware)", h: handler}}
 	for _, mode := range []idempotency.Mode{idempotency.Transactional, idempotency.MarkAfterSuccess} {
@@ -264,7 +229,7 @@ func runDriver(ctx context.Context, cfg Config, driver string) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer p.close()
+	defer p.Close()
 	vs, err := variants(p)
 	if err != nil {
 		return nil, err
@@ -335,7 +300,7 @@ func roundTrips(ctx context.Context, cfg Config, driver string) ([]float64, erro
 	if err != nil {
 		return nil, err
 	}
-	defer p.close()
+	defer p.Close()
 	vs, err := variants(p)
 	if err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
@@ -108,21 +109,20 @@ func (b *bench) sibling(ctx context.Context, suffix string) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	q := u.Query()
-	schema := q.Get("search_path") + "_" + suffix
-	if _, err := b.DB.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
-		return nil, fmt.Errorf("creating scratch schema %s: %w", schema, err)
-	}
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	db, err := pgconn.Open(u.String())
+	schemaURL, drop, err := benchdb.Schema(ctx, b.DB, b.URL, u.Query().Get("search_path")+"_"+suffix)
 	if err != nil {
+		return nil, err
+	}
+	db, err := pgconn.Open(schemaURL)
+	if err != nil {
+		drop()
 		return nil, err
 	}
 	if _, err := migrate.Up(ctx, db, outbox.Migrations()); err != nil {
 		db.Close()
+		drop()
 		return nil, err
 	}
-	b.cleanup = append(b.cleanup, func() { b.DB.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA `+schema+` CASCADE`) }) //nolint:errcheck // best effort
+	b.cleanup = append(b.cleanup, drop)
 	return db, nil
 }

@@ -156,19 +156,7 @@ func Run(ctx context.Context, cfg Config) error {
 		// section runs, not skipped per broker below.
 		return errors.New("drain: no relay counts (Config.Relays)")
 	}
-	total := 0
-	for _, s := range []struct {
-		on    bool
-		parts int
-	}{
-		{want[SectionWrite], 1}, {want[SectionDrain], len(cfg.Kinds)},
-		{want[SectionClaim] && cfg.PublishedRows > 0, 1}, {want[SectionRetention] && cfg.PublishedRows > 0, 1},
-		{want[SectionLatency], len(cfg.Kinds)},
-	} {
-		if s.on {
-			total += s.parts
-		}
-	}
+	total := cfg.parts(want)
 	done := 0
 	step := func() {
 		done++
@@ -184,15 +172,7 @@ func Run(ctx context.Context, cfg Config) error {
 		step()
 	}
 	if want[SectionDrain] {
-		for _, k := range cfg.Kinds {
-			cfg.Progress("drain via %s ...", k)
-			if err := b.withTransport(ctx, k, func(t *transport.Transport) error { return b.benchDrain(ctx, string(k), t) }); err != nil {
-				// One broker being unavailable does not void the others.
-				cfg.Progress("drain via %s: %v (skipped)", k, err)
-				b.notRun(SectionDrain, k, err)
-			}
-			step()
-		}
+		b.onEachKind(ctx, SectionDrain, "drain", b.benchDrain, step)
 	}
 	if want[SectionClaim] && cfg.PublishedRows > 0 {
 		cfg.Progress("claim cost (inserting %d published rows) ...", cfg.PublishedRows)
@@ -209,19 +189,45 @@ func Run(ctx context.Context, cfg Config) error {
 		step()
 	}
 	if want[SectionLatency] {
-		for _, k := range cfg.Kinds {
-			cfg.Progress("latency via %s ...", k)
-			if err := b.withTransport(ctx, k, func(t *transport.Transport) error { return b.benchLatency(ctx, string(k), t) }); err != nil {
-				cfg.Progress("latency via %s: %v (skipped)", k, err)
-				b.notRun(SectionLatency, k, err)
-			}
-			step()
-		}
+		b.onEachKind(ctx, SectionLatency, "latency", b.benchLatency, step)
 	}
 	if cfg.JSON {
 		return nil
 	}
 	return b.print()
+}
+
+// parts is how many steps the wanted sections make (Config.Step's total).
+func (c Config) parts(want map[string]bool) int {
+	total := 0
+	for _, s := range []struct {
+		on    bool
+		parts int
+	}{
+		{want[SectionWrite], 1}, {want[SectionDrain], len(c.Kinds)},
+		{want[SectionClaim] && c.PublishedRows > 0, 1}, {want[SectionRetention] && c.PublishedRows > 0, 1},
+		{want[SectionLatency], len(c.Kinds)},
+	} {
+		if s.on {
+			total += s.parts
+		}
+	}
+	return total
+}
+
+// onEachKind runs a per-broker section (label in the progress lines) on
+// every kind, one step each. One broker being unavailable does not void
+// the others: its failure is reported and the section noted as not run
+// there.
+func (b *bench) onEachKind(ctx context.Context, section, label string, run func(context.Context, string, *transport.Transport) error, step func()) {
+	for _, k := range b.Kinds {
+		b.Progress("%s via %s ...", label, k)
+		if err := b.withTransport(ctx, k, func(t *transport.Transport) error { return run(ctx, string(k), t) }); err != nil {
+			b.Progress("%s via %s: %v (skipped)", label, k, err)
+			b.notRun(section, k, err)
+		}
+		step()
+	}
 }
 
 // payload is a 300-byte JSON order.

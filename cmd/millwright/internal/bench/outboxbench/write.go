@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/lib/pq"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/roundtrips"
-	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/outbox"
 )
 
@@ -32,8 +32,8 @@ const (
 
 // Drivers of the write section.
 const (
-	DriverPQ  = "pq"
-	DriverPgx = "pgx"
+	DriverPQ  = benchdb.DriverPQ
+	DriverPgx = benchdb.DriverPgx
 )
 
 // writer runs one business transaction of a variant on one driver.
@@ -62,28 +62,14 @@ func (b *bench) benchWrite(ctx context.Context, n int) error {
 
 // openWriter opens driver's pool on rawURL.
 func (b *bench) openWriter(ctx context.Context, driver, rawURL string, conns int) (writer, error) {
-	switch driver {
-	case DriverPQ:
-		db, err := pgconn.Open(rawURL)
-		if err != nil {
-			return nil, err
-		}
-		db.SetMaxOpenConns(conns)
-		db.SetMaxIdleConns(conns)
-		return &pqWriter{db: db, payload: b.payload}, nil
-	case DriverPgx:
-		cfg, err := pgconn.PgxConfig(rawURL)
-		if err != nil {
-			return nil, err
-		}
-		cfg.MaxConns = int32(conns)
-		p, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			return nil, err
-		}
-		return &pgxWriter{p: p, payload: b.payload}, nil
+	p, err := benchdb.Open(ctx, driver, rawURL, conns)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("unknown driver %q: want pq or pgx", driver)
+	if p.Pgx != nil {
+		return &pgxWriter{p: p.Pgx, payload: b.payload}, nil
+	}
+	return &pqWriter{db: p.DB, payload: b.payload}, nil
 }
 
 // benchWriteOn interleaves the variants transaction by transaction on

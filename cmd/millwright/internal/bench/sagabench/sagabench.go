@@ -30,6 +30,7 @@ import (
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/idempotency"
 
+	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/roundtrips"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/metadata"
@@ -323,13 +324,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 					cancel()
 					if err != nil {
 						// The runs so far are reported with the error.
-						var done []Row
-						for _, rs := range results {
-							for _, r := range rs {
-								done = append(done, r.run)
-							}
-						}
-						return Report{Rows: done}, fmt.Errorf("bench saga %s %s on %s (round %d): %w", kind, p.mode, driver, round+1, err)
+						return Report{Rows: runsSoFar(results)}, fmt.Errorf("bench saga %s %s on %s (round %d): %w", kind, p.mode, driver, round+1, err)
 					}
 					r.Run = p.mode
 					for i := range h {
@@ -342,18 +337,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			}
 		}
 	}
-	var runs, hops []Row
-	for _, rs := range results {
-		m := medianRound(rs)
-		run := rs[m].run
-		run.Rounds = cfg.Rounds
-		for _, r := range rs {
-			run.RoundRates = append(run.RoundRates, r.run.Rate)
-			run.RoundP99s = append(run.RoundP99s, r.run.P99)
-		}
-		runs = append(runs, run)
-		hops = append(hops, rs[m].hops...)
-	}
+	runs, hops := medianRuns(results, cfg.Rounds)
 	var ceiling *Row
 	if cfg.CeilingFor > 0 {
 		fmt.Fprintf(cfg.Progress, "ceiling: single-row commits with %d writers for %s ...\n", cfg.Starters, cfg.CeilingFor)
@@ -364,6 +348,47 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		ceiling = &Row{Bench: "saga", Row: RowCeiling, Writers: cfg.Starters, CommitsPerS: c}
 		step()
 	}
+	compareRuns(runs, ceiling)
+	rep := Report{Rows: append(runs, hops...)}
+	if ceiling != nil {
+		rep.Rows = append(rep.Rows, *ceiling)
+	}
+	return rep, nil
+}
+
+// runsSoFar is every round's run row in results.
+func runsSoFar(results [][]roundResult) []Row {
+	var done []Row
+	for _, rs := range results {
+		for _, r := range rs {
+			done = append(done, r.run)
+		}
+	}
+	return done
+}
+
+// medianRuns is each run's median round (its row, with every round's
+// rate and p99, and that round's hops).
+func medianRuns(results [][]roundResult, rounds int) (runs, hops []Row) {
+	for _, rs := range results {
+		m := medianRound(rs)
+		run := rs[m].run
+		run.Rounds = rounds
+		for _, r := range rs {
+			run.RoundRates = append(run.RoundRates, r.run.Rate)
+			run.RoundP99s = append(run.RoundP99s, r.run.P99)
+		}
+		runs = append(runs, run)
+		hops = append(hops, rs[m].hops...)
+	}
+	return runs, hops
+}
+
+// compareRuns sets each run's same-run ratios: against the same kind and
+// run on pq (VsPQ), against gochannel on the same driver (VsGoChannel),
+// and the throughput's share of the database's ceiling (OfCeiling, when
+// measured).
+func compareRuns(runs []Row, ceiling *Row) {
 	base, pq := map[string]Row{}, map[string]Row{}
 	for _, r := range runs {
 		if r.Kind == string(transport.GoChannel) {
@@ -392,11 +417,6 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			runs[i].OfCeiling = r.Rate / (ceiling.CommitsPerS / r.TxPerSaga)
 		}
 	}
-	rep := Report{Rows: append(runs, hops...)}
-	if ceiling != nil {
-		rep.Rows = append(rep.Rows, *ceiling)
-	}
-	return rep, nil
 }
 
 // roundResult is one round of one run: its row and its hops.
@@ -919,61 +939,35 @@ const partyConns = 32
 
 // openParties opens the parties' pool on rawURL with driver.
 func openParties(ctx context.Context, driver, rawURL string, def *saga.Definition[benchOrder], scfg saga.Config) (*parties, error) {
-	if driver == DriverPgx {
-		pcfg, err := pgconn.PgxConfig(rawURL)
-		if err != nil {
-			return nil, err
-		}
-		pcfg.MaxConns = partyConns
-		p, err := pgxpool.NewWithConfig(ctx, pcfg)
-		if err != nil {
-			return nil, err
-		}
-		ps := &parties{close: p.Close}
-		if ps.orch, err = saga.NewOrchestrator(p, def, scfg); err == nil {
-			ps.store, err = idempotency.NewPostgresStore(p)
-		}
-		if err != nil {
-			p.Close()
-			return nil, err
-		}
-		ps.start = func(ctx context.Context, id string) error {
-			tx, err := p.Begin(ctx)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
-			if err := ps.orch.Start(ctx, tx, id, benchOrder{ID: id}); err != nil {
-				return err
-			}
-			return tx.Commit(ctx)
-		}
-		return ps, nil
-	}
-	db, err := pgconn.Open(rawURL)
+	p, err := benchdb.Open(ctx, driver, rawURL, partyConns)
 	if err != nil {
 		return nil, err
 	}
-	db.SetMaxOpenConns(partyConns)
-	db.SetMaxIdleConns(partyConns)
-	ps := &parties{close: func() { _ = db.Close() }}
-	if ps.orch, err = saga.NewOrchestrator(db, def, scfg); err == nil {
-		ps.store, err = idempotency.NewPostgresStore(db)
+	ps := &parties{close: p.Close}
+	ps.orch, err = benchdb.Build(p,
+		func(db *sql.DB) (*saga.Orchestrator[benchOrder], error) { return saga.NewOrchestrator(db, def, scfg) },
+		func(db *pgxpool.Pool) (*saga.Orchestrator[benchOrder], error) {
+			return saga.NewOrchestrator(db, def, scfg)
+		})
+	if err == nil {
+		ps.store, err = benchdb.Build(p,
+			func(db *sql.DB) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(db) },
+			func(db *pgxpool.Pool) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(db) })
 	}
 	if err != nil {
-		_ = db.Close()
+		p.Close()
 		return nil, err
 	}
 	ps.start = func(ctx context.Context, id string) error {
-		tx, err := db.BeginTx(ctx, nil)
+		tx, err := p.Begin(ctx)
 		if err != nil {
 			return err
 		}
-		defer tx.Rollback() //nolint:errcheck // no-op after commit
-		if err := ps.orch.Start(ctx, tx, id, benchOrder{ID: id}); err != nil {
+		defer tx.Rollback(ctx) // no-op after commit
+		if err := ps.orch.Start(ctx, tx.Executor(), id, benchOrder{ID: id}); err != nil {
 			return err
 		}
-		return tx.Commit()
+		return tx.Commit(ctx)
 	}
 	return ps, nil
 }
@@ -985,17 +979,12 @@ func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (
 		// As many connections as the relays may use on pq (database/sql
 		// has no limit there): pgxpool's default, max(4, cores), is 4
 		// here and made the relays wait for connections.
-		pcfg, err := pgconn.PgxConfig(rawURL)
-		if err != nil {
-			return nil, nil, err
-		}
-		pcfg.MaxConns = partyConns
-		p, err := pgxpool.NewWithConfig(ctx, pcfg)
+		p, err := benchdb.Open(ctx, driver, rawURL, partyConns)
 		if err != nil {
 			return nil, nil, err
 		}
 		return func(pub message.Publisher, c outbox.RelayConfig) (*outbox.Relay, error) {
-			return outbox.NewRelay(p, pub, c)
+			return outbox.NewRelay(p.Pgx, pub, c)
 		}, p.Close, nil
 	}
 	db, err := openTimedDB(rawURL, rt)
@@ -1010,6 +999,6 @@ func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (
 
 // Drivers.
 const (
-	DriverPQ  = "pq"
-	DriverPgx = "pgx"
+	DriverPQ  = benchdb.DriverPQ
+	DriverPgx = benchdb.DriverPgx
 )
