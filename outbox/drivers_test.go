@@ -189,11 +189,13 @@ func TestDrivers_ListenWakesWithoutPolling(t *testing.T) {
 		t.Parallel()
 		b := setupDriver(t, driver)
 		got := b.collect(t, "t")
-		r := startRelayOn(t, b.handle, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
+		// Lease 3m: the idle relay's own wake-up (a third of the lease) is
+		// 60 s away, beyond the 30 s waits below.
+		r := startRelayOn(t, b.handle, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute})
 		require.Equal(t, b.handle == any(b.db), r.db.Driver() == "database/sql")
 		for i := range 3 {
 			require.NoError(t, Add(context.Background(), b.handle, Event{Topic: "t", AggregateID: "a"}))
-			eventually(t, 5*time.Second, func() bool { return len(got.all()) == i+1 }, "NOTIFY should wake the relay")
+			eventually(t, 30*time.Second, func() bool { return len(got.all()) == i+1 }, "NOTIFY should wake the relay")
 		}
 	})
 }

@@ -178,11 +178,14 @@ func TestRelay_ListenWakesWithoutPolling(t *testing.T) {
 	b := setup(t)
 	got := b.collect(t, "t")
 	// A poll interval far beyond the deadline: only NOTIFY can deliver.
-	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
+	// Lease 3m: an idle relay also wakes after a third of its lease (10 s
+	// by default, 5 s after these waits' old 5 s ceilings); with 60 s the 30 s
+	// ceilings below still tell a wake-up from that timer on a loaded machine.
+	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute})
 	// LISTEN is active once Running is closed (startRelay waits for it):
 	// the first claim ran before anything was written; now write.
 	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "NOTIFY should wake the relay")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "NOTIFY should wake the relay")
 }
 
 // hookPublisher wraps a publisher with fault injection.
@@ -518,12 +521,15 @@ func TestRelay_NoLostWakeupForWriterInFlight(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, Add(ctx, tx, Event{Topic: "t", AggregateID: "a"}))
 
-	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
+	// Lease 3m: an idle relay also wakes after a third of its lease (10 s
+	// by default, 5 s after these waits' old 5 s ceilings); with 60 s the 30 s
+	// ceilings below still tell a wake-up from that timer on a loaded machine.
+	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute})
 	// The relay has gone idle and tried the lock: its waiting connection
 	// ran the try (and failed, since the writer holds it shared).
-	eventually(t, 5*time.Second, func() bool { return triedWakeupLock(t, b) > 0 }, "idle relay tries the wake-up lock")
+	eventually(t, 30*time.Second, func() bool { return triedWakeupLock(t, b) > 0 }, "idle relay tries the wake-up lock")
 	require.NoError(t, tx.Commit())
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "event published without a notification or poll")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "event published without a notification or poll")
 }
 
 // Writers notify only while a relay holds the wake-up lock (is idle), and a
@@ -782,7 +788,10 @@ func TestRelay_StoppingHolderHandsOverTheWakeup(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	got := b.collect(t, "t")
-	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour}
+	// Lease 3m: an idle relay also wakes after a third of its lease (10 s
+	// by default, 5 s after these waits' old 5 s ceilings); with 60 s the 30 s
+	// ceilings below still tell a wake-up from that timer on a loaded machine.
+	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute}
 	relays := []*Relay{startRelay(t, b.db, b.pubsub, cfg), startRelay(t, b.db, b.pubsub, cfg)}
 	// Both are idle: one holds the lock, the other found it held. Until
 	// they have divided the lanes they wake every few ms and the lock may
@@ -803,7 +812,7 @@ func TestRelay_StoppingHolderHandsOverTheWakeup(t *testing.T) {
 	// woken by a late notification (the other's join) gives the lock up
 	// for a moment, so a second look may find nobody holding it.
 	var holder *Relay
-	eventually(t, 5*time.Second, func() bool {
+	eventually(t, 30*time.Second, func() bool {
 		d, tried, h := divided(), triedWakeupLock(t, b), wakeupLockHolder(t, b)
 		seen = fmt.Sprintf("lanes divided %v, relays idle %d, lock holder pid %d", d, tried, h)
 		if !d || tried != 2 || h == 0 {
@@ -820,28 +829,29 @@ func TestRelay_StoppingHolderHandsOverTheWakeup(t *testing.T) {
 	}, "both relays idle with their lanes, one of them holding the lock")
 	require.NoError(t, holder.Close())
 	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "the other relay publishes without waiting for its poll")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "the other relay publishes without waiting for its poll")
 }
 
 // A relay that joins while another sleeps holding every lane (PollInterval
-// an hour, so the sleeper would wake only after a third of Lease, 10 s)
-// gets its share at once: it wakes the sleeper, which checks its lanes
-// first and frees that share.
+// an hour, so the sleeper would wake only after a third of Lease: 60 s
+// here, 10 s by default, which left a 3 s wait 7 s of margin) gets its
+// share at once: it wakes the sleeper, which checks its lanes first and
+// frees that share.
 func TestRelay_JoiningRelayWakesTheSleepingHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour}
+	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute}
 	startRelay(t, b.db, b.pubsub, cfg)
 	heldBy := func() []int {
 		return pgtest.Column[int](t, b.db, `SELECT count(*) FROM millwright_outbox_lanes
 			WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner ORDER BY 1`)
 	}
-	eventually(t, 5*time.Second, func() bool {
+	eventually(t, 30*time.Second, func() bool {
 		return slices.Equal(heldBy(), []int{laneCount}) && triedWakeupLock(t, b) == 1
 	}, "the first relay holds every lane and sleeps")
 	start := time.Now()
 	startRelay(t, b.db, b.pubsub, cfg)
-	eventually(t, 3*time.Second, func() bool { return slices.Equal(heldBy(), []int{laneCount / 2, laneCount / 2}) },
+	eventually(t, 30*time.Second, func() bool { return slices.Equal(heldBy(), []int{laneCount / 2, laneCount / 2}) },
 		"the relays divide the lanes well before the sleeper's own wake-up")
 	t.Logf("lanes divided %s after the second relay started", time.Since(start))
 }
