@@ -158,7 +158,7 @@ func TestRelay_CommittedEventsArePublished(t *testing.T) {
 	require.NoError(t, tx.Commit())
 
 	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL})
-	eventually(t, 10*time.Second, func() bool { return len(got.all()) == 2 }, "want 2 messages")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 2 }, "want 2 messages")
 	msgs := got.all()
 	require.Equal(t, "ev-1", msgs[0].UUID)
 	require.JSONEq(t, `{"total": 10}`, string(msgs[0].Payload))
@@ -170,7 +170,7 @@ func TestRelay_CommittedEventsArePublished(t *testing.T) {
 	require.Equal(t, []byte{0xff, 0x00, 0x01}, []byte(msgs[1].Payload))
 	require.Equal(t, "yes", msgs[1].Metadata.Get("custom"))
 	require.Equal(t, "svc", msgs[1].Metadata.Get(metadata.EventSource))
-	eventually(t, 5*time.Second, func() bool { return count(t, b.db, "status = 'published'") == 2 }, "rows marked published")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'published'") == 2 }, "rows marked published")
 }
 
 func TestRelay_ListenWakesWithoutPolling(t *testing.T) {
@@ -228,11 +228,11 @@ func TestRelay_KilledBetweenPublishAndMarkRepublishes(t *testing.T) {
 	require.NoError(t, r1.Run(runCtx))
 	require.True(t, killed.Load())
 	require.Equal(t, 0, count(t, b.db, "status = 'published'"), "nothing may be marked after the kill")
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 20 }, "the killed relay published its batch")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 20 }, "the killed relay published its batch")
 
 	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 20 * time.Millisecond})
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "second relay drains")
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 40 }, "the killed batch is republished once (at-least-once)")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "second relay drains")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 40 }, "the killed batch is republished once (at-least-once)")
 	seen := map[string]int{}
 	for _, m := range got.all() {
 		seen[m.UUID]++
@@ -472,22 +472,22 @@ func TestRelay_PoisonRowFailsWhileOthersFlow(t *testing.T) {
 	reg := newTestRegistry()
 	startRelay(t, b.db, pub, RelayConfig{PollInterval: 5 * time.Millisecond, DeadLetterTopic: "t.dead", Registerer: reg, MetricsInterval: 10 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 2 * time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: 3}})
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'failed'") == 1 }, "poison row fails")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'failed'") == 1 }, "poison row fails")
 	var retries int
 	var lastErr string
 	require.NoError(t, b.db.QueryRow(`SELECT retry_count, last_error FROM millwright_outbox WHERE status = 'failed'`).Scan(&retries, &lastErr))
 	require.Equal(t, 3, retries)
 	require.Contains(t, lastErr, "message too large")
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the rest drains")
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 31 && len(dlq.all()) == 1 }, "31 published, 1 dead-lettered")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the rest drains")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 31 && len(dlq.all()) == 1 }, "31 published, 1 dead-lettered")
 	msgs := got.all()
 	require.Equal(t, `"after"`, string(msgs[len(msgs)-1].Payload), "the poison row's successor waits for it")
 	require.Equal(t, "message too large", dlq.all()[0].Metadata.Get(MetadataDeadLetterError))
-	eventually(t, 5*time.Second, func() bool { return reg.value(t, MetricFailedCount) == 1 }, "failed gauge")
+	eventually(t, 30*time.Second, func() bool { return reg.value(t, MetricFailedCount) == 1 }, "failed gauge")
 	require.Equal(t, 1.0, reg.value(t, MetricFailed))
 	// The counter follows the mark's commit, which the look at the table
 	// above may see first.
-	eventually(t, 5*time.Second, func() bool { return reg.value(t, MetricPublished) == 31 }, "published counter")
+	eventually(t, 30*time.Second, func() bool { return reg.value(t, MetricPublished) == 31 }, "published counter")
 	require.Equal(t, 3.0, reg.value(t, MetricPublishErrors))
 }
 
@@ -607,9 +607,9 @@ func TestRelay_FailingAggregateBacklogDoesNotBlockOthers(t *testing.T) {
 	}}
 	startRelay(t, b.db, pub, RelayConfig{BatchSize: 5, PollInterval: 5 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: -1}})
-	eventually(t, 10*time.Second, func() bool { return len(got.all()) == 20 }, "the other aggregates flow")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 20 }, "the other aggregates flow")
 	require.Equal(t, 60, count(t, b.db, "status = 'pending' AND aggregate_id = 'bad'"))
-	eventually(t, 5*time.Second, func() bool { return count(t, b.db, "aggregate_id = 'bad' AND retry_count >= 2") == 1 }, "the bad head keeps retrying")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "aggregate_id = 'bad' AND retry_count >= 2") == 1 }, "the bad head keeps retrying")
 }
 
 func TestAdd_RefusesOversizedEventAtWriteTime(t *testing.T) {
@@ -660,7 +660,7 @@ func TestRelay_HungHolderLosesTheWakeupLock(t *testing.T) {
 	require.True(t, settled)
 	require.True(t, held())
 	eventually(t, 4*r.holdTimeout(), func() bool { return !held() }, "the server ends the idle holder's session")
-	eventually(t, 10*time.Second, func() bool {
+	eventually(t, 30*time.Second, func() bool {
 		release, settled, err := r.announceIdle(ctx) // the first try may meet the ended session
 		if err != nil || !settled || !held() {
 			return false
