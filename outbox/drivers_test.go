@@ -168,14 +168,14 @@ func TestDrivers_TxPublisher(t *testing.T) {
 		require.NoError(t, rolled.rollback())
 
 		startRelayOn(t, b.handle, b.pubsub, RelayConfig{ListenURL: b.schema.URL})
-		eventually(t, 10*time.Second, func() bool { return len(got.all()) == 1 }, "want 1 message")
+		eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "want 1 message")
 		m := got.all()[0]
 		require.Equal(t, "ev-1", m.UUID)
 		require.JSONEq(t, `{"total": 10}`, string(m.Payload))
 		require.Equal(t, "order/o1", m.Metadata.Get(metadata.OrderingKey))
 		require.Equal(t, "yes", m.Metadata.Get("custom"))
 		require.Equal(t, "svc", m.Metadata.Get(metadata.EventSource))
-		eventually(t, 5*time.Second, func() bool { return count(t, b.schema.DB, "status = 'published'") == 1 }, "row marked published")
+		eventually(t, 30*time.Second, func() bool { return count(t, b.schema.DB, "status = 'published'") == 1 }, "row marked published")
 		require.Equal(t, 1, count(t, b.schema.DB, "true"), "the rolled back event was never written")
 	})
 }
