@@ -320,7 +320,8 @@ func TestShutdownDuringBackoffDoesNotDeadLetter(t *testing.T) {
 	}
 	start := time.Now()
 	require.NoError(t, b.router.Close())
-	require.Less(t, time.Since(start), 5*time.Second, "router close waited out the backoff")
+	// The backoff is an hour: a minute separates the two on any machine.
+	require.Less(t, time.Since(start), time.Minute, "router close waited out the backoff")
 	select {
 	case dl := <-b.dead:
 		t.Fatalf("message dead-lettered on shutdown: %v", dl.Metadata)

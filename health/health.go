@@ -80,11 +80,13 @@ type Handler struct {
 	evalMu   sync.Mutex
 	inflight *evaluation // the evaluation running, nil when none
 	last     *evaluation // the last one that ended
+	gen      uint64      // counts Add calls: an evaluation begun before one is not reused after it
 }
 
 // evaluation is one run of every check, shared by the requests that
 // arrive while it runs.
 type evaluation struct {
+	gen     uint64 // Handler.gen when it began
 	done    chan struct{}
 	ended   time.Time
 	results []Result
@@ -106,7 +108,13 @@ func (h *Handler) Add(name string, c Checker) {
 	h.checks[name] = c
 	h.mu.Unlock()
 	h.evalMu.Lock()
-	h.last = nil // the next request runs the new check
+	// The next request runs the new check: it neither takes the last
+	// results nor joins a run that began before this Add (that run's
+	// results, without the new check or with the one it replaced, are
+	// not kept either: before, a run in flight across an Add became the
+	// last one when it ended and was served, and cached, after the Add).
+	h.gen++
+	h.last, h.inflight = nil, nil
 	h.evalMu.Unlock()
 }
 
@@ -181,7 +189,7 @@ func (h *Handler) Check(ctx context.Context) Report {
 	ev := h.last
 	if ev == nil || h.cfg.CacheFor <= 0 || time.Since(ev.ended) >= h.cfg.CacheFor {
 		if ev = h.inflight; ev == nil {
-			ev = &evaluation{done: make(chan struct{})}
+			ev = &evaluation{gen: h.gen, done: make(chan struct{})}
 			h.inflight = ev
 			// The run is not the first caller's: its ctx ending must not
 			// fail the others' results. CheckTimeout bounds it.
@@ -189,7 +197,12 @@ func (h *Handler) Check(ctx context.Context) Report {
 				results := h.evaluate(context.WithoutCancel(ctx))
 				h.evalMu.Lock()
 				ev.results, ev.ended = results, time.Now()
-				h.inflight, h.last = nil, ev
+				if h.inflight == ev {
+					h.inflight = nil
+				}
+				if ev.gen == h.gen { // no Add since it began
+					h.last = ev
+				}
 				h.evalMu.Unlock()
 				close(ev.done)
 			}()

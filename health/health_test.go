@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -279,4 +280,46 @@ func TestCacheFor(t *testing.T) {
 
 	_, err = health.NewHandler(health.Config{CacheFor: -time.Second})
 	require.ErrorContains(t, err, "Config.CacheFor -1s")
+}
+
+// A check added while an evaluation runs is in the next request's answer:
+// the run that began before the Add is neither joined nor kept (before,
+// it became the last evaluation when it ended and was served, cached,
+// without the new check: millwright relay's /readyz then passed without
+// its relays' checks, which are added while the first probes run).
+func TestAddDuringAnEvaluation(t *testing.T) {
+	t.Parallel()
+	h, err := health.NewHandler(health.Config{CacheFor: time.Hour})
+	require.NoError(t, err)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h.Add("database", health.CheckerFunc(func(context.Context) error {
+		once.Do(func() { close(entered); <-release })
+		return nil
+	}))
+	first := make(chan health.Report, 1)
+	go func() { first <- h.Check(context.Background()) }()
+	select {
+	case <-entered: // the first evaluation runs, with the database check only
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first evaluation did not start")
+	}
+	h.Add("relay-0", health.CheckerFunc(func(context.Context) error { return errors.New("not running yet") }))
+	second := make(chan health.Report, 1)
+	go func() { second <- h.Check(context.Background()) }()
+	close(release)
+	var reps []health.Report
+	for _, c := range []chan health.Report{first, second} {
+		select {
+		case rep := <-c:
+			reps = append(reps, rep)
+		case <-time.After(30 * time.Second):
+			t.Fatal("a Check did not return")
+		}
+	}
+	require.True(t, reps[0].Ready, "the request that began before the Add: %s", reps[0])
+	for _, rep := range []health.Report{reps[1], h.Check(context.Background())} {
+		require.False(t, rep.Ready, "served the evaluation begun before the Add: %s", rep)
+		require.Contains(t, rep.String(), "[-]relay-0 failed: not running yet")
+	}
 }

@@ -115,7 +115,7 @@ func TestCleaner_RunAndClose(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(context.Background()) }()
 	<-c.Running()
-	eventually(t, 5*time.Second, func() bool { return count(t, b.db, "true") == 0 }, "cleaner deletes the old row")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "true") == 0 }, "cleaner deletes the old row")
 	require.NoError(t, c.Close())
 	require.NoError(t, <-errc)
 	require.NoError(t, c.Close(), "Close is idempotent")

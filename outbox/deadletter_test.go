@@ -34,7 +34,7 @@ func TestRelay_DeadLetterIsReadByTheDLQTools(t *testing.T) {
 		Source: "/orders", Payload: []byte(`{"id":"o-1"}`)}))
 	startRelay(t, b.db, pub, RelayConfig{PollInterval: 5 * time.Millisecond, DeadLetterTopic: "orders.dead",
 		Retry: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond, MaxAttempts: 2}})
-	eventually(t, 10*time.Second, func() bool { return len(dead.all()) == 1 }, "the event reaches the dead-letter topic")
+	eventually(t, 30*time.Second, func() bool { return len(dead.all()) == 1 }, "the event reaches the dead-letter topic")
 	msg := dead.all()[0]
 	require.Equal(t, "orders", msg.Metadata.Get(metadata.DeadLetterOriginalTopic))
 	require.Equal(t, "order.placed", msg.Metadata.Get(metadata.EventType), "the event's own metadata is kept")

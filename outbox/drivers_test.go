@@ -168,14 +168,14 @@ func TestDrivers_TxPublisher(t *testing.T) {
 		require.NoError(t, rolled.rollback())
 
 		startRelayOn(t, b.handle, b.pubsub, RelayConfig{ListenURL: b.schema.URL})
-		eventually(t, 10*time.Second, func() bool { return len(got.all()) == 1 }, "want 1 message")
+		eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "want 1 message")
 		m := got.all()[0]
 		require.Equal(t, "ev-1", m.UUID)
 		require.JSONEq(t, `{"total": 10}`, string(m.Payload))
 		require.Equal(t, "order/o1", m.Metadata.Get(metadata.OrderingKey))
 		require.Equal(t, "yes", m.Metadata.Get("custom"))
 		require.Equal(t, "svc", m.Metadata.Get(metadata.EventSource))
-		eventually(t, 5*time.Second, func() bool { return count(t, b.schema.DB, "status = 'published'") == 1 }, "row marked published")
+		eventually(t, 30*time.Second, func() bool { return count(t, b.schema.DB, "status = 'published'") == 1 }, "row marked published")
 		require.Equal(t, 1, count(t, b.schema.DB, "true"), "the rolled back event was never written")
 	})
 }
@@ -189,11 +189,13 @@ func TestDrivers_ListenWakesWithoutPolling(t *testing.T) {
 		t.Parallel()
 		b := setupDriver(t, driver)
 		got := b.collect(t, "t")
-		r := startRelayOn(t, b.handle, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
+		// Lease 3m: the idle relay's own wake-up (a third of the lease) is
+		// 60 s away, beyond the 30 s waits below.
+		r := startRelayOn(t, b.handle, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute})
 		require.Equal(t, b.handle == any(b.db), r.db.Driver() == "database/sql")
 		for i := range 3 {
 			require.NoError(t, Add(context.Background(), b.handle, Event{Topic: "t", AggregateID: "a"}))
-			eventually(t, 5*time.Second, func() bool { return len(got.all()) == i+1 }, "NOTIFY should wake the relay")
+			eventually(t, 30*time.Second, func() bool { return len(got.all()) == i+1 }, "NOTIFY should wake the relay")
 		}
 	})
 }

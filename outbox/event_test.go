@@ -35,7 +35,7 @@ func TestAdd_AwkwardValuesRoundTrip(t *testing.T) {
 	}
 	require.NoError(t, Add(ctx, b.db, evs...))
 	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 10 * time.Millisecond})
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 4 }, "4 messages")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 4 }, "4 messages")
 	// Different aggregates go out in parallel: look messages up by id.
 	byID := map[string]*message.Message{}
 	for _, m := range got.all() {
@@ -83,7 +83,7 @@ func TestAdd_PublishedMetadataIsCompleteAndStoredOnce(t *testing.T) {
 	require.JSONEq(t, `{"ce_source":"`+DefaultSource()+`"}`, stored, "only the default source, which no column holds")
 
 	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 10 * time.Millisecond})
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 2 }, "2 messages")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 2 }, "2 messages")
 	byID := map[string]message.Metadata{}
 	for _, m := range got.all() {
 		byID[m.UUID] = m.Metadata
@@ -136,7 +136,7 @@ func TestTxPublisher_StoresMetadataOnceAndDeliversItUnchanged(t *testing.T) {
 	require.JSONEq(t, `{"ce_time":"2026-01-02T03:04:05Z","ce_source":"/orders","tenant":"t-1"}`, stored)
 
 	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 10 * time.Millisecond})
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "1 message")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "1 message")
 	want := message.Metadata{metadata.EventID: "e-9", metadata.EventDataContentType: "application/json"}
 	for k, v := range sent {
 		want[k] = v

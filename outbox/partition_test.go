@@ -148,7 +148,7 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 	stop := make(chan struct{})
 	var written [3]int
 	startMigrationWriters(ctx, t, b.db, &wg, stop, &written)
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "true") > 260 }, "writers write")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "true") > 260 }, "writers write")
 	before := outboxIDs(t, b.db)
 	var maxBefore int64
 	for x := range before {
@@ -158,7 +158,7 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, applied, 1)
 	require.Equal(t, "p", relkind(t, b.db))
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "id > "+strconv.FormatInt(maxBefore+100, 10)) > 0 }, "writers write after the conversion")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "id > "+strconv.FormatInt(maxBefore+100, 10)) > 0 }, "writers write after the conversion")
 	close(stop)
 	wg.Wait()
 
@@ -174,7 +174,7 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 	require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM millwright_outbox WHERE created_at < now() - interval '2 days'`).Scan(&oldPending))
 	require.Equal(t, 20, oldPending, "the old rows moved too")
 
-	eventually(t, 10*time.Second, func() bool { return len(got.all()) == total }, "every event published")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == total }, "every event published")
 	requireOncePerEventInAggregateOrder(t, got.all())
 	var lastID int64
 	require.NoError(t, b.db.QueryRow(`SELECT max(id) FROM millwright_outbox`).Scan(&lastID))
@@ -534,7 +534,7 @@ func TestPartitionCleaner_WithRelayAndWriters(t *testing.T) {
 		seen[m.UUID] = true
 	}
 	// A message reaches the subscriber before the relay marks its row.
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "every row marked published")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "every row marked published")
 	for d := -3; d < 0; d++ {
 		require.NotContains(t, partitionNames(t, b.db), cleaner.PartitionName("millwright_outbox", today.AddDate(0, 0, d)))
 	}

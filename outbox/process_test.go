@@ -123,7 +123,7 @@ func TestRelay_KilledProcessPublishingInTheDatabaseLosesAndRepeatsNothing(t *tes
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tr.Close() })
 	startRelay(t, b.db, tr.Publisher(), RelayConfig{PollInterval: 20 * time.Millisecond})
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the next relay publishes the batch")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the next relay publishes the batch")
 	var distinct int
 	require.NoError(t, b.db.QueryRow(`SELECT count(*), count(DISTINCT uuid) FROM `+table).Scan(&messages, &distinct))
 	require.Equal(t, 20, messages, "every event once")
@@ -145,6 +145,6 @@ func TestRelay_KilledProcessLosesNothing(t *testing.T) {
 	require.Equal(t, 0, count(t, b.db, "status = 'published'"), "the killed relay marked nothing")
 
 	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 20 * time.Millisecond})
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the killed batch is reclaimed after its lease")
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 20 }, "every event reaches the consumer")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the killed batch is reclaimed after its lease")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 20 }, "every event reaches the consumer")
 }

@@ -54,7 +54,7 @@ func TestRelay_StatsCountRoundsOutcomesAndLastSuccess(t *testing.T) {
 
 	brokerDown = false
 	// Wait out the 1ms backoff the failures scheduled.
-	eventually(t, 10*time.Second, func() bool {
+	eventually(t, 30*time.Second, func() bool {
 		_, err := r.RunOnce(ctx)
 		return r.Stats().Failed == 1 && r.Stats().Published == 2 && err == nil
 	}, "the poison row fails for good and the others go out")

@@ -158,7 +158,7 @@ func TestRelay_CommittedEventsArePublished(t *testing.T) {
 	require.NoError(t, tx.Commit())
 
 	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL})
-	eventually(t, 10*time.Second, func() bool { return len(got.all()) == 2 }, "want 2 messages")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 2 }, "want 2 messages")
 	msgs := got.all()
 	require.Equal(t, "ev-1", msgs[0].UUID)
 	require.JSONEq(t, `{"total": 10}`, string(msgs[0].Payload))
@@ -170,7 +170,7 @@ func TestRelay_CommittedEventsArePublished(t *testing.T) {
 	require.Equal(t, []byte{0xff, 0x00, 0x01}, []byte(msgs[1].Payload))
 	require.Equal(t, "yes", msgs[1].Metadata.Get("custom"))
 	require.Equal(t, "svc", msgs[1].Metadata.Get(metadata.EventSource))
-	eventually(t, 5*time.Second, func() bool { return count(t, b.db, "status = 'published'") == 2 }, "rows marked published")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'published'") == 2 }, "rows marked published")
 }
 
 func TestRelay_ListenWakesWithoutPolling(t *testing.T) {
@@ -178,11 +178,14 @@ func TestRelay_ListenWakesWithoutPolling(t *testing.T) {
 	b := setup(t)
 	got := b.collect(t, "t")
 	// A poll interval far beyond the deadline: only NOTIFY can deliver.
-	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
+	// Lease 3m: an idle relay also wakes after a third of its lease (10 s
+	// by default, 5 s after these waits' old 5 s ceilings); with 60 s the 30 s
+	// ceilings below still tell a wake-up from that timer on a loaded machine.
+	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute})
 	// LISTEN is active once Running is closed (startRelay waits for it):
 	// the first claim ran before anything was written; now write.
 	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "NOTIFY should wake the relay")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "NOTIFY should wake the relay")
 }
 
 // hookPublisher wraps a publisher with fault injection.
@@ -225,11 +228,11 @@ func TestRelay_KilledBetweenPublishAndMarkRepublishes(t *testing.T) {
 	require.NoError(t, r1.Run(runCtx))
 	require.True(t, killed.Load())
 	require.Equal(t, 0, count(t, b.db, "status = 'published'"), "nothing may be marked after the kill")
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 20 }, "the killed relay published its batch")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 20 }, "the killed relay published its batch")
 
 	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 20 * time.Millisecond})
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "second relay drains")
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 40 }, "the killed batch is republished once (at-least-once)")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "second relay drains")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 40 }, "the killed batch is republished once (at-least-once)")
 	seen := map[string]int{}
 	for _, m := range got.all() {
 		seen[m.UUID]++
@@ -469,22 +472,22 @@ func TestRelay_PoisonRowFailsWhileOthersFlow(t *testing.T) {
 	reg := newTestRegistry()
 	startRelay(t, b.db, pub, RelayConfig{PollInterval: 5 * time.Millisecond, DeadLetterTopic: "t.dead", Registerer: reg, MetricsInterval: 10 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 2 * time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: 3}})
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'failed'") == 1 }, "poison row fails")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'failed'") == 1 }, "poison row fails")
 	var retries int
 	var lastErr string
 	require.NoError(t, b.db.QueryRow(`SELECT retry_count, last_error FROM millwright_outbox WHERE status = 'failed'`).Scan(&retries, &lastErr))
 	require.Equal(t, 3, retries)
 	require.Contains(t, lastErr, "message too large")
-	eventually(t, 10*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the rest drains")
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 31 && len(dlq.all()) == 1 }, "31 published, 1 dead-lettered")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "the rest drains")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 31 && len(dlq.all()) == 1 }, "31 published, 1 dead-lettered")
 	msgs := got.all()
 	require.Equal(t, `"after"`, string(msgs[len(msgs)-1].Payload), "the poison row's successor waits for it")
 	require.Equal(t, "message too large", dlq.all()[0].Metadata.Get(MetadataDeadLetterError))
-	eventually(t, 5*time.Second, func() bool { return reg.value(t, MetricFailedCount) == 1 }, "failed gauge")
+	eventually(t, 30*time.Second, func() bool { return reg.value(t, MetricFailedCount) == 1 }, "failed gauge")
 	require.Equal(t, 1.0, reg.value(t, MetricFailed))
 	// The counter follows the mark's commit, which the look at the table
 	// above may see first.
-	eventually(t, 5*time.Second, func() bool { return reg.value(t, MetricPublished) == 31 }, "published counter")
+	eventually(t, 30*time.Second, func() bool { return reg.value(t, MetricPublished) == 31 }, "published counter")
 	require.Equal(t, 3.0, reg.value(t, MetricPublishErrors))
 }
 
@@ -518,12 +521,15 @@ func TestRelay_NoLostWakeupForWriterInFlight(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, Add(ctx, tx, Event{Topic: "t", AggregateID: "a"}))
 
-	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
+	// Lease 3m: an idle relay also wakes after a third of its lease (10 s
+	// by default, 5 s after these waits' old 5 s ceilings); with 60 s the 30 s
+	// ceilings below still tell a wake-up from that timer on a loaded machine.
+	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute})
 	// The relay has gone idle and tried the lock: its waiting connection
 	// ran the try (and failed, since the writer holds it shared).
-	eventually(t, 5*time.Second, func() bool { return triedWakeupLock(t, b) > 0 }, "idle relay tries the wake-up lock")
+	eventually(t, 30*time.Second, func() bool { return triedWakeupLock(t, b) > 0 }, "idle relay tries the wake-up lock")
 	require.NoError(t, tx.Commit())
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "event published without a notification or poll")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "event published without a notification or poll")
 }
 
 // Writers notify only while a relay holds the wake-up lock (is idle), and a
@@ -601,9 +607,9 @@ func TestRelay_FailingAggregateBacklogDoesNotBlockOthers(t *testing.T) {
 	}}
 	startRelay(t, b.db, pub, RelayConfig{BatchSize: 5, PollInterval: 5 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: -1}})
-	eventually(t, 10*time.Second, func() bool { return len(got.all()) == 20 }, "the other aggregates flow")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 20 }, "the other aggregates flow")
 	require.Equal(t, 60, count(t, b.db, "status = 'pending' AND aggregate_id = 'bad'"))
-	eventually(t, 5*time.Second, func() bool { return count(t, b.db, "aggregate_id = 'bad' AND retry_count >= 2") == 1 }, "the bad head keeps retrying")
+	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "aggregate_id = 'bad' AND retry_count >= 2") == 1 }, "the bad head keeps retrying")
 }
 
 func TestAdd_RefusesOversizedEventAtWriteTime(t *testing.T) {
@@ -654,7 +660,7 @@ func TestRelay_HungHolderLosesTheWakeupLock(t *testing.T) {
 	require.True(t, settled)
 	require.True(t, held())
 	eventually(t, 4*r.holdTimeout(), func() bool { return !held() }, "the server ends the idle holder's session")
-	eventually(t, 10*time.Second, func() bool {
+	eventually(t, 30*time.Second, func() bool {
 		release, settled, err := r.announceIdle(ctx) // the first try may meet the ended session
 		if err != nil || !settled || !held() {
 			return false
@@ -782,7 +788,10 @@ func TestRelay_StoppingHolderHandsOverTheWakeup(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	got := b.collect(t, "t")
-	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour}
+	// Lease 3m: an idle relay also wakes after a third of its lease (10 s
+	// by default, 5 s after these waits' old 5 s ceilings); with 60 s the 30 s
+	// ceilings below still tell a wake-up from that timer on a loaded machine.
+	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute}
 	relays := []*Relay{startRelay(t, b.db, b.pubsub, cfg), startRelay(t, b.db, b.pubsub, cfg)}
 	// Both are idle: one holds the lock, the other found it held. Until
 	// they have divided the lanes they wake every few ms and the lock may
@@ -803,7 +812,7 @@ func TestRelay_StoppingHolderHandsOverTheWakeup(t *testing.T) {
 	// woken by a late notification (the other's join) gives the lock up
 	// for a moment, so a second look may find nobody holding it.
 	var holder *Relay
-	eventually(t, 5*time.Second, func() bool {
+	eventually(t, 30*time.Second, func() bool {
 		d, tried, h := divided(), triedWakeupLock(t, b), wakeupLockHolder(t, b)
 		seen = fmt.Sprintf("lanes divided %v, relays idle %d, lock holder pid %d", d, tried, h)
 		if !d || tried != 2 || h == 0 {
@@ -820,28 +829,29 @@ func TestRelay_StoppingHolderHandsOverTheWakeup(t *testing.T) {
 	}, "both relays idle with their lanes, one of them holding the lock")
 	require.NoError(t, holder.Close())
 	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
-	eventually(t, 5*time.Second, func() bool { return len(got.all()) == 1 }, "the other relay publishes without waiting for its poll")
+	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "the other relay publishes without waiting for its poll")
 }
 
 // A relay that joins while another sleeps holding every lane (PollInterval
-// an hour, so the sleeper would wake only after a third of Lease, 10 s)
-// gets its share at once: it wakes the sleeper, which checks its lanes
-// first and frees that share.
+// an hour, so the sleeper would wake only after a third of Lease: 60 s
+// here, 10 s by default, which left a 3 s wait 7 s of margin) gets its
+// share at once: it wakes the sleeper, which checks its lanes first and
+// frees that share.
 func TestRelay_JoiningRelayWakesTheSleepingHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour}
+	cfg := RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute}
 	startRelay(t, b.db, b.pubsub, cfg)
 	heldBy := func() []int {
 		return pgtest.Column[int](t, b.db, `SELECT count(*) FROM millwright_outbox_lanes
 			WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner ORDER BY 1`)
 	}
-	eventually(t, 5*time.Second, func() bool {
+	eventually(t, 30*time.Second, func() bool {
 		return slices.Equal(heldBy(), []int{laneCount}) && triedWakeupLock(t, b) == 1
 	}, "the first relay holds every lane and sleeps")
 	start := time.Now()
 	startRelay(t, b.db, b.pubsub, cfg)
-	eventually(t, 3*time.Second, func() bool { return slices.Equal(heldBy(), []int{laneCount / 2, laneCount / 2}) },
+	eventually(t, 30*time.Second, func() bool { return slices.Equal(heldBy(), []int{laneCount / 2, laneCount / 2}) },
 		"the relays divide the lanes well before the sleeper's own wake-up")
 	t.Logf("lanes divided %s after the second relay started", time.Since(start))
 }

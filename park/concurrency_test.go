@@ -78,7 +78,7 @@ func TestKeysInParallelKeepEachKeysOrder(t *testing.T) {
 				require.Len(t, got, perKey)
 			}
 		}
-		poll.Until(t, 10*time.Second, func() bool { return len(b.keys(t)) == 0 }, "keys released")
+		poll.Until(t, 30*time.Second, func() bool { return len(b.keys(t)) == 0 }, "keys released")
 		require.NoError(t, p.Close())
 		require.NoError(t, <-done)
 		t.Logf("%d of %d messages failed past their in-place retries; %d parked behind", parkedMsgs, total, p.Stats().ParkedBehind)

@@ -197,7 +197,7 @@ func (b *bundle) drainBy(t *testing.T, cond func() bool) {
 // waitDue waits until key's head is due.
 func (b *bundle) waitDue(t *testing.T, key string) {
 	t.Helper()
-	poll.Until(t, 10*time.Second, func() bool {
+	poll.Until(t, 30*time.Second, func() bool {
 		var due bool
 		require.NoError(t, b.schema.DB.QueryRow(`SELECT due_at <= now() FROM millwright_parked_keys WHERE key = $1`, key).Scan(&due))
 		return due

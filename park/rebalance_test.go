@@ -101,7 +101,7 @@ func TestParkedKeyMovesWithRebalanceKafka(t *testing.T) {
 	a.heal("k1")
 	poll.Until(t, 60*time.Second, func() bool { return len(a.order(isKey("k"))) == 3 }, "k applied after healing")
 	require.Equal(t, []string{"k1", "k2", "k3"}, a.order(isKey("k")))
-	poll.Until(t, 10*time.Second, func() bool { return len(b.keys(t)) == 0 }, "k released")
+	poll.Until(t, 30*time.Second, func() bool { return len(b.keys(t)) == 0 }, "k released")
 	require.Zero(t, first.Stats().Retried, "the first member ran no retrier")
 	require.EqualValues(t, 3, second.Stats().Retried)
 	require.EqualValues(t, 2, second.Stats().ParkedBehind, "the second member consumed k2 and k3")

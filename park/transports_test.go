@@ -110,5 +110,5 @@ func testParkedKeyTransport(t *testing.T, kind transport.Kind) {
 	a.heal("a1")
 	poll.Until(t, 60*time.Second, func() bool { return len(a.order(isKey("a"))) == 3 }, "%s: key a applied after healing: %v", kind, b.keys(t))
 	require.Equal(t, []string{"a1", "a2", "a3"}, a.order(isKey("a")))
-	poll.Until(t, 10*time.Second, func() bool { return len(b.keys(t)) == 0 }, "%s: key a released", kind)
+	poll.Until(t, 30*time.Second, func() bool { return len(b.keys(t)) == 0 }, "%s: key a released", kind)
 }

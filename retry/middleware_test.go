@@ -231,15 +231,17 @@ func TestMiddlewareShutdownDuringBackoffReturnsPromptly(t *testing.T) {
 	cancel()
 	select {
 	case err := <-done:
-		require.Less(t, time.Since(start), 5*time.Second)
+		// The backoff is an hour: a minute separates "returned on the
+		// cancel" from "waited it out" on any machine (5 s measured load).
+		require.Less(t, time.Since(start), time.Minute)
 		require.ErrorIs(t, err, context.Canceled)
 		require.ErrorIs(t, err, errBoom)
 		var re *retry.Error
 		require.ErrorAs(t, err, &re)
 		require.True(t, re.Interrupted)
 		require.False(t, retry.Final(err), "an interrupted retry must be redelivered, not dead-lettered")
-	case <-time.After(10 * time.Second):
-		t.Fatal("middleware still waiting out an hour-long backoff after its context was cancelled")
+	case <-time.After(time.Minute):
+		t.Fatal("middleware still waiting out an hour-long backoff a minute after its context was cancelled")
 	}
 }
 

@@ -77,7 +77,7 @@ func TestConcurrentRepliesMakeOneTransition(t *testing.T) {
 		require.NoError(t, err)
 		go func() { errs <- orchs[i].HandleReply(reply) }()
 	}
-	poll.Until(t, 10*time.Second, func() bool { return pgtest.WaitingOnLock(t, s.DB, pids...) == n },
+	poll.Until(t, 30*time.Second, func() bool { return pgtest.WaitingOnLock(t, s.DB, pids...) == n },
 		"all %d replies wait on the instance's row lock", n)
 	require.NoError(t, lock.Rollback())
 

@@ -733,7 +733,7 @@ func (l *syncLogger) errorsLogged() []watermill.CapturedMessage {
 func (l *syncLogger) waitErrorsLogged(t *testing.T, what string, ok func([]watermill.CapturedMessage) bool) []watermill.CapturedMessage {
 	t.Helper()
 	var got []watermill.CapturedMessage
-	poll.Until(t, 10*time.Second, func() bool { got = l.errorsLogged(); return ok(got) },
+	poll.Until(t, 30*time.Second, func() bool { got = l.errorsLogged(); return ok(got) },
 		"%s: not logged within 10s; error lines: %+v", what, &got)
 	return got
 }

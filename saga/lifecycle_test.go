@@ -51,7 +51,7 @@ func TestOrchestratorLifecycle(t *testing.T) {
 	go func() { errc <- o.Run(context.Background()) }()
 	select {
 	case <-o.Running():
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not start")
 	}
 	require.ErrorContains(t, o.Run(context.Background()), "saga.Orchestrator: Run called twice")
@@ -61,8 +61,8 @@ func TestOrchestratorLifecycle(t *testing.T) {
 	select {
 	case err := <-errc:
 		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return within 10s of Close")
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s of Close")
 	}
 	require.NoError(t, o.Close(), "Close is idempotent")
 

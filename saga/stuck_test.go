@@ -60,8 +60,8 @@ func TestStoppedAfterClose(t *testing.T) {
 	go func() { done <- o.Run(context.Background()) }()
 	select {
 	case <-o.Running():
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not start within 10s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not start within 30s")
 	}
 	require.False(t, o.Stopped())
 	require.NoError(t, o.Close())

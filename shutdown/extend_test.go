@@ -19,15 +19,15 @@ func TestExtendGraceDelaysTheBackstop(t *testing.T) {
 
 	ctx, stop := Context(context.Background(), "prog")
 	defer stop()
+	signalled := time.Now() // before the signal: no later than the backstop's start
 	require.NoError(t, syscall.Kill(syscall.Getpid(), syscall.SIGTERM))
 	<-ctx.Done()
-	signalled := time.Now()
 	select {
 	case code := <-exited:
 		require.Equal(t, 1, code)
-	case <-time.After(5 * time.Second):
-		t.Fatal("no exit after Grace + extra")
+	case <-time.After(30 * time.Second):
+		t.Fatal("no exit 30s after the signal (Grace + extra is " + (Grace + extra).String() + ")")
 	}
-	require.GreaterOrEqual(t, time.Since(signalled), Grace+extra-50*time.Millisecond)
+	require.GreaterOrEqual(t, time.Since(signalled), Grace+extra)
 	require.Contains(t, out.String(), "prog: terminated signal received; still waiting after ")
 }

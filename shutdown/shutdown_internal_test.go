@@ -28,17 +28,22 @@ func TestBackstopExitsAfterGrace(t *testing.T) {
 
 	ctx, stop := Context(context.Background(), "prog")
 	defer stop()
+	// Taken before the signal is sent, so no later than the backstop's
+	// start: the lower bound below holds however late this goroutine runs
+	// (taken after <-ctx.Done(), a goroutine scheduled 50 ms late saw
+	// the exit "early").
+	signalled := time.Now()
 	require.NoError(t, syscall.Kill(syscall.Getpid(), syscall.SIGTERM))
 	<-ctx.Done()
-	signalled := time.Now()
 	select {
 	case code := <-exited:
 		require.Equal(t, 1, code)
-	case <-time.After(5 * time.Second):
-		t.Fatal("no exit after Grace")
+	case <-time.After(30 * time.Second):
+		t.Fatal("no exit 30s after the signal (Grace is " + Grace.String() + ")")
 	}
-	require.Less(t, time.Since(signalled), time.Second)
-	require.GreaterOrEqual(t, time.Since(signalled), Grace-50*time.Millisecond)
+	// No upper bound but the one above: how soon after Grace the exit
+	// comes is scheduling (it had 250 ms on a loaded machine).
+	require.GreaterOrEqual(t, time.Since(signalled), Grace)
 	require.Contains(t, out.String(), "prog: terminated signal received; still waiting after ")
 	require.Contains(t, out.String(), "no Postgres call in flight")
 

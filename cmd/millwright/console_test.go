@@ -47,8 +47,8 @@ func startConsole(t *testing.T, args ...string) (string, *syncBuffer) {
 		select {
 		case err := <-done:
 			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
-			t.Error("millwright console did not stop within 10s of its context")
+		case <-time.After(30 * time.Second):
+			t.Error("millwright console did not stop within 30s of its context")
 		}
 	})
 	select {

@@ -240,7 +240,13 @@ func runRelay(ctx context.Context, cfg relayenv.Config, tcfg transport.Config, l
 	if err := p.openTransport(ctx, tcfg, hooks.wrapPublisher); err != nil {
 		return err
 	}
-	broker.Done()
+	// No broker.Done(): openTransport replaced the Waiter with the real
+	// broker check, after the relays' checks. A readiness run that began
+	// before those Adds still holds the Waiter; left waiting, it fails, so
+	// that run (which has no relay checks) cannot pass. With Done it
+	// passed when its checks ran after this point, and /readyz answered
+	// 200 without the relays (TestRelayCommand under load: "[+]broker ok
+	// [+]database ok readyz check passed", no relay-0).
 	if hooks.transport != nil {
 		if err := hooks.transport(p.tr); err != nil {
 			return err

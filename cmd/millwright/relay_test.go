@@ -131,7 +131,7 @@ func TestRelayCommand(t *testing.T) {
 	poll.Until(t, 30*time.Second, func() bool { return countStatus(t, s.DB, "published") == 20 }, "the relay published the 20 events")
 	// The counter follows the mark's commit, which the table showed first.
 	var metrics string
-	poll.Until(t, 10*time.Second, func() bool {
+	poll.Until(t, 30*time.Second, func() bool {
 		var code int
 		code, metrics = httpGet(t, base+relayenv.PathMetrics)
 		return code == http.StatusOK && strings.Contains(metrics, "\n"+outbox.MetricPublished+" 20\n")
@@ -291,7 +291,9 @@ func TestRelayDrainIsBounded(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("runRelay did not return within 30s")
 	}
-	require.Less(t, time.Since(start), 300*time.Millisecond+5*time.Second)
+	// The 300 ms bound ended the drain, not the default 20 s (a 5.3 s
+	// bound left a loaded machine 5 s for the relay's own close).
+	require.Less(t, time.Since(start), 10*time.Second)
 	require.Equal(t, 0, countStatus(t, s.DB, "published"))
 	require.Equal(t, 10, countStatus(t, s.DB, "pending"), "abandoned rows stay pending")
 }

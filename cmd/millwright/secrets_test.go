@@ -280,8 +280,8 @@ func TestSecretsNeverShown(t *testing.T) {
 			out, errOut, err := runCLI(t, dlqCmd(), nil, dbURL, "show", strconv.FormatInt(id, 10))
 			require.NoError(t, err)
 			l.add("dlq show of the envelope", out+errOut)
-		case <-time.After(10 * time.Second):
-			t.Fatal("no dead letter within 10s")
+		case <-time.After(30 * time.Second):
+			t.Fatal("no dead letter within 30s")
 		}
 		l.add("dlq logs", logs.String())
 		mfs, err := reg.Gather()

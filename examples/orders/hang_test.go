@@ -11,8 +11,8 @@ import (
 )
 
 // A database that accepts connections and never answers: the demo and
-// the services fail after connect_timeout saying so, and stop within a
-// second of SIGINT or SIGTERM saying what they were waiting for.
+// the services fail after connect_timeout saying so, and stop on a
+// signal (SIGINT or SIGTERM) saying what they were waiting for.
 func TestSilentDatabase(t *testing.T) {
 	t.Parallel()
 	bin := pgconntest.Build(t, ".")

@@ -492,7 +492,6 @@ func serve(args []string) error {
 		return err
 	}
 	defer cleanup()
-	broker.Done()
 	proc, err := e.app.Start(ctx, services...)
 	if err != nil {
 		return err
@@ -507,6 +506,10 @@ func serve(args []string) error {
 			return errors.New("starting")
 		}
 	}))
+	// The broker is reached: its Waiter is replaced, after the services'
+	// check, not ended with Done (a readiness run begun before the
+	// services' check, holding the Waiter, would then pass without it).
+	ready.Add("broker", health.CheckerFunc(func(context.Context) error { return nil }))
 	h := e.app.MetricsHandler()
 	if withOrders {
 		h = e.app.Handler()

@@ -10,8 +10,8 @@ import (
 )
 
 // A database that accepts connections and never answers: the quickstart
-// fails after connect_timeout saying so, and stops within a second of
-// SIGINT or SIGTERM saying what it was waiting for.
+// fails after connect_timeout saying so, and stops on SIGINT or SIGTERM
+// saying what it was waiting for.
 func TestSilentDatabase(t *testing.T) {
 	t.Parallel()
 	bin := pgconntest.Build(t, ".")

@@ -20,6 +20,13 @@ import (
 // arrives well within it was not fetched by the poll.
 const longPoll = time.Minute
 
+// receiveLimit bounds each wait for a message: within longPoll (so a
+// message that came in time cannot have come by the poll), and long
+// enough for a loaded machine and for the xmin horizon, which any
+// session of the shared server (another test, package or run) can hold
+// back for a while: watermill-sql reads only rows below it.
+const receiveLimit = 40 * time.Second
+
 type notifyBundle struct {
 	schema *pgtest.Schema
 	tr     *sql.Transport
@@ -73,7 +80,7 @@ func TestNotifyWakesTheSubscriber(t *testing.T) {
 	b := setupNotify(t, longPoll, nil)
 	for i := range 5 {
 		b.publish(t, fmt.Sprint(i))
-		require.Equal(t, fmt.Sprint(i), b.receive(t, 10*time.Second))
+		require.Equal(t, fmt.Sprint(i), b.receive(t, receiveLimit))
 	}
 	_, _, polls := sql.WakeCounts(b.tr)
 	require.Zero(t, polls, "a message came by the poll")
@@ -99,7 +106,7 @@ func TestNotifyAtTheUsersCommit(t *testing.T) {
 	}
 	publishIn("rolled back", false)
 	publishIn("committed", true)
-	require.Equal(t, "committed", b.receive(t, 10*time.Second), "the rolled-back message was delivered")
+	require.Equal(t, "committed", b.receive(t, receiveLimit), "the rolled-back message was delivered")
 	_, _, polls := sql.WakeCounts(b.tr)
 	require.Zero(t, polls)
 }
@@ -127,7 +134,7 @@ func TestNotifyWaitsForTheHorizon(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	require.NoError(t, blocker.Commit())
-	require.Equal(t, "behind", b.receive(t, 10*time.Second))
+	require.Equal(t, "behind", b.receive(t, receiveLimit))
 	_, _, polls := sql.WakeCounts(b.tr)
 	require.Zero(t, polls, "it came by the poll, not by the horizon re-check")
 }
@@ -147,9 +154,13 @@ func TestNotifyFallsBackToThePollWhenTheListenerIsCut(t *testing.T) {
 		return through
 	})
 	b.publish(t, "before")
-	require.Equal(t, "before", b.receive(t, 10*time.Second))
+	require.Equal(t, "before", b.receive(t, receiveLimit))
 
-	proxy.Outage(8 * time.Second)
+	// Until the messages below came by the poll: the outage ends when the
+	// test ends it, not after a fixed 8 s, which a loaded machine's polls
+	// and deliveries could outlast (the listener then reconnected before
+	// the checks, and they failed on a correct fallback).
+	proxy.Outage(time.Hour)
 	require.Positive(t, proxy.CutConns(), "the LISTEN connection was not cut")
 	// Two polls after the cut, the loop is idle in its wait: only the
 	// poll can fetch what comes now.
@@ -160,18 +171,19 @@ func TestNotifyFallsBackToThePollWhenTheListenerIsCut(t *testing.T) {
 		b.publish(t, fmt.Sprint("during ", i))
 	}
 	for i := range 3 {
-		require.Equal(t, fmt.Sprint("during ", i), b.receive(t, 5*time.Second))
+		require.Equal(t, fmt.Sprint("during ", i), b.receive(t, receiveLimit))
 	}
 	reconnects, wakes, polls := sql.WakeCounts(b.tr)
 	require.Zero(t, reconnects, "the listener was back before the messages: not the fallback")
 	require.Equal(t, wakes0, wakes, "woken without a listener")
 	require.Greater(t, polls, polls0)
 
+	proxy.Outage(0) // the listener may reconnect now
 	require.Eventually(t, func() bool { r, _, _ := sql.WakeCounts(b.tr); return r > 0 }, 40*time.Second, 20*time.Millisecond,
 		"the listener did not reconnect")
 	_, wakes, _ = sql.WakeCounts(b.tr)
 	b.publish(t, "after")
-	require.Equal(t, "after", b.receive(t, 10*time.Second))
+	require.Equal(t, "after", b.receive(t, receiveLimit))
 	require.Eventually(t, func() bool { _, w, _ := sql.WakeCounts(b.tr); return w > wakes }, 10*time.Second, 5*time.Millisecond,
 		"no wake after the reconnection")
 }

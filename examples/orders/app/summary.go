@@ -79,15 +79,18 @@ func (a *App) Count(ctx context.Context, pattern string) (Summary, error) {
 
 // WaitSettled polls Count until every order matching pattern has settled
 // and been notified, at least wantDeadLetters dead letters matching it are
-// recorded, and the outbox has no pending row, or ctx ends. It
-// returns the last summary either way, with ctx's error when it ended
-// first.
+// recorded, and the outbox has no pending row, or ctx ends. It returns the
+// last summary either way, with ctx's error when it ended first: the last
+// summary that was counted in full, never the zeros of a count the ending
+// ctx cut short (before, a give-up read "0 of 0 pending" while orders
+// were pending), and the error says which of the conditions was unmet.
 func (a *App) WaitSettled(ctx context.Context, pattern string, wantDeadLetters int) (Summary, error) {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	var (
 		last          Summary
-		outboxPending = "unread"
+		counted       bool
+		outboxPending = -1 // not read yet
 	)
 	for {
 		s, err := a.Count(ctx, pattern)
@@ -95,26 +98,40 @@ func (a *App) WaitSettled(ctx context.Context, pattern string, wantDeadLetters i
 			return s, err
 		}
 		if err == nil {
-			last = s
-		}
-		if err == nil && s.Settled() && s.DeadLetters >= wantDeadLetters {
-			st, err := outbox.ReadStats(ctx, a.db.handle())
-			if err != nil && ctx.Err() == nil {
-				return s, err
-			}
-			if err == nil {
-				outboxPending = fmt.Sprint(st.Pending)
-				if st.Pending == 0 {
-					return s, nil
+			last, counted, outboxPending = s, true, -1
+			if s.Settled() && s.DeadLetters >= wantDeadLetters {
+				st, err := outbox.ReadStats(ctx, a.db.handle())
+				if err != nil && ctx.Err() == nil {
+					return s, err
+				}
+				if err == nil {
+					if st.Pending == 0 {
+						return s, nil
+					}
+					outboxPending = int(st.Pending)
 				}
 			}
 		}
 		select {
 		case <-ctx.Done():
-			// The last summary read, not the count the ended ctx cut.
-			return last, fmt.Errorf("orders not settled: %d of %d pending, %d order events not notified, %d of %d dead letters, outbox rows pending %s: %w",
-				last.Pending, last.Orders, last.UnnotifiedEvents, last.DeadLetters, wantDeadLetters, outboxPending, ctx.Err())
+			return last, notSettledError(last, counted, wantDeadLetters, outboxPending, ctx.Err())
 		case <-t.C:
 		}
 	}
+}
+
+// notSettledError says what WaitSettled was still waiting for when its
+// context ended.
+func notSettledError(s Summary, counted bool, wantDeadLetters, outboxPending int, err error) error {
+	if !counted {
+		return fmt.Errorf("orders not settled: no count completed before the context ended: %w", err)
+	}
+	what := fmt.Sprintf("%d of %d pending, %d order events not notified", s.Pending, s.Orders, s.UnnotifiedEvents)
+	if s.DeadLetters < wantDeadLetters {
+		what += fmt.Sprintf(", %d of %d dead letters", s.DeadLetters, wantDeadLetters)
+	}
+	if outboxPending > 0 {
+		what += fmt.Sprintf(", %d outbox rows pending", outboxPending)
+	}
+	return fmt.Errorf("orders not settled: %s: %w", what, err)
 }
