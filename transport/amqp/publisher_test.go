@@ -117,7 +117,10 @@ func TestPublisherRecoversFromOutage(t *testing.T) {
 	t.Parallel()
 	proxy, through := proxied(t)
 	const pool = 2
-	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: pool, ConnectTimeout: 5 * time.Second, DeclareGroups: sink}, sink...)
+	// A publish that waited for a connection would take ConnectTimeout;
+	// failing promptly is anything well under it (a loaded machine's
+	// scheduling included).
+	b := setup(t, amqp.Config{URL: through, ChannelPoolSize: pool, ConnectTimeout: 2 * time.Minute, DeclareGroups: sink}, sink...)
 	require.NoError(t, b.publish())
 
 	proxy.Outage(time.Hour) // ended by the Cut below
@@ -128,7 +131,7 @@ func TestPublisherRecoversFromOutage(t *testing.T) {
 		err := b.publish()
 		require.ErrorIs(t, err, amqp.ErrNotConnected)
 		require.ErrorContains(t, err, "is down")
-		require.Less(t, time.Since(start), time.Second, "a publish during the outage took too long to fail")
+		require.Less(t, time.Since(start), time.Minute, "a publish during the outage waited for a connection instead of failing")
 	}
 	require.Equal(t, pool, amqp.FreeChannels(b.pub))
 
