@@ -2,6 +2,7 @@ package sql
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,8 +16,9 @@ import (
 
 // The wake-up: every messages table has a trigger that NOTIFYs
 // storage.SQLNotifyChannel at the commit of each inserting transaction
-// (see internal/storage/sqlnotify.go for why a trigger and not the
-// publisher). The transport LISTENs on one connection of its own and wakes
+// while a consumer waits, i.e. holds the table's wake-up lock (see
+// wakelock.go, and internal/storage/sqlnotify.go for why a trigger and
+// not the publisher). The transport LISTENs on one connection of its own and wakes
 // the consume loop of the table named in the payload; that loop, idle in
 // watermill-sql's BackoffManager between queries, queries again at once.
 //
@@ -45,6 +47,9 @@ type notifier struct {
 	mu     sync.Mutex
 	wakers map[uint32]map[*waker]struct{}
 
+	locks *wakeLocks  // the tables' wake-up locks (wakelock.go)
+	live  atomic.Bool // the LISTEN is in effect (else locks are not taken)
+
 	// reconnects counts the listener's reconnections, wakes and polls the
 	// queries run on a wake and on the poll's expiry (tests wait on them).
 	reconnects, wakes, polls atomic.Int64
@@ -52,8 +57,10 @@ type notifier struct {
 
 func newNotifier(url string, logger watermill.LoggerAdapter) *notifier {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &notifier{url: url, logger: logger, ctx: ctx, cancel: cancel, ready: make(chan struct{}),
+	n := &notifier{url: url, logger: logger, ctx: ctx, cancel: cancel, ready: make(chan struct{}),
 		done: make(chan struct{}), wakers: map[uint32]map[*waker]struct{}{}}
+	n.locks = newWakeLocks(url, n.live.Load)
+	return n
 }
 
 // start starts listening, once; it returns at once.
@@ -69,6 +76,7 @@ func (n *notifier) run() {
 	for n.ctx.Err() == nil {
 		l, err := storage.NewListener(n.ctx, storage.DriverSQL, storage.ListenerConfig{URL: n.url,
 			OnEvent: func(ev string, err error) {
+				n.live.Store(false)
 				n.logger.Info("sql: wake-up listener event; consumers poll until it reconnects", watermill.LogFields{"event": ev, "err": redact.ErrorOf(err, n.url).Error()})
 			}})
 		if err == nil {
@@ -89,6 +97,7 @@ func (n *notifier) run() {
 			wait = min(2*wait, 10*time.Second)
 			continue
 		}
+		n.live.Store(true)
 		close(n.ready)
 		n.forward(l)
 		_ = l.Close()
@@ -107,13 +116,22 @@ func (n *notifier) forward(l storage.Listener) {
 			}
 			if m == nil {
 				// Reconnected: notifications may have been missed.
+				// The lock connection may have been cut too: its locks
+				// are taken again.
 				n.reconnects.Add(1)
+				n.locks.drop()
+				n.live.Store(true)
 				n.wakeAll()
 				continue
 			}
 			table, xid, ok := storage.ParseSQLNotification(m.Payload)
 			if !ok {
-				continue
+				// A handover: another session gave the table's lock back;
+				// its waiters (none here if it was this transport's) take it.
+				var pid int
+				if table, pid, ok = storage.ParseSQLHandover(m.Payload); !ok || pid == n.locks.ownPID() {
+					continue
+				}
 			}
 			n.mu.Lock()
 			for w := range n.wakers[table] {
@@ -146,10 +164,10 @@ func (n *notifier) waitReady(d time.Duration) bool {
 	}
 }
 
-// register returns a waker for table's notifications and the function
-// that stops them.
-func (n *notifier) register(table uint32) (*waker, func()) {
-	w := &waker{ch: make(chan struct{}, 1)}
+// register returns a waker for the notifications of table (quoted: its
+// name, as the schema adapter quotes it) and the function that stops them.
+func (n *notifier) register(table uint32, quoted string) (*waker, func()) {
+	w := &waker{ch: make(chan struct{}, 1), table: table, quoted: quoted}
 	n.mu.Lock()
 	if n.wakers[table] == nil {
 		n.wakers[table] = map[*waker]struct{}{}
@@ -163,6 +181,7 @@ func (n *notifier) register(table uint32) (*waker, func()) {
 			delete(n.wakers, table)
 		}
 		n.mu.Unlock()
+		n.locks.disarm(w)
 	}
 }
 
@@ -170,14 +189,21 @@ func (n *notifier) stop() {
 	n.cancel()
 	n.once.Do(func() { close(n.done) }) // never started
 	<-n.done
+	n.locks.drop()
 }
 
 // waker is one consume loop's doorbell: a pending wake and the highest
 // transaction id notified that the loop has not yet seen pass the horizon.
 type waker struct {
 	ch      chan struct{} // capacity 1: wakes fold into one
+	table   uint32
+	quoted  string
 	mu      sync.Mutex
 	pending uint64 // 0: none
+
+	// Owned by the consume loop (wakeBackoff.arm).
+	looked bool          // looked at the table after finding the lock elsewhere
+	retry  time.Duration // wait before trying a lock writers hold
 }
 
 // notify rings the bell; xid 0 (a reconnection) only wakes.
@@ -191,6 +217,13 @@ func (w *waker) notify(xid uint64) {
 	case w.ch <- struct{}{}:
 	default:
 	}
+}
+
+// raise makes xid pending (0: nothing) without waking.
+func (w *waker) raise(xid uint64) {
+	w.mu.Lock()
+	w.pending = max(w.pending, xid)
+	w.mu.Unlock()
 }
 
 func (w *waker) pendingXid() uint64 {
@@ -241,6 +274,68 @@ func (b *wakeBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, er
 	if err != nil || !noMsg {
 		return b.def.HandleError(logger, noMsg, err)
 	}
+	if d, wait := b.arm(logger); !wait {
+		return d
+	}
+	d := b.wait()
+	if d == 0 {
+		b.n.locks.disarm(b.w) // busy: writers need not notify
+	}
+	return d
+}
+
+// arm makes writers notify before the loop waits: it takes the table's
+// wake-up lock (or joins this transport's hold of it); the loop then
+// looks at the table once more before waiting (d, false). Another
+// session's hold is relied on likewise: its notifications reach every
+// listener, and its handover wakes this loop when it gives the lock
+// back. While writers hold the lock shared it cannot be taken: the loop
+// looks again soon (from 1 ms, doubling up to 100 ms or PollInterval).
+func (b *wakeBackoff) arm(logger watermill.LoggerAdapter) (time.Duration, bool) {
+	if b.w.looked {
+		b.w.looked = false
+		return 0, true
+	}
+	if b.n.locks.isArmed(b.w) {
+		return 0, true
+	}
+	state, err := b.n.locks.arm(b.ctx, b.w)
+	switch {
+	case err != nil:
+		if b.ctx.Err() == nil && !errors.Is(err, errNotListening) { // the listener logs its own
+			logger.Error("sql: taking the wake-up lock failed; notifications may not come, the poll stays (check ListenURL)",
+				redact.ErrorOf(err, b.n.url), watermill.LogFields{"table": b.w.quoted})
+		}
+		b.w.looked = true
+		return 0, false
+	case state == storage.SQLWakeWriters:
+		b.w.retry = min(max(2*b.w.retry, time.Millisecond), 100*time.Millisecond, b.poll)
+		return b.waitRetry(b.w.retry), false
+	}
+	b.w.retry = 0
+	b.w.looked = state == storage.SQLWakeOther
+	return 0, false
+}
+
+// waitRetry waits d before the lock is tried again, or less if woken.
+func (b *wakeBackoff) waitRetry(d time.Duration) time.Duration {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-b.ctx.Done():
+		return b.poll
+	case <-b.close:
+		return b.poll
+	case <-b.w.ch:
+		b.n.wakes.Add(1)
+	case <-t.C:
+	}
+	return 0
+}
+
+// wait waits, the table's lock taken, for a wake, the horizon passing the
+// pending id, the poll or the end.
+func (b *wakeBackoff) wait() time.Duration {
 	poll := time.NewTimer(b.poll)
 	defer poll.Stop()
 	recheck := time.NewTimer(minRecheck)

@@ -37,11 +37,20 @@ func exerciseSQLNotify(t *testing.T, setup func(t *testing.T) Setup) {
 		require.NoError(t, err)
 
 		// What a listener receives at the commit: the table's oid and the
-		// inserting transaction's id, once for two rows.
+		// inserting transaction's id, once for two rows; only while a
+		// consumer holds the table's wake-up lock exclusively (notifications
+		// come in commit order: one of the insert before would come first).
 		l, err := storage.NewListener(ctx, storage.DriverSQL, storage.ListenerConfig{URL: s.Schema.URL})
 		require.NoError(t, err)
 		defer l.Close()
 		require.NoError(t, l.Listen(ctx, storage.SQLNotifyChannel))
+		_, err = p.Exec(ctx, storage.S(`INSERT INTO "watermill_n" (transaction_id) VALUES (pg_current_xact_id())`))
+		require.NoError(t, err)
+		holder, err := p.Begin(ctx, storage.TxOptions{})
+		require.NoError(t, err)
+		defer holder.Rollback(ctx) //nolint:errcheck
+		_, err = holder.Exec(ctx, storage.S(`SELECT pg_advisory_xact_lock($1, $2::oid::int4)`, storage.SQLWakeLockClass, oid))
+		require.NoError(t, err)
 		tx, err := p.Begin(ctx, storage.TxOptions{})
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck
