@@ -306,8 +306,7 @@ func (b *wakeBackoff) arm(logger watermill.LoggerAdapter) (time.Duration, bool) 
 			logger.Error("sql: taking the wake-up lock failed; notifications may not come, the poll stays (check ListenURL)",
 				redact.ErrorOf(err, b.n.url), watermill.LogFields{"table": b.w.quoted})
 		}
-		b.w.looked = true
-		return 0, false
+		return 0, true // nothing taken: nothing to look at again; the poll stays
 	case state == storage.SQLWakeWriters:
 		b.w.retry = min(max(2*b.w.retry, time.Millisecond), 100*time.Millisecond, b.poll)
 		return b.waitRetry(b.w.retry), false
