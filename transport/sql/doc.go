@@ -31,7 +31,9 @@
 // (on ListenURL's server, so it must allow session state: no transaction
 // pooling); the trigger takes it shared without waiting and NOTIFYs only
 // when it cannot. A woken subscription gives its share of the hold up
-// before it queries, so writers stop notifying while consumers are busy.
+// before it queries, so writers stop notifying while consumers are busy
+// (except during a batch that the look below finds: the BackoffManager,
+// the only hook watermill-sql gives, runs after the batch).
 // Before waiting again it takes the lock (without waiting) and looks at
 // the table once more: the lock is granted only after every writer that
 // took it shared has ended, so no wake-up is lost; rows of such writers
@@ -42,7 +44,9 @@
 // notifications reach every listener, and giving it back notifies a
 // handover ("<oid> 0 <pid>") that wakes them so one takes it. While the
 // LISTEN connection is down no lock is taken (the poll stays); after it
-// reconnects the locks are taken again. A lock connection the server
+// reconnects the locks are taken again. A holder process that dies
+// notifies no handover: the others rely on their poll once. A lock
+// connection the server
 // drops silently while idle leaves the subscriptions to their poll until
 // they are next woken (writers then stop notifying). Measured with pgbench
 // (4 clients, one row per transaction, other helpers' tests running, two

@@ -9,6 +9,15 @@ func HorizonChecks(t *Transport) int64 {
 	return t.mon.checks.Load()
 }
 
+// Waits counts the waits its subscribers began (0 without a listener):
+// once it grows after the wake-up lock is taken, the loop waits with it.
+func Waits(t *Transport) int64 {
+	if t.notify == nil {
+		return 0
+	}
+	return t.notify.waits.Load()
+}
+
 // WakeCounts returns the wake-up listener's reconnections, and the
 // queries its subscribers ran on a notification and on the poll's expiry
 // (all 0 without a listener).

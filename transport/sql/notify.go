@@ -53,6 +53,9 @@ type notifier struct {
 	// reconnects counts the listener's reconnections, wakes and polls the
 	// queries run on a wake and on the poll's expiry (tests wait on them).
 	reconnects, wakes, polls atomic.Int64
+	// waits counts the consume loops' waits begun (after the look that
+	// follows taking the lock).
+	waits atomic.Int64
 }
 
 func newNotifier(url string, logger watermill.LoggerAdapter) *notifier {
@@ -277,6 +280,7 @@ func (b *wakeBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, er
 	if d, wait := b.arm(logger); !wait {
 		return d
 	}
+	b.n.waits.Add(1)
 	d := b.wait()
 	if d == 0 {
 		b.n.locks.disarm(b.w) // busy: writers need not notify

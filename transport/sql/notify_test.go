@@ -46,9 +46,10 @@ func setupNotify(t *testing.T, poll time.Duration, listenURL func(schemaURL stri
 	t.Cleanup(cancel)
 	b.msgs, err = sub.Subscribe(ctx, b.topic)
 	require.NoError(t, err)
-	// Idle: writers notify from now on.
+	// Idle: writers notify from now on (a wait begun after the first
+	// look; the table is empty, so its look came after the lock).
 	oid := tableOID(t, s.DB, b.topic)
-	require.Eventually(t, func() bool { return wakeLockHeld(t, s.DB, oid) }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return sql.Waits(tr) > 0 && wakeLockHeld(t, s.DB, oid) }, 10*time.Second, 5*time.Millisecond,
 		"the idle subscriber does not hold the wake-up lock")
 	return b
 }
@@ -251,7 +252,9 @@ func TestNotifyOnlyWhileTheSubscriberWaits(t *testing.T) {
 		case x := <-notified:
 			return x
 		case <-time.After(10 * time.Second):
-			t.Fatal("no notification within 10s")
+			r, w, p := sql.WakeCounts(b.tr)
+			t.Fatalf("no notification within 10s (lock held %v, waits %d, reconnects %d, wakes %d, polls %d)",
+				wakeLockHeld(t, b.schema.DB, oid), sql.Waits(b.tr), r, w, p)
 			return 0
 		}
 	}
@@ -267,10 +270,12 @@ func TestNotifyOnlyWhileTheSubscriberWaits(t *testing.T) {
 	require.Eventually(t, func() bool { return !wakeLockHeld(t, b.schema.DB, oid) }, 10*time.Second, 5*time.Millisecond,
 		"the busy subscriber keeps the wake-up lock")
 	busy := b.publishID(t, "busy")
+	waits := sql.Waits(b.tr)
 	m.Ack()
 	require.Equal(t, "busy", b.receive(t, 10*time.Second))
 
-	require.Eventually(t, func() bool { return wakeLockHeld(t, b.schema.DB, oid) }, 10*time.Second, 5*time.Millisecond,
+	// Waiting again: a wait begun after the lock was taken again.
+	require.Eventually(t, func() bool { return wakeLockHeld(t, b.schema.DB, oid) && sql.Waits(b.tr) > waits }, 10*time.Second, 5*time.Millisecond,
 		"the subscriber, idle again, does not take the wake-up lock")
 	again := b.publishID(t, "idle again")
 	got := nextNotified()

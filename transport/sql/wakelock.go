@@ -5,6 +5,7 @@ import (
 	stdsql "database/sql"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/millwright/millwright/internal/storage"
@@ -29,7 +30,7 @@ type wakeLocks struct {
 	mu     sync.Mutex
 	db     *stdsql.DB // one connection, opened on first use
 	conn   *stdsql.Conn
-	pid    int // conn's backend pid: its own handovers are ignored
+	pid    atomic.Int64 // conn's backend pid: its own handovers are ignored (read without mu)
 	tables map[uint32]*tableLock
 }
 
@@ -51,9 +52,7 @@ var errNotListening = errors.New("the wake-up LISTEN connection is down")
 
 // ownPID returns the lock connection's pid (0 when none).
 func (l *wakeLocks) ownPID() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.pid
+	return int(l.pid.Load())
 }
 
 func (l *wakeLocks) querier(ctx context.Context) (storage.Querier, error) {
@@ -75,7 +74,8 @@ func (l *wakeLocks) querier(ctx context.Context) (storage.Querier, error) {
 			_ = c.Close()
 			return nil, err
 		}
-		l.conn, l.pid = c, pid
+		l.conn = c
+		l.pid.Store(int64(pid))
 	}
 	return storage.NewSQL(l.conn), nil
 }
@@ -194,7 +194,8 @@ func (l *wakeLocks) dropLocked() []*waker {
 	}
 	if l.conn != nil {
 		_ = l.conn.Close()
-		l.conn, l.pid = nil, 0
+		l.conn = nil
+		l.pid.Store(0)
 	}
 	if l.db != nil {
 		_ = l.db.Close()
