@@ -117,7 +117,8 @@ func SnapshotXmin(ctx context.Context, q Querier) (uint64, error) {
 // own, while its subscriptions on the table wait. Its statements carry no
 // parameters (one round trip with lib/pq).
 type SQLWakeLock struct {
-	try, unlock, last string
+	try, unlock string
+	table       string // quoted, as watermill-sql's schema adapter names it
 }
 
 // Wake-up lock states SQLWakeLock.Try reports.
@@ -144,8 +145,7 @@ func NewSQLWakeLock(oid uint32, quotedTable string) SQLWakeLock {
 		// (ParseSQLHandover), which ParseSQLNotification refuses.
 		unlock: `SELECT pg_advisory_unlock(` + key + `), pg_notify('` + SQLNotifyChannel + `', '` +
 			strconv.FormatUint(uint64(oid), 10) + ` 0 ' || pg_backend_pid())`,
-		last: `SELECT COALESCE((SELECT transaction_id::text FROM ` + quotedTable +
-			` WHERE transaction_id >= pg_snapshot_xmin(pg_current_snapshot()) ORDER BY transaction_id DESC LIMIT 1), '0')`,
+		table: quotedTable,
 	}
 }
 
@@ -163,16 +163,45 @@ func (w SQLWakeLock) Unlock(ctx context.Context, q Querier) error {
 	return err
 }
 
-// LastXid returns the highest transaction id of the table's rows the xmin
-// horizon still hides (0 when none), read by a statement of its own after
-// Try: rows of writers that ended before the lock was taken never
-// notified, and those hidden wait for the horizon to pass that id.
-func (w SQLWakeLock) LastXid(ctx context.Context, q Querier) (uint64, error) {
-	var s string
-	if err := q.QueryRow(ctx, Statement{SQL: w.last, Expect: NoExpect, What: "reading the last transaction id of a messages table"}, &s); err != nil {
-		return 0, err
+// SQLWakeLook is what a consumer sees of its table in one snapshot, taken
+// after it found the wake-up lock held (SQLWakeLock.Try).
+type SQLWakeLook struct {
+	// Backlog: consumer group's rows beyond its acked offset that
+	// watermill-sql's query reads now (below the horizon).
+	Backlog bool
+	// Hidden is the highest transaction id of the table's committed rows
+	// the horizon still hides (0: none); Horizon is the snapshot's xmin.
+	Hidden, Horizon uint64
+}
+
+// Look reads, in one statement (one snapshot), whether consumer group
+// group of the table has rows to read (watermill-sql's offsets rule:
+// after (last_processed_transaction_id, offset_acked) in
+// (transaction_id, offset) order, below pg_snapshot_xmin) in
+// offsetsTable, which committed rows the horizon still hides, and the
+// horizon. A group without an offsets row has no backlog (watermill-sql
+// reads nothing for it either).
+func (w SQLWakeLock) Look(ctx context.Context, q Querier, offsetsTable, group string) (SQLWakeLook, error) {
+	st := S(`WITH o AS (SELECT offset_acked, last_processed_transaction_id AS tx FROM `+offsetsTable+` WHERE consumer_group = $1),
+	h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin)
+SELECT EXISTS (SELECT 1 FROM `+w.table+` m, o, h WHERE m.transaction_id < h.xmin
+		AND ((m.transaction_id = o.tx AND m."offset" > o.offset_acked) OR m.transaction_id > o.tx)),
+	COALESCE((SELECT max(m.transaction_id)::text FROM `+w.table+` m, h WHERE m.transaction_id >= h.xmin), '0'),
+	(SELECT xmin::text FROM h)`, group)
+	st.Expect, st.What = NoExpect, "looking at a messages table under its wake-up lock"
+	var l SQLWakeLook
+	var hidden, horizon string
+	if err := q.QueryRow(ctx, st, &l.Backlog, &hidden, &horizon); err != nil {
+		return SQLWakeLook{}, err
 	}
-	return strconv.ParseUint(s, 10, 64)
+	var err error
+	if l.Hidden, err = strconv.ParseUint(hidden, 10, 64); err != nil {
+		return SQLWakeLook{}, err
+	}
+	if l.Horizon, err = strconv.ParseUint(horizon, 10, 64); err != nil {
+		return SQLWakeLook{}, err
+	}
+	return l, nil
 }
 
 // ParseSQLHandover reads the payload SQLWakeLock.Unlock sends: the table

@@ -56,6 +56,10 @@ type notifier struct {
 	// waits counts the consume loops' waits begun (after the look that
 	// follows taking the lock).
 	waits atomic.Int64
+
+	// beforeLook, when set (tests), runs after a consume loop found its
+	// table's lock held and before it looks at the table.
+	beforeLook func(table uint32)
 }
 
 func newNotifier(url string, logger watermill.LoggerAdapter) *notifier {
@@ -122,7 +126,7 @@ func (n *notifier) forward(l storage.Listener) {
 				// The lock connection may have been cut too: its locks
 				// are taken again.
 				n.reconnects.Add(1)
-				n.locks.drop()
+				n.locks.release(false)
 				n.live.Store(true)
 				n.wakeAll()
 				continue
@@ -192,7 +196,7 @@ func (n *notifier) stop() {
 	n.cancel()
 	n.once.Do(func() { close(n.done) }) // never started
 	<-n.done
-	n.locks.drop()
+	n.locks.release(true)
 }
 
 // waker is one consume loop's doorbell: a pending wake and the highest
@@ -205,8 +209,7 @@ type waker struct {
 	pending uint64 // 0: none
 
 	// Owned by the consume loop (wakeBackoff.arm).
-	looked bool          // looked at the table after finding the lock elsewhere
-	retry  time.Duration // wait before trying a lock writers hold
+	retry time.Duration // wait before trying a lock writers hold
 }
 
 // notify rings the bell; xid 0 (a reconnection) only wakes.
@@ -256,6 +259,7 @@ type wakeBackoff struct {
 	def   wsql.BackoffManager
 	poll  time.Duration
 	xmin  func(ctx context.Context) (uint64, error)
+	look  func(ctx context.Context) (storage.SQLWakeLook, error)
 	ctx   context.Context // the subscription's
 	close <-chan struct{} // the subscriber's Close
 }
@@ -277,31 +281,43 @@ func (b *wakeBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, er
 	if err != nil || !noMsg {
 		return b.def.HandleError(logger, noMsg, err)
 	}
-	if d, wait := b.arm(logger); !wait {
+	d, wait, rely := b.arm(logger)
+	if !wait {
 		return d
 	}
 	b.n.waits.Add(1)
-	d := b.wait()
+	limit := time.Duration(0)
+	if rely {
+		limit = min(relyRecheck, b.poll)
+	}
+	d = b.wait(limit)
 	if d == 0 {
 		b.n.locks.disarm(b.w) // busy: writers need not notify
 	}
 	return d
 }
 
-// arm makes writers notify before the loop waits: it takes the table's
-// wake-up lock (or joins this transport's hold of it); the loop then
-// looks at the table once more before waiting (d, false). Another
-// session's hold is relied on likewise: its notifications reach every
-// listener, and its handover wakes this loop when it gives the lock
-// back. While writers hold the lock shared it cannot be taken: the loop
-// looks again soon (from 1 ms, doubling up to 100 ms or PollInterval).
-func (b *wakeBackoff) arm(logger watermill.LoggerAdapter) (time.Duration, bool) {
-	if b.w.looked {
-		b.w.looked = false
-		return 0, true
-	}
+// relyRecheck bounds a wait that relies on another session's hold of the
+// lock: a holder that gives it back notifies its handover, but one whose
+// session ends otherwise (its process killed, its connection cut)
+// releases it silently, and writers stop notifying; the loop then takes
+// the lock itself within this long (one query and one statement a
+// second per idle subscription relying on another process).
+const relyRecheck = time.Second
+
+// arm makes writers notify before the loop waits (wait true), or tells the
+// loop to query again after d (wait false). It takes the table's wake-up
+// lock (or joins this transport's hold of it, or relies on another
+// session's: rely), then looks at the table in a statement of its own
+// (see doc.go for why that look loses no commit): rows to read release
+// the lock and query now; rows the horizon hides are waited for as
+// notified ones are. While writers hold the lock shared it cannot be
+// taken: the loop queries again soon (from 1 ms, doubling up to 100 ms
+// or PollInterval). A loop already armed (its lock held since it looked)
+// waits at once: every commit since then notifies.
+func (b *wakeBackoff) arm(logger watermill.LoggerAdapter) (d time.Duration, wait, rely bool) {
 	if b.n.locks.isArmed(b.w) {
-		return 0, true
+		return 0, true, false
 	}
 	state, err := b.n.locks.arm(b.ctx, b.w)
 	switch {
@@ -310,14 +326,25 @@ func (b *wakeBackoff) arm(logger watermill.LoggerAdapter) (time.Duration, bool) 
 			logger.Error("sql: taking the wake-up lock failed; notifications may not come, the poll stays (check ListenURL)",
 				redact.ErrorOf(err, b.n.url), watermill.LogFields{"table": b.w.quoted})
 		}
-		return 0, true // nothing taken: nothing to look at again; the poll stays
+		return 0, true, false // nothing taken: nothing to look at again; the poll stays
 	case state == storage.SQLWakeWriters:
 		b.w.retry = min(max(2*b.w.retry, time.Millisecond), 100*time.Millisecond, b.poll)
-		return b.waitRetry(b.w.retry), false
+		return b.waitRetry(b.w.retry), false, false
 	}
 	b.w.retry = 0
-	b.w.looked = state == storage.SQLWakeOther
-	return 0, false
+	if b.n.beforeLook != nil {
+		b.n.beforeLook(b.w.table)
+	}
+	look, err := b.look(b.ctx)
+	if err != nil || look.Backlog {
+		// Busy (or blind): give the lock up and query now; a failing
+		// database then backs off in watermill-sql's loop.
+		b.n.locks.disarm(b.w)
+		return 0, false, false
+	}
+	b.w.passed(look.Horizon) // notified rows below it: the look saw them
+	b.w.raise(look.Hidden)
+	return 0, true, state == storage.SQLWakeOther
 }
 
 // waitRetry waits d before the lock is tried again, or less if woken.
@@ -336,11 +363,18 @@ func (b *wakeBackoff) waitRetry(d time.Duration) time.Duration {
 	return 0
 }
 
-// wait waits, the table's lock taken, for a wake, the horizon passing the
-// pending id, the poll or the end.
-func (b *wakeBackoff) wait() time.Duration {
+// wait waits, the table's lock taken (or another session's hold relied
+// on), for a wake, the horizon passing the pending id, the poll, limit
+// (0: none) or the end.
+func (b *wakeBackoff) wait(limit time.Duration) time.Duration {
 	poll := time.NewTimer(b.poll)
 	defer poll.Stop()
+	var relied <-chan time.Time
+	if limit > 0 {
+		t := time.NewTimer(limit)
+		defer t.Stop()
+		relied = t.C
+	}
 	recheck := time.NewTimer(minRecheck)
 	defer recheck.Stop()
 	begun := time.Now()
@@ -370,6 +404,8 @@ func (b *wakeBackoff) wait() time.Duration {
 			return 0
 		case <-poll.C:
 			b.n.polls.Add(1)
+			return 0
+		case <-relied:
 			return 0
 		case <-again:
 		}

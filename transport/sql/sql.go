@@ -420,6 +420,10 @@ func (t *Transport) wokenSubscriber(ctx context.Context, s *subscriber, group, t
 			defer cancel()
 			return storage.SnapshotXmin(qctx, storage.NewSQL(t.db))
 		}}
+	offsets := raceFreeOffsets{}.MessagesOffsetsTable(topic)
+	bm.look = func(ctx context.Context) (storage.SQLWakeLook, error) {
+		return t.notify.locks.look(ctx, storage.NewSQL(t.db), w, offsets, group)
+	}
 	sub, err := wsql.NewSubscriber(t.db, t.subscriberConfig(group, bm), t.logger)
 	if err != nil {
 		unregister()

@@ -32,12 +32,13 @@ type wakeLocks struct {
 	conn   *stdsql.Conn
 	pid    atomic.Int64 // conn's backend pid: its own handovers are ignored (read without mu)
 	tables map[uint32]*tableLock
+	// stopped: the transport closes; no lock is taken again.
+	stopped bool
 }
 
 type tableLock struct {
 	lock  storage.SQLWakeLock
 	held  bool
-	last  uint64 // the last transaction id the horizon hid, read after taking it
 	armed map[*waker]struct{}
 }
 
@@ -93,10 +94,9 @@ func (l *wakeLocks) isArmed(w *waker) bool {
 }
 
 // arm takes w's table lock (or joins this transport's hold of it) and
-// reports the state. With SQLWakeHeld or SQLWakeOther, w's pending id is
-// raised to the table's last transaction id, so that rows of writers that
-// did not notify and that the horizon still hides are waited for; w must
-// then look at the table again before it waits.
+// reports the state: with SQLWakeHeld w is armed (disarm gives its share
+// back); with SQLWakeOther another session holds it; with SQLWakeWriters
+// writers hold it shared and nothing was taken.
 func (l *wakeLocks) arm(ctx context.Context, w *waker) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
@@ -106,42 +106,38 @@ func (l *wakeLocks) arm(ctx context.Context, w *waker) (string, error) {
 		tl = &tableLock{lock: storage.NewSQLWakeLock(w.table, w.quoted), armed: map[*waker]struct{}{}}
 		l.tables[w.table] = tl
 	}
-	if !l.live() {
+	if l.stopped || !l.live() {
 		l.mu.Unlock()
 		return "", errNotListening
 	}
-	state, err := l.tryLocked(ctx, tl)
-	if err != nil {
-		lost := l.dropLocked()
-		l.mu.Unlock()
-		wakeEach(lost)
-		return "", err
+	state := storage.SQLWakeHeld
+	if !tl.held { // else held since before, by this session
+		q, err := l.querier(ctx)
+		if err == nil {
+			state, err = tl.lock.Try(ctx, q)
+		}
+		if err != nil {
+			lost := l.dropLocked()
+			l.mu.Unlock()
+			wakeEach(lost)
+			return "", err
+		}
+		tl.held = state == storage.SQLWakeHeld
 	}
 	if state == storage.SQLWakeHeld {
 		tl.armed[w] = struct{}{}
 	}
-	w.raise(tl.last)
 	l.mu.Unlock()
 	return state, nil
 }
 
-func (l *wakeLocks) tryLocked(ctx context.Context, tl *tableLock) (string, error) {
-	q, err := l.querier(ctx)
-	if err != nil {
-		return "", err
-	}
-	state := storage.SQLWakeHeld
-	if !tl.held { // else held since before: only the hidden rows are read
-		if state, err = tl.lock.Try(ctx, q); err != nil || state == storage.SQLWakeWriters {
-			return state, err
-		}
-	}
-	tl.held = state == storage.SQLWakeHeld
-	// After the lock, in a statement of its own (a later snapshot).
-	if tl.last, err = tl.lock.LastXid(ctx, q); err != nil {
-		return "", err
-	}
-	return state, nil
+// look reads w's table under its lock (see storage.SQLWakeLock.Look), on
+// q (the transport's pool: any session's snapshot taken now is later
+// than the lock).
+func (l *wakeLocks) look(ctx context.Context, q storage.Querier, w *waker, offsetsTable, group string) (storage.SQLWakeLook, error) {
+	ctx, cancel := context.WithTimeout(ctx, lockTimeout)
+	defer cancel()
+	return storage.NewSQLWakeLock(w.table, w.quoted).Look(ctx, q, offsetsTable, group)
 }
 
 // disarm takes w out of its table's hold, giving the lock back when w was
@@ -172,6 +168,34 @@ func (l *wakeLocks) disarm(w *waker) {
 	l.mu.Unlock()
 	wakeEach(lost)
 }
+
+// release gives every lock back, each with its handover (other
+// processes' subscriptions relying on this transport's hold wake and one
+// takes it: closing the connection would release the locks silently, and
+// they would sleep until their poll), then drops them. With stop no lock
+// is taken again. Called when the transport stops and when its listener
+// reconnected.
+func (l *wakeLocks) release(stop bool) {
+	l.mu.Lock()
+	l.stopped = l.stopped || stop
+	if l.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		for _, tl := range l.tables {
+			if tl.held && tl.lock.Unlock(ctx, storage.NewSQL(l.conn)) != nil {
+				break // the connection's end releases the rest
+			}
+			tl.held = false
+		}
+		cancel()
+	}
+	lost := l.dropLocked()
+	l.mu.Unlock()
+	wakeEach(lost)
+}
+
+// releaseTimeout bounds release's statements: on a cut connection it
+// gives up soon, and closing the session releases the locks anyway.
+const releaseTimeout = time.Second
 
 // drop forgets every lock and closes the connection (the server releases
 // what it held); the armed subscriptions are woken to take them again.
