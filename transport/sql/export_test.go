@@ -27,3 +27,23 @@ func WakeCounts(t *Transport) (reconnects, wakes, polls int64) {
 	}
 	return t.notify.reconnects.Load(), t.notify.wakes.Load(), t.notify.polls.Load()
 }
+
+// SetWakeHooks sets the hooks an idle consume loop of t runs before it
+// tries its table's wake-up lock and after it found it held, before it
+// looks at the table (nil: none).
+func SetWakeHooks(t *Transport, beforeLock, beforeLook func(table uint32)) {
+	if beforeLock == nil {
+		t.notify.beforeLock.Store(nil)
+	} else {
+		t.notify.beforeLock.Store(&beforeLock)
+	}
+	if beforeLook == nil {
+		t.notify.beforeLook.Store(nil)
+	} else {
+		t.notify.beforeLook.Store(&beforeLook)
+	}
+}
+
+// StopWakeups stops t's wake-up listener (and gives its locks back) as
+// Close does after its subscriptions, while they still run.
+func StopWakeups(t *Transport) { t.notify.stop() }

@@ -57,9 +57,16 @@ type notifier struct {
 	// follows taking the lock).
 	waits atomic.Int64
 
-	// beforeLook, when set (tests), runs after a consume loop found its
-	// table's lock held and before it looks at the table.
-	beforeLook func(table uint32)
+	// Tests' hooks, run by a consume loop idle on its table: beforeLock
+	// before it tries the lock, beforeLook after it found the lock held
+	// and before it looks at the table.
+	beforeLock, beforeLook atomic.Pointer[func(table uint32)]
+}
+
+func runHook(h *atomic.Pointer[func(uint32)], table uint32) {
+	if f := h.Load(); f != nil {
+		(*f)(table)
+	}
 }
 
 func newNotifier(url string, logger watermill.LoggerAdapter) *notifier {
@@ -319,6 +326,7 @@ func (b *wakeBackoff) arm(logger watermill.LoggerAdapter) (d time.Duration, wait
 	if b.n.locks.isArmed(b.w) {
 		return 0, true, false
 	}
+	runHook(&b.n.beforeLock, b.w.table)
 	state, err := b.n.locks.arm(b.ctx, b.w)
 	switch {
 	case err != nil:
@@ -332,9 +340,7 @@ func (b *wakeBackoff) arm(logger watermill.LoggerAdapter) (d time.Duration, wait
 		return b.waitRetry(b.w.retry), false, false
 	}
 	b.w.retry = 0
-	if b.n.beforeLook != nil {
-		b.n.beforeLook(b.w.table)
-	}
+	runHook(&b.n.beforeLook, b.w.table)
 	look, err := b.look(b.ctx)
 	if err != nil || look.Backlog {
 		// Busy (or blind): give the lock up and query now; a failing
