@@ -31,29 +31,31 @@
 // (on ListenURL's server, so it must allow session state: no transaction
 // pooling); the trigger takes it shared without waiting and NOTIFYs only
 // when it cannot. A woken subscription gives its share of the hold up
-// before it queries, so writers stop notifying while consumers are busy
-// (except during a batch that the look below finds: the BackoffManager,
-// the only hook watermill-sql gives, runs after the batch).
-// Before waiting again it takes the lock (without waiting) and looks at
-// the table once more: the lock is granted only after every writer that
-// took it shared has ended, so no wake-up is lost; rows of such writers
-// that the horizon still hides are waited for as notified ones are. While
-// writers hold it shared the subscription retries (1ms doubling up to
-// 100ms or PollInterval). Several processes on one table: one holds the
-// lock and the others rely on it, as the outbox's relays do: its writers'
-// notifications reach every listener, and giving it back notifies a
-// handover ("<oid> 0 <pid>") that wakes them so one takes it. While the
-// LISTEN connection is down no lock is taken (the poll stays); after it
-// reconnects the locks are taken again. A holder process that dies
-// notifies no handover: the others rely on their poll once. A lock
-// connection the server
-// drops silently while idle leaves the subscriptions to their poll until
-// they are next woken (writers then stop notifying). Measured with pgbench
-// (4 clients, one row per transaction, other helpers' tests running, two
-// rounds): no trigger 7013/4898 commits/s, the trigger that always
-// notified 3642/3039 (0.52x/0.62x), this trigger while no consumer waits
-// 5897/3568-4568 (1.62x/1.17-1.50x the always-notifying one), and while
-// one waits 3059 (as always notifying). A batch (PublishBatch, the outbox
+// before it queries, so writers stop notifying while consumers are busy.
+// Before waiting again it takes the lock (without waiting) and then looks
+// at the table in a statement of its own: rows its group can read give
+// the lock up again and are queried at once (never handed over with the
+// lock held), rows the horizon still hides are waited for as notified ones
+// are. No wake-up is lost: every commit is either seen by that look or
+// notifies a listener (the argument is in DESIGN.md; tests provoke each
+// interleaving with hooks). While writers hold the lock shared the
+// subscription queries again soon (1ms doubling up to 100ms or
+// PollInterval). Several processes on one table: one holds the lock and
+// the others rely on it, as the outbox's relays do: its writers'
+// notifications reach every listener, and giving it back (when woken, at
+// Close, after the listener reconnects) notifies a handover ("<oid> 0
+// <pid>") that wakes them so one takes it; a holder that dies without it
+// costs the others at most a second (a wait relying on another's hold
+// takes the lock itself after one). While the LISTEN connection is down no
+// lock is taken (the poll stays); after it reconnects the locks are taken
+// again. Measured with scripts/sqlwakecost (4 writers, one row per
+// transaction, commits/s, on a machine loaded by other helpers, load
+// average 30-120, two rounds): no trigger 2025/2703, always notifying
+// 1695/2368, the lock-guarded trigger with no consumer waiting 2918/3527
+// (1.72x/1.49x the always-notifying one), with one waiting 1191/2188
+// (0.70x/0.92x). An earlier quieter run (pgbench, same shape): no trigger
+// 7013/4898, always notifying 3642/3039, lock-guarded idle 5897/3568-4568.
+// A batch (PublishBatch, the outbox
 // relay) pays a notification once per batch. Upgrading: transports of
 // this version replace the trigger function (the older one always
 // notified); transports of the older version on a table with the new
