@@ -158,10 +158,13 @@ func TestNotifyFallsBackToThePollWhenTheListenerIsCut(t *testing.T) {
 
 	proxy.Outage(8 * time.Second)
 	require.Positive(t, proxy.CutConns(), "the LISTEN connection was not cut")
-	// Two polls after the cut, the loop is idle in its wait: only the
-	// poll can fetch what comes now.
+	// Two polls after the cut, and a wait begun after the second one's
+	// query (the poll's count rises before its query runs, which could
+	// still read what comes now): only the poll can fetch what comes now.
 	_, _, p0 := sql.WakeCounts(b.tr)
 	require.Eventually(t, func() bool { _, _, p := sql.WakeCounts(b.tr); return p >= p0+2 }, 10*time.Second, 5*time.Millisecond)
+	waits := sql.Waits(b.tr)
+	require.Eventually(t, func() bool { return sql.Waits(b.tr) > waits }, 10*time.Second, 5*time.Millisecond)
 	_, wakes0, polls0 := sql.WakeCounts(b.tr)
 	for i := range 3 {
 		b.publish(t, fmt.Sprint("during ", i))
