@@ -49,12 +49,15 @@
 // takes the lock itself after one). While the LISTEN connection is down no
 // lock is taken (the poll stays); after it reconnects the locks are taken
 // again. Measured with scripts/sqlwakecost (4 writers, one row per
-// transaction, commits/s, on a machine loaded by other helpers, load
-// average 30-120, two rounds): no trigger 2025/2703, always notifying
-// 1695/2368, the lock-guarded trigger with no consumer waiting 2918/3527
-// (1.72x/1.49x the always-notifying one), with one waiting 1191/2188
-// (0.70x/0.92x). An earlier quieter run (pgbench, same shape): no trigger
-// 7013/4898, always notifying 3642/3039, lock-guarded idle 5897/3568-4568.
+// transaction, commits/s, three rounds of one run on a 2-core machine
+// loaded by other helpers, load average 260-1000): no trigger
+// 2042/2492/3075, always notifying 1014/1545/1305, the lock-guarded
+// trigger with no consumer waiting 1914/2883/2404 (1.89x/1.87x/1.84x the
+// always-notifying one, 0.94x/1.16x/0.78x no trigger), with one waiting
+// 1036/1150/937 (1.02x/0.74x/0.72x: it notifies, and takes the lock
+// shared first). An earlier, quieter pgbench run of the reverted
+// prototype: no trigger 7013/4898, always notifying 3642/3039,
+// lock-guarded idle 5897/3568-4568.
 // A batch (PublishBatch, the outbox
 // relay) pays a notification once per batch. Upgrading: transports of
 // this version replace the trigger function (the older one always
