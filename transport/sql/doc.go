@@ -23,17 +23,50 @@
 // is not left to the poll.
 //
 // The trigger's cost is on the write path: Postgres serializes the commits
-// of notifying transactions (a lock held through the commit's WAL flush),
-// so many concurrent one-message publishers commit one at a time (pgbench,
-// 4 clients inserting one row per transaction: 1.6x to 3.5x fewer
-// commits/s than without the trigger in three runs on a loaded 2-core
-// machine: 675 against 190, 7,013 against 3,642, 4,898 against 3,039).
-// Notifying only while a consumer waits (the outbox's wake-up lock) would
-// remove most of it (1.2x to 1.6x more commits than always notifying, in
-// a prototype not merged: it lost a wake-up under parallel -race load). A batch (PublishBatch, the outbox relay) pays
-// it once per batch. Where that matters, set ListenURL to "-": tables this
-// transport creates get no trigger, and subscribers poll (drop an existing
-// trigger with DROP TRIGGER millwright_notify ON watermill_<topic>).
+// of notifying transactions (a lock held through the commit's WAL flush).
+// So writers notify only while a consumer waits, with the outbox's
+// protocol (outbox/migrations/002): while its subscriptions on a table are
+// idle, the transport holds that table's wake-up lock (advisory, key
+// (1836544881 "mwsq", table oid)) exclusively on one connection of its own
+// (on ListenURL's server, so it must allow session state: no transaction
+// pooling); the trigger takes it shared without waiting and NOTIFYs only
+// when it cannot. A woken subscription gives its share of the hold up
+// before it queries, so writers stop notifying while consumers are busy.
+// Before waiting again it takes the lock (without waiting) and then looks
+// at the table in a statement of its own: rows its group can read give
+// the lock up again and are queried at once (never handed over with the
+// lock held), rows the horizon still hides are waited for as notified ones
+// are. No wake-up is lost: every commit is either seen by that look or
+// notifies a listener (the argument is in DESIGN.md; tests provoke each
+// interleaving with hooks). While writers hold the lock shared the
+// subscription queries again soon (1ms doubling up to 100ms or
+// PollInterval). Several processes on one table: one holds the lock and
+// the others rely on it, as the outbox's relays do: its writers'
+// notifications reach every listener, and giving it back (when woken, at
+// Close, after the listener reconnects) notifies a handover ("<oid> 0
+// <pid>") that wakes them so one takes it; a holder that dies without it
+// costs the others at most a second (a wait relying on another's hold
+// takes the lock itself after one). While the LISTEN connection is down no
+// lock is taken (the poll stays); after it reconnects the locks are taken
+// again. Measured with scripts/sqlwakecost (4 writers, one row per
+// transaction, commits/s, three rounds of one run on a 2-core machine
+// loaded by other helpers, load average 260-1000): no trigger
+// 2042/2492/3075, always notifying 1014/1545/1305, the lock-guarded
+// trigger with no consumer waiting 1914/2883/2404 (1.89x/1.87x/1.84x the
+// always-notifying one, 0.94x/1.16x/0.78x no trigger), with one waiting
+// 1036/1150/937 (1.02x/0.74x/0.72x: it notifies, and takes the lock
+// shared first). An earlier, quieter pgbench run of the reverted
+// prototype: no trigger 7013/4898, always notifying 3642/3039,
+// lock-guarded idle 5897/3568-4568.
+// A batch (PublishBatch, the outbox
+// relay) pays a notification once per batch. Upgrading: transports of
+// this version replace the trigger function (the older one always
+// notified); transports of the older version on a table with the new
+// function are notified only while one of this version waits, and
+// otherwise poll. Where the cost still matters, set ListenURL to "-":
+// tables this transport creates get no trigger, and subscribers poll (drop
+// an existing trigger with DROP TRIGGER millwright_notify ON
+// watermill_<topic>).
 //
 // Where it falls short: throughput is that of one Postgres; topic names
 // become table names and must match [A-Za-z0-9_.:$-] (watermill-sql

@@ -2,6 +2,7 @@ package sql
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,8 +16,9 @@ import (
 
 // The wake-up: every messages table has a trigger that NOTIFYs
 // storage.SQLNotifyChannel at the commit of each inserting transaction
-// (see internal/storage/sqlnotify.go for why a trigger and not the
-// publisher). The transport LISTENs on one connection of its own and wakes
+// while a consumer waits, i.e. holds the table's wake-up lock (see
+// wakelock.go, and internal/storage/sqlnotify.go for why a trigger and
+// not the publisher). The transport LISTENs on one connection of its own and wakes
 // the consume loop of the table named in the payload; that loop, idle in
 // watermill-sql's BackoffManager between queries, queries again at once.
 //
@@ -45,15 +47,34 @@ type notifier struct {
 	mu     sync.Mutex
 	wakers map[uint32]map[*waker]struct{}
 
+	locks *wakeLocks  // the tables' wake-up locks (wakelock.go)
+	live  atomic.Bool // the LISTEN is in effect (else locks are not taken)
+
 	// reconnects counts the listener's reconnections, wakes and polls the
 	// queries run on a wake and on the poll's expiry (tests wait on them).
 	reconnects, wakes, polls atomic.Int64
+	// waits counts the consume loops' waits begun (after the look that
+	// follows taking the lock).
+	waits atomic.Int64
+
+	// Tests' hooks, run by a consume loop idle on its table: beforeLock
+	// before it tries the lock, beforeLook after it found the lock held
+	// and before it looks at the table.
+	beforeLock, beforeLook atomic.Pointer[func(table uint32)]
+}
+
+func runHook(h *atomic.Pointer[func(uint32)], table uint32) {
+	if f := h.Load(); f != nil {
+		(*f)(table)
+	}
 }
 
 func newNotifier(url string, logger watermill.LoggerAdapter) *notifier {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &notifier{url: url, logger: logger, ctx: ctx, cancel: cancel, ready: make(chan struct{}),
+	n := &notifier{url: url, logger: logger, ctx: ctx, cancel: cancel, ready: make(chan struct{}),
 		done: make(chan struct{}), wakers: map[uint32]map[*waker]struct{}{}}
+	n.locks = newWakeLocks(url, n.live.Load)
+	return n
 }
 
 // start starts listening, once; it returns at once.
@@ -69,6 +90,7 @@ func (n *notifier) run() {
 	for n.ctx.Err() == nil {
 		l, err := storage.NewListener(n.ctx, storage.DriverSQL, storage.ListenerConfig{URL: n.url,
 			OnEvent: func(ev string, err error) {
+				n.live.Store(false)
 				n.logger.Info("sql: wake-up listener event; consumers poll until it reconnects", watermill.LogFields{"event": ev, "err": redact.ErrorOf(err, n.url).Error()})
 			}})
 		if err == nil {
@@ -89,6 +111,7 @@ func (n *notifier) run() {
 			wait = min(2*wait, 10*time.Second)
 			continue
 		}
+		n.live.Store(true)
 		close(n.ready)
 		n.forward(l)
 		_ = l.Close()
@@ -107,13 +130,22 @@ func (n *notifier) forward(l storage.Listener) {
 			}
 			if m == nil {
 				// Reconnected: notifications may have been missed.
+				// The lock connection may have been cut too: its locks
+				// are taken again.
 				n.reconnects.Add(1)
+				n.locks.release(false)
+				n.live.Store(true)
 				n.wakeAll()
 				continue
 			}
 			table, xid, ok := storage.ParseSQLNotification(m.Payload)
 			if !ok {
-				continue
+				// A handover: another session gave the table's lock back;
+				// its waiters (none here if it was this transport's) take it.
+				var pid int
+				if table, pid, ok = storage.ParseSQLHandover(m.Payload); !ok || pid == n.locks.ownPID() {
+					continue
+				}
 			}
 			n.mu.Lock()
 			for w := range n.wakers[table] {
@@ -146,10 +178,10 @@ func (n *notifier) waitReady(d time.Duration) bool {
 	}
 }
 
-// register returns a waker for table's notifications and the function
-// that stops them.
-func (n *notifier) register(table uint32) (*waker, func()) {
-	w := &waker{ch: make(chan struct{}, 1)}
+// register returns a waker for the notifications of table (quoted: its
+// name, as the schema adapter quotes it) and the function that stops them.
+func (n *notifier) register(table uint32, quoted string) (*waker, func()) {
+	w := &waker{ch: make(chan struct{}, 1), table: table, quoted: quoted}
 	n.mu.Lock()
 	if n.wakers[table] == nil {
 		n.wakers[table] = map[*waker]struct{}{}
@@ -163,6 +195,7 @@ func (n *notifier) register(table uint32) (*waker, func()) {
 			delete(n.wakers, table)
 		}
 		n.mu.Unlock()
+		n.locks.disarm(w)
 	}
 }
 
@@ -170,14 +203,20 @@ func (n *notifier) stop() {
 	n.cancel()
 	n.once.Do(func() { close(n.done) }) // never started
 	<-n.done
+	n.locks.release(true)
 }
 
 // waker is one consume loop's doorbell: a pending wake and the highest
 // transaction id notified that the loop has not yet seen pass the horizon.
 type waker struct {
 	ch      chan struct{} // capacity 1: wakes fold into one
+	table   uint32
+	quoted  string
 	mu      sync.Mutex
 	pending uint64 // 0: none
+
+	// Owned by the consume loop (wakeBackoff.arm).
+	retry time.Duration // wait before trying a lock writers hold
 }
 
 // notify rings the bell; xid 0 (a reconnection) only wakes.
@@ -191,6 +230,13 @@ func (w *waker) notify(xid uint64) {
 	case w.ch <- struct{}{}:
 	default:
 	}
+}
+
+// raise makes xid pending (0: nothing) without waking.
+func (w *waker) raise(xid uint64) {
+	w.mu.Lock()
+	w.pending = max(w.pending, xid)
+	w.mu.Unlock()
 }
 
 func (w *waker) pendingXid() uint64 {
@@ -220,6 +266,7 @@ type wakeBackoff struct {
 	def   wsql.BackoffManager
 	poll  time.Duration
 	xmin  func(ctx context.Context) (uint64, error)
+	look  func(ctx context.Context) (storage.SQLWakeLook, error)
 	ctx   context.Context // the subscription's
 	close <-chan struct{} // the subscriber's Close
 }
@@ -241,8 +288,99 @@ func (b *wakeBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, er
 	if err != nil || !noMsg {
 		return b.def.HandleError(logger, noMsg, err)
 	}
+	d, wait, rely := b.arm(logger)
+	if !wait {
+		return d
+	}
+	b.n.waits.Add(1)
+	limit := time.Duration(0)
+	if rely {
+		limit = min(relyRecheck, b.poll)
+	}
+	d = b.wait(limit)
+	if d == 0 {
+		b.n.locks.disarm(b.w) // busy: writers need not notify
+	}
+	return d
+}
+
+// relyRecheck bounds a wait that relies on another session's hold of the
+// lock: a holder that gives it back notifies its handover, but one whose
+// session ends otherwise (its process killed, its connection cut)
+// releases it silently, and writers stop notifying; the loop then takes
+// the lock itself within this long (one query and one statement a
+// second per idle subscription relying on another process).
+const relyRecheck = time.Second
+
+// arm makes writers notify before the loop waits (wait true), or tells the
+// loop to query again after d (wait false). It takes the table's wake-up
+// lock (or joins this transport's hold of it, or relies on another
+// session's: rely), then looks at the table in a statement of its own
+// (see doc.go for why that look loses no commit): rows to read release
+// the lock and query now; rows the horizon hides are waited for as
+// notified ones are. While writers hold the lock shared it cannot be
+// taken: the loop queries again soon (from 1 ms, doubling up to 100 ms
+// or PollInterval). A loop already armed (its lock held since it looked)
+// waits at once: every commit since then notifies.
+func (b *wakeBackoff) arm(logger watermill.LoggerAdapter) (d time.Duration, wait, rely bool) {
+	if b.n.locks.isArmed(b.w) {
+		return 0, true, false
+	}
+	runHook(&b.n.beforeLock, b.w.table)
+	state, err := b.n.locks.arm(b.ctx, b.w)
+	switch {
+	case err != nil:
+		if b.ctx.Err() == nil && !errors.Is(err, errNotListening) { // the listener logs its own
+			logger.Error("sql: taking the wake-up lock failed; notifications may not come, the poll stays (check ListenURL)",
+				redact.ErrorOf(err, b.n.url), watermill.LogFields{"table": b.w.quoted})
+		}
+		return 0, true, false // nothing taken: nothing to look at again; the poll stays
+	case state == storage.SQLWakeWriters:
+		b.w.retry = min(max(2*b.w.retry, time.Millisecond), 100*time.Millisecond, b.poll)
+		return b.waitRetry(b.w.retry), false, false
+	}
+	b.w.retry = 0
+	runHook(&b.n.beforeLook, b.w.table)
+	look, err := b.look(b.ctx)
+	if err != nil || look.Backlog {
+		// Busy (or blind): give the lock up and query now; a failing
+		// database then backs off in watermill-sql's loop.
+		b.n.locks.disarm(b.w)
+		return 0, false, false
+	}
+	b.w.passed(look.Horizon) // notified rows below it: the look saw them
+	b.w.raise(look.Hidden)
+	return 0, true, state == storage.SQLWakeOther
+}
+
+// waitRetry waits d before the lock is tried again, or less if woken.
+func (b *wakeBackoff) waitRetry(d time.Duration) time.Duration {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-b.ctx.Done():
+		return b.poll
+	case <-b.close:
+		return b.poll
+	case <-b.w.ch:
+		b.n.wakes.Add(1)
+	case <-t.C:
+	}
+	return 0
+}
+
+// wait waits, the table's lock taken (or another session's hold relied
+// on), for a wake, the horizon passing the pending id, the poll, limit
+// (0: none) or the end.
+func (b *wakeBackoff) wait(limit time.Duration) time.Duration {
 	poll := time.NewTimer(b.poll)
 	defer poll.Stop()
+	var relied <-chan time.Time
+	if limit > 0 {
+		t := time.NewTimer(limit)
+		defer t.Stop()
+		relied = t.C
+	}
 	recheck := time.NewTimer(minRecheck)
 	defer recheck.Stop()
 	begun := time.Now()
@@ -272,6 +410,8 @@ func (b *wakeBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, er
 			return 0
 		case <-poll.C:
 			b.n.polls.Add(1)
+			return 0
+		case <-relied:
 			return 0
 		case <-again:
 		}

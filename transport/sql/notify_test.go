@@ -2,6 +2,7 @@ package sql_test
 
 import (
 	"context"
+	stdsql "database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/faultproxy"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/transport/sql"
@@ -51,6 +53,11 @@ func setupNotify(t *testing.T, poll time.Duration, listenURL func(schemaURL stri
 	t.Cleanup(cancel)
 	b.msgs, err = sub.Subscribe(ctx, b.topic)
 	require.NoError(t, err)
+	// Idle: writers notify from now on (a wait begun after the first
+	// look; the table is empty, so its look came after the lock).
+	oid := tableOID(t, s.DB, b.topic)
+	require.Eventually(t, func() bool { return sql.Waits(tr) > 0 && wakeLockHeld(t, s.DB, oid) }, 10*time.Second, 5*time.Millisecond,
+		"the idle subscriber does not hold the wake-up lock")
 	return b
 }
 
@@ -162,10 +169,13 @@ func TestNotifyFallsBackToThePollWhenTheListenerIsCut(t *testing.T) {
 	// the checks, and they failed on a correct fallback).
 	proxy.Outage(time.Hour)
 	require.Positive(t, proxy.CutConns(), "the LISTEN connection was not cut")
-	// Two polls after the cut, the loop is idle in its wait: only the
-	// poll can fetch what comes now.
+	// Two polls after the cut, and a wait begun after the second one's
+	// query (the poll's count rises before its query runs, which could
+	// still read what comes now): only the poll can fetch what comes now.
 	_, _, p0 := sql.WakeCounts(b.tr)
 	require.Eventually(t, func() bool { _, _, p := sql.WakeCounts(b.tr); return p >= p0+2 }, 10*time.Second, 5*time.Millisecond)
+	waits := sql.Waits(b.tr)
+	require.Eventually(t, func() bool { return sql.Waits(b.tr) > waits }, 10*time.Second, 5*time.Millisecond)
 	_, wakes0, polls0 := sql.WakeCounts(b.tr)
 	for i := range 3 {
 		b.publish(t, fmt.Sprint("during ", i))
@@ -181,9 +191,146 @@ func TestNotifyFallsBackToThePollWhenTheListenerIsCut(t *testing.T) {
 	proxy.Outage(0) // the listener may reconnect now
 	require.Eventually(t, func() bool { r, _, _ := sql.WakeCounts(b.tr); return r > 0 }, 40*time.Second, 20*time.Millisecond,
 		"the listener did not reconnect")
+	// Idle again, with the lock taken again on a new connection.
+	oid := tableOID(t, b.schema.DB, b.topic)
+	require.Eventually(t, func() bool { return wakeLockHeld(t, b.schema.DB, oid) }, 10*time.Second, 5*time.Millisecond)
 	_, wakes, _ = sql.WakeCounts(b.tr)
 	b.publish(t, "after")
 	require.Equal(t, "after", b.receive(t, receiveLimit))
 	require.Eventually(t, func() bool { _, w, _ := sql.WakeCounts(b.tr); return w > wakes }, 10*time.Second, 5*time.Millisecond,
 		"no wake after the reconnection")
+}
+
+// wakeLockHeld reports whether some session holds the topic table's
+// wake-up lock exclusively (a subscriber waits).
+func wakeLockHeld(t *testing.T, db *stdsql.DB, oid uint32) bool {
+	var held bool
+	require.NoError(t, db.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock'
+		AND granted AND classid = $1 AND objid = $2 AND objsubid = 2)`, storage.SQLWakeLockClass, oid).Scan(&held))
+	return held
+}
+
+// tableOID returns the oid of topic's table, which the notifications name.
+func tableOID(t *testing.T, db *stdsql.DB, topic string) uint32 {
+	oid, err := storage.TableOID(context.Background(), storage.NewSQL(db), `"watermill_`+topic+`"`)
+	require.NoError(t, err)
+	return oid
+}
+
+// publishID publishes payload and returns its transaction id.
+func (b *notifyBundle) publishID(t *testing.T, payload string) uint64 {
+	t.Helper()
+	id := watermill.NewUUID()
+	require.NoError(t, b.tr.Publisher().Publish(b.topic, message.NewMessage(id, []byte(payload))))
+	var xid uint64
+	require.NoError(t, b.schema.DB.QueryRow(`SELECT transaction_id::text::bigint FROM `+`"watermill_`+b.topic+`"`+
+		` WHERE uuid = $1`, id).Scan(&xid))
+	return xid
+}
+
+// tableListener LISTENs on the wake-up channel on a connection of its
+// own and hands over the transaction ids notified for table.
+func tableListener(t *testing.T, url string, table uint32) <-chan uint64 {
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := storage.NewListener(ctx, storage.DriverSQL, storage.ListenerConfig{URL: url})
+	require.NoError(t, err)
+	t.Cleanup(func() { cancel(); _ = l.Close() })
+	require.NoError(t, l.Listen(ctx, storage.SQLNotifyChannel))
+	out := make(chan uint64, 100)
+	go func() {
+		for n := range l.Notifications() {
+			if n == nil {
+				continue
+			}
+			if tb, xid, ok := storage.ParseSQLNotification(n.Payload); ok && tb == table {
+				out <- xid
+			}
+		}
+	}()
+	return out
+}
+
+// Writers notify only while a subscriber waits: a commit while the only
+// subscriber is busy with a message (unacked) notifies nobody, one while
+// it waits is notified and wakes it (one-minute poll). Notifications come
+// in commit order, so the busy commit's would come before the next one.
+func TestNotifyOnlyWhileTheSubscriberWaits(t *testing.T) {
+	t.Parallel()
+	b := setupNotify(t, longPoll, nil)
+	oid := tableOID(t, b.schema.DB, b.topic)
+	notified := tableListener(t, b.schema.URL, oid)
+	require.Eventually(t, func() bool { return wakeLockHeld(t, b.schema.DB, oid) }, 10*time.Second, 5*time.Millisecond,
+		"the idle subscriber does not hold the wake-up lock")
+
+	nextNotified := func() uint64 {
+		select {
+		case x := <-notified:
+			return x
+		case <-time.After(10 * time.Second):
+			r, w, p := sql.WakeCounts(b.tr)
+			t.Fatalf("no notification within 10s (lock held %v, waits %d, reconnects %d, wakes %d, polls %d)",
+				wakeLockHeld(t, b.schema.DB, oid), sql.Waits(b.tr), r, w, p)
+			return 0
+		}
+	}
+	idle := b.publishID(t, "idle")
+	require.Equal(t, idle, nextNotified())
+	var m *message.Message
+	select {
+	case m = <-b.msgs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the notification did not wake the subscriber")
+	}
+	require.Equal(t, "idle", string(m.Payload))
+	require.Eventually(t, func() bool { return !wakeLockHeld(t, b.schema.DB, oid) }, 10*time.Second, 5*time.Millisecond,
+		"the busy subscriber keeps the wake-up lock")
+	busy := b.publishID(t, "busy")
+	waits := sql.Waits(b.tr)
+	m.Ack()
+	require.Equal(t, "busy", b.receive(t, 10*time.Second))
+
+	// Waiting again: a wait begun after the lock was taken again.
+	require.Eventually(t, func() bool { return wakeLockHeld(t, b.schema.DB, oid) && sql.Waits(b.tr) > waits }, 10*time.Second, 5*time.Millisecond,
+		"the subscriber, idle again, does not take the wake-up lock")
+	again := b.publishID(t, "idle again")
+	got := nextNotified()
+	require.NotEqual(t, busy, got, "the commit while the subscriber was busy notified")
+	require.Equal(t, again, got)
+	require.Equal(t, "idle again", b.receive(t, 10*time.Second))
+	_, _, polls := sql.WakeCounts(b.tr)
+	require.Zero(t, polls, "a message came by the poll")
+}
+
+// Two processes (transports) consume one table in their own groups: one
+// holds the wake-up lock, the other relies on it (its notifications go to
+// every listener); both wake within seconds with a one-minute poll, also
+// after the holder's subscription ends (its handover).
+func TestNotifyWakesEveryProcessOfATable(t *testing.T) {
+	t.Parallel()
+	a := setupNotify(t, longPoll, nil)
+	tr, err := sql.Open(context.Background(), sql.Config{URL: a.schema.URL, PollInterval: longPoll, HorizonCheckInterval: -1}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, tr.Close()) })
+	sub, err := tr.Subscriber("other")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	b := &notifyBundle{schema: a.schema, tr: tr, topic: a.topic}
+	b.msgs, err = sub.Subscribe(ctx, a.topic)
+	require.NoError(t, err)
+	oid := tableOID(t, a.schema.DB, a.topic)
+	for i := range 3 {
+		require.Eventually(t, func() bool { return wakeLockHeld(t, a.schema.DB, oid) }, 10*time.Second, 5*time.Millisecond)
+		a.publish(t, fmt.Sprint(i))
+		require.Equal(t, fmt.Sprint(i), a.receive(t, 10*time.Second))
+		require.Equal(t, fmt.Sprint(i), b.receive(t, 10*time.Second))
+	}
+	require.NoError(t, a.tr.Close()) // whichever held it, b now does or relies on nobody
+	require.Eventually(t, func() bool { return wakeLockHeld(t, a.schema.DB, oid) }, 10*time.Second, 5*time.Millisecond)
+	b.publish(t, "after")
+	require.Equal(t, "after", b.receive(t, 10*time.Second))
+	for _, tr := range []*sql.Transport{a.tr, b.tr} {
+		_, _, polls := sql.WakeCounts(tr)
+		require.Zero(t, polls, "a message came by the poll")
+	}
 }

@@ -413,13 +413,17 @@ func (t *Transport) wokenSubscriber(ctx context.Context, s *subscriber, group, t
 		t.logger.Info("sql: the wake-up LISTEN is not in effect yet; the subscriber polls every PollInterval until it is",
 			watermill.LogFields{"topic": topic, "poll_interval": t.cfg.PollInterval.String()})
 	}
-	w, unregister := t.notify.register(oid)
+	w, unregister := t.notify.register(oid, schema.MessagesTable(topic))
 	bm := &wakeBackoff{n: t.notify, w: w, def: wsql.NewDefaultBackoffManager(t.cfg.PollInterval, 0), poll: t.cfg.PollInterval,
 		ctx: ctx, close: s.closing, xmin: func(ctx context.Context) (uint64, error) {
 			qctx, cancel := context.WithTimeout(ctx, t.cfg.ConnectTimeout)
 			defer cancel()
 			return storage.SnapshotXmin(qctx, storage.NewSQL(t.db))
 		}}
+	offsets := raceFreeOffsets{}.MessagesOffsetsTable(topic)
+	bm.look = func(ctx context.Context) (storage.SQLWakeLook, error) {
+		return t.notify.locks.look(ctx, storage.NewSQL(t.db), w, offsets, group)
+	}
 	sub, err := wsql.NewSubscriber(t.db, t.subscriberConfig(group, bm), t.logger)
 	if err != nil {
 		unregister()

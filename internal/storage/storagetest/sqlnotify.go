@@ -2,6 +2,7 @@ package storagetest
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -37,11 +38,20 @@ func exerciseSQLNotify(t *testing.T, setup func(t *testing.T) Setup) {
 		require.NoError(t, err)
 
 		// What a listener receives at the commit: the table's oid and the
-		// inserting transaction's id, once for two rows.
+		// inserting transaction's id, once for two rows; only while a
+		// consumer holds the table's wake-up lock exclusively (notifications
+		// come in commit order: one of the insert before would come first).
 		l, err := storage.NewListener(ctx, storage.DriverSQL, storage.ListenerConfig{URL: s.Schema.URL})
 		require.NoError(t, err)
 		defer l.Close()
 		require.NoError(t, l.Listen(ctx, storage.SQLNotifyChannel))
+		_, err = p.Exec(ctx, storage.S(`INSERT INTO "watermill_n" (transaction_id) VALUES (pg_current_xact_id())`))
+		require.NoError(t, err)
+		holder, err := p.Begin(ctx, storage.TxOptions{})
+		require.NoError(t, err)
+		defer holder.Rollback(ctx) //nolint:errcheck
+		_, err = holder.Exec(ctx, storage.S(`SELECT pg_advisory_xact_lock($1, $2::oid::int4)`, storage.SQLWakeLockClass, oid))
+		require.NoError(t, err)
 		tx, err := p.Begin(ctx, storage.TxOptions{})
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck
@@ -70,6 +80,58 @@ func exerciseSQLNotify(t *testing.T, setup func(t *testing.T) Setup) {
 				t.Fatal("no notification within 10s of the commit")
 			}
 		}
+	})
+
+	t.Run("LookUnderTheWakeLock", func(t *testing.T) {
+		t.Parallel()
+		p := setup(t).Pool
+		_, err := p.Exec(ctx, storage.S(`CREATE TABLE "watermill_l" ("offset" BIGSERIAL, transaction_id xid8 NOT NULL)`))
+		require.NoError(t, err)
+		_, err = p.Exec(ctx, storage.S(`CREATE TABLE "watermill_offsets_l" (consumer_group TEXT PRIMARY KEY, offset_acked BIGINT, last_processed_transaction_id xid8)`))
+		require.NoError(t, err)
+		_, err = p.Exec(ctx, storage.S(`INSERT INTO "watermill_offsets_l" VALUES ('g', 0, '0')`))
+		require.NoError(t, err)
+		oid, err := storage.TableOID(ctx, p, `"watermill_l"`)
+		require.NoError(t, err)
+		lock := storage.NewSQLWakeLock(oid, `"watermill_l"`)
+		look := func(group string) storage.SQLWakeLook {
+			l, err := lock.Look(ctx, p, `"watermill_offsets_l"`, group)
+			require.NoError(t, err)
+			return l
+		}
+		insert := func() (offset int64, xid uint64) {
+			var x string
+			require.NoError(t, p.QueryRow(ctx, storage.S(`INSERT INTO "watermill_l" (transaction_id) VALUES (pg_current_xact_id()) RETURNING "offset", transaction_id::text`), &offset, &x))
+			xid, err := strconv.ParseUint(x, 10, 64)
+			require.NoError(t, err)
+			return offset, xid
+		}
+		require.Equal(t, storage.SQLWakeLook{Horizon: look("g").Horizon}, look("g"), "an empty table")
+		off, xid := insert()
+		// Backlog, or hidden while another session on the server (another
+		// test) holds the horizon: never neither, in one snapshot.
+		l := look("g")
+		require.True(t, l.Backlog != (l.Hidden >= xid), "a committed row is backlog or hidden: %+v, row %d", l, xid)
+		require.False(t, look("other").Backlog, "a group without an offsets row")
+		_, err = p.Exec(ctx, storage.S(`UPDATE "watermill_offsets_l" SET offset_acked = $1, last_processed_transaction_id = $2::text::xid8`, off, strconv.FormatUint(xid, 10)))
+		require.NoError(t, err)
+		require.False(t, look("g").Backlog, "a row the group acked")
+
+		// A row committed while an older transaction runs is hidden, not
+		// backlog, until that transaction ends.
+		blocker, err := p.Begin(ctx, storage.TxOptions{})
+		require.NoError(t, err)
+		defer blocker.Rollback(ctx) //nolint:errcheck
+		_, err = blocker.Exec(ctx, storage.S(`SELECT pg_current_xact_id()`))
+		require.NoError(t, err)
+		_, hidden := insert()
+		l = look("g")
+		require.False(t, l.Backlog)
+		require.Equal(t, hidden, l.Hidden)
+		require.LessOrEqual(t, l.Horizon, hidden)
+		require.NoError(t, blocker.Commit(ctx))
+		l = look("g")
+		require.True(t, l.Backlog != (l.Hidden >= hidden), "a committed row is backlog or hidden: %+v, row %d", l, hidden)
 	})
 
 	t.Run("MissingTable", func(t *testing.T) {
