@@ -82,6 +82,20 @@ func (b *bench) publish(ctx context.Context, n int) (*topic, error) {
 		return nil, err
 	}
 	defer tr.Close()
+	if err := b.publishKeys(tr, name, n); err != nil {
+		return nil, err
+	}
+	where, err := b.readBack(ctx, name, n)
+	if err != nil {
+		return nil, err
+	}
+	return &topic{name: name, where: where, n: n}, nil
+}
+
+// publishKeys publishes n messages to name over tr, in batches of 1000,
+// each with a random one of the keys as its ordering key and the key's
+// sequence number in its payload ("key-3:7"), which the consumers check.
+func (b *bench) publishKeys(tr *transport.Transport, name string, n int) error {
 	seq := map[string]int{}
 	msgs := make([]*message.Message, 0, n)
 	for i := 0; i < n; i++ {
@@ -95,14 +109,10 @@ func (b *bench) publish(ctx context.Context, n int) (*topic, error) {
 	bp := tr.Publisher().(transport.BatchPublisher)
 	for i := 0; i < n; i += 1000 {
 		if err := bp.PublishBatch(name, msgs[i:min(i+1000, n)]...); err != nil {
-			return nil, fmt.Errorf("bench consume: publishing to %s: %w", name, err)
+			return fmt.Errorf("bench consume: publishing to %s: %w", name, err)
 		}
 	}
-	where, err := b.readBack(ctx, name, n)
-	if err != nil {
-		return nil, err
-	}
-	return &topic{name: name, where: where, n: n}, nil
+	return nil
 }
 
 // readBack reads every partition of name from the start, without a group.
