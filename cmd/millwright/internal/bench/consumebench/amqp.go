@@ -117,14 +117,11 @@ func (b *bench) consumeAMQP(ctx context.Context, tp *topic, group string, par in
 		return Row{}, err
 	}
 	defer tr.Close()
-	router, t, err := b.router(tr, tp, group, r)
+	ctx, t, stop, err := b.runRouter(ctx, tr, tp, group, r)
 	if err != nil {
 		return Row{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
-	go func() { _ = router.Run(ctx) }()
-	defer router.Close()
+	defer stop()
 	start := time.Now()
 	select {
 	case <-t.all:

@@ -276,14 +276,11 @@ func (b *bench) consume(ctx context.Context, tp *topic, r run) (Row, error) {
 		return Row{}, err
 	}
 	defer tr.Close()
-	router, t, err := b.router(tr, tp, group, r)
+	ctx, t, stop, err := b.runRouter(ctx, tr, tp, group, r)
 	if err != nil {
 		return Row{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
-	go func() { _ = router.Run(ctx) }()
-	defer router.Close()
+	defer stop()
 	start := time.Now()
 	samples, past, err := b.watch(ctx, tp, group, t)
 	if err != nil {
@@ -298,6 +295,18 @@ func (b *bench) consume(ctx context.Context, tp *topic, r run) (Row, error) {
 	b.step()
 	fmt.Fprintf(b.cfg.Progress, "bench consume: %s, %s handler%s: %.0f msg/s\n", r.consumer, r.delay, map[bool]string{true: ", one key failing"}[r.failingKey != ""], row.Rate)
 	return row, nil
+}
+
+// runRouter starts r's router over tp in group on tr, for at most
+// r.timeout (the returned ctx); stop closes the router, then ends ctx.
+func (b *bench) runRouter(ctx context.Context, tr *transport.Transport, tp *topic, group string, r run) (_ context.Context, _ *tally, stop func(), _ error) {
+	router, t, err := b.router(tr, tp, group, r)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	go func() { _ = router.Run(ctx) }()
+	return ctx, t, func() { _ = router.Close(); cancel() }, nil
 }
 
 // steadyRate is the messages/s between the 10th and the 90th percentile
