@@ -195,9 +195,7 @@ func TestKeyedChildProcess(t *testing.T) {
 	require.NoError(t, err)
 	sub, err := tr.Subscriber(c.Group)
 	require.NoError(t, err)
-	msgs, err := sub.Subscribe(context.Background(), c.Topic)
-	require.NoError(t, err)
-	keyedtest.RunChild(msgs, c.Block)
+	keyedtest.RunChild(t, sub, c.Topic, c.Block)
 }
 
 // TestKeyedConsumerKilled SIGKILLs a key-parallel consumer while three of

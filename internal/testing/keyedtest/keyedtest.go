@@ -9,6 +9,7 @@ package keyedtest
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -150,11 +151,15 @@ func ChildSpec(t *testing.T, env string, spec any) bool {
 	return true
 }
 
-// RunChild handles msgs as the child consumer: each in its own goroutine
-// (as Watermill's Router does), a millisecond of simulated work, then
-// "done key:seq" on stdout before its ack. A message whose payload is in
-// block never finishes: the process is killed with it.
-func RunChild(msgs <-chan *message.Message, block []string) {
+// RunChild subscribes sub to topic and handles its messages as the child
+// consumer: each in its own goroutine (as Watermill's Router does), a
+// millisecond of simulated work, then "done key:seq" on stdout before its
+// ack. A message whose payload is in block never finishes: the process is
+// killed with it.
+func RunChild(t *testing.T, sub message.Subscriber, topic string, block []string) {
+	t.Helper()
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
 	blocked := map[string]bool{}
 	for _, b := range block {
 		blocked[b] = true
