@@ -12,7 +12,6 @@ import (
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -211,21 +210,10 @@ func TestKeyedConsumerKilled(t *testing.T) {
 	block := []string{"k1:2", "k7:3", "k12:1"}
 	cmd, lines, stderr := keyedtest.StartChild(t, envKeyedChild, keyedChild{URL: transporttest.AMQPURL(), Topic: topic, Group: group, Parallelism: parallelism, Block: block})
 	childDone := map[ref]bool{}
-	want := (keys - len(block)) * perKey / 2
-	timeout := time.After(2 * time.Minute)
-	for len(childDone) < want {
-		select {
-		case r := <-lines:
-			childDone[r] = true
-		case <-timeout:
-			t.Fatalf("the child finished %d of %d messages; stderr:\n%s", len(childDone), want, stderr.String())
-		}
-	}
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	for r := range lines { // until its stdout ends: everything it finished
-		childDone[r] = true
-	}
-	_ = cmd.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	keyedtest.WaitDone(ctx, t, lines, childDone, (keys-len(block))*perKey/2, stderr)
+	keyedtest.Kill(t, cmd, lines, childDone)
 	for _, b := range block {
 		r, _ := keyedtest.ParseRef(b)
 		require.False(t, childDone[r], "blocked %s finished", r)

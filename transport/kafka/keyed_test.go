@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -207,25 +206,13 @@ func TestKeyedConsumerKilledMidBatch(t *testing.T) {
 	}
 	cmd, lines, stderr := keyedtest.StartChild(t, envKeyedChild, keyedChild{Config: cfg, Topic: topic, Group: group, Block: block})
 	childDone := map[ref]bool{}
-	want := (keys - len(block)) * perKey / 2
-	for len(childDone) < want {
-		select {
-		case r := <-lines:
-			childDone[r] = true
-		case <-ctx.Done():
-			t.Fatalf("the child finished %d of %d messages: %v; stderr:\n%s", len(childDone), want, ctx.Err(), stderr.String())
-		}
-	}
+	keyedtest.WaitDone(ctx, t, lines, childDone, (keys-len(block))*perKey/2, stderr)
 	require.Eventually(t, func() bool {
 		c, err := fetchCommitted(t, cfg.Kafka.Brokers, topic, group, partitions)
 		return err == nil && len(c) == partitions
 	}, 30*time.Second, 100*time.Millisecond, "every partition has a commit")
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	for r := range lines { // until its stdout ends: everything it finished
-		childDone[r] = true
-	}
-	_ = cmd.Wait()
+	keyedtest.Kill(t, cmd, lines, childDone)
 	commits := committed(t, cfg.Kafka.Brokers, topic, group, partitions)
 	t.Logf("killed after %d finished messages; committed %v; blocked %v", len(childDone), commits, blocked)
 

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,4 +181,33 @@ func RunChild(t *testing.T, sub message.Subscriber, topic string, block []string
 			m.Ack()
 		}(m)
 	}
+}
+
+// WaitDone adds the messages the child reports finished (lines, from
+// StartChild) to done until it holds want; it fails the test, with the
+// child's stderr, if ctx ends or the child's stdout ends first.
+func WaitDone(ctx context.Context, t *testing.T, lines <-chan Ref, done map[Ref]bool, want int, stderr *strings.Builder) {
+	t.Helper()
+	for len(done) < want {
+		select {
+		case r, ok := <-lines:
+			if !ok {
+				t.Fatalf("the child ended after finishing %d of %d messages; stderr:\n%s", len(done), want, stderr.String())
+			}
+			done[r] = true
+		case <-ctx.Done():
+			t.Fatalf("the child finished %d of %d messages: %v; stderr:\n%s", len(done), want, ctx.Err(), stderr.String())
+		}
+	}
+}
+
+// Kill SIGKILLs the child and adds to done everything it finished before
+// it died (its lines until its stdout ends).
+func Kill(t *testing.T, cmd *exec.Cmd, lines <-chan Ref, done map[Ref]bool) {
+	t.Helper()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	for r := range lines {
+		done[r] = true
+	}
+	_ = cmd.Wait()
 }
