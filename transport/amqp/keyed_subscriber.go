@@ -132,18 +132,11 @@ func (s *KeyedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := keyed.WithClosing(ctx, s.closing)
 	sub.done = ctx.Done()
 	go func() {
 		defer s.wg.Done()
 		defer cancel()
-		go func() {
-			select {
-			case <-s.closing:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		sub.run(ctx, conn, cc, deliveries)
 	}()
 	return sub.out, nil

@@ -7,18 +7,11 @@ package amqp_test
 // key in order), and a connection cut mid-stream.
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,25 +19,16 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/testing/keyedtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/transporttest"
 )
 
-// ref names one published message: its key and its place among the key's.
-type ref struct {
-	key string
-	seq int
-}
-
-func (r ref) String() string { return r.key + ":" + strconv.Itoa(r.seq) }
-
-func parseRef(s string) (ref, bool) {
-	k, seq, ok := strings.Cut(s, ":")
-	n, err := strconv.Atoi(seq)
-	return ref{k, n}, ok && err == nil
-}
+// ref names one published message (the shared keyed-test harness's,
+// internal/testing/keyedtest).
+type ref = keyedtest.Ref
 
 // keyedTopic declares group's queue on a fresh topic and publishes keys ×
 // perKey messages (payload "key:seq", the key as metadata.OrderingKey),
@@ -58,7 +42,7 @@ func keyedTopic(t *testing.T, group string, keys, perKey int) string {
 	var msgs []*message.Message
 	for s := 0; s < perKey; s++ {
 		for k := 0; k < keys; k++ {
-			msgs = append(msgs, keyedMessage(ref{fmt.Sprint("k", k), s}))
+			msgs = append(msgs, keyedMessage(ref{Key: fmt.Sprint("k", k), Seq: s}))
 		}
 	}
 	for i := 0; i < len(msgs); i += 500 {
@@ -69,67 +53,8 @@ func keyedTopic(t *testing.T, group string, keys, perKey int) string {
 
 func keyedMessage(r ref) *message.Message {
 	m := message.NewMessage(watermill.NewUUID(), []byte(r.String()))
-	m.Metadata.Set(metadata.OrderingKey, r.key)
+	m.Metadata.Set(metadata.OrderingKey, r.Key)
 	return m
-}
-
-// ledger is what a deduplicating consumer sees: each message's first
-// application must come after its key's previous message finished, and
-// no two messages of a key may run at once anywhere.
-type ledger struct {
-	mu         sync.Mutex
-	done       map[ref]bool
-	active     map[string]bool
-	reorders   []string
-	duplicates int
-	nowActive  int
-	maxActive  int
-	started    map[ref]int
-}
-
-func newLedger() *ledger {
-	return &ledger{done: map[ref]bool{}, active: map[string]bool{}, started: map[ref]int{}}
-}
-
-func (l *ledger) start(r ref) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.active[r.key] {
-		l.reorders = append(l.reorders, fmt.Sprintf("%s started while another message of its key runs", r))
-	}
-	if r.seq > 0 && !l.done[ref{r.key, r.seq - 1}] {
-		l.reorders = append(l.reorders, fmt.Sprintf("%s started before %s:%d finished", r, r.key, r.seq-1))
-	}
-	if l.done[r] {
-		l.duplicates++
-	}
-	l.started[r]++
-	l.active[r.key] = true
-	l.nowActive++
-	l.maxActive = max(l.maxActive, l.nowActive)
-}
-
-// end ends a run; finished says whether it succeeded (a nack does not).
-func (l *ledger) end(r ref, finished bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.active[r.key] = false
-	l.nowActive--
-	if finished {
-		l.done[r] = true
-	}
-}
-
-func (l *ledger) count() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.done)
-}
-
-// waitCount waits until n messages are done, or fails after d.
-func (l *ledger) waitCount(t *testing.T, n int, d time.Duration) {
-	t.Helper()
-	require.Eventually(t, func() bool { return l.count() >= n }, d, 10*time.Millisecond, "messages finished")
 }
 
 // keyedTransport opens a transport with the key-parallel consumer.
@@ -172,15 +97,15 @@ func TestKeyedKeysRunInParallel(t *testing.T) {
 	topic := keyedTopic(t, group, 2, 2)
 	tr := keyedTransport(t, transporttest.AMQPURL(), 2)
 	first := map[string]chan struct{}{"k0": make(chan struct{}), "k1": make(chan struct{})}
-	l := newLedger()
+	l := keyedtest.NewLedger()
 	runRouter(t, tr, topic, group, func(m *message.Message) error {
-		r, _ := parseRef(string(m.Payload))
-		l.start(r)
-		defer l.end(r, true)
-		if r.seq == 0 {
-			close(first[r.key])
+		r, _ := keyedtest.ParseRef(string(m.Payload))
+		l.Start(r)
+		defer l.End(r, true)
+		if r.Seq == 0 {
+			close(first[r.Key])
 			other := first["k1"]
-			if r.key == "k1" {
+			if r.Key == "k1" {
 				other = first["k0"]
 			}
 			select {
@@ -191,12 +116,12 @@ func TestKeyedKeysRunInParallel(t *testing.T) {
 		}
 		return nil
 	})
-	l.waitCount(t, 4, 40*time.Second)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	require.Empty(t, l.reorders)
-	require.Equal(t, 2, l.maxActive, "two keys at once")
-	for r, n := range l.started {
+	l.WaitCount(t, 4, 40*time.Second)
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	require.Empty(t, l.Reorders)
+	require.Equal(t, 2, l.MaxActive, "two keys at once")
+	for r, n := range l.Started {
 		require.Equal(t, 1, n, "%s ran once: neither first message timed out waiting for the other", r)
 	}
 }
@@ -212,38 +137,38 @@ func TestKeyedOrderUnderNacks(t *testing.T) {
 	const group, keys, perKey, parallelism = "order", 40, 25, 8
 	topic := keyedTopic(t, group, keys, perKey)
 	tr := keyedTransport(t, transporttest.AMQPURL(), parallelism)
-	l := newLedger()
+	l := keyedtest.NewLedger()
 	var nacks atomic.Int64
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	rnd := rand.New(rand.NewPCG(seed, 1))
 	var rmu sync.Mutex
 	runRouter(t, tr, topic, group, func(m *message.Message) error {
-		r, _ := parseRef(string(m.Payload))
-		l.start(r)
+		r, _ := keyedtest.ParseRef(string(m.Payload))
+		l.Start(r)
 		rmu.Lock()
 		d := time.Duration(rnd.IntN(3000)) * time.Microsecond
 		fail := rnd.IntN(10) == 0
 		rmu.Unlock()
 		time.Sleep(d) // the handler's simulated work, not synchronisation
-		l.mu.Lock()
-		fail = fail && l.started[r] == 1
-		l.mu.Unlock()
-		l.end(r, !fail)
+		l.Mu.Lock()
+		fail = fail && l.Started[r] == 1
+		l.Mu.Unlock()
+		l.End(r, !fail)
 		if fail {
 			nacks.Add(1)
 			return fmt.Errorf("transient failure of %s", r)
 		}
 		return nil
 	})
-	l.waitCount(t, keys*perKey, 2*time.Minute)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	t.Logf("nacks %d, most at once %d, duplicates %d", nacks.Load(), l.maxActive, l.duplicates)
+	l.WaitCount(t, keys*perKey, 2*time.Minute)
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	t.Logf("nacks %d, most at once %d, duplicates %d", nacks.Load(), l.MaxActive, l.Duplicates)
 	require.Positive(t, nacks.Load(), "some messages were nacked")
-	require.Empty(t, l.reorders)
-	require.LessOrEqual(t, l.maxActive, parallelism)
-	require.Greater(t, l.maxActive, 1, "keys ran in parallel")
+	require.Empty(t, l.Reorders)
+	require.LessOrEqual(t, l.MaxActive, parallelism)
+	require.Greater(t, l.MaxActive, 1, "keys ran in parallel")
 }
 
 // envKeyedChild makes this test binary the consumer process that
@@ -261,37 +186,15 @@ type keyedChild struct {
 // it does nothing in a normal run. It prints "done key:seq" as each
 // handler finishes, before its ack.
 func TestKeyedChildProcess(t *testing.T) {
-	spec := os.Getenv(envKeyedChild)
-	if spec == "" {
-		t.Skip("only as TestKeyedConsumerKilled's child process")
-	}
 	var c keyedChild
-	require.NoError(t, json.Unmarshal([]byte(spec), &c))
-	block := map[string]bool{}
-	for _, b := range c.Block {
-		block[b] = true
+	if !keyedtest.ChildSpec(t, envKeyedChild, &c) {
+		t.Skip("only as TestKeyedConsumerKilled's child process")
 	}
 	tr, err := amqp.Open(context.Background(), amqp.Config{URL: c.URL, KeyParallelism: c.Parallelism}, nil)
 	require.NoError(t, err)
 	sub, err := tr.Subscriber(c.Group)
 	require.NoError(t, err)
-	msgs, err := sub.Subscribe(context.Background(), c.Topic)
-	require.NoError(t, err)
-	var mu sync.Mutex
-	out := bufio.NewWriter(os.Stdout)
-	for m := range msgs {
-		go func(m *message.Message) { // as Watermill's Router does
-			if block[string(m.Payload)] {
-				select {} // never finishes: killed with it
-			}
-			time.Sleep(time.Millisecond) // the handler's simulated work
-			mu.Lock()
-			fmt.Fprintf(out, "done %s\n", m.Payload)
-			_ = out.Flush()
-			mu.Unlock()
-			m.Ack()
-		}(m)
-	}
+	keyedtest.RunChild(t, sub, c.Topic, c.Block)
 }
 
 // TestKeyedConsumerKilled SIGKILLs a key-parallel consumer while three of
@@ -305,86 +208,46 @@ func TestKeyedConsumerKilled(t *testing.T) {
 	const group, keys, perKey, parallelism = "kill", 30, 20, 8
 	topic := keyedTopic(t, group, keys, perKey)
 	block := []string{"k1:2", "k7:3", "k12:1"}
-	cmd, lines, stderr := startKeyedChild(t, keyedChild{URL: transporttest.AMQPURL(), Topic: topic, Group: group, Parallelism: parallelism, Block: block})
+	cmd, lines, stderr := keyedtest.StartChild(t, envKeyedChild, keyedChild{URL: transporttest.AMQPURL(), Topic: topic, Group: group, Parallelism: parallelism, Block: block})
 	childDone := map[ref]bool{}
-	want := (keys - len(block)) * perKey / 2
-	timeout := time.After(2 * time.Minute)
-	for len(childDone) < want {
-		select {
-		case r := <-lines:
-			childDone[r] = true
-		case <-timeout:
-			t.Fatalf("the child finished %d of %d messages; stderr:\n%s", len(childDone), want, stderr.String())
-		}
-	}
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	for r := range lines { // until its stdout ends: everything it finished
-		childDone[r] = true
-	}
-	_ = cmd.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	keyedtest.WaitDone(ctx, t, lines, childDone, (keys-len(block))*perKey/2, stderr)
+	keyedtest.Kill(t, cmd, lines, childDone)
 	for _, b := range block {
-		r, _ := parseRef(b)
+		r, _ := keyedtest.ParseRef(b)
 		require.False(t, childDone[r], "blocked %s finished", r)
-		require.True(t, childDone[ref{r.key, r.seq - 1}], "the fault: %s's predecessor finished before the kill", r)
+		require.True(t, childDone[ref{Key: r.Key, Seq: r.Seq - 1}], "the fault: %s's predecessor finished before the kill", r)
 	}
 	t.Logf("killed after %d finished messages", len(childDone))
 
-	l := newLedger()
+	l := keyedtest.NewLedger()
 	for r := range childDone {
-		l.done[r] = true
+		l.Done[r] = true
 	}
 	tr := keyedTransport(t, transporttest.AMQPURL(), parallelism)
 	var redelivered sync.Map
 	runRouter(t, tr, topic, group, func(m *message.Message) error {
-		r, _ := parseRef(string(m.Payload))
+		r, _ := keyedtest.ParseRef(string(m.Payload))
 		redelivered.Store(r, true)
-		l.start(r)
-		l.end(r, true)
+		l.Start(r)
+		l.End(r, true)
 		return nil
 	})
-	l.waitCount(t, keys*perKey, 2*time.Minute)
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.WaitCount(t, keys*perKey, 2*time.Minute)
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
 	for k := 0; k < keys; k++ {
 		for s := 0; s < perKey; s++ {
-			r := ref{fmt.Sprint("k", k), s}
+			r := ref{Key: fmt.Sprint("k", k), Seq: s}
 			if _, ok := redelivered.Load(r); !childDone[r] && !ok {
 				t.Errorf("%s, unfinished by the child, never reached the successor", r)
 			}
 		}
 	}
-	t.Logf("reorders %d, redelivered though finished %d", len(l.reorders), l.duplicates)
-	require.Empty(t, l.reorders)
-	require.LessOrEqual(t, l.duplicates, 2*parallelism, "only unfinished work (and acks in flight at the kill) is redelivered")
-}
-
-// startKeyedChild starts this test binary as TestKeyedChildProcess; lines
-// gets each message it finished, and closes when its stdout ends.
-func startKeyedChild(t *testing.T, spec keyedChild) (*exec.Cmd, <-chan ref, *strings.Builder) {
-	t.Helper()
-	js, err := json.Marshal(spec)
-	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyedChildProcess$", "-test.v")
-	cmd.Env = append(os.Environ(), envKeyedChild+"="+string(js))
-	stderr := &strings.Builder{}
-	cmd.Stderr = stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	lines := make(chan ref, 10000)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if s, ok := strings.CutPrefix(sc.Text(), "done "); ok {
-				if r, ok := parseRef(s); ok {
-					lines <- r
-				}
-			}
-		}
-	}()
-	return cmd, lines, stderr
+	t.Logf("reorders %d, redelivered though finished %d", len(l.Reorders), l.Duplicates)
+	require.Empty(t, l.Reorders)
+	require.LessOrEqual(t, l.Duplicates, 2*parallelism, "only unfinished work (and acks in flight at the kill) is redelivered")
 }
 
 // TestKeyedConnectionCut cuts the consumer's connection (a faultproxy
@@ -399,12 +262,12 @@ func TestKeyedConnectionCut(t *testing.T) {
 	topic := keyedTopic(t, group, keys, perKey)
 	proxy, through := proxied(t)
 	tr := keyedTransport(t, through, 4)
-	hang, release := ref{"k3", 2}, make(chan struct{})
+	hang, release := ref{Key: "k3", Seq: 2}, make(chan struct{})
 	hanging := make(chan struct{})
-	l := newLedger()
+	l := keyedtest.NewLedger()
 	runRouter(t, tr, topic, group, func(m *message.Message) error {
-		r, _ := parseRef(string(m.Payload))
-		l.start(r)
+		r, _ := keyedtest.ParseRef(string(m.Payload))
+		l.Start(r)
 		if r == hang {
 			select {
 			case <-hanging:
@@ -414,7 +277,7 @@ func TestKeyedConnectionCut(t *testing.T) {
 			}
 		}
 		time.Sleep(time.Millisecond) // the handler's simulated work
-		l.end(r, true)
+		l.End(r, true)
 		return nil
 	})
 	select {
@@ -422,7 +285,7 @@ func TestKeyedConnectionCut(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the hanging message never ran")
 	}
-	before := l.count()
+	before := l.Count()
 	proxy.Cut()
 	require.Positive(t, proxy.CutConns(), "the cut closed the consumer's connection")
 	// Messages published after the cut arrive: the subscriber reconnected.
@@ -430,27 +293,27 @@ func TestKeyedConnectionCut(t *testing.T) {
 	require.NoError(t, err)
 	defer pubTr.Close()
 	for s := 0; s < 5; s++ {
-		require.NoError(t, pubTr.Publisher().Publish(topic, keyedMessage(ref{"after", s})))
+		require.NoError(t, pubTr.Publisher().Publish(topic, keyedMessage(ref{Key: "after", Seq: s})))
 	}
 	require.Eventually(t, func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.done[ref{"after", 4}]
+		l.Mu.Lock()
+		defer l.Mu.Unlock()
+		return l.Done[ref{Key: "after", Seq: 4}]
 	}, time.Minute, 10*time.Millisecond, "a message published after the cut is handled")
-	l.mu.Lock()
-	require.False(t, l.done[hang], "still hanging")
-	for s := hang.seq + 1; s < perKey; s++ {
-		require.Zero(t, l.started[ref{hang.key, s}], "%s:%d started while its predecessor hangs", hang.key, s)
+	l.Mu.Lock()
+	require.False(t, l.Done[hang], "still hanging")
+	for s := hang.Seq + 1; s < perKey; s++ {
+		require.Zero(t, l.Started[ref{Key: hang.Key, Seq: s}], "%s:%d started while its predecessor hangs", hang.Key, s)
 	}
-	l.mu.Unlock()
+	l.Mu.Unlock()
 	close(release)
-	l.waitCount(t, keys*perKey+5, time.Minute)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	t.Logf("finished %d before the cut; reorders %d, duplicates %d", before, len(l.reorders), l.duplicates)
-	require.Empty(t, l.reorders)
-	require.Positive(t, l.started[hang], "the hanging message ran")
-	require.Positive(t, l.duplicates, "the cut lost the hanging message's ack: RabbitMQ redelivered it")
+	l.WaitCount(t, keys*perKey+5, time.Minute)
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	t.Logf("finished %d before the cut; reorders %d, duplicates %d", before, len(l.Reorders), l.Duplicates)
+	require.Empty(t, l.Reorders)
+	require.Positive(t, l.Started[hang], "the hanging message ran")
+	require.Positive(t, l.Duplicates, "the cut lost the hanging message's ack: RabbitMQ redelivered it")
 }
 
 // TestKeyedCloseDrains closes the subscriber while two handlers run:
@@ -516,7 +379,7 @@ func TestKeyedCloseDrains(t *testing.T) {
 		t.Fatal("the unfinished message was not redelivered")
 	}
 	// A marker published now comes next: k0:0, acked at drain, does not.
-	require.NoError(t, next.Publisher().Publish(topic, keyedMessage(ref{"marker", 0})))
+	require.NoError(t, next.Publisher().Publish(topic, keyedMessage(ref{Key: "marker", Seq: 0})))
 	select {
 	case m := <-msgs2:
 		require.Equal(t, "marker:0", string(m.Payload), "k0:0 was acked by the drain")

@@ -108,19 +108,12 @@ func (s *KeyedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		return nil, fmt.Errorf("kafka: key-parallel subscriber: joining group %q: %w", s.group, err)
 	}
 	out := make(chan *message.Message)
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := keyed.WithClosing(ctx, s.closing)
 	h := &keyedHandler{s: s, out: out, topic: topic}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		defer cancel()
-		go func() {
-			select {
-			case <-s.closing:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		go s.logErrors(group, topic)
 		s.consume(ctx, group, topic, h)
 		_ = group.Close() // closes Errors(), ending logErrors

@@ -7,17 +7,10 @@ package kafka_test
 // must both be 0.
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/testing/keyedtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -44,19 +38,11 @@ type keyedChild struct {
 	Block []string
 }
 
-// ref names one published message.
-type ref struct {
-	key string
-	seq int
-}
-
-func (r ref) String() string { return r.key + ":" + strconv.Itoa(r.seq) }
-
-func parseRef(s string) (ref, bool) {
-	k, seq, ok := strings.Cut(s, ":")
-	n, err := strconv.Atoi(seq)
-	return ref{k, n}, ok && err == nil
-}
+// ref and ledger are the shared keyed-test harness's (internal/testing/keyedtest).
+type (
+	ref    = keyedtest.Ref
+	ledger = keyedtest.Ledger
+)
 
 // pos is where a message landed.
 type pos struct {
@@ -76,7 +62,7 @@ func keyedTopic(t *testing.T, ctx context.Context, cfg transport.Config, partiti
 	var msgs []*message.Message
 	for s := 0; s < perKey; s++ {
 		for k := 0; k < keys; k++ {
-			m := message.NewMessage(watermill.NewUUID(), []byte(ref{fmt.Sprint("k", k), s}.String()))
+			m := message.NewMessage(watermill.NewUUID(), []byte(ref{Key: fmt.Sprint("k", k), Seq: s}.String()))
 			m.Metadata.Set(metadata.OrderingKey, fmt.Sprint("k", k))
 			msgs = append(msgs, m)
 		}
@@ -86,59 +72,11 @@ func keyedTopic(t *testing.T, ctx context.Context, cfg transport.Config, partiti
 	}
 	where := map[pos]ref{}
 	for _, r := range readAll(ctx, t, cfg.Kafka.Brokers, topic, len(msgs)) {
-		ref, ok := parseRef(string(r.Value))
+		ref, ok := keyedtest.ParseRef(string(r.Value))
 		require.True(t, ok, "payload %q", r.Value)
 		where[pos{r.Partition, r.Offset}] = ref
 	}
 	return topic, where
-}
-
-// ledger is the shared view of what every consumer's handlers did: it
-// counts reorders (a key's message starting before its predecessor
-// finished anywhere, or while another message of the key runs) and
-// duplicates (a message run again after it finished: allowed, at least
-// once).
-type ledger struct {
-	mu         sync.Mutex
-	done       map[ref]bool
-	active     map[string]bool
-	reorders   []string
-	duplicates int
-	maxActive  int
-	nowActive  int
-}
-
-func newLedger() *ledger { return &ledger{done: map[ref]bool{}, active: map[string]bool{}} }
-
-func (l *ledger) start(r ref) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.active[r.key] {
-		l.reorders = append(l.reorders, fmt.Sprintf("%s started while another message of its key runs", r))
-	}
-	if r.seq > 0 && !l.done[ref{r.key, r.seq - 1}] {
-		l.reorders = append(l.reorders, fmt.Sprintf("%s started before %s:%d finished", r, r.key, r.seq-1))
-	}
-	if l.done[r] {
-		l.duplicates++
-	}
-	l.active[r.key] = true
-	l.nowActive++
-	l.maxActive = max(l.maxActive, l.nowActive)
-}
-
-func (l *ledger) finish(r ref) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.active[r.key] = false
-	l.nowActive--
-	l.done[r] = true
-}
-
-func (l *ledger) count() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.done)
 }
 
 // committed reads the group's committed offsets of topic from the broker.
@@ -205,13 +143,13 @@ func runKeyedRouter(t *testing.T, cfg transport.Config, topic, group string, l *
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	r.AddConsumerHandler("keyed", topic, sub, func(m *message.Message) error {
-		ref, ok := parseRef(string(m.Payload))
+		ref, ok := keyedtest.ParseRef(string(m.Payload))
 		if !ok {
 			return fmt.Errorf("payload %q", m.Payload)
 		}
-		l.start(ref)
+		l.Start(ref)
 		time.Sleep(d(ref)) // the handler's simulated work
-		l.finish(ref)
+		l.Finish(ref)
 		handled.Add(1)
 		return nil
 	})
@@ -230,38 +168,15 @@ func runKeyedRouter(t *testing.T, cfg transport.Config, topic, group string, l *
 // TestKeyedChildProcess is the consumer process of
 // TestKeyedConsumerKilledMidBatch; it does nothing in a normal run.
 func TestKeyedChildProcess(t *testing.T) {
-	spec := os.Getenv(envKeyedChild)
-	if spec == "" {
-		t.Skip("only as TestKeyedConsumerKilledMidBatch's child process")
-	}
 	var c keyedChild
-	require.NoError(t, json.Unmarshal([]byte(spec), &c))
-	block := map[string]bool{}
-	for _, b := range c.Block {
-		block[b] = true
+	if !keyedtest.ChildSpec(t, envKeyedChild, &c) {
+		t.Skip("only as TestKeyedConsumerKilledMidBatch's child process")
 	}
 	tr, err := transport.Open(context.Background(), c.Config)
 	require.NoError(t, err)
 	sub, err := tr.Subscriber(c.Group)
 	require.NoError(t, err)
-	msgs, err := sub.Subscribe(context.Background(), c.Topic)
-	require.NoError(t, err)
-	var mu sync.Mutex
-	out := bufio.NewWriter(os.Stdout)
-	for m := range msgs {
-		go func(m *message.Message) { // as Watermill's Router does
-			if block[string(m.Payload)] {
-				fmt.Fprintf(os.Stderr, "blocking %s\n", m.Payload)
-				select {} // never finishes: killed with it
-			}
-			time.Sleep(time.Millisecond) // the handler's simulated work
-			mu.Lock()
-			fmt.Fprintf(out, "done %s\n", m.Payload)
-			_ = out.Flush()
-			mu.Unlock()
-			m.Ack()
-		}(m)
-	}
+	keyedtest.RunChild(t, sub, c.Topic, c.Block)
 }
 
 // TestKeyedConsumerKilledMidBatch SIGKILLs a key-parallel consumer that
@@ -284,32 +199,20 @@ func TestKeyedConsumerKilledMidBatch(t *testing.T) {
 	var block []string
 	blocked := map[int32]ref{}
 	for p, r := range where {
-		if r.seq == 2 && blocked[p.part] == (ref{}) {
+		if r.Seq == 2 && blocked[p.part] == (ref{}) {
 			blocked[p.part] = r
 			block = append(block, r.String())
 		}
 	}
-	cmd, lines, stderr := startKeyedChild(t, keyedChild{Config: cfg, Topic: topic, Group: group, Block: block})
+	cmd, lines, stderr := keyedtest.StartChild(t, envKeyedChild, keyedChild{Config: cfg, Topic: topic, Group: group, Block: block})
 	childDone := map[ref]bool{}
-	want := (keys - len(block)) * perKey / 2
-	for len(childDone) < want {
-		select {
-		case r := <-lines:
-			childDone[r] = true
-		case <-ctx.Done():
-			t.Fatalf("the child finished %d of %d messages: %v; stderr:\n%s", len(childDone), want, ctx.Err(), stderr.String())
-		}
-	}
+	keyedtest.WaitDone(ctx, t, lines, childDone, (keys-len(block))*perKey/2, stderr)
 	require.Eventually(t, func() bool {
 		c, err := fetchCommitted(t, cfg.Kafka.Brokers, topic, group, partitions)
 		return err == nil && len(c) == partitions
 	}, 30*time.Second, 100*time.Millisecond, "every partition has a commit")
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	for r := range lines { // until its stdout ends: everything it finished
-		childDone[r] = true
-	}
-	_ = cmd.Wait()
+	keyedtest.Kill(t, cmd, lines, childDone)
 	commits := committed(t, cfg.Kafka.Brokers, topic, group, partitions)
 	t.Logf("killed after %d finished messages; committed %v; blocked %v", len(childDone), commits, blocked)
 
@@ -318,47 +221,18 @@ func TestKeyedConsumerKilledMidBatch(t *testing.T) {
 	require.Empty(t, past, "commits past unfinished messages: %d", len(past))
 
 	// The successor: every message, each key in order.
-	l := newLedger()
+	l := keyedtest.NewLedger()
 	for r := range childDone {
-		l.done[r] = true
+		l.Done[r] = true
 	}
 	stop := runKeyedRouter(t, cfg, topic, group, l, func(ref) time.Duration { return time.Millisecond }, new(atomic.Int64))
-	require.Eventually(t, func() bool { return l.count() == len(where) }, 2*time.Minute, 50*time.Millisecond,
+	require.Eventually(t, func() bool { return l.Count() == len(where) }, 2*time.Minute, 50*time.Millisecond,
 		"the successor finishes every message")
 	stop()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	t.Logf("reorders %d, commits past unfinished %d, duplicates %d", len(l.reorders), len(past), l.duplicates)
-	require.Empty(t, l.reorders)
-}
-
-// startKeyedChild starts this test binary as TestKeyedChildProcess; lines
-// gets each message it finished, and closes when its stdout ends.
-func startKeyedChild(t *testing.T, spec keyedChild) (*exec.Cmd, <-chan ref, *strings.Builder) {
-	t.Helper()
-	js, err := json.Marshal(spec)
-	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyedChildProcess$", "-test.v")
-	cmd.Env = append(os.Environ(), envKeyedChild+"="+string(js))
-	stderr := &strings.Builder{}
-	cmd.Stderr = stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	lines := make(chan ref, 10000)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if s, ok := strings.CutPrefix(sc.Text(), "done "); ok {
-				if r, ok := parseRef(s); ok {
-					lines <- r
-				}
-			}
-		}
-	}()
-	return cmd, lines, stderr
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	t.Logf("reorders %d, commits past unfinished %d, duplicates %d", len(l.Reorders), len(past), l.Duplicates)
+	require.Empty(t, l.Reorders)
 }
 
 // requireFinishedAbove proves the fault happened: in every partition the
@@ -400,23 +274,23 @@ func TestKeyedConsumerRebalance(t *testing.T) {
 	group := "group_" + topic
 	t.Cleanup(func() { deleteTopic(t, cfg.Kafka.Brokers, topic, group) })
 
-	l := newLedger()
-	work := func(r ref) time.Duration { return time.Duration(10+(r.seq*7+len(r.key))%20) * time.Millisecond }
+	l := keyedtest.NewLedger()
+	work := func(r ref) time.Duration { return time.Duration(10+(r.Seq*7+len(r.Key))%20) * time.Millisecond }
 	var past []string
 	var samples int
 	sample := func() {
 		c := committed(t, cfg.Kafka.Brokers, topic, group, partitions)
-		l.mu.Lock()
-		defer l.mu.Unlock()
+		l.Mu.Lock()
+		defer l.Mu.Unlock()
 		samples++
-		past = append(past, pastUnfinished(where, c, func(r ref) bool { return l.done[r] })...)
+		past = append(past, pastUnfinished(where, c, func(r ref) bool { return l.Done[r] })...)
 	}
 	waitDone := func(n int, what string) {
 		t.Helper()
-		for l.count() < n {
+		for l.Count() < n {
 			sample()
 			if ctx.Err() != nil {
-				t.Fatalf("%s: %d of %d messages finished", what, l.count(), n)
+				t.Fatalf("%s: %d of %d messages finished", what, l.Count(), n)
 			}
 			time.Sleep(100 * time.Millisecond) // the sampling interval
 		}
@@ -430,12 +304,12 @@ func TestKeyedConsumerRebalance(t *testing.T) {
 	waitDone(len(where), "A after B left")
 	sample()
 
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
 	t.Logf("reorders %d, commits past unfinished %d (in %d samples), duplicates %d, most handlers at once %d, handled by A %d, by B %d",
-		len(l.reorders), len(past), samples, l.duplicates, l.maxActive, byA.Load(), byB.Load())
+		len(l.Reorders), len(past), samples, l.Duplicates, l.MaxActive, byA.Load(), byB.Load())
 	require.Positive(t, byB.Load(), "B got partitions: the rebalance happened")
-	require.Empty(t, l.reorders)
+	require.Empty(t, l.Reorders)
 	require.Empty(t, past)
-	require.Greater(t, l.maxActive, partitions, "keys ran in parallel within partitions")
+	require.Greater(t, l.MaxActive, partitions, "keys ran in parallel within partitions")
 }

@@ -4,13 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
-	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"
 )
@@ -96,23 +93,7 @@ func (b *bench) publishAMQP(ctx context.Context, name string, n int, groups []st
 		return err
 	}
 	defer tr.Close()
-	seq := map[string]int{}
-	msgs := make([]*message.Message, 0, n)
-	for i := 0; i < n; i++ {
-		k := "key-" + strconv.Itoa(b.rnd.Intn(b.cfg.Keys))
-		m := message.NewMessage(watermill.NewUUID(), []byte(k+":"+strconv.Itoa(seq[k])))
-		seq[k]++
-		m.Metadata.Set(metadata.OrderingKey, k)
-		m.Metadata.Set(metadata.EventID, m.UUID)
-		msgs = append(msgs, m)
-	}
-	bp := tr.Publisher().(transport.BatchPublisher)
-	for i := 0; i < n; i += 1000 {
-		if err := bp.PublishBatch(name, msgs[i:min(i+1000, n)]...); err != nil {
-			return fmt.Errorf("bench consume: publishing to %s: %w", name, err)
-		}
-	}
-	return nil
+	return b.publishKeys(tr, name, n)
 }
 
 func (b *bench) openAMQP(ctx context.Context, keyParallelism int, declare []string) (*transport.Transport, error) {
@@ -136,14 +117,11 @@ func (b *bench) consumeAMQP(ctx context.Context, tp *topic, group string, par in
 		return Row{}, err
 	}
 	defer tr.Close()
-	router, t, err := b.router(tr, tp, group, r)
+	ctx, t, stop, err := b.runRouter(ctx, tr, tp, group, r)
 	if err != nil {
 		return Row{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
-	go func() { _ = router.Run(ctx) }()
-	defer router.Close()
+	defer stop()
 	start := time.Now()
 	select {
 	case <-t.all:

@@ -82,6 +82,20 @@ func (b *bench) publish(ctx context.Context, n int) (*topic, error) {
 		return nil, err
 	}
 	defer tr.Close()
+	if err := b.publishKeys(tr, name, n); err != nil {
+		return nil, err
+	}
+	where, err := b.readBack(ctx, name, n)
+	if err != nil {
+		return nil, err
+	}
+	return &topic{name: name, where: where, n: n}, nil
+}
+
+// publishKeys publishes n messages to name over tr, in batches of 1000,
+// each with a random one of the keys as its ordering key and the key's
+// sequence number in its payload ("key-3:7"), which the consumers check.
+func (b *bench) publishKeys(tr *transport.Transport, name string, n int) error {
 	seq := map[string]int{}
 	msgs := make([]*message.Message, 0, n)
 	for i := 0; i < n; i++ {
@@ -95,14 +109,10 @@ func (b *bench) publish(ctx context.Context, n int) (*topic, error) {
 	bp := tr.Publisher().(transport.BatchPublisher)
 	for i := 0; i < n; i += 1000 {
 		if err := bp.PublishBatch(name, msgs[i:min(i+1000, n)]...); err != nil {
-			return nil, fmt.Errorf("bench consume: publishing to %s: %w", name, err)
+			return fmt.Errorf("bench consume: publishing to %s: %w", name, err)
 		}
 	}
-	where, err := b.readBack(ctx, name, n)
-	if err != nil {
-		return nil, err
-	}
-	return &topic{name: name, where: where, n: n}, nil
+	return nil
 }
 
 // readBack reads every partition of name from the start, without a group.
@@ -266,14 +276,11 @@ func (b *bench) consume(ctx context.Context, tp *topic, r run) (Row, error) {
 		return Row{}, err
 	}
 	defer tr.Close()
-	router, t, err := b.router(tr, tp, group, r)
+	ctx, t, stop, err := b.runRouter(ctx, tr, tp, group, r)
 	if err != nil {
 		return Row{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
-	go func() { _ = router.Run(ctx) }()
-	defer router.Close()
+	defer stop()
 	start := time.Now()
 	samples, past, err := b.watch(ctx, tp, group, t)
 	if err != nil {
@@ -288,6 +295,18 @@ func (b *bench) consume(ctx context.Context, tp *topic, r run) (Row, error) {
 	b.step()
 	fmt.Fprintf(b.cfg.Progress, "bench consume: %s, %s handler%s: %.0f msg/s\n", r.consumer, r.delay, map[bool]string{true: ", one key failing"}[r.failingKey != ""], row.Rate)
 	return row, nil
+}
+
+// runRouter starts r's router over tp in group on tr, for at most
+// r.timeout (the returned ctx); stop closes the router, then ends ctx.
+func (b *bench) runRouter(ctx context.Context, tr *transport.Transport, tp *topic, group string, r run) (_ context.Context, _ *tally, stop func(), _ error) {
+	router, t, err := b.router(tr, tp, group, r)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	go func() { _ = router.Run(ctx) }()
+	return ctx, t, func() { _ = router.Close(); cancel() }, nil
 }
 
 // steadyRate is the messages/s between the 10th and the 90th percentile
