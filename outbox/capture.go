@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -21,6 +22,10 @@ import (
 // the slot's consumer (Debezium's connector) is down or behind, and for
 // ever for a slot nobody reads: the disk fills and Postgres stops.
 const MetricSlotRetainedWAL = "millwright_outbox_replication_slot_retained_wal_bytes"
+
+// MetricCapturePanics counts the CaptureTracker rounds that panicked (each
+// is logged with its slot and stack; the tracker runs on).
+const MetricCapturePanics = "millwright_outbox_capture_round_panics_total"
 
 // CaptureConfig configures a CaptureTracker.
 type CaptureConfig struct {
@@ -78,10 +83,12 @@ func (c CaptureConfig) Validate() error {
 // idempotent). Its methods are every long-running millwright component's:
 // Run, Close, Running, and RunOnce for one round.
 type CaptureTracker struct {
-	db  storage.Pool
-	cfg CaptureConfig
-	run *runner.Runner
-	wal *prometheus.GaugeVec
+	db     storage.Pool
+	cfg    CaptureConfig
+	run    *runner.Runner
+	wal    *prometheus.GaugeVec
+	panics prometheus.Counter
+	hook   func(*CaptureRound) // tests: runs inside each round
 }
 
 // CaptureRound reports one round.
@@ -106,25 +113,27 @@ func NewCaptureTracker[P postgres.Pool](db P, cfg CaptureConfig) (*CaptureTracke
 	t := &CaptureTracker{db: pool, cfg: cfg, run: runner.New("outbox.CaptureTracker", cfg.CloseTimeout),
 		wal: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSlotRetainedWAL,
 			Help: "Bytes of WAL Postgres retains for each logical replication slot (pg_replication_slots.restart_lsn to the current position)."}, []string{"slot"})}
+	t.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: MetricCapturePanics,
+		Help: "CaptureTracker rounds that panicked (logged with the slot and stack; the tracker runs on)."})
 	if cfg.Registerer != nil {
 		t.wal = promreg.Into(cfg.Registerer, t.wal, &err)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: registering %s: %w", MetricSlotRetainedWAL, err)
 		}
+		t.panics = promreg.Into(cfg.Registerer, t.panics, &err)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: registering %s: %w", MetricCapturePanics, err)
+		}
 	}
 	return t, nil
 }
 
-// RunOnce runs one round.
+// RunOnce runs one round. A slot no switch registered fails the round
+// with an error wrapping ErrSlotNotRegistered (the WAL gauge is still
+// refreshed): use SwitchToDebezium.
 func (t *CaptureTracker) RunOnce(ctx context.Context) (CaptureRound, error) {
 	var r CaptureRound
-	if _, err := storage.TakeCaptureMark(ctx, t.db); err != nil {
-		return r, fmt.Errorf("outbox: recording a capture mark (did `millwright migrate` run?): %w", err)
-	}
 	var err error
-	if r.Marked, r.Mark, err = storage.MarkCaptured(ctx, t.db, t.cfg.Slot); err != nil {
-		return r, fmt.Errorf("outbox: marking rows slot %q delivered: %w", t.cfg.Slot, err)
-	}
 	if r.Slots, err = storage.ReadSlotLag(ctx, t.db); err != nil {
 		return r, fmt.Errorf("outbox: reading pg_replication_slots: %w", err)
 	}
@@ -132,18 +141,41 @@ func (t *CaptureTracker) RunOnce(ctx context.Context) (CaptureRound, error) {
 	for _, s := range r.Slots {
 		t.wal.WithLabelValues(s.Slot).Set(float64(s.Retained))
 	}
+	if t.hook != nil {
+		t.hook(&r)
+	}
+	if _, err := storage.TakeCaptureMark(ctx, t.db); err != nil {
+		return r, fmt.Errorf("outbox: recording a capture mark (did `millwright migrate` run?): %w", err)
+	}
+	if r.Marked, r.Mark, err = storage.MarkCaptured(ctx, t.db, t.cfg.Slot); err != nil {
+		return r, fmt.Errorf("outbox: marking rows slot %q delivered: %w", t.cfg.Slot, err)
+	}
 	return r, nil
 }
 
+// round is RunOnce that returns a panic as an error (logged with the
+// slot and the stack, and counted): one bad round must not end Run.
+func (t *CaptureTracker) round(ctx context.Context) (r CaptureRound, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			t.panics.Inc()
+			err = fmt.Errorf("outbox: capture round of slot %q panicked (counted in %s; the next round runs at the next tick): %v\n%s",
+				t.cfg.Slot, MetricCapturePanics, p, debug.Stack())
+		}
+	}()
+	return t.RunOnce(ctx)
+}
+
 // Run runs rounds every Interval until ctx ends or Close. A failed round
-// is logged and retried at the next tick.
+// is logged and retried at the next tick; so is a round that panicked
+// (counted in MetricCapturePanics).
 func (t *CaptureTracker) Run(ctx context.Context) error {
 	return t.run.Run(ctx, func(ctx context.Context, draining <-chan struct{}) error {
 		tick := time.NewTicker(t.cfg.Interval)
 		defer tick.Stop()
 		for {
-			if _, err := t.RunOnce(ctx); err != nil && ctx.Err() == nil {
-				t.cfg.Logger.Error("outbox: capture round failed", err, watermill.LogFields{"slot": t.cfg.Slot})
+			if r, err := t.round(ctx); err != nil && ctx.Err() == nil {
+				t.cfg.Logger.Error("outbox: capture round failed", err, watermill.LogFields{"slot": t.cfg.Slot, "mark": r.Mark, "marked": r.Marked})
 			}
 			select {
 			case <-ctx.Done():
@@ -189,4 +221,225 @@ func DisableCapture[P postgres.Pool](ctx context.Context, db P, publication stri
 		return fmt.Errorf("outbox: DisableCapture: %w", err)
 	}
 	return nil
+}
+
+// ErrCaptureActive is returned (wrapped, with the slot or trigger and the
+// fix) by RetryFailed and the console's retry while Debezium capture is on.
+var ErrCaptureActive = storage.ErrCaptureActive
+
+// ErrSlotNotRegistered is returned (wrapped) by CaptureTracker rounds on a
+// slot SwitchToDebezium did not register.
+var ErrSlotNotRegistered = storage.ErrSlotNotRegistered
+
+// CaptureSwitch configures SwitchToDebezium and SwitchToRelay.
+type CaptureSwitch struct {
+	// Slot is the replication slot (the connector's slot.name). Required.
+	Slot string
+	// Publication is the publication (the connector's publication.name).
+	// Required.
+	Publication string
+	// DryRun reports what the switch would do and changes nothing.
+	DryRun bool
+	// Wait (SwitchToDebezium only) is how long to wait for the relays to
+	// publish the pending rows from before the slot. Default 0: report
+	// their count at once; run again (it is idempotent) until Ready.
+	Wait time.Duration
+	// PollInterval between counts while waiting. Default 500ms.
+	PollInterval time.Duration
+}
+
+func (c *CaptureSwitch) setDefaults() {
+	if c.PollInterval == 0 {
+		c.PollInterval = 500 * time.Millisecond
+	}
+}
+
+// Validate reports what is wrong with c, after defaults.
+func (c CaptureSwitch) Validate() error {
+	var errs []error
+	if c.Slot == "" {
+		errs = append(errs, errors.New("outbox: CaptureSwitch.Slot is empty: set the connector's slot.name"))
+	}
+	if c.Publication == "" {
+		errs = append(errs, errors.New("outbox: CaptureSwitch.Publication is empty: set the connector's publication.name"))
+	}
+	if c.Wait < 0 || c.PollInterval < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("outbox: CaptureSwitch.Wait %s, PollInterval %s: want Wait >= 0, PollInterval >= 10ms", c.Wait, c.PollInterval))
+	}
+	return errors.Join(errs...)
+}
+
+// SwitchReport says what a switch did (or, in a dry run, would do) and
+// what the operator does next.
+type SwitchReport struct {
+	DryRun bool
+	// Steps done (or, DryRun, to do), in order.
+	Steps []string
+	// Before is the state found.
+	Before storage.CaptureState
+	// PendingBefore (to Debezium) is the pending rows the slot will never
+	// stream: the relays must publish them before they stop. In a dry run
+	// without a slot, every pending row.
+	PendingBefore int64
+	// Ready (to Debezium): PendingBefore is 0 and the switch is done; stop
+	// the relays (Close), start the connector on Slot and a CaptureTracker.
+	Ready bool
+	// Marked (to the relay) is the rows the last confirmed mark marked
+	// published; Pending the rows left for the relays to publish (some
+	// Debezium delivered after its last confirmed mark: duplicates, in
+	// order).
+	Marked, Pending int64
+	// Next is what the operator does next.
+	Next string
+}
+
+func captureSwitch[P postgres.Pool](db P, cfg *CaptureSwitch) (storage.Pool, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return storage.PoolFrom(db)
+}
+
+// SwitchToDebezium moves the outbox in db's search_path from the relay to
+// Debezium's connector, the first half of docs/operations.md ("Relaying
+// with Debezium"): it creates the capture trigger and the insert-only
+// publication (waiting for the writing transactions in flight), creates
+// the replication slot and registers its boundary, then counts (and, with
+// Wait, waits for) the pending rows inserted before the boundary: the
+// slot never streams those, so the relays must publish them. It is
+// idempotent: run it again until Ready. Then stop the relays, start the
+// connector on the slot (snapshot.mode=no_data) and a CaptureTracker.
+//
+// A row is judged by the transaction that inserted it (the capture
+// trigger records it), never by its last update: a failed publish or any
+// later change of a row from before the slot keeps it the relay's.
+func SwitchToDebezium[P postgres.Pool](ctx context.Context, db P, cfg CaptureSwitch) (SwitchReport, error) {
+	pool, err := captureSwitch(db, &cfg)
+	if err != nil {
+		return SwitchReport{}, fmt.Errorf("outbox: SwitchToDebezium: %w", err)
+	}
+	rep := SwitchReport{DryRun: cfg.DryRun}
+	if rep.Before, err = storage.ReadCaptureState(ctx, pool, cfg.Slot, cfg.Publication); err != nil {
+		return rep, fmt.Errorf("outbox: SwitchToDebezium: reading the capture state (did `millwright migrate` run?): %w", err)
+	}
+	b := rep.Before
+	if b.WALLevel != "logical" {
+		return rep, fmt.Errorf("outbox: SwitchToDebezium: wal_level is %q: set wal_level = logical (a server restart) before switching to Debezium", b.WALLevel)
+	}
+	step := func(done bool, what string) {
+		if !done {
+			rep.Steps = append(rep.Steps, what)
+		}
+	}
+	step(b.Trigger, "create the capture trigger millwright_outbox_capture (waits for the writing transactions in flight)")
+	step(b.Publication, fmt.Sprintf("create publication %q (inserts only)", cfg.Publication))
+	step(b.SlotExists, fmt.Sprintf("create replication slot %q (pgoutput)", cfg.Slot))
+	step(b.Registered, fmt.Sprintf("register slot %q's boundary (a snapshot taken after the slot exists)", cfg.Slot))
+	if cfg.DryRun {
+		if b.Registered {
+			rep.PendingBefore, err = storage.CountPendingBeforeSlot(ctx, pool, cfg.Slot)
+		} else {
+			var st storage.OutboxStats
+			st, err = storage.ReadOutboxStats(ctx, pool)
+			rep.PendingBefore = st.Pending
+		}
+		if err != nil {
+			return rep, fmt.Errorf("outbox: SwitchToDebezium: counting pending rows: %w", err)
+		}
+		rep.Next = "run without the dry run; keep the relays running until it reports 0 rows pending before the slot"
+		return rep, nil
+	}
+	if err := storage.EnableCapture(ctx, pool, cfg.Publication); err != nil {
+		return rep, fmt.Errorf("outbox: SwitchToDebezium: %w", err)
+	}
+	if _, err := storage.CreateCaptureSlot(ctx, pool, cfg.Slot); err != nil {
+		return rep, fmt.Errorf("outbox: SwitchToDebezium: %w", err)
+	}
+	deadline := time.Now().Add(cfg.Wait)
+	for {
+		if rep.PendingBefore, err = storage.CountPendingBeforeSlot(ctx, pool, cfg.Slot); err != nil {
+			return rep, fmt.Errorf("outbox: SwitchToDebezium: counting the pending rows from before slot %q: %w", cfg.Slot, err)
+		}
+		if rep.PendingBefore == 0 || !time.Now().Before(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return rep, fmt.Errorf("outbox: SwitchToDebezium: waiting for the relays to publish %d row(s) from before slot %q: %w", rep.PendingBefore, cfg.Slot, ctx.Err())
+		case <-time.After(cfg.PollInterval):
+		}
+	}
+	rep.Ready = rep.PendingBefore == 0
+	if rep.Ready {
+		rep.Next = fmt.Sprintf("stop the relays (Close), then start the connector with slot.name=%s publication.name=%s snapshot.mode=no_data (deploy/debezium/outbox-connector.json) and a CaptureTracker on slot %s", cfg.Slot, cfg.Publication, cfg.Slot)
+	} else {
+		rep.Next = fmt.Sprintf("keep the relays running: %d row(s) from before the slot are still pending (the slot never streams them); run the switch again (it is idempotent) until 0", rep.PendingBefore)
+	}
+	return rep, nil
+}
+
+// SwitchToRelay moves the outbox in db's search_path back from Debezium to
+// the relay, the second half of docs/operations.md: with the connector
+// stopped (it refuses while a connector streams from the slot, naming the
+// fix), it marks published the rows the slot's last confirmed capture
+// mark saw (the CaptureTracker's rounds take the marks), drops the slot
+// and its registration, the publication and the trigger. Then start the
+// relays: they publish every row still pending, in order, including what
+// Debezium delivered after its last confirmed mark (duplicates the
+// idempotency middleware drops). Nothing is marked published that the
+// connector did not confirm. Delete the connector before or after.
+func SwitchToRelay[P postgres.Pool](ctx context.Context, db P, cfg CaptureSwitch) (SwitchReport, error) {
+	pool, err := captureSwitch(db, &cfg)
+	if err != nil {
+		return SwitchReport{}, fmt.Errorf("outbox: SwitchToRelay: %w", err)
+	}
+	rep := SwitchReport{DryRun: cfg.DryRun}
+	if rep.Before, err = storage.ReadCaptureState(ctx, pool, cfg.Slot, cfg.Publication); err != nil {
+		return rep, fmt.Errorf("outbox: SwitchToRelay: reading the capture state (did `millwright migrate` run?): %w", err)
+	}
+	b := rep.Before
+	if b.SlotActive {
+		return rep, fmt.Errorf("outbox: SwitchToRelay: replication slot %q is active: a connector still streams it; stop the connector first "+
+			"(PUT /connectors/<name>/stop: it commits its offsets and confirms its last position), then run the switch again", cfg.Slot)
+	}
+	if b.SlotExists && b.Registered {
+		rep.Steps = append(rep.Steps, fmt.Sprintf("mark published the rows slot %q's last confirmed capture mark saw", cfg.Slot))
+	}
+	if b.SlotExists {
+		rep.Steps = append(rep.Steps, fmt.Sprintf("drop replication slot %q", cfg.Slot))
+	}
+	if b.Registered {
+		rep.Steps = append(rep.Steps, fmt.Sprintf("forget slot %q's boundary", cfg.Slot))
+	}
+	if b.Publication {
+		rep.Steps = append(rep.Steps, fmt.Sprintf("drop publication %q", cfg.Publication))
+	}
+	if b.Trigger {
+		rep.Steps = append(rep.Steps, "drop the capture trigger")
+	}
+	if !cfg.DryRun {
+		if b.SlotExists && b.Registered {
+			if rep.Marked, _, err = storage.MarkCaptured(ctx, pool, cfg.Slot); err != nil {
+				return rep, fmt.Errorf("outbox: SwitchToRelay: %w", err)
+			}
+		}
+		if err := storage.DropCaptureSlot(ctx, pool, cfg.Slot); err != nil {
+			return rep, fmt.Errorf("outbox: SwitchToRelay: dropping replication slot %q (a connector that started again holds it: stop it): %w", cfg.Slot, err)
+		}
+		if err := storage.DisableCapture(ctx, pool, cfg.Publication); err != nil {
+			return rep, fmt.Errorf("outbox: SwitchToRelay: %w", err)
+		}
+	}
+	st, err := storage.ReadOutboxStats(ctx, pool)
+	if err != nil {
+		return rep, fmt.Errorf("outbox: SwitchToRelay: counting pending rows: %w", err)
+	}
+	rep.Pending = st.Pending
+	if cfg.DryRun {
+		rep.Next = "run without the dry run, then start the relays"
+	} else {
+		rep.Next = fmt.Sprintf("start the relays: they publish the %d pending row(s); delete the connector if not yet done", rep.Pending)
+	}
+	return rep, nil
 }

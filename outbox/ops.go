@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -58,7 +59,10 @@ type FailedEvent struct {
 // retry budget, and wakes listening relays; with dryRun it only lists them.
 // It returns the rows concerned. Rows go back in id order within their
 // aggregate; note that later events of the aggregate may have been
-// published meanwhile (see the package documentation).
+// published meanwhile (see the package documentation). While Debezium
+// capture is on (SwitchToDebezium until SwitchToRelay) it refuses, dry run
+// included, with an error wrapping ErrCaptureActive that names the fix:
+// the connector streams inserts only and would never send the row.
 func RetryFailed[P postgres.Pool](ctx context.Context, db P, f FailedFilter, dryRun bool) ([]FailedEvent, error) {
 	return RetryFailedWithProgress(ctx, db, f, dryRun, nil)
 }
@@ -88,6 +92,12 @@ func retryFailed(ctx context.Context, pool storage.Pool, f FailedFilter, dryRun 
 		return nil, fmt.Errorf("outbox: retry-failed: begin: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if dryRun {
+		// The change itself checks again (storage.ResetFailedEvents).
+		if err := storage.CheckCaptureOff(ctx, tx, "retry-failed"); err != nil {
+			return nil, fmt.Errorf("outbox: %w", err)
+		}
+	}
 	var ids []int64
 	if len(f.IDs) > 0 {
 		ids = f.IDs
@@ -112,6 +122,9 @@ func retryFailed(ctx context.Context, pool storage.Pool, f FailedFilter, dryRun 
 	for start := 0; start < len(sel); start += RetryBatch {
 		batch := sel[start:min(start+RetryBatch, len(sel))]
 		if _, err := storage.ResetFailedEvents(ctx, tx, batch); err != nil {
+			if errors.Is(err, storage.ErrCaptureActive) {
+				return nil, fmt.Errorf("outbox: %w", err)
+			}
 			return nil, fmt.Errorf("outbox: retry-failed: resetting %d row(s) (%d of %d done, none committed): %w", len(batch), start, len(sel), err)
 		}
 		progress(start+len(batch), len(sel))

@@ -150,8 +150,17 @@ func nonNil(ids []int64) []int64 {
 }
 
 // ResetFailedEvents puts the failed rows ids back to pending with a fresh
-// retry budget and returns how many it reset.
+// retry budget and returns how many it reset. While Debezium capture is on
+// it refuses (an error wrapping ErrCaptureActive, naming the fix) and
+// changes nothing: the connector never streams the UPDATE, so the row
+// would stay unsent (CheckCaptureOff). A switch to Debezium that begins
+// after the check waits for this transaction (CREATE TRIGGER and the slot
+// do), and the reset rows are then before its boundary: the relays it
+// waits for publish them.
 func ResetFailedEvents(ctx context.Context, q Querier, ids []int64) (int64, error) {
+	if err := CheckCaptureOff(ctx, q, "retry-failed"); err != nil {
+		return 0, err
+	}
 	return q.Exec(ctx, Statement{SQL: `UPDATE millwright_outbox SET status = 'pending', retry_count = 0, next_attempt_at = now()
 		WHERE id = ANY($1::bigint[]) AND status = 'failed'`, Args: []any{ids}, Expect: NoExpect,
 		What: "resetting " + strconv.Itoa(len(ids)) + " failed row(s)"})
