@@ -17,6 +17,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrations"
+	"github.com/millwright/millwright/outbox"
 )
 
 func TestStateChangesNeedAPostWithTheCSRFTokenFromTheConsolesOwnOrigin(t *testing.T) {
@@ -309,6 +310,27 @@ func TestOutboxPageAndRetryFailed(t *testing.T) {
 	require.Equal(t, []string{"pending 0"}, pgtest.Column[string](t, b.schema.DB, `SELECT status || ' ' || retry_count FROM millwright_outbox WHERE event_id = 'e1'`))
 	require.Equal(t, []string{testActor + " console outbox retry-failed 1"},
 		pgtest.Column[string](t, b.schema.DB, `SELECT os_user || ' ' || command || ' ' || affected FROM millwright_audit`))
+}
+
+// Issue 40 item 4: while Debezium capture is on, retry-failed is refused
+// with the reason and the fix (the insert-only publication would never
+// stream the row), and nothing changes.
+func TestOutboxRetryFailedRefusedUnderCapture(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.schema.DB.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, status, retry_count, last_error)
+		VALUES ('e1', 'payments', 'a', '{}', 'failed', 9, 'down')`)
+	require.NoError(t, err)
+	pub := "con_" + b.schema.Name
+	require.NoError(t, outbox.EnableCapture(context.Background(), b.schema.DB, pub))
+	t.Cleanup(func() { _ = outbox.DisableCapture(context.Background(), b.schema.DB, pub) })
+	ids := pgtest.Column[string](t, b.schema.DB, `SELECT id::text FROM millwright_outbox WHERE event_id = 'e1'`)
+	status, body := b.post(t, "/outbox/retry-failed", b.token(t), url.Values{"id": ids})
+	require.Equal(t, http.StatusConflict, status, body)
+	require.Contains(t, body, "Debezium capture is on")
+	require.Contains(t, body, "switch-to-relay")
+	require.Equal(t, []string{"failed 9"}, pgtest.Column[string](t, b.schema.DB, `SELECT status || ' ' || retry_count FROM millwright_outbox WHERE event_id = 'e1'`))
+	require.Empty(t, pgtest.Column[string](t, b.schema.DB, `SELECT command FROM millwright_audit`))
 }
 
 func TestResolveAStuckSagaWithAReason(t *testing.T) {

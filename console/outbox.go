@@ -2,7 +2,9 @@ package console
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -140,6 +142,10 @@ func (h *Handler) retryFailed(ctx context.Context, q *req) error {
 	var n int64
 	if len(sel) > 0 {
 		if n, err = storage.ResetFailedEvents(ctx, tx, sel); err != nil {
+			if errors.Is(err, storage.ErrCaptureActive) {
+				// Refused, nothing changed: the reason and the fix.
+				return &httpError{status: http.StatusConflict, msg: err.Error()}
+			}
 			return fmt.Errorf("resetting %d failed outbox row(s): %w", len(sel), err)
 		}
 		if err := storage.NotifyOutboxRelays(ctx, tx); err != nil {

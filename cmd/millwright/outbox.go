@@ -63,6 +63,7 @@ Progress (rows reset of those selected) goes to stderr.`,
 	addSafetyFlags(retryFailed)
 
 	cmd.AddCommand(status, retryFailed, cleanCmd("outbox"))
+	cmd.AddCommand(outboxSwitchCmds()...)
 	return cmd
 }
 
