@@ -3,17 +3,20 @@ package debezium_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/retry"
 )
 
 type seqEvent struct {
@@ -75,10 +78,32 @@ func (w *writers) halt(t *testing.T) {
 	}
 }
 
-// runRelay runs a relay until the returned stop is called (Close: the
-// relay drains its in-flight claims, publishing and marking them).
-func (e *env) runRelay(ctx context.Context, t *testing.T) (stop func()) {
-	relay, err := outbox.NewRelay(e.schema.DB, e.tr.Publisher(), outbox.RelayConfig{PollInterval: 50 * time.Millisecond})
+// flakyPublisher fails every every-th Publish call (an injected broker
+// error: the relay records a failed attempt, the row's retry_count
+// UPDATE, and retries after its backoff), counting the failures.
+type flakyPublisher struct {
+	message.Publisher
+	every  int64
+	calls  atomic.Int64
+	failed atomic.Int64
+}
+
+func (p *flakyPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if p.calls.Add(1)%p.every == 0 {
+		p.failed.Add(1)
+		return errors.New("injected publish failure")
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+func (p *flakyPublisher) Close() error { return nil } // the transport's, closed by setup
+
+// runRelay runs a relay publishing through pub until the returned stop is
+// called (Close: the relay drains its in-flight claims, publishing and
+// marking them).
+func (e *env) runRelay(ctx context.Context, t *testing.T, pub message.Publisher) (stop func()) {
+	relay, err := outbox.NewRelay(e.schema.DB, pub, outbox.RelayConfig{PollInterval: 50 * time.Millisecond,
+		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(ctx) }()
@@ -111,75 +136,95 @@ func until(ctx context.Context, t *testing.T, what string, cond func() (bool, er
 }
 
 // TestSwitchRelayToDebeziumAndBack moves a system under write load from
-// millwright's relay to Debezium and back by the procedure of
-// docs/operations.md ("Relaying with Debezium"), and checks what a
-// deduplicating consumer applies: every event, each aggregate's in order;
-// duplicates are counted.
+// millwright's relay to Debezium and back with the public operations
+// (outbox.SwitchToDebezium and SwitchToRelay, the CLI's switch-to-debezium
+// and switch-to-relay; docs/operations.md "Relaying with Debezium"), with
+// publish failures injected into the relay all along (every 7th publish
+// call fails: rows from before the slot are rewritten by their failed
+// attempts while the switch waits for them, issue 40 item 3), and checks
+// what a deduplicating consumer applies: every event, each aggregate's in
+// order, so none was marked published unsent; duplicates are counted.
+// While Debezium relays, retry-failed is refused (item 4).
 func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 4)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	k := e.consume(t)
 	w := e.write(ctx, 4, 40, 10*time.Millisecond) // about 400 events/s
-	stopRelay := e.runRelay(ctx, t)
-	until(ctx, t, "relay publishing", func() (bool, error) { return w.written.Load() > 500, nil })
+	pub := &flakyPublisher{Publisher: e.tr.Publisher(), every: 7}
+	stopRelay := e.runRelay(ctx, t, pub)
+	until(ctx, t, "relay publishing", func() (bool, error) { return w.written.Load() > 500 && pub.failed.Load() > 0, nil })
 
-	// To Debezium: capture on, slot, a mark after the slot; the relay
-	// publishes everything the mark sees, then stops; the connector
-	// starts on the slot, and the capture tracker marks what it delivers.
-	require.NoError(t, storage.EnableCapture(ctx, e.q, e.name))
-	_, err := storage.CreateCaptureSlot(ctx, e.q, e.name)
+	// To Debezium: capture on, the slot and its boundary; the relay
+	// publishes every row inserted before it (failing some attempts
+	// meanwhile), then stops; the connector starts on the slot, and the
+	// capture tracker marks what it delivers.
+	sw := outbox.CaptureSwitch{Slot: e.name, Publication: e.name}
+	dry := sw
+	dry.DryRun = true
+	rep, err := outbox.SwitchToDebezium(ctx, e.schema.DB, dry)
 	require.NoError(t, err)
-	m0, err := storage.TakeCaptureMark(ctx, e.q)
+	require.Len(t, rep.Steps, 4, "a dry run lists every step: %v", rep.Steps)
+	failedBefore := pub.failed.Load()
+	sw.Wait = 3 * time.Minute
+	rep, err = outbox.SwitchToDebezium(ctx, e.schema.DB, sw)
 	require.NoError(t, err)
-	until(ctx, t, "relay draining the rows before the slot", func() (bool, error) {
-		n, err := storage.CountPendingBefore(ctx, e.q, m0.ID)
-		return n == 0, err
-	})
+	require.True(t, rep.Ready, "%+v", rep)
+	failedInDrain := pub.failed.Load() - failedBefore
+	require.Positive(t, failedInDrain, "publish failures were injected while the switch waited for the relay")
 	stopRelay()
 	atSwitch := w.written.Load()
 	e.start(ctx, t)
 	stopTracker := e.track(ctx, t)
+	_, err = outbox.RetryFailed(ctx, e.schema.DB, outbox.FailedFilter{}, true)
+	require.ErrorIs(t, err, outbox.ErrCaptureActive)
 	until(ctx, t, "Debezium relaying", func() (bool, error) { return w.written.Load() > atSwitch+1500, nil })
 
-	// Back: a mark, Debezium confirms past it, the connector stops, the
-	// rows the last confirmed mark sees are marked published, and the relay
-	// publishes the rest.
+	// Back: a mark the slot confirms (fewer duplicates), the connector
+	// stops, the switch marks what the last confirmed mark saw and drops
+	// the slot, and the relay publishes the rest.
 	m1, err := storage.TakeCaptureMark(ctx, e.q)
 	require.NoError(t, err)
-	stopTracker()
 	confirmStart := time.Now()
 	until(ctx, t, "Debezium confirming the last mark", func() (bool, error) {
-		_, mark, err := storage.MarkCaptured(ctx, e.q, e.name)
-		return mark >= m1.ID, err
+		var confirmed bool
+		err := e.q.QueryRow(ctx, storage.S(`SELECT m.lsn <= s.confirmed_flush_lsn FROM millwright_outbox_capture_marks m, pg_replication_slots s
+			WHERE m.id = $1 AND s.slot_name = $2::text`, m1.ID, e.name), &confirmed)
+		return confirmed, err
 	})
 	confirmWait := time.Since(confirmStart)
+	stopTracker()
+	_, err = outbox.SwitchToRelay(ctx, e.schema.DB, outbox.CaptureSwitch{Slot: e.name, Publication: e.name})
+	require.ErrorContains(t, err, "stop the connector first", "refused while the connector streams")
 	require.NoError(t, e.connect.Stop(ctx, e.name))
-	_, _, err = storage.MarkCaptured(ctx, e.q, e.name)
+	until(ctx, t, "connector releasing the slot", func() (bool, error) {
+		st, err := storage.ReadCaptureState(ctx, e.q, e.name, e.name)
+		return !st.SlotActive, err
+	})
+	rep, err = outbox.SwitchToRelay(ctx, e.schema.DB, outbox.CaptureSwitch{Slot: e.name, Publication: e.name})
 	require.NoError(t, err)
-	var pendingBack int64
-	require.NoError(t, e.q.QueryRow(ctx, storage.S(`SELECT count(*) FROM millwright_outbox WHERE status = 'pending'`), &pendingBack))
-	stopRelay = e.runRelay(ctx, t)
+	stopRelay = e.runRelay(ctx, t, pub)
 	require.NoError(t, e.connect.Delete(ctx, e.name))
-	e.teardown(t) // slot, publication and trigger gone
 	atBack := w.written.Load()
+	failedBack := pub.failed.Load()
 	until(ctx, t, "relay relaying again", func() (bool, error) { return w.written.Load() > atBack+500, nil })
 	w.halt(t)
 	until(ctx, t, "relay draining", func() (bool, error) {
-		var n int64
-		err := e.q.QueryRow(ctx, storage.S(`SELECT count(*) FROM millwright_outbox WHERE status <> 'published'`), &n)
+		n, err := storage.CountUnpublished(ctx, e.q)
 		return n == 0, err
 	})
 	stopRelay()
+	require.Positive(t, pub.failed.Load()-failedBack, "publish failures were injected after the way back")
 
 	written := int(w.written.Load())
 	recs := k.wait(ctx, t, written)
 	applied, dups := firstApplied(t, recs, &w.ids)
-	require.Equal(t, written, applied, "every event applied once: none lost")
+	require.Equal(t, written, applied, "every event applied once: none lost, none marked published unsent")
 	t.Logf("switch: %d events written (%d before the switch, %d before the way back), %d records, %d duplicates dropped by the consumer; "+
-		"Debezium confirmed the last mark in %s, %d rows pending for the relay on the way back",
-		written, atSwitch, atBack, len(recs), dups, confirmWait.Round(time.Millisecond), pendingBack)
+		"%d publish failures injected (%d while the switch waited for the rows from before the slot); "+
+		"Debezium confirmed the last mark in %s; on the way back %d rows marked published, %d pending for the relay",
+		written, atSwitch, atBack, len(recs), dups, pub.failed.Load(), failedInDrain, confirmWait.Round(time.Millisecond), rep.Marked, rep.Pending)
 }
 
 // track runs an outbox.CaptureTracker (a round every 500ms) until the
