@@ -80,15 +80,36 @@ func (w *writers) halt(t *testing.T) {
 
 // flakyPublisher fails every every-th Publish call (an injected broker
 // error: the relay records a failed attempt, the row's retry_count
-// UPDATE, and retries after its backoff), counting the failures.
+// UPDATE, and retries after its backoff), counting the failures; while
+// failFirst is set it also fails the first attempt of every event,
+// keeping their ids.
 type flakyPublisher struct {
 	message.Publisher
-	every  int64
-	calls  atomic.Int64
-	failed atomic.Int64
+	every     int64
+	calls     atomic.Int64
+	failed    atomic.Int64
+	failFirst atomic.Bool
+	mu        sync.Mutex
+	seen      map[string]bool
+	firstIDs  []string
 }
 
 func (p *flakyPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if p.failFirst.Load() {
+		p.mu.Lock()
+		fresh := false
+		for _, m := range msgs {
+			if !p.seen[m.UUID] {
+				p.seen[m.UUID], fresh = true, true
+				p.firstIDs = append(p.firstIDs, m.UUID)
+			}
+		}
+		p.mu.Unlock()
+		if fresh {
+			p.failed.Add(1)
+			return errors.New("injected publish failure (first attempt)")
+		}
+	}
 	if p.calls.Add(1)%p.every == 0 {
 		p.failed.Add(1)
 		return errors.New("injected publish failure")
@@ -152,7 +173,7 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	defer cancel()
 	k := e.consume(t)
 	w := e.write(ctx, 4, 40, 10*time.Millisecond) // about 400 events/s
-	pub := &flakyPublisher{Publisher: e.tr.Publisher(), every: 7}
+	pub := &flakyPublisher{Publisher: e.tr.Publisher(), every: 7, seen: map[string]bool{}}
 	stopRelay := e.runRelay(ctx, t, pub)
 	until(ctx, t, "relay publishing", func() (bool, error) { return w.written.Load() > 500 && pub.failed.Load() > 0, nil })
 
@@ -167,12 +188,23 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rep.Steps, 4, "a dry run lists every step: %v", rep.Steps)
 	failedBefore := pub.failed.Load()
+	pub.failFirst.Store(true) // every row the relay publishes from now on fails once first
 	sw.Wait = 3 * time.Minute
 	rep, err = outbox.SwitchToDebezium(ctx, e.schema.DB, sw)
 	require.NoError(t, err)
 	require.True(t, rep.Ready, "%+v", rep)
+	pub.failFirst.Store(false)
 	failedInDrain := pub.failed.Load() - failedBefore
-	require.Positive(t, failedInDrain, "publish failures were injected while the switch waited for the relay")
+	// The fault of item 3 happened: rows inserted before the slot's
+	// boundary were rewritten by a failed attempt while the switch waited.
+	pub.mu.Lock()
+	firstIDs := append([]string(nil), pub.firstIDs...)
+	pub.mu.Unlock()
+	var rewritten int64
+	require.NoError(t, e.q.QueryRow(ctx, storage.S(`SELECT count(*) FROM millwright_outbox o, millwright_outbox_capture_slots c
+		WHERE c.slot = $1::text AND o.event_id = ANY($2::text[]) AND o.retry_count > 0
+		AND (o.insert_xid IS NULL OR pg_visible_in_snapshot(o.insert_xid, c.boundary_snap))`, e.name, firstIDs), &rewritten))
+	require.Positive(t, rewritten, "rows from before the slot failed a publish while the switch waited (%d failures)", failedInDrain)
 	stopRelay()
 	atSwitch := w.written.Load()
 	e.start(ctx, t)
@@ -222,9 +254,9 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	applied, dups := firstApplied(t, recs, &w.ids)
 	require.Equal(t, written, applied, "every event applied once: none lost, none marked published unsent")
 	t.Logf("switch: %d events written (%d before the switch, %d before the way back), %d records, %d duplicates dropped by the consumer; "+
-		"%d publish failures injected (%d while the switch waited for the rows from before the slot); "+
+		"%d publish failures injected (%d while the switch waited, %d of them on rows from before the slot); "+
 		"Debezium confirmed the last mark in %s; on the way back %d rows marked published, %d pending for the relay",
-		written, atSwitch, atBack, len(recs), dups, pub.failed.Load(), failedInDrain, confirmWait.Round(time.Millisecond), rep.Marked, rep.Pending)
+		written, atSwitch, atBack, len(recs), dups, pub.failed.Load(), failedInDrain, rewritten, confirmWait.Round(time.Millisecond), rep.Marked, rep.Pending)
 }
 
 // track runs an outbox.CaptureTracker (a round every 500ms) until the
