@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -76,4 +77,64 @@ func TestCaptureTrackerExportsSlotWAL(t *testing.T) {
 
 	_, err = outbox.NewCaptureTracker(s.DB, outbox.CaptureConfig{})
 	require.ErrorContains(t, err, "CaptureConfig.Slot is empty")
+}
+
+// Every write path records the inserting transaction while capture is on
+// (the capture trigger sets insert_xid): Add in a database/sql
+// transaction, Add in a pgx transaction, AddToBatch, and Add inside a
+// savepoint (whose row's xmin is the subtransaction's, not the one a
+// snapshot lists). The capture tracker and the switch judge rows by it.
+func TestCaptureRecordsTheInsertingTransactionOnEveryPath(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, outbox.Migrations())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pub := "ix_" + s.Name
+	require.NoError(t, outbox.EnableCapture(ctx, s.DB, pub))
+	t.Cleanup(func() { _ = outbox.DisableCapture(context.Background(), s.DB, pub) })
+	ev := func(id string) outbox.Event {
+		return outbox.Event{ID: id, Topic: "t", AggregateID: "a", Payload: []byte(`{}`)}
+	}
+	want := map[string]string{}
+
+	tx, err := s.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	var xid string
+	require.NoError(t, tx.QueryRowContext(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid))
+	require.NoError(t, outbox.Add(ctx, tx, ev("pq")))
+	_, err = tx.ExecContext(ctx, `SAVEPOINT sp`)
+	require.NoError(t, err)
+	require.NoError(t, outbox.Add(ctx, tx, ev("pq-savepoint")))
+	_, err = tx.ExecContext(ctx, `RELEASE SAVEPOINT sp`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	want["pq"], want["pq-savepoint"] = xid, xid
+
+	pool := s.Pgx(t)
+	ptx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ptx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid))
+	require.NoError(t, outbox.Add(ctx, ptx, ev("pgx")))
+	b := &pgx.Batch{}
+	require.NoError(t, outbox.AddToBatch(ctx, b, ev("batch")))
+	require.NoError(t, ptx.SendBatch(ctx, b).Close())
+	require.NoError(t, ptx.Commit(ctx))
+	want["pgx"], want["batch"] = xid, xid
+
+	got := map[string]string{}
+	rows, err := s.DB.QueryContext(ctx, `SELECT event_id, coalesce(insert_xid::text, 'NULL'), xmin::text FROM millwright_outbox`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var xmins []string
+	for rows.Next() {
+		var id, ix, xmin string
+		require.NoError(t, rows.Scan(&id, &ix, &xmin))
+		got[id] = ix
+		if id == "pq-savepoint" {
+			xmins = append(xmins, xmin)
+		}
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, want, got)
+	require.NotEqual(t, want["pq-savepoint"], xmins[0], "the savepoint's row has the subtransaction's xmin")
 }
