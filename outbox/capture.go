@@ -75,7 +75,9 @@ func (c CaptureConfig) Validate() error {
 // CaptureTracker keeps the outbox's published state while Debezium relays
 // it (Debezium writes nothing back): each round records a capture mark
 // (the WAL position and the snapshot) and marks published the pending rows
-// of the newest mark the slot has confirmed, so the Cleaner's retention,
+// the slot streamed that the newest mark it has confirmed sees: rows
+// judged by the transaction that inserted them, inserted after the slot's
+// boundary (SwitchToDebezium registers it). So the Cleaner's retention,
 // the backlog gauges and `millwright outbox status` work as with the
 // relay, and the relay, started again, publishes only what Debezium may
 // not have delivered. It also exports MetricSlotRetainedWAL. Run one per
@@ -194,7 +196,9 @@ func (t *CaptureTracker) Close() error { return t.run.Close() }
 // Running is closed once Run runs.
 func (t *CaptureTracker) Running() <-chan struct{} { return t.run.Running() }
 
-// EnableCapture prepares the outbox in db's search_path for Debezium: the
+// EnableCapture is SwitchToDebezium's first step, for tools that create
+// the slot themselves; prefer SwitchToDebezium. It prepares the outbox in
+// db's search_path for Debezium: the
 // trigger that fills the wire_* columns the connector reads (every row
 // inserted after it returns has them; it waits for the writing
 // transactions in flight) and an insert-only publication named

@@ -181,13 +181,19 @@
 // Debezium's outbox event router on Kafka Connect can relay the same table
 // instead of a Relay, with records a consumer cannot tell from the relay's
 // (same topic, key, partition, headers and payload bytes; Kafka only).
-// EnableCapture creates the row trigger that fills the wire_key,
-// wire_headers and wire_payload columns the router reads (migration 008),
-// and an insert-only publication; writers change nothing, and pay the
-// trigger only while capture is on. Debezium does not mark rows
-// published: a CaptureTracker beside the connector does, from capture
-// marks its slot has confirmed, so that retention and a relay started
-// again work; it also exports MetricSlotRetainedWAL. Guarantees on that
+// SwitchToDebezium (`millwright outbox switch-to-debezium`) creates the
+// row trigger that fills the wire_key, wire_headers and wire_payload
+// columns the router reads (migration 008) and records each row's
+// inserting transaction (migration 009), an insert-only publication, and
+// the replication slot with its boundary, and waits for the relays to
+// publish the rows from before it; SwitchToRelay hands the outbox back.
+// Writers change nothing, and pay the trigger only while capture is on.
+// Debezium does not mark rows published: a CaptureTracker beside the
+// connector does, from capture marks its slot has confirmed, for the rows
+// inserted after the boundary only (never judged by a later update), so
+// that retention and a relay started again work; it also exports
+// MetricSlotRetainedWAL. RetryFailed is refused while capture is on
+// (ErrCaptureActive): the connector never streams an update. Guarantees on that
 // path are Debezium's (at-least-once, commit order, per-key order on the
 // topic); no retry budget, no failed state, no dead letters. The
 // connector's configuration: deploy/debezium; switching relays without
