@@ -72,17 +72,22 @@ func CreateCaptureSlot(ctx context.Context, q Querier, slot string) (string, err
 	if err := q.QueryRow(ctx, S(`SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1::text`, slot), &n); err != nil {
 		return "", err
 	}
+	// A registration left by a slot of the same name dropped by hand is
+	// older than the slot created now: replace it. Any boundary taken after
+	// the slot exists is right; a later one only leaves more to the relay.
+	onConflict := `DO NOTHING`
 	if n == 0 {
 		var lsn string
 		err := q.QueryRow(ctx, S(`SELECT lsn::text FROM pg_create_logical_replication_slot($1::text, 'pgoutput')`, slot), &lsn)
 		if err != nil && !isDuplicateObject(err) { // a concurrent switch created it: register it below
 			return "", fmt.Errorf("creating replication slot %q (wal_level must be logical): %w", slot, err)
 		}
+		onConflict = `(slot) DO UPDATE SET boundary_lsn = EXCLUDED.boundary_lsn, boundary_snap = EXCLUDED.boundary_snap, registered_at = now()`
 	}
 	if _, err := q.Exec(ctx, S(`INSERT INTO millwright_outbox_capture_slots (slot, boundary_lsn, boundary_snap)
     SELECT $1::text, pg_current_wal_insert_lsn(), pg_current_snapshot()
     WHERE EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1::text)
-    ON CONFLICT (slot) DO NOTHING`, slot)); err != nil {
+    ON CONFLICT `+onConflict, slot)); err != nil {
 		return "", fmt.Errorf("registering replication slot %q (did `millwright migrate` run?): %w", slot, err)
 	}
 	var lsn string

@@ -134,6 +134,21 @@ func captureMarksAndSlot(t *testing.T, s Setup) {
 	var pending int64
 	require.NoError(t, p.QueryRow(ctx, storage.S(`SELECT count(*) FROM millwright_outbox WHERE status = 'pending'`), &pending))
 	require.EqualValues(t, 7, pending, "the rows before the slot (the relay's) and after the mark stay pending")
+	// A slot dropped by hand and created again gets a new boundary: the
+	// rows inserted while it did not exist are the relay's.
+	_, err = p.Exec(ctx, storage.S(`SELECT pg_drop_replication_slot($1)`, slot))
+	require.NoError(t, err)
+	insertEvents(t, p, "gap", 1)
+	_, err = storage.CreateCaptureSlot(ctx, p, slot)
+	require.NoError(t, err)
+	_, err = storage.TakeCaptureMark(ctx, p)
+	require.NoError(t, err)
+	confirmAll(t, p, slot)
+	_, mark, err = storage.MarkCaptured(ctx, p, slot)
+	require.NoError(t, err)
+	require.NotZero(t, mark)
+	require.Equal(t, "pending", statusOf(t, p, "gap-0"), "inserted while no slot existed: never streamed")
+
 	require.NoError(t, storage.DropCaptureSlot(ctx, p, slot))
 	_, _, err = storage.MarkCaptured(ctx, p, slot)
 	require.ErrorIs(t, err, storage.ErrSlotNotRegistered, "dropping the slot forgets its boundary")
