@@ -273,6 +273,25 @@ func (c CaptureSwitch) Validate() error {
 	return errors.Join(errs...)
 }
 
+// CaptureState is the state of capture a switch found.
+type CaptureState struct {
+	WALLevel    string
+	Trigger     bool   // the capture trigger exists
+	Publication bool   // the named publication exists
+	SlotExists  bool   // the named replication slot exists
+	SlotActive  bool   // a connector streams from the slot
+	Confirmed   string // the slot's confirmed_flush_lsn
+	Registered  bool   // the slot has a boundary (SwitchToDebezium)
+	BoundaryLSN string
+	// Registrations is every registered slot of this outbox.
+	Registrations []string
+}
+
+func readCaptureState(ctx context.Context, pool storage.Pool, cfg CaptureSwitch) (CaptureState, error) {
+	st, err := storage.ReadCaptureState(ctx, pool, cfg.Slot, cfg.Publication)
+	return CaptureState(st), err
+}
+
 // SwitchReport says what a switch did (or, in a dry run, would do) and
 // what the operator does next.
 type SwitchReport struct {
@@ -280,7 +299,7 @@ type SwitchReport struct {
 	// Steps done (or, DryRun, to do), in order.
 	Steps []string
 	// Before is the state found.
-	Before storage.CaptureState
+	Before CaptureState
 	// PendingBefore (to Debezium) is the pending rows the slot will never
 	// stream: the relays must publish them before they stop. In a dry run
 	// without a slot, every pending row.
@@ -324,7 +343,7 @@ func SwitchToDebezium[P postgres.Pool](ctx context.Context, db P, cfg CaptureSwi
 		return SwitchReport{}, fmt.Errorf("outbox: SwitchToDebezium: %w", err)
 	}
 	rep := SwitchReport{DryRun: cfg.DryRun}
-	if rep.Before, err = storage.ReadCaptureState(ctx, pool, cfg.Slot, cfg.Publication); err != nil {
+	if rep.Before, err = readCaptureState(ctx, pool, cfg); err != nil {
 		return rep, fmt.Errorf("outbox: SwitchToDebezium: reading the capture state (did `millwright migrate` run?): %w", err)
 	}
 	b := rep.Before
@@ -399,7 +418,7 @@ func SwitchToRelay[P postgres.Pool](ctx context.Context, db P, cfg CaptureSwitch
 		return SwitchReport{}, fmt.Errorf("outbox: SwitchToRelay: %w", err)
 	}
 	rep := SwitchReport{DryRun: cfg.DryRun}
-	if rep.Before, err = storage.ReadCaptureState(ctx, pool, cfg.Slot, cfg.Publication); err != nil {
+	if rep.Before, err = readCaptureState(ctx, pool, cfg); err != nil {
 		return rep, fmt.Errorf("outbox: SwitchToRelay: reading the capture state (did `millwright migrate` run?): %w", err)
 	}
 	b := rep.Before
