@@ -420,7 +420,7 @@ func TestDecideRefusesAPositionOutsideTheDefinition(t *testing.T) {
 		"running past the last step, deadline":      {running(3, `{}`), input{deadline: true}},
 		"compensating past the last step, deadline": {compensating(7), input{deadline: true}},
 		"compensation backoff past the last step":   {backoff, input{deadline: true}},
-		"below -1":                                  {running(-2, `{}`), input{deadline: true}},
+		"below -1": {running(-2, `{}`), input{deadline: true}},
 		"resume step gone, compensated reply": {resuming, input{reply: replyInfo{sagaID: "o-1", step: "reserve", phase: PhaseCompensation,
 			attempt: 1, stepIdx: 0, reply: Reply{Type: "reserve.compensated"}}}},
 	}

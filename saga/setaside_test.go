@@ -30,8 +30,10 @@ func asideDef(t *testing.T, compensations *int) *saga.Definition[asideData] {
 	t.Helper()
 	def, err := saga.Define("aside",
 		saga.Step[asideData]{
-			Name:    "first",
-			Command: func(d asideData) (saga.Command, error) { return saga.Command{Topic: "aside.first", Type: "first.v1", Payload: d}, nil },
+			Name: "first",
+			Command: func(d asideData) (saga.Command, error) {
+				return saga.Command{Topic: "aside.first", Type: "first.v1", Payload: d}, nil
+			},
 			Compensation: func(d asideData) (saga.Command, error) {
 				if d.ID == "panics" {
 					panic("boom: compensation of " + d.ID)
@@ -42,8 +44,10 @@ func asideDef(t *testing.T, compensations *int) *saga.Definition[asideData] {
 			Timeout: time.Hour, CompensationTimeout: time.Hour,
 		},
 		saga.Step[asideData]{
-			Name:           "second",
-			Command:        func(d asideData) (saga.Command, error) { return saga.Command{Topic: "aside.second", Type: "second.v1", Payload: d}, nil },
+			Name: "second",
+			Command: func(d asideData) (saga.Command, error) {
+				return saga.Command{Topic: "aside.second", Type: "second.v1", Payload: d}, nil
+			},
 			NoCompensation: true, Timeout: time.Hour,
 		},
 	)
