@@ -18,9 +18,9 @@
 //
 // Service's grace is Config.Grace, else $MILLWRIGHT_SHUTDOWN_GRACE, else
 // DefaultServiceGrace (25 s): inside Kubernetes' default
-// terminationGracePeriodSeconds (30 s), above a Watermill Router's
-// CloseTimeout as the examples set it (10 s). A service whose handlers
-// finish within it returns from main and exits 0.
+// terminationGracePeriodSeconds (30 s); keep a Watermill Router's
+// CloseTimeout below it. A service whose handlers finish within it
+// returns from main and exits 0.
 //
 // Guarantees. The context ends at the first SIGINT or SIGTERM, with
 // context.Cause naming the signal ("terminated signal received"), so every

@@ -24,9 +24,10 @@ const Grace = 750 * time.Millisecond
 // DefaultServiceGrace is Service's grace when none is configured: how
 // long a service's in-flight handlers may take to finish after SIGTERM.
 // It fits a Kubernetes pod's default terminationGracePeriodSeconds (30 s)
-// with 5 s to spare (the kubelet's SIGKILL comes at 30 s), and is longer
-// than a Watermill Router's default CloseTimeout (30 s would not fit; set
-// RouterConfig.CloseTimeout below it, as the examples' 10 s is).
+// with 5 s to spare (the kubelet's SIGKILL comes at 30 s). Set a Watermill
+// Router's CloseTimeout (Watermill's default: 30 s) below the grace, so
+// that the router gives up on a stuck handler, and says so, before the
+// process is made to exit.
 const DefaultServiceGrace = 25 * time.Second
 
 // GraceEnv is the environment variable that sets Service's grace when
