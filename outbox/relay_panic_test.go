@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -67,14 +68,22 @@ func (p *panickingBatchPublisher) PublishBatch(topic string, msgs ...*message.Me
 // restart claimed the same row and died again.
 func TestRelay_PublisherPanicFailsTheRowAndGoesOn(t *testing.T) {
 	t.Parallel()
-	for name, pub := range map[string]interface {
+	type publisher interface {
 		message.Publisher
 		accepted() []string
 		panicked() int64
+	}
+	for name, c := range map[string]struct {
+		pub publisher
+		// deadLetters: RelayConfig.DeadLetterTopic, whose copy of the
+		// failed row carries the poison message again (and panics too).
+		deadLetters string
 	}{
-		"Publish":      &panickingPublisher{},
-		"PublishBatch": &panickingBatchPublisher{},
+		"Publish":                  {pub: &panickingPublisher{}},
+		"PublishBatch":             {pub: &panickingBatchPublisher{}},
+		"Publish, DeadLetterTopic": {pub: &panickingPublisher{}, deadLetters: "relay.dlq"},
 	} {
+		pub := c.pub
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
@@ -93,7 +102,7 @@ func TestRelay_PublisherPanicFailsTheRowAndGoesOn(t *testing.T) {
 			}
 			reg := prometheus.NewRegistry()
 			logs := watermill.NewCaptureLogger()
-			startRelay(t, b.db, pub, RelayConfig{PollInterval: 10 * time.Millisecond, Registerer: reg, Logger: logs,
+			startRelay(t, b.db, pub, RelayConfig{PollInterval: 10 * time.Millisecond, Registerer: reg, Logger: logs, DeadLetterTopic: c.deadLetters,
 				Retry: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, MaxElapsedTime: time.Hour}})
 
 			eventually(t, time.Minute, func() bool {
@@ -106,6 +115,17 @@ func TestRelay_PublisherPanicFailsTheRowAndGoesOn(t *testing.T) {
 			require.Subset(t, pub.accepted(), want, "every other event reached the broker")
 			require.NotContains(t, pub.accepted(), "poison")
 
+			if c.deadLetters != "" {
+				eventually(t, time.Minute, func() bool {
+					for _, e := range logs.Captured()[watermill.ErrorLogLevel] {
+						if strings.Contains(e.Msg, "publishing to the dead-letter topic failed") && e.Err != nil && strings.Contains(e.Err.Error(), "recovered from a panic") {
+							return true
+						}
+					}
+					return false
+				}, "the dead-letter copy's panic is recovered and logged")
+			}
+			require.Equal(t, MetricLoopPanics, runner.MetricPanics)
 			panics := pub.panicked()
 			require.GreaterOrEqual(t, panics, int64(1))
 			require.Equal(t, float64(panics), testutil.ToFloat64(counterOf(t, reg, MetricLoopPanics, "outbox.Relay")),

@@ -551,7 +551,10 @@ func (r *Relay) bounded(ctx context.Context, call func() error) error {
 	o.start()
 	go func() {
 		defer o.done()
-		o.record(ctx, []int{0}, call(), nil)
+		// Its own goroutine: a publisher's panic here would end the
+		// process (the dead-letter copy of a row whose publish panicked
+		// carries the same message).
+		o.record(ctx, []int{0}, r.guard.Do("publishing a dead-letter copy", nil, call), nil)
 	}()
 	return o.wait(ctx, r.cfg.Lease/20)[0]
 }
