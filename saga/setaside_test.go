@@ -122,6 +122,7 @@ func TestRunSetsAsideAnInstanceItCannotDecideOn(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{"outofrange", "panics"}, ids)
 
+	require.Equal(t, outbox.MetricLoopPanics, saga.MetricLoopPanics, "one series for every loop")
 	require.Equal(t, 1.0, metricValue(t, reg, saga.MetricLoopPanics, map[string]string{"component": "saga.Orchestrator"}), "the panic is counted once: the saga is not fired again")
 	require.Equal(t, 2.0, metricValue(t, reg, saga.MetricStuck, map[string]string{"type": "aside"}))
 	logs.waitErrorsLogged(t, "the panic logged with its saga", func(ms []watermill.CapturedMessage) bool {
