@@ -34,6 +34,12 @@ func asideDef(t *testing.T, compensations *int) *saga.Definition[asideData] {
 			Command: func(d asideData) (saga.Command, error) {
 				return saga.Command{Topic: "aside.first", Type: "first.v1", Payload: d}, nil
 			},
+			OnSuccess: func(_ *asideData, r saga.Reply) error {
+				if string(r.Payload) == "poison" {
+					panic("boom: OnSuccess cannot read the reply")
+				}
+				return nil
+			},
 			Compensation: func(d asideData) (saga.Command, error) {
 				if d.ID == "panics" {
 					panic("boom: compensation of " + d.ID)
@@ -143,32 +149,51 @@ func TestRunSetsAsideAnInstanceItCannotDecideOn(t *testing.T) {
 }
 
 // A reply to an instance whose position is not in the definition is
-// refused with a permanent error naming the position, not a panic (before,
-// the current compensation reply of an instance whose resume_step was out
-// of range panicked in compensateFrom).
+// refused with a permanent error naming the position (before, the current
+// compensation reply of an instance whose resume_step was out of range
+// panicked in compensateFrom), and so is a reply the definition's code
+// panics on (counted), instead of a panic in the router's handler.
 func TestReplyToAnInstanceOutOfItsDefinitionIsRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), saga.Migrations())
 	compensations := 0
 	def := asideDef(t, &compensations)
-	o, err := saga.NewOrchestrator(schema.DB, def, saga.Config{})
+	reg := prometheus.NewRegistry()
+	o, err := saga.NewOrchestrator(schema.DB, def, saga.Config{Registerer: reg})
 	require.NoError(t, err)
-	tx, err := schema.DB.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	require.NoError(t, o.Start(ctx, tx, "s1", asideData{ID: "s1"}))
-	require.NoError(t, tx.Commit())
+	start := func(id string) {
+		tx, err := schema.DB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		require.NoError(t, o.Start(ctx, tx, id, asideData{ID: id}))
+		require.NoError(t, tx.Commit())
+	}
+	reply := func(id, phase, typ, payload string) *message.Message {
+		m := message.NewMessage(watermill.NewUUID(), []byte(payload))
+		for k, v := range map[string]string{metadata.SagaID: id, metadata.SagaType: "aside", metadata.SagaStep: "first",
+			metadata.SagaPhase: phase, metadata.SagaAttempt: "1", metadata.SagaReplyType: typ} {
+			m.Metadata.Set(k, v)
+		}
+		return m
+	}
+
+	start("s1")
 	_, err = schema.DB.Exec(`UPDATE millwright_saga_instances SET state = 'compensating', current_step = 0, resume_step = 5, compensation_attempts = 1, awaiting_reply = true WHERE id = 's1'`)
 	require.NoError(t, err)
-
-	reply := message.NewMessage(watermill.NewUUID(), nil)
-	for k, v := range map[string]string{metadata.SagaID: "s1", metadata.SagaType: "aside", metadata.SagaStep: "first",
-		metadata.SagaPhase: saga.PhaseCompensation, metadata.SagaAttempt: "1", metadata.SagaReplyType: "first.compensated"} {
-		reply.Metadata.Set(k, v)
-	}
-	err = o.HandleReply(reply)
+	err = o.HandleReply(reply("s1", saga.PhaseCompensation, "first.compensated", ""))
 	require.Error(t, err)
 	require.True(t, retry.IsPermanent(err), "%v", err)
 	require.True(t, errors.Is(err, saga.ErrUnknownPosition), "%v", err)
 	require.Contains(t, err.Error(), "resume_step is step index 5")
+
+	start("s2")
+	err = o.HandleReply(reply("s2", saga.PhaseForward, "first.succeeded", "poison"))
+	require.Error(t, err)
+	require.True(t, retry.IsPermanent(err), "%v", err)
+	require.Contains(t, err.Error(), "recovered from a panic: boom: OnSuccess cannot read the reply")
+	require.Equal(t, 1.0, metricValue(t, reg, saga.MetricLoopPanics, map[string]string{"component": "saga.Orchestrator"}))
+	info, _, err := saga.Get(ctx, schema.DB, "s2")
+	require.NoError(t, err)
+	require.Equal(t, saga.StateRunning, info.State, "the refused reply changed nothing")
+	require.Equal(t, "first", info.Step)
 }
