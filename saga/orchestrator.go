@@ -72,7 +72,8 @@ const (
 	// MetricCompensated counts sagas that failed and were fully compensated.
 	MetricCompensated = "millwright_saga_compensated_total"
 	// MetricStuck counts sagas that entered the stuck state: a compensation
-	// spent its retry budget and an operator must resolve the saga.
+	// spent its retry budget, or no decision could be made on the saga (it
+	// was set aside: see RunOnce), and an operator must resolve it.
 	MetricStuck = "millwright_saga_stuck_total"
 	// MetricIgnoredReplies counts replies recorded and ignored, with a
 	// "kind" label: late_reply or duplicate.
@@ -246,7 +247,7 @@ func newMetrics(reg prometheus.Registerer, typ string) (metrics, error) {
 		MetricStarted:       "Sagas started.",
 		MetricCompleted:     "Sagas whose every step succeeded.",
 		MetricCompensated:   "Sagas that failed and were fully compensated.",
-		MetricStuck:         "Sagas that entered the stuck state (compensation retries exhausted); resolve with `millwright saga resolve`.",
+		MetricStuck:         "Sagas that entered the stuck state (compensation retries exhausted, or set aside: no decision could be made on them); resolve with `millwright saga resolve`.",
 		MetricLateSuccesses: "Successes that arrived after their step timed out; the step's compensation was sent.",
 	} {
 		vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"type"})
