@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -22,10 +21,6 @@ import (
 // the slot's consumer (Debezium's connector) is down or behind, and for
 // ever for a slot nobody reads: the disk fills and Postgres stops.
 const MetricSlotRetainedWAL = "millwright_outbox_replication_slot_retained_wal_bytes"
-
-// MetricCapturePanics counts the CaptureTracker rounds that panicked (each
-// is logged with its slot and stack; the tracker runs on).
-const MetricCapturePanics = "millwright_outbox_capture_round_panics_total"
 
 // CaptureConfig configures a CaptureTracker.
 type CaptureConfig struct {
@@ -85,12 +80,12 @@ func (c CaptureConfig) Validate() error {
 // idempotent). Its methods are every long-running millwright component's:
 // Run, Close, Running, and RunOnce for one round.
 type CaptureTracker struct {
-	db     storage.Pool
-	cfg    CaptureConfig
-	run    *runner.Runner
-	wal    *prometheus.GaugeVec
-	panics prometheus.Counter
-	hook   func(*CaptureRound) // tests: runs inside each round
+	db    storage.Pool
+	cfg   CaptureConfig
+	run   *runner.Runner
+	wal   *prometheus.GaugeVec
+	guard *runner.Guard
+	hook  func(*CaptureRound) // tests: runs inside each round
 }
 
 // CaptureRound reports one round.
@@ -115,16 +110,13 @@ func NewCaptureTracker[P postgres.Pool](db P, cfg CaptureConfig) (*CaptureTracke
 	t := &CaptureTracker{db: pool, cfg: cfg, run: runner.New("outbox.CaptureTracker", cfg.CloseTimeout),
 		wal: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSlotRetainedWAL,
 			Help: "Bytes of WAL Postgres retains for each logical replication slot (pg_replication_slots.restart_lsn to the current position)."}, []string{"slot"})}
-	t.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: MetricCapturePanics,
-		Help: "CaptureTracker rounds that panicked (logged with the slot and stack; the tracker runs on)."})
+	if t.guard, err = runner.NewGuard("outbox.CaptureTracker", cfg.Registerer, cfg.Logger); err != nil {
+		return nil, err
+	}
 	if cfg.Registerer != nil {
 		t.wal = promreg.Into(cfg.Registerer, t.wal, &err)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: registering %s: %w", MetricSlotRetainedWAL, err)
-		}
-		t.panics = promreg.Into(cfg.Registerer, t.panics, &err)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: registering %s: %w", MetricCapturePanics, err)
 		}
 	}
 	return t, nil
@@ -156,27 +148,26 @@ func (t *CaptureTracker) RunOnce(ctx context.Context) (CaptureRound, error) {
 }
 
 // round is RunOnce that returns a panic as an error (logged with the
-// slot and the stack, and counted): one bad round must not end Run.
+// slot and the stack, and counted in MetricLoopPanics with component
+// outbox.CaptureTracker): one bad round must not end Run.
 func (t *CaptureTracker) round(ctx context.Context) (r CaptureRound, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			t.panics.Inc()
-			err = fmt.Errorf("outbox: capture round of slot %q panicked (counted in %s; the next round runs at the next tick): %v\n%s",
-				t.cfg.Slot, MetricCapturePanics, p, debug.Stack())
-		}
-	}()
-	return t.RunOnce(ctx)
+	err = t.guard.Do("in a capture round (the next round runs at the next tick)", watermill.LogFields{"slot": t.cfg.Slot}, func() error {
+		var err error
+		r, err = t.RunOnce(ctx)
+		return err
+	})
+	return r, err
 }
 
 // Run runs rounds every Interval until ctx ends or Close. A failed round
 // is logged and retried at the next tick; so is a round that panicked
-// (counted in MetricCapturePanics).
+// (counted in MetricLoopPanics).
 func (t *CaptureTracker) Run(ctx context.Context) error {
 	return t.run.Run(ctx, func(ctx context.Context, draining <-chan struct{}) error {
 		tick := time.NewTicker(t.cfg.Interval)
 		defer tick.Stop()
 		for {
-			if r, err := t.round(ctx); err != nil && ctx.Err() == nil {
+			if r, err := t.round(ctx); err != nil && ctx.Err() == nil && !runner.IsPanic(err) { // a panic is logged by the guard
 				t.cfg.Logger.Error("outbox: capture round failed", err, watermill.LogFields{"slot": t.cfg.Slot, "mark": r.Mark, "marked": r.Marked})
 			}
 			select {

@@ -25,7 +25,8 @@ type panicLog struct {
 func (l *panicLog) Error(msg string, err error, fields watermill.LogFields) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.errs = append(l.errs, msg+": "+err.Error()+" slot="+fields["slot"].(string))
+	stack, _ := fields["stack"].(string)
+	l.errs = append(l.errs, msg+": "+err.Error()+" slot="+fields["slot"].(string)+" stack="+stack)
 }
 
 // Issue 40 item 9: a round that panics is recovered, logged with its
@@ -60,11 +61,11 @@ func TestCaptureTrackerSurvivesAPanickingRound(t *testing.T) {
 	}
 	require.NoError(t, tr.Close())
 	require.NoError(t, <-done)
-	require.EqualValues(t, 1, testutil.ToFloat64(tr.panics), "the panic is counted")
+	require.EqualValues(t, 1, testutil.ToFloat64(tr.guard.Panics()), "the panic is counted")
 	log.mu.Lock()
 	defer log.mu.Unlock()
 	require.NotEmpty(t, log.errs)
-	require.Contains(t, log.errs[0], "panicked")
+	require.Contains(t, log.errs[0], "recovered from a panic")
 	require.Contains(t, log.errs[0], "a bad record")
 	require.Contains(t, log.errs[0], "slot=nosuch_"+s.Name)
 	require.True(t, strings.Contains(log.errs[0], "capture_internal_test.go"), "with the stack")

@@ -245,6 +245,14 @@
 //     A relay that dies between the two, or a copy the broker refuses,
 //     leaves the row failed without a copy (logged); the failed row, not
 //     the copy, is what keeps the event.
+//   - A panic does not end the relay: a broker call that panics is
+//     recovered, logged with its rows and the stack, and counted
+//     (MetricLoopPanics); the messages of a call of several are sent
+//     again one at a time, and the row whose own call panics is failed at
+//     once, its last_error naming the panic (for `millwright outbox
+//     retry-failed` once the publisher is fixed). Its aggregate's later
+//     rows go on as after any failed row. A panic elsewhere in a round
+//     fails the round, retried as below.
 //   - A relay that fails on its own (its database unreachable, the lane
 //     check, the claim or the marks failing) retries after a backoff
 //     doubling from 100 ms to 1 s (or a third of Lease, if shorter), drawn

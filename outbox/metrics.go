@@ -36,6 +36,15 @@ const (
 	// MetricFailed is a counter: events moved to the failed state after
 	// their last attempt.
 	MetricFailed = "millwright_outbox_failed_total"
+	// MetricLoopPanics is a counter, with a "component" label
+	// (outbox.Relay, outbox.Cleaner, ...): panics a long-running loop
+	// recovered from instead of dying. The relay fails the row whose
+	// broker call panicked (a retry.Permanent error naming the panic, for
+	// `millwright outbox retry-failed`) and goes on; a cleaner retries at
+	// its next interval. The log line names the row and has the stack.
+	// The saga orchestrator counts into the same series
+	// (saga.MetricLoopPanics).
+	MetricLoopPanics = "millwright_loop_panics_total"
 )
 
 // metrics holds the relay's collectors. With a nil Registerer they are

@@ -226,6 +226,9 @@ type Relay struct {
 	tr    tracing.Config
 	stats relayStats
 	run   *runner.Runner
+	// guard recovers a panic of a broker call (per row, see call) or of
+	// a round (the round fails and is retried), so that none ends Run.
+	guard *runner.Guard
 	id    string // in millwright_outbox_relays
 
 	ready     chan struct{} // Running
@@ -311,6 +314,9 @@ func newRelay(db storage.Pool, pub message.Publisher, cfg RelayConfig) (*Relay, 
 	r := &Relay{db: db, pub: pub, cfg: cfg, m: m, run: runner.New("outbox.Relay", cfg.CloseTimeout),
 		tr: tracing.Config{TracerProvider: cfg.TracerProvider}, id: watermill.NewUUID(), ready: make(chan struct{}),
 		fails: newFailures(cfg.Logger, cfg.Lease), idleFails: newFailures(cfg.Logger, cfg.Lease)}
+	if r.guard, err = runner.NewGuard("outbox.Relay", cfg.Registerer, cfg.Logger); err != nil {
+		return nil, fmt.Errorf("outbox: registering relay metrics: %w", err)
+	}
 	if bp, ok := pub.(batch.Publisher); ok {
 		r.batch = bp
 	}
@@ -482,7 +488,7 @@ func (r *Relay) loop(ctx context.Context, draining <-chan struct{}, wake <-chan 
 	var due time.Time // earliest end of a backoff this relay scheduled
 	busy := false     // the last batch came back full: work the lanes in groups
 	for runner.Wait(ctx, draining, 0) {
-		res := r.round(ctx, r.runLanes, nil, busy)
+		res := r.guardedRound(ctx, r.runLanes, nil, busy)
 		busy = res.more && res.err == nil
 		if ctx.Err() != nil {
 			return
@@ -614,7 +620,7 @@ func (r *Relay) lookUnderLock(ctx context.Context, due *time.Time) (release func
 	if r.beforeIdleLook != nil {
 		r.beforeIdleLook()
 	}
-	again := r.round(ctx, r.runLanes, func() { release(false) }, false)
+	again := r.guardedRound(ctx, r.runLanes, func() { release(false) }, false)
 	if again.err != nil {
 		release(false)
 	}
@@ -656,11 +662,11 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	l := r.runLanes
 	r.roundMu.Unlock()
 	if l != nil {
-		res := r.round(ctx, l, nil, false)
+		res := r.guardedRound(ctx, l, nil, false)
 		return res.n, res.err
 	}
 	l = &lanes{db: r.db, id: r.id + "/once", lease: r.cfg.Lease}
-	res := r.round(ctx, l, nil, false)
+	res := r.guardedRound(ctx, l, nil, false)
 	// Bounded as a lane check: lanes not freed are free once their lease
 	// ends.
 	fctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
@@ -669,6 +675,21 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		res.err = err
 	}
 	return res.n, res.err
+}
+
+// guardedRound is round with a panic recovered (logged, counted in
+// MetricLoopPanics): the round fails, Run backs off and runs the next. A
+// publisher's panic on a row is handled per row (call); this catches the
+// rest, wherever in the round it happens.
+func (r *Relay) guardedRound(ctx context.Context, l *lanes, claimed func(), grouped bool) roundResult {
+	var res roundResult
+	if err := r.guard.Do("in a round", nil, func() error {
+		res = r.round(ctx, l, claimed, grouped)
+		return nil
+	}); err != nil {
+		return roundResult{err: err}
+	}
+	return res
 }
 
 // round runs the relay's three stages on the lanes it holds: claim →
@@ -774,7 +795,14 @@ func (r *Relay) inGroups(ctx context.Context, lease batchLease, groups [][]int32
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = r.groupStages(ctx, lease, g, claimed, until)
+			// A goroutine of its own: a panic here would end the process
+			// before the round's guard could see it.
+			if err := r.guard.Do("in a group of lanes", watermill.LogFields{"lanes": g}, func() error {
+				results[i] = r.groupStages(ctx, lease, g, claimed, until)
+				return nil
+			}); err != nil {
+				results[i] = roundResult{err: err}
+			}
 		}()
 	}
 	wg.Wait()

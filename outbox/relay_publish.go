@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/internal/batch"
+	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/tracing"
@@ -190,8 +191,8 @@ func (r *Relay) publishShares(ctx context.Context, rows []row, o *outcome) {
 					return // the rest are not answered: cut
 				}
 				topic := rows[idx[0]].topic
-				err := r.observe(topic, messages(rows, idx), func(msgs []*message.Message) error { return r.pub.Publish(topic, msgs...) })
-				o.record(ctx, idx, err, nil)
+				r.call(ctx, rows, idx, func(msgs []*message.Message) error { return r.pub.Publish(topic, msgs...) },
+					func(idx []int, err error) { o.record(ctx, idx, err, nil) })
 			}
 		}()
 	}
@@ -230,7 +231,13 @@ func (r *Relay) publishTopics(ctx context.Context, rows []row, groups [][]int, o
 // call and records each row's result.
 func (r *Relay) publishBatch(ctx context.Context, rows []row, idx []int, o *outcome) {
 	topic := rows[idx[0]].topic
-	err := r.observe(topic, messages(rows, idx), func(msgs []*message.Message) error { return r.batch.PublishBatch(topic, msgs...) })
+	r.call(ctx, rows, idx, func(msgs []*message.Message) error { return r.batch.PublishBatch(topic, msgs...) },
+		func(idx []int, err error) { recordBatch(ctx, idx, err, o) })
+}
+
+// recordBatch records the result err of a PublishBatch call of the rows
+// idx: a *batch.Error names the rows that failed.
+func recordBatch(ctx context.Context, idx []int, err error, o *outcome) {
 	var be *batch.Error
 	if err == nil || !errors.As(err, &be) {
 		o.record(ctx, idx, err, nil)
@@ -243,6 +250,44 @@ func (r *Relay) publishBatch(ctx context.Context, rows []row, idx []int, o *outc
 		}
 	}
 	o.record(ctx, idx, nil, errs)
+}
+
+// call makes one broker call (send) of the rows idx, all of one topic,
+// with observe, and passes its result to record. A panic of the publisher
+// is recovered (logged with the rows, counted in MetricLoopPanics): the
+// relay goes on. Which message of a call of several made it panic is not
+// known, so each is then sent again alone; a row whose own call panics is
+// failed at once (a retry.Permanent error naming the panic), set aside for
+// an operator (`millwright outbox retry-failed` once the publisher is
+// fixed), so that one poisonous row neither stops the relay nor holds its
+// lane for the whole retry budget.
+func (r *Relay) call(ctx context.Context, rows []row, idx []int, send func([]*message.Message) error, record func([]int, error)) {
+	topic := rows[idx[0]].topic
+	err := r.guard.Do("publishing", rowFields(rows, idx), func() error { return r.observe(topic, messages(rows, idx), send) })
+	if !runner.IsPanic(err) {
+		record(idx, err)
+		return
+	}
+	if len(idx) == 1 {
+		rw := rows[idx[0]]
+		record(idx, retry.Permanent(fmt.Errorf("outbox relay: the publisher panicked on event %s (row %d, topic %q); the row is failed: fix the publisher or the event, then `millwright outbox retry-failed` (the stack is in the relay's log): %w",
+			rw.msg.UUID, rw.id, topic, err)))
+		return
+	}
+	for _, i := range idx {
+		if ctx.Err() != nil {
+			return // the rest are not answered: cut
+		}
+		r.call(ctx, rows, []int{i}, send, record)
+	}
+}
+
+// rowFields are the log fields naming the rows idx: the first row's id,
+// event id, topic and aggregate, and how many rows.
+func rowFields(rows []row, idx []int) watermill.LogFields {
+	rw := rows[idx[0]]
+	return watermill.LogFields{"id": rw.id, "message_uuid": rw.msg.UUID, "topic": rw.topic,
+		"aggregate_type": rw.aggType, "aggregate_id": rw.aggID, "rows": len(idx)}
 }
 
 // observe runs one broker call with its spans and latency metric. Without
@@ -506,7 +551,10 @@ func (r *Relay) bounded(ctx context.Context, call func() error) error {
 	o.start()
 	go func() {
 		defer o.done()
-		o.record(ctx, []int{0}, call(), nil)
+		// Its own goroutine: a publisher's panic here would end the
+		// process (the dead-letter copy of a row whose publish panicked
+		// carries the same message).
+		o.record(ctx, []int{0}, r.guard.Do("publishing a dead-letter copy", nil, call), nil)
 	}()
 	return o.wait(ctx, r.cfg.Lease/20)[0]
 }

@@ -86,6 +86,10 @@ const (
 	// duplicate).
 	noteIgnored
 	noteLateSuccess
+	// noteSetAside: no decision could be made on the instance (its
+	// position is not in the definition, or the definition's code
+	// panicked); it is stuck for an operator. reply holds the reason.
+	noteSetAside
 )
 
 // note is one report of a transition.
@@ -193,8 +197,38 @@ func (d decider[D]) decideStart(id string, data D, now time.Time) (*transition, 
 	return t, nil
 }
 
-// decide computes what inp does to instance in, given h, at now.
+// ErrUnknownPosition is returned (wrapped) by a decision on an instance
+// whose position (its current step, or the step its compensation chain
+// resumes at) is not a step of the saga's definition: the definition lost
+// steps while the saga ran. The orchestrator sets such an instance aside as
+// stuck, with the error as its last_error, instead of deciding on it.
+var ErrUnknownPosition = errors.New("saga: the instance's position is not a step of its definition")
+
+// checkPosition refuses an instance whose position indexes no step of the
+// definition. A completed saga's step is never read again.
+func (d decider[D]) checkPosition(in instance) error {
+	n := len(d.def.steps)
+	bad := func(what string, i int64) error {
+		return fmt.Errorf("saga %s %q: %s is step index %d, but the definition has %d step(s) (0..%d): %w; "+
+			"was a step removed from the definition while the saga ran? Restore the step, or compensate the saga by hand "+
+			"and record it with `millwright saga resolve %s --action skip`", d.def.name, in.id, what, i, n, n-1, ErrUnknownPosition, in.id)
+	}
+	if in.state != StateCompleted && (in.step < -1 || in.step >= n) {
+		return bad("current_step", int64(in.step))
+	}
+	if in.resumeStep.Valid && (in.resumeStep.Int64 < -1 || in.resumeStep.Int64 >= int64(n)) {
+		return bad("resume_step", in.resumeStep.Int64)
+	}
+	return nil
+}
+
+// decide computes what inp does to instance in, given h, at now. An
+// instance whose position is not in the definition is refused
+// (ErrUnknownPosition), never indexed.
 func (d decider[D]) decide(in instance, inp input, h history, now time.Time) (*transition, error) {
+	if err := d.checkPosition(in); err != nil {
+		return nil, err
+	}
 	if inp.deadline {
 		return d.onDeadline(in, h, now)
 	}
@@ -467,6 +501,9 @@ func (d decider[D]) compensateFrom(t *transition, i int, data D, h history, now 
 	if !h.loaded {
 		return errNeedHistory
 	}
+	if i >= len(d.def.steps) {
+		return fmt.Errorf("saga %s %q: compensating from step index %d, but the definition has %d step(s): %w", d.def.name, t.in.id, i, len(d.def.steps), ErrUnknownPosition)
+	}
 	for ; i >= 0 && d.def.steps[i].Compensation == nil; i-- {
 	}
 	t.in.compAttempts, t.in.compStarted, t.in.attemptBase = 0, sql.NullTime{}, 0
@@ -533,6 +570,25 @@ func (d decider[D]) compensationFailed(t *transition, reason string, now time.Ti
 	}
 	t.in.awaiting = false
 	t.in.deadline = sql.NullTime{Time: now.Add(s.Retry.Delay(t.in.compAttempts, 0)), Valid: true}
+}
+
+// setAside makes instance in stuck for an operator, because no decision
+// could be made on it (reason: an ErrUnknownPosition, or a panic of the
+// definition's code). The deadline is cleared, so that the orchestrators
+// stop firing it; `millwright saga list --state stuck` lists it, and
+// last_error says why.
+func (d decider[D]) setAside(in instance, reason string) *transition {
+	reason = truncate(storableText(reason), maxReplyErrorBytes)
+	t := &transition{in: in}
+	t.in.state, t.in.deadline, t.in.awaiting = StateStuck, sql.NullTime{}, false
+	t.in.lastError = in.since("set aside: " + reason)
+	step := ""
+	if in.step >= 0 && in.step < len(d.def.steps) {
+		step = d.def.steps[in.step].Name
+	}
+	t.record(step, KindStuck, "", in.attempt(), reason)
+	t.note(note{what: noteSetAside, step: step, reply: reason, state: in.state})
+	return t
 }
 
 // onDeadline computes what a passed deadline does to instance in.

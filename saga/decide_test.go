@@ -395,3 +395,45 @@ func TestDecideUndecodableData(t *testing.T) {
 	_, err := d.decide(in, input{reply: reply(d, "charge", PhaseForward, 1, "charge.succeeded", `{}`)}, history{}, t0)
 	require.ErrorContains(t, err, "decoding data")
 }
+
+// An instance whose position is not a step of the definition (steps were
+// removed while it ran) is refused with ErrUnknownPosition, never indexed:
+// before, a deadline on it panicked with an index out of range, and so did
+// the compensation reply of one whose resume step was gone. setAside then
+// makes it stuck with the reason.
+func TestDecideRefusesAPositionOutsideTheDefinition(t *testing.T) {
+	d := decideDef(t)
+	compensating := func(step int) instance {
+		in := running(step, `{"id":"o-1"}`)
+		in.state = StateCompensating
+		return in
+	}
+	resuming := compensating(0)
+	resuming.resumeStep = sql.NullInt64{Int64: 9, Valid: true}
+	resuming.compAttempts, resuming.awaiting = 1, true
+	backoff := compensating(4)
+	backoff.compAttempts = 1
+	cases := map[string]struct {
+		in  instance
+		inp input
+	}{
+		"running past the last step, deadline":      {running(3, `{}`), input{deadline: true}},
+		"compensating past the last step, deadline": {compensating(7), input{deadline: true}},
+		"compensation backoff past the last step":   {backoff, input{deadline: true}},
+		"below -1": {running(-2, `{}`), input{deadline: true}},
+		"resume step gone, compensated reply": {resuming, input{reply: replyInfo{sagaID: "o-1", step: "reserve", phase: PhaseCompensation,
+			attempt: 1, stepIdx: 0, reply: Reply{Type: "reserve.compensated"}}}},
+	}
+	for name, c := range cases {
+		for _, h := range []history{{}, loaded} {
+			_, err := d.decide(c.in, c.inp, h, t0)
+			require.ErrorIs(t, err, ErrUnknownPosition, name)
+			require.Contains(t, err.Error(), "the definition has 3 step(s)", name)
+		}
+		tr := d.setAside(c.in, "gone")
+		require.Equal(t, StateStuck, tr.in.state, name)
+		require.False(t, tr.in.deadline.Valid, name)
+		require.Equal(t, "set aside: gone", tr.in.lastError.String, name)
+		require.True(t, tr.has(noteSetAside), name)
+	}
+}

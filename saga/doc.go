@@ -135,6 +135,15 @@
 //     `millwright saga resolve ID` (Resolve) to retry it or to record it as
 //     done by hand. (A late success of a later step still undoes that step
 //     at once, then retries the stuck compensation.)
+//   - No instance stops the orchestrator: an instance whose position is
+//     not a step of the definition (steps removed while it ran:
+//     ErrUnknownPosition), or on which the definition's code panics
+//     (recovered, logged with the instance and the stack, counted in
+//     MetricLoopPanics), is set aside by Run as stuck, in the same batch
+//     as the other deadlines: its last error says why (`millwright saga
+//     list --state stuck`), its deadline is cleared, and MetricStuck
+//     counts it. HandleReply refuses a reply to such an instance with a
+//     retry.Permanent error (for the dead-letter path).
 //   - A transition is load, decide, write, in one transaction: the
 //     instance row (locked), and only when the decision needs it one read
 //     of the step history; then a pure decision (no I/O); then one batch,

@@ -72,7 +72,8 @@ const (
 	// MetricCompensated counts sagas that failed and were fully compensated.
 	MetricCompensated = "millwright_saga_compensated_total"
 	// MetricStuck counts sagas that entered the stuck state: a compensation
-	// spent its retry budget and an operator must resolve the saga.
+	// spent its retry budget, or no decision could be made on the saga (it
+	// was set aside: see RunOnce), and an operator must resolve it.
 	MetricStuck = "millwright_saga_stuck_total"
 	// MetricIgnoredReplies counts replies recorded and ignored, with a
 	// "kind" label: late_reply or duplicate.
@@ -85,6 +86,14 @@ const (
 	// MetricDuration observes the seconds from start to completed or
 	// compensated, with an "outcome" label (completed, compensated).
 	MetricDuration = "millwright_saga_duration_seconds"
+	// MetricLoopPanics counts the panics a long-running loop recovered
+	// from, with a "component" label (here saga.Orchestrator): the
+	// definition's code (a Command, Compensation or OnSuccess) panicked on
+	// an instance. Run sets that instance aside as stuck, naming the
+	// panic; HandleReply refuses the reply with a retry.Permanent error.
+	// The same series counts the other loops' panics (outbox relay,
+	// cleaners).
+	MetricLoopPanics = "millwright_loop_panics_total"
 )
 
 // ErrAlreadyStarted is returned (wrapped) by Start when an instance with the
@@ -193,6 +202,8 @@ type Orchestrator[D any] struct {
 	cfg  Config
 	d    decider[D]
 	m    metrics
+	// guard recovers a panic of the definition's code on one instance.
+	guard *runner.Guard
 
 	r *runner.Runner // Run, Close and Running
 }
@@ -220,6 +231,9 @@ func NewOrchestrator[D any, P postgres.Pool](db P, def *Definition[D], cfg Confi
 	if o.m, err = newMetrics(cfg.Registerer, def.name); err != nil {
 		return nil, err
 	}
+	if o.guard, err = runner.NewGuard("saga.Orchestrator", cfg.Registerer, cfg.Logger); err != nil {
+		return nil, err
+	}
 	if err = registerStuck(cfg.Registerer, pool, def.name, cfg.Logger); err != nil { // stuck.go
 		return nil, err
 	}
@@ -233,7 +247,7 @@ func newMetrics(reg prometheus.Registerer, typ string) (metrics, error) {
 		MetricStarted:       "Sagas started.",
 		MetricCompleted:     "Sagas whose every step succeeded.",
 		MetricCompensated:   "Sagas that failed and were fully compensated.",
-		MetricStuck:         "Sagas that entered the stuck state (compensation retries exhausted); resolve with `millwright saga resolve`.",
+		MetricStuck:         "Sagas that entered the stuck state (compensation retries exhausted, or set aside: no decision could be made on them); resolve with `millwright saga resolve`.",
 		MetricLateSuccesses: "Successes that arrived after their step timed out; the step's compensation was sent.",
 	} {
 		vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"type"})
@@ -434,9 +448,16 @@ func (o *Orchestrator[D]) applyReply(ctx context.Context, q storage.Querier, r r
 	if in.typ != o.def.name {
 		return nil, retry.Permanent(fmt.Errorf("saga %s: reply for %q, an instance of saga type %q: give each saga type its own reply topic", o.def.name, r.sagaID, in.typ))
 	}
-	t, err := o.decideIn(ctx, q, in, input{reply: r}, time.Now())
-	if err != nil {
+	t, err := o.decideGuarded(ctx, q, in, input{reply: r}, time.Now(), watermill.LogFields{"reply": r.reply.Type, "step": r.step})
+	var le *loadError
+	switch {
+	case errors.As(err, &le):
 		return nil, err
+	case err != nil:
+		// No decision can be made on this reply (the instance's position
+		// is not in the definition, or the definition's code panicked on
+		// it): redelivering it would fail the same way.
+		return nil, retry.Permanent(fmt.Errorf("saga %s: reply %s to step %q of %q: %w", o.def.name, r.reply.Type, r.step, r.sagaID, err))
 	}
 	queue := storage.NewQueue(q)
 	if err := o.stage(ctx, queue, in.version, t); err == nil {
@@ -477,6 +498,10 @@ func (o *Orchestrator[D]) report(t *transition) {
 			c.Inc()
 			o.cfg.Logger.Info("saga: reply ignored", watermill.LogFields{"saga_type": typ, "saga_id": id,
 				"step": n.step, "phase": n.phase, "attempt": n.attempt, "reply": n.reply, "kind": n.kind, "state": string(n.state)})
+		case noteSetAside:
+			o.m.stuck.Inc()
+			o.cfg.Logger.Error("saga: set aside as stuck: no decision can be made on it; see its last_error, then `millwright saga resolve "+id+"`",
+				errors.New(n.reply), watermill.LogFields{"saga_type": typ, "saga_id": id, "step": n.step, "state": string(n.state)})
 		case noteLateSuccess:
 			o.m.lateSuccess.Inc()
 			o.cfg.Logger.Info("saga: late success: compensating the step", watermill.LogFields{"saga_type": typ, "saga_id": id,
@@ -494,7 +519,10 @@ func (o *Orchestrator[D]) Running() <-chan struct{} { return o.r.Running() }
 // instances of this saga type with FOR UPDATE SKIP LOCKED, so every
 // orchestrator instance may run it; a deadline is fired by one of them, and
 // survives restarts because it is a column. Database errors are logged and
-// the round is retried after PollInterval. Run returns nil after Close or
+// the round is retried after PollInterval; a panic is recovered, logged,
+// counted (MetricLoopPanics) and the round retried the same way, and an
+// instance no decision can be made on is set aside (see RunOnce), so no
+// instance stops the loop. Run returns nil after Close or
 // when ctx ends; a second Run before Close returns an error.
 //
 // Before its first round Run checks that the saga tables
@@ -522,7 +550,13 @@ func (o *Orchestrator[D]) Run(ctx context.Context) error {
 				}
 				checked = true
 			}
-			n, err := o.RunOnce(ctx)
+			var n int
+			// A panic outside one instance's decision (the instances' own
+			// are set aside by RunOnce) fails the round, not the loop.
+			err := o.guard.Do("firing deadlines", watermill.LogFields{"saga_type": o.def.name}, func() (err error) {
+				n, err = o.RunOnce(ctx)
+				return err
+			})
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
@@ -545,6 +579,11 @@ func (o *Orchestrator[D]) checkTables(ctx context.Context) error {
 
 // RunOnce fires up to BatchSize due deadlines in one transaction and
 // returns how many it fired. The transitions are written in one batch.
+// An instance no decision can be made on (its position is not a step of
+// the definition: ErrUnknownPosition; or the definition's code panicked on
+// it, counted in MetricLoopPanics) is set aside in the same batch: it
+// becomes stuck, its last_error and a stuck history row say why, and the
+// others' deadlines are fired as usual.
 func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 	tx, err := o.pool.Begin(ctx, storage.TxOptions{})
 	if err != nil {
@@ -563,9 +602,17 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 	ts := make([]*transition, 0, len(rows))
 	for _, row := range rows {
 		in := fromRow(row)
-		t, err := o.decideIn(ctx, tx, in, input{deadline: true}, now)
-		if err != nil {
+		t, err := o.decideGuarded(ctx, tx, in, input{deadline: true}, now, nil)
+		var le *loadError
+		switch {
+		case errors.As(err, &le):
 			return 0, err
+		case err != nil:
+			// One instance no decision can be made on (its position is
+			// not in the definition, or the definition's code panicked
+			// on it) must not hold back the others' deadlines, nor be
+			// fired again every round: it is set aside for an operator.
+			t = o.d.setAside(in, err.Error())
 		}
 		// The row is locked by this transaction: the version cannot move.
 		if err := o.stage(ctx, queue, in.version, t); err != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
 )
@@ -47,9 +49,34 @@ func (o *Orchestrator[D]) decideIn(ctx context.Context, q storage.Querier, in in
 	}
 	h, err := loadHistory(ctx, q, in.id, inp)
 	if err != nil {
-		return nil, fmt.Errorf("saga %s %q: reading history: %w", o.def.name, in.id, err)
+		return nil, &loadError{fmt.Errorf("saga %s %q: reading history: %w", o.def.name, in.id, err)}
 	}
 	return o.d.decide(in, inp, h, now)
+}
+
+// loadError is a decision's failure to read the history: the round or the
+// reply fails (and is retried), unlike a decision that cannot be made.
+type loadError struct{ err error }
+
+func (e *loadError) Error() string { return e.err.Error() }
+func (e *loadError) Unwrap() error { return e.err }
+
+// decideGuarded is decideIn with a panic of the definition's code
+// recovered (logged with the instance and fields, counted in
+// MetricLoopPanics) and returned as an error. A failure to read the
+// history is a *loadError.
+func (o *Orchestrator[D]) decideGuarded(ctx context.Context, q storage.Querier, in instance, inp input, now time.Time, fields watermill.LogFields) (*transition, error) {
+	f := watermill.LogFields{"saga_type": o.def.name, "saga_id": in.id, "state": string(in.state), "current_step": in.step}
+	for k, v := range fields {
+		f[k] = v
+	}
+	var t *transition
+	err := o.guard.Do("deciding on a saga instance", f, func() error {
+		var err error
+		t, err = o.decideIn(ctx, q, in, inp, now)
+		return err
+	})
+	return t, err
 }
 
 // loadHistory reads what a decision on inp may need of saga id's history,

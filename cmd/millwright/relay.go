@@ -453,7 +453,11 @@ func (p *relayProcess) components(tables map[string]bool) error {
 		if c.retention <= 0 || !tables[c.table] {
 			continue
 		}
-		cl, err := c.open(p.pool(), cleaner.Config{Retention: c.retention, Interval: p.cfg.CleanInterval, Logger: p.logger})
+		ccfg := cleaner.Config{Retention: c.retention, Interval: p.cfg.CleanInterval, Logger: p.logger}
+		if p.reg != nil { // a nil *Registry is not a nil Registerer
+			ccfg.Registerer = p.reg // millwright_loop_panics_total of the cleaners
+		}
+		cl, err := c.open(p.pool(), ccfg)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.env, err)
 		}

@@ -452,9 +452,15 @@ func serve(args []string) error {
 		*addr = ":8080"
 	}
 
-	// SIGINT and SIGTERM cancel ctx; the process exits within a second
-	// of the signal, saying what it waited for.
-	ctx, stop := shutdown.Context(context.Background(), "orders")
+	// SIGINT and SIGTERM cancel ctx; the services stop taking messages
+	// and their handlers in flight finish (the router waits for them),
+	// then serve returns and the process exits 0. Only a service still
+	// running after the grace ($MILLWRIGHT_SHUTDOWN_GRACE, default 25 s:
+	// inside a pod's 30 s) is made to exit, saying what it waited for.
+	ctx, stop, err := shutdown.Service(context.Background(), shutdown.Config{Name: "orders"})
+	if err != nil {
+		return err
+	}
 	defer stop()
 
 	// Liveness and readiness are served from the start: while the
@@ -485,7 +491,15 @@ func serve(args []string) error {
 				stop()
 			}
 		}()
-		defer srv.Close()
+		// Requests in flight finish (for a few seconds) once the services
+		// have drained, inside the shutdown grace.
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			if srv.Shutdown(sctx) != nil {
+				_ = srv.Close()
+			}
+		}()
 	}
 	e, cleanup, err := c.open(ctx, *duplicate)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/internal/schemacheck"
@@ -46,6 +47,12 @@ type Config struct {
 	// how many days of partitions past today each round keeps created.
 	// Default DefaultPartitionsAhead (7); valid 1..MaxPartitionsAhead.
 	PartitionsAhead int
+	// Registerer receives millwright_loop_panics_total (outbox.
+	// MetricLoopPanics), with the component label "<component>.Cleaner":
+	// the rounds of Run that panicked (each is recovered, logged and
+	// retried at the next interval). Default nil: counted, not
+	// registered.
+	Registerer prometheus.Registerer
 }
 
 // Stats reports one round. outbox, idempotency, dlq and saga export it as
@@ -143,6 +150,11 @@ type Cleaner struct {
 	t   Table
 	cfg Config
 	r   *runner.Runner
+	// guard keeps a round's panic from ending Run.
+	guard *runner.Guard
+
+	// beforeRound, in tests, runs at the start of each round of Run.
+	beforeRound func()
 
 	// beforeDrop, in tests, runs between the look for rows to keep
 	// without a lock and the transaction that drops partitions.
@@ -159,7 +171,11 @@ func New(db storage.Pool, t Table, cfg Config) (*Cleaner, error) {
 	if err := cfg.Validate(t); err != nil {
 		return nil, err
 	}
-	return &Cleaner{db: db, t: t, cfg: cfg, r: runner.New(t.Component+".Cleaner", cfg.CloseTimeout)}, nil
+	g, err := runner.NewGuard(t.Component+".Cleaner", cfg.Registerer, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	return &Cleaner{db: db, t: t, cfg: cfg, r: runner.New(t.Component+".Cleaner", cfg.CloseTimeout), guard: g}, nil
 }
 
 // NewFrom is New on a *sql.DB or a *pgxpool.Pool (storage.PoolFrom): the
@@ -183,7 +199,8 @@ const startCheckTimeout = 30 * time.Second
 
 // Run runs a round at once and then every Interval until ctx is done or
 // Close is called; it then returns nil. A failed round is logged and
-// retried at the next interval. Before the first round it checks that the
+// retried at the next interval, and so is a round that panicked (logged
+// with its stack and counted in millwright_loop_panics_total). Before the first round it checks that the
 // table exists in the search_path and returns an error naming it and the
 // fix (`millwright migrate`) if it does not; while the database cannot be
 // asked it logs and asks again at the next interval. Run may be called
@@ -211,23 +228,38 @@ func (c *Cleaner) Run(ctx context.Context) error {
 			}
 		}
 		for {
-			stats, err := c.RunOnce(ctx)
-			switch {
-			case err != nil && ctx.Err() == nil:
-				c.cfg.Logger.Error("Cleaning "+c.t.Rows+" failed; retrying at the next interval", err,
-					watermill.LogFields{"table": c.t.Store.Name})
-			case err == nil && stats.partitionNews():
-				c.logPartitions(stats)
-			case err == nil && stats.Deleted > 0:
-				c.cfg.Logger.Info("Cleaned "+c.t.Rows, watermill.LogFields{
-					"table": c.t.Store.Name, "deleted": stats.Deleted, "batches": stats.Batches,
-				})
-			}
+			// A round that panics is logged and counted by the guard and
+			// retried at the next interval, like a failed one: it has no
+			// record of its own to set aside (its rows are deleted by
+			// SQL), and Run must not end with it.
+			_ = c.guard.Do("cleaning "+c.t.Rows+"; retrying at the next interval", watermill.LogFields{"table": c.t.Store.Name}, func() error {
+				c.round(ctx)
+				return nil
+			})
 			if !runner.Wait(ctx, draining, c.cfg.Interval) {
 				return nil
 			}
 		}
 	})
+}
+
+// round is one round of Run, logged.
+func (c *Cleaner) round(ctx context.Context) {
+	if c.beforeRound != nil {
+		c.beforeRound()
+	}
+	stats, err := c.RunOnce(ctx)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		c.cfg.Logger.Error("Cleaning "+c.t.Rows+" failed; retrying at the next interval", err,
+			watermill.LogFields{"table": c.t.Store.Name})
+	case err == nil && stats.partitionNews():
+		c.logPartitions(stats)
+	case err == nil && stats.Deleted > 0:
+		c.cfg.Logger.Info("Cleaned "+c.t.Rows, watermill.LogFields{
+			"table": c.t.Store.Name, "deleted": stats.Deleted, "batches": stats.Batches,
+		})
+	}
 }
 
 // Close stops Run after the batch in flight, cancelling it if it takes

@@ -25,6 +25,10 @@
 //   - One lifecycle (internal/runner): Run cleans at once and then every
 //     Interval; Close stops after the batch in flight, cancelling it after
 //     CloseTimeout (a cancelled batch rolls back whole).
+//   - A round of Run that panics is recovered, logged with the table and
+//     the stack, counted (millwright_loop_panics_total, component
+//     "<component>.Cleaner", on Config.Registerer) and retried at the next
+//     interval, like a failed round: Run does not end with it.
 //   - RunOnce is one round; Count is the dry run (how many rows RunOnce
 //     would delete now), taking no lock.
 package cleaner

@@ -17,4 +17,13 @@
 //   - Cancelling Run's ctx cancels the loop's ctx at once (no drain).
 //   - A close timeout of 0 cancels at once: Close then only waits for the
 //     loop to notice its cancelled context.
+//
+// Guard is the loops' shared protection against a panic: a loop runs each
+// round (and each record's work, in its own goroutine where it has one)
+// under Guard.Do, which recovers a panic, logs it with the record's fields
+// and the stack, counts it in MetricPanics (millwright_loop_panics_total,
+// by component) and returns it as a *PanicError. The loop then sets the
+// record aside (the relay fails the row, the saga orchestrator makes the
+// instance stuck) or, with no record of its own (a cleaner), retries the
+// round at its next interval: no loop ends because of one record.
 package runner
