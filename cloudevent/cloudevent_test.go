@@ -127,3 +127,33 @@ func TestVersionRouter(t *testing.T) {
 	require.NoError(t, r.Handler()(msg))
 	require.True(t, fell)
 }
+
+// Issue 40 (a value whose text form loses information): a time.Time that
+// RFC 3339 cannot write (a year past 9999 or before 0000) is written by
+// Apply as text no reader parses; Validate, which outbox.Add runs, refuses
+// it naming the metadata key, so it never reaches a consumer.
+func TestApplyOfATimeRFC3339CannotHoldIsRefusedByValidate(t *testing.T) {
+	t.Parallel()
+	for _, tm := range []time.Time{
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
+	} {
+		msg := message.NewMessage("id-1", nil)
+		cloudevent.Attributes{ID: "e-1", Source: "/orders", Type: "com.example.order.placed", Time: tm}.Apply(msg)
+		err := cloudevent.Validate(msg)
+		require.Error(t, err, "year %d", tm.Year())
+		require.Contains(t, err.Error(), metadata.EventTime)
+	}
+	// The extremes RFC 3339 holds round-trip exactly.
+	for _, tm := range []time.Time{
+		time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC),
+		time.Date(2026, 1, 2, 3, 4, 5, 6, time.FixedZone("", 23*3600)),
+	} {
+		msg := message.NewMessage("id-1", nil)
+		cloudevent.Attributes{ID: "e-1", Source: "/orders", Type: "com.example.order.placed", Time: tm}.Apply(msg)
+		a, err := cloudevent.FromMessage(msg)
+		require.NoError(t, err)
+		require.True(t, a.Time.Equal(tm), "%v read back as %v", tm, a.Time)
+	}
+}

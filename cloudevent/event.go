@@ -41,6 +41,9 @@ type Attributes struct {
 
 // Apply writes the attributes into msg's metadata; empty ones are left
 // unset. It does not validate: call Validate(msg) after, where wanted.
+// A Time outside years 0000–9999 has no RFC 3339 form: Apply writes Go's
+// text for it and Validate (which outbox.Add runs) refuses it, naming the
+// metadata key, so no consumer is handed a time it cannot parse.
 func (a Attributes) Apply(msg *message.Message) {
 	set := func(k, v string) {
 		if v != "" {
