@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
@@ -150,7 +152,10 @@ const Redacted = redact.Mask
 
 // RedactArgs returns args with secrets replaced by Redacted: the password
 // of every URL, query parameters and key=value pairs named like a secret,
-// and the value of every "--flag=value" whose flag name is. It never
+// and the value of every "--flag=value" whose flag name is. An argument
+// Postgres text cannot hold (invalid UTF-8, a NUL byte: a binary key
+// passed on the command line) is stored Go-quoted ("\xff", "\x00"), so
+// the audit row of a change that committed is never refused. It never
 // returns the input slice.
 func RedactArgs(args []string) []string {
 	out := make([]string, len(args))
@@ -164,12 +169,20 @@ func redactArg(a string) string {
 	if strings.HasPrefix(a, "--") {
 		if name, val, ok := strings.Cut(a[2:], "="); ok {
 			if redact.SecretName(name) {
-				return "--" + name + "=" + Redacted
+				return "--" + quoteUnstorable(name) + "=" + Redacted
 			}
-			return "--" + name + "=" + RedactValue(val)
+			return "--" + quoteUnstorable(name) + "=" + quoteUnstorable(RedactValue(val))
 		}
 	}
-	return RedactValue(a)
+	return quoteUnstorable(RedactValue(a))
+}
+
+// quoteUnstorable returns s Go-quoted when Postgres text cannot hold it.
+func quoteUnstorable(s string) string {
+	if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 // RedactValue hides the secrets of one value or free text (see

@@ -87,3 +87,19 @@ func TestRedactValueFindsURLsInsideText(t *testing.T) {
 	require.NotContains(t, got, secret)
 	require.Contains(t, got, "postgres://u:xxxxx@h:5432/db?sslmode=disable: dial tcp")
 }
+
+// Issue 40 build 4: a binary key passed on the command line (invalid
+// UTF-8, a NUL) made the audit row's insert fail after the change it
+// records had committed. RedactArgs stores such an argument Go-quoted.
+func TestAnArgumentTextCannotHoldIsRecordedQuoted(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, audit.Migrations())
+	ctx := context.Background()
+	args := audit.RedactArgs([]string{"--key=\x0a\xff\x01", "a\x00b", "plain"})
+	_, err := audit.Record(ctx, s.DB, audit.Entry{Command: "millwright parked release", Args: args})
+	require.NoError(t, err)
+	got, err := audit.List(ctx, s.DB, 1)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, []string{`--key="\n\xff\x01"`, `"a\x00b"`, "plain"}, got[0].Args)
+}
