@@ -3,12 +3,12 @@ package storage
 import (
 	"database/sql/driver"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/lib/pq"
 )
@@ -76,7 +76,7 @@ func inline(s Statement, index int) (string, error) {
 			}
 			lit, err := literal(s.Args[n-1])
 			if err != nil {
-				return "", fmt.Errorf("storage: argument $%d: %w", n, err)
+				return "", &ValueError{What: s.What, Arg: n, Err: err}
 			}
 			b.WriteString(lit)
 			i = end
@@ -175,8 +175,6 @@ func skipString(q string, i int, escapes bool) int {
 	return len(q)
 }
 
-var errNUL = errors.New("text contains a NUL byte, which Postgres cannot store")
-
 // literal renders v as a Postgres literal.
 func literal(v any) (string, error) {
 	if lit, ok := intLiteral(v); ok {
@@ -186,8 +184,8 @@ func literal(v any) (string, error) {
 	case nil:
 		return "NULL", nil
 	case string:
-		if strings.IndexByte(v, 0) >= 0 {
-			return "", errNUL
+		if err := checkText(v); err != nil {
+			return "", err
 		}
 		return pq.QuoteLiteral(v), nil
 	case []byte:
@@ -198,13 +196,13 @@ func literal(v any) (string, error) {
 	case bool:
 		return strconv.FormatBool(v), nil
 	case float32:
-		return "'" + strconv.FormatFloat(float64(v), 'g', -1, 32) + "'::float8", nil
+		// The float32's exact value, as pgx sends it: its shortest float32
+		// form ("0.1") would read back as another float8 than pgx stores.
+		return "'" + strconv.FormatFloat(float64(v), 'g', -1, 64) + "'::float8", nil
 	case float64:
 		return "'" + strconv.FormatFloat(v, 'g', -1, 64) + "'::float8", nil
 	case time.Time:
-		// The nanoseconds lib/pq would send; Postgres rounds them to
-		// microseconds either way.
-		return "'" + v.Format("2006-01-02 15:04:05.999999999Z07:00") + "'::timestamptz", nil
+		return timeLiteral(v)
 	case time.Duration:
 		return "'" + strconv.FormatInt(v.Microseconds(), 10) + " microseconds'::interval", nil
 	case []int64:
@@ -217,6 +215,109 @@ func literal(v any) (string, error) {
 		return valuerLiteral(v)
 	}
 	return "", fmt.Errorf("a %T cannot be sent as a Postgres literal", v)
+}
+
+// Postgres' timestamptz range, less what pgx cannot encode: pgx computes
+// a time's microseconds since 1970 in an int64, which overflows from
+// 294247-01-10 on, while Postgres reads up to 294276 AD.
+var (
+	minTime = time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC) // 4714-11-24 BC, Julian day 0
+	maxTime = time.Date(294247, 1, 1, 0, 0, 0, 0, time.UTC)  // exclusive
+)
+
+// unstorable is the reason a value cannot be stored; it matches
+// ErrUnstorable.
+type unstorable string
+
+func (u unstorable) Error() string      { return string(u) }
+func (unstorable) Is(target error) bool { return target == ErrUnstorable }
+
+// CheckTime returns nil when Postgres stores t as it is (to the
+// microsecond, on both drivers), else an error matching ErrUnstorable
+// that says why: t is outside 4714-11-24 BC .. 294246-12-31 AD (UTC).
+func CheckTime(t time.Time) error {
+	if t.Before(minTime) || !t.Before(maxTime) {
+		return unstorable(fmt.Sprintf("time %s is outside the range both drivers store (4714-11-24 BC to 294246-12-31 AD, UTC)", t.Format(time.RFC3339Nano)))
+	}
+	return nil
+}
+
+// CheckText returns nil when Postgres stores s as text: valid UTF-8
+// without a NUL byte (the server refuses either, SQLSTATE 22021), else an
+// error matching ErrUnstorable that says where the bad byte is.
+func CheckText(s string) error { return checkText(s) }
+
+func checkText(s string) error {
+	if i := strings.IndexByte(s, 0); i >= 0 {
+		return unstorable(fmt.Sprintf("text contains a NUL byte (at byte %d), which Postgres cannot store", i))
+	}
+	if !utf8.ValidString(s) {
+		i := 0
+		for i < len(s) {
+			r, n := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && n == 1 {
+				break
+			}
+			i += n
+		}
+		return unstorable(fmt.Sprintf("text is not valid UTF-8 (byte 0x%02x at %d), which Postgres cannot store as text: send bytes as []byte", s[i], i))
+	}
+	return nil
+}
+
+// timeLiteral renders t as the instant it is, in UTC: Postgres reads
+// neither Go's year 0 and negative years (it counts 1 BC, 2 BC, ...) nor
+// offsets beyond ±15:59, both of which time.Time (and RFC 3339) hold. The
+// fraction is cut to microseconds as pgx cuts it, where Postgres would
+// round the nanoseconds of a literal: both drivers store one value.
+func timeLiteral(t time.Time) (string, error) {
+	if err := CheckTime(t); err != nil {
+		return "", err
+	}
+	u := t.UTC()
+	y, era := u.Year(), ""
+	if y <= 0 {
+		y, era = 1-y, " BC"
+	}
+	return fmt.Sprintf("'%04d-%02d-%02d %02d:%02d:%02d.%06d+00%s'::timestamptz",
+		y, u.Month(), u.Day(), u.Hour(), u.Minute(), u.Second(), u.Nanosecond()/1000, era), nil
+}
+
+// checkArgs refuses, before anything is sent, an argument of s that
+// Postgres cannot store as it is, as literal does on database/sql: pgx
+// would send invalid UTF-8 and NUL bytes for the server to refuse, and a
+// time past its range wrapped around.
+func checkArgs(s Statement) error {
+	for i, a := range s.Args {
+		if err := checkArg(a); err != nil {
+			return &ValueError{What: s.What, Arg: i + 1, Err: err}
+		}
+	}
+	return nil
+}
+
+func checkArg(a any) error {
+	switch v := a.(type) {
+	case string:
+		return checkText(v)
+	case time.Time:
+		return CheckTime(v)
+	case []string:
+		for _, e := range v {
+			if err := checkText(e); err != nil {
+				return err
+			}
+		}
+	case driver.Valuer:
+		dv, err := v.Value()
+		if err != nil {
+			return err
+		}
+		if _, again := dv.(driver.Valuer); !again {
+			return checkArg(dv)
+		}
+	}
+	return nil
 }
 
 // intLiteral renders the integer types.
@@ -279,16 +380,21 @@ func arrayLiteral(n int, typ string, elem func(i int) (string, error)) (string, 
 	return b.String(), nil
 }
 
-// inlineAll renders ss as one simple query.
+// inlineAll renders ss as one simple query. Its error is a *BatchError
+// naming the statement that could not be rendered.
 func inlineAll(ss []Statement) (string, error) {
 	if len(ss) == 1 {
-		return inline(ss[0], 0)
+		q, err := inline(ss[0], 0)
+		if err != nil {
+			return "", &BatchError{Index: 0, Count: 1, What: ss[0].What, Err: err}
+		}
+		return q, nil
 	}
 	var b strings.Builder
 	for i, s := range ss {
 		q, err := inline(s, i)
 		if err != nil {
-			return "", err
+			return "", &BatchError{Index: i, Count: len(ss), What: s.What, Err: err}
 		}
 		if i > 0 {
 			b.WriteString(";\n")
