@@ -36,6 +36,8 @@ func exerciseValues(t *testing.T, setup func(t *testing.T) Setup) {
 	t.Run("NumbersAtTheExtremes", func(t *testing.T) { valuesNumbersAtTheExtremes(t, setup) })
 
 	t.Run("ErrorsNameTheirCause", func(t *testing.T) { valuesErrorsNameTheirCause(t, setup) })
+
+	t.Run("RefusedDeadLetterNamesItsField", func(t *testing.T) { valuesRefusedDeadLetterNamesItsField(t, setup) })
 }
 
 // microsOf is t's microseconds since 1970, cut as pgx cuts them (the
@@ -279,4 +281,31 @@ func valuesErrorsNameTheirCause(t *testing.T, setup func(t *testing.T) Setup) {
 	require.ErrorIs(t, err, storage.ErrConflict)
 	require.False(t, storage.IsDataError(err), "a conflict is not a data error: %v", err)
 	require.Empty(t, storage.Hint(err))
+}
+
+// A dead letter refused for a value names the column, so that the
+// operator (and the dlq recorder's permanent error) knows which.
+func valuesRefusedDeadLetterNamesItsField(t *testing.T, setup func(t *testing.T) Setup) {
+	t.Parallel()
+	ctx := context.Background()
+	p := setup(t).Pool
+	now := time.Now()
+	_, err := storage.InsertDeadLetter(ctx, p, storage.DeadLetterRow{
+		MessageUUID: "u-1", OriginalTopic: "orders", DLQTopic: "orders.dlq", Reason: "exhausted",
+		FirstFailure: now, LastFailure: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC),
+	})
+	var ve *storage.ValueError
+	require.ErrorAs(t, err, &ve, "%v", err)
+	require.Equal(t, "last_failure_at", ve.Field)
+	require.ErrorIs(t, err, storage.ErrUnstorable)
+	require.Contains(t, err.Error(), "recording a dead letter: last_failure_at ($12): time 300000-01-01T00:00:00Z is outside the range")
+	_, err = storage.InsertDeadLetter(ctx, p, storage.DeadLetterRow{
+		MessageUUID: "u-2", OriginalTopic: "orders", DLQTopic: "orders.dlq", Reason: "exhausted", Error: "bad\xff",
+		FirstFailure: now, LastFailure: now,
+	})
+	require.ErrorAs(t, err, &ve, "%v", err)
+	require.Equal(t, "error", ve.Field)
+	n, err := storage.CountDeadLetters(ctx, p, storage.DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Zero(t, n)
 }
