@@ -4,6 +4,7 @@ import (
 	"database/sql/driver"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"regexp"
 	"strconv"
 	"strings"
@@ -177,6 +178,16 @@ func skipString(q string, i int, escapes bool) int {
 
 // literal renders v as a Postgres literal.
 func literal(v any) (string, error) {
+	switch u := v.(type) {
+	case uint64:
+		if err := checkUint(u); err != nil {
+			return "", err
+		}
+	case uint:
+		if err := checkUint(uint64(u)); err != nil {
+			return "", err
+		}
+	}
 	if lit, ok := intLiteral(v); ok {
 		return lit, nil
 	}
@@ -225,11 +236,15 @@ var (
 	maxTime = time.Date(294247, 1, 1, 0, 0, 0, 0, time.UTC)  // exclusive
 )
 
-// unstorable is the reason a value cannot be stored; it matches
+// unstorable is the reason a value cannot be stored, with the SQLSTATE
+// the server gives the same refusal (so that code classifying errors by
+// Code, as retry decisions do, treats it as the server's); it matches
 // ErrUnstorable.
-type unstorable string
+type unstorable struct {
+	code, reason string
+}
 
-func (u unstorable) Error() string      { return string(u) }
+func (u unstorable) Error() string      { return u.reason }
 func (unstorable) Is(target error) bool { return target == ErrUnstorable }
 
 // CheckTime returns nil when Postgres stores t as it is (to the
@@ -237,7 +252,7 @@ func (unstorable) Is(target error) bool { return target == ErrUnstorable }
 // that says why: t is outside 4714-11-24 BC .. 294246-12-31 AD (UTC).
 func CheckTime(t time.Time) error {
 	if t.Before(minTime) || !t.Before(maxTime) {
-		return unstorable(fmt.Sprintf("time %s is outside the range both drivers store (4714-11-24 BC to 294246-12-31 AD, UTC)", t.Format(time.RFC3339Nano)))
+		return unstorable{"22008", fmt.Sprintf("time %s is outside the range both drivers store (4714-11-24 BC to 294246-12-31 AD, UTC)", t.Format(time.RFC3339Nano))}
 	}
 	return nil
 }
@@ -249,7 +264,7 @@ func CheckText(s string) error { return checkText(s) }
 
 func checkText(s string) error {
 	if i := strings.IndexByte(s, 0); i >= 0 {
-		return unstorable(fmt.Sprintf("text contains a NUL byte (at byte %d), which Postgres cannot store", i))
+		return unstorable{"22021", fmt.Sprintf("text contains a NUL byte (at byte %d), which Postgres cannot store", i)}
 	}
 	if !utf8.ValidString(s) {
 		i := 0
@@ -260,7 +275,7 @@ func checkText(s string) error {
 			}
 			i += n
 		}
-		return unstorable(fmt.Sprintf("text is not valid UTF-8 (byte 0x%02x at %d), which Postgres cannot store as text: send bytes as []byte", s[i], i))
+		return unstorable{"22021", fmt.Sprintf("text is not valid UTF-8 (byte 0x%02x at %d), which Postgres cannot store as text: send bytes as []byte", s[i], i)}
 	}
 	return nil
 }
@@ -296,8 +311,21 @@ func checkArgs(s Statement) error {
 	return nil
 }
 
+// checkUint refuses an unsigned integer past bigint's range: Postgres
+// has no unsigned type, and the drivers refuse it each in its own way.
+func checkUint(v uint64) error {
+	if v > math.MaxInt64 {
+		return unstorable{"22003", fmt.Sprintf("integer %d is past the range of bigint, Postgres' largest integer", v)}
+	}
+	return nil
+}
+
 func checkArg(a any) error {
 	switch v := a.(type) {
+	case uint64:
+		return checkUint(v)
+	case uint:
+		return checkUint(uint64(v))
 	case string:
 		return checkText(v)
 	case time.Time:

@@ -211,9 +211,6 @@ func nameField(err error, fields ...string) error {
 // data exception: a time or number out of range, text in no valid
 // encoding). Sending the same values again fails the same way.
 func IsDataError(err error) bool {
-	if errors.Is(err, ErrUnstorable) {
-		return true
-	}
 	c := Code(err)
 	return len(c) == 5 && c[:2] == "22" && !errors.Is(err, ErrConflict)
 }
@@ -239,9 +236,14 @@ func Hint(err error) string {
 	return ""
 }
 
-// Code returns the SQLSTATE of a server error of either driver ("" when
-// err is not one).
+// Code returns the SQLSTATE of a server error of either driver, or of a
+// value refused before it was sent (ErrUnstorable: the server's code for
+// the same refusal, a class 22 data exception), "" for any other error.
 func Code(err error) string {
+	var u unstorable
+	if errors.As(err, &u) {
+		return u.code
+	}
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) {
 		return string(pqErr.Code)
@@ -268,7 +270,8 @@ func ServerMessage(err error) string {
 }
 
 // IsServerError reports whether err came from the server (a statement
-// that was refused) rather than from the connection.
+// that was refused), or was refused before it was sent for a value the
+// server would refuse (ErrUnstorable), rather than from the connection.
 func IsServerError(err error) bool { return Code(err) != "" }
 
 // IsNoRows reports whether err means a QueryRow found no row.

@@ -108,20 +108,26 @@ func valuesTimesOutsideTheRangeAreRefused(t *testing.T, setup func(t *testing.T)
 		"year 300000":          time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC),
 	} {
 		_, err := p.Exec(ctx, storage.Statement{SQL: `INSERT INTO w (id, at) VALUES ($1, $2)`, Args: []any{1, at}, Expect: storage.NoExpect, What: "the extreme time"})
-		requireRefused(t, err, name, 2, "the extreme time", "outside the range")
+		requireRefused(t, err, name, 2, "the extreme time", "outside the range", "22008")
 		err = p.Batch(ctx, storage.S(`INSERT INTO w (id) VALUES (2)`), storage.S(`INSERT INTO w (id, at) VALUES ($1, $2)`, 3, at))
 		var be *storage.BatchError
 		require.ErrorAs(t, err, &be, name)
 		require.Equal(t, 1, be.Index, "%s: the batch names the statement", name)
-		requireRefused(t, err, name, 2, "", "outside the range")
+		requireRefused(t, err, name, 2, "", "outside the range", "22008")
 	}
 	requireRows(t, p, 0)
 }
 
-func requireRefused(t *testing.T, err error, name string, arg int, what, reason string) {
+// requireRefused checks the refusal of a value before it was sent: it
+// names the argument and why, and carries the SQLSTATE the server gives
+// the same refusal (code), so that what classifies errors by their code
+// (a retry decision) treats both alike.
+func requireRefused(t *testing.T, err error, name string, arg int, what, reason, code string) {
 	t.Helper()
 	require.ErrorIs(t, err, storage.ErrUnstorable, "%s: %v", name, err)
 	require.True(t, storage.IsDataError(err), "%s: a data error: %v", name, err)
+	require.Equal(t, code, storage.Code(err), "%s: %v", name, err)
+	require.True(t, storage.IsServerError(err), "%s: refused as the server refuses it, not a connection error: %v", name, err)
 	var ve *storage.ValueError
 	require.ErrorAs(t, err, &ve, name)
 	require.Equal(t, arg, ve.Arg, "%s: %v", name, err)
@@ -178,9 +184,9 @@ func valuesTextPostgresCannotStoreIsRefused(t *testing.T, setup func(t *testing.
 		"binary in an array": {[]any{1, "ok", []string{"\xfe"}}, 3, "not valid UTF-8"},
 	} {
 		_, err := p.Exec(ctx, storage.Statement{SQL: `INSERT INTO w (id, s, names) VALUES ($1, $2, $3)`, Args: tc.args, Expect: storage.NoExpect, What: "the odd text"})
-		requireRefused(t, err, name, tc.arg, "the odd text", tc.reason)
+		requireRefused(t, err, name, tc.arg, "the odd text", tc.reason, "22021")
 		err = p.Query(ctx, storage.S(`SELECT id FROM w WHERE s = $1 OR names = $2`, tc.args[1], tc.args[2]), func(storage.Row) error { return nil })
-		requireRefused(t, err, name+" (query)", tc.arg-1, "", tc.reason)
+		requireRefused(t, err, name+" (query)", tc.arg-1, "", tc.reason, "22021")
 	}
 	requireRows(t, p, 0)
 }
@@ -242,6 +248,13 @@ func valuesNumbersAtTheExtremes(t *testing.T, setup func(t *testing.T) Setup) {
 			continue
 		}
 		require.Equal(t, math.Float64bits(want), math.Float64bits(got), "%v (%T) stored as %s", v, v, text)
+	}
+	// Postgres has no unsigned integer: one past bigint is refused, named.
+	_, err := p.Exec(ctx, storage.S(`INSERT INTO w (id) VALUES ($1)`, uint64(math.MaxInt64)))
+	require.NoError(t, err)
+	for _, v := range []any{uint64(math.MaxInt64) + 1, uint(math.MaxUint)} {
+		_, err := p.Exec(ctx, storage.S(`INSERT INTO w (id) VALUES ($1)`, v))
+		requireRefused(t, err, "unsigned", 1, "", "past the range of bigint", "22003")
 	}
 	for i, v := range []int64{math.MinInt64, math.MaxInt64, 0, -1} {
 		_, err := p.Exec(ctx, storage.S(`INSERT INTO w (id, ids) VALUES ($1, $2)`, 100+i, []int64{v}))
