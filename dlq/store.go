@@ -125,9 +125,9 @@ func (s *Store) Insert(ctx context.Context, msg *message.Message) (int64, error)
 	if storage.IsDataError(err) {
 		// parseEnvelope makes every value storable; a row refused all the
 		// same (a column changed by hand, say) is refused again at every
-		// redelivery: permanent, so that a dead-letter middleware around
-		// the recorder sets it aside at once, naming the value.
-		return 0, retry.Permanent(fmt.Errorf("dlq: dead letter %s from %s cannot be stored, and redelivering it cannot change that: %w", r.MessageUUID, r.DeadLetterTopic, err))
+		// redelivery: permanent, so that a retry policy around the
+		// recorder stops at once, and named, not "did migrate run?".
+		return 0, retry.Permanent(fmt.Errorf("dlq: dead letter %s from %s cannot be stored: the table refuses a value it carries, and a redelivery carries the same: %w", r.MessageUUID, r.DeadLetterTopic, err))
 	}
 	if err != nil {
 		return 0, fmt.Errorf("dlq: recording dead letter %s from %s%s: %w", r.MessageUUID, r.DeadLetterTopic, storage.Hint(err), err)
