@@ -41,7 +41,7 @@
 // years before 1 as BC, since Postgres reads neither Go's year 0 nor
 // offsets beyond ±15:59); text and bytes as they are; a float32 as its
 // exact value. What Postgres cannot store as it is (text with a NUL byte or
-// invalid UTF-8, a time outside 4714-11-24 BC .. 294246 AD, an unsigned
+// invalid UTF-8, a time outside 4714-11-24 BC .. 294276 AD, an unsigned
 // integer past bigint) is refused before anything is sent, on both
 // drivers, with a *ValueError naming the statement and the argument; it
 // matches ErrUnstorable and has the SQLSTATE the server gives the same

@@ -228,12 +228,14 @@ func literal(v any) (string, error) {
 	return "", fmt.Errorf("a %T cannot be sent as a Postgres literal", v)
 }
 
-// Postgres' timestamptz range, less what pgx cannot encode: pgx computes
-// a time's microseconds since 1970 in an int64, which overflows from
-// 294247-01-10 on, while Postgres reads up to 294276 AD.
+// Postgres' timestamptz range. pgx computes a time's microseconds since
+// 2000 through an int64 of microseconds since 1970, which overflows from
+// 294247 on and wraps back for a time Postgres stores; past Postgres'
+// range it wraps to another instant (year 584000 reached the server as
+// 556 BC, and was stored), so both drivers refuse a time outside it.
 var (
 	minTime = time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC) // 4714-11-24 BC, Julian day 0
-	maxTime = time.Date(294247, 1, 1, 0, 0, 0, 0, time.UTC)  // exclusive
+	maxTime = time.Date(294277, 1, 1, 0, 0, 0, 0, time.UTC)  // exclusive
 )
 
 // unstorable is the reason a value cannot be stored, with the SQLSTATE
@@ -249,10 +251,10 @@ func (unstorable) Is(target error) bool { return target == ErrUnstorable }
 
 // CheckTime returns nil when Postgres stores t as it is (to the
 // microsecond, on both drivers), else an error matching ErrUnstorable
-// that says why: t is outside 4714-11-24 BC .. 294246-12-31 AD (UTC).
+// that says why: t is outside 4714-11-24 BC .. 294276-12-31 AD (UTC).
 func CheckTime(t time.Time) error {
 	if t.Before(minTime) || !t.Before(maxTime) {
-		return unstorable{"22008", fmt.Sprintf("time %s is outside the range both drivers store (4714-11-24 BC to 294246-12-31 AD, UTC)", t.Format(time.RFC3339Nano))}
+		return unstorable{"22008", fmt.Sprintf("time %s is outside the range Postgres stores (4714-11-24 BC to 294276-12-31 AD, UTC)", t.Format(time.RFC3339Nano))}
 	}
 	return nil
 }
@@ -301,7 +303,7 @@ func timeLiteral(t time.Time) (string, error) {
 // checkArgs refuses, before anything is sent, an argument of s that
 // Postgres cannot store as it is, as literal does on database/sql: pgx
 // would send invalid UTF-8 and NUL bytes for the server to refuse, and a
-// time past its range wrapped around.
+// time past Postgres' range wrapped around to another instant.
 func checkArgs(s Statement) error {
 	for i, a := range s.Args {
 		if err := checkArg(a); err != nil {

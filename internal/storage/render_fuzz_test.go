@@ -79,7 +79,7 @@ func FuzzTimeLiteral(f *testing.F) {
 	f.Add(int64(-62167219200), int64(999), 23*3600)          // year 0, +23:00
 	f.Add(int64(253402300799), int64(999_999_999), -86399)   // 9999-12-31T23:59:59, -23:59:59
 	f.Add(int64(-210866803200), int64(0), 0)                 // 4714-11-24 BC
-	f.Add(int64(9223371244799), int64(999_999_999), 15*3600) // the last storable second
+	f.Add(int64(9224318015999), int64(999_999_999), 15*3600) // the last storable second, 294276-12-31T23:59:59Z
 	f.Fuzz(func(t *testing.T, sec, nsec int64, offset int) {
 		at := time.Unix(sec, nsec%1_000_000_000).In(time.FixedZone("", offset%(24*3600)))
 		lit, err := timeLiteral(at)

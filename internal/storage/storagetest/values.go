@@ -40,9 +40,11 @@ func exerciseValues(t *testing.T, setup func(t *testing.T) Setup) {
 	t.Run("RefusedDeadLetterNamesItsField", func(t *testing.T) { valuesRefusedDeadLetterNamesItsField(t, setup) })
 }
 
-// microsOf is t's microseconds since 1970, cut as pgx cuts them (the
-// fraction floored).
-func microsOf(t time.Time) int64 { return t.Unix()*1_000_000 + int64(t.Nanosecond())/1000 }
+// microsOf is t's microseconds since 2000 (Postgres' epoch: they fit an
+// int64 over its whole range), cut as pgx cuts them (the fraction floored).
+func microsOf(t time.Time) int64 {
+	return (t.Unix()-946_684_800)*1_000_000 + int64(t.Nanosecond())/1000
+}
 
 func mustRFC3339(t *testing.T, s string) time.Time {
 	t.Helper()
@@ -74,7 +76,8 @@ func valuesTimesAtTheExtremes(t *testing.T, setup func(t *testing.T) Setup) {
 		"nanoseconds before 1": time.Date(0, 1, 1, 0, 0, 0, 1_999, time.UTC),
 		"year 10000":           time.Date(10000, 1, 1, 0, 0, 0, 123_000, time.UTC),
 		"first storable":       time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC),
-		"last storable":        time.Date(294246, 12, 31, 23, 59, 59, 999_999_999, time.UTC),
+		"last storable":        time.Date(294276, 12, 31, 23, 59, 59, 999_999_999, time.UTC),
+		"past pgx's overflow":  time.Date(294250, 6, 1, 0, 0, 0, 0, time.UTC),
 	}
 	id := int64(100)
 	for name, at := range cases {
@@ -84,7 +87,7 @@ func valuesTimesAtTheExtremes(t *testing.T, setup func(t *testing.T) Setup) {
 		// The server's own reading, exactly (extract gives a numeric).
 		var micros int64
 		var got time.Time
-		require.NoError(t, p.QueryRow(ctx, storage.S(`SELECT (extract(epoch FROM at) * 1000000)::bigint, at FROM w WHERE id = $1`, id), &micros, &got), name)
+		require.NoError(t, p.QueryRow(ctx, storage.S(`SELECT (extract(epoch FROM at - '2000-01-01 00:00:00+00') * 1000000)::bigint, at FROM w WHERE id = $1`, id), &micros, &got), name)
 		require.Equal(t, microsOf(at), micros, "%s: %s stored as another instant", name, at)
 		require.Equal(t, microsOf(at), microsOf(got), "%s: %s read back as %s", name, at, got)
 		// And the value finds its row as an argument of a comparison.
@@ -95,8 +98,9 @@ func valuesTimesAtTheExtremes(t *testing.T, setup func(t *testing.T) Setup) {
 }
 
 // A time outside what both drivers store is refused before it is sent,
-// naming the argument, and nothing is written: pgx would wrap a time
-// past 294247 around to another instant.
+// naming the argument, and nothing is written: pgx wrapped a time past
+// Postgres' range around to another instant (year 584000 was stored as
+// 556 BC).
 func valuesTimesOutsideTheRangeAreRefused(t *testing.T, setup func(t *testing.T) Setup) {
 	t.Parallel()
 	ctx := context.Background()
@@ -104,7 +108,8 @@ func valuesTimesOutsideTheRangeAreRefused(t *testing.T, setup func(t *testing.T)
 	for name, at := range map[string]time.Time{
 		"before 4714-11-24 BC": time.Date(-4713, 11, 23, 23, 59, 59, 999_999_999, time.UTC),
 		"year -10000":          time.Date(-10000, 1, 1, 0, 0, 0, 0, time.UTC),
-		"year 294247":          time.Date(294247, 1, 1, 0, 0, 0, 0, time.UTC),
+		"294277-01-01":         time.Date(294277, 1, 1, 0, 0, 0, 0, time.UTC),
+		"year 584000":          time.Date(584000, 1, 1, 0, 0, 0, 0, time.UTC),
 		"year 300000":          time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC),
 	} {
 		_, err := p.Exec(ctx, storage.Statement{SQL: `INSERT INTO w (id, at) VALUES ($1, $2)`, Args: []any{1, at}, Expect: storage.NoExpect, What: "the extreme time"})
