@@ -261,6 +261,13 @@ func valuesNumbersAtTheExtremes(t *testing.T, setup func(t *testing.T) Setup) {
 		_, err := p.Exec(ctx, storage.S(`INSERT INTO w (id) VALUES ($1)`, v))
 		requireRefused(t, err, "unsigned", 1, "", "past the range of bigint", "22003")
 	}
+	// A duration is an interval of its microseconds, cut toward zero on
+	// both drivers.
+	for _, d := range []time.Duration{0, 1500, -1500, time.Hour, math.MaxInt64, math.MinInt64} {
+		var micros int64
+		require.NoError(t, p.QueryRow(ctx, storage.S(`SELECT (extract(epoch FROM $1::interval) * 1000000)::bigint`, d), &micros))
+		require.Equal(t, d.Microseconds(), micros, "%s", d)
+	}
 	for i, v := range []int64{math.MinInt64, math.MaxInt64, 0, -1} {
 		_, err := p.Exec(ctx, storage.S(`INSERT INTO w (id, ids) VALUES ($1, $2)`, 100+i, []int64{v}))
 		require.NoError(t, err)
