@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 )
@@ -35,6 +36,7 @@ func FuzzParseEnvelope(f *testing.F) {
 	f.Add("u-1", "5", "2026-01-02T15:04:05Z", "2026-01-02T15:05:05.123456789+02:00", "payment declined", "ce_id", "evt-1", []byte(`{}`))
 	f.Add("u\x00", "99999999999", "not a time", "", "bad\xff\x00", "k\x00", "v\xfe", []byte("\x00\xff"))
 	f.Add("", "-3", "0000-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "", "", "", []byte(nil))
+	f.Add("u-3", "1", "0000-01-01T00:00:00-23:59", "2026-01-02T15:04:05.999999999+23:59", "", "", "", []byte(nil))
 	f.Add("u-2", " 7 ", "2026-01-02T15:04:05Z", "2026-01-02T15:04:04Z", strings.Repeat("é", 600), "dlq_reason", "spoofed", []byte("x"))
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	f.Fuzz(func(t *testing.T, uuid, attempts, first, last, errText, key, value string, payload []byte) {
@@ -59,6 +61,18 @@ func FuzzParseEnvelope(f *testing.F) {
 		}
 		if r.FirstFailure.IsZero() || r.LastFailure.IsZero() {
 			t.Fatal("zero failure time")
+		}
+		for name, at := range map[string]time.Time{"first failure": r.FirstFailure, "last failure": r.LastFailure} {
+			if err := storage.CheckTime(at); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+		for name, s := range map[string]string{"uuid": r.MessageUUID, "topic": r.OriginalTopic, "dlq topic": r.DeadLetterTopic,
+			"consumer group": r.ConsumerGroup, "handler": r.Handler, "reason": r.Reason, "error": r.Error,
+			"error type": r.ErrorType, "stack": r.Stack, "metadata": r.metadataJSON} {
+			if err := storage.CheckText(s); err != nil {
+				t.Fatalf("%s: the storage layer refuses it: %v", name, err)
+			}
 		}
 		if string(r.Payload) != string(payload) {
 			t.Fatal("payload changed")

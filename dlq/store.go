@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retry"
 )
 
 // ErrNotFound is returned by Store.Get when no dead letter has the id.
@@ -96,7 +97,11 @@ func NewStore[P postgres.Pool](db P) *Store {
 //
 // It is idempotent: a redelivered dead letter (same dead-letter topic, UUID
 // and last failure time) is stored once. A message without the dead-letter
-// keys is stored too, with what is known, rather than dropped.
+// keys is stored too, with what is known, rather than dropped. Values
+// Postgres refuses are made storable (see parseEnvelope); a row refused
+// all the same (a data error: a column altered by hand, say) is a
+// retry.Permanent error naming the value, since a redelivery would be
+// refused again, and never "did migrate run?".
 func (s *Store) Record(msg *message.Message) error {
 	_, err := s.Insert(msg.Context(), msg)
 	return err
@@ -117,8 +122,15 @@ func (s *Store) Insert(ctx context.Context, msg *message.Message) (int64, error)
 		return 0, err
 	}
 	id, err := storage.InsertDeadLetter(ctx, s.pool, r.row())
+	if storage.IsDataError(err) {
+		// parseEnvelope makes every value storable; a row refused all the
+		// same (a column changed by hand, say) is refused again at every
+		// redelivery: permanent, so that a retry policy around the
+		// recorder stops at once, and named, not "did migrate run?".
+		return 0, retry.Permanent(fmt.Errorf("dlq: dead letter %s from %s cannot be stored: the table refuses a value it carries, and a redelivery carries the same: %w", r.MessageUUID, r.DeadLetterTopic, err))
+	}
 	if err != nil {
-		return 0, fmt.Errorf("dlq: recording dead letter %s from %s (did `millwright migrate` run?): %w", r.MessageUUID, r.DeadLetterTopic, err)
+		return 0, fmt.Errorf("dlq: recording dead letter %s from %s%s: %w", r.MessageUUID, r.DeadLetterTopic, storage.Hint(err), err)
 	}
 	return id, nil
 }
@@ -148,7 +160,9 @@ const maxAttempts = 1<<31 - 1
 // the metadata JSON) is stored with U+FFFD in place of the bad bytes; an
 // attempts value that is not a number in 0..2^31-1 is stored as 0 or
 // clamped; a time that is not RFC 3339 becomes now (first failure) or the
-// first failure (last failure). The payload is kept byte for byte.
+// first failure (last failure). Every RFC 3339 time is stored as its
+// instant (year 0000 is 1 BC; any offset, +23:59 too, on either driver).
+// The payload is kept byte for byte.
 func parseEnvelope(msg *message.Message, dlTopic string, now time.Time) (envelope, error) {
 	md := msg.Metadata
 	var r envelope
@@ -194,7 +208,7 @@ func storable(s string) string {
 
 func parseTime(s string, def time.Time) time.Time {
 	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
+	if err != nil || storage.CheckTime(t) != nil {
 		return def
 	}
 	return t
@@ -250,7 +264,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]DeadLetter, error) {
 	}
 	rows, err := storage.ListDeadLetters(ctx, s.pool, f.selection())
 	if err != nil {
-		return nil, fmt.Errorf("dlq: listing dead letters (did `millwright migrate` run?): %w", err)
+		return nil, fmt.Errorf("dlq: listing dead letters%s: %w", storage.Hint(err), err)
 	}
 	out := make([]DeadLetter, 0, len(rows))
 	for _, r := range rows {

@@ -6,6 +6,9 @@
 // recorded in the millwright_migrations table, each in its own transaction,
 // while holding a Postgres advisory lock so that several processes starting
 // at once apply each migration exactly once. Tables are created unqualified,
-// so they land in the first schema of the connection's search_path; tests use
-// that to get an isolated schema each.
+// so they land in the first schema of the connection's search_path that
+// exists (current_schema()); tests use that to get an isolated schema each.
+// When none of them exists Up creates nothing and returns a *NoSchemaError
+// (errors.Is(err, ErrNoSchema)) naming the schema and the fix: create it, or
+// connect with a search_path naming the schema to migrate.
 package migrate

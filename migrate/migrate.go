@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // Source is one component's migrations.
@@ -46,6 +47,99 @@ type Applied struct {
 	Version   int
 	Name      string
 }
+
+// ErrNoSchema is matched (errors.Is) by a *NoSchemaError.
+var ErrNoSchema = errors.New("migrate: no schema of the search_path exists")
+
+// NoSchemaError is Up's error when no schema of the connection's
+// search_path exists, so there is no schema to create the tables in: the
+// schema was never created, or the search_path names the wrong one.
+type NoSchemaError struct {
+	// SearchPath is the connection's search_path setting.
+	SearchPath string
+	// Schemas are the schemas it names ("$user" left out unless alone).
+	Schemas []string
+}
+
+func (e *NoSchemaError) Error() string {
+	quoted := make([]string, len(e.Schemas))
+	for i, s := range e.Schemas {
+		quoted[i] = strconv.Quote(s)
+	}
+	switch len(e.Schemas) {
+	case 0:
+		return fmt.Sprintf("migrate: the connection's search_path (%q) names no schema to create the tables in: "+
+			"set search_path (in the database URL) to the schema to migrate, and create it (CREATE SCHEMA ...)", e.SearchPath)
+	case 1:
+		return fmt.Sprintf("migrate: schema %s does not exist (the connection's search_path is %q): "+
+			"create it (CREATE SCHEMA %s), or connect with a search_path naming the schema to migrate",
+			quoted[0], e.SearchPath, quoteIdent(e.Schemas[0]))
+	}
+	return fmt.Sprintf("migrate: none of the schemas of the connection's search_path (%q) exists: "+
+		"create the one to migrate (CREATE SCHEMA %s), or connect with a search_path naming an existing schema",
+		e.SearchPath, quoteIdent(e.Schemas[0]))
+}
+
+// Is makes errors.Is(err, ErrNoSchema) hold.
+func (e *NoSchemaError) Is(target error) bool { return target == ErrNoSchema }
+
+// searchPathSchemas splits a search_path setting into its schema names,
+// unquoted; "$user" is left out unless it is the only one.
+func searchPathSchemas(path string) []string {
+	var out []string
+	user := false
+	for _, part := range splitSearchPath(path) {
+		if part == "$user" {
+			user = true
+			continue
+		}
+		out = append(out, part)
+	}
+	if len(out) == 0 && user {
+		out = []string{"$user"}
+	}
+	return out
+}
+
+// splitSearchPath splits on the commas outside double quotes, trims
+// spaces and unquotes each name.
+func splitSearchPath(path string) []string {
+	var out []string
+	var cur strings.Builder
+	inQuotes, quoted := false, false
+	flush := func() {
+		name := cur.String()
+		if !quoted {
+			name = strings.TrimSpace(name)
+		}
+		if name != "" {
+			out = append(out, name)
+		}
+		cur.Reset()
+		quoted = false
+	}
+	for i := 0; i < len(path); i++ {
+		c := path[i]
+		switch {
+		case c == '"' && inQuotes && i+1 < len(path) && path[i+1] == '"':
+			cur.WriteByte('"')
+			i++
+		case c == '"':
+			inQuotes = !inQuotes
+			quoted = true
+		case c == ',' && !inQuotes:
+			flush()
+		case (c == ' ' || c == '\t') && !inQuotes:
+		default:
+			cur.WriteByte(c)
+		}
+	}
+	flush()
+	return out
+}
+
+// quoteIdent quotes a schema name for the CREATE SCHEMA of an error.
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
 // lockKey is the advisory lock key taken while migrating ("millwrig" in ASCII).
 const lockKey int64 = 0x6d696c6c77726967
@@ -166,6 +260,18 @@ func Up(ctx context.Context, db *sql.DB, sources ...Source) ([]Applied, error) {
 		return nil, fmt.Errorf("migrate: connecting: %w", err)
 	}
 	defer conn.Close()
+
+	// Tables are created in current_schema(), the first schema of the
+	// search_path that exists. With none, Postgres' own error ("no schema
+	// has been selected to create in") names no schema.
+	var current sql.NullString
+	var searchPath string
+	if err := conn.QueryRowContext(ctx, `SELECT current_schema(), current_setting('search_path')`).Scan(&current, &searchPath); err != nil {
+		return nil, fmt.Errorf("migrate: reading the connection's schema: %w", err)
+	}
+	if !current.Valid {
+		return nil, &NoSchemaError{SearchPath: searchPath, Schemas: searchPathSchemas(searchPath)}
+	}
 
 	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, lockKey); err != nil {
 		return nil, fmt.Errorf("migrate: taking advisory lock: %w", err)

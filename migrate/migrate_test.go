@@ -176,3 +176,49 @@ func TestPendingListsWhatUpWouldApplyAndChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, pending)
 }
+
+// Migrating into a schema that does not exist names the schema and the
+// fix (Postgres' own error, "no schema has been selected to create in",
+// names none), creates nothing, and works once the schema exists.
+func TestUpNamesTheMissingSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.New(t)
+	missing := s.Name + "_missing"
+	for name, tc := range map[string]struct {
+		path string
+		want []string
+	}{
+		"one schema":   {missing, []string{`schema "` + missing + `" does not exist`, `CREATE SCHEMA "` + missing + `"`, "search_path naming the schema"}},
+		"with $user":   {`"$user", ` + missing, []string{`schema "` + missing + `" does not exist`, `CREATE SCHEMA "` + missing + `"`}},
+		"two schemas":  {missing + ", " + missing + "_too", []string{"none of the schemas", `CREATE SCHEMA "` + missing + `"`}},
+		"quoted comma": {`"` + missing + `,x"`, []string{`schema "` + missing + `,x" does not exist`}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			db, err := sql.Open("postgres", pgtest.WithSearchPath(s.URL, tc.path))
+			require.NoError(t, err)
+			t.Cleanup(func() { db.Close() })
+			_, err = migrate.Up(ctx, db, source())
+			require.ErrorIs(t, err, migrate.ErrNoSchema)
+			var nse *migrate.NoSchemaError
+			require.ErrorAs(t, err, &nse)
+			for _, w := range tc.want {
+				require.Contains(t, err.Error(), w)
+			}
+			require.NotContains(t, err.Error(), "no schema has been selected", "Postgres' own error names no schema")
+		})
+	}
+
+	db, err := sql.Open("postgres", pgtest.WithSearchPath(s.URL, missing))
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	_, err = s.DB.ExecContext(ctx, `CREATE SCHEMA `+missing)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = s.DB.ExecContext(context.Background(), `DROP SCHEMA `+missing+` CASCADE`) })
+	applied, err := migrate.Up(ctx, db, source())
+	require.NoError(t, err)
+	require.Len(t, applied, 2)
+	var n int
+	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'demo_items'`, missing).Scan(&n))
+	require.Equal(t, 1, n, "the tables land in the schema, once it exists")
+}

@@ -36,7 +36,8 @@ func migrateCmd() *cobra.Command {
 		Long: `Apply the embedded, versioned SQL migrations of every millwright component
 to the database named by --database-url (default: $MILLWRIGHT_DATABASE_URL),
 in the schema named by --schema (default: $MILLWRIGHT_SCHEMA, else the URL's
-search_path), which it creates if missing.
+search_path), which it creates if missing. A search_path of the URL
+naming only schemas that do not exist is an error naming them.
 Safe to run from several processes at once: an advisory lock serialises them.
 With --dry-run it lists the migrations it would apply, in order, and changes
 nothing (add --sql to print each one's SQL).
@@ -87,6 +88,11 @@ docs/partitioning.md.`,
 				}
 			}
 			applied, err := migrate.Up(cmd.Context(), db, sources...)
+			if errors.Is(err, migrate.ErrNoSchema) {
+				// Only the URL's search_path can name a missing schema:
+				// the one of --schema was created above.
+				err = fmt.Errorf("%w; or pass --schema NAME (or set $%s): `millwright migrate` creates the schema it names", err, envSchema)
+			}
 			notices.end(err)
 			for _, a := range applied {
 				fmt.Fprintf(cmd.OutOrStdout(), "applied %s %03d_%s\n", a.Component, a.Version, a.Name)

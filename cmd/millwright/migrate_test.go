@@ -84,3 +84,24 @@ func TestMigrateSchemaFlag_LongAndMixedCase(t *testing.T) {
 	out, _, err = runCLI(t, freshRoot(), nil, pgtest.BaseURL(), "outbox", "status", "--schema", name)
 	require.NoError(t, err, "outbox status finds the migrated outbox; out:\n%s", out)
 }
+
+// A database URL whose search_path names a schema that does not exist:
+// migrate names the schema and both fixes (create it, or --schema), not
+// a connection problem; with --schema it creates the schema and migrates.
+func TestMigrateIntoMissingSchemaNamesIt(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t)
+	missing := s.Name + "_nope"
+	t.Cleanup(func() { _, _ = s.DB.Exec(`DROP SCHEMA IF EXISTS ` + missing + ` CASCADE`) })
+	_, _, err := runCLI(t, freshRoot(), nil, pgtest.WithSearchPath(pgtest.BaseURL(), missing), "migrate")
+	require.Error(t, err)
+	for _, want := range []string{`schema "` + missing + `" does not exist`, `CREATE SCHEMA "` + missing + `"`, "--schema NAME", "$MILLWRIGHT_SCHEMA"} {
+		require.Contains(t, err.Error(), want)
+	}
+	require.NotContains(t, err.Error(), "is Postgres running")
+	require.NotContains(t, err.Error(), "connecting to database")
+
+	out, _, err := runCLI(t, freshRoot(), nil, pgtest.BaseURL(), "--schema", missing, "migrate")
+	require.NoError(t, err, "migrate --schema %s", missing)
+	require.Contains(t, out, "applied outbox 001_outbox")
+}

@@ -192,9 +192,16 @@ func (c *common) openPool(ctx context.Context, dbURL string) (app.Config, func()
 		return app.Config{}, nil, err
 	}
 	db.SetMaxOpenConns(20)
+	// Only a database that does not answer gets the hint about the URL: a
+	// migration the server refuses (a missing schema, say) names its own
+	// cause.
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return app.Config{}, nil, fmt.Errorf("connecting (is Postgres running at -database-url?): %w", err)
+	}
 	if _, err := migrate.Up(ctx, db, app.AllMigrations()...); err != nil {
 		db.Close()
-		return app.Config{}, nil, fmt.Errorf("migrating (is Postgres running at -database-url?): %w", err)
+		return app.Config{}, nil, fmt.Errorf("migrating: %w", err)
 	}
 	if c.driver == "pq" {
 		return app.Config{DB: db}, func() { db.Close() }, nil
@@ -562,8 +569,11 @@ func createSchema(ctx context.Context, dbURL, schema string) error {
 		return err
 	}
 	defer db.Close()
+	if err := db.PingContext(ctx); err != nil {
+		return fmt.Errorf("creating schema %s: connecting (is Postgres running at -database-url?): %w", schema, err)
+	}
 	if _, err := db.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+quoteIdent(schema)); err != nil {
-		return fmt.Errorf("creating schema %s (is Postgres running at -database-url?): %w", schema, err)
+		return fmt.Errorf("creating schema %s: %w", schema, err)
 	}
 	return nil
 }

@@ -210,9 +210,16 @@ func openDatabase(ctx context.Context, driver, dbURL string) (*sql.DB, service, 
 		return nil, nil, err
 	}
 	db.SetMaxOpenConns(10)
+	// Only a database that does not answer gets the hint about the URL: a
+	// migration the server refuses (a missing schema, say) names its own
+	// cause.
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("connecting (is Postgres running at --database-url?): %w", err)
+	}
 	if _, err := migrate.Up(ctx, db, outbox.Migrations(), idempotency.Migrations(), dlq.Migrations()); err != nil {
 		db.Close()
-		return nil, nil, fmt.Errorf("migrating (is Postgres running at --database-url?): %w", err)
+		return nil, nil, fmt.Errorf("migrating: %w", err)
 	}
 	if _, err := db.ExecContext(ctx, `
 		CREATE TABLE IF NOT EXISTS quickstart_orders (id TEXT PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL DEFAULT now());

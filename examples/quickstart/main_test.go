@@ -19,7 +19,7 @@ func TestSilentDatabase(t *testing.T) {
 	t.Run("connect_timeout", func(t *testing.T) {
 		t.Parallel()
 		out := pgconntest.RequireGivesUpOnSilentServer(t, bin, withURL)
-		require.Contains(t, out, "quickstart: migrating (is Postgres running at --database-url?)")
+		require.Contains(t, out, "quickstart: connecting (is Postgres running at --database-url?)")
 	})
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {

@@ -86,7 +86,8 @@ func InsertDeadLetter(ctx context.Context, q Querier, r DeadLetterRow) (int64, e
 	if IsNoRows(err) {
 		return 0, nil
 	}
-	return id, err
+	return id, nameField(err, "message_uuid", "original_topic", "dlq_topic", "consumer_group", "handler",
+		"reason", "error", "error_type", "stack", "attempts", "first_failure_at", "last_failure_at", "payload", "metadata")
 }
 
 // where returns f's WHERE clause and its arguments.

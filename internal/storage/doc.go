@@ -33,6 +33,21 @@
 //     the inlined statements.
 //   - On both, TxOptions.First travels with BEGIN in one round trip.
 //
+// # Values
+//
+// Both drivers store an argument as one value (storagetest's "values"
+// contract runs the extremes on each): a time.Time as its instant to the
+// microsecond, whatever its year or offset (database/sql inlines it in UTC,
+// years before 1 as BC, since Postgres reads neither Go's year 0 nor
+// offsets beyond ±15:59); text and bytes as they are; a float32 as its
+// exact value. What Postgres cannot store as it is (text with a NUL byte or
+// invalid UTF-8, a time outside 4714-11-24 BC .. 294276 AD, an unsigned
+// integer past bigint) is refused before anything is sent, on both
+// drivers, with a *ValueError naming the statement and the argument; it
+// matches ErrUnstorable and has the SQLSTATE the server gives the same
+// refusal. IsDataError and Hint say an error's real cause: a refused
+// value is not a missing migration.
+//
 // # Where errors surface
 //
 // On every driver, an operation's error is returned by the operation

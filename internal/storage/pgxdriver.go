@@ -29,6 +29,9 @@ type pgxQuerier struct{ e PgxExecutor }
 func (pgxQuerier) Driver() Driver { return DriverPgx }
 
 func (q pgxQuerier) Exec(ctx context.Context, s Statement) (int64, error) {
+	if err := checkArgs(s); err != nil {
+		return 0, err
+	}
 	tag, err := q.e.Exec(ctx, withExpect(s, 0), s.Args...)
 	if err != nil {
 		return 0, conflictOf(err, []Statement{s})
@@ -40,6 +43,9 @@ func (q pgxQuerier) Exec(ctx context.Context, s Statement) (int64, error) {
 }
 
 func (q pgxQuerier) Query(ctx context.Context, s Statement, scan func(Row) error) error {
+	if err := checkArgs(s); err != nil {
+		return err
+	}
 	rows, err := q.e.Query(ctx, withExpect(s, 0), s.Args...)
 	if err != nil {
 		return conflictOf(err, []Statement{s})
@@ -67,6 +73,11 @@ func (q pgxQuerier) Batch(ctx context.Context, ss ...Statement) error {
 			return &BatchError{Index: 0, Count: 1, What: ss[0].What, Err: err}
 		}
 		return nil
+	}
+	for i, s := range ss {
+		if err := checkArgs(s); err != nil {
+			return &BatchError{Index: i, Count: len(ss), What: s.What, Err: err}
+		}
 	}
 	b := &pgx.Batch{}
 	for i, s := range ss {

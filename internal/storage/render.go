@@ -3,12 +3,13 @@ package storage
 import (
 	"database/sql/driver"
 	"encoding/hex"
-	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/lib/pq"
 )
@@ -76,7 +77,7 @@ func inline(s Statement, index int) (string, error) {
 			}
 			lit, err := literal(s.Args[n-1])
 			if err != nil {
-				return "", fmt.Errorf("storage: argument $%d: %w", n, err)
+				return "", &ValueError{What: s.What, Arg: n, Err: err}
 			}
 			b.WriteString(lit)
 			i = end
@@ -175,10 +176,18 @@ func skipString(q string, i int, escapes bool) int {
 	return len(q)
 }
 
-var errNUL = errors.New("text contains a NUL byte, which Postgres cannot store")
-
 // literal renders v as a Postgres literal.
 func literal(v any) (string, error) {
+	switch u := v.(type) {
+	case uint64:
+		if err := checkUint(u); err != nil {
+			return "", err
+		}
+	case uint:
+		if err := checkUint(uint64(u)); err != nil {
+			return "", err
+		}
+	}
 	if lit, ok := intLiteral(v); ok {
 		return lit, nil
 	}
@@ -186,8 +195,8 @@ func literal(v any) (string, error) {
 	case nil:
 		return "NULL", nil
 	case string:
-		if strings.IndexByte(v, 0) >= 0 {
-			return "", errNUL
+		if err := checkText(v); err != nil {
+			return "", err
 		}
 		return pq.QuoteLiteral(v), nil
 	case []byte:
@@ -198,13 +207,13 @@ func literal(v any) (string, error) {
 	case bool:
 		return strconv.FormatBool(v), nil
 	case float32:
-		return "'" + strconv.FormatFloat(float64(v), 'g', -1, 32) + "'::float8", nil
+		// The float32's exact value, as pgx sends it: its shortest float32
+		// form ("0.1") would read back as another float8 than pgx stores.
+		return "'" + strconv.FormatFloat(float64(v), 'g', -1, 64) + "'::float8", nil
 	case float64:
 		return "'" + strconv.FormatFloat(v, 'g', -1, 64) + "'::float8", nil
 	case time.Time:
-		// The nanoseconds lib/pq would send; Postgres rounds them to
-		// microseconds either way.
-		return "'" + v.Format("2006-01-02 15:04:05.999999999Z07:00") + "'::timestamptz", nil
+		return timeLiteral(v)
 	case time.Duration:
 		return "'" + strconv.FormatInt(v.Microseconds(), 10) + " microseconds'::interval", nil
 	case []int64:
@@ -217,6 +226,128 @@ func literal(v any) (string, error) {
 		return valuerLiteral(v)
 	}
 	return "", fmt.Errorf("a %T cannot be sent as a Postgres literal", v)
+}
+
+// Postgres' timestamptz range. pgx computes a time's microseconds since
+// 2000 through an int64 of microseconds since 1970, which overflows from
+// 294247 on and wraps back for a time Postgres stores; past Postgres'
+// range it wraps to another instant (year 584000 reached the server as
+// 556 BC, and was stored), so both drivers refuse a time outside it.
+var (
+	minTime = time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC) // 4714-11-24 BC, Julian day 0
+	maxTime = time.Date(294277, 1, 1, 0, 0, 0, 0, time.UTC)  // exclusive
+)
+
+// unstorable is the reason a value cannot be stored, with the SQLSTATE
+// the server gives the same refusal (so that code classifying errors by
+// Code, as retry decisions do, treats it as the server's); it matches
+// ErrUnstorable.
+type unstorable struct {
+	code, reason string
+}
+
+func (u unstorable) Error() string      { return u.reason }
+func (unstorable) Is(target error) bool { return target == ErrUnstorable }
+
+// CheckTime returns nil when Postgres stores t as it is (to the
+// microsecond, on both drivers), else an error matching ErrUnstorable
+// that says why: t is outside 4714-11-24 BC .. 294276-12-31 AD (UTC).
+func CheckTime(t time.Time) error {
+	if t.Before(minTime) || !t.Before(maxTime) {
+		return unstorable{"22008", fmt.Sprintf("time %s is outside the range Postgres stores (4714-11-24 BC to 294276-12-31 AD, UTC)", t.Format(time.RFC3339Nano))}
+	}
+	return nil
+}
+
+// CheckText returns nil when Postgres stores s as text: valid UTF-8
+// without a NUL byte (the server refuses either, SQLSTATE 22021), else an
+// error matching ErrUnstorable that says where the bad byte is.
+func CheckText(s string) error { return checkText(s) }
+
+func checkText(s string) error {
+	if i := strings.IndexByte(s, 0); i >= 0 {
+		return unstorable{"22021", fmt.Sprintf("text contains a NUL byte (at byte %d), which Postgres cannot store", i)}
+	}
+	if !utf8.ValidString(s) {
+		i := 0
+		for i < len(s) {
+			r, n := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && n == 1 {
+				break
+			}
+			i += n
+		}
+		return unstorable{"22021", fmt.Sprintf("text is not valid UTF-8 (byte 0x%02x at %d), which Postgres cannot store as text: send bytes as []byte", s[i], i)}
+	}
+	return nil
+}
+
+// timeLiteral renders t as the instant it is, in UTC: Postgres reads
+// neither Go's year 0 and negative years (it counts 1 BC, 2 BC, ...) nor
+// offsets beyond ±15:59, both of which time.Time (and RFC 3339) hold. The
+// fraction is cut to microseconds as pgx cuts it, where Postgres would
+// round the nanoseconds of a literal: both drivers store one value.
+func timeLiteral(t time.Time) (string, error) {
+	if err := CheckTime(t); err != nil {
+		return "", err
+	}
+	u := t.UTC()
+	y, era := u.Year(), ""
+	if y <= 0 {
+		y, era = 1-y, " BC"
+	}
+	return fmt.Sprintf("'%04d-%02d-%02d %02d:%02d:%02d.%06d+00%s'::timestamptz",
+		y, u.Month(), u.Day(), u.Hour(), u.Minute(), u.Second(), u.Nanosecond()/1000, era), nil
+}
+
+// checkArgs refuses, before anything is sent, an argument of s that
+// Postgres cannot store as it is, as literal does on database/sql: pgx
+// would send invalid UTF-8 and NUL bytes for the server to refuse, and a
+// time past Postgres' range wrapped around to another instant.
+func checkArgs(s Statement) error {
+	for i, a := range s.Args {
+		if err := checkArg(a); err != nil {
+			return &ValueError{What: s.What, Arg: i + 1, Err: err}
+		}
+	}
+	return nil
+}
+
+// checkUint refuses an unsigned integer past bigint's range: Postgres
+// has no unsigned type, and the drivers refuse it each in its own way.
+func checkUint(v uint64) error {
+	if v > math.MaxInt64 {
+		return unstorable{"22003", fmt.Sprintf("integer %d is past the range of bigint, Postgres' largest integer", v)}
+	}
+	return nil
+}
+
+func checkArg(a any) error {
+	switch v := a.(type) {
+	case uint64:
+		return checkUint(v)
+	case uint:
+		return checkUint(uint64(v))
+	case string:
+		return checkText(v)
+	case time.Time:
+		return CheckTime(v)
+	case []string:
+		for _, e := range v {
+			if err := checkText(e); err != nil {
+				return err
+			}
+		}
+	case driver.Valuer:
+		dv, err := v.Value()
+		if err != nil {
+			return err
+		}
+		if _, again := dv.(driver.Valuer); !again {
+			return checkArg(dv)
+		}
+	}
+	return nil
 }
 
 // intLiteral renders the integer types.
@@ -279,16 +410,21 @@ func arrayLiteral(n int, typ string, elem func(i int) (string, error)) (string, 
 	return b.String(), nil
 }
 
-// inlineAll renders ss as one simple query.
+// inlineAll renders ss as one simple query. Its error is a *BatchError
+// naming the statement that could not be rendered.
 func inlineAll(ss []Statement) (string, error) {
 	if len(ss) == 1 {
-		return inline(ss[0], 0)
+		q, err := inline(ss[0], 0)
+		if err != nil {
+			return "", &BatchError{Index: 0, Count: 1, What: ss[0].What, Err: err}
+		}
+		return q, nil
 	}
 	var b strings.Builder
 	for i, s := range ss {
 		q, err := inline(s, i)
 		if err != nil {
-			return "", err
+			return "", &BatchError{Index: i, Count: len(ss), What: s.What, Err: err}
 		}
 		if i > 0 {
 			b.WriteString(";\n")

@@ -25,6 +25,13 @@ const (
 // Arguments are nil, string, []byte, bool, the integer types, float64,
 // time.Time, []int64, []string, or a driver.Valuer giving one of these.
 // JSON goes as a string (a []byte is bytea).
+//
+// Both drivers store an argument as the same value: a time.Time as its
+// instant, to the microsecond (the fraction cut), whatever its offset or
+// year (Go's year 0 is Postgres' 1 BC); a float32 as its exact value. An
+// argument Postgres cannot store as it is (text with a NUL byte or invalid
+// UTF-8; a time outside CheckTime's range) is refused before anything is
+// sent, with a *ValueError naming it that matches ErrUnstorable.
 type Statement struct {
 	SQL  string
 	Args []any
@@ -154,9 +161,89 @@ func (e *BatchError) Error() string {
 
 func (e *BatchError) Unwrap() error { return e.Err }
 
-// Code returns the SQLSTATE of a server error of either driver ("" when
-// err is not one).
+// ErrUnstorable is matched (errors.Is) by the error of a statement
+// argument that Postgres cannot store as it is (text with a NUL byte or
+// invalid UTF-8, a time outside the range both drivers store): it is
+// refused before anything is sent, on both drivers, and sending it again
+// fails the same way.
+var ErrUnstorable = errors.New("storage: a value Postgres cannot store")
+
+// ValueError is the error of a statement argument refused before it was
+// sent: one Postgres cannot store (errors.Is(err, ErrUnstorable)) or of a
+// type the driver cannot send.
+type ValueError struct {
+	// What is the statement's What.
+	What string
+	// Arg is the argument's number: $Arg.
+	Arg int
+	// Field names the argument for an operator (a column: "last_failure_at"),
+	// when the operation that built the statement knows it; "" otherwise.
+	Field string
+	// Err says why.
+	Err error
+}
+
+func (e *ValueError) Error() string {
+	arg := fmt.Sprintf("argument $%d", e.Arg)
+	if e.Field != "" {
+		arg = fmt.Sprintf("%s ($%d)", e.Field, e.Arg)
+	}
+	if e.What != "" {
+		return fmt.Sprintf("storage: %s: %s: %v", e.What, arg, e.Err)
+	}
+	return fmt.Sprintf("storage: %s: %v", arg, e.Err)
+}
+
+func (e *ValueError) Unwrap() error { return e.Err }
+
+// nameField sets the Field of err's *ValueError, if it has one, to the
+// name fields gives its argument ($1 is fields[0]).
+func nameField(err error, fields ...string) error {
+	var ve *ValueError
+	if errors.As(err, &ve) && ve.Field == "" && ve.Arg >= 1 && ve.Arg <= len(fields) {
+		ve.Field = fields[ve.Arg-1]
+	}
+	return err
+}
+
+// IsDataError reports whether err says a value cannot be stored: refused
+// before it was sent (ErrUnstorable) or by the server (SQLSTATE class 22,
+// data exception: a time or number out of range, text in no valid
+// encoding). Sending the same values again fails the same way.
+func IsDataError(err error) bool {
+	c := Code(err)
+	return len(c) == 5 && c[:2] == "22" && !errors.Is(err, ErrConflict)
+}
+
+// Hint returns the advice to add to an error of a statement, by its real
+// cause: " (did `millwright migrate` run?)" for a table, column, function
+// or schema that does not exist; a refused value's advice for a data
+// error; "" otherwise (a connection error, a conflict, a cancelled
+// context: no migration would fix those).
+func Hint(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case IsDataError(err):
+		return " (a value the database cannot store: sending it again fails the same way)"
+	}
+	switch Code(err) {
+	case "42P01", "42703", "42883": // undefined_table, _column, _function
+		return " (did `millwright migrate` run?)"
+	case "3F000": // invalid_schema_name: no schema of the search_path exists
+		return " (the schema of the connection's search_path does not exist: create it, or point the search_path at the schema `millwright migrate` ran in)"
+	}
+	return ""
+}
+
+// Code returns the SQLSTATE of a server error of either driver, or of a
+// value refused before it was sent (ErrUnstorable: the server's code for
+// the same refusal, a class 22 data exception), "" for any other error.
 func Code(err error) string {
+	var u unstorable
+	if errors.As(err, &u) {
+		return u.code
+	}
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) {
 		return string(pqErr.Code)
@@ -183,7 +270,8 @@ func ServerMessage(err error) string {
 }
 
 // IsServerError reports whether err came from the server (a statement
-// that was refused) rather than from the connection.
+// that was refused), or was refused before it was sent for a value the
+// server would refuse (ErrUnstorable), rather than from the connection.
 func IsServerError(err error) bool { return Code(err) != "" }
 
 // IsNoRows reports whether err means a QueryRow found no row.
