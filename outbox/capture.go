@@ -139,7 +139,7 @@ func (t *CaptureTracker) RunOnce(ctx context.Context) (CaptureRound, error) {
 		t.hook(&r)
 	}
 	if _, err := storage.TakeCaptureMark(ctx, t.db); err != nil {
-		return r, fmt.Errorf("outbox: recording a capture mark (did `millwright migrate` run?): %w", err)
+		return r, fmt.Errorf("outbox: recording a capture mark%s: %w", storage.Hint(err), err)
 	}
 	if r.Marked, r.Mark, err = storage.MarkCaptured(ctx, t.db, t.cfg.Slot); err != nil {
 		return r, fmt.Errorf("outbox: marking rows slot %q delivered: %w", t.cfg.Slot, err)
@@ -335,7 +335,7 @@ func SwitchToDebezium[P postgres.Pool](ctx context.Context, db P, cfg CaptureSwi
 	}
 	rep := SwitchReport{DryRun: cfg.DryRun}
 	if rep.Before, err = readCaptureState(ctx, pool, cfg); err != nil {
-		return rep, fmt.Errorf("outbox: SwitchToDebezium: reading the capture state (did `millwright migrate` run?): %w", err)
+		return rep, fmt.Errorf("outbox: SwitchToDebezium: reading the capture state%s: %w", storage.Hint(err), err)
 	}
 	b := rep.Before
 	if b.WALLevel != "logical" {
@@ -410,7 +410,7 @@ func SwitchToRelay[P postgres.Pool](ctx context.Context, db P, cfg CaptureSwitch
 	}
 	rep := SwitchReport{DryRun: cfg.DryRun}
 	if rep.Before, err = readCaptureState(ctx, pool, cfg); err != nil {
-		return rep, fmt.Errorf("outbox: SwitchToRelay: reading the capture state (did `millwright migrate` run?): %w", err)
+		return rep, fmt.Errorf("outbox: SwitchToRelay: reading the capture state%s: %w", storage.Hint(err), err)
 	}
 	b := rep.Before
 	if b.SlotActive {

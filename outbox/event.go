@@ -170,7 +170,7 @@ func insert(ctx context.Context, q storage.Querier, events []Event) error {
 		rows[i] = row
 	}
 	if err := storage.InsertEvents(ctx, q, rows); err != nil {
-		return fmt.Errorf("outbox: inserting %d event(s) into millwright_outbox (did `millwright migrate` run?): %w", len(events), err)
+		return fmt.Errorf("outbox: inserting %d event(s) into millwright_outbox%s: %w", len(events), storage.Hint(err), err)
 	}
 	return nil
 }

@@ -239,7 +239,7 @@ func (mv *mover) claimShares(ctx context.Context, tx storage.Querier, held, shar
 		return nil
 	})
 	if err != nil {
-		return b, fmt.Errorf("outbox relay: claiming rows%s: %w", migrateHint(err), err)
+		return b, fmt.Errorf("outbox relay: claiming rows%s: %w", storage.Hint(err), err)
 	}
 	for _, ids := range b.byTopic {
 		slices.Sort(ids)

@@ -27,7 +27,7 @@ func ReadTopicStats(ctx context.Context, db Executor) ([]TopicStats, error) {
 	}
 	st, err := storage.ReadOutboxTopicStats(ctx, q)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: reading per-topic stats (did `millwright migrate` run?): %w", err)
+		return nil, fmt.Errorf("outbox: reading per-topic stats%s: %w", storage.Hint(err), err)
 	}
 	out := make([]TopicStats, len(st))
 	for i, s := range st {
@@ -104,7 +104,7 @@ func retryFailed(ctx context.Context, pool storage.Pool, f FailedFilter, dryRun 
 	}
 	rows, err := storage.ListFailedEvents(ctx, tx, f.Topic, ids, !dryRun)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: retry-failed: listing failed rows (did `millwright migrate` run?): %w", err)
+		return nil, fmt.Errorf("outbox: retry-failed: listing failed rows%s: %w", storage.Hint(err), err)
 	}
 	out := make([]FailedEvent, len(rows))
 	sel := make([]int64, len(rows))

@@ -45,7 +45,7 @@ func ReadProblems(ctx context.Context, db Executor, limit int) ([]ProblemEvent, 
 	}
 	ps, err := storage.ReadOutboxProblems(ctx, q, limit, MaxProblemErrorChars)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: reading failed and retrying events (did `millwright migrate` run?): %w", err)
+		return nil, fmt.Errorf("outbox: reading failed and retrying events%s: %w", storage.Hint(err), err)
 	}
 	var out []ProblemEvent
 	for _, p := range ps {

@@ -201,7 +201,7 @@ func (r *Relay) claimRows(ctx context.Context, held, shares []int32) ([]row, err
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox relay: claiming rows%s: %w", migrateHint(err), err)
+		return nil, fmt.Errorf("outbox relay: claiming rows%s: %w", storage.Hint(err), err)
 	}
 	return out, nil
 }

@@ -110,7 +110,7 @@ func (l *lanes) hold(ctx context.Context) ([]int32, error) {
 	gaveBack := take && len(l.giveBack) > 0 // the check gives them back
 	if err := l.rebalance(ctx, now, take); err != nil {
 		l.held = nil
-		return nil, fmt.Errorf("outbox relay: holding lanes%s: %w", migrateHint(err), err)
+		return nil, fmt.Errorf("outbox relay: holding lanes%s: %w", storage.Hint(err), err)
 	}
 	if !take {
 		l.joined, l.waiting = true, true
@@ -354,17 +354,4 @@ func (l *lanes) free(ctx context.Context) error {
 		return fmt.Errorf("outbox relay: freeing lanes (other relays take them when their leases end): %w", err)
 	}
 	return nil
-}
-
-// migrateHint is the advice added to an error of a statement on the
-// outbox's tables: " (did `millwright migrate` run?)" when the error is
-// that a table, a column or a function does not exist (a migration of
-// this version is missing), none otherwise (an unreachable database is
-// not a missing migration).
-func migrateHint(err error) string {
-	switch storage.Code(err) {
-	case "42P01", "42703", "42883": // undefined_table, _column, _function
-		return " (did `millwright migrate` run?)"
-	}
-	return ""
 }

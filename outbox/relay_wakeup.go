@@ -74,7 +74,7 @@ func (r *Relay) holdTimeout() time.Duration { return 3*r.cfg.PollInterval + 2*ti
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func(), err error) {
 	t, err := storage.FindOutboxTable(ctx, r.db)
 	if err != nil {
-		return nil, fmt.Errorf("finding the schema of millwright_outbox (did `millwright migrate` run?): %w", err)
+		return nil, fmt.Errorf("finding the schema of millwright_outbox%s: %w", storage.Hint(err), err)
 	}
 	if t.Channel != NotifyChannel(t.Schema) {
 		// The trigger would notify a channel this relay does not listen

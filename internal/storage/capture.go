@@ -20,7 +20,7 @@ func EnableCapture(ctx context.Context, q Querier, publication string) error {
 	if _, err := q.Exec(ctx, S(`CREATE OR REPLACE TRIGGER millwright_outbox_capture
     BEFORE INSERT ON millwright_outbox
     FOR EACH ROW EXECUTE FUNCTION millwright_outbox_capture()`)); err != nil {
-		return fmt.Errorf("creating the capture trigger (did `millwright migrate` run?): %w", err)
+		return fmt.Errorf("creating the capture trigger%s: %w", Hint(err), err)
 	}
 	var n int64
 	if err := q.QueryRow(ctx, S(`SELECT count(*) FROM pg_publication WHERE pubname = $1`, publication), &n); err != nil {
@@ -88,7 +88,7 @@ func CreateCaptureSlot(ctx context.Context, q Querier, slot string) (string, err
     SELECT $1::text, pg_current_wal_insert_lsn(), pg_current_snapshot()
     WHERE EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1::text)
     ON CONFLICT `+onConflict, slot)); err != nil {
-		return "", fmt.Errorf("registering replication slot %q (did `millwright migrate` run?): %w", slot, err)
+		return "", fmt.Errorf("registering replication slot %q%s: %w", slot, Hint(err), err)
 	}
 	var lsn string
 	err := q.QueryRow(ctx, S(`SELECT boundary_lsn::text FROM millwright_outbox_capture_slots WHERE slot = $1::text`, slot), &lsn)
@@ -231,7 +231,7 @@ func CheckCaptureOff(ctx context.Context, q Querier, what string) error {
 	var trigger bool
 	if err := q.QueryRow(ctx, S(`SELECT coalesce((SELECT array_agg(slot ORDER BY slot) FROM millwright_outbox_capture_slots), '{}'),
     EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'millwright_outbox'::regclass AND tgname = 'millwright_outbox_capture')`), Array(&slots), &trigger); err != nil {
-		return fmt.Errorf("checking for Debezium capture (did `millwright migrate` run?): %w", err)
+		return fmt.Errorf("checking for Debezium capture%s: %w", Hint(err), err)
 	}
 	if len(slots) == 0 && !trigger {
 		return nil
