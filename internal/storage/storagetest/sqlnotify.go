@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/internal/testing/faultproxy"
 )
 
 func init() { Register("sqlnotify", exerciseSQLNotify) }
@@ -132,6 +133,52 @@ func exerciseSQLNotify(t *testing.T, setup func(t *testing.T) Setup) {
 		require.NoError(t, blocker.Commit(ctx))
 		l = look("g")
 		require.True(t, l.Backlog != (l.Hidden >= hidden), "a committed row is backlog or hidden: %+v, row %d", l, hidden)
+	})
+
+	// A LISTEN connection that goes silent (no RST, no FIN: a dropped NAT
+	// entry, a dead middlebox) is found by the listener's ping within
+	// PingInterval + PingTimeout and replaced: a nil (some notifications
+	// may be lost), then the notifications sent after. Without the ping
+	// the listener would wait on the dead connection for good (through
+	// the proxy even TCP keepalive is answered).
+	t.Run("ListenerReplacesASilentConnection", func(t *testing.T) {
+		t.Parallel()
+		s := setup(t)
+		proxy, through, err := faultproxy.Through(s.Schema.URL, "5432")
+		require.NoError(t, err)
+		defer proxy.Close()
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		channel := "silent_" + s.Schema.Name
+		l, err := storage.NewListener(lctx, s.Pool.Driver(), storage.ListenerConfig{URL: through,
+			PingInterval: 200 * time.Millisecond, PingTimeout: time.Second, MinReconnect: 10 * time.Millisecond})
+		require.NoError(t, err)
+		defer l.Close()
+		require.NoError(t, l.Listen(ctx, channel))
+		limit := time.After(60 * time.Second) // fails a hang only
+		next := func() *storage.Notification {
+			t.Helper()
+			select {
+			case n, ok := <-l.Notifications():
+				require.True(t, ok, "the listener ended")
+				return n
+			case <-limit:
+				t.Fatalf("no notification (blackholed conns %d, dropped bytes %d)", proxy.Blackholed(), proxy.DroppedBytes())
+				return nil
+			}
+		}
+		require.NoError(t, storage.Notify(ctx, s.Pool, channel, "before"))
+		require.Equal(t, "before", next().Payload)
+
+		proxy.Blackhole()
+		require.Positive(t, proxy.Blackholed(), "no connection was blackholed")
+		require.NoError(t, storage.Notify(ctx, s.Pool, channel, "lost"))
+		require.Nil(t, next(), "the silent connection was not replaced")
+		require.Positive(t, proxy.DroppedBytes(), "nothing was dropped: the fault did not happen")
+		require.NoError(t, storage.Notify(ctx, s.Pool, channel, "after"))
+		for n := next(); n == nil || n.Payload != "after"; n = next() {
+			require.True(t, n == nil || n.Payload == "lost", "unexpected %+v", n)
+		}
 	})
 
 	t.Run("MissingTable", func(t *testing.T) {
