@@ -149,6 +149,28 @@ func NewSQLWakeLock(oid uint32, quotedTable string) SQLWakeLock {
 	}
 }
 
+// Table is the quoted name of the lock's messages table.
+func (w SQLWakeLock) Table() string { return w.table }
+
+// SQLWakeLocksHeld returns the tables (oids) whose wake-up lock q's
+// session holds exclusively (q: one connection). A session the server
+// ended fails; one that lost a lock otherwise (a pooler that swapped the
+// server session) lacks it.
+func SQLWakeLocksHeld(ctx context.Context, q Querier) (map[uint32]struct{}, error) {
+	held := map[uint32]struct{}{}
+	err := q.Query(ctx, Statement{SQL: `SELECT objid::int8 FROM pg_locks WHERE pid = pg_backend_pid()
+	AND locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted AND classid = ` + sqlWakeLockClassText + ` AND objsubid = 2`,
+		Expect: NoExpect, What: "checking the sql wake-up locks' session"}, func(r Row) error {
+		var oid int64
+		if err := r.Scan(&oid); err != nil {
+			return err
+		}
+		held[uint32(oid)] = struct{}{}
+		return nil
+	})
+	return held, err
+}
+
 // Try takes the lock without waiting, on q (one connection: the lock is
 // its session's), and reports SQLWakeHeld, SQLWakeOther or SQLWakeWriters.
 func (w SQLWakeLock) Try(ctx context.Context, q Querier) (string, error) {

@@ -4,10 +4,12 @@ import (
 	"context"
 	stdsql "database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/storage"
 )
 
@@ -37,6 +39,7 @@ type wakeLocks struct {
 }
 
 type tableLock struct {
+	oid   uint32
 	lock  storage.SQLWakeLock
 	held  bool
 	armed map[*waker]struct{}
@@ -59,7 +62,10 @@ func (l *wakeLocks) ownPID() int {
 func (l *wakeLocks) querier(ctx context.Context) (storage.Querier, error) {
 	if l.conn == nil {
 		if l.db == nil {
-			db, err := stdsql.Open("postgres", l.url)
+			// pgconn: a statement whose ctx ends is abandoned and its
+			// connection closed, so a silent connection cannot hold mu
+			// (and every subscription's arm) past lockTimeout.
+			db, err := pgconn.Open(l.url)
 			if err != nil {
 				return nil, err
 			}
@@ -79,6 +85,50 @@ func (l *wakeLocks) querier(ctx context.Context) (storage.Querier, error) {
 		l.pid.Store(int64(pid))
 	}
 	return storage.NewSQL(l.conn), nil
+}
+
+// check verifies, within timeout, that the lock session still holds
+// every lock this transport believes it holds (nothing to do when it
+// holds none). On an error (the session ended, or silent) or a lock gone,
+// it drops the session and wakes the subscriptions armed on it, and
+// returns why.
+func (l *wakeLocks) check(ctx context.Context, timeout time.Duration) error {
+	l.mu.Lock()
+	var want []*tableLock
+	for _, tl := range l.tables {
+		if tl.held {
+			want = append(want, tl)
+		}
+	}
+	if l.conn == nil || len(want) == 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	held, err := storage.SQLWakeLocksHeld(cctx, storage.NewSQL(l.conn))
+	cancel()
+	if err != nil && ctx.Err() != nil {
+		l.mu.Unlock()
+		return nil // stopping
+	}
+	if err != nil {
+		err = fmt.Errorf("checking the wake-up lock session (pid %d): %w", l.pid.Load(), err)
+	} else {
+		for _, tl := range want {
+			if _, ok := held[tl.oid]; !ok {
+				err = fmt.Errorf("the wake-up lock session (pid %d) no longer holds the lock of table %s", l.pid.Load(), tl.lock.Table())
+				break
+			}
+		}
+	}
+	if err == nil {
+		l.mu.Unlock()
+		return nil
+	}
+	lost := l.dropLocked()
+	l.mu.Unlock()
+	wakeEach(lost)
+	return err
 }
 
 // isArmed reports whether w waits with its table's lock held.
@@ -103,7 +153,7 @@ func (l *wakeLocks) arm(ctx context.Context, w *waker) (string, error) {
 	l.mu.Lock()
 	tl := l.tables[w.table]
 	if tl == nil {
-		tl = &tableLock{lock: storage.NewSQLWakeLock(w.table, w.quoted), armed: map[*waker]struct{}{}}
+		tl = &tableLock{oid: w.table, lock: storage.NewSQLWakeLock(w.table, w.quoted), armed: map[*waker]struct{}{}}
 		l.tables[w.table] = tl
 	}
 	if l.stopped || !l.live() {
