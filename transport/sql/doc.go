@@ -31,7 +31,8 @@
 // subscription queries once, so a committed row waits at most about
 // 2 x WakeCheckInterval after such a loss (plus a reconnection while the
 // server answers), or PollInterval if that is shorter; never the whole
-// poll. A row notified while an
+// poll. A subscription whose own try of the lock fails tries again within
+// a second. A row notified while an
 // older transaction still runs is not readable yet (below); the subscriber
 // re-reads the horizon (every eighth of its wait so far, 1ms up to
 // PollInterval) until it has passed the notified transaction, so the row

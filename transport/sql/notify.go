@@ -261,7 +261,8 @@ type waker struct {
 	pending uint64 // 0: none
 
 	// Owned by the consume loop (wakeBackoff.arm).
-	retry time.Duration // wait before trying a lock writers hold
+	retry      time.Duration // wait before trying a lock writers hold
+	armFailing bool          // the last try of the lock failed (logged)
 }
 
 // notify rings the bell; xid 0 (a reconnection) only wakes.
@@ -374,17 +375,23 @@ func (b *wakeBackoff) arm(logger watermill.LoggerAdapter) (d time.Duration, wait
 	runHook(&b.n.beforeLock, b.w.table)
 	state, err := b.n.locks.arm(b.ctx, b.w)
 	switch {
+	case errors.Is(err, errNotListening):
+		return 0, true, false // the listener's reconnection wakes the loop; the poll stays
 	case err != nil:
-		if b.ctx.Err() == nil && !errors.Is(err, errNotListening) { // the listener logs its own
-			logger.Error("sql: taking the wake-up lock failed; notifications may not come, the poll stays (check ListenURL)",
+		// The lock's connection failed (dropped now): writers may not
+		// notify, so the loop tries again on a new one within a second
+		// (as when relying on another's hold), not at its poll.
+		if b.ctx.Err() == nil && !b.w.armFailing { // logged once per run of failures
+			logger.Error("sql: taking the wake-up lock failed; trying again every second, polling meanwhile (check ListenURL)",
 				redact.ErrorOf(err, b.n.url), watermill.LogFields{"table": b.w.quoted})
 		}
-		return 0, true, false // nothing taken: nothing to look at again; the poll stays
+		b.w.armFailing = true
+		return 0, true, true
 	case state == storage.SQLWakeWriters:
 		b.w.retry = min(max(2*b.w.retry, time.Millisecond), 100*time.Millisecond, b.poll)
 		return b.waitRetry(b.w.retry), false, false
 	}
-	b.w.retry = 0
+	b.w.retry, b.w.armFailing = 0, false
 	runHook(&b.n.beforeLook, b.w.table)
 	look, err := b.look(b.ctx)
 	if err != nil || look.Backlog {

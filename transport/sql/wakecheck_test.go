@@ -4,9 +4,12 @@ import (
 	"context"
 	stdsql "database/sql"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/storage"
@@ -114,4 +117,67 @@ func TestWakeCheckIntervalValidate(t *testing.T) {
 		_, err := sql.Open(context.Background(), sql.Config{URL: "postgres://h/db", WakeCheckInterval: d}, nil)
 		require.ErrorContains(t, err, "WakeCheckInterval "+d.String()+": want at least 10ms, or -1 to disable", "%s", d)
 	}
+}
+
+// A subscription whose try of the wake-up lock fails (its session ended
+// since the transport's last statement on it) tries again on a new
+// session within a second, not at its poll: writers do not notify while
+// nobody holds the lock. The checks are off, so only that retry can
+// deliver; the other subscription, armed on the ended session, is woken
+// when it is dropped and takes its lock again.
+func TestWakeLockTriedAgainWhenTakingItFails(t *testing.T) {
+	t.Parallel()
+	b := setupNotifyWith(t, func(cfg *sql.Config) {
+		cfg.PollInterval = longPoll
+		cfg.WakeCheckInterval = -1
+	})
+	oid := tableOID(t, b.schema.DB, b.topic)
+	pid := wakeLockHolder(t, b.schema.DB, oid)
+	require.NotZero(t, pid)
+
+	// A second subscription, on a second topic, busy with a message it
+	// read without a notification (published before it subscribed: no
+	// notified id is left pending to end its next wait early).
+	other := &notifyBundle{schema: b.schema, tr: b.tr, topic: b.topic + ".2"}
+	other.publish(t, "busy")
+	sub, err := b.tr.Subscriber("g2")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	other.msgs, err = sub.Subscribe(ctx, other.topic)
+	require.NoError(t, err)
+	oid2 := tableOID(t, b.schema.DB, other.topic)
+	busy := other.next(t)
+	require.Equal(t, "busy", string(busy.Payload))
+
+	// Its next try of the lock meets the ended session.
+	var terminated atomic.Int32
+	sql.SetWakeHooks(b.tr, func(table uint32) {
+		if table != oid2 || terminated.Load() != 0 {
+			return
+		}
+		var ok bool
+		if assert.NoError(t, b.schema.DB.QueryRow(`SELECT pg_terminate_backend($1)`, pid).Scan(&ok)) && assert.True(t, ok) {
+			assert.Eventually(t, func() bool {
+				var n int
+				return assert.NoError(t, b.schema.DB.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n)) && n == 0
+			}, 10*time.Second, 5*time.Millisecond, "the session did not end")
+			terminated.Store(1)
+		}
+	}, nil)
+	busy.Ack()
+	// The failed try dropped the session: the first subscription takes
+	// its lock again on a new one.
+	require.Eventually(t, func() bool { h := wakeLockHolder(t, b.schema.DB, oid); return terminated.Load() == 1 && h != 0 && h != pid },
+		20*time.Second, 5*time.Millisecond, "the lock's session was not terminated, or the first subscription's lock not taken again")
+	sql.SetWakeHooks(b.tr, nil, nil)
+
+	for i := range 2 {
+		other.publish(t, fmt.Sprint("after ", i))
+		require.Equal(t, fmt.Sprint("after ", i), other.receive(t, receiveLimit))
+	}
+	b.publish(t, "first")
+	require.Equal(t, "first", b.receive(t, receiveLimit))
+	_, _, polls := sql.WakeCounts(b.tr)
+	require.Zero(t, polls, "a message came by the poll")
 }
