@@ -168,7 +168,10 @@ func TestWakeLockTriedAgainWhenTakingItFails(t *testing.T) {
 	busy.Ack()
 	// The failed try dropped the session: the first subscription takes
 	// its lock again on a new one.
-	require.Eventually(t, func() bool { h := wakeLockHolder(t, b.schema.DB, oid); return terminated.Load() == 1 && h != 0 && h != pid },
+	require.Eventually(t, func() bool {
+		h := wakeLockHolder(t, b.schema.DB, oid)
+		return terminated.Load() == 1 && h != 0 && h != pid
+	},
 		20*time.Second, 5*time.Millisecond, "the lock's session was not terminated, or the first subscription's lock not taken again")
 	sql.SetWakeHooks(b.tr, nil, nil)
 
