@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -193,14 +194,17 @@ func (pl *pqListener) forward(g *pqConn) error {
 				continue
 			}
 			pinged = make(chan error, 1)
-			go func(ch chan<- error) { ch <- g.l.Ping() }(pinged)
+			go func(ch chan<- error) { ch <- recoverPing(g.l.Ping) }(pinged)
 			deadline = time.NewTimer(pl.cfg.PingTimeout)
 			late = deadline.C
-		case <-pinged:
-			// An error is lib/pq's Listener without a connection: it
-			// reconnects on its own and delivers a nil then.
+		case err := <-pinged:
 			pinged, late = nil, nil
 			deadline.Stop()
+			if errors.Is(err, errPingPanicked) {
+				return err
+			}
+			// Another error is lib/pq's Listener without a connection:
+			// it reconnects on its own and delivers a nil then.
 		case <-late:
 			select {
 			case <-pinged: // answered as the deadline passed
@@ -211,6 +215,21 @@ func (pl *pqListener) forward(g *pqConn) error {
 			return errPingTimeout{pl.cfg.PingTimeout}
 		}
 	}
+}
+
+var errPingPanicked = errors.New("storage: lib/pq's Listener ping panicked")
+
+// recoverPing runs ping, turning a panic into an error: lib/pq's
+// ListenerConn.Ping panics when the server answers its empty query with
+// an error ("shouldn't happen"), which would end the process from this
+// goroutine. A failed ping replaces the connection.
+func recoverPing(ping func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", errPingPanicked, r)
+		}
+	}()
+	return ping()
 }
 
 func (pl *pqListener) deliver(n *Notification) bool {

@@ -56,3 +56,12 @@ func LockLosses(t *Transport) int64 {
 	}
 	return t.notify.lockLosses.Load()
 }
+
+// StaleSessionsEnded counts the silent wake-up lock sessions t ended from
+// its next connection.
+func StaleSessionsEnded(t *Transport) int64 {
+	if t.notify == nil {
+		return 0
+	}
+	return t.notify.locks.ended.Load()
+}

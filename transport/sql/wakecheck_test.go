@@ -91,6 +91,9 @@ func TestWakeupSurvivesSilentConnections(t *testing.T) {
 		t.Cleanup(func() { _ = p.Close() })
 		proxy, cfg.ListenURL = p, through
 	})
+	oid := tableOID(t, b.schema.DB, b.topic)
+	silent := wakeLockHolder(t, b.schema.DB, oid)
+	require.NotZero(t, silent)
 	proxy.Blackhole()
 	// The LISTEN and the lock's session, both ends of each.
 	require.GreaterOrEqual(t, proxy.Blackholed(), int64(4), "the wake-up connections were not blackholed")
@@ -100,6 +103,11 @@ func TestWakeupSurvivesSilentConnections(t *testing.T) {
 	require.Positive(t, proxy.DroppedBytes(), "nothing was dropped: the fault did not happen")
 	require.Eventually(t, func() bool { r, _, _ := sql.WakeCounts(b.tr); return r > 0 }, 10*time.Second, 5*time.Millisecond,
 		"the silent LISTEN connection was not replaced")
+	// The silent session, alive on the server with the lock, was ended
+	// from the new connection, which holds the lock now.
+	require.Eventually(t, func() bool { h := wakeLockHolder(t, b.schema.DB, oid); return h != 0 && h != silent }, 10*time.Second, 5*time.Millisecond,
+		"the silent session (pid %d) still holds the lock", silent)
+	require.Positive(t, sql.StaleSessionsEnded(b.tr))
 	b.publish(t, "again")
 	require.Equal(t, "again", b.receive(t, receiveLimit))
 	_, _, polls := sql.WakeCounts(b.tr)

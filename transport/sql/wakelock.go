@@ -29,10 +29,16 @@ type wakeLocks struct {
 	url  string
 	live func() bool // the LISTEN is in effect: notifications would come
 
-	mu     sync.Mutex
-	db     *stdsql.DB // one connection, opened on first use
-	conn   *stdsql.Conn
-	pid    atomic.Int64 // conn's backend pid: its own handovers are ignored (read without mu)
+	mu   sync.Mutex
+	db   *stdsql.DB // one connection, opened on first use
+	conn *stdsql.Conn
+	pid  atomic.Int64 // conn's backend pid: its own handovers are ignored (read without mu)
+	sess storage.BackendSession
+	// stale are the sessions dropped since the last connection: alive on
+	// the server, maybe (a silent connection), holding their locks; the
+	// next connection ends them.
+	stale  []storage.BackendSession
+	ended  atomic.Int64 // stale sessions ended (tests)
 	tables map[uint32]*tableLock
 	// stopped: the transport closes; no lock is taken again.
 	stopped bool
@@ -76,15 +82,31 @@ func (l *wakeLocks) querier(ctx context.Context) (storage.Querier, error) {
 		if err != nil {
 			return nil, err
 		}
-		pid, err := storage.BackendPID(ctx, storage.NewSQL(c))
+		sess, err := storage.ThisSession(ctx, storage.NewSQL(c))
 		if err != nil {
 			_ = c.Close()
 			return nil, err
 		}
-		l.conn = c
-		l.pid.Store(int64(pid))
+		l.conn, l.sess = c, sess
+		l.pid.Store(int64(sess.PID))
+		l.endStale(ctx)
 	}
 	return storage.NewSQL(l.conn), nil
+}
+
+// endStale ends the sessions dropped before, if they still run (best
+// effort: another role's session needs pg_signal_backend). A silent
+// connection's session stays on the server, idle, until TCP keepalive
+// finds it (hours by default), holding its wake-up locks: writers would
+// notify all along, and this transport's loops would rely on it,
+// trying the lock every second.
+func (l *wakeLocks) endStale(ctx context.Context) {
+	for _, s := range l.stale {
+		if ended, err := storage.EndSession(ctx, storage.NewSQL(l.conn), s); err == nil && ended {
+			l.ended.Add(1)
+		}
+	}
+	l.stale = nil
 }
 
 // check verifies, within timeout, that the lock session still holds
@@ -267,6 +289,13 @@ func (l *wakeLocks) dropLocked() []*waker {
 		tl.held, tl.armed = false, map[*waker]struct{}{}
 	}
 	if l.conn != nil {
+		// Closing a silent connection does not reach the server: its
+		// session may live on with the locks it held. The next
+		// connection ends it (endStale); a session that ended is not
+		// found then.
+		if len(l.stale) < 8 {
+			l.stale = append(l.stale, l.sess)
+		}
 		_ = l.conn.Close()
 		l.conn = nil
 		l.pid.Store(0)

@@ -181,6 +181,54 @@ func exerciseSQLNotify(t *testing.T, setup func(t *testing.T) Setup) {
 		}
 	})
 
+	// What the sql transport's check of its lock session reads: the
+	// locks the session holds, and the session itself, which another
+	// connection can end (a silent connection's session lives on).
+	t.Run("WakeLockSession", func(t *testing.T) {
+		t.Parallel()
+		s := setup(t)
+		p := s.Pool
+		_, err := p.Exec(ctx, storage.S(`CREATE TABLE "watermill_s" ("offset" BIGSERIAL, transaction_id xid8 NOT NULL)`))
+		require.NoError(t, err)
+		oid, err := storage.TableOID(ctx, p, `"watermill_s"`)
+		require.NoError(t, err)
+		sess, closeSess, err := storage.OpenSession(ctx, p.Driver(), s.Schema.URL)
+		require.NoError(t, err)
+		defer closeSess()
+		held, err := storage.SQLWakeLocksHeld(ctx, sess)
+		require.NoError(t, err)
+		require.Empty(t, held)
+		state, err := storage.NewSQLWakeLock(oid, `"watermill_s"`).Try(ctx, sess)
+		require.NoError(t, err)
+		require.Equal(t, storage.SQLWakeHeld, state)
+		held, err = storage.SQLWakeLocksHeld(ctx, sess)
+		require.NoError(t, err)
+		require.Equal(t, map[uint32]struct{}{oid: {}}, held)
+
+		me, err := storage.ThisSession(ctx, sess)
+		require.NoError(t, err)
+		require.NotZero(t, me.PID)
+		require.NotEmpty(t, me.Start)
+		other := me
+		other.Start += "1" // the same pid, a later session: not ended
+		ended, err := storage.EndSession(ctx, p, other)
+		require.NoError(t, err)
+		require.False(t, ended)
+		ended, err = storage.EndSession(ctx, p, me)
+		require.NoError(t, err)
+		require.True(t, ended)
+		_, err = storage.SQLWakeLocksHeld(ctx, sess)
+		require.Error(t, err, "the ended session still answers")
+		require.Eventually(t, func() bool {
+			var n int
+			return p.QueryRow(ctx, storage.S(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2::bigint::oid AND objsubid = 2`,
+				storage.SQLWakeLockClass, int64(oid)), &n) == nil && n == 0
+		}, 10*time.Second, 5*time.Millisecond, "the ended session's lock is still held")
+		ended, err = storage.EndSession(ctx, p, me)
+		require.NoError(t, err)
+		require.False(t, ended, "a session that ended")
+	})
+
 	t.Run("MissingTable", func(t *testing.T) {
 		t.Parallel()
 		_, err := storage.TableOID(ctx, setup(t).Pool, `"watermill_absent"`)

@@ -31,6 +31,9 @@ type Proxy struct {
 	held  chan struct{} // non-nil while Hold is on; closed by Release
 	// dead holds the connections (both ends) Blackhole silenced.
 	dead map[net.Conn]struct{}
+	// closed is closed by Close.
+	closed    chan struct{}
+	closeOnce sync.Once
 
 	cut       atomic.Int64
 	refused   atomic.Int64
@@ -47,7 +50,7 @@ func New(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("faultproxy: listening for %s: %w", target, err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, dead: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, dead: map[net.Conn]struct{}{}, closed: make(chan struct{})}
 	go p.serve()
 	return p, nil
 }
@@ -129,8 +132,9 @@ func (p *Proxy) Release() {
 // both ends stay open and the proxy keeps reading from them, but drops
 // every byte in either direction (DroppedBytes counts them), as a dropped
 // NAT entry or a dead middlebox does. No RST or FIN reaches either side,
-// so each end learns of it only from a timeout of its own. Connections
-// accepted later go through.
+// so each end learns of it only from a timeout of its own, and one end
+// closing it leaves the other open (until Close). Connections accepted
+// later go through.
 func (p *Proxy) Blackhole() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -177,6 +181,7 @@ func (p *Proxy) Refused() int64 { return p.cut.Load() + p.refused.Load() }
 
 // Close stops accepting and closes every connection.
 func (p *Proxy) Close() error {
+	p.closeOnce.Do(func() { close(p.closed) })
 	err := p.ln.Close()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -224,6 +229,12 @@ func (p *Proxy) pipe(c net.Conn) {
 		done <- struct{}{}
 	}()
 	<-done
+	if p.silenced(c) {
+		// One end closed a blackholed connection: its FIN, like its
+		// bytes, never reaches the other end, which stays open until
+		// the proxy closes (a server session on a dead path lives on).
+		<-p.closed
+	}
 	close(stop)
 	_ = c.Close()
 	_ = up.Close()
