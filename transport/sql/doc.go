@@ -32,7 +32,10 @@
 // 2 x WakeCheckInterval after such a loss (plus a reconnection while the
 // server answers), or PollInterval if that is shorter; never the whole
 // poll. A subscription whose own try of the lock fails tries again within
-// a second. A row notified while an
+// a second. A silent connection's session lives on on the server with the
+// locks it held (until TCP keepalive finds it, hours by default): the next
+// lock connection ends it (pg_terminate_backend; another role's session
+// needs pg_signal_backend), or writers would keep notifying. A row notified while an
 // older transaction still runs is not readable yet (below); the subscriber
 // re-reads the horizon (every eighth of its wait so far, 1ms up to
 // PollInterval) until it has passed the notified transaction, so the row
