@@ -62,8 +62,10 @@ func TestWakeLockRetakenWhenTheServerEndsItsSession(t *testing.T) {
 	require.Eventually(t, func() bool { return wakeLockHolder(t, b.schema.DB, oid) != pid }, 10*time.Second, 5*time.Millisecond,
 		"the terminated session still holds the lock")
 
+	committed := time.Now()
 	b.publish(t, "after the kill")
 	require.Equal(t, "after the kill", b.receive(t, receiveLimit))
+	t.Logf("received %s after its commit (WakeCheckInterval %s, poll %s)", time.Since(committed).Round(time.Millisecond), checkInterval, longPoll)
 	require.Positive(t, sql.LockLosses(b.tr), "the lost session was not noticed")
 	// Idle again on a new session: wakes work as before.
 	require.Eventually(t, func() bool { h := wakeLockHolder(t, b.schema.DB, oid); return h != 0 && h != pid }, 10*time.Second, 5*time.Millisecond,
@@ -98,8 +100,10 @@ func TestWakeupSurvivesSilentConnections(t *testing.T) {
 	// The LISTEN and the lock's session, both ends of each.
 	require.GreaterOrEqual(t, proxy.Blackholed(), int64(4), "the wake-up connections were not blackholed")
 
+	committed := time.Now()
 	b.publish(t, "silenced")
 	require.Equal(t, "silenced", b.receive(t, receiveLimit))
+	t.Logf("received %s after its commit (WakeCheckInterval %s, poll %s)", time.Since(committed).Round(time.Millisecond), checkInterval, longPoll)
 	require.Positive(t, proxy.DroppedBytes(), "nothing was dropped: the fault did not happen")
 	require.Eventually(t, func() bool { r, _, _ := sql.WakeCounts(b.tr); return r > 0 }, 10*time.Second, 5*time.Millisecond,
 		"the silent LISTEN connection was not replaced")
