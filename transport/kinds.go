@@ -354,6 +354,19 @@ type SQLConfig struct {
 	// naming the holder's pid and the fix; again every minute while they
 	// wait, and once when they no longer do). Default 30s.
 	HorizonWarnAge time.Duration
+	// WakeCheckInterval is how often the subscribers' wake-up
+	// connections (on ListenURL) are checked: the LISTEN connection
+	// answers a ping (after this long without a notification), and the
+	// wake-up lock's session, while it holds a lock, shows that it still
+	// does; each check must answer within WakeCheckInterval. A connection
+	// the server ended (idle_session_timeout, pg_terminate_backend, a
+	// proxy or pooler dropping it) or that went silent is replaced, the
+	// locks are taken again, and every waiting subscription queries once:
+	// a committed row then waits at most about 2 x WakeCheckInterval
+	// (plus a reconnection), or PollInterval if that is shorter. Default
+	// 5s; at least 10ms; -1 disables the checks (a lost connection then
+	// costs up to PollInterval per wait).
+	WakeCheckInterval time.Duration
 	// Registerer receives MetricHorizonAge and MetricHorizonPID. Default
 	// nil: none registered. Transports sharing a Registerer share them.
 	Registerer prometheus.Registerer

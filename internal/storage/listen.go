@@ -18,7 +18,11 @@ type Notification struct {
 }
 
 // Listener LISTENs on a channel on a connection of its own, outside any
-// pool, and reconnects when the connection is lost.
+// pool, and reconnects when the connection is lost: when the server ends
+// it (the read fails at once), and when it goes silent (a dropped NAT or
+// conntrack entry, a proxy or middlebox that stopped forwarding: no RST,
+// no FIN, a read that would wait for TCP keepalive, minutes or forever),
+// which a ping unanswered within PingTimeout finds.
 type Listener interface {
 	// Listen starts listening on channel and returns once the LISTEN is
 	// in effect, or with an error: the first connection failed (within its
@@ -40,8 +44,29 @@ type ListenerConfig struct {
 	// MinReconnect and MaxReconnect bound the wait between reconnection
 	// attempts (defaults 100ms and 10s).
 	MinReconnect, MaxReconnect time.Duration
+	// PingInterval is how often the listener checks that its connection
+	// is alive (pgx: after that long without a notification; lib/pq:
+	// every PingInterval), with an empty query that must be answered
+	// within PingTimeout, or the connection counts as lost: it is closed
+	// and replaced, and a nil is delivered. A silent connection is so
+	// found within PingInterval + PingTimeout. Default 30s; -1 disables
+	// the ping (a silent connection is then found only by TCP keepalive,
+	// if ever).
+	PingInterval time.Duration
+	// PingTimeout bounds each ping. Default PingInterval, at most 10s.
+	PingTimeout time.Duration
 	// OnEvent, if set, is called with each connection failure.
 	OnEvent func(event string, err error)
+}
+
+// DefaultListenerPingInterval is ListenerConfig.PingInterval's default.
+const DefaultListenerPingInterval = 30 * time.Second
+
+// errPingTimeout: the listener's connection did not answer its ping.
+type errPingTimeout struct{ after time.Duration }
+
+func (e errPingTimeout) Error() string {
+	return fmt.Sprintf("storage: the LISTEN connection did not answer a ping within %s (silently cut: a dropped NAT entry, a proxy or pooler; replacing it)", e.after)
 }
 
 // NewListener returns a Listener of driver d on cfg.URL: lib/pq's
@@ -57,6 +82,15 @@ func NewListener(ctx context.Context, d Driver, cfg ListenerConfig) (Listener, e
 	}
 	if cfg.OnEvent == nil {
 		cfg.OnEvent = func(string, error) {}
+	}
+	switch {
+	case cfg.PingInterval == 0:
+		cfg.PingInterval = DefaultListenerPingInterval
+	case cfg.PingInterval < 0:
+		cfg.PingInterval = 0 // none
+	}
+	if cfg.PingTimeout <= 0 {
+		cfg.PingTimeout = min(cfg.PingInterval, 10*time.Second)
 	}
 	switch d {
 	case DriverSQL:

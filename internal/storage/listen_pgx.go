@@ -8,14 +8,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/millwright/millwright/internal/pgconn"
+	mwpgconn "github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 )
 
 // pgxListener LISTENs on a pgx.Conn of its own and waits in
-// WaitForNotification; on a lost connection it reconnects (backing off
-// from MinReconnect to MaxReconnect), LISTENs again and delivers a nil.
+// WaitForNotification, pinging the connection after PingInterval without
+// a notification; on a lost connection (a failed read, or a ping
+// unanswered within PingTimeout) it reconnects (backing off from
+// MinReconnect to MaxReconnect), LISTENs again and delivers a nil.
 // Every connection attempt is bounded by connect_timeout, and ends with
 // ctx or Close.
 type pgxListener struct {
@@ -31,7 +34,7 @@ type pgxListener struct {
 }
 
 func newPgxListener(ctx context.Context, cfg ListenerConfig) (*pgxListener, error) {
-	pc, err := pgconn.PgxConfig(cfg.URL)
+	pc, err := mwpgconn.PgxConfig(cfg.URL)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +113,7 @@ func (l *pgxListener) run(c *pgx.Conn, channel string) {
 				return
 			}
 		}
-		n, err := c.WaitForNotification(l.ctx)
+		n, err := l.wait(c)
 		if err != nil {
 			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			_ = c.Close(cctx)
@@ -127,6 +130,37 @@ func (l *pgxListener) run(c *pgx.Conn, channel string) {
 			_ = c.Close(cctx)
 			cancel()
 			return
+		}
+	}
+}
+
+// wait waits on c for a notification; each PingInterval without one it
+// pings c, which must answer within PingTimeout (a WaitForNotification
+// ended by its deadline leaves the connection usable: pgx only sets a
+// read deadline).
+func (l *pgxListener) wait(c *pgx.Conn) (*pgconn.Notification, error) {
+	if l.cfg.PingInterval <= 0 {
+		return c.WaitForNotification(l.ctx)
+	}
+	for {
+		wctx, cancel := context.WithTimeout(l.ctx, l.cfg.PingInterval)
+		n, err := c.WaitForNotification(wctx)
+		cancel()
+		if err == nil || l.ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) || c.IsClosed() {
+			return n, err
+		}
+		pctx, cancel := context.WithTimeout(l.ctx, l.cfg.PingTimeout)
+		err = c.Ping(pctx)
+		timedOut := pctx.Err() != nil
+		cancel()
+		switch {
+		case err == nil:
+		case l.ctx.Err() != nil:
+			return nil, err
+		case timedOut:
+			return nil, fmt.Errorf("%w: %w", errPingTimeout{l.cfg.PingTimeout}, err)
+		default:
+			return nil, err
 		}
 	}
 }

@@ -55,10 +55,21 @@ func NewWakeLock(oid uint32, channel string, holdTimeout time.Duration) (WakeLoc
 	}, nil
 }
 
+// WakeLockTryTimeout bounds Try. The lock's connection sits idle between
+// tries; one that went silent meanwhile (a dropped NAT entry, a proxy
+// that stopped forwarding: no RST) would otherwise hold the relay in Try
+// until TCP gives up (about 15 minutes of retransmissions, or never
+// through a proxy), publishing nothing. Past it the statement is
+// abandoned and its connection closed (both drivers), and the next Try
+// opens another.
+const WakeLockTryTimeout = 5 * time.Second
+
 // Try takes the lock without waiting, on q (a pool of one connection: the
-// lock is its session's), and reports WakeLockHeld, WakeLockOther or
-// WakeLockWriters.
+// lock is its session's), within WakeLockTryTimeout, and reports
+// WakeLockHeld, WakeLockOther or WakeLockWriters.
 func (w WakeLock) Try(ctx context.Context, q Querier) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, WakeLockTryTimeout)
+	defer cancel()
 	var state string
 	err := q.QueryRow(ctx, Statement{SQL: w.try, Expect: NoExpect, What: "taking the outbox wake-up lock"}, &state)
 	return state, err

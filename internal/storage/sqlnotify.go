@@ -149,6 +149,28 @@ func NewSQLWakeLock(oid uint32, quotedTable string) SQLWakeLock {
 	}
 }
 
+// Table is the quoted name of the lock's messages table.
+func (w SQLWakeLock) Table() string { return w.table }
+
+// SQLWakeLocksHeld returns the tables (oids) whose wake-up lock q's
+// session holds exclusively (q: one connection). A session the server
+// ended fails; one that lost a lock otherwise (a pooler that swapped the
+// server session) lacks it.
+func SQLWakeLocksHeld(ctx context.Context, q Querier) (map[uint32]struct{}, error) {
+	held := map[uint32]struct{}{}
+	err := q.Query(ctx, Statement{SQL: `SELECT objid::int8 FROM pg_locks WHERE pid = pg_backend_pid()
+	AND locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted AND classid = ` + sqlWakeLockClassText + ` AND objsubid = 2`,
+		Expect: NoExpect, What: "checking the sql wake-up locks' session"}, func(r Row) error {
+		var oid int64
+		if err := r.Scan(&oid); err != nil {
+			return err
+		}
+		held[uint32(oid)] = struct{}{}
+		return nil
+	})
+	return held, err
+}
+
 // Try takes the lock without waiting, on q (one connection: the lock is
 // its session's), and reports SQLWakeHeld, SQLWakeOther or SQLWakeWriters.
 func (w SQLWakeLock) Try(ctx context.Context, q Querier) (string, error) {
@@ -223,7 +245,33 @@ func ParseSQLHandover(payload string) (table uint32, pid int, ok bool) {
 
 // BackendPID returns the pid of q's session (q: one connection).
 func BackendPID(ctx context.Context, q Querier) (int, error) {
-	var pid int
-	err := q.QueryRow(ctx, S(`SELECT pg_backend_pid()`), &pid)
-	return pid, err
+	s, err := ThisSession(ctx, q)
+	return s.PID, err
+}
+
+// BackendSession names a server session: its pid, and its start, which
+// tells it from a later session given the same pid.
+type BackendSession struct {
+	PID   int
+	Start string // pg_stat_activity.backend_start, in epoch seconds, as text
+}
+
+// ThisSession returns q's session (q: one connection).
+func ThisSession(ctx context.Context, q Querier) (BackendSession, error) {
+	var s BackendSession
+	err := q.QueryRow(ctx, S(`SELECT pg_backend_pid(), COALESCE((SELECT extract(epoch FROM backend_start)::text FROM pg_stat_activity WHERE pid = pg_backend_pid()), '')`), &s.PID, &s.Start)
+	return s, err
+}
+
+// EndSession ends session s (pg_terminate_backend) if it still runs, as
+// the same session (pid and start), from q. A connection that went
+// silent (a dropped NAT entry) leaves its session alive on the server,
+// idle, until TCP keepalive finds it (hours by default), with its locks.
+// It reports whether s was ended; ending another role's session needs
+// pg_signal_backend.
+func EndSession(ctx context.Context, q Querier, s BackendSession) (bool, error) {
+	var ended bool
+	err := q.QueryRow(ctx, S(`SELECT COALESCE(bool_or(pg_terminate_backend(pid)), false) FROM pg_stat_activity
+	WHERE pid = $1 AND extract(epoch FROM backend_start)::text = $2 AND pid <> pg_backend_pid()`, s.PID, s.Start), &ended)
+	return ended, err
 }

@@ -16,7 +16,26 @@
 // latency is the database's, not PollInterval. The poll stays as the
 // fallback: a notification lost while the LISTEN connection is down (it
 // reconnects, backing off up to 10s) costs at most one PollInterval, and a
-// transport given DB without ListenURL only polls. A row notified while an
+// transport given DB without ListenURL only polls.
+//
+// Both wake-up connections (the LISTEN, and the wake-up lock's below) are
+// watched every WakeCheckInterval (default 5s): the LISTEN connection
+// must answer a ping, and the lock's session, while it holds a lock, must
+// show that it still holds it, each within WakeCheckInterval. Nothing
+// else would notice a connection that the server ended while the
+// consumers wait (idle_session_timeout, pg_terminate_backend, a proxy or
+// pooler dropping an idle connection: the lock goes with it and writers
+// stop notifying, the LISTEN being healthy) or that went silent (a
+// dropped NAT entry, no RST: the LISTEN would wait for good). A lost
+// connection is replaced, the locks taken again, and every waiting
+// subscription queries once, so a committed row waits at most about
+// 2 x WakeCheckInterval after such a loss (plus a reconnection while the
+// server answers), or PollInterval if that is shorter; never the whole
+// poll. A subscription whose own try of the lock fails tries again within
+// a second. A silent connection's session lives on on the server with the
+// locks it held (until TCP keepalive finds it, hours by default): the next
+// lock connection ends it (pg_terminate_backend; another role's session
+// needs pg_signal_backend), or writers would keep notifying. A row notified while an
 // older transaction still runs is not readable yet (below); the subscriber
 // re-reads the horizon (every eighth of its wait so far, 1ms up to
 // PollInterval) until it has passed the notified transaction, so the row

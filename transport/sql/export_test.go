@@ -47,3 +47,21 @@ func SetWakeHooks(t *Transport, beforeLock, beforeLook func(table uint32)) {
 // StopWakeups stops t's wake-up listener (and gives its locks back) as
 // Close does after its subscriptions, while they still run.
 func StopWakeups(t *Transport) { t.notify.stop() }
+
+// LockLosses counts the wake-up lock sessions t's check found lost (0
+// without a listener).
+func LockLosses(t *Transport) int64 {
+	if t.notify == nil {
+		return 0
+	}
+	return t.notify.lockLosses.Load()
+}
+
+// StaleSessionsEnded counts the silent wake-up lock sessions t ended from
+// its next connection.
+func StaleSessionsEnded(t *Transport) int64 {
+	if t.notify == nil {
+		return 0
+	}
+	return t.notify.locks.ended.Load()
+}

@@ -38,6 +38,10 @@ import (
 type notifier struct {
 	url    string
 	logger watermill.LoggerAdapter
+	// check is Config.WakeCheckInterval (0: no checks): how often the
+	// LISTEN connection is pinged and the lock session's locks checked,
+	// and how long each may take.
+	check  time.Duration
 	ctx    context.Context
 	cancel context.CancelFunc
 	ready  chan struct{} // closed once the first LISTEN is in effect
@@ -53,6 +57,9 @@ type notifier struct {
 	// reconnects counts the listener's reconnections, wakes and polls the
 	// queries run on a wake and on the poll's expiry (tests wait on them).
 	reconnects, wakes, polls atomic.Int64
+	// lockLosses counts the lock sessions found lost by the check
+	// (ended, silent, or no longer holding a lock it took).
+	lockLosses atomic.Int64
 	// waits counts the consume loops' waits begun (after the look that
 	// follows taking the lock).
 	waits atomic.Int64
@@ -69,9 +76,9 @@ func runHook(h *atomic.Pointer[func(uint32)], table uint32) {
 	}
 }
 
-func newNotifier(url string, logger watermill.LoggerAdapter) *notifier {
+func newNotifier(url string, logger watermill.LoggerAdapter, check time.Duration) *notifier {
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &notifier{url: url, logger: logger, ctx: ctx, cancel: cancel, ready: make(chan struct{}),
+	n := &notifier{url: url, logger: logger, check: check, ctx: ctx, cancel: cancel, ready: make(chan struct{}),
 		done: make(chan struct{}), wakers: map[uint32]map[*waker]struct{}{}}
 	n.locks = newWakeLocks(url, n.live.Load)
 	return n
@@ -86,9 +93,22 @@ func (n *notifier) start() {
 // off up to 10 s) if the first connection cannot be made.
 func (n *notifier) run() {
 	defer close(n.done)
+	if n.check > 0 {
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			n.watchLocks()
+		}()
+		defer func() { <-watched }()
+	}
+	ping := time.Duration(-1) // none
+	if n.check > 0 {
+		ping = n.check
+	}
 	wait := 100 * time.Millisecond
 	for n.ctx.Err() == nil {
 		l, err := storage.NewListener(n.ctx, storage.DriverSQL, storage.ListenerConfig{URL: n.url,
+			PingInterval: ping, PingTimeout: n.check,
 			OnEvent: func(ev string, err error) {
 				n.live.Store(false)
 				n.logger.Info("sql: wake-up listener event; consumers poll until it reconnects", watermill.LogFields{"event": ev, "err": redact.ErrorOf(err, n.url).Error()})
@@ -156,6 +176,31 @@ func (n *notifier) forward(l storage.Listener) {
 	}
 }
 
+// watchLocks checks the lock session every n.check while it holds a
+// lock: nothing watches that connection while the consumers wait, and a
+// session the server ended (idle_session_timeout, pg_terminate_backend,
+// a proxy or pooler dropping an idle connection) releases its locks
+// silently: writers stop notifying, while the LISTEN is healthy. A lost
+// session is dropped and the subscriptions armed on it are woken: each
+// queries once (what committed unnotified since the loss) and takes the
+// lock again on a new session.
+func (n *notifier) watchLocks() {
+	t := time.NewTicker(n.check)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := n.locks.check(n.ctx, n.check); err != nil && n.ctx.Err() == nil {
+			n.lockLosses.Add(1)
+			n.logger.Error("sql: the wake-up lock's session was lost (ended by the server, idle_session_timeout, a proxy or pooler, or silent); taking the locks again on a new connection, the waiting subscribers query now",
+				redact.ErrorOf(err, n.url), watermill.LogFields{"check_interval": n.check.String()})
+		}
+	}
+}
+
 func (n *notifier) wakeAll() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -216,7 +261,8 @@ type waker struct {
 	pending uint64 // 0: none
 
 	// Owned by the consume loop (wakeBackoff.arm).
-	retry time.Duration // wait before trying a lock writers hold
+	retry      time.Duration // wait before trying a lock writers hold
+	armFailing bool          // the last try of the lock failed (logged)
 }
 
 // notify rings the bell; xid 0 (a reconnection) only wakes.
@@ -329,17 +375,23 @@ func (b *wakeBackoff) arm(logger watermill.LoggerAdapter) (d time.Duration, wait
 	runHook(&b.n.beforeLock, b.w.table)
 	state, err := b.n.locks.arm(b.ctx, b.w)
 	switch {
+	case errors.Is(err, errNotListening):
+		return 0, true, false // the listener's reconnection wakes the loop; the poll stays
 	case err != nil:
-		if b.ctx.Err() == nil && !errors.Is(err, errNotListening) { // the listener logs its own
-			logger.Error("sql: taking the wake-up lock failed; notifications may not come, the poll stays (check ListenURL)",
+		// The lock's connection failed (dropped now): writers may not
+		// notify, so the loop tries again on a new one within a second
+		// (as when relying on another's hold), not at its poll.
+		if b.ctx.Err() == nil && !b.w.armFailing { // logged once per run of failures
+			logger.Error("sql: taking the wake-up lock failed; trying again every second, polling meanwhile (check ListenURL)",
 				redact.ErrorOf(err, b.n.url), watermill.LogFields{"table": b.w.quoted})
 		}
-		return 0, true, false // nothing taken: nothing to look at again; the poll stays
+		b.w.armFailing = true
+		return 0, true, true
 	case state == storage.SQLWakeWriters:
 		b.w.retry = min(max(2*b.w.retry, time.Millisecond), 100*time.Millisecond, b.poll)
 		return b.waitRetry(b.w.retry), false, false
 	}
-	b.w.retry = 0
+	b.w.retry, b.w.armFailing = 0, false
 	runHook(&b.n.beforeLook, b.w.table)
 	look, err := b.look(b.ctx)
 	if err != nil || look.Backlog {

@@ -38,11 +38,21 @@ type notifyBundle struct {
 
 func setupNotify(t *testing.T, poll time.Duration, listenURL func(schemaURL string) string) *notifyBundle {
 	t.Helper()
+	return setupNotifyWith(t, func(cfg *sql.Config) {
+		cfg.PollInterval = poll
+		if listenURL != nil {
+			cfg.ListenURL = listenURL(cfg.URL)
+		}
+	})
+}
+
+// setupNotifyWith is setupNotify with the transport's config set by
+// configure (URL set, horizon check disabled).
+func setupNotifyWith(t *testing.T, configure func(cfg *sql.Config)) *notifyBundle {
+	t.Helper()
 	s := pgtest.New(t)
-	cfg := sql.Config{URL: s.URL, PollInterval: poll, HorizonCheckInterval: -1}
-	if listenURL != nil {
-		cfg.ListenURL = listenURL(s.URL)
-	}
+	cfg := sql.Config{URL: s.URL, HorizonCheckInterval: -1}
+	configure(&cfg)
 	tr, err := sql.Open(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, tr.Close()) })

@@ -47,7 +47,18 @@ func setDefaults(c *Config) {
 	if c.HorizonWarnAge == 0 {
 		c.HorizonWarnAge = 30 * time.Second
 	}
+	if c.WakeCheckInterval == 0 {
+		c.WakeCheckInterval = DefaultWakeCheckInterval
+	}
 }
+
+// DefaultWakeCheckInterval is Config.WakeCheckInterval's default: a lost
+// wake-up connection is found, and the rows it did not wake for are
+// read, within about twice this.
+const DefaultWakeCheckInterval = 5 * time.Second
+
+// minWakeCheckInterval is the shortest WakeCheckInterval accepted.
+const minWakeCheckInterval = 10 * time.Millisecond
 
 // Validate reports configuration that cannot work, naming the field.
 func validate(c Config) error {
@@ -75,6 +86,9 @@ func validate(c Config) error {
 	}
 	if c.HorizonWarnAge < 0 {
 		errs = append(errs, fmt.Errorf("sql: HorizonWarnAge %s is negative", c.HorizonWarnAge))
+	}
+	if c.WakeCheckInterval != 0 && c.WakeCheckInterval != -1 && c.WakeCheckInterval < minWakeCheckInterval { // 0: the default
+		errs = append(errs, fmt.Errorf("sql: WakeCheckInterval %s: want at least %s, or -1 to disable the wake-up connections' checks", c.WakeCheckInterval, minWakeCheckInterval))
 	}
 	if c.ListenURL != "" && c.ListenURL != "-" {
 		if u, err := url.Parse(c.ListenURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
@@ -162,7 +176,7 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, urlFr
 		t.mon = newHorizonMonitor(db, logger, cfg.HorizonCheckInterval, cfg.HorizonWarnAge, m)
 	}
 	if u := listenURL(cfg); u != "" {
-		t.notify = newNotifier(pgconn.WithConnectTimeout(u, cfg.ConnectTimeout), logger)
+		t.notify = newNotifier(pgconn.WithConnectTimeout(u, cfg.ConnectTimeout), logger, max(cfg.WakeCheckInterval, 0))
 	}
 	return t, nil
 }

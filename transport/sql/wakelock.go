@@ -4,10 +4,12 @@ import (
 	"context"
 	stdsql "database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/storage"
 )
 
@@ -27,16 +29,23 @@ type wakeLocks struct {
 	url  string
 	live func() bool // the LISTEN is in effect: notifications would come
 
-	mu     sync.Mutex
-	db     *stdsql.DB // one connection, opened on first use
-	conn   *stdsql.Conn
-	pid    atomic.Int64 // conn's backend pid: its own handovers are ignored (read without mu)
+	mu   sync.Mutex
+	db   *stdsql.DB // one connection, opened on first use
+	conn *stdsql.Conn
+	pid  atomic.Int64 // conn's backend pid: its own handovers are ignored (read without mu)
+	sess storage.BackendSession
+	// stale are the sessions dropped since the last connection: alive on
+	// the server, maybe (a silent connection), holding their locks; the
+	// next connection ends them.
+	stale  []storage.BackendSession
+	ended  atomic.Int64 // stale sessions ended (tests)
 	tables map[uint32]*tableLock
 	// stopped: the transport closes; no lock is taken again.
 	stopped bool
 }
 
 type tableLock struct {
+	oid   uint32
 	lock  storage.SQLWakeLock
 	held  bool
 	armed map[*waker]struct{}
@@ -59,7 +68,10 @@ func (l *wakeLocks) ownPID() int {
 func (l *wakeLocks) querier(ctx context.Context) (storage.Querier, error) {
 	if l.conn == nil {
 		if l.db == nil {
-			db, err := stdsql.Open("postgres", l.url)
+			// pgconn: a statement whose ctx ends is abandoned and its
+			// connection closed, so a silent connection cannot hold mu
+			// (and every subscription's arm) past lockTimeout.
+			db, err := pgconn.Open(l.url)
 			if err != nil {
 				return nil, err
 			}
@@ -70,15 +82,75 @@ func (l *wakeLocks) querier(ctx context.Context) (storage.Querier, error) {
 		if err != nil {
 			return nil, err
 		}
-		pid, err := storage.BackendPID(ctx, storage.NewSQL(c))
+		sess, err := storage.ThisSession(ctx, storage.NewSQL(c))
 		if err != nil {
 			_ = c.Close()
 			return nil, err
 		}
-		l.conn = c
-		l.pid.Store(int64(pid))
+		l.conn, l.sess = c, sess
+		l.pid.Store(int64(sess.PID))
+		l.endStale(ctx)
 	}
 	return storage.NewSQL(l.conn), nil
+}
+
+// endStale ends the sessions dropped before, if they still run (best
+// effort: another role's session needs pg_signal_backend). A silent
+// connection's session stays on the server, idle, until TCP keepalive
+// finds it (hours by default), holding its wake-up locks: writers would
+// notify all along, and this transport's loops would rely on it,
+// trying the lock every second.
+func (l *wakeLocks) endStale(ctx context.Context) {
+	for _, s := range l.stale {
+		if ended, err := storage.EndSession(ctx, storage.NewSQL(l.conn), s); err == nil && ended {
+			l.ended.Add(1)
+		}
+	}
+	l.stale = nil
+}
+
+// check verifies, within timeout, that the lock session still holds
+// every lock this transport believes it holds (nothing to do when it
+// holds none). On an error (the session ended, or silent) or a lock gone,
+// it drops the session and wakes the subscriptions armed on it, and
+// returns why.
+func (l *wakeLocks) check(ctx context.Context, timeout time.Duration) error {
+	l.mu.Lock()
+	var want []*tableLock
+	for _, tl := range l.tables {
+		if tl.held {
+			want = append(want, tl)
+		}
+	}
+	if l.conn == nil || len(want) == 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	held, err := storage.SQLWakeLocksHeld(cctx, storage.NewSQL(l.conn))
+	cancel()
+	if err != nil && ctx.Err() != nil {
+		l.mu.Unlock()
+		return nil // stopping
+	}
+	if err != nil {
+		err = fmt.Errorf("checking the wake-up lock session (pid %d): %w", l.pid.Load(), err)
+	} else {
+		for _, tl := range want {
+			if _, ok := held[tl.oid]; !ok {
+				err = fmt.Errorf("the wake-up lock session (pid %d) no longer holds the lock of table %s", l.pid.Load(), tl.lock.Table())
+				break
+			}
+		}
+	}
+	if err == nil {
+		l.mu.Unlock()
+		return nil
+	}
+	lost := l.dropLocked()
+	l.mu.Unlock()
+	wakeEach(lost)
+	return err
 }
 
 // isArmed reports whether w waits with its table's lock held.
@@ -103,7 +175,7 @@ func (l *wakeLocks) arm(ctx context.Context, w *waker) (string, error) {
 	l.mu.Lock()
 	tl := l.tables[w.table]
 	if tl == nil {
-		tl = &tableLock{lock: storage.NewSQLWakeLock(w.table, w.quoted), armed: map[*waker]struct{}{}}
+		tl = &tableLock{oid: w.table, lock: storage.NewSQLWakeLock(w.table, w.quoted), armed: map[*waker]struct{}{}}
 		l.tables[w.table] = tl
 	}
 	if l.stopped || !l.live() {
@@ -217,6 +289,13 @@ func (l *wakeLocks) dropLocked() []*waker {
 		tl.held, tl.armed = false, map[*waker]struct{}{}
 	}
 	if l.conn != nil {
+		// Closing a silent connection does not reach the server: its
+		// session may live on with the locks it held. The next
+		// connection ends it (endStale); a session that ended is not
+		// found then.
+		if len(l.stale) < 8 {
+			l.stale = append(l.stale, l.sess)
+		}
 		_ = l.conn.Close()
 		l.conn = nil
 		l.pid.Store(0)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/internal/testing/faultproxy"
 )
 
 func init() { Register("sqlnotify", exerciseSQLNotify) }
@@ -132,6 +133,105 @@ func exerciseSQLNotify(t *testing.T, setup func(t *testing.T) Setup) {
 		require.NoError(t, blocker.Commit(ctx))
 		l = look("g")
 		require.True(t, l.Backlog != (l.Hidden >= hidden), "a committed row is backlog or hidden: %+v, row %d", l, hidden)
+	})
+
+	// A LISTEN connection that goes silent (no RST, no FIN: a dropped NAT
+	// entry, a dead middlebox) is found by the listener's ping within
+	// PingInterval + PingTimeout and replaced: a nil (some notifications
+	// may be lost), then the notifications sent after. Without the ping
+	// the listener would wait on the dead connection for good (through
+	// the proxy even TCP keepalive is answered).
+	t.Run("ListenerReplacesASilentConnection", func(t *testing.T) {
+		t.Parallel()
+		s := setup(t)
+		proxy, through, err := faultproxy.Through(s.Schema.URL, "5432")
+		require.NoError(t, err)
+		defer proxy.Close()
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		channel := "silent_" + s.Schema.Name
+		l, err := storage.NewListener(lctx, s.Pool.Driver(), storage.ListenerConfig{URL: through,
+			PingInterval: 200 * time.Millisecond, PingTimeout: time.Second, MinReconnect: 10 * time.Millisecond})
+		require.NoError(t, err)
+		defer l.Close()
+		require.NoError(t, l.Listen(ctx, channel))
+		limit := time.After(60 * time.Second) // fails a hang only
+		next := func() *storage.Notification {
+			t.Helper()
+			select {
+			case n, ok := <-l.Notifications():
+				require.True(t, ok, "the listener ended")
+				return n
+			case <-limit:
+				t.Fatalf("no notification (blackholed conns %d, dropped bytes %d)", proxy.Blackholed(), proxy.DroppedBytes())
+				return nil
+			}
+		}
+		require.NoError(t, storage.Notify(ctx, s.Pool, channel, "before"))
+		require.Equal(t, "before", next().Payload)
+
+		proxy.Blackhole()
+		require.Positive(t, proxy.Blackholed(), "no connection was blackholed")
+		require.NoError(t, storage.Notify(ctx, s.Pool, channel, "lost"))
+		require.Nil(t, next(), "the silent connection was not replaced")
+		require.Positive(t, proxy.DroppedBytes(), "nothing was dropped: the fault did not happen")
+		require.NoError(t, storage.Notify(ctx, s.Pool, channel, "after"))
+		for n := next(); n == nil || n.Payload != "after"; n = next() {
+			require.True(t, n == nil || n.Payload == "lost", "unexpected %+v", n)
+		}
+	})
+
+	// What the sql transport's check of its lock session reads: the
+	// locks the session holds, and the session itself, which another
+	// connection can end (a silent connection's session lives on).
+	t.Run("WakeLockSession", func(t *testing.T) {
+		t.Parallel()
+		s := setup(t)
+		p := s.Pool
+		_, err := p.Exec(ctx, storage.S(`CREATE TABLE "watermill_s" ("offset" BIGSERIAL, transaction_id xid8 NOT NULL)`))
+		require.NoError(t, err)
+		oid, err := storage.TableOID(ctx, p, `"watermill_s"`)
+		require.NoError(t, err)
+		sess, closeSess, err := storage.OpenSession(ctx, p.Driver(), s.Schema.URL)
+		require.NoError(t, err)
+		defer closeSess()
+		held, err := storage.SQLWakeLocksHeld(ctx, sess)
+		require.NoError(t, err)
+		require.Empty(t, held)
+		state, err := storage.NewSQLWakeLock(oid, `"watermill_s"`).Try(ctx, sess)
+		require.NoError(t, err)
+		require.Equal(t, storage.SQLWakeHeld, state)
+		held, err = storage.SQLWakeLocksHeld(ctx, sess)
+		require.NoError(t, err)
+		require.Equal(t, map[uint32]struct{}{oid: {}}, held)
+
+		me, err := storage.ThisSession(ctx, sess)
+		require.NoError(t, err)
+		require.NotZero(t, me.PID)
+		require.NotEmpty(t, me.Start)
+		other := me
+		other.Start += "1" // the same pid, a later session: not ended
+		ended, err := storage.EndSession(ctx, p, other)
+		require.NoError(t, err)
+		require.False(t, ended)
+		ended, err = storage.EndSession(ctx, p, me)
+		require.NoError(t, err)
+		require.True(t, ended)
+		// (database/sql's pool of one replaces the ended connection on
+		// its next use, pgx's fails it: what the session's holder sees
+		// differs, what the server holds does not.)
+		require.Eventually(t, func() bool {
+			var n int
+			return p.QueryRow(ctx, storage.S(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, me.PID), &n) == nil && n == 0
+		}, 10*time.Second, 5*time.Millisecond, "the ended session still runs")
+		require.Eventually(t, func() bool {
+			var n int
+			return p.QueryRow(ctx, storage.S(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2::bigint::oid AND objsubid = 2`,
+				storage.SQLWakeLockClass, int64(oid)), &n) == nil && n == 0
+		}, 10*time.Second, 5*time.Millisecond, "the ended session's lock is still held")
+		ended, err = storage.EndSession(ctx, p, me)
+		require.NoError(t, err)
+		require.False(t, ended, "a session that ended")
 	})
 
 	t.Run("MissingTable", func(t *testing.T) {

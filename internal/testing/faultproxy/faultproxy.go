@@ -3,7 +3,9 @@
 // carries (Cut), can refuse new ones for a while (Outage) and can hold
 // back what the server sends (Hold) while the client's bytes still go
 // through, so the server acts on requests whose replies the client does
-// not get. Only the
+// not get, or silence the connections it carries for good (Blackhole: a
+// dropped NAT or conntrack entry, a dead middlebox; no RST, no FIN, every
+// byte either way dropped) while new ones go through. Only the
 // client under test goes through it, so a shared server stays up for every
 // other test. Its counters let a test prove the fault happened.
 package faultproxy
@@ -27,12 +29,19 @@ type Proxy struct {
 	conns map[net.Conn]struct{}
 	until time.Time
 	held  chan struct{} // non-nil while Hold is on; closed by Release
+	// dead holds the connections (both ends) Blackhole silenced.
+	dead map[net.Conn]struct{}
+	// closed is closed by Close.
+	closed    chan struct{}
+	closeOnce sync.Once
 
 	cut       atomic.Int64
 	refused   atomic.Int64
 	heldReads atomic.Int64
 	sent      atomic.Int64
 	received  atomic.Int64
+	holed     atomic.Int64
+	dropped   atomic.Int64
 }
 
 // New starts a proxy to target (host:port) on a free loopback port.
@@ -41,7 +50,7 @@ func New(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("faultproxy: listening for %s: %w", target, err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, dead: map[net.Conn]struct{}{}, closed: make(chan struct{})}
 	go p.serve()
 	return p, nil
 }
@@ -119,6 +128,40 @@ func (p *Proxy) Release() {
 	}
 }
 
+// Blackhole silences every connection the proxy carries now, for good:
+// both ends stay open and the proxy keeps reading from them, but drops
+// every byte in either direction (DroppedBytes counts them), as a dropped
+// NAT entry or a dead middlebox does. No RST or FIN reaches either side,
+// so each end learns of it only from a timeout of its own, and one end
+// closing it leaves the other open (until Close). Connections accepted
+// later go through.
+func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		if _, ok := p.dead[c]; !ok {
+			p.dead[c] = struct{}{}
+			p.holed.Add(1)
+		}
+	}
+}
+
+// Blackholed counts the connections (both ends) Blackhole silenced.
+func (p *Proxy) Blackholed() int64 { return p.holed.Load() }
+
+// DroppedBytes counts the bytes of blackholed connections the proxy read
+// and dropped (either direction): what a test asserts to prove that
+// traffic was lost, not merely absent.
+func (p *Proxy) DroppedBytes() int64 { return p.dropped.Load() }
+
+// silenced reports whether c was blackholed.
+func (p *Proxy) silenced(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.dead[c]
+	return ok
+}
+
 // HeldReads counts the reads from servers that Hold kept from their
 // clients: what a test asserts to prove replies were held.
 func (p *Proxy) HeldReads() int64 { return p.heldReads.Load() }
@@ -138,6 +181,7 @@ func (p *Proxy) Refused() int64 { return p.cut.Load() + p.refused.Load() }
 
 // Close stops accepting and closes every connection.
 func (p *Proxy) Close() error {
+	p.closeOnce.Do(func() { close(p.closed) })
 	err := p.ln.Close()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -177,7 +221,7 @@ func (p *Proxy) pipe(c net.Conn) {
 	done := make(chan struct{}, 2)
 	stop := make(chan struct{}) // closed once either direction ends
 	go func() {
-		_, _ = io.Copy(countingWriter{up, &p.sent}, c)
+		_, _ = io.Copy(countingWriter{w: up, n: &p.sent, p: p, src: c}, c)
 		done <- struct{}{}
 	}()
 	go func() {
@@ -185,6 +229,12 @@ func (p *Proxy) pipe(c net.Conn) {
 		done <- struct{}{}
 	}()
 	<-done
+	if p.silenced(c) {
+		// One end closed a blackholed connection: its FIN, like its
+		// bytes, never reaches the other end, which stays open until
+		// the proxy closes (a server session on a dead path lives on).
+		<-p.closed
+	}
 	close(stop)
 	_ = c.Close()
 	_ = up.Close()
@@ -192,6 +242,8 @@ func (p *Proxy) pipe(c net.Conn) {
 	p.mu.Lock()
 	delete(p.conns, c)
 	delete(p.conns, up)
+	delete(p.dead, c)
+	delete(p.dead, up)
 	p.mu.Unlock()
 }
 
@@ -205,6 +257,13 @@ func (p *Proxy) copyReplies(dst, src net.Conn, stop <-chan struct{}) {
 			p.mu.Lock()
 			held := p.held
 			p.mu.Unlock()
+			if p.silenced(src) {
+				p.dropped.Add(int64(n))
+				if err != nil {
+					return
+				}
+				continue
+			}
 			if held != nil {
 				p.heldReads.Add(1)
 				select {
@@ -225,12 +284,20 @@ func (p *Proxy) copyReplies(dst, src net.Conn, stop <-chan struct{}) {
 	}
 }
 
+// countingWriter forwards src's bytes to w, counting them in n, or drops
+// them (counted in p.dropped) once src is blackholed.
 type countingWriter struct {
-	w net.Conn
-	n *atomic.Int64
+	w   net.Conn
+	n   *atomic.Int64
+	p   *Proxy
+	src net.Conn
 }
 
 func (cw countingWriter) Write(b []byte) (int, error) {
+	if cw.p.silenced(cw.src) {
+		cw.p.dropped.Add(int64(len(b)))
+		return len(b), nil
+	}
 	n, err := cw.w.Write(b)
 	cw.n.Add(int64(n))
 	return n, err
