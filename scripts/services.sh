@@ -21,7 +21,7 @@
 #   scripts/services.sh pubsub restart-if-over N
 #                                restart the emulator `up` started, on the same
 #                                port, when its JVM runs more than N threads
-#                                (it keeps one per subscription: see pubsub_bound);
+#                                (it leaks them: see pubsub_bound);
 #                                also starts it again when it died. .ci/run calls
 #                                it at every stage boundary
 #   scripts/services.sh pubsub restart
@@ -428,18 +428,23 @@ pubsub_threads() {
 # pubsub_bound BOUND: restart the emulator `up` started, on the same port,
 # when its JVM runs more than BOUND threads (BOUND -1: whatever it runs),
 # and start it again when it died; bounded in time (the stop takes at most
-# 50 s, the start's wait on the port 90 s). Emulator 0.8.20 keeps a thread
-# per subscription until the subscription is deleted (each subscription's
-# MessageBacklog has a ScheduledExecutor of its own: 50 subscriptions
-# created, 50 threads more; deleted, 50 fewer) and the tests delete few of
-# the thousands they create; a streaming pull also holds a thread until the
-# emulator learns that the stream ended, which on 0.8.20 is only at its
-# deadline (the client's cancel dies in onRstStreamRead with a
-# NoSuchMethodError), so a stream without one holds it for good. About 25
-# minutes of tests and killed consumers left it at 12,600 threads and the
-# machine at a load average of 2,600. A restart frees them all and loses
-# every topic, subscription and message: for between test runs or CI
-# stages, never under running tests.
+# 50 s, the start's wait on the port 90 s). Emulator 0.8.20 leaks threads
+# two ways (seen with jstack on a second emulator):
+#   - one per subscription until the subscription is deleted (each one's
+#     MessageBacklog runs a ScheduledExecutor of its own: 50 subscriptions
+#     created, 50 threads more; deleted, 50 fewer), and the tests delete
+#     few of the thousands they create;
+#   - one per streaming pull cancelled before its first request reached
+#     the emulator, for as long as it runs: its StreamingPullPusher polls
+#     every 50 ms for that request without looking at the deadline, and
+#     the client's cancel dies in onRstStreamRead with a NoSuchMethodError
+#     (148 of them after two runs of Watermill's suite on the googlecloud
+#     kind, 4% of a core while idle). A stream that did get its request
+#     ends at its deadline (googlecloud.EmulatorStreamDeadline).
+# About 25 minutes of tests and killed consumers left it at 12,600 threads
+# and the machine at a load average of 2,600. A restart frees them all and
+# loses every topic, subscription and message: for between test runs or
+# CI stages, never under running tests.
 pubsub_bound() {
 	local bound="$1" p n
 	if [ ! -f "$state/started/pubsub" ]; then
