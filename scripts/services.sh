@@ -392,11 +392,13 @@ pubsub_listener() { ss -Hltnp "sport = :$PUBSUB_PORT" 2>/dev/null | sed -n 's/.*
 # launcher and java), with SIGKILL when it still runs 30 s after SIGTERM;
 # true once it is gone and its port is free (at most 50 s).
 pubsub_stop() {
-	local p; p="$(pubsub_pid)" || return 0
-	kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null
-	if ! wait_for 30 pid_gone "$p"; then
-		kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
-		wait_for 10 pid_gone "$p" || return 1
+	local p; p="$(pubsub_pid)"
+	if [ -n "$p" ]; then
+		kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null
+		if ! wait_for 30 pid_gone "$p"; then
+			kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
+			wait_for 10 pid_gone "$p" || return 1
+		fi
 	fi
 	wait_for 10 eval '! port_open "$PUBSUB_PORT"'
 }
