@@ -78,6 +78,9 @@ mvn_copy() {
 # pid_from FILE: the pid FILE holds, when that process runs.
 pid_from() { local p; p="$(cat "$1" 2>/dev/null)" && [ -n "$p" ] && kill -0 "$p" 2>/dev/null && echo "$p"; }
 pid_gone() { ! kill -0 "$1" 2>/dev/null; }
+# threads_of PID: how many threads PID runs (Threads: in /proc/PID/status),
+# or nothing when it does not run.
+threads_of() { awk '/^Threads:/ { print $2 }' "/proc/$1/status" 2>/dev/null; }
 
 # start_detached LOG PIDFILE COMMAND...: COMMAND in a session of its own
 # (setsid: it outlives this shell and `down` stops it by pid), output

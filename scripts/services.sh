@@ -14,6 +14,18 @@
 #   scripts/services.sh restart kafka
 #                                stop the broker `up` started and start it again
 #                                on the same log directory (the reconnect test)
+#   scripts/services.sh pubsub up|down
+#                                the emulator alone (up prints its export)
+#   scripts/services.sh pubsub threads
+#                                the emulator JVM's thread count (on stdout)
+#   scripts/services.sh pubsub restart-if-over N
+#                                restart the emulator `up` started, on the same
+#                                port, when its JVM runs more than N threads
+#                                (it leaks them: see pubsub_bound);
+#                                also starts it again when it died. .ci/run calls
+#                                it at every stage boundary
+#   scripts/services.sh pubsub restart
+#                                the same, whatever its thread count
 #   scripts/services.sh connect up|down|status
 #                                Kafka Connect with Debezium (scripts/connect.sh),
 #                                against the broker above; not part of `up`
@@ -34,7 +46,9 @@
 # Addresses (fixed, loopback only): Postgres 127.0.0.1:5432 (trust auth for
 # users postgres and root, database test), RabbitMQ 127.0.0.1:5672
 # (guest/guest), Kafka 127.0.0.1:9092 (controller 127.0.0.1:9093), Pub/Sub
-# emulator 127.0.0.1:8085.
+# emulator 127.0.0.1:8085 (MILLWRIGHT_PUBSUB_PORT moves it: a second
+# emulator beside the shared one, with a MILLWRIGHT_SERVICES_DIR of its own,
+# as scripts/test-lib.sh starts).
 set -uo pipefail
 
 # $here, $state, say, port_open, wait_for, the lock, the Maven cache and
@@ -44,7 +58,7 @@ set -uo pipefail
 
 KAFKA_PORT=9092
 KAFKA_CONTROLLER_PORT=9093
-PUBSUB_PORT=8085
+PUBSUB_PORT="${MILLWRIGHT_PUBSUB_PORT:-8085}"
 # The broker's heap: enough for the tests' topics and the benchmarks, small
 # beside Postgres, RabbitMQ, the emulator and the race-enabled tests on
 # 2 cores / 24 GiB.
@@ -361,13 +375,111 @@ pubsub_up() {
 	say pubsub "$how: Google Cloud Pub/Sub emulator $(pubsub_version) on 127.0.0.1:$PUBSUB_PORT"
 }
 
+# pubsub_jvm: the pid of the emulator's JVM, when `up` started it and it
+# runs. The launcher script execs java, so it is the pid `up` recorded;
+# were java a child instead, it would run in the session the launcher leads.
+pubsub_jvm() {
+	local p; p="$(pubsub_pid)" || return 1
+	if [ "$(cat "/proc/$p/comm" 2>/dev/null)" = java ]; then echo "$p"; return 0; fi
+	pgrep -s "$p" -x java | head -1 | grep .
+}
+
+# pubsub_listener: the pid listening on the emulator's port, whoever
+# started it (ss shows other users' processes to root only).
+pubsub_listener() { ss -Hltnp "sport = :$PUBSUB_PORT" 2>/dev/null | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1; }
+
+# pubsub_stop: stop the emulator `up` started, its whole session (the
+# launcher and java), with SIGKILL when it still runs 30 s after SIGTERM;
+# true once it is gone and its port is free (at most 50 s).
+pubsub_stop() {
+	local p; p="$(pubsub_pid)"
+	if [ -n "$p" ]; then
+		kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null
+		if ! wait_for 30 pid_gone "$p"; then
+			kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
+			wait_for 10 pid_gone "$p" || return 1
+		fi
+	fi
+	wait_for 10 eval '! port_open "$PUBSUB_PORT"'
+}
+
 pubsub_down() {
 	[ -f "$state/started/pubsub" ] || { say pubsub "not started by this script: left alone"; return 0; }
-	local p; p="$(pubsub_pid)"
-	# The launcher runs java as a child: stop the whole session it leads.
-	[ -n "$p" ] && { kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null; }
+	if ! pubsub_stop; then
+		say pubsub "still running 40s after SIGTERM and SIGKILL (pid $(pubsub_pid)), or 127.0.0.1:$PUBSUB_PORT still taken"; return 1
+	fi
 	rm -f "$state/started/pubsub" "$state/pubsub.pid"
 	say pubsub "stopped"
+}
+
+# pubsub_threads: the emulator JVM's thread count on stdout (whoever
+# started it); false, saying why, when there is none to read.
+pubsub_threads() {
+	local p n
+	p="$(pubsub_jvm)" || p="$(pubsub_listener)"
+	n="$([ -n "$p" ] && threads_of "$p")"
+	if [ -n "$n" ]; then echo "$n"; return 0; fi
+	if port_open "$PUBSUB_PORT"; then
+		say pubsub "an emulator answers on 127.0.0.1:$PUBSUB_PORT but its process is not ours to read (not started by this script, and ss shows no pid)"
+	else
+		say pubsub "down: nothing answers on 127.0.0.1:$PUBSUB_PORT (scripts/services.sh up starts it)"
+	fi
+	return 1
+}
+
+# pubsub_bound BOUND: restart the emulator `up` started, on the same port,
+# when its JVM runs more than BOUND threads (BOUND -1: whatever it runs),
+# and start it again when it died; bounded in time (the stop takes at most
+# 50 s, the start's wait on the port 90 s). Emulator 0.8.20 leaks threads
+# two ways (seen with jstack on a second emulator):
+#   - one per subscription until the subscription is deleted (each one's
+#     MessageBacklog runs a ScheduledExecutor of its own: 50 subscriptions
+#     created, 50 threads more; deleted, 50 fewer), and the tests delete
+#     few of the thousands they create;
+#   - one per streaming pull cancelled before its first request reached
+#     the emulator, for as long as it runs: its StreamingPullPusher polls
+#     every 50 ms for that request without looking at the deadline, and
+#     the client's cancel dies in onRstStreamRead with a NoSuchMethodError
+#     (148 of them after two runs of Watermill's suite on the googlecloud
+#     kind, 4% of a core while idle). A stream that did get its request
+#     ends at its deadline (googlecloud.EmulatorStreamDeadline).
+# About 25 minutes of tests and killed consumers left it at 12,600 threads
+# and the machine at a load average of 2,600. A restart frees them all and
+# loses every topic, subscription and message: for between test runs or
+# CI stages, never under running tests.
+pubsub_bound() {
+	local bound="$1" p n
+	if [ ! -f "$state/started/pubsub" ]; then
+		# Not ours: measured, never restarted.
+		n="$(pubsub_threads)" || return 1
+		if [ "$bound" -ge 0 ] && [ "$n" -le "$bound" ]; then
+			say pubsub "$n threads (bound $bound), not started by this script: left alone"; return 0
+		fi
+		say pubsub "$n threads, over the bound $bound, but this script did not start the emulator on 127.0.0.1:$PUBSUB_PORT: restart it yourself (or stop it and run scripts/services.sh up)"
+		return 1
+	fi
+	p="$(pubsub_jvm)"
+	n="$([ -n "$p" ] && threads_of "$p")"
+	if [ -n "$n" ] && [ "$bound" -ge 0 ] && [ "$n" -le "$bound" ] && port_open "$PUBSUB_PORT"; then
+		say pubsub "$n threads (bound $bound, pid $p): left running"; return 0
+	fi
+	if [ -z "$n" ]; then
+		say pubsub "not running (it exited; see $state/pubsub.log): starting it again on 127.0.0.1:$PUBSUB_PORT"
+	elif [ "$bound" -lt 0 ]; then
+		say pubsub "$n threads (pid $p): restarting it on 127.0.0.1:$PUBSUB_PORT"
+	elif [ "$n" -gt "$bound" ]; then
+		say pubsub "$n threads, over the bound $bound (pid $p): restarting it on 127.0.0.1:$PUBSUB_PORT"
+	else
+		say pubsub "$n threads (pid $p) but nothing answers on 127.0.0.1:$PUBSUB_PORT: restarting it"
+	fi
+	if ! pubsub_stop; then
+		say pubsub "unavailable: the emulator (pid $(pubsub_pid)) still runs 40s after SIGTERM and SIGKILL, or 127.0.0.1:$PUBSUB_PORT is still taken: not restarted"
+		return 1
+	fi
+	rm -f "$state/pubsub.pid"
+	pubsub_up || return 1
+	p="$(pubsub_jvm)"
+	say pubsub "restarted: $(threads_of "$p") threads now (pid $p)${n:+, $n before}"
 }
 
 # ---------------------------------------------------------------- env
@@ -399,8 +511,8 @@ if [ "${1:-}" = connect ]; then
 	exec bash "$here/connect.sh" "$@"
 fi
 
-case "${1:-}" in
-up | down | restart)
+case "${1:-} ${2:-}" in
+"up "* | "down "* | "restart "* | "pubsub up" | "pubsub down" | "pubsub restart"*)
 	take_lock 9 "$state/lock" "services: another scripts/services.sh up|down|restart" || exit 1
 	;;
 esac
@@ -437,7 +549,7 @@ status)
 	status_line postgres "127.0.0.1:5432" pg_ready
 	status_line rabbitmq "127.0.0.1:5672" port_open 5672
 	status_line kafka "Apache Kafka $(kafka_version) on 127.0.0.1:$KAFKA_PORT" kafka_ready
-	status_line pubsub "Pub/Sub emulator $(pubsub_version) on 127.0.0.1:$PUBSUB_PORT" port_open "$PUBSUB_PORT"
+	status_line pubsub "Pub/Sub emulator $(pubsub_version) on 127.0.0.1:$PUBSUB_PORT ($(pubsub_threads 2>/dev/null || echo '?') threads)" port_open "$PUBSUB_PORT"
 	[ -f "$state/started/kafka-cluster" ] && kc_status
 	print_env
 	;;
@@ -450,11 +562,28 @@ restart)
 		[ -f "$state/started/kafka" ] || { say kafka "not started by this script: not restarting it"; exit 1; }
 		kafka_down && kafka_up keep
 		;;
-	*) echo "usage: $0 restart kafka" >&2; exit 2 ;;
+	pubsub) pubsub_bound -1 ;;
+	*) echo "usage: $0 restart kafka|pubsub" >&2; exit 2 ;;
+	esac
+	;;
+pubsub)
+	case "${2:-} ${3:-}" in
+	"up ")
+		pubsub_up || exit 1
+		echo "export MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST='127.0.0.1:$PUBSUB_PORT'"
+		;;
+	"down ") pubsub_down ;;
+	"threads ") pubsub_threads ;;
+	"restart ") pubsub_bound -1 ;;
+	"restart-if-over "[0-9]*)
+		case "$3" in *[!0-9]*) echo "usage: $0 pubsub restart-if-over N (N: a number of threads)" >&2; exit 2 ;; esac
+		pubsub_bound "$3"
+		;;
+	*) echo "usage: $0 pubsub up|down|threads|restart|restart-if-over N" >&2; exit 2 ;;
 	esac
 	;;
 *)
-	echo "usage: $0 up [--kafka-brokers 3]|down|status|env|restart kafka|cluster ...|connect up|down|status" >&2
+	echo "usage: $0 up [--kafka-brokers 3]|down|status|env|restart kafka|pubsub|pubsub up|down|threads|restart|restart-if-over N|cluster ...|connect up|down|status" >&2
 	exit 2
 	;;
 esac
