@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,16 +55,32 @@ import (
 //     (RabbitMQ redelivers that message: at least once, deduplicate with
 //     package idempotency); deliveries of the lost channel not yet
 //     handed out are skipped, since RabbitMQ redelivers them;
+//   - the queue is consumed exclusively (basic.consume's exclusive
+//     flag), so no other consumer gets its deliveries while this one's
+//     are unacked. That is what keeps a key in order across a half-open
+//     connection (the client's side reset, RabbitMQ's still open: a
+//     dropped NAT or conntrack entry): RabbitMQ holds the old
+//     connection's unacked deliveries until its heartbeat timeout closes
+//     it (the transport negotiates a 10 s heartbeat; RabbitMQ gives up
+//     after about three silent intervals, 30 s measured), and a consumer
+//     on a new connection would meanwhile get each key's later messages
+//     before them. Until RabbitMQ closes the old connection, consuming
+//     is refused (ACCESS_REFUSED, "in exclusive use") and the subscriber
+//     retries with the backoff above: the recovery bound is RabbitMQ's
+//     heartbeat timeout plus at most 5 s, about 35 s. A second consumer
+//     of the queue (another process of the group, or a second Subscribe
+//     to the topic) waits the same way as a standby and takes over when
+//     the first one's connection ends;
 //   - Close (or the end of Subscribe's ctx) stops consuming, waits up to
 //     KeyDrainTimeout for the messages out to be acked or nacked, acks
 //     those that were, then closes the channel: RabbitMQ requeues the
 //     rest. Handlers still running after the bound have their message's
 //     context cancelled.
 //
-// Per-key order holds while one consumer reads the queue: RabbitMQ
-// spreads a queue's deliveries over all its consumers, so two processes
-// in one group each get part of a key, and so do two Subscribe calls for
-// one topic. Messages without an ordering key have no order among
+// Per-key order needs one consumer on the queue, which exclusive
+// consumption enforces: a queue consumed by watermill-amqp's subscriber
+// (KeyParallelism 0) in another process refuses this one, which waits
+// until that consumer stops. Messages without an ordering key have no order among
 // themselves. The key is read from the delivery's metadata.OrderingKey
 // header, which the publisher sends with every message that has one.
 type KeyedSubscriber struct {
@@ -120,7 +137,12 @@ func (s *KeyedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		return nil, err
 	}
 	cc, deliveries, err := sub.consume(ctx, conn)
-	if err != nil {
+	switch {
+	case inExclusiveUse(err):
+		// Another consumer holds the queue (a previous connection RabbitMQ
+		// has not dropped yet, or a standby's active peer): run waits.
+		sub.s.logger.Info(waitingForQueue, sub.fields.Add(watermill.LogFields{"reason": err.Error()}))
+	case err != nil:
 		_ = conn.CloseDeadline(time.Now().Add(s.t.cfg.ConnectTimeout))
 		return nil, err
 	}
@@ -240,15 +262,24 @@ func (c *consumerChannel) isGone() bool {
 }
 
 // run reads cc's deliveries and, after the connection or channel is
-// lost, those of each new one, until ctx ends; then drains.
+// lost, those of each new one, until ctx ends; then drains. A nil cc
+// (Subscribe found the queue in exclusive use) starts with consuming
+// again.
 func (sub *subscription) run(ctx context.Context, conn *amqp091.Connection, cc *consumerChannel, deliveries <-chan amqp091.Delivery) {
+	var delay time.Duration // it consumed: the first attempt is at once
+	if cc == nil {
+		delay = minBackoff
+	}
 	for {
-		if sub.read(ctx, cc, deliveries) {
-			sub.stop(conn, cc)
-			return
+		if cc != nil {
+			if sub.read(ctx, cc, deliveries) {
+				sub.stop(conn, cc)
+				return
+			}
+			sub.s.logger.Error("AMQP key-parallel subscriber lost its channel; RabbitMQ requeues its unacked deliveries; reconnecting", sub.lostWhy(conn, cc), sub.fields)
+			delay = 0
 		}
-		sub.s.logger.Error("AMQP key-parallel subscriber lost its channel; RabbitMQ requeues its unacked deliveries; reconnecting", sub.lostWhy(conn, cc), sub.fields)
-		var delay time.Duration // it consumed: the first attempt is at once
+		waiting := false
 		for {
 			_ = conn.CloseDeadline(time.Now().Add(sub.s.t.cfg.ConnectTimeout))
 			if conn = sub.redial(ctx, &delay); conn == nil {
@@ -259,10 +290,29 @@ func (sub *subscription) run(ctx context.Context, conn *amqp091.Connection, cc *
 			if cc, deliveries, err = sub.consume(ctx, conn); err == nil {
 				break
 			}
-			sub.s.logger.Error("AMQP key-parallel subscriber cannot consume its queue, retrying (check that the queue exists or can be declared with these arguments, and the user's permissions on it)", err, sub.fields)
+			cc = nil
+			switch {
+			case !inExclusiveUse(err):
+				sub.s.logger.Error("AMQP key-parallel subscriber cannot consume its queue, retrying (check that the queue exists or can be declared with these arguments, and the user's permissions on it)", err, sub.fields)
+			case !waiting:
+				waiting = true
+				sub.s.logger.Info(waitingForQueue, sub.fields.Add(watermill.LogFields{"reason": err.Error()}))
+			}
 			delay = nextBackoff(delay)
 		}
 	}
+}
+
+// waitingForQueue is logged when consuming is refused because another
+// consumer holds the queue.
+const waitingForQueue = "AMQP key-parallel subscriber waits for its queue: another consumer holds it exclusively, either this subscriber's previous connection, which RabbitMQ keeps (with its unacked deliveries) until its heartbeat timeout (about 30 s) when the client's side was lost, or another process of the consumer group (a standby then takes over when it stops); retrying every 5 s at most"
+
+// inExclusiveUse reports whether err is RabbitMQ refusing a consume
+// because another consumer holds the queue (ACCESS_REFUSED, "in
+// exclusive use").
+func inExclusiveUse(err error) bool {
+	var ae *amqp091.Error
+	return errors.As(err, &ae) && ae.Code == amqp091.AccessRefused && strings.Contains(ae.Reason, "exclusive")
 }
 
 func nextBackoff(d time.Duration) time.Duration { return min(max(2*d, minBackoff), maxBackoff) }
@@ -288,7 +338,9 @@ func (sub *subscription) consume(ctx context.Context, conn *amqp091.Connection) 
 	}
 	c := sub.s.wcfg.Consume
 	tag := "millwright-keyed-" + watermill.NewShortUUID()
-	deliveries, err := ch.Consume(sub.queue, tag, false, c.Exclusive, c.NoLocal, c.NoWait, c.Arguments)
+	// Exclusive: no other consumer gets the queue's deliveries while this
+	// one's are unacked (see KeyedSubscriber).
+	deliveries, err := ch.Consume(sub.queue, tag, false, true, c.NoLocal, c.NoWait, c.Arguments)
 	if err != nil {
 		_ = ch.Close()
 		return nil, nil, fmt.Errorf("amqp: consuming queue %s: %w", sub.queue, err)

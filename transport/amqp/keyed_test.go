@@ -425,3 +425,42 @@ func TestKeyedCloseWithSilentBroker(t *testing.T) {
 	require.Positive(t, proxy.HeldReads(), "the broker's replies were held back")
 	_ = tr.Close()
 }
+
+// TestKeyedHalfOpenKeepsKeyOrder makes the consumer's connection
+// half-open while every key has deliveries in flight (a faultproxy resets
+// the client's end and keeps RabbitMQ's open and unanswered, as a dropped
+// NAT or conntrack entry does): the subscriber reconnects at once, but
+// RabbitMQ holds the old connection's unacked deliveries until its
+// heartbeat timeout closes it. No new consumer may get the queue's later
+// deliveries meanwhile (the consume is exclusive), so every key is applied
+// in order by a deduplicating consumer, and all are applied once RabbitMQ
+// dropped the old connection.
+func TestKeyedHalfOpenKeepsKeyOrder(t *testing.T) {
+	t.Parallel()
+	const group, keys, perKey = "halfopen", 10, 40
+	topic := keyedTopic(t, group, keys, perKey)
+	proxy, through := proxied(t)
+	tr := keyedTransport(t, through, 4)
+	l := keyedtest.NewLedger()
+	runRouter(t, tr, topic, group, func(m *message.Message) error {
+		r, _ := keyedtest.ParseRef(string(m.Payload))
+		l.Start(r)
+		time.Sleep(20 * time.Millisecond) // the handler's simulated work: deliveries queue up behind their keys
+		l.End(r, true)
+		return nil
+	})
+	l.WaitCount(t, keys*perKey/4, time.Minute)
+	accepted := proxy.Accepted()
+	faultAt := time.Now()
+	require.Positive(t, proxy.HalfOpen(), "the fault: the consumer's connection is half-open")
+	// The fault: the client reconnected while RabbitMQ still held its old
+	// connection (and that connection's unacked deliveries).
+	require.Eventually(t, func() bool { return proxy.Accepted() > accepted }, time.Minute, time.Millisecond, "the subscriber reconnects")
+	require.Positive(t, proxy.HalfOpenLive(), "RabbitMQ still holds the old connection when the subscriber reconnects")
+	l.WaitCount(t, keys*perKey, 3*time.Minute)
+	require.Eventually(t, func() bool { return proxy.HalfOpenLive() == 0 }, 2*time.Minute, 10*time.Millisecond, "RabbitMQ drops the half-open connection")
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	t.Logf("all %d applied %s after the fault; reorders %d, duplicates %d", keys*perKey, time.Since(faultAt).Round(time.Millisecond), len(l.Reorders), l.Duplicates)
+	require.Empty(t, l.Reorders, "a key applied out of order across the half-open connection")
+}
