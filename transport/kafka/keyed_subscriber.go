@@ -38,11 +38,20 @@ import (
 //   - a nacked message is sent again after NackResendSleep (100 ms), in
 //     its key's place, holding its key and the partition's offset;
 //   - a partition revoked by a rebalance, or the subscriber closing,
-//     starts nothing new, waits for the messages out until three quarters
-//     of Consumer.Group.Rebalance.Timeout, marks the final offset, commits
-//     and releases the partition. Handlers still running after that are
-//     no longer waited for (their message's context is cancelled) and the
-//     partition's next owner gets them again.
+//     starts nothing new, waits for the messages out up to
+//     Config.KeyDrainTimeout (default 30 s), marks the final offset,
+//     commits and releases the partition. The group's rebalance timeout
+//     (Consumer.Group.Rebalance.Timeout) is raised to 4/3 of that bound,
+//     and Sarama keeps heartbeating while the partition drains, so the
+//     member stays in the group while it waits: a handler slower than a
+//     few seconds is not cancelled and run again by the partition's next
+//     owner at every rebalance (which would repeat an effect outside the
+//     database, or one marked by idempotency after success, and with
+//     frequent rebalances never get past it). The cost: a rebalance
+//     lasts as long as the slowest running handler, up to the bound.
+//     Handlers still running after it are no longer waited for (their
+//     message's context is cancelled) and the partition's next owner
+//     gets them again.
 //
 // Messages without a key have no order among themselves. The Router's
 // handler must be safe for concurrent use (Router handlers are: the
@@ -75,12 +84,16 @@ var errNacked = errors.New("kafka: message nacked")
 // the subscriber is closing.
 var errClosing = errors.New("kafka: subscriber closing")
 
+// keyedRebalanceTimeout is the group's rebalance timeout for a drain bound
+// d: the bound plus a third, for the rejoin after it.
+func keyedRebalanceTimeout(d time.Duration) time.Duration { return d + d/3 }
+
 func newKeyedSubscriber(c Config, group string, sc *sarama.Config, logger watermill.LoggerAdapter) (*KeyedSubscriber, error) {
 	if !sc.Consumer.Offsets.AutoCommit.Enable {
 		return nil, errors.New("kafka: the key-parallel consumer (KeyParallelism) commits through Sarama's auto-commit: keep Consumer.Offsets.AutoCommit.Enable on in Config.Tune")
 	}
 	kc := keyed.Config{Concurrency: c.KeyParallelism, MaxInFlight: c.KeyMaxInFlight}
-	drain := sc.Consumer.Group.Rebalance.Timeout * 3 / 4
+	drain := min(c.KeyDrainTimeout, sc.Consumer.Group.Rebalance.Timeout*3/4)
 	return &KeyedSubscriber{
 		brokers: c.Brokers, group: group, sc: sc, cfg: kc, drain: drain,
 		details:     &sarama.TopicDetail{NumPartitions: c.Partitions, ReplicationFactor: c.ReplicationFactor},
@@ -251,7 +264,7 @@ func (h *keyedHandler) drain(sess sarama.ConsumerGroupSession, p *keyed.Partitio
 	sess.MarkOffset(topic, part, next, "")
 	sess.Commit()
 	if !finished {
-		h.s.logger.Info("Released a partition with handlers still running after the drain bound (3/4 of Sarama's Consumer.Group.Rebalance.Timeout): their messages, from the committed offset on, go to the partition's next owner", fields)
+		h.s.logger.Info("Released a partition with handlers still running after the drain bound (KeyDrainTimeout, at most 3/4 of Sarama's Consumer.Group.Rebalance.Timeout): their messages, from the committed offset on, go to the partition's next owner", fields)
 		return
 	}
 	h.s.logger.Debug("Released a drained partition", fields)
