@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -55,6 +57,16 @@ func (c Config) Validate() error {
 // ErrStopped is returned by Submit once Drain has begun.
 var ErrStopped = errors.New("keyed: partition is draining")
 
+// PanicError is a handler's panic, recovered by the partition: the
+// message is run again after RetryDelay in its key's place, as for an
+// error, and the stream goes on.
+type PanicError struct {
+	Value any    // what the handler panicked with
+	Stack []byte // the panicking goroutine's stack
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("keyed: handler panicked: %v", e.Value) }
+
 // Handler handles one message. It returns nil when the message is finished
 // (acked), an error to run it again after RetryDelay. ctx ends when the
 // partition is drained past its bound; a handler should then return.
@@ -64,9 +76,11 @@ type Handler[T any] func(ctx context.Context, v T) error
 // called from one goroutine (the stream's reader); Watermark and Drain are
 // safe for concurrent use.
 type Partition[T any] struct {
-	cfg    Config
-	handle Handler[T]
-	commit func(next int64)
+	cfg     Config
+	handle  Handler[T]
+	commit  func(next int64)
+	onPanic func(v T, err *PanicError)
+	panics  atomic.Int64
 
 	ctx    context.Context // the handlers'; cancelled by Drain's bound
 	cancel context.CancelFunc
@@ -113,6 +127,30 @@ func NewPartition[T any](cfg Config, handle Handler[T], commit func(next int64))
 		keys:  map[string]*keyQueue[T]{},
 		idle:  make(chan struct{}),
 	}, nil
+}
+
+// OnPanic sets f to be called (from the handler's goroutine) with each
+// message whose handler panicked, before it is run again: to log it with
+// what identifies the message. Call it before the first Submit.
+func (p *Partition[T]) OnPanic(f func(v T, err *PanicError)) { p.onPanic = f }
+
+// Panics counts the handler panics the partition recovered.
+func (p *Partition[T]) Panics() int64 { return p.panics.Load() }
+
+// call runs the handler, turning a panic into a *PanicError: one message
+// must not end the process, nor the worker and the key it holds.
+func (p *Partition[T]) call(v T) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			perr := &PanicError{Value: r, Stack: debug.Stack()}
+			p.panics.Add(1)
+			if p.onPanic != nil {
+				p.onPanic(v, perr)
+			}
+			err = perr
+		}
+	}()
+	return p.handle(p.ctx, v)
 }
 
 // Submit adds the stream's next message. It blocks while MaxInFlight
@@ -178,7 +216,7 @@ func (p *Partition[T]) run(it item[T]) bool {
 		if p.ctx.Err() != nil {
 			return false
 		}
-		if p.handle(p.ctx, it.v) == nil {
+		if p.call(it.v) == nil {
 			return true
 		}
 		if p.isStopping() {

@@ -348,3 +348,58 @@ func TestPartitionRunsAheadOfAStuckMessage(t *testing.T) {
 	close(release)
 	require.NoError(t, waitFor(ctx, func() bool { w, _ := p.Watermark(); return w == n }))
 }
+
+// TestPartitionRecoversAPanic: a handler that panics on its message's
+// first attempt does not end the process or the worker: the panic is
+// counted and handed to OnPanic with the message, the message runs again
+// in its key's place (its key's next waits for it), other keys go on, and
+// the watermark reaches the end.
+func TestPartitionRecoversAPanic(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var order []string
+	attempts := map[string]int{}
+	var panicked []string
+	var committed atomic.Int64
+	p, err := NewPartition(Config{Concurrency: 2, RetryDelay: time.Millisecond}, func(_ context.Context, m msg) error {
+		name := fmt.Sprintf("%s:%d", m.key, m.seq)
+		mu.Lock()
+		attempts[name]++
+		first := attempts[name] == 1
+		mu.Unlock()
+		if name == "a:1" && first {
+			var nilMap map[string]int
+			nilMap["boom"]++ // a real runtime panic: assignment to entry in nil map
+		}
+		mu.Lock()
+		order = append(order, name)
+		mu.Unlock()
+		return nil
+	}, func(next int64) { committed.Store(next) })
+	require.NoError(t, err)
+	p.OnPanic(func(m msg, perr *PanicError) {
+		mu.Lock()
+		defer mu.Unlock()
+		panicked = append(panicked, fmt.Sprintf("%s:%d %v", m.key, m.seq, perr.Value))
+		require.Contains(t, string(perr.Stack), "TestPartitionRecoversAPanic")
+	})
+	var off int64
+	for _, m := range []msg{{"a", 0, 0}, {"b", 0, 0}, {"a", 1, 0}, {"b", 1, 0}, {"a", 2, 0}, {"b", 2, 0}} {
+		require.NoError(t, p.Submit(context.Background(), m.key, off, msg{m.key, m.seq, off}))
+		off++
+	}
+	require.Eventually(t, func() bool { return committed.Load() == off }, 30*time.Second, time.Millisecond, "the watermark reaches the end")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, int64(1), p.Panics())
+	require.Len(t, panicked, 1)
+	require.Contains(t, panicked[0], "a:1 assignment to entry in nil map")
+	require.Equal(t, 2, attempts["a:1"], "run again after its panic")
+	pos := map[string]int{}
+	for i, n := range order {
+		pos[n] = i
+	}
+	require.Len(t, order, 6)
+	require.Less(t, pos["a:0"], pos["a:1"])
+	require.Less(t, pos["a:1"], pos["a:2"], "a's next message waited for the one that panicked")
+}

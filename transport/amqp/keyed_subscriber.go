@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -71,6 +72,12 @@ import (
 //     of the queue (another process of the group, or a second Subscribe
 //     to the topic) waits the same way as a standby and takes over when
 //     the first one's connection ends;
+//   - a panic while a delivery is handed out (reading it, for one) is
+//     recovered: logged with the delivery's tag, message id, ordering key
+//     and stack, counted (Panics), and the delivery is run again after
+//     100 ms in its key's place, like a nack; the subscription goes on.
+//     (A panic in the Router's handler is the Router's: use Watermill's
+//     middleware.Recoverer, which turns it into a nack.)
 //   - Close (or the end of Subscribe's ctx) stops consuming, waits up to
 //     KeyDrainTimeout for the messages out to be acked or nacked, acks
 //     those that were, then closes the channel: RabbitMQ requeues the
@@ -89,6 +96,9 @@ type KeyedSubscriber struct {
 	wcfg   wamqp.Config
 	kcfg   keyed.Config
 	logger watermill.LoggerAdapter
+	// unmarshal reads a delivery (Marshaler's; tests replace it).
+	unmarshal func(amqp091.Delivery) (*message.Message, error)
+	panics    atomic.Int64
 
 	mu      sync.Mutex // orders Subscribe's wg.Add before Close's Wait
 	closed  bool
@@ -106,11 +116,17 @@ var errSubscriberClosing = errors.New("amqp: subscriber closing")
 func newKeyedSubscriber(t *Transport, group string) *KeyedSubscriber {
 	return &KeyedSubscriber{
 		t: t, group: group, wcfg: t.config(group),
-		kcfg:    keyed.Config{Concurrency: t.cfg.KeyParallelism, MaxInFlight: t.cfg.Prefetch},
-		logger:  t.logger.With(watermill.LogFields{"consumer_group": group, "key_parallelism": t.cfg.KeyParallelism}),
-		closing: make(chan struct{}),
+		kcfg:      keyed.Config{Concurrency: t.cfg.KeyParallelism, MaxInFlight: t.cfg.Prefetch},
+		logger:    t.logger.With(watermill.LogFields{"consumer_group": group, "key_parallelism": t.cfg.KeyParallelism}),
+		closing:   make(chan struct{}),
+		unmarshal: Marshaler{}.Unmarshal,
 	}
 }
+
+// Panics counts the panics recovered while handing deliveries out (see
+// KeyedSubscriber): a delivery that panics is logged with its identity
+// and run again in its key's place, and the subscription goes on.
+func (s *KeyedSubscriber) Panics() int64 { return s.panics.Load() }
 
 // Subscribe declares the topic's exchange and the group's queue (as
 // watermill-amqp's subscriber does) and consumes the queue. The channel
@@ -131,6 +147,7 @@ func (s *KeyedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if err != nil {
 		return nil, fmt.Errorf("amqp: key-parallel subscriber of queue %s: %w", queue, err)
 	}
+	p.OnPanic(sub.panicked)
 	sub.part = p
 	conn, err := s.dial(ctx, queue)
 	if err != nil {
@@ -470,7 +487,7 @@ func (sub *subscription) handle(ctx context.Context, dl delivery) error {
 	if dl.on.isGone() {
 		return nil // its channel closed: RabbitMQ requeued it
 	}
-	msg, err := Marshaler{}.Unmarshal(dl.d)
+	msg, err := sub.s.unmarshal(dl.d)
 	if err != nil {
 		err = fmt.Errorf("amqp: unmarshaling delivery %d (message-id %q) of queue %s: %w", dl.d.DeliveryTag, dl.d.MessageId, sub.queue, err)
 		sub.s.logger.Error("Cannot unmarshal an AMQP delivery: it holds its ordering key, unacked, until it is removed from the queue or the subscriber can read it", err, sub.fields)
@@ -496,6 +513,16 @@ func (sub *subscription) handle(ctx context.Context, dl delivery) error {
 	case <-ctx.Done():
 		return ctx.Err() // drained past the bound: left unacked, redelivered
 	}
+}
+
+// panicked logs a delivery whose handling panicked (keyed.Partition
+// recovered it and runs it again in its key's place).
+func (sub *subscription) panicked(dl delivery, perr *keyed.PanicError) {
+	sub.s.panics.Add(1)
+	key, _ := dl.d.Headers[metadata.OrderingKey].(string)
+	sub.s.logger.Error("AMQP key-parallel subscriber recovered a panic handling a delivery: it runs again in its key's place after 100 ms (its key waits, other keys go on); a delivery that always panics holds its key, unacked, until fixed or removed from the queue", perr, sub.fields.Add(watermill.LogFields{
+		"delivery_tag": dl.d.DeliveryTag, "message_id": dl.d.MessageId, "ordering_key": key, "stack": string(perr.Stack),
+	}))
 }
 
 // send hands msg out. It reports gone when msg's channel closed first

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/testing/keyedtest"
@@ -463,4 +464,44 @@ func TestKeyedHalfOpenKeepsKeyOrder(t *testing.T) {
 	defer l.Mu.Unlock()
 	t.Logf("all %d applied %s after the fault; reorders %d, duplicates %d", keys*perKey, time.Since(faultAt).Round(time.Millisecond), len(l.Reorders), l.Duplicates)
 	require.Empty(t, l.Reorders, "a key applied out of order across the half-open connection")
+}
+
+// TestKeyedSurvivesAPanic: reading one delivery panics (the first time):
+// the subscriber recovers it, counts it, runs the delivery again in its
+// key's place, and every message is handled, each key in order, by the
+// same subscriber (the process and the subscription go on).
+func TestKeyedSurvivesAPanic(t *testing.T) {
+	t.Parallel()
+	const group, keys, perKey = "panic", 3, 5
+	topic := keyedTopic(t, group, keys, perKey)
+	tr := keyedTransport(t, transporttest.AMQPURL(), 2)
+	sub, err := tr.Subscriber(group)
+	require.NoError(t, err)
+	var once atomic.Bool
+	amqp.SetKeyedUnmarshal(sub, func(d amqp091.Delivery) (*message.Message, error) {
+		if string(d.Body) == "k1:2" && once.CompareAndSwap(false, true) {
+			var m map[string]int
+			m["boom"]++ // a runtime panic in the subscriber's own goroutine
+		}
+		return amqp.Marshaler{}.Unmarshal(d)
+	})
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	l := keyedtest.NewLedger()
+	go func() {
+		for m := range msgs {
+			r, _ := keyedtest.ParseRef(string(m.Payload))
+			go func() { // as the Router does: each message in its own goroutine
+				l.Start(r)
+				l.End(r, true)
+				m.Ack()
+			}()
+		}
+	}()
+	l.WaitCount(t, keys*perKey, time.Minute)
+	require.Equal(t, int64(1), sub.(*amqp.KeyedSubscriber).Panics(), "the fault: one panic, recovered")
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	require.Empty(t, l.Reorders)
+	require.Equal(t, 1, l.Started[ref{Key: "k1", Seq: 2}], "the delivery that panicked was handed out once it read")
 }

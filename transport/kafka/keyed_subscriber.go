@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -51,7 +52,13 @@ import (
 //     lasts as long as the slowest running handler, up to the bound.
 //     Handlers still running after it are no longer waited for (their
 //     message's context is cancelled) and the partition's next owner
-//     gets them again.
+//     gets them again;
+//   - a panic while a message is handed out (unmarshaling it, for one) is
+//     recovered: logged with the message's partition, offset, key and
+//     stack, counted (Panics), and the message is run again after 100 ms
+//     in its key's place, like a nack; the partition goes on. (A panic in
+//     the Router's handler is the Router's: use Watermill's
+//     middleware.Recoverer, which turns it into a nack.)
 //
 // Messages without a key have no order among themselves. The Router's
 // handler must be safe for concurrent use (Router handlers are: the
@@ -71,6 +78,7 @@ type KeyedSubscriber struct {
 	details     *sarama.TopicDetail
 	unmarshaler wkafka.Unmarshaler
 	logger      watermill.LoggerAdapter
+	panics      atomic.Int64
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -234,6 +242,7 @@ func (h *keyedHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	if err != nil {
 		return err
 	}
+	p.OnPanic(h.panicked)
 	defer h.drain(sess, p, topic, part)
 	for {
 		select {
@@ -251,6 +260,21 @@ func (h *keyedHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		}
 	}
 }
+
+// panicked logs a message whose handling panicked (keyed.Partition
+// recovered it and runs it again in its key's place).
+func (h *keyedHandler) panicked(km *sarama.ConsumerMessage, perr *keyed.PanicError) {
+	h.s.panics.Add(1)
+	h.s.logger.Error("Kafka key-parallel subscriber recovered a panic handling a message: it runs again in its key's place after 100 ms (its key and the partition's offset wait, other keys go on); a message that always panics holds them until fixed", perr, watermill.LogFields{
+		"topic": km.Topic, "kafka_partition": km.Partition, "kafka_offset": km.Offset, "kafka_key": string(km.Key), "stack": string(perr.Stack),
+	})
+}
+
+// Panics counts the panics recovered while handing messages out (see
+// KeyedSubscriber): a message that panics is logged with its partition,
+// offset and key and run again in its key's place, and the partition
+// goes on.
+func (s *KeyedSubscriber) Panics() int64 { return s.panics.Load() }
 
 // drain stops p within the drain bound and commits its final offset.
 func (h *keyedHandler) drain(sess sarama.ConsumerGroupSession, p *keyed.Partition[*sarama.ConsumerMessage], topic string, part int32) {

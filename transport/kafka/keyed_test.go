@@ -22,6 +22,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/keyedtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/kafka"
 	"github.com/millwright/millwright/transport/transporttest"
 )
 
@@ -368,4 +369,62 @@ func TestKeyedSlowHandlerSurvivesRebalance(t *testing.T) {
 	require.Positive(t, byB.Load(), "the fault: B joined and got a partition (a rebalance while the slow handler ran)")
 	require.Equal(t, 1, l.Started[slow], "the slow handler was given up on at the rebalance and its message applied again")
 	require.Empty(t, l.Reorders)
+}
+
+// panickingUnmarshaler panics the first time it reads the message whose
+// payload is once.
+type panickingUnmarshaler struct {
+	kafka.Marshaler
+	once     string
+	panicked *atomic.Bool
+}
+
+func (u panickingUnmarshaler) Unmarshal(km *sarama.ConsumerMessage) (*message.Message, error) {
+	if string(km.Value) == u.once && u.panicked.CompareAndSwap(false, true) {
+		var m map[string]int
+		m["boom"]++ // a runtime panic in the subscriber's own goroutine
+	}
+	return u.Marshaler.Unmarshal(km)
+}
+
+// TestKeyedSurvivesAPanic: reading one message panics (the first time):
+// the subscriber recovers it, counts it, runs the message again in its
+// key's place, and every message is handled, each key in order, by the
+// same subscriber (the process and the partition go on).
+func TestKeyedSurvivesAPanic(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const partitions, keys, perKey = 2, 4, 5
+	cfg := keyedConfig(t, 2)
+	topic, where := keyedTopic(t, ctx, cfg, partitions, keys, perKey)
+	group := "group_" + topic
+	t.Cleanup(func() { deleteTopic(t, cfg.Kafka.Brokers, topic, group) })
+	tr, err := kafka.Open(ctx, cfg.Kafka, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	sub, err := tr.Subscriber(group)
+	require.NoError(t, err)
+	var panicked atomic.Bool
+	kafka.SetKeyedUnmarshaler(sub, panickingUnmarshaler{once: "k1:2", panicked: &panicked})
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	l := keyedtest.NewLedger()
+	go func() {
+		for m := range msgs {
+			r, _ := keyedtest.ParseRef(string(m.Payload))
+			go func() { // as the Router does: each message in its own goroutine
+				l.Start(r)
+				l.End(r, true)
+				m.Ack()
+			}()
+		}
+	}()
+	l.WaitCount(t, len(where), time.Minute)
+	require.True(t, panicked.Load())
+	require.Equal(t, int64(1), sub.(*kafka.KeyedSubscriber).Panics(), "the fault: one panic, recovered")
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	require.Empty(t, l.Reorders)
+	require.Equal(t, 1, l.Started[ref{Key: "k1", Seq: 2}], "the message that panicked was handed out once it read")
 }
