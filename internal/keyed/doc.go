@@ -34,6 +34,9 @@
 // runs the message again after RetryDelay in its key's place; the worker,
 // the other keys and the process go on.
 //
+// Discard drops waiting messages that became void (an AMQP channel that
+// closed: the broker has them again), giving their slots back at once.
+//
 // Messages with the empty key have no order among themselves (a producer
 // without a key spreads them over partitions anyway): each runs as its own
 // key.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -104,6 +105,9 @@ type item[T any] struct {
 type keyQueue[T any] struct {
 	key   string
 	items []item[T]
+	// waiting: in ready, no worker on it, so items[0] is not running
+	// (otherwise a worker runs items[0]).
+	waiting bool
 }
 
 // NewPartition returns a partition that runs handle and calls commit with
@@ -188,6 +192,7 @@ func (p *Partition[T]) Submit(ctx context.Context, key string, offset int64, v T
 		p.running++
 		go p.work(q)
 	} else {
+		q.waiting = true
 		p.ready = append(p.ready, q)
 	}
 	return nil
@@ -250,6 +255,7 @@ func (p *Partition[T]) finish(q *keyQueue[T], it item[T]) *keyQueue[T] {
 	if len(q.items) == 0 {
 		delete(p.keys, q.key)
 	} else {
+		q.waiting = true
 		p.ready = append(p.ready, q)
 	}
 	if p.stopping || len(p.ready) == 0 {
@@ -259,7 +265,51 @@ func (p *Partition[T]) finish(q *keyQueue[T], it item[T]) *keyQueue[T] {
 	next := p.ready[0]
 	p.ready[0] = nil
 	p.ready = p.ready[1:]
+	next.waiting = false
 	return next
+}
+
+// Discard drops the submitted messages that have not started and for
+// which drop reports true: they give back their slots at once and count
+// as finished for the watermark. A running message is never dropped. It
+// is for a stream whose messages became void (an AMQP channel that
+// closed: RabbitMQ has its unacked deliveries again), so that they do not
+// hold their slots until their key's running message returns. It returns
+// how many it dropped; it is safe for concurrent use.
+func (p *Partition[T]) Discard(drop func(T) bool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	advanced := false
+	for key, q := range p.keys {
+		first := 1 // items[0] runs
+		if q.waiting {
+			first = 0
+		}
+		kept := q.items[:first]
+		for _, it := range q.items[first:] {
+			if !drop(it.v) {
+				kept = append(kept, it)
+				continue
+			}
+			n++
+			<-p.slots
+			if p.wm.done(it.offset) {
+				advanced = true
+			}
+		}
+		clear(q.items[len(kept):])
+		q.items = kept
+		if len(q.items) == 0 { // only a waiting key can empty
+			delete(p.keys, key)
+			p.ready = slices.DeleteFunc(p.ready, func(r *keyQueue[T]) bool { return r == q })
+		}
+	}
+	if advanced && p.ctx.Err() == nil {
+		next, _ := p.wm.value()
+		p.commit(next)
+	}
+	return n
 }
 
 func (p *Partition[T]) isStopping() bool {

@@ -403,3 +403,43 @@ func TestPartitionRecoversAPanic(t *testing.T) {
 	require.Less(t, pos["a:0"], pos["a:1"])
 	require.Less(t, pos["a:1"], pos["a:2"], "a's next message waited for the one that panicked")
 }
+
+// TestPartitionDiscard: Discard drops the messages waiting (behind their
+// key's running one, or for a worker) that its function picks, giving
+// their slots back at once; the running message is never dropped, and a
+// key left empty is forgotten.
+func TestPartitionDiscard(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	started := make(chan string, 10)
+	var committed atomic.Int64
+	p, err := NewPartition(Config{Concurrency: 1, MaxInFlight: 4}, func(_ context.Context, m msg) error {
+		started <- fmt.Sprintf("%s:%d", m.key, m.seq)
+		if m.key == "a" && m.seq == 0 {
+			<-release
+		}
+		return nil
+	}, func(next int64) { committed.Store(next) })
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, p.Submit(ctx, "a", 0, msg{"a", 0, 0})) // runs, hangs
+	require.Equal(t, "a:0", <-started)
+	require.NoError(t, p.Submit(ctx, "a", 1, msg{"a", 1, 1})) // behind a:0
+	require.NoError(t, p.Submit(ctx, "b", 2, msg{"b", 0, 2})) // waits for the worker
+	require.NoError(t, p.Submit(ctx, "c", 3, msg{"c", 0, 3})) // waits for the worker; 4 of 4 slots
+	full, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	require.ErrorIs(t, p.Submit(full, "d", 4, msg{"d", 0, 4}), context.DeadlineExceeded, "the partition is full")
+	cancel()
+
+	n := p.Discard(func(m msg) bool { return m.offset <= 2 }) // a:0 runs: kept; a:1 and b:0 dropped
+	require.Equal(t, 2, n)
+	require.NoError(t, p.Submit(ctx, "d", 5, msg{"d", 0, 5}), "a dropped message gave its slot back")
+	require.NoError(t, p.Submit(ctx, "e", 6, msg{"e", 0, 6}))
+	close(release)
+	var ran []string
+	for len(ran) < 3 {
+		ran = append(ran, <-started)
+	}
+	require.ElementsMatch(t, []string{"c:0", "d:0", "e:0"}, ran, "the dropped messages never ran")
+	require.Eventually(t, func() bool { return committed.Load() == 7 }, 30*time.Second, time.Millisecond, "dropped messages count as finished for the watermark")
+}

@@ -109,7 +109,10 @@
 //     budget ends (package park parks it instead);
 //   - a lost connection or channel is redialled at once, then with backoff
 //     (100 ms to 5 s); a handler still running from the lost channel keeps
-//     its key until it returns, and its ack is lost (redelivered);
+//     its key until it returns, and its ack is lost (redelivered); the
+//     lost channel's deliveries waiting behind it are dropped at once
+//     (RabbitMQ sends them again), so they do not hold Prefetch slots
+//     the other keys need;
 //   - the queue is consumed exclusively: a key keeps its order across a
 //     half-open connection (the client's side lost, RabbitMQ's still open,
 //     as when a NAT or conntrack entry is dropped), because no new

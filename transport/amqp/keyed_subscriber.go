@@ -55,7 +55,10 @@ import (
 //     key's redelivered messages wait for it, and its ack is lost
 //     (RabbitMQ redelivers that message: at least once, deduplicate with
 //     package idempotency); deliveries of the lost channel not yet
-//     handed out are skipped, since RabbitMQ redelivers them;
+//     handed out are dropped as soon as it closes, since RabbitMQ
+//     redelivers them: they give back their Prefetch slots at once
+//     rather than when their key's running handler returns, so one slow
+//     handler cannot leave the new channel's deliveries no slot;
 //   - the queue is consumed exclusively (basic.consume's exclusive
 //     flag), so no other consumer gets its deliveries while this one's
 //     are unacked. That is what keeps a key in order across a half-open
@@ -369,9 +372,24 @@ func (sub *subscription) consume(ctx context.Context, conn *amqp091.Connection) 
 	closes := ch.NotifyClose(make(chan *amqp091.Error, 1))
 	go func() {
 		<-closes // closed by amqp091 when the channel or connection closes
-		cc.markGone()
+		sub.lost(cc)
 	}()
 	return cc, deliveries, nil
+}
+
+// lost marks cc gone and drops its deliveries that wait in the partition
+// (behind their key's running message, or for a free slot): RabbitMQ
+// requeued them with the channel and sends them again, so they give back
+// their slots now, not when their key's running handler returns (a slow
+// one would otherwise leave the new channel's deliveries no slot).
+func (sub *subscription) lost(cc *consumerChannel) {
+	if cc.isGone() {
+		return
+	}
+	cc.markGone()
+	if n := sub.part.Discard(func(d delivery) bool { return d.on == cc }); n > 0 {
+		sub.s.logger.Debug("Dropped the waiting deliveries of a lost channel: RabbitMQ redelivers them", sub.fields.Add(watermill.LogFields{"deliveries": n}))
+	}
 }
 
 // read submits cc's deliveries to the partition until they end (false:
@@ -381,8 +399,11 @@ func (sub *subscription) read(ctx context.Context, cc *consumerChannel, deliveri
 		select {
 		case d, ok := <-deliveries:
 			if !ok {
-				cc.markGone()
+				sub.lost(cc)
 				return ctx.Err() != nil
+			}
+			if cc.isGone() {
+				continue // RabbitMQ requeued it with the channel
 			}
 			key, _ := d.Headers[metadata.OrderingKey].(string)
 			sub.seq++

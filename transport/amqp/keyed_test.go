@@ -505,3 +505,93 @@ func TestKeyedSurvivesAPanic(t *testing.T) {
 	require.Empty(t, l.Reorders)
 	require.Equal(t, 1, l.Started[ref{Key: "k1", Seq: 2}], "the delivery that panicked was handed out once it read")
 }
+
+// TestKeyedReconnectFreesASlowKeysSlots: one key's first message hangs
+// while its 14 later messages wait behind it, holding 15 of the 20
+// deliveries in flight (Prefetch); the other keys go on through the rest.
+// The connection is then cut: RabbitMQ requeues every unacked delivery and
+// sends them again on the new channel. The lost channel's waiting
+// deliveries must give their slots back at once (RabbitMQ has them
+// again), not only when the hanging handler returns; else they and the
+// key's redeliveries fill every slot and the other keys stall behind one
+// slow handler.
+func TestKeyedReconnectFreesASlowKeysSlots(t *testing.T) {
+	t.Parallel()
+	const group, keys, perKey, slowN = "slots", 10, 10, 15
+	topic := freshTopic(t, group)
+	pubTr, err := amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL(), DeclareGroups: []string{group}}, nil)
+	require.NoError(t, err)
+	defer pubTr.Close()
+	var msgs []*message.Message
+	for s := 0; s < slowN; s++ {
+		msgs = append(msgs, keyedMessage(ref{Key: "slow", Seq: s}))
+	}
+	// One Publish: the slow key's messages at the head of the queue, in a row.
+	require.NoError(t, pubTr.Publisher().Publish(topic, msgs...))
+	msgs = nil
+	for s := 0; s < perKey; s++ {
+		for k := 0; k < keys; k++ {
+			msgs = append(msgs, keyedMessage(ref{Key: fmt.Sprint("k", k), Seq: s}))
+		}
+	}
+	require.NoError(t, pubTr.Publisher().(transport.BatchPublisher).PublishBatch(topic, msgs...))
+
+	proxy, through := proxied(t)
+	tr, err := amqp.Open(context.Background(), amqp.Config{URL: through, KeyParallelism: 4, Prefetch: 20, KeyDrainTimeout: 5 * time.Second}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	hang, release := ref{Key: "slow", Seq: 0}, make(chan struct{})
+	hanging := make(chan struct{})
+	l := keyedtest.NewLedger()
+	runRouter(t, tr, topic, group, func(m *message.Message) error {
+		r, _ := keyedtest.ParseRef(string(m.Payload))
+		l.Start(r)
+		if r == hang {
+			select {
+			case <-hanging:
+			default:
+				close(hanging)
+				<-release
+			}
+		}
+		time.Sleep(time.Millisecond) // the handler's simulated work
+		l.End(r, true)
+		return nil
+	})
+	select {
+	case <-hanging:
+	case <-time.After(time.Minute):
+		t.Fatal("the hanging message never ran")
+	}
+	l.WaitCount(t, 10, time.Minute) // the other keys go on beside it
+	proxy.Cut()
+	require.Positive(t, proxy.CutConns(), "the fault: the consumer's connection was cut")
+	others := func() int {
+		l.Mu.Lock()
+		defer l.Mu.Unlock()
+		n := 0
+		for r := range l.Done {
+			if r.Key != hang.Key {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(time.Minute) // fails a stall, not a slow machine
+	for others() < keys*perKey && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // polling the ledger
+	}
+	done := others()
+	l.Mu.Lock()
+	hungStill := !l.Done[hang]
+	l.Mu.Unlock()
+	close(release)
+	require.True(t, hungStill, "the slow key's handler still hung while the others ran")
+	require.Equal(t, keys*perKey, done, "the other keys stalled behind the slow key's handler after the reconnect")
+	l.WaitCount(t, keys*perKey+slowN, time.Minute)
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	t.Logf("proxy accepted %d connections (a reconnect), cut %d ends; slow:1 started %d times, slow:14 %d", proxy.Accepted(), proxy.CutConns(), l.Started[ref{Key: "slow", Seq: 1}], l.Started[ref{Key: "slow", Seq: 14}])
+	t.Logf("reorders %d, duplicates %d", len(l.Reorders), l.Duplicates)
+	require.Empty(t, l.Reorders)
+}
