@@ -595,3 +595,44 @@ func TestKeyedReconnectFreesASlowKeysSlots(t *testing.T) {
 	t.Logf("reorders %d, duplicates %d", len(l.Reorders), l.Duplicates)
 	require.Empty(t, l.Reorders)
 }
+
+// TestKeyedSecondConsumerIsAStandby: two key-parallel consumers of one
+// queue (two processes of a group): the queue is consumed exclusively,
+// so the second gets nothing while the first runs (RabbitMQ would
+// otherwise spread each key over both), and takes over once the first
+// stops.
+func TestKeyedSecondConsumerIsAStandby(t *testing.T) {
+	t.Parallel()
+	const group, keys, perKey = "standby", 4, 10
+	topic := keyedTopic(t, group, keys, perKey)
+	l := keyedtest.NewLedger()
+	var byFirst, bySecond atomic.Int64
+	handler := func(n *atomic.Int64) message.NoPublishHandlerFunc {
+		return func(m *message.Message) error {
+			r, _ := keyedtest.ParseRef(string(m.Payload))
+			l.Start(r)
+			l.End(r, true)
+			n.Add(1)
+			return nil
+		}
+	}
+	stopFirst := runRouter(t, keyedTransport(t, transporttest.AMQPURL(), 2), topic, group, handler(&byFirst))
+	l.WaitCount(t, 1, time.Minute) // the first one consumes
+	runRouter(t, keyedTransport(t, transporttest.AMQPURL(), 2), topic, group, handler(&bySecond))
+	l.WaitCount(t, keys*perKey, time.Minute)
+	require.Zero(t, bySecond.Load(), "the standby got messages while the first consumer ran")
+
+	stopFirst()
+	pubTr, err := amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL()}, nil)
+	require.NoError(t, err)
+	defer pubTr.Close()
+	for s := 0; s < 5; s++ {
+		require.NoError(t, pubTr.Publisher().Publish(topic, keyedMessage(ref{Key: "after", Seq: s})))
+	}
+	l.WaitCount(t, keys*perKey+5, 2*time.Minute)
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	t.Logf("first %d, standby %d", byFirst.Load(), bySecond.Load())
+	require.Equal(t, int64(5), bySecond.Load(), "the standby took over once the first stopped")
+	require.Empty(t, l.Reorders)
+}
