@@ -138,6 +138,11 @@ func NewPartition[T any](cfg Config, handle Handler[T], commit func(next int64))
 // what identifies the message. Call it before the first Submit.
 func (p *Partition[T]) OnPanic(f func(v T, err *PanicError)) { p.onPanic = f }
 
+// Stopping is closed when Drain begins: a handler still waiting to hand
+// its message on (it has not started it) should then give up, returning
+// an error, rather than hold the drain until its bound.
+func (p *Partition[T]) Stopping() <-chan struct{} { return p.stop }
+
 // Panics counts the handler panics the partition recovered.
 func (p *Partition[T]) Panics() int64 { return p.panics.Load() }
 

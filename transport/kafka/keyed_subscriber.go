@@ -39,7 +39,8 @@ import (
 //   - a nacked message is sent again after NackResendSleep (100 ms), in
 //     its key's place, holding its key and the partition's offset;
 //   - a partition revoked by a rebalance, or the subscriber closing,
-//     starts nothing new, waits for the messages out up to
+//     starts nothing new (a message not yet read from the output channel
+//     is not waited for), waits for the messages out up to
 //     Config.KeyDrainTimeout (default 30 s), marks the final offset,
 //     commits and releases the partition. The group's rebalance timeout
 //     (Consumer.Group.Rebalance.Timeout) is raised to 4/3 of that bound,
@@ -212,8 +213,10 @@ func (h *keyedHandler) closeOut() {
 }
 
 // send hands msg to the output channel, unless it is closed or closing,
-// or ctx ends first.
-func (h *keyedHandler) send(ctx context.Context, msg *message.Message) error {
+// its partition is draining (stopping: the message has not started, so
+// the drain need not wait for it; the partition's next owner gets it), or
+// ctx ends first.
+func (h *keyedHandler) send(ctx context.Context, msg *message.Message, stopping <-chan struct{}) error {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	if h.closed {
@@ -223,6 +226,8 @@ func (h *keyedHandler) send(ctx context.Context, msg *message.Message) error {
 	case h.out <- msg:
 		return nil
 	case <-h.s.closing:
+		return errClosing
+	case <-stopping:
 		return errClosing
 	case <-ctx.Done():
 		return ctx.Err()
@@ -236,8 +241,9 @@ func (h *keyedHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 // ends, then drains it.
 func (h *keyedHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	topic, part := claim.Topic(), claim.Partition()
+	var p *keyed.Partition[*sarama.ConsumerMessage]
 	p, err := keyed.NewPartition(h.s.cfg, func(ctx context.Context, km *sarama.ConsumerMessage) error {
-		return h.deliver(ctx, km)
+		return h.deliver(ctx, km, p.Stopping()) // p is set before the first Submit
 	}, func(next int64) { sess.MarkOffset(topic, part, next, "") })
 	if err != nil {
 		return err
@@ -296,7 +302,7 @@ func (h *keyedHandler) drain(sess sarama.ConsumerGroupSession, p *keyed.Partitio
 
 // deliver hands one message to the output channel and waits for its ack
 // (nil) or nack (errNacked: keyed.Partition sends it again).
-func (h *keyedHandler) deliver(ctx context.Context, km *sarama.ConsumerMessage) error {
+func (h *keyedHandler) deliver(ctx context.Context, km *sarama.ConsumerMessage, stopping <-chan struct{}) error {
 	msg, err := h.s.unmarshaler.Unmarshal(km)
 	if err != nil {
 		err = fmt.Errorf("kafka: unmarshaling %s partition %d offset %d: %w", km.Topic, km.Partition, km.Offset, err)
@@ -306,7 +312,7 @@ func (h *keyedHandler) deliver(ctx context.Context, km *sarama.ConsumerMessage) 
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	msg.SetContext(mctx)
-	if err := h.send(ctx, msg); err != nil {
+	if err := h.send(ctx, msg, stopping); err != nil {
 		return err
 	}
 	select {
