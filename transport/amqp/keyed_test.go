@@ -636,3 +636,50 @@ func TestKeyedSecondConsumerIsAStandby(t *testing.T) {
 	require.Equal(t, int64(5), bySecond.Load(), "the standby took over once the first stopped")
 	require.Empty(t, l.Reorders)
 }
+
+// TestKeyedWaitsForAnotherSubscriber: a queue already consumed by
+// watermill-amqp's subscriber (KeyParallelism 0, another process of the
+// group) makes the key-parallel consumer's Subscribe wait, not fail, and
+// not share the queue; it consumes once that subscriber stops.
+func TestKeyedWaitsForAnotherSubscriber(t *testing.T) {
+	t.Parallel()
+	const group = "waits"
+	topic := keyedTopic(t, group, 1, 1) // k0:0
+	plain, err := amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL()}, nil)
+	require.NoError(t, err)
+	defer plain.Close()
+	psub, err := plain.Subscriber(group)
+	require.NoError(t, err)
+	pmsgs, err := psub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	select {
+	case m := <-pmsgs:
+		m.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("watermill-amqp's subscriber got nothing")
+	}
+
+	l := keyedtest.NewLedger()
+	runRouter(t, keyedTransport(t, transporttest.AMQPURL(), 2), topic, group, func(m *message.Message) error {
+		r, _ := keyedtest.ParseRef(string(m.Payload))
+		l.Start(r)
+		l.End(r, true)
+		return nil
+	})
+	require.NoError(t, plain.Publisher().Publish(topic, keyedMessage(ref{Key: "k1", Seq: 0})))
+	select {
+	case m := <-pmsgs:
+		require.Equal(t, "k1:0", string(m.Payload), "the running subscriber keeps the queue")
+		m.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("the running subscriber lost the queue")
+	}
+	require.Zero(t, l.Count(), "the key-parallel consumer shared the queue")
+
+	require.NoError(t, psub.Close())
+	require.NoError(t, plain.Publisher().Publish(topic, keyedMessage(ref{Key: "k2", Seq: 0})))
+	l.WaitCount(t, 1, time.Minute)
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	require.True(t, l.Done[ref{Key: "k2", Seq: 0}], "the key-parallel consumer took over")
+}
