@@ -21,6 +21,9 @@ func TestConformanceKafkaKeyed(t *testing.T) {
 	pub, group := constructors(func(t *testing.T) transport.Config {
 		c := transporttest.Config(t, transport.Kafka)
 		c.Kafka.KeyParallelism = 8
+		// TestMessageCtx wants a message's context cancelled within 30s of
+		// Close while it is still unacked: that is the drain bound.
+		c.Kafka.KeyDrainTimeout = 5 * time.Second
 		return c
 	}, "test")
 	tests.TestPubSub(t, tests.Features{

@@ -170,6 +170,17 @@ type KafkaConfig struct {
 	// Default 16 × KeyParallelism; at least KeyParallelism. Env
 	// MILLWRIGHT_KAFKA_KEY_MAX_IN_FLIGHT.
 	KeyMaxInFlight int
+	// KeyDrainTimeout bounds how long the key-parallel consumer waits for
+	// a revoked partition's running handlers, at a rebalance or Close,
+	// before it cancels their messages' contexts and hands the partition
+	// on (its next owner gets them again). The group's rebalance timeout
+	// (Sarama's Consumer.Group.Rebalance.Timeout) is raised to 4/3 of it
+	// so that the member waiting stays in the group: a rebalance then
+	// lasts as long as the slowest running handler, up to this bound (a
+	// member that died is still dropped at its session timeout, 10 s).
+	// Default 30s (Watermill's Router CloseTimeout); a Tune that lowers
+	// the rebalance timeout lowers the bound to 3/4 of it.
+	KeyDrainTimeout time.Duration
 	// Tune, if set, adjusts the Sarama configuration last (escape hatch).
 	// It must be a func(*sarama.Config) (github.com/IBM/sarama): it is
 	// typed any so that package transport does not link Sarama into

@@ -91,6 +91,8 @@ func main() {
 // common are the flags of every command.
 type common struct {
 	databaseURL, driver, schema, transport, embedded, logLevel string
+	topicPrefix                                                string
+	park                                                       bool
 	// onWait, if set, hears each failed attempt while transport.Open
 	// waits for the broker (transport.Config.OnWait).
 	onWait func(error)
@@ -101,6 +103,8 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.driver, "driver", envOr(envDriver, "pgx"), "Postgres driver of the services: pgx (pgx v5, a pgxpool.Pool) or pq (database/sql on lib/pq) (env "+envDriver+")")
 	fs.StringVar(&c.schema, "schema", envOr("MILLWRIGHT_ORDERS_SCHEMA", "millwright_orders"), "Postgres schema of the example's tables, created if missing (\"\" = the URL's search_path)")
 	fs.StringVar(&c.transport, "transport", os.Getenv(transport.EnvTransport), "transport kind or URL (env "+transport.EnvTransport+"; default: sql on the database)")
+	fs.StringVar(&c.topicPrefix, "topic-prefix", os.Getenv("MILLWRIGHT_ORDERS_TOPIC_PREFIX"), "prefix of every topic, so that several runs can share a broker (env MILLWRIGHT_ORDERS_TOPIC_PREFIX)")
+	fs.BoolVar(&c.park, "park", os.Getenv("MILLWRIGHT_ORDERS_PARK") == "true", "guard the consumers with package park instead of dlq's middleware (app.Config.Park; env MILLWRIGHT_ORDERS_PARK=true)")
 	fs.StringVar(&c.embedded, "embedded", "", "start an in-process broker: kafka or googlecloud (not for production)")
 	fs.StringVar(&c.logLevel, "log", "error", "log level: debug, info, warn, error")
 }
@@ -170,6 +174,7 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 	// (its names, its message size on the wire).
 	outbox.SetTransportLimits(tr.Limits())
 	pool.DatabaseURL, pool.Transport, pool.Logger, pool.Duplicate = dbURL, tr, log, duplicate
+	pool.TopicPrefix, pool.Park = c.topicPrefix, c.park
 	a, err := app.New(pool)
 	if err != nil {
 		cleanup()

@@ -28,6 +28,15 @@
 // MaxInFlight messages are waiting, then the fetch stops. Parking the key
 // (issue 33, item 2) is a handler middleware's job, not this package's.
 //
+// A handler that panics is treated as one that returned an error: the
+// partition recovers the panic (a *PanicError, counted by Panics and
+// passed to the OnPanic function, which logs it with the message), and
+// runs the message again after RetryDelay in its key's place; the worker,
+// the other keys and the process go on.
+//
+// Discard drops waiting messages that became void (an AMQP channel that
+// closed: the broker has them again), giving their slots back at once.
+//
 // Messages with the empty key have no order among themselves (a producer
 // without a key spreads them over partitions anyway): each runs as its own
 // key.

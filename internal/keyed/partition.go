@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -55,6 +58,16 @@ func (c Config) Validate() error {
 // ErrStopped is returned by Submit once Drain has begun.
 var ErrStopped = errors.New("keyed: partition is draining")
 
+// PanicError is a handler's panic, recovered by the partition: the
+// message is run again after RetryDelay in its key's place, as for an
+// error, and the stream goes on.
+type PanicError struct {
+	Value any    // what the handler panicked with
+	Stack []byte // the panicking goroutine's stack
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("keyed: handler panicked: %v", e.Value) }
+
 // Handler handles one message. It returns nil when the message is finished
 // (acked), an error to run it again after RetryDelay. ctx ends when the
 // partition is drained past its bound; a handler should then return.
@@ -64,9 +77,11 @@ type Handler[T any] func(ctx context.Context, v T) error
 // called from one goroutine (the stream's reader); Watermark and Drain are
 // safe for concurrent use.
 type Partition[T any] struct {
-	cfg    Config
-	handle Handler[T]
-	commit func(next int64)
+	cfg     Config
+	handle  Handler[T]
+	commit  func(next int64)
+	onPanic func(v T, err *PanicError)
+	panics  atomic.Int64
 
 	ctx    context.Context // the handlers'; cancelled by Drain's bound
 	cancel context.CancelFunc
@@ -90,6 +105,9 @@ type item[T any] struct {
 type keyQueue[T any] struct {
 	key   string
 	items []item[T]
+	// waiting: in ready, no worker on it, so items[0] is not running
+	// (otherwise a worker runs items[0]).
+	waiting bool
 }
 
 // NewPartition returns a partition that runs handle and calls commit with
@@ -113,6 +131,35 @@ func NewPartition[T any](cfg Config, handle Handler[T], commit func(next int64))
 		keys:  map[string]*keyQueue[T]{},
 		idle:  make(chan struct{}),
 	}, nil
+}
+
+// OnPanic sets f to be called (from the handler's goroutine) with each
+// message whose handler panicked, before it is run again: to log it with
+// what identifies the message. Call it before the first Submit.
+func (p *Partition[T]) OnPanic(f func(v T, err *PanicError)) { p.onPanic = f }
+
+// Stopping is closed when Drain begins: a handler still waiting to hand
+// its message on (it has not started it) should then give up, returning
+// an error, rather than hold the drain until its bound.
+func (p *Partition[T]) Stopping() <-chan struct{} { return p.stop }
+
+// Panics counts the handler panics the partition recovered.
+func (p *Partition[T]) Panics() int64 { return p.panics.Load() }
+
+// call runs the handler, turning a panic into a *PanicError: one message
+// must not end the process, nor the worker and the key it holds.
+func (p *Partition[T]) call(v T) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			perr := &PanicError{Value: r, Stack: debug.Stack()}
+			p.panics.Add(1)
+			if p.onPanic != nil {
+				p.onPanic(v, perr)
+			}
+			err = perr
+		}
+	}()
+	return p.handle(p.ctx, v)
 }
 
 // Submit adds the stream's next message. It blocks while MaxInFlight
@@ -150,6 +197,7 @@ func (p *Partition[T]) Submit(ctx context.Context, key string, offset int64, v T
 		p.running++
 		go p.work(q)
 	} else {
+		q.waiting = true
 		p.ready = append(p.ready, q)
 	}
 	return nil
@@ -178,7 +226,7 @@ func (p *Partition[T]) run(it item[T]) bool {
 		if p.ctx.Err() != nil {
 			return false
 		}
-		if p.handle(p.ctx, it.v) == nil {
+		if p.call(it.v) == nil {
 			return true
 		}
 		if p.isStopping() {
@@ -212,6 +260,7 @@ func (p *Partition[T]) finish(q *keyQueue[T], it item[T]) *keyQueue[T] {
 	if len(q.items) == 0 {
 		delete(p.keys, q.key)
 	} else {
+		q.waiting = true
 		p.ready = append(p.ready, q)
 	}
 	if p.stopping || len(p.ready) == 0 {
@@ -221,7 +270,51 @@ func (p *Partition[T]) finish(q *keyQueue[T], it item[T]) *keyQueue[T] {
 	next := p.ready[0]
 	p.ready[0] = nil
 	p.ready = p.ready[1:]
+	next.waiting = false
 	return next
+}
+
+// Discard drops the submitted messages that have not started and for
+// which drop reports true: they give back their slots at once and count
+// as finished for the watermark. A running message is never dropped. It
+// is for a stream whose messages became void (an AMQP channel that
+// closed: RabbitMQ has its unacked deliveries again), so that they do not
+// hold their slots until their key's running message returns. It returns
+// how many it dropped; it is safe for concurrent use.
+func (p *Partition[T]) Discard(drop func(T) bool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	advanced := false
+	for key, q := range p.keys {
+		first := 1 // items[0] runs
+		if q.waiting {
+			first = 0
+		}
+		kept := q.items[:first]
+		for _, it := range q.items[first:] {
+			if !drop(it.v) {
+				kept = append(kept, it)
+				continue
+			}
+			n++
+			<-p.slots
+			if p.wm.done(it.offset) {
+				advanced = true
+			}
+		}
+		clear(q.items[len(kept):])
+		q.items = kept
+		if len(q.items) == 0 { // only a waiting key can empty
+			delete(p.keys, key)
+			p.ready = slices.DeleteFunc(p.ready, func(r *keyQueue[T]) bool { return r == q })
+		}
+	}
+	if advanced && p.ctx.Err() == nil {
+		next, _ := p.wm.value()
+		p.commit(next)
+	}
+	return n
 }
 
 func (p *Partition[T]) isStopping() bool {

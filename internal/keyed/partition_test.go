@@ -348,3 +348,98 @@ func TestPartitionRunsAheadOfAStuckMessage(t *testing.T) {
 	close(release)
 	require.NoError(t, waitFor(ctx, func() bool { w, _ := p.Watermark(); return w == n }))
 }
+
+// TestPartitionRecoversAPanic: a handler that panics on its message's
+// first attempt does not end the process or the worker: the panic is
+// counted and handed to OnPanic with the message, the message runs again
+// in its key's place (its key's next waits for it), other keys go on, and
+// the watermark reaches the end.
+func TestPartitionRecoversAPanic(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var order []string
+	attempts := map[string]int{}
+	var panicked []string
+	var committed atomic.Int64
+	p, err := NewPartition(Config{Concurrency: 2, RetryDelay: time.Millisecond}, func(_ context.Context, m msg) error {
+		name := fmt.Sprintf("%s:%d", m.key, m.seq)
+		mu.Lock()
+		attempts[name]++
+		first := attempts[name] == 1
+		mu.Unlock()
+		if name == "a:1" && first {
+			var nilMap map[string]int
+			nilMap["boom"]++ // a real runtime panic: assignment to entry in nil map
+		}
+		mu.Lock()
+		order = append(order, name)
+		mu.Unlock()
+		return nil
+	}, func(next int64) { committed.Store(next) })
+	require.NoError(t, err)
+	p.OnPanic(func(m msg, perr *PanicError) {
+		mu.Lock()
+		defer mu.Unlock()
+		panicked = append(panicked, fmt.Sprintf("%s:%d %v", m.key, m.seq, perr.Value))
+		require.Contains(t, string(perr.Stack), "TestPartitionRecoversAPanic")
+	})
+	var off int64
+	for _, m := range []msg{{"a", 0, 0}, {"b", 0, 0}, {"a", 1, 0}, {"b", 1, 0}, {"a", 2, 0}, {"b", 2, 0}} {
+		require.NoError(t, p.Submit(context.Background(), m.key, off, msg{m.key, m.seq, off}))
+		off++
+	}
+	require.Eventually(t, func() bool { return committed.Load() == off }, 30*time.Second, time.Millisecond, "the watermark reaches the end")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, int64(1), p.Panics())
+	require.Len(t, panicked, 1)
+	require.Contains(t, panicked[0], "a:1 assignment to entry in nil map")
+	require.Equal(t, 2, attempts["a:1"], "run again after its panic")
+	pos := map[string]int{}
+	for i, n := range order {
+		pos[n] = i
+	}
+	require.Len(t, order, 6)
+	require.Less(t, pos["a:0"], pos["a:1"])
+	require.Less(t, pos["a:1"], pos["a:2"], "a's next message waited for the one that panicked")
+}
+
+// TestPartitionDiscard: Discard drops the messages waiting (behind their
+// key's running one, or for a worker) that its function picks, giving
+// their slots back at once; the running message is never dropped, and a
+// key left empty is forgotten.
+func TestPartitionDiscard(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	started := make(chan string, 10)
+	var committed atomic.Int64
+	p, err := NewPartition(Config{Concurrency: 1, MaxInFlight: 4}, func(_ context.Context, m msg) error {
+		started <- fmt.Sprintf("%s:%d", m.key, m.seq)
+		if m.key == "a" && m.seq == 0 {
+			<-release
+		}
+		return nil
+	}, func(next int64) { committed.Store(next) })
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, p.Submit(ctx, "a", 0, msg{"a", 0, 0})) // runs, hangs
+	require.Equal(t, "a:0", <-started)
+	require.NoError(t, p.Submit(ctx, "a", 1, msg{"a", 1, 1})) // behind a:0
+	require.NoError(t, p.Submit(ctx, "b", 2, msg{"b", 0, 2})) // waits for the worker
+	require.NoError(t, p.Submit(ctx, "c", 3, msg{"c", 0, 3})) // waits for the worker; 4 of 4 slots
+	full, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	require.ErrorIs(t, p.Submit(full, "d", 4, msg{"d", 0, 4}), context.DeadlineExceeded, "the partition is full")
+	cancel()
+
+	n := p.Discard(func(m msg) bool { return m.offset <= 2 }) // a:0 runs: kept; a:1 and b:0 dropped
+	require.Equal(t, 2, n)
+	require.NoError(t, p.Submit(ctx, "d", 5, msg{"d", 0, 5}), "a dropped message gave its slot back")
+	require.NoError(t, p.Submit(ctx, "e", 6, msg{"e", 0, 6}))
+	close(release)
+	var ran []string
+	for len(ran) < 3 {
+		ran = append(ran, <-started)
+	}
+	require.ElementsMatch(t, []string{"c:0", "d:0", "e:0"}, ran, "the dropped messages never ran")
+	require.Eventually(t, func() bool { return committed.Load() == 7 }, 30*time.Second, time.Millisecond, "dropped messages count as finished for the watermark")
+}

@@ -109,14 +109,31 @@
 //     budget ends (package park parks it instead);
 //   - a lost connection or channel is redialled at once, then with backoff
 //     (100 ms to 5 s); a handler still running from the lost channel keeps
-//     its key until it returns, and its ack is lost (redelivered);
+//     its key until it returns, and its ack is lost (redelivered); the
+//     lost channel's deliveries waiting behind it are dropped at once
+//     (RabbitMQ sends them again), so they do not hold Prefetch slots
+//     the other keys need;
+//   - the queue is consumed exclusively: a key keeps its order across a
+//     half-open connection (the client's side lost, RabbitMQ's still open,
+//     as when a NAT or conntrack entry is dropped), because no new
+//     consumer gets the queue's deliveries while the old connection's are
+//     unacked. RabbitMQ closes such a connection at its heartbeat timeout
+//     (10 s heartbeat; about 30 s measured) and requeues its deliveries;
+//     until then consuming is refused ("in exclusive use") and retried:
+//     the queue waits at most that timeout plus 5 s (about 35 s);
 //   - Close waits up to Config.KeyDrainTimeout (default 30s) for the
 //     messages out, acks those acked, then closes the channel: RabbitMQ
 //     requeues the rest.
 //
-// Per-key order needs one consumer on the queue: RabbitMQ spreads a
-// queue's deliveries over its consumers, so two processes of one group
-// each get part of a key.
+// Per-key order needs one consumer on the queue (RabbitMQ spreads a
+// queue's deliveries over its consumers), which the exclusive consume
+// enforces: a second process of the group waits as a standby and takes
+// over when the first one's connection ends. No queue argument changes
+// (x-single-active-consumer would be one, and RabbitMQ refuses to
+// redeclare an existing queue with other arguments: PRECONDITION_FAILED),
+// so existing queues need no migration; but a queue consumed by
+// watermill-amqp's subscriber (KeyParallelism 0) in another process makes
+// this one wait until that consumer stops.
 //
 // `millwright bench consume --kind amqp` measures it against
 // watermill-amqp's subscriber in the same run (idempotency middleware, a

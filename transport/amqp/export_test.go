@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
 // WaitConnected waits up to timeout for the publisher of a Transport to
@@ -38,3 +39,8 @@ var TooLarge = tooLarge
 
 // ConnectError is connectError, for tests.
 var ConnectError = connectError
+
+// SetKeyedUnmarshal replaces how a KeyedSubscriber reads deliveries.
+func SetKeyedUnmarshal(sub message.Subscriber, f func(amqp091.Delivery) (*message.Message, error)) {
+	sub.(*KeyedSubscriber).unmarshal = f
+}

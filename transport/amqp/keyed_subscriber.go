@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -53,17 +55,42 @@ import (
 //     key's redelivered messages wait for it, and its ack is lost
 //     (RabbitMQ redelivers that message: at least once, deduplicate with
 //     package idempotency); deliveries of the lost channel not yet
-//     handed out are skipped, since RabbitMQ redelivers them;
+//     handed out are dropped as soon as it closes, since RabbitMQ
+//     redelivers them: they give back their Prefetch slots at once
+//     rather than when their key's running handler returns, so one slow
+//     handler cannot leave the new channel's deliveries no slot;
+//   - the queue is consumed exclusively (basic.consume's exclusive
+//     flag), so no other consumer gets its deliveries while this one's
+//     are unacked. That is what keeps a key in order across a half-open
+//     connection (the client's side reset, RabbitMQ's still open: a
+//     dropped NAT or conntrack entry): RabbitMQ holds the old
+//     connection's unacked deliveries until its heartbeat timeout closes
+//     it (the transport negotiates a 10 s heartbeat; RabbitMQ gives up
+//     after about three silent intervals, 30 s measured), and a consumer
+//     on a new connection would meanwhile get each key's later messages
+//     before them. Until RabbitMQ closes the old connection, consuming
+//     is refused (ACCESS_REFUSED, "in exclusive use") and the subscriber
+//     retries with the backoff above: the recovery bound is RabbitMQ's
+//     heartbeat timeout plus at most 5 s, about 35 s. A second consumer
+//     of the queue (another process of the group, or a second Subscribe
+//     to the topic) waits the same way as a standby and takes over when
+//     the first one's connection ends;
+//   - a panic while a delivery is handed out (reading it, for one) is
+//     recovered: logged with the delivery's tag, message id, ordering key
+//     and stack, counted (Panics), and the delivery is run again after
+//     100 ms in its key's place, like a nack; the subscription goes on.
+//     (A panic in the Router's handler is the Router's: use Watermill's
+//     middleware.Recoverer, which turns it into a nack.)
 //   - Close (or the end of Subscribe's ctx) stops consuming, waits up to
 //     KeyDrainTimeout for the messages out to be acked or nacked, acks
 //     those that were, then closes the channel: RabbitMQ requeues the
 //     rest. Handlers still running after the bound have their message's
 //     context cancelled.
 //
-// Per-key order holds while one consumer reads the queue: RabbitMQ
-// spreads a queue's deliveries over all its consumers, so two processes
-// in one group each get part of a key, and so do two Subscribe calls for
-// one topic. Messages without an ordering key have no order among
+// Per-key order needs one consumer on the queue, which exclusive
+// consumption enforces: a queue consumed by watermill-amqp's subscriber
+// (KeyParallelism 0) in another process refuses this one, which waits
+// until that consumer stops. Messages without an ordering key have no order among
 // themselves. The key is read from the delivery's metadata.OrderingKey
 // header, which the publisher sends with every message that has one.
 type KeyedSubscriber struct {
@@ -72,6 +99,9 @@ type KeyedSubscriber struct {
 	wcfg   wamqp.Config
 	kcfg   keyed.Config
 	logger watermill.LoggerAdapter
+	// unmarshal reads a delivery (Marshaler's; tests replace it).
+	unmarshal func(amqp091.Delivery) (*message.Message, error)
+	panics    atomic.Int64
 
 	mu      sync.Mutex // orders Subscribe's wg.Add before Close's Wait
 	closed  bool
@@ -89,11 +119,17 @@ var errSubscriberClosing = errors.New("amqp: subscriber closing")
 func newKeyedSubscriber(t *Transport, group string) *KeyedSubscriber {
 	return &KeyedSubscriber{
 		t: t, group: group, wcfg: t.config(group),
-		kcfg:    keyed.Config{Concurrency: t.cfg.KeyParallelism, MaxInFlight: t.cfg.Prefetch},
-		logger:  t.logger.With(watermill.LogFields{"consumer_group": group, "key_parallelism": t.cfg.KeyParallelism}),
-		closing: make(chan struct{}),
+		kcfg:      keyed.Config{Concurrency: t.cfg.KeyParallelism, MaxInFlight: t.cfg.Prefetch},
+		logger:    t.logger.With(watermill.LogFields{"consumer_group": group, "key_parallelism": t.cfg.KeyParallelism}),
+		closing:   make(chan struct{}),
+		unmarshal: Marshaler{}.Unmarshal,
 	}
 }
+
+// Panics counts the panics recovered while handing deliveries out (see
+// KeyedSubscriber): a delivery that panics is logged with its identity
+// and run again in its key's place, and the subscription goes on.
+func (s *KeyedSubscriber) Panics() int64 { return s.panics.Load() }
 
 // Subscribe declares the topic's exchange and the group's queue (as
 // watermill-amqp's subscriber does) and consumes the queue. The channel
@@ -114,13 +150,19 @@ func (s *KeyedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if err != nil {
 		return nil, fmt.Errorf("amqp: key-parallel subscriber of queue %s: %w", queue, err)
 	}
+	p.OnPanic(sub.panicked)
 	sub.part = p
 	conn, err := s.dial(ctx, queue)
 	if err != nil {
 		return nil, err
 	}
 	cc, deliveries, err := sub.consume(ctx, conn)
-	if err != nil {
+	switch {
+	case inExclusiveUse(err):
+		// Another consumer holds the queue (a previous connection RabbitMQ
+		// has not dropped yet, or a standby's active peer): run waits.
+		sub.s.logger.Info(waitingForQueue, sub.fields.Add(watermill.LogFields{"reason": err.Error()}))
+	case err != nil:
 		_ = conn.CloseDeadline(time.Now().Add(s.t.cfg.ConnectTimeout))
 		return nil, err
 	}
@@ -240,15 +282,24 @@ func (c *consumerChannel) isGone() bool {
 }
 
 // run reads cc's deliveries and, after the connection or channel is
-// lost, those of each new one, until ctx ends; then drains.
+// lost, those of each new one, until ctx ends; then drains. A nil cc
+// (Subscribe found the queue in exclusive use) starts with consuming
+// again.
 func (sub *subscription) run(ctx context.Context, conn *amqp091.Connection, cc *consumerChannel, deliveries <-chan amqp091.Delivery) {
+	var delay time.Duration // it consumed: the first attempt is at once
+	if cc == nil {
+		delay = minBackoff
+	}
 	for {
-		if sub.read(ctx, cc, deliveries) {
-			sub.stop(conn, cc)
-			return
+		if cc != nil {
+			if sub.read(ctx, cc, deliveries) {
+				sub.stop(conn, cc)
+				return
+			}
+			sub.s.logger.Error("AMQP key-parallel subscriber lost its channel; RabbitMQ requeues its unacked deliveries; reconnecting", sub.lostWhy(conn, cc), sub.fields)
+			delay = 0
 		}
-		sub.s.logger.Error("AMQP key-parallel subscriber lost its channel; RabbitMQ requeues its unacked deliveries; reconnecting", sub.lostWhy(conn, cc), sub.fields)
-		var delay time.Duration // it consumed: the first attempt is at once
+		waiting := false
 		for {
 			_ = conn.CloseDeadline(time.Now().Add(sub.s.t.cfg.ConnectTimeout))
 			if conn = sub.redial(ctx, &delay); conn == nil {
@@ -259,10 +310,29 @@ func (sub *subscription) run(ctx context.Context, conn *amqp091.Connection, cc *
 			if cc, deliveries, err = sub.consume(ctx, conn); err == nil {
 				break
 			}
-			sub.s.logger.Error("AMQP key-parallel subscriber cannot consume its queue, retrying (check that the queue exists or can be declared with these arguments, and the user's permissions on it)", err, sub.fields)
+			cc = nil
+			switch {
+			case !inExclusiveUse(err):
+				sub.s.logger.Error("AMQP key-parallel subscriber cannot consume its queue, retrying (check that the queue exists or can be declared with these arguments, and the user's permissions on it)", err, sub.fields)
+			case !waiting:
+				waiting = true
+				sub.s.logger.Info(waitingForQueue, sub.fields.Add(watermill.LogFields{"reason": err.Error()}))
+			}
 			delay = nextBackoff(delay)
 		}
 	}
+}
+
+// waitingForQueue is logged when consuming is refused because another
+// consumer holds the queue.
+const waitingForQueue = "AMQP key-parallel subscriber waits for its queue: another consumer holds it exclusively, either this subscriber's previous connection, which RabbitMQ keeps (with its unacked deliveries) until its heartbeat timeout (about 30 s) when the client's side was lost, or another process of the consumer group (a standby then takes over when it stops); retrying every 5 s at most"
+
+// inExclusiveUse reports whether err is RabbitMQ refusing a consume
+// because another consumer holds the queue (ACCESS_REFUSED, "in
+// exclusive use").
+func inExclusiveUse(err error) bool {
+	var ae *amqp091.Error
+	return errors.As(err, &ae) && ae.Code == amqp091.AccessRefused && strings.Contains(ae.Reason, "exclusive")
 }
 
 func nextBackoff(d time.Duration) time.Duration { return min(max(2*d, minBackoff), maxBackoff) }
@@ -288,7 +358,9 @@ func (sub *subscription) consume(ctx context.Context, conn *amqp091.Connection) 
 	}
 	c := sub.s.wcfg.Consume
 	tag := "millwright-keyed-" + watermill.NewShortUUID()
-	deliveries, err := ch.Consume(sub.queue, tag, false, c.Exclusive, c.NoLocal, c.NoWait, c.Arguments)
+	// Exclusive: no other consumer gets the queue's deliveries while this
+	// one's are unacked (see KeyedSubscriber).
+	deliveries, err := ch.Consume(sub.queue, tag, false, true, c.NoLocal, c.NoWait, c.Arguments)
 	if err != nil {
 		_ = ch.Close()
 		return nil, nil, fmt.Errorf("amqp: consuming queue %s: %w", sub.queue, err)
@@ -300,9 +372,24 @@ func (sub *subscription) consume(ctx context.Context, conn *amqp091.Connection) 
 	closes := ch.NotifyClose(make(chan *amqp091.Error, 1))
 	go func() {
 		<-closes // closed by amqp091 when the channel or connection closes
-		cc.markGone()
+		sub.lost(cc)
 	}()
 	return cc, deliveries, nil
+}
+
+// lost marks cc gone and drops its deliveries that wait in the partition
+// (behind their key's running message, or for a free slot): RabbitMQ
+// requeued them with the channel and sends them again, so they give back
+// their slots now, not when their key's running handler returns (a slow
+// one would otherwise leave the new channel's deliveries no slot).
+func (sub *subscription) lost(cc *consumerChannel) {
+	if cc.isGone() {
+		return
+	}
+	cc.markGone()
+	if n := sub.part.Discard(func(d delivery) bool { return d.on == cc }); n > 0 {
+		sub.s.logger.Debug("Dropped the waiting deliveries of a lost channel: RabbitMQ redelivers them", sub.fields.Add(watermill.LogFields{"deliveries": n}))
+	}
 }
 
 // read submits cc's deliveries to the partition until they end (false:
@@ -312,8 +399,11 @@ func (sub *subscription) read(ctx context.Context, cc *consumerChannel, deliveri
 		select {
 		case d, ok := <-deliveries:
 			if !ok {
-				cc.markGone()
+				sub.lost(cc)
 				return ctx.Err() != nil
+			}
+			if cc.isGone() {
+				continue // RabbitMQ requeued it with the channel
 			}
 			key, _ := d.Headers[metadata.OrderingKey].(string)
 			sub.seq++
@@ -418,7 +508,7 @@ func (sub *subscription) handle(ctx context.Context, dl delivery) error {
 	if dl.on.isGone() {
 		return nil // its channel closed: RabbitMQ requeued it
 	}
-	msg, err := Marshaler{}.Unmarshal(dl.d)
+	msg, err := sub.s.unmarshal(dl.d)
 	if err != nil {
 		err = fmt.Errorf("amqp: unmarshaling delivery %d (message-id %q) of queue %s: %w", dl.d.DeliveryTag, dl.d.MessageId, sub.queue, err)
 		sub.s.logger.Error("Cannot unmarshal an AMQP delivery: it holds its ordering key, unacked, until it is removed from the queue or the subscriber can read it", err, sub.fields)
@@ -444,6 +534,16 @@ func (sub *subscription) handle(ctx context.Context, dl delivery) error {
 	case <-ctx.Done():
 		return ctx.Err() // drained past the bound: left unacked, redelivered
 	}
+}
+
+// panicked logs a delivery whose handling panicked (keyed.Partition
+// recovered it and runs it again in its key's place).
+func (sub *subscription) panicked(dl delivery, perr *keyed.PanicError) {
+	sub.s.panics.Add(1)
+	key, _ := dl.d.Headers[metadata.OrderingKey].(string)
+	sub.s.logger.Error("AMQP key-parallel subscriber recovered a panic handling a delivery: it runs again in its key's place after 100 ms (its key waits, other keys go on); a delivery that always panics holds its key, unacked, until fixed or removed from the queue", perr, sub.fields.Add(watermill.LogFields{
+		"delivery_tag": dl.d.DeliveryTag, "message_id": dl.d.MessageId, "ordering_key": key, "stack": string(perr.Stack),
+	}))
 }
 
 // send hands msg out. It reports gone when msg's channel closed first

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/testing/keyedtest"
@@ -424,4 +425,261 @@ func TestKeyedCloseWithSilentBroker(t *testing.T) {
 	t.Logf("Close returned after %s", time.Since(start).Round(time.Millisecond))
 	require.Positive(t, proxy.HeldReads(), "the broker's replies were held back")
 	_ = tr.Close()
+}
+
+// TestKeyedHalfOpenKeepsKeyOrder makes the consumer's connection
+// half-open while every key has deliveries in flight (a faultproxy resets
+// the client's end and keeps RabbitMQ's open and unanswered, as a dropped
+// NAT or conntrack entry does): the subscriber reconnects at once, but
+// RabbitMQ holds the old connection's unacked deliveries until its
+// heartbeat timeout closes it. No new consumer may get the queue's later
+// deliveries meanwhile (the consume is exclusive), so every key is applied
+// in order by a deduplicating consumer, and all are applied once RabbitMQ
+// dropped the old connection.
+func TestKeyedHalfOpenKeepsKeyOrder(t *testing.T) {
+	t.Parallel()
+	const group, keys, perKey = "halfopen", 10, 40
+	topic := keyedTopic(t, group, keys, perKey)
+	proxy, through := proxied(t)
+	tr := keyedTransport(t, through, 4)
+	l := keyedtest.NewLedger()
+	runRouter(t, tr, topic, group, func(m *message.Message) error {
+		r, _ := keyedtest.ParseRef(string(m.Payload))
+		l.Start(r)
+		time.Sleep(20 * time.Millisecond) // the handler's simulated work: deliveries queue up behind their keys
+		l.End(r, true)
+		return nil
+	})
+	l.WaitCount(t, keys*perKey/4, time.Minute)
+	accepted := proxy.Accepted()
+	faultAt := time.Now()
+	require.Positive(t, proxy.HalfOpen(), "the fault: the consumer's connection is half-open")
+	// The fault: the client reconnected while RabbitMQ still held its old
+	// connection (and that connection's unacked deliveries).
+	require.Eventually(t, func() bool { return proxy.Accepted() > accepted }, time.Minute, time.Millisecond, "the subscriber reconnects")
+	require.Positive(t, proxy.HalfOpenLive(), "RabbitMQ still holds the old connection when the subscriber reconnects")
+	l.WaitCount(t, keys*perKey, 3*time.Minute)
+	require.Eventually(t, func() bool { return proxy.HalfOpenLive() == 0 }, 2*time.Minute, 10*time.Millisecond, "RabbitMQ drops the half-open connection")
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	t.Logf("all %d applied %s after the fault; reorders %d, duplicates %d", keys*perKey, time.Since(faultAt).Round(time.Millisecond), len(l.Reorders), l.Duplicates)
+	require.Empty(t, l.Reorders, "a key applied out of order across the half-open connection")
+}
+
+// TestKeyedSurvivesAPanic: reading one delivery panics (the first time):
+// the subscriber recovers it, counts it, runs the delivery again in its
+// key's place, and every message is handled, each key in order, by the
+// same subscriber (the process and the subscription go on).
+func TestKeyedSurvivesAPanic(t *testing.T) {
+	t.Parallel()
+	const group, keys, perKey = "panic", 3, 5
+	topic := keyedTopic(t, group, keys, perKey)
+	tr := keyedTransport(t, transporttest.AMQPURL(), 2)
+	sub, err := tr.Subscriber(group)
+	require.NoError(t, err)
+	var once atomic.Bool
+	amqp.SetKeyedUnmarshal(sub, func(d amqp091.Delivery) (*message.Message, error) {
+		if string(d.Body) == "k1:2" && once.CompareAndSwap(false, true) {
+			var m map[string]int
+			m["boom"]++ // a runtime panic in the subscriber's own goroutine
+		}
+		return amqp.Marshaler{}.Unmarshal(d)
+	})
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	l := keyedtest.NewLedger()
+	go func() {
+		for m := range msgs {
+			r, _ := keyedtest.ParseRef(string(m.Payload))
+			go func() { // as the Router does: each message in its own goroutine
+				l.Start(r)
+				l.End(r, true)
+				m.Ack()
+			}()
+		}
+	}()
+	l.WaitCount(t, keys*perKey, time.Minute)
+	require.Equal(t, int64(1), sub.(*amqp.KeyedSubscriber).Panics(), "the fault: one panic, recovered")
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	require.Empty(t, l.Reorders)
+	require.Equal(t, 1, l.Started[ref{Key: "k1", Seq: 2}], "the delivery that panicked was handed out once it read")
+}
+
+// TestKeyedReconnectFreesASlowKeysSlots: one key's first message hangs
+// while its 14 later messages wait behind it, holding 15 of the 20
+// deliveries in flight (Prefetch); the other keys go on through the rest.
+// The connection is then cut: RabbitMQ requeues every unacked delivery and
+// sends them again on the new channel. The lost channel's waiting
+// deliveries must give their slots back at once (RabbitMQ has them
+// again), not only when the hanging handler returns; else they and the
+// key's redeliveries fill every slot and the other keys stall behind one
+// slow handler.
+func TestKeyedReconnectFreesASlowKeysSlots(t *testing.T) {
+	t.Parallel()
+	const group, keys, perKey, slowN = "slots", 10, 10, 15
+	topic := freshTopic(t, group)
+	pubTr, err := amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL(), DeclareGroups: []string{group}}, nil)
+	require.NoError(t, err)
+	defer pubTr.Close()
+	var msgs []*message.Message
+	for s := 0; s < slowN; s++ {
+		msgs = append(msgs, keyedMessage(ref{Key: "slow", Seq: s}))
+	}
+	// One Publish: the slow key's messages at the head of the queue, in a row.
+	require.NoError(t, pubTr.Publisher().Publish(topic, msgs...))
+	msgs = nil
+	for s := 0; s < perKey; s++ {
+		for k := 0; k < keys; k++ {
+			msgs = append(msgs, keyedMessage(ref{Key: fmt.Sprint("k", k), Seq: s}))
+		}
+	}
+	require.NoError(t, pubTr.Publisher().(transport.BatchPublisher).PublishBatch(topic, msgs...))
+
+	proxy, through := proxied(t)
+	tr, err := amqp.Open(context.Background(), amqp.Config{URL: through, KeyParallelism: 4, Prefetch: 20, KeyDrainTimeout: 5 * time.Second}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	hang, release := ref{Key: "slow", Seq: 0}, make(chan struct{})
+	hanging := make(chan struct{})
+	l := keyedtest.NewLedger()
+	runRouter(t, tr, topic, group, func(m *message.Message) error {
+		r, _ := keyedtest.ParseRef(string(m.Payload))
+		l.Start(r)
+		if r == hang {
+			select {
+			case <-hanging:
+			default:
+				close(hanging)
+				<-release
+			}
+		}
+		time.Sleep(time.Millisecond) // the handler's simulated work
+		l.End(r, true)
+		return nil
+	})
+	select {
+	case <-hanging:
+	case <-time.After(time.Minute):
+		t.Fatal("the hanging message never ran")
+	}
+	l.WaitCount(t, 10, time.Minute) // the other keys go on beside it
+	proxy.Cut()
+	require.Positive(t, proxy.CutConns(), "the fault: the consumer's connection was cut")
+	others := func() int {
+		l.Mu.Lock()
+		defer l.Mu.Unlock()
+		n := 0
+		for r := range l.Done {
+			if r.Key != hang.Key {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(time.Minute) // fails a stall, not a slow machine
+	for others() < keys*perKey && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // polling the ledger
+	}
+	done := others()
+	l.Mu.Lock()
+	hungStill := !l.Done[hang]
+	l.Mu.Unlock()
+	close(release)
+	require.True(t, hungStill, "the slow key's handler still hung while the others ran")
+	require.Equal(t, keys*perKey, done, "the other keys stalled behind the slow key's handler after the reconnect")
+	l.WaitCount(t, keys*perKey+slowN, time.Minute)
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	t.Logf("proxy accepted %d connections (a reconnect), cut %d ends; slow:1 started %d times, slow:14 %d", proxy.Accepted(), proxy.CutConns(), l.Started[ref{Key: "slow", Seq: 1}], l.Started[ref{Key: "slow", Seq: 14}])
+	t.Logf("reorders %d, duplicates %d", len(l.Reorders), l.Duplicates)
+	require.Empty(t, l.Reorders)
+}
+
+// TestKeyedSecondConsumerIsAStandby: two key-parallel consumers of one
+// queue (two processes of a group): the queue is consumed exclusively,
+// so the second gets nothing while the first runs (RabbitMQ would
+// otherwise spread each key over both), and takes over once the first
+// stops.
+func TestKeyedSecondConsumerIsAStandby(t *testing.T) {
+	t.Parallel()
+	const group, keys, perKey = "standby", 4, 10
+	topic := keyedTopic(t, group, keys, perKey)
+	l := keyedtest.NewLedger()
+	var byFirst, bySecond atomic.Int64
+	handler := func(n *atomic.Int64) message.NoPublishHandlerFunc {
+		return func(m *message.Message) error {
+			r, _ := keyedtest.ParseRef(string(m.Payload))
+			l.Start(r)
+			l.End(r, true)
+			n.Add(1)
+			return nil
+		}
+	}
+	stopFirst := runRouter(t, keyedTransport(t, transporttest.AMQPURL(), 2), topic, group, handler(&byFirst))
+	l.WaitCount(t, 1, time.Minute) // the first one consumes
+	runRouter(t, keyedTransport(t, transporttest.AMQPURL(), 2), topic, group, handler(&bySecond))
+	l.WaitCount(t, keys*perKey, time.Minute)
+	require.Zero(t, bySecond.Load(), "the standby got messages while the first consumer ran")
+
+	stopFirst()
+	pubTr, err := amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL()}, nil)
+	require.NoError(t, err)
+	defer pubTr.Close()
+	for s := 0; s < 5; s++ {
+		require.NoError(t, pubTr.Publisher().Publish(topic, keyedMessage(ref{Key: "after", Seq: s})))
+	}
+	l.WaitCount(t, keys*perKey+5, 2*time.Minute)
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	t.Logf("first %d, standby %d", byFirst.Load(), bySecond.Load())
+	require.Equal(t, int64(5), bySecond.Load(), "the standby took over once the first stopped")
+	require.Empty(t, l.Reorders)
+}
+
+// TestKeyedWaitsForAnotherSubscriber: a queue already consumed by
+// watermill-amqp's subscriber (KeyParallelism 0, another process of the
+// group) makes the key-parallel consumer's Subscribe wait, not fail, and
+// not share the queue; it consumes once that subscriber stops.
+func TestKeyedWaitsForAnotherSubscriber(t *testing.T) {
+	t.Parallel()
+	const group = "waits"
+	topic := keyedTopic(t, group, 1, 1) // k0:0
+	plain, err := amqp.Open(context.Background(), amqp.Config{URL: transporttest.AMQPURL()}, nil)
+	require.NoError(t, err)
+	defer plain.Close()
+	psub, err := plain.Subscriber(group)
+	require.NoError(t, err)
+	pmsgs, err := psub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	select {
+	case m := <-pmsgs:
+		m.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("watermill-amqp's subscriber got nothing")
+	}
+
+	l := keyedtest.NewLedger()
+	runRouter(t, keyedTransport(t, transporttest.AMQPURL(), 2), topic, group, func(m *message.Message) error {
+		r, _ := keyedtest.ParseRef(string(m.Payload))
+		l.Start(r)
+		l.End(r, true)
+		return nil
+	})
+	require.NoError(t, plain.Publisher().Publish(topic, keyedMessage(ref{Key: "k1", Seq: 0})))
+	select {
+	case m := <-pmsgs:
+		require.Equal(t, "k1:0", string(m.Payload), "the running subscriber keeps the queue")
+		m.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("the running subscriber lost the queue")
+	}
+	require.Zero(t, l.Count(), "the key-parallel consumer shared the queue")
+
+	require.NoError(t, psub.Close())
+	require.NoError(t, plain.Publisher().Publish(topic, keyedMessage(ref{Key: "k2", Seq: 0})))
+	l.WaitCount(t, 1, time.Minute)
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	require.True(t, l.Done[ref{Key: "k2", Seq: 0}], "the key-parallel consumer took over")
 }

@@ -74,6 +74,9 @@ func setDefaults(c *Config) {
 	if c.Version == "" {
 		c.Version = DefaultVersion
 	}
+	if c.KeyDrainTimeout == 0 {
+		c.KeyDrainTimeout = 30 * time.Second
+	}
 }
 
 // validate reports configuration that cannot work, naming the field
@@ -138,6 +141,9 @@ func validateKeyed(c Config) []error {
 	}
 	if c.KeyMaxInFlight < 0 || (c.KeyMaxInFlight > 0 && c.KeyMaxInFlight < c.KeyParallelism) {
 		errs = append(errs, fmt.Errorf("kafka: KeyMaxInFlight %d: want 0 (default 16 x KeyParallelism) or at least KeyParallelism %d (env MILLWRIGHT_KAFKA_KEY_MAX_IN_FLIGHT)", c.KeyMaxInFlight, c.KeyParallelism))
+	}
+	if c.KeyDrainTimeout < 0 {
+		errs = append(errs, fmt.Errorf("kafka: KeyDrainTimeout %s is negative: want 0 (default 30s) or how long a revoked partition waits for its running handlers", c.KeyDrainTimeout))
 	}
 	return errs
 }
@@ -221,6 +227,12 @@ func saramaConfig(c Config) (*sarama.Config, error) {
 	sc.ChannelBufferSize = 10240
 	sc.Consumer.Group.Heartbeat.Interval = 500 * time.Millisecond
 	sc.Consumer.Group.Rebalance.Timeout = 3 * time.Second
+	if c.KeyParallelism > 0 {
+		// The key-parallel consumer waits up to KeyDrainTimeout for a
+		// revoked partition's handlers before it rejoins: the group must
+		// wait for it that long, or it falls out of the generation.
+		sc.Consumer.Group.Rebalance.Timeout = max(sc.Consumer.Group.Rebalance.Timeout, keyedRebalanceTimeout(c.KeyDrainTimeout))
+	}
 	if sc.Version, err = parseVersion(c.Version); err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -38,11 +39,27 @@ import (
 //   - a nacked message is sent again after NackResendSleep (100 ms), in
 //     its key's place, holding its key and the partition's offset;
 //   - a partition revoked by a rebalance, or the subscriber closing,
-//     starts nothing new, waits for the messages out until three quarters
-//     of Consumer.Group.Rebalance.Timeout, marks the final offset, commits
-//     and releases the partition. Handlers still running after that are
-//     no longer waited for (their message's context is cancelled) and the
-//     partition's next owner gets them again.
+//     starts nothing new (a message not yet read from the output channel
+//     is not waited for), waits for the messages out up to
+//     Config.KeyDrainTimeout (default 30 s), marks the final offset,
+//     commits and releases the partition. The group's rebalance timeout
+//     (Consumer.Group.Rebalance.Timeout) is raised to 4/3 of that bound,
+//     and Sarama keeps heartbeating while the partition drains, so the
+//     member stays in the group while it waits: a handler slower than a
+//     few seconds is not cancelled and run again by the partition's next
+//     owner at every rebalance (which would repeat an effect outside the
+//     database, or one marked by idempotency after success, and with
+//     frequent rebalances never get past it). The cost: a rebalance
+//     lasts as long as the slowest running handler, up to the bound.
+//     Handlers still running after it are no longer waited for (their
+//     message's context is cancelled) and the partition's next owner
+//     gets them again;
+//   - a panic while a message is handed out (unmarshaling it, for one) is
+//     recovered: logged with the message's partition, offset, key and
+//     stack, counted (Panics), and the message is run again after 100 ms
+//     in its key's place, like a nack; the partition goes on. (A panic in
+//     the Router's handler is the Router's: use Watermill's
+//     middleware.Recoverer, which turns it into a nack.)
 //
 // Messages without a key have no order among themselves. The Router's
 // handler must be safe for concurrent use (Router handlers are: the
@@ -62,6 +79,7 @@ type KeyedSubscriber struct {
 	details     *sarama.TopicDetail
 	unmarshaler wkafka.Unmarshaler
 	logger      watermill.LoggerAdapter
+	panics      atomic.Int64
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -75,12 +93,16 @@ var errNacked = errors.New("kafka: message nacked")
 // the subscriber is closing.
 var errClosing = errors.New("kafka: subscriber closing")
 
+// keyedRebalanceTimeout is the group's rebalance timeout for a drain bound
+// d: the bound plus a third, for the rejoin after it.
+func keyedRebalanceTimeout(d time.Duration) time.Duration { return d + d/3 }
+
 func newKeyedSubscriber(c Config, group string, sc *sarama.Config, logger watermill.LoggerAdapter) (*KeyedSubscriber, error) {
 	if !sc.Consumer.Offsets.AutoCommit.Enable {
 		return nil, errors.New("kafka: the key-parallel consumer (KeyParallelism) commits through Sarama's auto-commit: keep Consumer.Offsets.AutoCommit.Enable on in Config.Tune")
 	}
 	kc := keyed.Config{Concurrency: c.KeyParallelism, MaxInFlight: c.KeyMaxInFlight}
-	drain := sc.Consumer.Group.Rebalance.Timeout * 3 / 4
+	drain := min(c.KeyDrainTimeout, sc.Consumer.Group.Rebalance.Timeout*3/4)
 	return &KeyedSubscriber{
 		brokers: c.Brokers, group: group, sc: sc, cfg: kc, drain: drain,
 		details:     &sarama.TopicDetail{NumPartitions: c.Partitions, ReplicationFactor: c.ReplicationFactor},
@@ -191,8 +213,10 @@ func (h *keyedHandler) closeOut() {
 }
 
 // send hands msg to the output channel, unless it is closed or closing,
-// or ctx ends first.
-func (h *keyedHandler) send(ctx context.Context, msg *message.Message) error {
+// its partition is draining (stopping: the message has not started, so
+// the drain need not wait for it; the partition's next owner gets it), or
+// ctx ends first.
+func (h *keyedHandler) send(ctx context.Context, msg *message.Message, stopping <-chan struct{}) error {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	if h.closed {
@@ -202,6 +226,8 @@ func (h *keyedHandler) send(ctx context.Context, msg *message.Message) error {
 	case h.out <- msg:
 		return nil
 	case <-h.s.closing:
+		return errClosing
+	case <-stopping:
 		return errClosing
 	case <-ctx.Done():
 		return ctx.Err()
@@ -215,12 +241,14 @@ func (h *keyedHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 // ends, then drains it.
 func (h *keyedHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	topic, part := claim.Topic(), claim.Partition()
+	var p *keyed.Partition[*sarama.ConsumerMessage]
 	p, err := keyed.NewPartition(h.s.cfg, func(ctx context.Context, km *sarama.ConsumerMessage) error {
-		return h.deliver(ctx, km)
+		return h.deliver(ctx, km, p.Stopping()) // p is set before the first Submit
 	}, func(next int64) { sess.MarkOffset(topic, part, next, "") })
 	if err != nil {
 		return err
 	}
+	p.OnPanic(h.panicked)
 	defer h.drain(sess, p, topic, part)
 	for {
 		select {
@@ -239,6 +267,21 @@ func (h *keyedHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	}
 }
 
+// panicked logs a message whose handling panicked (keyed.Partition
+// recovered it and runs it again in its key's place).
+func (h *keyedHandler) panicked(km *sarama.ConsumerMessage, perr *keyed.PanicError) {
+	h.s.panics.Add(1)
+	h.s.logger.Error("Kafka key-parallel subscriber recovered a panic handling a message: it runs again in its key's place after 100 ms (its key and the partition's offset wait, other keys go on); a message that always panics holds them until fixed", perr, watermill.LogFields{
+		"topic": km.Topic, "kafka_partition": km.Partition, "kafka_offset": km.Offset, "kafka_key": string(km.Key), "stack": string(perr.Stack),
+	})
+}
+
+// Panics counts the panics recovered while handing messages out (see
+// KeyedSubscriber): a message that panics is logged with its partition,
+// offset and key and run again in its key's place, and the partition
+// goes on.
+func (s *KeyedSubscriber) Panics() int64 { return s.panics.Load() }
+
 // drain stops p within the drain bound and commits its final offset.
 func (h *keyedHandler) drain(sess sarama.ConsumerGroupSession, p *keyed.Partition[*sarama.ConsumerMessage], topic string, part int32) {
 	ctx, cancel := context.WithTimeout(context.Background(), h.s.drain)
@@ -251,7 +294,7 @@ func (h *keyedHandler) drain(sess sarama.ConsumerGroupSession, p *keyed.Partitio
 	sess.MarkOffset(topic, part, next, "")
 	sess.Commit()
 	if !finished {
-		h.s.logger.Info("Released a partition with handlers still running after the drain bound (3/4 of Sarama's Consumer.Group.Rebalance.Timeout): their messages, from the committed offset on, go to the partition's next owner", fields)
+		h.s.logger.Info("Released a partition with handlers still running after the drain bound (KeyDrainTimeout, at most 3/4 of Sarama's Consumer.Group.Rebalance.Timeout): their messages, from the committed offset on, go to the partition's next owner", fields)
 		return
 	}
 	h.s.logger.Debug("Released a drained partition", fields)
@@ -259,7 +302,7 @@ func (h *keyedHandler) drain(sess sarama.ConsumerGroupSession, p *keyed.Partitio
 
 // deliver hands one message to the output channel and waits for its ack
 // (nil) or nack (errNacked: keyed.Partition sends it again).
-func (h *keyedHandler) deliver(ctx context.Context, km *sarama.ConsumerMessage) error {
+func (h *keyedHandler) deliver(ctx context.Context, km *sarama.ConsumerMessage, stopping <-chan struct{}) error {
 	msg, err := h.s.unmarshaler.Unmarshal(km)
 	if err != nil {
 		err = fmt.Errorf("kafka: unmarshaling %s partition %d offset %d: %w", km.Topic, km.Partition, km.Offset, err)
@@ -269,7 +312,7 @@ func (h *keyedHandler) deliver(ctx context.Context, km *sarama.ConsumerMessage) 
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	msg.SetContext(mctx)
-	if err := h.send(ctx, msg); err != nil {
+	if err := h.send(ctx, msg, stopping); err != nil {
 		return err
 	}
 	select {

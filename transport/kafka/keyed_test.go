@@ -22,6 +22,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/keyedtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/kafka"
 	"github.com/millwright/millwright/transport/transporttest"
 )
 
@@ -312,4 +313,118 @@ func TestKeyedConsumerRebalance(t *testing.T) {
 	require.Empty(t, l.Reorders)
 	require.Empty(t, past)
 	require.Greater(t, l.MaxActive, partitions, "keys ran in parallel within partitions")
+}
+
+// TestKeyedSlowHandlerSurvivesRebalance: a handler that takes 4 s (an
+// effect outside the database, or idempotency marked after success) is
+// running when a second consumer joins the group. The revoked partition
+// waits for it (KeyDrainTimeout, default 30 s, with the group's rebalance
+// timeout raised to cover it) instead of cancelling it and handing its
+// message to the partition's next owner, which would apply the effect
+// again and, with rebalances more often than the handler's duration,
+// never get past it.
+func TestKeyedSlowHandlerSurvivesRebalance(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const partitions, keys, perKey = 2, 8, 5
+	cfg := keyedConfig(t, 4)
+	topic, where := keyedTopic(t, ctx, cfg, partitions, keys, perKey)
+	group := "group_" + topic
+	t.Cleanup(func() { deleteTopic(t, cfg.Kafka.Brokers, topic, group) })
+
+	slow := ref{Key: "k0", Seq: 1}
+	l := keyedtest.NewLedger()
+	work := func(r ref) time.Duration {
+		if r == slow {
+			return 4 * time.Second // the handler's slow effect
+		}
+		return time.Millisecond
+	}
+	var byA, byB atomic.Int64
+	runKeyedRouter(t, cfg, topic, group, l, work, &byA)
+	require.Eventually(t, func() bool {
+		l.Mu.Lock()
+		defer l.Mu.Unlock()
+		return l.Started[slow] > 0
+	}, time.Minute, 5*time.Millisecond, "the slow message starts")
+	runKeyedRouter(t, cfg, topic, group, l, work, &byB) // the rebalance, while it runs
+	require.Eventually(t, func() bool { return l.Count() == len(where) }, 2*time.Minute, 50*time.Millisecond, "every message finishes")
+	// Messages on every partition after the rebalance: B handles some,
+	// which proves it joined and holds a partition.
+	tr, err := transport.Open(ctx, cfg)
+	require.NoError(t, err)
+	defer tr.Close()
+	const after = 40
+	for k := 0; k < after; k++ {
+		m := message.NewMessage(watermill.NewUUID(), []byte(ref{Key: fmt.Sprint("after", k), Seq: 0}.String()))
+		m.Metadata.Set(metadata.OrderingKey, fmt.Sprint("after", k))
+		require.NoError(t, tr.Publisher().Publish(topic, m))
+	}
+	require.Eventually(t, func() bool { return l.Count() == len(where)+after }, 2*time.Minute, 50*time.Millisecond, "the later messages finish")
+
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	t.Logf("slow message started %d times; reorders %d, duplicates %d, handled by A %d, by B %d", l.Started[slow], len(l.Reorders), l.Duplicates, byA.Load(), byB.Load())
+	require.Positive(t, byB.Load(), "the fault: B joined and got a partition (a rebalance while the slow handler ran)")
+	require.Equal(t, 1, l.Started[slow], "the slow handler was given up on at the rebalance and its message applied again")
+	require.Empty(t, l.Reorders)
+}
+
+// panickingUnmarshaler panics the first time it reads the message whose
+// payload is once.
+type panickingUnmarshaler struct {
+	kafka.Marshaler
+	once     string
+	panicked *atomic.Bool
+}
+
+func (u panickingUnmarshaler) Unmarshal(km *sarama.ConsumerMessage) (*message.Message, error) {
+	if string(km.Value) == u.once && u.panicked.CompareAndSwap(false, true) {
+		var m map[string]int
+		m["boom"]++ // a runtime panic in the subscriber's own goroutine
+	}
+	return u.Marshaler.Unmarshal(km)
+}
+
+// TestKeyedSurvivesAPanic: reading one message panics (the first time):
+// the subscriber recovers it, counts it, runs the message again in its
+// key's place, and every message is handled, each key in order, by the
+// same subscriber (the process and the partition go on).
+func TestKeyedSurvivesAPanic(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const partitions, keys, perKey = 2, 4, 5
+	cfg := keyedConfig(t, 2)
+	topic, where := keyedTopic(t, ctx, cfg, partitions, keys, perKey)
+	group := "group_" + topic
+	t.Cleanup(func() { deleteTopic(t, cfg.Kafka.Brokers, topic, group) })
+	tr, err := kafka.Open(ctx, cfg.Kafka, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	sub, err := tr.Subscriber(group)
+	require.NoError(t, err)
+	var panicked atomic.Bool
+	kafka.SetKeyedUnmarshaler(sub, panickingUnmarshaler{once: "k1:2", panicked: &panicked})
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	l := keyedtest.NewLedger()
+	go func() {
+		for m := range msgs {
+			r, _ := keyedtest.ParseRef(string(m.Payload))
+			go func() { // as the Router does: each message in its own goroutine
+				l.Start(r)
+				l.End(r, true)
+				m.Ack()
+			}()
+		}
+	}()
+	l.WaitCount(t, len(where), time.Minute)
+	require.True(t, panicked.Load())
+	require.Equal(t, int64(1), sub.(*kafka.KeyedSubscriber).Panics(), "the fault: one panic, recovered")
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	require.Empty(t, l.Reorders)
+	require.Equal(t, 1, l.Started[ref{Key: "k1", Seq: 2}], "the message that panicked was handed out once it read")
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/metrics"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
@@ -38,8 +39,11 @@ type App struct {
 	newRelay            func(message.Publisher, outbox.RelayConfig) (*outbox.Relay, error)
 	newCleaners         func(outbox.CleanerConfig) ([]*outbox.Cleaner, error)
 
-	mu   sync.Mutex
-	subs map[string]message.Subscriber
+	newParker func(park.Config) (*park.Parker, error)
+
+	mu      sync.Mutex
+	subs    map[string]message.Subscriber
+	parkers map[string]*park.Parker // by consumer group, with Config.Park
 }
 
 // New validates cfg and builds the example's components. It registers the
@@ -50,7 +54,7 @@ func New(cfg Config) (*App, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	a := &App{cfg: cfg, topics: NewTopics(cfg.TopicPrefix), subs: map[string]message.Subscriber{}}
+	a := &App{cfg: cfg, topics: NewTopics(cfg.TopicPrefix), subs: map[string]message.Subscriber{}, parkers: map[string]*park.Parker{}}
 	var err error
 	if cfg.Pgx != nil {
 		a.db = pgxDB{cfg.Pgx}
@@ -84,6 +88,7 @@ func wire[P postgres.Pool](a *App, pool P) error {
 		return err
 	}
 	a.store = dlq.NewStore(pool)
+	a.newParker = func(cfg park.Config) (*park.Parker, error) { return park.New(pool, cfg) }
 	a.newIdempotencyStore = func() (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(pool) }
 	a.newRelay = func(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
 		return outbox.NewRelay(pool, pub, cfg)
@@ -176,20 +181,82 @@ func (a *App) consumer(ctx context.Context, r *message.Router, name, topic, grou
 	if err != nil {
 		return err
 	}
-	dead, err := dlq.NewMiddleware(a.cfg.Transport.Publisher(), dlq.Config{ConsumerGroup: group, Retry: a.cfg.ConsumerRetry,
-		Registerer: a.cfg.Registerer, Logger: a.cfg.Logger, MaxValueBytes: dlq.DefaultMaxValueBytes})
-	if err != nil {
-		return err
-	}
 	// Tracing outermost: the handle span continues the trace the message
 	// carries, and the handler's outbox writes carry it on.
-	mws := []message.HandlerMiddleware{tracing.Middleware(tracing.Config{}), dead.Middleware}
+	mws := []message.HandlerMiddleware{tracing.Middleware(tracing.Config{})}
+	if a.cfg.Park {
+		parked, err := a.parkMiddlewares(name, group)
+		if err != nil {
+			return err
+		}
+		mws = append(mws, parked...)
+	} else {
+		dead, err := dlq.NewMiddleware(a.cfg.Transport.Publisher(), dlq.Config{ConsumerGroup: group, Retry: a.cfg.ConsumerRetry,
+			Registerer: a.cfg.Registerer, Logger: a.cfg.Logger, MaxValueBytes: dlq.DefaultMaxValueBytes})
+		if err != nil {
+			return err
+		}
+		mws = append(mws, dead.Middleware)
+	}
 	if a.cfg.Duplicate {
 		mws = append(mws, middleware.Duplicator)
 	}
 	mws = append(mws, idem.Middleware)
 	r.AddConsumerHandler(name, topic, sub, h).AddMiddleware(mws...)
 	return nil
+}
+
+// parkMiddlewares returns, for Config.Park, the middlewares of consumer
+// name in group, outermost first: park (its group's Parker), a short
+// in-place retry, and a recoverer turning a handler's panic into an
+// error (park then parks the message rather than the process dying).
+func (a *App) parkMiddlewares(name, group string) ([]message.HandlerMiddleware, error) {
+	a.mu.Lock()
+	parker := a.parkers[group]
+	if parker == nil {
+		var err error
+		parker, err = a.newParker(park.Config{ConsumerGroup: group, Retry: a.cfg.ParkRetry, Logger: a.cfg.Logger, Registerer: a.cfg.Registerer})
+		if err != nil {
+			a.mu.Unlock()
+			return nil, fmt.Errorf("orders: parker of group %s: %w", group, err)
+		}
+		a.parkers[group] = parker
+	}
+	a.mu.Unlock()
+	inPlace, err := retry.NewMiddleware(retry.Config{Policy: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: 3},
+		Logger: a.cfg.Logger, Registerer: a.cfg.Registerer})
+	if err != nil {
+		return nil, err
+	}
+	return []message.HandlerMiddleware{parker.Middleware(name), inPlace.Middleware, middleware.Recoverer}, nil
+}
+
+// parkerLoops returns the retrier loop of every Parker not started yet;
+// each waits for the router to run (its middlewares, which register the
+// handlers the retrier runs, are applied then).
+func (a *App) parkerLoops(router *message.Router, started map[*park.Parker]bool) []loop {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var loops []loop
+	for _, p := range a.parkers {
+		if started[p] {
+			continue
+		}
+		started[p] = true
+		loops = append(loops, loop{
+			run: func(ctx context.Context) error {
+				select {
+				case <-router.Running():
+				case <-ctx.Done():
+					return nil
+				}
+				return p.Run(ctx)
+			},
+			running: p.Running(),
+			close:   p.Close,
+		})
+	}
+	return loops
 }
 
 // Run runs the given services (all of them when none is given) until ctx
@@ -250,6 +317,7 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 		}
 		loops, consumers = append(loops, l...), consumers+c
 	}
+	loops = append(loops, a.parkerLoops(router, map[*park.Parker]bool{})...)
 
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Process{cancel: cancel, running: make(chan struct{}), done: make(chan struct{})}

@@ -84,6 +84,18 @@ type Config struct {
 	// is dead-lettered. Default InitialInterval 50ms, MaxInterval 1s,
 	// MaxAttempts 8.
 	ConsumerRetry retry.Policy
+	// Park guards every consumer (but the dead-letter recorders) with
+	// package park instead of dlq's middleware: a message that still fails
+	// after a few in-place retries is parked in Postgres, its key's later
+	// messages park behind it in order, and the consumer goes on with the
+	// other keys; a retrier (one per consumer group, started with the
+	// consumers) retries parked keys with ParkRetry and then writes the
+	// dead letter itself. Default false: dlq's middleware, which retries
+	// in place with ConsumerRetry and then publishes the dead letter.
+	Park bool
+	// ParkRetry is the parked messages' retry budget and backoff. Default:
+	// park.DefaultPolicy.
+	ParkRetry retry.Policy
 	// Duplicate delivers every message to every consumer twice (Watermill's
 	// middleware.Duplicator), to show that effects still happen once.
 	// Default false.

@@ -23,8 +23,9 @@
 //
 // # Guarantees
 //
-// Every consumer runs behind dlq.NewMiddleware (recover, retry, dead-letter)
-// and the idempotency middleware, and writes its effect, its ledger row
+// Every consumer runs behind dlq.NewMiddleware (recover, retry, dead-letter),
+// or with Config.Park behind package park (a failing key parked and retried
+// in order while the others go on), and the idempotency middleware, and writes its effect, its ledger row
 // (orders_effects) and its reply or follow-up event through the outbox in
 // the idempotency transaction: an effect is applied once per event however
 // often the event is delivered, and a reply exists if and only if the effect

@@ -5,7 +5,9 @@
 // through, so the server acts on requests whose replies the client does
 // not get, or silence the connections it carries for good (Blackhole: a
 // dropped NAT or conntrack entry, a dead middlebox; no RST, no FIN, every
-// byte either way dropped) while new ones go through. Only the
+// byte either way dropped) while new ones go through. HalfOpen makes the connections half-open, as a dropped NAT or
+// conntrack entry does: the client's side is reset while the server's
+// stays open, unanswered, until the server gives up on it. Only the
 // client under test goes through it, so a shared server stays up for every
 // other test. Its counters let a test prove the fault happened.
 package faultproxy
@@ -27,13 +29,14 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
-	until time.Time
-	held  chan struct{} // non-nil while Hold is on; closed by Release
+	pipes map[*pipe]struct{}
 	// dead holds the connections (both ends) Blackhole silenced.
 	dead map[net.Conn]struct{}
 	// closed is closed by Close.
 	closed    chan struct{}
 	closeOnce sync.Once
+	until     time.Time
+	held      chan struct{} // non-nil while Hold is on; closed by Release
 
 	cut       atomic.Int64
 	refused   atomic.Int64
@@ -42,6 +45,17 @@ type Proxy struct {
 	received  atomic.Int64
 	holed     atomic.Int64
 	dropped   atomic.Int64
+	accepted  atomic.Int64
+	halfOpen  atomic.Int64
+	halfLive  atomic.Int64
+}
+
+// pipe is one proxied connection: the client's and the server's ends.
+type pipe struct {
+	client, server net.Conn
+	// half is set by HalfOpen: the client's end is reset, the server's
+	// stays open and what the server sends is read and dropped.
+	half atomic.Bool
 }
 
 // New starts a proxy to target (host:port) on a free loopback port.
@@ -50,7 +64,8 @@ func New(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("faultproxy: listening for %s: %w", target, err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, dead: map[net.Conn]struct{}{}, closed: make(chan struct{})}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, pipes: map[*pipe]struct{}{},
+		dead: map[net.Conn]struct{}{}, closed: make(chan struct{})}
 	go p.serve()
 	return p, nil
 }
@@ -107,27 +122,6 @@ func (p *Proxy) Outage(d time.Duration) {
 	}
 }
 
-// Hold stops forwarding what servers send to clients (replies, confirms,
-// heartbeats) until Release; the proxy keeps reading it only as far as
-// its buffer, so TCP holds back the rest. Clients' bytes still go through.
-func (p *Proxy) Hold() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.held == nil {
-		p.held = make(chan struct{})
-	}
-}
-
-// Release forwards what Hold held back, in order, and everything after.
-func (p *Proxy) Release() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.held != nil {
-		close(p.held)
-		p.held = nil
-	}
-}
-
 // Blackhole silences every connection the proxy carries now, for good:
 // both ends stay open and the proxy keeps reading from them, but drops
 // every byte in either direction (DroppedBytes counts them), as a dropped
@@ -160,6 +154,65 @@ func (p *Proxy) silenced(c net.Conn) bool {
 	defer p.mu.Unlock()
 	_, ok := p.dead[c]
 	return ok
+}
+
+// HalfOpen makes every connection the proxy carries half-open: the
+// client's end is reset (a TCP RST, as a middlebox that lost the
+// connection's state answers), while the server's end stays open, gets
+// nothing more from the client and has what the server sends read and
+// dropped, until the server closes it (its heartbeat or keepalive
+// timeout). New connections are carried as usual. It returns how many
+// connections it made half-open.
+func (p *Proxy) HalfOpen() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for pp := range p.pipes {
+		if pp.half.Swap(true) {
+			continue
+		}
+		if tc, ok := pp.client.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // close sends RST
+		}
+		_ = pp.client.Close()
+		p.halfOpen.Add(1)
+		p.halfLive.Add(1)
+		n++
+	}
+	return n
+}
+
+// HalfOpened counts the connections HalfOpen made half-open.
+func (p *Proxy) HalfOpened() int64 { return p.halfOpen.Load() }
+
+// HalfOpenLive counts the half-open connections whose server end the
+// server has not closed yet: while it is positive, the server still
+// holds a connection whose client is gone.
+func (p *Proxy) HalfOpenLive() int64 { return p.halfLive.Load() }
+
+// Accepted counts the connections the proxy accepted (refused ones
+// included): a test reads it to see a client reconnect.
+func (p *Proxy) Accepted() int64 { return p.accepted.Load() }
+
+// Hold stops forwarding what servers send to clients (replies, confirms,
+// heartbeats) until Release; the proxy keeps reading it only as far as
+// its buffer, so TCP holds back the rest. Clients' bytes still go through.
+func (p *Proxy) Hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held == nil {
+		p.held = make(chan struct{})
+	}
+}
+
+// Release forwards what Hold held back, in order, and everything after.
+func (p *Proxy) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held != nil {
+		close(p.held)
+		p.held = nil
+	}
 }
 
 // HeldReads counts the reads from servers that Hold kept from their
@@ -197,6 +250,7 @@ func (p *Proxy) serve() {
 		if err != nil {
 			return
 		}
+		p.accepted.Add(1)
 		p.mu.Lock()
 		down := time.Now().Before(p.until)
 		p.mu.Unlock()
@@ -215,8 +269,10 @@ func (p *Proxy) pipe(c net.Conn) {
 		_ = c.Close()
 		return
 	}
+	pp := &pipe{client: c, server: up}
 	p.mu.Lock()
 	p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+	p.pipes[pp] = struct{}{}
 	p.mu.Unlock()
 	done := make(chan struct{}, 2)
 	stop := make(chan struct{}) // closed once either direction ends
@@ -225,7 +281,7 @@ func (p *Proxy) pipe(c net.Conn) {
 		done <- struct{}{}
 	}()
 	go func() {
-		p.copyReplies(c, up, stop)
+		p.copyReplies(pp, stop)
 		done <- struct{}{}
 	}()
 	<-done
@@ -235,13 +291,27 @@ func (p *Proxy) pipe(c net.Conn) {
 		// the proxy closes (a server session on a dead path lives on).
 		<-p.closed
 	}
-	close(stop)
-	_ = c.Close()
-	_ = up.Close()
-	<-done
+	if pp.half.Load() {
+		// Half-open: the server's end stays until the server (or Close)
+		// ends it; copyReplies drops what it sends meanwhile.
+		<-done
+		close(stop)
+		_ = c.Close()
+		_ = up.Close()
+		p.halfLive.Add(-1)
+	} else {
+		close(stop)
+		_ = c.Close()
+		_ = up.Close()
+		<-done
+		if pp.half.Load() { // made half-open as the connection ended
+			p.halfLive.Add(-1)
+		}
+	}
 	p.mu.Lock()
 	delete(p.conns, c)
 	delete(p.conns, up)
+	delete(p.pipes, pp)
 	delete(p.dead, c)
 	delete(p.dead, up)
 	p.mu.Unlock()
@@ -249,21 +319,22 @@ func (p *Proxy) pipe(c net.Conn) {
 
 // copyReplies copies from the server to the client, waiting while Hold is
 // on; it gives up a held chunk once stop closes (the connection is gone).
-func (p *Proxy) copyReplies(dst, src net.Conn, stop <-chan struct{}) {
+// Once the pipe is half-open it reads and drops what the server sends.
+func (p *Proxy) copyReplies(pp *pipe, stop <-chan struct{}) {
 	buf := make([]byte, 32*1024)
 	for {
-		n, err := src.Read(buf)
-		if n > 0 {
+		n, err := pp.server.Read(buf)
+		if n > 0 && p.silenced(pp.server) {
+			p.dropped.Add(int64(n))
+			if err != nil {
+				return
+			}
+			continue
+		}
+		if n > 0 && !pp.half.Load() {
 			p.mu.Lock()
 			held := p.held
 			p.mu.Unlock()
-			if p.silenced(src) {
-				p.dropped.Add(int64(n))
-				if err != nil {
-					return
-				}
-				continue
-			}
 			if held != nil {
 				p.heldReads.Add(1)
 				select {
@@ -272,9 +343,9 @@ func (p *Proxy) copyReplies(dst, src net.Conn, stop <-chan struct{}) {
 					return
 				}
 			}
-			w, werr := dst.Write(buf[:n])
+			w, werr := pp.client.Write(buf[:n])
 			p.received.Add(int64(w))
-			if werr != nil {
+			if werr != nil && !pp.half.Load() {
 				return
 			}
 		}
