@@ -22,6 +22,7 @@ import (
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
+	"github.com/millwright/millwright/shutdown"
 	"github.com/millwright/millwright/tracing"
 )
 
@@ -294,7 +295,8 @@ func (p *Process) Stop() error { p.cancel(); return p.Wait() }
 // Start starts the given services (all of them when none is given) in the
 // background until ctx ends, Stop is called or one of them fails, which
 // stops the others. Wait returns once the router's handlers have drained
-// (up to 30 s) and the relay, cleaners and timeout loop have returned:
+// (up to 20 s: below shutdown.Service's 25 s grace, so the router gives up
+// on a stuck handler, and says which, before the forced exit) and the relay, cleaners and timeout loop have returned:
 // close the transport only after that, since the dead-letter middleware
 // publishes through it (Watermill issue #446). The Orders service's HTTP
 // API is served by Handler; Start only checks the database for it.
@@ -302,10 +304,12 @@ func (a *App) Start(ctx context.Context, services ...Service) (*Process, error) 
 	if len(services) == 0 {
 		services = AllServices
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, a.cfg.Logger)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, a.cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
+	// A forced exit past the grace names the handlers it waited for.
+	router.AddMiddleware(shutdown.Middleware)
 	var (
 		loops     []loop
 		consumers int
