@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
@@ -120,7 +121,7 @@ type bundle struct {
 
 func setup(t *testing.T, driver string) *bundle {
 	t.Helper()
-	s := pgtest.New(t, dlq.Migrations(), park.Migrations())
+	s := pgtest.New(t, audit.Migrations(), dlq.Migrations(), park.Migrations())
 	b := &bundle{schema: s, driver: driver}
 	if driver == pgtest.DriverPgx {
 		b.store, b.dlq = park.NewStore(s.Pgx(t)), dlq.NewStore(s.Pgx(t))
