@@ -200,7 +200,7 @@ func (b *bundle) waitDue(t *testing.T, key string) {
 	t.Helper()
 	poll.Until(t, 30*time.Second, func() bool {
 		var due bool
-		require.NoError(t, b.schema.DB.QueryRow(`SELECT due_at <= now() FROM millwright_parked_keys WHERE key = $1`, key).Scan(&due))
+		require.NoError(t, b.schema.DB.QueryRow(`SELECT due_at <= now() FROM millwright_parked_keys WHERE key = '\x6b'::bytea || convert_to($1, 'UTF8')`, key).Scan(&due))
 		return due
 	}, "key %s due", key)
 }
