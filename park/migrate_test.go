@@ -3,6 +3,7 @@ package park_test
 import (
 	"context"
 	"os"
+	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -65,16 +66,22 @@ func TestMigrationKeepsParkedRows(t *testing.T) {
 	// The retrier runs the migrated rows with their metadata.
 	p, err := park.New(s.DB, park.Config{Retry: fast, PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
+	var mu sync.Mutex
 	seen := map[string]message.Metadata{}
 	_ = p.Middleware("billing")(func(m *message.Message) ([]*message.Message, error) {
+		mu.Lock()
+		defer mu.Unlock()
 		seen[m.UUID] = m.Metadata
 		return nil, nil
 	})
 	require.NoError(t, store.Retry(ctx, "billing", "order/1"))
-	for i := 0; i < 100 && len(seen) < 4; i++ {
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(seen) }
+	for i := 0; i < 100 && count() < 4; i++ {
 		_, err := p.RetryDue(ctx)
 		require.NoError(t, err)
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	require.Len(t, seen, 4)
 	require.Equal(t, "t-1", seen["a1"].Get("trace"))
 	ks, err = store.List(ctx, park.Filter{})
