@@ -8,3 +8,6 @@ ALTER TABLE millwright_dead_letters DROP CONSTRAINT millwright_dead_letters_stat
     ADD CONSTRAINT millwright_dead_letters_state_check CHECK (state IN ('dead', 'replayed', 'superseded', 'resolved')),
     ADD COLUMN resolved_at TIMESTAMPTZ,
     ADD COLUMN resolved_by TEXT NOT NULL DEFAULT '';
+
+-- The depth (millwright_dlq_depth_messages) counts the dead ones by topic.
+CREATE INDEX millwright_dead_letters_dead_idx ON millwright_dead_letters (original_topic) WHERE state = 'dead';
