@@ -166,6 +166,39 @@ func keyText(lane string) string {
 	return fmt.Sprintf("%q", key)
 }
 
+// keepBytes is the metadata of a replay to store in place of its parked
+// copy's (stored, EncodeParkedMetadata's form): the replay's, except that
+// an entry the dead-letter table only turned into text (bytes that are not
+// UTF-8 replaced with U+FFFD: a binary key or header) keeps the parked
+// copy's bytes. An entry the operator edited takes the edit.
+func keepBytes(stored []byte, replay message.Metadata) []byte {
+	parked, err := storage.DecodeParkedMetadata(stored)
+	if err != nil {
+		return storage.EncodeParkedMetadata(replay)
+	}
+	asText := make(map[string]string, len(parked))
+	for k := range parked {
+		if sk := storable(k); sk != k {
+			asText[sk] = k
+		}
+	}
+	out := make(map[string]string, len(replay))
+	for k, v := range replay {
+		orig := k
+		if _, ok := parked[k]; !ok {
+			if o, ok := asText[k]; ok {
+				orig = o
+			}
+		}
+		if pv, ok := parked[orig]; ok && storable(pv) == v {
+			out[orig] = pv
+			continue
+		}
+		out[k] = v
+	}
+	return storage.EncodeParkedMetadata(out)
+}
+
 // replaceParked applies a replayed dead letter (metadata
 // DeadLetterReplayOf, set by `millwright dlq replay` and the console's
 // replay and edit) in its parked message's place: the parked message of
@@ -184,7 +217,7 @@ func (p *Parker) replaceParked(ctx context.Context, handler string, pm storage.P
 	if err != nil {
 		id = 0 // not a dead letter id: match by UUID only
 	}
-	r, err := storage.ReplaceParked(ctx, p.pool, handler, id, pm)
+	r, err := storage.ReplaceParked(ctx, p.pool, handler, id, pm, func(parked []byte) []byte { return keepBytes(parked, msg.Metadata) })
 	if err != nil {
 		return false, fmt.Errorf("park: handler %q: giving replayed dead letter %s (message %s) its parked message's place (nacked; is the database up, did `millwright migrate` run?): %w",
 			handler, of, msg.UUID, err)

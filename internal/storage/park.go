@@ -398,32 +398,75 @@ type ReplacedParked struct {
 	Released bool
 }
 
-const replaceParkedSQL = `WITH m AS (SELECT id, key FROM millwright_parked_messages
-    WHERE handler = $1 AND (dead_letter_id = $2 OR message_uuid = $3)
-    ORDER BY (dead_letter_id IS NOT DISTINCT FROM $2) DESC, id LIMIT 1),
-k AS (SELECT k.key, k.held, (SELECT min(p.id) FROM millwright_parked_messages p WHERE p.handler = $1 AND p.key = k.key) = m.id AS head
-    FROM millwright_parked_keys k JOIN m ON k.handler = $1 AND k.key = m.key FOR UPDATE OF k),
-u AS (UPDATE millwright_parked_messages p SET payload = $4, metadata = $5 FROM m, k WHERE p.id = m.id RETURNING p.key),
-r AS (UPDATE millwright_parked_keys pk SET held = false, due_at = now(), attempts = 0, rounds = 0, prev_delay_ms = 0,
-        first_failure_at = NULL, last_failure_at = NULL, last_error = '', dead_letter_id = NULL
-    FROM k WHERE pk.handler = $1 AND pk.key = k.key AND k.held AND k.head AND EXISTS (SELECT 1 FROM u) RETURNING 1)
-SELECT (SELECT key FROM u), EXISTS (SELECT 1 FROM r)`
+const findReplacedSQL = `SELECT id, key FROM millwright_parked_messages
+WHERE handler = $1 AND (dead_letter_id = $2 OR message_uuid = $3)
+ORDER BY (dead_letter_id IS NOT DISTINCT FROM $2) DESC, id LIMIT 1`
 
 // ReplaceParked gives the replay of dead letter deadLetterID (a message
 // with UUID m.MessageUUID) its parked message's place: the parked message
 // of that dead letter (else of that UUID) of handler takes m's payload and
-// metadata. When it is its key's held head, the key is released from the
-// hold, its head due at once with a fresh budget. Nothing is written when
-// no such message is parked.
-func ReplaceParked(ctx context.Context, q Querier, handler string, deadLetterID int64, m ParkedMessage) (ReplacedParked, error) {
+// metadata (merge, when not nil, returns the metadata to store from the
+// parked one's). When it is its key's held head, the key is released from
+// the hold, its head due at once with a fresh budget. Nothing is written
+// when no such message is parked. It runs in one transaction that locks
+// the key's row first, like every change of a key.
+func ReplaceParked(ctx context.Context, p Pool, handler string, deadLetterID int64, m ParkedMessage, merge func(parked []byte) []byte) (ReplacedParked, error) {
 	var (
 		out  ReplacedParked
+		id   int64
 		lane []byte
 	)
-	err := q.QueryRow(ctx, Statement{SQL: replaceParkedSQL, Args: []any{handler, deadLetterID, []byte(m.MessageUUID),
-		bytesOrEmpty(m.Payload), bytesOrEmpty(m.Metadata)}, Expect: NoExpect, What: "replacing a parked message with its replay"}, &lane, &out.Released)
-	out.Replaced, out.Key = lane != nil, string(lane)
-	return out, err
+	err := p.QueryRow(ctx, Statement{SQL: findReplacedSQL, Args: []any{handler, deadLetterID, []byte(m.MessageUUID)},
+		Expect: NoExpect, What: "finding the parked message of a replay"}, &id, &lane)
+	if IsNoRows(err) {
+		return out, nil
+	}
+	if err != nil {
+		return out, err
+	}
+	key := string(lane)
+	err = inKeyTx(ctx, p, lockParked(handler, key, -1, false), func(tx Tx) error {
+		var (
+			parked     []byte
+			held, head bool
+		)
+		err := tx.QueryRow(ctx, Statement{SQL: `SELECT m.metadata, k.held,
+    m.id = (SELECT min(h.id) FROM millwright_parked_messages h WHERE h.handler = m.handler AND h.key = m.key)
+FROM millwright_parked_messages m JOIN millwright_parked_keys k ON k.handler = m.handler AND k.key = m.key
+WHERE m.id = $1 AND m.handler = $2 AND m.key = $3 FOR UPDATE OF m`, Args: []any{id, handler, lane}, Expect: NoExpect,
+			What: "locking the parked message of a replay"}, &parked, &held, &head)
+		if IsNoRows(err) {
+			return nil // applied or dropped meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		md := m.Metadata
+		if merge != nil {
+			md = merge(parked)
+		}
+		if _, err := tx.Exec(ctx, S(`UPDATE millwright_parked_messages SET payload = $2, metadata = $3 WHERE id = $1`,
+			id, bytesOrEmpty(m.Payload), bytesOrEmpty(md))); err != nil {
+			return err
+		}
+		out.Replaced, out.Key = true, key
+		if held && head {
+			if _, err := tx.Exec(ctx, Statement{SQL: `UPDATE millwright_parked_keys SET held = false, due_at = now(), attempts = 0, rounds = 0,
+    prev_delay_ms = 0, first_failure_at = NULL, last_failure_at = NULL, last_error = '', dead_letter_id = NULL
+WHERE handler = $1 AND key = $2`, Args: []any{handler, lane}, Expect: 1, What: "lifting the hold of parked key " + laneText(key)}); err != nil {
+				return err
+			}
+			out.Released = true
+		}
+		return nil
+	})
+	if errors.Is(err, ErrParkedClaimLost) {
+		return ReplacedParked{}, nil // the key was released meanwhile
+	}
+	if err != nil {
+		return ReplacedParked{}, err
+	}
+	return out, nil
 }
 
 // RescheduleParked records the failure f of a claimed key's head and makes
