@@ -134,12 +134,13 @@
 //     to millwright_dead_letters, whose text columns and JSON metadata
 //     keep bytes that are not UTF-8 as U+FFFD; a replay finds its parked
 //     message by the dead letter's id, so a binary key does not lose it.)
-//   - No record kills the retrier: a round that panics outside the
-//     handler's failure path (Config.Publish, a row that does not decode)
-//     is recovered, logged with the record and its stack, counted
-//     (MetricSetAside) and set aside: its key is held, the cause in its
-//     last error, for `millwright parked retry` or `release --force`. A
-//     handler's own panic is a failed round like any error.
+//   - No record kills the retrier: a round that panics (in
+//     Config.Publish, in park, or in a handler no middleware inside park
+//     recovered; the retry middleware turns a handler's panic into a
+//     failed attempt first) or whose row does not decode is recovered,
+//     logged with the record and its stack, counted (MetricSetAside) and
+//     set aside: its key is held, the cause in its last error, for
+//     `millwright parked retry` or `release --force`.
 //     TestRetrierSurvivesPanicAndBadRow.
 //   - Different keys never wait for each other; the middleware is safe for
 //     concurrent use by handlers of different keys (a key-parallel

@@ -332,10 +332,10 @@ func TestRoundLongerThanLeaseRunsOnce(t *testing.T) {
 	})
 }
 
-// A retrier round that panics outside the handler (here Config.Publish)
-// or meets a row it cannot decode is recovered: Run goes on with the
-// other keys, the record is held for an operator with the cause, and the
-// panic is counted.
+// A retrier round that panics (in Config.Publish, or in a handler no
+// middleware inside park recovers) or meets a row it cannot decode is
+// recovered: Run goes on with the other keys, the record is held for an
+// operator with the cause, and it is counted.
 func TestRetrierSurvivesPanicAndBadRow(t *testing.T) {
 	t.Parallel()
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
@@ -358,6 +358,15 @@ func TestRetrierSurvivesPanicAndBadRow(t *testing.T) {
 			}
 			return nil, nil
 		})
+		// A handler without the retry middleware inside park: its panic
+		// in a round reaches park.
+		raw := p.Middleware("raw")(func(m *message.Message) ([]*message.Message, error) {
+			if _, retried := park.Retried(m.Context()); retried {
+				panic("handler bug")
+			}
+			return nil, errTransient
+		})
+		deliver(t, raw, msg("h1", "h"))
 		a.fail("p1", "c1", "ok1")
 		deliver(t, h, msg("p1", "p"))   // its round panics in Publish
 		deliver(t, h, msg("c1", "c"))   // its row is corrupted below
@@ -380,7 +389,7 @@ func TestRetrierSurvivesPanicAndBadRow(t *testing.T) {
 					held++
 				}
 			}
-			return len(ks) == 2 && held == 2 && len(a.order(isKey("ok"))) == 1
+			return len(ks) == 3 && held == 3 && len(a.order(isKey("ok"))) == 1
 		})
 		require.GreaterOrEqual(t, published.Load(), int32(1), "the publisher panicked")
 		for _, k := range b.keys(t) {
@@ -389,11 +398,13 @@ func TestRetrierSurvivesPanicAndBadRow(t *testing.T) {
 				require.Contains(t, k.LastError, "publisher bug")
 			case "c":
 				require.Contains(t, k.LastError, "decoding")
+			case "h":
+				require.Contains(t, k.LastError, "handler bug")
 			default:
 				t.Fatalf("unexpected key %q", k.Key)
 			}
 		}
-		require.EqualValues(t, 2, counted(t, reg, "millwright_park_set_aside_total"), "both records set aside and counted")
+		require.EqualValues(t, 3, counted(t, reg, "millwright_park_set_aside_total"), "the three records set aside and counted")
 		cancel()
 		require.NoError(t, <-done)
 	})

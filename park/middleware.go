@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -235,12 +236,16 @@ func (p *Parker) replaceParked(ctx context.Context, handler string, pm storage.P
 	return true, nil
 }
 
-// callRecovering calls h, turning a panic into an error (the retry
-// middleware inside usually recovers first).
+// errPanicked marks the error callRecovering makes of a panic.
+var errPanicked = errors.New("park: handler panicked")
+
+// callRecovering calls h, turning a panic into an error wrapping
+// errPanicked, with the stack (the retry middleware inside usually
+// recovers first).
 func callRecovering(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			produced, err = nil, fmt.Errorf("park: handler panicked: %v", r)
+			produced, err = nil, fmt.Errorf("%w: %v\n%s", errPanicked, r, debug.Stack())
 		}
 	}()
 	return h(msg)

@@ -54,10 +54,11 @@ const (
 	// MetricRetries counts the retrier's rounds, by handler and outcome
 	// ("ok", "failed", "dead_letter").
 	MetricRetries = "millwright_park_retries_total"
-	// MetricSetAside counts parked records the retrier could not handle
-	// (a panic outside the handler's failure path, a row that does not
-	// decode), by handler and cause ("panic", "bad_row"): each is held
-	// for an operator, its cause in the key's last error.
+	// MetricSetAside counts parked records the retrier could not handle,
+	// by handler and cause ("handler_panic": a handler's panic no
+	// middleware inside park recovered; "panic": elsewhere in the round,
+	// Config.Publish or park; "bad_row": a row that does not decode):
+	// each is held for an operator, its cause in the key's last error.
 	MetricSetAside = "millwright_park_set_aside_total"
 )
 
@@ -223,7 +224,7 @@ func New[P postgres.Pool](db P, cfg Config) (*Parker, error) {
 		if p.retries, err = counter(cfg.Registerer, MetricRetries, "Retrier rounds on parked messages, by handler and outcome (ok, failed, dead_letter).", "handler", "outcome"); err != nil {
 			return nil, err
 		}
-		if p.setAsideC, err = counter(cfg.Registerer, MetricSetAside, "Parked records the retrier could not handle (panic, bad_row), held for an operator, by handler and cause.", "handler", "cause"); err != nil {
+		if p.setAsideC, err = counter(cfg.Registerer, MetricSetAside, "Parked records the retrier could not handle (handler_panic, panic, bad_row), held for an operator, by handler and cause.", "handler", "cause"); err != nil {
 			return nil, err
 		}
 	}

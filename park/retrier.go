@@ -284,6 +284,11 @@ func (p *Parker) retryKey(ctx context.Context, c storage.ParkedClaim) error {
 		}
 		return herr
 	}()
+	if errors.Is(herr, errPanicked) {
+		// A panic that no middleware inside park recovered: a bug in the
+		// handler, not a failure the backoff can wait out.
+		return p.setAside(ctx, c, "handler_panic", herr)
+	}
 	wctx := context.WithoutCancel(ctx)
 	if herr == nil {
 		if err := p.lost(storage.CompleteParked(wctx, p.pool, c.Handler, c.Key, c.Claim, c.Head.ID, p.resolver(c))); err != nil {
