@@ -74,7 +74,8 @@ type ReplayReport struct {
 	// Items lists the messages published (or to be published), in order.
 	Items []ReplayItem
 	// SkippedReplayed counts rows the filter selected that were skipped
-	// because they had been replayed before (0 with Force).
+	// because they were no longer dead: replayed, superseded or resolved
+	// before (0 with Force).
 	SkippedReplayed int
 	// SkippedConcurrent counts rows another replay took between selection
 	// and publishing.
