@@ -164,19 +164,31 @@ func TestDeadLetterAppliedThroughParkIsResolved(t *testing.T) {
 		deliver(t, h, msg("r1", "r"))
 		deliver(t, h, msg("r2", "r"))
 		b.drain(t, p, func() bool { return p.Stats().DeadLetters == 1 })
+		// And one refused permanently on first delivery (held at once).
+		a.mu.Lock()
+		a.permanent["s1"] = true
+		a.mu.Unlock()
+		deliver(t, h, msg("s1", "s"))
 		depth, err := b.dlq.Depth(ctx)
 		require.NoError(t, err)
-		require.EqualValues(t, 1, depth[""], "one dead letter before the retry")
+		require.EqualValues(t, 2, depth[""], "two dead letters before the retries")
 
 		a.heal("r1")
+		a.mu.Lock()
+		delete(a.permanent, "s1")
+		a.mu.Unlock()
 		require.NoError(t, b.store.Retry(ctx, "billing", "r"))
+		require.NoError(t, b.store.Retry(ctx, "billing", "s"))
 		b.drain(t, p, nil)
 		require.Equal(t, []string{"r1", "r2"}, a.order(isKey("r")))
+		require.Equal(t, []string{"s1"}, a.order(isKey("s")))
 
 		dls, err := b.dlq.List(ctx, dlq.Filter{})
 		require.NoError(t, err)
-		require.Len(t, dls, 1)
-		require.Equal(t, "resolved", dls[0].State, "r1 was applied through park")
+		require.Len(t, dls, 2)
+		for _, d := range dls {
+			require.Equal(t, "resolved", d.State, "%s was applied through park", d.MessageUUID)
+		}
 		depth, err = b.dlq.Depth(ctx)
 		require.NoError(t, err)
 		require.Zero(t, depth[""], "a resolved dead letter leaves the depth")
@@ -185,7 +197,7 @@ func TestDeadLetterAppliedThroughParkIsResolved(t *testing.T) {
 		require.Zero(t, pending, "nor is it pending replay")
 		var audits int
 		require.NoError(t, b.schema.DB.QueryRow(`SELECT count(*) FROM millwright_audit WHERE command = 'park resolve dead letter' AND affected = 1`).Scan(&audits))
-		require.Equal(t, 1, audits, "the resolution is audited")
+		require.Equal(t, 2, audits, "each resolution is audited")
 	})
 }
 
