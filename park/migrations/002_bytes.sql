@@ -13,6 +13,11 @@
 -- key's length (4 bytes, big endian), the key, its value's length, the
 -- value (storage.EncodeParkedMetadata).
 --
+-- Instances of an older millwright still running after this migration
+-- cannot park (their statements write text and JSON): they nack, and the
+-- broker redelivers to the upgraded ones. Nothing is lost; deploy the new
+-- version with or right after the migration.
+--
 -- dead_letter_id on a message is the dead letter recorded for it (its key
 -- held behind it); when the message is applied later (`millwright parked
 -- retry`, a replay taking its place) the dead letter is resolved.
