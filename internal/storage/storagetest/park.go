@@ -23,6 +23,7 @@ func exercisePark(t *testing.T, setup func(t *testing.T) Setup) {
 		{"CompleteAdvancesThenReleases", parkCompleteAdvancesThenReleases},
 		{"StaleClaimWritesNothing", parkStaleClaimWritesNothing},
 		{"DeadLetterHoldsOrContinues", parkDeadLetterHoldsOrContinues},
+		{"ReplayReplacesHeldHeadAndResolves", parkReplayReplacesHeldHeadAndResolves},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -201,4 +202,59 @@ func parkDeadLetterHoldsOrContinues(t *testing.T, st Setup) {
 	require.NoError(t, err)
 	require.Len(t, one, 1)
 	require.Equal(t, "cont", one[0].Key)
+}
+
+// A replay of a held head's dead letter takes the head's place and lifts
+// the hold; the head applied, CompleteParked hands its dead letter to the
+// resolver in its transaction, which ResolveDeadLetter moves to resolved.
+func parkReplayReplacesHeldHeadAndResolves(t *testing.T, st Setup) {
+	ctx, p := context.Background(), st.Pool
+	_, err := storage.ParkHead(ctx, p, pm("r1", "k"), pf(0))
+	require.NoError(t, err)
+	_, err = storage.ParkBehind(ctx, p, pm("r2", "k"))
+	require.NoError(t, err)
+	c := claim(t, p)[0]
+	id, err := storage.DeadLetterParked(ctx, p, c.Claim, c.Head.ID, 1, dlRow("r1", "orders", "boom", dlAt.Add(time.Minute)), c.Key, true)
+	require.NoError(t, err)
+	require.NotZero(t, id)
+
+	none, err := storage.ReplaceParked(ctx, p, "h", id+1000, pm("other", "k"), nil)
+	require.NoError(t, err)
+	require.False(t, none.Replaced, "no parked message of that dead letter or UUID")
+	replay := pm("r1", "k")
+	replay.Payload = []byte("fixed\xff")
+	var merged []byte
+	r, err := storage.ReplaceParked(ctx, p, "h", id, replay, func(parked []byte) []byte {
+		merged = parked
+		return storage.EncodeParkedMetadata(map[string]string{"m": "\x00\xff"})
+	})
+	require.NoError(t, err)
+	require.Equal(t, storage.ReplacedParked{Replaced: true, Key: "k", Released: true}, r)
+	require.Equal(t, pm("r1", "k").Metadata, merged, "merge sees the parked metadata")
+	ks, err := storage.ListParked(ctx, p, "h", "k", 0)
+	require.NoError(t, err)
+	require.False(t, ks[0].Held, "the hold is lifted")
+
+	cs := claim(t, p)
+	require.Len(t, cs, 1)
+	head := cs[0].Head
+	require.Equal(t, []byte("fixed\xff"), head.Payload)
+	md, err := storage.DecodeParkedMetadata(head.Metadata)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"m": "\x00\xff"}, md)
+	require.Equal(t, id, head.DeadLetterID)
+	var resolved int64
+	require.NoError(t, storage.CompleteParked(ctx, p, "h", "k", cs[0].Claim, head.ID, func(ctx context.Context, tx storage.Tx, dl int64) error {
+		resolved = dl
+		ok, err := storage.ResolveDeadLetter(ctx, tx, dl, "test")
+		require.True(t, ok)
+		return err
+	}))
+	require.Equal(t, id, resolved)
+	row, err := storage.GetDeadLetter(ctx, p, id)
+	require.NoError(t, err)
+	require.Equal(t, "resolved", row.State)
+	ok, err := storage.ResolveDeadLetter(ctx, p, id, "test")
+	require.NoError(t, err)
+	require.False(t, ok, "resolved once")
 }
