@@ -396,7 +396,7 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 	}
 	summary := fmt.Sprintf("%s %d message(s)", verb, len(rep.Items))
 	if rep.SkippedReplayed > 0 {
-		summary += fmt.Sprintf("; skipped %d already replayed (use --force to replay them again)", rep.SkippedReplayed)
+		summary += fmt.Sprintf("; skipped %d already replayed or resolved (use --force to replay them again)", rep.SkippedReplayed)
 	}
 	if rep.SkippedConcurrent > 0 {
 		summary += fmt.Sprintf("; skipped %d taken by a concurrent replay", rep.SkippedConcurrent)
