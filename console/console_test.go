@@ -192,7 +192,7 @@ func TestEditAndReplayQueuesTheEditedCopyAndSupersedesTheOriginal(t *testing.T) 
 	require.Contains(t, body, "another operator")
 	status, body = b.post(t, "/dead-letters/replay", tok, url.Values{"id": {sid}, "action": {"replay"}})
 	require.Equal(t, http.StatusOK, status, body)
-	require.Contains(t, body, "already replayed or superseded")
+	require.Contains(t, body, "already replayed, superseded or resolved")
 	require.Equal(t, []string{`{"qty":2}`}, b.outboxPayloads(t, "orders.created"))
 
 	// The audit table names the operator and the action.

@@ -330,7 +330,7 @@ func (h *Handler) replay(ctx context.Context, q *req) error {
 			err := h.takeAndQueue(ctx, q, id, nil)
 			switch {
 			case errors.Is(err, errTaken):
-				res.Skipped = append(res.Skipped, outcome{ID: id, Note: "already replayed or superseded (by another operator?); not sent again"})
+				res.Skipped = append(res.Skipped, outcome{ID: id, Note: "already replayed, superseded or resolved (by another operator, or applied through park); not sent again"})
 			case err != nil:
 				return fmt.Errorf("replaying dead letter %d (the ones before it are queued): %w", id, err)
 			default:

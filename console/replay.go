@@ -15,8 +15,9 @@ import (
 )
 
 // errTaken is takeAndQueue's error for a dead letter that is no longer
-// dead: replayed or superseded by someone else, before or concurrently.
-var errTaken = errors.New("the dead letter was already replayed or superseded")
+// dead: replayed or superseded by someone else, or resolved through park,
+// before or concurrently.
+var errTaken = errors.New("the dead letter was already replayed, superseded or resolved")
 
 // takeAndQueue replays dead letter id through the outbox: in one
 // transaction (in the request's schema) it moves the row out of the dead

@@ -114,6 +114,15 @@
 // the row StateSuperseded, and Replay never publishes a superseded row,
 // not even forced, so only one of the two is ever sent.
 //
+// A dead letter written by package park whose message is applied later
+// through park (`millwright parked retry`, or a replay that took its held
+// head's place) becomes StateResolved by ResolveTx, in the transaction
+// that removes the parked message, with a row in millwright_audit: it
+// leaves Filter.Pending, Depth (millwright_dlq_depth_messages) and the
+// console's dead ones, and Replay skips it unless forced. A replayed
+// message carries metadata.DeadLetterReplayOf, by which park recognises
+// it as its parked copy's replacement rather than a redelivery.
+//
 // # Retention
 //
 // A Cleaner deletes dead letters recorded longer ago than

@@ -15,8 +15,9 @@ import (
 
 // ReplayOptions selects and paces a replay.
 type ReplayOptions struct {
-	// Filter selects the rows to replay. Rows already replayed are skipped
-	// unless Force is set (Filter.Pending is then ignored).
+	// Filter selects the rows to replay. Rows already replayed (or
+	// resolved: applied later through package park) are skipped unless
+	// Force is set (Filter.Pending is then ignored).
 	Filter Filter
 	// Target is the topic to publish to. Default "": each row's original
 	// topic.
@@ -27,7 +28,7 @@ type ReplayOptions struct {
 	// Rate caps publishing at this many messages per second. Default 0: no
 	// cap. Must be >= 0.
 	Rate float64
-	// Force replays rows already replayed, too (never a superseded row:
+	// Force replays rows already replayed or resolved, too (never a superseded row:
 	// its edited copy replaced it).
 	Force bool
 	// Progress, if set, is called on Replay's goroutine after each selected
@@ -73,7 +74,8 @@ type ReplayReport struct {
 	// Items lists the messages published (or to be published), in order.
 	Items []ReplayItem
 	// SkippedReplayed counts rows the filter selected that were skipped
-	// because they had been replayed before (0 with Force).
+	// because they were no longer dead: replayed, superseded or resolved
+	// before (0 with Force).
 	SkippedReplayed int
 	// SkippedConcurrent counts rows another replay took between selection
 	// and publishing.
@@ -85,7 +87,9 @@ type ReplayReport struct {
 // (replayed_at, replay_count). The replayed message has the original UUID,
 // payload and metadata (trace context and event id included, so an
 // idempotent consumer processes it at most once) plus
-// metadata.DeadLetterReplayOf = the row id.
+// metadata.DeadLetterReplayOf = the row id. A consumer behind package
+// park takes the replay for its parked copy's replacement (a held key's
+// head is then applied in its place), not for a redelivery.
 //
 // Each row is locked (FOR UPDATE SKIP LOCKED) while it is published and
 // marked, so concurrent replays do not publish it twice. If the marking

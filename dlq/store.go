@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/postgres"
@@ -53,18 +54,83 @@ type DeadLetter struct {
 	ReplayedAt *time.Time
 	// ReplayCount counts replays.
 	ReplayCount int
-	// State is StateDead, StateReplayed or StateSuperseded.
+	// State is StateDead, StateReplayed, StateSuperseded or StateResolved.
 	State string
 }
 
-// The states of a dead letter (migration 003). A superseded one was
-// replaced by an edited copy (the operator console's edit and replay) and
-// is never replayed again, not even with ReplayOptions.Force.
+// The states of a dead letter (migrations 003 and 004). A superseded one
+// was replaced by an edited copy (the operator console's edit and replay)
+// and is never replayed again, not even with ReplayOptions.Force. A
+// resolved one was applied later through package park (ResolveTx): it is
+// no longer counted dead nor replayed unless forced.
 const (
 	StateDead       = "dead"
 	StateReplayed   = "replayed"
 	StateSuperseded = "superseded"
+	StateResolved   = "resolved"
 )
+
+// Executor is the transaction ResolveTx writes through: a *sql.Tx or a
+// pgx.Tx (or a pool or connection, then without a shared transaction).
+type Executor any
+
+// Resolution says who applied a dead letter's message, for its audit row.
+type Resolution struct {
+	// Actor is who applied it: an operator's name, or the component (for
+	// park's retrier "park retrier/<handler>"). Required.
+	Actor string
+	// Host is where it ran. Default: this machine's hostname.
+	Host string
+	// Args describe how (for park: the handler and key). Secrets are
+	// redacted.
+	Args []string
+}
+
+// ResolveCommand is the audit row's command of ResolveTx.
+const ResolveCommand = "park resolve dead letter"
+
+// ErrNotAudited is returned (wrapped) by ResolveTx, before it changes
+// anything, when the millwright_audit table is missing: a resolution is
+// always audited. Run `millwright migrate`.
+var ErrNotAudited = errors.New("dlq: the resolution of a dead letter is audited, but millwright_audit does not exist: run `millwright migrate`")
+
+// ResolveTx marks dead letter id resolved, in tx, with an audit row in
+// the same transaction: its message was applied later (park's retrier
+// after `millwright parked retry`, or a replay that took its place). It
+// is the one operation that resolves a dead letter; park calls it in the
+// transaction that removes the applied message. resolved is false (and
+// nothing is written) when the row is not dead: replayed, superseded or
+// resolved before, or gone.
+func ResolveTx(ctx context.Context, tx Executor, id int64, r Resolution) (resolved bool, err error) {
+	if r.Actor == "" {
+		return false, errors.New("dlq: ResolveTx: Resolution.Actor is empty: name who applied the message")
+	}
+	q, err := storage.From(tx)
+	if err != nil {
+		return false, fmt.Errorf("dlq: ResolveTx: %w", err)
+	}
+	if err := audit.Ready(ctx, q); errors.Is(err, audit.ErrNotMigrated) {
+		return false, fmt.Errorf("%w (dead letter %d stays dead)", ErrNotAudited, id)
+	} else if err != nil {
+		return false, fmt.Errorf("dlq: resolving dead letter %d: %w", id, err)
+	}
+	if resolved, err = storage.ResolveDeadLetter(ctx, q, id, r.Actor); err != nil || !resolved {
+		if err != nil {
+			err = fmt.Errorf("dlq: resolving dead letter %d (did `millwright migrate` run?): %w", id, err)
+		}
+		return false, err
+	}
+	host := r.Host
+	if host == "" {
+		host = audit.Hostname()
+	}
+	args := append([]string{"--id=" + strconv.FormatInt(id, 10)}, r.Args...)
+	if _, err := audit.Record(ctx, q, audit.Entry{User: r.Actor, Host: host, Command: ResolveCommand,
+		Args: audit.RedactArgs(args), Confirmed: "applied", Affected: 1}); err != nil {
+		return false, fmt.Errorf("dlq: auditing the resolution of dead letter %d: %w", id, err)
+	}
+	return true, nil
+}
 
 // Store keeps dead letters in Postgres for inspection and replay, on a
 // *sql.DB or a *pgxpool.Pool. It is safe for concurrent use. The table
@@ -225,7 +291,8 @@ type Filter struct {
 	Since, Until time.Time
 	// ErrorContains selects rows whose error contains this text, ignoring case.
 	ErrorContains string
-	// Pending selects only rows never replayed.
+	// Pending selects only rows still dead: never replayed, superseded or
+	// resolved.
 	Pending bool
 	// Limit caps the number of rows, oldest first. 0 means no limit.
 	Limit int

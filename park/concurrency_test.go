@@ -85,7 +85,7 @@ func TestKeysInParallelKeepEachKeysOrder(t *testing.T) {
 	})
 }
 
-// A retrier that stalls past its lease loses the key to another instance,
+// A retrier that stops (dies, or stalls) past its lease loses the key to another instance,
 // which finishes it; the stalled one's late outcome writes nothing.
 func TestLeaseTakeover(t *testing.T) {
 	t.Parallel()
@@ -109,11 +109,16 @@ func TestLeaseTakeover(t *testing.T) {
 		a.heal("l1")
 		b.waitDue(t, "l")
 		firstDone := make(chan error, 1)
+		ctx1, stop1 := context.WithCancel(context.Background())
 		go func() {
-			_, err := first.RetryDue(context.Background())
+			_, err := first.RetryDue(ctx1)
 			firstDone <- err
 		}()
 		<-stalled
+		// The first retrier is gone (its loop stopped: a live one would
+		// keep extending its claim while the round runs), its handler
+		// stuck.
+		stop1()
 
 		second := b.parker(t, park.Config{Lease: time.Second})
 		chain(t, second, "billing", a.handle)

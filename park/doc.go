@@ -43,8 +43,9 @@
 //   - idempotency innermost, as with dlq: every attempt, first delivery or
 //     round, goes through the deduplication. A message runs again when the
 //     process dies between the handler's commit and the parked row's
-//     removal, when its ack is lost after it was handled, or when a round
-//     outlives its lease; the dedup applies it once.
+//     removal, when its ack is lost after it was handled, or when its
+//     retrier stops (dies, or stalls) past its lease; the dedup applies it
+//     once.
 //
 // Do not wrap a parked handler in dlq.Middleware: park writes its own dead
 // letters (below), and dlq around it would retry in place, then
@@ -86,9 +87,14 @@
 //   - Parked keys are rows: they survive a restart and a rebalance. Any
 //     instance whose Parker has the handler registered retries any parked
 //     key of it; a retrier that dies mid-round leaves the key due again
-//     after Config.Lease. Keep the lease above a round's longest run: a
-//     longer round may run on two instances at once (idempotency keeps the
-//     effect once; only the newest claim's outcome is written).
+//     after Config.Lease. While a round runs its retrier extends the claim
+//     every third of the lease, so a live round, however long, is never
+//     run again beside itself (with an idempotency mark written after
+//     success, a second run would apply the head's effect after the key's
+//     next message). Only a retrier that stops extending (dead, or stalled
+//     past the lease) loses the key; its round's context is cancelled when
+//     it notices, and only the newest claim's outcome is written.
+//     TestRoundLongerThanLeaseRunsOnce.
 //   - The first round comes after the policy's first jittered delay; each
 //     failed round reschedules with the next. When Config.Retry is spent
 //     (rounds, or MaxElapsedTime since the first failure), or a round fails
@@ -101,10 +107,41 @@
 //     then the rest, in order) or `release` (the head stays in the DLQ; the
 //     rest goes on). With Continue the next message is due at once, and the
 //     dead letter, replayed, lands after the key's later messages.
+//   - A dead letter whose message is applied later through park (`parked
+//     retry`, then a successful round) is resolved, in the transaction
+//     that removes the message, with an audit row (dlq.ResolveTx): it
+//     leaves `millwright dlq list --pending`, the console's dead ones and
+//     millwright_dlq_depth_messages. TestDeadLetterAppliedThroughParkIsResolved.
+//   - A dead letter replayed or edited (`millwright dlq replay`, the
+//     console; the message carries metadata.DeadLetterReplayOf) while its
+//     message is parked takes that message's place: the parked copy gets
+//     the replay's payload and metadata, and when it is a held head the
+//     hold is lifted and it is due at once with a fresh budget. It is
+//     never acked as a redelivery of the parked copy. A replay whose
+//     message is no longer parked runs (or parks behind its key) like any
+//     message. TestReplayedDeadLetterOfHeldKeyIsApplied, and from the
+//     consumer's side through the outbox, a relay and a broker in console's
+//     TestConsoleEditReplayOfHeldKeyReachesTheConsumer.
 //   - A permanent error on first delivery is dead-lettered the same way at
 //     once; with Hold the message becomes its key's held head.
 //   - A message whose key is "" (Config.Key) is parked under its UUID:
-//     alone, not ordered with other messages.
+//     alone, not ordered with other messages, in a lane no key shares
+//     (whatever its text). TestKeylessLaneIsNotARealKey.
+//   - Keys, UUIDs and metadata are stored as bytes: distinct keys (binary
+//     Kafka keys that are not UTF-8 too) never share a lane, and a retried
+//     message reaches its handler with byte-identical metadata.
+//     TestBinaryKeysAndMetadataStayBytes. (The dead letters park writes go
+//     to millwright_dead_letters, whose text columns and JSON metadata
+//     keep bytes that are not UTF-8 as U+FFFD; a replay finds its parked
+//     message by the dead letter's id, so a binary key does not lose it.)
+//   - No record kills the retrier: a round that panics (in
+//     Config.Publish, in park, or in a handler no middleware inside park
+//     recovered; the retry middleware turns a handler's panic into a
+//     failed attempt first) or whose row does not decode is recovered,
+//     logged with the record and its stack, counted (MetricSetAside) and
+//     set aside: its key is held, the cause in its last error, for
+//     `millwright parked retry` or `release --force`.
+//     TestRetrierSurvivesPanicAndBadRow.
 //   - Different keys never wait for each other; the middleware is safe for
 //     concurrent use by handlers of different keys (a key-parallel
 //     consumer). A parked key costs its partition nothing; every message

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
@@ -120,7 +121,7 @@ type bundle struct {
 
 func setup(t *testing.T, driver string) *bundle {
 	t.Helper()
-	s := pgtest.New(t, dlq.Migrations(), park.Migrations())
+	s := pgtest.New(t, audit.Migrations(), dlq.Migrations(), park.Migrations())
 	b := &bundle{schema: s, driver: driver}
 	if driver == pgtest.DriverPgx {
 		b.store, b.dlq = park.NewStore(s.Pgx(t)), dlq.NewStore(s.Pgx(t))
@@ -199,7 +200,7 @@ func (b *bundle) waitDue(t *testing.T, key string) {
 	t.Helper()
 	poll.Until(t, 30*time.Second, func() bool {
 		var due bool
-		require.NoError(t, b.schema.DB.QueryRow(`SELECT due_at <= now() FROM millwright_parked_keys WHERE key = $1`, key).Scan(&due))
+		require.NoError(t, b.schema.DB.QueryRow(`SELECT due_at <= now() FROM millwright_parked_keys WHERE key = '\x6b'::bytea || convert_to($1, 'UTF8')`, key).Scan(&due))
 		return due
 	}, "key %s due", key)
 }

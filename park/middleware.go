@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -13,6 +15,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/logfields"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -58,14 +61,14 @@ func (p *Parker) Middleware(handler string) message.HandlerMiddleware {
 
 func (p *Parker) handle(handler string, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	ctx := msg.Context()
-	pm, err := p.parkedMessage(handler, message.SubscribeTopicFromCtx(ctx), msg)
-	if err != nil {
+	pm := p.parkedMessage(handler, message.SubscribeTopicFromCtx(ctx), msg)
+	if replaced, err := p.replaceParked(ctx, handler, pm, msg); err != nil || replaced {
 		return nil, err
 	}
 	parked, err := storage.ParkBehind(ctx, p.pool, pm)
 	if err != nil {
-		return nil, fmt.Errorf("park: handler %q: checking whether key %q is parked (message %s nacked; is the database up, did `millwright migrate` run?): %w",
-			handler, pm.Key, msg.UUID, err)
+		return nil, fmt.Errorf("park: handler %q: checking whether key %s is parked (message %s nacked; is the database up, did `millwright migrate` run?): %w",
+			handler, keyText(pm.Key), msg.UUID, err)
 	}
 	if parked {
 		p.countParked(handler, "behind")
@@ -89,11 +92,11 @@ func (p *Parker) handle(handler string, h message.HandlerFunc, msg *message.Mess
 	if _, err := storage.ParkHead(wctx, p.pool, pm, storage.ParkFailure{
 		DueIn: delay, Attempts: f.Attempts, PrevDelay: delay, FirstFailure: f.FirstFailure, LastFailure: f.LastFailure, LastError: f.Error,
 	}); err != nil {
-		return nil, errors.Join(herr, fmt.Errorf("park: handler %q: parking message %s of key %q failed, nacked for redelivery: %w", handler, msg.UUID, pm.Key, err))
+		return nil, errors.Join(herr, fmt.Errorf("park: handler %q: parking message %s of key %s failed, nacked for redelivery: %w", handler, msg.UUID, keyText(pm.Key), err))
 	}
 	p.countParked(handler, "failed")
 	p.cfg.Logger.Info("Message parked; its key waits for the retrier", logfields.Of(pm.Topic, msg).Add(watermill.LogFields{
-		"handler": handler, "key": pm.Key, "attempts": f.Attempts, "due_in": delay.String(), "error": f.Error,
+		"handler": handler, "key": keyText(pm.Key), "attempts": f.Attempts, "due_in": delay.String(), "error": f.Error,
 	}))
 	return nil, nil
 }
@@ -114,41 +117,135 @@ func (p *Parker) deadLetterFirst(ctx context.Context, handler string, pm storage
 
 func (p *Parker) logDeadLetter(handler string, pm storage.ParkedMessage, f dlq.Failure, id int64, cause error) {
 	p.cfg.Logger.Error("Message dead-lettered", cause, watermill.LogFields{
-		"handler": handler, "key": pm.Key, "message_uuid": pm.MessageUUID, "topic": pm.Topic, "reason": f.Reason,
+		"handler": handler, "key": keyText(pm.Key), "message_uuid": pm.MessageUUID, "topic": pm.Topic, "reason": f.Reason,
 		"attempts": f.Attempts, "dead_letter_id": id, "on_dead_letter": string(p.cfg.OnDeadLetter),
 	})
 }
 
-// deadLetterRow is the dead letter of pm, as dlq's Store reads it.
+// deadLetterRow is the dead letter of pm, as dlq's Store reads it. The
+// dead-letter table keeps text (its metadata is JSON): bytes that are not
+// UTF-8 are stored there with U+FFFD in their place. The parked copy (a
+// held head) keeps its bytes, and a replay finds it by the dead letter's
+// id, not by its text.
 func (p *Parker) deadLetterRow(handler string, pm storage.ParkedMessage, f dlq.Failure) storage.DeadLetterRow {
-	return storage.DeadLetterRow{
-		MessageUUID: pm.MessageUUID, OriginalTopic: pm.Topic, DLQTopic: p.cfg.DeadLetterTopic(pm.Topic),
-		ConsumerGroup: p.cfg.ConsumerGroup, Handler: handler, Reason: f.Reason, Error: f.Error, ErrorType: f.ErrorType,
-		Stack: f.Stack, Attempts: f.Attempts, FirstFailure: f.FirstFailure, LastFailure: f.LastFailure,
-		Payload: pm.Payload, Metadata: pm.Metadata,
-	}
-}
-
-// parkedMessage is msg as a row: its key, topic and metadata.
-func (p *Parker) parkedMessage(handler, topic string, msg *message.Message) (storage.ParkedMessage, error) {
-	key := p.cfg.Key(msg)
-	if key == "" {
-		key = "uuid:" + msg.UUID
-	}
-	md, err := json.Marshal(storableMetadata(msg.Metadata))
+	md, err := storage.DecodeParkedMetadata(pm.Metadata)
 	if err != nil {
-		return storage.ParkedMessage{}, fmt.Errorf("park: encoding metadata of message %s: %w", msg.UUID, err)
+		md = map[string]string{"millwright_park_metadata_error": err.Error()}
 	}
-	return storage.ParkedMessage{Handler: handler, Key: storable(key), MessageUUID: storable(msg.UUID), Topic: storable(topic),
-		Payload: msg.Payload, Metadata: string(md)}, nil
+	mdJSON, err := json.Marshal(storableMetadata(md))
+	if err != nil {
+		mdJSON = []byte("{}")
+	}
+	return storage.DeadLetterRow{
+		MessageUUID: storable(pm.MessageUUID), OriginalTopic: pm.Topic, DLQTopic: storable(p.cfg.DeadLetterTopic(pm.Topic)),
+		ConsumerGroup: storable(p.cfg.ConsumerGroup), Handler: storable(handler), Reason: f.Reason, Error: storable(f.Error), ErrorType: storable(f.ErrorType),
+		Stack: storable(f.Stack), Attempts: f.Attempts, FirstFailure: f.FirstFailure, LastFailure: f.LastFailure,
+		Payload: pm.Payload, Metadata: string(mdJSON),
+	}
 }
 
-// callRecovering calls h, turning a panic into an error (the retry
-// middleware inside usually recovers first).
+// parkedMessage is msg as a row: its lane (its key's bytes, or for a
+// message without a key its UUID, in a lane no key shares), topic and
+// metadata, byte for byte.
+func (p *Parker) parkedMessage(handler, topic string, msg *message.Message) storage.ParkedMessage {
+	key := p.cfg.Key(msg)
+	lane := storage.ParkLane(key, false)
+	if key == "" {
+		lane = storage.ParkLane(msg.UUID, true)
+	}
+	return storage.ParkedMessage{Handler: handler, Key: lane, MessageUUID: msg.UUID, Topic: storable(topic),
+		Payload: msg.Payload, Metadata: storage.EncodeParkedMetadata(msg.Metadata)}
+}
+
+// keyText is a lane as logs and errors show it: the key quoted (a binary
+// key's bytes escaped), or the keyless message's UUID.
+func keyText(lane string) string {
+	key, keyless := storage.SplitParkLane(lane)
+	if keyless {
+		return fmt.Sprintf("(no key: message %q)", key)
+	}
+	return fmt.Sprintf("%q", key)
+}
+
+// keepBytes is the metadata of a replay to store in place of its parked
+// copy's (stored, EncodeParkedMetadata's form): the replay's, except that
+// an entry the dead-letter table only turned into text (bytes that are not
+// UTF-8 replaced with U+FFFD: a binary key or header) keeps the parked
+// copy's bytes. An entry the operator edited takes the edit.
+func keepBytes(stored []byte, replay message.Metadata) []byte {
+	parked, err := storage.DecodeParkedMetadata(stored)
+	if err != nil {
+		return storage.EncodeParkedMetadata(replay)
+	}
+	asText := make(map[string]string, len(parked))
+	for k := range parked {
+		if sk := storable(k); sk != k {
+			asText[sk] = k
+		}
+	}
+	out := make(map[string]string, len(replay))
+	for k, v := range replay {
+		orig := k
+		if _, ok := parked[k]; !ok {
+			if o, ok := asText[k]; ok {
+				orig = o
+			}
+		}
+		if pv, ok := parked[orig]; ok && storable(pv) == v {
+			out[orig] = pv
+			continue
+		}
+		out[k] = v
+	}
+	return storage.EncodeParkedMetadata(out)
+}
+
+// replaceParked applies a replayed dead letter (metadata
+// DeadLetterReplayOf, set by `millwright dlq replay` and the console's
+// replay and edit) in its parked message's place: the parked message of
+// that dead letter (a held head, usually), else the parked message with
+// its UUID, takes the replay's payload and metadata, and a held head is
+// released from the hold, due at once. Without that, a replay keeping
+// the original UUID would be taken for a redelivery of the parked copy
+// and acked, and the operator's fix dropped. replaced is false when no
+// parked message matches: the replay then goes through like any message.
+func (p *Parker) replaceParked(ctx context.Context, handler string, pm storage.ParkedMessage, msg *message.Message) (bool, error) {
+	of := msg.Metadata.Get(metadata.DeadLetterReplayOf)
+	if of == "" {
+		return false, nil
+	}
+	id, err := strconv.ParseInt(of, 10, 64)
+	if err != nil {
+		id = 0 // not a dead letter id: match by UUID only
+	}
+	r, err := storage.ReplaceParked(ctx, p.pool, handler, id, pm, func(parked []byte) []byte { return keepBytes(parked, msg.Metadata) })
+	if err != nil {
+		return false, fmt.Errorf("park: handler %q: giving replayed dead letter %s (message %s) its parked message's place (nacked; is the database up, did `millwright migrate` run?): %w",
+			handler, of, msg.UUID, err)
+	}
+	if !r.Replaced {
+		return false, nil
+	}
+	p.countParked(handler, "replaced")
+	p.cfg.Logger.Info("Replayed dead letter took its parked message's place", watermill.LogFields{
+		"handler": handler, "key": keyText(r.Key), "message_uuid": msg.UUID, "dead_letter_id": of, "released_hold": r.Released,
+	})
+	if r.Released {
+		p.poke()
+	}
+	return true, nil
+}
+
+// errPanicked marks the error callRecovering makes of a panic.
+var errPanicked = errors.New("park: handler panicked")
+
+// callRecovering calls h, turning a panic into an error wrapping
+// errPanicked, with the stack (the retry middleware inside usually
+// recovers first).
 func callRecovering(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			produced, err = nil, fmt.Errorf("park: handler panicked: %v", r)
+			produced, err = nil, fmt.Errorf("%w: %v\n%s", errPanicked, r, debug.Stack())
 		}
 	}()
 	return h(msg)

@@ -48,11 +48,18 @@ const (
 	// (OnDeadLetter Hold), by handler: each waits for an operator.
 	MetricHeldKeys = "millwright_park_held_keys"
 	// MetricParked counts messages parked, by handler and cause
-	// ("failed": its handler failed; "behind": its key was parked).
+	// ("failed": its handler failed; "behind": its key was parked;
+	// "replaced": a replayed dead letter took its parked message's place).
 	MetricParked = "millwright_park_parked_total"
 	// MetricRetries counts the retrier's rounds, by handler and outcome
 	// ("ok", "failed", "dead_letter").
 	MetricRetries = "millwright_park_retries_total"
+	// MetricSetAside counts parked records the retrier could not handle,
+	// by handler and cause ("handler_panic": a handler's panic no
+	// middleware inside park recovered; "panic": elsewhere in the round,
+	// Config.Publish or park; "bad_row": a row that does not decode):
+	// each is held for an operator, its cause in the key's last error.
+	MetricSetAside = "millwright_park_set_aside_total"
 )
 
 // DefaultKey is the default Config.Key: metadata.OrderingKey (the Kafka
@@ -189,9 +196,12 @@ type Parker struct {
 	close   sync.Once
 	done    chan struct{}
 
-	parked  *prometheus.CounterVec
-	retries *prometheus.CounterVec
-	stats   struct{ failed, behind, ok, retryFailed, deadLetters atomic.Uint64 }
+	parked    *prometheus.CounterVec
+	retries   *prometheus.CounterVec
+	setAsideC *prometheus.CounterVec
+	stats     struct {
+		failed, behind, replaced, ok, retryFailed, deadLetters, setAside atomic.Uint64
+	}
 }
 
 // New returns a Parker on db, a *sql.DB or a *pgxpool.Pool whose
@@ -214,6 +224,9 @@ func New[P postgres.Pool](db P, cfg Config) (*Parker, error) {
 		if p.retries, err = counter(cfg.Registerer, MetricRetries, "Retrier rounds on parked messages, by handler and outcome (ok, failed, dead_letter).", "handler", "outcome"); err != nil {
 			return nil, err
 		}
+		if p.setAsideC, err = counter(cfg.Registerer, MetricSetAside, "Parked records the retrier could not handle (handler_panic, panic, bad_row), held for an operator, by handler and cause.", "handler", "cause"); err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }
@@ -231,22 +244,30 @@ type Stats struct {
 	// ParkedFailed counts messages parked because their handler failed;
 	// ParkedBehind those parked behind their parked key without running.
 	ParkedFailed, ParkedBehind uint64
+	// Replaced counts replayed dead letters that took their parked
+	// message's place.
+	Replaced uint64
 	// Retried counts retrier rounds that succeeded, RetryFailed those that
 	// failed and were rescheduled, DeadLetters the messages dead-lettered
 	// (by the middleware on a permanent error, or by the retrier).
 	Retried, RetryFailed, DeadLetters uint64
+	// SetAside counts records the retrier could not handle (MetricSetAside).
+	SetAside uint64
 }
 
 // Stats returns the Parker's counts.
 func (p *Parker) Stats() Stats {
-	return Stats{ParkedFailed: p.stats.failed.Load(), ParkedBehind: p.stats.behind.Load(), Retried: p.stats.ok.Load(),
-		RetryFailed: p.stats.retryFailed.Load(), DeadLetters: p.stats.deadLetters.Load()}
+	return Stats{ParkedFailed: p.stats.failed.Load(), ParkedBehind: p.stats.behind.Load(), Replaced: p.stats.replaced.Load(), Retried: p.stats.ok.Load(),
+		RetryFailed: p.stats.retryFailed.Load(), DeadLetters: p.stats.deadLetters.Load(), SetAside: p.stats.setAside.Load()}
 }
 
 func (p *Parker) countParked(handler, cause string) {
-	if cause == "behind" {
+	switch cause {
+	case "behind":
 		p.stats.behind.Add(1)
-	} else {
+	case "replaced":
+		p.stats.replaced.Add(1)
+	default:
 		p.stats.failed.Add(1)
 	}
 	if p.parked != nil {

@@ -2,9 +2,9 @@ package park
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -102,8 +102,8 @@ func (p *Parker) startRounds(ctx context.Context, wg *sync.WaitGroup, slots chan
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots; p.poke() }()
-			if err := p.retryKey(ctx, c); err != nil && ctx.Err() == nil {
-				p.cfg.Logger.Error("Retrying a parked key failed; it is due again after Config.Lease", err, watermill.LogFields{"handler": c.Handler, "key": c.Key})
+			if err := p.retryKeySafely(ctx, c); err != nil && ctx.Err() == nil {
+				p.cfg.Logger.Error("Retrying a parked key failed; it is due again after Config.Lease", err, watermill.LogFields{"handler": c.Handler, "key": keyText(c.Key)})
 			}
 		}()
 	}
@@ -154,7 +154,7 @@ func (p *Parker) RetryDue(ctx context.Context) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := p.retryKey(ctx, c); err != nil {
+			if err := p.retryKeySafely(ctx, c); err != nil {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
@@ -165,28 +165,135 @@ func (p *Parker) RetryDue(ctx context.Context) (int, error) {
 	return len(claims), errors.Join(errs...)
 }
 
+// retryKeySafely is retryKey, with a panic of the round (outside the
+// handler's own recovery: Config.Publish, a logger, park itself) recovered
+// and the record set aside, so that no record kills the retrier.
+func (p *Parker) retryKeySafely(ctx context.Context, c storage.ParkedClaim) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = p.setAside(ctx, c, "panic", fmt.Errorf("park: the retrier panicked on this record: %v\n%s", r, debug.Stack()))
+		}
+	}()
+	return p.retryKey(ctx, c)
+}
+
+// setAside holds a claimed key whose record the retrier could not handle,
+// recording why as its last error, logs it with the record and counts it
+// (MetricSetAside): `millwright parked list` shows it held, `parked retry`
+// runs it again once fixed, `parked release --force` drops it.
+func (p *Parker) setAside(ctx context.Context, c storage.ParkedClaim, cause string, why error) error {
+	p.stats.setAside.Add(1)
+	if p.setAsideC != nil {
+		p.setAsideC.WithLabelValues(c.Handler, cause).Inc()
+	}
+	fields := watermill.LogFields{"handler": c.Handler, "key": keyText(c.Key), "claim": c.Claim, "cause": cause}
+	if c.Head != nil {
+		fields["message_uuid"], fields["parked_message_id"], fields["topic"] = c.Head.MessageUUID, c.Head.ID, c.Head.Topic
+	}
+	p.cfg.Logger.Error("Parked record set aside: the key is held for an operator (`millwright parked list`, then `parked retry` or `parked release --force`)", why, fields)
+	msg := why.Error()
+	if len(msg) > 4000 {
+		msg = msg[:4000]
+	}
+	if err := p.lost(storage.HoldParked(context.WithoutCancel(ctx), p.pool, c.Handler, c.Key, c.Claim, storable(msg))); err != nil {
+		return fmt.Errorf("park: handler %q key %s: holding a record set aside (%v) failed; it is due again after Config.Lease: %w", c.Handler, keyText(c.Key), why, err)
+	}
+	return nil
+}
+
+// keepClaim extends the claim of c every third of Config.Lease while its
+// round runs, so that a live retrier's round is never claimed again by
+// another (which would run the head twice at once and, with an
+// idempotency mark written after success, apply its effect after the
+// key's next message). When the claim is lost anyway (the retrier stalled
+// past the lease, or an operator released the key) the round's context is
+// cancelled. Stop it with the returned func, which waits for it.
+func (p *Parker) keepClaim(ctx context.Context, c storage.ParkedClaim, lost context.CancelFunc) (stop func()) {
+	done, quit := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(p.cfg.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := storage.ExtendParked(ctx, p.pool, c.Handler, c.Key, c.Claim, p.cfg.Lease)
+			if errors.Is(err, storage.ErrParkedClaimLost) {
+				p.cfg.Logger.Info("Parked key claim lost while its round ran (an operator released or held it, or the retrier stalled past Config.Lease); the round is cancelled", watermill.LogFields{"handler": c.Handler, "key": keyText(c.Key)})
+				lost()
+				return
+			}
+			if err != nil && ctx.Err() == nil {
+				p.cfg.Logger.Error("Extending a parked key's claim failed; trying again (the claim lapses after Config.Lease)", err, watermill.LogFields{"handler": c.Handler, "key": keyText(c.Key)})
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
+// resolver resolves the dead letter of a claimed key's head once the head
+// was applied, in the transaction that removes it (dlq.ResolveTx).
+func (p *Parker) resolver(c storage.ParkedClaim) func(context.Context, storage.Tx, int64) error {
+	return func(ctx context.Context, tx storage.Tx, id int64) error {
+		ok, err := dlq.ResolveTx(ctx, tx, id, dlq.Resolution{Actor: "park retrier/" + c.Handler,
+			Args: []string{"--handler=" + c.Handler, "--key=" + keyText(c.Key), "--message=" + c.Head.MessageUUID}})
+		if errors.Is(err, dlq.ErrNotAudited) {
+			p.cfg.Logger.Error("Dead letter applied through park but left dead: the audit table is missing", err, watermill.LogFields{"handler": c.Handler, "dead_letter_id": id})
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if ok {
+			p.cfg.Logger.Info("Dead letter resolved: its message was applied through park", watermill.LogFields{
+				"handler": c.Handler, "key": keyText(c.Key), "message_uuid": c.Head.MessageUUID, "dead_letter_id": id})
+		}
+		return nil
+	}
+}
+
 // retryKey runs one claimed key's head message once and records the
 // outcome.
 func (p *Parker) retryKey(ctx context.Context, c storage.ParkedClaim) error {
 	h := p.handler(c.Handler)
 	if c.Head == nil {
 		// The messages were deleted by hand: release the key.
-		return p.lost(storage.CompleteParked(context.WithoutCancel(ctx), p.pool, c.Handler, c.Key, c.Claim, 0))
+		return p.lost(storage.CompleteParked(context.WithoutCancel(ctx), p.pool, c.Handler, c.Key, c.Claim, 0, nil))
 	}
 	round := c.Rounds + 1
-	msg, err := p.message(ctx, c, round)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	msg, err := p.message(rctx, c, round)
+	if errors.Is(err, storage.ErrParkedMetadata) {
+		return p.setAside(ctx, c, "bad_row", err)
+	}
 	if err != nil {
 		return err
 	}
-	produced, herr := callRecovering(h, msg)
-	if herr == nil && len(produced) > 0 {
-		herr = p.publish(c.Handler, produced)
+	stop := p.keepClaim(rctx, c, cancel)
+	herr := func() error {
+		defer stop()
+		produced, herr := callRecovering(h, msg)
+		if herr == nil && len(produced) > 0 {
+			herr = p.publish(c.Handler, produced)
+		}
+		return herr
+	}()
+	if errors.Is(herr, errPanicked) {
+		// A panic that no middleware inside park recovered: a bug in the
+		// handler, not a failure the backoff can wait out.
+		return p.setAside(ctx, c, "handler_panic", herr)
 	}
 	wctx := context.WithoutCancel(ctx)
 	if herr == nil {
-		if err := p.lost(storage.CompleteParked(wctx, p.pool, c.Handler, c.Key, c.Claim, c.Head.ID)); err != nil {
-			return fmt.Errorf("park: handler %q key %q: message %s succeeded but its parked row was not removed (it will run again; idempotency keeps it once): %w",
-				c.Handler, c.Key, c.Head.MessageUUID, err)
+		if err := p.lost(storage.CompleteParked(wctx, p.pool, c.Handler, c.Key, c.Claim, c.Head.ID, p.resolver(c))); err != nil {
+			return fmt.Errorf("park: handler %q key %s: message %s succeeded but its parked row was not removed (it will run again; idempotency keeps it once): %w",
+				c.Handler, keyText(c.Key), c.Head.MessageUUID, err)
 		}
 		p.countRetry(c.Handler, "ok")
 		p.poke()
@@ -233,8 +340,8 @@ func (p *Parker) deadLetterHead(ctx context.Context, c storage.ParkedClaim, roun
 	hold := p.cfg.OnDeadLetter == Hold
 	id, err := storage.DeadLetterParked(ctx, p.pool, c.Claim, c.Head.ID, round, row, c.Key, hold)
 	if err := p.lost(err); err != nil {
-		return fmt.Errorf("park: handler %q key %q: recording the dead letter of message %s (it stays parked, retried after the lease): %w",
-			c.Handler, c.Key, c.Head.MessageUUID, err)
+		return fmt.Errorf("park: handler %q key %s: recording the dead letter of message %s (it stays parked, retried after the lease): %w",
+			c.Handler, keyText(c.Key), c.Head.MessageUUID, err)
 	}
 	p.countRetry(c.Handler, "dead_letter")
 	p.logDeadLetter(c.Handler, *c.Head, f, id, cause)
@@ -267,11 +374,11 @@ func (p *Parker) lost(err error) error {
 // message rebuilds the parked message for a round.
 func (p *Parker) message(ctx context.Context, c storage.ParkedClaim, round int) (*message.Message, error) {
 	msg := message.NewMessage(c.Head.MessageUUID, c.Head.Payload)
-	if c.Head.Metadata != "" {
-		if err := json.Unmarshal([]byte(c.Head.Metadata), &msg.Metadata); err != nil {
-			return nil, fmt.Errorf("park: decoding metadata of parked message %s: %w", c.Head.MessageUUID, err)
-		}
+	md, err := storage.DecodeParkedMetadata(c.Head.Metadata)
+	if err != nil {
+		return nil, fmt.Errorf("park: decoding metadata of parked message %s (id %d): %w", c.Head.MessageUUID, c.Head.ID, err)
 	}
+	msg.Metadata = md
 	msg.SetContext(context.WithValue(ctx, retriedKey{}, round))
 	return msg, nil
 }

@@ -18,8 +18,12 @@ var ErrNotParked = errors.New("key not parked")
 
 // Key is a parked key as the operator sees it.
 type Key struct {
-	// Handler and Key name it.
+	// Handler and Key name it. Key holds the key's bytes, whatever they
+	// are (a binary Kafka key too). When Keyless is true the lane is the
+	// one of a message without a key, parked alone, and Key is its UUID: no
+	// real key shares it, whatever its text.
 	Handler, Key string
+	Keyless      bool
 	// Messages counts its parked messages, the head included.
 	Messages int64
 	// DueAt is when the head is retried next (meaningless while Held).
@@ -46,8 +50,12 @@ type Message struct {
 	ID          int64
 	UUID, Topic string
 	Payload     []byte
-	Metadata    string
-	ParkedAt    time.Time
+	// Metadata is the message's metadata, byte for byte.
+	Metadata map[string]string
+	// DeadLetterID is its dead letter, when it was dead-lettered (it is a
+	// held head, or was one); 0 when none.
+	DeadLetterID int64
+	ParkedAt     time.Time
 }
 
 // Store inspects and releases parked keys: what `millwright parked` runs.
@@ -69,8 +77,11 @@ func NewStore[P postgres.Pool](db P) *Store {
 
 // Filter selects parked keys; the zero Filter selects all.
 type Filter struct {
-	// Handler and Key, when not "", select one handler's keys, one key.
+	// Handler and Key, when not "", select one handler's keys, one key
+	// (with Keyless, the lane of the message without a key whose UUID is
+	// Key).
 	Handler, Key string
+	Keyless      bool
 	// Limit caps the keys; 0 is no cap.
 	Limit int
 }
@@ -81,31 +92,59 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Key, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
-	rows, err := storage.ListParked(ctx, s.pool, f.Handler, f.Key, f.Limit)
+	lane := ""
+	if f.Key != "" {
+		lane = storage.ParkLane(f.Key, f.Keyless)
+	}
+	rows, err := storage.ListParked(ctx, s.pool, f.Handler, lane, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("park: listing parked keys (did `millwright migrate` run?): %w", err)
 	}
 	out := make([]Key, 0, len(rows))
 	for _, r := range rows {
-		out = append(out, Key{Handler: r.Handler, Key: r.Key, Messages: r.Messages, DueAt: r.DueAt, Held: r.Held,
+		key, keyless := storage.SplitParkLane(r.Key)
+		out = append(out, Key{Handler: r.Handler, Key: key, Keyless: keyless, Messages: r.Messages, DueAt: r.DueAt, Held: r.Held,
 			Attempts: r.Attempts, Rounds: r.Rounds, FirstFailure: r.FirstFailure.Time, LastFailure: r.LastFailure.Time,
 			LastError: r.LastError, DeadLetterID: r.DeadLetterID.Int64, ParkedSince: r.CreatedAt})
 	}
 	return out, nil
 }
 
+// lane is k's lane in the tables.
+func (k Key) lane() string { return storage.ParkLane(k.Key, k.Keyless) }
+
+// String names k as errors and the CLI show it: the key quoted as Go
+// quotes it (a binary key's bytes escaped), or the keyless message.
+func (k Key) String() string {
+	if k.Keyless {
+		return fmt.Sprintf("(no key: message %q) of handler %q", k.Key, k.Handler)
+	}
+	return fmt.Sprintf("key %q of handler %q", k.Key, k.Handler)
+}
+
 // Messages returns the parked messages of one key, in order.
 func (s *Store) Messages(ctx context.Context, handler, key string) ([]Message, error) {
+	return s.KeyMessages(ctx, Key{Handler: handler, Key: key})
+}
+
+// KeyMessages returns the parked messages of k (a Key from List, keyed or
+// keyless), in order.
+func (s *Store) KeyMessages(ctx context.Context, k Key) ([]Message, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
-	rows, err := storage.ListParkedMessages(ctx, s.pool, handler, key)
+	rows, err := storage.ListParkedMessages(ctx, s.pool, k.Handler, k.lane())
 	if err != nil {
-		return nil, fmt.Errorf("park: listing the parked messages of %s/%s: %w", handler, key, err)
+		return nil, fmt.Errorf("park: listing the parked messages of %s: %w", k, err)
 	}
 	out := make([]Message, 0, len(rows))
 	for _, r := range rows {
-		out = append(out, Message{ID: r.ID, UUID: r.MessageUUID, Topic: r.Topic, Payload: r.Payload, Metadata: r.Metadata, ParkedAt: r.ParkedAt})
+		md, err := storage.DecodeParkedMetadata(r.Metadata)
+		if err != nil {
+			return nil, fmt.Errorf("park: parked message %d of %s: %w", r.ID, k, err)
+		}
+		out = append(out, Message{ID: r.ID, UUID: r.MessageUUID, Topic: r.Topic, Payload: r.Payload, Metadata: md,
+			DeadLetterID: r.DeadLetterID, ParkedAt: r.ParkedAt})
 	}
 	return out, nil
 }
@@ -115,29 +154,40 @@ func (s *Store) Messages(ctx context.Context, handler, key string) ([]Message, e
 // releases the key when none is left. force also drops the head of a key
 // that is not held (a message that never reached the DLQ: it is lost).
 func (s *Store) Release(ctx context.Context, handler, key string, force bool) error {
+	return s.ReleaseKey(ctx, Key{Handler: handler, Key: key}, force)
+}
+
+// ReleaseKey is Release of k (a Key from List, keyed or keyless).
+func (s *Store) ReleaseKey(ctx context.Context, k Key, force bool) error {
 	if s.err != nil {
 		return s.err
 	}
-	err := storage.ReleaseParked(ctx, s.pool, handler, key, force)
+	err := storage.ReleaseParked(ctx, s.pool, k.Handler, k.lane(), force)
 	if errors.Is(err, storage.ErrParkedClaimLost) {
 		what := "parked"
 		if !force {
 			what = "held"
 		}
-		return fmt.Errorf("park: key %q of handler %q is not %s (see `millwright parked list`): %w", key, handler, what, ErrNotParked)
+		return fmt.Errorf("park: %s is not %s (see `millwright parked list`): %w", k, what, ErrNotParked)
 	}
 	return err
 }
 
 // Retry makes a parked key's head due at once with a fresh budget, held or
-// not: after the cause of its failures was fixed.
+// not: after the cause of its failures was fixed. When the head is then
+// applied, its dead letter (if it has one) is resolved (dlq.ResolveTx).
 func (s *Store) Retry(ctx context.Context, handler, key string) error {
+	return s.RetryKey(ctx, Key{Handler: handler, Key: key})
+}
+
+// RetryKey is Retry of k (a Key from List, keyed or keyless).
+func (s *Store) RetryKey(ctx context.Context, k Key) error {
 	if s.err != nil {
 		return s.err
 	}
-	err := storage.RetryParked(ctx, s.pool, handler, key)
+	err := storage.RetryParked(ctx, s.pool, k.Handler, k.lane())
 	if errors.Is(err, storage.ErrParkedClaimLost) {
-		return fmt.Errorf("park: key %q of handler %q is not parked (see `millwright parked list`): %w", key, handler, ErrNotParked)
+		return fmt.Errorf("park: %s is not parked (see `millwright parked list`): %w", k, ErrNotParked)
 	}
 	return err
 }

@@ -117,14 +117,14 @@ func dlqListCmd() *cobra.Command {
 				return nil
 			}
 			w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tLAST FAILURE\tTOPIC\tREASON\tATTEMPTS\tREPLAYED\tMESSAGE\tERROR")
+			fmt.Fprintln(w, "ID\tLAST FAILURE\tTOPIC\tREASON\tATTEMPTS\tSTATE\tREPLAYED\tMESSAGE\tERROR")
 			for _, d := range rows {
 				replayed := "-"
 				if d.ReplayedAt != nil {
 					replayed = fmt.Sprintf("%dx %s", d.ReplayCount, d.ReplayedAt.UTC().Format(time.RFC3339))
 				}
-				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.LastFailure.UTC().Format(time.RFC3339),
-					d.OriginalTopic, d.Reason, d.Attempts, replayed, d.MessageUUID, dlqOneLine(d.Error, 80))
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.ID, d.LastFailure.UTC().Format(time.RFC3339),
+					d.OriginalTopic, d.Reason, d.Attempts, d.State, replayed, d.MessageUUID, dlqOneLine(d.Error, 80))
 			}
 			if err := w.Flush(); err != nil {
 				return err
@@ -136,7 +136,7 @@ func dlqListCmd() *cobra.Command {
 		},
 	}
 	addDLQFilterFlags(cmd, 50)
-	cmd.Flags().Bool("pending", false, "only dead letters never replayed")
+	cmd.Flags().Bool("pending", false, "only dead letters still dead: never replayed, superseded by an edit, nor resolved (applied later through park)")
 	return cmd
 }
 
@@ -193,6 +193,7 @@ func printDLQDeadLetter(out io.Writer, d dlq.DeadLetter) {
 	row("first failure", d.FirstFailure.UTC().Format(time.RFC3339Nano))
 	row("last failure", d.LastFailure.UTC().Format(time.RFC3339Nano))
 	row("recorded", d.CreatedAt.UTC().Format(time.RFC3339Nano))
+	row("state", d.State)
 	if d.ReplayedAt != nil {
 		row("replayed", fmt.Sprintf("%d times, last %s", d.ReplayCount, d.ReplayedAt.UTC().Format(time.RFC3339Nano)))
 	} else {
@@ -395,7 +396,7 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 	}
 	summary := fmt.Sprintf("%s %d message(s)", verb, len(rep.Items))
 	if rep.SkippedReplayed > 0 {
-		summary += fmt.Sprintf("; skipped %d already replayed (use --force to replay them again)", rep.SkippedReplayed)
+		summary += fmt.Sprintf("; skipped %d already replayed or resolved (use --force to replay them again)", rep.SkippedReplayed)
 	}
 	if rep.SkippedConcurrent > 0 {
 		summary += fmt.Sprintf("; skipped %d taken by a concurrent replay", rep.SkippedConcurrent)

@@ -97,3 +97,37 @@ func TestDLQCommands(t *testing.T) {
 	require.NoError(t, err, out)
 	require.Contains(t, out, "published 0 message(s); skipped 2 already replayed")
 }
+
+// A dead letter resolved through park (its message applied later) shows
+// its state, leaves --pending, and is not replayed without --force.
+func TestDLQResolvedState(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+	store := dlq.NewStore(s.DB)
+	ids := seedDeadLetters(t, store)
+	ok, err := dlq.ResolveTx(context.Background(), s.DB, ids[0], dlq.Resolution{Actor: "park retrier/billing"})
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	out, err := runDLQ(t, s.URL, "list", "--topic", "orders")
+	require.NoError(t, err)
+	require.Contains(t, out, "STATE")
+	require.Contains(t, out, "resolved")
+	out, err = runDLQ(t, s.URL, "list", "--topic", "orders", "--pending")
+	require.NoError(t, err)
+	require.NotContains(t, out, "failure number 0", "a resolved dead letter is not pending")
+	require.Contains(t, out, "failure number 1")
+	out, err = runDLQ(t, s.URL, "show", strconv.FormatInt(ids[0], 10))
+	require.NoError(t, err)
+	require.Contains(t, out, "resolved")
+	out, err = runDLQ(t, s.URL, "replay", "--id", strconv.FormatInt(ids[0], 10), "--dry-run")
+	require.NoError(t, err)
+	require.NotContains(t, out, "would publish dead letter "+strconv.FormatInt(ids[0], 10), "not replayed unless forced:\n%s", out)
+	out, err = runDLQ(t, s.URL, "replay", "--id", strconv.FormatInt(ids[0], 10), "--dry-run", "--force")
+	require.NoError(t, err)
+	require.Contains(t, out, "would publish dead letter "+strconv.FormatInt(ids[0], 10), "forced:\n%s", out)
+	entries, err := audit.List(context.Background(), s.DB, 0)
+	require.NoError(t, err)
+	require.NotEmpty(t, entries)
+	require.Equal(t, dlq.ResolveCommand, entries[len(entries)-1].Command, "the resolution's audit row")
+}

@@ -2,11 +2,14 @@ package main
 
 import (
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -40,8 +43,13 @@ func parkStore(pool *cliPool) *park.Store {
 
 // parkedRow is one key of `parked list --json`.
 type parkedRow struct {
-	Handler      string     `json:"handler"`
-	Key          string     `json:"key"`
+	Handler string `json:"handler"`
+	// Key is the key as text; a key that is not UTF-8 text has KeyHex
+	// (its bytes, hex) instead, a lane without a key Keyless and the
+	// message's UUID as Key.
+	Key          string     `json:"key,omitempty"`
+	KeyHex       string     `json:"key_hex,omitempty"`
+	Keyless      bool       `json:"keyless,omitempty"`
 	Messages     int64      `json:"messages"`
 	Held         bool       `json:"held"`
 	DueAt        *time.Time `json:"due_at,omitempty"`
@@ -87,11 +95,14 @@ func parkedListCmd() *cobra.Command {
 			if asJSON {
 				enc := json.NewEncoder(out)
 				for _, k := range keys {
-					r := parkedRow{Handler: k.Handler, Key: k.Key, Messages: k.Messages, Held: k.Held, Attempts: k.Attempts, Rounds: k.Rounds,
+					r := parkedRow{Handler: k.Handler, Key: k.Key, Keyless: k.Keyless, Messages: k.Messages, Held: k.Held, Attempts: k.Attempts, Rounds: k.Rounds,
 						FirstFailure: timePtr(k.FirstFailure), LastFailure: timePtr(k.LastFailure), LastError: k.LastError,
 						DeadLetterID: k.DeadLetterID, ParkedSince: k.ParkedSince.UTC()}
 					if !k.Held {
 						r.DueAt = timePtr(k.DueAt)
+					}
+					if !textKey(k.Key) {
+						r.Key, r.KeyHex = "", hex.EncodeToString([]byte(k.Key))
 					}
 					if err := enc.Encode(r); err != nil {
 						return err
@@ -110,7 +121,7 @@ func parkedListCmd() *cobra.Command {
 				if k.Held {
 					due = fmt.Sprintf("held (dead letter %d)", k.DeadLetterID)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", k.Handler, k.Key, k.Messages, due, k.Attempts,
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", k.Handler, shownKey(k), k.Messages, due, k.Attempts,
 					k.ParkedSince.UTC().Format(time.RFC3339), dlqOneLine(k.LastError, 80))
 			}
 			if err := w.Flush(); err != nil {
@@ -127,6 +138,33 @@ func parkedListCmd() *cobra.Command {
 	cmd.Flags().Bool("json", false, "print one JSON object per key instead of the table")
 	addDatabaseFlag(cmd)
 	return cmd
+}
+
+// textKey reports whether key shows as itself: UTF-8 text without control
+// characters (tabs and newlines would break the table).
+func textKey(key string) bool {
+	if !utf8.ValidString(key) {
+		return false
+	}
+	for _, r := range key {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// shownKey is k's key as the table shows it and the KEY argument takes it
+// back: the text, "hex:<bytes>" (with --hex) for a binary key, "(no key)
+// <UUID>" (with --no-key) for a message parked without a key.
+func shownKey(k park.Key) string {
+	switch {
+	case k.Keyless:
+		return "(no key) " + k.Key
+	case textKey(k.Key):
+		return k.Key
+	}
+	return "hex:" + hex.EncodeToString([]byte(k.Key))
 }
 
 var parkedChanges = map[string]struct{ short, long, does string }{
@@ -164,6 +202,8 @@ validation is recorded in millwright_audit.`,
 		RunE: func(cmd *cobra.Command, args []string) error { return runParkedChange(cmd, args, action) },
 	}
 	cmd.Flags().String("handler", "", "the key's handler; needed when several handlers have the key parked")
+	cmd.Flags().Bool("hex", false, "KEY is the key's bytes in hex (a binary key, shown as hex:... by `parked list`)")
+	cmd.Flags().Bool("no-key", false, "KEY is the UUID of a message parked without a key (shown as (no key) UUID by `parked list`)")
 	if action == "release" {
 		cmd.Flags().Bool("force", false, "also drop the head of a key that is not held (it never reached the DLQ: it is lost)")
 	}
@@ -182,17 +222,20 @@ func runParkedChange(cmd *cobra.Command, args []string, action string) error {
 		return err
 	}
 	defer pool.Close()
-	ctx, store, key := cmd.Context(), parkStore(pool), args[0]
+	ctx, store := cmd.Context(), parkStore(pool)
+	key, keyless, err := keyArg(cmd, args[0])
+	if err != nil {
+		return change.finish(0, err)
+	}
 	describe := func() (park.Key, string, error) {
-		k, err := findParked(cmd, store, handler, key)
+		k, err := findParked(cmd, store, handler, key, keyless)
 		if err != nil {
 			return k, "", err
 		}
 		if action == "release" && !k.Held && !force {
-			return k, "", fmt.Errorf("parked release: key %q of handler %q is not held (its head is still being retried, not in the DLQ); wait, use `millwright parked retry`, or pass --force to drop it", key, k.Handler)
+			return k, "", fmt.Errorf("parked release: %s is not held (its head is still being retried, not in the DLQ); wait, use `millwright parked retry`, or pass --force to drop it", k)
 		}
-		name := fmt.Sprintf("key %q of handler %q", k.Key, k.Handler)
-		return k, fmt.Sprintf(parkedChanges[action].does, name, max(k.Messages-1, 0)), nil
+		return k, fmt.Sprintf(parkedChanges[action].does, k.String(), max(k.Messages-1, 0)), nil
 	}
 	k, what, err := describe()
 	if err != nil {
@@ -206,9 +249,9 @@ func runParkedChange(cmd *cobra.Command, args []string, action string) error {
 		return err
 	}
 	if action == "retry" {
-		err = store.Retry(ctx, k.Handler, k.Key)
+		err = store.RetryKey(ctx, k)
 	} else {
-		err = store.Release(ctx, k.Handler, k.Key, force)
+		err = store.ReleaseKey(ctx, k, force)
 	}
 	if err != nil {
 		return change.finish(0, err)
@@ -217,10 +260,30 @@ func runParkedChange(cmd *cobra.Command, args []string, action string) error {
 	return change.finish(1, nil)
 }
 
-// findParked finds key among the parked keys of handler (of any handler
-// when ""), which must name one.
-func findParked(cmd *cobra.Command, store *park.Store, handler, key string) (park.Key, error) {
-	found, err := store.List(cmd.Context(), park.Filter{Handler: handler, Key: key})
+// keyArg reads the KEY argument: the key's text, or with --hex its bytes
+// in hex, or with --no-key a keyless message's UUID.
+func keyArg(cmd *cobra.Command, arg string) (key string, keyless bool, err error) {
+	asHex, _ := cmd.Flags().GetBool("hex")
+	noKey, _ := cmd.Flags().GetBool("no-key")
+	switch {
+	case asHex && noKey:
+		return "", false, fmt.Errorf("%s: --hex and --no-key exclude each other", cmd.CommandPath())
+	case noKey:
+		return arg, true, nil
+	case asHex:
+		b, err := hex.DecodeString(strings.TrimPrefix(arg, "hex:"))
+		if err != nil {
+			return "", false, fmt.Errorf("%s: --hex: KEY %q is not hex (as `parked list` shows a binary key, hex:0aff01): %w", cmd.CommandPath(), arg, err)
+		}
+		return string(b), false, nil
+	}
+	return arg, false, nil
+}
+
+// findParked finds key (keyless: a message without a key) among the parked
+// keys of handler (of any handler when ""), which must name one.
+func findParked(cmd *cobra.Command, store *park.Store, handler, key string, keyless bool) (park.Key, error) {
+	found, err := store.List(cmd.Context(), park.Filter{Handler: handler, Key: key, Keyless: keyless})
 	if err != nil {
 		return park.Key{}, err
 	}
@@ -232,7 +295,13 @@ func findParked(cmd *cobra.Command, store *park.Store, handler, key string) (par
 		if handler != "" {
 			where = fmt.Sprintf("handler %q", handler)
 		}
-		return park.Key{}, fmt.Errorf("%s: key %q is not parked for %s (see `millwright parked list`): %w", cmd.CommandPath(), key, where, park.ErrNotParked)
+		hint := ""
+		if !keyless && strings.HasPrefix(key, "hex:") {
+			hint = "; a binary key shown as hex:... is given with --hex"
+		} else if !keyless && strings.HasPrefix(key, "(no key) ") {
+			hint = "; a message without a key is given by its UUID with --no-key"
+		}
+		return park.Key{}, fmt.Errorf("%s: key %q is not parked for %s (see `millwright parked list`%s): %w", cmd.CommandPath(), key, where, hint, park.ErrNotParked)
 	}
 	names := make([]string, len(found))
 	for i, k := range found {

@@ -14,17 +14,18 @@ import (
 )
 
 // seedParked parks two keys of handler billing: "held" (held behind dead
-// letter 7, one message behind) and "due" (being retried, alone).
+// letter 7, one message behind) and "due" (being retried, alone). A key
+// column holds the key's lane: the tag 'k', then the key's bytes.
 func seedParked(t *testing.T) *pgtest.Schema {
 	t.Helper()
 	s := pgtest.New(t, dlq.Migrations(), park.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	for _, q := range []string{
 		`INSERT INTO millwright_parked_keys (handler, key, due_at, held, attempts, rounds, first_failure_at, last_failure_at, last_error, dead_letter_id)
-			VALUES ('billing', 'held', now(), true, 12, 5, now() - interval '1 hour', now(), 'payment provider down', 7),
-			       ('billing', 'due', now() + interval '1 minute', false, 2, 0, now(), now(), 'timeout', NULL)`,
+			VALUES ('billing', 'kheld', now(), true, 12, 5, now() - interval '1 hour', now(), 'payment provider down', 7),
+			       ('billing', 'kdue', now() + interval '1 minute', false, 2, 0, now(), now(), 'timeout', NULL)`,
 		`INSERT INTO millwright_parked_messages (handler, key, message_uuid, topic, payload)
-			VALUES ('billing', 'held', 'm1', 'orders', ''), ('billing', 'held', 'm2', 'orders', ''), ('billing', 'due', 'm3', 'orders', '')`,
+			VALUES ('billing', 'kheld', 'm1', 'orders', ''), ('billing', 'kheld', 'm2', 'orders', ''), ('billing', 'kdue', 'm3', 'orders', '')`,
 	} {
 		_, err := s.DB.Exec(q)
 		require.NoError(t, err, q)
@@ -35,7 +36,7 @@ func seedParked(t *testing.T) *pgtest.Schema {
 func parkedMessages(t *testing.T, s *pgtest.Schema) string {
 	t.Helper()
 	var got string
-	require.NoError(t, s.DB.QueryRow(`SELECT coalesce(string_agg(key || ':' || message_uuid, ',' ORDER BY id), '') FROM millwright_parked_messages`).Scan(&got))
+	require.NoError(t, s.DB.QueryRow(`SELECT coalesce(string_agg(convert_from(substr(key, 2), 'UTF8') || ':' || convert_from(message_uuid, 'UTF8'), ',' ORDER BY id), '') FROM millwright_parked_messages`).Scan(&got))
 	return got
 }
 
@@ -81,14 +82,14 @@ func TestParkedListRetryRelease(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "held:m2,due:m3", parkedMessages(t, s), "the held head dropped, its next message stays")
 	var held bool
-	require.NoError(t, s.DB.QueryRow(`SELECT held FROM millwright_parked_keys WHERE key = 'held'`).Scan(&held))
+	require.NoError(t, s.DB.QueryRow(`SELECT held FROM millwright_parked_keys WHERE key = 'kheld'`).Scan(&held))
 	require.False(t, held, "the key goes on")
 
 	out, _, err = runCLI(t, parkedCmd(), nil, s.URL, "retry", "due", "--yes")
 	require.NoError(t, err)
 	require.Contains(t, out, "done: run the head of key \"due\"")
 	var due bool
-	require.NoError(t, s.DB.QueryRow(`SELECT due_at <= now() AND attempts = 0 FROM millwright_parked_keys WHERE key = 'due'`).Scan(&due))
+	require.NoError(t, s.DB.QueryRow(`SELECT due_at <= now() AND attempts = 0 FROM millwright_parked_keys WHERE key = 'kdue'`).Scan(&due))
 	require.True(t, due)
 
 	var cmds []string
@@ -96,4 +97,53 @@ func TestParkedListRetryRelease(t *testing.T) {
 		cmds = append(cmds, e.Command+" "+strings.Join(e.Args, " ")+" error="+e.Error)
 	}
 	require.Len(t, cmds, 5, "every run past flag checks is audited: %v", cmds)
+}
+
+// A binary key is listed as hex:... and given back with --hex; a message
+// parked without a key is listed as (no key) UUID and given with --no-key,
+// apart from a real key of any text.
+func TestParkedBinaryAndKeylessKeys(t *testing.T) {
+	t.Parallel()
+	s := pgtest.New(t, dlq.Migrations(), park.Migrations(), audit.Migrations())
+	for _, q := range []string{
+		`INSERT INTO millwright_parked_keys (handler, key, due_at) VALUES
+			('billing', '\x6b0aff01'::bytea, now() + interval '1 hour'), ('billing', '\x6b0afe01'::bytea, now() + interval '1 hour'),
+			('billing', 'un1', now() + interval '1 hour'), ('billing', 'kuuid:n1', now() + interval '1 hour')`,
+		`INSERT INTO millwright_parked_messages (handler, key, message_uuid, payload) VALUES
+			('billing', '\x6b0aff01'::bytea, 'b1', ''), ('billing', '\x6b0afe01'::bytea, 'b2', ''), ('billing', 'un1', 'n1', ''), ('billing', 'kuuid:n1', 'r1', '')`,
+	} {
+		_, err := s.DB.Exec(q)
+		require.NoError(t, err, q)
+	}
+	out, _, err := runCLI(t, parkedCmd(), nil, s.URL, "list")
+	require.NoError(t, err)
+	require.Contains(t, out, "hex:0aff01")
+	require.Contains(t, out, "hex:0afe01")
+	require.Contains(t, out, "(no key) n1")
+	require.Contains(t, out, "uuid:n1")
+
+	out, _, err = runCLI(t, parkedCmd(), nil, s.URL, "list", "--json")
+	require.NoError(t, err)
+	require.Contains(t, out, `"key_hex":"0aff01"`)
+	require.Contains(t, out, `"key":"n1"`)
+	require.Contains(t, out, `"keyless":true`)
+
+	_, _, err = runCLI(t, parkedCmd(), nil, s.URL, "retry", "hex:0afe01", "--yes")
+	require.ErrorContains(t, err, "--hex")
+	out, _, err = runCLI(t, parkedCmd(), nil, s.URL, "retry", "hex:0afe01", "--hex", "--yes")
+	require.NoError(t, err)
+	require.Contains(t, out, `key "\n\xfe\x01"`)
+	out, _, err = runCLI(t, parkedCmd(), nil, s.URL, "retry", "n1", "--no-key", "--yes")
+	require.NoError(t, err)
+	require.Contains(t, out, `(no key: message "n1")`)
+	var due []string
+	rows, err := s.DB.Query(`SELECT encode(key, 'hex') FROM millwright_parked_keys WHERE due_at <= now() ORDER BY 1`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var k string
+		require.NoError(t, rows.Scan(&k))
+		due = append(due, k)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"6b0afe01", "756e31"}, due, "exactly the binary key 0afe01 and the keyless lane of n1 were retried")
 }

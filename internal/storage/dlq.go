@@ -43,7 +43,8 @@ type DeadLetterFilter struct {
 	ErrorContains string
 	// ErrorType selects one error type (the console's groups).
 	ErrorType string
-	// Pending selects rows never replayed.
+	// Pending selects rows still dead: never replayed, superseded or
+	// resolved.
 	Pending bool
 	// AfterID selects rows with a larger id (keyset paging).
 	AfterID int64
@@ -61,9 +62,9 @@ RETURNING id`
     stack, attempts, first_failure_at, last_failure_at, payload, metadata::text, created_at, replayed_at, replay_count,
     state, superseded_by, superseded_actor`
 	lockDeadLetterSQL = `SELECT ` + deadLetterColumns + ` FROM millwright_dead_letters
-WHERE id = $1 AND (replayed_at IS NULL OR $2) AND state <> 'superseded' FOR UPDATE SKIP LOCKED`
+WHERE id = $1 AND (state = 'dead' OR ($2 AND state <> 'superseded')) FOR UPDATE SKIP LOCKED`
 	deadLetterReplayedSQL = `UPDATE millwright_dead_letters SET replayed_at = now(), replay_count = replay_count + 1, state = 'replayed' WHERE id = $1`
-	deadLetterDepthSQL    = `SELECT original_topic, count(*) FROM millwright_dead_letters WHERE replayed_at IS NULL GROUP BY original_topic`
+	deadLetterDepthSQL    = `SELECT original_topic, count(*) FROM millwright_dead_letters WHERE state = 'dead' GROUP BY original_topic`
 )
 
 // InsertDeadLetter writes r (its ID, CreatedAt, ReplayedAt and ReplayCount
@@ -119,7 +120,7 @@ func (f DeadLetterFilter) where() (string, []any) {
 		add("error_type = ?", f.ErrorType)
 	}
 	if f.Pending {
-		conds = append(conds, "replayed_at IS NULL")
+		conds = append(conds, "state = 'dead'")
 	}
 	if f.AfterID > 0 {
 		add("id > ?", f.AfterID)
@@ -253,7 +254,16 @@ func DeadLetterReplayCount(ctx context.Context, q Querier, id int64) (int, error
 	return n, err
 }
 
-// DeadLetterDepth counts the rows not yet replayed, by original topic.
+// ResolveDeadLetter moves row id from dead to resolved (its message was
+// applied later, through park), recording by. resolved is false when the
+// row is not dead (replayed, superseded or resolved before) or gone.
+func ResolveDeadLetter(ctx context.Context, q Querier, id int64, by string) (resolved bool, err error) {
+	n, err := q.Exec(ctx, Statement{SQL: `UPDATE millwright_dead_letters SET state = 'resolved', resolved_at = now(), resolved_by = $2
+WHERE id = $1 AND state = 'dead'`, Args: []any{id, by}, Expect: NoExpect, What: "resolving a dead letter"})
+	return n == 1, err
+}
+
+// DeadLetterDepth counts the rows still dead, by original topic.
 func DeadLetterDepth(ctx context.Context, q Querier) (map[string]int64, error) {
 	out := map[string]int64{}
 	err := q.Query(ctx, Statement{SQL: deadLetterDepthSQL, Expect: NoExpect, What: "measuring the dead-letter depth"}, func(r Row) error {

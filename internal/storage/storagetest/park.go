@@ -23,6 +23,7 @@ func exercisePark(t *testing.T, setup func(t *testing.T) Setup) {
 		{"CompleteAdvancesThenReleases", parkCompleteAdvancesThenReleases},
 		{"StaleClaimWritesNothing", parkStaleClaimWritesNothing},
 		{"DeadLetterHoldsOrContinues", parkDeadLetterHoldsOrContinues},
+		{"ReplayReplacesHeldHeadAndResolves", parkReplayReplacesHeldHeadAndResolves},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -32,7 +33,7 @@ func exercisePark(t *testing.T, setup func(t *testing.T) Setup) {
 }
 
 func pm(uuid, key string) storage.ParkedMessage {
-	return storage.ParkedMessage{Handler: "h", Key: key, MessageUUID: uuid, Topic: "orders", Payload: []byte{0, 'x', 0xff}, Metadata: `{"k": "v'q"}`}
+	return storage.ParkedMessage{Handler: "h", Key: key, MessageUUID: uuid, Topic: "orders", Payload: []byte{0, 'x', 0xff}, Metadata: storage.EncodeParkedMetadata(map[string]string{"k": "v'q", "b\xff": "\x00"})}
 }
 
 func pf(due time.Duration) storage.ParkFailure {
@@ -67,7 +68,20 @@ func parkBehindOnlyWhenParked(t *testing.T, st Setup) {
 	require.Len(t, ms, 3)
 	require.Equal(t, []string{"m1", "m0", "m2"}, []string{ms[0].MessageUUID, ms[1].MessageUUID, ms[2].MessageUUID})
 	require.Equal(t, []byte{0, 'x', 0xff}, ms[0].Payload)
-	require.JSONEq(t, `{"k": "v'q"}`, ms[0].Metadata)
+	md, err := storage.DecodeParkedMetadata(ms[0].Metadata)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"k": "v'q", "b\xff": "\x00"}, md, "metadata byte for byte")
+	// Keys are bytes: two keys that differ only in bytes that are not
+	// UTF-8 are two lanes, and a keyless lane is no real key's.
+	for _, key := range []string{"\x0a\xff\x01", "\x0a\xfe\x01", storage.ParkLane("m9", true), storage.ParkLane("m9", false)} {
+		head, err := storage.ParkHead(ctx, p, pm("u"+key, key), pf(time.Hour))
+		require.NoError(t, err)
+		require.True(t, head, "key %x is its own lane", key)
+	}
+	ks, err := storage.ListParked(ctx, p, "h", "\x0a\xfe\x01", 0)
+	require.NoError(t, err)
+	require.Len(t, ks, 1)
+	require.Equal(t, "\x0a\xfe\x01", ks[0].Key)
 }
 
 func parkClaimSkipsLockedHeldAndNotDue(t *testing.T, st Setup) {
@@ -110,12 +124,12 @@ func parkCompleteAdvancesThenReleases(t *testing.T, st Setup) {
 	_, err = storage.ParkBehind(ctx, p, pm("c2", "k"))
 	require.NoError(t, err)
 	c := claim(t, p)[0]
-	require.NoError(t, storage.CompleteParked(ctx, p, "h", "k", c.Claim, c.Head.ID))
+	require.NoError(t, storage.CompleteParked(ctx, p, "h", "k", c.Claim, c.Head.ID, nil))
 	c = claim(t, p)[0]
 	require.Equal(t, "c2", c.Head.MessageUUID, "the next message is due at once")
 	require.Zero(t, c.Attempts, "with a fresh budget")
 	require.False(t, c.FirstFailure.Valid)
-	require.NoError(t, storage.CompleteParked(ctx, p, "h", "k", c.Claim, c.Head.ID))
+	require.NoError(t, storage.CompleteParked(ctx, p, "h", "k", c.Claim, c.Head.ID, nil))
 	ks, err := storage.ListParked(ctx, p, "", "", 0)
 	require.NoError(t, err)
 	require.Empty(t, ks, "the last message done releases the key")
@@ -132,7 +146,7 @@ func parkStaleClaimWritesNothing(t *testing.T, st Setup) {
 	_, err = p.Exec(ctx, storage.S(`UPDATE millwright_parked_keys SET due_at = now()`))
 	require.NoError(t, err)
 	newer := claim(t, p)[0] // the lease passed: another retrier
-	require.ErrorIs(t, storage.CompleteParked(ctx, p, "h", "k", c.Claim, c.Head.ID), storage.ErrParkedClaimLost)
+	require.ErrorIs(t, storage.CompleteParked(ctx, p, "h", "k", c.Claim, c.Head.ID, nil), storage.ErrParkedClaimLost)
 	require.ErrorIs(t, storage.RescheduleParked(ctx, p, "h", "k", c.Claim, pf(0)), storage.ErrParkedClaimLost)
 	f := pf(time.Hour)
 	f.Attempts, f.Rounds = 5, 1
@@ -188,4 +202,59 @@ func parkDeadLetterHoldsOrContinues(t *testing.T, st Setup) {
 	require.NoError(t, err)
 	require.Len(t, one, 1)
 	require.Equal(t, "cont", one[0].Key)
+}
+
+// A replay of a held head's dead letter takes the head's place and lifts
+// the hold; the head applied, CompleteParked hands its dead letter to the
+// resolver in its transaction, which ResolveDeadLetter moves to resolved.
+func parkReplayReplacesHeldHeadAndResolves(t *testing.T, st Setup) {
+	ctx, p := context.Background(), st.Pool
+	_, err := storage.ParkHead(ctx, p, pm("r1", "k"), pf(0))
+	require.NoError(t, err)
+	_, err = storage.ParkBehind(ctx, p, pm("r2", "k"))
+	require.NoError(t, err)
+	c := claim(t, p)[0]
+	id, err := storage.DeadLetterParked(ctx, p, c.Claim, c.Head.ID, 1, dlRow("r1", "orders", "boom", dlAt.Add(time.Minute)), c.Key, true)
+	require.NoError(t, err)
+	require.NotZero(t, id)
+
+	none, err := storage.ReplaceParked(ctx, p, "h", id+1000, pm("other", "k"), nil)
+	require.NoError(t, err)
+	require.False(t, none.Replaced, "no parked message of that dead letter or UUID")
+	replay := pm("r1", "k")
+	replay.Payload = []byte("fixed\xff")
+	var merged []byte
+	r, err := storage.ReplaceParked(ctx, p, "h", id, replay, func(parked []byte) []byte {
+		merged = parked
+		return storage.EncodeParkedMetadata(map[string]string{"m": "\x00\xff"})
+	})
+	require.NoError(t, err)
+	require.Equal(t, storage.ReplacedParked{Replaced: true, Key: "k", Released: true}, r)
+	require.Equal(t, pm("r1", "k").Metadata, merged, "merge sees the parked metadata")
+	ks, err := storage.ListParked(ctx, p, "h", "k", 0)
+	require.NoError(t, err)
+	require.False(t, ks[0].Held, "the hold is lifted")
+
+	cs := claim(t, p)
+	require.Len(t, cs, 1)
+	head := cs[0].Head
+	require.Equal(t, []byte("fixed\xff"), head.Payload)
+	md, err := storage.DecodeParkedMetadata(head.Metadata)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"m": "\x00\xff"}, md)
+	require.Equal(t, id, head.DeadLetterID)
+	var resolved int64
+	require.NoError(t, storage.CompleteParked(ctx, p, "h", "k", cs[0].Claim, head.ID, func(ctx context.Context, tx storage.Tx, dl int64) error {
+		resolved = dl
+		ok, err := storage.ResolveDeadLetter(ctx, tx, dl, "test")
+		require.True(t, ok)
+		return err
+	}))
+	require.Equal(t, id, resolved)
+	row, err := storage.GetDeadLetter(ctx, p, id)
+	require.NoError(t, err)
+	require.Equal(t, "resolved", row.State)
+	ok, err := storage.ResolveDeadLetter(ctx, p, id, "test")
+	require.NoError(t, err)
+	require.False(t, ok, "resolved once")
 }
