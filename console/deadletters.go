@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/redact"
@@ -99,13 +101,33 @@ type letterView struct {
 	metadata           map[string]string
 }
 
+// newLetterView reads the UUID and metadata of r from their lossless
+// copies (dlq migration 005), shown quoted (Go syntax) where they are not
+// text: a binary key or header.
 func newLetterView(r storage.DeadLetterRow) letterView {
 	v := letterView{Row: r, Payload: viewPayload(r.Payload), Replayable: r.State == stateDead}
-	if err := json.Unmarshal([]byte(r.Metadata), &v.metadata); err != nil {
-		v.MetadataError = "the stored metadata is not a JSON object of strings: " + err.Error()
+	v.Row.MessageUUID = shownBytes(r.MessageUUIDRaw)
+	md, err := r.MetadataMap()
+	if err != nil {
+		v.MetadataError = err.Error()
 	}
-	v.CloudEvents, v.Trace, v.Headers = metadataView(v.metadata)
+	v.metadata = md
+	shown := make(map[string]string, len(md))
+	for k, val := range md {
+		shown[shownBytes(k)] = shownBytes(val)
+	}
+	v.CloudEvents, v.Trace, v.Headers = metadataView(shown)
 	return v
+}
+
+// shownBytes is s as a page shows it: itself when it is printable text,
+// else quoted in Go syntax ("\n\xff\x01\x00"), so that bytes that are not
+// text are seen, not replaced.
+func shownBytes(s string) string {
+	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
 }
 
 func pathID(q *req) (int64, error) {

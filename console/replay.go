@@ -2,11 +2,13 @@ package console
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/storage"
@@ -94,9 +96,14 @@ type edit struct {
 // replayEvent is the outbox event replaying row, with the edit when edited
 // is not nil.
 func replayEvent(row storage.DeadLetterRow, edited *edit) (outbox.Event, error) {
-	var md map[string]string
-	if err := json.Unmarshal([]byte(row.Metadata), &md); err != nil {
-		return outbox.Event{}, fmt.Errorf("dead letter %d: its stored metadata is not a JSON object of strings: %w", row.ID, err)
+	md, err := row.MetadataMap()
+	if err != nil {
+		return outbox.Event{}, err
+	}
+	// The stored metadata first: the edit form showed it as text, so an
+	// edit of a binary one would send its text, not its bytes.
+	if err := outboxCarries(row.ID, "", md); err != nil {
+		return outbox.Event{}, err
 	}
 	if edited != nil && edited.metadata != nil {
 		md = maps.Clone(edited.metadata)
@@ -110,7 +117,10 @@ func replayEvent(row storage.DeadLetterRow, edited *edit) (outbox.Event, error) 
 	md[metadata.DeadLetterReplayOf] = strconv.FormatInt(row.ID, 10)
 	id := md[metadata.EventID]
 	if id == "" {
-		id = row.MessageUUID
+		id = row.MessageUUIDRaw
+	}
+	if err := outboxCarries(row.ID, id, md); err != nil {
+		return outbox.Event{}, err
 	}
 	payload := row.Payload
 	if edited != nil {
@@ -122,6 +132,26 @@ func replayEvent(row storage.DeadLetterRow, edited *edit) (outbox.Event, error) 
 		EventType: md[metadata.EventType], Source: md[metadata.EventSource],
 	}, nil
 }
+
+// outboxCarries refuses a replay the outbox cannot carry as it is: its
+// metadata and event id are text (JSONB, text columns), and a binary
+// Kafka key or header (bytes that are not UTF-8, or NUL) would reach the
+// consumer changed. `millwright dlq replay` publishes the bytes.
+func outboxCarries(rowID int64, id string, md map[string]string) error {
+	fix := fmt.Sprintf("the console replays through the outbox, whose metadata is text; replay it byte for byte with `millwright dlq replay --id %d`", rowID)
+	if !isText(id) {
+		return badRequest("dead letter %d: its message UUID %q is not UTF-8 text: %s", rowID, id, fix)
+	}
+	for _, k := range slices.Sorted(maps.Keys(md)) {
+		if !isText(k) || !isText(md[k]) {
+			return badRequest("dead letter %d: metadata %q is not UTF-8 text (a binary key or header): %s", rowID, k, fix)
+		}
+	}
+	return nil
+}
+
+// isText reports whether Postgres text holds s as it is.
+func isText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
 
 // audit records a console action in tx: who (the authenticated operator),
 // what, and how many rows. A schema without the audit table refuses the

@@ -26,7 +26,9 @@ var ErrNotFound = errors.New("dead letter not found")
 type DeadLetter struct {
 	// ID is the row id, used by `millwright dlq show ID` and replay.
 	ID int64
-	// MessageUUID is the Watermill UUID of the original message.
+	// MessageUUID is the Watermill UUID of the original message, byte for
+	// byte (a Go string holds any bytes; print it quoted, %q, when it may
+	// not be text).
 	MessageUUID string
 	// OriginalTopic is the topic the message was consumed from.
 	OriginalTopic string
@@ -46,7 +48,9 @@ type DeadLetter struct {
 	FirstFailure, LastFailure time.Time
 	// Payload is the original payload.
 	Payload []byte
-	// Metadata is the original metadata, without the dead-letter keys.
+	// Metadata is the original metadata, without the dead-letter keys,
+	// byte for byte: a binary Kafka key or header keeps its bytes (dlq
+	// migration 005; a row recorded before it has what its text kept).
 	Metadata map[string]string
 	// CreatedAt is when the row was recorded.
 	CreatedAt time.Time
@@ -193,18 +197,21 @@ func (s *Store) Insert(ctx context.Context, msg *message.Message) (int64, error)
 		// same (a column changed by hand, say) is refused again at every
 		// redelivery: permanent, so that a retry policy around the
 		// recorder stops at once, and named, not "did migrate run?".
-		return 0, retry.Permanent(fmt.Errorf("dlq: dead letter %s from %s cannot be stored: the table refuses a value it carries, and a redelivery carries the same: %w", r.MessageUUID, r.DeadLetterTopic, err))
+		return 0, retry.Permanent(fmt.Errorf("dlq: dead letter %q from %s cannot be stored: the table refuses a value it carries, and a redelivery carries the same: %w", r.MessageUUID, r.DeadLetterTopic, err))
 	}
 	if err != nil {
-		return 0, fmt.Errorf("dlq: recording dead letter %s from %s%s: %w", r.MessageUUID, r.DeadLetterTopic, storage.Hint(err), err)
+		return 0, fmt.Errorf("dlq: recording dead letter %q from %s%s: %w", r.MessageUUID, r.DeadLetterTopic, storage.Hint(err), err)
 	}
 	return id, nil
 }
 
-// row is the envelope as the storage layer writes it.
+// row is the envelope as the storage layer writes it: the UUID and the
+// metadata byte for byte (message_uuid_raw, metadata_raw: what a replay
+// publishes), and as text for searches (message_uuid, metadata).
 func (r envelope) row() storage.DeadLetterRow {
 	return storage.DeadLetterRow{
-		MessageUUID: r.MessageUUID, OriginalTopic: r.OriginalTopic, DLQTopic: r.DeadLetterTopic,
+		MessageUUID: storable(r.MessageUUID), MessageUUIDRaw: r.MessageUUID, MetadataRaw: storage.EncodeParkedMetadata(r.Metadata),
+		OriginalTopic: r.OriginalTopic, DLQTopic: r.DeadLetterTopic,
 		ConsumerGroup: r.ConsumerGroup, Handler: r.Handler, Reason: r.Reason, Error: r.Error,
 		ErrorType: r.ErrorType, Stack: r.Stack, Attempts: r.Attempts, FirstFailure: r.FirstFailure,
 		LastFailure: r.LastFailure, Payload: r.Payload, Metadata: r.metadataJSON,
@@ -222,17 +229,19 @@ const maxAttempts = 1<<31 - 1
 
 // parseEnvelope reads the dead-letter metadata of msg. Whatever reaches
 // the dead-letter topic is stored, since a refused row would be redelivered
-// forever: text Postgres refuses (invalid UTF-8, NUL bytes, also inside
-// the metadata JSON) is stored with U+FFFD in place of the bad bytes; an
+// forever: the message's UUID, payload and metadata are kept byte for byte
+// (a replay publishes them as they came); in the text columns (the
+// dead-letter keys, and the UUID and metadata as searches read them) text
+// Postgres refuses (invalid UTF-8, NUL bytes, also inside the metadata
+// JSON) is stored with U+FFFD in place of the bad bytes; an
 // attempts value that is not a number in 0..2^31-1 is stored as 0 or
 // clamped; a time that is not RFC 3339 becomes now (first failure) or the
 // first failure (last failure). Every RFC 3339 time is stored as its
 // instant (year 0000 is 1 BC; any offset, +23:59 too, on either driver).
-// The payload is kept byte for byte.
 func parseEnvelope(msg *message.Message, dlTopic string, now time.Time) (envelope, error) {
 	md := msg.Metadata
 	var r envelope
-	r.MessageUUID = storable(msg.UUID)
+	r.MessageUUID = msg.UUID
 	r.OriginalTopic = storable(md.Get(metadata.DeadLetterOriginalTopic))
 	r.DeadLetterTopic = storable(dlTopic)
 	r.ConsumerGroup = storable(md.Get(metadata.DeadLetterConsumerGroup))
@@ -247,14 +256,16 @@ func parseEnvelope(msg *message.Message, dlTopic string, now time.Time) (envelop
 	r.FirstFailure = parseTime(md.Get(metadata.DeadLetterFirstFailure), now)
 	r.LastFailure = parseTime(md.Get(metadata.DeadLetterLastFailure), r.FirstFailure)
 	r.Metadata = map[string]string{}
+	asText := map[string]string{}
 	for k, v := range md {
 		if !isDeadLetterKey(k) {
-			r.Metadata[storable(k)] = storable(v)
+			r.Metadata[k] = v
+			asText[storable(k)] = storable(v)
 		}
 	}
-	b, err := json.Marshal(r.Metadata)
+	b, err := json.Marshal(asText)
 	if err != nil {
-		return r, fmt.Errorf("dlq: encoding metadata of dead letter %s: %w", r.MessageUUID, err)
+		return r, fmt.Errorf("dlq: encoding metadata of dead letter %q: %w", r.MessageUUID, err)
 	}
 	r.metadataJSON = string(b)
 	r.Payload = msg.Payload
@@ -309,18 +320,21 @@ func (f Filter) selection() storage.DeadLetterFilter {
 	}
 }
 
-// deadLetter decodes a row.
+// deadLetter decodes a row: its UUID and metadata from their lossless
+// copies.
 func deadLetter(r storage.DeadLetterRow) (DeadLetter, error) {
 	d := DeadLetter{
-		ID: r.ID, MessageUUID: r.MessageUUID, OriginalTopic: r.OriginalTopic, DeadLetterTopic: r.DLQTopic,
+		ID: r.ID, MessageUUID: r.MessageUUIDRaw, OriginalTopic: r.OriginalTopic, DeadLetterTopic: r.DLQTopic,
 		ConsumerGroup: r.ConsumerGroup, Handler: r.Handler, Reason: r.Reason, Error: r.Error,
 		ErrorType: r.ErrorType, Stack: r.Stack, Attempts: r.Attempts, FirstFailure: r.FirstFailure,
 		LastFailure: r.LastFailure, Payload: r.Payload, CreatedAt: r.CreatedAt, ReplayedAt: r.ReplayedAt,
 		ReplayCount: r.ReplayCount, State: r.State,
 	}
-	if err := json.Unmarshal([]byte(r.Metadata), &d.Metadata); err != nil {
-		return d, fmt.Errorf("dlq: decoding metadata of dead letter %d: %w", d.ID, err)
+	md, err := r.MetadataMap()
+	if err != nil {
+		return d, fmt.Errorf("dlq: decoding metadata: %w", err)
 	}
+	d.Metadata = md
 	return d, nil
 }
 

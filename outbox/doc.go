@@ -53,7 +53,10 @@
 //
 // Add refuses, with ErrInvalidEvent and in the caller's transaction, an
 // event the relay could never publish: a NUL byte Postgres cannot store,
-// metadata that does not make a valid CloudEvent, a topic the relay's
+// metadata that is not UTF-8 text (the JSONB column would change its
+// bytes, even merge two keys; the error names the key: headers are text,
+// binary data goes in the payload or base64), metadata that does not make
+// a valid CloudEvent, a topic the relay's
 // transport refuses (transport.ErrInvalidName), and an event larger than
 // MaxEventBytes as that transport counts it on the wire: payload, key and
 // headers or attributes, with the CloudEvents metadata the relay adds

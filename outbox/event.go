@@ -53,6 +53,8 @@ type Event struct {
 	RawPayload bool
 	// Metadata is copied to the published message. Keys set here win over
 	// the ones Add fills in, except metadata.EventID, which always equals ID.
+	// Keys and values are UTF-8 text without NUL (Add refuses others with
+	// ErrInvalidEvent naming the key): put binary data in the payload.
 	Metadata map[string]string
 	// ID is the CloudEvents id (metadata.EventID) and the Watermill message
 	// UUID. Default: a random UUID.
@@ -235,16 +237,25 @@ func withDefaults(ev Event) (Event, string) {
 }
 
 // checkNUL refuses a NUL byte in a text column or in the metadata, which
-// Postgres cannot store.
+// Postgres cannot store, and metadata that is not UTF-8 text, which the
+// JSONB column would store changed (its bytes replaced with U+FFFD, two
+// keys merged into one): the relay would publish other headers.
 func checkNUL(ev Event, aggID string) error {
 	for _, f := range [...]struct{ name, v string }{{"Topic", ev.Topic}, {"AggregateType", ev.AggregateType}, {"AggregateID", aggID}, {"EventType", ev.EventType}, {"ID", ev.ID}, {"Source", ev.Source}} {
 		if strings.IndexByte(f.v, 0) >= 0 {
 			return fmt.Errorf("%w: %s contains a NUL byte, which Postgres text cannot store", ErrInvalidEvent, f.name)
 		}
 	}
+	const fix = "metadata (message headers) must be UTF-8 text: put binary data in the payload, or base64 it"
 	for k, v := range ev.Metadata {
 		if strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0) {
 			return fmt.Errorf("%w: metadata %q contains a NUL byte, which Postgres JSONB cannot store", ErrInvalidEvent, k)
+		}
+		if !utf8.ValidString(k) {
+			return fmt.Errorf("%w: metadata key %q is not valid UTF-8: %s", ErrInvalidEvent, k, fix)
+		}
+		if !utf8.ValidString(v) {
+			return fmt.Errorf("%w: metadata %q: its value is not valid UTF-8: %s", ErrInvalidEvent, k, fix)
 		}
 	}
 	return nil
@@ -378,9 +389,9 @@ func orderingKey(aggType, aggID string) string {
 }
 
 // appendMetadataJSON appends md as a JSON object of strings, as
-// json.Marshal writes it (keys sorted, so that two keys that invalid UTF-8
-// turns into the same U+FFFD text end alike), without its reflection. Add
-// has refused NUL bytes before (JSONB cannot hold them).
+// json.Marshal writes it (keys sorted), without its reflection. Add has
+// refused NUL bytes and invalid UTF-8 before (checkNUL), so every byte is
+// kept; invalid UTF-8 would be written as U+FFFD, as json.Marshal does.
 func appendMetadataJSON(b []byte, md map[string]string) []byte {
 	b = append(b, '{')
 	for i, k := range slices.Sorted(maps.Keys(md)) {

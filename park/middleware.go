@@ -122,11 +122,10 @@ func (p *Parker) logDeadLetter(handler string, pm storage.ParkedMessage, f dlq.F
 	})
 }
 
-// deadLetterRow is the dead letter of pm, as dlq's Store reads it. The
-// dead-letter table keeps text (its metadata is JSON): bytes that are not
-// UTF-8 are stored there with U+FFFD in their place. The parked copy (a
-// held head) keeps its bytes, and a replay finds it by the dead letter's
-// id, not by its text.
+// deadLetterRow is the dead letter of pm, as dlq's Store reads it: its
+// UUID and metadata byte for byte (dlq migration 005, what a replay
+// publishes), and as text for searches (bytes that are not UTF-8 shown as
+// U+FFFD there). A replay finds the parked copy by the dead letter's id.
 func (p *Parker) deadLetterRow(handler string, pm storage.ParkedMessage, f dlq.Failure) storage.DeadLetterRow {
 	md, err := storage.DecodeParkedMetadata(pm.Metadata)
 	if err != nil {
@@ -140,7 +139,7 @@ func (p *Parker) deadLetterRow(handler string, pm storage.ParkedMessage, f dlq.F
 		MessageUUID: storable(pm.MessageUUID), OriginalTopic: pm.Topic, DLQTopic: storable(p.cfg.DeadLetterTopic(pm.Topic)),
 		ConsumerGroup: storable(p.cfg.ConsumerGroup), Handler: storable(handler), Reason: f.Reason, Error: storable(f.Error), ErrorType: storable(f.ErrorType),
 		Stack: storable(f.Stack), Attempts: f.Attempts, FirstFailure: f.FirstFailure, LastFailure: f.LastFailure,
-		Payload: pm.Payload, Metadata: string(mdJSON),
+		Payload: pm.Payload, Metadata: string(mdJSON), MessageUUIDRaw: pm.MessageUUID, MetadataRaw: storage.EncodeParkedMetadata(md),
 	}
 }
 

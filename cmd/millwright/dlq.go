@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -124,7 +125,7 @@ func dlqListCmd() *cobra.Command {
 					replayed = fmt.Sprintf("%dx %s", d.ReplayCount, d.ReplayedAt.UTC().Format(time.RFC3339))
 				}
 				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.ID, d.LastFailure.UTC().Format(time.RFC3339),
-					d.OriginalTopic, d.Reason, d.Attempts, d.State, replayed, d.MessageUUID, dlqOneLine(d.Error, 80))
+					d.OriginalTopic, d.Reason, d.Attempts, d.State, replayed, dlqShown(d.MessageUUID), dlqOneLine(d.Error, 80))
 			}
 			if err := w.Flush(); err != nil {
 				return err
@@ -138,6 +139,17 @@ func dlqListCmd() *cobra.Command {
 	addDLQFilterFlags(cmd, 50)
 	cmd.Flags().Bool("pending", false, "only dead letters still dead: never replayed, superseded by an edit, nor resolved (applied later through park)")
 	return cmd
+}
+
+// dlqShown is a message UUID or a metadata key or value as the commands
+// print it: itself when it is printable text, else quoted in Go syntax
+// ("\n\xff\x01\x00"): a binary Kafka key or header is stored and replayed
+// byte for byte, and shown so.
+func dlqShown(s string) string {
+	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
 }
 
 // dlqOneLine shortens s to one line of at most n runes.
@@ -181,7 +193,7 @@ func printDLQDeadLetter(out io.Writer, d dlq.DeadLetter) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
 	row("id", d.ID)
-	row("message uuid", d.MessageUUID)
+	row("message uuid", dlqShown(d.MessageUUID))
 	row("original topic", d.OriginalTopic)
 	row("dead-letter topic", d.DeadLetterTopic)
 	row("consumer group", d.ConsumerGroup)
@@ -207,7 +219,7 @@ func printDLQDeadLetter(out io.Writer, d dlq.DeadLetter) {
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		fmt.Fprintf(out, "  %s: %s\n", k, d.Metadata[k])
+		fmt.Fprintf(out, "  %s: %s\n", dlqShown(k), dlqShown(d.Metadata[k]))
 	}
 	if utf8.Valid(d.Payload) {
 		fmt.Fprintf(out, "payload (%d bytes):\n%s\n", len(d.Payload), d.Payload)
@@ -392,7 +404,7 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 		verb = "would publish"
 	}
 	for _, it := range rep.Items {
-		fmt.Fprintf(out, "%s dead letter %d (message %s) from %s to %s\n", verb, it.ID, it.MessageUUID, it.From, it.To)
+		fmt.Fprintf(out, "%s dead letter %d (message %s) from %s to %s\n", verb, it.ID, dlqShown(it.MessageUUID), it.From, it.To)
 	}
 	summary := fmt.Sprintf("%s %d message(s)", verb, len(rep.Items))
 	if rep.SkippedReplayed > 0 {

@@ -3,6 +3,8 @@ package storage
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -20,11 +22,22 @@ type DeadLetterRow struct {
 	Attempts                             int
 	FirstFailure, LastFailure            time.Time
 	Payload                              []byte
-	// Metadata is a JSON object of strings.
-	Metadata    string
-	CreatedAt   time.Time
-	ReplayedAt  *time.Time
-	ReplayCount int
+	// Metadata is a JSON object of strings (the metadata column: text,
+	// invalid UTF-8 and NUL shown as U+FFFD), what searches read.
+	Metadata string
+	// MessageUUIDRaw and MetadataRaw are the message's UUID and metadata
+	// byte for byte (dlq migration 005; MetadataRaw in
+	// EncodeParkedMetadata's form), what a replay publishes. Inserted, an
+	// empty MessageUUIDRaw stores MessageUUID's bytes and a nil
+	// MetadataRaw stores NULL. Read back, MessageUUIDRaw is always set (the
+	// text's bytes for a row an older version wrote) and MetadataRaw is
+	// nil when the row has none: Metadata is then its only copy (see
+	// MetadataMap).
+	MessageUUIDRaw string
+	MetadataRaw    []byte
+	CreatedAt      time.Time
+	ReplayedAt     *time.Time
+	ReplayCount    int
 	// State is dead, replayed or superseded (dlq migration 003);
 	// SupersededBy is the event id of the edited copy that replaced a
 	// superseded row, SupersededActor who edited it.
@@ -54,13 +67,15 @@ type DeadLetterFilter struct {
 
 const (
 	insertDeadLetterSQL = `INSERT INTO millwright_dead_letters (message_uuid, original_topic, dlq_topic, consumer_group, handler,
-    reason, error, error_type, stack, attempts, first_failure_at, last_failure_at, payload, metadata)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14::jsonb)
+    reason, error, error_type, stack, attempts, first_failure_at, last_failure_at, payload, metadata, message_uuid_raw, metadata_raw)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16)
 ON CONFLICT (dlq_topic, message_uuid, last_failure_at) DO NOTHING
 RETURNING id`
 	deadLetterColumns = `id, message_uuid, original_topic, dlq_topic, consumer_group, handler, reason, error, error_type,
     stack, attempts, first_failure_at, last_failure_at, payload, metadata::text, created_at, replayed_at, replay_count,
-    state, superseded_by, superseded_actor`
+    state, superseded_by, superseded_actor, ` + uuidRawColumn + `, metadata_raw IS NOT NULL, COALESCE(metadata_raw, ''::bytea)`
+	// uuidRawColumn is the UUID's bytes, the text's for a row without them.
+	uuidRawColumn     = `COALESCE(message_uuid_raw, convert_to(message_uuid, 'UTF8'))`
 	lockDeadLetterSQL = `SELECT ` + deadLetterColumns + ` FROM millwright_dead_letters
 WHERE id = $1 AND (state = 'dead' OR ($2 AND state <> 'superseded')) FOR UPDATE SKIP LOCKED`
 	deadLetterReplayedSQL = `UPDATE millwright_dead_letters SET replayed_at = now(), replay_count = replay_count + 1, state = 'replayed' WHERE id = $1`
@@ -79,16 +94,46 @@ func InsertDeadLetter(ctx context.Context, q Querier, r DeadLetterRow) (int64, e
 	if payload == nil {
 		payload = []byte{}
 	}
+	uuidRaw := r.MessageUUIDRaw
+	if uuidRaw == "" {
+		uuidRaw = r.MessageUUID
+	}
+	var mdRaw any // NULL unless given
+	if r.MetadataRaw != nil {
+		mdRaw = r.MetadataRaw
+	}
 	var id int64
 	err := q.QueryRow(ctx, Statement{SQL: insertDeadLetterSQL, Args: []any{
 		r.MessageUUID, r.OriginalTopic, r.DLQTopic, r.ConsumerGroup, r.Handler, r.Reason, r.Error,
-		r.ErrorType, r.Stack, r.Attempts, r.FirstFailure, r.LastFailure, payload, md,
+		r.ErrorType, r.Stack, r.Attempts, r.FirstFailure, r.LastFailure, payload, md, []byte(uuidRaw), mdRaw,
 	}, Expect: NoExpect, What: "recording a dead letter"}, &id)
 	if IsNoRows(err) {
 		return 0, nil
 	}
 	return id, nameField(err, "message_uuid", "original_topic", "dlq_topic", "consumer_group", "handler",
-		"reason", "error", "error_type", "stack", "attempts", "first_failure_at", "last_failure_at", "payload", "metadata")
+		"reason", "error", "error_type", "stack", "attempts", "first_failure_at", "last_failure_at", "payload", "metadata",
+		"message_uuid_raw", "metadata_raw")
+}
+
+// MetadataMap returns the row's metadata byte for byte: MetadataRaw
+// decoded, or for a row without it (an older version wrote it) the JSON
+// of the metadata column.
+func (r DeadLetterRow) MetadataMap() (map[string]string, error) {
+	if r.MetadataRaw != nil {
+		md, err := DecodeParkedMetadata(r.MetadataRaw)
+		if err != nil {
+			return nil, fmt.Errorf("dead letter %d: metadata_raw: %w", r.ID, err)
+		}
+		return md, nil
+	}
+	var md map[string]string
+	if err := json.Unmarshal([]byte(r.Metadata), &md); err != nil {
+		return nil, fmt.Errorf("dead letter %d: its stored metadata is not a JSON object of strings: %w", r.ID, err)
+	}
+	if md == nil {
+		md = map[string]string{}
+	}
+	return md, nil
 }
 
 // where returns f's WHERE clause and its arguments.
@@ -145,10 +190,19 @@ func scanDeadLetterRow(r Row) (DeadLetterRow, error) {
 	var (
 		d        DeadLetterRow
 		replayed sql.NullTime
+		uuidRaw  []byte
+		hasMDRaw bool
 	)
 	err := r.Scan(&d.ID, &d.MessageUUID, &d.OriginalTopic, &d.DLQTopic, &d.ConsumerGroup, &d.Handler,
 		&d.Reason, &d.Error, &d.ErrorType, &d.Stack, &d.Attempts, &d.FirstFailure, &d.LastFailure, &d.Payload,
-		&d.Metadata, &d.CreatedAt, &replayed, &d.ReplayCount, &d.State, &d.SupersededBy, &d.SupersededActor)
+		&d.Metadata, &d.CreatedAt, &replayed, &d.ReplayCount, &d.State, &d.SupersededBy, &d.SupersededActor,
+		&uuidRaw, &hasMDRaw, &d.MetadataRaw)
+	d.MessageUUIDRaw = string(uuidRaw)
+	if !hasMDRaw {
+		d.MetadataRaw = nil
+	} else if d.MetadataRaw == nil {
+		d.MetadataRaw = []byte{}
+	}
 	if replayed.Valid {
 		t := replayed.Time
 		d.ReplayedAt = &t
@@ -202,7 +256,8 @@ func queryDeadLetterRow(ctx context.Context, q Querier, s Statement) (DeadLetter
 	return d, err
 }
 
-// DeadLetterRef is what a replay reads of a row before locking it.
+// DeadLetterRef is what a replay reads of a row before locking it;
+// MessageUUID is its bytes (message_uuid_raw).
 type DeadLetterRef struct {
 	ID                        int64
 	MessageUUID, Topic, Error string
@@ -211,9 +266,13 @@ type DeadLetterRef struct {
 // ListDeadLetterRefs returns the references of the rows f selects, by id.
 func ListDeadLetterRefs(ctx context.Context, q Querier, f DeadLetterFilter) ([]DeadLetterRef, error) {
 	var out []DeadLetterRef
-	err := q.Query(ctx, f.selectDeadLetters("id, message_uuid, original_topic, error", "listing dead letters to replay"), func(r Row) error {
-		var d DeadLetterRef
-		err := r.Scan(&d.ID, &d.MessageUUID, &d.Topic, &d.Error)
+	err := q.Query(ctx, f.selectDeadLetters("id, "+uuidRawColumn+", original_topic, error", "listing dead letters to replay"), func(r Row) error {
+		var (
+			d    DeadLetterRef
+			uuid []byte
+		)
+		err := r.Scan(&d.ID, &uuid, &d.Topic, &d.Error)
+		d.MessageUUID = string(uuid)
 		out = append(out, d)
 		return err
 	})

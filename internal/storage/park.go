@@ -68,7 +68,8 @@ func SplitParkLane(lane string) (key string, keyless bool) {
 
 // EncodeParkedMetadata encodes md byte for byte, entries by key: for
 // each, the key's length (4 bytes, big endian), the key, the value's
-// length, the value. Park migration 002 writes the same form.
+// length, the value. Park migration 002 writes the same form, and so do
+// dead letters (DeadLetterRow.MetadataRaw, dlq migration 005).
 func EncodeParkedMetadata(md map[string]string) []byte {
 	keys := make([]string, 0, len(md))
 	n := 0
