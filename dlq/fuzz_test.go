@@ -44,7 +44,7 @@ func FuzzParseEnvelope(f *testing.F) {
 		if err != nil {
 			t.Fatalf("refused an envelope (it would be redelivered forever): %v", err)
 		}
-		for name, s := range map[string]string{"uuid": r.MessageUUID, "topic": r.OriginalTopic, "dlq topic": r.DeadLetterTopic,
+		for name, s := range map[string]string{"uuid": r.row().MessageUUID, "topic": r.OriginalTopic, "dlq topic": r.DeadLetterTopic,
 			"error": r.Error, "metadata": r.metadataJSON} {
 			if !isStorable(s) {
 				t.Fatalf("%s %q cannot be stored", name, s)
@@ -67,7 +67,7 @@ func FuzzParseEnvelope(f *testing.F) {
 				t.Fatalf("%s: %v", name, err)
 			}
 		}
-		for name, s := range map[string]string{"uuid": r.MessageUUID, "topic": r.OriginalTopic, "dlq topic": r.DeadLetterTopic,
+		for name, s := range map[string]string{"uuid": r.row().MessageUUID, "topic": r.OriginalTopic, "dlq topic": r.DeadLetterTopic,
 			"consumer group": r.ConsumerGroup, "handler": r.Handler, "reason": r.Reason, "error": r.Error,
 			"error type": r.ErrorType, "stack": r.Stack, "metadata": r.metadataJSON} {
 			if err := storage.CheckText(s); err != nil {
@@ -76,6 +76,15 @@ func FuzzParseEnvelope(f *testing.F) {
 		}
 		if string(r.Payload) != string(payload) {
 			t.Fatal("payload changed")
+		}
+		if r.MessageUUID != uuid || r.row().MessageUUIDRaw != uuid {
+			t.Fatalf("uuid %q kept as %q: a replay publishes it byte for byte", uuid, r.MessageUUID)
+		}
+		if !isDeadLetterKey(key) && r.Metadata[key] != value {
+			t.Fatalf("metadata %q = %q kept as %q: a replay publishes it byte for byte", key, value, r.Metadata[key])
+		}
+		if md, err := storage.DecodeParkedMetadata(r.row().MetadataRaw); err != nil || len(md) != len(r.Metadata) || (!isDeadLetterKey(key) && md[key] != value) {
+			t.Fatalf("metadata_raw does not decode to the metadata: %v", err)
 		}
 		for k := range r.Metadata {
 			if isDeadLetterKey(k) {
@@ -101,6 +110,7 @@ func TestHostileEnvelopeIsStored(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, maxAttempts, d.Attempts)
 	require.Equal(t, "bad\uFFFD\uFFFDtext", d.Error)
-	require.Equal(t, "v\uFFFD", d.Metadata["k\uFFFD"])
+	require.Equal(t, "u\x00-1", d.MessageUUID, "the UUID kept byte for byte (message_uuid_raw)")
+	require.Equal(t, "v\xfe", d.Metadata["k\x00"], "metadata kept byte for byte (metadata_raw)")
 	require.Equal(t, []byte("\x00\xffbin"), d.Payload, "payload kept byte for byte")
 }
