@@ -27,7 +27,11 @@
 //     `millwright dlq replay`, exactly one commits and only its message is
 //     ever sent; the other is told so and nothing of it is queued. Replays
 //     from the console go through the outbox as well, so a relay publishes
-//     them (run `millwright relay`).
+//     them (run `millwright relay`). The outbox's metadata is text: a dead
+//     letter whose UUID or metadata holds bytes that are not UTF-8 text (a
+//     binary Kafka key or header) is shown quoted and not replayed here
+//     (the refusal names the key); `millwright dlq replay` publishes its
+//     bytes unchanged.
 //   - Every state-changing request is a POST carrying a CSRF token (a
 //     signed double submit: an HttpOnly SameSite=Strict cookie and its
 //     HMAC with the operator's name in the form); a cross-site Origin or

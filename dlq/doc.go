@@ -105,6 +105,18 @@
 // handler's path would be a dual write that can disagree with it. Record is
 // idempotent, so redelivered dead letters are stored once.
 //
+// A message's UUID, payload and metadata are stored byte for byte (a Kafka
+// key or header is bytes, not text): DeadLetter.MessageUUID and Metadata
+// read them back, and Replay publishes them unchanged, so the replay has
+// the original's key (its partition) and headers. Searches and the
+// console's groups read text columns beside them, where bytes that are not
+// UTF-8 show as U+FFFD; `millwright dlq list|show` and the console print
+// such a UUID, key or value quoted ("\n\xff\x01\x00"). The console
+// replays through the outbox, whose metadata is text: it refuses a dead
+// letter with binary metadata, naming the key, and `millwright dlq
+// replay` publishes it. (A row recorded before migration 005 has what its
+// text kept.)
+//
 // Store.List and Store.Get inspect them; Replay publishes them back (to the
 // original topic by default) at a bounded rate, with a dry run, and marks
 // each replayed row so that a second run does not publish it again unless
