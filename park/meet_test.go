@@ -473,6 +473,11 @@ func TestReplayOfBinaryKeyedDeadLetterKeepsItsBytes(t *testing.T) {
 		require.Len(t, ks, 1)
 		require.True(t, ks[0].Held)
 		require.Equal(t, "\x0a\xff\x01", ks[0].Key)
+		dls, err := b.dlq.List(context.Background(), dlq.Filter{})
+		require.NoError(t, err)
+		require.Len(t, dls, 1)
+		require.Equal(t, "b1", dls[0].MessageUUID)
+		require.Equal(t, map[string]string(want), dls[0].Metadata, "the dead letter park wrote keeps the bytes (dlq migration 005)")
 
 		mu.Lock()
 		refuse = false
