@@ -69,8 +69,35 @@ func deadLettersInsertIsIdempotentAndGetRoundTrips(t *testing.T, st Setup) {
 	require.Nil(t, got.ReplayedAt)
 	require.False(t, got.CreatedAt.IsZero())
 
+	require.Equal(t, "u1", got.MessageUUIDRaw, "a row without raw bytes reads its text's")
+	require.Nil(t, got.MetadataRaw, "no metadata_raw given: NULL, Metadata is the copy")
+
 	_, err = storage.GetDeadLetter(ctx, p, id+100)
 	require.True(t, storage.IsNoRows(err), "a missing row: %v", err)
+
+	// The lossless copies (dlq migration 005) round-trip every byte.
+	bin := dlRow("u\uFFFD", "orders", "boom", dlAt.Add(2*time.Second))
+	bin.MessageUUIDRaw = "u\xff\x00\n"
+	md := map[string]string{"k\x00\xff": "v\x0a\xff\x01\x00", "": ""}
+	bin.MetadataRaw = storage.EncodeParkedMetadata(md)
+	binID := dlInsert(t, p, bin)
+	got, err = storage.GetDeadLetter(ctx, p, binID)
+	require.NoError(t, err)
+	require.Equal(t, "u\xff\x00\n", got.MessageUUIDRaw)
+	gotMD, err := got.MetadataMap()
+	require.NoError(t, err)
+	require.Equal(t, md, gotMD)
+	refs, err := storage.ListDeadLetterRefs(ctx, p, storage.DeadLetterFilter{IDs: []int64{binID}})
+	require.NoError(t, err)
+	require.Equal(t, "u\xff\x00\n", refs[0].MessageUUID, "a replay's reference has the UUID's bytes")
+	empty := dlRow("u-empty", "orders", "boom", dlAt.Add(3*time.Second))
+	empty.MetadataRaw = []byte{}
+	got, err = storage.GetDeadLetter(ctx, p, dlInsert(t, p, empty))
+	require.NoError(t, err)
+	require.NotNil(t, got.MetadataRaw, "empty metadata_raw is not NULL")
+	gotMD, err = got.MetadataMap()
+	require.NoError(t, err)
+	require.Empty(t, gotMD, "empty metadata_raw is the metadata, not the JSON column")
 }
 
 func deadLettersFiltersCountsAndRefs(t *testing.T, st Setup) {
