@@ -130,10 +130,10 @@
 //   - Keys, UUIDs and metadata are stored as bytes: distinct keys (binary
 //     Kafka keys that are not UTF-8 too) never share a lane, and a retried
 //     message reaches its handler with byte-identical metadata.
-//     TestBinaryKeysAndMetadataStayBytes. (The dead letters park writes go
-//     to millwright_dead_letters, whose text columns and JSON metadata
-//     keep bytes that are not UTF-8 as U+FFFD; a replay finds its parked
-//     message by the dead letter's id, so a binary key does not lose it.)
+//     TestBinaryKeysAndMetadataStayBytes. The dead letters park writes
+//     keep the UUID and metadata bytes too (dlq migration 005), and a
+//     replay finds its parked message by the dead letter's id.
+//     TestReplayOfBinaryKeyedDeadLetterKeepsItsBytes.
 //   - No record kills the retrier: a round that panics (in
 //     Config.Publish, in park, or in a handler no middleware inside park
 //     recovered; the retry middleware turns a handler's panic into a

@@ -170,7 +170,9 @@ func keyText(lane string) string {
 // copy's (stored, EncodeParkedMetadata's form): the replay's, except that
 // an entry the dead-letter table only turned into text (bytes that are not
 // UTF-8 replaced with U+FFFD: a binary key or header) keeps the parked
-// copy's bytes. An entry the operator edited takes the edit.
+// copy's bytes. An entry the operator edited takes the edit. Since dlq
+// migration 005 a replay carries the bytes and this changes nothing; it
+// stays for dead letters recorded before it, whose text lost them.
 func keepBytes(stored []byte, replay message.Metadata) []byte {
 	parked, err := storage.DecodeParkedMetadata(stored)
 	if err != nil {
