@@ -295,7 +295,7 @@ func (s *Store) replayOne(ctx context.Context, pub message.Publisher, id int64, 
 	msg.Metadata.Set(metadata.DeadLetterReplayOf, strconv.FormatInt(d.ID, 10))
 	msg.SetContext(ctx)
 	if err := pub.Publish(topic, msg); err != nil {
-		return false, fmt.Errorf("dlq: publishing dead letter %d (message %q) to %q: %w; it stays unreplayed", d.ID, d.MessageUUID, topic, err)
+		return false, fmt.Errorf("dlq: publishing dead letter %d (message %s) to %q: %w; it stays unreplayed", d.ID, d.MessageUUID, topic, err)
 	}
 	if err := storage.MarkDeadLetterReplayed(ctx, tx, id); err != nil {
 		return false, fmt.Errorf("dlq: dead letter %d was published to %q but marking it replayed failed (a later replay may publish it again): %w", id, topic, err)
