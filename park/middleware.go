@@ -67,8 +67,8 @@ func (p *Parker) handle(handler string, h message.HandlerFunc, msg *message.Mess
 	}
 	parked, err := storage.ParkBehind(ctx, p.pool, pm)
 	if err != nil {
-		return nil, fmt.Errorf("park: handler %q: checking whether key %s is parked (message %s nacked; is the database up, did `millwright migrate` run?): %w",
-			handler, keyText(pm.Key), msg.UUID, err)
+		return nil, fmt.Errorf("park: handler %q: checking whether key %s is parked (message %s nacked)%s: %w",
+			handler, keyText(pm.Key), msg.UUID, storage.Hint(err), err)
 	}
 	if parked {
 		p.countParked(handler, "behind")
@@ -108,7 +108,7 @@ func (p *Parker) deadLetterFirst(ctx context.Context, handler string, pm storage
 	row := p.deadLetterRow(handler, pm, f)
 	id, err := storage.ParkDead(ctx, p.pool, pm, row, p.cfg.OnDeadLetter == Hold)
 	if err != nil {
-		return errors.Join(cause, fmt.Errorf("park: handler %q: recording the dead letter of message %s failed, nacked for redelivery (did `millwright migrate` run?): %w", handler, pm.MessageUUID, err))
+		return errors.Join(cause, fmt.Errorf("park: handler %q: recording the dead letter of message %s failed, nacked for redelivery%s: %w", handler, pm.MessageUUID, storage.Hint(err), err))
 	}
 	p.countRetry(handler, "dead_letter")
 	p.logDeadLetter(handler, pm, f, id, cause)
@@ -220,8 +220,8 @@ func (p *Parker) replaceParked(ctx context.Context, handler string, pm storage.P
 	}
 	r, err := storage.ReplaceParked(ctx, p.pool, handler, id, pm, func(parked []byte) []byte { return keepBytes(parked, msg.Metadata) })
 	if err != nil {
-		return false, fmt.Errorf("park: handler %q: giving replayed dead letter %s (message %s) its parked message's place (nacked; is the database up, did `millwright migrate` run?): %w",
-			handler, of, msg.UUID, err)
+		return false, fmt.Errorf("park: handler %q: giving replayed dead letter %s (message %s) its parked message's place (nacked)%s: %w",
+			handler, of, msg.UUID, storage.Hint(err), err)
 	}
 	if !r.Replaced {
 		return false, nil
