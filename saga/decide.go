@@ -258,6 +258,14 @@ func (d decider[D]) event(sagaID, step, phase string, attempt int, cmd Command) 
 	if cmd.Topic == "" {
 		return outbox.Event{}, errors.New("command has no Topic: set Command.Topic to the participant's command topic")
 	}
+	// The outbox and the history store them as text: Postgres would
+	// refuse the whole batch of the transition (and with it the round of
+	// every saga of the type).
+	for _, f := range [...]struct{ name, v string }{{"Topic", cmd.Topic}, {"Type", cmd.Type}} {
+		if !utf8.ValidString(f.v) {
+			return outbox.Event{}, fmt.Errorf("command %s %q is not valid UTF-8, which Postgres text cannot store: use a text %s", f.name, f.v, strings.ToLower(f.name))
+		}
+	}
 	var payload []byte
 	switch p := cmd.Payload.(type) {
 	case []byte:

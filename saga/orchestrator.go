@@ -7,7 +7,9 @@ import (
 	"net/url"
 	"reflect"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -190,7 +192,7 @@ func (c Config) Validate() error {
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		errs = append(errs, fmt.Errorf("saga: Config.BatchSize %d: want 1..10000", c.BatchSize))
 	}
-	if _, err := url.Parse(c.Source); err != nil {
+	if _, err := url.Parse(c.Source); err != nil || !utf8.ValidString(c.Source) || strings.ContainsRune(c.Source, 0) {
 		// Every command would be refused by outbox.Add.
 		errs = append(errs, fmt.Errorf("saga: Config.Source %q is not a URI-reference (the CloudEvents source of every command): use a path such as \"/orders-service\" or an absolute URI", c.Source))
 	}

@@ -32,7 +32,8 @@ func oversized() []byte { return make([]byte, outbox.TransportLimits().MaxBytes+
 // refusedDef is a two-step saga whose commands outbox.Add refuses for some
 // instances: the first step's compensation of a saga whose id starts with
 // "huge", the second step's command once the first step's success reply
-// said "big". The first step's OnSuccess copies any other reply payload
+// said "big"; the compensation of a saga whose id starts with "utf" has a
+// type that is not valid UTF-8. The first step's OnSuccess copies any other reply payload
 // into Note.
 func refusedDef(t *testing.T) *saga.Definition[refusedData] {
 	t.Helper()
@@ -51,6 +52,9 @@ func refusedDef(t *testing.T) *saga.Definition[refusedData] {
 				return nil
 			},
 			Compensation: func(d refusedData) (saga.Command, error) {
+				if strings.HasPrefix(d.ID, "utf") {
+					return saga.Command{Topic: "refused.first", Type: "first.undo\xff", Payload: d}, nil
+				}
 				if strings.HasPrefix(d.ID, "huge") {
 					return saga.Command{Topic: "refused.first", Type: "first.undo.v1", Payload: oversized()}, nil
 				}
@@ -292,4 +296,56 @@ func TestSagaDataPostgresCannotHoldIsRefusedNamingTheField(t *testing.T) {
 		require.Zero(t, b.commands(t, "s2", "second.v1"))
 		require.Equal(t, 1.0, metricValue(t, b.reg, saga.MetricStuck, map[string]string{"type": "refused"}))
 	})
+}
+
+// A command whose type is not valid UTF-8 (Postgres text refuses it,
+// 22021, on both drivers) is a command that cannot be built, as one
+// without a topic: the compensation fails and is retried after its
+// backoff, with the reason; the other overdue saga's timeout fires in the
+// same round. Before, the database refused the round's whole batch, every
+// round: no deadline of the saga type fired any more.
+func TestRunFiresDeadlinesPastACommandTypePostgresCannotStore(t *testing.T) {
+	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		b := setupRefused(t, driver)
+		require.NoError(t, b.start(t, "utf", refusedData{ID: "utf"}))
+		require.NoError(t, b.start(t, "good", refusedData{ID: "good"}))
+		_, err := b.schema.DB.Exec(`UPDATE millwright_saga_instances SET deadline_at = now() - CASE id WHEN 'utf' THEN interval '2 seconds' ELSE interval '1 second' END`)
+		require.NoError(t, err)
+
+		n, err := b.o.RunOnce(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		good, _ := b.get(t, "good")
+		require.Equal(t, saga.StateCompensating, good.State)
+		require.Equal(t, 1, b.commands(t, "good", "first.undo.v1"))
+		bad, _ := b.get(t, "utf")
+		require.Equal(t, saga.StateCompensating, bad.State, "%+v", bad)
+		require.False(t, bad.AwaitingReply, "nothing was sent")
+		require.Contains(t, bad.LastError, `building command: command Type "first.undo\xff" is not valid UTF-8`)
+	})
+}
+
+// What every command or history row of a saga type carries is checked
+// once, when it is defined or configured, rather than refused by Postgres
+// on every transition: reply types (history rows) must be text, and
+// Config.Source (every command's CloudEvents source) a URI-reference.
+func TestDefinitionAndConfigRefuseWhatEveryTransitionWouldFailOn(t *testing.T) {
+	t.Parallel()
+	cmd := func(refusedData) (saga.Command, error) { return saga.Command{Topic: "x", Type: "x.v1"}, nil }
+	_, err := saga.Define("text", saga.Step[refusedData]{Name: "a", Command: cmd, NoCompensation: true, SuccessReply: "a.ok\xff"})
+	require.ErrorContains(t, err, `reply type "a.ok\xff" is not valid UTF-8 or holds a NUL byte`)
+	_, err = saga.Define("text", saga.Step[refusedData]{Name: "a", Command: cmd, NoCompensation: true, FailureReply: "a.\x00"})
+	require.ErrorContains(t, err, "holds a NUL byte")
+
+	schema := pgtest.New(t, outbox.Migrations(), saga.Migrations())
+	def, err := saga.Define("text", saga.Step[refusedData]{Name: "a", Command: cmd, NoCompensation: true})
+	require.NoError(t, err)
+	for _, src := range []string{"/orders\xff", "/orders\x00", "http://[::1"} {
+		_, err = saga.NewOrchestrator(schema.DB, def, saga.Config{Source: src})
+		require.ErrorContains(t, err, "Config.Source", "%q", src)
+	}
+	_, err = saga.NewOrchestrator(schema.DB, def, saga.Config{Source: "/orders-service"})
+	require.NoError(t, err)
 }
