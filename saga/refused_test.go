@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +34,8 @@ func oversized() []byte { return make([]byte, outbox.TransportLimits().MaxBytes+
 // instances: the first step's compensation of a saga whose id starts with
 // "huge", the second step's command once the first step's success reply
 // said "big"; the compensation of a saga whose id starts with "utf" has a
-// type that is not valid UTF-8. The first step's OnSuccess copies any other reply payload
+// type that is not valid UTF-8, and that of "errtext" fails with an error
+// whose text is not. The first step's OnSuccess copies any other reply payload
 // into Note.
 func refusedDef(t *testing.T) *saga.Definition[refusedData] {
 	t.Helper()
@@ -52,6 +54,9 @@ func refusedDef(t *testing.T) *saga.Definition[refusedData] {
 				return nil
 			},
 			Compensation: func(d refusedData) (saga.Command, error) {
+				if strings.HasPrefix(d.ID, "errtext") {
+					return saga.Command{}, errors.New("participant said \xff\x00")
+				}
 				if strings.HasPrefix(d.ID, "utf") {
 					return saga.Command{Topic: "refused.first", Type: "first.undo\xff", Payload: d}, nil
 				}
@@ -348,4 +353,29 @@ func TestDefinitionAndConfigRefuseWhatEveryTransitionWouldFailOn(t *testing.T) {
 	}
 	_, err = saga.NewOrchestrator(schema.DB, def, saga.Config{Source: "/orders-service"})
 	require.NoError(t, err)
+}
+
+// A Command function's error is quoted in last_error and the history:
+// text Postgres refuses (invalid UTF-8, a NUL byte) is stored with
+// U+FFFD in their place. Before, the database refused the round's whole
+// batch, every round.
+func TestRunStoresACommandErrorWhoseTextPostgresRefuses(t *testing.T) {
+	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		b := setupRefused(t, driver)
+		require.NoError(t, b.start(t, "errtext", refusedData{ID: "errtext"}))
+		require.NoError(t, b.start(t, "good", refusedData{ID: "good"}))
+		_, err := b.schema.DB.Exec(`UPDATE millwright_saga_instances SET deadline_at = now() - CASE id WHEN 'errtext' THEN interval '2 seconds' ELSE interval '1 second' END`)
+		require.NoError(t, err)
+
+		n, err := b.o.RunOnce(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		require.Equal(t, 1, b.commands(t, "good", "first.undo.v1"))
+		bad, h := b.get(t, "errtext")
+		require.Equal(t, saga.StateCompensating, bad.State, "%+v", bad)
+		require.Contains(t, bad.LastError, "building command: participant said \ufffd\ufffd")
+		require.Contains(t, h[len(h)-1].Error, "participant said \ufffd\ufffd", "%+v", h)
+	})
 }

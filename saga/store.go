@@ -2,6 +2,7 @@ package saga
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -23,16 +24,27 @@ func fromRow(r storage.SagaInstance) instance {
 		lastError: r.LastError, createdAt: r.CreatedAt, attemptBase: r.AttemptBase, resumeStep: r.ResumeStep, cause: r.Cause}
 }
 
+// row is in as stored. Its texts (last_error, cause) are made storable:
+// they quote the definition's own errors (a Command that failed), which
+// may hold bytes Postgres text refuses, and that would fail the write of
+// the transition on every attempt (the round of every saga of the type).
 func (in instance) row() storage.SagaInstance {
 	return storage.SagaInstance{ID: in.id, Type: in.typ, State: string(in.state), Step: in.step, Data: in.data, Version: in.version,
 		Deadline: in.deadline, Awaiting: in.awaiting, CompAttempts: in.compAttempts, CompStarted: in.compStarted,
-		LastError: in.lastError, CreatedAt: in.createdAt, AttemptBase: in.attemptBase, ResumeStep: in.resumeStep, Cause: in.cause}
+		LastError: storableNull(in.lastError), CreatedAt: in.createdAt, AttemptBase: in.attemptBase, ResumeStep: in.resumeStep,
+		Cause: storableNull(in.cause)}
 }
 
+func storableNull(s sql.NullString) sql.NullString {
+	s.String = storableText(s.String)
+	return s
+}
+
+// steps is h as stored, its texts made storable (see row).
 func steps(h []histRow) []storage.SagaStep {
 	out := make([]storage.SagaStep, len(h))
 	for i, r := range h {
-		out[i] = storage.SagaStep{Step: r.step, Kind: r.kind, Detail: r.detail, Attempt: r.attempt, Error: r.err}
+		out[i] = storage.SagaStep{Step: r.step, Kind: r.kind, Detail: storableText(r.detail), Attempt: r.attempt, Error: storableText(r.err)}
 	}
 	return out
 }
