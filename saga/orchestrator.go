@@ -111,7 +111,7 @@ var ErrAlreadyStarted = errors.New("saga: instance already exists")
 // path, $.note). A transition whose new data (from a step's OnSuccess) is
 // such sets the instance aside as stuck instead, with that message in its
 // last_error (see HandleReply).
-var ErrDataNotStorable = storage.ErrSagaDataNotStorable
+var ErrDataNotStorable = storage.ErrJSONBRefuses
 
 // ErrNotFound is returned (wrapped) when no saga instance has the id.
 var ErrNotFound = errors.New("saga: instance not found")
@@ -356,8 +356,8 @@ func (o *Orchestrator[D]) Start(ctx context.Context, tx outbox.Executor, id stri
 	if err != nil {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
 	}
-	if err := storage.CheckSagaData(t.in.data); err != nil {
-		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
+	if err := storage.CheckJSONB(t.in.data); err != nil {
+		return fmt.Errorf("saga %s: Start(%q): its data: %w", o.def.name, id, err)
 	}
 	// One statement inserts the row and its history: a conflict inserts
 	// neither. The command goes after it, so a conflict writes no command.
@@ -493,7 +493,7 @@ func (o *Orchestrator[D]) applyReply(ctx context.Context, q storage.Querier, r r
 		// same way. The instance is set aside, and the reply recorded
 		// and acknowledged.
 		reason := fmt.Sprintf("reply %s to step %q (attempt %d): %s", r.reply.Type, r.step, r.attempt, o.refusal(ctx, q, t, err))
-		t = o.d.setAsideRefused(in, t, reason, !errors.Is(err, storage.ErrSagaDataNotStorable))
+		t = o.d.setAsideRefused(in, t, reason, !errors.Is(err, storage.ErrJSONBRefuses))
 		err = o.stage(ctx, queue, in.version, t)
 	}
 	if err == nil {
@@ -663,7 +663,7 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 			// claim this instance first again every round, and no
 			// deadline of this saga type would fire again. It is set
 			// aside instead, and the others' deadlines are fired.
-			t = o.d.setAsideRefused(in, t, o.refusal(ctx, tx, t, err), !errors.Is(err, storage.ErrSagaDataNotStorable))
+			t = o.d.setAsideRefused(in, t, o.refusal(ctx, tx, t, err), !errors.Is(err, storage.ErrJSONBRefuses))
 			err = o.stage(ctx, queue, in.version, t)
 		}
 		if err != nil {

@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -54,6 +55,9 @@ func refusedDef(t *testing.T) *saga.Definition[refusedData] {
 				return nil
 			},
 			Compensation: func(d refusedData) (saga.Command, error) {
+				if strings.HasPrefix(d.ID, "bignum") {
+					return saga.Command{Topic: "refused.first", Type: "first.undo.v1", Payload: json.RawMessage(`{"n":1e131072,"s":"\ud800"}`)}, nil
+				}
 				if strings.HasPrefix(d.ID, "errtext") {
 					return saga.Command{}, errors.New("participant said \xff\x00")
 				}
@@ -377,5 +381,31 @@ func TestRunStoresACommandErrorWhoseTextPostgresRefuses(t *testing.T) {
 		require.Equal(t, saga.StateCompensating, bad.State, "%+v", bad)
 		require.Contains(t, bad.LastError, "building command: participant said \ufffd\ufffd")
 		require.Contains(t, h[len(h)-1].Error, "participant said \ufffd\ufffd", "%+v", h)
+	})
+}
+
+// A command payload that is valid JSON but that jsonb refuses (a number
+// beyond numeric, a lone surrogate escape) is stored byte for byte, as
+// the outbox stores one with \u0000, and published unchanged. Before, the
+// outbox sent it to its jsonb column and the database refused the
+// round's whole batch, every round.
+func TestRunSendsACommandPayloadJSONBRefusesByteForByte(t *testing.T) {
+	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		b := setupRefused(t, driver)
+		require.NoError(t, b.start(t, "bignum", refusedData{ID: "bignum"}))
+		require.NoError(t, b.start(t, "good", refusedData{ID: "good"}))
+		_, err := b.schema.DB.Exec(`UPDATE millwright_saga_instances SET deadline_at = now() - CASE id WHEN 'bignum' THEN interval '2 seconds' ELSE interval '1 second' END`)
+		require.NoError(t, err)
+
+		n, err := b.o.RunOnce(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		require.Equal(t, 1, b.commands(t, "good", "first.undo.v1"))
+		require.Equal(t, 1, b.commands(t, "bignum", "first.undo.v1"))
+		var raw []byte
+		require.NoError(t, b.schema.DB.QueryRow(`SELECT payload_raw FROM millwright_outbox WHERE aggregate_id = 'bignum' AND event_type = 'first.undo.v1'`).Scan(&raw))
+		require.Equal(t, `{"n":1e131072,"s":"\ud800"}`, string(raw))
 	})
 }

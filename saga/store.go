@@ -140,7 +140,7 @@ func (o *Orchestrator[D]) stage(ctx context.Context, queue *storage.Queue, old i
 // Writing it again would fail the same way, so the instance is set aside
 // rather than retried (a transient error, a database one, is retried).
 func refused(err error) bool {
-	return errors.Is(err, outbox.ErrInvalidEvent) || errors.Is(err, storage.ErrSagaDataNotStorable)
+	return errors.Is(err, outbox.ErrInvalidEvent) || errors.Is(err, storage.ErrJSONBRefuses)
 }
 
 // refusal says why transition t was refused (err: refused(err) holds)
@@ -148,7 +148,7 @@ func refused(err error) bool {
 // (nothing is written to it).
 func (o *Orchestrator[D]) refusal(ctx context.Context, q storage.Querier, t *transition, err error) string {
 	resolve := "then `millwright saga resolve " + t.in.id + "`"
-	if errors.Is(err, storage.ErrSagaDataNotStorable) {
+	if errors.Is(err, storage.ErrJSONBRefuses) {
 		return "its new data cannot be stored; fix the step's OnSuccess (or the reply it copied), " + resolve + ": " + err.Error()
 	}
 	for _, ev := range t.events {

@@ -76,7 +76,7 @@ const insertSagaSQL = `WITH x AS (INSERT INTO millwright_saga_instances
 // (at least one), in one statement. It returns false, writing nothing and
 // leaving the transaction usable, when an instance with the id exists.
 // Data jsonb would refuse is refused first, with an error wrapping
-// ErrSagaDataNotStorable that names the field (CheckSagaData), and so is
+// ErrJSONBRefuses that names the field (CheckJSONB), and so is
 // an id Postgres text cannot hold.
 func InsertSaga(ctx context.Context, q Querier, in SagaInstance, steps []SagaStep) (inserted bool, err error) {
 	if len(steps) == 0 {
@@ -85,8 +85,8 @@ func InsertSaga(ctx context.Context, q Querier, in SagaInstance, steps []SagaSte
 	if !utf8.ValidString(in.ID) || strings.ContainsRune(in.ID, 0) {
 		return false, fmt.Errorf("storage: inserting saga %q: the id is not valid UTF-8 or holds a NUL byte, which Postgres text cannot store: use a text id (e.g. the order id or a UUID)", in.ID)
 	}
-	if err := CheckSagaData(in.Data); err != nil {
-		return false, fmt.Errorf("storage: inserting saga %q: %w", in.ID, err)
+	if err := CheckJSONB(in.Data); err != nil {
+		return false, fmt.Errorf("storage: inserting saga %q: its data: %w", in.ID, err)
 	}
 	args := append(sagaStepArgs(in.ID, steps), in.Type, in.State, in.Step, string(in.Data),
 		sagaNullTime(in.Deadline), in.Awaiting, in.CreatedAt)
@@ -186,11 +186,11 @@ const insertSagaStepsSQL = `INSERT INTO millwright_saga_steps (saga_id, step, ki
 // statement, and its batch, with a *ConflictError), then the history
 // rows. Send them in one Batch, or after the commands' outbox rows with
 // Queue.Flush. Data jsonb would refuse is an error wrapping
-// ErrSagaDataNotStorable that names the field (CheckSagaData), returned
+// ErrJSONBRefuses that names the field (CheckJSONB), returned
 // before any statement is made: such a transition can never be written.
 func SagaTransition(in SagaInstance, old int64, steps []SagaStep) ([]Statement, error) {
-	if err := CheckSagaData(in.Data); err != nil {
-		return nil, fmt.Errorf("storage: writing saga %q: %w", in.ID, err)
+	if err := CheckJSONB(in.Data); err != nil {
+		return nil, fmt.Errorf("storage: writing saga %q: its data: %w", in.ID, err)
 	}
 	ss := []Statement{{SQL: updateSagaSQL, Expect: 1, What: "writing saga instance " + in.ID + " over version " + fmt.Sprint(old),
 		Args: []any{in.ID, old, in.State, in.Step, string(in.Data), sagaNullTime(in.Deadline), in.Awaiting,

@@ -348,11 +348,11 @@ func sagaDataJSONBCannotHoldIsRefused(t *testing.T, p storage.Pool) {
 		in := newSaga("bad", "orders")
 		in.Data = []byte(c.data)
 		_, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "reserve", Kind: "command", Attempt: 1}})
-		require.ErrorIs(t, err, storage.ErrSagaDataNotStorable, "%s", c.data)
+		require.ErrorIs(t, err, storage.ErrJSONBRefuses, "%s", c.data)
 		require.Contains(t, err.Error(), c.field)
 		require.NotContains(t, err.Error(), "migrate")
 		_, err = storage.SagaTransition(in, 1, nil)
-		require.ErrorIs(t, err, storage.ErrSagaDataNotStorable, "%s", c.data)
+		require.ErrorIs(t, err, storage.ErrJSONBRefuses, "%s", c.data)
 		require.Contains(t, err.Error(), c.field)
 	}
 	n, err := storage.CountSagas(ctx, p, "orders", "running")
@@ -368,7 +368,7 @@ func sagaDataJSONBCannotHoldIsRefused(t *testing.T, p storage.Pool) {
 		`{"\ud83d\ude00":[],"":{},"a b":[1,-0.5,true,false,null]}`,
 	} {
 		require.False(t, serverRefuses(data), "the server takes %s", data)
-		require.NoError(t, storage.CheckSagaData([]byte(data)))
+		require.NoError(t, storage.CheckJSONB([]byte(data)))
 		in := newSaga(fmt.Sprintf("ok-%d", i), "orders")
 		in.Data = []byte(data)
 		ok, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "reserve", Kind: "command", Attempt: 1}})

@@ -8,14 +8,14 @@ import (
 	"unicode/utf8"
 )
 
-// ErrSagaDataNotStorable is returned (wrapped) by InsertSaga and
-// SagaTransition for saga data that Postgres' jsonb would refuse: a string
-// or key holding the \u0000 escape (a NUL character, SQLSTATE 22P05), an
-// unpaired UTF-16 surrogate escape, or a number outside numeric's range.
-// The error names the field (a JSON path such as $.note) and is refused
-// before any statement runs, on every driver: the same data would be
-// refused on every retry.
-var ErrSagaDataNotStorable = errors.New("saga data that Postgres jsonb cannot store")
+// ErrJSONBRefuses is returned (wrapped) by CheckJSONB, and so by
+// InsertSaga and SagaTransition for saga data, for JSON that Postgres'
+// jsonb would refuse: a string or key holding the \u0000 escape (a NUL
+// character, SQLSTATE 22P05), an unpaired UTF-16 surrogate escape, or a
+// number outside numeric's range (22003). The error names the field (a
+// JSON path such as $.note). It is returned before any statement runs,
+// on every driver: the same JSON would be refused on every retry.
+var ErrJSONBRefuses = errors.New("JSON that Postgres jsonb cannot store")
 
 // Postgres numeric's bounds (numeric.c): a nonzero value's leading digit
 // at most 10^131071 (NUMERIC_WEIGHT_MAX base-10000 digits), at most 16383
@@ -27,16 +27,16 @@ const (
 	maxNumericExp   = 1<<30 - 1
 )
 
-// CheckSagaData returns an error wrapping ErrSagaDataNotStorable, naming
-// the field, when data (the saga data, JSON) holds a value the jsonb
-// column refuses. Data that is not JSON is left to the server.
-func CheckSagaData(data []byte) error {
+// CheckJSONB returns an error wrapping ErrJSONBRefuses, naming the field,
+// when data holds a value a jsonb column refuses. Text that is not JSON is
+// left to its caller (json.Valid) or the server.
+func CheckJSONB(data []byte) error {
 	s := jsonScanner{b: data}
 	s.value("$")
 	if s.bad == "" {
 		return nil
 	}
-	return fmt.Errorf("%w: %s %s, which Postgres jsonb refuses: %s", ErrSagaDataNotStorable, s.path, s.bad, s.fix)
+	return fmt.Errorf("%w: %s %s, which Postgres jsonb refuses: %s", ErrJSONBRefuses, s.path, s.bad, s.fix)
 }
 
 // jsonScanner walks JSON text looking for what jsonb refuses, keeping the
@@ -210,7 +210,7 @@ func (s *jsonScanner) str(path string, isKey bool) (string, bool) {
 			switch {
 			case v == 0:
 				s.path, s.bad = where(), `holds the escape \u0000 (a NUL character)`
-				s.fix = "Postgres text cannot hold NUL: remove it from the saga data, or keep binary values in a []byte field (base64 in JSON)"
+				s.fix = "Postgres text cannot hold NUL: remove it, or keep binary values in a []byte field (base64 in JSON)"
 				return "", false
 			case v >= 0xD800 && v <= 0xDBFF:
 				if pendingHigh {
