@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,6 +30,7 @@ func exerciseSaga(t *testing.T, setup func(t *testing.T) Setup) {
 		{"Resolve", sagaResolve},
 		{"CheckTables", sagaCheckTables},
 		{"DataJSONBCannotHoldIsRefused", sagaDataJSONBCannotHoldIsRefused},
+		{"CheckJSONBAgreesWithTheServer", checkJSONBAgreesWithTheServer},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -383,4 +386,56 @@ func sagaDataJSONBCannotHoldIsRefused(t *testing.T, p storage.Pool) {
 		require.NoError(t, err)
 		require.NoError(t, p.Batch(ctx, ss...))
 	}
+}
+
+// checkJSONBAgreesWithTheServer: CheckJSONB accepts exactly what the
+// server's jsonb accepts, over generated JSON mixing the escapes and
+// numbers at jsonb's bounds with ordinary values.
+func checkJSONBAgreesWithTheServer(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	rnd := rand.New(rand.NewSource(40))
+	strs := []string{`a`, `\u0000`, `\\u0000`, `\ud800`, `\udc00`, `\ud83d\ude00`, `\ud800\u0041`, `\ud800\ud800`,
+		`\udbff\udfff`, `\u00e9`, `\n\"`, `é`, `\ud800\n`, `x\\`}
+	nums := []string{`0`, `-1.5`, `1e131071`, `1e131072`, `9.99e131071`, `10e131071`, `1e-16383`, `1e-16384`, `0.1e-16382`,
+		`0.1e-16383`, `0e-16384`, `0e2000000000`, `0.000e131075`, `123.456e-16380`, `1E+5`, `-0`, `5e1073741822`}
+	var gen func(depth int) string
+	gen = func(depth int) string {
+		switch k := rnd.Intn(6); {
+		case k == 0 && depth < 3:
+			n := rnd.Intn(3)
+			parts := make([]string, n)
+			for i := range parts {
+				parts[i] = `"` + strs[rnd.Intn(len(strs))] + `":` + gen(depth+1)
+			}
+			return "{" + strings.Join(parts, ",") + "}"
+		case k == 1 && depth < 3:
+			n := rnd.Intn(3)
+			parts := make([]string, n)
+			for i := range parts {
+				parts[i] = gen(depth + 1)
+			}
+			return "[" + strings.Join(parts, ", ") + "]"
+		case k <= 3:
+			return `"` + strs[rnd.Intn(len(strs))] + strs[rnd.Intn(len(strs))] + `"`
+		case k == 4:
+			return nums[rnd.Intn(len(nums))]
+		default:
+			return []string{"true", "false", "null"}[rnd.Intn(3)]
+		}
+	}
+	accepted, refused := 0, 0
+	for i := 0; i < 300; i++ {
+		data := gen(0)
+		var s string
+		serverTakes := p.QueryRow(ctx, storage.S(`SELECT $1::text::jsonb::text`, data), &s) == nil
+		err := storage.CheckJSONB([]byte(data))
+		require.Equal(t, serverTakes, err == nil, "%s: CheckJSONB says %v", data, err)
+		if serverTakes {
+			accepted++
+		} else {
+			refused++
+		}
+	}
+	require.Positive(t, accepted)
+	require.Positive(t, refused)
 }
