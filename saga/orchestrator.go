@@ -75,8 +75,9 @@ const (
 	// MetricCompensated counts sagas that failed and were fully compensated.
 	MetricCompensated = "millwright_saga_compensated_total"
 	// MetricStuck counts sagas that entered the stuck state: a compensation
-	// spent its retry budget, or no decision could be made on the saga (it
-	// was set aside: see RunOnce), and an operator must resolve it.
+	// spent its retry budget, or no decision could be made on the saga or
+	// the one made can never be written (it was set aside: see RunOnce and
+	// HandleReply), and an operator must resolve it.
 	MetricStuck = "millwright_saga_stuck_total"
 	// MetricIgnoredReplies counts replies recorded and ignored, with a
 	// "kind" label: late_reply or duplicate.
