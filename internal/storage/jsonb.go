@@ -48,6 +48,7 @@ type jsonScanner struct {
 	path     string
 	bad, fix string
 	invalid  bool
+	depth    int
 }
 
 func (s *jsonScanner) stop() bool { return s.bad != "" || s.invalid }
@@ -58,7 +59,16 @@ func (s *jsonScanner) ws() {
 	}
 }
 
+// maxJSONDepth bounds the scan's recursion, as encoding/json bounds
+// nesting: deeper text is left to the server.
+const maxJSONDepth = 10000
+
 func (s *jsonScanner) value(path string) {
+	if s.depth++; s.depth > maxJSONDepth {
+		s.invalid = true
+		return
+	}
+	defer func() { s.depth-- }()
 	s.ws()
 	if s.i >= len(s.b) {
 		s.invalid = true
