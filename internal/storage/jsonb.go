@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -33,7 +34,7 @@ const (
 func CheckJSONB(data []byte) error {
 	s := jsonScanner{b: data}
 	s.value("$")
-	if s.bad == "" {
+	if s.bad == "" || !json.Valid(data) {
 		return nil
 	}
 	return fmt.Errorf("%w: %s %s, which Postgres jsonb refuses: %s", ErrJSONBRefuses, s.path, s.bad, s.fix)
