@@ -364,7 +364,7 @@ func (o *Orchestrator[D]) Start(ctx context.Context, tx outbox.Executor, id stri
 	// neither. The command goes after it, so a conflict writes no command.
 	inserted, err := storage.InsertSaga(ctx, q, t.in.row(), steps(t.hist))
 	if err != nil {
-		return fmt.Errorf("saga %s: Start(%q): inserting into millwright_saga_instances (did `millwright migrate` run?): %w", o.def.name, id, err)
+		return fmt.Errorf("saga %s: Start(%q): inserting into millwright_saga_instances%s: %w", o.def.name, id, storage.Hint(err), err)
 	}
 	if !inserted {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, ErrAlreadyStarted)
@@ -469,7 +469,7 @@ func (o *Orchestrator[D]) applyReply(ctx context.Context, q storage.Querier, r r
 		return nil, retry.Permanent(fmt.Errorf("saga %s: reply for %q: %w (was the instance deleted?)", o.def.name, r.sagaID, ErrNotFound))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("saga %s %q: loading instance (did `millwright migrate` run?): %w", o.def.name, r.sagaID, err)
+		return nil, fmt.Errorf("saga %s %q: loading instance%s: %w", o.def.name, r.sagaID, storage.Hint(err), err)
 	}
 	in := fromRow(row)
 	if in.typ != o.def.name {
@@ -634,7 +634,7 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	rows, err := storage.ClaimDueSagas(ctx, tx, o.def.name, o.cfg.BatchSize)
 	if err != nil {
-		return 0, fmt.Errorf("saga %s: claiming due deadlines (did `millwright migrate` run?): %w", o.def.name, err)
+		return 0, fmt.Errorf("saga %s: claiming due deadlines%s: %w", o.def.name, storage.Hint(err), err)
 	}
 	if len(rows) == 0 {
 		return 0, nil
