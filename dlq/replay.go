@@ -65,6 +65,10 @@ type ReplayItem struct {
 	From, To string
 	// Error is the dead letter's recorded error, for the report.
 	Error string
+	// For is the consumer the replay is for (metadata.DeadLetterReplayFor,
+	// see ReplayTarget), "" when it is for every consumer of To: a dead
+	// letter that records no consumer, or a replay to another topic.
+	For string
 }
 
 // ReplayReport says what a replay did.
@@ -87,7 +91,15 @@ type ReplayReport struct {
 // (replayed_at, replay_count). The replayed message has the original UUID,
 // payload and metadata (trace context and event id included, so an
 // idempotent consumer processes it at most once) plus
-// metadata.DeadLetterReplayOf = the row id. A consumer behind package
+// metadata.DeadLetterReplayOf = the row id and, published to its original
+// topic, metadata.DeadLetterReplayFor = the consumer that gave up on it
+// (ReplayTarget): every consumer group on the topic receives the replay,
+// and the others ack it without running their handler (dlq.Middleware and
+// park's Middleware check it), so a group that applied the original does
+// not apply it again after its idempotency marks expired. A dead letter
+// that records no consumer (recorded before consumers were recorded, or
+// by a middleware without a handler name and group) goes to every
+// consumer of the topic; ReplayItem.For is then "". A consumer behind package
 // park takes the replay for its parked copy's replacement (a held key's
 // head is then applied in its place), not for a redelivery.
 //
@@ -200,6 +212,11 @@ func (r *replayer) handle(ctx context.Context, d rowRef) error {
 	if item.To == "" {
 		return fmt.Errorf("dlq: dead letter %d has no original topic recorded: pass a target topic", d.id)
 	}
+	if dl, err := r.store.Get(ctx, d.id); err == nil {
+		item.For = dl.replayFor(item.To) // replayOne sets the same: the columns never change
+	} else if !errors.Is(err, ErrNotFound) {
+		return err
+	}
 	if !r.opts.DryRun {
 		if err := r.pace(ctx); err != nil {
 			return err
@@ -292,6 +309,7 @@ func (s *Store) replayOne(ctx context.Context, pub message.Publisher, id int64, 
 		msg.Metadata.Set(k, v)
 	}
 	msg.Metadata.Set(metadata.DeadLetterReplayOf, strconv.FormatInt(d.ID, 10))
+	setReplayFor(msg.Metadata, d.replayFor(topic))
 	msg.SetContext(ctx)
 	if err := pub.Publish(topic, msg); err != nil {
 		return false, fmt.Errorf("dlq: publishing dead letter %d (message %s) to %q: %w; it stays unreplayed", d.ID, d.MessageUUID, topic, err)
