@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -391,8 +392,20 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 	if rep.DryRun {
 		verb = "would publish"
 	}
+	// First, so that the confirmation prompt (the first lines) shows it.
+	if n := dlqUntargeted(rep); n > 0 {
+		fmt.Fprintf(out, "warning: %d dead letter(s) below record no consumer (stored before dead letters named theirs): every consumer group on the topic receives the replay and runs it, and a group that applied the original applies it again unless it still holds its idempotency mark (kept %s by default; dead letters %s)\n",
+			n, dlqDays(idempotency.DefaultRetention), dlqDays(dlq.DefaultRetention))
+	}
 	for _, it := range rep.Items {
-		fmt.Fprintf(out, "%s dead letter %d (message %s) from %s to %s\n", verb, it.ID, it.MessageUUID, it.From, it.To)
+		line := fmt.Sprintf("%s dead letter %d (message %s) from %s to %s", verb, it.ID, it.MessageUUID, it.From, it.To)
+		switch {
+		case it.For != "":
+			line += " for consumer " + it.For + " only"
+		case it.To == it.From:
+			line += " for every consumer group (no consumer recorded)"
+		}
+		fmt.Fprintln(out, line)
 	}
 	summary := fmt.Sprintf("%s %d message(s)", verb, len(rep.Items))
 	if rep.SkippedReplayed > 0 {
@@ -406,3 +419,19 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 	}
 	fmt.Fprintln(out, summary)
 }
+
+// dlqUntargeted counts the replays of rep that go to their original topic
+// without naming a consumer (ReplayItem.For ""): every consumer group on
+// the topic runs them.
+func dlqUntargeted(rep dlq.ReplayReport) int {
+	n := 0
+	for _, it := range rep.Items {
+		if it.For == "" && it.To == it.From {
+			n++
+		}
+	}
+	return n
+}
+
+// dlqDays renders a retention in days.
+func dlqDays(d time.Duration) string { return fmt.Sprintf("%d days", int(d/(24*time.Hour))) }
