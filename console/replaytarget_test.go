@@ -151,3 +151,25 @@ func TestConsoleReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T)
 	require.Equal(t, 1, effects("audit"), "a group without idempotency does not apply the replay")
 	require.EqualValues(t, 1, ledgerDLQ.Stats().ReplaysSkipped)
 }
+
+// The replay's dry run names the consumer each replay is for, and warns
+// before one that every consumer group on the topic would run.
+func TestConsoleReplayDryRunSaysWhichConsumerAReplayIsFor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	targeted := b.deadLetter(t, "sel", "T", "boom", []byte(`{"n":1}`),
+		map[string]string{metadata.DeadLetterConsumerGroup: "billing", metadata.DeadLetterHandler: "charge"})
+	old := b.deadLetter(t, "sel", "T", "boom", []byte(`{"n":2}`), nil)
+	form := url.Values{"id": {strconv.FormatInt(targeted, 10)}, "action": {"preview"}}
+	status, body := b.post(t, "/dead-letters/replay", b.token(t), form)
+	require.Equal(t, http.StatusOK, status, body)
+	require.Contains(t, body, "dlq_replay_for: billing/charge")
+	require.Contains(t, body, "For consumer <b>billing/charge</b> only")
+	require.NotContains(t, body, "records no consumer")
+
+	form.Set("id", strconv.FormatInt(old, 10))
+	status, body = b.post(t, "/dead-letters/replay", b.token(t), form)
+	require.Equal(t, http.StatusOK, status, body)
+	require.Contains(t, body, "this dead letter records no consumer, so every consumer group on sel receives the replay and runs it")
+	require.NotContains(t, body, "dlq_replay_for")
+}
