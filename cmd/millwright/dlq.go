@@ -236,6 +236,13 @@ Progress (messages published of those selected) goes to stderr; an
 interrupted replay says how far it got, and re-running it continues with the
 rest (without --force).
 
+Every consumer group on the topic receives a replay, but it is for the
+consumer that gave up on it (its consumer group and handler, printed as
+"for consumer <group>/<handler> only"): the others ack it without running
+their handler. A dead letter that records no consumer (older rows), or a
+replay to --target, goes to every consumer of the topic; the output warns
+about the first kind before anything is published.
+
 The publisher comes from the transport named by --transport (a kind or URL,
 default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
 		Args: cobra.NoArgs,
