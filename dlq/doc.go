@@ -142,7 +142,11 @@
 // applies it, once. So that replays are targeted, every consumer runs
 // behind one of the two (as millwright's consumers do) and sets its
 // ConsumerGroup: two services whose handlers share a name and leave the
-// group empty are one consumer to a replay.
+// group empty are one consumer to a replay. A consumer group or handler
+// renamed since no longer matches its old dead letters (every group would
+// ack their replays unrun, each counting it): replay them with
+// ReplayOptions.For set to the new name (`millwright dlq replay --for
+// <group>/<handler>`).
 //
 // Replays that name no consumer go to every consumer of the topic, as
 // before: a dead letter that records none (rows from before consumers

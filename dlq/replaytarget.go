@@ -1,7 +1,9 @@
 package dlq
 
 import (
+	"fmt"
 	"net/url"
+	"strings"
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -56,12 +58,27 @@ func setReplayFor(md map[string]string, target string) {
 	md[metadata.DeadLetterReplayFor] = target
 }
 
-// replayFor is the target of d's replay to topic: a replay to another
-// topic than the original (ReplayOptions.Target) is for whoever consumes
-// that topic.
-func (d DeadLetter) replayFor(topic string) string {
-	if topic != d.OriginalTopic {
+// ReplayEveryConsumer is the ReplayOptions.For that sends replays to every
+// consumer of the topic, whatever consumer their dead letters record.
+const ReplayEveryConsumer = "*"
+
+// validReplayFor checks a ReplayOptions.For.
+func validReplayFor(target string) error {
+	if target == "" || target == ReplayEveryConsumer || strings.Contains(target, "/") {
+		return nil
+	}
+	return fmt.Errorf(`dlq: replay for %q: want "" (the consumer each dead letter records), %q (every consumer of the topic) or "<consumer group>/<handler>" as dlq.ReplayTarget writes it`, target, ReplayEveryConsumer)
+}
+
+// replayFor is the target of d's replay to topic, with override the
+// ReplayOptions.For: a replay to another topic than the original
+// (ReplayOptions.Target) is for whoever consumes that topic.
+func (d DeadLetter) replayFor(topic, override string) string {
+	switch {
+	case topic != d.OriginalTopic, override == ReplayEveryConsumer:
 		return ""
+	case override != "":
+		return override
 	}
 	return ReplayTarget(d.ConsumerGroup, d.Handler)
 }

@@ -210,6 +210,30 @@ func TestReplayWithoutARecordedConsumerIsForEveryConsumer(t *testing.T) {
 	require.False(t, has, "a replay to another topic is for that topic's consumers")
 }
 
+// ReplayOptions.For overrides the recorded consumer: a renamed consumer's
+// new name, or every consumer.
+func TestReplayForOverridesTheRecordedConsumer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, _ := newStore(t)
+	ids := insert(t, store, deadLetter("orders", "boom", time.Now()))
+	pub := &recordingPublisher{}
+	_, err := store.Replay(ctx, pub, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids}, For: "billing"})
+	require.ErrorContains(t, err, `replay for "billing": want`)
+	require.Empty(t, pub.published())
+
+	rep, err := store.Replay(ctx, pub, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids}, For: dlq.ReplayTarget("billing-v2", "h")})
+	require.NoError(t, err)
+	require.Equal(t, "billing-v2/h", rep.Items[0].For)
+	require.Equal(t, "billing-v2/h", pub.published()[0].msg.Metadata.Get(metadata.DeadLetterReplayFor))
+
+	rep, err = store.Replay(ctx, pub, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids}, For: dlq.ReplayEveryConsumer, Force: true})
+	require.NoError(t, err)
+	require.Empty(t, rep.Items[0].For)
+	_, has := pub.published()[1].msg.Metadata[metadata.DeadLetterReplayFor]
+	require.False(t, has)
+}
+
 func TestReplayTargetIsUnambiguous(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "", dlq.ReplayTarget("", ""))

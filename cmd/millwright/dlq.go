@@ -241,7 +241,10 @@ consumer that gave up on it (its consumer group and handler, printed as
 "for consumer <group>/<handler> only"): the others ack it without running
 their handler. A dead letter that records no consumer (older rows), or a
 replay to --target, goes to every consumer of the topic; the output warns
-about the first kind before anything is published.
+about the first kind before anything is published. --for names another
+consumer (the new name of a renamed consumer group or handler, which its
+old dead letters no longer match: every group would skip them), or '*'
+for every consumer group.
 
 The publisher comes from the transport named by --transport (a kind or URL,
 default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
@@ -254,6 +257,7 @@ default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
 	f.Float64("rate", 10, "publish at most this many messages per second (0: unlimited)")
 	f.String("target", "", "publish to this topic instead of each dead letter's original topic")
 	f.Bool("force", false, "also replay dead letters replayed before")
+	f.String("for", "", "the consumer the replays are for, as <consumer group>/<handler> (a renamed group or handler), or '*' for every consumer group on the topic (default: the consumer each dead letter records)")
 	f.Bool("all", false, "replay every dead letter the other flags allow (required when no filter is given)")
 	f.String("transport", "", "transport kind or URL to publish with (default $MILLWRIGHT_TRANSPORT)")
 	addSafetyFlags(cmd)
@@ -272,6 +276,7 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 	opts.Rate, _ = fl.GetFloat64("rate")
 	opts.Target, _ = fl.GetString("target")
 	opts.Force, _ = fl.GetBool("force")
+	opts.For, _ = fl.GetString("for")
 	all, _ := fl.GetBool("all")
 	filtered := false
 	for _, name := range []string{"topic", "since", "until", "error", "id", "limit"} {
@@ -401,7 +406,7 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 	}
 	// First, so that the confirmation prompt (the first lines) shows it.
 	if n := dlqUntargeted(rep); n > 0 {
-		fmt.Fprintf(out, "warning: %d dead letter(s) below record no consumer (stored before dead letters named theirs): every consumer group on the topic receives the replay and runs it, and a group that applied the original applies it again unless it still holds its idempotency mark (kept %s by default; dead letters %s)\n",
+		fmt.Fprintf(out, "warning: %d replay(s) below name no consumer (the dead letter records none, or --for '*'): every consumer group on the topic receives the replay and runs it, and a group that applied the original applies it again unless it still holds its idempotency mark (kept %s by default; dead letters %s)\n",
 			n, dlqDays(idempotency.DefaultRetention), dlqDays(dlq.DefaultRetention))
 	}
 	for _, it := range rep.Items {
@@ -410,7 +415,7 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 		case it.For != "":
 			line += " for consumer " + it.For + " only"
 		case it.To == it.From:
-			line += " for every consumer group (no consumer recorded)"
+			line += " for every consumer group"
 		}
 		fmt.Fprintln(out, line)
 	}

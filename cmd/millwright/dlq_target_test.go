@@ -42,12 +42,22 @@ func TestDLQReplaySaysWhichConsumerAReplayIsFor(t *testing.T) {
 	require.NoError(t, err, out)
 	require.Contains(t, out, "would publish dead letter "+strconv.FormatInt(targeted, 10)+" ")
 	require.Contains(t, out, "to orders for consumer billing/charge only")
-	require.Contains(t, out, "warning: 2 dead letter(s) below record no consumer")
+	require.Contains(t, out, "warning: 2 replay(s) below name no consumer")
 	require.Contains(t, out, "every consumer group on the topic receives the replay")
 	require.Contains(t, out, "dead letter "+strconv.FormatInt(ids[0], 10)+" ")
-	require.Contains(t, out, "for every consumer group (no consumer recorded)")
+	require.Contains(t, out, "to orders for every consumer group\n")
 
 	out, err = runDLQ(t, s.URL, "replay", "--dry-run", "--id", strconv.FormatInt(targeted, 10))
 	require.NoError(t, err, out)
 	require.NotContains(t, out, "warning", "a replay for its recorded consumer needs no warning")
+
+	// A renamed consumer: --for names its new name; '*' sends to all.
+	out, err = runDLQ(t, s.URL, "replay", "--dry-run", "--id", strconv.FormatInt(targeted, 10), "--for", "billing-v2/charge")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "for consumer billing-v2/charge only")
+	out, err = runDLQ(t, s.URL, "replay", "--dry-run", "--id", strconv.FormatInt(targeted, 10), "--for", "*")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "warning: 1 replay(s) below name no consumer")
+	_, err = runDLQ(t, s.URL, "replay", "--dry-run", "--id", strconv.FormatInt(targeted, 10), "--for", "billing")
+	require.ErrorContains(t, err, `replay for "billing": want`)
 }
