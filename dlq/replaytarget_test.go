@@ -2,8 +2,11 @@ package dlq_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +23,8 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/transport/transporttest"
 )
 
 // An operator replays a dead letter of one consumer group long after the
@@ -35,8 +40,64 @@ import (
 // After `millwright dlq replay` (Store.Replay), billing has applied it
 // once and the other two still once each: they acked the replay without
 // running their handler, and counted it.
+//
+// It runs on gochannel (each subscription a group) and, without -short,
+// on every transport kind's broker with one consumer group per group.
 func TestReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T) {
 	t.Parallel()
+	t.Run("shared-gochannel", func(t *testing.T) {
+		t.Parallel()
+		ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
+		t.Cleanup(func() { _ = ps.Close() })
+		testReplayTargeted(t, "orders", ps, func(string) message.Subscriber { return ps })
+	})
+	if testing.Short() {
+		return
+	}
+	for _, kind := range transport.Kinds {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			if kind == transport.SQL {
+				// Four consumer groups of one sql topic waited for the
+				// poll (60 s, once over 120 s) before the first delivery
+				// here: the sql transport's wake-up (issue 40 item 5) is
+				// another change's; gochannel stands for it meanwhile.
+				t.Skip("sql: deliveries wait for the poll with four groups on one topic (issue 40 item 5)")
+			}
+			var r [4]byte
+			_, _ = rand.Read(r[:])
+			suffix := hex.EncodeToString(r[:])
+			topic := "replay_target_" + suffix
+			groups := []string{"ledger", "audit", "billing", "recorder"}
+			for i, g := range groups {
+				groups[i] = g + "_" + suffix
+			}
+			if kind == transport.AMQP {
+				transporttest.DeleteAMQPTopology(t, []string{topic, dlq.DefaultTopic(topic)}, groups...)
+			}
+			tr := transporttest.Open(t, kind)
+			subs := map[string]message.Subscriber{}
+			for _, g := range groups {
+				sub, err := tr.Subscriber(g)
+				require.NoError(t, err)
+				subTopic := topic
+				if strings.HasPrefix(g, "recorder") {
+					subTopic = dlq.DefaultTopic(topic)
+				}
+				if init, ok := sub.(message.SubscribeInitializer); ok {
+					require.NoError(t, init.SubscribeInitialize(subTopic))
+				}
+				subs[strings.TrimSuffix(g, "_"+suffix)] = sub
+			}
+			testReplayTargeted(t, topic, tr.Publisher(), func(g string) message.Subscriber { return subs[g] })
+		})
+	}
+}
+
+// testReplayTargeted runs the scenario on topic: the groups "ledger",
+// "audit" and "billing" (and "recorder" on the dead-letter topic) consume
+// through subscriber(group), pub publishes.
+func testReplayTargeted(t *testing.T, topic string, ps message.Publisher, subscriber func(group string) message.Subscriber) {
 	ctx := context.Background()
 	s := pgtest.New(t, dlq.Migrations(), idempotency.Migrations())
 	db := s.DB
@@ -47,8 +108,6 @@ func TestReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T) {
 	store := dlq.NewStore(db)
 	idem, err := idempotency.NewPostgresStore(db)
 	require.NoError(t, err)
-	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
-	t.Cleanup(func() { _ = ps.Close() })
 	reg := prometheus.NewRegistry()
 
 	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
@@ -95,9 +154,9 @@ func TestReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T) {
 			require.NoError(t, err)
 			mws = append(mws, dedup.Middleware)
 		}
-		router.AddConsumerHandler(name, "orders", ps, func(m *message.Message) error { _, err := apply(m); return err }).AddMiddleware(mws...)
+		router.AddConsumerHandler(name, topic, subscriber(name), func(m *message.Message) error { _, err := apply(m); return err }).AddMiddleware(mws...)
 	}
-	router.AddConsumerHandler("dlq-recorder", "orders.dlq", ps, store.Record)
+	router.AddConsumerHandler("dlq-recorder", dlq.DefaultTopic(topic), subscriber("recorder"), store.Record)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = router.Run(rctx) }()
@@ -113,13 +172,15 @@ func TestReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T) {
 	}
 	order := message.NewMessage(watermill.NewUUID(), []byte(`{"order":42}`))
 	order.Metadata.Set(metadata.EventID, "order-42")
-	require.NoError(t, ps.Publish("orders", order))
+	start := time.Now()
+	require.NoError(t, ps.Publish(topic, order))
 	var rows []dlq.DeadLetter
-	poll.Until(t, 60*time.Second, func() bool {
+	poll.Until(t, 120*time.Second, func() bool {
 		rows, err = store.List(ctx, dlq.Filter{})
 		require.NoError(t, err)
 		return len(rows) == 1 && effects("ledger") == 1 && effects("audit") == 1
 	}, "ledger and audit applied order 42, billing dead-lettered it")
+	t.Logf("%s: original applied and dead-lettered after %s", topic, time.Since(start))
 	require.Equal(t, "billing", rows[0].ConsumerGroup)
 	require.Equal(t, "billing", rows[0].Handler)
 	require.EqualValues(t, 1, refused.Load(), "a permanent error: one attempt")
@@ -138,9 +199,10 @@ func TestReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rep.Items, 1)
 	require.Equal(t, dlq.ReplayTarget("billing", "billing"), rep.Items[0].For)
-	poll.Until(t, 60*time.Second, func() bool {
+	poll.Until(t, 120*time.Second, func() bool {
 		return groups["ledger"].replays.Load() == 1 && groups["audit"].replays.Load() == 1 && groups["billing"].replays.Load() == 1
 	}, "every group acked the replay")
+	t.Logf("%s: replay acked by every group after %s", topic, time.Since(start))
 
 	require.Equal(t, 1, effects("billing"), "the group that dead-lettered it applies the replay once")
 	require.Equal(t, 1, effects("ledger"), "a group that applied the original does not apply the replay, mark or no mark")
@@ -148,8 +210,8 @@ func TestReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T) {
 	require.EqualValues(t, 1, groups["ledger"].mw.Stats().ReplaysSkipped)
 	require.EqualValues(t, 1, groups["audit"].mw.Stats().ReplaysSkipped)
 	require.Zero(t, groups["billing"].mw.Stats().ReplaysSkipped)
-	require.EqualValues(t, 1, testCounter(t, reg, dlq.MetricReplaysSkipped, map[string]string{"topic": "orders", "consumer_group": "ledger", "handler": "ledger"}))
-	require.EqualValues(t, 1, testCounter(t, reg, dlq.MetricReplaysSkipped, map[string]string{"topic": "orders", "consumer_group": "audit", "handler": "audit"}))
+	require.EqualValues(t, 1, testCounter(t, reg, dlq.MetricReplaysSkipped, map[string]string{"topic": topic, "consumer_group": "ledger", "handler": "ledger"}))
+	require.EqualValues(t, 1, testCounter(t, reg, dlq.MetricReplaysSkipped, map[string]string{"topic": topic, "consumer_group": "audit", "handler": "audit"}))
 }
 
 // testCounter reads the counter name with exactly labels from reg (0 if
