@@ -96,11 +96,16 @@ type letterView struct {
 	Error, Stack       string
 	Replayable         bool
 	MetadataError      string
-	metadata           map[string]string
+	// ReplayFor is the consumer a replay is for (dlq.ReplayTarget of the
+	// recorded consumer group and handler); "" when none is recorded and
+	// every consumer group on the topic runs the replay.
+	ReplayFor string
+	metadata  map[string]string
 }
 
 func newLetterView(r storage.DeadLetterRow) letterView {
-	v := letterView{Row: r, Payload: viewPayload(r.Payload), Replayable: r.State == stateDead}
+	v := letterView{Row: r, Payload: viewPayload(r.Payload), Replayable: r.State == stateDead,
+		ReplayFor: dlq.ReplayTarget(r.ConsumerGroup, r.Handler)}
 	if err := json.Unmarshal([]byte(r.Metadata), &v.metadata); err != nil {
 		v.MetadataError = "the stored metadata is not a JSON object of strings: " + err.Error()
 	}

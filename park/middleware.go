@@ -31,6 +31,10 @@ import (
 //	h.AddMiddleware(parker.Middleware("billing"), rm.Middleware, dedup.Middleware)
 //
 // For each message it:
+//   - acks it without running the handler when it is a replayed dead
+//     letter for another consumer (its metadata.DeadLetterReplayFor names
+//     another Config.ConsumerGroup or handler name: dlq.ReplayGate, counted
+//     in dlq.MetricReplaysSkipped);
 //   - parks it behind its key, without running the handler, when the key
 //     is parked (acks);
 //   - else runs the handler: success acks (produced messages go to the
@@ -53,7 +57,17 @@ func (p *Parker) Middleware(handler string) message.HandlerMiddleware {
 			p.cfg.Logger.Error("Handler not registered with the parker: its messages are nacked", err, watermill.LogFields{"handler": handler})
 			return func(*message.Message) ([]*message.Message, error) { return nil, err }
 		}
+		// Park records (ConsumerGroup, handler) on its dead letters; a
+		// replay of another consumer's dead letter is acked unrun.
+		replays, err := dlq.NewReplayGate(p.cfg.ConsumerGroup, p.cfg.Logger, p.cfg.Registerer)
+		if err != nil {
+			p.cfg.Logger.Error("Handler's replay check not set up: its messages are nacked", err, watermill.LogFields{"handler": handler})
+			return func(*message.Message) ([]*message.Message, error) { return nil, err }
+		}
 		return func(msg *message.Message) ([]*message.Message, error) {
+			if replays.Skip(msg, handler) {
+				return nil, nil
+			}
 			return p.handle(handler, h, msg)
 		}
 	}
