@@ -57,13 +57,6 @@ func TestReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T) {
 	for _, kind := range transport.Kinds {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
-			if kind == transport.SQL {
-				// Four consumer groups of one sql topic waited for the
-				// poll (60 s, once over 120 s) before the first delivery
-				// here: the sql transport's wake-up (issue 40 item 5) is
-				// another change's; gochannel stands for it meanwhile.
-				t.Skip("sql: deliveries wait for the poll with four groups on one topic (issue 40 item 5)")
-			}
 			var r [4]byte
 			_, _ = rand.Read(r[:])
 			suffix := hex.EncodeToString(r[:])
