@@ -98,14 +98,19 @@ type letterView struct {
 	Error, Stack       string
 	Replayable         bool
 	MetadataError      string
-	metadata           map[string]string
+	// ReplayFor is the consumer a replay is for (dlq.ReplayTarget of the
+	// recorded consumer group and handler); "" when none is recorded and
+	// every consumer group on the topic runs the replay.
+	ReplayFor string
+	metadata  map[string]string
 }
 
 // newLetterView reads the UUID and metadata of r from their lossless
 // copies (dlq migration 005), shown quoted (Go syntax) where they are not
 // text: a binary key or header.
 func newLetterView(r storage.DeadLetterRow) letterView {
-	v := letterView{Row: r, Payload: viewPayload(r.Payload), Replayable: r.State == stateDead}
+	v := letterView{Row: r, Payload: viewPayload(r.Payload), Replayable: r.State == stateDead,
+		ReplayFor: dlq.ReplayTarget(r.ConsumerGroup, r.Handler)}
 	v.Row.MessageUUID = shownBytes(r.MessageUUIDRaw)
 	md, err := r.MetadataMap()
 	if err != nil {

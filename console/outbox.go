@@ -44,7 +44,7 @@ func (h *Handler) loadOutbox(ctx context.Context, q *req) (outboxData, error) {
 	err := h.read(ctx, q, func(tx storage.Tx) error {
 		var err error
 		if d.Stats, err = storage.ReadOutboxStats(ctx, tx); err != nil {
-			return fmt.Errorf("reading the outbox (did `millwright migrate` run in schema %s?): %w", q.schema, err)
+			return fmt.Errorf("reading the outbox of schema %s%s: %w", q.schema, storage.Hint(err), err)
 		}
 		if d.Topics, err = storage.ReadOutboxBacklog(ctx, tx); err != nil {
 			return err

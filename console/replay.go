@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
@@ -33,9 +34,12 @@ var errTaken = errors.New("the dead letter was already replayed, superseded or r
 // ever sent for the row.
 //
 // The message keeps the original's event id, metadata and topic, plus
-// metadata.DeadLetterReplayOf = the row id: a deduplicating consumer
-// group that had processed the original skips it, the one that failed
-// processes it once.
+// metadata.DeadLetterReplayOf = the row id, and
+// metadata.DeadLetterReplayFor = the consumer that gave up on it
+// (dlq.SetReplayFor): the one that failed processes it once, and the
+// other consumer groups on the topic ack it without running their handler
+// (whether or not they still hold an idempotency mark for it). A dead
+// letter that records no consumer goes to every group on the topic.
 func (h *Handler) takeAndQueue(ctx context.Context, q *req, id int64, edited *edit) error {
 	tx, err := h.begin(ctx, q, false)
 	if err != nil {
@@ -115,6 +119,7 @@ func replayEvent(row storage.DeadLetterRow, edited *edit) (outbox.Event, error) 
 		md = map[string]string{}
 	}
 	md[metadata.DeadLetterReplayOf] = strconv.FormatInt(row.ID, 10)
+	dlq.SetReplayFor(md, row.ConsumerGroup, row.Handler) // the other consumer groups on the topic ack it unrun
 	id := md[metadata.EventID]
 	if id == "" {
 		id = row.MessageUUIDRaw

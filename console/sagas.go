@@ -29,7 +29,7 @@ func (h *Handler) sagas(ctx context.Context, q *req) error {
 	err := h.read(ctx, q, func(tx storage.Tx) error {
 		var err error
 		if d.Summary, err = storage.SummarizeSagas(ctx, tx); err != nil {
-			return fmt.Errorf("counting sagas (did `millwright migrate` run in schema %s?): %w", q.schema, err)
+			return fmt.Errorf("counting the sagas of schema %s%s: %w", q.schema, storage.Hint(err), err)
 		}
 		d.Sagas, err = saga.List(ctx, tx, saga.Filter{Type: d.Type, State: saga.State(d.State), Limit: listLimit})
 		return err

@@ -135,6 +135,41 @@
 // message carries metadata.DeadLetterReplayOf, by which park recognises
 // it as its parked copy's replacement rather than a redelivery.
 //
+// # Who applies a replay
+//
+// A replay goes to the original topic, so every consumer group on it
+// receives it, including the groups that applied the original. Their
+// idempotency marks do not protect them: marks are kept 7 days
+// (idempotency.DefaultRetention), dead letters 90, and a group without
+// idempotency has none. So a replay names the consumer it is for:
+// metadata.DeadLetterReplayFor = ReplayTarget(consumer group, handler),
+// the pair the dead letter records, set by Store.Replay and the console's
+// replay and edit. The two middlewares that record dead letters check it
+// before their handler, through one ReplayGate, with the very identity
+// they record: this package's Middleware (Config.ConsumerGroup and the
+// Watermill handler name) and park's Middleware (park.Config.ConsumerGroup
+// and its handler name). A consumer they name otherwise acks the replay
+// without running its handler, counted in MetricReplaysSkipped
+// (Stats.ReplaysSkipped) and logged at info; the consumer that gave up
+// applies it, once. So that replays are targeted, every consumer runs
+// behind one of the two (as millwright's consumers do) and sets its
+// ConsumerGroup: two services whose handlers share a name and leave the
+// group empty are one consumer to a replay. A consumer group or handler
+// renamed since no longer matches its old dead letters (every group would
+// ack their replays unrun, each counting it): replay them with
+// ReplayOptions.For set to the new name (`millwright dlq replay --for
+// <group>/<handler>`).
+//
+// Replays that name no consumer go to every consumer of the topic, as
+// before: a dead letter that records none (rows from before consumers
+// were recorded, or from a middleware with neither a group nor a handler
+// name), and a replay to another topic (ReplayOptions.Target: it is for
+// whoever consumes that topic). ReplayItem.For says which; `millwright dlq
+// replay` and the console's dry run warn before a replay every group runs.
+// TestReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt and
+// TestConsoleReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt (package
+// console) check it from the consumers' tables.
+//
 // # Retention
 //
 // A Cleaner deletes dead letters recorded longer ago than

@@ -41,7 +41,8 @@ const (
 	// original message was nacked for redelivery), by original topic.
 	MetricPublishFailures = "millwright_dlq_publish_failures_total"
 	// MetricDepth is the number of dead letters stored and not yet
-	// replayed, by original topic. See NewDepthCollector.
+	// replayed, by original topic. See NewDepthCollector. (MetricReplaysSkipped
+	// is with ReplayGate.)
 	MetricDepth = "millwright_dlq_depth_messages"
 )
 
@@ -61,7 +62,12 @@ type Config struct {
 	// return "".
 	Topic func(topic string) string
 	// ConsumerGroup is recorded on every dead letter
-	// (metadata.DeadLetterConsumerGroup). Default "": not known.
+	// (metadata.DeadLetterConsumerGroup) and, with the Watermill handler
+	// name, names the consumer a replay of it is for: the middleware acks
+	// a replay for another consumer without running the handler (see
+	// ReplayGate). Default "": not known; set it (the consumer group the
+	// subscriber uses) so that two services whose handlers share a name
+	// are not one consumer to a replay.
 	ConsumerGroup string
 	// Retry is the retry policy applied inside the middleware, before a
 	// message is dead-lettered. Zero fields take retry's defaults (5
@@ -71,8 +77,9 @@ type Config struct {
 	// dead-letter publish, and the retry middleware's lines. Default
 	// watermill.NopLogger.
 	Logger watermill.LoggerAdapter
-	// Registerer registers MetricDeadLetters, MetricPublishFailures and
-	// retry.MetricRetries. Default nil: no metrics.
+	// Registerer registers MetricDeadLetters, MetricPublishFailures,
+	// MetricReplaysSkipped and retry.MetricRetries. Default nil: no
+	// metrics.
 	Registerer prometheus.Registerer
 	// MaxValueBytes truncates the error and stack values written to
 	// metadata, so the dead letter fits the transport's header limits.
@@ -140,6 +147,7 @@ type Middleware struct {
 	retry          *retry.Middleware
 	deadLetters    *prometheus.CounterVec
 	publishFailure *prometheus.CounterVec
+	replays        *ReplayGate
 	stats          struct{ deadLetters, publishFailures, exhausted, permanent, malformed, panics atomic.Uint64 }
 }
 
@@ -156,12 +164,17 @@ type Stats struct {
 	// PublishFailures counts dead-letter publishes that failed; those
 	// messages were nacked for redelivery (MetricPublishFailures).
 	PublishFailures uint64
+	// ReplaysSkipped counts replayed dead letters acked without running
+	// the handler because they were for another consumer
+	// (MetricReplaysSkipped).
+	ReplaysSkipped uint64
 }
 
 // Stats returns the middleware's counts. It takes no lock and needs no
 // Registerer; it is safe for concurrent use.
 func (m *Middleware) Stats() Stats {
-	s := Stats{DeadLetters: m.stats.deadLetters.Load(), PublishFailures: m.stats.publishFailures.Load(), ByReason: map[string]uint64{}}
+	s := Stats{DeadLetters: m.stats.deadLetters.Load(), PublishFailures: m.stats.publishFailures.Load(), ByReason: map[string]uint64{},
+		ReplaysSkipped: m.replays.Skipped()}
 	for _, r := range [...]struct {
 		reason string
 		n      *atomic.Uint64
@@ -215,6 +228,9 @@ func NewMiddleware(pub message.Publisher, cfg Config) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{pub: pub, cfg: cfg, retry: rm}
+	if m.replays, err = NewReplayGate(cfg.ConsumerGroup, cfg.Logger, cfg.Registerer); err != nil {
+		return nil, err
+	}
 	if cfg.Registerer != nil {
 		if m.deadLetters, err = registerCounter(cfg.Registerer, MetricDeadLetters,
 			"Messages published to a dead-letter topic, by original topic and reason.", "topic", "reason"); err != nil {
@@ -238,8 +254,11 @@ func registerCounter(reg prometheus.Registerer, name, help string, labels ...str
 
 // Middleware wraps h. Its shape is message.HandlerMiddleware.
 //
-// It returns nil (ack) when h succeeds or when the message was published to
-// its dead-letter topic; it returns an error (nack, redelivery) when the
+// It returns nil (ack) when h succeeds, when the message was published to
+// its dead-letter topic, or, without running h, when the message is a
+// replayed dead letter for another consumer (its
+// metadata.DeadLetterReplayFor names another consumer group or handler:
+// see ReplayGate); it returns an error (nack, redelivery) when the
 // retries were interrupted by the message's context ending, when the
 // dead-letter publish failed, or when the message is itself a dead letter
 // consumed from its dead-letter topic (a failing recorder does not park
@@ -255,6 +274,9 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				err = fmt.Errorf("dlq: panic while dead-lettering message %s, nacked: %v", msg.UUID, r)
 			}
 		}()
+		if m.replays.Skip(msg, message.HandlerNameFromCtx(msg.Context())) {
+			return nil, nil
+		}
 		produced, err = inner(msg)
 		if err == nil {
 			return produced, nil

@@ -31,6 +31,14 @@ type ReplayOptions struct {
 	// Force replays rows already replayed or resolved, too (never a superseded row:
 	// its edited copy replaced it).
 	Force bool
+	// For overrides the consumer the replays are for
+	// (metadata.DeadLetterReplayFor). Default "": the consumer each dead
+	// letter records. ReplayEveryConsumer: every consumer of the topic runs
+	// them; a ReplayTarget value ("<consumer group>/<handler>"): that
+	// consumer, e.g. the new name of a renamed group or handler, which no
+	// longer matches its dead letters. Not used with a Target other than
+	// the original topic.
+	For string
 	// Progress, if set, is called on Replay's goroutine after each selected
 	// row is handled (published and marked, listed in a dry run, or skipped
 	// as taken by a concurrent replay) with the number handled so far; a
@@ -66,6 +74,10 @@ type ReplayItem struct {
 	From, To string
 	// Error is the dead letter's recorded error, for the report.
 	Error string
+	// For is the consumer the replay is for (metadata.DeadLetterReplayFor,
+	// see ReplayTarget), "" when it is for every consumer of To: a dead
+	// letter that records no consumer, or a replay to another topic.
+	For string
 }
 
 // ReplayReport says what a replay did.
@@ -88,7 +100,15 @@ type ReplayReport struct {
 // (replayed_at, replay_count). The replayed message has the original UUID,
 // payload and metadata (trace context and event id included, so an
 // idempotent consumer processes it at most once) plus
-// metadata.DeadLetterReplayOf = the row id. A consumer behind package
+// metadata.DeadLetterReplayOf = the row id and, published to its original
+// topic, metadata.DeadLetterReplayFor = the consumer that gave up on it
+// (ReplayTarget): every consumer group on the topic receives the replay,
+// and the others ack it without running their handler (dlq.Middleware and
+// park's Middleware check it), so a group that applied the original does
+// not apply it again after its idempotency marks expired. A dead letter
+// that records no consumer (recorded before consumers were recorded, or
+// by a middleware without a handler name and group) goes to every
+// consumer of the topic; ReplayItem.For is then "". A consumer behind package
 // park takes the replay for its parked copy's replacement (a held key's
 // head is then applied in its place), not for a redelivery.
 //
@@ -108,6 +128,9 @@ func (s *Store) Replay(ctx context.Context, pub message.Publisher, opts ReplayOp
 	}
 	if opts.Rate < 0 {
 		return rep, fmt.Errorf("dlq: replay rate %v must be >= 0 (0 means unlimited)", opts.Rate)
+	}
+	if err := validReplayFor(opts.For); err != nil {
+		return rep, err
 	}
 	if pub == nil && !opts.DryRun {
 		return rep, errors.New("dlq: replay needs a message.Publisher unless it is a dry run")
@@ -201,11 +224,16 @@ func (r *replayer) handle(ctx context.Context, d rowRef) error {
 	if item.To == "" {
 		return fmt.Errorf("dlq: dead letter %d has no original topic recorded: pass a target topic", d.id)
 	}
+	if dl, err := r.store.Get(ctx, d.id); err == nil {
+		item.For = dl.replayFor(item.To, r.opts.For)
+	} else if !errors.Is(err, ErrNotFound) {
+		return err
+	}
 	if !r.opts.DryRun {
 		if err := r.pace(ctx); err != nil {
 			return err
 		}
-		published, err := r.store.replayOne(ctx, r.pub, d.id, item.To, r.opts.Force)
+		published, err := r.store.replayOne(ctx, r.pub, d.id, item.To, r.opts.Force, item.For)
 		if err != nil {
 			return err
 		}
@@ -266,7 +294,7 @@ func (s *Store) listRefs(ctx context.Context, f Filter) ([]rowRef, error) {
 
 // replayOne publishes and marks one row inside a transaction holding its
 // lock. It returns false when the row was taken by another replay.
-func (s *Store) replayOne(ctx context.Context, pub message.Publisher, id int64, topic string, force bool) (bool, error) {
+func (s *Store) replayOne(ctx context.Context, pub message.Publisher, id int64, topic string, force bool, target string) (bool, error) {
 	tx, err := s.pool.Begin(ctx, storage.TxOptions{})
 	if err != nil {
 		return false, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
@@ -293,6 +321,7 @@ func (s *Store) replayOne(ctx context.Context, pub message.Publisher, id int64, 
 		msg.Metadata.Set(k, v)
 	}
 	msg.Metadata.Set(metadata.DeadLetterReplayOf, strconv.FormatInt(d.ID, 10))
+	setReplayFor(msg.Metadata, target)
 	msg.SetContext(ctx)
 	if err := pub.Publish(topic, msg); err != nil {
 		return false, fmt.Errorf("dlq: publishing dead letter %d (message %s) to %q: %w; it stays unreplayed", d.ID, d.MessageUUID, topic, err)

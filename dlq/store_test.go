@@ -265,9 +265,10 @@ func TestReplayPublishesMarksAndSkipsReplayed(t *testing.T) {
 		require.Equal(t, orig.UUID, m.UUID)
 		require.Equal(t, orig.Payload, m.Payload)
 		require.Equal(t, message.Metadata{
-			metadata.EventID:            "evt-" + orig.UUID,
-			metadata.TraceParent:        traceParent,
-			metadata.DeadLetterReplayOf: strconv.FormatInt(ids[0], 10),
+			metadata.EventID:             "evt-" + orig.UUID,
+			metadata.TraceParent:         traceParent,
+			metadata.DeadLetterReplayOf:  strconv.FormatInt(ids[0], 10),
+			metadata.DeadLetterReplayFor: dlq.ReplayTarget("billing", "h"), // the consumer recorded on it
 		}, m.Metadata)
 		d, err := store.Get(ctx, ids[0])
 		require.NoError(t, err)

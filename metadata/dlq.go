@@ -36,4 +36,14 @@ const (
 	// millwright_dead_letters row it was replayed from. Replay sets it
 	// after stripping the other dead-letter keys.
 	DeadLetterReplayOf = "dlq_replay_of"
+	// DeadLetterReplayFor is set on a replayed message published to its
+	// original topic: the consumer the replay is for, the one whose dead
+	// letter it is (dlq.ReplayTarget of the row's consumer group and
+	// handler). Every consumer group on the topic receives the replay;
+	// those whose dead-lettering middleware (dlq.Middleware, park's
+	// Middleware) names another consumer ack it without running their
+	// handler, so a group that applied the original does not apply it
+	// again once its idempotency marks have expired. Absent when the dead
+	// letter records no consumer: every consumer then runs it.
+	DeadLetterReplayFor = "dlq_replay_for"
 )

@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -284,8 +283,9 @@ func storedMetadata(ctx context.Context, ev Event) (map[string]string, bool) {
 			set(metadata.TraceState, ts)
 		}
 	}
-	// JSONB rejects the \u0000 escape: such payloads are kept as bytes.
-	isJSON := !ev.RawPayload && json.Valid(ev.Payload) && !bytes.Contains(ev.Payload, []byte(`\u0000`))
+	// JSONB rejects the \u0000 escape, lone surrogate escapes and numbers
+	// beyond numeric: such payloads are kept as bytes.
+	isJSON := !ev.RawPayload && json.Valid(ev.Payload) && storage.CheckJSONB(ev.Payload) == nil
 	if ev.RawPayload && json.Valid(ev.Payload) {
 		// Kept byte for byte, but still JSON: readers need its content type
 		// (the relay derives it only for the JSONB column).

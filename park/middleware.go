@@ -31,6 +31,10 @@ import (
 //	h.AddMiddleware(parker.Middleware("billing"), rm.Middleware, dedup.Middleware)
 //
 // For each message it:
+//   - acks it without running the handler when it is a replayed dead
+//     letter for another consumer (its metadata.DeadLetterReplayFor names
+//     another Config.ConsumerGroup or handler name: dlq.ReplayGate, counted
+//     in dlq.MetricReplaysSkipped);
 //   - parks it behind its key, without running the handler, when the key
 //     is parked (acks);
 //   - else runs the handler: success acks (produced messages go to the
@@ -53,7 +57,17 @@ func (p *Parker) Middleware(handler string) message.HandlerMiddleware {
 			p.cfg.Logger.Error("Handler not registered with the parker: its messages are nacked", err, watermill.LogFields{"handler": handler})
 			return func(*message.Message) ([]*message.Message, error) { return nil, err }
 		}
+		// Park records (ConsumerGroup, handler) on its dead letters; a
+		// replay of another consumer's dead letter is acked unrun.
+		replays, err := dlq.NewReplayGate(p.cfg.ConsumerGroup, p.cfg.Logger, p.cfg.Registerer)
+		if err != nil {
+			p.cfg.Logger.Error("Handler's replay check not set up: its messages are nacked", err, watermill.LogFields{"handler": handler})
+			return func(*message.Message) ([]*message.Message, error) { return nil, err }
+		}
 		return func(msg *message.Message) ([]*message.Message, error) {
+			if replays.Skip(msg, handler) {
+				return nil, nil
+			}
 			return p.handle(handler, h, msg)
 		}
 	}
@@ -67,8 +81,8 @@ func (p *Parker) handle(handler string, h message.HandlerFunc, msg *message.Mess
 	}
 	parked, err := storage.ParkBehind(ctx, p.pool, pm)
 	if err != nil {
-		return nil, fmt.Errorf("park: handler %q: checking whether key %s is parked (message %s nacked; is the database up, did `millwright migrate` run?): %w",
-			handler, keyText(pm.Key), msg.UUID, err)
+		return nil, fmt.Errorf("park: handler %q: checking whether key %s is parked (message %s nacked)%s: %w",
+			handler, keyText(pm.Key), msg.UUID, storage.Hint(err), err)
 	}
 	if parked {
 		p.countParked(handler, "behind")
@@ -108,7 +122,7 @@ func (p *Parker) deadLetterFirst(ctx context.Context, handler string, pm storage
 	row := p.deadLetterRow(handler, pm, f)
 	id, err := storage.ParkDead(ctx, p.pool, pm, row, p.cfg.OnDeadLetter == Hold)
 	if err != nil {
-		return errors.Join(cause, fmt.Errorf("park: handler %q: recording the dead letter of message %s failed, nacked for redelivery (did `millwright migrate` run?): %w", handler, pm.MessageUUID, err))
+		return errors.Join(cause, fmt.Errorf("park: handler %q: recording the dead letter of message %s failed, nacked for redelivery%s: %w", handler, pm.MessageUUID, storage.Hint(err), err))
 	}
 	p.countRetry(handler, "dead_letter")
 	p.logDeadLetter(handler, pm, f, id, cause)
@@ -221,8 +235,8 @@ func (p *Parker) replaceParked(ctx context.Context, handler string, pm storage.P
 	}
 	r, err := storage.ReplaceParked(ctx, p.pool, handler, id, pm, func(parked []byte) []byte { return keepBytes(parked, msg.Metadata) })
 	if err != nil {
-		return false, fmt.Errorf("park: handler %q: giving replayed dead letter %s (message %s) its parked message's place (nacked; is the database up, did `millwright migrate` run?): %w",
-			handler, of, msg.UUID, err)
+		return false, fmt.Errorf("park: handler %q: giving replayed dead letter %s (message %s) its parked message's place (nacked)%s: %w",
+			handler, of, msg.UUID, storage.Hint(err), err)
 	}
 	if !r.Replaced {
 		return false, nil

@@ -92,7 +92,7 @@ func (p *Parker) startRounds(ctx context.Context, wg *sync.WaitGroup, slots chan
 	claims, err := storage.ClaimParked(ctx, p.pool, names, free, p.cfg.Lease)
 	if err != nil {
 		if ctx.Err() == nil {
-			p.cfg.Logger.Error("Claiming due parked keys failed (did `millwright migrate` run?); trying again at the next poll", err, nil)
+			p.cfg.Logger.Error("Claiming due parked keys failed"+storage.Hint(err)+"; trying again at the next poll", err, nil)
 		}
 		return 0
 	}
@@ -143,7 +143,7 @@ func (p *Parker) RetryDue(ctx context.Context) (int, error) {
 	}
 	claims, err := storage.ClaimParked(ctx, p.pool, names, p.cfg.Concurrency, p.cfg.Lease)
 	if err != nil {
-		return 0, fmt.Errorf("park: claiming due parked keys (did `millwright migrate` run?): %w", err)
+		return 0, fmt.Errorf("park: claiming due parked keys%s: %w", storage.Hint(err), err)
 	}
 	var (
 		wg   sync.WaitGroup

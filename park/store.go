@@ -98,7 +98,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Key, error) {
 	}
 	rows, err := storage.ListParked(ctx, s.pool, f.Handler, lane, f.Limit)
 	if err != nil {
-		return nil, fmt.Errorf("park: listing parked keys (did `millwright migrate` run?): %w", err)
+		return nil, fmt.Errorf("park: listing parked keys%s: %w", storage.Hint(err), err)
 	}
 	out := make([]Key, 0, len(rows))
 	for _, r := range rows {

@@ -258,6 +258,14 @@ func (d decider[D]) event(sagaID, step, phase string, attempt int, cmd Command) 
 	if cmd.Topic == "" {
 		return outbox.Event{}, errors.New("command has no Topic: set Command.Topic to the participant's command topic")
 	}
+	// The outbox and the history store them as text: Postgres would
+	// refuse the whole batch of the transition (and with it the round of
+	// every saga of the type).
+	for _, f := range [...]struct{ name, v string }{{"Topic", cmd.Topic}, {"Type", cmd.Type}} {
+		if !utf8.ValidString(f.v) {
+			return outbox.Event{}, fmt.Errorf("command %s %q is not valid UTF-8, which Postgres text cannot store: use a text %s", f.name, f.v, strings.ToLower(f.name))
+		}
+	}
 	var payload []byte
 	switch p := cmd.Payload.(type) {
 	case []byte:
@@ -574,7 +582,8 @@ func (d decider[D]) compensationFailed(t *transition, reason string, now time.Ti
 
 // setAside makes instance in stuck for an operator, because no decision
 // could be made on it (reason: an ErrUnknownPosition, or a panic of the
-// definition's code). The deadline is cleared, so that the orchestrators
+// definition's code), or the one made can never be written
+// (setAsideRefused). The deadline is cleared, so that the orchestrators
 // stop firing it; `millwright saga list --state stuck` lists it, and
 // last_error says why.
 func (d decider[D]) setAside(in instance, reason string) *transition {
@@ -589,6 +598,38 @@ func (d decider[D]) setAside(in instance, reason string) *transition {
 	t.record(step, KindStuck, "", in.attempt(), reason)
 	t.note(note{what: noteSetAside, step: step, reply: reason, state: in.state})
 	return t
+}
+
+// setAsideRefused makes instance in stuck for an operator instead of
+// writing transition t, its decided transition, which can never be
+// written (reason: outbox refused one of its commands, or jsonb its data).
+// The instance keeps what t decided (its position, cause, resume step,
+// and its data unless keepData is false: then in's, the row as read) but
+// sends nothing: t's history is kept without the rows of its commands,
+// which were not sent (so a reply t answered is recorded, and its
+// redelivery is a duplicate, not a late success), then a stuck row says
+// why.
+func (d decider[D]) setAsideRefused(in instance, t *transition, reason string, keepData bool) *transition {
+	base := t.in
+	if base.version == 0 { // t only recorded history
+		base = in
+	}
+	if !keepData {
+		base.data = in.data
+	}
+	var kept []histRow
+	for _, r := range t.hist {
+		switch r.kind {
+		case KindCompensation:
+			base.compAttempts = max(0, base.compAttempts-1) // not sent
+		case KindCommand:
+		default:
+			kept = append(kept, r)
+		}
+	}
+	aside := d.setAside(base, reason)
+	aside.hist = append(kept, aside.hist...)
+	return aside
 }
 
 // onDeadline computes what a passed deadline does to instance in.

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/millwright/millwright/retry"
 )
@@ -179,6 +180,12 @@ func (s Step[D]) check(name string) []error {
 			"or NoCompensation: true if its effect is harmless to keep (its success after a timeout is then kept too)", name, s.Name))
 	case s.Compensation != nil && s.NoCompensation:
 		errs = append(errs, fmt.Errorf("saga: %q step %q: both Compensation and NoCompensation are set: keep one", name, s.Name))
+	}
+	for _, r := range []string{s.SuccessReply, s.FailureReply, s.CompensatedReply, s.CompensationFailedReply} {
+		if !utf8.ValidString(r) || strings.ContainsRune(r, 0) {
+			// The history stores reply types as text.
+			errs = append(errs, fmt.Errorf("saga: %q step %q: reply type %q is not valid UTF-8 or holds a NUL byte, which Postgres text cannot store", name, s.Name, r))
+		}
 	}
 	if s.SuccessReply == s.FailureReply || s.CompensatedReply == s.CompensationFailedReply {
 		errs = append(errs, fmt.Errorf("saga: %q step %q: success and failure reply types must differ", name, s.Name))

@@ -144,6 +144,17 @@
 //     list --state stuck`), its deadline is cleared, and MetricStuck
 //     counts it. HandleReply refuses a reply to such an instance with a
 //     retry.Permanent error (for the dead-letter path).
+//   - Nor does a transition that can never be written: one whose command
+//     outbox.Add refuses (outbox.ErrInvalidEvent: a payload past the
+//     transport's size limit, a topic it cannot take, a NUL byte, not a
+//     valid CloudEvent), or whose data (from a step's OnSuccess) the jsonb
+//     column cannot hold (ErrDataNotStorable: a NUL character, \u0000, a
+//     lone surrogate, a number beyond numeric; the error names the field).
+//     Run and HandleReply set that instance aside as stuck instead, in the
+//     same transaction, sending nothing; its last error names the refused
+//     command or field and the fix, the reply is recorded and acknowledged
+//     (a redelivery is a duplicate), and the other instances go on. Start
+//     returns such errors to its caller.
 //   - A transition is load, decide, write, in one transaction: the
 //     instance row (locked), and only when the decision needs it one read
 //     of the step history; then a pure decision (no I/O); then one batch,

@@ -90,7 +90,7 @@ func List(ctx context.Context, db Querier, f Filter) ([]Info, error) {
 	}
 	rows, err := storage.ListSagas(ctx, q, f.Type, string(f.State), limit)
 	if err != nil {
-		return nil, fmt.Errorf("saga: listing instances (did `millwright migrate` run?): %w", err)
+		return nil, fmt.Errorf("saga: listing instances%s: %w", storage.Hint(err), err)
 	}
 	out := make([]Info, 0, len(rows))
 	for _, r := range rows {
@@ -120,7 +120,7 @@ func get(ctx context.Context, q storage.Querier, id string) (Info, error) {
 		return Info{}, fmt.Errorf("saga %q: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return Info{}, fmt.Errorf("saga %q: loading (did `millwright migrate` run?): %w", id, err)
+		return Info{}, fmt.Errorf("saga %q: loading%s: %w", id, storage.Hint(err), err)
 	}
 	return infoOf(r), nil
 }

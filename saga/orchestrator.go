@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"reflect"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -72,8 +75,9 @@ const (
 	// MetricCompensated counts sagas that failed and were fully compensated.
 	MetricCompensated = "millwright_saga_compensated_total"
 	// MetricStuck counts sagas that entered the stuck state: a compensation
-	// spent its retry budget, or no decision could be made on the saga (it
-	// was set aside: see RunOnce), and an operator must resolve it.
+	// spent its retry budget, or no decision could be made on the saga or
+	// the one made can never be written (it was set aside: see RunOnce and
+	// HandleReply), and an operator must resolve it.
 	MetricStuck = "millwright_saga_stuck_total"
 	// MetricIgnoredReplies counts replies recorded and ignored, with a
 	// "kind" label: late_reply or duplicate.
@@ -100,6 +104,15 @@ const (
 // id exists: a saga id starts one saga, so a redelivered start request is
 // harmless.
 var ErrAlreadyStarted = errors.New("saga: instance already exists")
+
+// ErrDataNotStorable is returned (wrapped) by Start for saga data the
+// instances table's jsonb column cannot hold: a string or key with a NUL
+// character (JSON's \u0000), an unpaired UTF-16 surrogate escape, a
+// number beyond Postgres numeric. The message names the field (a JSON
+// path, $.note). A transition whose new data (from a step's OnSuccess) is
+// such sets the instance aside as stuck instead, with that message in its
+// last_error (see HandleReply).
+var ErrDataNotStorable = storage.ErrJSONBRefuses
 
 // ErrNotFound is returned (wrapped) when no saga instance has the id.
 var ErrNotFound = errors.New("saga: instance not found")
@@ -179,6 +192,10 @@ func (c Config) Validate() error {
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		errs = append(errs, fmt.Errorf("saga: Config.BatchSize %d: want 1..10000", c.BatchSize))
+	}
+	if _, err := url.Parse(c.Source); err != nil || !utf8.ValidString(c.Source) || strings.ContainsRune(c.Source, 0) {
+		// Every command would be refused by outbox.Add.
+		errs = append(errs, fmt.Errorf("saga: Config.Source %q is not a URI-reference (the CloudEvents source of every command): use a path such as \"/orders-service\" or an absolute URI", c.Source))
 	}
 	if c.CloseTimeout < 0 {
 		errs = append(errs, fmt.Errorf("saga: Config.CloseTimeout %s is negative", c.CloseTimeout))
@@ -340,11 +357,14 @@ func (o *Orchestrator[D]) Start(ctx context.Context, tx outbox.Executor, id stri
 	if err != nil {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
 	}
+	if err := storage.CheckJSONB(t.in.data); err != nil {
+		return fmt.Errorf("saga %s: Start(%q): its data: %w", o.def.name, id, err)
+	}
 	// One statement inserts the row and its history: a conflict inserts
 	// neither. The command goes after it, so a conflict writes no command.
 	inserted, err := storage.InsertSaga(ctx, q, t.in.row(), steps(t.hist))
 	if err != nil {
-		return fmt.Errorf("saga %s: Start(%q): inserting into millwright_saga_instances (did `millwright migrate` run?): %w", o.def.name, id, err)
+		return fmt.Errorf("saga %s: Start(%q): inserting into millwright_saga_instances%s: %w", o.def.name, id, storage.Hint(err), err)
 	}
 	if !inserted {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, ErrAlreadyStarted)
@@ -389,7 +409,14 @@ func middlewareTx(ctx context.Context) (any, bool) {
 // reply type) returns an error marked retry.Permanent, for the dead-letter
 // path. A reply to a command that is no longer current (the step timed out,
 // was compensated, or was answered before) is recorded in the history as
-// late_reply or duplicate and acknowledged.
+// late_reply or duplicate and acknowledged. A reply whose transition can
+// never be written (the outbox refuses the command it would send:
+// outbox.ErrInvalidEvent; or the step's OnSuccess made data the table
+// cannot hold: ErrDataNotStorable) sets the instance aside as stuck in
+// the same transaction (last_error names the reply, the refused command
+// or data field and the fix; the history records the reply, so a
+// redelivery is a duplicate) and is acknowledged: redelivering it would
+// fail the same way forever.
 func (o *Orchestrator[D]) HandleReply(msg *message.Message) (err error) {
 	r, err := o.d.parseReply(msg)
 	if err != nil {
@@ -442,7 +469,7 @@ func (o *Orchestrator[D]) applyReply(ctx context.Context, q storage.Querier, r r
 		return nil, retry.Permanent(fmt.Errorf("saga %s: reply for %q: %w (was the instance deleted?)", o.def.name, r.sagaID, ErrNotFound))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("saga %s %q: loading instance (did `millwright migrate` run?): %w", o.def.name, r.sagaID, err)
+		return nil, fmt.Errorf("saga %s %q: loading instance%s: %w", o.def.name, r.sagaID, storage.Hint(err), err)
 	}
 	in := fromRow(row)
 	if in.typ != o.def.name {
@@ -460,7 +487,17 @@ func (o *Orchestrator[D]) applyReply(ctx context.Context, q storage.Querier, r r
 		return nil, retry.Permanent(fmt.Errorf("saga %s: reply %s to step %q of %q: %w", o.def.name, r.reply.Type, r.step, r.sagaID, err))
 	}
 	queue := storage.NewQueue(q)
-	if err := o.stage(ctx, queue, in.version, t); err == nil {
+	err = o.stage(ctx, queue, in.version, t)
+	if refused(err) {
+		// The transition can never be written (a command the outbox
+		// refuses, data jsonb refuses): every redelivery would fail the
+		// same way. The instance is set aside, and the reply recorded
+		// and acknowledged.
+		reason := fmt.Sprintf("reply %s to step %q (attempt %d): %s", r.reply.Type, r.step, r.attempt, o.refusal(ctx, q, t, err))
+		t = o.d.setAsideRefused(in, t, reason, !errors.Is(err, storage.ErrJSONBRefuses))
+		err = o.stage(ctx, queue, in.version, t)
+	}
+	if err == nil {
 		err = queue.Flush(ctx)
 	}
 	if err != nil {
@@ -500,7 +537,7 @@ func (o *Orchestrator[D]) report(t *transition) {
 				"step": n.step, "phase": n.phase, "attempt": n.attempt, "reply": n.reply, "kind": n.kind, "state": string(n.state)})
 		case noteSetAside:
 			o.m.stuck.Inc()
-			o.cfg.Logger.Error("saga: set aside as stuck: no decision can be made on it; see its last_error, then `millwright saga resolve "+id+"`",
+			o.cfg.Logger.Error("saga: set aside as stuck: no decision can be made on it, or its transition can never be written; see its last_error, then `millwright saga resolve "+id+"`",
 				errors.New(n.reply), watermill.LogFields{"saga_type": typ, "saga_id": id, "step": n.step, "state": string(n.state)})
 		case noteLateSuccess:
 			o.m.lateSuccess.Inc()
@@ -581,9 +618,14 @@ func (o *Orchestrator[D]) checkTables(ctx context.Context) error {
 // returns how many it fired. The transitions are written in one batch.
 // An instance no decision can be made on (its position is not a step of
 // the definition: ErrUnknownPosition; or the definition's code panicked on
-// it, counted in MetricLoopPanics) is set aside in the same batch: it
-// becomes stuck, its last_error and a stuck history row say why, and the
-// others' deadlines are fired as usual.
+// it, counted in MetricLoopPanics), or whose transition can never be
+// written (the outbox refuses a command it would send, outbox.ErrInvalidEvent:
+// a payload past the transport's size limit, a topic it cannot take; or
+// its data is not storable, ErrDataNotStorable) is set aside in the same
+// batch: it becomes stuck, sending nothing, its last_error and a stuck
+// history row say why (naming the refused command and the fix), and the
+// others' deadlines are fired as usual. A database error fails the round,
+// which is retried.
 func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 	tx, err := o.pool.Begin(ctx, storage.TxOptions{})
 	if err != nil {
@@ -592,7 +634,7 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	rows, err := storage.ClaimDueSagas(ctx, tx, o.def.name, o.cfg.BatchSize)
 	if err != nil {
-		return 0, fmt.Errorf("saga %s: claiming due deadlines (did `millwright migrate` run?): %w", o.def.name, err)
+		return 0, fmt.Errorf("saga %s: claiming due deadlines%s: %w", o.def.name, storage.Hint(err), err)
 	}
 	if len(rows) == 0 {
 		return 0, nil
@@ -615,7 +657,17 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 			t = o.d.setAside(in, err.Error())
 		}
 		// The row is locked by this transaction: the version cannot move.
-		if err := o.stage(ctx, queue, in.version, t); err != nil {
+		err = o.stage(ctx, queue, in.version, t)
+		if refused(err) {
+			// The transition can never be written (a command the outbox
+			// refuses, data jsonb refuses): failing the batch would
+			// claim this instance first again every round, and no
+			// deadline of this saga type would fire again. It is set
+			// aside instead, and the others' deadlines are fired.
+			t = o.d.setAsideRefused(in, t, o.refusal(ctx, tx, t, err), !errors.Is(err, storage.ErrJSONBRefuses))
+			err = o.stage(ctx, queue, in.version, t)
+		}
+		if err != nil {
 			return 0, fmt.Errorf("saga %s %q: %w", o.def.name, in.id, err)
 		}
 		ts = append(ts, t)

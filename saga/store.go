@@ -2,6 +2,7 @@ package saga
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 )
 
@@ -22,16 +24,27 @@ func fromRow(r storage.SagaInstance) instance {
 		lastError: r.LastError, createdAt: r.CreatedAt, attemptBase: r.AttemptBase, resumeStep: r.ResumeStep, cause: r.Cause}
 }
 
+// row is in as stored. Its texts (last_error, cause) are made storable:
+// they quote the definition's own errors (a Command that failed), which
+// may hold bytes Postgres text refuses, and that would fail the write of
+// the transition on every attempt (the round of every saga of the type).
 func (in instance) row() storage.SagaInstance {
 	return storage.SagaInstance{ID: in.id, Type: in.typ, State: string(in.state), Step: in.step, Data: in.data, Version: in.version,
 		Deadline: in.deadline, Awaiting: in.awaiting, CompAttempts: in.compAttempts, CompStarted: in.compStarted,
-		LastError: in.lastError, CreatedAt: in.createdAt, AttemptBase: in.attemptBase, ResumeStep: in.resumeStep, Cause: in.cause}
+		LastError: storableNull(in.lastError), CreatedAt: in.createdAt, AttemptBase: in.attemptBase, ResumeStep: in.resumeStep,
+		Cause: storableNull(in.cause)}
 }
 
+func storableNull(s sql.NullString) sql.NullString {
+	s.String = storableText(s.String)
+	return s
+}
+
+// steps is h as stored, its texts made storable (see row).
 func steps(h []histRow) []storage.SagaStep {
 	out := make([]storage.SagaStep, len(h))
 	for i, r := range h {
-		out[i] = storage.SagaStep{Step: r.step, Kind: r.kind, Detail: r.detail, Attempt: r.attempt, Error: r.err}
+		out[i] = storage.SagaStep{Step: r.step, Kind: r.kind, Detail: storableText(r.detail), Attempt: r.attempt, Error: storableText(r.err)}
 	}
 	return out
 }
@@ -97,19 +110,55 @@ func loadHistory(ctx context.Context, q storage.Querier, id string, inp input) (
 // on the queue), then the instance row written over version old (a
 // conflict fails the batch: errConflict) and the history; a transition
 // whose in.version is 0 writes only history. Queue.Flush sends them all in
-// one round trip.
+// one round trip. It queues all of t or nothing: a transition that can
+// never be written (outbox refused one of its commands, or jsonb its
+// data: an error for which refused holds) queues nothing, and the caller
+// sets the instance aside instead (setAsideRefused).
 func (o *Orchestrator[D]) stage(ctx context.Context, queue *storage.Queue, old int64, t *transition) error {
-	if err := outbox.Add(ctx, queue, t.events...); err != nil {
-		return err
-	}
-	if t.in.version == 0 {
-		if len(t.hist) == 0 {
-			return nil
+	var ss []storage.Statement
+	if t.in.version != 0 {
+		var err error
+		if ss, err = storage.SagaTransition(t.in.row(), old, steps(t.hist)); err != nil {
+			return err
 		}
-		_, err := queue.Exec(ctx, storage.SagaSteps(t.in.id, steps(t.hist)))
+	} else if len(t.hist) > 0 {
+		ss = append(ss, storage.SagaSteps(t.in.id, steps(t.hist)))
+	}
+	// The commands go on a queue of their own first: a refused one leaves
+	// none of them queued.
+	cmds := storage.NewQueue(queue)
+	if err := outbox.Add(ctx, cmds, t.events...); err != nil {
 		return err
 	}
-	return queue.Batch(ctx, storage.SagaTransition(t.in.row(), old, steps(t.hist))...)
+	return queue.Batch(ctx, append(cmds.Statements(), ss...)...)
+}
+
+// refused reports whether err (from stage) refuses the transition for
+// good: outbox.Add refused one of its commands (outbox.ErrInvalidEvent:
+// too large for the transport, a topic it cannot take, a NUL byte, not a
+// valid CloudEvent), or its data is not storable (ErrDataNotStorable).
+// Writing it again would fail the same way, so the instance is set aside
+// rather than retried (a transient error, a database one, is retried).
+func refused(err error) bool {
+	return errors.Is(err, outbox.ErrInvalidEvent) || errors.Is(err, storage.ErrJSONBRefuses)
+}
+
+// refusal says why transition t was refused (err: refused(err) holds)
+// and what fixes it, naming the refused command. q is the transaction
+// (nothing is written to it).
+func (o *Orchestrator[D]) refusal(ctx context.Context, q storage.Querier, t *transition, err error) string {
+	resolve := "then `millwright saga resolve " + t.in.id + "`"
+	if errors.Is(err, storage.ErrJSONBRefuses) {
+		return "its new data cannot be stored; fix the step's OnSuccess (or the reply it copied), " + resolve + ": " + err.Error()
+	}
+	for _, ev := range t.events {
+		// Which command: each alone, on a queue that is thrown away.
+		if e := outbox.Add(ctx, storage.NewQueue(q), ev); e != nil {
+			return fmt.Sprintf("the outbox refused the %s command %q of step %q (topic %q, %d-byte payload); fix the definition's command (or raise the limit it exceeds: outbox.MaxEventBytes, the transport's), %s: %v",
+				ev.Metadata[metadata.SagaPhase], ev.EventType, ev.Metadata[metadata.SagaStep], ev.Topic, len(ev.Payload), resolve, e)
+		}
+	}
+	return fmt.Sprintf("the outbox refused its commands; fix the definition's commands, %s: %v", resolve, err)
 }
 
 // writeError marks a transition's conflict (storage.ErrConflict: the row

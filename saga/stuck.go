@@ -66,7 +66,7 @@ func CountStuck(ctx context.Context, db Querier, typ string) (int64, error) {
 	}
 	n, err := storage.CountSagas(ctx, q, typ, string(StateStuck))
 	if err != nil {
-		return 0, fmt.Errorf("saga %s: counting stuck sagas (did `millwright migrate` run?): %w", typ, err)
+		return 0, fmt.Errorf("saga %s: counting stuck sagas%s: %w", typ, storage.Hint(err), err)
 	}
 	return n, nil
 }

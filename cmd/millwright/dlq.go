@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -247,6 +248,16 @@ Progress (messages published of those selected) goes to stderr; an
 interrupted replay says how far it got, and re-running it continues with the
 rest (without --force).
 
+Every consumer group on the topic receives a replay, but it is for the
+consumer that gave up on it (its consumer group and handler, printed as
+"for consumer <group>/<handler> only"): the others ack it without running
+their handler. A dead letter that records no consumer (older rows), or a
+replay to --target, goes to every consumer of the topic; the output warns
+about the first kind before anything is published. --for names another
+consumer (the new name of a renamed consumer group or handler, which its
+old dead letters no longer match: every group would skip them), or '*'
+for every consumer group.
+
 The publisher comes from the transport named by --transport (a kind or URL,
 default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
 		Args: cobra.NoArgs,
@@ -258,6 +269,7 @@ default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
 	f.Float64("rate", 10, "publish at most this many messages per second (0: unlimited)")
 	f.String("target", "", "publish to this topic instead of each dead letter's original topic")
 	f.Bool("force", false, "also replay dead letters replayed before")
+	f.String("for", "", "the consumer the replays are for, as <consumer group>/<handler> (a renamed group or handler), or '*' for every consumer group on the topic (default: the consumer each dead letter records)")
 	f.Bool("all", false, "replay every dead letter the other flags allow (required when no filter is given)")
 	f.String("transport", "", "transport kind or URL to publish with (default $MILLWRIGHT_TRANSPORT)")
 	addSafetyFlags(cmd)
@@ -276,6 +288,7 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 	opts.Rate, _ = fl.GetFloat64("rate")
 	opts.Target, _ = fl.GetString("target")
 	opts.Force, _ = fl.GetBool("force")
+	opts.For, _ = fl.GetString("for")
 	all, _ := fl.GetBool("all")
 	filtered := false
 	for _, name := range []string{"topic", "since", "until", "error", "id", "limit"} {
@@ -403,8 +416,20 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 	if rep.DryRun {
 		verb = "would publish"
 	}
+	// First, so that the confirmation prompt (the first lines) shows it.
+	if n := dlqUntargeted(rep); n > 0 {
+		fmt.Fprintf(out, "warning: %d replay(s) below name no consumer (the dead letter records none, or --for '*'): every consumer group on the topic receives the replay and runs it, and a group that applied the original applies it again unless it still holds its idempotency mark (kept %s by default; dead letters %s)\n",
+			n, dlqDays(idempotency.DefaultRetention), dlqDays(dlq.DefaultRetention))
+	}
 	for _, it := range rep.Items {
-		fmt.Fprintf(out, "%s dead letter %d (message %s) from %s to %s\n", verb, it.ID, dlqShown(it.MessageUUID), it.From, it.To)
+		line := fmt.Sprintf("%s dead letter %d (message %s) from %s to %s", verb, it.ID, dlqShown(it.MessageUUID), it.From, it.To)
+		switch {
+		case it.For != "":
+			line += " for consumer " + it.For + " only"
+		case it.To == it.From:
+			line += " for every consumer group"
+		}
+		fmt.Fprintln(out, line)
 	}
 	summary := fmt.Sprintf("%s %d message(s)", verb, len(rep.Items))
 	if rep.SkippedReplayed > 0 {
@@ -418,3 +443,19 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 	}
 	fmt.Fprintln(out, summary)
 }
+
+// dlqUntargeted counts the replays of rep that go to their original topic
+// without naming a consumer (ReplayItem.For ""): every consumer group on
+// the topic runs them.
+func dlqUntargeted(rep dlq.ReplayReport) int {
+	n := 0
+	for _, it := range rep.Items {
+		if it.For == "" && it.To == it.From {
+			n++
+		}
+	}
+	return n
+}
+
+// dlqDays renders a retention in days.
+func dlqDays(d time.Duration) string { return fmt.Sprintf("%d days", int(d/(24*time.Hour))) }

@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // SagaInstance is a row of millwright_saga_instances.
@@ -73,9 +75,18 @@ const insertSagaSQL = `WITH x AS (INSERT INTO millwright_saga_instances
 // Awaiting; created and updated at CreatedAt) with its first history rows
 // (at least one), in one statement. It returns false, writing nothing and
 // leaving the transaction usable, when an instance with the id exists.
+// Data jsonb would refuse is refused first, with an error wrapping
+// ErrJSONBRefuses that names the field (CheckJSONB), and so is
+// an id Postgres text cannot hold.
 func InsertSaga(ctx context.Context, q Querier, in SagaInstance, steps []SagaStep) (inserted bool, err error) {
 	if len(steps) == 0 {
 		return false, fmt.Errorf("storage: inserting saga %q: no history row (a new saga records its first command)", in.ID)
+	}
+	if !utf8.ValidString(in.ID) || strings.ContainsRune(in.ID, 0) {
+		return false, fmt.Errorf("storage: inserting saga %q: the id is not valid UTF-8 or holds a NUL byte, which Postgres text cannot store: use a text id (e.g. the order id or a UUID)", in.ID)
+	}
+	if err := CheckJSONB(in.Data); err != nil {
+		return false, fmt.Errorf("storage: inserting saga %q: its data: %w", in.ID, err)
 	}
 	args := append(sagaStepArgs(in.ID, steps), in.Type, in.State, in.Step, string(in.Data),
 		sagaNullTime(in.Deadline), in.Awaiting, in.CreatedAt)
@@ -174,8 +185,13 @@ const insertSagaStepsSQL = `INSERT INTO millwright_saga_steps (saga_id, step, ki
 // written over version old (Expect 1: a row no longer at old fails the
 // statement, and its batch, with a *ConflictError), then the history
 // rows. Send them in one Batch, or after the commands' outbox rows with
-// Queue.Flush.
-func SagaTransition(in SagaInstance, old int64, steps []SagaStep) []Statement {
+// Queue.Flush. Data jsonb would refuse is an error wrapping
+// ErrJSONBRefuses that names the field (CheckJSONB), returned
+// before any statement is made: such a transition can never be written.
+func SagaTransition(in SagaInstance, old int64, steps []SagaStep) ([]Statement, error) {
+	if err := CheckJSONB(in.Data); err != nil {
+		return nil, fmt.Errorf("storage: writing saga %q: its data: %w", in.ID, err)
+	}
 	ss := []Statement{{SQL: updateSagaSQL, Expect: 1, What: "writing saga instance " + in.ID + " over version " + fmt.Sprint(old),
 		Args: []any{in.ID, old, in.State, in.Step, string(in.Data), sagaNullTime(in.Deadline), in.Awaiting,
 			in.CompAttempts, sagaNullTime(in.CompStarted), sagaNullString(in.LastError), in.AttemptBase,
@@ -183,7 +199,7 @@ func SagaTransition(in SagaInstance, old int64, steps []SagaStep) []Statement {
 	if len(steps) > 0 {
 		ss = append(ss, SagaSteps(in.ID, steps))
 	}
-	return ss
+	return ss, nil
 }
 
 // SagaSteps returns the statement appending steps to saga id's history.

@@ -4,6 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"math/rand"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +29,8 @@ func exerciseSaga(t *testing.T, setup func(t *testing.T) Setup) {
 		{"InfoListAndCount", sagaInfoListAndCount},
 		{"Resolve", sagaResolve},
 		{"CheckTables", sagaCheckTables},
+		{"DataJSONBCannotHoldIsRefused", sagaDataJSONBCannotHoldIsRefused},
+		{"CheckJSONBAgreesWithTheServer", checkJSONBAgreesWithTheServer},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -96,7 +101,9 @@ func sagaLockAndTransition(t *testing.T, p storage.Pool) {
 	next.AttemptBase, next.ResumeStep = 3, sql.NullInt64{Int64: -1, Valid: true}
 	next.Cause = sql.NullString{String: "cause", Valid: true}
 	history := []storage.SagaStep{{Step: "reserve", Kind: "reply", Attempt: 1}, {Step: "reserve", Kind: "compensation", Attempt: 4}}
-	require.NoError(t, p.Batch(ctx, storage.SagaTransition(next, 1, history)...))
+	ss, err := storage.SagaTransition(next, 1, history)
+	require.NoError(t, err)
+	require.NoError(t, p.Batch(ctx, ss...))
 	got, err = storage.LockSaga(ctx, p, "s-1")
 	require.NoError(t, err)
 	require.EqualValues(t, 2, got.Version)
@@ -113,7 +120,7 @@ func sagaLockAndTransition(t *testing.T, p storage.Pool) {
 
 	// A stale version: a conflict, and the history after it is not
 	// written.
-	err = p.Batch(ctx, storage.SagaTransition(next, 1, history)...)
+	err = p.Batch(ctx, ss...)
 	require.ErrorIs(t, err, storage.ErrConflict)
 	var ce *storage.ConflictError
 	require.True(t, errors.As(err, &ce))
@@ -313,4 +320,122 @@ func infoIDs(in []storage.SagaInfoRow) []string {
 		out = append(out, i.ID)
 	}
 	return out
+}
+
+// sagaDataJSONBCannotHoldIsRefused: saga data jsonb refuses (SQLSTATE 22P05 for the
+// \u0000 escape, a lone surrogate, a number beyond numeric) is refused by
+// InsertSaga and SagaTransition before any statement, naming the field,
+// and the server refuses each of them too (the check is not stricter than
+// Postgres); the extremes it accepts are stored and read back. Before,
+// the server's error came back (on a transition: on every redelivery of
+// the reply) and InsertSaga's caller was told to run `millwright migrate`.
+func sagaDataJSONBCannotHoldIsRefused(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	serverRefuses := func(data string) bool {
+		var s string
+		return p.QueryRow(ctx, storage.S(`SELECT $1::text::jsonb::text`, data), &s) != nil
+	}
+	for _, c := range []struct{ data, field string }{
+		{`{"id":"s","note":"a\u0000b"}`, `$.note holds the escape \u0000`},
+		{`{"id":"s","items":[{"sku":"x"},{"sku":"\u0000"}]}`, `$.items[1].sku holds the escape \u0000`},
+		{`{"a\u0000":1}`, `$ has a key that holds the escape \u0000`},
+		{`{"odd key":{"x":"\ud800"}}`, `$["odd key"].x holds an unpaired UTF-16 surrogate`},
+		{`{"x":"\udc00z"}`, `$.x holds an unpaired UTF-16 surrogate`},
+		{`{"n":1e131072}`, `$.n is the number 1e131072`},
+		{`{"n":100e131070}`, `$.n is the number 100e131070`},
+		{`{"n":1e-16384}`, `$.n is the number 1e-16384`},
+		{`{"n":0.5e-16383}`, `$.n is the number 0.5e-16383`},
+		{`{"n":0e2000000000}`, `$.n is the number 0e2000000000`},
+	} {
+		require.True(t, serverRefuses(c.data), "the server refuses %s", c.data)
+		in := newSaga("bad", "orders")
+		in.Data = []byte(c.data)
+		_, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "reserve", Kind: "command", Attempt: 1}})
+		require.ErrorIs(t, err, storage.ErrJSONBRefuses, "%s", c.data)
+		require.Contains(t, err.Error(), c.field)
+		require.NotContains(t, err.Error(), "migrate")
+		_, err = storage.SagaTransition(in, 1, nil)
+		require.ErrorIs(t, err, storage.ErrJSONBRefuses, "%s", c.data)
+		require.Contains(t, err.Error(), c.field)
+	}
+	n, err := storage.CountSagas(ctx, p, "orders", "running")
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing refused was written")
+
+	_, err = storage.InsertSaga(ctx, p, newSaga("nul\x00id", "orders"), []storage.SagaStep{{Step: "reserve", Kind: "command", Attempt: 1}})
+	require.ErrorContains(t, err, "holds a NUL byte")
+
+	for i, data := range []string{
+		`{"n":1e131071,"m":9.9e131071,"k":100e131069,"z":0.0e131072,"f":1e-16383}`,
+		`{"s":"\\u0000 is text here","e":"\ud83d\ude00 \u00e9 \ufffd","q":"\"\/\b\f\n\r\t"}`,
+		`{"\ud83d\ude00":[],"":{},"a b":[1,-0.5,true,false,null]}`,
+	} {
+		require.False(t, serverRefuses(data), "the server takes %s", data)
+		require.NoError(t, storage.CheckJSONB([]byte(data)))
+		in := newSaga(fmt.Sprintf("ok-%d", i), "orders")
+		in.Data = []byte(data)
+		ok, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "reserve", Kind: "command", Attempt: 1}})
+		require.NoError(t, err, "%s", data)
+		require.True(t, ok)
+		got, err := storage.LockSaga(ctx, p, in.ID)
+		require.NoError(t, err)
+		var same bool // jsonb's equality: Go's float64 cannot hold 1e131071
+		require.NoError(t, p.QueryRow(ctx, storage.S(`SELECT $1::text::jsonb = $2::text::jsonb`, data, string(got.Data)), &same))
+		require.True(t, same, "stored %s, read %s", data, got.Data)
+		ss, err := storage.SagaTransition(got, got.Version, nil)
+		require.NoError(t, err)
+		require.NoError(t, p.Batch(ctx, ss...))
+	}
+}
+
+// checkJSONBAgreesWithTheServer: CheckJSONB accepts exactly what the
+// server's jsonb accepts, over generated JSON mixing the escapes and
+// numbers at jsonb's bounds with ordinary values.
+func checkJSONBAgreesWithTheServer(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	rnd := rand.New(rand.NewSource(40))
+	strs := []string{`a`, `\u0000`, `\\u0000`, `\ud800`, `\udc00`, `\ud83d\ude00`, `\ud800\u0041`, `\ud800\ud800`,
+		`\udbff\udfff`, `\u00e9`, `\n\"`, `é`, `\ud800\n`, `x\\`}
+	nums := []string{`0`, `-1.5`, `1e131071`, `1e131072`, `9.99e131071`, `10e131071`, `1e-16383`, `1e-16384`, `0.1e-16382`,
+		`0.1e-16383`, `0e-16384`, `0e2000000000`, `0.000e131075`, `123.456e-16380`, `1E+5`, `-0`, `5e1073741822`}
+	var gen func(depth int) string
+	gen = func(depth int) string {
+		switch k := rnd.Intn(6); {
+		case k == 0 && depth < 3:
+			n := rnd.Intn(3)
+			parts := make([]string, n)
+			for i := range parts {
+				parts[i] = `"` + strs[rnd.Intn(len(strs))] + `":` + gen(depth+1)
+			}
+			return "{" + strings.Join(parts, ",") + "}"
+		case k == 1 && depth < 3:
+			n := rnd.Intn(3)
+			parts := make([]string, n)
+			for i := range parts {
+				parts[i] = gen(depth + 1)
+			}
+			return "[" + strings.Join(parts, ", ") + "]"
+		case k <= 3:
+			return `"` + strs[rnd.Intn(len(strs))] + strs[rnd.Intn(len(strs))] + `"`
+		case k == 4:
+			return nums[rnd.Intn(len(nums))]
+		default:
+			return []string{"true", "false", "null"}[rnd.Intn(3)]
+		}
+	}
+	accepted, refused := 0, 0
+	for i := 0; i < 300; i++ {
+		data := gen(0)
+		var s string
+		serverTakes := p.QueryRow(ctx, storage.S(`SELECT $1::text::jsonb::text`, data), &s) == nil
+		err := storage.CheckJSONB([]byte(data))
+		require.Equal(t, serverTakes, err == nil, "%s: CheckJSONB says %v", data, err)
+		if serverTakes {
+			accepted++
+		} else {
+			refused++
+		}
+	}
+	require.Positive(t, accepted)
+	require.Positive(t, refused)
 }
