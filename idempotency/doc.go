@@ -66,6 +66,16 @@
 // the handler does outside that transaction (an HTTP call) is at least
 // once. The transaction runs at READ COMMITTED and holds one connection and
 // the mark's row lock for the handler's duration, so keep handlers short.
+// Should the consumer's host vanish meanwhile without a reset (a frozen VM,
+// a power loss, a partition, a dropped NAT entry), the server keeps that
+// transaction, and every redelivery of the event fails with ErrMarkLocked,
+// until TCP tells it the peer is gone: on a pool of postgres.Open or
+// postgres.OpenPgx, whose sessions set tcp_keepalives_idle 30 s, _interval
+// 10 s, _count 3 and tcp_user_timeout 60 s, within about a minute; on a
+// pool opened otherwise, with Linux's defaults, 2 h 11 min (set those
+// settings in its DSN, e.g. options=-c tcp_keepalives_idle=30 ...).
+// Behind a connection pooler (PgBouncer) the server's peer is the pooler:
+// its own client keepalives set the bound.
 //
 // MarkAfterSuccess mode, for effects outside the database: the middleware
 // checks for a mark, runs the handler with no transaction held, then writes

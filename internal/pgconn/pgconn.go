@@ -17,10 +17,16 @@
 //     transaction begun with a context) whose context ends is abandoned at
 //     once, its connection closed, instead of waiting for the server to
 //     answer lib/pq's cancel request (a silent server never does);
-//   - NewListener's connections are closed when its context ends.
+//   - NewListener's connections are closed when its context ends;
+//   - every session sets server-side TCP keepalives (tcp_keepalives_idle
+//     30 s, _interval 10 s, _count 3, tcp_user_timeout 60 s) that nothing
+//     else set, so that a client that vanished without a reset loses its
+//     session, and the locks it holds, within KeepaliveBound (about 60 s)
+//     instead of Linux's 2 h 11 min; the client's socket probes the
+//     server alike (see KeepaliveIdle).
 //
-// OpenPgx and PgxConfig give pgx pools the same connect bound (pgx itself
-// abandons a statement whose context ends).
+// OpenPgx and PgxConfig give pgx pools the same connect bound and
+// keepalives (pgx itself abandons a statement whose context ends).
 //
 // Open's transactions are begun and ended with simple queries of this
 // package's own (BEGIN with lib/pq's options, COMMIT, ROLLBACK) so that
@@ -93,7 +99,10 @@ func WithConnectTimeout(dsn string, d time.Duration) string {
 		return dsn
 	}
 	q.Set("connect_timeout", secs)
-	u.RawQuery = q.Encode()
+	// Encode writes a space as '+', which pgx reads as a '+' (it would
+	// send options=-c+x=1 to the server); %20 both drivers read as a
+	// space. A real '+' is encoded as %2B, so this changes nothing else.
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 	return u.String()
 }
 
@@ -180,10 +189,17 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	d.mu.Lock()
 	nc := d.last // the connection's socket: the last one dialled
 	d.mu.Unlock()
+	cc := &conn{Conn: cn, nc: nc, addr: c.addr}
+	if !keepalivesGiven(c.cfg.Runtime) {
+		if err := cc.setKeepalives(ctx, c.cfg.ConnectTimeout); err != nil {
+			_ = cn.Close()
+			return nil, err
+		}
+	}
 	if c.notice != nil {
 		pq.SetNoticeHandler(cn, c.notice)
 	}
-	return &conn{Conn: cn, nc: nc, addr: c.addr}, nil
+	return cc, nil
 }
 
 // connectError says what went wrong with a connection attempt to addr.
@@ -264,8 +280,7 @@ func (d *dialer) DialContext(ctx context.Context, network, address string) (net.
 		defer cancel()
 		defer context.AfterFunc(watch, cancel)()
 	}
-	var nd net.Dialer
-	nc, err := nd.DialContext(ctx, network, address)
+	nc, err := newNetDialer().DialContext(ctx, network, address)
 	if err != nil {
 		return nil, err
 	}

@@ -127,7 +127,10 @@ func TestSilentStatementIsInterrupted(t *testing.T) {
 	t.Run("cancel", func(t *testing.T) {
 		t.Parallel()
 		srv := pgconntest.AfterStartup(t)
-		db, err := pgconn.Open(srv.URL("connect_timeout=5"))
+		// The DSN sets the keepalives, so the statement below is the
+		// first the silent server gets (TestKeepaliveSettingsOnASilentServer
+		// covers the connection's own).
+		db, err := pgconn.Open(srv.URL("connect_timeout=5&" + keepalivesInDSN))
 		require.NoError(t, err)
 		defer db.Close()
 		ctx, cancel := context.WithCancel(context.Background())
@@ -151,7 +154,10 @@ func TestSilentStatementIsInterrupted(t *testing.T) {
 	t.Run("deadline", func(t *testing.T) {
 		t.Parallel()
 		srv := pgconntest.AfterStartup(t)
-		db, err := pgconn.Open(srv.URL("connect_timeout=5"))
+		// The DSN sets the keepalives, so the statement below is the
+		// first the silent server gets (TestKeepaliveSettingsOnASilentServer
+		// covers the connection's own).
+		db, err := pgconn.Open(srv.URL("connect_timeout=5&" + keepalivesInDSN))
 		require.NoError(t, err)
 		defer db.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)

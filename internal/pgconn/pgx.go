@@ -44,6 +44,7 @@ func PgxConfig(dsn string) (*pgxpool.Config, error) {
 	// A dead server is found within a minute instead of when the pool's
 	// idle connection is next used.
 	cfg.HealthCheckPeriod = min(cfg.HealthCheckPeriod, 30*time.Second)
+	withPgxKeepalives(&cfg.ConnConfig.Config)
 	return cfg, nil
 }
 
