@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"runtime"
 	"sync"
 	"testing"
@@ -30,10 +31,18 @@ import (
 func TestVanishedConsumerReleasesItsMark(t *testing.T) {
 	t.Parallel()
 	if runtime.GOOS != "linux" {
-		t.Skip("faultproxy.Blackhole needs Linux's socket filters")
+		t.Skip("faultproxy.Vanish needs Linux's socket filters")
 	}
 	if testing.Short() {
 		t.Skip("waits about a minute for the server's keepalives")
+	}
+	// The vanished session holds a transaction id for about a minute,
+	// which holds the cluster's xmin horizon: the sql transport's
+	// consumers wait behind it by design (transport/sql/DESIGN.md), so
+	// beside the rest of the suite every sql-kind test would stall. CI
+	// runs it alone, in its own stage.
+	if os.Getenv("MILLWRIGHT_TEST_VANISH") == "" {
+		t.Skip("set MILLWRIGHT_TEST_VANISH=1 (run alone: it holds the xmin horizon for a minute; .ci/run has a stage for it)")
 	}
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		t.Parallel()
@@ -141,7 +150,7 @@ func testVanishedConsumerReleasesItsMark(t *testing.T, driver string) {
 
 	// The fault: the consumer's host vanishes.
 	sentBefore := proxy.ClientBytes()
-	n, err := proxy.Blackhole()
+	n, err := proxy.Vanish()
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, n, 2, "the consumer's connection (both of the proxy's sockets) is blackholed")
 	vanished := time.Now()

@@ -16,7 +16,7 @@ import (
 // so it neither acknowledges nor answers (no ACK, no RST).
 var dropAll = []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0}}
 
-// Blackhole makes the proxy's side vanish for both peers without a word,
+// Vanish makes the proxy's side vanish for both peers without a word,
 // as a host does when it freezes, loses power or its network path (a
 // dropped NAT or conntrack entry, a partition): the sockets of every
 // connection it carries stop taking anything from either side (data,
@@ -28,7 +28,7 @@ var dropAll = []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0}}
 // Close ends it. It returns how many sockets of connections (two per
 // connection) it silenced, or an error where the kernel refuses socket
 // filters.
-func (p *Proxy) Blackhole() (int, error) {
+func (p *Proxy) Vanish() (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// New connections (a lib/pq cancel request, a reconnect) are
