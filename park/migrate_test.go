@@ -88,3 +88,36 @@ func TestMigrationKeepsParkedRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, ks)
 }
+
+// The migration tags every key ('k' for a key, 'u' for a keyless lane):
+// rewritten in place, key "foo" became "kfoo" while the row of a real key
+// "kfoo" was still there, and the primary key refused the UPDATE (the
+// order of the rows decided it), blocking the deploy. It must convert
+// such keys apart.
+func TestMigrationKeepsKeysTheTagWouldMakeCollide(t *testing.T) {
+	t.Parallel()
+	first, err := os.ReadFile("migrations/001_parked.sql")
+	require.NoError(t, err)
+	v1 := migrate.Embedded("park", fstest.MapFS{"m/001_parked.sql": {Data: first}}, "m")
+	s := pgtest.New(t, audit.Migrations(), dlq.Migrations(), v1)
+	for _, q := range []string{
+		// In heap order: each row's tagged form is the text of the next.
+		`INSERT INTO millwright_parked_keys (handler, key, due_at) VALUES
+			('billing', 'foo', now()), ('billing', 'kfoo', now()), ('billing', 'uuid:ab', now()), ('billing', 'kuuid:ab', now())`,
+		`INSERT INTO millwright_parked_messages (handler, key, message_uuid, payload, metadata) VALUES
+			('billing', 'foo', 'm1', 'one', '{}'), ('billing', 'kfoo', 'm2', 'two', '{}'),
+			('billing', 'uuid:ab', 'ab', 'keyless', '{}'), ('billing', 'kuuid:ab', 'm4', 'four', '{}')`,
+	} {
+		_, err := s.DB.Exec(q)
+		require.NoError(t, err, q)
+	}
+	_, err = migrate.Up(context.Background(), s.DB, park.Migrations())
+	require.NoError(t, err)
+	ks, err := park.NewStore(s.DB).List(context.Background(), park.Filter{})
+	require.NoError(t, err)
+	got := map[string]bool{}
+	for _, k := range ks {
+		got[k.Key] = k.Keyless
+	}
+	require.Equal(t, map[string]bool{"foo": false, "kfoo": false, "ab": true, "kuuid:ab": false}, got)
+}

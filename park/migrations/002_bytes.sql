@@ -23,6 +23,11 @@
 -- retry`, a replay taking its place) the dead letter is resolved.
 
 ALTER TABLE millwright_parked_messages DROP CONSTRAINT millwright_parked_messages_handler_key_fkey;
+-- The keys are rewritten in place with a tag: "foo" becomes "kfoo" while
+-- a real key "kfoo" may still be there, untagged. The primary key, checked
+-- row by row, would refuse that; it comes back once every key is tagged
+-- (the tagged keys are unique: the tag is one byte before distinct keys).
+ALTER TABLE millwright_parked_keys DROP CONSTRAINT millwright_parked_keys_pkey;
 
 ALTER TABLE millwright_parked_keys ALTER COLUMN key TYPE BYTEA USING convert_to(key, 'UTF8');
 ALTER TABLE millwright_parked_messages
@@ -44,6 +49,8 @@ UPDATE millwright_parked_messages m SET key = CASE
         AND EXISTS (SELECT 1 FROM millwright_parked_keys k WHERE k.handler = m.handler AND k.key = '\x75'::bytea || m.message_uuid)
     THEN '\x75'::bytea || m.message_uuid
     ELSE '\x6b'::bytea || m.key END;
+
+ALTER TABLE millwright_parked_keys ADD PRIMARY KEY (handler, key);
 
 ALTER TABLE millwright_parked_messages ADD COLUMN metadata_bytes BYTEA NOT NULL DEFAULT ''::bytea,
     ADD COLUMN dead_letter_id BIGINT;
