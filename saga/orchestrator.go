@@ -480,11 +480,16 @@ func (o *Orchestrator[D]) applyReply(ctx context.Context, q storage.Querier, r r
 	switch {
 	case errors.As(err, &le):
 		return nil, err
-	case err != nil:
+	case undecidable(err):
 		// No decision can be made on this reply (the instance's position
 		// is not in the definition, or the definition's code panicked on
 		// it): redelivering it would fail the same way.
 		return nil, retry.Permanent(fmt.Errorf("saga %s: reply %s to step %q of %q: %w", o.def.name, r.reply.Type, r.step, r.sagaID, err))
+	case err != nil:
+		// Any other error of the definition's code (OnSuccess, a
+		// Compensation builder) may pass: the reply is redelivered, as
+		// Definition's doc says.
+		return nil, err
 	}
 	queue := storage.NewQueue(q)
 	err = o.stage(ctx, queue, in.version, t)
@@ -649,12 +654,19 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 		switch {
 		case errors.As(err, &le):
 			return 0, err
-		case err != nil:
+		case undecidable(err):
 			// One instance no decision can be made on (its position is
 			// not in the definition, or the definition's code panicked
 			// on it) must not hold back the others' deadlines, nor be
 			// fired again every round: it is set aside for an operator.
 			t = o.d.setAside(in, err.Error())
+		case err != nil:
+			// Any other error of the definition's code (a Compensation
+			// builder) may pass: this instance's deadline is tried again
+			// next round, and the others' fire now.
+			o.cfg.Logger.Error("saga: deciding on an overdue instance failed; trying it again next round", err,
+				watermill.LogFields{"saga_type": o.def.name, "saga_id": in.id, "current_step": in.step})
+			continue
 		}
 		// The row is locked by this transaction: the version cannot move.
 		err = o.stage(ctx, queue, in.version, t)
@@ -688,3 +700,11 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 // transaction then rolls back and another instance fires those deadlines).
 // It is idempotent. Close the reply consumers (the router) separately.
 func (o *Orchestrator[D]) Close() error { return o.r.Close() }
+
+// undecidable reports whether err says that no decision can ever be made
+// on an instance: its position is not a step of the definition, or the
+// definition's code panicked on it. Other errors of the definition's code
+// may be transient, and are retried.
+func undecidable(err error) bool {
+	return errors.Is(err, ErrUnknownPosition) || runner.IsPanic(err)
+}
