@@ -495,3 +495,71 @@ func TestReplayOfBinaryKeyedDeadLetterKeepsItsBytes(t *testing.T) {
 		require.Equal(t, want, got, "the replay reached the handler with the original bytes")
 	})
 }
+
+// The console's edited replay of a dead letter whose key the operator
+// retried (`parked retry`) arrives while the retrier's round runs the
+// key's head in its old form: it is nacked (the round could apply the old
+// message, then delete the edited one with it), not acked as replaced.
+// Redelivered after the round failed, it replaces the head, and the next
+// round applies the edited payload, once.
+func TestReplayWaitsForTheRunningRoundOfItsHead(t *testing.T) {
+	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		b := setup(t, driver)
+		l := &ledger{}
+		p := b.parker(t, park.Config{})
+		var (
+			block   atomic.Bool
+			blocked atomic.Int32
+			started = make(chan struct{}, 8)
+			release = make(chan struct{})
+		)
+		h := chain(t, p, "billing", func(m *message.Message) ([]*message.Message, error) {
+			if block.Load() && m.UUID == "k1" && string(m.Payload) == "bad" {
+				blocked.Add(1)
+				started <- struct{}{}
+				<-release
+				return nil, errTransient // this round fails
+			}
+			return l.handle(m)
+		})
+		ctx := context.Background()
+		deliver(t, h, raw("k1", "k", "bad"))
+		deliver(t, h, raw("k2", "k", "k2-v1"))
+		require.EqualValues(t, 1, l.refused.Load(), "k1 was refused once")
+		dls, err := b.dlq.List(ctx, dlq.Filter{})
+		require.NoError(t, err)
+		require.Len(t, dls, 1)
+
+		block.Store(true)
+		require.NoError(t, b.store.Retry(ctx, "billing", "k"))
+		done := make(chan error, 1)
+		go func() { _, err := p.RetryDue(ctx); done <- err }()
+		<-started // the round runs k1's old payload now
+
+		edited := func() *message.Message {
+			m := raw("k1", "k", "k1-fixed")
+			m.Metadata.Set(metadata.DeadLetterReplayOf, strconv.FormatInt(dls[0].ID, 10))
+			return m
+		}
+		_, err = h(edited())
+		require.Error(t, err, "the replay of a head being retried must be nacked, not acked as replaced")
+		require.ErrorContains(t, err, "its head is being retried now")
+		require.ErrorContains(t, err, `"k"`, "the error names the key")
+		parked, err := b.store.Messages(ctx, "billing", "k")
+		require.NoError(t, err)
+		require.Len(t, parked, 2)
+		require.Equal(t, "bad", string(parked[0].Payload), "the nacked replay wrote nothing")
+
+		close(release)
+		require.NoError(t, <-done)
+		require.Positive(t, blocked.Load())
+		require.Empty(t, l.list(), "the round failed: nothing applied")
+		require.Len(t, b.keys(t), 1, "key k still parked after the failed round")
+
+		deliver(t, h, edited()) // the broker's redelivery: now it replaces
+		b.drain(t, p, nil)
+		require.Equal(t, []string{"k1=k1-fixed", "k2=k2-v1"}, l.list(), "the edited payload applied once, in its key's place")
+	})
+}

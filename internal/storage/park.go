@@ -244,7 +244,8 @@ func ParkDead(ctx context.Context, p Pool, m ParkedMessage, dl DeadLetterRow, ho
 const claimParkedSQL = `WITH c AS (SELECT handler, key FROM millwright_parked_keys
     WHERE NOT held AND due_at <= now() AND handler = ANY($1)
     ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED),
-u AS (UPDATE millwright_parked_keys k SET due_at = now() + $3::bigint * interval '1 millisecond', claims = k.claims + 1
+u AS (UPDATE millwright_parked_keys k SET due_at = now() + $3::bigint * interval '1 millisecond', claims = k.claims + 1,
+        running_claim = k.claims + 1
     FROM c WHERE k.handler = c.handler AND k.key = c.key
     RETURNING k.handler, k.key, k.claims, k.attempts, k.rounds, k.prev_delay_ms, k.first_failure_at, k.last_failure_at)
 SELECT u.handler, u.key, u.claims, u.attempts, u.rounds, u.prev_delay_ms, u.first_failure_at, u.last_failure_at,
@@ -254,7 +255,11 @@ FROM u LEFT JOIN LATERAL (SELECT * FROM millwright_parked_messages p
 
 // ClaimParked claims up to limit due keys of handlers that no other
 // retrier holds (SKIP LOCKED), moving their due time lease ahead so that
-// a retrier that dies leaves them due again then.
+// a retrier that dies leaves them due again then. It marks the round as
+// running (running_claim, the claim's number) until the round ends
+// (RescheduleParked, CompleteParked, DeadLetterParked, HoldParked, or
+// ReleaseParked by an operator), so that ReplaceParked leaves a running
+// head alone while its lease holds.
 func ClaimParked(ctx context.Context, q Querier, handlers []string, limit int, lease time.Duration) ([]ParkedClaim, error) {
 	var out []ParkedClaim
 	err := q.Query(ctx, Statement{SQL: claimParkedSQL, Args: []any{handlers, limit, ms(lease)}, Expect: NoExpect, What: "claiming due parked keys"},
@@ -298,13 +303,13 @@ func lockParked(handler, key string, claim int64, heldOnly bool) Statement {
 }
 
 // advanceParked, run while the key's row is locked and after its head was
-// deleted, makes the key's next message due at once, or releases the key
-// when none is left. Its snapshot is taken after the lock, so it sees
+// deleted, makes the key's next message due at once (no round running on
+// it), or releases the key when none is left. Its snapshot is taken after the lock, so it sees
 // every message parked behind the key.
 func advanceParked(handler, key string) Statement {
 	return S(`WITH more AS (SELECT EXISTS (SELECT 1 FROM millwright_parked_messages WHERE handler = $1 AND key = $2) AS m),
 u AS (UPDATE millwright_parked_keys SET due_at = now(), held = false, attempts = 0, rounds = 0, prev_delay_ms = 0,
-        first_failure_at = NULL, last_failure_at = NULL, last_error = '', dead_letter_id = NULL
+        first_failure_at = NULL, last_failure_at = NULL, last_error = '', dead_letter_id = NULL, running_claim = NULL
     WHERE handler = $1 AND key = $2 AND (SELECT m FROM more) RETURNING 1)
 DELETE FROM millwright_parked_keys WHERE handler = $1 AND key = $2 AND NOT (SELECT m FROM more)`, handler, []byte(key))
 }
@@ -379,7 +384,7 @@ WHERE handler = $1 AND key = $2 AND claims = $3 AND NOT held`, Args: []any{handl
 // ErrParkedClaimLost when the claim is no longer the key's.
 func HoldParked(ctx context.Context, q Querier, handler, key string, claim int64, cause string) error {
 	_, err := q.Exec(ctx, Statement{SQL: `UPDATE millwright_parked_keys SET held = true, last_error = $4, last_failure_at = now(),
-    first_failure_at = COALESCE(first_failure_at, now())
+    first_failure_at = COALESCE(first_failure_at, now()), running_claim = NULL
 WHERE handler = $1 AND key = $2 AND claims = $3`, Args: []any{handler, []byte(key), claim, cause}, Expect: 1,
 		What: "holding parked key " + laneText(key)})
 	if errors.Is(err, ErrConflict) {
@@ -399,6 +404,13 @@ type ReplacedParked struct {
 	Released bool
 }
 
+// ErrParkedHeadRunning is returned (wrapped) by ReplaceParked when the
+// replay's parked message is its key's head and a retrier's round is
+// running it now (its lease holds): replacing it then would be lost if
+// the round applied the old message. Nothing is written; try again after
+// the round.
+var ErrParkedHeadRunning = errors.New("its head is being retried now; the replay is redelivered after the round")
+
 const findReplacedSQL = `SELECT id, key FROM millwright_parked_messages
 WHERE handler = $1 AND (dead_letter_id = $2 OR message_uuid = $3)
 ORDER BY (dead_letter_id IS NOT DISTINCT FROM $2) DESC, id LIMIT 1`
@@ -411,6 +423,14 @@ ORDER BY (dead_letter_id IS NOT DISTINCT FROM $2) DESC, id LIMIT 1`
 // the hold, its head due at once with a fresh budget. Nothing is written
 // when no such message is parked. It runs in one transaction that locks
 // the key's row first, like every change of a key.
+//
+// When the message is its key's head and a retrier's round is running it
+// (claimed, its lease not passed), nothing is written and the error is
+// ErrParkedHeadRunning: the caller redelivers the replay later. After the
+// round the head is either still parked (the round failed: the replay
+// replaces it then) or gone (the round applied it, and its dead letter
+// was resolved: the replay then matches nothing and goes through like any
+// message). A lease that passed (the retrier died) does not block.
 func ReplaceParked(ctx context.Context, p Pool, handler string, deadLetterID int64, m ParkedMessage, merge func(parked []byte) []byte) (ReplacedParked, error) {
 	var (
 		out  ReplacedParked
@@ -428,19 +448,23 @@ func ReplaceParked(ctx context.Context, p Pool, handler string, deadLetterID int
 	key := string(lane)
 	err = inKeyTx(ctx, p, lockParked(handler, key, -1, false), func(tx Tx) error {
 		var (
-			parked     []byte
-			held, head bool
+			parked              []byte
+			held, head, running bool
 		)
 		err := tx.QueryRow(ctx, Statement{SQL: `SELECT m.metadata, k.held,
-    m.id = (SELECT min(h.id) FROM millwright_parked_messages h WHERE h.handler = m.handler AND h.key = m.key)
+    m.id = (SELECT min(h.id) FROM millwright_parked_messages h WHERE h.handler = m.handler AND h.key = m.key),
+    k.running_claim IS NOT NULL AND k.running_claim = k.claims AND NOT k.held AND k.due_at > now()
 FROM millwright_parked_messages m JOIN millwright_parked_keys k ON k.handler = m.handler AND k.key = m.key
 WHERE m.id = $1 AND m.handler = $2 AND m.key = $3 FOR UPDATE OF m`, Args: []any{id, handler, lane}, Expect: NoExpect,
-			What: "locking the parked message of a replay"}, &parked, &held, &head)
+			What: "locking the parked message of a replay"}, &parked, &held, &head, &running)
 		if IsNoRows(err) {
 			return nil // applied or dropped meanwhile
 		}
 		if err != nil {
 			return err
+		}
+		if head && running {
+			return fmt.Errorf("parked key %s: %w", laneText(key), ErrParkedHeadRunning)
 		}
 		md := m.Metadata
 		if merge != nil {
@@ -471,11 +495,12 @@ WHERE handler = $1 AND key = $2`, Args: []any{handler, lane}, Expect: 1, What: "
 }
 
 // RescheduleParked records the failure f of a claimed key's head and makes
-// it due f.DueIn from now. ErrParkedClaimLost when the claim is no longer
+// it due f.DueIn from now; its round is over. ErrParkedClaimLost when the claim is no longer
 // the key's.
 func RescheduleParked(ctx context.Context, q Querier, handler, key string, claim int64, f ParkFailure) error {
 	_, err := q.Exec(ctx, Statement{SQL: `UPDATE millwright_parked_keys SET due_at = now() + $4::bigint * interval '1 millisecond',
-    attempts = $5, prev_delay_ms = $6, first_failure_at = COALESCE(first_failure_at, $7), last_failure_at = $8, last_error = $9, rounds = $10
+    attempts = $5, prev_delay_ms = $6, first_failure_at = COALESCE(first_failure_at, $7), last_failure_at = $8, last_error = $9, rounds = $10,
+    running_claim = NULL
 WHERE handler = $1 AND key = $2 AND claims = $3`, Args: []any{handler, []byte(key), claim, ms(f.DueIn), f.Attempts, ms(f.PrevDelay),
 		f.FirstFailure, f.LastFailure, f.LastError, f.Rounds}, Expect: 1, What: "rescheduling parked key " + laneText(key)})
 	if errors.Is(err, ErrConflict) {
@@ -498,7 +523,8 @@ func DeadLetterParked(ctx context.Context, p Pool, claim, headID int64, rounds i
 		}
 		if hold {
 			return tx.Batch(ctx, Statement{SQL: `UPDATE millwright_parked_keys SET held = true, dead_letter_id = NULLIF($3, 0),
-    attempts = $4, last_failure_at = $5, last_error = $6, first_failure_at = COALESCE(first_failure_at, $7), rounds = $8
+    attempts = $4, last_failure_at = $5, last_error = $6, first_failure_at = COALESCE(first_failure_at, $7), rounds = $8,
+    running_claim = NULL
 WHERE handler = $1 AND key = $2`, Args: []any{dl.Handler, []byte(key), id, dl.Attempts, dl.LastFailure, dl.Error, dl.FirstFailure, rounds},
 				Expect: 1, What: "holding parked key " + laneText(key)},
 				S(`UPDATE millwright_parked_messages SET dead_letter_id = NULLIF($2::bigint, 0) WHERE id = $1`, headID, id))

@@ -75,3 +75,10 @@ ALTER TABLE millwright_parked_messages ADD CONSTRAINT millwright_parked_messages
 -- A replay finds the parked message of its dead letter.
 CREATE INDEX millwright_parked_messages_dead_letter_idx ON millwright_parked_messages (handler, dead_letter_id)
     WHERE dead_letter_id IS NOT NULL;
+
+-- The claim number of the retrier's round running the key's head now (NULL
+-- when none): set by the claim, cleared when the round ends (rescheduled,
+-- applied, dead-lettered, held, released). A replay of the head's dead
+-- letter waits (it is nacked) while such a round's lease holds, instead of
+-- replacing a message the round may apply in its old form.
+ALTER TABLE millwright_parked_keys ADD COLUMN running_claim BIGINT;

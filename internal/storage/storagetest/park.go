@@ -2,6 +2,7 @@ package storagetest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ func exercisePark(t *testing.T, setup func(t *testing.T) Setup) {
 		{"StaleClaimWritesNothing", parkStaleClaimWritesNothing},
 		{"DeadLetterHoldsOrContinues", parkDeadLetterHoldsOrContinues},
 		{"ReplayReplacesHeldHeadAndResolves", parkReplayReplacesHeldHeadAndResolves},
+		{"ReplayWaitsForRunningHead", parkReplayWaitsForRunningHead},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -257,4 +259,77 @@ func parkReplayReplacesHeldHeadAndResolves(t *testing.T, st Setup) {
 	ok, err := storage.ResolveDeadLetter(ctx, p, id, "test")
 	require.NoError(t, err)
 	require.False(t, ok, "resolved once")
+}
+
+// A replay of a head that a retrier's round is running (claimed, its
+// lease holding) writes nothing and fails with ErrParkedHeadRunning; once
+// the round ended (rescheduled, held) or its lease passed (the retrier
+// died), the replay replaces the head. A message behind the head is
+// replaced while the round runs.
+func parkReplayWaitsForRunningHead(t *testing.T, st Setup) {
+	ctx, p := context.Background(), st.Pool
+	_, err := storage.ParkHead(ctx, p, pm("w1", "k"), pf(0))
+	require.NoError(t, err)
+	_, err = storage.ParkBehind(ctx, p, pm("w2", "k"))
+	require.NoError(t, err)
+	c := claim(t, p)[0]
+	id, err := storage.DeadLetterParked(ctx, p, c.Claim, c.Head.ID, 1, dlRow("w1", "orders", "boom", dlAt.Add(time.Minute)), c.Key, true)
+	require.NoError(t, err)
+	require.NoError(t, storage.RetryParked(ctx, p, "h", "k"))
+
+	payload := func() []byte {
+		ms, err := storage.ListParkedMessages(ctx, p, "h", "k")
+		require.NoError(t, err)
+		return ms[0].Payload
+	}
+	replay := func(payload string) (storage.ReplacedParked, error) {
+		m := pm("w1", "k")
+		m.Payload = []byte(payload)
+		return storage.ReplaceParked(ctx, p, "h", id, m, nil)
+	}
+	running := func() storage.ParkedClaim {
+		cs := claim(t, p)
+		require.Len(t, cs, 1)
+		return cs[0]
+	}
+	c = running()
+	require.NoError(t, storage.ExtendParked(ctx, p, "h", "k", c.Claim, time.Minute))
+	r, err := replay("one")
+	require.True(t, errors.Is(err, storage.ErrParkedHeadRunning), "a running head is not replaced: %v", err)
+	require.ErrorContains(t, err, "parked key ")
+	require.False(t, r.Replaced)
+	require.Equal(t, pm("w1", "k").Payload, payload(), "nothing written")
+	behind := pm("w2", "k")
+	behind.Payload = []byte("two")
+	r, err = storage.ReplaceParked(ctx, p, "h", 0, behind, nil)
+	require.NoError(t, err)
+	require.True(t, r.Replaced, "a message behind the running head is replaced")
+
+	// The round failed: rescheduled, the round is over.
+	f := pf(0)
+	require.NoError(t, storage.RescheduleParked(ctx, p, "h", "k", c.Claim, f))
+	r, err = replay("after reschedule")
+	require.NoError(t, err)
+	require.True(t, r.Replaced)
+	require.Equal(t, []byte("after reschedule"), payload())
+
+	// The round was set aside (held).
+	c = running()
+	_, err = replay("blocked")
+	require.True(t, errors.Is(err, storage.ErrParkedHeadRunning), "%v", err)
+	require.NoError(t, storage.HoldParked(ctx, p, "h", "k", c.Claim, "set aside"))
+	r, err = replay("after hold")
+	require.NoError(t, err)
+	require.Equal(t, storage.ReplacedParked{Replaced: true, Key: "k", Released: true}, r)
+
+	// The retrier died: its lease passed.
+	running()
+	_, err = replay("blocked")
+	require.True(t, errors.Is(err, storage.ErrParkedHeadRunning), "%v", err)
+	_, err = p.Exec(ctx, storage.S(`UPDATE millwright_parked_keys SET due_at = now() - interval '1 second'`))
+	require.NoError(t, err)
+	r, err = replay("after lease")
+	require.NoError(t, err)
+	require.True(t, r.Replaced)
+	require.Equal(t, []byte("after lease"), payload())
 }
