@@ -121,7 +121,18 @@
 //     message is no longer parked runs (or parks behind its key) like any
 //     message. TestReplayedDeadLetterOfHeldKeyIsApplied, and from the
 //     consumer's side through the outbox, a relay and a broker in console's
-//     TestConsoleEditReplayOfHeldKeyReachesTheConsumer.
+//     TestConsoleEditReplayOfHeldKeyReachesTheConsumer. When the message
+//     is its key's head and a retrier's round is running it right now
+//     (after `millwright parked retry`, while the round's lease holds),
+//     the replay writes nothing and is nacked ("its head is being retried
+//     now; the replay is redelivered after the round"): the round could
+//     apply the old payload and delete the edited copy with it. The
+//     broker redelivers it; if the round failed, the head is still parked
+//     and the replay takes its place; if the round applied the old
+//     payload (and resolved the dead letter), the replay finds nothing
+//     parked and runs as a new message, applying the edited payload after
+//     the old one. A round whose retrier died (its lease passed) does not
+//     block a replay. TestReplayWaitsForTheRunningRoundOfItsHead.
 //   - A permanent error on first delivery is dead-lettered the same way at
 //     once; with Hold the message becomes its key's held head.
 //   - A message whose key is "" (Config.Key) is parked under its UUID:
