@@ -35,6 +35,10 @@ import (
 //     letter for another consumer (its metadata.DeadLetterReplayFor names
 //     another Config.ConsumerGroup or handler name: dlq.ReplayGate, counted
 //     in dlq.MetricReplaysSkipped);
+//   - gives a replayed dead letter (metadata.DeadLetterReplayOf) whose
+//     message is parked that message's place, without running the
+//     handler (acks); nacks it, for redelivery after the round, while that
+//     message is its key's head and a retrier's round is running it;
 //   - parks it behind its key, without running the handler, when the key
 //     is parked (acks);
 //   - else runs the handler: success acks (produced messages go to the
@@ -224,6 +228,11 @@ func keepBytes(stored []byte, replay message.Metadata) []byte {
 // the original UUID would be taken for a redelivery of the parked copy
 // and acked, and the operator's fix dropped. replaced is false when no
 // parked message matches: the replay then goes through like any message.
+// While the matched message is its key's head and a retrier's round runs
+// it (storage.ErrParkedHeadRunning), the replay is nacked: the broker
+// redelivers it after the round, which either failed (the replay then
+// takes the head's place) or applied the head (the replay then runs as a
+// new message).
 func (p *Parker) replaceParked(ctx context.Context, handler string, pm storage.ParkedMessage, msg *message.Message) (bool, error) {
 	of := msg.Metadata.Get(metadata.DeadLetterReplayOf)
 	if of == "" {

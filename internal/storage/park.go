@@ -548,9 +548,13 @@ func ReleaseParked(ctx context.Context, p Pool, handler, key string, force bool)
 }
 
 // RetryParked makes a parked key's head due at once with a fresh budget,
-// held or not. ErrParkedClaimLost when the key is not parked.
+// held or not. A key whose round is running now keeps its lease (the
+// round's outcome decides what comes next): made due, another retrier
+// would run the head beside it, and a replay would replace it under it. ErrParkedClaimLost when the key is not parked.
 func RetryParked(ctx context.Context, q Querier, handler, key string) error {
-	_, err := q.Exec(ctx, Statement{SQL: `UPDATE millwright_parked_keys SET held = false, due_at = now(), attempts = 0, rounds = 0, prev_delay_ms = 0,
+	_, err := q.Exec(ctx, Statement{SQL: `UPDATE millwright_parked_keys SET held = false,
+    due_at = CASE WHEN running_claim = claims AND NOT held AND due_at > now() THEN due_at ELSE now() END,
+    attempts = 0, rounds = 0, prev_delay_ms = 0,
     first_failure_at = NULL, last_failure_at = NULL, dead_letter_id = NULL WHERE handler = $1 AND key = $2`,
 		Args: []any{handler, []byte(key)}, Expect: 1, What: "retrying parked key " + laneText(key)})
 	if errors.Is(err, ErrConflict) {

@@ -294,6 +294,10 @@ func parkReplayWaitsForRunningHead(t *testing.T, st Setup) {
 	}
 	c = running()
 	require.NoError(t, storage.ExtendParked(ctx, p, "h", "k", c.Claim, time.Minute))
+	// An operator's retry of the running key keeps its lease: not due,
+	// so neither claimed beside the round nor replaced under it.
+	require.NoError(t, storage.RetryParked(ctx, p, "h", "k"))
+	require.Empty(t, claim(t, p), "a running key's retry leaves it to its round")
 	r, err := replay("one")
 	require.True(t, errors.Is(err, storage.ErrParkedHeadRunning), "a running head is not replaced: %v", err)
 	require.ErrorContains(t, err, "parked key ")
