@@ -176,9 +176,9 @@ func (s *Store) ReleaseKey(ctx context.Context, k Key, force bool) error {
 // Retry makes a parked key's head due at once with a fresh budget, held or
 // not: after the cause of its failures was fixed. When the head is then
 // applied, its dead letter (if it has one) is resolved (dlq.ResolveTx).
-// A key whose head a retrier's round is running now keeps that round (its
-// budget is reset; its lease is not cut short, so no second round runs
-// beside it).
+// A key whose head a retrier's round is running now is left to that
+// round: its lease is not cut short (no second round runs beside it), and
+// the round's outcome decides what comes next.
 func (s *Store) Retry(ctx context.Context, handler, key string) error {
 	return s.RetryKey(ctx, Key{Handler: handler, Key: key})
 }
