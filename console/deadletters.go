@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/redact"
@@ -111,7 +109,7 @@ type letterView struct {
 func newLetterView(r storage.DeadLetterRow) letterView {
 	v := letterView{Row: r, Payload: viewPayload(r.Payload), Replayable: r.State == stateDead,
 		ReplayFor: dlq.ReplayTarget(r.ConsumerGroup, r.Handler)}
-	v.Row.MessageUUID = shownBytes(r.MessageUUIDRaw)
+	v.Row.MessageUUID = dlq.Printable(r.MessageUUIDRaw)
 	md, err := r.MetadataMap()
 	if err != nil {
 		v.MetadataError = err.Error()
@@ -119,20 +117,10 @@ func newLetterView(r storage.DeadLetterRow) letterView {
 	v.metadata = md
 	shown := make(map[string]string, len(md))
 	for k, val := range md {
-		shown[shownBytes(k)] = shownBytes(val)
+		shown[dlq.Printable(k)] = dlq.Printable(val)
 	}
 	v.CloudEvents, v.Trace, v.Headers = metadataView(shown)
 	return v
-}
-
-// shownBytes is s as a page shows it: itself when it is printable text,
-// else quoted in Go syntax ("\n\xff\x01\x00"), so that bytes that are not
-// text are seen, not replaced.
-func shownBytes(s string) string {
-	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
-		return s
-	}
-	return strconv.Quote(s)
 }
 
 func pathID(q *req) (int64, error) {

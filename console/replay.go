@@ -7,8 +7,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/audit"
@@ -144,19 +142,16 @@ func replayEvent(row storage.DeadLetterRow, edited *edit) (outbox.Event, error) 
 // consumer changed. `millwright dlq replay` publishes the bytes.
 func outboxCarries(rowID int64, id string, md map[string]string) error {
 	fix := fmt.Sprintf("the console replays through the outbox, whose metadata is text; replay it byte for byte with `millwright dlq replay --id %d`", rowID)
-	if !isText(id) {
+	if storage.CheckText(id) != nil {
 		return badRequest("dead letter %d: its message UUID %q is not UTF-8 text: %s", rowID, id, fix)
 	}
 	for _, k := range slices.Sorted(maps.Keys(md)) {
-		if !isText(k) || !isText(md[k]) {
+		if storage.CheckText(k) != nil || storage.CheckText(md[k]) != nil {
 			return badRequest("dead letter %d: metadata %q is not UTF-8 text (a binary key or header): %s", rowID, k, fix)
 		}
 	}
 	return nil
 }
-
-// isText reports whether Postgres text holds s as it is.
-func isText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
 
 // audit records a console action in tx: who (the authenticated operator),
 // what, and how many rows. A schema without the audit table refuses the

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -126,7 +125,7 @@ func dlqListCmd() *cobra.Command {
 					replayed = fmt.Sprintf("%dx %s", d.ReplayCount, d.ReplayedAt.UTC().Format(time.RFC3339))
 				}
 				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.ID, d.LastFailure.UTC().Format(time.RFC3339),
-					d.OriginalTopic, d.Reason, d.Attempts, d.State, replayed, dlqShown(d.MessageUUID), dlqOneLine(d.Error, 80))
+					d.OriginalTopic, d.Reason, d.Attempts, d.State, replayed, dlq.Printable(d.MessageUUID), dlqOneLine(d.Error, 80))
 			}
 			if err := w.Flush(); err != nil {
 				return err
@@ -140,17 +139,6 @@ func dlqListCmd() *cobra.Command {
 	addDLQFilterFlags(cmd, 50)
 	cmd.Flags().Bool("pending", false, "only dead letters still dead: never replayed, superseded by an edit, nor resolved (applied later through park)")
 	return cmd
-}
-
-// dlqShown is a message UUID or a metadata key or value as the commands
-// print it: itself when it is printable text, else quoted in Go syntax
-// ("\n\xff\x01\x00"): a binary Kafka key or header is stored and replayed
-// byte for byte, and shown so.
-func dlqShown(s string) string {
-	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
-		return s
-	}
-	return strconv.Quote(s)
 }
 
 // dlqOneLine shortens s to one line of at most n runes.
@@ -194,7 +182,7 @@ func printDLQDeadLetter(out io.Writer, d dlq.DeadLetter) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
 	row("id", d.ID)
-	row("message uuid", dlqShown(d.MessageUUID))
+	row("message uuid", dlq.Printable(d.MessageUUID))
 	row("original topic", d.OriginalTopic)
 	row("dead-letter topic", d.DeadLetterTopic)
 	row("consumer group", d.ConsumerGroup)
@@ -220,7 +208,7 @@ func printDLQDeadLetter(out io.Writer, d dlq.DeadLetter) {
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		fmt.Fprintf(out, "  %s: %s\n", dlqShown(k), dlqShown(d.Metadata[k]))
+		fmt.Fprintf(out, "  %s: %s\n", dlq.Printable(k), dlq.Printable(d.Metadata[k]))
 	}
 	if utf8.Valid(d.Payload) {
 		fmt.Fprintf(out, "payload (%d bytes):\n%s\n", len(d.Payload), d.Payload)
@@ -422,7 +410,7 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 			n, dlqDays(idempotency.DefaultRetention), dlqDays(dlq.DefaultRetention))
 	}
 	for _, it := range rep.Items {
-		line := fmt.Sprintf("%s dead letter %d (message %s) from %s to %s", verb, it.ID, dlqShown(it.MessageUUID), it.From, it.To)
+		line := fmt.Sprintf("%s dead letter %d (message %s) from %s to %s", verb, it.ID, dlq.Printable(it.MessageUUID), it.From, it.To)
 		switch {
 		case it.For != "":
 			line += " for consumer " + it.For + " only"

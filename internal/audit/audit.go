@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
@@ -179,7 +178,7 @@ func redactArg(a string) string {
 
 // quoteUnstorable returns s Go-quoted when Postgres text cannot hold it.
 func quoteUnstorable(s string) string {
-	if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+	if storage.CheckText(s) != nil {
 		return strconv.Quote(s)
 	}
 	return s
