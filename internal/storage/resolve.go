@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millwright/millwright/postgres"
 )
 
 // ErrUnsupported is returned (wrapped) by From and PoolFrom for a value
@@ -53,4 +56,39 @@ func PoolFrom(x any) (Pool, error) {
 		return nil, fmt.Errorf("%w: nil pool: pass an open *sql.DB or *pgxpool.Pool", ErrUnsupported)
 	}
 	return nil, fmt.Errorf("%w: %T is not a pool: pass a *sql.DB or a *pgxpool.Pool", ErrUnsupported, x)
+}
+
+// FromDB returns the Pool of a postgres.DB; a zero DB is an error that
+// wraps postgres.ErrNoDB (and ErrUnsupported) and names the fix.
+func FromDB(d postgres.DB) (Pool, error) {
+	switch {
+	case d.Pgx() != nil:
+		return NewPgxPool(d.Pgx()), nil
+	case d.SQL() != nil:
+		return NewSQLPool(d.SQL()), nil
+	}
+	return nil, fmt.Errorf("%w: %w", ErrUnsupported, d.Valid())
+}
+
+// FromTx returns the Querier of a postgres.Tx; a zero Tx is an error that
+// wraps postgres.ErrNoDB (and ErrUnsupported) and names the fix.
+func FromTx(t postgres.Tx) (Querier, error) {
+	switch {
+	case t.Pgx() != nil:
+		return NewPgx(t.Pgx()), nil
+	case t.SQL() != nil:
+		return NewSQL(t.SQL()), nil
+	}
+	return nil, fmt.Errorf("%w: %w", ErrUnsupported, t.Valid())
+}
+
+// TxOf returns the postgres.Tx of a storage transaction, for user code.
+func TxOf(tx Tx) postgres.Tx {
+	switch h := tx.Handle().(type) {
+	case *sql.Tx:
+		return postgres.SQLTx(h)
+	case pgx.Tx:
+		return postgres.PgxTx(h)
+	}
+	return postgres.Tx{}
 }

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"database/sql"
 	"os"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // EnvDrivers names the environment variable listing the drivers the driver
@@ -81,4 +83,18 @@ func (s *Schema) Pool(tb testing.TB, driver string) storage.Pool {
 func (s *Schema) Handle(tb testing.TB, driver string) any {
 	tb.Helper()
 	return s.Pool(tb, driver).Handle()
+}
+
+// Handles returns a postgres.DB on the driver's pool of the schema, closed at
+// the test's end.
+func (s *Schema) Handles(tb testing.TB, driver string) postgres.DB {
+	tb.Helper()
+	switch h := s.Handle(tb, driver).(type) {
+	case *pgxpool.Pool:
+		return postgres.Pgx(h)
+	case *sql.DB:
+		return postgres.SQL(h)
+	}
+	tb.Fatalf("pgtest: no DB for driver %q", driver)
+	return postgres.DB{}
 }
