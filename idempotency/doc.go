@@ -179,7 +179,7 @@
 // of its own. A duplicate ends that transaction on the server (the mark's
 // row count is checked there), so skipping it costs the ROLLBACK's round
 // trip, as before. MarkAfterSuccess mode's mark is one round trip on
-// either driver (the lock timeout and the insert in one batch). `millwright bench
+// either driver (the lock timeout and the insert in one batch). `millwright-bench
 // idempotency` compares a handler inserting one row with and without the
 // middleware.
 package idempotency

@@ -439,7 +439,7 @@ func claimBuffers(t *testing.T, db *sql.DB) int {
 // published rows: until then each claim reads those dead entries (a row
 // published and not yet vacuumed costs the claim; see
 // docs/partitioning.md on autovacuum). Vacuum is not run here because a
-// transaction elsewhere on the shared server can hold it back. `millwright bench outbox --sections claim,retention`
+// transaction elsewhere on the shared server can hold it back. `millwright-bench outbox --sections claim,retention`
 // measures the time at 1,000,000 rows.
 func TestClaim_FlatOverPublishedRows(t *testing.T) {
 	t.Parallel()

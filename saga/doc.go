@@ -81,7 +81,7 @@
 // Config.Registerer set, the gauge MetricStuckNow counts the sagas stuck
 // now (alert MillwrightSagaStuck, docs/runbooks.md), and
 // health.Orchestrator reports whether the Run loop runs (Stopped).
-// `millwright bench saga` measures completed sagas per second.
+// `millwright-bench saga` measures completed sagas per second.
 //
 // # Guarantees
 //

@@ -29,6 +29,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/internal/cli"
 	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
@@ -332,7 +333,7 @@ func (p *relayProcess) openDB(ctx context.Context) (tables map[string]bool, err 
 			return nil, err
 		}
 	}
-	if p.readyDB, err = pgconn.Open(withDSNParam(u, "application_name", readyAppName(u))); err != nil {
+	if p.readyDB, err = pgconn.Open(cli.WithDSNParam(u, "application_name", readyAppName(u))); err != nil {
 		return nil, fmt.Errorf("opening the readiness pool on %s: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
 	p.readyDB.SetMaxOpenConns(1)
@@ -523,20 +524,6 @@ func readyAppName(dsn string) string {
 		}
 	}
 	return relayenv.ReadyAppName
-}
-
-// withDSNParam returns dsn (a postgres:// URL or a key=value DSN) with key
-// set to value, replacing the DSN's own (lib/pq takes the last of a
-// repeated key=value).
-func withDSNParam(dsn, key, value string) string {
-	u, err := url.Parse(dsn)
-	if err != nil || !strings.HasPrefix(u.Scheme, "postgres") {
-		return dsn + " " + key + "='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(value) + "'"
-	}
-	q := u.Query()
-	q.Set(key, value)
-	u.RawQuery = q.Encode()
-	return u.String()
 }
 
 // brokerCheck is the broker part of readiness: a TCP connection to the

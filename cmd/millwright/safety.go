@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/internal/cli"
 )
 
 // Operator safety for commands that change state (dlq replay, outbox
@@ -87,14 +88,14 @@ func addSafetyFlags(cmd *cobra.Command) {
 
 // terminal is implemented by an input that reports whether it is a
 // terminal; tests use it to stand in for one.
-type terminal interface{ IsTerminal() bool }
+type terminal = cli.Terminal
 
 func isTerminal(r io.Reader) bool {
 	if t, ok := r.(terminal); ok {
 		return t.IsTerminal()
 	}
 	f, ok := r.(*os.File)
-	return ok && fileIsTerminal(f)
+	return ok && cli.FileIsTerminal(f)
 }
 
 // change is one run of a state-changing command.

@@ -269,7 +269,7 @@ func ReadSlotLag(ctx context.Context, q Querier) ([]SlotLag, error) {
 	return out, err
 }
 
-// TruncateOutbox empties the outbox: `millwright bench debezium` between
+// TruncateOutbox empties the outbox: `millwright-bench debezium` between
 // its measurements, in its scratch schema. Never on a live outbox.
 func TruncateOutbox(ctx context.Context, q Querier) error {
 	_, err := q.Exec(ctx, S(`TRUNCATE millwright_outbox`))
