@@ -15,7 +15,7 @@
 // program links only the broker clients it uses:
 //
 //	import _ "github.com/millwright/millwright/transport/kafka" // Kafka only
-//	import _ "github.com/millwright/millwright/transport/all"   // all five, and the fakes
+//	import _ "github.com/millwright/millwright/transport/all"   // all five (no fake)
 //
 // A kind that is not linked is refused by Validate, Open, ParseURL and
 // FromEnv with an error naming the import to add. A 24-line program that
@@ -62,9 +62,9 @@
 // publishers and the name check of every kind.
 //
 // Development fakes, NOT FOR PRODUCTION, are selected by configuration
-// alone, in programs that link them (transport/embedded, which
-// transport/all imports; production builds that import only their kind
-// do not): MILLWRIGHT_TRANSPORT=kfake (or kfake://) makes Open start an
+// alone, in programs that link them (import transport/embedded;
+// transport/all does not, so a production build never does):
+// MILLWRIGHT_TRANSPORT=kfake (or kfake://) makes Open start an
 // in-process Kafka (franz-go's kfake), and MILLWRIGHT_TRANSPORT=pstest (or
 // pstest://PROJECT) an in-process Pub/Sub (the Google client's pstest);
 // Close stops them, and everything they held is lost. Config.String says

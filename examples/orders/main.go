@@ -41,7 +41,8 @@ import (
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/shutdown"
 	"github.com/millwright/millwright/transport"
-	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
+	_ "github.com/millwright/millwright/transport/all"      // configuration chooses among every kind
+	_ "github.com/millwright/millwright/transport/embedded" // and the development fakes (-embedded, kfake, pstest)
 )
 
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"

@@ -48,7 +48,8 @@ import (
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/shutdown"
 	"github.com/millwright/millwright/transport"
-	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
+	_ "github.com/millwright/millwright/transport/all"      // configuration chooses among every kind
+	_ "github.com/millwright/millwright/transport/embedded" // and the development fakes (-embedded, kfake, pstest)
 )
 
 const (

@@ -137,7 +137,7 @@ func validate(c Config) error {
 		errs = append(errs, fmt.Errorf("googlecloud: Fake starts its own in-process Pub/Sub, but EmulatorHost is set (%s): unset MILLWRIGHT_PUBSUB_EMULATOR_HOST, or select the emulator with gcppubsub://PROJECT?emulator=%s", c.EmulatorHost, c.EmulatorHost))
 	}
 	if c.Fake && loadFake() == nil {
-		errs = append(errs, errors.New(`googlecloud: Fake (the in-process development fake, pstest) is not linked into this program: add import _ "github.com/millwright/millwright/transport/embedded" (or _ "github.com/millwright/millwright/transport/all")`))
+		errs = append(errs, errors.New(`googlecloud: Fake (the in-process development fake, pstest) is not linked into this program: add import _ "github.com/millwright/millwright/transport/embedded"`))
 	}
 	if c.ProjectID == "" && !c.Fake {
 		errs = append(errs, errors.New("googlecloud: ProjectID is empty: set it (env MILLWRIGHT_PUBSUB_PROJECT or gcppubsub://PROJECT), or use the in-process development fake (MILLWRIGHT_TRANSPORT=pstest)"))
