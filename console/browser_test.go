@@ -19,6 +19,7 @@ import (
 
 	"github.com/millwright/millwright/console"
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrations"
@@ -67,7 +68,7 @@ func runShop(t *testing.T) *shop {
 			Qty int `json:"qty"`
 		}
 		if err := json.Unmarshal(msg.Payload, &order); err != nil {
-			return nil, retry.Permanent(fmt.Errorf("billing: decoding order: %w", err))
+			return nil, failure.Permanent(fmt.Errorf("billing: decoding order: %w", err))
 		}
 		_, err := s.DB.ExecContext(msg.Context(), `INSERT INTO processed VALUES ($1, $2)`, msg.UUID, string(msg.Payload))
 		return nil, err

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
@@ -98,7 +99,7 @@ func testEditReplayOfHeldKey(t *testing.T, topic string, pub message.Publisher, 
 	apply := func(m *message.Message) error {
 		if string(m.Payload) == "bad" {
 			refused.Add(1)
-			return retry.Permanent(errors.New("order refused: amount missing"))
+			return failure.Permanent(errors.New("order refused: amount missing"))
 		}
 		_, err := db.ExecContext(m.Context(), `INSERT INTO ledger (event_id, payload) VALUES ($1, $2)`, m.Metadata.Get(metadata.EventID), string(m.Payload))
 		return err

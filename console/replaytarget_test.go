@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
@@ -67,7 +68,7 @@ func TestConsoleReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T)
 		apply := func(m *message.Message) error {
 			if name == "billing" && billingRefuses.Load() {
 				refused.Add(1)
-				return retry.Permanent(errors.New("billing: customer 7 unknown"))
+				return failure.Permanent(errors.New("billing: customer 7 unknown"))
 			}
 			q := `INSERT INTO effects_` + name + ` (event_id) VALUES ($1)`
 			if tx, ok := idempotency.TxFromContext(m.Context()); ok {

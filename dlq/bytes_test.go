@@ -15,6 +15,7 @@ import (
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/dlq/dlqtest"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
@@ -69,7 +70,7 @@ func TestBinaryKeyedDeadLetterReplaysByteForByte(t *testing.T) {
 		router.AddConsumerHandler("svc-"+topic, topic, sub, func(msg *message.Message) error {
 			if msg.Metadata.Get(metadata.DeadLetterReplayOf) == "" {
 				failed.Add(1)
-				return retry.Permanent(fmt.Errorf("message %q fails until replayed", msg.UUID))
+				return failure.Permanent(fmt.Errorf("message %q fails until replayed", msg.UUID))
 			}
 			replayed <- msg.Copy()
 			return nil

@@ -26,7 +26,7 @@
 //
 //	handler.AddMiddleware(mw.Middleware, dedup.Middleware) // outermost first
 //
-// Handlers return retry.Permanent(err) for errors retrying cannot fix, and
+// Handlers return failure.Permanent(err) for errors retrying cannot fix, and
 // Malformed(err) (or DecodeJSON's error) for payloads they cannot read: both
 // go to the dead-letter topic after one attempt.
 //

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
@@ -122,7 +123,7 @@ func testReplayTargeted(t *testing.T, topic string, ps message.Publisher, subscr
 		apply := func(m *message.Message) ([]*message.Message, error) {
 			if name == "billing" && billingRefuses.Load() {
 				refused.Add(1)
-				return nil, retry.Permanent(errors.New("billing: customer 7 unknown"))
+				return nil, failure.Permanent(errors.New("billing: customer 7 unknown"))
 			}
 			q := `INSERT INTO effects_` + name + ` (event_id) VALUES ($1)`
 			if tx, ok := idempotency.TxFromContext(m.Context()); ok {

@@ -12,11 +12,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/retry"
 )
 
 // ErrNotFound is returned by Store.Get when no dead letter has the id.
@@ -170,7 +170,7 @@ func NewStore[P postgres.Pool](db P) *Store {
 // keys is stored too, with what is known, rather than dropped. Values
 // Postgres refuses are made storable (see parseEnvelope); a row refused
 // all the same (a data error: a column altered by hand, say) is a
-// retry.Permanent error naming the value, since a redelivery would be
+// failure.Permanent error naming the value, since a redelivery would be
 // refused again, and never "did migrate run?".
 func (s *Store) Record(msg *message.Message) error {
 	_, err := s.Insert(msg.Context(), msg)
@@ -197,7 +197,7 @@ func (s *Store) Insert(ctx context.Context, msg *message.Message) (int64, error)
 		// same (a column changed by hand, say) is refused again at every
 		// redelivery: permanent, so that a retry policy around the
 		// recorder stops at once, and named, not "did migrate run?".
-		return 0, retry.Permanent(fmt.Errorf("dlq: dead letter %q from %s cannot be stored: the table refuses a value it carries, and a redelivery carries the same: %w", r.MessageUUID, r.DeadLetterTopic, err))
+		return 0, failure.Permanent(fmt.Errorf("dlq: dead letter %q from %s cannot be stored: the table refuses a value it carries, and a redelivery carries the same: %w", r.MessageUUID, r.DeadLetterTopic, err))
 	}
 	if err != nil {
 		return 0, fmt.Errorf("dlq: recording dead letter %q from %s%s: %w", r.MessageUUID, r.DeadLetterTopic, storage.Hint(err), err)

@@ -54,7 +54,7 @@
 // The id is the metadata.EventID ("ce_id") value the outbox writes, else the
 // result of Config.KeyFunc (KeyFromUUID uses Watermill's message UUID). A
 // message with neither fails with an error wrapping ErrNoEventID, marked
-// retry.Permanent: it is not processed and not acked, so it reaches the
+// failure.Permanent: it is not processed and not acked, so it reaches the
 // dead-letter path with that reason instead of being processed twice or
 // dropped.
 //
@@ -126,7 +126,7 @@
 //     the same id, and a downstream idempotency middleware drops it. In MarkAfterSuccess mode the handler's external effect
 //     repeats with the run, as for a failed mark.
 //   - neither: a handler that returns messages fails with
-//     ErrNoProducedDestination (retry.Permanent, no mark, effects rolled
+//     ErrNoProducedDestination (failure.Permanent, no mark, effects rolled
 //     back in Transactional mode), so the dead-letter path parks the
 //     message with the fields to set; replay it after the fix. In
 //     MarkAfterSuccess mode the external effect has happened by then, and

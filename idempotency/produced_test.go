@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/idempotency/idempotencytest"
 	"github.com/millwright/millwright/internal/testing/pgtest"
@@ -340,7 +341,7 @@ func TestProducedWithoutDestinationFails(t *testing.T) {
 				m, _ := newMiddleware(t, store, idempotency.Config{Consumer: "billing", Mode: mode})
 				out, err := m.Middleware(produce)(idempotencytest.NewMessage("evt-1", nil))
 				require.ErrorIs(t, err, idempotency.ErrNoProducedDestination)
-				require.True(t, retry.IsPermanent(err), "retrying cannot configure a destination")
+				require.True(t, failure.IsPermanent(err), "retrying cannot configure a destination")
 				require.ErrorContains(t, err, "Config.ProducedToOutbox")
 				require.ErrorContains(t, err, "Config.ProducedPublisher")
 				require.Empty(t, out, "nothing goes back to the router")
@@ -353,7 +354,7 @@ func TestProducedWithoutDestinationFails(t *testing.T) {
 				m, _ = newMiddleware(t, store, idempotency.Config{Consumer: "billing", Mode: mode, ProducedPublisher: pub})
 				_, err = m.Middleware(produce)(idempotencytest.NewMessage("evt-1", nil))
 				require.ErrorIs(t, err, idempotency.ErrNoProducedDestination)
-				require.True(t, retry.IsPermanent(err))
+				require.True(t, failure.IsPermanent(err))
 				require.ErrorContains(t, err, "Config.ProducedTopic")
 				require.Empty(t, pub.attempts())
 				seen, err = store.Processed(bg, "billing", "evt-1")
@@ -417,7 +418,7 @@ func testProducedToOutboxCommitsWithTheMark(t *testing.T, driver string) {
 				return []*message.Message{message.NewMessage(watermill.NewUUID(), nil), bad}, nil
 			})(idempotencytest.NewMessage("evt-bad", nil))
 			require.ErrorIs(t, err, outbox.ErrInvalidEvent)
-			require.True(t, retry.IsPermanent(err), "the same follow-up fails every run")
+			require.True(t, failure.IsPermanent(err), "the same follow-up fails every run")
 			require.Zero(t, countRows(t, s.DB, `SELECT count(*) FROM millwright_outbox`))
 			require.Zero(t, countRows(t, s.DB, `SELECT count(*) FROM millwright_processed_events`))
 

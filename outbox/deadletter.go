@@ -9,8 +9,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 )
 
 // DeadLetterHandler is the handler name (metadata.DeadLetterHandler) of
@@ -41,7 +41,7 @@ func deadLetterMessage(rw row, dlTopic string, cause error, attempts int, first,
 		}
 	}
 	reason := "exhausted" // dlq.ReasonExhausted
-	if retry.IsPermanent(cause) {
+	if failure.IsPermanent(cause) {
 		reason = "permanent" // dlq.ReasonPermanent
 	}
 	text := cause.Error()

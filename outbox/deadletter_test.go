@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
@@ -66,7 +67,7 @@ func TestDeadLetterMessage_Permanent(t *testing.T) {
 	t.Parallel()
 	rw := row{topic: "t", msg: message.NewMessage("u-1", []byte(`{}`))}
 	rw.msg.Metadata.Set(metadata.DeadLetterReason, "stale")
-	m := deadLetterMessage(rw, "t.dead", retry.Permanent(errors.New("schema rejected")), 1, time.Unix(0, 0), time.Unix(0, 0))
+	m := deadLetterMessage(rw, "t.dead", failure.Permanent(errors.New("schema rejected")), 1, time.Unix(0, 0), time.Unix(0, 0))
 	require.Equal(t, dlq.ReasonPermanent, m.Metadata.Get(metadata.DeadLetterReason), "stale dlq_ keys of the event are replaced")
 	require.Equal(t, "1", m.Metadata.Get(metadata.DeadLetterAttempts))
 	require.Equal(t, "u-1", m.UUID)

@@ -70,7 +70,7 @@
 // limit is below its kind's default (a Kafka topic's max.message.bytes)
 // is not known to Add: lower MaxEventBytes to it. What a broker still
 // refuses for its size or name comes back from the kafka, googlecloud and
-// sql publishers as a permanent error (retry.Permanent, wrapping
+// sql publishers as a permanent error (failure.Permanent, wrapping
 // transport.ErrMessageTooLarge or transport.ErrInvalidName).
 //
 // Cost: one INSERT statement per 1,000 events, one round trip, sent by Add
@@ -236,7 +236,7 @@
 //     (default 15 minutes), counted from its first failure (the
 //     first_failed_at column): it is retried until its first failure is
 //     that old, whatever the jitter drew, and fails at the attempt made
-//     then (MaxAttempts, if set, bounds it too; a retry.Permanent error
+//     then (MaxAttempts, if set, bounds it too; a failure.Permanent error
 //     fails it at once). Then it becomes failed (counted in
 //     millwright_outbox_failed_events), its aggregate moves on, and it
 //     stays in the table until an operator runs `millwright outbox

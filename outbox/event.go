@@ -103,7 +103,7 @@ var writeLimits atomic.Pointer[transport.Limits]
 // broker whose limit is lower than its kind's default (a Kafka topic's
 // max.message.bytes) is not known to Add: lower MaxEventBytes to it; the
 // publisher reports an event the broker refuses for its size as a
-// permanent error (transport.ErrMessageTooLarge, retry.Permanent).
+// permanent error (transport.ErrMessageTooLarge, failure.Permanent).
 func SetTransportLimits(l transport.Limits) {
 	writeLimits.Store(&l)
 	MaxEventBytes.Store(int64(l.MaxBytes))

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
@@ -196,7 +197,7 @@ func requireClientRefusesOneByteMore(t *testing.T, tr *transport.Transport, topi
 	}
 	err := tr.Publisher().Publish(topic, over)
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge, "the client refuses one byte more: %v", err)
-	require.True(t, retry.IsPermanent(err), "%v", err)
+	require.True(t, failure.IsPermanent(err), "%v", err)
 }
 
 // Add refuses a topic that the relay's transport refuses, whichever it

@@ -39,7 +39,7 @@ const (
 	// MetricLoopPanics is a counter, with a "component" label
 	// (outbox.Relay, outbox.Cleaner, ...): panics a long-running loop
 	// recovered from instead of dying. The relay fails the row whose
-	// broker call panicked (a retry.Permanent error naming the panic, for
+	// broker call panicked (a failure.Permanent error naming the panic, for
 	// `millwright outbox retry-failed`) and goes on; a cleaner retries at
 	// its next interval. The log line names the row and has the stack.
 	// The saga orchestrator counts into the same series

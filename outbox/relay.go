@@ -90,10 +90,10 @@ type RelayConfig struct {
 	// release it was the only one, default 20: with full jitter a median
 	// of 6.5 minutes, not the 15 documented). There is no way to retry a
 	// row without a time limit but a very long MaxElapsedTime. A
-	// retry.Permanent error fails the row at once.
+	// failure.Permanent error fails the row at once.
 	Retry retry.Policy
 	// DeadLetterTopic, when set, receives a copy of every event that
-	// spends its retry budget (or fails with a retry.Permanent error), with
+	// spends its retry budget (or fails with a failure.Permanent error), with
 	// package dlq's envelope (metadata.DeadLetter*: original topic, error,
 	// attempts, handler DeadLetterHandler): a dlq.Store recording that topic
 	// lists it beside the consumers' dead letters, and `millwright dlq

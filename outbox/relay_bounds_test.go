@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/failure"
 )
 
 // A dead-letter copy to a broker that does not answer holds the round at
@@ -107,7 +107,7 @@ func TestRelay_DeadLetterCopiesStopAtTheirBound(t *testing.T) {
 	var calls atomic.Int64
 	pub := &hookPublisher{Publisher: b.pubsub, fail: func(topic string, _ *message.Message) error {
 		if topic == "orders" {
-			return retry.Permanent(errors.New("message too large"))
+			return failure.Permanent(errors.New("message too large"))
 		}
 		calls.Add(1)
 		<-release // a broker that never answers, and a client that does not give up

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
@@ -59,7 +60,7 @@ func TestRelay_DefaultRetryBudgetIsFifteenMinutes(t *testing.T) {
 	require.GreaterOrEqual(t, spans[0], 15*time.Minute, "a row failed for good before its first failure was 15 minutes old")
 	require.LessOrEqual(t, spans[len(spans)-1], 15*time.Minute+time.Millisecond, "the last attempt came after the budget had passed")
 	// A permanent error fails the row at once.
-	_, ok := r.retryAfter(row{}, retry.Permanent(errors.New("schema rejected")), start)
+	_, ok := r.retryAfter(row{}, failure.Permanent(errors.New("schema rejected")), start)
 	require.False(t, ok)
 }
 
@@ -93,7 +94,7 @@ func TestRelay_RetryBudgetCountsFromTheFirstFailure(t *testing.T) {
 	require.NoError(t, err)
 	pub := &hookPublisher{Publisher: b.pubsub, fail: func(_ string, m *message.Message) error {
 		if m.Metadata.Get(metadata.AggregateID) == "permanent" {
-			return retry.Permanent(errors.New("schema rejected"))
+			return failure.Permanent(errors.New("schema rejected"))
 		}
 		return errors.New("broker down")
 	}}

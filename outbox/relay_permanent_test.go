@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
@@ -25,13 +26,13 @@ type refusingPublisher struct {
 
 func (p *refusingPublisher) Publish(topic string, msgs ...*message.Message) error {
 	p.calls++
-	return retry.Permanent(fmt.Errorf("kafka: publishing to %s: %w: kafka server: Message was too large", topic, transport.ErrMessageTooLarge))
+	return failure.Permanent(fmt.Errorf("kafka: publishing to %s: %w: kafka server: Message was too large", topic, transport.ErrMessageTooLarge))
 }
 
 func (p *refusingPublisher) Close() error { return nil }
 
 // A publish error that no retry can fix (a broker's "too large" or
-// "invalid name", marked retry.Permanent by the transports) fails the row
+// "invalid name", marked failure.Permanent by the transports) fails the row
 // at its first attempt, with its error in last_error and one log line,
 // instead of spending the retry budget.
 func TestRelay_PermanentPublishErrorFailsTheRowAtOnce(t *testing.T) {

@@ -11,10 +11,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/internal/storage"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/tracing"
 )
 
@@ -257,7 +257,7 @@ func recordBatch(ctx context.Context, idx []int, err error, o *outcome) {
 // is recovered (logged with the rows, counted in MetricLoopPanics): the
 // relay goes on. Which message of a call of several made it panic is not
 // known, so each is then sent again alone; a row whose own call panics is
-// failed at once (a retry.Permanent error naming the panic), set aside for
+// failed at once (a failure.Permanent error naming the panic), set aside for
 // an operator (`millwright outbox retry-failed` once the publisher is
 // fixed), so that one poisonous row neither stops the relay nor holds its
 // lane for the whole retry budget.
@@ -270,7 +270,7 @@ func (r *Relay) call(ctx context.Context, rows []row, idx []int, send func([]*me
 	}
 	if len(idx) == 1 {
 		rw := rows[idx[0]]
-		record(idx, retry.Permanent(fmt.Errorf("outbox relay: the publisher panicked on event %s (row %d, topic %q); the row is failed: fix the publisher or the event, then `millwright outbox retry-failed` (the stack is in the relay's log): %w",
+		record(idx, failure.Permanent(fmt.Errorf("outbox relay: the publisher panicked on event %s (row %d, topic %q); the row is failed: fix the publisher or the event, then `millwright outbox retry-failed` (the stack is in the relay's log): %w",
 			rw.msg.UUID, rw.id, topic, err)))
 		return
 	}
@@ -437,7 +437,7 @@ func (r *Relay) mark(ctx, run context.Context, lease batchLease, rows []row, res
 // back the row's aggregate (see storage.ClaimEvents), or the failed state once the
 // retry budget is spent (RelayConfig.Retry: its first failure older than
 // MaxElapsedTime, or MaxAttempts reached) or the error is permanent
-// (retry.Permanent). The rows it made failed are then copied to the
+// (failure.Permanent). The rows it made failed are then copied to the
 // dead-letter topic: after the UPDATE, so that an UPDATE that fails (its
 // rows are claimed and fail again) sends no copy, and a row is
 // dead-lettered at most once per failure.
@@ -517,7 +517,7 @@ func (r *Relay) fail(ctx, run context.Context, lease batchLease, rows []row, res
 // the delay before its next attempt (jittered, and cut to end no later
 // than the budget: see retry.Policy.Next).
 func (r *Relay) retryAfter(rw row, err error, now time.Time) (time.Duration, bool) {
-	if retry.IsPermanent(err) {
+	if failure.IsPermanent(err) {
 		return 0, false
 	}
 	return r.cfg.Retry.Next(rw.retryCount+1, rw.sinceFirstFailure(now), 0)

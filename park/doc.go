@@ -98,7 +98,7 @@
 //   - The first round comes after the policy's first jittered delay; each
 //     failed round reschedules with the next. When Config.Retry is spent
 //     (rounds, or MaxElapsedTime since the first failure), or a round fails
-//     with retry.Permanent, the message is written to millwright_dead_letters
+//     with failure.Permanent, the message is written to millwright_dead_letters
 //     in the transaction that holds or advances its key, so `millwright dlq
 //     list|show|replay` see it: handler, consumer group, reason, error, Go
 //     type, stack, attempts (in place and rounds), first and last failure,

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
@@ -66,7 +67,7 @@ func (a *app) handle(msg *message.Message) ([]*message.Message, error) {
 	defer a.mu.Unlock()
 	a.calls[msg.UUID]++
 	if a.permanent[msg.UUID] {
-		return nil, retry.Permanent(errors.New("rejected by business rule"))
+		return nil, failure.Permanent(errors.New("rejected by business rule"))
 	}
 	if a.failing[msg.UUID] {
 		return nil, errTransient

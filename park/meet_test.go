@@ -21,11 +21,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/park"
-	"github.com/millwright/millwright/retry"
 )
 
 // ledger is a consumer's table: the payloads applied, by message UUID, in
@@ -39,7 +39,7 @@ type ledger struct {
 func (l *ledger) handle(m *message.Message) ([]*message.Message, error) {
 	if string(m.Payload) == "bad" {
 		l.refused.Add(1)
-		return nil, retry.Permanent(errors.New("payload refused by business rule"))
+		return nil, failure.Permanent(errors.New("payload refused by business rule"))
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -99,7 +99,7 @@ func TestReplayedDeadLetterOfHeldKeyIsApplied(t *testing.T) {
 				h := chain(t, p, "billing", func(m *message.Message) ([]*message.Message, error) {
 					if how == "replay" && m.UUID == "k1" && refuseOnce.Load() {
 						l.refused.Add(1)
-						return nil, retry.Permanent(errors.New("handler bug"))
+						return nil, failure.Permanent(errors.New("handler bug"))
 					}
 					return l.handle(m)
 				})
@@ -296,7 +296,7 @@ func TestRoundLongerThanLeaseRunsOnce(t *testing.T) {
 		handle := func(m *message.Message) ([]*message.Message, error) {
 			if m.UUID == "k1" {
 				if calls.Add(1) == 1 {
-					return nil, retry.Permanent(errors.New("first delivery fails")) // parks (held) below
+					return nil, failure.Permanent(errors.New("first delivery fails")) // parks (held) below
 				}
 				if inFlight.Add(1) > 1 {
 					overlap.Add(1)
@@ -459,7 +459,7 @@ func TestReplayOfBinaryKeyedDeadLetterKeepsItsBytes(t *testing.T) {
 			defer mu.Unlock()
 			seen = append(seen, maps.Clone(m.Metadata))
 			if refuse {
-				return nil, retry.Permanent(errors.New("handler bug"))
+				return nil, failure.Permanent(errors.New("handler bug"))
 			}
 			return nil, nil
 		})

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/logfields"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
@@ -102,7 +103,7 @@ func (p *Parker) handle(handler string, h message.HandlerFunc, msg *message.Mess
 	// The decision is made: a shutdown starting now must not turn it into
 	// a redelivery of a message that used its in-place attempts.
 	wctx := context.WithoutCancel(ctx)
-	if retry.IsPermanent(herr) {
+	if failure.IsPermanent(herr) {
 		return nil, p.deadLetterFirst(wctx, handler, pm, herr)
 	}
 	f := dlq.Describe(herr)

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/retry"
 )
@@ -302,16 +303,16 @@ func (p *Parker) retryKey(ctx context.Context, c storage.ParkedClaim) error {
 	if !retry.Final(herr) {
 		// Shutting down: due again at once, same budget, for the next
 		// retrier (without waiting out the lease).
-		return p.lost(storage.RescheduleParked(wctx, p.pool, c.Handler, c.Key, c.Claim, failure(c, 0, c.PrevDelay, herr, c.Rounds)))
+		return p.lost(storage.RescheduleParked(wctx, p.pool, c.Handler, c.Key, c.Claim, failureAfter(c, 0, c.PrevDelay, herr, c.Rounds)))
 	}
 	f := dlq.Describe(herr)
 	f.Attempts += c.Attempts
 	if c.FirstFailure.Valid {
 		f.FirstFailure = c.FirstFailure.Time
 	}
-	if delay, ok := p.nextDelay(round, since(f.FirstFailure), c.PrevDelay); ok && !retry.IsPermanent(herr) {
+	if delay, ok := p.nextDelay(round, since(f.FirstFailure), c.PrevDelay); ok && !failure.IsPermanent(herr) {
 		p.countRetry(c.Handler, "failed")
-		ff := failure(c, delay, delay, herr, round)
+		ff := failureAfter(c, delay, delay, herr, round)
 		ff.Attempts, ff.FirstFailure = f.Attempts, f.FirstFailure
 		return p.lost(storage.RescheduleParked(wctx, p.pool, c.Handler, c.Key, c.Claim, ff))
 	}
@@ -351,8 +352,8 @@ func (p *Parker) deadLetterHead(ctx context.Context, c storage.ParkedClaim, roun
 	return nil
 }
 
-// failure is the failure state after a round of c.
-func failure(c storage.ParkedClaim, due, prev time.Duration, err error, rounds int) storage.ParkFailure {
+// failureAfter is the failure state after a round of c.
+func failureAfter(c storage.ParkedClaim, due, prev time.Duration, err error, rounds int) storage.ParkFailure {
 	now := time.Now()
 	f := storage.ParkFailure{DueIn: due, Attempts: c.Attempts, Rounds: rounds, PrevDelay: prev, FirstFailure: now, LastFailure: now, LastError: dlq.Describe(err).Error}
 	if c.FirstFailure.Valid {
@@ -385,7 +386,7 @@ func (p *Parker) message(ctx context.Context, c storage.ParkedClaim, round int) 
 
 func (p *Parker) publish(handler string, msgs []*message.Message) error {
 	if p.cfg.Publish == nil {
-		return retry.Permanent(fmt.Errorf("%w (handler %q returned %d)", ErrProduced, handler, len(msgs)))
+		return failure.Permanent(fmt.Errorf("%w (handler %q returned %d)", ErrProduced, handler, len(msgs)))
 	}
 	if err := p.cfg.Publish(handler, msgs); err != nil {
 		return fmt.Errorf("park: publishing the %d messages handler %q produced: %w", len(msgs), handler, err)

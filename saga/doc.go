@@ -143,7 +143,7 @@
 //     as the other deadlines: its last error says why (`millwright saga
 //     list --state stuck`), its deadline is cleared, and MetricStuck
 //     counts it. HandleReply refuses a reply to such an instance with a
-//     retry.Permanent error (for the dead-letter path).
+//     failure.Permanent error (for the dead-letter path).
 //   - Nor does a transition that can never be written: one whose command
 //     outbox.Add refuses (outbox.ErrInvalidEvent: a payload past the
 //     transport's size limit, a topic it cannot take, a NUL byte, not a

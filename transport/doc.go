@@ -41,7 +41,7 @@
 // listener that does not speak the configured TLS or SASL). A broker it
 // cannot reach (refused, closed, no answer within the kind's
 // ConnectTimeout, 10s by default) is waited for, attempt after attempt
-// with backoff (WaitPolicy), each failure logged with what Open waits for
+// with backoff (0.5s doubling to 5s, jittered), each failure logged with what Open waits for
 // and passed to Config.OnWait (health.Waiter makes readiness say "waiting
 // for the broker"), until Open's ctx ends or Config.WaitForBroker passes
 // (NoWait: the first failure is returned; env MILLWRIGHT_WAIT_FOR_BROKER):
@@ -57,7 +57,7 @@
 // body; sql: payload and metadata). outbox.SetTransportLimits makes
 // outbox.Add refuse at write time what the relay could never publish. A
 // message a broker or client refuses for its size or name fails with an
-// error marked retry.Permanent and wrapping ErrMessageTooLarge or
+// error marked failure.Permanent and wrapping ErrMessageTooLarge or
 // ErrInvalidName (IsPermanent), from the kafka, googlecloud and sql
 // publishers and the name check of every kind.
 //

@@ -9,10 +9,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/retry"
 )
 
 // pgxService is the quickstart's service on pgx v5 (-driver pgx, the
@@ -51,7 +51,7 @@ func (s pgxService) placeOrder(ctx context.Context, id string) error {
 func (s pgxService) notify(msg *message.Message) error {
 	tx, ok := idempotency.PgxTxFromContext(msg.Context())
 	if !ok {
-		return retry.Permanent(errors.New("notify: no idempotency pgx.Tx in the message context"))
+		return failure.Permanent(errors.New("notify: no idempotency pgx.Tx in the message context"))
 	}
 	_, err := tx.Exec(msg.Context(), `INSERT INTO quickstart_notifications (order_id) VALUES ($1)`, string(msg.Payload))
 	return err

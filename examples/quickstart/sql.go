@@ -7,9 +7,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/outbox"
-	"github.com/millwright/millwright/retry"
 )
 
 // sqlService is the quickstart's service on database/sql with lib/pq
@@ -39,7 +39,7 @@ func (s sqlService) placeOrder(ctx context.Context, id string) error {
 func (s sqlService) notify(msg *message.Message) error {
 	tx, ok := idempotency.TxFromContext(msg.Context())
 	if !ok {
-		return retry.Permanent(errors.New("notify: no idempotency *sql.Tx in the message context"))
+		return failure.Permanent(errors.New("notify: no idempotency *sql.Tx in the message context"))
 	}
 	_, err := tx.ExecContext(msg.Context(), `INSERT INTO quickstart_notifications (order_id) VALUES ($1)`, string(msg.Payload))
 	return err

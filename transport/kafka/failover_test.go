@@ -23,6 +23,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/testing/pgtest"
@@ -261,7 +262,7 @@ func (f *failover) apply(msg *message.Message) error {
 	}
 	var ev foEvent
 	if err := json.Unmarshal(msg.Payload, &ev); err != nil {
-		return retry.Permanent(fmt.Errorf("payload of %s: %w", msg.UUID, err))
+		return failure.Permanent(fmt.Errorf("payload of %s: %w", msg.UUID, err))
 	}
 	_, err := tx.ExecContext(msg.Context(), `INSERT INTO failover_effects (event_id, agg, seq) VALUES ($1, $2, $3)`,
 		msg.Metadata.Get(metadata.EventID), ev.Agg, ev.Seq)

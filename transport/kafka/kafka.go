@@ -204,7 +204,7 @@ type Transport struct {
 // waits for a cluster that is down (transport.Config.WaitForBroker). An
 // error that waiting cannot fix (configuration, credentials refused, a
 // listener that does not speak the configured TLS or SASL) is marked
-// retry.Permanent. Errors name settings as kafka.Config fields.
+// failure.Permanent. Errors name settings as kafka.Config fields.
 func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
 	return open(ctx, cfg, logger, fieldSettings)
 }

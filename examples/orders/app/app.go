@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/metrics"
 	"github.com/millwright/millwright/outbox"
@@ -472,7 +473,7 @@ var startupRetry = retry.Policy{InitialInterval: 200 * time.Millisecond, MaxInte
 // untilReady runs step until it succeeds, backing off between attempts
 // and logging each failure with what was being done, until ctx ends; it
 // then returns the last failure with ctx's error. A permanent error
-// (retry.Permanent) is returned at once.
+// (failure.Permanent) is returned at once.
 func (a *App) untilReady(ctx context.Context, what string, step func() error) error {
 	p := startupRetry.WithDefaults()
 	for attempt := 1; ; attempt++ {
@@ -483,7 +484,7 @@ func (a *App) untilReady(ctx context.Context, what string, step func() error) er
 			}
 			return nil
 		}
-		if retry.IsPermanent(err) {
+		if failure.IsPermanent(err) {
 			return err
 		}
 		delay := p.Backoff(attempt)

@@ -9,8 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -73,7 +73,7 @@ func participant[C command](service string, valid func(C) error,
 		ctx := msg.Context()
 		tx, err := txFromContext(ctx)
 		if err != nil {
-			return retry.Permanent(fmt.Errorf("%s: %w", service, err))
+			return failure.Permanent(fmt.Errorf("%s: %w", service, err))
 		}
 		if !saga.IsCommand(msg) {
 			return dlq.Malformed(fmt.Errorf("%s: message %s is not a saga command (no %s metadata)", service, msg.UUID, metadata.SagaID))
