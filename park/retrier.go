@@ -35,29 +35,23 @@ func Retried(ctx context.Context) (round int, ok bool) {
 // router is running), up to Config.Concurrency keys at once: a slow
 // round holds its own slot only. It runs until ctx ends or Close is
 // called, then waits for its rounds in flight. A database error is logged
-// and retried at the next poll; Run returns nil when stopped. Run once
-// per Parker.
+// and retried at the next poll; Run returns nil when stopped.
+//
+// Run, Close and Running follow the lifecycle of every long-running
+// component (internal/runner, as outbox.Relay and saga.Orchestrator): Run
+// once per Parker (a second call returns an error wrapping
+// runner.ErrRunTwice at once); Run after Close returns nil at once.
 func (p *Parker) Run(ctx context.Context) error {
-	started := false
-	p.runOnce.Do(func() { started = true })
-	if !started {
-		return errors.New("park: Run called twice on one Parker (or after Close); create one Parker per retrier")
-	}
+	return p.run.Run(ctx, p.loop)
+}
+
+// loop is Run's loop on p.run: it claims due keys each poll (or when a
+// round ends with room for more) until ctx ends or Close drains it, then
+// waits for the rounds in flight. Close cancels their context at once.
+func (p *Parker) loop(ctx context.Context, draining <-chan struct{}) error {
 	if err := p.conflict(); err != nil {
-		close(p.done)
 		return fmt.Errorf("park: Run: %w", err)
 	}
-	defer close(p.done)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-p.closed:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	close(p.running)
 	var (
 		wg    sync.WaitGroup
 		slots = make(chan struct{}, p.cfg.Concurrency)
@@ -68,6 +62,8 @@ func (p *Parker) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			return nil
+		case <-draining:
 			return nil
 		case <-t.C:
 		case <-p.wake:
@@ -111,26 +107,15 @@ func (p *Parker) startRounds(ctx context.Context, wg *sync.WaitGroup, slots chan
 	return len(claims)
 }
 
-// Running is closed once Run has started.
-func (p *Parker) Running() <-chan struct{} { return p.running }
+// Running is closed once Run has started (or returned at once because
+// Close came first).
+func (p *Parker) Running() <-chan struct{} { return p.run.Running() }
 
 // Close stops Run, waiting for its rounds in flight (their handlers get a
-// cancelled context). It is idempotent and returns at once when Run never
-// started.
-func (p *Parker) Close() error {
-	p.close.Do(func() { close(p.closed) })
-	started := false
-	p.runOnce.Do(func() {}) // a Run after Close refuses to start
-	select {
-	case <-p.running:
-		started = true
-	default:
-	}
-	if started {
-		<-p.done
-	}
-	return nil
-}
+// cancelled context at once). It is idempotent, safe from several
+// goroutines, and returns at once when Run never started (a later Run then
+// returns nil at once).
+func (p *Parker) Close() error { return p.run.Close() }
 
 // RetryDue runs one round synchronously: it claims the due keys of the
 // registered handlers (at most Config.Concurrency), retries their head
