@@ -4,13 +4,15 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/spf13/cobra"
+
 	"github.com/millwright/millwright/cmd/millwright-bench/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright-bench/internal/bench/idempotencybench"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/cli"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
-	"github.com/spf13/cobra"
+	"github.com/millwright/millwright/postgres"
 )
 
 func benchIdempotencyCmd() *cobra.Command {
@@ -64,7 +66,7 @@ func runBenchIdempotency(cmd *cobra.Command, _ []string) error {
 	defer db.Close()
 	db.SetMaxOpenConns(cfg.Workers)
 	db.SetMaxIdleConns(cfg.Workers)
-	if _, err := migrate.Up(ctx, db, idempotency.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), idempotency.Migrations()); err != nil {
 		return err
 	}
 	cfg.DB, cfg.URL = db, schemaURL

@@ -8,14 +8,16 @@ import (
 	"slices"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/millwright/millwright/cmd/millwright-bench/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright-bench/internal/bench/outboxbench"
 	"github.com/millwright/millwright/internal/cli"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
-	"github.com/spf13/cobra"
 )
 
 func benchOutboxCmd() *cobra.Command {
@@ -173,7 +175,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	defer db.Close()
 	db.SetMaxOpenConns(24)
 	db.SetMaxIdleConns(24)
-	if _, err := migrate.Up(ctx, db, outbox.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), outbox.Migrations()); err != nil {
 		return err
 	}
 	cfg.DB, cfg.URL = db, schemaURL

@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/millwright/millwright/cmd/millwright-bench/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright-bench/internal/bench/sagabench"
 	"github.com/millwright/millwright/internal/cli"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"
-	"github.com/spf13/cobra"
 )
 
 func benchSagaCmd() *cobra.Command {
