@@ -61,14 +61,24 @@
 // MaxEventBytes as that transport counts it on the wire: payload, key and
 // headers or attributes, with the CloudEvents metadata the relay adds
 // (transport.ErrMessageTooLarge; the error names the size, the limit and
-// the setting). Tell Add the relay's transport once at start-up with
-// SetTransportLimits(transport.LimitsFor(cfg)) (Kafka: 1 MiB as Sarama
-// counts it, or what kafka.Config.Tune sets; Pub/Sub: 10 MB and its
-// attribute limits; RabbitMQ: 16 MiB of body; sql: 1 GiB and a
-// 36-character id); until then Add refuses names no kind takes and
-// bounds the event at 1 MiB counted as Kafka counts it. A broker whose
-// limit is below its kind's default (a Kafka topic's max.message.bytes)
-// is not known to Add: lower MaxEventBytes to it. What a broker still
+// the setting).
+//
+// Those limits, and the default CloudEvents source, belong to a Writer:
+// build one at start-up from the relay's transport and write through it
+// (Kafka: 1 MiB as Sarama counts it, or what kafka.Config.Tune sets;
+// Pub/Sub: 10 MB and its attribute limits; RabbitMQ: 16 MiB of body; sql:
+// 1 GiB and a 36-character id):
+//
+//	w, err := outbox.NewWriter(outbox.WriterConfig{Limits: t.Limits()}) // or transport.LimitsFor(cfg)
+//	err = w.Add(ctx, postgres.PgxTx(tx), outbox.Event{...})
+//
+// The package-level Add, AddToBatch and a TxPublisher without
+// PublisherConfig.Writer use the default Writer: names some kind takes,
+// 1 MiB counted as Kafka counts it, the source "/" +
+// $MILLWRIGHT_SERVICE_NAME. Nothing of this is process state: Writers
+// with different settings live side by side. A broker whose limit is
+// below its kind's default (a Kafka topic's max.message.bytes) is not
+// known to a Writer: set WriterConfig.MaxEventBytes to it. What a broker still
 // refuses for its size or name comes back from the kafka, googlecloud and
 // sql publishers as a permanent error (retry.Permanent, wrapping
 // transport.ErrMessageTooLarge or transport.ErrInvalidName).

@@ -82,7 +82,7 @@ func TestAdd_PublishedMetadataIsCompleteAndStoredOnce(t *testing.T) {
 	require.NoError(t, b.db.QueryRow(`SELECT metadata::text FROM millwright_outbox WHERE event_id = 'e-1'`).Scan(&stored))
 	require.JSONEq(t, `{"tenant":"t-1","ce_subject":"custom","ce_source":"/orders","traceparent":"00-`+sc.TraceID().String()+`-`+sc.SpanID().String()+`-01"}`, stored)
 	require.NoError(t, b.db.QueryRow(`SELECT metadata::text FROM millwright_outbox WHERE event_id = 'e-2'`).Scan(&stored))
-	require.JSONEq(t, `{"ce_source":"`+DefaultSource()+`"}`, stored, "only the default source, which no column holds")
+	require.JSONEq(t, `{"ce_source":"`+defaultWriter().Source()+`"}`, stored, "only the default source, which no column holds")
 
 	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 10 * time.Millisecond})
 	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 2 }, "2 messages")
@@ -105,7 +105,7 @@ func TestAdd_PublishedMetadataIsCompleteAndStoredOnce(t *testing.T) {
 	require.NotEmpty(t, m2.Get(metadata.EventTime))
 	delete(m2, metadata.EventTime)
 	require.Equal(t, message.Metadata{
-		metadata.EventID: "e-2", metadata.EventSpecVersion: "1.0", metadata.EventSource: DefaultSource(), metadata.EventType: "orders",
+		metadata.EventID: "e-2", metadata.EventSpecVersion: "1.0", metadata.EventSource: defaultWriter().Source(), metadata.EventType: "orders",
 		metadata.EventSubject: "e-2", metadata.AggregateID: "e-2", metadata.OrderingKey: "e-2",
 	}, m2)
 }

@@ -59,8 +59,9 @@ const (
 // service is the part of the program that depends on the Postgres driver:
 // pgxService (pgx.go) or sqlService (sql.go).
 type service interface {
-	// placeOrder writes an order and its event in one transaction.
-	placeOrder(ctx context.Context, id string) error
+	// placeOrder writes an order and its event, with w, in one
+	// transaction.
+	placeOrder(ctx context.Context, w *outbox.Writer, id string) error
 	// notify is the consumer's handler.
 	notify(msg *message.Message) error
 	idempotencyStore() (*idempotency.PostgresStore, error)
@@ -129,8 +130,12 @@ func run() error {
 		return err
 	}
 	defer tr.Close()
-	// outbox.Add refuses at write time what this transport would refuse.
-	outbox.SetTransportLimits(tr.Limits())
+	// The outbox's writer refuses at write time what this transport would
+	// refuse (its names, its message size on the wire).
+	w, err := outbox.NewWriter(outbox.WriterConfig{Limits: tr.Limits()})
+	if err != nil {
+		return err
+	}
 	router, idem, err := newConsumer(svc, tr, wlog)
 	if err != nil {
 		return err
@@ -152,7 +157,7 @@ func run() error {
 	// Place orders: business row and event in one transaction.
 	runID := watermill.NewShortUUID()
 	for i := range o.orders {
-		if err := svc.placeOrder(ctx, fmt.Sprintf("%s-%03d", runID, i)); err != nil {
+		if err := svc.placeOrder(ctx, w, fmt.Sprintf("%s-%03d", runID, i)); err != nil {
 			return err
 		}
 	}

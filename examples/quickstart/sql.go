@@ -9,6 +9,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -17,9 +18,9 @@ import (
 // transaction and the handler's are *sql.Tx.
 type sqlService struct{ db *sql.DB }
 
-// placeOrder writes the order and its event in one transaction. outbox.Add
+// placeOrder writes the order and its event in one transaction. Writer.Add
 // returns the event INSERT's error itself.
-func (s sqlService) placeOrder(ctx context.Context, id string) error {
+func (s sqlService) placeOrder(ctx context.Context, w *outbox.Writer, id string) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -28,7 +29,7 @@ func (s sqlService) placeOrder(ctx context.Context, id string) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO quickstart_orders (id) VALUES ($1)`, id); err != nil {
 		return err
 	}
-	if err := outbox.Add(ctx, tx, orderCreated(id)); err != nil {
+	if err := w.Add(ctx, postgres.SQLTx(tx), orderCreated(id)); err != nil {
 		return err
 	}
 	return tx.Commit()

@@ -34,6 +34,8 @@ type App struct {
 	topics Topics
 	orch   *saga.Orchestrator[Fulfilment]
 	store  *dlq.Store
+	// writer checks events against the transport's limits.
+	writer *outbox.Writer
 	// The constructors of millwright's components are generic over the
 	// pool (postgres.Pool): wire builds them on Config's pool.
 	newIdempotencyStore func() (*idempotency.PostgresStore, error)
@@ -57,6 +59,11 @@ func New(cfg Config) (*App, error) {
 	}
 	a := &App{cfg: cfg, topics: NewTopics(cfg.TopicPrefix), subs: map[string]message.Subscriber{}, parkers: map[string]*park.Parker{}}
 	var err error
+	// Events are refused at write time when this transport would refuse
+	// them (its names, its message size on the wire).
+	if a.writer, err = outbox.NewWriter(outbox.WriterConfig{Limits: cfg.Transport.Limits()}); err != nil {
+		return nil, err
+	}
 	if cfg.Pgx != nil {
 		a.db = pgxDB{cfg.Pgx}
 		err = wire(a, cfg.Pgx)
@@ -386,15 +393,15 @@ func (a *App) startService(ctx context.Context, r *message.Router, s Service) (l
 		err = a.untilReady(ctx, "reaching the database", func() error { return a.db.ping(ctx) })
 	case Inventory:
 		err = a.consumer(ctx, r, "inventory", a.topics.InventoryCommands, GroupInventory,
-			participant("inventory", validStock, reserve, release))
+			participant(a.writer, "inventory", validStock, reserve, release))
 		consumers++
 	case Billing:
 		err = a.consumer(ctx, r, "billing", a.topics.BillingCommands, GroupBilling,
-			participant("billing", validPayment, a.charge, refund))
+			participant(a.writer, "billing", validPayment, a.charge, refund))
 		consumers++
 	case Shipping:
 		err = a.consumer(ctx, r, "shipping", a.topics.ShippingCommands, GroupShipping,
-			participant("shipping", validShipment, schedule, cancelShipment))
+			participant(a.writer, "shipping", validShipment, schedule, cancelShipment))
 		consumers++
 	case Notify:
 		err = a.consumer(ctx, r, "notify", a.topics.OrderEvents, GroupNotify, a.notify)
