@@ -2,16 +2,17 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
 )
 
 func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) {
@@ -31,7 +32,7 @@ func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) 
 	_, err = b.db.Exec(`UPDATE millwright_outbox SET status = 'failed', created_at = now() - interval '30 days' WHERE id IN (SELECT id FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 10)`)
 	require.NoError(t, err)
 
-	c, err := NewCleaner(b.db, CleanerConfig{BatchSize: 7})
+	c, err := retention.NewOutboxCleaner(postgres.From(b.db), retention.Config{BatchSize: 7})
 	require.NoError(t, err)
 
 	// Writers keep adding while the cleaner deletes; the clean starts once
@@ -85,23 +86,23 @@ func TestCleaner_OneInstanceAtATime(t *testing.T) {
 	conn, err := b.db.Conn(ctx)
 	require.NoError(t, err)
 	defer conn.Close()
-	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, cleanerTable.Store.LockClass)
+	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, storage.OutboxRetention.LockClass)
 	require.NoError(t, err)
 	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
 	_, err = b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '8 days'`)
 	require.NoError(t, err)
 
-	c, err := NewCleaner(b.db, CleanerConfig{})
+	c, err := retention.NewOutboxCleaner(postgres.From(b.db), retention.Config{})
 	require.NoError(t, err)
 	stats, err := c.RunOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, CleanStats{Skipped: true}, stats)
+	require.Equal(t, retention.Stats{Skipped: true}, stats)
 
-	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, cleanerTable.Store.LockClass)
+	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, storage.OutboxRetention.LockClass)
 	require.NoError(t, err)
 	stats, err = c.RunOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, CleanStats{Deleted: 1, Batches: 1}, stats)
+	require.Equal(t, retention.Stats{Deleted: 1, Batches: 1}, stats)
 }
 
 func TestCleaner_RunAndClose(t *testing.T) {
@@ -110,7 +111,7 @@ func TestCleaner_RunAndClose(t *testing.T) {
 	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
 	_, err := b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '2 hours'`)
 	require.NoError(t, err)
-	c, err := NewCleaner(b.db, CleanerConfig{Retention: time.Hour, Interval: 10 * time.Millisecond})
+	c, err := retention.NewOutboxCleaner(postgres.From(b.db), retention.Config{Retention: time.Hour, Interval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(context.Background()) }()
@@ -121,7 +122,7 @@ func TestCleaner_RunAndClose(t *testing.T) {
 	require.NoError(t, c.Close(), "Close is idempotent")
 }
 
-// TestCleaner_OnEveryDriver: the generic NewCleaner on a *sql.DB and on a
+// TestCleaner_OnEveryDriver: retention.NewOutboxCleaner on a *sql.DB and on a
 // *pgxpool.Pool deletes the old published rows, in batches, and keeps
 // pending, failed and recent ones.
 func TestCleaner_OnEveryDriver(t *testing.T) {
@@ -140,20 +141,14 @@ func TestCleaner_OnEveryDriver(t *testing.T) {
 			UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id IN (SELECT id FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 3);
 			UPDATE millwright_outbox SET status = 'failed', created_at = now() - interval '30 days' WHERE id IN (SELECT id FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 3)`)
 		require.NoError(t, err)
-		var c *Cleaner
-		switch h := b.schema.Handle(t, driver).(type) {
-		case *sql.DB:
-			c, err = NewCleaner(h, CleanerConfig{BatchSize: 5})
-		case *pgxpool.Pool:
-			c, err = NewCleaner(h, CleanerConfig{BatchSize: 5})
-		}
+		c, err := retention.NewOutboxCleaner(b.schema.Handles(t, driver), retention.Config{BatchSize: 5})
 		require.NoError(t, err)
 		n, err := c.Count(ctx)
 		require.NoError(t, err)
 		require.EqualValues(t, 12, n)
 		stats, err := c.RunOnce(ctx)
 		require.NoError(t, err)
-		require.Equal(t, CleanStats{Deleted: 12, Batches: 3}, stats)
+		require.Equal(t, retention.Stats{Deleted: 12, Batches: 3}, stats)
 		var left string
 		require.NoError(t, b.db.QueryRow(`SELECT string_agg(status || '=' || n, ',' ORDER BY status) FROM (SELECT status, count(*) n FROM millwright_outbox GROUP BY status) s`).Scan(&left))
 		require.Equal(t, "failed=3,pending=2,published=3", left)

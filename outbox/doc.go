@@ -95,7 +95,7 @@
 //
 // # Relaying
 //
-// Run a Relay (and a Cleaner) beside the service, as many instances as you
+// Run a Relay (and the outbox's cleaner, package retention) beside the service, as many instances as you
 // like: they divide the work between them. Each row belongs to one of 64
 // lanes, a hash of its aggregate; each running relay holds a share of the
 // lanes (a lease in millwright_outbox_lanes, renewed while it runs) and
@@ -295,7 +295,9 @@
 //
 // # Retention
 //
-// A Cleaner deletes published rows older than Retention (default 7 days)
+// The outbox's cleaner, retention.NewOutboxCleaner (package retention
+// holds every table's), deletes published rows older than Retention
+// (default 7 days)
 // in batches of BatchSize rows, each its own short transaction, under a
 // per-schema advisory lock so one instance cleans at a time. Pending and
 // failed rows are never deleted. Sizing: the table holds about

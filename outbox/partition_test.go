@@ -18,9 +18,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
 )
 
 // partitionedSubtest marks the subtests of TestOutboxLayouts that run a
@@ -290,7 +292,7 @@ func partitionedSetup(t *testing.T) (bundle, time.Time) {
 	for d := -3; d < 0; d++ {
 		day := today.AddDate(0, 0, d)
 		_, err := b.db.Exec(fmt.Sprintf(`CREATE TABLE %s PARTITION OF millwright_outbox FOR VALUES FROM ('%s') TO ('%s') WITH (fillfactor = 70)`,
-			cleaner.PartitionName("millwright_outbox", day), day.Format(time.RFC3339), day.AddDate(0, 0, 1).Format(time.RFC3339)))
+			retention.PartitionName("millwright_outbox", day), day.Format(time.RFC3339), day.AddDate(0, 0, 1).Format(time.RFC3339)))
 		require.NoError(t, err)
 	}
 	return b, today
@@ -305,14 +307,14 @@ func TestPartitionCleaner_CreatesAheadDropsOnlyFullyPublishedPartitions(t *testi
 	t.Parallel()
 	b, today := partitionedSetup(t)
 	ctx := context.Background()
-	pname := func(d int) string { return cleaner.PartitionName("millwright_outbox", today.AddDate(0, 0, d)) }
+	pname := func(d int) string { return retention.PartitionName("millwright_outbox", today.AddDate(0, 0, d)) }
 
 	// Day -3: published only. Day -2: published and one pending. Day -1:
 	// published and one failed. Today: published. The future: one row in
 	// the DEFAULT partition (the cleaner has not run yet).
 	seedPartitionDays(t, b.db, today)
 
-	c, err := NewCleaner(b.db, CleanerConfig{Retention: time.Millisecond, PartitionsAhead: 4})
+	c, err := retention.NewOutboxCleaner(postgres.From(b.db), retention.Config{Retention: time.Millisecond, PartitionsAhead: 4})
 	require.NoError(t, err)
 	dry, err := c.Count(ctx)
 	require.NoError(t, err)
@@ -356,7 +358,7 @@ func TestPartitionCleaner_CreatesAheadDropsOnlyFullyPublishedPartitions(t *testi
 	require.NoError(t, err)
 	defer conn.Close()
 	var locked bool
-	require.NoError(t, conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock(`+strconv.Itoa(int(cleanerTable.Store.LockClass))+`, hashtext(current_schema()))`).Scan(&locked))
+	require.NoError(t, conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock(`+strconv.Itoa(int(storage.OutboxRetention.LockClass))+`, hashtext(current_schema()))`).Scan(&locked))
 	require.True(t, locked)
 	stats, err = c.RunOnce(ctx)
 	require.NoError(t, err)
@@ -403,11 +405,11 @@ func TestPartitionCleaner_ConflictWithDefaultRowsIsReported(t *testing.T) {
 	// exists; the cleaner then cannot attach that day's partition.
 	_, err := b.db.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, created_at) VALUES ('ahead', 't', 'a', '{}', $1::timestamptz + interval '5 days 1 hour')`, today)
 	require.NoError(t, err)
-	c, err := NewCleaner(b.db, CleanerConfig{Retention: 30 * 24 * time.Hour, PartitionsAhead: 6})
+	c, err := retention.NewOutboxCleaner(postgres.From(b.db), retention.Config{Retention: 30 * 24 * time.Hour, PartitionsAhead: 6})
 	require.NoError(t, err)
 	stats, err := c.RunOnce(ctx)
 	require.Error(t, err)
-	require.Contains(t, err.Error(), cleaner.PartitionName("millwright_outbox", today.AddDate(0, 0, 5)))
+	require.Contains(t, err.Error(), retention.PartitionName("millwright_outbox", today.AddDate(0, 0, 5)))
 	require.Contains(t, err.Error(), "DEFAULT partition holds rows of that day")
 	require.Equal(t, 3, stats.PartitionsCreated, "+3, +4 and +6 still created")
 	require.EqualValues(t, 1, stats.DefaultRows)
@@ -486,7 +488,7 @@ func TestPartitionCleaner_WithRelayAndWriters(t *testing.T) {
 		FROM generate_series(-3, -1) d, generate_series(1, 100) g`, today)
 	require.NoError(t, err)
 
-	c, err := NewCleaner(b.db, CleanerConfig{Retention: time.Millisecond, PartitionsAhead: 2})
+	c, err := retention.NewOutboxCleaner(postgres.From(b.db), retention.Config{Retention: time.Millisecond, PartitionsAhead: 2})
 	require.NoError(t, err)
 	// Before the relay runs: only day -2 may go.
 	stats, err := c.RunOnce(ctx)
@@ -536,6 +538,6 @@ func TestPartitionCleaner_WithRelayAndWriters(t *testing.T) {
 	// A message reaches the subscriber before the relay marks its row.
 	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "every row marked published")
 	for d := -3; d < 0; d++ {
-		require.NotContains(t, partitionNames(t, b.db), cleaner.PartitionName("millwright_outbox", today.AddDate(0, 0, d)))
+		require.NotContains(t, partitionNames(t, b.db), retention.PartitionName("millwright_outbox", today.AddDate(0, 0, d)))
 	}
 }

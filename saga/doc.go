@@ -182,9 +182,9 @@
 // (its transaction rolls back and another instance fires those deadlines).
 // It is idempotent; Run after Close returns at once.
 //
-// A Cleaner deletes completed and compensated sagas whose last transition
-// is older than CleanerConfig.Retention (default DefaultRetention, 30
-// days), with their step history, BatchSize sagas per statement, one
+// retention.NewSagaCleaner's cleaner deletes completed and compensated
+// sagas whose last transition is older than retention.Config.Retention
+// (default retention.DefaultSagaRetention, 30 days), with their step history, BatchSize sagas per statement, one
 // instance per schema at a time. Running, compensating and stuck sagas are
 // never deleted. A reply still arriving for a deleted saga fails
 // permanently with ErrNotFound.

@@ -10,10 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
 )
 
 // The Postgres driver of the components a command runs (--driver).
@@ -140,20 +141,17 @@ func openPgx(ctx context.Context, u string) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-// openCleaner builds a component's cleaner on the CLI's pool: a *sql.DB
-// or a *pgxpool.Pool (--driver).
-type openCleaner func(db any, cfg cleaner.Config) (*cleaner.Cleaner, error)
+// openCleaner builds a table's cleaner (retention.NewOutboxCleaner, ...).
+type openCleaner func(db postgres.DB, cfg retention.Config) (*retention.Cleaner, error)
 
-// cleanerOf is the openCleaner of a component's generic NewCleaner,
-// instantiated for each driver.
-func cleanerOf(onSQL func(*sql.DB, cleaner.Config) (*cleaner.Cleaner, error), onPgx func(*pgxpool.Pool, cleaner.Config) (*cleaner.Cleaner, error)) openCleaner {
-	return func(db any, cfg cleaner.Config) (*cleaner.Cleaner, error) {
-		switch db := db.(type) {
-		case *sql.DB:
-			return onSQL(db, cfg)
-		case *pgxpool.Pool:
-			return onPgx(db, cfg)
-		}
-		return nil, fmt.Errorf("cmd/millwright: %T is neither a *sql.DB nor a *pgxpool.Pool", db)
+// dbOf is the postgres.DB of the CLI's pool, a *sql.DB or a
+// *pgxpool.Pool (--driver).
+func dbOf(h any) postgres.DB {
+	switch h := h.(type) {
+	case *sql.DB:
+		return postgres.SQL(h)
+	case *pgxpool.Pool:
+		return postgres.Pgx(h)
 	}
+	return postgres.DB{}
 }

@@ -24,17 +24,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/cmd/millwright/internal/relayenv"
-	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/health"
-	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
-	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
-	"github.com/millwright/millwright/saga"
+	"github.com/millwright/millwright/retention"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -443,21 +439,21 @@ func (p *relayProcess) components(tables map[string]bool) error {
 		retention        time.Duration
 		open             openCleaner
 	}{
-		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, cleanerOf(outbox.NewCleaner[*sql.DB], outbox.NewCleaner[*pgxpool.Pool])},
-		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, cleanerOf(idempotency.NewCleaner[*sql.DB], idempotency.NewCleaner[*pgxpool.Pool])},
-		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, cleanerOf(dlq.NewCleaner[*sql.DB], dlq.NewCleaner[*pgxpool.Pool])},
-		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, cleanerOf(saga.NewCleaner[*sql.DB], saga.NewCleaner[*pgxpool.Pool])},
-		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, cleanerOf(audit.NewCleaner[*sql.DB], audit.NewCleaner[*pgxpool.Pool])},
+		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, retention.NewOutboxCleaner},
+		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, retention.NewIdempotencyCleaner},
+		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, retention.NewDeadLetterCleaner},
+		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, retention.NewSagaCleaner},
+		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, retention.NewAuditCleaner},
 	}
 	for _, c := range cleaners {
 		if c.retention <= 0 || !tables[c.table] {
 			continue
 		}
-		ccfg := cleaner.Config{Retention: c.retention, Interval: p.cfg.CleanInterval, Logger: p.logger}
+		ccfg := retention.Config{Retention: c.retention, Interval: p.cfg.CleanInterval, Logger: p.logger}
 		if p.reg != nil { // a nil *Registry is not a nil Registerer
 			ccfg.Registerer = p.reg // millwright_loop_panics_total of the cleaners
 		}
-		cl, err := c.open(p.pool(), ccfg)
+		cl, err := c.open(dbOf(p.pool()), ccfg)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.env, err)
 		}

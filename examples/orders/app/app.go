@@ -20,6 +20,7 @@ import (
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/shutdown"
@@ -40,7 +41,7 @@ type App struct {
 	// pool (postgres.Pool): wire builds them on Config's pool.
 	newIdempotencyStore func() (*idempotency.PostgresStore, error)
 	newRelay            func(message.Publisher, outbox.RelayConfig) (*outbox.Relay, error)
-	newCleaners         func(outbox.CleanerConfig) ([]*outbox.Cleaner, error)
+	newCleaners         func(retention.Config) ([]*retention.Cleaner, error)
 
 	newParker func(park.Config) (*park.Parker, error)
 
@@ -101,17 +102,16 @@ func wire[P postgres.Pool](a *App, pool P) error {
 	a.newRelay = func(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
 		return outbox.NewRelay(pool, pub, cfg)
 	}
-	// Retention, each table at its package's DefaultRetention: published
+	// Retention, each table at its default (package retention): published
 	// outbox rows and processed-event marks (7 days), finished sagas (30
 	// days), dead letters (90 days). One cleaner of each per schema works
-	// at a time, whatever the number of relay processes. Every package's
-	// Cleaner and CleanerConfig are the same types.
-	a.newCleaners = func(cfg outbox.CleanerConfig) ([]*outbox.Cleaner, error) {
-		var cs []*outbox.Cleaner
-		for _, open := range []func(P, outbox.CleanerConfig) (*outbox.Cleaner, error){
-			outbox.NewCleaner[P], idempotency.NewCleaner[P], saga.NewCleaner[P], dlq.NewCleaner[P],
+	// at a time, whatever the number of relay processes.
+	a.newCleaners = func(cfg retention.Config) ([]*retention.Cleaner, error) {
+		var cs []*retention.Cleaner
+		for _, open := range []func(postgres.DB, retention.Config) (*retention.Cleaner, error){
+			retention.NewOutboxCleaner, retention.NewIdempotencyCleaner, retention.NewSagaCleaner, retention.NewDeadLetterCleaner,
 		} {
-			c, err := open(pool, cfg)
+			c, err := open(postgres.From(pool), cfg)
 			if err != nil {
 				return nil, err
 			}
@@ -422,8 +422,8 @@ func (a *App) startService(ctx context.Context, r *message.Router, s Service) (l
 			break
 		}
 		loops = append(loops, loop{relay.Run, relay.Running(), relay.Close})
-		var cleaners []*outbox.Cleaner
-		if cleaners, err = a.newCleaners(outbox.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
+		var cleaners []*retention.Cleaner
+		if cleaners, err = a.newCleaners(retention.Config{Logger: a.cfg.Logger}); err != nil {
 			break
 		}
 		for _, c := range cleaners {

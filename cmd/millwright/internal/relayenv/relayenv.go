@@ -13,10 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
-	"github.com/millwright/millwright/saga"
+	"github.com/millwright/millwright/retention"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -125,10 +122,10 @@ var Vars = []Var{
 	{Driver, "pgx", "Postgres driver the relays and cleaners run on: pgx (a pgxpool.Pool) or pq (database/sql on lib/pq); --driver takes its place. The sql transport and /readyz use database/sql either way"},
 	{MaxConns, "4 per relay + 4", "size of the relays' and cleaners' database pool; /readyz pings through one connection of its own, and LISTEN adds two per relay"},
 	{OutboxRetention, "168h", "age at which published outbox rows are deleted by the outbox cleaner; 0 disables it"},
-	{IdempotencyRetention, idempotency.DefaultRetention.String(), "age at which processed-event rows are deleted by the idempotency cleaner (only when millwright_processed_events exists); 0 disables it"},
-	{DLQRetention, dlq.DefaultRetention.String(), "age at which dead letters (replayed or not) are deleted by the dead-letter cleaner (only when millwright_dead_letters exists); 0 disables it"},
-	{SagaRetention, saga.DefaultRetention.String(), "age at which completed and compensated sagas, with their steps, are deleted by the saga cleaner (only when millwright_saga_instances exists; running, compensating and stuck sagas are never deleted); 0 disables it"},
-	{AuditRetention, audit.DefaultRetention.String(), "age at which audit rows are deleted by the audit cleaner (only when millwright_audit exists); 0 disables it"},
+	{IdempotencyRetention, retention.DefaultIdempotencyRetention.String(), "age at which processed-event rows are deleted by the idempotency cleaner (only when millwright_processed_events exists); 0 disables it"},
+	{DLQRetention, retention.DefaultDeadLetterRetention.String(), "age at which dead letters (replayed or not) are deleted by the dead-letter cleaner (only when millwright_dead_letters exists); 0 disables it"},
+	{SagaRetention, retention.DefaultSagaRetention.String(), "age at which completed and compensated sagas, with their steps, are deleted by the saga cleaner (only when millwright_saga_instances exists; running, compensating and stuck sagas are never deleted); 0 disables it"},
+	{AuditRetention, retention.DefaultAuditRetention.String(), "age at which audit rows are deleted by the audit cleaner (only when millwright_audit exists); 0 disables it"},
 	{CleanInterval, "1m", "interval between cleaning rounds"},
 }
 
@@ -193,8 +190,8 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	c := Config{
 		Addr: DefaultAddr, Relays: 1, BatchSize: 500, Workers: 4, PollInterval: time.Second, Listen: true,
 		DrainTimeout: 20 * time.Second, Lease: 30 * time.Second, ReadyMaxAge: 30 * time.Second,
-		OutboxRetention: 7 * 24 * time.Hour, IdempotencyRetention: idempotency.DefaultRetention,
-		DLQRetention: dlq.DefaultRetention, SagaRetention: saga.DefaultRetention, AuditRetention: audit.DefaultRetention,
+		OutboxRetention: retention.DefaultOutboxRetention, IdempotencyRetention: retention.DefaultIdempotencyRetention,
+		DLQRetention: retention.DefaultDeadLetterRetention, SagaRetention: retention.DefaultSagaRetention, AuditRetention: retention.DefaultAuditRetention,
 		CleanInterval: time.Minute,
 	}
 	var errs []error

@@ -1,4 +1,4 @@
-package cleaner_test
+package retention_test
 
 import (
 	"context"
@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/retention"
 )
 
 // Run on a schema without its table fails at once, naming the table and
@@ -17,7 +17,7 @@ import (
 func TestRunWithoutTheTableFailsAtOnce(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t) // no things table
-	c, err := cleaner.New(s.Pool(t, pgtest.DriverPgx), table, cleaner.Config{Interval: 10 * time.Millisecond})
+	c, err := retention.New(s.Pool(t, pgtest.DriverPgx), table, retention.Config{Interval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(context.Background()) }()

@@ -1,4 +1,4 @@
-package cleaner
+package retention
 
 import (
 	"context"
@@ -116,11 +116,11 @@ func TestPartitionRound_PlainTableIsDeletedFrom(t *testing.T) {
 func TestConfig_PartitionsAhead(t *testing.T) {
 	t.Parallel()
 	var c Config
-	c.SetDefaults(events)
+	c.setDefaults(events)
 	require.Equal(t, DefaultPartitionsAhead, c.PartitionsAhead)
 	for _, bad := range []int{-1, MaxPartitionsAhead + 1} {
 		c.PartitionsAhead = bad
-		err := c.Validate(events)
+		err := c.validate(events)
 		require.Error(t, err)
 		require.True(t, strings.Contains(err.Error(), "PartitionsAhead"), err.Error())
 	}

@@ -1,4 +1,4 @@
-package cleaner
+package retention
 
 import (
 	"context"
@@ -30,7 +30,7 @@ const (
 	defaultRowsCap = 100000
 )
 
-// The partition mode of a Table (Store.Partitions set). When the table is
+// The partition mode of a table (Store.Partitions set). When the table is
 // partitioned by range on a timestamptz column by UTC day (as the outbox's
 // partitioned layout, outbox.PartitionedMigrations), a round does not
 // delete rows; it

@@ -1,4 +1,4 @@
-package cleaner_test
+package retention_test
 
 import (
 	"context"
@@ -9,15 +9,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
 )
 
 const bound = 10 * time.Second
 
-var table = cleaner.Table{
+var table = retention.Table{
 	Component: "test", Rows: "things",
 	Store: storage.RetentionTable{
 		Name: "things", Key: "id", OrderBy: "id",
@@ -61,7 +62,7 @@ func TestRunOnceDeletesOnlyQualifyingRowsInBatches(t *testing.T) {
 
 func testRunOnceDeletes(t *testing.T, driver string) {
 	s := setup(t, 25)
-	c, err := cleaner.New(s.Pool(t, driver), table, cleaner.Config{BatchSize: 10})
+	c, err := retention.New(s.Pool(t, driver), table, retention.Config{BatchSize: 10})
 	require.NoError(t, err)
 	ctx := context.Background()
 
@@ -72,12 +73,12 @@ func testRunOnceDeletes(t *testing.T, driver string) {
 
 	stats, err := c.RunOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, cleaner.Stats{Deleted: 25, Batches: 3}, stats)
+	require.Equal(t, retention.Stats{Deleted: 25, Batches: 3}, stats)
 	require.Equal(t, 7, rows(t, s.DB), "rows not done and recent rows are kept")
 
 	stats, err = c.RunOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, cleaner.Stats{}, stats)
+	require.Equal(t, retention.Stats{}, stats)
 }
 
 func TestRunOnceSkipsWhileAnotherInstanceHoldsTheLockOfItsSchema(t *testing.T) {
@@ -98,18 +99,18 @@ func testRunOnceSkips(t *testing.T, driver string) {
 	require.NoError(t, conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, hashtext(current_schema()))`, table.Store.LockClass).Scan(&locked))
 	require.True(t, locked)
 
-	ca, err := cleaner.New(a.Pool(t, driver), table, cleaner.Config{})
+	ca, err := retention.New(a.Pool(t, driver), table, retention.Config{})
 	require.NoError(t, err)
 	stats, err := ca.RunOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, cleaner.Stats{Skipped: true}, stats)
+	require.Equal(t, retention.Stats{Skipped: true}, stats)
 	require.Equal(t, 10, rows(t, a.DB))
 
-	cb, err := cleaner.New(b.Pool(t, driver), table, cleaner.Config{})
+	cb, err := retention.New(b.Pool(t, driver), table, retention.Config{})
 	require.NoError(t, err)
 	stats, err = cb.RunOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, cleaner.Stats{Deleted: 2, Batches: 1}, stats, "another schema's cleaner is not excluded")
+	require.Equal(t, retention.Stats{Deleted: 2, Batches: 1}, stats, "another schema's cleaner is not excluded")
 
 	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, table.Store.LockClass)
 	require.NoError(t, err)
@@ -148,7 +149,7 @@ func onePool(t *testing.T, s *pgtest.Schema, driver string) (storage.Pool, int) 
 
 // blocked starts Run on a cleaner whose first DELETE waits on a table lock
 // the test holds, and returns once it waits. release ends the lock.
-func blocked(t *testing.T, driver string, cfg cleaner.Config) (s *pgtest.Schema, c *cleaner.Cleaner, errc <-chan error, release func()) {
+func blocked(t *testing.T, driver string, cfg retention.Config) (s *pgtest.Schema, c *retention.Cleaner, errc <-chan error, release func()) {
 	t.Helper()
 	s = setup(t, 10)
 	pool, pid := onePool(t, s, driver)
@@ -166,7 +167,7 @@ func blocked(t *testing.T, driver string, cfg cleaner.Config) (s *pgtest.Schema,
 	}
 	t.Cleanup(release)
 
-	c, err = cleaner.New(pool, table, cfg)
+	c, err = retention.New(pool, table, cfg)
 	require.NoError(t, err)
 	ch := make(chan error, 1)
 	go func() { ch <- c.Run(context.Background()) }()
@@ -183,7 +184,7 @@ func TestCloseFinishesTheBatchInFlightAndStops(t *testing.T) {
 }
 
 func testCloseFinishesTheBatchInFlight(t *testing.T, driver string) {
-	s, c, errc, release := blocked(t, driver, cleaner.Config{BatchSize: 2, Interval: time.Hour})
+	s, c, errc, release := blocked(t, driver, retention.Config{BatchSize: 2, Interval: time.Hour})
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close() }()
 	select {
@@ -218,7 +219,7 @@ func TestCloseCancelsAfterCloseTimeout(t *testing.T) {
 }
 
 func testCloseCancelsAfterCloseTimeout(t *testing.T, driver string) {
-	s, c, errc, release := blocked(t, driver, cleaner.Config{BatchSize: 2, Interval: time.Hour, CloseTimeout: 20 * time.Millisecond})
+	s, c, errc, release := blocked(t, driver, retention.Config{BatchSize: 2, Interval: time.Hour, CloseTimeout: 20 * time.Millisecond})
 	require.NoError(t, c.Close(), "returns although the batch is still blocked")
 	require.NoError(t, <-errc)
 	release()
@@ -236,7 +237,7 @@ func TestRunCleansUntilClosed(t *testing.T) {
 
 func testRunCleansUntilClosed(t *testing.T, driver string) {
 	s := setup(t, 5)
-	c, err := cleaner.New(s.Pool(t, driver), table, cleaner.Config{Interval: 5 * time.Millisecond})
+	c, err := retention.New(s.Pool(t, driver), table, retention.Config{Interval: 5 * time.Millisecond})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(context.Background()) }()
@@ -251,16 +252,32 @@ func testRunCleansUntilClosed(t *testing.T, driver string) {
 
 func TestConfigValidateJoinsEveryFieldError(t *testing.T) {
 	t.Parallel()
-	err := cleaner.Config{Retention: time.Microsecond, BatchSize: -1, Interval: time.Microsecond, CloseTimeout: -1}.Validate(table)
+	_, err := retention.New(nil, table, retention.Config{Retention: time.Microsecond, BatchSize: -1, Interval: time.Microsecond, CloseTimeout: -1})
 	require.Error(t, err)
-	for _, field := range []string{"test: CleanerConfig.Retention", "CleanerConfig.BatchSize", "CleanerConfig.Interval", "CleanerConfig.CloseTimeout"} {
+	for _, field := range []string{"test cleaner: retention.Config.Retention", "retention.Config.BatchSize", "retention.Config.Interval", "retention.Config.CloseTimeout"} {
 		require.ErrorContains(t, err, field)
 	}
-	_, err = cleaner.New(nil, table, cleaner.Config{})
-	require.ErrorContains(t, err, "db is nil")
+	_, err = retention.NewOutboxCleaner(postgres.DB{}, retention.Config{})
+	require.ErrorIs(t, err, postgres.ErrNoDB)
+	require.ErrorContains(t, err, "NewOutboxCleaner")
+	_, err = retention.NewDeadLetterCleaner(postgres.From(new(sql.DB)), retention.Config{Retention: time.Minute})
+	require.ErrorContains(t, err, "dlq cleaner: retention.Config.Retention 1m0s is too short: want at least 1h0m0s (default 2160h0m0s)")
 
-	var cfg cleaner.Config
-	cfg.SetDefaults(table)
-	require.NoError(t, cfg.Validate(table), "the defaults are valid")
-	require.Equal(t, time.Hour, cfg.Retention, "the table's default retention")
+	c, err := retention.New(nil, table, retention.Config{})
+	require.NoError(t, err, "the defaults are valid")
+	require.Equal(t, time.Hour, c.Config().Retention, "the table's default retention")
+	for _, tc := range []struct {
+		open func(postgres.DB, retention.Config) (*retention.Cleaner, error)
+		want time.Duration
+	}{
+		{retention.NewOutboxCleaner, retention.DefaultOutboxRetention},
+		{retention.NewIdempotencyCleaner, retention.DefaultIdempotencyRetention},
+		{retention.NewDeadLetterCleaner, retention.DefaultDeadLetterRetention},
+		{retention.NewSagaCleaner, retention.DefaultSagaRetention},
+		{retention.NewAuditCleaner, retention.DefaultAuditRetention},
+	} {
+		c, err := tc.open(postgres.From(new(sql.DB)), retention.Config{})
+		require.NoError(t, err)
+		require.Equal(t, tc.want, c.Config().Retention)
+	}
 }

@@ -1,4 +1,4 @@
-package cleaner
+package retention
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/internal/schemacheck"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Defaults shared by every table (Retention's default is the table's).
@@ -22,12 +23,13 @@ const (
 	DefaultCloseTimeout = 30 * time.Second
 )
 
-// Config configures a cleaner. The zero value is valid: every field has a
-// default. outbox, idempotency, dlq and saga export it as CleanerConfig.
+// Config configures a Cleaner, of any table. The zero value is valid:
+// every field has a default.
 type Config struct {
 	// Retention is how long rows are kept after they qualify for deletion
 	// (published, processed, dead-lettered, finished). Default and minimum
-	// depend on the table: see the component's DefaultRetention.
+	// depend on the table: see its constructor (NewOutboxCleaner, ...) and
+	// the Default...Retention constants.
 	Retention time.Duration
 	// BatchSize is the most rows one DELETE removes; each batch is its own
 	// short transaction, so cleaning never holds long locks nor writes one
@@ -55,8 +57,7 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-// Stats reports one round. outbox, idempotency, dlq and saga export it as
-// CleanStats.
+// Stats reports one round of a Cleaner.
 type Stats struct {
 	// Deleted is the number of rows removed (a saga's steps, removed with
 	// it by the foreign key's cascade, are not counted).
@@ -78,10 +79,12 @@ type Stats struct {
 	DefaultRows                          int64
 }
 
-// Table says what one cleaner deletes.
-type Table struct {
+// table says what one cleaner deletes.
+type table struct {
 	// Component names the owner in errors, logs and the lock ("outbox").
 	Component string
+	// Name is the table's in its constructor's name (New<Name>Cleaner).
+	Name string
 	// Rows names the rows in messages ("published events").
 	Rows string
 	// Store is the table and the SQL of its DELETE, its lock and its
@@ -98,8 +101,8 @@ type Table struct {
 	Hint func(error) string
 }
 
-// SetDefaults fills the zero fields of c, Retention with t's default.
-func (c *Config) SetDefaults(t Table) {
+// setDefaults fills the zero fields of c, Retention with t's default.
+func (c *Config) setDefaults(t table) {
 	if c.Retention == 0 {
 		c.Retention = t.DefaultRetention
 	}
@@ -120,11 +123,11 @@ func (c *Config) SetDefaults(t Table) {
 	}
 }
 
-// Validate reports every invalid field of c (after SetDefaults), naming
+// validate reports every invalid field of c (after setDefaults), naming
 // t's component.
-func (c Config) Validate(t Table) error {
+func (c Config) validate(t table) error {
 	var errs []error
-	p := t.Component + ": CleanerConfig."
+	p := t.Component + " cleaner: retention.Config."
 	if c.Retention < t.MinRetention {
 		errs = append(errs, fmt.Errorf("%sRetention %s is too short: want at least %s (default %s)", p, c.Retention, t.MinRetention, t.DefaultRetention))
 	}
@@ -147,7 +150,7 @@ func (c Config) Validate(t Table) error {
 // a time. It is safe for concurrent use.
 type Cleaner struct {
 	db  storage.Pool
-	t   Table
+	t   table
 	cfg Config
 	r   *runner.Runner
 	// guard keeps a round's panic from ending Run.
@@ -161,14 +164,20 @@ type Cleaner struct {
 	beforeDrop func()
 }
 
-// New returns a cleaner of t in db. It sets cfg's defaults and validates
-// it; a nil db is an error naming the component.
-func New(db storage.Pool, t Table, cfg Config) (*Cleaner, error) {
-	if db == nil {
-		return nil, fmt.Errorf("%s: NewCleaner: db is nil: pass the open *sql.DB or *pgxpool.Pool holding %s", t.Component, t.Store.Name)
+// newCleaner returns a cleaner of t in db. It sets cfg's defaults and
+// validates it.
+func newCleaner(db postgres.DB, t table, cfg Config) (*Cleaner, error) {
+	p, err := storage.FromDB(db)
+	if err != nil {
+		return nil, fmt.Errorf("retention: New%sCleaner: %w: pass the database holding %s (postgres.From(pool))", t.Name, err, t.Store.Name)
 	}
-	cfg.SetDefaults(t)
-	if err := cfg.Validate(t); err != nil {
+	return newOn(p, t, cfg)
+}
+
+// newOn is newCleaner on a storage pool.
+func newOn(db storage.Pool, t table, cfg Config) (*Cleaner, error) {
+	cfg.setDefaults(t)
+	if err := cfg.validate(t); err != nil {
 		return nil, err
 	}
 	g, err := runner.NewGuard(t.Component+".Cleaner", cfg.Registerer, cfg.Logger)
@@ -176,16 +185,6 @@ func New(db storage.Pool, t Table, cfg Config) (*Cleaner, error) {
 		return nil, err
 	}
 	return &Cleaner{db: db, t: t, cfg: cfg, r: runner.New(t.Component+".Cleaner", cfg.CloseTimeout), guard: g}, nil
-}
-
-// NewFrom is New on a *sql.DB or a *pgxpool.Pool (storage.PoolFrom): the
-// domain cleaners' constructors call it.
-func NewFrom(db any, t Table, cfg Config) (*Cleaner, error) {
-	p, err := storage.PoolFrom(db)
-	if err != nil {
-		return nil, fmt.Errorf("%s: NewCleaner: db is nil or not a pool: pass the open *sql.DB or *pgxpool.Pool holding %s: %w", t.Component, t.Store.Name, err)
-	}
-	return New(p, t, cfg)
 }
 
 // Config returns the configuration in use, defaults set.
@@ -365,10 +364,10 @@ func (c *Cleaner) deleteRound(ctx context.Context, sess storage.Querier, progres
 	}
 }
 
-// MissingTable returns a Table.Hint that tells to migrate when the error
+// missingTable returns a table.Hint that tells to migrate when the error
 // is Postgres's undefined_table; migrations names them, e.g.
 // "idempotency.Migrations()".
-func MissingTable(migrations string) func(error) string {
+func missingTable(migrations string) func(error) string {
 	return func(err error) string {
 		if storage.Code(err) == "42P01" {
 			return " (table missing: run `millwright migrate` or migrate.Up with " + migrations + ")"
