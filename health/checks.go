@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// LastSuccesser is what the Relay check needs: *outbox.Relay has it
+// LastSuccesser is what the Relay check needs: *relay.Relay has it
 // (LastSuccess is the end of its last round that completed without error;
 // zero before the first).
 type LastSuccesser interface {

@@ -18,12 +18,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/health"
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/saga"
 )
 
 var (
-	_ health.LastSuccesser     = (*outbox.Relay)(nil)
+	_ health.LastSuccesser     = (*relay.Relay)(nil)
 	_ health.RouterState       = (*message.Router)(nil)
 	_ health.OrchestratorState = (*saga.Orchestrator[struct{}])(nil)
 )

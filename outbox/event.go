@@ -16,6 +16,7 @@ import (
 
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox/internal/eventmeta"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -254,7 +255,7 @@ func storedMetadata(ctx context.Context, ev Event) (map[string]string, bool) {
 // twice; ce_time is kept, created_at is not known yet. It returns md (nil
 // when empty).
 func dropDerived(ev Event, aggID string, isJSON bool, md map[string]string) map[string]string {
-	derivedMetadata(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
+	eventmeta.Derived(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
 		if sv, ok := md[k]; ok && sv == v && k != metadata.EventTime {
 			delete(md, k)
 		}
@@ -281,7 +282,7 @@ func checkWire(limits transport.Limits, ev Event, aggID string, isJSON bool, md 
 			}
 		}
 		more := true
-		derivedMetadata(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
+		eventmeta.Derived(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
 			if _, stored := md[k]; more && !stored {
 				more = yield(k, v)
 			}
@@ -298,44 +299,6 @@ func checkWire(limits transport.Limits, ev Event, aggID string, isJSON bool, md 
 		return fmt.Errorf("%w: %w: %s", ErrInvalidEvent, err, hint)
 	}
 	return nil
-}
-
-// derivedMetadata calls set with the metadata of an event that its row's
-// columns give, and that Add therefore does not store in the metadata
-// column: the CloudEvents id, specversion, time (created_at, the writing
-// transaction's start; the zero time stands for the longest value), subject,
-// type and datacontenttype, the aggregate and the ordering key. Stored
-// metadata wins over these, except the id.
-func derivedMetadata(eventID, aggType, aggID, eventType string, isJSON bool, created time.Time, set func(k, v string)) {
-	set(metadata.EventID, eventID)
-	set(metadata.EventSpecVersion, "1.0")
-	if created.IsZero() {
-		set(metadata.EventTime, "2006-01-02T15:04:05.999999-07:00")
-	} else {
-		set(metadata.EventTime, created.UTC().Format(time.RFC3339Nano))
-	}
-	if aggID != "" {
-		set(metadata.EventSubject, aggID)
-		set(metadata.AggregateID, aggID)
-		set(metadata.OrderingKey, orderingKey(aggType, aggID))
-	}
-	if aggType != "" {
-		set(metadata.AggregateType, aggType)
-	}
-	if eventType != "" {
-		set(metadata.EventType, eventType)
-	}
-	if isJSON {
-		set(metadata.EventDataContentType, "application/json")
-	}
-}
-
-// orderingKey is the metadata.OrderingKey of an aggregate.
-func orderingKey(aggType, aggID string) string {
-	if aggType == "" {
-		return aggID
-	}
-	return aggType + "/" + aggID
 }
 
 // appendMetadataJSON appends md as a JSON object of strings, as
@@ -382,3 +345,8 @@ func appendJSONString(b []byte, s string) []byte {
 	}
 	return append(b, '"')
 }
+
+// ErrCaptureActive is returned (wrapped, with the slot or trigger and the
+// fix) by RetryFailed and the console's retry while Debezium capture is on
+// (package outbox/capture).
+var ErrCaptureActive = storage.ErrCaptureActive

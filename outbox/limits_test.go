@@ -19,6 +19,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
@@ -100,13 +101,13 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	require.NoError(t, addIn(tctx, t, s.DB, w, sizeEvent(topic, atLimit)), "an event at the limit is stored")
 
 	capture := &capturePublisher{Publisher: tr.Publisher()}
-	relay, err := outbox.NewRelay(s.DB, capture, outbox.RelayConfig{PollInterval: 20 * time.Millisecond,
+	rel, err := relay.New(s.DB, capture, relay.Config{PollInterval: 20 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: 3}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
+	go func() { done <- rel.Run(ctx) }()
 	t.Cleanup(func() {
-		require.NoError(t, relay.Close())
+		require.NoError(t, rel.Close())
 		require.NoError(t, <-done)
 	})
 	select {

@@ -45,7 +45,7 @@
 //	dedup, _ := idempotency.NewMiddleware(store, idempotency.Config{Consumer: "orders-saga"})
 //	router.AddConsumerHandler("orders-saga", o.ReplyTopic(), sub, o.HandleReply).AddMiddleware(dedup.Middleware)
 //	go o.Run(ctx)    // step timeouts, compensation retries, resolved sagas
-//	go relay.Run(ctx) // outbox.Relay: publishes the commands
+//	go relay.Run(ctx) // relay.Relay: publishes the commands
 //
 //	tx, _ := db.BeginTx(ctx, nil)
 //	// ... business writes ...

@@ -24,6 +24,7 @@ import (
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
 )
@@ -154,11 +155,11 @@ func TestOutboxEventsDecodeWithCloudEventsSDK(t *testing.T) {
 				{Topic: topic, AggregateID: "o-2", Payload: []byte(`{"signed": "as is"}`), RawPayload: true, ID: "raw-" + watermill.NewShortUUID()},
 			}
 			require.NoError(t, outbox.Add(ctx, schema.DB, events...))
-			relay, err := outbox.NewRelay(schema.DB, tr.Publisher(), outbox.RelayConfig{})
+			rel, err := relay.New(schema.DB, tr.Publisher(), relay.Config{})
 			require.NoError(t, err)
 			published := 0
 			for published < len(events) {
-				n, err := relay.RunOnce(ctx)
+				n, err := rel.RunOnce(ctx)
 				require.NoError(t, err)
 				require.NoError(t, ctx.Err(), "relay published %d of %d events", published, len(events))
 				published += n

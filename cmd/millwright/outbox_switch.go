@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/millwright/millwright/outbox/capture"
 	"github.com/spf13/cobra"
-
-	"github.com/millwright/millwright/outbox"
 )
 
 // outboxSwitchCmds are `outbox switch-to-debezium` and `outbox
-// switch-to-relay`: outbox.SwitchToDebezium and outbox.SwitchToRelay on
+// switch-to-relay`: capture.SwitchToDebezium and capture.SwitchToRelay on
 // the command's pool, confirmed and audited like every change.
 func outboxSwitchCmds() []*cobra.Command {
 	toDbz := &cobra.Command{
@@ -52,7 +51,7 @@ its last confirmed mark goes out again, in order). --dry-run only reports.`,
 }
 
 func runOutboxSwitch(cmd *cobra.Command, args []string, toDebezium bool) error {
-	cfg := outbox.CaptureSwitch{}
+	cfg := capture.SwitchConfig{}
 	cfg.Slot, _ = cmd.Flags().GetString("slot")
 	cfg.Publication, _ = cmd.Flags().GetString("publication")
 	cfg.DryRun, _ = cmd.Flags().GetBool("dry-run")
@@ -85,20 +84,20 @@ func runOutboxSwitch(cmd *cobra.Command, args []string, toDebezium bool) error {
 	return change.finish(rep.Marked, err)
 }
 
-func switchOn(ctx context.Context, pool *cliPool, cfg outbox.CaptureSwitch, toDebezium bool) (outbox.SwitchReport, error) {
+func switchOn(ctx context.Context, pool *cliPool, cfg capture.SwitchConfig, toDebezium bool) (capture.SwitchReport, error) {
 	switch {
 	case toDebezium && pool.pgx != nil:
-		return outbox.SwitchToDebezium(ctx, pool.pgx, cfg)
+		return capture.SwitchToDebezium(ctx, pool.pgx, cfg)
 	case toDebezium:
-		return outbox.SwitchToDebezium(ctx, pool.sql, cfg)
+		return capture.SwitchToDebezium(ctx, pool.sql, cfg)
 	case pool.pgx != nil:
-		return outbox.SwitchToRelay(ctx, pool.pgx, cfg)
+		return capture.SwitchToRelay(ctx, pool.pgx, cfg)
 	default:
-		return outbox.SwitchToRelay(ctx, pool.sql, cfg)
+		return capture.SwitchToRelay(ctx, pool.sql, cfg)
 	}
 }
 
-func printSwitch(out io.Writer, rep outbox.SwitchReport, toDebezium bool) {
+func printSwitch(out io.Writer, rep capture.SwitchReport, toDebezium bool) {
 	verb := "done"
 	if rep.DryRun {
 		verb = "to do"

@@ -29,7 +29,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/retention"
 	"github.com/millwright/millwright/transport"
 )
@@ -185,7 +185,7 @@ type relayProcess struct {
 	tr      *transport.Transport
 	reg     *prometheus.Registry
 	h       *health.Handler
-	relays  []*outbox.Relay
+	relays  []*relay.Relay
 	comps   []component
 }
 
@@ -368,11 +368,11 @@ func (p *relayProcess) openPgx(ctx context.Context) error {
 }
 
 // newRelay makes a relay on the pool of the process's driver.
-func (p *relayProcess) newRelay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
+func (p *relayProcess) newRelay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
 	if p.pgx != nil {
-		return outbox.NewRelay(p.pgx, pub, cfg)
+		return relay.New(p.pgx, pub, cfg)
 	}
-	return outbox.NewRelay(p.db, pub, cfg)
+	return relay.New(p.db, pub, cfg)
 }
 
 // pool is the relays' and cleaners' pool: a *pgxpool.Pool or a *sql.DB.
@@ -406,7 +406,7 @@ func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config,
 		listenURL = p.cfg.DatabaseURL
 	}
 	for i := range p.cfg.Relays {
-		r, err := p.newRelay(pub, outbox.RelayConfig{
+		r, err := p.newRelay(pub, relay.Config{
 			BatchSize: p.cfg.BatchSize, Workers: p.cfg.Workers, PollInterval: p.cfg.PollInterval, ListenURL: listenURL,
 			DeadLetterTopic: p.cfg.DeadLetterTopic, CloseTimeout: p.cfg.DrainTimeout, Lease: p.cfg.Lease,
 			Registerer: p.reg, Logger: p.logger,

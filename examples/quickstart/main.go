@@ -44,6 +44,7 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/shutdown"
@@ -65,7 +66,7 @@ type service interface {
 	// notify is the consumer's handler.
 	notify(msg *message.Message) error
 	idempotencyStore() (*idempotency.PostgresStore, error)
-	relay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error)
+	relay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error)
 	close()
 }
 
@@ -142,7 +143,7 @@ func run() error {
 	}
 
 	// Relay: publishes committed outbox rows through the transport.
-	relay, err := svc.relay(tr.Publisher(), outbox.RelayConfig{ListenURL: o.dbURL, Logger: wlog, PollInterval: time.Second})
+	rel, err := svc.relay(tr.Publisher(), relay.Config{ListenURL: o.dbURL, Logger: wlog, PollInterval: time.Second})
 	if err != nil {
 		return err
 	}
@@ -151,7 +152,7 @@ func run() error {
 	defer cancel()
 	errc := make(chan error, 2)
 	go func() { errc <- router.Run(runCtx) }()
-	go func() { errc <- relay.Run(runCtx) }()
+	go func() { errc <- rel.Run(runCtx) }()
 	<-router.Running()
 
 	// Place orders: business row and event in one transaction.
@@ -173,7 +174,7 @@ func run() error {
 		return notSettled(ctx, db, o.driver, tr.Kind(), runID, o.orders, o.timeout, context.Cause(waitCtx))
 	}
 	cancel()
-	_ = relay.Close()
+	_ = rel.Close()
 	_ = router.Close()
 	for i := 0; i < 2; i++ {
 		if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {

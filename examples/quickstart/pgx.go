@@ -11,6 +11,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
@@ -61,8 +62,8 @@ func (s pgxService) idempotencyStore() (*idempotency.PostgresStore, error) {
 	return idempotency.NewPostgresStore(s.pool)
 }
 
-func (s pgxService) relay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-	return outbox.NewRelay(s.pool, pub, cfg)
+func (s pgxService) relay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
+	return relay.New(s.pool, pub, cfg)
 }
 
 func (s pgxService) close() { s.pool.Close() }

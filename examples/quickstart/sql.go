@@ -9,6 +9,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
@@ -50,8 +51,8 @@ func (s sqlService) idempotencyStore() (*idempotency.PostgresStore, error) {
 	return idempotency.NewPostgresStore(s.db)
 }
 
-func (s sqlService) relay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-	return outbox.NewRelay(s.db, pub, cfg)
+func (s sqlService) relay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
+	return relay.New(s.db, pub, cfg)
 }
 
 func (s sqlService) close() {} // the *sql.DB is main's

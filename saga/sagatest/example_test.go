@@ -15,6 +15,7 @@ import (
 
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/saga/sagatest"
 )
@@ -69,9 +70,9 @@ func ExampleParticipant() {
 	go router.Run(ctx)
 	defer router.Close()
 	<-router.Running()
-	relay, _ := outbox.NewRelay(db, broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
-	go relay.Run(ctx)
-	defer relay.Close()
+	rel, _ := relay.New(db, broker, relay.Config{PollInterval: 10 * time.Millisecond})
+	go rel.Run(ctx)
+	defer rel.Close()
 
 	_ = o.Start(ctx, db, "t-1", struct{}{})
 	wait, cancel := context.WithTimeout(ctx, 10*time.Second)

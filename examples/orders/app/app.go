@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/metrics"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retention"
@@ -40,7 +41,7 @@ type App struct {
 	// The constructors of millwright's components are generic over the
 	// pool (postgres.Pool): wire builds them on Config's pool.
 	newIdempotencyStore func() (*idempotency.PostgresStore, error)
-	newRelay            func(message.Publisher, outbox.RelayConfig) (*outbox.Relay, error)
+	newRelay            func(message.Publisher, relay.Config) (*relay.Relay, error)
 	newCleaners         func(retention.Config) ([]*retention.Cleaner, error)
 
 	newParker func(park.Config) (*park.Parker, error)
@@ -99,8 +100,8 @@ func wire[P postgres.Pool](a *App, pool P) error {
 	a.store = dlq.NewStore(pool)
 	a.newParker = func(cfg park.Config) (*park.Parker, error) { return park.New(pool, cfg) }
 	a.newIdempotencyStore = func() (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(pool) }
-	a.newRelay = func(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-		return outbox.NewRelay(pool, pub, cfg)
+	a.newRelay = func(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
+		return relay.New(pool, pub, cfg)
 	}
 	// Retention, each table at its default (package retention): published
 	// outbox rows and processed-event marks (7 days), finished sagas (30
@@ -416,12 +417,12 @@ func (a *App) startService(ctx context.Context, r *message.Router, s Service) (l
 		err = a.recorders(ctx, r)
 		consumers++
 	case Relay:
-		var relay *outbox.Relay
-		relay, err = a.NewRelay(a.cfg.Transport.Publisher())
+		var rel *relay.Relay
+		rel, err = a.NewRelay(a.cfg.Transport.Publisher())
 		if err != nil {
 			break
 		}
-		loops = append(loops, loop{relay.Run, relay.Running(), relay.Close})
+		loops = append(loops, loop{rel.Run, rel.Running(), rel.Close})
 		var cleaners []*retention.Cleaner
 		if cleaners, err = a.newCleaners(retention.Config{Logger: a.cfg.Logger}); err != nil {
 			break
@@ -437,11 +438,11 @@ func (a *App) startService(ctx context.Context, r *message.Router, s Service) (l
 
 // NewRelay returns an outbox relay configured like the one Run starts,
 // publishing through pub (wrapped by Config.RelayPublisher when set).
-func (a *App) NewRelay(pub message.Publisher) (*outbox.Relay, error) {
+func (a *App) NewRelay(pub message.Publisher) (*relay.Relay, error) {
 	if a.cfg.RelayPublisher != nil {
 		pub = a.cfg.RelayPublisher(pub)
 	}
-	return a.newRelay(pub, outbox.RelayConfig{
+	return a.newRelay(pub, relay.Config{
 		ListenURL: a.cfg.DatabaseURL, Lease: a.cfg.RelayLease, Retry: a.cfg.RelayRetry,
 		Registerer: a.cfg.Registerer, MetricsInterval: time.Second, Logger: a.cfg.Logger,
 	})

@@ -25,7 +25,8 @@ import (
 	"github.com/millwright/millwright/internal/testing/metricscheck"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/capture"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
@@ -100,10 +101,10 @@ func registries(t *testing.T) map[string]*recorder {
 	regs := map[string]*recorder{}
 	reg := func(name string) *recorder { r := newRecorder(); regs[name] = r; return r }
 
-	_, err = outbox.NewRelay(schema.DB, tr.Publisher(), outbox.RelayConfig{Registerer: reg("outbox relay")})
+	_, err = relay.New(schema.DB, tr.Publisher(), relay.Config{Registerer: reg("outbox relay")})
 	require.NoError(t, err)
 
-	_, err = outbox.NewCaptureTracker(schema.DB, outbox.CaptureConfig{Slot: "lint", Registerer: reg("outbox capture")})
+	_, err = capture.NewTracker(schema.DB, capture.Config{Slot: "lint", Registerer: reg("outbox capture")})
 	require.NoError(t, err)
 
 	_, err = idempotency.NewMiddleware(idempotency.NewMemoryStore(), idempotency.Config{Consumer: "lint", Registerer: reg("idempotency")})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 )
 
 // drainAggregates spread the backlog, as the failover test does.
@@ -97,14 +98,14 @@ func (b *bench) relayDrain(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	defer tr.Close()
-	relay, err := outbox.NewRelay(b.db, tr.Publisher(), outbox.RelayConfig{})
+	rel, err := relay.New(b.db, tr.Publisher(), relay.Config{})
 	if err != nil {
 		return 0, err
 	}
 	done := make(chan error, 1)
 	start := time.Now()
-	go func() { done <- relay.Run(ctx) }()
-	defer func() { _ = relay.Close(); <-done }()
+	go func() { done <- rel.Run(ctx) }()
+	defer func() { _ = rel.Close(); <-done }()
 	for {
 		n, err := storage.CountUnpublished(ctx, b.q)
 		if err != nil {

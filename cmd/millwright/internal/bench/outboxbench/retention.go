@@ -10,6 +10,7 @@ import (
 
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retention"
 )
@@ -286,7 +287,7 @@ func partitionPastDays(ctx context.Context, db *sql.DB) error {
 
 // idleRound is the median of 50 relay rounds with nothing due.
 func idleRound(ctx context.Context, db *sql.DB) (time.Duration, error) {
-	r, err := outbox.NewRelay(db, discardPublisher{}, outbox.RelayConfig{BatchSize: 100})
+	r, err := relay.New(db, discardPublisher{}, relay.Config{BatchSize: 100})
 	if err != nil {
 		return 0, err
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/outbox/relay"
 
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/roundtrips"
@@ -715,14 +716,14 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, driver string
 		relayPub = rt.timed(pub)
 	}
 	for range cfg.Relays {
-		relay, err := newRelay(relayPub, outbox.RelayConfig{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond,
+		rel, err := newRelay(relayPub, relay.Config{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond,
 			PublishConcurrency: cfg.RelayPublishConcurrency})
 		if err != nil {
 			return res, nil, err
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = relay.Run(rctx) }()
-		defer relay.Close()
+		go func() { defer wg.Done(); _ = rel.Run(rctx) }()
+		defer rel.Close()
 	}
 	wg.Add(2)
 	go func() { defer wg.Done(); _ = router.Run(rctx) }()
@@ -974,7 +975,7 @@ func openParties(ctx context.Context, driver, rawURL string, def *saga.Definitio
 
 // openRelayPool opens the relays' pool: on pq a database/sql pool that
 // times the claim and mark statements into rt; on pgx a pgx pool, untimed.
-func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (newRelay func(message.Publisher, outbox.RelayConfig) (*outbox.Relay, error), closePool func(), err error) {
+func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (newRelay func(message.Publisher, relay.Config) (*relay.Relay, error), closePool func(), err error) {
 	if driver == DriverPgx {
 		// As many connections as the relays may use on pq (database/sql
 		// has no limit there): pgxpool's default, max(4, cores), is 4
@@ -983,16 +984,16 @@ func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (
 		if err != nil {
 			return nil, nil, err
 		}
-		return func(pub message.Publisher, c outbox.RelayConfig) (*outbox.Relay, error) {
-			return outbox.NewRelay(p.Pgx, pub, c)
+		return func(pub message.Publisher, c relay.Config) (*relay.Relay, error) {
+			return relay.New(p.Pgx, pub, c)
 		}, p.Close, nil
 	}
 	db, err := openTimedDB(rawURL, rt)
 	if err != nil {
 		return nil, nil, err
 	}
-	return func(pub message.Publisher, c outbox.RelayConfig) (*outbox.Relay, error) {
-			return outbox.NewRelay(db, pub, c)
+	return func(pub message.Publisher, c relay.Config) (*relay.Relay, error) {
+			return relay.New(db, pub, c)
 		},
 		func() { _ = db.Close() }, nil
 }
