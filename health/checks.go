@@ -27,7 +27,7 @@ func Relay(r LastSuccesser, maxAge time.Duration) Checker {
 	}
 	return CheckerFunc(func(context.Context) error {
 		if r == nil {
-			return errors.New("no relay: pass the *outbox.Relay to health.Relay")
+			return errors.New("no relay: pass the *relay.Relay to health.Relay")
 		}
 		if !closed(r.Running()) {
 			return errors.New("not running: Relay.Run has not started")

@@ -23,7 +23,7 @@ boundary, then counts the pending rows inserted before the boundary: the slot
 never streams them, so the relays must publish them first. With --wait it
 waits for that count to reach 0. It is idempotent: run it again until it
 reports "ready". Then stop the relays, start the connector on the slot
-(snapshot.mode=no_data) and an outbox.CaptureTracker. While capture is on,
+(snapshot.mode=no_data) and a capture.Tracker. While capture is on,
 ` + "`outbox retry-failed`" + ` is refused. --dry-run only reports.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return runOutboxSwitch(cmd, args, true) },

@@ -69,7 +69,7 @@ func (b *bench) drain(ctx context.Context) ([]Row, error) {
 	dbzRate := float64(b.cfg.Backlog) / dbzTook.Seconds()
 	b.say("Debezium drained %d events in %s after its task ran (%s to start it) (%.0f events/s)", b.cfg.Backlog, dbzTook.Round(time.Millisecond), running.Sub(start).Round(time.Millisecond), dbzRate)
 	return []Row{row(fmt.Sprintf("drain of a %d-event backlog", b.cfg.Backlog), relayRate, dbzRate, "events/s",
-		fmt.Sprintf("%d aggregates; Debezium from its task running (starting it took %s); relay: one in-process relay, default RelayConfig", drainAggregates, running.Sub(start).Round(time.Millisecond)))}, nil
+		fmt.Sprintf("%d aggregates; Debezium from its task running (starting it took %s); relay: one in-process relay, default relay.Config", drainAggregates, running.Sub(start).Round(time.Millisecond)))}, nil
 }
 
 // writeBacklog inserts the backlog, 1,000 events per transaction.

@@ -206,7 +206,7 @@ func (b *bench) emitDrain(kind string, pub message.Publisher, variants []drainVa
 }
 
 // relays drains the backlog with k relays at their defaults, started
-// together (each is built first: the clock times the drain, not NewRelay).
+// together (each is built first: the clock times the drain, not relay.New).
 func (b *bench) relays(ctx context.Context, pub message.Publisher, k int) error {
 	var rs []*relay.Relay
 	for range k {

@@ -105,7 +105,7 @@ type Config struct {
 	// them; a run's row is its median round (by rate for throughput, by
 	// p99 for latency), with that round's hops. Default 1.
 	Rounds int
-	// RelayPublishConcurrency is the relays' RelayConfig.PublishConcurrency
+	// RelayPublishConcurrency is the relays' relay.Config.PublishConcurrency
 	// (concurrent Publish calls of a batch, for publishers without
 	// PublishBatch). Default 0: the relay's default.
 	RelayPublishConcurrency int
