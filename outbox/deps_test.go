@@ -1,6 +1,9 @@
 package outbox_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -42,4 +45,48 @@ func TestWriteSideLinksNoRelay(t *testing.T) {
 		require.Contains(t, relay, p)
 	}
 	require.Contains(t, deps(t, mod+"outbox/capture"), mod+"internal/runner")
+}
+
+// Package outbox exports no process state: no package-level variable but
+// its sentinel errors, and no setter. What Add checks against belongs to
+// a Writer.
+func TestOutboxExportsNoProcessState(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		require.NoError(t, err)
+		files = append(files, f)
+	}
+	require.NotEmpty(t, files)
+	var vars, setters []string
+	for _, f := range files {
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.GenDecl:
+				if d.Tok != token.VAR {
+					continue
+				}
+				for _, s := range d.Specs {
+					for _, n := range s.(*ast.ValueSpec).Names {
+						if n.IsExported() && !strings.HasPrefix(n.Name, "Err") {
+							vars = append(vars, n.Name)
+						}
+					}
+				}
+			case *ast.FuncDecl:
+				if d.Recv == nil && d.Name.IsExported() && strings.HasPrefix(d.Name.Name, "Set") {
+					setters = append(setters, d.Name.Name)
+				}
+			}
+		}
+	}
+	require.Empty(t, vars, "exported package-level variables")
+	require.Empty(t, setters, "exported setters")
 }
