@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,17 +36,16 @@ func newWriter(t *testing.T, cfg outbox.WriterConfig) *outbox.Writer {
 }
 
 // addIn writes events with w in a transaction of db, committed when w
-// takes them.
-func addIn(ctx context.Context, t *testing.T, db *sql.DB, w *outbox.Writer, events ...outbox.Event) error {
-	t.Helper()
+// takes them. It returns every error (it runs in goroutines too).
+func addIn(ctx context.Context, db *sql.DB, w *outbox.Writer, events ...outbox.Event) error {
 	tx, err := db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	if err := w.Add(ctx, postgres.SQLTx(tx), events...); err != nil {
-		require.NoError(t, tx.Rollback())
+	if err != nil {
 		return err
 	}
-	require.NoError(t, tx.Commit())
-	return nil
+	if err := w.Add(ctx, postgres.SQLTx(tx), events...); err != nil {
+		return errors.Join(err, tx.Rollback())
+	}
+	return tx.Commit()
 }
 
 // capturePublisher keeps a copy of the last message it forwards.
@@ -98,7 +98,7 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, TraceFlags: trace.FlagsSampled}))
 	atLimit := largestAccepted(tctx, t, s.DB, w, topic, max)
 
-	require.NoError(t, addIn(tctx, t, s.DB, w, sizeEvent(topic, atLimit)), "an event at the limit is stored")
+	require.NoError(t, addIn(tctx, s.DB, w, sizeEvent(topic, atLimit)), "an event at the limit is stored")
 
 	capture := &capturePublisher{Publisher: tr.Publisher()}
 	rel, err := relay.New(s.DB, capture, relay.Config{PollInterval: 20 * time.Millisecond,
@@ -121,7 +121,7 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	}
 	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
 
-	err = addIn(tctx, t, s.DB, w, sizeEvent(topic, atLimit+1))
+	err = addIn(tctx, s.DB, w, sizeEvent(topic, atLimit+1))
 	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
 	require.ErrorContains(t, err, "is "+strconv.Itoa(max+1)+" bytes on the wire of "+string(kind))
@@ -234,13 +234,13 @@ func TestAdd_RefusesWhatTheTransportRefuses(t *testing.T) {
 	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: "ab", Payload: []byte(`{}`)}), "some kind takes it")
 
 	w := newWriter(t, outbox.WriterConfig{Limits: transport.LimitsFor(transport.Config{Kind: transport.GoogleCloud})})
-	err := addIn(ctx, t, s.DB, w, outbox.Event{Topic: "ab", Payload: []byte(`{}`)})
+	err := addIn(ctx, s.DB, w, outbox.Event{Topic: "ab", Payload: []byte(`{}`)})
 	require.ErrorIs(t, err, transport.ErrInvalidName)
 	require.ErrorContains(t, err, "Pub/Sub names have at least 3 characters")
-	err = addIn(ctx, t, s.DB, w, outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1025)}})
+	err = addIn(ctx, s.DB, w, outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1025)}})
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
 	require.ErrorContains(t, err, `metadata "note" is 1025 bytes`)
-	require.NoError(t, addIn(ctx, t, s.DB, w, outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1024)}}))
+	require.NoError(t, addIn(ctx, s.DB, w, outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1024)}}))
 	require.Zero(t, countRows(t, s, "topic = 'ab'")-1, "only the first ab event was stored")
 }
 

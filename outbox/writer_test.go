@@ -39,17 +39,17 @@ func TestWriter_TwoWritersWithDifferentLimitsInOneProcess(t *testing.T) {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			errs <- addIn(ctx, t, s.DB, small, outbox.Event{Topic: "small", AggregateID: "s", Payload: []byte(`{}`)})
-			err := addIn(ctx, t, s.DB, small, outbox.Event{Topic: "small", Payload: mid})
+			errs <- addIn(ctx, s.DB, small, outbox.Event{Topic: "small", AggregateID: "s", Payload: []byte(`{}`)})
+			err := addIn(ctx, s.DB, small, outbox.Event{Topic: "small", Payload: mid})
 			if !errors.Is(err, transport.ErrMessageTooLarge) {
 				errs <- err
 			}
 		}()
 		go func() {
 			defer wg.Done()
-			errs <- addIn(ctx, t, s.DB, large, outbox.Event{Topic: "large", AggregateID: "l", Payload: mid})
+			errs <- addIn(ctx, s.DB, large, outbox.Event{Topic: "large", AggregateID: "l", Payload: mid})
 			if i == 0 {
-				errs <- addIn(ctx, t, s.DB, large, outbox.Event{Topic: "large", AggregateID: "l", Payload: huge})
+				errs <- addIn(ctx, s.DB, large, outbox.Event{Topic: "large", AggregateID: "l", Payload: huge})
 			}
 		}()
 	}
@@ -58,7 +58,7 @@ func TestWriter_TwoWritersWithDifferentLimitsInOneProcess(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	err := addIn(ctx, t, s.DB, small, outbox.Event{Topic: "small", Payload: mid})
+	err := addIn(ctx, s.DB, small, outbox.Event{Topic: "small", Payload: mid})
 	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
 	require.ErrorContains(t, err, "outbox.WriterConfig.MaxEventBytes")
