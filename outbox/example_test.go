@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
 	"github.com/millwright/millwright/outbox/relay"
+	"github.com/millwright/millwright/transport"
 )
 
 // exampleDB opens a scratch schema on the local test server with the
@@ -118,4 +119,25 @@ func exampleURL(schema string) string {
 		sep = "&"
 	}
 	return u + sep + "search_path=" + schema
+}
+
+// A Writer checks events against the limits of the transport its relay
+// publishes to (here RabbitMQ's defaults) and gives events without a
+// source its own.
+func ExampleNewWriter() {
+	w, err := outbox.NewWriter(outbox.WriterConfig{Limits: transport.DefaultLimits(transport.AMQP), Source: "/orders-service"})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(w.Limits().MaxBytes, w.Source())
+
+	// A lower broker limit than the kind's default.
+	small, err := outbox.NewWriter(outbox.WriterConfig{Limits: transport.DefaultLimits(transport.Kafka), MaxEventBytes: 64 << 10})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(small.Limits().MaxBytes, small.Limits().Setting)
+	// Output:
+	// 16777216 /orders-service
+	// 65536 outbox.WriterConfig.MaxEventBytes
 }
