@@ -101,7 +101,7 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	require.NoError(t, addIn(tctx, s.DB, w, sizeEvent(topic, atLimit)), "an event at the limit is stored")
 
 	capture := &capturePublisher{Publisher: tr.Publisher()}
-	rel, err := relay.New(s.DB, capture, relay.Config{PollInterval: 20 * time.Millisecond,
+	rel, err := relay.New(postgres.From(s.DB), capture, relay.Config{PollInterval: 20 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: 3}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
@@ -119,7 +119,7 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 		_ = s.DB.QueryRow(`SELECT status, coalesce(last_error, '') FROM millwright_outbox`).Scan(&status, &lastErr)
 		t.Fatalf("the event at the limit did not arrive on %s: row %s, last error %q", kind, status, lastErr)
 	}
-	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
+	require.NoError(t, outboxtest.WaitDrained(ctx, postgres.From(s.DB)))
 
 	err = addIn(tctx, s.DB, w, sizeEvent(topic, atLimit+1))
 	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
@@ -227,11 +227,11 @@ func TestAdd_RefusesWhatTheTransportRefuses(t *testing.T) {
 	s := pgtest.New(t, outbox.Migrations())
 	ctx := context.Background()
 	for _, bad := range []string{"bad topic/ü", "-orders", "orders;drop", strings.Repeat("t", 256)} {
-		err := outbox.Add(ctx, s.DB, outbox.Event{Topic: bad, Payload: []byte(`{}`)})
+		err := outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: bad, Payload: []byte(`{}`)})
 		require.ErrorIs(t, err, outbox.ErrInvalidEvent, "%q", bad)
 		require.ErrorIs(t, err, transport.ErrInvalidName, "%q", bad)
 	}
-	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: "ab", Payload: []byte(`{}`)}), "some kind takes it")
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "ab", Payload: []byte(`{}`)}), "some kind takes it")
 
 	w := newWriter(t, outbox.WriterConfig{Limits: transport.LimitsFor(transport.Config{Kind: transport.GoogleCloud})})
 	err := addIn(ctx, s.DB, w, outbox.Event{Topic: "ab", Payload: []byte(`{}`)})

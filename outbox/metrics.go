@@ -6,10 +6,11 @@ import (
 	"time"
 
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
-// MetricLoopPanics is a counter, with a "component" label (relay.Relay,
-// outbox.Cleaner, capture.Tracker, ...): panics a long-running loop
+// MetricLoopPanics is a counter, with a "component" label (outbox.Relay,
+// outbox.Cleaner, outbox.CaptureTracker, ...): panics a long-running loop
 // recovered from instead of dying. The relay fails the row whose broker
 // call panicked (a retry.Permanent error naming the panic, for
 // `millwright outbox retry-failed`) and goes on; a cleaner retries at its
@@ -32,11 +33,15 @@ type Stats struct {
 // partial indexes on pending and failed rows, so they stay cheap however
 // many published rows the table holds: the oldest pending row is the
 // oldest of the lanes' heads (one probe of the lane index per lane).
-func ReadStats(ctx context.Context, db Executor) (Stats, error) {
-	q, err := storage.From(db)
+func ReadStats(ctx context.Context, db postgres.Handle) (Stats, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: ReadStats: %w", err)
 	}
+	return readStats(ctx, q)
+}
+
+func readStats(ctx context.Context, q storage.Querier) (Stats, error) {
 	s, err := storage.ReadOutboxStats(ctx, q)
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: reading stats from millwright_outbox: %w", err)

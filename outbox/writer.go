@@ -145,14 +145,9 @@ func (w *Writer) AddToBatch(ctx context.Context, b *pgx.Batch, events ...Event) 
 	return w.or().addToBatch(ctx, b, events)
 }
 
-// write is Add through an Executor, for the package-level Add and
-// TxPublisher.
-func (w *Writer) write(ctx context.Context, exec Executor, events []Event) (err error) {
-	ctx, span := tracing.StartWriteSpan(ctx, len(events))
-	defer func() { tracing.EndSpan(span, err) }()
-	q, err := storage.From(exec)
-	if err != nil {
-		return fmt.Errorf("outbox: Add: %w", err)
-	}
-	return w.or().add(ctx, q, events)
+// AddOutsideTx writes events to the outbox in a transaction of its own on
+// db, as the package-level AddOutsideTx does (see there), with w's limits
+// and source.
+func (w *Writer) AddOutsideTx(ctx context.Context, db postgres.DB, events ...Event) error {
+	return db.InTx(ctx, func(tx postgres.Tx) error { return w.Add(ctx, tx, events...) })
 }

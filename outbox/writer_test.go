@@ -64,8 +64,8 @@ func TestWriter_TwoWritersWithDifferentLimitsInOneProcess(t *testing.T) {
 	require.ErrorContains(t, err, "outbox.WriterConfig.MaxEventBytes")
 
 	// The package-level Add: Kafka's default limit, whatever the Writers say.
-	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: "default", Payload: mid}))
-	err = outbox.Add(ctx, s.DB, outbox.Event{Topic: "default", Payload: huge})
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "default", Payload: mid}))
+	err = outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "default", Payload: huge})
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
 	require.ErrorContains(t, err, "over the limit of 1048576")
 
@@ -80,7 +80,7 @@ func TestWriter_TwoWritersWithDifferentLimitsInOneProcess(t *testing.T) {
 	tx, err := s.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer tx.Rollback() //nolint:errcheck // probe only
-	pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{Writer: small})
+	pub, err := outbox.NewTxPublisher(postgres.SQLTx(tx), outbox.PublisherConfig{Writer: small})
 	require.NoError(t, err)
 	require.ErrorIs(t, pub.Publish("small", message.NewMessage("m-1", mid)), transport.ErrMessageTooLarge)
 	require.NoError(t, pub.Publish("small", message.NewMessage("m-2", []byte(`{}`))))

@@ -26,7 +26,7 @@ func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) 
 	for i := 0; i < 300; i++ {
 		evs = append(evs, outbox.Event{Topic: "t", AggregateID: fmt.Sprint(i % 7), Payload: []byte(`{}`)})
 	}
-	require.NoError(t, outbox.Add(ctx, b.db, evs...))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), evs...))
 	// 250 old published, 20 recently published, 20 pending, 10 failed (old).
 	_, err := b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '8 days' WHERE id <= (SELECT min(id) + 249 FROM millwright_outbox)`)
 	require.NoError(t, err)
@@ -55,7 +55,7 @@ func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) 
 					return
 				default:
 				}
-				if err := outbox.Add(ctx, b.db, outbox.Event{Topic: "t", AggregateID: "w"}); err != nil {
+				if err := outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "t", AggregateID: "w"}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -91,7 +91,7 @@ func TestCleaner_OneInstanceAtATime(t *testing.T) {
 	defer conn.Close()
 	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, storage.OutboxRetention.LockClass)
 	require.NoError(t, err)
-	require.NoError(t, outbox.Add(ctx, b.db, outbox.Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "t", AggregateID: "a"}))
 	_, err = b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '8 days'`)
 	require.NoError(t, err)
 
@@ -111,7 +111,7 @@ func TestCleaner_OneInstanceAtATime(t *testing.T) {
 func TestCleaner_RunAndClose(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	require.NoError(t, outbox.Add(context.Background(), b.db, outbox.Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, outbox.AddOutsideTx(context.Background(), postgres.From(b.db), outbox.Event{Topic: "t", AggregateID: "a"}))
 	_, err := b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '2 hours'`)
 	require.NoError(t, err)
 	c, err := retention.NewOutboxCleaner(postgres.From(b.db), retention.Config{Retention: time.Hour, Interval: 10 * time.Millisecond})
@@ -138,7 +138,7 @@ func TestCleaner_OnEveryDriver(t *testing.T) {
 		for i := 0; i < 20; i++ {
 			evs = append(evs, outbox.Event{Topic: "t", AggregateID: fmt.Sprint(i), Payload: []byte(`{}`)})
 		}
-		require.NoError(t, outbox.Add(ctx, b.db, evs...))
+		require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), evs...))
 		// 12 old published, 3 recently published, 3 old failed, 2 pending.
 		_, err := b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '8 days' WHERE id < (SELECT min(id) + 12 FROM millwright_outbox);
 			UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id IN (SELECT id FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 3);

@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/relay"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -34,7 +35,7 @@ func exampleDB() (*sql.DB, func()) {
 		os.Exit(1)
 	}
 	db, _ := sql.Open("postgres", exampleURL(schema))
-	if _, err := migrate.Up(context.Background(), db, outbox.Migrations(), idempotency.Migrations(), saga.Migrations()); err != nil {
+	if _, err := migrate.Up(context.Background(), postgres.From(db), outbox.Migrations(), idempotency.Migrations(), saga.Migrations()); err != nil {
 		panic(err)
 	}
 	return db, func() {
@@ -88,8 +89,8 @@ func Example() {
 	defer cleanup()
 	broker := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
 
-	orders, _ := saga.NewOrchestrator(db, shopSaga(), saga.Config{PollInterval: 50 * time.Millisecond})
-	store, _ := idempotency.NewPostgresStore(db)
+	orders, _ := saga.NewOrchestrator(postgres.From(db), shopSaga(), saga.Config{PollInterval: 50 * time.Millisecond})
+	store, _ := idempotency.NewPostgresStore(postgres.From(db))
 	dedup, _ := idempotency.NewMiddleware(store, idempotency.Config{Consumer: "shop-orders-saga", Registerer: nil})
 
 	router, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
@@ -119,7 +120,7 @@ func Example() {
 	go router.Run(ctx)
 	defer router.Close()
 	<-router.Running()
-	rel, _ := relay.New(db, broker, relay.Config{PollInterval: 10 * time.Millisecond})
+	rel, _ := relay.New(postgres.From(db), broker, relay.Config{PollInterval: 10 * time.Millisecond})
 	go rel.Run(ctx)
 	defer rel.Close()
 	go orders.Run(ctx)
@@ -127,14 +128,14 @@ func Example() {
 
 	tx, _ := db.BeginTx(ctx, nil)
 	// ... the order's own rows are written in tx too ...
-	if err := orders.Start(ctx, tx, "order-7", ShopOrder{ID: "order-7"}); err != nil {
+	if err := orders.Start(ctx, postgres.SQLTx(tx), "order-7", ShopOrder{ID: "order-7"}); err != nil {
 		fmt.Println(err)
 		return
 	}
 	_ = tx.Commit()
 
 	for deadline := time.Now().Add(time.Minute); ; {
-		info, _, _ := saga.Get(ctx, db, "order-7")
+		info, _, _ := saga.Get(ctx, postgres.From(db), "order-7")
 		if time.Now().After(deadline) {
 			fmt.Println("still", info.State, "after a minute")
 			break

@@ -25,6 +25,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/relay"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
 )
@@ -154,8 +155,8 @@ func TestOutboxEventsDecodeWithCloudEventsSDK(t *testing.T) {
 				{Topic: topic, AggregateType: "order", AggregateID: "o-1", EventType: "order.created.v1", Payload: []byte(`{"order_id":"o-1"}`)},
 				{Topic: topic, AggregateID: "o-2", Payload: []byte(`{"signed": "as is"}`), RawPayload: true, ID: "raw-" + watermill.NewShortUUID()},
 			}
-			require.NoError(t, outbox.Add(ctx, schema.DB, events...))
-			rel, err := relay.New(schema.DB, tr.Publisher(), relay.Config{})
+			require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(schema.DB), events...))
+			rel, err := relay.New(postgres.From(schema.DB), tr.Publisher(), relay.Config{})
 			require.NoError(t, err)
 			published := 0
 			for published < len(events) {

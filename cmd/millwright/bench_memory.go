@@ -21,6 +21,7 @@ import (
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
 	"github.com/millwright/millwright/outbox/relay"
+	"github.com/millwright/millwright/postgres"
 )
 
 func init() {
@@ -112,7 +113,7 @@ func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) 
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(4)
-	if _, err := migrate.Up(ctx, db, outbox.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), outbox.Migrations()); err != nil {
 		return row, err
 	}
 	payload := `{"order_id":"` + strings.Repeat("x", 270) + `"}`
@@ -131,7 +132,7 @@ func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) 
 	runtime.ReadMemStats(&ms)
 	row.BaseHeapMiB = mib(ms.HeapInuse)
 
-	rel, err := relay.New(db, discard{}, relay.Config{BatchSize: 500, PollInterval: 50 * time.Millisecond})
+	rel, err := relay.New(postgres.From(db), discard{}, relay.Config{BatchSize: 500, PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		return row, err
 	}
@@ -164,7 +165,7 @@ func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) 
 	done := make(chan error, 1)
 	go func() { done <- rel.Run(rctx) }()
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Minute)
-	err = outboxtest.WaitDrained(wctx, db)
+	err = outboxtest.WaitDrained(wctx, postgres.From(db))
 	wcancel()
 	elapsed := time.Since(start)
 	cancel()

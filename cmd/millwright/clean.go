@@ -128,7 +128,7 @@ func buildCleaners(cmd *cobra.Command, pool *cliPool, targets []cleanTarget, cle
 	var errs []error
 	for i, t := range targets {
 		var err error
-		if cleaners[i], err = t.open(dbOf(pool.handle()), retention.Config{Retention: age(t), BatchSize: batch}); err != nil {
+		if cleaners[i], err = t.open(pool.handle(), retention.Config{Retention: age(t), BatchSize: batch}); err != nil {
 			errs = append(errs, fmt.Errorf("%s --%s=%s --batch-size=%d: %w", cmd.CommandPath(), retentionFlag(cmd, t), age(t), batch, err))
 		}
 	}

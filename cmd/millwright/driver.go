@@ -91,13 +91,12 @@ func openPool(cmd *cobra.Command) (*cliPool, error) {
 	return &cliPool{pgx: p}, nil
 }
 
-// handle is the pool itself, for the components' executor parameters (a
-// *sql.DB or a *pgxpool.Pool).
-func (p *cliPool) handle() any {
+// handle is the pool as the components take it.
+func (p *cliPool) handle() postgres.DB {
 	if p.pgx != nil {
-		return p.pgx
+		return postgres.Pgx(p.pgx)
 	}
-	return p.sql
+	return postgres.SQL(p.sql)
 }
 
 // storage is the pool as a storage.Pool, for the CLI's own reads.
@@ -117,15 +116,6 @@ func (p *cliPool) Close() {
 	_ = p.sql.Close()
 }
 
-// onPool calls onSQL or onPgx, whichever fits p's driver: the way to the
-// components' generic constructors (func NewX[P postgres.Pool]).
-func onPool[T any](p *cliPool, onSQL func(*sql.DB) T, onPgx func(*pgxpool.Pool) T) T {
-	if p.pgx != nil {
-		return onPgx(p.pgx)
-	}
-	return onSQL(p.sql)
-}
-
 // openPgx opens a pgx pool on u (pgconn.PgxConfig: connect_timeout as
 // lib/pq's) and pings it; pgconn.ConnectPgx says what a failed connect
 // was, as the database/sql pool's do.
@@ -143,15 +133,3 @@ func openPgx(ctx context.Context, u string) (*pgxpool.Pool, error) {
 
 // openCleaner builds a table's cleaner (retention.NewOutboxCleaner, ...).
 type openCleaner func(db postgres.DB, cfg retention.Config) (*retention.Cleaner, error)
-
-// dbOf is the postgres.DB of the CLI's pool, a *sql.DB or a
-// *pgxpool.Pool (--driver).
-func dbOf(h any) postgres.DB {
-	switch h := h.(type) {
-	case *sql.DB:
-		return postgres.SQL(h)
-	case *pgxpool.Pool:
-		return postgres.Pgx(h)
-	}
-	return postgres.DB{}
-}

@@ -30,6 +30,7 @@ import (
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox/relay"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retention"
 	"github.com/millwright/millwright/transport"
 )
@@ -369,18 +370,15 @@ func (p *relayProcess) openPgx(ctx context.Context) error {
 
 // newRelay makes a relay on the pool of the process's driver.
 func (p *relayProcess) newRelay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
-	if p.pgx != nil {
-		return relay.New(p.pgx, pub, cfg)
-	}
-	return relay.New(p.db, pub, cfg)
+	return relay.New(p.pool(), pub, cfg)
 }
 
-// pool is the relays' and cleaners' pool: a *pgxpool.Pool or a *sql.DB.
-func (p *relayProcess) pool() any {
+// pool is the relays' and cleaners' pool, on the process's driver.
+func (p *relayProcess) pool() postgres.DB {
 	if p.pgx != nil {
-		return p.pgx
+		return postgres.Pgx(p.pgx)
 	}
-	return p.db
+	return postgres.SQL(p.db)
 }
 
 // openTransport opens the transport and the health checks of the database
@@ -453,7 +451,7 @@ func (p *relayProcess) components(tables map[string]bool) error {
 		if p.reg != nil { // a nil *Registry is not a nil Registerer
 			ccfg.Registerer = p.reg // millwright_loop_panics_total of the cleaners
 		}
-		cl, err := c.open(dbOf(p.pool()), ccfg)
+		cl, err := c.open(p.pool(), ccfg)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.env, err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/capture"
 	"github.com/millwright/millwright/outbox/relay"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -58,7 +59,7 @@ func (e *env) write(ctx context.Context, goroutines, aggs int, every time.Durati
 				ev := seqEvent{Agg: agg, Seq: seq[agg]}
 				body, _ := json.Marshal(ev)
 				id := fmt.Sprintf("%s-%d", agg, ev.Seq)
-				if err := outbox.Add(ctx, e.schema.DB, outbox.Event{ID: id, Topic: e.topic, AggregateType: "acct", AggregateID: agg, Payload: body}); err != nil {
+				if err := outbox.AddOutsideTx(ctx, postgres.From(e.schema.DB), outbox.Event{ID: id, Topic: e.topic, AggregateType: "acct", AggregateID: agg, Payload: body}); err != nil {
 					w.errs <- err
 					return
 				}
@@ -125,7 +126,7 @@ func (p *flakyPublisher) Close() error { return nil } // the transport's, closed
 // called (Close: the relay drains its in-flight claims, publishing and
 // marking them).
 func (e *env) runRelay(ctx context.Context, t *testing.T, pub message.Publisher) (stop func()) {
-	rel, err := relay.New(e.schema.DB, pub, relay.Config{PollInterval: 50 * time.Millisecond,
+	rel, err := relay.New(postgres.From(e.schema.DB), pub, relay.Config{PollInterval: 50 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
@@ -186,13 +187,13 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	sw := capture.SwitchConfig{Slot: e.name, Publication: e.name}
 	dry := sw
 	dry.DryRun = true
-	rep, err := capture.SwitchToDebezium(ctx, e.schema.DB, dry)
+	rep, err := capture.SwitchToDebezium(ctx, postgres.From(e.schema.DB), dry)
 	require.NoError(t, err)
 	require.Len(t, rep.Steps, 4, "a dry run lists every step: %v", rep.Steps)
 	failedBefore := pub.failed.Load()
 	pub.failFirst.Store(true) // every row the relay publishes from now on fails once first
 	sw.Wait = 3 * time.Minute
-	rep, err = capture.SwitchToDebezium(ctx, e.schema.DB, sw)
+	rep, err = capture.SwitchToDebezium(ctx, postgres.From(e.schema.DB), sw)
 	require.NoError(t, err)
 	require.True(t, rep.Ready, "%+v", rep)
 	pub.failFirst.Store(false)
@@ -211,7 +212,7 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	atSwitch := w.written.Load()
 	e.start(ctx, t)
 	stopTracker := e.track(ctx, t)
-	_, err = outbox.RetryFailed(ctx, e.schema.DB, outbox.FailedFilter{}, true)
+	_, err = outbox.RetryFailed(ctx, postgres.From(e.schema.DB), outbox.FailedFilter{}, true)
 	require.ErrorIs(t, err, outbox.ErrCaptureActive)
 	until(ctx, t, "Debezium relaying", func() (bool, error) { return w.written.Load() > atSwitch+1500, nil })
 
@@ -229,14 +230,14 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	})
 	confirmWait := time.Since(confirmStart)
 	stopTracker()
-	_, err = capture.SwitchToRelay(ctx, e.schema.DB, capture.SwitchConfig{Slot: e.name, Publication: e.name})
+	_, err = capture.SwitchToRelay(ctx, postgres.From(e.schema.DB), capture.SwitchConfig{Slot: e.name, Publication: e.name})
 	require.ErrorContains(t, err, "stop the connector first", "refused while the connector streams")
 	require.NoError(t, e.connect.Stop(ctx, e.name))
 	until(ctx, t, "connector releasing the slot", func() (bool, error) {
 		st, err := storage.ReadCaptureState(ctx, e.q, e.name, e.name)
 		return !st.SlotActive, err
 	})
-	rep, err = capture.SwitchToRelay(ctx, e.schema.DB, capture.SwitchConfig{Slot: e.name, Publication: e.name})
+	rep, err = capture.SwitchToRelay(ctx, postgres.From(e.schema.DB), capture.SwitchConfig{Slot: e.name, Publication: e.name})
 	require.NoError(t, err)
 	stopRelay = e.runRelay(ctx, t, pub)
 	require.NoError(t, e.connect.Delete(ctx, e.name))
@@ -264,7 +265,7 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 // track runs an capture.Tracker (a round every 500ms) until the
 // returned stop.
 func (e *env) track(ctx context.Context, t *testing.T) (stop func()) {
-	tr, err := capture.NewTracker(e.schema.DB, capture.Config{Slot: e.name, Interval: 500 * time.Millisecond})
+	tr, err := capture.NewTracker(postgres.From(e.schema.DB), capture.Config{Slot: e.name, Interval: 500 * time.Millisecond})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- tr.Run(ctx) }()

@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/relay"
+	"github.com/millwright/millwright/postgres"
 )
 
 // TestDebeziumRecordsEqualRelayRecords relays the same outbox rows twice,
@@ -48,9 +49,9 @@ func TestDebeziumRecordsEqualRelayRecords(t *testing.T) {
 		events = append(events, outbox.Event{Topic: e.topic, AggregateType: "acct", AggregateID: fmt.Sprintf("a-%d", i%7), EventType: "acct.moved",
 			Payload: []byte(fmt.Sprintf(`{"i": %d, "pad": "%s"}`, i, strings.Repeat("x", i)))})
 	}
-	require.NoError(t, outbox.Add(ctx, e.schema.DB, events...))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(e.schema.DB), events...))
 
-	rel, err := relay.New(e.schema.DB, e.tr.Publisher(), relay.Config{})
+	rel, err := relay.New(postgres.From(e.schema.DB), e.tr.Publisher(), relay.Config{})
 	require.NoError(t, err)
 	for published := 0; published < len(events); {
 		n, err := rel.RunOnce(ctx)

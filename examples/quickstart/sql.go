@@ -39,7 +39,8 @@ func (s sqlService) placeOrder(ctx context.Context, w *outbox.Writer, id string)
 // notify applies the event's effect in the idempotency middleware's
 // transaction, a *sql.Tx: it commits with the processed mark.
 func (s sqlService) notify(msg *message.Message) error {
-	tx, ok := idempotency.TxFromContext(msg.Context())
+	pt, ok := idempotency.TxFromContext(msg.Context())
+	tx := pt.SQL()
 	if !ok {
 		return retry.Permanent(errors.New("notify: no idempotency *sql.Tx in the message context"))
 	}
@@ -48,11 +49,11 @@ func (s sqlService) notify(msg *message.Message) error {
 }
 
 func (s sqlService) idempotencyStore() (*idempotency.PostgresStore, error) {
-	return idempotency.NewPostgresStore(s.db)
+	return idempotency.NewPostgresStore(postgres.From(s.db))
 }
 
 func (s sqlService) relay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
-	return relay.New(s.db, pub, cfg)
+	return relay.New(postgres.From(s.db), pub, cfg)
 }
 
 func (s sqlService) close() {} // the *sql.DB is main's

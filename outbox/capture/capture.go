@@ -98,7 +98,7 @@ type Round struct {
 }
 
 // NewTracker returns a tracker of the outbox in db's search_path.
-func NewTracker[P postgres.Pool](db P, cfg Config) (*Tracker, error) {
+func NewTracker(db postgres.DB, cfg Config) (*Tracker, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -194,7 +194,7 @@ func (t *Tracker) Running() <-chan struct{} { return t.run.Running() }
 // inserted after it returns has them; it waits for the writing
 // transactions in flight) and an insert-only publication named
 // publication (the connector's publication.name).
-func Enable[P postgres.Pool](ctx context.Context, db P, publication string) error {
+func Enable(ctx context.Context, db postgres.DB, publication string) error {
 	pool, err := storage.PoolFrom(db)
 	if err == nil {
 		err = storage.EnableCapture(ctx, pool, publication)
@@ -207,7 +207,7 @@ func Enable[P postgres.Pool](ctx context.Context, db P, publication string) erro
 
 // Disable drops the trigger and the publication: rows written
 // after it carry no wire_* columns, and writers pay nothing for capture.
-func Disable[P postgres.Pool](ctx context.Context, db P, publication string) error {
+func Disable(ctx context.Context, db postgres.DB, publication string) error {
 	pool, err := storage.PoolFrom(db)
 	if err == nil {
 		err = storage.DisableCapture(ctx, pool, publication)
@@ -303,7 +303,7 @@ type SwitchReport struct {
 	Next string
 }
 
-func captureSwitch[P postgres.Pool](db P, cfg *SwitchConfig) (storage.Pool, error) {
+func captureSwitch(db postgres.DB, cfg *SwitchConfig) (storage.Pool, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -324,7 +324,7 @@ func captureSwitch[P postgres.Pool](db P, cfg *SwitchConfig) (storage.Pool, erro
 // A row is judged by the transaction that inserted it (the capture
 // trigger records it), never by its last update: a failed publish or any
 // later change of a row from before the slot keeps it the relay's.
-func SwitchToDebezium[P postgres.Pool](ctx context.Context, db P, cfg SwitchConfig) (SwitchReport, error) {
+func SwitchToDebezium(ctx context.Context, db postgres.DB, cfg SwitchConfig) (SwitchReport, error) {
 	pool, err := captureSwitch(db, &cfg)
 	if err != nil {
 		return SwitchReport{}, fmt.Errorf("capture.SwitchToDebezium: %w", err)
@@ -399,7 +399,7 @@ func SwitchToDebezium[P postgres.Pool](ctx context.Context, db P, cfg SwitchConf
 // Debezium delivered after its last confirmed mark (duplicates the
 // idempotency middleware drops). Nothing is marked published that the
 // connector did not confirm. Delete the connector before or after.
-func SwitchToRelay[P postgres.Pool](ctx context.Context, db P, cfg SwitchConfig) (SwitchReport, error) {
+func SwitchToRelay(ctx context.Context, db postgres.DB, cfg SwitchConfig) (SwitchReport, error) {
 	pool, err := captureSwitch(db, &cfg)
 	if err != nil {
 		return SwitchReport{}, fmt.Errorf("capture.SwitchToRelay: %w", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // panicLog keeps the errors a logger was given.
@@ -37,7 +38,7 @@ func TestCaptureTrackerSurvivesAPanickingRound(t *testing.T) {
 	s := pgtest.New(t, outbox.Migrations())
 	log := &panicLog{}
 	reg := prometheus.NewRegistry()
-	tr, err := NewTracker(s.DB, Config{Slot: "nosuch_" + s.Name, Interval: 10 * time.Millisecond, Logger: log, Registerer: reg})
+	tr, err := NewTracker(postgres.From(s.DB), Config{Slot: "nosuch_" + s.Name, Interval: 10 * time.Millisecond, Logger: log, Registerer: reg})
 	require.NoError(t, err)
 	rounds := make(chan int, 10)
 	n := 0

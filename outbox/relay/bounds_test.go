@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -23,7 +24,7 @@ func TestRelay_DeadLetterWaitIsBounded(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	require.NoError(t, outbox.Add(ctx, b.db, outbox.Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", Payload: []byte(`{}`)}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", Payload: []byte(`{}`)}))
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	t.Cleanup(func() {
@@ -41,7 +42,7 @@ func TestRelay_DeadLetterWaitIsBounded(t *testing.T) {
 		<-release // a broker that never answers, and a client that does not give up
 		return nil
 	}}
-	r, err := New(b.db, pub, Config{DeadLetterTopic: "orders.dead", Retry: retryOnce, Lease: time.Second})
+	r, err := New(postgres.From(b.db), pub, Config{DeadLetterTopic: "orders.dead", Retry: retryOnce, Lease: time.Second})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { _, err := r.RunOnce(ctx); done <- err }()
@@ -78,7 +79,7 @@ func TestRelay_LaneCheckIsBounded(t *testing.T) {
 	t.Cleanup(func() { _ = tx.Rollback() })
 	_, err = tx.Exec(`LOCK TABLE millwright_outbox_lanes IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
-	r, err := New(b.db, b.pubsub, Config{Lease: 500 * time.Millisecond})
+	r, err := New(postgres.From(b.db), b.pubsub, Config{Lease: 500 * time.Millisecond})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { _, err := r.RunOnce(ctx); done <- err }()
@@ -101,7 +102,7 @@ func TestRelay_DeadLetterCopiesStopAtTheirBound(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	for i := range 5 {
-		require.NoError(t, outbox.Add(ctx, b.db, outbox.Event{Topic: "orders", AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i), Payload: []byte(`{}`)}))
+		require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "orders", AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i), Payload: []byte(`{}`)}))
 	}
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
@@ -114,7 +115,7 @@ func TestRelay_DeadLetterCopiesStopAtTheirBound(t *testing.T) {
 		<-release // a broker that never answers, and a client that does not give up
 		return nil
 	}}
-	r, err := New(b.db, pub, Config{DeadLetterTopic: "orders.dead", Retry: retryOnce, Lease: time.Second})
+	r, err := New(postgres.From(b.db), pub, Config{DeadLetterTopic: "orders.dead", Retry: retryOnce, Lease: time.Second})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { _, err := r.RunOnce(ctx); done <- err }()

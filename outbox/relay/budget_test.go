@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -28,7 +29,7 @@ var retryOnce = retry.Policy{InitialInterval: time.Millisecond, MaxInterval: tim
 // decision draws (a clock advanced by them), for many rows.
 func TestRelay_DefaultRetryBudgetIsFifteenMinutes(t *testing.T) {
 	t.Parallel()
-	r, err := New(setup(t).db, noopPublisher{}, Config{})
+	r, err := New(postgres.From(setup(t).db), noopPublisher{}, Config{})
 	require.NoError(t, err)
 	require.Equal(t, 15*time.Minute, DefaultRetryBudget)
 	require.Equal(t, DefaultRetryBudget, r.cfg.Retry.MaxElapsedTime)
@@ -84,7 +85,7 @@ func TestRelay_RetryBudgetCountsFromTheFirstFailure(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	for _, agg := range []string{"young", "old", "fresh", "permanent"} {
-		require.NoError(t, outbox.Add(ctx, b.db, outbox.Event{Topic: "orders", AggregateType: "order", AggregateID: agg, Payload: []byte(`{}`)}))
+		require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "orders", AggregateType: "order", AggregateID: agg, Payload: []byte(`{}`)}))
 	}
 	_, err := b.schema.DB.Exec(`UPDATE millwright_outbox SET created_at = now() - interval '2 hours'`)
 	require.NoError(t, err)
@@ -98,7 +99,7 @@ func TestRelay_RetryBudgetCountsFromTheFirstFailure(t *testing.T) {
 		}
 		return errors.New("broker down")
 	}}
-	r, err := New(b.db, pub, Config{})
+	r, err := New(postgres.From(b.db), pub, Config{})
 	require.NoError(t, err)
 	n, err := r.RunOnce(ctx)
 	require.NoError(t, err)
@@ -169,7 +170,7 @@ func TestRelay_DeadLetterOnceWhenRecordingTheFailureFails(t *testing.T) {
 	ctx := context.Background()
 	fired := fault(t, b.schema)
 	dead := b.collect(t, "orders.dead")
-	require.NoError(t, outbox.Add(ctx, b.db, outbox.Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", Payload: []byte(`{}`)}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", Payload: []byte(`{}`)}))
 	var attempts int
 	pub := &hookPublisher{Publisher: b.pubsub, fail: func(topic string, _ *message.Message) error {
 		if topic == "orders" {
@@ -178,7 +179,7 @@ func TestRelay_DeadLetterOnceWhenRecordingTheFailureFails(t *testing.T) {
 		}
 		return nil
 	}}
-	r, err := New(b.db, pub, Config{DeadLetterTopic: "orders.dead", Retry: retryOnce})
+	r, err := New(postgres.From(b.db), pub, Config{DeadLetterTopic: "orders.dead", Retry: retryOnce})
 	require.NoError(t, err)
 
 	_, err = r.RunOnce(ctx)
@@ -194,7 +195,7 @@ func TestRelay_DeadLetterOnceWhenRecordingTheFailureFails(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 
-	store := dlq.NewStore(pgtest.New(t, dlq.Migrations()).DB)
+	store := dlq.NewStore(postgres.From(pgtest.New(t, dlq.Migrations()).DB))
 	for _, m := range dead.all() {
 		_, err := store.Insert(ctx, m)
 		require.NoError(t, err)

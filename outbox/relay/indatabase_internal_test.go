@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	tsql "github.com/millwright/millwright/transport/sql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/poll"
@@ -19,6 +18,8 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
+	tsql "github.com/millwright/millwright/transport/sql"
 )
 
 func inDatabaseBundle(t *testing.T) (*pgtest.Schema, *tsql.Transport) {
@@ -44,13 +45,13 @@ func TestMove_StalledRelayLosesItsBatchAfterLease(t *testing.T) {
 	s, tr := inDatabaseBundle(t)
 	topic := "stall_" + watermill.NewShortUUID()
 	for i := range 5 {
-		require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateID: "a", Payload: []byte(`{"i":` + string(rune('0'+i)) + `}`)}))
+		require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: topic, AggregateID: "a", Payload: []byte(`{"i":` + string(rune('0'+i)) + `}`)}))
 	}
 
-	stalled, err := New(s.DB, tr.Publisher(), Config{Lease: 500 * time.Millisecond})
+	stalled, err := New(postgres.From(s.DB), tr.Publisher(), Config{Lease: 500 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, stalled.mover.prepareTopics(ctx, []string{topic}))
-	other, err := New(s.DB, tr.Publisher(), Config{})
+	other, err := New(postgres.From(s.DB), tr.Publisher(), Config{})
 	require.NoError(t, err)
 	resume := make(chan struct{})
 	var once sync.Once
@@ -99,13 +100,13 @@ func TestMove_RowsBehindABackingOffHeadWait(t *testing.T) {
 	ctx := context.Background()
 	s, tr := inDatabaseBundle(t)
 	topic := "held_" + watermill.NewShortUUID()
-	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
 	_, err := s.DB.Exec(`UPDATE millwright_outbox SET next_attempt_at = now() + interval '1 hour', retry_count = 1`)
 	require.NoError(t, err)
-	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
-	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateID: "b", Payload: []byte(`{}`)}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: topic, AggregateID: "b", Payload: []byte(`{}`)}))
 
-	r, err := New(s.DB, tr.Publisher(), Config{})
+	r, err := New(postgres.From(s.DB), tr.Publisher(), Config{})
 	require.NoError(t, err)
 	n, err := r.RunOnce(ctx)
 	require.NoError(t, err)
@@ -233,9 +234,9 @@ func TestMove_TopicPreparedForAnotherRelayMovesAtOnce(t *testing.T) {
 		for i := range evs {
 			evs[i] = outbox.Event{Topic: "t", AggregateType: "order", AggregateID: strconv.Itoa(i), EventType: "order.created.v1", Payload: []byte(`{}`)}
 		}
-		require.NoError(t, outbox.Add(ctx, s.DB, evs...))
+		require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), evs...))
 	}
-	first, err := New(s.DB, pub, Config{})
+	first, err := New(postgres.From(s.DB), pub, Config{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = first.Close() })
 	add(10)
@@ -244,7 +245,7 @@ func TestMove_TopicPreparedForAnotherRelayMovesAtOnce(t *testing.T) {
 	require.Equal(t, 10, n)
 	require.EqualValues(t, 1, pub.prepares.Load(), "the first relay prepared the topic")
 
-	second, err := New(s.DB, pub, Config{})
+	second, err := New(postgres.From(s.DB), pub, Config{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = second.Close() })
 	require.False(t, second.mover.prepared("u"), "a topic nobody prepared")

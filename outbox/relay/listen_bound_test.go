@@ -12,6 +12,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgconntest"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // A ListenURL server that accepts and never answers: the relay gives up on
@@ -87,7 +88,7 @@ func silentListen(t *testing.T, h any, b bundle, url string) string {
 	}
 	require.NotEmpty(t, logged, "LISTEN's failure is logged")
 	got := b.collect(t, "t")
-	require.NoError(t, outbox.Add(context.Background(), h, outbox.Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, outbox.AddOutsideTx(context.Background(), postgres.SQL(b.db), outbox.Event{Topic: "t", AggregateID: "a"}))
 	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "the relay polls")
 	return logged
 }

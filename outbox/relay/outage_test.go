@@ -17,6 +17,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/faultproxy"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // countingLogger records the lines logged at Info and Error (the levels an
@@ -87,7 +88,7 @@ func TestRelay_DatabaseOutageIsBackedOffAndLoggedSparingly(t *testing.T) {
 
 	ctx := context.Background()
 	// Written directly, not through the proxy: only the relay is cut off.
-	require.NoError(t, outbox.Add(ctx, b.db, outbox.Event{Topic: "outage", AggregateID: "a", Payload: []byte(`{"n":1}`)}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "outage", AggregateID: "a", Payload: []byte(`{"n":1}`)}))
 	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "the first event was not published before the outage")
 
 	const outage = 5 * time.Second
@@ -122,7 +123,7 @@ func TestRelay_DatabaseOutageIsBackedOffAndLoggedSparingly(t *testing.T) {
 	// loaded machine, and could not tell the cap from no cap anyway (after
 	// a 5 s outage an uncapped doubling waits about 5 s).
 	written := time.Now()
-	require.NoError(t, outbox.Add(ctx, b.db, outbox.Event{Topic: "outage", AggregateID: "a", Payload: []byte(`{"n":2}`)}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "outage", AggregateID: "a", Payload: []byte(`{"n":2}`)}))
 	// Looked for by its payload, not by a count: when the outage cut the
 	// first event's mark, that event goes out again (at least once), so
 	// the count can pass 2 without the new event.
@@ -159,7 +160,7 @@ func TestRelay_RunWithoutMigrationsFailsAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	b := setup(t)
-	r, err := New(db, b.pubsub, Config{})
+	r, err := New(postgres.From(db), b.pubsub, Config{})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(context.Background()) }()
@@ -185,7 +186,7 @@ func TestRelay_RunWithoutTheNewestMigrationFailsAtOnce(t *testing.T) {
 	_, err := s.DB.Exec(`ALTER TABLE millwright_outbox DROP COLUMN first_failed_at`)
 	require.NoError(t, err)
 	b := setup(t)
-	r, err := New(s.DB, b.pubsub, Config{})
+	r, err := New(postgres.From(s.DB), b.pubsub, Config{})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(context.Background()) }()

@@ -157,7 +157,7 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 	for x := range before {
 		maxBefore = max(maxBefore, x.id)
 	}
-	applied, err := migrate.Up(ctx, b.db, outbox.Migrations(), outbox.PartitionedMigrations())
+	applied, err := migrate.Up(ctx, postgres.From(b.db), outbox.Migrations(), outbox.PartitionedMigrations())
 	require.NoError(t, err)
 	require.Len(t, applied, 1)
 	require.Equal(t, "p", relkind(t, b.db))
@@ -181,7 +181,7 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 	requireOncePerEventInAggregateOrder(t, got.all())
 	var lastID int64
 	require.NoError(t, b.db.QueryRow(`SELECT max(id) FROM millwright_outbox`).Scan(&lastID))
-	require.NoError(t, outbox.Add(ctx, b.db, outbox.Event{Topic: "mig", AggregateID: "z"}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "mig", AggregateID: "z"}))
 	var newID int64
 	require.NoError(t, b.db.QueryRow(`SELECT id FROM millwright_outbox WHERE aggregate_id = 'z'`).Scan(&newID))
 	require.Greater(t, newID, lastID, "the sequence goes on")
@@ -192,11 +192,11 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 // partition of rows older than today).
 func seedBeforePartitioning(ctx context.Context, t *testing.T, b bundle) {
 	for i := range 200 {
-		require.NoError(t, outbox.Add(ctx, b.db, outbox.Event{Topic: "mig", AggregateID: "a" + strconv.Itoa(i%10), Payload: []byte(fmt.Sprintf(`{"agg":"a%d","seq":%d}`, i%10, i/10))}))
+		require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "mig", AggregateID: "a" + strconv.Itoa(i%10), Payload: []byte(fmt.Sprintf(`{"agg":"a%d","seq":%d}`, i%10, i/10))}))
 	}
 	_, err := b.db.Exec(`UPDATE millwright_outbox SET created_at = now() - interval '3 days' WHERE id IN (SELECT id FROM millwright_outbox ORDER BY id DESC LIMIT 20)`)
 	require.NoError(t, err)
-	first, err := New(b.db, b.pubsub, Config{BatchSize: 50})
+	first, err := New(postgres.From(b.db), b.pubsub, Config{BatchSize: 50})
 	require.NoError(t, err)
 	n, err := first.RunOnce(ctx)
 	require.NoError(t, err)
@@ -242,7 +242,7 @@ func startMigrationWriters(ctx context.Context, t *testing.T, db *sql.DB, wg *sy
 				default:
 				}
 				agg := fmt.Sprintf("w%d", w)
-				if err := outbox.Add(ctx, db, outbox.Event{Topic: "mig", AggregateID: agg, Payload: []byte(fmt.Sprintf(`{"agg":%q,"seq":%d}`, agg, i))}); err != nil {
+				if err := outbox.AddOutsideTx(ctx, postgres.From(db), outbox.Event{Topic: "mig", AggregateID: agg, Payload: []byte(fmt.Sprintf(`{"agg":%q,"seq":%d}`, agg, i))}); err != nil {
 					t.Errorf("writer %d: %v", w, err)
 					return
 				}
@@ -511,7 +511,7 @@ func TestPartitionCleaner_WithRelayAndWriters(t *testing.T) {
 					return
 				default:
 				}
-				if err := outbox.Add(ctx, b.db, outbox.Event{Topic: "old", AggregateID: fmt.Sprintf("w%d", w)}); err != nil {
+				if err := outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "old", AggregateID: fmt.Sprintf("w%d", w)}); err != nil {
 					t.Errorf("writer %d: %v", w, err)
 					return
 				}

@@ -14,10 +14,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
-	tsql "github.com/millwright/millwright/transport/sql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
+	tsql "github.com/millwright/millwright/transport/sql"
 )
 
 const (
@@ -39,7 +40,7 @@ func TestRelayChildProcess(t *testing.T) {
 		require.NoError(t, err)
 		// Lease: the parent's relay takes the lanes once it ends; long
 		// enough that the server does not end the open move first.
-		r, err := New(db, tr.Publisher(), Config{Lease: 2 * time.Second})
+		r, err := New(postgres.From(db), tr.Publisher(), Config{Lease: 2 * time.Second})
 		require.NoError(t, err)
 		r.mover.beforeCommit = func() {
 			fmt.Println("published") // copied, not committed: the parent kills us now
@@ -48,7 +49,7 @@ func TestRelayChildProcess(t *testing.T) {
 		_ = r.Run(context.Background())
 		return
 	}
-	r, err := New(db, gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}), Config{Lease: 300 * time.Millisecond})
+	r, err := New(postgres.From(db), gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}), Config{Lease: 300 * time.Millisecond})
 	require.NoError(t, err)
 	r.afterPublish = func(_ context.Context, published []int64) {
 		fmt.Println("published", len(published)) // the parent kills us now
@@ -105,7 +106,7 @@ func TestRelay_KilledProcessPublishingInTheDatabaseLosesAndRepeatsNothing(t *tes
 	b := setup(t)
 	topic := "killed_" + watermill.NewShortUUID()
 	for i := 0; i < 20; i++ {
-		require.NoError(t, outbox.Add(ctx, b.db, outbox.Event{Topic: topic, AggregateID: strconv.Itoa(i % 5)}))
+		require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: topic, AggregateID: strconv.Itoa(i % 5)}))
 	}
 	killChild(t, "published", func() {
 		// The child's uncommitted move holds every row: it copied all 20.
@@ -137,7 +138,7 @@ func TestRelay_KilledProcessLosesNothing(t *testing.T) {
 	got := b.collect(t, "t")
 	ctx := context.Background()
 	for i := 0; i < 20; i++ {
-		require.NoError(t, outbox.Add(ctx, b.db, outbox.Event{Topic: "t", AggregateID: strconv.Itoa(i % 5)}))
+		require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), outbox.Event{Topic: "t", AggregateID: strconv.Itoa(i % 5)}))
 	}
 
 	// kill -9 between publish and mark, with the whole batch published

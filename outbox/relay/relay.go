@@ -291,7 +291,7 @@ var relayTables = []string{"millwright_outbox", "millwright_outbox_lanes", "mill
 // *pgxpool.Pool) and publishing with pub. When pub also has PublishBatch
 // (transport.BatchPublisher), each batch goes out in one call per topic.
 // The relay does not close pub.
-func New[P postgres.Pool](db P, pub message.Publisher, cfg Config) (*Relay, error) {
+func New(db postgres.DB, pub message.Publisher, cfg Config) (*Relay, error) {
 	pool, err := storage.PoolFrom(db)
 	if err != nil {
 		return nil, fmt.Errorf("relay.New: %w", err)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // requireInOrder checks that got holds, per aggregate, the sequence
@@ -50,7 +51,7 @@ func TestRelay_RetryingRowIsNotPassedAfterItsBackoff(t *testing.T) {
 	xEvent := func(seq int) outbox.Event {
 		return outbox.Event{Topic: "t", AggregateType: "order", AggregateID: "x", Payload: []byte(`{"agg":"x","seq":` + strconv.Itoa(seq) + `}`)}
 	}
-	require.NoError(t, outbox.Add(ctx, b.db, xEvent(0)))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), xEvent(0)))
 	// Two events for each aggregate of x's lane, thirty for the others.
 	var evs []outbox.Event
 	var mates int
@@ -65,12 +66,12 @@ func TestRelay_RetryingRowIsNotPassedAfterItsBackoff(t *testing.T) {
 		}
 	}
 	require.Positive(t, mates, "no aggregate shares x's lane: add aggregates")
-	require.NoError(t, outbox.Add(ctx, b.db, evs...))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), evs...))
 	var rest []outbox.Event
 	for seq := 1; seq <= 20; seq++ {
 		rest = append(rest, xEvent(seq))
 	}
-	require.NoError(t, outbox.Add(ctx, b.db, rest...))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db), rest...))
 	// x's first event failed once and backs off.
 	var first int64
 	require.NoError(t, b.db.QueryRow(`UPDATE millwright_outbox SET retry_count = 1, next_attempt_at = now() + interval '1 hour'

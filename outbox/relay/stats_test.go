@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -27,7 +28,7 @@ func TestRelay_StatsCountRoundsOutcomesAndLastSuccess(t *testing.T) {
 		}
 		return nil
 	}}
-	r, err := New(b.db, pub, Config{DeadLetterTopic: "t.dead",
+	r, err := New(postgres.From(b.db), pub, Config{DeadLetterTopic: "t.dead",
 		Retry: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, MaxAttempts: 2}})
 	require.NoError(t, err)
 	require.Zero(t, r.LastSuccess(), "no round yet")
@@ -40,7 +41,7 @@ func TestRelay_StatsCountRoundsOutcomesAndLastSuccess(t *testing.T) {
 	require.False(t, r.LastSuccess().Before(before), "an empty round is a success")
 	require.Equal(t, uint64(1), r.Stats().Rounds)
 
-	require.NoError(t, outbox.Add(ctx, b.db,
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(b.db),
 		outbox.Event{Topic: "t", AggregateID: "bad", Payload: []byte(`"poison"`)},
 		outbox.Event{Topic: "t", AggregateID: "ok", Payload: []byte(`"one"`)},
 		outbox.Event{Topic: "t", AggregateID: "ok", Payload: []byte(`"two"`)}))

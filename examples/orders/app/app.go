@@ -90,18 +90,18 @@ func wire[P postgres.Pool](a *App, pool P) error {
 	if err != nil {
 		return err
 	}
-	a.orch, err = saga.NewOrchestrator(pool, def, saga.Config{
+	a.orch, err = saga.NewOrchestrator(postgres.From(pool), def, saga.Config{
 		ReplyTopic: a.topics.Replies, PollInterval: a.cfg.SagaPollInterval, Source: "examples/orders/orchestrator",
 		Registerer: a.cfg.Registerer, Logger: a.cfg.Logger,
 	})
 	if err != nil {
 		return err
 	}
-	a.store = dlq.NewStore(pool)
-	a.newParker = func(cfg park.Config) (*park.Parker, error) { return park.New(pool, cfg) }
-	a.newIdempotencyStore = func() (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(pool) }
+	a.store = dlq.NewStore(postgres.From(pool))
+	a.newParker = func(cfg park.Config) (*park.Parker, error) { return park.New(postgres.From(pool), cfg) }
+	a.newIdempotencyStore = func() (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(postgres.From(pool)) }
 	a.newRelay = func(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
-		return relay.New(pool, pub, cfg)
+		return relay.New(postgres.From(pool), pub, cfg)
 	}
 	// Retention, each table at its default (package retention): published
 	// outbox rows and processed-event marks (7 days), finished sagas (30

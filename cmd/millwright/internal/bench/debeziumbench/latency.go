@@ -11,6 +11,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/relay"
+	"github.com/millwright/millwright/postgres"
 )
 
 // latencyRun is one relay's commit-to-consume figures.
@@ -44,7 +45,7 @@ func (b *bench) latency(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	defer tr.Close()
-	r, err := relay.New(b.db, tr.Publisher(), relay.Config{ListenURL: b.url})
+	r, err := relay.New(postgres.From(b.db), tr.Publisher(), relay.Config{ListenURL: b.url})
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +184,7 @@ func (b *bench) pacedTx(ctx context.Context, topic, id string, i int64) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO bench_orders (customer, total) VALUES ('c-42', 99.5)`); err != nil {
 		return err
 	}
-	if err := outbox.Add(ctx, tx, outbox.Event{ID: id, Topic: topic, AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i%drainAggregates),
+	if err := outbox.Add(ctx, postgres.SQLTx(tx), outbox.Event{ID: id, Topic: topic, AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i%drainAggregates),
 		EventType: "order.placed.v1", Payload: []byte(`{"order_id":"o-42","customer":"c-42","total":99.5}`)}); err != nil {
 		return err
 	}

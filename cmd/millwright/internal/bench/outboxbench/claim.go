@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/relay"
+	"github.com/millwright/millwright/postgres"
 )
 
 // discardPublisher accepts everything: the claim benchmark measures the
@@ -47,7 +48,7 @@ func (b *bench) benchClaim(ctx context.Context, published int) error {
 		}
 	}
 	measure := func(db *sql.DB) (idle, busy float64, err error) {
-		r, err := relay.New(db, discardPublisher{}, relay.Config{BatchSize: 100})
+		r, err := relay.New(postgres.From(db), discardPublisher{}, relay.Config{BatchSize: 100})
 		if err != nil {
 			return 0, 0, err
 		}
@@ -66,7 +67,7 @@ func (b *bench) benchClaim(ctx context.Context, published int) error {
 			for j := range evs {
 				evs[j] = outbox.Event{Topic: "bench_claim", AggregateID: strconv.Itoa(i*100 + j), Payload: b.payload}
 			}
-			if err := outbox.Add(ctx, db, evs...); err != nil {
+			if err := outbox.AddOutsideTx(ctx, postgres.From(db), evs...); err != nil {
 				return 0, 0, err
 			}
 			start := time.Now()
@@ -119,7 +120,7 @@ func (b *bench) sibling(ctx context.Context, suffix string) (*sql.DB, error) {
 		drop()
 		return nil, err
 	}
-	if _, err := migrate.Up(ctx, db, outbox.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), outbox.Migrations()); err != nil {
 		db.Close()
 		drop()
 		return nil, err

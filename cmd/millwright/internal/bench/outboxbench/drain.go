@@ -19,6 +19,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/relay"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -210,7 +211,7 @@ func (b *bench) emitDrain(kind string, pub message.Publisher, variants []drainVa
 func (b *bench) relays(ctx context.Context, pub message.Publisher, k int) error {
 	var rs []*relay.Relay
 	for range k {
-		r, err := relay.New(b.DB, pub, relay.Config{BatchSize: drainBatch})
+		r, err := relay.New(postgres.From(b.DB), pub, relay.Config{BatchSize: drainBatch})
 		if err != nil {
 			return err
 		}
@@ -332,7 +333,7 @@ func (b *bench) fill(ctx context.Context, topic string, n int) error {
 		}
 		evs = append(evs, outbox.Event{Topic: topic, AggregateType: "order", AggregateID: agg, EventType: "order.created.v1", Payload: b.payload})
 		if len(evs) == cap(evs) || i == n-1 {
-			if err := outbox.Add(ctx, b.DB, evs...); err != nil {
+			if err := outbox.AddOutsideTx(ctx, postgres.From(b.DB), evs...); err != nil {
 				return err
 			}
 			evs = evs[:0]

@@ -259,7 +259,7 @@ func autovacuumOff(ctx context.Context, db *sql.DB) error {
 // layout and gives it one partition per past day instead of the one
 // partition of everything before today that the migration creates.
 func partitionPastDays(ctx context.Context, db *sql.DB) error {
-	if _, err := migrate.Up(ctx, db, outbox.Migrations(), outbox.PartitionedMigrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), outbox.Migrations(), outbox.PartitionedMigrations()); err != nil {
 		return err
 	}
 	var before string
@@ -287,7 +287,7 @@ func partitionPastDays(ctx context.Context, db *sql.DB) error {
 
 // idleRound is the median of 50 relay rounds with nothing due.
 func idleRound(ctx context.Context, db *sql.DB) (time.Duration, error) {
-	r, err := relay.New(db, discardPublisher{}, relay.Config{BatchSize: 100})
+	r, err := relay.New(postgres.From(db), discardPublisher{}, relay.Config{BatchSize: 100})
 	if err != nil {
 		return 0, err
 	}
@@ -345,7 +345,7 @@ func startWriters(ctx context.Context, db *sql.DB, payload []byte) *writers {
 			defer w.wg.Done()
 			for i := 0; !w.stop.Load(); i++ {
 				start := time.Now()
-				err := outbox.Add(ctx, db, outbox.Event{Topic: "bench_retention", AggregateType: "order", AggregateID: fmt.Sprintf("w%d-%d", n, i), Payload: payload})
+				err := outbox.AddOutsideTx(ctx, postgres.From(db), outbox.Event{Topic: "bench_retention", AggregateType: "order", AggregateID: fmt.Sprintf("w%d-%d", n, i), Payload: payload})
 				end := time.Now()
 				w.mu.Lock()
 				if err != nil && w.err == nil {
