@@ -150,32 +150,48 @@ func TestEmbedded(t *testing.T) {
 	require.PanicsWithValue(t, `demo: embedded migrations missing: sub ../x: invalid argument`, func() { migrate.Embedded("demo", fsys, "../x") })
 }
 
+// On either driver's pool (pgx through its stdlib adapter), Pending
+// lists what Up would apply and changes nothing; Up leaves the pool open.
 func TestPendingListsWhatUpWouldApplyAndChangesNothing(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t)
-	ctx := context.Background()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		s := pgtest.New(t)
+		db := s.Handles(t, driver)
+		ctx := context.Background()
 
-	pending, err := migrate.Pending(ctx, postgres.From(s.DB), source())
-	require.NoError(t, err)
-	require.Len(t, pending, 2, "never migrated: everything is pending")
-	require.Equal(t, []int{1, 2}, []int{pending[0].Version, pending[1].Version})
-	var exists bool
-	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT to_regclass('millwright_migrations') IS NOT NULL`).Scan(&exists))
-	require.False(t, exists, "Pending creates nothing")
+		pending, err := migrate.Pending(ctx, db, source())
+		require.NoError(t, err)
+		require.Len(t, pending, 2, "never migrated: everything is pending")
+		require.Equal(t, []int{1, 2}, []int{pending[0].Version, pending[1].Version})
+		var exists bool
+		require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT to_regclass('millwright_migrations') IS NOT NULL`).Scan(&exists))
+		require.False(t, exists, "Pending creates nothing")
 
-	one := migrate.Source{Component: "demo", FS: fstest.MapFS{"001_create.sql": source().FS.(fstest.MapFS)["001_create.sql"]}}
-	_, err = migrate.Up(ctx, postgres.From(s.DB), one)
-	require.NoError(t, err)
-	pending, err = migrate.Pending(ctx, postgres.From(s.DB), source())
-	require.NoError(t, err)
-	require.Len(t, pending, 1)
-	require.Equal(t, "column", pending[0].Name)
+		one := migrate.Source{Component: "demo", FS: fstest.MapFS{"001_create.sql": source().FS.(fstest.MapFS)["001_create.sql"]}}
+		_, err = migrate.Up(ctx, db, one)
+		require.NoError(t, err)
+		pending, err = migrate.Pending(ctx, db, source())
+		require.NoError(t, err)
+		require.Len(t, pending, 1)
+		require.Equal(t, "column", pending[0].Name)
 
-	_, err = migrate.Up(ctx, postgres.From(s.DB), source())
-	require.NoError(t, err)
-	pending, err = migrate.Pending(ctx, postgres.From(s.DB), source())
-	require.NoError(t, err)
-	require.Empty(t, pending)
+		applied, err := migrate.Up(ctx, db, source())
+		require.NoError(t, err)
+		require.Len(t, applied, 1)
+		pending, err = migrate.Pending(ctx, db, source())
+		require.NoError(t, err)
+		require.Empty(t, pending)
+		require.NoError(t, db.PingContext(ctx), "Up leaves the service's pool open")
+		require.Equal(t, []string{"name"}, pgtest.Column[string](t, s.DB, `SELECT column_name::text FROM information_schema.columns
+			WHERE table_schema = current_schema() AND table_name = 'demo_items' AND column_name = 'name'`))
+	})
+}
+
+func TestUpRefusesAZeroDB(t *testing.T) {
+	t.Parallel()
+	_, err := migrate.Up(context.Background(), postgres.DB{}, source())
+	require.ErrorIs(t, err, postgres.ErrNoDB)
 }
 
 // Migrating into a schema that does not exist names the schema and the

@@ -29,6 +29,10 @@ func From(x any) (Querier, error) {
 		return e, nil
 	case Tx:
 		return e, nil
+	case postgres.DB:
+		return FromDB(e)
+	case postgres.Tx:
+		return FromTx(e)
 	case PgxExecutor:
 		return NewPgx(e), nil
 	case SQLExecutor:
