@@ -63,14 +63,17 @@ func TestWriter_TwoWritersWithDifferentLimitsInOneProcess(t *testing.T) {
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
 	require.ErrorContains(t, err, "outbox.WriterConfig.MaxEventBytes")
 
-	// The package-level Add: Kafka's default limit, whatever the Writers say.
+	// The package-level AddOutsideTx: Kafka's default limit, whatever the Writers say.
 	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "default", Payload: mid}))
 	err = outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "default", Payload: huge})
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
 	require.ErrorContains(t, err, "over the limit of 1048576")
+	// A Writer's AddOutsideTx checks with the Writer's limits.
+	require.ErrorIs(t, small.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "small", Payload: mid}), transport.ErrMessageTooLarge)
+	require.NoError(t, large.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "large", Payload: huge}))
 
 	counts := pgtest.Column[string](t, s.DB, `SELECT topic || ' ' || count(*) || ' ' || (metadata->>'ce_source') FROM millwright_outbox GROUP BY topic, metadata->>'ce_source' ORDER BY topic`)
-	require.Equal(t, []string{"default 1 " + newWriter(t, outbox.WriterConfig{}).Source(), "large 11 /large", "small 10 /small"}, counts)
+	require.Equal(t, []string{"default 1 " + newWriter(t, outbox.WriterConfig{}).Source(), "large 12 /large", "small 10 /small"}, counts)
 
 	// AddToBatch and TxPublisher check with the Writer they are given.
 	b := &pgx.Batch{}
