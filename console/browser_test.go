@@ -24,6 +24,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrations"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
@@ -100,13 +101,13 @@ func runShop(t *testing.T) *shop {
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(ctx) }()
 	<-router.Running()
-	relay, err := outbox.NewRelay(postgres.From(s.DB), broker, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+	rel, err := relay.New(postgres.From(s.DB), broker, relay.Config{PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(ctx) }()
+	go func() { relayDone <- rel.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		_ = relay.Close()
+		_ = rel.Close()
 		_ = router.Close()
 		<-relayDone
 		<-routerDone

@@ -23,6 +23,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
@@ -48,11 +49,11 @@ func TestConsoleReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T)
 	}
 	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
-	relay, err := outbox.NewRelay(postgres.From(db), ps, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+	rel, err := relay.New(postgres.From(db), ps, relay.Config{PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(ctx) }()
-	t.Cleanup(func() { _ = relay.Close(); <-relayDone })
+	go func() { relayDone <- rel.Run(ctx) }()
+	t.Cleanup(func() { _ = rel.Close(); <-relayDone })
 	idem, err := idempotency.NewPostgresStore(postgres.From(db))
 	require.NoError(t, err)
 

@@ -140,7 +140,7 @@
 // A replay goes to the original topic, so every consumer group on it
 // receives it, including the groups that applied the original. Their
 // idempotency marks do not protect them: marks are kept 7 days
-// (idempotency.DefaultRetention), dead letters 90, and a group without
+// (retention.DefaultIdempotencyRetention), dead letters 90, and a group without
 // idempotency has none. So a replay names the consumer it is for:
 // metadata.DeadLetterReplayFor = ReplayTarget(consumer group, handler),
 // the pair the dead letter records, set by Store.Replay and the console's
@@ -172,9 +172,9 @@
 //
 // # Retention
 //
-// A Cleaner deletes dead letters recorded longer ago than
-// CleanerConfig.Retention (default DefaultRetention, 90 days; at least an
-// hour), replayed or not, BatchSize rows per statement, one instance per
+// retention.NewDeadLetterCleaner's cleaner deletes dead letters recorded
+// longer ago than retention.Config.Retention (default
+// retention.DefaultDeadLetterRetention, 90 days; at least an hour), replayed or not, BatchSize rows per statement, one instance per
 // schema at a time (an advisory lock; the others skip). The depth alert
 // fires within minutes of a dead letter, so one this old has been replayed
 // or judged not worth it. `millwright dlq clean --dry-run` (or `millwright

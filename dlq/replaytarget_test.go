@@ -182,7 +182,7 @@ func testReplayTargeted(t *testing.T, topic string, ps message.Publisher, subscr
 	require.EqualValues(t, 1, refused.Load(), "a permanent error: one attempt")
 	require.Zero(t, effects("billing"))
 
-	// Days later: ledger's mark expired (idempotency.DefaultRetention is
+	// Days later: ledger's mark expired (retention.DefaultIdempotencyRetention is
 	// shorter than the dead letters' 90 days); billing was fixed.
 	res, err := db.Exec(`DELETE FROM millwright_processed_events WHERE consumer = 'ledger'`)
 	require.NoError(t, err)

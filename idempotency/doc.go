@@ -142,12 +142,12 @@
 //
 // # Retention
 //
-// A Cleaner deletes marks older than CleanerConfig.Retention (default 7
-// days), BatchSize rows per statement, each statement its own transaction
+// retention.NewIdempotencyCleaner's cleaner deletes marks older than
+// retention.Config.Retention (default 7 days), BatchSize rows per statement, each statement its own transaction
 // skipping rows locked by others, so consumers never wait on it. Run one in
 // every consumer process: a per-schema advisory lock lets one work at a time
 // and the others skip. Close lets the batch in flight finish, cancelling it
-// after CleanerConfig.CloseTimeout (default 30s). `millwright idempotency
+// after retention.Config.CloseTimeout (default 30s). `millwright idempotency
 // clean --dry-run` shows what a round would delete.
 //
 // Sizing: rows = events/s x retention, per consumer. With a 20-character

@@ -19,6 +19,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
@@ -166,15 +167,15 @@ func (r *producedRun) config(t *testing.T) idempotency.Config {
 	}
 	// The relay's publisher is the one that fails once.
 	cfg.ProducedToOutbox, cfg.ProducedTopic = true, "invoices"
-	relay, err := outbox.NewRelay(postgres.From(r.schema.DB), r.flaky, outbox.RelayConfig{
+	rel, err := relay.New(postgres.From(r.schema.DB), r.flaky, relay.Config{
 		PollInterval: 10 * time.Millisecond,
 		Retry:        retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 	})
 	require.NoError(t, err)
 	relayErr := make(chan error, 1)
-	go func() { relayErr <- relay.Run(r.ctx) }()
+	go func() { relayErr <- rel.Run(r.ctx) }()
 	t.Cleanup(func() {
-		require.NoError(t, relay.Close())
+		require.NoError(t, rel.Close())
 		<-relayErr
 	})
 	return cfg

@@ -45,7 +45,7 @@
 //	dedup, _ := idempotency.NewMiddleware(store, idempotency.Config{Consumer: "orders-saga"})
 //	router.AddConsumerHandler("orders-saga", o.ReplyTopic(), sub, o.HandleReply).AddMiddleware(dedup.Middleware)
 //	go o.Run(ctx)    // step timeouts, compensation retries, resolved sagas
-//	go relay.Run(ctx) // outbox.Relay: publishes the commands
+//	go relay.Run(ctx) // relay.Relay: publishes the commands
 //
 //	tx, _ := db.BeginTx(ctx, nil)
 //	// ... business writes ...
@@ -182,9 +182,9 @@
 // (its transaction rolls back and another instance fires those deadlines).
 // It is idempotent; Run after Close returns at once.
 //
-// A Cleaner deletes completed and compensated sagas whose last transition
-// is older than CleanerConfig.Retention (default DefaultRetention, 30
-// days), with their step history, BatchSize sagas per statement, one
+// retention.NewSagaCleaner's cleaner deletes completed and compensated
+// sagas whose last transition is older than retention.Config.Retention
+// (default retention.DefaultSagaRetention, 30 days), with their step history, BatchSize sagas per statement, one
 // instance per schema at a time. Running, compensating and stuck sagas are
 // never deleted. A reply still arriving for a deleted saga fails
 // permanently with ErrNotFound.

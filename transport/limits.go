@@ -64,7 +64,7 @@ const sqlMaxUUID = 36
 // Limits are what a kind's brokers take: the topic names (ValidateName)
 // and the largest message, counted as the kind counts a message on the
 // wire. The outbox checks every event against them when it is written
-// (outbox.SetTransportLimits), so that no event is stored that the relay
+// (outbox.WriterConfig.Limits), so that no event is stored that the relay
 // could never publish.
 type Limits struct {
 	// Kind whose rules apply. "" applies the rules every kind shares:

@@ -21,6 +21,7 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -132,7 +133,7 @@ func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) 
 	runtime.ReadMemStats(&ms)
 	row.BaseHeapMiB = mib(ms.HeapInuse)
 
-	relay, err := outbox.NewRelay(postgres.From(db), discard{}, outbox.RelayConfig{BatchSize: 500, PollInterval: 50 * time.Millisecond})
+	rel, err := relay.New(postgres.From(db), discard{}, relay.Config{BatchSize: 500, PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		return row, err
 	}
@@ -163,13 +164,13 @@ func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) 
 	start := time.Now()
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- relay.Run(rctx) }()
+	go func() { done <- rel.Run(rctx) }()
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Minute)
 	err = outboxtest.WaitDrained(wctx, postgres.From(db))
 	wcancel()
 	elapsed := time.Since(start)
 	cancel()
-	_ = relay.Close()
+	_ = rel.Close()
 	<-done
 	close(stop)
 	<-sampled

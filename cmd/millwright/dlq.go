@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/retention"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -405,7 +405,7 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 	// First, so that the confirmation prompt (the first lines) shows it.
 	if n := dlqUntargeted(rep); n > 0 {
 		fmt.Fprintf(out, "warning: %d replay(s) below name no consumer (the dead letter records none, or --for '*'): every consumer group on the topic receives the replay and runs it, and a group that applied the original applies it again unless it still holds its idempotency mark (kept %s by default; dead letters %s)\n",
-			n, dlqDays(idempotency.DefaultRetention), dlqDays(dlq.DefaultRetention))
+			n, dlqDays(retention.DefaultIdempotencyRetention), dlqDays(retention.DefaultDeadLetterRetention))
 	}
 	for _, it := range rep.Items {
 		line := fmt.Sprintf("%s dead letter %d (message %s) from %s to %s", verb, it.ID, dlq.Printable(it.MessageUUID), it.From, it.To)

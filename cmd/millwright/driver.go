@@ -8,12 +8,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/cli"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
 )
 
 // The Postgres driver of the components a command runs (--driver).
@@ -116,5 +116,5 @@ func openPgx(ctx context.Context, u string) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-// openCleaner builds a component's cleaner on the CLI's pool.
-type openCleaner func(db postgres.DB, cfg cleaner.Config) (*cleaner.Cleaner, error)
+// openCleaner builds a table's cleaner (retention.NewOutboxCleaner, ...).
+type openCleaner func(db postgres.DB, cfg retention.Config) (*retention.Cleaner, error)

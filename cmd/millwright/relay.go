@@ -24,19 +24,15 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/cmd/millwright/internal/relayenv"
-	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/health"
-	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
-	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/cli"
 	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/saga"
+	"github.com/millwright/millwright/retention"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -191,7 +187,7 @@ type relayProcess struct {
 	tr      *transport.Transport
 	reg     *prometheus.Registry
 	h       *health.Handler
-	relays  []*outbox.Relay
+	relays  []*relay.Relay
 	comps   []component
 }
 
@@ -374,8 +370,8 @@ func (p *relayProcess) openPgx(ctx context.Context) error {
 }
 
 // newRelay makes a relay on the pool of the process's driver.
-func (p *relayProcess) newRelay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-	return outbox.NewRelay(p.pool(), pub, cfg)
+func (p *relayProcess) newRelay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
+	return relay.New(p.pool(), pub, cfg)
 }
 
 // pool is the relays' and cleaners' pool, on the process's driver.
@@ -409,7 +405,7 @@ func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config,
 		listenURL = p.cfg.DatabaseURL
 	}
 	for i := range p.cfg.Relays {
-		r, err := p.newRelay(pub, outbox.RelayConfig{
+		r, err := p.newRelay(pub, relay.Config{
 			BatchSize: p.cfg.BatchSize, Workers: p.cfg.Workers, PollInterval: p.cfg.PollInterval, ListenURL: listenURL,
 			DeadLetterTopic: p.cfg.DeadLetterTopic, CloseTimeout: p.cfg.DrainTimeout, Lease: p.cfg.Lease,
 			Registerer: p.reg, Logger: p.logger,
@@ -442,17 +438,17 @@ func (p *relayProcess) components(tables map[string]bool) error {
 		retention        time.Duration
 		open             openCleaner
 	}{
-		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, outbox.NewCleaner},
-		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, idempotency.NewCleaner},
-		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, dlq.NewCleaner},
-		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, saga.NewCleaner},
-		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, audit.NewCleaner},
+		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, retention.NewOutboxCleaner},
+		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, retention.NewIdempotencyCleaner},
+		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, retention.NewDeadLetterCleaner},
+		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, retention.NewSagaCleaner},
+		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, retention.NewAuditCleaner},
 	}
 	for _, c := range cleaners {
 		if c.retention <= 0 || !tables[c.table] {
 			continue
 		}
-		ccfg := cleaner.Config{Retention: c.retention, Interval: p.cfg.CleanInterval, Logger: p.logger}
+		ccfg := retention.Config{Retention: c.retention, Interval: p.cfg.CleanInterval, Logger: p.logger}
 		if p.reg != nil { // a nil *Registry is not a nil Registerer
 			ccfg.Registerer = p.reg // millwright_loop_panics_total of the cleaners
 		}

@@ -44,6 +44,7 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/shutdown"
@@ -60,12 +61,13 @@ const (
 // service is the part of the program that depends on the Postgres driver:
 // pgxService (pgx.go) or sqlService (sql.go).
 type service interface {
-	// placeOrder writes an order and its event in one transaction.
-	placeOrder(ctx context.Context, id string) error
+	// placeOrder writes an order and its event, with w, in one
+	// transaction.
+	placeOrder(ctx context.Context, w *outbox.Writer, id string) error
 	// notify is the consumer's handler.
 	notify(msg *message.Message) error
 	idempotencyStore() (*idempotency.PostgresStore, error)
-	relay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error)
+	relay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error)
 	close()
 }
 
@@ -130,15 +132,19 @@ func run() error {
 		return err
 	}
 	defer tr.Close()
-	// outbox.Add refuses at write time what this transport would refuse.
-	outbox.SetTransportLimits(tr.Limits())
+	// The outbox's writer refuses at write time what this transport would
+	// refuse (its names, its message size on the wire).
+	w, err := outbox.NewWriter(outbox.WriterConfig{Limits: tr.Limits()})
+	if err != nil {
+		return err
+	}
 	router, idem, err := newConsumer(svc, tr, wlog)
 	if err != nil {
 		return err
 	}
 
 	// Relay: publishes committed outbox rows through the transport.
-	relay, err := svc.relay(tr.Publisher(), outbox.RelayConfig{ListenURL: o.dbURL, Logger: wlog, PollInterval: time.Second})
+	rel, err := svc.relay(tr.Publisher(), relay.Config{ListenURL: o.dbURL, Logger: wlog, PollInterval: time.Second})
 	if err != nil {
 		return err
 	}
@@ -147,13 +153,13 @@ func run() error {
 	defer cancel()
 	errc := make(chan error, 2)
 	go func() { errc <- router.Run(runCtx) }()
-	go func() { errc <- relay.Run(runCtx) }()
+	go func() { errc <- rel.Run(runCtx) }()
 	<-router.Running()
 
 	// Place orders: business row and event in one transaction.
 	runID := watermill.NewShortUUID()
 	for i := range o.orders {
-		if err := svc.placeOrder(ctx, fmt.Sprintf("%s-%03d", runID, i)); err != nil {
+		if err := svc.placeOrder(ctx, w, fmt.Sprintf("%s-%03d", runID, i)); err != nil {
 			return err
 		}
 	}
@@ -169,7 +175,7 @@ func run() error {
 		return notSettled(ctx, db, o.driver, tr.Kind(), runID, o.orders, o.timeout, context.Cause(waitCtx))
 	}
 	cancel()
-	_ = relay.Close()
+	_ = rel.Close()
 	_ = router.Close()
 	for i := 0; i < 2; i++ {
 		if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {

@@ -12,6 +12,7 @@ import (
 	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -29,7 +30,7 @@ func openPgx(ctx context.Context, dbURL string) (pgxService, error) {
 // placeOrder writes the order and its event in one transaction. The
 // order's INSERT and the event's go in one pgx.Batch: one round trip. An
 // error of either comes back from the batch's results (Close).
-func (s pgxService) placeOrder(ctx context.Context, id string) error {
+func (s pgxService) placeOrder(ctx context.Context, w *outbox.Writer, id string) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -37,7 +38,7 @@ func (s pgxService) placeOrder(ctx context.Context, id string) error {
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
 	b := &pgx.Batch{}
 	b.Queue(`INSERT INTO quickstart_orders (id) VALUES ($1)`, id)
-	if err := outbox.AddToBatch(ctx, b, orderCreated(id)); err != nil {
+	if err := w.AddToBatch(ctx, b, orderCreated(id)); err != nil {
 		return err
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -62,8 +63,8 @@ func (s pgxService) idempotencyStore() (*idempotency.PostgresStore, error) {
 	return idempotency.NewPostgresStore(postgres.From(s.pool))
 }
 
-func (s pgxService) relay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-	return outbox.NewRelay(postgres.From(s.pool), pub, cfg)
+func (s pgxService) relay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
+	return relay.New(postgres.From(s.pool), pub, cfg)
 }
 
 func (s pgxService) close() { s.pool.Close() }

@@ -10,6 +10,7 @@ import (
 	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -18,9 +19,9 @@ import (
 // transaction and the handler's are *sql.Tx.
 type sqlService struct{ db *sql.DB }
 
-// placeOrder writes the order and its event in one transaction. outbox.Add
+// placeOrder writes the order and its event in one transaction. Writer.Add
 // returns the event INSERT's error itself.
-func (s sqlService) placeOrder(ctx context.Context, id string) error {
+func (s sqlService) placeOrder(ctx context.Context, w *outbox.Writer, id string) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -29,7 +30,7 @@ func (s sqlService) placeOrder(ctx context.Context, id string) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO quickstart_orders (id) VALUES ($1)`, id); err != nil {
 		return err
 	}
-	if err := outbox.Add(ctx, postgres.SQLTx(tx), orderCreated(id)); err != nil {
+	if err := w.Add(ctx, postgres.SQLTx(tx), orderCreated(id)); err != nil {
 		return err
 	}
 	return tx.Commit()
@@ -51,8 +52,8 @@ func (s sqlService) idempotencyStore() (*idempotency.PostgresStore, error) {
 	return idempotency.NewPostgresStore(postgres.From(s.db))
 }
 
-func (s sqlService) relay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-	return outbox.NewRelay(postgres.From(s.db), pub, cfg)
+func (s sqlService) relay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
+	return relay.New(postgres.From(s.db), pub, cfg)
 }
 
 func (s sqlService) close() {} // the *sql.DB is main's

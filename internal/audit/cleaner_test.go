@@ -2,31 +2,23 @@ package audit_test
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/audit"
-	"github.com/millwright/millwright/internal/cleaner"
+
 	"github.com/millwright/millwright/internal/testing/pgtest"
-	"github.com/millwright/millwright/postgres"
 )
 
-// newCleaner builds the cleaner on the pool of driver: the generic
-// constructor, instantiated for *sql.DB or *pgxpool.Pool.
-func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg cleaner.Config) (*cleaner.Cleaner, error) {
+// newCleaner builds the cleaner on the pool of driver.
+func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg retention.Config) (*retention.Cleaner, error) {
 	t.Helper()
-	switch h := s.Handle(t, driver).(type) {
-	case *sql.DB:
-		return audit.NewCleaner(postgres.From(h), cfg)
-	case *pgxpool.Pool:
-		return audit.NewCleaner(postgres.From(h), cfg)
-	}
-	t.Fatalf("no pool for driver %s", driver)
-	return nil, nil
+	return retention.NewAuditCleaner(s.Handles(t, driver), cfg)
 }
 
 func TestCleanerDeletesRowsOlderThanRetention(t *testing.T) {
@@ -46,17 +38,17 @@ func testCleanerDeletesRows(t *testing.T, driver string) {
 	_, err := s.DB.Exec(`UPDATE millwright_audit SET at = now() - interval '366 days' WHERE command = 'old'`)
 	require.NoError(t, err)
 
-	c, err := newCleaner(t, s, driver, cleaner.Config{})
+	c, err := newCleaner(t, s, driver, retention.Config{})
 	require.NoError(t, err)
-	require.Equal(t, audit.DefaultRetention, c.Config().Retention)
+	require.Equal(t, retention.DefaultAuditRetention, c.Config().Retention)
 	stats, err := c.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, cleaner.Stats{Deleted: 1, Batches: 1}, stats)
+	require.Equal(t, retention.Stats{Deleted: 1, Batches: 1}, stats)
 	entries, err := audit.List(context.Background(), s.DB, 0)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 	require.Equal(t, "new", entries[0].Command)
 
-	_, err = audit.NewCleaner(postgres.From(s.DB), cleaner.Config{Retention: time.Hour})
-	require.ErrorContains(t, err, "audit: CleanerConfig.Retention 1h0m0s is too short")
+	_, err = retention.NewAuditCleaner(postgres.From(s.DB), retention.Config{Retention: time.Hour})
+	require.ErrorContains(t, err, "audit cleaner: retention.Config.Retention 1h0m0s is too short")
 }

@@ -159,7 +159,7 @@ func (a *App) settle(ctx context.Context, tx tx, orderID string) error {
 		return err
 	}
 	// The ledger row and the event: one round trip on pgx.
-	return tx.emit(ctx, outbox.Event{Topic: a.topics.OrderEvents, AggregateType: "order", AggregateID: orderID,
+	return tx.emit(ctx, a.writer, outbox.Event{Topic: a.topics.OrderEvents, AggregateType: "order", AggregateID: orderID,
 		EventType: evType, Payload: payload, Source: "examples/orders/orchestrator"},
 		effectStatement("orchestrator", orderID, s.Status))
 }

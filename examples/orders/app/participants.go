@@ -11,6 +11,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -66,7 +67,7 @@ func (c ShipmentCommand) order() string { return c.OrderID }
 // forward or compensate in that transaction, and writes the reply through
 // the outbox in the same transaction, so the effect, the reply and the
 // processed mark commit together or not at all.
-func participant[C command](service string, valid func(C) error,
+func participant[C command](w *outbox.Writer, service string, valid func(C) error,
 	forward, compensate func(ctx context.Context, tx tx, c C) (outcome, error),
 ) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
@@ -113,7 +114,7 @@ func participant[C command](service string, valid func(C) error,
 		if out.effect != "" {
 			ledger = append(ledger, effectStatement(service, c.order(), out.effect))
 		}
-		return tx.emit(ctx, ev, ledger...)
+		return tx.emit(ctx, w, ev, ledger...)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -69,7 +70,7 @@ func (b *bench) drain(ctx context.Context) ([]Row, error) {
 	dbzRate := float64(b.cfg.Backlog) / dbzTook.Seconds()
 	b.say("Debezium drained %d events in %s after its task ran (%s to start it) (%.0f events/s)", b.cfg.Backlog, dbzTook.Round(time.Millisecond), running.Sub(start).Round(time.Millisecond), dbzRate)
 	return []Row{row(fmt.Sprintf("drain of a %d-event backlog", b.cfg.Backlog), relayRate, dbzRate, "events/s",
-		fmt.Sprintf("%d aggregates; Debezium from its task running (starting it took %s); relay: one in-process relay, default RelayConfig", drainAggregates, running.Sub(start).Round(time.Millisecond)))}, nil
+		fmt.Sprintf("%d aggregates; Debezium from its task running (starting it took %s); relay: one in-process relay, default relay.Config", drainAggregates, running.Sub(start).Round(time.Millisecond)))}, nil
 }
 
 // writeBacklog inserts the backlog, 1,000 events per transaction.
@@ -98,14 +99,14 @@ func (b *bench) relayDrain(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	defer tr.Close()
-	relay, err := outbox.NewRelay(postgres.From(b.db), tr.Publisher(), outbox.RelayConfig{})
+	rel, err := relay.New(postgres.From(b.db), tr.Publisher(), relay.Config{})
 	if err != nil {
 		return 0, err
 	}
 	done := make(chan error, 1)
 	start := time.Now()
-	go func() { done <- relay.Run(ctx) }()
-	defer func() { _ = relay.Close(); <-done }()
+	go func() { done <- rel.Run(ctx) }()
+	defer func() { _ = rel.Close(); <-done }()
 	for {
 		n, err := storage.CountUnpublished(ctx, b.q)
 		if err != nil {

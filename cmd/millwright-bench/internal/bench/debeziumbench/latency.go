@@ -10,6 +10,7 @@ import (
 	"github.com/millwright/millwright/cmd/millwright-bench/internal/bench/stats"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -44,11 +45,11 @@ func (b *bench) latency(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	defer tr.Close()
-	relay, err := outbox.NewRelay(postgres.From(b.db), tr.Publisher(), outbox.RelayConfig{ListenURL: b.url})
+	r, err := relay.New(postgres.From(b.db), tr.Publisher(), relay.Config{ListenURL: b.url})
 	if err != nil {
 		return nil, err
 	}
-	rel, err := b.latencyRun(ctx, b.schema+"_lat_relay", relay)
+	rel, err := b.latencyRun(ctx, b.schema+"_lat_relay", r)
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
@@ -84,7 +85,7 @@ func (b *bench) slotWAL(ctx context.Context) (int64, error) {
 // latencyRun writes events to topic at cfg.Rate for cfg.Duration, one per
 // business transaction, with relay running (nil: Debezium relays), and
 // returns commit-to-first-arrival percentiles.
-func (b *bench) latencyRun(ctx context.Context, topic string, relay *outbox.Relay) (latencyRun, error) {
+func (b *bench) latencyRun(ctx context.Context, topic string, rel *relay.Relay) (latencyRun, error) {
 	if err := b.createTopic(ctx, topic); err != nil {
 		return latencyRun{}, err
 	}
@@ -94,10 +95,10 @@ func (b *bench) latencyRun(ctx context.Context, topic string, relay *outbox.Rela
 		return latencyRun{}, err
 	}
 	defer arr.close()
-	if relay != nil {
+	if rel != nil {
 		done := make(chan error, 1)
-		go func() { done <- relay.Run(ctx) }()
-		defer func() { _ = relay.Close(); <-done }()
+		go func() { done <- rel.Run(ctx) }()
+		defer func() { _ = rel.Close(); <-done }()
 	}
 	// A warm-up event first: the relay's start (lanes, LISTEN) and the
 	// topic's first produce are not commit-to-consume latency.

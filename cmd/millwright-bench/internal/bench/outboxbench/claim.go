@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -47,7 +48,7 @@ func (b *bench) benchClaim(ctx context.Context, published int) error {
 		}
 	}
 	measure := func(db *sql.DB) (idle, busy float64, err error) {
-		r, err := outbox.NewRelay(postgres.From(db), discardPublisher{}, outbox.RelayConfig{BatchSize: 100})
+		r, err := relay.New(postgres.From(db), discardPublisher{}, relay.Config{BatchSize: 100})
 		if err != nil {
 			return 0, 0, err
 		}

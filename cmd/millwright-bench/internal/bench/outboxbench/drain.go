@@ -18,6 +18,7 @@ import (
 
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 )
@@ -206,11 +207,11 @@ func (b *bench) emitDrain(kind string, pub message.Publisher, variants []drainVa
 }
 
 // relays drains the backlog with k relays at their defaults, started
-// together (each is built first: the clock times the drain, not NewRelay).
+// together (each is built first: the clock times the drain, not relay.New).
 func (b *bench) relays(ctx context.Context, pub message.Publisher, k int) error {
-	var rs []*outbox.Relay
+	var rs []*relay.Relay
 	for range k {
-		r, err := outbox.NewRelay(postgres.From(b.DB), pub, outbox.RelayConfig{BatchSize: drainBatch})
+		r, err := relay.New(postgres.From(b.DB), pub, relay.Config{BatchSize: drainBatch})
 		if err != nil {
 			return err
 		}
@@ -365,7 +366,7 @@ func (b *bench) fill(ctx context.Context, topic string, n int) error {
 // fifth of a core from Postgres while the relays ran (2-3 ms a probe
 // through the index entries of the rows they had just marked): a cost the
 // bare loops, which stop on an empty claim, never paid.
-func (b *bench) waitDrained(ctx context.Context, rs []*outbox.Relay, timeout time.Duration) error {
+func (b *bench) waitDrained(ctx context.Context, rs []*relay.Relay, timeout time.Duration) error {
 	start := time.Now()
 	deadline := start.Add(timeout)
 	// Each relay's share of the drain, for the progress log: when it

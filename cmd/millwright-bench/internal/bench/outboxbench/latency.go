@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 )
@@ -136,7 +137,7 @@ func (b *bench) relayLatency(ctx context.Context, t *transport.Transport, spans 
 		return outbox.Add(ctx, postgres.SQLTx(tx), outbox.Event{ID: id, Topic: topic, AggregateType: "order", AggregateID: agg, Payload: b.payload})
 	}
 	start := func() (func(), error) {
-		r, err := outbox.NewRelay(postgres.From(b.DB), t.Publisher(), outbox.RelayConfig{ListenURL: b.URL, PollInterval: time.Second,
+		r, err := relay.New(postgres.From(b.DB), t.Publisher(), relay.Config{ListenURL: b.URL, PollInterval: time.Second,
 			TracerProvider: spans.provider()})
 		if err != nil {
 			return nil, err

@@ -8,10 +8,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
 )
 
 // SectionRetention is the retention section: removing Config.PublishedRows
@@ -75,7 +76,7 @@ func (b *bench) benchRetention(ctx context.Context, rows int) error {
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	delTime, delRuns := pick(plain, func(r retentionRun) float64 { return ms(r.remove) })
 	dropTime, dropRuns := pick(part, func(r retentionRun) float64 { return ms(r.remove) })
-	b.emit(Row{Case: "retention", Variant: fmt.Sprintf("remove %d published rows: batched DELETE (cleaner, %d rows/batch)", rows, cleaner.DefaultBatchSize),
+	b.emit(Row{Case: "retention", Variant: fmt.Sprintf("remove %d published rows: batched DELETE (cleaner, %d rows/batch)", rows, retention.DefaultBatchSize),
 		Value: delTime, Unit: "ms", Runs: delRuns})
 	b.emit(Row{Case: "retention", Variant: fmt.Sprintf("remove %d published rows: detach and drop %d daily partitions", rows, retentionDays),
 		Value: dropTime, Unit: "ms", Baseline: delTime, Ratio: dropTime / delTime, Runs: dropRuns})
@@ -128,7 +129,7 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 			return run, err
 		}
 	}
-	warm, err := outbox.NewCleaner(postgres.From(db), outbox.CleanerConfig{Retention: 365 * 24 * time.Hour})
+	warm, err := retention.NewOutboxCleaner(postgres.From(db), retention.Config{Retention: 365 * 24 * time.Hour})
 	if err != nil {
 		return run, err
 	}
@@ -158,7 +159,7 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 
 	w := startWriters(ctx, db, b.payload)
 	time.Sleep(time.Second) // the baseline window: writers alone
-	c, err := outbox.NewCleaner(postgres.From(db), outbox.CleanerConfig{Retention: time.Millisecond})
+	c, err := retention.NewOutboxCleaner(postgres.From(db), retention.Config{Retention: time.Millisecond})
 	if err != nil {
 		_ = w.halt()
 		return run, err
@@ -277,7 +278,7 @@ func partitionPastDays(ctx context.Context, db *sql.DB) error {
 	for d := -retentionDays - 1; d < 0; d++ {
 		day := today.AddDate(0, 0, d)
 		if _, err := db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s PARTITION OF millwright_outbox FOR VALUES FROM ('%s') TO ('%s') WITH (fillfactor = 70)`,
-			cleaner.PartitionName("millwright_outbox", day), day.Format(time.RFC3339), day.AddDate(0, 0, 1).Format(time.RFC3339))); err != nil {
+			retention.PartitionName("millwright_outbox", day), day.Format(time.RFC3339), day.AddDate(0, 0, 1).Format(time.RFC3339))); err != nil {
 			return err
 		}
 	}
@@ -286,7 +287,7 @@ func partitionPastDays(ctx context.Context, db *sql.DB) error {
 
 // idleRound is the median of 50 relay rounds with nothing due.
 func idleRound(ctx context.Context, db *sql.DB) (time.Duration, error) {
-	r, err := outbox.NewRelay(postgres.From(db), discardPublisher{}, outbox.RelayConfig{BatchSize: 100})
+	r, err := relay.New(postgres.From(db), discardPublisher{}, relay.Config{BatchSize: 100})
 	if err != nil {
 		return 0, err
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/millwright/millwright/cmd/millwright-bench/internal/bench/stats"
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 
 	"github.com/millwright/millwright/cmd/millwright-bench/internal/bench/benchdb"
@@ -105,7 +106,7 @@ type Config struct {
 	// them; a run's row is its median round (by rate for throughput, by
 	// p99 for latency), with that round's hops. Default 1.
 	Rounds int
-	// RelayPublishConcurrency is the relays' RelayConfig.PublishConcurrency
+	// RelayPublishConcurrency is the relays' relay.Config.PublishConcurrency
 	// (concurrent Publish calls of a batch, for publishers without
 	// PublishBatch). Default 0: the relay's default.
 	RelayPublishConcurrency int
@@ -716,14 +717,14 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, driver string
 		relayPub = rt.timed(pub)
 	}
 	for range cfg.Relays {
-		relay, err := newRelay(relayPub, outbox.RelayConfig{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond,
+		rel, err := newRelay(relayPub, relay.Config{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond,
 			PublishConcurrency: cfg.RelayPublishConcurrency})
 		if err != nil {
 			return res, nil, err
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = relay.Run(rctx) }()
-		defer relay.Close()
+		go func() { defer wg.Done(); _ = rel.Run(rctx) }()
+		defer rel.Close()
 	}
 	wg.Add(2)
 	go func() { defer wg.Done(); _ = router.Run(rctx) }()
@@ -981,7 +982,7 @@ func openParties(ctx context.Context, driver, rawURL string, def *saga.Definitio
 
 // openRelayPool opens the relays' pool: on pq a database/sql pool that
 // times the claim and mark statements into rt; on pgx a pgx pool, untimed.
-func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (newRelay func(message.Publisher, outbox.RelayConfig) (*outbox.Relay, error), closePool func(), err error) {
+func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (newRelay func(message.Publisher, relay.Config) (*relay.Relay, error), closePool func(), err error) {
 	if driver == DriverPgx {
 		// As many connections as the relays may use on pq (database/sql
 		// has no limit there): pgxpool's default, max(4, cores), is 4
@@ -990,16 +991,16 @@ func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (
 		if err != nil {
 			return nil, nil, err
 		}
-		return func(pub message.Publisher, c outbox.RelayConfig) (*outbox.Relay, error) {
-			return outbox.NewRelay(postgres.From(p.Pgx), pub, c)
+		return func(pub message.Publisher, c relay.Config) (*relay.Relay, error) {
+			return relay.New(postgres.From(p.Pgx), pub, c)
 		}, p.Close, nil
 	}
 	db, err := openTimedDB(rawURL, rt)
 	if err != nil {
 		return nil, nil, err
 	}
-	return func(pub message.Publisher, c outbox.RelayConfig) (*outbox.Relay, error) {
-			return outbox.NewRelay(postgres.From(db), pub, c)
+	return func(pub message.Publisher, c relay.Config) (*relay.Relay, error) {
+			return relay.New(postgres.From(db), pub, c)
 		},
 		func() { _ = db.Close() }, nil
 }
