@@ -89,7 +89,7 @@
 // arguments). Every error of the INSERT, Add's own checks and the
 // server's (a schema without the outbox table), is returned by Add; the
 // server's leaves the transaction aborted, so nothing of it commits.
-// `millwright bench outbox --sections write`
+// `millwright-bench outbox --sections write`
 // compares a one-row business transaction alone, with a plain second
 // insert, and with one event.
 //
@@ -121,7 +121,7 @@
 // keeps up with far higher rates than one relay publishes; shorten Interval
 // if rounds grow long. The relay's claim reads only the
 // partial indexes on pending rows, so its cost does not grow with the
-// published rows (see `millwright bench outbox`) once vacuum has removed
+// published rows (see `millwright-bench outbox`) once vacuum has removed
 // their index entries: docs/partitioning.md gives the autovacuum settings
 // for this table. For very large volumes, the partitioned layout
 // (PartitionedMigrations, `millwright migrate --outbox-partitioned`)
