@@ -12,7 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/postgres"
@@ -60,6 +60,10 @@ type DeadLetter struct {
 	ReplayCount int
 	// State is StateDead, StateReplayed, StateSuperseded or StateResolved.
 	State string
+	// SupersededBy is the event id of the edited copy that replaced a
+	// superseded dead letter, SupersededActor who edited it (or who
+	// replayed it, for a replayed one).
+	SupersededBy, SupersededActor string
 }
 
 // The states of a dead letter (migrations 003 and 004). A superseded one
@@ -73,10 +77,6 @@ const (
 	StateSuperseded = "superseded"
 	StateResolved   = "resolved"
 )
-
-// Executor is the transaction ResolveTx writes through: a *sql.Tx or a
-// pgx.Tx (or a pool or connection, then without a shared transaction).
-type Executor any
 
 // Resolution says who applied a dead letter's message, for its audit row.
 type Resolution struct {
@@ -105,15 +105,15 @@ var ErrNotAudited = errors.New("dlq: the resolution of a dead letter is audited,
 // transaction that removes the applied message. resolved is false (and
 // nothing is written) when the row is not dead: replayed, superseded or
 // resolved before, or gone.
-func ResolveTx(ctx context.Context, tx Executor, id int64, r Resolution) (resolved bool, err error) {
+func ResolveTx(ctx context.Context, tx postgres.Tx, id int64, r Resolution) (resolved bool, err error) {
 	if r.Actor == "" {
 		return false, errors.New("dlq: ResolveTx: Resolution.Actor is empty: name who applied the message")
 	}
-	q, err := storage.From(tx)
+	q, err := storage.FromTx(tx)
 	if err != nil {
 		return false, fmt.Errorf("dlq: ResolveTx: %w", err)
 	}
-	if err := audit.Ready(ctx, q); errors.Is(err, audit.ErrNotMigrated) {
+	if err := audit.ReadyTx(ctx, tx); errors.Is(err, audit.ErrNotMigrated) {
 		return false, fmt.Errorf("%w (dead letter %d stays dead)", ErrNotAudited, id)
 	} else if err != nil {
 		return false, fmt.Errorf("dlq: resolving dead letter %d: %w", id, err)
@@ -124,13 +124,9 @@ func ResolveTx(ctx context.Context, tx Executor, id int64, r Resolution) (resolv
 		}
 		return false, err
 	}
-	host := r.Host
-	if host == "" {
-		host = audit.Hostname()
-	}
 	args := append([]string{"--id=" + strconv.FormatInt(id, 10)}, r.Args...)
-	if _, err := audit.Record(ctx, q, audit.Entry{User: r.Actor, Host: host, Command: ResolveCommand,
-		Args: audit.RedactArgs(args), Confirmed: "applied", Affected: 1}); err != nil {
+	by := audit.Operator{User: r.Actor, Host: r.Host, Confirmed: "applied"}
+	if _, err := audit.RecordTx(ctx, tx, by.Entry(ResolveCommand, args, 1)); err != nil {
 		return false, fmt.Errorf("dlq: auditing the resolution of dead letter %d: %w", id, err)
 	}
 	return true, nil
@@ -143,9 +139,6 @@ type Store struct {
 	pool storage.Pool
 	// err is NewStore's: a nil pool. Every method returns it.
 	err error
-	// replayPage is how many rows Replay reads at a time; 0 means
-	// defaultReplayPage. Tests set it small.
-	replayPage int
 }
 
 // NewStore returns a Store on db, a *sql.DB (lib/pq, or pgx's stdlib
@@ -300,6 +293,8 @@ type Filter struct {
 	// Since and Until bound the last failure time: Since <= t < Until. Zero
 	// means unbounded.
 	Since, Until time.Time
+	// ErrorType selects one error type (DeadLetter.ErrorType).
+	ErrorType string
 	// ErrorContains selects rows whose error contains this text, ignoring case.
 	ErrorContains string
 	// Pending selects only rows still dead: never replayed, superseded or
@@ -315,7 +310,7 @@ type Filter struct {
 // selection is f as the storage layer reads it.
 func (f Filter) selection() storage.DeadLetterFilter {
 	return storage.DeadLetterFilter{
-		IDs: f.IDs, Topic: f.Topic, Since: f.Since, Until: f.Until, ErrorContains: f.ErrorContains,
+		IDs: f.IDs, Topic: f.Topic, Since: f.Since, Until: f.Until, ErrorType: f.ErrorType, ErrorContains: f.ErrorContains,
 		Pending: f.Pending, AfterID: f.afterID, Limit: f.Limit,
 	}
 }
@@ -328,7 +323,7 @@ func deadLetter(r storage.DeadLetterRow) (DeadLetter, error) {
 		ConsumerGroup: r.ConsumerGroup, Handler: r.Handler, Reason: r.Reason, Error: r.Error,
 		ErrorType: r.ErrorType, Stack: r.Stack, Attempts: r.Attempts, FirstFailure: r.FirstFailure,
 		LastFailure: r.LastFailure, Payload: r.Payload, CreatedAt: r.CreatedAt, ReplayedAt: r.ReplayedAt,
-		ReplayCount: r.ReplayCount, State: r.State,
+		ReplayCount: r.ReplayCount, State: r.State, SupersededBy: r.SupersededBy, SupersededActor: r.SupersededActor,
 	}
 	md, err := r.MetadataMap()
 	if err != nil {
@@ -343,7 +338,21 @@ func (s *Store) List(ctx context.Context, f Filter) ([]DeadLetter, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
-	rows, err := storage.ListDeadLetters(ctx, s.pool, f.selection())
+	return list(ctx, s.pool, f)
+}
+
+// ListTx is List inside tx: its search_path (the operator console's SET
+// LOCAL one) and snapshot.
+func ListTx(ctx context.Context, tx postgres.Tx, f Filter) ([]DeadLetter, error) {
+	q, err := storage.FromTx(tx)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: ListTx: %w", err)
+	}
+	return list(ctx, q, f)
+}
+
+func list(ctx context.Context, q storage.Querier, f Filter) ([]DeadLetter, error) {
+	rows, err := storage.ListDeadLetters(ctx, q, f.selection())
 	if err != nil {
 		return nil, fmt.Errorf("dlq: listing dead letters%s: %w", storage.Hint(err), err)
 	}
@@ -363,9 +372,22 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 	if s.err != nil {
 		return 0, s.err
 	}
-	n, err := storage.CountDeadLetters(ctx, s.pool, f.selection())
+	return count(ctx, s.pool, f)
+}
+
+// CountTx is Count inside tx.
+func CountTx(ctx context.Context, tx postgres.Tx, f Filter) (int, error) {
+	q, err := storage.FromTx(tx)
 	if err != nil {
-		return 0, fmt.Errorf("dlq: counting dead letters: %w", err)
+		return 0, fmt.Errorf("dlq: CountTx: %w", err)
+	}
+	return count(ctx, q, f)
+}
+
+func count(ctx context.Context, q storage.Querier, f Filter) (int, error) {
+	n, err := storage.CountDeadLetters(ctx, q, f.selection())
+	if err != nil {
+		return 0, fmt.Errorf("dlq: counting dead letters%s: %w", storage.Hint(err), err)
 	}
 	return n, nil
 }
@@ -375,14 +397,57 @@ func (s *Store) Get(ctx context.Context, id int64) (DeadLetter, error) {
 	if s.err != nil {
 		return DeadLetter{}, s.err
 	}
-	r, err := storage.GetDeadLetter(ctx, s.pool, id)
+	return get(ctx, s.pool, id)
+}
+
+// GetTx is Get inside tx.
+func GetTx(ctx context.Context, tx postgres.Tx, id int64) (DeadLetter, error) {
+	q, err := storage.FromTx(tx)
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("dlq: GetTx: %w", err)
+	}
+	return get(ctx, q, id)
+}
+
+func get(ctx context.Context, q storage.Querier, id int64) (DeadLetter, error) {
+	r, err := storage.GetDeadLetter(ctx, q, id)
 	if storage.IsNoRows(err) {
 		return DeadLetter{}, fmt.Errorf("dlq: dead letter %d: %w (see `millwright dlq list`)", id, ErrNotFound)
 	}
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("dlq: reading dead letter %d: %w", id, err)
+		return DeadLetter{}, fmt.Errorf("dlq: reading dead letter %d%s: %w", id, storage.Hint(err), err)
 	}
 	return deadLetter(r)
+}
+
+// Group is the dead letters of one original topic and error type.
+type Group struct {
+	Topic, ErrorType string
+	// Count counts the rows; Dead those still in the dead state.
+	Count, Dead int64
+	// FirstSeen and LastSeen bound their last failures.
+	FirstSeen, LastSeen time.Time
+	// SampleError is the error of the newest row.
+	SampleError string
+}
+
+// GroupTx returns the dead letters f selects (its Topic, ErrorContains and
+// Pending) grouped by original topic and error type, by topic then error
+// type, in tx: the operator console's summary.
+func GroupTx(ctx context.Context, tx postgres.Tx, f Filter) ([]Group, error) {
+	q, err := storage.FromTx(tx)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: GroupTx: %w", err)
+	}
+	gs, err := storage.GroupDeadLetters(ctx, q, f.selection())
+	if err != nil {
+		return nil, fmt.Errorf("dlq: grouping dead letters%s: %w", storage.Hint(err), err)
+	}
+	out := make([]Group, len(gs))
+	for i, g := range gs {
+		out[i] = Group(g)
+	}
+	return out, nil
 }
 
 // Depth returns the number of dead letters not yet replayed, by original

@@ -9,8 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 )
@@ -39,25 +37,13 @@ func TestRelay_DeadLetterIsReadByTheDLQTools(t *testing.T) {
 	require.Equal(t, "orders", msg.Metadata.Get(metadata.DeadLetterOriginalTopic))
 	require.Equal(t, "order.placed", msg.Metadata.Get(metadata.EventType), "the event's own metadata is kept")
 
-	store := dlq.NewStore(pgtest.New(t, dlq.Migrations()).DB)
-	_, err := store.Insert(ctx, msg)
-	require.NoError(t, err)
-	list, err := store.List(ctx, dlq.Filter{})
-	require.NoError(t, err)
-	require.Len(t, list, 1)
-	d := list[0]
-	require.Equal(t, "orders", d.OriginalTopic)
-	require.Equal(t, "orders.dead", d.DeadLetterTopic)
-	require.Equal(t, DeadLetterHandler, d.Handler)
-	require.Equal(t, dlq.ReasonExhausted, d.Reason)
-	require.Equal(t, 2, d.Attempts)
-	require.Contains(t, d.Error, "message too large")
-	require.Equal(t, msg.UUID, d.MessageUUID)
-
-	rep, err := store.Replay(ctx, b.pubsub, dlq.ReplayOptions{DryRun: true})
-	require.NoError(t, err)
-	require.Len(t, rep.Items, 1)
-	require.Equal(t, "orders", rep.Items[0].To, "replayed to the original topic without a target")
+	// The envelope package dlq's recorder reads (this package cannot
+	// import dlq, whose replay queues through it: dlq's tests record it).
+	require.Equal(t, "orders.dead", msg.Metadata.Get(metadata.DeadLetterTopic))
+	require.Equal(t, DeadLetterHandler, msg.Metadata.Get(metadata.DeadLetterHandler))
+	require.Equal(t, "exhausted", msg.Metadata.Get(metadata.DeadLetterReason)) // dlq.ReasonExhausted
+	require.Equal(t, "2", msg.Metadata.Get(metadata.DeadLetterAttempts))
+	require.Contains(t, msg.Metadata.Get(metadata.DeadLetterError), "message too large")
 }
 
 // A permanent publish error is dead-lettered at once, with reason
@@ -67,7 +53,7 @@ func TestDeadLetterMessage_Permanent(t *testing.T) {
 	rw := row{topic: "t", msg: message.NewMessage("u-1", []byte(`{}`))}
 	rw.msg.Metadata.Set(metadata.DeadLetterReason, "stale")
 	m := deadLetterMessage(rw, "t.dead", retry.Permanent(errors.New("schema rejected")), 1, time.Unix(0, 0), time.Unix(0, 0))
-	require.Equal(t, dlq.ReasonPermanent, m.Metadata.Get(metadata.DeadLetterReason), "stale dlq_ keys of the event are replaced")
+	require.Equal(t, "permanent", m.Metadata.Get(metadata.DeadLetterReason), "stale dlq_ keys of the event are replaced")
 	require.Equal(t, "1", m.Metadata.Get(metadata.DeadLetterAttempts))
 	require.Equal(t, "u-1", m.UUID)
 }

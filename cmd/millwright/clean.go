@@ -12,7 +12,7 @@ import (
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"

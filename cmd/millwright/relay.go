@@ -27,7 +27,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/health"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/internal/pgconn"

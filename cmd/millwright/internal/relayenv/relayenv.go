@@ -15,7 +15,7 @@ import (
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 )
