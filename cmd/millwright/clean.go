@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"

@@ -8,8 +8,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/audit"
+	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/saga"
 )

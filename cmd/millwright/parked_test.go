@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/audit"
+	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/park"
 )

@@ -23,11 +23,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/cmd/millwright/internal/relayenv"
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/health"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/internal/pgconn"

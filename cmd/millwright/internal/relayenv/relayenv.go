@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 )
