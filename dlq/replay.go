@@ -308,11 +308,15 @@ func outboxCarries(rowID int64, id string, md map[string]string) error {
 // at a time (id order, keyset paging) and each payload only inside its own
 // transaction; the report keeps one small item per message.
 func Replay(ctx context.Context, db postgres.DB, opts ReplayOptions) (ReplayReport, error) {
-	rep := ReplayReport{DryRun: opts.DryRun}
 	pool, err := storage.FromDB(db)
 	if err != nil {
-		return rep, fmt.Errorf("dlq: Replay: %w", err)
+		return ReplayReport{DryRun: opts.DryRun}, fmt.Errorf("dlq: Replay: %w", err)
 	}
+	return replay(ctx, pool, opts)
+}
+
+func replay(ctx context.Context, pool storage.Pool, opts ReplayOptions) (ReplayReport, error) {
+	rep := ReplayReport{DryRun: opts.DryRun}
 	if opts.Rate < 0 {
 		return rep, fmt.Errorf("dlq: replay rate %v must be >= 0 (0 means unlimited)", opts.Rate)
 	}
@@ -335,7 +339,7 @@ func Replay(ctx context.Context, db postgres.DB, opts ReplayOptions) (ReplayRepo
 	if opts.Rate > 0 {
 		r.interval = time.Duration(float64(time.Second) / opts.Rate)
 	}
-	err = r.run(ctx)
+	err := r.run(ctx)
 	return rep, err
 }
 
