@@ -12,6 +12,7 @@ import (
 	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // newCleaner builds the cleaner on the pool of driver: the generic
@@ -39,7 +40,7 @@ func TestCleanerDeletesRowsOlderThanRetention(t *testing.T) {
 func testCleanerDeletesRows(t *testing.T, driver string) {
 	s := pgtest.New(t, audit.Migrations())
 	for _, cmd := range []string{"old", "new"} {
-		_, err := audit.Record(context.Background(), s.DB, audit.Entry{Command: cmd, Confirmed: "--yes"})
+		_, err := audit.Record(context.Background(), postgres.SQL(s.DB), audit.Entry{Command: cmd, Confirmed: "--yes"})
 		require.NoError(t, err)
 	}
 	_, err := s.DB.Exec(`UPDATE millwright_audit SET at = now() - interval '366 days' WHERE command = 'old'`)
@@ -51,7 +52,7 @@ func testCleanerDeletesRows(t *testing.T, driver string) {
 	stats, err := c.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, cleaner.Stats{Deleted: 1, Batches: 1}, stats)
-	entries, err := audit.List(context.Background(), s.DB, 0)
+	entries, err := audit.List(context.Background(), postgres.SQL(s.DB), 0)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 	require.Equal(t, "new", entries[0].Command)

@@ -134,7 +134,8 @@ type ReplayOneOptions struct {
 }
 
 // ReplayTx replays dead letter id through the outbox, in tx: it locks the
-// row (FOR UPDATE SKIP LOCKED), queues its message with outbox.Add (the
+// row (FOR UPDATE: a concurrent replay's transaction is waited for, and its
+// outcome decides), queues its message with outbox.Add (the
 // original UUID as event id, payload and metadata, or the Edit), moves the
 // row out of the dead state (replayed, or superseded for an edit) and
 // writes its audit row (ReplayCommand or EditReplayCommand, by opts.By),
@@ -148,7 +149,7 @@ type ReplayOneOptions struct {
 // receives it, and the others ack it without running their handler.
 //
 // Errors: ErrNotFound (no such row), ErrNotDead (not dead and not forced,
-// or held by a concurrent replay: nothing queued), ErrNotReplayable,
+// or taken by a concurrent replay that committed first: nothing queued), ErrNotReplayable,
 // audit.ErrNotMigrated (the audit table is missing: every replay is
 // audited), or the database's. After an error, roll tx back.
 func ReplayTx(ctx context.Context, tx postgres.Tx, id int64, opts ReplayOneOptions) (ReplayItem, error) {
@@ -166,12 +167,13 @@ func ReplayTx(ctx context.Context, tx postgres.Tx, id int64, opts ReplayOneOptio
 		return ReplayItem{}, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
 	}
 	force := opts.Force && opts.Edit == nil
-	row, ok, err := storage.LockDeadLetterForReplay(ctx, q, id, force)
+	row, ok, err := storage.LockDeadLetterToReplay(ctx, q, id, force)
 	if err != nil {
 		return ReplayItem{}, fmt.Errorf("dlq: replaying dead letter %d%s: %w", id, storage.Hint(err), err)
 	}
 	if !ok {
-		// Gone, not dead, or locked by a concurrent replay: which one.
+		// Gone, or not dead (the lock waited for a concurrent replay and
+		// read its outcome): which one.
 		if _, err := storage.GetDeadLetter(ctx, q, id); storage.IsNoRows(err) {
 			return ReplayItem{}, fmt.Errorf("dlq: dead letter %d: %w (see `millwright dlq list`)", id, ErrNotFound)
 		} else if err != nil {
@@ -279,13 +281,13 @@ func replayEvent(d DeadLetter, opts ReplayOneOptions) (outbox.Event, ReplayItem,
 // Kafka key or header (bytes that are not UTF-8, or NUL) would reach the
 // consumer changed.
 func outboxCarries(rowID int64, id string, md map[string]string) error {
-	const fix = "the outbox's metadata is text; edit the value in the operator console (edit and replay), or republish the message by hand"
+	const fix = "replays go through the outbox, whose metadata is text: for a key held by package park, `millwright parked retry` runs its held message byte for byte; otherwise republish the message by hand (`millwright dlq show` prints its bytes)"
 	if storage.CheckText(id) != nil {
 		return fmt.Errorf("%w: dead letter %d: its message UUID %q is not UTF-8 text: %s", ErrNotReplayable, rowID, id, fix)
 	}
 	for _, k := range slices.Sorted(maps.Keys(md)) {
 		if storage.CheckText(k) != nil || storage.CheckText(md[k]) != nil {
-			return fmt.Errorf("%w: dead letter %d: metadata %q is not UTF-8 text (a binary key or header): %s", ErrNotReplayable, rowID, Printable(k), fix)
+			return fmt.Errorf("%w: dead letter %d: metadata %q is not UTF-8 text (a binary key or header): %s", ErrNotReplayable, rowID, k, fix)
 		}
 	}
 	return nil
