@@ -104,10 +104,12 @@ var ErrNotDead = errors.New("dlq: the dead letter was already replayed, supersed
 var ErrNotReplayable = errors.New("dlq: the dead letter cannot be replayed through the outbox")
 
 // ReplayCommand and EditReplayCommand are the millwright_audit commands of
-// a replayed dead letter (ReplayTx without and with an Edit).
+// a replayed dead letter (ReplayTx without and with an Edit): one row per
+// dead letter, whoever replayed it (`millwright dlq replay`, whose run has
+// its own row too, the console, a service).
 const (
-	ReplayCommand     = "dlq replay"
-	EditReplayCommand = "dlq edit-replay"
+	ReplayCommand     = "replay dead letter"
+	EditReplayCommand = "edit and replay dead letter"
 )
 
 // Edit is an operator's edit of a dead letter (the console's edit and

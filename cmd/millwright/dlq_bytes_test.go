@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
 )
 
 // `dlq list` and `dlq show` print a dead letter's binary UUID, key and
@@ -21,7 +22,7 @@ import (
 // U+FFFD nor written raw to the terminal.
 func TestDLQShowsBinaryMetadataQuoted(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	const binary = "\x0a\xff\x01\x00"
 	uuid := binary + watermill.NewUUID()

@@ -70,7 +70,7 @@ func TestOperatorCommandsOnEveryDriver(t *testing.T) {
 
 		out, err := run(dlqCmd, "replay", "--all", "--transport", "mem://", "--rate", "0", "--yes")
 		require.NoError(t, err, out)
-		require.Contains(t, out, "published 3 message(s)")
+		require.Contains(t, out, "queued 3 message(s)")
 		require.Zero(t, pendingDeadLetters(t, dlq.NewStore(s.DB)), "every dead letter marked replayed")
 		lastAudit("dlq replay", 3)
 
