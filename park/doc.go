@@ -142,8 +142,9 @@
 //     Kafka keys that are not UTF-8 too) never share a lane, and a retried
 //     message reaches its handler with byte-identical metadata.
 //     TestBinaryKeysAndMetadataStayBytes. The dead letters park writes
-//     keep the UUID and metadata bytes too (dlq migration 005), and a
-//     replay finds its parked message by the dead letter's id.
+//     keep the UUID and metadata bytes too (dlq migration 005); a replay
+//     (through the outbox, whose metadata is text) refuses them, and
+//     `millwright parked retry` runs the held head with every byte.
 //     TestReplayOfBinaryKeyedDeadLetterKeepsItsBytes.
 //   - No record kills the retrier: a round that panics (in
 //     Config.Publish, in park, or in a handler no middleware inside park
