@@ -184,9 +184,72 @@ func (s *Store) Insert(ctx context.Context, msg *message.Message) (int64, error)
 	if err != nil {
 		return 0, err
 	}
-	id, err := storage.InsertDeadLetter(ctx, s.pool, r.row())
+	return record(ctx, s.pool, r)
+}
+
+// RecordTx writes dead letter d in tx, the transaction of the state change
+// that gave up on its message (package park's, holding the message's key
+// behind it), and returns its id, or 0 when the same dead letter (its
+// DeadLetterTopic, MessageUUID and LastFailure) was recorded before. It is
+// the one writer of millwright_dead_letters: Store.Record (the dead-letter
+// topics' recorder) goes through the same code, so every row has the same
+// fields filled the same way. ID, CreatedAt, the replay fields and State
+// are ignored (a new row is dead). Text Postgres refuses is stored with
+// U+FFFD in the text columns, the UUID and metadata (without the
+// dead-letter keys, which the columns hold) byte for byte beside them;
+// Attempts is clamped to 0..2^31-1; a zero or unstorable
+// FirstFailure is now, a LastFailure likewise the first failure.
+func RecordTx(ctx context.Context, tx postgres.Tx, d DeadLetter) (int64, error) {
+	q, err := storage.FromTx(tx)
+	if err != nil {
+		return 0, fmt.Errorf("dlq: RecordTx: %w", err)
+	}
+	r, err := newEnvelope(d, time.Now())
+	if err != nil {
+		return 0, err
+	}
+	return record(ctx, q, r)
+}
+
+// newEnvelope is d made storable, as parseEnvelope makes a message.
+func newEnvelope(d DeadLetter, now time.Time) (envelope, error) {
+	r := envelope{DeadLetter: DeadLetter{
+		MessageUUID: d.MessageUUID, OriginalTopic: storable(d.OriginalTopic), DeadLetterTopic: storable(d.DeadLetterTopic),
+		ConsumerGroup: storable(d.ConsumerGroup), Handler: storable(d.Handler), Reason: storable(d.Reason),
+		Error: storable(d.Error), ErrorType: storable(d.ErrorType), Stack: storable(d.Stack),
+		Attempts: min(max(d.Attempts, 0), maxAttempts), Payload: d.Payload, Metadata: map[string]string{},
+	}}
+	r.FirstFailure = d.FirstFailure
+	if r.FirstFailure.IsZero() || storage.CheckTime(r.FirstFailure) != nil {
+		r.FirstFailure = now
+	}
+	r.LastFailure = d.LastFailure
+	if r.LastFailure.IsZero() || storage.CheckTime(r.LastFailure) != nil {
+		r.LastFailure = r.FirstFailure
+	}
+	asText := map[string]string{}
+	for k, v := range d.Metadata {
+		if !isDeadLetterKey(k) { // as parseEnvelope: the envelope is in the columns
+			r.Metadata[k] = v
+			asText[storable(k)] = storable(v)
+		}
+	}
+	b, err := json.Marshal(asText)
+	if err != nil {
+		return r, fmt.Errorf("dlq: encoding metadata of dead letter %q: %w", r.MessageUUID, err)
+	}
+	r.metadataJSON = string(b)
+	if r.Payload == nil {
+		r.Payload = []byte{}
+	}
+	return r, nil
+}
+
+// record inserts r through q.
+func record(ctx context.Context, q storage.Querier, r envelope) (int64, error) {
+	id, err := storage.InsertDeadLetter(ctx, q, r.row())
 	if storage.IsDataError(err) {
-		// parseEnvelope makes every value storable; a row refused all the
+		// The envelope makes every value storable; a row refused all the
 		// same (a column changed by hand, say) is refused again at every
 		// redelivery: permanent, so that a retry policy around the
 		// recorder stops at once, and named, not "did migrate run?".
