@@ -560,6 +560,38 @@ func ReleaseParked(ctx context.Context, p Pool, handler, key string, force bool)
 	})
 }
 
+// DropParkedHead is ReleaseParked in the caller's transaction q: it locks
+// the key (held only, unless force), deletes its head and makes the next
+// message due at once, or releases the key. before, if not nil, runs after
+// the lock with the head about to go (package park's skip dead-letters it
+// there). ErrParkedClaimLost when the key is not parked (or not held).
+func DropParkedHead(ctx context.Context, q Querier, handler, key string, force bool, before func(head ParkedMessage) error) error {
+	lock := lockParked(handler, key, -1, !force)
+	if _, err := q.Exec(ctx, lock); errors.Is(err, ErrConflict) {
+		return fmt.Errorf("%s: %w", lock.What, ErrParkedClaimLost)
+	} else if err != nil {
+		return err
+	}
+	if before != nil {
+		msgs, err := ListParkedMessages(ctx, q, handler, key)
+		if err != nil {
+			return err
+		}
+		if len(msgs) == 0 {
+			return fmt.Errorf("parked key %s has no message: %w", laneText(key), ErrParkedClaimLost)
+		}
+		if err := before(msgs[0]); err != nil {
+			return err
+		}
+	}
+	if _, err := q.Exec(ctx, S(`DELETE FROM millwright_parked_messages WHERE id = (SELECT min(id) FROM millwright_parked_messages
+    WHERE handler = $1 AND key = $2)`, handler, []byte(key))); err != nil {
+		return err
+	}
+	_, err := q.Exec(ctx, advanceParked(handler, key))
+	return err
+}
+
 // RetryParked makes a parked key's head due at once with a fresh budget,
 // held or not. A key whose round is running now keeps its lease (the
 // round's outcome decides what comes next): made due, another retrier
