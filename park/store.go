@@ -185,8 +185,6 @@ func ReleaseTx(ctx context.Context, tx postgres.Tx, k Key, force bool) error {
 	return err
 }
 
-
-
 // SkipOptions are SkipTx's options.
 type SkipOptions struct {
 	// ConsumerGroup is the consumer group of the key's handler
