@@ -40,7 +40,7 @@ import (
 //   - "audit" (no idempotency) applied it too;
 //   - "billing" refused it (permanently), so it was dead-lettered.
 //
-// After `millwright dlq replay` (Store.Replay), billing has applied it
+// After `millwright dlq replay` (dlq.Replay), billing has applied it
 // once and the other two still once each: they acked the replay without
 // running their handler, and counted it.
 //
