@@ -137,8 +137,9 @@ type ReplayOneOptions struct {
 
 // ReplayTx replays dead letter id through the outbox, in tx: it locks the
 // row (FOR UPDATE: a concurrent replay's transaction is waited for, and its
-// outcome decides), queues its message with outbox.Add (the
-// original UUID as event id, payload and metadata, or the Edit), moves the
+// outcome decides), queues its message with outbox.Add (its event id,
+// metadata.EventID or else the message UUID, its payload and metadata, or
+// the Edit's), moves the
 // row out of the dead state (replayed, or superseded for an edit) and
 // writes its audit row (ReplayCommand or EditReplayCommand, by opts.By),
 // all in tx: committed, the relay publishes the message exactly once;
@@ -150,10 +151,11 @@ type ReplayOneOptions struct {
 // on it (ReplayTarget, or opts.For): every consumer group on the topic
 // receives it, and the others ack it without running their handler.
 //
-// Errors: ErrNotFound (no such row), ErrNotDead (not dead and not forced,
-// or taken by a concurrent replay that committed first: nothing queued), ErrNotReplayable,
-// audit.ErrNotMigrated (the audit table is missing: every replay is
-// audited), or the database's. After an error, roll tx back.
+// Errors: ErrNotFound (no such row), ErrNotDead (not dead and not
+// forced, or taken by a concurrent replay that committed first: nothing
+// queued), ErrNotReplayable, audit.ErrNotMigrated (the audit table is
+// missing: every replay is audited), or the database's. After an error,
+// roll tx back.
 func ReplayTx(ctx context.Context, tx postgres.Tx, id int64, opts ReplayOneOptions) (ReplayItem, error) {
 	if err := opts.By.Valid(); err != nil {
 		return ReplayItem{}, fmt.Errorf("dlq: ReplayTx: %w", err)
