@@ -305,10 +305,12 @@ func outboxCarries(rowID int64, id string, md map[string]string) error {
 //
 // The outbox tables (outbox.Migrations) must be in db's search_path, and a
 // relay must run on them for the replays to reach the broker: Replay only
-// queues. A row a concurrent replay holds, or took, is skipped and counted
-// (SkippedConcurrent). Replay stops at the first other error and returns
-// the report so far with it: every row reported was committed, so running
-// the same replay again continues with the rest.
+// queues. A row a concurrent replay (another run, the console) holds is
+// waited for; one it took is skipped and counted (SkippedConcurrent).
+// Replay stops at the first other error (a dead letter the outbox cannot
+// carry, ErrNotReplayable, included: the dry run finds it first) and
+// returns the report so far with it: every row reported was committed, so
+// running the same replay again continues with the rest.
 //
 // Memory stays bounded whatever the backlog: rows are read 500 references
 // at a time (id order, keyset paging) and each payload only inside its own
