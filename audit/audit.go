@@ -60,26 +60,13 @@ type Entry struct {
 var ErrNotMigrated = errors.New("audit: table millwright_audit does not exist: run `millwright migrate` first")
 
 // Ready returns ErrNotMigrated when the audit table is missing from db's
-// search_path, so a command can refuse before it changes anything it
-// could not audit.
-func Ready(ctx context.Context, db postgres.DB) error {
-	q, err := storage.FromDB(db)
+// search_path (or the caller's transaction's), so a command can refuse
+// before it changes anything it could not audit.
+func Ready(ctx context.Context, db postgres.Handle) error {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return fmt.Errorf("audit: Ready: %w", err)
 	}
-	return ready(ctx, q)
-}
-
-// ReadyTx is Ready inside tx (its search_path, e.g. a SET LOCAL one).
-func ReadyTx(ctx context.Context, tx postgres.Tx) error {
-	q, err := storage.FromTx(tx)
-	if err != nil {
-		return fmt.Errorf("audit: ReadyTx: %w", err)
-	}
-	return ready(ctx, q)
-}
-
-func ready(ctx context.Context, q storage.Querier) error {
 	ok, err := storage.AuditTableExists(ctx, q)
 	if err != nil {
 		return fmt.Errorf("audit: checking for table millwright_audit: %w", err)
@@ -132,25 +119,13 @@ func record(ctx context.Context, q storage.Querier, e Entry) (int64, error) {
 	return id, nil
 }
 
-// List returns the newest limit rows, newest first (limit <= 0: all).
-func List(ctx context.Context, db postgres.DB, limit int) ([]Entry, error) {
-	q, err := storage.FromDB(db)
+// List returns the newest limit rows, newest first (limit <= 0: all), on
+// db or in the caller's transaction.
+func List(ctx context.Context, db postgres.Handle, limit int) ([]Entry, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return nil, fmt.Errorf("audit: List: %w", err)
 	}
-	return list(ctx, q, limit)
-}
-
-// ListTx is List inside tx (its search_path, e.g. a SET LOCAL one).
-func ListTx(ctx context.Context, tx postgres.Tx, limit int) ([]Entry, error) {
-	q, err := storage.FromTx(tx)
-	if err != nil {
-		return nil, fmt.Errorf("audit: ListTx: %w", err)
-	}
-	return list(ctx, q, limit)
-}
-
-func list(ctx context.Context, q storage.Querier, limit int) ([]Entry, error) {
 	rows, err := storage.ListAudit(ctx, q, limit)
 	if err != nil {
 		return nil, fmt.Errorf("audit: reading millwright_audit (run `millwright migrate` first?): %w", err)

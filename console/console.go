@@ -114,10 +114,9 @@ type Handler struct {
 
 // New returns the console on db, a *sql.DB or *pgxpool.Pool of the
 // database holding millwright's tables.
-func New[P postgres.Pool](db P, cfg Config) (*Handler, error) {
-	pdb := postgres.From(db)
-	if err := pdb.Valid(); err != nil {
-		return nil, fmt.Errorf("console: New: db is nil: pass an open *sql.DB or *pgxpool.Pool: %w", err)
+func New(db postgres.DB, cfg Config) (*Handler, error) {
+	if err := db.Valid(); err != nil {
+		return nil, fmt.Errorf("console: New: db is nil: pass postgres.From(pool) of an open *sql.DB or *pgxpool.Pool: %w", err)
 	}
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
@@ -129,7 +128,7 @@ func New[P postgres.Pool](db P, cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("console: parsing templates: %w", err)
 	}
-	h := &Handler{db: pdb, cfg: cfg, tmpl: tmpl, mux: http.NewServeMux()}
+	h := &Handler{db: db, cfg: cfg, tmpl: tmpl, mux: http.NewServeMux()}
 	h.routes()
 	return h, nil
 }

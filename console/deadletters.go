@@ -48,16 +48,16 @@ func (h *Handler) deadLetters(ctx context.Context, q *req) error {
 	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		// The groups show every topic and error type (filtered by text
 		// only), so that picking one does not hide the others.
-		groups, err := dlq.GroupTx(ctx, tx, dlq.Filter{ErrorContains: d.Query, Pending: !d.All})
+		groups, err := dlq.Groups(ctx, tx, dlq.Filter{ErrorContains: d.Query, Pending: !d.All})
 		if err != nil {
 			return fmt.Errorf("schema %s: %w", q.schema, err)
 		}
 		d.Groups, d.Topics = groups, topicsOf(groups)
-		if d.Total, err = dlq.CountTx(ctx, tx, f); err != nil {
+		if d.Total, err = dlq.Count(ctx, tx, f); err != nil {
 			return err
 		}
 		f.Limit = listLimit
-		d.Rows, err = dlq.ListTx(ctx, tx, f)
+		d.Rows, err = dlq.List(ctx, tx, f)
 		return err
 	})
 	if err != nil {
@@ -129,7 +129,7 @@ func (h *Handler) loadLetter(ctx context.Context, q *req, id int64) (dlq.DeadLet
 	var row dlq.DeadLetter
 	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		var err error
-		row, err = dlq.GetTx(ctx, tx, id)
+		row, err = dlq.Get(ctx, tx, id)
 		return err
 	})
 	if errors.Is(err, dlq.ErrNotFound) {
@@ -345,7 +345,7 @@ func (h *Handler) replay(ctx context.Context, q *req) error {
 	}
 	d := replayData{}
 	err = h.read(ctx, q, func(tx postgres.Tx) error {
-		rows, err := dlq.ListTx(ctx, tx, dlq.Filter{IDs: ids})
+		rows, err := dlq.List(ctx, tx, dlq.Filter{IDs: ids})
 		for _, r := range rows {
 			if r.State != stateDead {
 				d.Skipped = append(d.Skipped, outcome{ID: r.ID, Topic: r.OriginalTopic, Note: "is " + r.State + ": it will not be sent"})

@@ -16,6 +16,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrations"
+	"github.com/millwright/millwright/postgres"
 )
 
 // replayRows is what a replay leaves in a schema, without ids and times:
@@ -89,7 +90,7 @@ func TestCLIAndConsoleReplayAreOne(t *testing.T) {
 
 		// The CLI's way, by the same operator.
 		cli := pgtest.New(t, migrations.All()...)
-		viaCLI := sameDeadLetter(t, dlq.NewStore(cli.DB), uuid, at)
+		viaCLI := sameDeadLetter(t, dlq.NewStore(postgres.From(cli.DB)), uuid, at)
 		require.Equal(t, viaConsole, viaCLI, "both schemas number the dead letter alike")
 		rep, err := dlq.Replay(ctx, cli.Handles(t, driver), dlq.ReplayOptions{
 			Filter: dlq.Filter{IDs: []int64{viaCLI}},

@@ -50,7 +50,7 @@ func (h *Handler) outbox(ctx context.Context, q *req) error {
 func (h *Handler) loadOutbox(ctx context.Context, q *req) (outboxData, error) {
 	var d outboxData
 	err := h.read(ctx, q, func(tx postgres.Tx) error {
-		o, err := outbox.ReadOverviewTx(ctx, tx, listLimit)
+		o, err := outbox.ReadOverview(ctx, tx, listLimit)
 		if err != nil {
 			return fmt.Errorf("schema %s: %w", q.schema, err)
 		}
@@ -160,7 +160,7 @@ func (h *Handler) auditPage(ctx context.Context, q *req) error {
 	var rows []audit.Entry
 	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		var err error
-		rows, err = audit.ListTx(ctx, tx, listLimit)
+		rows, err = audit.List(ctx, tx, listLimit)
 		return err
 	})
 	if err != nil {

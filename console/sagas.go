@@ -28,10 +28,10 @@ func (h *Handler) sagas(ctx context.Context, q *req) error {
 	}
 	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		var err error
-		if d.Summary, err = saga.SummarizeTx(ctx, tx); err != nil {
+		if d.Summary, err = saga.Summarize(ctx, tx); err != nil {
 			return fmt.Errorf("schema %s: %w", q.schema, err)
 		}
-		d.Sagas, err = saga.ListTx(ctx, tx, saga.Filter{Type: d.Type, State: saga.State(d.State), Limit: listLimit})
+		d.Sagas, err = saga.List(ctx, tx, saga.Filter{Type: d.Type, State: saga.State(d.State), Limit: listLimit})
 		return err
 	})
 	if err != nil {
@@ -83,7 +83,7 @@ func timelineClass(kind string) string {
 func (h *Handler) loadSaga(ctx context.Context, q *req, id string) (sagaData, error) {
 	var d sagaData
 	err := h.read(ctx, q, func(tx postgres.Tx) error {
-		in, hist, err := saga.GetTx(ctx, tx, id)
+		in, hist, err := saga.Get(ctx, tx, id)
 		if errors.Is(err, saga.ErrNotFound) {
 			return notFound("no saga %q in schema %s", id, q.schema)
 		}

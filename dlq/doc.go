@@ -113,8 +113,8 @@
 // ("\n\xff\x01\x00"). (A row recorded before migration 005 has what its
 // text kept.)
 //
-// Store.List and Store.Get inspect them (ListTx, CountTx, GetTx and
-// GroupTx in a caller's transaction). Replay is one function whoever runs
+// Store.List and Store.Get inspect them (List, Count, Get and Groups on a
+// postgres.Handle: a DB, or the caller's transaction). Replay is one function whoever runs
 // it: ReplayTx replays one dead letter in the caller's transaction (the
 // operator console's, which edits too: ReplayOneOptions.Edit), and Replay
 // runs it on each row a filter selects, at a bounded rate, with a dry run

@@ -167,7 +167,7 @@ func ReplayTx(ctx context.Context, tx postgres.Tx, id int64, opts ReplayOneOptio
 	if err != nil {
 		return ReplayItem{}, fmt.Errorf("dlq: ReplayTx: %w", err)
 	}
-	if err := audit.ReadyTx(ctx, tx); err != nil {
+	if err := audit.Ready(ctx, tx); err != nil {
 		return ReplayItem{}, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
 	}
 	force := opts.Force && opts.Edit == nil
@@ -206,7 +206,7 @@ func ReplayTx(ctx context.Context, tx postgres.Tx, id int64, opts ReplayOneOptio
 	if err != nil {
 		return ReplayItem{}, fmt.Errorf("dlq: marking dead letter %d replayed: %w", id, err)
 	}
-	if err := outbox.Add(ctx, q, ev); err != nil {
+	if err := outbox.Add(ctx, tx, ev); err != nil {
 		return ReplayItem{}, fmt.Errorf("dlq: queueing dead letter %d through the outbox (run `millwright migrate` for the outbox tables if they are missing; nothing was changed): %w", id, err)
 	}
 	if _, err := audit.RecordTx(ctx, tx, opts.By.Entry(command, args, 1)); err != nil {

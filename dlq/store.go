@@ -113,7 +113,7 @@ func ResolveTx(ctx context.Context, tx postgres.Tx, id int64, r Resolution) (res
 	if err != nil {
 		return false, fmt.Errorf("dlq: ResolveTx: %w", err)
 	}
-	if err := audit.ReadyTx(ctx, tx); errors.Is(err, audit.ErrNotMigrated) {
+	if err := audit.Ready(ctx, tx); errors.Is(err, audit.ErrNotMigrated) {
 		return false, fmt.Errorf("%w (dead letter %d stays dead)", ErrNotAudited, id)
 	} else if err != nil {
 		return false, fmt.Errorf("dlq: resolving dead letter %d: %w", id, err)
@@ -145,10 +145,10 @@ type Store struct {
 // adapter) or a *pgxpool.Pool, whose search_path must reach the
 // millwright_dead_letters table. A nil db gives a Store whose every method
 // fails saying so.
-func NewStore[P postgres.Pool](db P) *Store {
+func NewStore(db postgres.DB) *Store {
 	pool, err := storage.PoolFrom(db)
 	if err != nil {
-		err = fmt.Errorf("dlq: NewStore: db is nil; pass an open *sql.DB or *pgxpool.Pool: %w", err)
+		err = fmt.Errorf("dlq: NewStore: db is nil; pass postgres.From(pool) of an open *sql.DB or *pgxpool.Pool: %w", err)
 	}
 	return &Store{pool: pool, err: err}
 }
@@ -404,12 +404,12 @@ func (s *Store) List(ctx context.Context, f Filter) ([]DeadLetter, error) {
 	return list(ctx, s.pool, f)
 }
 
-// ListTx is List inside tx: its search_path (the operator console's SET
-// LOCAL one) and snapshot.
-func ListTx(ctx context.Context, tx postgres.Tx, f Filter) ([]DeadLetter, error) {
-	q, err := storage.FromTx(tx)
+// List is Store.List on db, or in the caller's transaction (the operator
+// console's, with its SET LOCAL search_path).
+func List(ctx context.Context, db postgres.Handle, f Filter) ([]DeadLetter, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
-		return nil, fmt.Errorf("dlq: ListTx: %w", err)
+		return nil, fmt.Errorf("dlq: List: %w", err)
 	}
 	return list(ctx, q, f)
 }
@@ -438,11 +438,11 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 	return count(ctx, s.pool, f)
 }
 
-// CountTx is Count inside tx.
-func CountTx(ctx context.Context, tx postgres.Tx, f Filter) (int, error) {
-	q, err := storage.FromTx(tx)
+// Count is Store.Count on db, or in the caller's transaction.
+func Count(ctx context.Context, db postgres.Handle, f Filter) (int, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
-		return 0, fmt.Errorf("dlq: CountTx: %w", err)
+		return 0, fmt.Errorf("dlq: Count: %w", err)
 	}
 	return count(ctx, q, f)
 }
@@ -463,11 +463,11 @@ func (s *Store) Get(ctx context.Context, id int64) (DeadLetter, error) {
 	return get(ctx, s.pool, id)
 }
 
-// GetTx is Get inside tx.
-func GetTx(ctx context.Context, tx postgres.Tx, id int64) (DeadLetter, error) {
-	q, err := storage.FromTx(tx)
+// Get is Store.Get on db, or in the caller's transaction.
+func Get(ctx context.Context, db postgres.Handle, id int64) (DeadLetter, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("dlq: GetTx: %w", err)
+		return DeadLetter{}, fmt.Errorf("dlq: Get: %w", err)
 	}
 	return get(ctx, q, id)
 }
@@ -494,13 +494,13 @@ type Group struct {
 	SampleError string
 }
 
-// GroupTx returns the dead letters f selects (its Topic, ErrorContains and
+// Groups returns the dead letters f selects (its Topic, ErrorContains and
 // Pending) grouped by original topic and error type, by topic then error
-// type, in tx: the operator console's summary.
-func GroupTx(ctx context.Context, tx postgres.Tx, f Filter) ([]Group, error) {
-	q, err := storage.FromTx(tx)
+// type: the operator console's summary, in its transaction.
+func Groups(ctx context.Context, db postgres.Handle, f Filter) ([]Group, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
-		return nil, fmt.Errorf("dlq: GroupTx: %w", err)
+		return nil, fmt.Errorf("dlq: Groups: %w", err)
 	}
 	gs, err := storage.GroupDeadLetters(ctx, q, f.selection())
 	if err != nil {

@@ -92,9 +92,9 @@ func newStoreOn(t *testing.T, driver string) (*dlq.Store, *pgtest.Schema) {
 	db := postgres.SQL(s.DB)
 	if driver == pgtest.DriverPgx {
 		p := s.Pgx(t)
-		store, db = dlq.NewStore(p), postgres.Pgx(p)
+		store, db = dlq.NewStore(postgres.Pgx(p)), postgres.Pgx(p)
 	} else {
-		store = dlq.NewStore(s.DB)
+		store = dlq.NewStore(db)
 	}
 	stores.Store(store, storeOf{db: db, schema: s})
 	return store, s
@@ -366,7 +366,7 @@ func TestReplayWithoutTheOutboxChangesNothing(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
-		store := dlq.NewStore(s.DB)
+		store := dlq.NewStore(postgres.From(s.DB))
 		ids := insert(t, store, deadLetter("orders", "boom", time.Now()))
 		_, err := dlq.Replay(ctx, s.Handles(t, driver), dlq.ReplayOptions{By: audit.Operator{User: "tester"}})
 		require.ErrorContains(t, err, "millwright migrate")
@@ -483,7 +483,7 @@ func TestStoreOnNilPoolFails(t *testing.T) {
 	ctx := context.Background()
 	_, err := dlq.Replay(ctx, postgres.DB{}, dlq.ReplayOptions{DryRun: true})
 	require.ErrorIs(t, err, postgres.ErrNoDB)
-	for _, store := range []*dlq.Store{dlq.NewStore((*sql.DB)(nil)), dlq.NewStore((*pgxpool.Pool)(nil))} {
+	for _, store := range []*dlq.Store{dlq.NewStore(postgres.From((*sql.DB)(nil))), dlq.NewStore(postgres.From((*pgxpool.Pool)(nil)))} {
 		_, err := store.List(ctx, dlq.Filter{})
 		require.ErrorContains(t, err, "db is nil")
 		_, err = store.Insert(ctx, deadLetter("orders", "boom", time.Now()))

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -28,7 +29,7 @@ func TestRelay_DeadLetterIsReadByTheDLQTools(t *testing.T) {
 		}
 		return nil
 	}}
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", EventType: "order.placed",
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", EventType: "order.placed",
 		Source: "/orders", Payload: []byte(`{"id":"o-1"}`)}))
 	startRelay(t, b.db, pub, RelayConfig{PollInterval: 5 * time.Millisecond, DeadLetterTopic: "orders.dead",
 		Retry: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond, MaxAttempts: 2}})

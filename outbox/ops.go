@@ -20,8 +20,8 @@ type TopicStats struct {
 
 // ReadTopicStats returns the pending and failed counts per topic, reading
 // only pending and failed rows (through their partial indexes).
-func ReadTopicStats(ctx context.Context, db Executor) ([]TopicStats, error) {
-	q, err := storage.From(db)
+func ReadTopicStats(ctx context.Context, db postgres.Handle) ([]TopicStats, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: ReadTopicStats: %w", err)
 	}
@@ -63,7 +63,7 @@ type FailedEvent struct {
 // capture is on (SwitchToDebezium until SwitchToRelay) it refuses, dry run
 // included, with an error wrapping ErrCaptureActive that names the fix:
 // the connector streams inserts only and would never send the row.
-func RetryFailed[P postgres.Pool](ctx context.Context, db P, f FailedFilter, dryRun bool) ([]FailedEvent, error) {
+func RetryFailed(ctx context.Context, db postgres.DB, f FailedFilter, dryRun bool) ([]FailedEvent, error) {
 	return RetryFailedWithProgress(ctx, db, f, dryRun, nil)
 }
 
@@ -75,9 +75,9 @@ const RetryBatch = 1000
 // UPDATE of at most RetryBatch rows with the rows reset so far. Every batch
 // is in the one transaction, committed at the end: a run stopped midway
 // changes nothing.
-func RetryFailedWithProgress[P postgres.Pool](ctx context.Context, db P, f FailedFilter, dryRun bool, progress func(done, total int)) ([]FailedEvent, error) {
+func RetryFailedWithProgress(ctx context.Context, db postgres.DB, f FailedFilter, dryRun bool, progress func(done, total int)) ([]FailedEvent, error) {
 	var out []FailedEvent
-	err := postgres.From(db).InTx(ctx, func(tx postgres.Tx) error {
+	err := db.InTx(ctx, func(tx postgres.Tx) error {
 		var err error
 		out, err = RetryFailedTx(ctx, tx, f, RetryOptions{DryRun: dryRun, Progress: progress})
 		return err
@@ -201,17 +201,17 @@ type LaneInfo struct {
 	Held bool
 }
 
-// ReadOverviewTx reads the outbox's Overview in tx (one snapshot; the
-// operator console's, in its schema), with at most problems failed and
-// problems retrying rows (problems must be positive).
-func ReadOverviewTx(ctx context.Context, tx postgres.Tx, problems int) (Overview, error) {
+// ReadOverview reads the outbox's Overview, with at most problems failed
+// and problems retrying rows (problems must be positive). In the caller's
+// transaction (the operator console's, in its schema) it is one snapshot.
+func ReadOverview(ctx context.Context, db postgres.Handle, problems int) (Overview, error) {
 	var o Overview
 	if problems <= 0 {
-		return o, fmt.Errorf("outbox: ReadOverviewTx: problems %d: want at least 1", problems)
+		return o, fmt.Errorf("outbox: ReadOverview: problems %d: want at least 1", problems)
 	}
-	q, err := storage.FromTx(tx)
+	q, err := storage.FromHandle(db)
 	if err != nil {
-		return o, fmt.Errorf("outbox: ReadOverviewTx: %w", err)
+		return o, fmt.Errorf("outbox: ReadOverview: %w", err)
 	}
 	st, err := storage.ReadOutboxStats(ctx, q)
 	if err != nil {
@@ -248,12 +248,12 @@ func ReadOverviewTx(ctx context.Context, tx postgres.Tx, problems int) (Overview
 // LiveRelays counts the relays whose announcement on db's outbox has not
 // expired: whether events queued now (a dead letter's replay, say) will be
 // published without waiting for one to start.
-func LiveRelays(ctx context.Context, db postgres.DB) (int, error) {
-	pool, err := storage.FromDB(db)
+func LiveRelays(ctx context.Context, db postgres.Handle) (int, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: LiveRelays: %w", err)
 	}
-	relays, err := storage.ReadOutboxRelays(ctx, pool)
+	relays, err := storage.ReadOutboxRelays(ctx, q)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: reading the relays%s: %w", storage.Hint(err), err)
 	}

@@ -54,11 +54,6 @@ type HistoryEntry struct {
 	At      time.Time
 }
 
-// Querier is what List, Get, History and CountStuck read through: a
-// *sql.DB, *sql.Tx or *sql.Conn, or a *pgxpool.Pool, pgx.Tx or *pgx.Conn
-// (as outbox.Executor).
-type Querier any
-
 // Filter selects instances for List. Zero fields match everything.
 type Filter struct {
 	Type  string
@@ -79,8 +74,8 @@ func infoOf(r storage.SagaInfoRow) Info {
 }
 
 // List returns instances matching f, newest first.
-func List(ctx context.Context, db Querier, f Filter) ([]Info, error) {
-	q, err := storage.From(db)
+func List(ctx context.Context, db postgres.Handle, f Filter) ([]Info, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return nil, fmt.Errorf("saga: listing instances: %w", err)
 	}
@@ -99,25 +94,6 @@ func List(ctx context.Context, db Querier, f Filter) ([]Info, error) {
 	return out, nil
 }
 
-// ListTx is List inside tx: its search_path (the operator console's SET
-// LOCAL one) and snapshot.
-func ListTx(ctx context.Context, tx postgres.Tx, f Filter) ([]Info, error) {
-	q, err := storage.FromTx(tx)
-	if err != nil {
-		return nil, fmt.Errorf("saga: ListTx: %w", err)
-	}
-	return List(ctx, q, f)
-}
-
-// GetTx is Get inside tx.
-func GetTx(ctx context.Context, tx postgres.Tx, id string) (Info, []HistoryEntry, error) {
-	q, err := storage.FromTx(tx)
-	if err != nil {
-		return Info{}, nil, fmt.Errorf("saga: GetTx: %w", err)
-	}
-	return Get(ctx, q, id)
-}
-
 // Summary counts the instances of one type in one state.
 type Summary struct {
 	Type  string
@@ -127,12 +103,12 @@ type Summary struct {
 	Oldest time.Time
 }
 
-// SummarizeTx counts the instances by type and state (by type, then
-// state) in tx: the operator console's overview.
-func SummarizeTx(ctx context.Context, tx postgres.Tx) ([]Summary, error) {
-	q, err := storage.FromTx(tx)
+// Summarize counts the instances by type and state (by type, then
+// state): the operator console's overview, in its transaction.
+func Summarize(ctx context.Context, db postgres.Handle) ([]Summary, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
-		return nil, fmt.Errorf("saga: SummarizeTx: %w", err)
+		return nil, fmt.Errorf("saga: Summarize: %w", err)
 	}
 	rows, err := storage.SummarizeSagas(ctx, q)
 	if err != nil {
@@ -147,8 +123,8 @@ func SummarizeTx(ctx context.Context, tx postgres.Tx) ([]Summary, error) {
 
 // Get returns instance id and its step history, oldest entry first. The
 // error wraps ErrNotFound when there is no such instance.
-func Get(ctx context.Context, db Querier, id string) (Info, []HistoryEntry, error) {
-	q, err := storage.From(db)
+func Get(ctx context.Context, db postgres.Handle, id string) (Info, []HistoryEntry, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return Info{}, nil, fmt.Errorf("saga %q: %w", id, err)
 	}
@@ -156,7 +132,7 @@ func Get(ctx context.Context, db Querier, id string) (Info, []HistoryEntry, erro
 	if err != nil {
 		return in, nil, err
 	}
-	h, err := History(ctx, q, id)
+	h, err := History(ctx, db, id)
 	return in, h, err
 }
 
@@ -172,8 +148,8 @@ func get(ctx context.Context, q storage.Querier, id string) (Info, error) {
 }
 
 // History returns the step history of saga id, oldest entry first.
-func History(ctx context.Context, db Querier, id string) ([]HistoryEntry, error) {
-	q, err := storage.From(db)
+func History(ctx context.Context, db postgres.Handle, id string) ([]HistoryEntry, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return nil, fmt.Errorf("saga %q: reading history: %w", id, err)
 	}
@@ -222,13 +198,13 @@ type Resolution struct {
 // history; no Definition is needed, so the CLI can call it. With dryRun
 // nothing is written. The error wraps ErrNotFound or ErrNotStuck when the
 // saga cannot be resolved.
-func Resolve[P postgres.Pool](ctx context.Context, db P, id string, action ResolveAction, note string, dryRun bool) (Resolution, error) {
+func Resolve(ctx context.Context, db postgres.DB, id string, action ResolveAction, note string, dryRun bool) (Resolution, error) {
 	if action != ResolveRetry && action != ResolveSkip {
 		return Resolution{}, fmt.Errorf("saga: Resolve %q: unknown action %q: want %q or %q", id, action, ResolveRetry, ResolveSkip)
 	}
 	var r Resolution
 	errDry := errors.New("dry run: roll back")
-	err := postgres.From(db).InTx(ctx, func(tx postgres.Tx) error {
+	err := db.InTx(ctx, func(tx postgres.Tx) error {
 		var err error
 		if r, err = ResolveTx(ctx, tx, id, action, note, dryRun); err != nil {
 			return err

@@ -53,7 +53,7 @@ func TestDLQCommands(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	ids := seedDeadLetters(t, store)
 
 	out, err := runDLQ(t, s.URL, "list", "--topic", "orders")
@@ -105,14 +105,14 @@ func TestDLQCommands(t *testing.T) {
 func TestDLQResolvedState(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	ids := seedDeadLetters(t, store)
 	var ok bool
-	require.NoError(t, postgres.SQL(s.DB).InTx(context.Background(), func(tx postgres.Tx) error {
-		var err error
+	err := postgres.SQL(s.DB).InTx(context.Background(), func(tx postgres.Tx) (err error) {
 		ok, err = dlq.ResolveTx(context.Background(), tx, ids[0], dlq.Resolution{Actor: "park retrier/billing"})
 		return err
-	}))
+	})
+	require.NoError(t, err)
 	require.True(t, ok)
 
 	out, err := runDLQ(t, s.URL, "list", "--topic", "orders")

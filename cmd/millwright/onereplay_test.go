@@ -22,6 +22,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrations"
+	"github.com/millwright/millwright/postgres"
 )
 
 // oneDeadLetter stores the same dead letter (UUID, payload, metadata,
@@ -39,7 +40,7 @@ func oneDeadLetter(t *testing.T, s *pgtest.Schema, at time.Time) int64 {
 	} {
 		msg.Metadata.Set(k, v)
 	}
-	id, err := dlq.NewStore(s.DB).Insert(context.Background(), msg)
+	id, err := dlq.NewStore(postgres.From(s.DB)).Insert(context.Background(), msg)
 	require.NoError(t, err)
 	return id
 }
@@ -70,15 +71,7 @@ func consoleReplay(t *testing.T, s *pgtest.Schema, driver, operator string, id i
 		Authenticate: func(http.ResponseWriter, *http.Request) (string, bool) { return operator, true },
 		Schemas:      []string{s.Name},
 	}
-	var (
-		h   *console.Handler
-		err error
-	)
-	if driver == pgtest.DriverPgx {
-		h, err = console.New(s.Pgx(t), cfg)
-	} else {
-		h, err = console.New(s.DB, cfg)
-	}
+	h, err := console.New(s.Handles(t, driver), cfg)
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)

@@ -11,6 +11,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/park"
+	"github.com/millwright/millwright/postgres"
 )
 
 // seedParked parks two keys of handler billing: "held" (held behind dead
@@ -166,7 +167,7 @@ func TestParkedSkipKeepsTheHeadInTheDLQ(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "the head is dead letter 1")
 	require.Equal(t, "held:m1,held:m2", parkedMessages(t, s), "the head dropped; the key had no later message and is released")
-	dls, err := dlq.NewStore(s.DB).List(t.Context(), dlq.Filter{})
+	dls, err := dlq.NewStore(postgres.From(s.DB)).List(t.Context(), dlq.Filter{})
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
 	d := dls[0]

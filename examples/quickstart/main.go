@@ -217,7 +217,7 @@ func openDatabase(ctx context.Context, driver, dbURL string) (*sql.DB, service, 
 		db.Close()
 		return nil, nil, fmt.Errorf("connecting (is Postgres running at --database-url?): %w", err)
 	}
-	if _, err := migrate.Up(ctx, db, outbox.Migrations(), idempotency.Migrations(), dlq.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), outbox.Migrations(), idempotency.Migrations(), dlq.Migrations()); err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("migrating: %w", err)
 	}
@@ -275,7 +275,7 @@ func newConsumer(svc service, tr *transport.Transport, wlog watermill.LoggerAdap
 // notification applied, and returns the effects counted (all, distinct
 // orders).
 func waitSettled(ctx context.Context, db *sql.DB, idem *idempotency.Middleware, runID string, n int) (effects, distinct int, err error) {
-	err = outboxtest.WaitDrained(ctx, db)
+	err = outboxtest.WaitDrained(ctx, postgres.From(db))
 	for err == nil {
 		err = db.QueryRowContext(ctx, `SELECT count(*), count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1`, runID+"-%").Scan(&effects, &distinct)
 		// Every delivery runs twice (Duplicator): settled once every

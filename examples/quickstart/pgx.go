@@ -49,7 +49,8 @@ func (s pgxService) placeOrder(ctx context.Context, id string) error {
 // notify applies the event's effect in the idempotency middleware's
 // transaction, a pgx.Tx: it commits with the processed mark.
 func (s pgxService) notify(msg *message.Message) error {
-	tx, ok := idempotency.PgxTxFromContext(msg.Context())
+	pt, ok := idempotency.TxFromContext(msg.Context())
+	tx := pt.Pgx()
 	if !ok {
 		return retry.Permanent(errors.New("notify: no idempotency pgx.Tx in the message context"))
 	}
@@ -58,11 +59,11 @@ func (s pgxService) notify(msg *message.Message) error {
 }
 
 func (s pgxService) idempotencyStore() (*idempotency.PostgresStore, error) {
-	return idempotency.NewPostgresStore(s.pool)
+	return idempotency.NewPostgresStore(postgres.From(s.pool))
 }
 
 func (s pgxService) relay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-	return outbox.NewRelay(s.pool, pub, cfg)
+	return outbox.NewRelay(postgres.From(s.pool), pub, cfg)
 }
 
 func (s pgxService) close() { s.pool.Close() }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -28,7 +29,7 @@ func (s sqlService) placeOrder(ctx context.Context, id string) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO quickstart_orders (id) VALUES ($1)`, id); err != nil {
 		return err
 	}
-	if err := outbox.Add(ctx, tx, orderCreated(id)); err != nil {
+	if err := outbox.Add(ctx, postgres.SQLTx(tx), orderCreated(id)); err != nil {
 		return err
 	}
 	return tx.Commit()
@@ -37,7 +38,8 @@ func (s sqlService) placeOrder(ctx context.Context, id string) error {
 // notify applies the event's effect in the idempotency middleware's
 // transaction, a *sql.Tx: it commits with the processed mark.
 func (s sqlService) notify(msg *message.Message) error {
-	tx, ok := idempotency.TxFromContext(msg.Context())
+	pt, ok := idempotency.TxFromContext(msg.Context())
+	tx := pt.SQL()
 	if !ok {
 		return retry.Permanent(errors.New("notify: no idempotency *sql.Tx in the message context"))
 	}
@@ -46,11 +48,11 @@ func (s sqlService) notify(msg *message.Message) error {
 }
 
 func (s sqlService) idempotencyStore() (*idempotency.PostgresStore, error) {
-	return idempotency.NewPostgresStore(s.db)
+	return idempotency.NewPostgresStore(postgres.From(s.db))
 }
 
 func (s sqlService) relay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-	return outbox.NewRelay(s.db, pub, cfg)
+	return outbox.NewRelay(postgres.From(s.db), pub, cfg)
 }
 
 func (s sqlService) close() {} // the *sql.DB is main's
