@@ -301,7 +301,7 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	db := opsDB(pool)
+	db := pool.handle()
 	out := cmd.OutOrStdout()
 
 	if opts.DryRun {
@@ -428,12 +428,3 @@ func dlqUntargeted(rep dlq.ReplayReport) int {
 
 // dlqDays renders a retention in days.
 func dlqDays(d time.Duration) string { return fmt.Sprintf("%d days", int(d/(24*time.Hour))) }
-
-// opsDB is the command's pool as a postgres.DB, for the operator actions
-// and reads of the domain packages.
-func opsDB(p *cliPool) postgres.DB {
-	if p.pgx != nil {
-		return postgres.Pgx(p.pgx)
-	}
-	return postgres.SQL(p.sql)
-}

@@ -53,7 +53,7 @@ func auditCmd() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			rows, err := audit.List(cmd.Context(), opsDB(pool), limit)
+			rows, err := audit.List(cmd.Context(), pool.handle(), limit)
 			if err != nil {
 				return err
 			}
@@ -145,7 +145,7 @@ func openChange(cmd *cobra.Command, args []string, validate ...func(*cliPool) er
 			return nil, nil, err
 		}
 	}
-	if err := c.ready(opsDB(pool)); err != nil {
+	if err := c.ready(pool.handle()); err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
