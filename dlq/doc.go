@@ -105,6 +105,13 @@
 // handler's path would be a dual write that can disagree with it. Record is
 // idempotent, so redelivered dead letters are stored once.
 //
+// Every row of the table is written by one function, whatever gave up on
+// the message: Store.Record stores what reaches a dead-letter topic (the
+// middleware's dead letters, and the outbox relay's copies of events it
+// could not publish), and package park, which holds a key behind its dead
+// letter, writes it with RecordTx in the transaction that holds the key.
+// Both fill every column the same way (TestRecordTxWritesLikeTheRecorder).
+//
 // A message's UUID, payload and metadata are stored byte for byte (a Kafka
 // key or header is bytes, not text): DeadLetter.MessageUUID and Metadata
 // read them back. Searches and the console's groups read text columns
