@@ -15,12 +15,8 @@ import (
 	"github.com/millwright/millwright/postgres"
 )
 
-// Dead-letter states (dlq migration 003).
-const (
-	stateDead       = dlq.StateDead
-	stateReplayed   = dlq.StateReplayed
-	stateSuperseded = dlq.StateSuperseded
-)
+// stateDead is the state of a dead letter that can be replayed.
+const stateDead = dlq.StateDead
 
 // topicGroup sums the groups of one topic.
 type topicGroup struct {
