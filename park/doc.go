@@ -26,7 +26,11 @@
 //
 // The tables come from Migrations (`millwright migrate` applies them).
 // `millwright parked list` shows parked keys; `millwright parked retry KEY`
-// and `millwright parked release KEY` act on held ones.
+// and `millwright parked release KEY` act on held ones, and `millwright
+// parked skip KEY` dead-letters a retried head and goes on. Each is one
+// function (RetryTx, ReleaseTx, SkipTx) that runs in the caller's
+// transaction, so an operator tool adds its audit row to it; the Store's
+// Retry, Release and Skip run them in a transaction of their own.
 //
 // # Middleware order
 //
