@@ -378,5 +378,5 @@ func checkAudit(t *testing.T, ctx context.Context, sh *shop, base string) {
 		screenshot("audit"),
 	)
 	require.Equal(t, browserActor, run(t, ctx, chromedp.Text(css(`#audit td.who`))))
-	require.Equal(t, "console dlq edit-replay", run(t, ctx, chromedp.Text(css(`#audit td.command`))))
+	require.Equal(t, dlq.EditReplayCommand, run(t, ctx, chromedp.Text(css(`#audit td.command`))))
 }

@@ -31,6 +31,9 @@ const (
 	ReasonMalformed = "malformed"
 	// ReasonPanic: the retries are exhausted and the last attempt panicked.
 	ReasonPanic = "panic"
+	// ReasonSkipped: an operator skipped a parked key's head before park
+	// gave up on it (park.SkipTx, `millwright parked skip`).
+	ReasonSkipped = "skipped"
 )
 
 // Metric names.

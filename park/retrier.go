@@ -324,7 +324,7 @@ func (p *Parker) nextDelay(round int, elapsed, prev time.Duration) (time.Duratio
 func (p *Parker) deadLetterHead(ctx context.Context, c storage.ParkedClaim, round int, f dlq.Failure, cause error) error {
 	row := p.deadLetterRow(c.Handler, *c.Head, f)
 	hold := p.cfg.OnDeadLetter == Hold
-	id, err := storage.DeadLetterParked(ctx, p.pool, c.Claim, c.Head.ID, round, row, c.Key, hold)
+	id, err := storage.DeadLetterParked(ctx, p.pool, c.Claim, c.Head.ID, round, row, c.Key, hold, p.recordDeadLetter(c.Handler, *c.Head, f))
 	if err := p.lost(err); err != nil {
 		return fmt.Errorf("park: handler %q key %s: recording the dead letter of message %s (it stays parked, retried after the lease): %w",
 			c.Handler, keyText(c.Key), c.Head.MessageUUID, err)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/failure"
-	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
@@ -42,25 +41,13 @@ func TestRelay_DeadLetterIsReadByTheDLQTools(t *testing.T) {
 	require.Equal(t, "orders", msg.Metadata.Get(metadata.DeadLetterOriginalTopic))
 	require.Equal(t, "order.placed", msg.Metadata.Get(metadata.EventType), "the event's own metadata is kept")
 
-	store := dlq.NewStore(postgres.From(pgtest.New(t, dlq.Migrations()).DB))
-	_, err := store.Insert(ctx, msg)
-	require.NoError(t, err)
-	list, err := store.List(ctx, dlq.Filter{})
-	require.NoError(t, err)
-	require.Len(t, list, 1)
-	d := list[0]
-	require.Equal(t, "orders", d.OriginalTopic)
-	require.Equal(t, "orders.dead", d.DeadLetterTopic)
-	require.Equal(t, DeadLetterHandler, d.Handler)
-	require.Equal(t, dlq.ReasonExhausted, d.Reason)
-	require.Equal(t, 2, d.Attempts)
-	require.Contains(t, d.Error, "message too large")
-	require.Equal(t, msg.UUID, d.MessageUUID)
-
-	rep, err := store.Replay(ctx, b.pubsub, dlq.ReplayOptions{DryRun: true})
-	require.NoError(t, err)
-	require.Len(t, rep.Items, 1)
-	require.Equal(t, "orders", rep.Items[0].To, "replayed to the original topic without a target")
+	// The envelope package dlq's recorder reads (this package cannot
+	// import dlq, whose replay queues through it: dlq's tests record it).
+	require.Equal(t, "orders.dead", msg.Metadata.Get(metadata.DeadLetterTopic))
+	require.Equal(t, DeadLetterHandler, msg.Metadata.Get(metadata.DeadLetterHandler))
+	require.Equal(t, "exhausted", msg.Metadata.Get(metadata.DeadLetterReason)) // dlq.ReasonExhausted
+	require.Equal(t, "2", msg.Metadata.Get(metadata.DeadLetterAttempts))
+	require.Contains(t, msg.Metadata.Get(metadata.DeadLetterError), "message too large")
 }
 
 // A permanent publish error is dead-lettered at once, with reason

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
 )
@@ -32,7 +32,7 @@ func TestCleanerDeletesRowsOlderThanRetention(t *testing.T) {
 func testCleanerDeletesRows(t *testing.T, driver string) {
 	s := pgtest.New(t, audit.Migrations())
 	for _, cmd := range []string{"old", "new"} {
-		_, err := audit.Record(context.Background(), s.DB, audit.Entry{Command: cmd, Confirmed: "--yes"})
+		_, err := audit.Record(context.Background(), postgres.SQL(s.DB), audit.Entry{Command: cmd, Confirmed: "--yes"})
 		require.NoError(t, err)
 	}
 	_, err := s.DB.Exec(`UPDATE millwright_audit SET at = now() - interval '366 days' WHERE command = 'old'`)
@@ -44,7 +44,7 @@ func testCleanerDeletesRows(t *testing.T, driver string) {
 	stats, err := c.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, retention.Stats{Deleted: 1, Batches: 1}, stats)
-	entries, err := audit.List(context.Background(), s.DB, 0)
+	entries, err := audit.List(context.Background(), postgres.From(s.DB), 0)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 	require.Equal(t, "new", entries[0].Command)

@@ -3,7 +3,7 @@ package audit_test
 import (
 	"fmt"
 
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
 )
 
 func ExampleRedactArgs() {

@@ -7,8 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 const secret = "Sup3rS3cretPW"
@@ -43,19 +44,19 @@ func TestRecordAndList(t *testing.T) {
 	s := pgtest.New(t, audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	ctx := context.Background()
-	require.NoError(t, audit.Ready(ctx, s.DB))
+	require.NoError(t, audit.Ready(ctx, postgres.SQL(s.DB)))
 
-	id, err := audit.Record(ctx, s.DB, audit.Entry{
+	id, err := audit.Record(ctx, postgres.SQL(s.DB), audit.Entry{
 		User: audit.CurrentUser(), Host: audit.Hostname(), Command: "millwright dlq replay",
 		Args: []string{"--all"}, Confirmed: "--yes", Affected: 3,
 	})
 	require.NoError(t, err)
-	_, err = audit.Record(ctx, s.DB, audit.Entry{Command: "millwright saga resolve", DryRun: true, Confirmed: "dry-run", Error: "saga x: not found"})
+	_, err = audit.Record(ctx, postgres.SQL(s.DB), audit.Entry{Command: "millwright saga resolve", DryRun: true, Confirmed: "dry-run", Error: "saga x: not found"})
 	require.NoError(t, err)
-	_, err = audit.Record(ctx, s.DB, audit.Entry{})
+	_, err = audit.Record(ctx, postgres.SQL(s.DB), audit.Entry{})
 	require.ErrorContains(t, err, "Entry.Command is empty")
 
-	got, err := audit.List(ctx, s.DB, 0)
+	got, err := audit.List(ctx, postgres.SQL(s.DB), 0)
 	require.NoError(t, err)
 	require.Len(t, got, 2)
 	require.Equal(t, "millwright saga resolve", got[0].Command)
@@ -74,8 +75,8 @@ func TestMissingTableNamesTheFix(t *testing.T) {
 	s := pgtest.New(t)
 	s.DB.SetMaxOpenConns(1)
 	ctx := context.Background()
-	require.ErrorIs(t, audit.Ready(ctx, s.DB), audit.ErrNotMigrated)
-	_, err := audit.Record(ctx, s.DB, audit.Entry{Command: "x"})
+	require.ErrorIs(t, audit.Ready(ctx, postgres.SQL(s.DB)), audit.ErrNotMigrated)
+	_, err := audit.Record(ctx, postgres.SQL(s.DB), audit.Entry{Command: "x"})
 	require.ErrorIs(t, err, audit.ErrNotMigrated)
 	require.True(t, strings.Contains(err.Error(), "millwright migrate"))
 }
@@ -96,9 +97,9 @@ func TestAnArgumentTextCannotHoldIsRecordedQuoted(t *testing.T) {
 	s := pgtest.New(t, audit.Migrations())
 	ctx := context.Background()
 	args := audit.RedactArgs([]string{"--key=\x0a\xff\x01", "a\x00b", "plain"})
-	_, err := audit.Record(ctx, s.DB, audit.Entry{Command: "millwright parked release", Args: args})
+	_, err := audit.Record(ctx, postgres.SQL(s.DB), audit.Entry{Command: "millwright parked release", Args: args})
 	require.NoError(t, err)
-	got, err := audit.List(ctx, s.DB, 1)
+	got, err := audit.List(ctx, postgres.SQL(s.DB), 1)
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	require.Equal(t, []string{`--key="\n\xff\x01"`, `"a\x00b"`, "plain"}, got[0].Args)

@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/postgres"
 )
 
 //go:embed migrations/*.sql
@@ -54,20 +55,17 @@ type Entry struct {
 	Error string
 }
 
-// Execer is what Ready and Record write through: a *sql.DB, *sql.Tx or
-// *sql.Conn, or a pgx.Tx, *pgx.Conn or *pgxpool.Pool.
-type Execer any
-
 // ErrNotMigrated is returned by Ready and Record when millwright_audit does
 // not exist in the search_path: run `millwright migrate`.
 var ErrNotMigrated = errors.New("audit: table millwright_audit does not exist: run `millwright migrate` first")
 
-// Ready returns ErrNotMigrated when the audit table is missing, so a
-// command can refuse before it changes anything it could not audit.
-func Ready(ctx context.Context, db Execer) error {
-	q, err := storage.From(db)
+// Ready returns ErrNotMigrated when the audit table is missing from db's
+// search_path (or the caller's transaction's), so a command can refuse
+// before it changes anything it could not audit.
+func Ready(ctx context.Context, db postgres.Handle) error {
+	q, err := storage.FromHandle(db)
 	if err != nil {
-		return fmt.Errorf("audit: %w", err)
+		return fmt.Errorf("audit: Ready: %w", err)
 	}
 	ok, err := storage.AuditTableExists(ctx, q)
 	if err != nil {
@@ -79,15 +77,34 @@ func Ready(ctx context.Context, db Execer) error {
 	return nil
 }
 
-// Record writes e and returns the row id. User, Host and Args are stored
-// as given: pass Args through RedactArgs.
-func Record(ctx context.Context, db Execer, e Entry) (int64, error) {
+// Record writes e on its own (autocommit) and returns the row id. User,
+// Host and Args are stored as given: pass Args through RedactArgs. A
+// record of a change that shares the change's transaction is RecordTx.
+func Record(ctx context.Context, db postgres.DB, e Entry) (int64, error) {
+	q, err := storage.FromDB(db)
+	if err != nil {
+		return 0, fmt.Errorf("audit: Record: %w", err)
+	}
+	return record(ctx, q, e)
+}
+
+// RecordTx writes e in tx, the transaction of the change it records, so
+// that the change and its audit row commit or roll back together. It is
+// the one writer of millwright_audit rows in the transaction of a change:
+// the operator actions (dlq.ReplayTx, outbox.RetryFailedTx, ...) and the
+// console call it. It returns ErrNotMigrated when the table is missing
+// (tx is then aborted on Postgres: roll it back).
+func RecordTx(ctx context.Context, tx postgres.Tx, e Entry) (int64, error) {
+	q, err := storage.FromTx(tx)
+	if err != nil {
+		return 0, fmt.Errorf("audit: RecordTx: %w", err)
+	}
+	return record(ctx, q, e)
+}
+
+func record(ctx context.Context, q storage.Querier, e Entry) (int64, error) {
 	if e.Command == "" {
 		return 0, errors.New("audit: Entry.Command is empty: name the command run")
-	}
-	q, err := storage.From(db)
-	if err != nil {
-		return 0, fmt.Errorf("audit: %w", err)
 	}
 	id, err := storage.InsertAudit(ctx, q, storage.AuditRow{
 		User: e.User, Host: e.Host, Command: e.Command, Args: e.Args, DryRun: e.DryRun,
@@ -102,14 +119,12 @@ func Record(ctx context.Context, db Execer, e Entry) (int64, error) {
 	return id, nil
 }
 
-// Querier is what List reads through: the same as Execer.
-type Querier any
-
-// List returns the newest limit rows, newest first (limit <= 0: all).
-func List(ctx context.Context, db Querier, limit int) ([]Entry, error) {
-	q, err := storage.From(db)
+// List returns the newest limit rows, newest first (limit <= 0: all), on
+// db or in the caller's transaction.
+func List(ctx context.Context, db postgres.Handle, limit int) ([]Entry, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
+		return nil, fmt.Errorf("audit: List: %w", err)
 	}
 	rows, err := storage.ListAudit(ctx, q, limit)
 	if err != nil {
@@ -187,3 +202,42 @@ func quoteUnstorable(s string) string {
 // RedactValue hides the secrets of one value or free text (see
 // internal/redact.Text).
 func RedactValue(v string) string { return redact.Text(v) }
+
+// Operator is who runs an operator action and how it was allowed: the
+// fields of the action's audit row that the action cannot know itself.
+// The actions that write their own audit row in their transaction
+// (dlq.Replay and dlq.ReplayTx, one row per dead letter) take one, so the
+// row's command and arguments are the action's, the same whichever
+// caller (the CLI, the console, a service) ran it.
+type Operator struct {
+	// User names the operator: the console's authenticated operator, the
+	// CLI's CurrentUser. Required.
+	User string
+	// Host is where the action ran: "console", or the CLI's Hostname.
+	// Default: Hostname().
+	Host string
+	// Confirmed says how the action was allowed ("--yes", "prompt",
+	// "console"). Default "api".
+	Confirmed string
+}
+
+// Entry is the audit row of an action run by o: command, its arguments
+// (redacted here, see RedactArgs) and the rows it affected.
+func (o Operator) Entry(command string, args []string, affected int64) Entry {
+	e := Entry{User: o.User, Host: o.Host, Command: command, Args: RedactArgs(args), Confirmed: o.Confirmed, Affected: affected}
+	if e.Host == "" {
+		e.Host = Hostname()
+	}
+	if e.Confirmed == "" {
+		e.Confirmed = "api"
+	}
+	return e
+}
+
+// Valid reports an Operator without a User.
+func (o Operator) Valid() error {
+	if strings.TrimSpace(o.User) == "" {
+		return errors.New("audit: Operator.User is empty: name who runs the action (it goes into millwright_audit)")
+	}
+	return nil
+}
