@@ -36,7 +36,7 @@ func TestPaymentsOnEveryBroker(t *testing.T) {
 	for _, kind := range []transport.Kind{transport.Kafka, transport.AMQP, transport.GoogleCloud, transport.SQL} {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
-			const n = 30 // 6 refused (i%5 == 4), 1 poison (i == 0)
+			const n = 30            // 6 refused (i%5 == 4), 1 poison (i == 0)
 			schema := pgtest.New(t) // the service migrates it
 			pool := schema.Pgx(t)
 			name := "pay-" + strings.ToLower(watermill.NewShortUUID()[:8])
