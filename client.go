@@ -60,7 +60,9 @@ type Client struct {
 	done    chan struct{}
 	tr      *transport.Transport
 
-	stopping atomic.Bool // Run is stopping: components returning is expected
+	stopping atomic.Bool   // Run is stopping: components returning is expected
+	draining chan struct{} // closed when Run begins to stop
+	slots    chan struct{} // one per handler running (Config.MaxHandlers)
 }
 
 // route is a registered handler.
@@ -86,7 +88,7 @@ func NewClient(db postgres.DB, cfg Config) (*Client, error) {
 	if err := db.Valid(); err != nil {
 		return nil, fmt.Errorf("millwright: NewClient: %w", err)
 	}
-	cfg.setDefaults()
+	cfg.setDefaults(db)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -98,7 +100,8 @@ func NewClient(db postgres.DB, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{db: db, cfg: cfg, wlog: watermill.NewSlogLogger(cfg.Logger), health: h, start: health.Waiting("the client to start"),
-		names: map[string]bool{}, running: make(chan struct{}), done: make(chan struct{})}
+		names: map[string]bool{}, running: make(chan struct{}), done: make(chan struct{}),
+		draining: make(chan struct{}), slots: make(chan struct{}, cfg.MaxHandlers)}
 	c.hard, c.hardStop = context.WithCancel(context.Background())
 	h.Add("start", c.start)
 	h.Add("database", health.CheckerFunc(db.Ping))
@@ -356,6 +359,7 @@ func (c *Client) waitStarted(ctx context.Context, running <-chan struct{}, faile
 // stop drains the router and the other components, within Config.Grace.
 func (c *Client) stop(router *message.Router, wg *sync.WaitGroup, cancelRun context.CancelFunc) error {
 	c.stopping.Store(true)
+	close(c.draining)
 	c.health.Drain()
 	began := time.Now()
 	hard := time.AfterFunc(c.cfg.Grace-graceMargin, c.hardStop)
@@ -537,7 +541,7 @@ func (c *Client) router(ctx context.Context, tr *transport.Transport) (*message.
 		if err != nil {
 			return nil, fmt.Errorf("millwright: handler %s: %w", r.name, err)
 		}
-		mws := []message.HandlerMiddleware{c.detach, shutdown.Middleware, tracing.Middleware(tracing.Config{}), parker.Middleware(r.name), rm.Middleware}
+		mws := []message.HandlerMiddleware{c.admit, shutdown.Middleware, tracing.Middleware(tracing.Config{}), parker.Middleware(r.name), rm.Middleware}
 		if r.idempotent {
 			idem, err := c.idempotency(r.group)
 			if err != nil {
@@ -568,13 +572,30 @@ func (c *Client) idempotency(consumer string) (*idempotency.Middleware, error) {
 	return idempotency.NewMiddleware(store, idempotency.Config{Consumer: consumer, Registerer: c.cfg.Registry, Logger: c.wlog})
 }
 
-// detach gives the handler a context that keeps the message's values but
-// not its cancellation: a subscriber closed at shutdown ends its
-// messages' contexts at once, which would roll back the handlers in
-// flight. Theirs ends Grace minus graceMargin after shutdown began. The
-// message's own context is restored on return.
-func (c *Client) detach(h message.HandlerFunc) message.HandlerFunc {
+// errDraining nacks a message that was still waiting for a handler slot
+// when shutdown began.
+var errDraining = errors.New("millwright: shutting down: not started, the broker redelivers it")
+
+// admit runs a message's handler once one of Config.MaxHandlers slots is
+// free, with a context that keeps the message's values but not its
+// cancellation: a subscriber closed at shutdown ends its messages'
+// contexts at once, which would roll back the handlers in flight. Theirs
+// ends Grace minus graceMargin after shutdown began. A message still
+// waiting for a slot then is nacked, never started. The message's own
+// context is restored on return.
+func (c *Client) admit(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		select {
+		case <-c.draining:
+			return nil, errDraining
+		default:
+		}
+		select {
+		case c.slots <- struct{}{}:
+		case <-c.draining:
+			return nil, errDraining
+		}
+		defer func() { <-c.slots }()
 		orig := msg.Context()
 		ctx, cancel := context.WithCancel(context.WithoutCancel(orig))
 		unhook := context.AfterFunc(c.hard, cancel)

@@ -12,6 +12,7 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/park"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/shutdown"
 	"github.com/millwright/millwright/transport"
@@ -86,6 +87,17 @@ type Config struct {
 	// transport's setting (one message at a time); valid -1..1024.
 	KeyParallelism int
 
+	// MaxHandlers bounds the messages whose handlers run at once, over
+	// every handler of the client: an idempotent handler holds a database
+	// connection for as long as it runs, so more would only queue for the
+	// pool (and at shutdown be found in flight). A message beyond waits
+	// for a slot; when shutdown begins, the messages still waiting are
+	// nacked, never started (the broker redelivers them). Default the
+	// pool's maximum connections minus 2 (kept for the relay, the
+	// orchestrators and park's retriers), at least 1; on a *sql.DB
+	// without SetMaxOpenConns, 16. Valid 1..4096.
+	MaxHandlers int
+
 	// Relay configures the outbox relay Run starts. Its Logger,
 	// Registerer and ListenURL default to the client's. Default: the
 	// relay's defaults.
@@ -136,7 +148,7 @@ var DefaultRetry = retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInter
 
 var serviceName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9._-]*$`)
 
-func (c *Config) setDefaults() {
+func (c *Config) setDefaults(db postgres.DB) {
 	if c.StartTimeout == 0 {
 		c.StartTimeout = DefaultStartTimeout
 	}
@@ -155,6 +167,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.KeyParallelism == 0 {
 		c.KeyParallelism = DefaultKeyParallelism
+	}
+	if c.MaxHandlers == 0 {
+		c.MaxHandlers = defaultMaxHandlers(db)
 	}
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()
@@ -192,6 +207,9 @@ func (c Config) Validate() error {
 	if c.KeyParallelism < -1 || c.KeyParallelism > 1024 {
 		errs = append(errs, fmt.Errorf("millwright: Config.KeyParallelism %d: want 1..1024, or -1 for the transport's own setting (default %d)", c.KeyParallelism, DefaultKeyParallelism))
 	}
+	if c.MaxHandlers < 1 || c.MaxHandlers > 4096 {
+		errs = append(errs, fmt.Errorf("millwright: Config.MaxHandlers %d: want 1..4096 (default the pool's size minus 2), and a pool that large", c.MaxHandlers))
+	}
 	for name, d := range map[string]time.Duration{"Outbox": c.Retention.Outbox, "Idempotency": c.Retention.Idempotency,
 		"DeadLetters": c.Retention.DeadLetters, "Sagas": c.Retention.Sagas} {
 		if d != -1 && d != 0 && d < time.Hour {
@@ -199,6 +217,17 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// defaultMaxHandlers is MaxHandlers' default for db.
+func defaultMaxHandlers(db postgres.DB) int {
+	n := 16 + 2
+	if p := db.Pgx(); p != nil {
+		n = int(p.Config().MaxConns)
+	} else if d := db.SQL(); d != nil && d.Stats().MaxOpenConnections > 0 {
+		n = d.Stats().MaxOpenConnections
+	}
+	return max(1, n-2)
 }
 
 func bounded(field string, p retry.Policy) error {
