@@ -1,27 +1,16 @@
-// Command payments is a payments service on millwright's client, as a new
-// user writes it: a payment and its event are written in one transaction
-// (the outbox), a key-parallel consumer with idempotency and park starts a
-// saga per payment (reserve funds, charge, notify; a refused charge
-// releases the funds), poison messages go to the dead-letter table, and
-// the console, metrics and health are served over HTTP. It runs on pgx and
-// on any transport, chosen by configuration alone (MILLWRIGHT_TRANSPORT
-// and the kind's variables; unset: the sql transport on the database):
+// Command payments is a payments service on millwright's client: a payment
+// and its event written in one transaction (the outbox), a key-parallel
+// consumer with idempotency and park starting a saga per payment (reserve
+// funds, charge, notify; a refused charge releases the funds), poison to the
+// dead-letter table, the console, metrics and health. On pgx, on whichever
+// transport MILLWRIGHT_TRANSPORT names (unset: sql on the database):
 //
-//	eval "$(bash scripts/services.sh up)"
-//	go run ./examples/payments demo                         # sql transport
-//	MILLWRIGHT_TRANSPORT=kafka MILLWRIGHT_KAFKA_BROKERS=127.0.0.1:9092 go run ./examples/payments demo
-//	MILLWRIGHT_CONSOLE_PASSWORD=s3cret go run ./examples/payments serve
-//
-// serve takes POST /payments ({"id","account","amount"}) and serves
-// /console/ (basic auth, any user, $MILLWRIGHT_CONSOLE_PASSWORD), /metrics,
-// /healthz and /readyz. demo submits -payments payments (every fifth over
-// the limit, so refused and compensated; the first one poison) and prints
-// one line counted from the service's tables:
-//
+//	go run ./examples/payments demo   # or serve: POST /payments, /console/ ($MILLWRIGHT_CONSOLE_PASSWORD), /metrics, /readyz
 //	payments=40 settled=31 failed=8 dead_letters=1 lost=0 doubled=0
 package main
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"encoding/json"
@@ -32,7 +21,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -60,9 +48,7 @@ type Payment struct {
 	Amount  int64  `json:"amount"`
 }
 
-// limit is the most one payment may charge: the charge of a larger one is
-// refused, and the saga releases its funds.
-const limit = 1000
+const limit = 1000 // the most one payment may charge: above, the charge is refused
 
 type service struct {
 	*millwright.Client
@@ -84,17 +70,12 @@ func newService(db postgres.DB, cfg millwright.Config) (*service, error) {
 	to := func(topic string) func(Payment) (saga.Command, error) {
 		return func(p Payment) (saga.Command, error) { return saga.Command{Topic: s.topic(topic), Payload: p}, nil }
 	}
-	def, err := saga.Define("payment",
+	def := saga.MustDefine("payment",
 		saga.Step[Payment]{Name: "reserve_funds", Command: to("funds"), Compensation: to("funds")},
 		saga.Step[Payment]{Name: "charge", Command: to("charges"), Compensation: to("charges")},
 		saga.Step[Payment]{Name: "notify", Command: to("notifications"), NoCompensation: true})
-	if err != nil {
-		return nil, err
-	}
-	if s.saga, err = millwright.AddSaga(c, def, saga.Config{ReplyTopic: s.topic("replies")}); err != nil {
-		return nil, err
-	}
-	return s, errors.Join(
+	s.saga, err = millwright.AddSaga(c, def, saga.Config{ReplyTopic: s.topic("replies")})
+	return s, errors.Join(err,
 		c.Handle("start", s.topic("submitted"), s.start, millwright.HandlerConfig{}),
 		c.Participant("funds", s.topic("funds"), s.funds, millwright.HandlerConfig{}),
 		c.Participant("charges", s.topic("charges"), s.charges, millwright.HandlerConfig{}),
@@ -105,10 +86,7 @@ func newService(db postgres.DB, cfg millwright.Config) (*service, error) {
 // aggregate is the account: one account's payments are handled in order,
 // different accounts' in parallel.
 func (s *service) submit(ctx context.Context, p Payment) error {
-	body, err := json.Marshal(p)
-	if err != nil {
-		return err
-	}
+	body, _ := json.Marshal(p) // a Payment always marshals
 	return s.db.InTx(ctx, func(tx postgres.Tx) error {
 		if err := exec(ctx, tx, `INSERT INTO payments (id, account, amount) VALUES ($1, $2, $3)`, p.ID, p.Account, p.Amount); err != nil {
 			return err
@@ -118,54 +96,42 @@ func (s *service) submit(ctx context.Context, p Payment) error {
 	})
 }
 
-// start begins a payment's saga. A payment that can never be paid is
-// poison: dead-lettered at once, its account held for an operator.
+// start begins a payment's saga; one that can never be paid is poison (dead-lettered, its account held).
 func (s *service) start(ctx context.Context, tx postgres.Tx, msg *message.Message) error {
-	var p Payment
-	if err := dlq.DecodeJSON(msg, &p); err != nil {
+	p, err := decode(msg)
+	if err != nil {
 		return err
 	}
 	if p.Amount <= 0 {
 		return retry.Permanent(fmt.Errorf("payment %s: amount %d is not positive", p.ID, p.Amount))
-	}
-	if err := exec(ctx, tx, `UPDATE payments SET state = 'started' WHERE id = $1`, p.ID); err != nil {
-		return err
 	}
 	return s.saga.Start(ctx, tx.Pgx(), p.ID, p)
 }
 
 func (s *service) funds(ctx context.Context, tx postgres.Tx, cmd *message.Message) (any, error) {
 	p, err := decode(cmd)
-	if err == nil && compensating(cmd) {
-		err = errors.Join(exec(ctx, tx, `UPDATE payments_holds SET released = true WHERE payment_id = $1`, p.ID),
+	if err != nil || compensating(cmd) {
+		return nil, errors.Join(err, exec(ctx, tx, `UPDATE payments_holds SET released = true WHERE payment_id = $1`, p.ID),
 			exec(ctx, tx, `UPDATE payments SET state = 'failed' WHERE id = $1`, p.ID))
-	} else if err == nil {
-		err = exec(ctx, tx, `INSERT INTO payments_holds (payment_id, account, amount) VALUES ($1, $2, $3)`, p.ID, p.Account, p.Amount)
 	}
-	return nil, err
+	return nil, exec(ctx, tx, `INSERT INTO payments_holds (payment_id, account, amount) VALUES ($1, $2, $3)`, p.ID, p.Account, p.Amount)
 }
 
 func (s *service) charges(ctx context.Context, tx postgres.Tx, cmd *message.Message) (any, error) {
 	p, err := decode(cmd)
 	switch {
-	case err != nil:
-	case compensating(cmd):
-		err = exec(ctx, tx, `UPDATE payments_charges SET refunded = true WHERE payment_id = $1`, p.ID)
+	case err != nil || compensating(cmd):
+		return nil, errors.Join(err, exec(ctx, tx, `UPDATE payments_charges SET refunded = true WHERE payment_id = $1`, p.ID))
 	case p.Amount > limit:
-		err = millwright.Refuse(fmt.Sprintf("amount %d is over the limit of %d", p.Amount, limit))
-	default:
-		err = exec(ctx, tx, `INSERT INTO payments_charges (payment_id, amount) VALUES ($1, $2)`, p.ID, p.Amount)
+		return nil, millwright.Refuse(fmt.Sprintf("amount %d is over the limit of %d", p.Amount, limit))
 	}
-	return nil, err
+	return nil, exec(ctx, tx, `INSERT INTO payments_charges (payment_id, amount) VALUES ($1, $2)`, p.ID, p.Amount)
 }
 
 func (s *service) notify(ctx context.Context, tx postgres.Tx, cmd *message.Message) (any, error) {
 	p, err := decode(cmd)
-	if err == nil {
-		err = errors.Join(exec(ctx, tx, `INSERT INTO payments_notifications (payment_id) VALUES ($1)`, p.ID),
-			exec(ctx, tx, `UPDATE payments SET state = 'settled' WHERE id = $1`, p.ID))
-	}
-	return nil, err
+	return nil, errors.Join(err, exec(ctx, tx, `INSERT INTO payments_notifications (payment_id) VALUES ($1)`, p.ID),
+		exec(ctx, tx, `UPDATE payments SET state = 'settled' WHERE id = $1`, p.ID))
 }
 
 func decode(cmd *message.Message) (p Payment, err error) { return p, dlq.DecodeJSON(cmd, &p) }
@@ -179,8 +145,7 @@ func exec(ctx context.Context, tx postgres.Tx, sql string, args ...any) error {
 	return err
 }
 
-// demo runs the service, submits n payments, waits until each has settled,
-// failed or been dead-lettered, and prints the counts.
+// demo submits n payments and prints the counts once each is settled, failed or dead.
 func demo(ctx context.Context, s *service, n int, out io.Writer) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.Run(ctx) }()
@@ -192,27 +157,23 @@ func demo(ctx context.Context, s *service, n int, out io.Writer) error {
 	for i := range n {
 		p := Payment{ID: fmt.Sprintf("p%04d", i), Account: fmt.Sprintf("acct-%d", i%7), Amount: int64(100 + i)}
 		if i == 0 {
-			p.Account, p.Amount = "acct-poison", 0
+			p.Account, p.Amount = "acct-poison", 0 // poison: dead-lettered
 		} else if i%5 == 4 {
-			p.Amount = 5 * limit
+			p.Amount = 5 * limit // refused: compensated
 		}
 		if err := s.submit(ctx, p); err != nil {
 			return errors.Join(err, s.Close())
 		}
 	}
 	var settled, failed, dead, doubled int
-	for settled+failed+dead < n && ctx.Err() == nil {
-		time.Sleep(100 * time.Millisecond)
-		err := s.db.Pgx().QueryRow(ctx, `SELECT
-			(SELECT count(*) FROM payments WHERE state = 'settled'), (SELECT count(*) FROM payments WHERE state = 'failed'),
-			(SELECT count(*) FROM millwright_dead_letters),
+	var err error
+	for ; settled+failed+dead < n && err == nil; time.Sleep(100 * time.Millisecond) {
+		err = s.db.Pgx().QueryRow(ctx, `SELECT (SELECT count(*) FROM payments WHERE state = 'settled'),
+			(SELECT count(*) FROM payments WHERE state = 'failed'), (SELECT count(*) FROM millwright_dead_letters),
 			(SELECT count(*) - count(DISTINCT payment_id) FROM payments_holds) + (SELECT count(*) - count(DISTINCT payment_id) FROM payments_charges)
 			+ (SELECT count(*) - count(DISTINCT payment_id) FROM payments_notifications)`).Scan(&settled, &failed, &dead, &doubled)
-		if err != nil && ctx.Err() == nil {
-			return errors.Join(err, s.Close())
-		}
 	}
-	if err := errors.Join(s.Close(), <-errc); err != nil {
+	if err := errors.Join(err, s.Close(), <-errc); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "payments=%d settled=%d failed=%d dead_letters=%d lost=%d doubled=%d\n", n, settled, failed, dead, n-settled-failed-dead, doubled)
@@ -257,48 +218,33 @@ func operator(w http.ResponseWriter, r *http.Request) (string, bool) {
 }
 
 func main() {
+	url := flag.String("database-url", cmp.Or(os.Getenv("MILLWRIGHT_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL of the service database")
+	name := flag.String("name", "payments", "service name: prefixes its topics and consumer groups")
+	listen := flag.String("listen", "127.0.0.1:8080", "serve: HTTP address")
+	n := flag.Int("payments", 40, "demo: payments to submit")
+	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+	if err := run(ctx, flag.Arg(0), *url, *name, *listen, *n); err != nil {
 		fmt.Fprintln(os.Stderr, "payments:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string, out io.Writer) error {
-	mode := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		mode, args = args[0], args[1:]
-	}
-	fs := flag.NewFlagSet("payments "+mode, flag.ContinueOnError)
-	dbURL := fs.String("database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "Postgres URL of the service database")
-	name := fs.String("name", "payments", "service name: prefixes its topics and consumer groups")
-	listen := fs.String("listen", "127.0.0.1:8080", "serve: HTTP address")
-	n := fs.Int("payments", 40, "demo: payments to submit")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if v := os.Getenv("MILLWRIGHT_DATABASE_URL"); v != "" && !flagSet(fs, "database-url") {
-		*dbURL = v
-	}
-	pool, err := postgres.OpenPgx(ctx, *dbURL)
+func run(ctx context.Context, mode, url, name, listen string, n int) error {
+	pool, err := postgres.OpenPgx(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	s, err := newService(postgres.Pgx(pool), millwright.Config{Name: *name, DatabaseURL: *dbURL})
+	s, err := newService(postgres.Pgx(pool), millwright.Config{Name: name, DatabaseURL: url})
 	switch {
 	case err != nil:
 		return err
 	case mode == "demo":
-		return demo(ctx, s, *n, out)
-	case mode == "serve":
-		return serve(ctx, s, *listen)
+		return demo(ctx, s, n, os.Stdout)
+	case mode == "serve" || mode == "":
+		return serve(ctx, s, listen)
 	}
 	return fmt.Errorf("unknown command %q: want serve or demo", mode)
-}
-
-func flagSet(fs *flag.FlagSet, name string) (set bool) {
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }

@@ -5,7 +5,7 @@ CREATE TABLE payments (
     id         TEXT PRIMARY KEY,
     account    TEXT NOT NULL,
     amount     BIGINT NOT NULL,
-    state      TEXT NOT NULL DEFAULT 'submitted', -- submitted, started, settled, failed
+    state      TEXT NOT NULL DEFAULT 'submitted', -- submitted, settled, failed
     created_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 CREATE TABLE payments_holds (payment_id TEXT NOT NULL, account TEXT NOT NULL, amount BIGINT NOT NULL, released BOOLEAN NOT NULL DEFAULT false);
