@@ -162,6 +162,7 @@ func (c *Config) setDefaults(db postgres.DB) {
 	if c.Park == (retry.Policy{}) {
 		c.Park = park.DefaultPolicy
 	}
+	c.Park = c.Park.WithDefaults()
 	if c.OnDeadLetter == "" {
 		c.OnDeadLetter = park.Hold
 	}
