@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/health"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/migrate"
@@ -105,6 +106,14 @@ func NewClient(db postgres.DB, cfg Config) (*Client, error) {
 	c.hard, c.hardStop = context.WithCancel(context.Background())
 	h.Add("start", c.start)
 	h.Add("database", health.CheckerFunc(db.Ping))
+	if t := cfg.Relay.DeadLetterTopic; t != "" && !cfg.NoRelay {
+		// The relay's dead letters (events past their retry budget) are
+		// recorded beside the handlers'. Record is idempotent.
+		store := onPoolValue(db, dlq.NewStore[*pgxpool.Pool], dlq.NewStore[*sql.DB])
+		if err := c.addRoute(route{name: "relay-dead-letters", topic: t, handle: store.Record}); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 

@@ -99,8 +99,10 @@ type Config struct {
 	MaxHandlers int
 
 	// Relay configures the outbox relay Run starts. Its Logger,
-	// Registerer and ListenURL default to the client's. Default: the
-	// relay's defaults.
+	// Registerer and ListenURL default to the client's, its CloseTimeout
+	// to 2 s. With DeadLetterTopic set, the client also records that
+	// topic's dead letters in millwright_dead_letters (handler
+	// "relay-dead-letters"). Default: the relay's defaults.
 	Relay outbox.RelayConfig
 	// NoRelay leaves the relay out of Run: another process relays this
 	// database's outbox (`millwright relay`). Default false.
