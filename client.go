@@ -71,6 +71,7 @@ type route struct {
 	name, topic, group string
 	handle             message.NoPublishHandlerFunc
 	idempotent         bool
+	inside             []message.HandlerMiddleware
 }
 
 // part is a long-running component Run starts after the router.
@@ -134,6 +135,11 @@ type HandlerConfig struct {
 	// zero postgres.Tx, and a redelivered message runs it again. Default
 	// false.
 	AtLeastOnce bool
+	// Inside are extra middlewares, outermost first, run inside the
+	// in-place retry and outside idempotency (so every attempt, and every
+	// copy, is deduplicated): Watermill's Duplicator in a demo, a
+	// service's own metrics. Default none.
+	Inside []message.HandlerMiddleware
 }
 
 // Handle registers handler name on topic, behind the framework's
@@ -147,7 +153,7 @@ type HandlerConfig struct {
 // client: letters, digits, '.', '_' and '-'.
 func (c *Client) Handle(name, topic string, h HandlerFunc, cfg HandlerConfig) error {
 	idem := !cfg.AtLeastOnce
-	return c.addRoute(route{name: name, topic: topic, group: cfg.Group, idempotent: idem, handle: func(msg *message.Message) error {
+	return c.addRoute(route{name: name, topic: topic, group: cfg.Group, idempotent: idem, inside: cfg.Inside, handle: func(msg *message.Message) error {
 		var tx postgres.Tx
 		if idem {
 			var ok bool
@@ -550,7 +556,7 @@ func (c *Client) router(ctx context.Context, tr *transport.Transport) (*message.
 		if err != nil {
 			return nil, fmt.Errorf("millwright: handler %s: %w", r.name, err)
 		}
-		mws := []message.HandlerMiddleware{c.admit, shutdown.Middleware, tracing.Middleware(tracing.Config{}), parker.Middleware(r.name), rm.Middleware}
+		mws := append([]message.HandlerMiddleware{c.admit, shutdown.Middleware, tracing.Middleware(tracing.Config{}), parker.Middleware(r.name), rm.Middleware}, r.inside...)
 		if r.idempotent {
 			idem, err := c.idempotency(r.group)
 			if err != nil {
