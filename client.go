@@ -241,7 +241,8 @@ func (c *Client) Transport() *transport.Transport {
 }
 
 // Close stops Run as if its context had ended (see Run) and waits for it
-// to return. It is idempotent; before Run it makes Run return at once.
+// to return. It is idempotent; before Run, a later Run returns
+// ErrRunning at once.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	cancel, started := c.cancel, c.started

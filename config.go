@@ -82,9 +82,14 @@ type Config struct {
 	// KeyParallelism makes the Kafka and RabbitMQ consumers key-parallel
 	// (transport.KafkaConfig.KeyParallelism, AMQPConfig.KeyParallelism)
 	// when the transport's own setting is 0: that many keys of one
-	// partition or queue in flight at once, each key in order. Other
+	// partition or queue in flight at once, each key in order (park
+	// keeps a failing key's later messages behind it only if they arrive
+	// in order). On RabbitMQ the key-parallel consumer holds its queue
+	// exclusively: a second process of the group is a standby. Other
 	// kinds deliver by ordering key already. Default 16; -1 leaves the
-	// transport's setting (one message at a time); valid -1..1024.
+	// transport's setting (one message at a time, or its environment's
+	// MILLWRIGHT_KAFKA_KEY_PARALLELISM / MILLWRIGHT_AMQP_KEY_PARALLELISM);
+	// valid -1..1024.
 	KeyParallelism int
 
 	// MaxHandlers bounds the messages whose handlers run at once, over
