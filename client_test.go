@@ -145,6 +145,12 @@ func TestClientLifecycle(t *testing.T) {
 		ids = append(ids, id)
 	}
 	require.Equal(t, "a,b", strings.Join(ids, ","))
+	rec := httptest.NewRecorder()
+	c.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	require.Equal(t, http.StatusOK, rec.Code)
+	for _, m := range []string{"millwright_idempotency_processed_total", "millwright_dlq_depth_messages", "millwright_park_parked_keys", "millwright_outbox_"} {
+		require.Contains(t, rec.Body.String(), m)
+	}
 	require.NoError(t, c.Close())
 	require.NoError(t, <-errc)
 	require.Equal(t, http.StatusServiceUnavailable, ready())
