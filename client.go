@@ -2,7 +2,6 @@ package millwright
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,8 +12,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/millwright/millwright/dlq"
@@ -106,11 +103,11 @@ func NewClient(db postgres.DB, cfg Config) (*Client, error) {
 		draining: make(chan struct{}), slots: make(chan struct{}, cfg.MaxHandlers)}
 	c.hard, c.hardStop = context.WithCancel(context.Background())
 	h.Add("start", c.start)
-	h.Add("database", health.CheckerFunc(db.Ping))
+	h.Add("database", health.Ping(db))
 	if t := cfg.Relay.DeadLetterTopic; t != "" && !cfg.NoRelay {
 		// The relay's dead letters (events past their retry budget) are
 		// recorded beside the handlers'. Record is idempotent.
-		store := onPoolValue(db, dlq.NewStore[*pgxpool.Pool], dlq.NewStore[*sql.DB])
+		store := dlq.NewStore(db)
 		if err := c.addRoute(route{name: "relay-dead-letters", topic: t, handle: store.Record}); err != nil {
 			return nil, err
 		}
@@ -157,23 +154,12 @@ func (c *Client) Handle(name, topic string, h HandlerFunc, cfg HandlerConfig) er
 		var tx postgres.Tx
 		if idem {
 			var ok bool
-			if tx, ok = handlerTx(msg.Context()); !ok {
+			if tx, ok = idempotency.TxFromContext(msg.Context()); !ok {
 				return retry.Permanent(fmt.Errorf("millwright: handler %s: no idempotency transaction in the message's context", name))
 			}
 		}
 		return h(msg.Context(), tx, msg)
 	}})
-}
-
-// handlerTx returns the idempotency middleware's transaction.
-func handlerTx(ctx context.Context) (postgres.Tx, bool) {
-	if tx, ok := idempotency.PgxTxFromContext(ctx); ok {
-		return postgres.PgxTx(tx), true
-	}
-	if tx, ok := idempotency.TxFromContext(ctx); ok {
-		return postgres.SQLTx(tx), true
-	}
-	return postgres.Tx{}, false
 }
 
 func (c *Client) addRoute(r route) error {
@@ -223,10 +209,7 @@ func (c *Client) Add(ctx context.Context, tx postgres.Tx, events ...outbox.Event
 			events[i].Source = "/" + c.cfg.Name
 		}
 	}
-	if t := tx.Pgx(); t != nil {
-		return outbox.Add(ctx, t, events...)
-	}
-	return outbox.Add(ctx, tx.SQL(), events...)
+	return outbox.Add(ctx, tx, events...)
 }
 
 // Running is closed once Run has started everything: the handlers are
@@ -419,7 +402,7 @@ func (c *Client) open(ctx context.Context) (*transport.Transport, *message.Route
 	err := c.untilReady(ctx, "reaching the database", func(ctx context.Context) error {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		return c.db.Ping(pctx)
+		return c.db.PingContext(pctx)
 	})
 	if err != nil {
 		return nil, nil, err
@@ -490,14 +473,9 @@ func (c *Client) transportConfig() (transport.Config, error) {
 
 // migrate applies millwright's migrations and the service's.
 func (c *Client) migrate(ctx context.Context) error {
-	db := c.db.SQL()
-	if p := c.db.Pgx(); p != nil {
-		db = stdlib.OpenDBFromPool(p) // closing it leaves the pool open
-		defer db.Close()
-	}
 	sources := append(migrations.All(), c.cfg.Migrations...)
 	return c.untilReady(ctx, "migrating the database", func(ctx context.Context) error {
-		_, err := migrate.Up(ctx, db, sources...)
+		_, err := migrate.Up(ctx, c.db, sources...)
 		if err != nil && errors.Is(err, migrate.ErrNoSchema) {
 			return retry.Permanent(err)
 		}
@@ -551,9 +529,7 @@ func (c *Client) router(ctx context.Context, tr *transport.Transport) (*message.
 				return nil, err
 			}
 		}
-		parker, err := onPool(c.db,
-			func(p *pgxpool.Pool) (*park.Parker, error) { return park.New(p, c.parkConfig(r.group)) },
-			func(db *sql.DB) (*park.Parker, error) { return park.New(db, c.parkConfig(r.group)) })
+		parker, err := park.New(c.db, c.parkConfig(r.group))
 		if err != nil {
 			return nil, fmt.Errorf("millwright: handler %s: %w", r.name, err)
 		}
@@ -579,9 +555,7 @@ func (c *Client) parkConfig(group string) park.Config {
 }
 
 func (c *Client) idempotency(consumer string) (*idempotency.Middleware, error) {
-	store, err := onPool(c.db,
-		func(p *pgxpool.Pool) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(p) },
-		func(db *sql.DB) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(db) })
+	store, err := idempotency.NewPostgresStore(c.db)
 	if err != nil {
 		return nil, err
 	}

@@ -2,14 +2,12 @@ package millwright
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/health"
@@ -104,9 +102,7 @@ func AddSaga[D any](c *Client, def *saga.Definition[D], cfg saga.Config) (*saga.
 	if cfg.CloseTimeout == 0 {
 		cfg.CloseTimeout = graceMargin
 	}
-	o, err := onPool(c.db,
-		func(p *pgxpool.Pool) (*saga.Orchestrator[D], error) { return saga.NewOrchestrator(p, def, cfg) },
-		func(db *sql.DB) (*saga.Orchestrator[D], error) { return saga.NewOrchestrator(db, def, cfg) })
+	o, err := saga.NewOrchestrator(c.db, def, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -126,8 +122,7 @@ func AddSaga[D any](c *Client, def *saga.Definition[D], cfg saga.Config) (*saga.
 // components adds the relay and the cleaners to the parts Run starts,
 // and the collectors of the dead letters and parked keys.
 func (c *Client) components(tr *transport.Transport) error {
-	dead := onPoolValue(c.db, dlq.NewStore[*pgxpool.Pool], dlq.NewStore[*sql.DB])
-	parked := onPoolValue(c.db, park.NewStore[*pgxpool.Pool], park.NewStore[*sql.DB])
+	dead, parked := dlq.NewStore(c.db), park.NewStore(c.db)
 	var err error
 	metrics.Into(c.cfg.Registry, dlq.NewDepthCollector(dead), &err)
 	metrics.Into(c.cfg.Registry, park.NewCollector(parked), &err)
@@ -148,47 +143,32 @@ func (c *Client) components(tr *transport.Transport) error {
 		if rc.CloseTimeout == 0 {
 			rc.CloseTimeout = graceMargin
 		}
-		relay, err := onPool(c.db,
-			func(p *pgxpool.Pool) (*outbox.Relay, error) { return outbox.NewRelay(p, tr.Publisher(), rc) },
-			func(db *sql.DB) (*outbox.Relay, error) { return outbox.NewRelay(db, tr.Publisher(), rc) })
+		relay, err := outbox.NewRelay(c.db, tr.Publisher(), rc)
 		if err != nil {
 			return fmt.Errorf("millwright: relay: %w", err)
 		}
 		c.parts = append(c.parts, part{name: "outbox relay", run: relay.Run, running: relay.Running(), close: relay.Close})
 		c.health.Add("relay", health.Relay(relay, max(time.Minute, 10*rc.PollInterval)))
 	}
-	type cleaner struct {
+	// Every package's Cleaner and CleanerConfig are the same types.
+	for _, cl := range []struct {
 		table     string
 		retention time.Duration
-		pgx       func(*pgxpool.Pool, outbox.CleanerConfig) (*outbox.Cleaner, error)
-		sql       func(*sql.DB, outbox.CleanerConfig) (*outbox.Cleaner, error)
-	}
-	// Every package's Cleaner and CleanerConfig are the same types.
-	for _, cl := range []cleaner{
-		{"outbox", c.cfg.Retention.Outbox, outbox.NewCleaner[*pgxpool.Pool], outbox.NewCleaner[*sql.DB]},
-		{"idempotency", c.cfg.Retention.Idempotency, idempotency.NewCleaner[*pgxpool.Pool], idempotency.NewCleaner[*sql.DB]},
-		{"dead letters", c.cfg.Retention.DeadLetters, dlq.NewCleaner[*pgxpool.Pool], dlq.NewCleaner[*sql.DB]},
-		{"sagas", c.cfg.Retention.Sagas, saga.NewCleaner[*pgxpool.Pool], saga.NewCleaner[*sql.DB]},
+		open      func(postgres.DB, outbox.CleanerConfig) (*outbox.Cleaner, error)
+	}{
+		{"outbox", c.cfg.Retention.Outbox, outbox.NewCleaner},
+		{"idempotency", c.cfg.Retention.Idempotency, idempotency.NewCleaner},
+		{"dead letters", c.cfg.Retention.DeadLetters, dlq.NewCleaner},
+		{"sagas", c.cfg.Retention.Sagas, saga.NewCleaner},
 	} {
 		if cl.retention == -1 {
 			continue
 		}
-		cc := outbox.CleanerConfig{Retention: cl.retention, Logger: c.wlog, CloseTimeout: graceMargin}
-		k, err := onPool(c.db,
-			func(p *pgxpool.Pool) (*outbox.Cleaner, error) { return cl.pgx(p, cc) },
-			func(db *sql.DB) (*outbox.Cleaner, error) { return cl.sql(db, cc) })
+		k, err := cl.open(c.db, outbox.CleanerConfig{Retention: cl.retention, Logger: c.wlog, CloseTimeout: graceMargin})
 		if err != nil {
 			return fmt.Errorf("millwright: %s cleaner: %w", cl.table, err)
 		}
 		c.parts = append(c.parts, part{name: cl.table + " cleaner", run: k.Run, running: k.Running(), close: k.Close})
 	}
 	return nil
-}
-
-// onPoolValue is onPool for a constructor that returns no error.
-func onPoolValue[T any](db postgres.DB, withPgx func(*pgxpool.Pool) T, withSQL func(*sql.DB) T) T {
-	v, _ := onPool(db,
-		func(p *pgxpool.Pool) (T, error) { return withPgx(p), nil },
-		func(d *sql.DB) (T, error) { return withSQL(d), nil })
-	return v
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrations"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/saga/sagatest"
@@ -72,7 +73,7 @@ func runShop(t *testing.T) *shop {
 		_, err := s.DB.ExecContext(msg.Context(), `INSERT INTO processed VALUES ($1, $2)`, msg.UUID, string(msg.Payload))
 		return nil, err
 	})))
-	router.AddConsumerHandler("dlq-recorder", dlq.DefaultTopic(sh.topic), broker, dlq.NewStore(s.DB).Record)
+	router.AddConsumerHandler("dlq-recorder", dlq.DefaultTopic(sh.topic), broker, dlq.NewStore(postgres.From(s.DB)).Record)
 
 	cmd := func(struct{}) (saga.Command, error) {
 		return saga.Command{Topic: "transfer.commands", Payload: struct{}{}}, nil
@@ -82,7 +83,7 @@ func runShop(t *testing.T) *shop {
 		saga.Step[struct{}]{Name: "credit", Command: cmd, Compensation: cmd},
 	)
 	sh.diagram = def.Mermaid()
-	o, err := saga.NewOrchestrator(s.DB, def, saga.Config{})
+	o, err := saga.NewOrchestrator(postgres.From(s.DB), def, saga.Config{})
 	require.NoError(t, err)
 	p := sagatest.NewParticipant(broker)
 	p.Script(func(c sagatest.Command) sagatest.Answer {
@@ -98,7 +99,7 @@ func runShop(t *testing.T) *shop {
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(ctx) }()
 	<-router.Running()
-	relay, err := outbox.NewRelay(s.DB, broker, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+	relay, err := outbox.NewRelay(postgres.From(s.DB), broker, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(ctx) }()
@@ -110,10 +111,10 @@ func runShop(t *testing.T) *shop {
 		<-routerDone
 	})
 
-	require.NoError(t, o.Start(ctx, s.DB, "transfer-1", struct{}{}))
+	require.NoError(t, o.StartOutsideTx(ctx, postgres.From(s.DB), "transfer-1", struct{}{}))
 	wait, stop := context.WithTimeout(ctx, 30*time.Second)
 	defer stop()
-	info, err := sagatest.WaitState(wait, s.DB, "transfer-1", saga.StateCompleted, saga.StateCompensated)
+	info, err := sagatest.WaitState(wait, postgres.From(s.DB), "transfer-1", saga.StateCompleted, saga.StateCompensated)
 	require.NoError(t, err)
 	require.Equal(t, saga.StateCompensated, info.State)
 	return sh
@@ -129,7 +130,7 @@ func noPublish(h message.HandlerFunc) message.NoPublishHandlerFunc {
 // place writes an order event to the outbox; the relay publishes it.
 func (sh *shop) place(t *testing.T, id, payload string) {
 	t.Helper()
-	require.NoError(t, outbox.Add(context.Background(), sh.schema.DB, outbox.Event{
+	require.NoError(t, outbox.AddOutsideTx(context.Background(), postgres.From(sh.schema.DB), outbox.Event{
 		Topic: sh.topic, ID: id, AggregateType: "order", AggregateID: id, Payload: []byte(payload), RawPayload: true,
 	}))
 }
@@ -231,7 +232,7 @@ func run[T any](t *testing.T, ctx context.Context, a chromedp.Action[T]) T {
 func TestBrowser(t *testing.T) {
 	ctx := browser(t, 100*time.Second)
 	sh := runShop(t)
-	h, err := console.New(sh.schema.DB, console.Config{
+	h, err := console.New(postgres.From(sh.schema.DB), console.Config{
 		Authenticate: func(http.ResponseWriter, *http.Request) (string, bool) { return browserActor, true },
 		Schemas:      []string{sh.schema.Name},
 		SagaDiagrams: map[string]string{"transfer": sh.diagram},

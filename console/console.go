@@ -114,10 +114,10 @@ type Handler struct {
 
 // New returns the console on db, a *sql.DB or *pgxpool.Pool of the
 // database holding millwright's tables.
-func New[P postgres.Pool](db P, cfg Config) (*Handler, error) {
+func New(db postgres.DB, cfg Config) (*Handler, error) {
 	pool, err := storage.PoolFrom(db)
 	if err != nil {
-		return nil, fmt.Errorf("console: New: db is nil: pass an open *sql.DB or *pgxpool.Pool: %w", err)
+		return nil, fmt.Errorf("console: New: db is nil: pass postgres.From(pool) of an open *sql.DB or *pgxpool.Pool: %w", err)
 	}
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err

@@ -23,6 +23,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrations"
+	"github.com/millwright/millwright/postgres"
 )
 
 // bundle is what a console test needs: a migrated schema, the console
@@ -66,9 +67,9 @@ func setupOn(t *testing.T, driver string, extra ...func(*console.Config)) *bundl
 		err error
 	)
 	if driver == pgtest.DriverPgx {
-		h, err = console.New(s.Pgx(t), cfg)
+		h, err = console.New(postgres.From(s.Pgx(t)), cfg)
 	} else {
-		h, err = console.New(s.DB, cfg)
+		h, err = console.New(postgres.From(s.DB), cfg)
 	}
 	require.NoError(t, err)
 	mux := http.NewServeMux()
@@ -78,7 +79,7 @@ func setupOn(t *testing.T, driver string, extra ...func(*console.Config)) *bundl
 	t.Cleanup(srv.Close)
 	jar, _ := cookiejar.New(nil)
 	client := &http.Client{Jar: jar, Timeout: 20 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	return &bundle{schema: s, srv: srv, client: client, store: dlq.NewStore(s.DB), base: srv.URL + prefix}
+	return &bundle{schema: s, srv: srv, client: client, store: dlq.NewStore(postgres.From(s.DB)), base: srv.URL + prefix}
 }
 
 // deadLetter stores a dead letter of topic with payload and returns its id.

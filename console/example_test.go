@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/console"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/migrations"
+	"github.com/millwright/millwright/postgres"
 )
 
 // authenticate is the host's own authentication middleware: here every
@@ -28,7 +29,7 @@ func authenticate(next http.Handler) http.Handler {
 func ExampleNew() {
 	db, cleanup := exampleDB()
 	defer cleanup()
-	h, err := console.New(db, console.Config{Authenticate: console.ContextActor, BasePath: "/ops"})
+	h, err := console.New(postgres.From(db), console.Config{Authenticate: console.ContextActor, BasePath: "/ops"})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -61,7 +62,7 @@ func exampleDB() (*sql.DB, func()) {
 	if err != nil {
 		panic(err)
 	}
-	if _, err := migrate.Up(context.Background(), db, migrations.All()...); err != nil {
+	if _, err := migrate.Up(context.Background(), postgres.From(db), migrations.All()...); err != nil {
 		panic(err)
 	}
 	return db, func() {

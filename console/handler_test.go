@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrations"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 func TestStateChangesNeedAPostWithTheCSRFTokenFromTheConsolesOwnOrigin(t *testing.T) {
@@ -112,16 +113,16 @@ func TestTheCSRFCookieIsHttpOnlyStrictAndUnderTheBasePath(t *testing.T) {
 func TestAuthenticationHookDecides(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, migrations.All()...)
-	_, err := console.New(s.DB, console.Config{})
+	_, err := console.New(postgres.From(s.DB), console.Config{})
 	require.ErrorContains(t, err, "Authenticate is nil")
-	_, err = console.New((*sql.DB)(nil), console.Config{Authenticate: console.ContextActor})
+	_, err = console.New(postgres.From((*sql.DB)(nil)), console.Config{Authenticate: console.ContextActor})
 	require.ErrorContains(t, err, "db is nil")
-	_, err = console.New(s.DB, console.Config{Authenticate: console.ContextActor, CSRFKey: []byte("short")})
+	_, err = console.New(postgres.From(s.DB), console.Config{Authenticate: console.ContextActor, CSRFKey: []byte("short")})
 	require.ErrorContains(t, err, "CSRFKey")
-	_, err = console.New(s.DB, console.Config{Authenticate: console.ContextActor, BasePath: "ops"})
+	_, err = console.New(postgres.From(s.DB), console.Config{Authenticate: console.ContextActor, BasePath: "ops"})
 	require.ErrorContains(t, err, "BasePath")
 
-	h, err := console.New(s.DB, console.Config{Authenticate: console.ContextActor, Schemas: []string{s.Name}})
+	h, err := console.New(postgres.From(s.DB), console.Config{Authenticate: console.ContextActor, Schemas: []string{s.Name}})
 	require.NoError(t, err)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/dead-letters", nil))
@@ -134,7 +135,7 @@ func TestAuthenticationHookDecides(t *testing.T) {
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.Contains(t, rec.Body.String(), `<span class="actor">carol</span>`)
 
-	empty, err := console.New(s.DB, console.Config{Authenticate: func(http.ResponseWriter, *http.Request) (string, bool) { return " ", true }})
+	empty, err := console.New(postgres.From(s.DB), console.Config{Authenticate: func(http.ResponseWriter, *http.Request) (string, bool) { return " ", true }})
 	require.NoError(t, err)
 	rec = httptest.NewRecorder()
 	empty.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/dead-letters", nil))
@@ -197,7 +198,7 @@ func TestTheSchemaIsOneOfThoseWithMillwrightTables(t *testing.T) {
 			VALUES ($1, $1, 'x.dlq', now(), now(), '')`, "in-"+s.Name)
 		require.NoError(t, err)
 	}
-	h, err := console.New(one.DB, console.Config{
+	h, err := console.New(postgres.From(one.DB), console.Config{
 		Authenticate: func(http.ResponseWriter, *http.Request) (string, bool) { return "op", true },
 		Schemas:      []string{empty.Name, two.Name, one.Name, "no_such_schema"},
 	})
@@ -221,7 +222,7 @@ func TestTheSchemaIsOneOfThoseWithMillwrightTables(t *testing.T) {
 		require.Contains(t, body, "unknown schema", bad)
 	}
 
-	none, err := console.New(empty.DB, console.Config{
+	none, err := console.New(postgres.From(empty.DB), console.Config{
 		Authenticate: func(http.ResponseWriter, *http.Request) (string, bool) { return "op", true }, Schemas: []string{empty.Name}})
 	require.NoError(t, err)
 	rec := httptest.NewRecorder()
@@ -322,8 +323,8 @@ func TestOutboxRetryFailedRefusedUnderCapture(t *testing.T) {
 		VALUES ('e1', 'payments', 'a', '{}', 'failed', 9, 'down')`)
 	require.NoError(t, err)
 	pub := "con_" + b.schema.Name
-	require.NoError(t, outbox.EnableCapture(context.Background(), b.schema.DB, pub))
-	t.Cleanup(func() { _ = outbox.DisableCapture(context.Background(), b.schema.DB, pub) })
+	require.NoError(t, outbox.EnableCapture(context.Background(), postgres.From(b.schema.DB), pub))
+	t.Cleanup(func() { _ = outbox.DisableCapture(context.Background(), postgres.From(b.schema.DB), pub) })
 	ids := pgtest.Column[string](t, b.schema.DB, `SELECT id::text FROM millwright_outbox WHERE event_id = 'e1'`)
 	status, body := b.post(t, "/outbox/retry-failed", b.token(t), url.Values{"id": ids})
 	require.Equal(t, http.StatusConflict, status, body)

@@ -23,6 +23,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/park"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -83,13 +84,13 @@ func testEditReplayOfHeldKey(t *testing.T, topic string, pub message.Publisher, 
 	_, err := db.Exec(`CREATE TABLE ledger (seq BIGSERIAL PRIMARY KEY, event_id TEXT NOT NULL, payload TEXT NOT NULL)`)
 	require.NoError(t, err)
 
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+	relay, err := outbox.NewRelay(postgres.From(db), pub, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(ctx) }()
 	t.Cleanup(func() { _ = relay.Close(); <-relayDone })
 
-	parker, err := park.New(db, park.Config{PollInterval: 10 * time.Millisecond,
+	parker, err := park.New(postgres.From(db), park.Config{PollInterval: 10 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 5 * time.Millisecond, Jitter: retry.JitterNone, MaxAttempts: 50}})
 	require.NoError(t, err)
 	rm, err := retry.NewMiddleware(retry.Config{Policy: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, MaxAttempts: 2, Jitter: retry.JitterNone}})
@@ -146,7 +147,7 @@ func testEditReplayOfHeldKey(t *testing.T, topic string, pub message.Publisher, 
 	event := func(id, payload string) outbox.Event {
 		return outbox.Event{Topic: topic, ID: id, Payload: []byte(payload), RawPayload: true, AggregateType: "order", AggregateID: "42", EventType: "order.placed"}
 	}
-	keys := park.NewStore(db)
+	keys := park.NewStore(postgres.From(db))
 	parked := func(n int64) func() bool {
 		return func() bool {
 			ks, err := keys.List(ctx, park.Filter{})
@@ -156,9 +157,9 @@ func testEditReplayOfHeldKey(t *testing.T, topic string, pub message.Publisher, 
 	}
 	// One event at a time: a broker may deliver two published back to
 	// back in either order (gochannel does); the order tested is park's.
-	require.NoError(t, outbox.Add(ctx, db, event("e1", "bad")))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(db), event("e1", "bad")))
 	poll.Until(t, 90*time.Second, parked(1), "e1 dead-lettered, its key held")
-	require.NoError(t, outbox.Add(ctx, db, event("e2", "two")))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(db), event("e2", "two")))
 	poll.Until(t, 90*time.Second, parked(2), "e2 parked behind e1")
 	require.EqualValues(t, 1, refused.Load())
 	require.Empty(t, ledger())
@@ -181,7 +182,7 @@ func testEditReplayOfHeldKey(t *testing.T, topic string, pub message.Publisher, 
 		return func() bool { return slices.Contains(ledger(), row) }
 	}
 	poll.Until(t, 90*time.Second, has("e2=two"), "the key's next event applied")
-	require.NoError(t, outbox.Add(ctx, db, event("e3", "three")))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(db), event("e3", "three")))
 	poll.Until(t, 90*time.Second, has("e3=three"), "a later event goes straight through")
 	require.Equal(t, []string{"e1=one-fixed", "e2=two", "e3=three"}, ledger(),
 		"the edited event applied once, in its key's place, before the key's later events")

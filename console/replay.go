@@ -69,7 +69,7 @@ func (h *Handler) takeAndQueue(ctx context.Context, q *req, id int64, edited *ed
 		}
 		return fmt.Errorf("marking dead letter %d %s: %w", id, state, err)
 	}
-	if err := outbox.Add(ctx, tx, ev); err != nil {
+	if err := outbox.Add(ctx, storage.AsTx(tx), ev); err != nil {
 		return fmt.Errorf("queueing dead letter %d through the outbox (nothing was changed): %w", id, err)
 	}
 	args := []string{"--schema=" + q.schema, "--id=" + strconv.FormatInt(id, 10)}

@@ -23,6 +23,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/park"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -46,12 +47,12 @@ func TestConsoleReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T)
 	}
 	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
-	relay, err := outbox.NewRelay(db, ps, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+	relay, err := outbox.NewRelay(postgres.From(db), ps, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(ctx) }()
 	t.Cleanup(func() { _ = relay.Close(); <-relayDone })
-	idem, err := idempotency.NewPostgresStore(db)
+	idem, err := idempotency.NewPostgresStore(postgres.From(db))
 	require.NoError(t, err)
 
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
@@ -71,7 +72,7 @@ func TestConsoleReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T)
 			}
 			q := `INSERT INTO effects_` + name + ` (event_id) VALUES ($1)`
 			if tx, ok := idempotency.TxFromContext(m.Context()); ok {
-				_, err := tx.ExecContext(m.Context(), q, m.Metadata.Get(metadata.EventID))
+				_, err := tx.SQL().ExecContext(m.Context(), q, m.Metadata.Get(metadata.EventID))
 				return err
 			}
 			_, err := db.ExecContext(m.Context(), q, m.Metadata.Get(metadata.EventID))
@@ -94,7 +95,7 @@ func TestConsoleReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T)
 			require.NoError(t, err)
 			mws = append(mws, ledgerDLQ.Middleware, dedup.Middleware)
 		} else {
-			p, err := park.New(db, park.Config{ConsumerGroup: name, PollInterval: 10 * time.Millisecond,
+			p, err := park.New(postgres.From(db), park.Config{ConsumerGroup: name, PollInterval: 10 * time.Millisecond,
 				Retry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 5 * time.Millisecond, Jitter: retry.JitterNone, MaxAttempts: 50}})
 			require.NoError(t, err)
 			parkers = append(parkers, p)
@@ -121,7 +122,7 @@ func TestConsoleReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T)
 	effects := func(g string) int {
 		return pgtest.Column[int](t, db, `SELECT count(*)::int FROM effects_`+g+` WHERE event_id = 'order-42'`)[0]
 	}
-	require.NoError(t, outbox.Add(ctx, db, outbox.Event{Topic: "orders", ID: "order-42", Payload: []byte(`{"order":42}`), RawPayload: true,
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(db), outbox.Event{Topic: "orders", ID: "order-42", Payload: []byte(`{"order":42}`), RawPayload: true,
 		AggregateType: "order", AggregateID: "42", EventType: "order.placed"}))
 	var dls []dlq.DeadLetter
 	poll.Until(t, 90*time.Second, func() bool {

@@ -31,7 +31,7 @@ func (h *Handler) sagas(ctx context.Context, q *req) error {
 		if d.Summary, err = storage.SummarizeSagas(ctx, tx); err != nil {
 			return fmt.Errorf("counting the sagas of schema %s%s: %w", q.schema, storage.Hint(err), err)
 		}
-		d.Sagas, err = saga.List(ctx, tx, saga.Filter{Type: d.Type, State: saga.State(d.State), Limit: listLimit})
+		d.Sagas, err = saga.List(ctx, storage.AsTx(tx), saga.Filter{Type: d.Type, State: saga.State(d.State), Limit: listLimit})
 		return err
 	})
 	if err != nil {
@@ -83,7 +83,7 @@ func timelineClass(kind string) string {
 func (h *Handler) loadSaga(ctx context.Context, q *req, id string) (sagaData, error) {
 	var d sagaData
 	err := h.read(ctx, q, func(tx storage.Tx) error {
-		in, hist, err := saga.Get(ctx, tx, id)
+		in, hist, err := saga.Get(ctx, storage.AsTx(tx), id)
 		if errors.Is(err, saga.ErrNotFound) {
 			return notFound("no saga %q in schema %s", id, q.schema)
 		}
@@ -124,7 +124,7 @@ func (h *Handler) resolve(ctx context.Context, q *req) error {
 		return err
 	}
 	defer rollback(ctx, tx)
-	res, err := saga.ResolveTx(ctx, tx, id, action, q.actor+": "+reason, false)
+	res, err := saga.ResolveTx(ctx, storage.AsTx(tx), id, action, q.actor+": "+reason, false)
 	switch {
 	case errors.Is(err, saga.ErrNotFound):
 		return notFound("no saga %q in schema %s", id, q.schema)

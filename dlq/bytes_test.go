@@ -19,6 +19,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -131,7 +132,7 @@ VALUES ($1, 'orders', 'orders.dlq', now(), now(), 'p', $2::jsonb) RETURNING id`
 	var before int64
 	require.NoError(t, s.DB.QueryRowContext(ctx, insertOld, "u-before", `{"ordering_key": "order/1", "q": "it's \"é\"", "empty": ""}`).Scan(&before))
 
-	_, err := migrate.Up(ctx, s.DB, dlq.Migrations())
+	_, err := migrate.Up(ctx, postgres.From(s.DB), dlq.Migrations())
 	require.NoError(t, err)
 
 	var hasRaw bool
@@ -140,7 +141,7 @@ VALUES ($1, 'orders', 'orders.dlq', now(), now(), 'p', $2::jsonb) RETURNING id`
 	var after int64
 	require.NoError(t, s.DB.QueryRowContext(ctx, insertOld, "u-after", `{"k": "v"}`).Scan(&after))
 
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	want := map[int64]dlq.DeadLetter{
 		before: {MessageUUID: "u-before", Metadata: map[string]string{"ordering_key": "order/1", "q": `it's "é"`, "empty": ""}},
 		after:  {MessageUUID: "u-after", Metadata: map[string]string{"k": "v"}},

@@ -41,6 +41,6 @@ var cleanerTable = cleaner.Table{
 type Cleaner = cleaner.Cleaner
 
 // NewCleaner returns a cleaner of the dead-letter table in db's search_path.
-func NewCleaner[P postgres.Pool](db P, cfg CleanerConfig) (*Cleaner, error) {
+func NewCleaner(db postgres.DB, cfg CleanerConfig) (*Cleaner, error) {
 	return cleaner.NewFrom(db, cleanerTable, cfg)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // newCleaner builds the cleaner on the pool of driver: the generic
@@ -20,9 +21,9 @@ func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg dlq.CleanerCo
 	t.Helper()
 	switch h := s.Handle(t, driver).(type) {
 	case *sql.DB:
-		return dlq.NewCleaner(h, cfg)
+		return dlq.NewCleaner(postgres.From(h), cfg)
 	case *pgxpool.Pool:
-		return dlq.NewCleaner(h, cfg)
+		return dlq.NewCleaner(postgres.From(h), cfg)
 	}
 	t.Fatalf("no pool for driver %s", driver)
 	return nil, nil
@@ -72,6 +73,6 @@ func testCleanerDeletesDeadLetters(t *testing.T, driver string) {
 	plan := pgtest.Plan(t, s.DB, `SELECT id FROM millwright_dead_letters WHERE created_at < now() - interval '90 days' ORDER BY created_at LIMIT 1000`)
 	require.Contains(t, plan, "millwright_dead_letters_created_idx", "the batch walks the index of migration 002")
 
-	_, err = dlq.NewCleaner(s.DB, dlq.CleanerConfig{Retention: time.Minute})
+	_, err = dlq.NewCleaner(postgres.From(s.DB), dlq.CleanerConfig{Retention: time.Minute})
 	require.ErrorContains(t, err, "dlq: CleanerConfig.Retention 1m0s is too short")
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 )
 
 func isStorable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
@@ -101,7 +102,7 @@ func TestHostileEnvelopeIsStored(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, Migrations())
 	s.DB.SetMaxOpenConns(2)
-	store := NewStore(s.DB)
+	store := NewStore(postgres.From(s.DB))
 	msg := hostileEnvelope("u\x00-1", "99999999999", "2026-01-02T15:04:05Z", "x", "bad\xff\x00text", "k\x00", "v\xfe", []byte("\x00\xffbin"))
 	msg.Metadata.Set(metadata.DeadLetterTopic, "orders.dlq")
 	id, err := store.Insert(context.Background(), msg)

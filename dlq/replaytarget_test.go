@@ -22,6 +22,7 @@ import (
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -98,8 +99,8 @@ func testReplayTargeted(t *testing.T, topic string, ps message.Publisher, subscr
 		_, err := db.Exec(fmt.Sprintf(`CREATE TABLE effects_%s (event_id TEXT NOT NULL)`, g))
 		require.NoError(t, err)
 	}
-	store := dlq.NewStore(db)
-	idem, err := idempotency.NewPostgresStore(db)
+	store := dlq.NewStore(postgres.From(db))
+	idem, err := idempotency.NewPostgresStore(postgres.From(db))
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
 
@@ -125,7 +126,8 @@ func testReplayTargeted(t *testing.T, topic string, ps message.Publisher, subscr
 				return nil, retry.Permanent(errors.New("billing: customer 7 unknown"))
 			}
 			q := `INSERT INTO effects_` + name + ` (event_id) VALUES ($1)`
-			if tx, ok := idempotency.TxFromContext(m.Context()); ok {
+			if pt, ok := idempotency.TxFromContext(m.Context()); ok && pt.SQL() != nil {
+				tx := pt.SQL()
 				_, err := tx.ExecContext(m.Context(), q, m.Metadata.Get(metadata.EventID))
 				return nil, err
 			}

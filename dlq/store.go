@@ -74,10 +74,6 @@ const (
 	StateResolved   = "resolved"
 )
 
-// Executor is the transaction ResolveTx writes through: a *sql.Tx or a
-// pgx.Tx (or a pool or connection, then without a shared transaction).
-type Executor any
-
 // Resolution says who applied a dead letter's message, for its audit row.
 type Resolution struct {
 	// Actor is who applied it: an operator's name, or the component (for
@@ -105,11 +101,11 @@ var ErrNotAudited = errors.New("dlq: the resolution of a dead letter is audited,
 // transaction that removes the applied message. resolved is false (and
 // nothing is written) when the row is not dead: replayed, superseded or
 // resolved before, or gone.
-func ResolveTx(ctx context.Context, tx Executor, id int64, r Resolution) (resolved bool, err error) {
+func ResolveTx(ctx context.Context, tx postgres.Tx, id int64, r Resolution) (resolved bool, err error) {
 	if r.Actor == "" {
 		return false, errors.New("dlq: ResolveTx: Resolution.Actor is empty: name who applied the message")
 	}
-	q, err := storage.From(tx)
+	q, err := storage.FromTx(tx)
 	if err != nil {
 		return false, fmt.Errorf("dlq: ResolveTx: %w", err)
 	}
@@ -152,10 +148,10 @@ type Store struct {
 // adapter) or a *pgxpool.Pool, whose search_path must reach the
 // millwright_dead_letters table. A nil db gives a Store whose every method
 // fails saying so.
-func NewStore[P postgres.Pool](db P) *Store {
+func NewStore(db postgres.DB) *Store {
 	pool, err := storage.PoolFrom(db)
 	if err != nil {
-		err = fmt.Errorf("dlq: NewStore: db is nil; pass an open *sql.DB or *pgxpool.Pool: %w", err)
+		err = fmt.Errorf("dlq: NewStore: db is nil; pass postgres.From(pool) of an open *sql.DB or *pgxpool.Pool: %w", err)
 	}
 	return &Store{pool: pool, err: err}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 )
 
 // recordingPublisher keeps what is published; it fails while fail is set.
@@ -85,9 +86,9 @@ func newStoreOn(t *testing.T, driver string) (*dlq.Store, *pgtest.Schema) {
 	s := pgtest.New(t, dlq.Migrations())
 	s.DB.SetMaxOpenConns(4)
 	if driver == pgtest.DriverPgx {
-		return dlq.NewStore(s.Pgx(t)), s
+		return dlq.NewStore(postgres.From(s.Pgx(t))), s
 	}
-	return dlq.NewStore(s.DB), s
+	return dlq.NewStore(postgres.From(s.DB)), s
 }
 
 func insert(t *testing.T, store *dlq.Store, msgs ...*message.Message) []int64 {
@@ -409,7 +410,7 @@ func TestReplayAfterFixProcessesOnce(t *testing.T) {
 func TestStoreOnNilPoolFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, store := range []*dlq.Store{dlq.NewStore((*sql.DB)(nil)), dlq.NewStore((*pgxpool.Pool)(nil))} {
+	for _, store := range []*dlq.Store{dlq.NewStore(postgres.From((*sql.DB)(nil))), dlq.NewStore(postgres.From((*pgxpool.Pool)(nil)))} {
 		_, err := store.List(ctx, dlq.Filter{})
 		require.ErrorContains(t, err, "db is nil")
 		_, err = store.Insert(ctx, deadLetter("orders", "boom", time.Now()))

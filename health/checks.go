@@ -88,7 +88,8 @@ func Orchestrator(o OrchestratorState) Checker {
 	})
 }
 
-// Pinger is what the Ping check needs: *sql.DB has it.
+// Pinger is what the Ping check needs: a postgres.DB has it, on either
+// driver (and so does a *sql.DB).
 type Pinger interface {
 	PingContext(ctx context.Context) error
 }
@@ -98,7 +99,7 @@ type Pinger interface {
 func Ping(p Pinger) Checker {
 	return CheckerFunc(func(ctx context.Context) error {
 		if p == nil {
-			return errors.New("no database: pass the *sql.DB to health.Ping")
+			return errors.New("no database: pass the postgres.DB to health.Ping")
 		}
 		return p.PingContext(ctx)
 	})

@@ -18,7 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/health"
+	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -192,6 +194,17 @@ func TestPingCheck(t *testing.T) {
 	require.NoError(t, health.Ping(pinger{}).Check(ctx))
 	require.ErrorContains(t, health.Ping(pinger{errors.New("dial tcp: refused")}).Check(ctx), "refused")
 	require.True(t, strings.Contains(health.Ping(nil).Check(ctx).Error(), "no database"))
+}
+
+// The database check of a service on either driver is one call.
+func TestPingCheckOfADatabaseOnEitherDriver(t *testing.T) {
+	t.Parallel()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		s := pgtest.New(t)
+		require.NoError(t, health.Ping(s.Handles(t, driver)).Check(context.Background()))
+	})
+	require.ErrorIs(t, health.Ping(postgres.DB{}).Check(context.Background()), postgres.ErrNoDB)
 }
 
 // A flood of readiness requests runs each check once at a time: requests

@@ -44,6 +44,6 @@ type Cleaner = cleaner.Cleaner
 
 // NewCleaner returns a cleaner of the millwright_processed_events table in
 // db's search_path schema.
-func NewCleaner[P postgres.Pool](db P, cfg CleanerConfig) (*Cleaner, error) {
+func NewCleaner(db postgres.DB, cfg CleanerConfig) (*Cleaner, error) {
 	return cleaner.NewFrom(db, cleanerTable, cfg)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // insertMarks inserts n marks processed age ago.
@@ -28,9 +29,9 @@ func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg idempotency.C
 	t.Helper()
 	switch h := s.Handle(t, driver).(type) {
 	case *sql.DB:
-		return idempotency.NewCleaner(h, cfg)
+		return idempotency.NewCleaner(postgres.From(h), cfg)
 	case *pgxpool.Pool:
-		return idempotency.NewCleaner(h, cfg)
+		return idempotency.NewCleaner(postgres.From(h), cfg)
 	}
 	t.Fatalf("no pool for driver %s", driver)
 	return nil, nil
@@ -69,9 +70,9 @@ func TestCleanerSkipsWhileAnotherHoldsTheLock(t *testing.T) {
 	b := setupPG(t)
 	insertMarks(t, b, "old-", 3, 8*24*time.Hour)
 
-	other, err := idempotency.NewCleaner(b.schema.DB, idempotency.CleanerConfig{})
+	other, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{})
 	require.NoError(t, err)
-	c, err := idempotency.NewCleaner(b.schema.DB, idempotency.CleanerConfig{})
+	c, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{})
 	require.NoError(t, err)
 
 	// Hold the cleaner's lock the way a running cleaner does, on its own session.
@@ -116,7 +117,7 @@ func TestCleanerLockIsPerSchema(t *testing.T) {
 	t.Cleanup(func() { holderDB.Close() })
 	var holderPID int
 	require.NoError(t, holderDB.QueryRow(`SELECT pg_backend_pid()`).Scan(&holderPID))
-	holder, err := idempotency.NewCleaner(holderDB, idempotency.CleanerConfig{})
+	holder, err := idempotency.NewCleaner(postgres.From(holderDB), idempotency.CleanerConfig{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); _ = block.Rollback() }) // before holderDB.Close, which waits for the DELETE
@@ -134,13 +135,13 @@ func TestCleanerLockIsPerSchema(t *testing.T) {
 		return pgtest.WaitingOnLock(t, a.schema.DB, holderPID) == 1
 	})
 
-	otherA, err := idempotency.NewCleaner(a.schema.DB, idempotency.CleanerConfig{})
+	otherA, err := idempotency.NewCleaner(postgres.From(a.schema.DB), idempotency.CleanerConfig{})
 	require.NoError(t, err)
 	stats, err := otherA.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, idempotency.CleanStats{Skipped: true}, stats, "a second cleaner of schema A skips")
 
-	c, err := idempotency.NewCleaner(b.schema.DB, idempotency.CleanerConfig{})
+	c, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{})
 	require.NoError(t, err)
 	stats, err = c.RunOnce(context.Background())
 	require.NoError(t, err)
@@ -165,7 +166,7 @@ func TestCleanerRunAndClose(t *testing.T) {
 	t.Parallel()
 	b := setupPG(t)
 	insertMarks(t, b, "old-", 4, 2*time.Hour)
-	c, err := idempotency.NewCleaner(b.schema.DB, idempotency.CleanerConfig{Retention: time.Hour, Interval: 10 * time.Millisecond})
+	c, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{Retention: time.Hour, Interval: 10 * time.Millisecond})
 	require.NoError(t, err)
 
 	runErr := make(chan error, 1)
@@ -183,7 +184,7 @@ func TestCleanerRunAndClose(t *testing.T) {
 func TestCleanerRunStopsWithContext(t *testing.T) {
 	t.Parallel()
 	b := setupPG(t)
-	c, err := idempotency.NewCleaner(b.schema.DB, idempotency.CleanerConfig{})
+	c, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	runErr := make(chan error, 1)
@@ -193,7 +194,7 @@ func TestCleanerRunStopsWithContext(t *testing.T) {
 	require.NoError(t, <-runErr)
 	require.NoError(t, c.Close())
 
-	never, err := idempotency.NewCleaner(b.schema.DB, idempotency.CleanerConfig{})
+	never, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{})
 	require.NoError(t, err)
 	require.NoError(t, never.Close(), "Close without Run does not block")
 	require.NoError(t, never.Run(context.Background()), "Run after Close returns nil at once")
@@ -210,9 +211,9 @@ func TestCleanerConfigValidate(t *testing.T) {
 		{idempotency.CleanerConfig{Interval: time.Microsecond}, "Interval 1µs too short"},
 		{idempotency.CleanerConfig{Retention: time.Second, BatchSize: -1}, "BatchSize -1 out of range"}, // every field error, joined
 	} {
-		_, err := idempotency.NewCleaner(new(sql.DB), tc.cfg)
+		_, err := idempotency.NewCleaner(postgres.From(new(sql.DB)), tc.cfg)
 		require.ErrorContains(t, err, tc.want)
 	}
-	_, err := idempotency.NewCleaner((*sql.DB)(nil), idempotency.CleanerConfig{})
+	_, err := idempotency.NewCleaner(postgres.From((*sql.DB)(nil)), idempotency.CleanerConfig{})
 	require.ErrorContains(t, err, "db is nil")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/idempotency/idempotencytest"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Two subscriber instances (separate pools, so separate connections) get the
@@ -33,9 +34,9 @@ func TestMiddlewareConcurrentDuplicatesAcrossInstances(t *testing.T) {
 	var pidB int
 	require.NoError(t, dbB.QueryRow(`SELECT pg_backend_pid()`).Scan(&pidB))
 
-	storeA, err := idempotency.NewPostgresStore(dbA)
+	storeA, err := idempotency.NewPostgresStore(postgres.From(dbA))
 	require.NoError(t, err)
-	storeB, err := idempotency.NewPostgresStore(dbB)
+	storeB, err := idempotency.NewPostgresStore(postgres.From(dbB))
 	require.NoError(t, err)
 	mA, regA := newMiddleware(t, storeA, idempotency.Config{Consumer: "billing"})
 	mB, regB := newMiddleware(t, storeB, idempotency.Config{Consumer: "billing"})
@@ -100,7 +101,7 @@ func TestMiddlewareConcurrentDuplicateTakesOverAfterFailure(t *testing.T) {
 	t.Cleanup(func() { dbB.Close() })
 	var pidB int
 	require.NoError(t, dbB.QueryRow(`SELECT pg_backend_pid()`).Scan(&pidB))
-	storeB, err := idempotency.NewPostgresStore(dbB)
+	storeB, err := idempotency.NewPostgresStore(postgres.From(dbB))
 	require.NoError(t, err)
 	mA, regA := newMiddleware(t, b.store, idempotency.Config{Consumer: "billing"})
 	mB, regB := newMiddleware(t, storeB, idempotency.Config{Consumer: "billing"})

@@ -9,8 +9,8 @@
 //   - if the mark already existed, the message is a duplicate: the handler is
 //     skipped, the message is acked, and MetricDuplicates is incremented;
 //   - otherwise the handler runs with the transaction in its message context
-//     (TxFromContext for a *sql.Tx, PgxTxFromContext for a pgx.Tx when the
-//     store is on a *pgxpool.Pool). Its own writes through that transaction commit
+//     (TxFromContext: a postgres.Tx, whose SQL() or Pgx() is the
+//     *sql.Tx or pgx.Tx of the store's driver). Its own writes through that transaction commit
 //     atomically with the mark when it returns nil; when it returns an error
 //     both roll back, so the redelivery runs it again.
 //
@@ -22,22 +22,22 @@
 //
 // Example (apply Migrations() first, with `millwright migrate`):
 //
-//	store, _ := idempotency.NewPostgresStore(db)
+//	store, _ := idempotency.NewPostgresStore(postgres.SQL(db)) // db: a *sql.DB
 //	dedup, _ := idempotency.NewMiddleware(store, idempotency.Config{Consumer: "billing"})
 //	router.AddConsumerHandler("billing", "orders", sub, func(msg *message.Message) error {
 //		tx, _ := idempotency.TxFromContext(msg.Context())
-//		_, err := tx.ExecContext(msg.Context(), `UPDATE accounts SET ...`)
+//		_, err := tx.SQL().ExecContext(msg.Context(), `UPDATE accounts SET ...`)
 //		return err
 //	}).AddMiddleware(dedup.Middleware)
 //
 // On pgx v5, give the store a *pgxpool.Pool (postgres.OpenPgx opens one
-// with millwright's bounds); the handler then gets a pgx.Tx:
+// with millwright's bounds); the same accessor gives the pgx.Tx:
 //
 //	pool, _ := postgres.OpenPgx(ctx, dsn)
-//	store, _ := idempotency.NewPostgresStore(pool)
+//	store, _ := idempotency.NewPostgresStore(postgres.Pgx(pool))
 //	...
-//		tx, _ := idempotency.PgxTxFromContext(msg.Context())
-//		_, err := tx.Exec(msg.Context(), `UPDATE accounts SET ...`)
+//		tx, _ := idempotency.TxFromContext(msg.Context())
+//		_, err := tx.Pgx().Exec(msg.Context(), `UPDATE accounts SET ...`)
 //		// outbox.Add(msg.Context(), tx, events...) commits with the mark too
 //
 // A handler that returns messages (Watermill's produced messages, for
@@ -60,8 +60,8 @@
 //
 // # Guarantees
 //
-// Transactional mode: effects written through TxFromContext (or
-// PgxTxFromContext) happen exactly
+// Transactional mode: effects written through TxFromContext's transaction
+// happen exactly
 // once per (consumer, event id) within the retention period. Anything else
 // the handler does outside that transaction (an HTTP call) is at least
 // once. The transaction runs at READ COMMITTED and holds one connection and
@@ -136,8 +136,8 @@
 //
 // The topic is Config.ProducedTopic, else the router handler's publish
 // topic (Router.AddHandler's). Handlers that return no messages need none
-// of this; writing follow-ups with outbox.Add through TxFromContext (or
-// PgxTxFromContext) in the handler gives the same guarantee as ProducedToOutbox, with a topic per
+// of this; writing follow-ups with outbox.Add in TxFromContext's
+// transaction in the handler gives the same guarantee as ProducedToOutbox, with a topic per
 // event.
 //
 // # Retention

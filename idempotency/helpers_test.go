@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/postgres"
 )
 
 // pgBundle is a fresh schema with the idempotency table and an effects table
@@ -48,9 +49,9 @@ func storeOn(t *testing.T, s *pgtest.Schema, driver string, opts ...idempotency.
 	)
 	switch driver {
 	case pgtest.DriverPQ:
-		store, err = idempotency.NewPostgresStore(pgconnPool(t, s), opts...)
+		store, err = idempotency.NewPostgresStore(postgres.From(pgconnPool(t, s)), opts...)
 	case pgtest.DriverPgx:
-		store, err = idempotency.NewPostgresStore(s.Pgx(t), opts...)
+		store, err = idempotency.NewPostgresStore(postgres.From(s.Pgx(t)), opts...)
 	default:
 		t.Fatalf("unknown driver %q", driver)
 	}
@@ -60,10 +61,12 @@ func storeOn(t *testing.T, s *pgtest.Schema, driver string, opts ...idempotency.
 
 // handlerTx returns the middleware's transaction, on either driver.
 func handlerTx(ctx context.Context) (storage.Querier, bool) {
-	if tx, ok := idempotency.TxFromContext(ctx); ok {
+	if pt, ok := idempotency.TxFromContext(ctx); ok && pt.SQL() != nil {
+		tx := pt.SQL()
 		return storage.NewSQL(tx), true
 	}
-	if tx, ok := idempotency.PgxTxFromContext(ctx); ok {
+	if pt, ok := idempotency.TxFromContext(ctx); ok && pt.Pgx() != nil {
+		tx := pt.Pgx()
 		return storage.NewPgx(tx), true
 	}
 	return nil, false

@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/testing/faultproxy"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // TestVanishedConsumerReleasesItsMark: a consumer's host vanishes (no
@@ -76,13 +77,13 @@ func testVanishedConsumerReleasesItsMark(t *testing.T, driver string) {
 		pool, err := pgconn.OpenPgx(ctx, through)
 		require.NoError(t, err)
 		t.Cleanup(pool.Close)
-		vanishing, err = idempotency.NewPostgresStore(pool)
+		vanishing, err = idempotency.NewPostgresStore(postgres.From(pool))
 		require.NoError(t, err)
 	} else {
 		db, err := pgconn.Open(through)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
-		vanishing, err = idempotency.NewPostgresStore(db)
+		vanishing, err = idempotency.NewPostgresStore(postgres.From(db))
 		require.NoError(t, err)
 	}
 	// Another consumer of the same group, on its own healthy connections;
@@ -195,13 +196,15 @@ func testVanishedConsumerReleasesItsMark(t *testing.T, driver string) {
 // txRunner runs statements on the transaction the middleware opened for
 // the message whose context is mctx, on either driver.
 func txRunner(mctx context.Context) func(ctx context.Context, query string, arg any) error {
-	if tx, ok := idempotency.PgxTxFromContext(mctx); ok {
+	if pt, ok := idempotency.TxFromContext(mctx); ok && pt.Pgx() != nil {
+		tx := pt.Pgx()
 		return func(ctx context.Context, query string, arg any) error {
 			_, err := tx.Exec(ctx, query, arg)
 			return err
 		}
 	}
-	tx, ok := idempotency.TxFromContext(mctx)
+	pt, ok := idempotency.TxFromContext(mctx)
+	tx := pt.SQL()
 	if !ok {
 		return func(context.Context, string, any) error { return errors.New("no transaction in the message context") }
 	}
@@ -214,10 +217,12 @@ func txRunner(mctx context.Context) func(ctx context.Context, query string, arg 
 // backendPID is the pid of the session of the middleware's transaction.
 func backendPID(ctx context.Context, mctx context.Context) (int, error) {
 	var pid int
-	if tx, ok := idempotency.PgxTxFromContext(mctx); ok {
+	if pt, ok := idempotency.TxFromContext(mctx); ok && pt.Pgx() != nil {
+		tx := pt.Pgx()
 		return pid, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
 	}
-	tx, ok := idempotency.TxFromContext(mctx)
+	pt, ok := idempotency.TxFromContext(mctx)
+	tx := pt.SQL()
 	if !ok {
 		return 0, errors.New("no transaction in the message context")
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // TestMarkWaitingOnAnUncommittedMarkIsBounded: a Mark that waits for
@@ -33,9 +34,9 @@ func testMarkWaitingIsBounded(t *testing.T, driver string) {
 	s, tx := holdUncommittedMark(t, "billing", "evt-1")
 
 	const lockTimeout = 300 * time.Millisecond
-	waiter, err := idempotency.NewPostgresStore(s.DB, idempotency.WithLockTimeout(lockTimeout))
+	waiter, err := idempotency.NewPostgresStore(postgres.From(s.DB), idempotency.WithLockTimeout(lockTimeout))
 	if driver == pgtest.DriverPgx {
-		waiter, err = idempotency.NewPostgresStore(s.Pgx(t), idempotency.WithLockTimeout(lockTimeout))
+		waiter, err = idempotency.NewPostgresStore(postgres.From(s.Pgx(t)), idempotency.WithLockTimeout(lockTimeout))
 	}
 	require.NoError(t, err)
 	start := time.Now()
@@ -107,7 +108,7 @@ func oneConnectionStore(t *testing.T, s *pgtest.Schema, driver string) (*idempot
 		require.NoError(t, err)
 		t.Cleanup(pool.Close)
 		require.NoError(t, pool.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid))
-		waiter, err := idempotency.NewPostgresStore(pool, idempotency.WithLockTimeout(-1))
+		waiter, err := idempotency.NewPostgresStore(postgres.From(pool), idempotency.WithLockTimeout(-1))
 		require.NoError(t, err)
 		return waiter, pid
 	}
@@ -116,7 +117,7 @@ func oneConnectionStore(t *testing.T, s *pgtest.Schema, driver string) (*idempot
 	waiterDB.SetMaxOpenConns(1)
 	t.Cleanup(func() { _ = waiterDB.Close() })
 	require.NoError(t, waiterDB.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
-	waiter, err := idempotency.NewPostgresStore(waiterDB, idempotency.WithLockTimeout(-1))
+	waiter, err := idempotency.NewPostgresStore(postgres.From(waiterDB), idempotency.WithLockTimeout(-1))
 	require.NoError(t, err)
 	return waiter, pid
 }
@@ -127,7 +128,7 @@ func oneConnectionStore(t *testing.T, s *pgtest.Schema, driver string) (*idempot
 func holdUncommittedMark(t *testing.T, consumer, eventID string) (*pgtest.Schema, idempotency.Tx) {
 	t.Helper()
 	s := pgtest.New(t, idempotency.Migrations())
-	holder, err := idempotency.NewPostgresStore(s.DB)
+	holder, err := idempotency.NewPostgresStore(postgres.From(s.DB))
 	require.NoError(t, err)
 	tx, err := holder.Begin(context.Background())
 	require.NoError(t, err)

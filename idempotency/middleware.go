@@ -23,7 +23,7 @@ type Mode int
 
 const (
 	// Transactional writes the mark first, in a transaction that the handler
-	// shares (TxFromContext, or PgxTxFromContext on a pgx store), and commits
+	// shares (TxFromContext), and commits
 	// both after the handler succeeds.
 	// Effects written through that transaction happen exactly once, and so
 	// do the outbox rows of produced messages with Config.ProducedToOutbox.

@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/idempotency/idempotencytest"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -158,7 +159,7 @@ func TestMiddlewareCrashBeforeCommitOrAckAppliesOnce(t *testing.T) {
 			crash = false
 			tx, _ := idempotency.TxFromContext(msg.Context())
 			var pid int
-			require.NoError(t, tx.QueryRowContext(msg.Context(), `SELECT pg_backend_pid()`).Scan(&pid))
+			require.NoError(t, tx.SQL().QueryRowContext(msg.Context(), `SELECT pg_backend_pid()`).Scan(&pid))
 			_, err := b.schema.DB.Exec(`SELECT pg_terminate_backend($1)`, pid)
 			require.NoError(t, err)
 		}
@@ -238,7 +239,8 @@ func TestMiddlewareRestoresContext(t *testing.T) {
 
 	var inside *sql.Tx
 	_, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := idempotency.TxFromContext(msg.Context())
+		pt, ok := idempotency.TxFromContext(msg.Context())
+		tx := pt.SQL()
 		require.True(t, ok)
 		require.Equal(t, "v", msg.Context().Value(key{}), "handler context derives from the message's")
 		inside = tx
@@ -310,7 +312,7 @@ func TestNewMiddlewareValidates(t *testing.T) {
 	require.ErrorContains(t, err, "Config.ProducedToOutbox needs a PostgresStore")
 	_, err = idempotency.NewMiddleware(idempotency.NewMemoryStore(), idempotency.Config{Consumer: "c", ProducedPublisher: pub, ProducedTopic: "invoices"})
 	require.NoError(t, err)
-	_, err = idempotency.NewPostgresStore((*sql.DB)(nil))
+	_, err = idempotency.NewPostgresStore(postgres.From((*sql.DB)(nil)))
 	require.ErrorContains(t, err, "db is nil")
 }
 
@@ -346,7 +348,7 @@ func TestPostgresStoreRejectsNULInID(t *testing.T) {
 func TestPostgresStoreNamesMissingMigration(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t) // no migrations
-	store, err := idempotency.NewPostgresStore(s.DB)
+	store, err := idempotency.NewPostgresStore(postgres.From(s.DB))
 	require.NoError(t, err)
 	m, _ := newMiddleware(t, store, idempotency.Config{Consumer: "billing"})
 	var calls atomic.Int64

@@ -31,9 +31,11 @@ func TestPgxTransactionCarriesEffectMarkAndOutbox(t *testing.T) {
 	key, fail := "taken", false
 	h := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		runs.Add(1)
-		_, onSQL := idempotency.TxFromContext(msg.Context())
+		pt0, _ := idempotency.TxFromContext(msg.Context())
+		onSQL := pt0.SQL() != nil
 		require.False(t, onSQL, "no *sql.Tx on a pgx store")
-		tx, ok := idempotency.PgxTxFromContext(msg.Context())
+		pt, ok := idempotency.TxFromContext(msg.Context())
+		tx := pt.Pgx()
 		require.True(t, ok, "the handler gets the pgx.Tx")
 		ctx := msg.Context()
 		if _, err := tx.Exec(ctx, `INSERT INTO effects (consumer, event_id) VALUES ($1, $2)`, "billing", "evt-1"); err != nil {

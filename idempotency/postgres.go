@@ -2,14 +2,11 @@ package idempotency
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/postgres"
@@ -71,13 +68,13 @@ var ErrMarkLocked = errors.New("idempotency: another unit of work holds an uncom
 // stdlib adapter) or a *pgxpool.Pool. The table must exist: apply
 // Migrations() with migrate.Up or `millwright migrate` first. The pool needs
 // one connection per message being handled at once. On a *pgxpool.Pool the
-// middleware's transaction is a pgx.Tx (PgxTxFromContext); on a *sql.DB a
-// *sql.Tx (TxFromContext).
-func NewPostgresStore[P postgres.Pool](db P, opts ...StoreOption) (*PostgresStore, error) {
+// middleware's transaction (TxFromContext) is a pgx.Tx; on a *sql.DB a
+// *sql.Tx.
+func NewPostgresStore(db postgres.DB, opts ...StoreOption) (*PostgresStore, error) {
 	pool, err := storage.PoolFrom(db)
 	if err != nil {
 		// P is a *sql.DB or a *pgxpool.Pool: only a nil one fails.
-		return nil, fmt.Errorf("idempotency: NewPostgresStore: db is nil; pass an open *sql.DB or *pgxpool.Pool: %w", err)
+		return nil, fmt.Errorf("idempotency: NewPostgresStore: db is nil; pass postgres.From(pool) of an open *sql.DB or *pgxpool.Pool: %w", err)
 	}
 	return &PostgresStore{pool: pool, lockTimeout: applyOptions(opts).lockTimeout}, nil
 }
@@ -93,13 +90,9 @@ func (s *PostgresStore) Begin(ctx context.Context) (Tx, error) {
 }
 
 // wrap returns the unit of work of tx, which hands the handler the
-// transaction of its driver.
+// transaction (DatabaseTx).
 func (s *PostgresStore) wrap(ctx context.Context, tx storage.Tx) Tx {
-	base := &pgTx{tx: tx, store: s, ctx: ctx}
-	if _, ok := tx.Handle().(pgx.Tx); ok {
-		return &pgxStoreTx{base}
-	}
-	return &sqlStoreTx{base}
+	return &pgTx{tx: tx, store: s, ctx: ctx}
 }
 
 // Processed reports whether a committed mark exists.
@@ -167,18 +160,8 @@ type pgTx struct {
 	ctx context.Context
 }
 
-// sqlStoreTx is a unit of work on database/sql (TxFromContext).
-type sqlStoreTx struct{ *pgTx }
-
-func (t *sqlStoreTx) SQLTx() *sql.Tx { return t.tx.Handle().(*sql.Tx) }
-
-// pgxStoreTx is a unit of work on pgx (PgxTxFromContext).
-type pgxStoreTx struct{ *pgTx }
-
-func (t *pgxStoreTx) PgxTx() pgx.Tx { return t.tx.Handle().(pgx.Tx) }
-
-// storageTx gives the produced messages' outbox.Add the transaction.
-func (t *pgTx) storageTx() storage.Tx { return t.tx }
+// DatabaseTx returns the transaction of the unit of work.
+func (t *pgTx) DatabaseTx() postgres.Tx { return storage.TxOf(t.tx) }
 
 func (t *pgTx) Mark(ctx context.Context, consumer, eventID string) (bool, error) {
 	if err := t.store.checkMark(ctx, consumer, eventID); err != nil {
@@ -243,8 +226,7 @@ var (
 	_ Store       = (*PostgresStore)(nil)
 	_ Marker      = (*PostgresStore)(nil)
 	_ BeginMarker = (*PostgresStore)(nil)
-	_ SQLTx       = (*sqlStoreTx)(nil)
-	_ PgxTx       = (*pgxStoreTx)(nil)
+	_ DatabaseTx  = (*pgTx)(nil)
 )
 
 func (t *pgTx) Commit() error {

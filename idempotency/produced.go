@@ -9,7 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
-	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/retry"
@@ -71,7 +70,7 @@ func (m *Middleware) sendProduced(ctx context.Context, id string, tx Tx, produce
 	}
 
 	if m.cfg.ProducedToOutbox {
-		st, ok := tx.(interface{ storageTx() storage.Tx })
+		st, ok := tx.(DatabaseTx)
 		if !ok {
 			return retry.Permanent(fmt.Errorf("idempotency: consumer %q event %q: Config.ProducedToOutbox needs a store whose units of work are database transactions (PostgresStore), not %T: use NewPostgresStore, or Config.ProducedPublisher",
 				m.cfg.Consumer, id, tx))
@@ -83,7 +82,7 @@ func (m *Middleware) sendProduced(ctx context.Context, id string, tx Tx, produce
 		// ctx is the consumed message's: its span becomes the events'
 		// traceparent unless a message carries its own. The transaction
 		// is the store's driver's: a *sql.Tx or a pgx.Tx.
-		if err := outbox.Add(ctx, st.storageTx(), events...); err != nil {
+		if err := outbox.Add(ctx, st.DatabaseTx(), events...); err != nil {
 			err = fmt.Errorf("idempotency: consumer %q event %q: writing %d produced message(s) to the outbox (topic %q), the mark is not committed: %w",
 				m.cfg.Consumer, id, len(produced), topic, err)
 			if errors.Is(err, outbox.ErrInvalidEvent) {

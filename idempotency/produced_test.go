@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -148,7 +149,7 @@ func (r *producedRun) setupStore(t *testing.T) {
 	r.schema = pgtest.New(t, idempotency.Migrations(), outbox.Migrations())
 	_, err := r.schema.DB.Exec(`CREATE TABLE effects (consumer TEXT NOT NULL, event_id TEXT NOT NULL)`)
 	require.NoError(t, err)
-	pg, err := idempotency.NewPostgresStore(pgconnPool(t, r.schema))
+	pg, err := idempotency.NewPostgresStore(postgres.From(pgconnPool(t, r.schema)))
 	require.NoError(t, err)
 	r.store = pg
 }
@@ -164,7 +165,7 @@ func (r *producedRun) config(t *testing.T) idempotency.Config {
 	}
 	// The relay's publisher is the one that fails once.
 	cfg.ProducedToOutbox, cfg.ProducedTopic = true, "invoices"
-	relay, err := outbox.NewRelay(r.schema.DB, r.flaky, outbox.RelayConfig{
+	relay, err := outbox.NewRelay(postgres.From(r.schema.DB), r.flaky, outbox.RelayConfig{
 		PollInterval: 10 * time.Millisecond,
 		Retry:        retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 	})
@@ -195,7 +196,8 @@ func (r *producedRun) subscribeDownstream(t *testing.T) {
 func (r *producedRun) handle(msg *message.Message) ([]*message.Message, error) {
 	r.runs.Add(1)
 	id := msg.Metadata.Get(metadata.EventID)
-	if tx, ok := idempotency.TxFromContext(msg.Context()); ok {
+	if pt, ok := idempotency.TxFromContext(msg.Context()); ok && pt.SQL() != nil {
+		tx := pt.SQL()
 		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO effects (consumer, event_id) VALUES ('billing', $1)`, id); err != nil {
 			return nil, err
 		}
@@ -404,9 +406,9 @@ func testProducedToOutboxCommitsWithTheMark(t *testing.T, driver string) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			s := pgtest.New(t, idempotency.Migrations(), outbox.Migrations())
-			store, err := idempotency.NewPostgresStore(s.DB)
+			store, err := idempotency.NewPostgresStore(postgres.From(s.DB))
 			if driver == pgtest.DriverPgx {
-				store, err = idempotency.NewPostgresStore(s.Pgx(t))
+				store, err = idempotency.NewPostgresStore(postgres.From(s.Pgx(t)))
 			}
 			require.NoError(t, err)
 			m, _ := newMiddleware(t, store, idempotency.Config{Consumer: "billing", Mode: mode, ProducedToOutbox: true, ProducedTopic: "invoices"})

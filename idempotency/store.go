@@ -2,9 +2,8 @@ package idempotency
 
 import (
 	"context"
-	"database/sql"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Store keeps the processed marks of (consumer, event id) pairs.
@@ -56,20 +55,12 @@ type BeginMarker interface {
 	BeginMark(ctx context.Context, consumer, eventID string) (tx Tx, fresh bool, err error)
 }
 
-// SQLTx is implemented by a Tx that runs on a database/sql transaction
-// (the Postgres store's on a *sql.DB). The middleware hands that
+// DatabaseTx is implemented by a Tx that runs on a Postgres transaction
+// (the Postgres store's, on either driver). The middleware hands that
 // transaction to the handler through the message context, see
 // TxFromContext.
-type SQLTx interface {
-	SQLTx() *sql.Tx
-}
-
-// PgxTx is implemented by a Tx that runs on a pgx transaction (the
-// Postgres store's on a *pgxpool.Pool). The middleware hands that
-// transaction to the handler through the message context, see
-// PgxTxFromContext.
-type PgxTx interface {
-	PgxTx() pgx.Tx
+type DatabaseTx interface {
+	DatabaseTx() postgres.Tx
 }
 
 type txKey struct{}
@@ -80,32 +71,18 @@ func withTx(ctx context.Context, tx Tx) context.Context {
 }
 
 // TxFromContext returns the database transaction that the middleware opened
-// for the message whose context is ctx (use msg.Context()). Write the
-// handler's effects through it: they commit atomically with the processed
-// mark, and roll back with it when the handler returns an error. ok is false
-// outside the middleware, in MarkAfterSuccess mode, and with a store that is
-// not on database/sql (the in-memory store, or the Postgres store on a
-// *pgxpool.Pool: use PgxTxFromContext).
-func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
-	st, ok := ctx.Value(txKey{}).(SQLTx)
+// for the message whose context is ctx (use msg.Context()), on whichever
+// driver the store runs. Write the handler's effects through it (tx.SQL()
+// or tx.Pgx(), and outbox.Add(ctx, tx, ...)): they commit atomically with
+// the processed mark, and roll back with it when the handler returns an
+// error. ok is false outside the middleware, in MarkAfterSuccess mode, and
+// with a store that is not on Postgres (the in-memory store).
+func TxFromContext(ctx context.Context) (tx postgres.Tx, ok bool) {
+	dt, ok := ctx.Value(txKey{}).(DatabaseTx)
 	if !ok {
-		return nil, false
+		return postgres.Tx{}, false
 	}
-	return st.SQLTx(), true
-}
-
-// PgxTxFromContext is TxFromContext for the Postgres store on a
-// *pgxpool.Pool: it returns the pgx transaction the middleware opened for
-// the message whose context is ctx. Effects written through it (and
-// outbox.Add with it) commit atomically with the processed mark. ok is
-// false outside the middleware, in MarkAfterSuccess mode, and with a store
-// not on pgx.
-func PgxTxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
-	pt, ok := ctx.Value(txKey{}).(PgxTx)
-	if !ok {
-		return nil, false
-	}
-	return pt.PgxTx(), true
+	return dt.DatabaseTx(), true
 }
 
 // StoreTxFromContext returns the store unit of work the middleware opened for

@@ -9,6 +9,7 @@ import (
 	"github.com/millwright/millwright/idempotency/idempotencytest"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 func TestMemoryStore(t *testing.T) {
@@ -55,11 +56,11 @@ func suiteStore(t *testing.T, pool string) idempotency.Store {
 	)
 	switch pool {
 	case "lib/pq":
-		store, err = idempotency.NewPostgresStore(s.DB, opt)
+		store, err = idempotency.NewPostgresStore(postgres.From(s.DB), opt)
 	case "pgconn":
-		store, err = idempotency.NewPostgresStore(pgconnPool(t, s), opt)
+		store, err = idempotency.NewPostgresStore(postgres.From(pgconnPool(t, s)), opt)
 	default:
-		store, err = idempotency.NewPostgresStore(s.Pgx(t), opt)
+		store, err = idempotency.NewPostgresStore(postgres.From(s.Pgx(t)), opt)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/migrations"
+	"github.com/millwright/millwright/postgres"
 )
 
 // An application applies millwright's migrations and its own with one
@@ -45,7 +46,7 @@ func ExampleUp() {
 		"001_orders.sql": {Data: []byte(`CREATE TABLE shop_orders (id TEXT PRIMARY KEY);`)},
 	}}
 	sources := append(migrations.All(), mine)
-	applied, err := migrate.Up(ctx, db, sources...)
+	applied, err := migrate.Up(ctx, postgres.From(db), sources...)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -55,7 +56,7 @@ func ExampleUp() {
 		components[a.Component] = true
 	}
 	fmt.Println("outbox:", components["outbox"], "audit:", components["audit"], "shop:", components["shop"])
-	again, _ := migrate.Up(ctx, db, sources...)
+	again, _ := migrate.Up(ctx, postgres.From(db), sources...)
 	fmt.Println("applied again:", len(again))
 	// Output:
 	// outbox: true audit: true shop: true

@@ -11,6 +11,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Source is one component's migrations.
@@ -224,11 +227,16 @@ func recorded(ctx context.Context, q interface {
 // now, in the order it would apply them, without changing anything (it
 // takes no lock and creates no table: a database never migrated has every
 // migration pending).
-func Pending(ctx context.Context, db *sql.DB, sources ...Source) ([]Migration, error) {
+func Pending(ctx context.Context, pdb postgres.DB, sources ...Source) ([]Migration, error) {
 	all, err := loadAll(sources)
 	if err != nil {
 		return nil, err
 	}
+	db, closeDB, err := sqlDB(pdb)
+	if err != nil {
+		return nil, err
+	}
+	defer closeDB()
 	var exists bool
 	if err := db.QueryRowContext(ctx, `SELECT to_regclass('millwright_migrations') IS NOT NULL`).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("migrate: looking for millwright_migrations: %w", err)
@@ -249,11 +257,16 @@ func Pending(ctx context.Context, db *sql.DB, sources ...Source) ([]Migration, e
 }
 
 // Up applies every pending migration of the given sources, in order.
-func Up(ctx context.Context, db *sql.DB, sources ...Source) ([]Applied, error) {
+func Up(ctx context.Context, pdb postgres.DB, sources ...Source) ([]Applied, error) {
 	all, err := loadAll(sources)
 	if err != nil {
 		return nil, err
 	}
+	db, closeDB, err := sqlDB(pdb)
+	if err != nil {
+		return nil, err
+	}
+	defer closeDB()
 
 	conn, err := db.Conn(ctx)
 	if err != nil {
@@ -304,6 +317,20 @@ func Up(ctx context.Context, db *sql.DB, sources ...Source) ([]Applied, error) {
 		applied = append(applied, Applied{Component: m.Component, Version: m.Version, Name: m.Name})
 	}
 	return applied, nil
+}
+
+// sqlDB returns db as a *sql.DB: its own, or one over its pgx pool
+// (pgx's stdlib adapter, closed by the returned func without closing the
+// pool).
+func sqlDB(db postgres.DB) (*sql.DB, func(), error) {
+	if err := db.Valid(); err != nil {
+		return nil, nil, fmt.Errorf("migrate: %w", err)
+	}
+	if db.SQL() != nil {
+		return db.SQL(), func() {}, nil
+	}
+	s := stdlib.OpenDBFromPool(db.Pgx())
+	return s, func() { _ = s.Close() }, nil
 }
 
 func apply(ctx context.Context, conn *sql.Conn, m Migration) error {

@@ -17,6 +17,7 @@ import (
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/postgres"
 )
 
 func source() migrate.Source {
@@ -72,7 +73,7 @@ func TestUpAppliesEachVersionOnceEvenConcurrently(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			applied[i], errs[i] = migrate.Up(ctx, dbs[i], src)
+			applied[i], errs[i] = migrate.Up(ctx, postgres.From(dbs[i]), src)
 		}()
 	}
 	done := make(chan struct{})
@@ -106,7 +107,7 @@ func TestUpAppliesEachVersionOnceEvenConcurrently(t *testing.T) {
 	require.Equal(t, 2, total, "each migration applied exactly once across concurrent migrators")
 	require.Equal(t, 1, first, "the stalled migrator applied both: %v", applied)
 
-	again, err := migrate.Up(ctx, s.DB, source())
+	again, err := migrate.Up(ctx, postgres.From(s.DB), source())
 	require.NoError(t, err)
 	require.Empty(t, again)
 	_, err = s.DB.ExecContext(ctx, `INSERT INTO demo_items (id, name) VALUES (1, 'x')`)
@@ -120,7 +121,7 @@ func TestFailedMigrationIsNotRecorded(t *testing.T) {
 		"001_ok.sql":     {Data: []byte(`CREATE TABLE bad_ok (id INT)`)},
 		"002_broken.sql": {Data: []byte(`CREATE TABLE nope (`)},
 	}}
-	applied, err := migrate.Up(context.Background(), s.DB, bad)
+	applied, err := migrate.Up(context.Background(), postgres.From(s.DB), bad)
 	require.ErrorContains(t, err, "bad 002_broken")
 	require.Len(t, applied, 1)
 	var n int
@@ -149,32 +150,48 @@ func TestEmbedded(t *testing.T) {
 	require.PanicsWithValue(t, `demo: embedded migrations missing: sub ../x: invalid argument`, func() { migrate.Embedded("demo", fsys, "../x") })
 }
 
+// On either driver's pool (pgx through its stdlib adapter), Pending
+// lists what Up would apply and changes nothing; Up leaves the pool open.
 func TestPendingListsWhatUpWouldApplyAndChangesNothing(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t)
-	ctx := context.Background()
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		s := pgtest.New(t)
+		db := s.Handles(t, driver)
+		ctx := context.Background()
 
-	pending, err := migrate.Pending(ctx, s.DB, source())
-	require.NoError(t, err)
-	require.Len(t, pending, 2, "never migrated: everything is pending")
-	require.Equal(t, []int{1, 2}, []int{pending[0].Version, pending[1].Version})
-	var exists bool
-	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT to_regclass('millwright_migrations') IS NOT NULL`).Scan(&exists))
-	require.False(t, exists, "Pending creates nothing")
+		pending, err := migrate.Pending(ctx, db, source())
+		require.NoError(t, err)
+		require.Len(t, pending, 2, "never migrated: everything is pending")
+		require.Equal(t, []int{1, 2}, []int{pending[0].Version, pending[1].Version})
+		var exists bool
+		require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT to_regclass('millwright_migrations') IS NOT NULL`).Scan(&exists))
+		require.False(t, exists, "Pending creates nothing")
 
-	one := migrate.Source{Component: "demo", FS: fstest.MapFS{"001_create.sql": source().FS.(fstest.MapFS)["001_create.sql"]}}
-	_, err = migrate.Up(ctx, s.DB, one)
-	require.NoError(t, err)
-	pending, err = migrate.Pending(ctx, s.DB, source())
-	require.NoError(t, err)
-	require.Len(t, pending, 1)
-	require.Equal(t, "column", pending[0].Name)
+		one := migrate.Source{Component: "demo", FS: fstest.MapFS{"001_create.sql": source().FS.(fstest.MapFS)["001_create.sql"]}}
+		_, err = migrate.Up(ctx, db, one)
+		require.NoError(t, err)
+		pending, err = migrate.Pending(ctx, db, source())
+		require.NoError(t, err)
+		require.Len(t, pending, 1)
+		require.Equal(t, "column", pending[0].Name)
 
-	_, err = migrate.Up(ctx, s.DB, source())
-	require.NoError(t, err)
-	pending, err = migrate.Pending(ctx, s.DB, source())
-	require.NoError(t, err)
-	require.Empty(t, pending)
+		applied, err := migrate.Up(ctx, db, source())
+		require.NoError(t, err)
+		require.Len(t, applied, 1)
+		pending, err = migrate.Pending(ctx, db, source())
+		require.NoError(t, err)
+		require.Empty(t, pending)
+		require.NoError(t, db.PingContext(ctx), "Up leaves the service's pool open")
+		require.Equal(t, []string{"name"}, pgtest.Column[string](t, s.DB, `SELECT column_name::text FROM information_schema.columns
+			WHERE table_schema = current_schema() AND table_name = 'demo_items' AND column_name = 'name'`))
+	})
+}
+
+func TestUpRefusesAZeroDB(t *testing.T) {
+	t.Parallel()
+	_, err := migrate.Up(context.Background(), postgres.DB{}, source())
+	require.ErrorIs(t, err, postgres.ErrNoDB)
 }
 
 // Migrating into a schema that does not exist names the schema and the
@@ -198,7 +215,7 @@ func TestUpNamesTheMissingSchema(t *testing.T) {
 			db, err := sql.Open("postgres", pgtest.WithSearchPath(s.URL, tc.path))
 			require.NoError(t, err)
 			t.Cleanup(func() { db.Close() })
-			_, err = migrate.Up(ctx, db, source())
+			_, err = migrate.Up(ctx, postgres.From(db), source())
 			require.ErrorIs(t, err, migrate.ErrNoSchema)
 			var nse *migrate.NoSchemaError
 			require.ErrorAs(t, err, &nse)
@@ -215,7 +232,7 @@ func TestUpNamesTheMissingSchema(t *testing.T) {
 	_, err = s.DB.ExecContext(ctx, `CREATE SCHEMA `+missing)
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = s.DB.ExecContext(context.Background(), `DROP SCHEMA `+missing+` CASCADE`) })
-	applied, err := migrate.Up(ctx, db, source())
+	applied, err := migrate.Up(ctx, postgres.From(db), source())
 	require.NoError(t, err)
 	require.Len(t, applied, 2)
 	var n int

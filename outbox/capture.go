@@ -98,7 +98,7 @@ type CaptureRound struct {
 }
 
 // NewCaptureTracker returns a tracker of the outbox in db's search_path.
-func NewCaptureTracker[P postgres.Pool](db P, cfg CaptureConfig) (*CaptureTracker, error) {
+func NewCaptureTracker(db postgres.DB, cfg CaptureConfig) (*CaptureTracker, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -194,7 +194,7 @@ func (t *CaptureTracker) Running() <-chan struct{} { return t.run.Running() }
 // inserted after it returns has them; it waits for the writing
 // transactions in flight) and an insert-only publication named
 // publication (the connector's publication.name).
-func EnableCapture[P postgres.Pool](ctx context.Context, db P, publication string) error {
+func EnableCapture(ctx context.Context, db postgres.DB, publication string) error {
 	pool, err := storage.PoolFrom(db)
 	if err == nil {
 		err = storage.EnableCapture(ctx, pool, publication)
@@ -207,7 +207,7 @@ func EnableCapture[P postgres.Pool](ctx context.Context, db P, publication strin
 
 // DisableCapture drops the trigger and the publication: rows written
 // after it carry no wire_* columns, and writers pay nothing for capture.
-func DisableCapture[P postgres.Pool](ctx context.Context, db P, publication string) error {
+func DisableCapture(ctx context.Context, db postgres.DB, publication string) error {
 	pool, err := storage.PoolFrom(db)
 	if err == nil {
 		err = storage.DisableCapture(ctx, pool, publication)
@@ -307,7 +307,7 @@ type SwitchReport struct {
 	Next string
 }
 
-func captureSwitch[P postgres.Pool](db P, cfg *CaptureSwitch) (storage.Pool, error) {
+func captureSwitch(db postgres.DB, cfg *CaptureSwitch) (storage.Pool, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -328,7 +328,7 @@ func captureSwitch[P postgres.Pool](db P, cfg *CaptureSwitch) (storage.Pool, err
 // A row is judged by the transaction that inserted it (the capture
 // trigger records it), never by its last update: a failed publish or any
 // later change of a row from before the slot keeps it the relay's.
-func SwitchToDebezium[P postgres.Pool](ctx context.Context, db P, cfg CaptureSwitch) (SwitchReport, error) {
+func SwitchToDebezium(ctx context.Context, db postgres.DB, cfg CaptureSwitch) (SwitchReport, error) {
 	pool, err := captureSwitch(db, &cfg)
 	if err != nil {
 		return SwitchReport{}, fmt.Errorf("outbox: SwitchToDebezium: %w", err)
@@ -403,7 +403,7 @@ func SwitchToDebezium[P postgres.Pool](ctx context.Context, db P, cfg CaptureSwi
 // Debezium delivered after its last confirmed mark (duplicates the
 // idempotency middleware drops). Nothing is marked published that the
 // connector did not confirm. Delete the connector before or after.
-func SwitchToRelay[P postgres.Pool](ctx context.Context, db P, cfg CaptureSwitch) (SwitchReport, error) {
+func SwitchToRelay(ctx context.Context, db postgres.DB, cfg CaptureSwitch) (SwitchReport, error) {
 	pool, err := captureSwitch(db, &cfg)
 	if err != nil {
 		return SwitchReport{}, fmt.Errorf("outbox: SwitchToRelay: %w", err)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // panicLog keeps the errors a logger was given.
@@ -36,7 +37,7 @@ func TestCaptureTrackerSurvivesAPanickingRound(t *testing.T) {
 	s := pgtest.New(t, Migrations())
 	log := &panicLog{}
 	reg := prometheus.NewRegistry()
-	tr, err := NewCaptureTracker(s.DB, CaptureConfig{Slot: "nosuch_" + s.Name, Interval: 10 * time.Millisecond, Logger: log, Registerer: reg})
+	tr, err := NewCaptureTracker(postgres.From(s.DB), CaptureConfig{Slot: "nosuch_" + s.Name, Interval: 10 * time.Millisecond, Logger: log, Registerer: reg})
 	require.NoError(t, err)
 	rounds := make(chan int, 10)
 	n := 0

@@ -13,6 +13,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // slotWAL reads MetricSlotRetainedWAL for slot from reg (-1: no sample).
@@ -46,15 +47,15 @@ func TestCaptureTrackerExportsSlotWAL(t *testing.T) {
 	q, err := storage.From(s.DB)
 	require.NoError(t, err)
 	slot := "wal_" + s.Name
-	require.NoError(t, outbox.EnableCapture(ctx, s.DB, slot))
+	require.NoError(t, outbox.EnableCapture(ctx, postgres.From(s.DB), slot))
 	t.Cleanup(func() {
 		_ = storage.DropCaptureSlot(context.Background(), q, slot)
-		_ = outbox.DisableCapture(context.Background(), s.DB, slot)
+		_ = outbox.DisableCapture(context.Background(), postgres.From(s.DB), slot)
 	})
 	_, err = storage.CreateCaptureSlot(ctx, q, slot)
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
-	tr, err := outbox.NewCaptureTracker(s.DB, outbox.CaptureConfig{Slot: slot, Registerer: reg})
+	tr, err := outbox.NewCaptureTracker(postgres.From(s.DB), outbox.CaptureConfig{Slot: slot, Registerer: reg})
 	require.NoError(t, err)
 	_, err = tr.RunOnce(ctx)
 	require.NoError(t, err)
@@ -65,17 +66,17 @@ func TestCaptureTrackerExportsSlotWAL(t *testing.T) {
 	for i := range evs {
 		evs[i] = outbox.Event{Topic: "t", AggregateID: fmt.Sprintf("a-%d", i), Payload: []byte(`{"pad":"` + fmt.Sprint(i) + `"}`)}
 	}
-	require.NoError(t, outbox.Add(ctx, s.DB, evs...))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), evs...))
 	r, err := tr.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Zero(t, r.Marked, "the slot confirmed nothing: no row is delivered")
 	after := slotWAL(t, reg, slot)
 	require.Greater(t, after, before+float64(len(evs))*100, "500 events' WAL is retained by the slot")
-	st, err := outbox.ReadStats(ctx, s.DB)
+	st, err := outbox.ReadStats(ctx, postgres.From(s.DB))
 	require.NoError(t, err)
 	require.EqualValues(t, len(evs), st.Pending)
 
-	_, err = outbox.NewCaptureTracker(s.DB, outbox.CaptureConfig{})
+	_, err = outbox.NewCaptureTracker(postgres.From(s.DB), outbox.CaptureConfig{})
 	require.ErrorContains(t, err, "CaptureConfig.Slot is empty")
 }
 
@@ -90,8 +91,8 @@ func TestCaptureRecordsTheInsertingTransactionOnEveryPath(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pub := "ix_" + s.Name
-	require.NoError(t, outbox.EnableCapture(ctx, s.DB, pub))
-	t.Cleanup(func() { _ = outbox.DisableCapture(context.Background(), s.DB, pub) })
+	require.NoError(t, outbox.EnableCapture(ctx, postgres.From(s.DB), pub))
+	t.Cleanup(func() { _ = outbox.DisableCapture(context.Background(), postgres.From(s.DB), pub) })
 	ev := func(id string) outbox.Event {
 		return outbox.Event{ID: id, Topic: "t", AggregateID: "a", Payload: []byte(`{}`)}
 	}
@@ -101,10 +102,10 @@ func TestCaptureRecordsTheInsertingTransactionOnEveryPath(t *testing.T) {
 	require.NoError(t, err)
 	var xid string
 	require.NoError(t, tx.QueryRowContext(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid))
-	require.NoError(t, outbox.Add(ctx, tx, ev("pq")))
+	require.NoError(t, outbox.Add(ctx, postgres.SQLTx(tx), ev("pq")))
 	_, err = tx.ExecContext(ctx, `SAVEPOINT sp`)
 	require.NoError(t, err)
-	require.NoError(t, outbox.Add(ctx, tx, ev("pq-savepoint")))
+	require.NoError(t, outbox.Add(ctx, postgres.SQLTx(tx), ev("pq-savepoint")))
 	_, err = tx.ExecContext(ctx, `RELEASE SAVEPOINT sp`)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit())
@@ -114,7 +115,7 @@ func TestCaptureRecordsTheInsertingTransactionOnEveryPath(t *testing.T) {
 	ptx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	require.NoError(t, ptx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid))
-	require.NoError(t, outbox.Add(ctx, ptx, ev("pgx")))
+	require.NoError(t, outbox.Add(ctx, postgres.PgxTx(ptx), ev("pgx")))
 	b := &pgx.Batch{}
 	require.NoError(t, outbox.AddToBatch(ctx, b, ev("batch")))
 	require.NoError(t, ptx.SendBatch(ctx, b).Close())

@@ -49,6 +49,6 @@ var cleanerTable = cleaner.Table{
 type Cleaner = cleaner.Cleaner
 
 // NewCleaner returns a cleaner of the outbox in db's search_path.
-func NewCleaner[P postgres.Pool](db P, cfg CleanerConfig) (*Cleaner, error) {
+func NewCleaner(db postgres.DB, cfg CleanerConfig) (*Cleaner, error) {
 	return cleaner.NewFrom(db, cleanerTable, cfg)
 }

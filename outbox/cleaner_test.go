@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) {
@@ -22,7 +23,7 @@ func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) 
 	for i := 0; i < 300; i++ {
 		evs = append(evs, Event{Topic: "t", AggregateID: fmt.Sprint(i % 7), Payload: []byte(`{}`)})
 	}
-	require.NoError(t, Add(ctx, b.db, evs...))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), evs...))
 	// 250 old published, 20 recently published, 20 pending, 10 failed (old).
 	_, err := b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '8 days' WHERE id <= (SELECT min(id) + 249 FROM millwright_outbox)`)
 	require.NoError(t, err)
@@ -31,7 +32,7 @@ func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) 
 	_, err = b.db.Exec(`UPDATE millwright_outbox SET status = 'failed', created_at = now() - interval '30 days' WHERE id IN (SELECT id FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 10)`)
 	require.NoError(t, err)
 
-	c, err := NewCleaner(b.db, CleanerConfig{BatchSize: 7})
+	c, err := NewCleaner(postgres.From(b.db), CleanerConfig{BatchSize: 7})
 	require.NoError(t, err)
 
 	// Writers keep adding while the cleaner deletes; the clean starts once
@@ -51,7 +52,7 @@ func TestCleaner_DeletesOnlyOldPublishedRowsUnderConcurrentWrites(t *testing.T) 
 					return
 				default:
 				}
-				if err := Add(ctx, b.db, Event{Topic: "t", AggregateID: "w"}); err != nil {
+				if err := AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: "w"}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -87,11 +88,11 @@ func TestCleaner_OneInstanceAtATime(t *testing.T) {
 	defer conn.Close()
 	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, cleanerTable.Store.LockClass)
 	require.NoError(t, err)
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: "a"}))
 	_, err = b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '8 days'`)
 	require.NoError(t, err)
 
-	c, err := NewCleaner(b.db, CleanerConfig{})
+	c, err := NewCleaner(postgres.From(b.db), CleanerConfig{})
 	require.NoError(t, err)
 	stats, err := c.RunOnce(ctx)
 	require.NoError(t, err)
@@ -107,10 +108,10 @@ func TestCleaner_OneInstanceAtATime(t *testing.T) {
 func TestCleaner_RunAndClose(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, AddOutsideTx(context.Background(), postgres.From(b.db), Event{Topic: "t", AggregateID: "a"}))
 	_, err := b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '2 hours'`)
 	require.NoError(t, err)
-	c, err := NewCleaner(b.db, CleanerConfig{Retention: time.Hour, Interval: 10 * time.Millisecond})
+	c, err := NewCleaner(postgres.From(b.db), CleanerConfig{Retention: time.Hour, Interval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(context.Background()) }()
@@ -134,7 +135,7 @@ func TestCleaner_OnEveryDriver(t *testing.T) {
 		for i := 0; i < 20; i++ {
 			evs = append(evs, Event{Topic: "t", AggregateID: fmt.Sprint(i), Payload: []byte(`{}`)})
 		}
-		require.NoError(t, Add(ctx, b.db, evs...))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), evs...))
 		// 12 old published, 3 recently published, 3 old failed, 2 pending.
 		_, err := b.db.Exec(`UPDATE millwright_outbox SET status = 'published', published_at = now() - interval '8 days' WHERE id < (SELECT min(id) + 12 FROM millwright_outbox);
 			UPDATE millwright_outbox SET status = 'published', published_at = now() WHERE id IN (SELECT id FROM millwright_outbox WHERE status = 'pending' ORDER BY id LIMIT 3);
@@ -143,9 +144,9 @@ func TestCleaner_OnEveryDriver(t *testing.T) {
 		var c *Cleaner
 		switch h := b.schema.Handle(t, driver).(type) {
 		case *sql.DB:
-			c, err = NewCleaner(h, CleanerConfig{BatchSize: 5})
+			c, err = NewCleaner(postgres.From(h), CleanerConfig{BatchSize: 5})
 		case *pgxpool.Pool:
-			c, err = NewCleaner(h, CleanerConfig{BatchSize: 5})
+			c, err = NewCleaner(postgres.From(h), CleanerConfig{BatchSize: 5})
 		}
 		require.NoError(t, err)
 		n, err := c.Count(ctx)

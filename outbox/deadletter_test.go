@@ -12,6 +12,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -30,7 +31,7 @@ func TestRelay_DeadLetterIsReadByTheDLQTools(t *testing.T) {
 		}
 		return nil
 	}}
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", EventType: "order.placed",
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", EventType: "order.placed",
 		Source: "/orders", Payload: []byte(`{"id":"o-1"}`)}))
 	startRelay(t, b.db, pub, RelayConfig{PollInterval: 5 * time.Millisecond, DeadLetterTopic: "orders.dead",
 		Retry: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond, MaxAttempts: 2}})
@@ -39,7 +40,7 @@ func TestRelay_DeadLetterIsReadByTheDLQTools(t *testing.T) {
 	require.Equal(t, "orders", msg.Metadata.Get(metadata.DeadLetterOriginalTopic))
 	require.Equal(t, "order.placed", msg.Metadata.Get(metadata.EventType), "the event's own metadata is kept")
 
-	store := dlq.NewStore(pgtest.New(t, dlq.Migrations()).DB)
+	store := dlq.NewStore(postgres.From(pgtest.New(t, dlq.Migrations()).DB))
 	_, err := store.Insert(ctx, msg)
 	require.NoError(t, err)
 	list, err := store.List(ctx, dlq.Filter{})

@@ -4,17 +4,17 @@
 //
 // # Writing
 //
-// Add writes events through the caller's transaction, on either driver
-// (any Executor: a *sql.Tx, or a pgx.Tx from a *pgxpool.Pool or a
-// *pgx.Conn; a *sql.DB or pool writes in a transaction of its own);
-// TxPublisher does the same behind Watermill's
+// Add writes events in the caller's transaction, a postgres.Tx on either
+// driver (postgres.SQLTx(*sql.Tx) or postgres.PgxTx(pgx.Tx)); passing a
+// pool does not compile. AddOutsideTx writes them in a transaction of its
+// own, for a producer with no business rows beside them. TxPublisher does the same behind Watermill's
 // message.Publisher, so existing Watermill code, CQRS event buses included,
 // gets the outbox by swapping its publisher for one bound to the
 // transaction:
 //
 //	tx, _ := db.BeginTx(ctx, nil)
 //	// ... business writes in tx ...
-//	err := outbox.Add(ctx, tx, outbox.Event{
+//	err := outbox.Add(ctx, postgres.SQLTx(tx), outbox.Event{
 //		Topic: "orders", AggregateType: "order", AggregateID: order.ID,
 //		EventType: "order.created.v1", Payload: payload,
 //	})
@@ -24,7 +24,7 @@
 //
 //	tx, _ := pool.Begin(ctx) // pool: a *pgxpool.Pool
 //	// ... business writes in tx ...
-//	err := outbox.Add(ctx, tx, outbox.Event{...})
+//	err := outbox.Add(ctx, postgres.PgxTx(tx), outbox.Event{...})
 //	err = tx.Commit(ctx)
 //
 // Add sends its INSERT at once, one round trip on either driver, and

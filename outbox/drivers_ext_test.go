@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // relayOn is outbox.NewRelay on a pool of either driver (pgtest's
@@ -16,37 +17,21 @@ import (
 func relayOn(h any, pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
 	switch db := h.(type) {
 	case *sql.DB:
-		return outbox.NewRelay(db, pub, cfg)
+		return outbox.NewRelay(postgres.From(db), pub, cfg)
 	case *pgxpool.Pool:
-		return outbox.NewRelay(db, pub, cfg)
+		return outbox.NewRelay(postgres.From(db), pub, cfg)
 	}
 	return nil, fmt.Errorf("no relay on a %T", h)
 }
 
-// inTx runs f in a transaction of h's driver, as a user's code would (f
-// gets a *sql.Tx or a pgx.Tx), and commits it if f returns nil.
-func inTx(ctx context.Context, h any, f func(tx any) error) error {
+// inTx runs f in a transaction of h's driver, as a user's code would,
+// and commits it if f returns nil.
+func inTx(ctx context.Context, h any, f func(tx postgres.Tx) error) error {
 	switch db := h.(type) {
 	case *sql.DB:
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback() //nolint:errcheck // no-op after Commit
-		if err := f(tx); err != nil {
-			return err
-		}
-		return tx.Commit()
+		return postgres.SQL(db).InTx(ctx, f)
 	case *pgxpool.Pool:
-		tx, err := db.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
-		if err := f(tx); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
+		return postgres.Pgx(db).InTx(ctx, f)
 	}
 	return fmt.Errorf("no transaction on a %T", h)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -33,6 +34,7 @@ import (
 type driverBundle struct {
 	bundle
 	handle any
+	pdb    postgres.DB // handle's DB
 }
 
 func setupDriver(t *testing.T, driver string) driverBundle {
@@ -42,16 +44,20 @@ func setupDriver(t *testing.T, driver string) driverBundle {
 	if driver == pgtest.DriverPgx {
 		h = b.schema.Pgx(t)
 	}
-	return driverBundle{bundle: b, handle: h}
+	pdb := postgres.SQL(b.db)
+	if p, ok := h.(*pgxpool.Pool); ok {
+		pdb = postgres.Pgx(p)
+	}
+	return driverBundle{bundle: b, handle: h, pdb: pdb}
 }
 
 // newRelayOn is NewRelay on a handle of either driver.
 func newRelayOn(h any, pub message.Publisher, cfg RelayConfig) (*Relay, error) {
 	switch db := h.(type) {
 	case *sql.DB:
-		return NewRelay(db, pub, cfg)
+		return NewRelay(postgres.From(db), pub, cfg)
 	case *pgxpool.Pool:
-		return NewRelay(db, pub, cfg)
+		return NewRelay(postgres.From(db), pub, cfg)
 	}
 	return nil, fmt.Errorf("no relay on a %T", h)
 }
@@ -76,7 +82,7 @@ func startRelayOn(t *testing.T, h any, pub message.Publisher, cfg RelayConfig) *
 
 // userTx is a user's transaction on either driver.
 type userTx struct {
-	tx       any // *sql.Tx or pgx.Tx: what the user passes to Add
+	tx       postgres.Tx // what the user passes to Add
 	exec     func(q string) error
 	pid      func() int
 	commit   func() error
@@ -90,7 +96,8 @@ func begin(t *testing.T, h any) userTx {
 	case *sql.DB:
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		return userTx{tx: tx,
+		t.Cleanup(func() { _ = tx.Rollback() })
+		return userTx{tx: postgres.SQLTx(tx),
 			exec: func(q string) error { _, err := tx.ExecContext(ctx, q); return err },
 			pid: func() int {
 				var pid int
@@ -102,7 +109,7 @@ func begin(t *testing.T, h any) userTx {
 		tx, err := db.Begin(ctx)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tx.Rollback(ctx) })
-		return userTx{tx: tx,
+		return userTx{tx: postgres.PgxTx(tx),
 			exec: func(q string) error { _, err := tx.Exec(ctx, q); return err },
 			pid: func() int {
 				var pid int
@@ -194,7 +201,7 @@ func TestDrivers_ListenWakesWithoutPolling(t *testing.T) {
 		r := startRelayOn(t, b.handle, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute})
 		require.Equal(t, b.handle == any(b.db), r.db.Driver() == "database/sql")
 		for i := range 3 {
-			require.NoError(t, Add(context.Background(), b.handle, Event{Topic: "t", AggregateID: "a"}))
+			require.NoError(t, AddOutsideTx(context.Background(), b.pdb, Event{Topic: "t", AggregateID: "a"}))
 			eventually(t, 30*time.Second, func() bool { return len(got.all()) == i+1 }, "NOTIFY should wake the relay")
 		}
 	})
@@ -250,7 +257,7 @@ func TestDrivers_RelaysDrainInOrder(t *testing.T) {
 		}
 		wg.Wait()
 		eventually(t, 30*time.Second, func() bool {
-			s, err := ReadStats(context.Background(), b.handle)
+			s, err := ReadStats(context.Background(), b.pdb)
 			require.NoError(t, err)
 			return s.Pending == 0
 		}, "drain")

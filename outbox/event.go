@@ -17,17 +17,10 @@ import (
 
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/tracing"
 	"github.com/millwright/millwright/transport"
 )
-
-// Executor is the caller's transaction, on either driver: a *sql.Tx (or
-// *sql.DB, *sql.Conn, anything with database/sql's ExecContext and
-// QueryContext) or a pgx.Tx (or *pgx.Conn, *pgxpool.Pool, anything with
-// pgx's Exec, Query and SendBatch). Passing a pool writes the event in its
-// own transaction, which gives up the outbox's atomicity with business
-// writes. Any other value is refused with an error naming its type.
-type Executor any
 
 // Event is one event to publish, written with Add.
 type Event struct {
@@ -130,24 +123,25 @@ var ErrInvalidEvent = errors.New("invalid outbox event")
 // maxRowsPerInsert bounds the size of one INSERT statement.
 const maxRowsPerInsert = 1000
 
-// Add writes events to the outbox through exec, normally the caller's
-// transaction: they are published if and only if it commits. Several events
+// Add writes events to the outbox in tx, the caller's business
+// transaction: they are published if and only if it commits. To write
+// events with no business rows beside them, call AddOutsideTx. Several events
 // are written with one multi-row INSERT per 1,000 events.
 //
 // Add fills in the CloudEvents metadata (id, type, source, subject, time,
 // specversion, datacontenttype), the aggregate keys, and the W3C traceparent
 // of the OpenTelemetry span in ctx when Event.Metadata has none.
 //
-// exec is a *sql.Tx or a pgx.Tx (see Executor). The INSERT is one round
+// tx is postgres.SQLTx(*sql.Tx) or postgres.PgxTx(pgx.Tx). The INSERT is one round
 // trip on either driver (database/sql: one simple query with the values
 // inlined as quoted literals; pgx: one extended-protocol statement), and
 // every error, Add's own checks (ErrInvalidEvent) and the server's (say, a
 // schema without the outbox table), is returned by Add itself, on every
 // driver and pool.
-func Add(ctx context.Context, exec Executor, events ...Event) (err error) {
+func Add(ctx context.Context, tx postgres.Tx, events ...Event) (err error) {
 	ctx, span := tracing.StartWriteSpan(ctx, len(events))
 	defer func() { tracing.EndSpan(span, err) }()
-	q, err := storage.From(exec)
+	q, err := storage.FromTx(tx)
 	if err != nil {
 		return fmt.Errorf("outbox: Add: %w", err)
 	}
@@ -159,6 +153,16 @@ func Add(ctx context.Context, exec Executor, events ...Event) (err error) {
 		events = events[n:]
 	}
 	return nil
+}
+
+// AddOutsideTx writes events to the outbox in a transaction of its own on
+// db: all of them or none. It is for a producer with no business rows to
+// commit beside its events (a scheduler, an import); a service that
+// changes its own tables in the same unit of work calls Add with that
+// transaction instead, or an event may announce a change that never
+// committed, or a committed change lose its event.
+func AddOutsideTx(ctx context.Context, db postgres.DB, events ...Event) error {
+	return db.InTx(ctx, func(tx postgres.Tx) error { return Add(ctx, tx, events...) })
 }
 
 func insert(ctx context.Context, q storage.Querier, events []Event) error {

@@ -14,6 +14,7 @@ import (
 	trace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Values are written as quoted literals: awkward content must round-trip
@@ -35,7 +36,7 @@ func TestAdd_AwkwardValuesRoundTrip(t *testing.T) {
 	for i := range evs {
 		evs[i].ID = fmt.Sprint("ev-", i)
 	}
-	require.NoError(t, Add(ctx, b.db, evs...))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), evs...))
 	startRelay(t, b.db, b.pubsub, RelayConfig{PollInterval: 10 * time.Millisecond})
 	eventually(t, 30*time.Second, func() bool { return len(got.all()) == len(evs) }, "%d messages", len(evs))
 	// Different aggregates go out in parallel: look messages up by id.
@@ -55,10 +56,10 @@ func TestAdd_AwkwardValuesRoundTrip(t *testing.T) {
 		require.Equal(t, evs[i].Payload, []byte(msgs[i].Payload), "payload %d byte for byte", i)
 	}
 
-	err := Add(ctx, b.db, Event{Topic: "t", AggregateID: "a", Metadata: map[string]string{"k": "a\x00b"}})
+	err := AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: "a", Metadata: map[string]string{"k": "a\x00b"}})
 	require.ErrorIs(t, err, ErrInvalidEvent)
 	require.ErrorContains(t, err, "NUL")
-	require.ErrorIs(t, Add(ctx, b.db, Event{Topic: "t\x00", AggregateID: "a"}), ErrInvalidEvent)
+	require.ErrorIs(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t\x00", AggregateID: "a"}), ErrInvalidEvent)
 }
 
 // The metadata column keeps only what the other columns do not say; the
@@ -74,10 +75,10 @@ func TestAdd_PublishedMetadataIsCompleteAndStoredOnce(t *testing.T) {
 	sc := span.SpanContext()
 	span.End()
 	before := time.Now()
-	require.NoError(t, Add(ctx, b.db,
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db),
 		Event{ID: "e-1", Topic: "orders", AggregateType: "order", AggregateID: "o-1", EventType: "order.created.v1", Source: "/orders",
 			Payload: []byte(`{"a":1}`), Metadata: map[string]string{"tenant": "t-1", metadata.EventSubject: "custom", metadata.EventID: "forged"}}))
-	require.NoError(t, Add(context.Background(), b.db, Event{ID: "e-2", Topic: "orders", Payload: []byte("bytes")}))
+	require.NoError(t, AddOutsideTx(context.Background(), postgres.From(b.db), Event{ID: "e-2", Topic: "orders", Payload: []byte("bytes")}))
 	var stored string
 	require.NoError(t, b.db.QueryRow(`SELECT metadata::text FROM millwright_outbox WHERE event_id = 'e-1'`).Scan(&stored))
 	require.JSONEq(t, `{"tenant":"t-1","ce_subject":"custom","ce_source":"/orders","traceparent":"00-`+sc.TraceID().String()+`-`+sc.SpanID().String()+`-01"}`, stored)
@@ -129,7 +130,7 @@ func TestTxPublisher_StoresMetadataOnceAndDeliversItUnchanged(t *testing.T) {
 	}
 	tx, err := b.db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	pub, err := NewTxPublisher(tx, PublisherConfig{})
+	pub, err := NewTxPublisher(postgres.SQLTx(tx), PublisherConfig{})
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish("orders", msg))
 	require.NoError(t, tx.Commit())

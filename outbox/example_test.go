@@ -17,6 +17,7 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // exampleDB opens a scratch schema on the local test server with the
@@ -32,7 +33,7 @@ func exampleDB() (*sql.DB, func()) {
 		os.Exit(1)
 	}
 	db, _ := sql.Open("postgres", exampleURL(schema))
-	if _, err := migrate.Up(context.Background(), db, outbox.Migrations()); err != nil {
+	if _, err := migrate.Up(context.Background(), postgres.From(db), outbox.Migrations()); err != nil {
 		panic(err)
 	}
 	return db, func() {
@@ -52,13 +53,13 @@ func Example() {
 
 	// The business transaction writes its event with it.
 	tx, _ := db.BeginTx(ctx, nil)
-	_ = outbox.Add(ctx, tx, outbox.Event{
+	_ = outbox.Add(ctx, postgres.SQLTx(tx), outbox.Event{
 		Topic: "orders", AggregateType: "order", AggregateID: "o-1",
 		EventType: "order.created.v1", Payload: []byte(`{"total":42}`),
 	})
 	_ = tx.Commit()
 
-	relay, _ := outbox.NewRelay(db, broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
+	relay, _ := outbox.NewRelay(postgres.From(db), broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
 	go relay.Run(ctx)
 	defer relay.Close()
 
@@ -74,7 +75,7 @@ func Example() {
 
 	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	fmt.Println("drained:", outboxtest.WaitDrained(wait, db) == nil)
+	fmt.Println("drained:", outboxtest.WaitDrained(wait, postgres.From(db)) == nil)
 	// Output:
 	// order.created.v1 order/o-1 {"total": 42}
 	// drained: true
@@ -89,13 +90,13 @@ func ExampleNewTxPublisher() {
 
 	tx, _ := db.BeginTx(ctx, nil)
 	var pub message.Publisher
-	pub, _ = outbox.NewTxPublisher(tx, outbox.PublisherConfig{Source: "orders-service"})
+	pub, _ = outbox.NewTxPublisher(postgres.SQLTx(tx), outbox.PublisherConfig{Source: "orders-service"})
 	msg := message.NewMessage(watermill.NewUUID(), []byte("not JSON, kept as bytes"))
 	msg.Metadata.Set(metadata.AggregateID, "o-1")
 	_ = pub.Publish("orders", msg)
 	_ = tx.Rollback() // a rolled-back transaction leaves nothing
 
-	s, _ := outbox.ReadStats(ctx, db)
+	s, _ := outbox.ReadStats(ctx, postgres.From(db))
 	fmt.Println("pending after rollback:", s.Pending)
 	// Output:
 	// pending after rollback: 0

@@ -17,6 +17,7 @@ import (
 	"github.com/millwright/millwright/internal/sqlschema"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 	tsql "github.com/millwright/millwright/transport/sql"
 )
 
@@ -43,13 +44,13 @@ func TestMove_StalledRelayLosesItsBatchAfterLease(t *testing.T) {
 	s, tr := inDatabaseBundle(t)
 	topic := "stall_" + watermill.NewShortUUID()
 	for i := range 5 {
-		require.NoError(t, Add(ctx, s.DB, Event{Topic: topic, AggregateID: "a", Payload: []byte(`{"i":` + string(rune('0'+i)) + `}`)}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(s.DB), Event{Topic: topic, AggregateID: "a", Payload: []byte(`{"i":` + string(rune('0'+i)) + `}`)}))
 	}
 
-	stalled, err := NewRelay(s.DB, tr.Publisher(), RelayConfig{Lease: 500 * time.Millisecond})
+	stalled, err := NewRelay(postgres.From(s.DB), tr.Publisher(), RelayConfig{Lease: 500 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, stalled.mover.prepareTopics(ctx, []string{topic}))
-	other, err := NewRelay(s.DB, tr.Publisher(), RelayConfig{})
+	other, err := NewRelay(postgres.From(s.DB), tr.Publisher(), RelayConfig{})
 	require.NoError(t, err)
 	resume := make(chan struct{})
 	var once sync.Once
@@ -98,13 +99,13 @@ func TestMove_RowsBehindABackingOffHeadWait(t *testing.T) {
 	ctx := context.Background()
 	s, tr := inDatabaseBundle(t)
 	topic := "held_" + watermill.NewShortUUID()
-	require.NoError(t, Add(ctx, s.DB, Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(s.DB), Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
 	_, err := s.DB.Exec(`UPDATE millwright_outbox SET next_attempt_at = now() + interval '1 hour', retry_count = 1`)
 	require.NoError(t, err)
-	require.NoError(t, Add(ctx, s.DB, Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
-	require.NoError(t, Add(ctx, s.DB, Event{Topic: topic, AggregateID: "b", Payload: []byte(`{}`)}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(s.DB), Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(s.DB), Event{Topic: topic, AggregateID: "b", Payload: []byte(`{}`)}))
 
-	r, err := NewRelay(s.DB, tr.Publisher(), RelayConfig{})
+	r, err := NewRelay(postgres.From(s.DB), tr.Publisher(), RelayConfig{})
 	require.NoError(t, err)
 	n, err := r.RunOnce(ctx)
 	require.NoError(t, err)
@@ -232,9 +233,9 @@ func TestMove_TopicPreparedForAnotherRelayMovesAtOnce(t *testing.T) {
 		for i := range evs {
 			evs[i] = Event{Topic: "t", AggregateType: "order", AggregateID: strconv.Itoa(i), EventType: "order.created.v1", Payload: []byte(`{}`)}
 		}
-		require.NoError(t, Add(ctx, s.DB, evs...))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(s.DB), evs...))
 	}
-	first, err := NewRelay(s.DB, pub, RelayConfig{})
+	first, err := NewRelay(postgres.From(s.DB), pub, RelayConfig{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = first.Close() })
 	add(10)
@@ -243,7 +244,7 @@ func TestMove_TopicPreparedForAnotherRelayMovesAtOnce(t *testing.T) {
 	require.Equal(t, 10, n)
 	require.EqualValues(t, 1, pub.prepares.Load(), "the first relay prepared the topic")
 
-	second, err := NewRelay(s.DB, pub, RelayConfig{})
+	second, err := NewRelay(postgres.From(s.DB), pub, RelayConfig{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = second.Close() })
 	require.False(t, second.mover.prepared("u"), "a topic nobody prepared")

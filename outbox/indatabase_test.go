@@ -21,6 +21,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/tracing"
 	tsql "github.com/millwright/millwright/transport/sql"
 )
@@ -111,7 +112,7 @@ func inDatabaseSendsWhatThePublisherSends(t *testing.T, driver string) {
 		for _, topic := range []string{inDB, viaPublish} {
 			e := ev
 			e.Topic, e.ID = topic, fmt.Sprintf("%s-%d", topic, i)
-			require.NoError(t, outbox.Add(ctx, tx, e), "shape %d", i)
+			require.NoError(t, outbox.Add(ctx, postgres.SQLTx(tx), e), "shape %d", i)
 		}
 	}
 	require.NoError(t, tx.Commit())
@@ -131,7 +132,7 @@ func inDatabaseSendsWhatThePublisherSends(t *testing.T, driver string) {
 	n, err = published.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, len(shapes), n)
-	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
+	require.NoError(t, outboxtest.WaitDrained(ctx, postgres.From(s.DB)))
 
 	require.Equal(t, len(shapes), movedInOneTransaction(t, s.DB, inDB))
 	require.Zero(t, movedInOneTransaction(t, s.DB, viaPublish))
@@ -179,11 +180,11 @@ func TestInDatabasePublishHandsOddRowsToThePublisher(t *testing.T) {
 	t.Run("metadata not a string map", func(t *testing.T) {
 		s, tr := inDatabaseFixture(t)
 		topic := "odd_" + watermill.NewShortUUID()
-		require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateID: "a", ID: "plain", Payload: []byte(`{}`)}))
+		require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: topic, AggregateID: "a", ID: "plain", Payload: []byte(`{}`)}))
 		_, err := s.DB.ExecContext(ctx, `INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, metadata)
 			VALUES ('hand-written', $1, 'b', '{}', '{"n": 1}')`, topic)
 		require.NoError(t, err)
-		relay, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{})
+		relay, err := outbox.NewRelay(postgres.From(s.DB), tr.Publisher(), outbox.RelayConfig{})
 		require.NoError(t, err)
 		n, err := relay.RunOnce(ctx)
 		require.NoError(t, err)
@@ -201,10 +202,10 @@ func TestInDatabasePublishHandsOddRowsToThePublisher(t *testing.T) {
 	t.Run("row the table refuses", func(t *testing.T) {
 		s, tr := inDatabaseFixture(t)
 		bad, good := "bad_"+watermill.NewShortUUID(), "good_"+watermill.NewShortUUID()
-		require.NoError(t, outbox.Add(ctx, s.DB,
+		require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB),
 			outbox.Event{Topic: bad, AggregateID: "a", ID: fmt.Sprintf("%040d", 7), Payload: []byte(`{}`)},
 			outbox.Event{Topic: good, AggregateID: "b", ID: "fine", Payload: []byte(`{}`)}))
-		relay, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{})
+		relay, err := outbox.NewRelay(postgres.From(s.DB), tr.Publisher(), outbox.RelayConfig{})
 		require.NoError(t, err)
 		n, err := relay.RunOnce(ctx)
 		require.NoError(t, err, "a failed publish is the row's (backoff), not the relay's")
@@ -231,8 +232,8 @@ func TestInDatabasePublishOnAPoolOfOneConnection(t *testing.T) {
 	s, tr := inDatabaseFixture(t)
 	s.DB.SetMaxOpenConns(1)
 	topic := "one_conn_" + watermill.NewShortUUID()
-	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
-	relay, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{})
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: topic, AggregateID: "a", Payload: []byte(`{}`)}))
+	relay, err := outbox.NewRelay(postgres.From(s.DB), tr.Publisher(), outbox.RelayConfig{})
 	require.NoError(t, err)
 	n, err := relay.RunOnce(ctx)
 	require.NoError(t, err)
@@ -260,12 +261,12 @@ func TestInDatabasePublishIsExactlyOnceAndInOrderAcrossRelays(t *testing.T) {
 				evs = append(evs, outbox.Event{Topic: topic, AggregateType: "t", AggregateID: fmt.Sprint(a),
 					Payload: []byte(fmt.Sprintf(`{"agg": %d, "seq": %d}`, a, seq))})
 			}
-			require.NoError(t, outbox.Add(ctx, s.DB, evs...))
+			require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), evs...))
 		}
 	}
 	write(0, perAgg/2)
 	for range 4 {
-		relay, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{BatchSize: 20, PollInterval: 20 * time.Millisecond})
+		relay, err := outbox.NewRelay(postgres.From(s.DB), tr.Publisher(), outbox.RelayConfig{BatchSize: 20, PollInterval: 20 * time.Millisecond})
 		require.NoError(t, err)
 		done := make(chan error, 1)
 		go func() { done <- relay.Run(ctx) }()
@@ -284,7 +285,7 @@ func TestInDatabasePublishIsExactlyOnceAndInOrderAcrossRelays(t *testing.T) {
 		require.Equal(t, next[ev.Agg], ev.Seq, "aggregate %d: event %d arrived when %d was due (a duplicate or out of order)", ev.Agg, ev.Seq, next[ev.Agg])
 		next[ev.Agg]++
 	}
-	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
+	require.NoError(t, outboxtest.WaitDrained(ctx, postgres.From(s.DB)))
 	var extra int
 	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT count(*) - $1 FROM "watermill_`+topic+`"`, aggs*perAgg).Scan(&extra))
 	require.Zero(t, extra, "messages beyond the events written")
@@ -309,11 +310,11 @@ func TestInDatabasePublishCarriesTheRelaySpan(t *testing.T) {
 	s, tr := inDatabaseFixture(t)
 	topic := "traced_" + watermill.NewShortUUID()
 	wctx, writer := tp.Tracer("test").Start(ctx, "write")
-	require.NoError(t, outbox.Add(wctx, s.DB, outbox.Event{Topic: topic, AggregateID: "a", ID: "traced", Payload: []byte(`{}`)}))
+	require.NoError(t, outbox.AddOutsideTx(wctx, postgres.From(s.DB), outbox.Event{Topic: topic, AggregateID: "a", ID: "traced", Payload: []byte(`{}`)}))
 	writer.End()
-	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateID: "b", ID: "untraced", Payload: []byte(`{}`)}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: topic, AggregateID: "b", ID: "untraced", Payload: []byte(`{}`)}))
 
-	relay, err := outbox.NewRelay(s.DB, tr.Publisher(), outbox.RelayConfig{})
+	relay, err := outbox.NewRelay(postgres.From(s.DB), tr.Publisher(), outbox.RelayConfig{})
 	require.NoError(t, err)
 	n, err := relay.RunOnce(ctx)
 	require.NoError(t, err)

@@ -19,6 +19,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -80,10 +81,10 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, TraceFlags: trace.FlagsSampled}))
 	atLimit := largestAccepted(tctx, t, s.DB, topic, max)
 
-	require.NoError(t, outbox.Add(tctx, s.DB, sizeEvent(topic, atLimit)), "an event at the limit is stored")
+	require.NoError(t, outbox.AddOutsideTx(tctx, postgres.From(s.DB), sizeEvent(topic, atLimit)), "an event at the limit is stored")
 
 	capture := &capturePublisher{Publisher: tr.Publisher()}
-	relay, err := outbox.NewRelay(s.DB, capture, outbox.RelayConfig{PollInterval: 20 * time.Millisecond,
+	relay, err := outbox.NewRelay(postgres.From(s.DB), capture, outbox.RelayConfig{PollInterval: 20 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: 3}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
@@ -101,9 +102,9 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 		_ = s.DB.QueryRow(`SELECT status, coalesce(last_error, '') FROM millwright_outbox`).Scan(&status, &lastErr)
 		t.Fatalf("the event at the limit did not arrive on %s: row %s, last error %q", kind, status, lastErr)
 	}
-	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
+	require.NoError(t, outboxtest.WaitDrained(ctx, postgres.From(s.DB)))
 
-	err = outbox.Add(tctx, s.DB, sizeEvent(topic, atLimit+1))
+	err = outbox.AddOutsideTx(tctx, postgres.From(s.DB), sizeEvent(topic, atLimit+1))
 	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
 	require.ErrorContains(t, err, "is "+strconv.Itoa(max+1)+" bytes on the wire of "+string(kind))
@@ -172,7 +173,7 @@ func largestAccepted(tctx context.Context, t *testing.T, db *sql.DB, topic strin
 		tx, err := db.BeginTx(tctx, nil)
 		require.NoError(t, err)
 		defer tx.Rollback() //nolint:errcheck // probe only
-		return outbox.Add(tctx, tx, sizeEvent(topic, n)) == nil
+		return outbox.Add(tctx, postgres.SQLTx(tx), sizeEvent(topic, n)) == nil
 	}
 	lo, hi := max-4096, max+1 // accepts(lo), !accepts(hi)
 	require.True(t, accepts(lo), "a payload of %d bytes", lo)
@@ -208,20 +209,20 @@ func TestAdd_RefusesWhatTheTransportRefuses(t *testing.T) {
 	s := pgtest.New(t, outbox.Migrations())
 	ctx := context.Background()
 	for _, bad := range []string{"bad topic/ü", "-orders", "orders;drop", strings.Repeat("t", 256)} {
-		err := outbox.Add(ctx, s.DB, outbox.Event{Topic: bad, Payload: []byte(`{}`)})
+		err := outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: bad, Payload: []byte(`{}`)})
 		require.ErrorIs(t, err, outbox.ErrInvalidEvent, "%q", bad)
 		require.ErrorIs(t, err, transport.ErrInvalidName, "%q", bad)
 	}
-	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: "ab", Payload: []byte(`{}`)}), "some kind takes it")
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "ab", Payload: []byte(`{}`)}), "some kind takes it")
 
 	useLimits(t, transport.LimitsFor(transport.Config{Kind: transport.GoogleCloud}))
-	err := outbox.Add(ctx, s.DB, outbox.Event{Topic: "ab", Payload: []byte(`{}`)})
+	err := outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "ab", Payload: []byte(`{}`)})
 	require.ErrorIs(t, err, transport.ErrInvalidName)
 	require.ErrorContains(t, err, "Pub/Sub names have at least 3 characters")
-	err = outbox.Add(ctx, s.DB, outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1025)}})
+	err = outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1025)}})
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
 	require.ErrorContains(t, err, `metadata "note" is 1025 bytes`)
-	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1024)}}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1024)}}))
 	require.Zero(t, countRows(t, s, "topic = 'ab'")-1, "only the first ab event was stored")
 }
 

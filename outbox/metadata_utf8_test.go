@@ -28,12 +28,12 @@ func TestAdd_RefusesMetadataThatIsNotUTF8(t *testing.T) {
 			{map[string]string{"ok": "text", "key\x0a\xff\x01": "v"}, `metadata key "key\n\xff\x01" is not valid UTF-8`},
 			{map[string]string{"header": "value\x0a\xff\x01"}, `metadata "header": its value is not valid UTF-8`},
 		} {
-			err := Add(ctx, b.handle, Event{Topic: "utf8", AggregateID: "a", Metadata: c.md})
+			err := AddOutsideTx(ctx, b.pdb, Event{Topic: "utf8", AggregateID: "a", Metadata: c.md})
 			require.ErrorIs(t, err, ErrInvalidEvent)
 			require.ErrorContains(t, err, c.says)
 			require.ErrorContains(t, err, "put binary data in the payload, or base64 it")
 
-			pub, err := NewTxPublisher(b.handle, PublisherConfig{})
+			pub, err := NewTxPublisher(begin(t, b.handle).tx, PublisherConfig{})
 			require.NoError(t, err)
 			msg := message.NewMessage("m-1", []byte("{}"))
 			for k, v := range c.md {

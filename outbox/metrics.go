@@ -9,6 +9,7 @@ import (
 
 	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Metric names. The gauges are what an operator looks at first: a growing
@@ -85,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 // refreshGauges sets the backlog gauges from Stats.
 func (m *metrics) refreshGauges(ctx context.Context, db storage.Querier) error {
-	s, err := ReadStats(ctx, db)
+	s, err := readStats(ctx, db)
 	if err != nil {
 		return err
 	}
@@ -109,11 +110,15 @@ type Stats struct {
 // partial indexes on pending and failed rows, so they stay cheap however
 // many published rows the table holds: the oldest pending row is the
 // oldest of the lanes' heads (one probe of the lane index per lane).
-func ReadStats(ctx context.Context, db Executor) (Stats, error) {
-	q, err := storage.From(db)
+func ReadStats(ctx context.Context, db postgres.Handle) (Stats, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: ReadStats: %w", err)
 	}
+	return readStats(ctx, q)
+}
+
+func readStats(ctx context.Context, q storage.Querier) (Stats, error) {
 	s, err := storage.ReadOutboxStats(ctx, q)
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: reading stats from millwright_outbox: %w", err)

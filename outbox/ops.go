@@ -20,8 +20,8 @@ type TopicStats struct {
 
 // ReadTopicStats returns the pending and failed counts per topic, reading
 // only pending and failed rows (through their partial indexes).
-func ReadTopicStats(ctx context.Context, db Executor) ([]TopicStats, error) {
-	q, err := storage.From(db)
+func ReadTopicStats(ctx context.Context, db postgres.Handle) ([]TopicStats, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: ReadTopicStats: %w", err)
 	}
@@ -63,7 +63,7 @@ type FailedEvent struct {
 // capture is on (SwitchToDebezium until SwitchToRelay) it refuses, dry run
 // included, with an error wrapping ErrCaptureActive that names the fix:
 // the connector streams inserts only and would never send the row.
-func RetryFailed[P postgres.Pool](ctx context.Context, db P, f FailedFilter, dryRun bool) ([]FailedEvent, error) {
+func RetryFailed(ctx context.Context, db postgres.DB, f FailedFilter, dryRun bool) ([]FailedEvent, error) {
 	return RetryFailedWithProgress(ctx, db, f, dryRun, nil)
 }
 
@@ -75,7 +75,7 @@ const RetryBatch = 1000
 // UPDATE of at most RetryBatch rows with the rows reset so far. Every batch
 // is in the one transaction, committed at the end: a run stopped midway
 // changes nothing.
-func RetryFailedWithProgress[P postgres.Pool](ctx context.Context, db P, f FailedFilter, dryRun bool, progress func(done, total int)) ([]FailedEvent, error) {
+func RetryFailedWithProgress(ctx context.Context, db postgres.DB, f FailedFilter, dryRun bool, progress func(done, total int)) ([]FailedEvent, error) {
 	pool, err := storage.PoolFrom(db)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: retry-failed: %w", err)

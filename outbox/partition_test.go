@@ -21,6 +21,7 @@ import (
 	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/postgres"
 )
 
 // partitionedSubtest marks the subtests of TestOutboxLayouts that run a
@@ -154,7 +155,7 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 	for x := range before {
 		maxBefore = max(maxBefore, x.id)
 	}
-	applied, err := migrate.Up(ctx, b.db, Migrations(), PartitionedMigrations())
+	applied, err := migrate.Up(ctx, postgres.From(b.db), Migrations(), PartitionedMigrations())
 	require.NoError(t, err)
 	require.Len(t, applied, 1)
 	require.Equal(t, "p", relkind(t, b.db))
@@ -178,7 +179,7 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 	requireOncePerEventInAggregateOrder(t, got.all())
 	var lastID int64
 	require.NoError(t, b.db.QueryRow(`SELECT max(id) FROM millwright_outbox`).Scan(&lastID))
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "mig", AggregateID: "z"}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "mig", AggregateID: "z"}))
 	var newID int64
 	require.NoError(t, b.db.QueryRow(`SELECT id FROM millwright_outbox WHERE aggregate_id = 'z'`).Scan(&newID))
 	require.Greater(t, newID, lastID, "the sequence goes on")
@@ -189,11 +190,11 @@ func TestPartitioned_MigrateWithPendingRows(t *testing.T) {
 // partition of rows older than today).
 func seedBeforePartitioning(ctx context.Context, t *testing.T, b bundle) {
 	for i := range 200 {
-		require.NoError(t, Add(ctx, b.db, Event{Topic: "mig", AggregateID: "a" + strconv.Itoa(i%10), Payload: []byte(fmt.Sprintf(`{"agg":"a%d","seq":%d}`, i%10, i/10))}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "mig", AggregateID: "a" + strconv.Itoa(i%10), Payload: []byte(fmt.Sprintf(`{"agg":"a%d","seq":%d}`, i%10, i/10))}))
 	}
 	_, err := b.db.Exec(`UPDATE millwright_outbox SET created_at = now() - interval '3 days' WHERE id IN (SELECT id FROM millwright_outbox ORDER BY id DESC LIMIT 20)`)
 	require.NoError(t, err)
-	first, err := NewRelay(b.db, b.pubsub, RelayConfig{BatchSize: 50})
+	first, err := NewRelay(postgres.From(b.db), b.pubsub, RelayConfig{BatchSize: 50})
 	require.NoError(t, err)
 	n, err := first.RunOnce(ctx)
 	require.NoError(t, err)
@@ -239,7 +240,7 @@ func startMigrationWriters(ctx context.Context, t *testing.T, db *sql.DB, wg *sy
 				default:
 				}
 				agg := fmt.Sprintf("w%d", w)
-				if err := Add(ctx, db, Event{Topic: "mig", AggregateID: agg, Payload: []byte(fmt.Sprintf(`{"agg":%q,"seq":%d}`, agg, i))}); err != nil {
+				if err := AddOutsideTx(ctx, postgres.From(db), Event{Topic: "mig", AggregateID: agg, Payload: []byte(fmt.Sprintf(`{"agg":%q,"seq":%d}`, agg, i))}); err != nil {
 					t.Errorf("writer %d: %v", w, err)
 					return
 				}
@@ -312,7 +313,7 @@ func TestPartitionCleaner_CreatesAheadDropsOnlyFullyPublishedPartitions(t *testi
 	// the DEFAULT partition (the cleaner has not run yet).
 	seedPartitionDays(t, b.db, today)
 
-	c, err := NewCleaner(b.db, CleanerConfig{Retention: time.Millisecond, PartitionsAhead: 4})
+	c, err := NewCleaner(postgres.From(b.db), CleanerConfig{Retention: time.Millisecond, PartitionsAhead: 4})
 	require.NoError(t, err)
 	dry, err := c.Count(ctx)
 	require.NoError(t, err)
@@ -403,7 +404,7 @@ func TestPartitionCleaner_ConflictWithDefaultRowsIsReported(t *testing.T) {
 	// exists; the cleaner then cannot attach that day's partition.
 	_, err := b.db.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, created_at) VALUES ('ahead', 't', 'a', '{}', $1::timestamptz + interval '5 days 1 hour')`, today)
 	require.NoError(t, err)
-	c, err := NewCleaner(b.db, CleanerConfig{Retention: 30 * 24 * time.Hour, PartitionsAhead: 6})
+	c, err := NewCleaner(postgres.From(b.db), CleanerConfig{Retention: 30 * 24 * time.Hour, PartitionsAhead: 6})
 	require.NoError(t, err)
 	stats, err := c.RunOnce(ctx)
 	require.Error(t, err)
@@ -486,7 +487,7 @@ func TestPartitionCleaner_WithRelayAndWriters(t *testing.T) {
 		FROM generate_series(-3, -1) d, generate_series(1, 100) g`, today)
 	require.NoError(t, err)
 
-	c, err := NewCleaner(b.db, CleanerConfig{Retention: time.Millisecond, PartitionsAhead: 2})
+	c, err := NewCleaner(postgres.From(b.db), CleanerConfig{Retention: time.Millisecond, PartitionsAhead: 2})
 	require.NoError(t, err)
 	// Before the relay runs: only day -2 may go.
 	stats, err := c.RunOnce(ctx)
@@ -508,7 +509,7 @@ func TestPartitionCleaner_WithRelayAndWriters(t *testing.T) {
 					return
 				default:
 				}
-				if err := Add(ctx, b.db, Event{Topic: "old", AggregateID: fmt.Sprintf("w%d", w)}); err != nil {
+				if err := AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "old", AggregateID: fmt.Sprintf("w%d", w)}); err != nil {
 					t.Errorf("writer %d: %v", w, err)
 					return
 				}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // ProblemEvent is a row the relay has failed to publish: failed for good,
@@ -35,11 +36,11 @@ const MaxProblemErrorChars = 500
 // then at most limit retrying rows, those with the most failed attempts
 // first. It reads only failed rows and pending rows with failed attempts,
 // through their partial indexes. limit must be positive.
-func ReadProblems(ctx context.Context, db Executor, limit int) ([]ProblemEvent, error) {
+func ReadProblems(ctx context.Context, db postgres.Handle, limit int) ([]ProblemEvent, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("outbox: ReadProblems: limit %d: want at least 1", limit)
 	}
-	q, err := storage.From(db)
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: ReadProblems: %w", err)
 	}

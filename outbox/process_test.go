@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/postgres"
 	tsql "github.com/millwright/millwright/transport/sql"
 )
 
@@ -38,7 +39,7 @@ func TestRelayChildProcess(t *testing.T) {
 		require.NoError(t, err)
 		// Lease: the parent's relay takes the lanes once it ends; long
 		// enough that the server does not end the open move first.
-		r, err := NewRelay(db, tr.Publisher(), RelayConfig{Lease: 2 * time.Second})
+		r, err := NewRelay(postgres.From(db), tr.Publisher(), RelayConfig{Lease: 2 * time.Second})
 		require.NoError(t, err)
 		r.mover.beforeCommit = func() {
 			fmt.Println("published") // copied, not committed: the parent kills us now
@@ -47,7 +48,7 @@ func TestRelayChildProcess(t *testing.T) {
 		_ = r.Run(context.Background())
 		return
 	}
-	r, err := NewRelay(db, gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}), RelayConfig{Lease: 300 * time.Millisecond})
+	r, err := NewRelay(postgres.From(db), gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}), RelayConfig{Lease: 300 * time.Millisecond})
 	require.NoError(t, err)
 	r.afterPublish = func(_ context.Context, published []int64) {
 		fmt.Println("published", len(published)) // the parent kills us now
@@ -104,7 +105,7 @@ func TestRelay_KilledProcessPublishingInTheDatabaseLosesAndRepeatsNothing(t *tes
 	b := setup(t)
 	topic := "killed_" + watermill.NewShortUUID()
 	for i := 0; i < 20; i++ {
-		require.NoError(t, Add(ctx, b.db, Event{Topic: topic, AggregateID: strconv.Itoa(i % 5)}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: topic, AggregateID: strconv.Itoa(i % 5)}))
 	}
 	killChild(t, "published", func() {
 		// The child's uncommitted move holds every row: it copied all 20.
@@ -136,7 +137,7 @@ func TestRelay_KilledProcessLosesNothing(t *testing.T) {
 	got := b.collect(t, "t")
 	ctx := context.Background()
 	for i := 0; i < 20; i++ {
-		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: strconv.Itoa(i % 5)}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: strconv.Itoa(i % 5)}))
 	}
 
 	// kill -9 between publish and mark, with the whole batch published

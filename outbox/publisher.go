@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 )
 
 // TxPublisher is a Watermill message.Publisher that writes messages to the
@@ -19,11 +20,11 @@ import (
 // name its aggregate, metadata.EventType its type. A message without an
 // aggregate is unordered. See Event for how payloads are stored.
 //
-// A TxPublisher is as safe for concurrent use as its Executor (a *sql.Tx or
-// a pgx.Tx is not). It is cheap: create one per transaction.
+// A TxPublisher is as safe for concurrent use as its transaction (neither
+// driver's is). It is cheap: create one per transaction.
 type TxPublisher struct {
-	exec Executor
-	cfg  PublisherConfig
+	tx  postgres.Tx
+	cfg PublisherConfig
 }
 
 // PublisherConfig configures a TxPublisher.
@@ -36,13 +37,13 @@ type PublisherConfig struct {
 	RawPayloads bool
 }
 
-// NewTxPublisher returns a publisher that writes to the outbox through exec,
-// normally the caller's transaction: a *sql.Tx or a pgx.Tx (see Executor).
-func NewTxPublisher(exec Executor, cfg PublisherConfig) (*TxPublisher, error) {
-	if exec == nil {
-		return nil, fmt.Errorf("outbox: NewTxPublisher: nil Executor: pass the transaction (*sql.Tx or pgx.Tx) the events belong to")
+// NewTxPublisher returns a publisher that writes to the outbox in tx, the
+// caller's transaction.
+func NewTxPublisher(tx postgres.Tx, cfg PublisherConfig) (*TxPublisher, error) {
+	if err := tx.Valid(); err != nil {
+		return nil, fmt.Errorf("outbox: NewTxPublisher: %w", err)
 	}
-	return &TxPublisher{exec: exec, cfg: cfg}, nil
+	return &TxPublisher{tx: tx, cfg: cfg}, nil
 }
 
 // Publish writes msgs to the outbox with one INSERT. The context of the
@@ -63,7 +64,7 @@ func (p *TxPublisher) Publish(topic string, msgs ...*message.Message) error {
 			events[i].Source = p.cfg.Source
 		}
 	}
-	return Add(ctx, p.exec, events...)
+	return Add(ctx, p.tx, events...)
 }
 
 // Close does nothing: the transaction belongs to the caller.

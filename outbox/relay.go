@@ -291,7 +291,7 @@ var relayTables = []string{"millwright_outbox", "millwright_outbox_lanes", "mill
 // *pgxpool.Pool) and publishing with pub. When pub also has PublishBatch
 // (transport.BatchPublisher), each batch goes out in one call per topic.
 // The relay does not close pub.
-func NewRelay[P postgres.Pool](db P, pub message.Publisher, cfg RelayConfig) (*Relay, error) {
+func NewRelay(db postgres.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error) {
 	pool, err := storage.PoolFrom(db)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: NewRelay: %w", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -22,7 +23,7 @@ func TestRelay_DeadLetterWaitIsBounded(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", Payload: []byte(`{}`)}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", Payload: []byte(`{}`)}))
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	t.Cleanup(func() {
@@ -40,7 +41,7 @@ func TestRelay_DeadLetterWaitIsBounded(t *testing.T) {
 		<-release // a broker that never answers, and a client that does not give up
 		return nil
 	}}
-	r, err := NewRelay(b.db, pub, RelayConfig{DeadLetterTopic: "orders.dead", Retry: retryOnce, Lease: time.Second})
+	r, err := NewRelay(postgres.From(b.db), pub, RelayConfig{DeadLetterTopic: "orders.dead", Retry: retryOnce, Lease: time.Second})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { _, err := r.RunOnce(ctx); done <- err }()
@@ -77,7 +78,7 @@ func TestRelay_LaneCheckIsBounded(t *testing.T) {
 	t.Cleanup(func() { _ = tx.Rollback() })
 	_, err = tx.Exec(`LOCK TABLE millwright_outbox_lanes IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
-	r, err := NewRelay(b.db, b.pubsub, RelayConfig{Lease: 500 * time.Millisecond})
+	r, err := NewRelay(postgres.From(b.db), b.pubsub, RelayConfig{Lease: 500 * time.Millisecond})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { _, err := r.RunOnce(ctx); done <- err }()
@@ -100,7 +101,7 @@ func TestRelay_DeadLetterCopiesStopAtTheirBound(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	for i := range 5 {
-		require.NoError(t, Add(ctx, b.db, Event{Topic: "orders", AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i), Payload: []byte(`{}`)}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "orders", AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i), Payload: []byte(`{}`)}))
 	}
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
@@ -113,7 +114,7 @@ func TestRelay_DeadLetterCopiesStopAtTheirBound(t *testing.T) {
 		<-release // a broker that never answers, and a client that does not give up
 		return nil
 	}}
-	r, err := NewRelay(b.db, pub, RelayConfig{DeadLetterTopic: "orders.dead", Retry: retryOnce, Lease: time.Second})
+	r, err := NewRelay(postgres.From(b.db), pub, RelayConfig{DeadLetterTopic: "orders.dead", Retry: retryOnce, Lease: time.Second})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { _, err := r.RunOnce(ctx); done <- err }()

@@ -13,6 +13,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -27,7 +28,7 @@ var retryOnce = retry.Policy{InitialInterval: time.Millisecond, MaxInterval: tim
 // decision draws (a clock advanced by them), for many rows.
 func TestRelay_DefaultRetryBudgetIsFifteenMinutes(t *testing.T) {
 	t.Parallel()
-	r, err := NewRelay(setup(t).db, noopPublisher{}, RelayConfig{})
+	r, err := NewRelay(postgres.From(setup(t).db), noopPublisher{}, RelayConfig{})
 	require.NoError(t, err)
 	require.Equal(t, 15*time.Minute, DefaultRetryBudget)
 	require.Equal(t, DefaultRetryBudget, r.cfg.Retry.MaxElapsedTime)
@@ -83,7 +84,7 @@ func TestRelay_RetryBudgetCountsFromTheFirstFailure(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	for _, agg := range []string{"young", "old", "fresh", "permanent"} {
-		require.NoError(t, Add(ctx, b.db, Event{Topic: "orders", AggregateType: "order", AggregateID: agg, Payload: []byte(`{}`)}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "orders", AggregateType: "order", AggregateID: agg, Payload: []byte(`{}`)}))
 	}
 	_, err := b.schema.DB.Exec(`UPDATE millwright_outbox SET created_at = now() - interval '2 hours'`)
 	require.NoError(t, err)
@@ -97,7 +98,7 @@ func TestRelay_RetryBudgetCountsFromTheFirstFailure(t *testing.T) {
 		}
 		return errors.New("broker down")
 	}}
-	r, err := NewRelay(b.db, pub, RelayConfig{})
+	r, err := NewRelay(postgres.From(b.db), pub, RelayConfig{})
 	require.NoError(t, err)
 	n, err := r.RunOnce(ctx)
 	require.NoError(t, err)
@@ -168,7 +169,7 @@ func TestRelay_DeadLetterOnceWhenRecordingTheFailureFails(t *testing.T) {
 	ctx := context.Background()
 	fired := fault(t, b.schema)
 	dead := b.collect(t, "orders.dead")
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", Payload: []byte(`{}`)}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "orders", AggregateType: "order", AggregateID: "o-1", Payload: []byte(`{}`)}))
 	var attempts int
 	pub := &hookPublisher{Publisher: b.pubsub, fail: func(topic string, _ *message.Message) error {
 		if topic == "orders" {
@@ -177,7 +178,7 @@ func TestRelay_DeadLetterOnceWhenRecordingTheFailureFails(t *testing.T) {
 		}
 		return nil
 	}}
-	r, err := NewRelay(b.db, pub, RelayConfig{DeadLetterTopic: "orders.dead", Retry: retryOnce})
+	r, err := NewRelay(postgres.From(b.db), pub, RelayConfig{DeadLetterTopic: "orders.dead", Retry: retryOnce})
 	require.NoError(t, err)
 
 	_, err = r.RunOnce(ctx)
@@ -193,7 +194,7 @@ func TestRelay_DeadLetterOnceWhenRecordingTheFailureFails(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 
-	store := dlq.NewStore(pgtest.New(t, dlq.Migrations()).DB)
+	store := dlq.NewStore(postgres.From(pgtest.New(t, dlq.Migrations()).DB))
 	for _, m := range dead.all() {
 		_, err := store.Insert(ctx, m)
 		require.NoError(t, err)

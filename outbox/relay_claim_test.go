@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // The claim's lane expression is the index's: written twice (Go and the
@@ -19,7 +20,7 @@ func TestClaim_UsesTheLaneIndex(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	for range 3 {
-		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}, Event{Topic: "t", AggregateID: "b"}, Event{Topic: "t"}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: "a"}, Event{Topic: "t", AggregateID: "b"}, Event{Topic: "t"}))
 	}
 	plan := pgtest.Plan(t, b.db, strings.NewReplacer("$1", "'{1,2,3}'", "$2", "500", "$3", "'{167,167,167}'").Replace(claimSQL))
 	// The partitioned layout's partitions name their copy of the index
@@ -36,7 +37,7 @@ func TestClaim_LanesSpreadAggregates(t *testing.T) {
 	for i := range 1000 {
 		evs = append(evs, Event{Topic: "t", AggregateType: "order", AggregateID: string(rune('a'+i%26)) + string(rune('a'+i/26%26))})
 	}
-	require.NoError(t, Add(ctx, b.db, evs...))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), evs...))
 	var perAggregate, lanesUsed int
 	require.NoError(t, b.db.QueryRow(`SELECT max(n), (SELECT count(DISTINCT `+laneExpr+`) FROM millwright_outbox)
 		FROM (SELECT count(DISTINCT `+laneExpr+`) n FROM millwright_outbox GROUP BY aggregate_type, aggregate_id) x`).Scan(&perAggregate, &lanesUsed))
@@ -60,8 +61,8 @@ func TestClaim_SpreadsTheBatchOverTheLanes(t *testing.T) {
 			evs = append(evs, Event{Topic: "t", AggregateType: "order", AggregateID: "cold-" + strconv.Itoa(i)})
 		}
 	}
-	require.NoError(t, Add(ctx, b.db, evs...))
-	r, err := NewRelay(b.db, b.pubsub, RelayConfig{BatchSize: 40})
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), evs...))
+	r, err := NewRelay(postgres.From(b.db), b.pubsub, RelayConfig{BatchSize: 40})
 	require.NoError(t, err)
 	all := allLanes()
 	// pending[lane] is the lane's pending ids in id order.
@@ -130,15 +131,15 @@ func TestClaim_LeavesNoPreparedStatement(t *testing.T) {
 		require.NoError(t, b.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%CROSS JOIN LATERAL%'`).Scan(&n))
 		return n
 	}
-	r, err := NewRelay(b.db, b.pubsub, RelayConfig{})
+	r, err := NewRelay(postgres.From(b.db), b.pubsub, RelayConfig{})
 	require.NoError(t, err)
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: "a"}))
 	n, err := r.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Zero(t, prepared(), "nothing prepared on the session")
 	require.NoError(t, r.Close())
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: "a"}))
 	n, err = r.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "RunOnce after Close")
@@ -202,10 +203,10 @@ func TestClaim_HotLaneGetsTheLargerShare(t *testing.T) {
 		}
 		evs = append(evs, Event{Topic: "t", AggregateType: "order", AggregateID: agg})
 	}
-	require.NoError(t, Add(ctx, b.db, evs...))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), evs...))
 	var hotLane int32
 	require.NoError(t, b.db.QueryRow(`SELECT `+laneExpr+` FROM millwright_outbox WHERE aggregate_id = 'hot' LIMIT 1`).Scan(&hotLane))
-	r, err := NewRelay(b.db, b.pubsub, RelayConfig{BatchSize: 100})
+	r, err := NewRelay(postgres.From(b.db), b.pubsub, RelayConfig{BatchSize: 100})
 	require.NoError(t, err)
 	all := allLanes()
 	count := func() (hot int, lanes int) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // recorder is a publisher that keeps every message it accepts, in order.
@@ -94,7 +95,7 @@ func TestRelay_LanesKeepOrderAcrossCrashes(t *testing.T) {
 			// new relay replaces it.
 			var crashes atomic.Int64
 			start := func(crash bool) {
-				r, err := NewRelay(b.db, pub, cfg)
+				r, err := NewRelay(postgres.From(b.db), pub, cfg)
 				require.NoError(t, err)
 				ctx, cancel := context.WithCancel(context.Background())
 				if crash {
@@ -299,7 +300,7 @@ func TestRelay_TopicsOfABatchArePublishedAtOnce(t *testing.T) {
 	for i := range 60 {
 		evs = append(evs, Event{Topic: fmt.Sprintf("topic-%d", i%3), AggregateID: fmt.Sprintf("a%d", i%6), Payload: []byte(fmt.Sprint(i))})
 	}
-	require.NoError(t, Add(ctx, b.db, evs...))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), evs...))
 	pub := &meetingBatch{meetingPublisher{met: make(chan struct{})}}
 	startRelay(t, b.db, pub, RelayConfig{BatchSize: 500, Workers: 1, PollInterval: 5 * time.Millisecond})
 	eventually(t, 30*time.Second, func() bool { return count(t, b.db, "status = 'pending'") == 0 }, "drain")
@@ -529,7 +530,7 @@ func TestRelay_SlowGroupDoesNotHoldTheOtherBack(t *testing.T) {
 	b := setup(t)
 	fillBacklog(t, b, 400, 100, false)
 	rec := &recorder{}
-	r, err := NewRelay(b.db, rec, RelayConfig{BatchSize: 10, Workers: 2, PollInterval: 5 * time.Millisecond})
+	r, err := NewRelay(postgres.From(b.db), rec, RelayConfig{BatchSize: 10, Workers: 2, PollInterval: 5 * time.Millisecond})
 	require.NoError(t, err)
 	r.groupSpan = time.Minute // the groups meet only when their batches run out
 	var batches atomic.Int64

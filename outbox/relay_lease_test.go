@@ -19,6 +19,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/faultproxy"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/transporttest"
 )
@@ -113,7 +114,7 @@ func (b leaseBundle) addEvents(t *testing.T, aggs, perAgg int) int {
 	for seq := 1; seq <= perAgg; seq++ {
 		for a := range aggs {
 			agg := fmt.Sprintf("agg-%02d", a)
-			require.NoError(t, Add(context.Background(), b.s.DB, Event{Topic: b.topic, AggregateType: "lease", AggregateID: agg,
+			require.NoError(t, AddOutsideTx(context.Background(), postgres.From(b.s.DB), Event{Topic: b.topic, AggregateType: "lease", AggregateID: agg,
 				Payload: []byte(fmt.Sprintf(`{"agg":%q,"seq":%d}`, agg, seq))}))
 		}
 	}
@@ -312,7 +313,7 @@ func TestRelay_PublishEndsBeforeItsLanesLease(t *testing.T) {
 
 	const lease = 5 * time.Second
 	cfg := RelayConfig{Lease: lease, PollInterval: 20 * time.Millisecond, BatchSize: 100}
-	a, err := NewRelay(appDB(t, b.s, "relay-a"), logA, cfg)
+	a, err := NewRelay(postgres.From(appDB(t, b.s, "relay-a")), logA, cfg)
 	require.NoError(t, err)
 	type markStage struct {
 		published []int64
@@ -359,7 +360,7 @@ func TestRelay_PublishEndsBeforeItsLanesLease(t *testing.T) {
 		"the rows whose publish was cut must stay pending as they were (no failure recorded)")
 
 	// The lanes change hands (RunOnce gave them back).
-	rb, err := NewRelay(appDB(t, b.s, "relay-b"), trB.Publisher(), cfg)
+	rb, err := NewRelay(postgres.From(appDB(t, b.s, "relay-b")), trB.Publisher(), cfg)
 	require.NoError(t, err)
 	runRelay(t, rb)
 	eventually(t, 60*time.Second, func() bool { return count(t, b.s.DB, "status = 'published'") == total },
@@ -409,7 +410,7 @@ func TestRelay_StandsAsideWhileACallOutlivesItsBound(t *testing.T) {
 	logB := &callLog{pub: trB.Publisher()}
 
 	cfg := RelayConfig{Lease: 5 * time.Second, PollInterval: 20 * time.Millisecond, BatchSize: 100}
-	a, err := NewRelay(appDB(t, b.s, "relay-a"), logA, cfg)
+	a, err := NewRelay(postgres.From(appDB(t, b.s, "relay-a")), logA, cfg)
 	require.NoError(t, err)
 	proxy.Hold()
 	runRelay(t, a)
@@ -423,7 +424,7 @@ func TestRelay_StandsAsideWhileACallOutlivesItsBound(t *testing.T) {
 	require.False(t, logA.returned(), "the call returned: it was not stuck")
 	require.Equal(t, total, count(t, b.s.DB, "status = 'pending' AND retry_count = 0"))
 
-	rb, err := NewRelay(appDB(t, b.s, "relay-b"), logB, cfg)
+	rb, err := NewRelay(postgres.From(appDB(t, b.s, "relay-b")), logB, cfg)
 	require.NoError(t, err)
 	runRelay(t, rb)
 	eventually(t, 60*time.Second, func() bool { return count(t, b.s.DB, "status = 'published'") == total },
@@ -450,16 +451,16 @@ func TestRelay_MarksOnlyLanesItStillHolds(t *testing.T) {
 	got := b.collect(t, "orders")
 	dead := b.collect(t, "orders.dead")
 	for i := range 3 {
-		require.NoError(t, Add(ctx, b.db, Event{Topic: "orders", AggregateType: "order", AggregateID: "ok", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "orders", AggregateType: "order", AggregateID: "ok", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}))
 	}
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "orders", AggregateType: "order", AggregateID: "bad", Payload: []byte(`{}`)}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "orders", AggregateType: "order", AggregateID: "bad", Payload: []byte(`{}`)}))
 	pub := &hookPublisher{Publisher: b.pubsub, fail: func(_ string, m *message.Message) error {
 		if m.Metadata.Get(metadata.AggregateID) == "bad" {
 			return fmt.Errorf("refused")
 		}
 		return nil
 	}}
-	r, err := NewRelay(b.db, pub, RelayConfig{DeadLetterTopic: "orders.dead", Retry: retryOnce})
+	r, err := NewRelay(postgres.From(b.db), pub, RelayConfig{DeadLetterTopic: "orders.dead", Retry: retryOnce})
 	require.NoError(t, err)
 	stolen := 0
 	r.afterPublish = func(ctx context.Context, published []int64) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/millwright/millwright/internal/testing/pgconntest"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // A ListenURL server that accepts and never answers: the relay gives up on
@@ -86,7 +87,7 @@ func silentListen(t *testing.T, h any, b bundle, url string) string {
 	}
 	require.NotEmpty(t, logged, "LISTEN's failure is logged")
 	got := b.collect(t, "t")
-	require.NoError(t, Add(context.Background(), h, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, AddOutsideTx(context.Background(), postgres.SQL(b.db), Event{Topic: "t", AggregateID: "a"}))
 	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "the relay polls")
 	return logged
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/testing/faultproxy"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // countingLogger records the lines logged at Info and Error (the levels an
@@ -86,7 +87,7 @@ func TestRelay_DatabaseOutageIsBackedOffAndLoggedSparingly(t *testing.T) {
 
 	ctx := context.Background()
 	// Written directly, not through the proxy: only the relay is cut off.
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "outage", AggregateID: "a", Payload: []byte(`{"n":1}`)}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "outage", AggregateID: "a", Payload: []byte(`{"n":1}`)}))
 	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "the first event was not published before the outage")
 
 	const outage = 5 * time.Second
@@ -121,7 +122,7 @@ func TestRelay_DatabaseOutageIsBackedOffAndLoggedSparingly(t *testing.T) {
 	// loaded machine, and could not tell the cap from no cap anyway (after
 	// a 5 s outage an uncapped doubling waits about 5 s).
 	written := time.Now()
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "outage", AggregateID: "a", Payload: []byte(`{"n":2}`)}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "outage", AggregateID: "a", Payload: []byte(`{"n":2}`)}))
 	// Looked for by its payload, not by a count: when the outage cut the
 	// first event's mark, that event goes out again (at least once), so
 	// the count can pass 2 without the new event.
@@ -158,7 +159,7 @@ func TestRelay_RunWithoutMigrationsFailsAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	b := setup(t)
-	r, err := NewRelay(db, b.pubsub, RelayConfig{})
+	r, err := NewRelay(postgres.From(db), b.pubsub, RelayConfig{})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(context.Background()) }()
@@ -184,7 +185,7 @@ func TestRelay_RunWithoutTheNewestMigrationFailsAtOnce(t *testing.T) {
 	_, err := s.DB.Exec(`ALTER TABLE millwright_outbox DROP COLUMN first_failed_at`)
 	require.NoError(t, err)
 	b := setup(t)
-	r, err := NewRelay(s.DB, b.pubsub, RelayConfig{})
+	r, err := NewRelay(postgres.From(s.DB), b.pubsub, RelayConfig{})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(context.Background()) }()

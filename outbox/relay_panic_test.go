@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/runner"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -98,7 +99,7 @@ func TestRelay_PublisherPanicFailsTheRowAndGoesOn(t *testing.T) {
 				} else {
 					want = append(want, payload)
 				}
-				require.NoError(t, Add(ctx, b.db, Event{Topic: "orders", AggregateID: fmt.Sprintf("o-%d", i%3), Payload: []byte(payload)}))
+				require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "orders", AggregateID: fmt.Sprintf("o-%d", i%3), Payload: []byte(payload)}))
 			}
 			reg := prometheus.NewRegistry()
 			logs := watermill.NewCaptureLogger()
@@ -137,7 +138,7 @@ func TestRelay_PublisherPanicFailsTheRowAndGoesOn(t *testing.T) {
 			require.True(t, found, "the panic on the row alone is logged with the row")
 
 			// The relay still runs.
-			require.NoError(t, Add(ctx, b.db, Event{Topic: "orders", AggregateID: "o-9", Payload: []byte(`{"n":9}`)}))
+			require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "orders", AggregateID: "o-9", Payload: []byte(`{"n":9}`)}))
 			eventually(t, time.Minute, func() bool { return count(t, b.db, "status = 'published'") == 6 }, "a later event is published")
 		})
 	}

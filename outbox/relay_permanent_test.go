@@ -13,6 +13,7 @@ import (
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
@@ -38,10 +39,10 @@ func TestRelay_PermanentPublishErrorFailsTheRowAtOnce(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, outbox.Migrations())
 	ctx := context.Background()
-	require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: "orders", AggregateID: "o-1", Payload: []byte(`{}`)}))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "orders", AggregateID: "o-1", Payload: []byte(`{}`)}))
 	pub := &refusingPublisher{}
 	logs := watermill.NewCaptureLogger()
-	relay, err := outbox.NewRelay(s.DB, pub, outbox.RelayConfig{Logger: logs,
+	relay, err := outbox.NewRelay(postgres.From(s.DB), pub, outbox.RelayConfig{Logger: logs,
 		Retry: retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 20}})
 	require.NoError(t, err)
 	_, err = relay.RunOnce(ctx)

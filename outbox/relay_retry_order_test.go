@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/millwright/millwright/postgres"
 	"github.com/stretchr/testify/require"
 )
 
@@ -48,7 +49,7 @@ func TestRelay_RetryingRowIsNotPassedAfterItsBackoff(t *testing.T) {
 	xEvent := func(seq int) Event {
 		return Event{Topic: "t", AggregateType: "order", AggregateID: "x", Payload: []byte(`{"agg":"x","seq":` + strconv.Itoa(seq) + `}`)}
 	}
-	require.NoError(t, Add(ctx, b.db, xEvent(0)))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), xEvent(0)))
 	// Two events for each aggregate of x's lane, thirty for the others.
 	var evs []Event
 	var mates int
@@ -63,12 +64,12 @@ func TestRelay_RetryingRowIsNotPassedAfterItsBackoff(t *testing.T) {
 		}
 	}
 	require.Positive(t, mates, "no aggregate shares x's lane: add aggregates")
-	require.NoError(t, Add(ctx, b.db, evs...))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), evs...))
 	var rest []Event
 	for seq := 1; seq <= 20; seq++ {
 		rest = append(rest, xEvent(seq))
 	}
-	require.NoError(t, Add(ctx, b.db, rest...))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), rest...))
 	// x's first event failed once and backs off.
 	var first int64
 	require.NoError(t, b.db.QueryRow(`UPDATE millwright_outbox SET retry_count = 1, next_attempt_at = now() + interval '1 hour'

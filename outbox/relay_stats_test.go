@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -26,7 +27,7 @@ func TestRelay_StatsCountRoundsOutcomesAndLastSuccess(t *testing.T) {
 		}
 		return nil
 	}}
-	r, err := NewRelay(b.db, pub, RelayConfig{DeadLetterTopic: "t.dead",
+	r, err := NewRelay(postgres.From(b.db), pub, RelayConfig{DeadLetterTopic: "t.dead",
 		Retry: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, MaxAttempts: 2}})
 	require.NoError(t, err)
 	require.Zero(t, r.LastSuccess(), "no round yet")
@@ -39,7 +40,7 @@ func TestRelay_StatsCountRoundsOutcomesAndLastSuccess(t *testing.T) {
 	require.False(t, r.LastSuccess().Before(before), "an empty round is a success")
 	require.Equal(t, uint64(1), r.Stats().Rounds)
 
-	require.NoError(t, Add(ctx, b.db,
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db),
 		Event{Topic: "t", AggregateID: "bad", Payload: []byte(`"poison"`)},
 		Event{Topic: "t", AggregateID: "ok", Payload: []byte(`"one"`)},
 		Event{Topic: "t", AggregateID: "ok", Payload: []byte(`"two"`)}))

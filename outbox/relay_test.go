@@ -24,6 +24,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -85,7 +86,7 @@ var eventually = poll.Until
 
 func startRelay(t *testing.T, db *sql.DB, pub message.Publisher, cfg RelayConfig) *Relay {
 	t.Helper()
-	r, err := NewRelay(db, pub, cfg)
+	r, err := NewRelay(postgres.From(db), pub, cfg)
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(context.Background()) }()
@@ -114,8 +115,8 @@ func TestAdd_RollbackLeavesNothing(t *testing.T) {
 	ctx := context.Background()
 	tx, err := b.db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	require.NoError(t, Add(ctx, tx, Event{Topic: "orders", AggregateID: "o1", Payload: []byte(`{"a":1}`)}))
-	pub, err := NewTxPublisher(tx, PublisherConfig{})
+	require.NoError(t, Add(ctx, postgres.SQLTx(tx), Event{Topic: "orders", AggregateID: "o1", Payload: []byte(`{"a":1}`)}))
+	pub, err := NewTxPublisher(postgres.SQLTx(tx), PublisherConfig{})
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("raw"))))
 	require.Equal(t, 2, countTx(t, tx))
@@ -132,10 +133,10 @@ func countTx(t *testing.T, tx *sql.Tx) int {
 func TestAdd_Validation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	err := Add(context.Background(), b.db, Event{AggregateID: "x"})
+	err := AddOutsideTx(context.Background(), postgres.From(b.db), Event{AggregateID: "x"})
 	require.ErrorIs(t, err, ErrInvalidEvent)
 	require.ErrorContains(t, err, "Topic is empty")
-	require.Error(t, Add(context.Background(), nil, Event{Topic: "t"}))
+	require.ErrorIs(t, Add(context.Background(), postgres.Tx{}, Event{Topic: "t"}), postgres.ErrNoDB)
 }
 
 func TestRelay_CommittedEventsArePublished(t *testing.T) {
@@ -146,9 +147,9 @@ func TestRelay_CommittedEventsArePublished(t *testing.T) {
 
 	tx, err := b.db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	require.NoError(t, Add(ctx, tx, Event{Topic: "orders", AggregateType: "order", AggregateID: "o1", EventType: "order.created.v1",
+	require.NoError(t, Add(ctx, postgres.SQLTx(tx), Event{Topic: "orders", AggregateType: "order", AggregateID: "o1", EventType: "order.created.v1",
 		Payload: []byte(`{"total": 10}`), ID: "ev-1", Metadata: map[string]string{metadata.TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}))
-	pub, err := NewTxPublisher(tx, PublisherConfig{Source: "svc"})
+	pub, err := NewTxPublisher(postgres.SQLTx(tx), PublisherConfig{Source: "svc"})
 	require.NoError(t, err)
 	wm := message.NewMessage("ev-2", []byte{0xff, 0x00, 0x01}) // not JSON: stored as bytes
 	wm.Metadata.Set(metadata.AggregateID, "o1")
@@ -184,7 +185,7 @@ func TestRelay_ListenWakesWithoutPolling(t *testing.T) {
 	startRelay(t, b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour, Lease: 3 * time.Minute})
 	// LISTEN is active once Running is closed (startRelay waits for it):
 	// the first claim ran before anything was written; now write.
-	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, AddOutsideTx(context.Background(), postgres.From(b.db), Event{Topic: "t", AggregateID: "a"}))
 	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "NOTIFY should wake the relay")
 }
 
@@ -214,10 +215,10 @@ func TestRelay_KilledBetweenPublishAndMarkRepublishes(t *testing.T) {
 	got := b.collect(t, "t")
 	ctx := context.Background()
 	for i := 0; i < 20; i++ {
-		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: strconv.Itoa(i % 4), Payload: []byte(strconv.Itoa(i))}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: strconv.Itoa(i % 4), Payload: []byte(strconv.Itoa(i))}))
 	}
 
-	r1, err := NewRelay(b.db, b.pubsub, RelayConfig{Lease: 200 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	r1, err := NewRelay(postgres.From(b.db), b.pubsub, RelayConfig{Lease: 200 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	runCtx, kill := context.WithCancel(ctx)
 	var killed atomic.Bool
@@ -278,7 +279,7 @@ func writeSequences(t *testing.T, db *sql.DB, topic string, aggregates, perAggre
 						errs <- err
 						return
 					}
-					if err := Add(context.Background(), tx, evs...); err != nil {
+					if err := Add(context.Background(), postgres.SQLTx(tx), evs...); err != nil {
 						_ = tx.Rollback()
 						errs <- err
 						return
@@ -463,11 +464,11 @@ func TestRelay_PoisonRowFailsWhileOthersFlow(t *testing.T) {
 		}
 		return nil
 	}}
-	require.NoError(t, Add(ctx, b.db,
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db),
 		Event{Topic: "t", AggregateID: "bad", Payload: []byte(`"poison"`)},
 		Event{Topic: "t", AggregateID: "bad", Payload: []byte(`"after"`)}))
 	for i := 0; i < 30; i++ {
-		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: fmt.Sprint("good", i%3), Payload: []byte(`"ok"`)}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: fmt.Sprint("good", i%3), Payload: []byte(`"ok"`)}))
 	}
 	reg := newTestRegistry()
 	startRelay(t, b.db, pub, RelayConfig{PollInterval: 5 * time.Millisecond, DeadLetterTopic: "t.dead", Registerer: reg, MetricsInterval: 10 * time.Millisecond,
@@ -493,9 +494,9 @@ func TestRelay_PoisonRowFailsWhileOthersFlow(t *testing.T) {
 
 func TestRelayConfig_Validate(t *testing.T) {
 	t.Parallel()
-	_, err := NewRelay(&sql.DB{}, gochannel.NewGoChannel(gochannel.Config{}, nil), RelayConfig{BatchSize: 20000})
+	_, err := NewRelay(postgres.From(&sql.DB{}), gochannel.NewGoChannel(gochannel.Config{}, nil), RelayConfig{BatchSize: 20000})
 	require.ErrorContains(t, err, "BatchSize 20000: want 1..10000")
-	_, err = NewRelay((*sql.DB)(nil), nil, RelayConfig{})
+	_, err = NewRelay(postgres.From((*sql.DB)(nil)), nil, RelayConfig{})
 	require.Error(t, err)
 }
 
@@ -519,7 +520,7 @@ func TestRelay_NoLostWakeupForWriterInFlight(t *testing.T) {
 	ctx := context.Background()
 	tx, err := b.db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	require.NoError(t, Add(ctx, tx, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, Add(ctx, postgres.SQLTx(tx), Event{Topic: "t", AggregateID: "a"}))
 
 	// Lease 3m: an idle relay also wakes after a third of its lease (10 s
 	// by default, 5 s after these waits' old 5 s ceilings); with 60 s the 30 s
@@ -542,7 +543,7 @@ func TestTrigger_NotifiesOnlyWhileARelayWaits(t *testing.T) {
 	ctx := context.Background()
 	marker, next := listenNotifications(t, b)
 
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: "a"}))
 	marker("m1")
 	require.Equal(t, "m1", next(), "no relay waits: the writer did not notify")
 
@@ -556,16 +557,16 @@ func TestTrigger_NotifiesOnlyWhileARelayWaits(t *testing.T) {
 	require.True(t, held)
 	tx, err := b.db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	require.NoError(t, Add(ctx, tx, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, Add(ctx, postgres.SQLTx(tx), Event{Topic: "t", AggregateID: "a"}))
 	require.NoError(t, tx.Rollback())
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: "a"}))
 	marker("m2")
 	require.Equal(t, "", next(), "the committed writer notified the waiting relay")
 	require.Equal(t, "m2", next(), "the rolled-back writer did not")
 
 	_, err = waiter.ExecContext(ctx, `SELECT pg_advisory_unlock(`+key+`)`)
 	require.NoError(t, err)
-	require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: "a"}))
 	marker("m3")
 	require.Equal(t, "m3", next(), "the relay woke: writers stop notifying")
 }
@@ -577,7 +578,7 @@ func TestRelay_ListenURLOfAnotherSchemaIsRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	other := pgtest.New(t, Migrations())
-	r, err := NewRelay(b.db, b.pubsub, RelayConfig{ListenURL: other.URL})
+	r, err := NewRelay(postgres.From(b.db), b.pubsub, RelayConfig{ListenURL: other.URL})
 	require.NoError(t, err)
 	_, err = r.listen(context.Background(), make(chan struct{}, 1))
 	require.ErrorContains(t, err, "RelayConfig.ListenURL reaches millwright_outbox in")
@@ -598,7 +599,7 @@ func TestRelay_FailingAggregateBacklogDoesNotBlockOthers(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		evs = append(evs, Event{Topic: "t", AggregateID: fmt.Sprint("good", i), Payload: []byte(`"ok"`)})
 	}
-	require.NoError(t, Add(ctx, b.db, evs...))
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), evs...))
 	pub := &hookPublisher{Publisher: b.pubsub, fail: func(_ string, m *message.Message) error {
 		if m.Metadata.Get(metadata.AggregateID) == "bad" {
 			return errors.New("bad aggregate")
@@ -623,12 +624,12 @@ func TestAdd_RefusesOversizedEventAtWriteTime(t *testing.T) {
 	tx, err := b.db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer tx.Rollback() //nolint:errcheck // test
-	err = Add(ctx, tx, Event{Topic: "orders", AggregateID: "o-1", Payload: big})
+	err = Add(ctx, postgres.SQLTx(tx), Event{Topic: "orders", AggregateID: "o-1", Payload: big})
 	require.ErrorIs(t, err, ErrInvalidEvent)
 	require.ErrorContains(t, err, "over the limit of 1048576")
 	require.ErrorContains(t, err, "topic orders")
 	// A payload just under the limit (metadata included) is stored.
-	require.NoError(t, Add(ctx, tx, Event{Topic: "orders", AggregateID: "o-2", Payload: big[:DefaultMaxEventBytes-1024]}))
+	require.NoError(t, Add(ctx, postgres.SQLTx(tx), Event{Topic: "orders", AggregateID: "o-2", Payload: big[:DefaultMaxEventBytes-1024]}))
 	require.NoError(t, tx.Commit())
 	require.Equal(t, 1, count(t, b.db, "aggregate_id = 'o-2'"))
 	require.Zero(t, count(t, b.db, "aggregate_id = 'o-1'"))
@@ -647,7 +648,7 @@ func TestRelay_HungHolderLosesTheWakeupLock(t *testing.T) {
 	if version < 140000 {
 		t.Skip("idle_session_timeout needs Postgres 14")
 	}
-	r, err := NewRelay(b.db, b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Millisecond})
+	r, err := NewRelay(postgres.From(b.db), b.pubsub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Millisecond})
 	require.NoError(t, err)
 	ctx := context.Background()
 	stop, err := r.listen(ctx, make(chan struct{}, 1))
@@ -739,7 +740,7 @@ func TestRelay_PublishesWithoutHoldingTheWakeupLock(t *testing.T) {
 		}
 		return nil
 	}}
-	r, err := NewRelay(b.db, pub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
+	r, err := NewRelay(postgres.From(b.db), pub, RelayConfig{ListenURL: b.schema.URL, PollInterval: time.Hour})
 	require.NoError(t, err)
 	var planted sync.Once
 	r.beforeIdleLook = func() {
@@ -750,7 +751,7 @@ func TestRelay_PublishesWithoutHoldingTheWakeupLock(t *testing.T) {
 			require.NoError(t, err)
 			_, err = tx.Exec(`SET LOCAL session_replication_role = replica`)
 			require.NoError(t, err)
-			require.NoError(t, Add(ctx, tx, Event{Topic: "t", AggregateID: "a", Payload: []byte(`"slow"`)}))
+			require.NoError(t, Add(ctx, postgres.SQLTx(tx), Event{Topic: "t", AggregateID: "a", Payload: []byte(`"slow"`)}))
 			require.NoError(t, tx.Commit())
 		})
 	}
@@ -775,7 +776,7 @@ func TestRelay_PublishesWithoutHoldingTheWakeupLock(t *testing.T) {
 	for next() != "before" {
 	}
 	for i := 0; i < 3; i++ {
-		require.NoError(t, Add(ctx, b.db, Event{Topic: "t", AggregateID: fmt.Sprint("w", i)}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "t", AggregateID: fmt.Sprint("w", i)}))
 	}
 	marker("m")
 	require.Equal(t, "m", next(), "writers notified while the relay was publishing")
@@ -828,7 +829,7 @@ func TestRelay_StoppingHolderHandsOverTheWakeup(t *testing.T) {
 		return holder != nil
 	}, "both relays idle with their lanes, one of them holding the lock")
 	require.NoError(t, holder.Close())
-	require.NoError(t, Add(context.Background(), b.db, Event{Topic: "t", AggregateID: "a"}))
+	require.NoError(t, AddOutsideTx(context.Background(), postgres.From(b.db), Event{Topic: "t", AggregateID: "a"}))
 	eventually(t, 30*time.Second, func() bool { return len(got.all()) == 1 }, "the other relay publishes without waiting for its poll")
 }
 

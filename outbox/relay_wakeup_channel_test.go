@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/postgres"
 )
 
 // NotifyChannel (Go) and notifyChannelSQL (what RetryFailed runs, the
@@ -71,7 +72,7 @@ func longSchema(t *testing.T, n int, sources ...migrate.Source) (name, url strin
 	db, err := sql.Open("postgres", url)
 	require.NoError(t, err)
 	defer db.Close()
-	_, err = migrate.Up(context.Background(), db, sources...)
+	_, err = migrate.Up(context.Background(), postgres.From(db), sources...)
 	require.NoError(t, err, "migrating a schema of %d bytes", n)
 	var current string
 	require.NoError(t, db.QueryRow(`SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'millwright_outbox'::regclass`).Scan(&current))
@@ -134,7 +135,7 @@ func testLongSchema(t *testing.T, n int, sources []migrate.Source) {
 	startRelay(t, db, ps, cfg)
 	eventually(t, 20*time.Second, idle, "the relay went idle holding the wake-up lock (schema of %d bytes)", n)
 
-	require.NoError(t, Add(ctx, db, Event{Topic: "t", AggregateID: "a", Payload: []byte(`1`)}),
+	require.NoError(t, AddOutsideTx(ctx, postgres.From(db), Event{Topic: "t", AggregateID: "a", Payload: []byte(`1`)}),
 		"a business write while the relay listens (schema %q, channel %q)", schema, NotifyChannel(schema))
 	eventually(t, 20*time.Second, func() bool { return len(got.all()) == 1 }, "the notification woke the relay, which published")
 
@@ -143,7 +144,7 @@ func testLongSchema(t *testing.T, n int, sources []migrate.Source) {
 	_, err = db.Exec(`INSERT INTO millwright_outbox (event_id, topic, aggregate_id, payload, status) VALUES ('f1', 't', 'b', '2', 'failed')`)
 	require.NoError(t, err)
 	eventually(t, 20*time.Second, idle, "the relay went idle after the failed row's wake-up")
-	retried, err := RetryFailed(ctx, db, FailedFilter{}, false)
+	retried, err := RetryFailed(ctx, postgres.From(db), FailedFilter{}, false)
 	require.NoError(t, err)
 	require.Len(t, retried, 1)
 	eventually(t, 20*time.Second, func() bool { return len(got.all()) == 2 }, "RetryFailed's notification woke the relay")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // blackholingPublisher blackholes the relay's wake-up connections (the
@@ -47,12 +48,12 @@ func TestRelay_SilentWakeupConnectionDoesNotStallTheRelay(t *testing.T) {
 		pub := &blackholingPublisher{Publisher: b.pubsub, topic: "silent", hole: p.Blackhole}
 		startRelayOn(t, b.handle, pub, RelayConfig{ListenURL: through, PollInterval: 100 * time.Millisecond})
 		ctx := context.Background()
-		require.NoError(t, Add(ctx, b.db, Event{Topic: "silent", AggregateID: "a", Payload: []byte(`{"n":1}`)}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "silent", AggregateID: "a", Payload: []byte(`{"n":1}`)}))
 		eventually(t, 30*time.Second, func() bool { return len(got.all()) >= 1 }, "the first event was not published")
 		require.Positive(t, p.Blackholed(), "no wake-up connection was blackholed: the fault did not happen")
 
 		written := time.Now()
-		require.NoError(t, Add(ctx, b.db, Event{Topic: "silent", AggregateID: "a", Payload: []byte(`{"n":2}`)}))
+		require.NoError(t, AddOutsideTx(ctx, postgres.From(b.db), Event{Topic: "silent", AggregateID: "a", Payload: []byte(`{"n":2}`)}))
 		eventually(t, 45*time.Second, func() bool { return len(got.all()) >= 2 },
 			"the relay stalled on its silent wake-up connection (blackholed %d, dropped bytes %d)", p.Blackholed(), p.DroppedBytes())
 		eventually(t, 10*time.Second, func() bool { return p.DroppedBytes() > 0 }, "nothing was dropped: the fault did not happen")

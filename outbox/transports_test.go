@@ -27,6 +27,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"
@@ -174,7 +175,7 @@ func runRelayTransportOn(t *testing.T, driver string, cfg transport.Config, aggs
 		for a := 0; a < aggs; a++ {
 			agg := fmt.Sprintf("agg-%02d", a)
 			payload, _ := json.Marshal(seqEvent{Agg: agg, Seq: seq})
-			require.NoError(t, inTx(ctx, h, func(tx any) error {
+			require.NoError(t, inTx(ctx, h, func(tx postgres.Tx) error {
 				return outbox.Add(ctx, tx, outbox.Event{Topic: topic, AggregateType: "test", AggregateID: agg, EventType: "test.seq.v1", Payload: payload})
 			}))
 		}
@@ -211,7 +212,7 @@ func runRelayTransportOn(t *testing.T, driver string, cfg transport.Config, aggs
 			t.Fatalf("%s: received %d of %d events: %v", kind, len(applied.seen), total, ctx.Err())
 		}
 	}
-	require.NoError(t, outboxtest.WaitDrained(ctx, h))
+	require.NoError(t, outboxtest.WaitDrained(ctx, s.Handles(t, driver)))
 	var pending int
 	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT count(*) FROM millwright_outbox WHERE status <> 'published'`).Scan(&pending))
 	require.Zero(t, pending)
@@ -276,14 +277,14 @@ func TestRelayKeepsFirstDeliveryOrderWhenRabbitMQNacks(t *testing.T) {
 				ev.Pad = strings.Repeat("x", nackBig)
 			}
 			payload, _ := json.Marshal(ev)
-			require.NoError(t, outbox.Add(ctx, s.DB, outbox.Event{Topic: topic, AggregateType: "test", AggregateID: ev.Agg, EventType: "test.seq.v1", Payload: payload}))
+			require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: topic, AggregateType: "test", AggregateID: ev.Agg, EventType: "test.seq.v1", Payload: payload}))
 		}
 	}
 
 	bp, ok := tr.Publisher().(transport.BatchPublisher)
 	require.True(t, ok, "the amqp publisher has no PublishBatch")
 	pub := &nackCounter{BatchPublisher: bp}
-	relay, err := outbox.NewRelay(s.DB, pub, outbox.RelayConfig{
+	relay, err := outbox.NewRelay(postgres.From(s.DB), pub, outbox.RelayConfig{
 		BatchSize: 50, PollInterval: 20 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: -1},
 	})
@@ -317,7 +318,7 @@ func TestRelayKeepsFirstDeliveryOrderWhenRabbitMQNacks(t *testing.T) {
 			t.Fatalf("received %d of %d events (%d nacks): %v; arrivals: %v", len(applied.seen), aggs*perAgg, pub.nacks.Load(), ctx.Err(), applied.trace)
 		}
 	}
-	require.NoError(t, outboxtest.WaitDrained(ctx, s.DB))
+	require.NoError(t, outboxtest.WaitDrained(ctx, postgres.From(s.DB)))
 	t.Logf("%d nacks; arrivals: %v", pub.nacks.Load(), applied.trace)
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/park"
+	"github.com/millwright/millwright/postgres"
 )
 
 // BenchmarkHealthyKey measures what the middleware adds to a handler that
@@ -29,9 +30,9 @@ func BenchmarkHealthyKey(b *testing.B) {
 				err error
 			)
 			if driver == pgtest.DriverPgx {
-				p, err = park.New(s.Pgx(b), park.Config{})
+				p, err = park.New(postgres.From(s.Pgx(b)), park.Config{})
 			} else {
-				p, err = park.New(s.DB, park.Config{})
+				p, err = park.New(postgres.From(s.DB), park.Config{})
 			}
 			if err != nil {
 				b.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/park"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -124,9 +125,9 @@ func setup(t *testing.T, driver string) *bundle {
 	s := pgtest.New(t, audit.Migrations(), dlq.Migrations(), park.Migrations())
 	b := &bundle{schema: s, driver: driver}
 	if driver == pgtest.DriverPgx {
-		b.store, b.dlq = park.NewStore(s.Pgx(t)), dlq.NewStore(s.Pgx(t))
+		b.store, b.dlq = park.NewStore(postgres.From(s.Pgx(t))), dlq.NewStore(postgres.From(s.Pgx(t)))
 	} else {
-		b.store, b.dlq = park.NewStore(s.DB), dlq.NewStore(s.DB)
+		b.store, b.dlq = park.NewStore(postgres.From(s.DB)), dlq.NewStore(postgres.From(s.DB))
 	}
 	return b
 }
@@ -143,9 +144,9 @@ func (b *bundle) parker(t *testing.T, cfg park.Config) *park.Parker {
 		err error
 	)
 	if b.driver == pgtest.DriverPgx {
-		p, err = park.New(b.schema.Pgx(t), cfg)
+		p, err = park.New(postgres.From(b.schema.Pgx(t)), cfg)
 	} else {
-		p, err = park.New(b.schema.DB, cfg)
+		p, err = park.New(postgres.From(b.schema.DB), cfg)
 	}
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })

@@ -16,6 +16,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/park"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Rows parked before migration 002 (keys and metadata as text) are
@@ -40,10 +41,10 @@ func TestMigrationKeepsParkedRows(t *testing.T) {
 		_, err := s.DB.Exec(q)
 		require.NoError(t, err, q)
 	}
-	_, err = migrate.Up(context.Background(), s.DB, park.Migrations())
+	_, err = migrate.Up(context.Background(), postgres.From(s.DB), park.Migrations())
 	require.NoError(t, err)
 
-	store := park.NewStore(s.DB)
+	store := park.NewStore(postgres.From(s.DB))
 	ctx := context.Background()
 	ks, err := store.List(ctx, park.Filter{})
 	require.NoError(t, err)
@@ -64,7 +65,7 @@ func TestMigrationKeepsParkedRows(t *testing.T) {
 	require.Zero(t, msgs[1].DeadLetterID)
 
 	// The retrier runs the migrated rows with their metadata.
-	p, err := park.New(s.DB, park.Config{Retry: fast, PollInterval: 10 * time.Millisecond})
+	p, err := park.New(postgres.From(s.DB), park.Config{Retry: fast, PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	var mu sync.Mutex
 	seen := map[string]message.Metadata{}
@@ -111,9 +112,9 @@ func TestMigrationKeepsKeysTheTagWouldMakeCollide(t *testing.T) {
 		_, err := s.DB.Exec(q)
 		require.NoError(t, err, q)
 	}
-	_, err = migrate.Up(context.Background(), s.DB, park.Migrations())
+	_, err = migrate.Up(context.Background(), postgres.From(s.DB), park.Migrations())
 	require.NoError(t, err)
-	ks, err := park.NewStore(s.DB).List(context.Background(), park.Filter{})
+	ks, err := park.NewStore(postgres.From(s.DB)).List(context.Background(), park.Filter{})
 	require.NoError(t, err)
 	got := map[string]bool{}
 	for _, k := range ks {

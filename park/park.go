@@ -206,10 +206,10 @@ type Parker struct {
 
 // New returns a Parker on db, a *sql.DB or a *pgxpool.Pool whose
 // search_path reaches the park and dlq tables (see Migrations).
-func New[P postgres.Pool](db P, cfg Config) (*Parker, error) {
+func New(db postgres.DB, cfg Config) (*Parker, error) {
 	pool, err := storage.PoolFrom(db)
 	if err != nil {
-		return nil, fmt.Errorf("park: New: db is nil; pass an open *sql.DB or *pgxpool.Pool: %w", err)
+		return nil, fmt.Errorf("park: New: db is nil; pass postgres.From(pool) of an open *sql.DB or *pgxpool.Pool: %w", err)
 	}
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {

@@ -240,7 +240,7 @@ func (p *Parker) keepClaim(ctx context.Context, c storage.ParkedClaim, lost cont
 // was applied, in the transaction that removes it (dlq.ResolveTx).
 func (p *Parker) resolver(c storage.ParkedClaim) func(context.Context, storage.Tx, int64) error {
 	return func(ctx context.Context, tx storage.Tx, id int64) error {
-		ok, err := dlq.ResolveTx(ctx, tx, id, dlq.Resolution{Actor: "park retrier/" + c.Handler,
+		ok, err := dlq.ResolveTx(ctx, storage.AsTx(tx), id, dlq.Resolution{Actor: "park retrier/" + c.Handler,
 			Args: []string{"--handler=" + c.Handler, "--key=" + keyText(c.Key), "--message=" + c.Head.MessageUUID}})
 		if errors.Is(err, dlq.ErrNotAudited) {
 			p.cfg.Logger.Error("Dead letter applied through park but left dead: the audit table is missing", err, watermill.LogFields{"handler": c.Handler, "dead_letter_id": id})

@@ -67,10 +67,10 @@ type Store struct {
 
 // NewStore returns a Store on db. A nil db gives a Store whose every
 // method fails saying so.
-func NewStore[P postgres.Pool](db P) *Store {
+func NewStore(db postgres.DB) *Store {
 	pool, err := storage.PoolFrom(db)
 	if err != nil {
-		err = fmt.Errorf("park: NewStore: db is nil; pass an open *sql.DB or *pgxpool.Pool: %w", err)
+		err = fmt.Errorf("park: NewStore: db is nil; pass postgres.From(pool) of an open *sql.DB or *pgxpool.Pool: %w", err)
 	}
 	return &Store{pool: pool, err: err}
 }

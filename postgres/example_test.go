@@ -16,7 +16,7 @@ func ExampleOpen() {
 		return
 	}
 	defer db.Close()
-	store, err := idempotency.NewPostgresStore(db)
+	store, err := idempotency.NewPostgresStore(postgres.From(db))
 	fmt.Println(store != nil, err)
 	// Output: true <nil>
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millwright/millwright/internal/txhook"
 )
 
 // DB is a database millwright's components run on: a *pgxpool.Pool or a
@@ -36,6 +38,19 @@ type DB struct {
 type Tx struct {
 	sql *sql.Tx
 	pgx pgx.Tx
+	// internal is a statement queue or transaction of millwright's own
+	// (internal/txhook): never set from outside the module.
+	internal any
+}
+
+func init() {
+	txhook.Wrap = func(q any) any { return Tx{internal: q} }
+	txhook.Unwrap = func(tx any) any {
+		if t, ok := tx.(Tx); ok {
+			return t.internal
+		}
+		return nil
+	}
 }
 
 // ErrNoDB is returned (wrapped) by the components given a zero DB or Tx,
@@ -93,9 +108,9 @@ func (d DB) Driver() string {
 	return ""
 }
 
-// Ping checks that the database answers, on either driver. health.Ping
-// takes it.
-func (d DB) Ping(ctx context.Context) error {
+// PingContext checks that the database answers, on either driver: a DB
+// is a health.Pinger.
+func (d DB) PingContext(ctx context.Context) error {
 	switch {
 	case d.pgx != nil:
 		return d.pgx.Ping(ctx)
@@ -154,8 +169,22 @@ func (t Tx) Pgx() pgx.Tx { return t.pgx }
 // Valid reports whether t holds a transaction; ErrNoDB otherwise, naming
 // the fix.
 func (t Tx) Valid() error {
-	if t.sql == nil && t.pgx == nil {
+	if t.sql == nil && t.pgx == nil && t.internal == nil {
 		return fmt.Errorf("%w: the Tx is zero or built from a nil transaction: build it with postgres.PgxTx(tx) or postgres.SQLTx(tx) on the open business transaction", ErrNoDB)
 	}
 	return nil
 }
+
+// Handle is a DB or a Tx: what millwright's reads take (outbox.ReadStats,
+// saga.List, ...), so that they run in the caller's transaction when it
+// has one. Writes never take a Handle: they take a Tx, or a DB when
+// their name says they run in a transaction of their own. Only DB and Tx
+// implement Handle.
+type Handle interface {
+	// Valid reports whether the handle holds a pool or a transaction.
+	Valid() error
+	handle()
+}
+
+func (DB) handle() {}
+func (Tx) handle() {}

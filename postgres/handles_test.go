@@ -18,7 +18,7 @@ func TestZeroHandlesAreRefusedWithTheFix(t *testing.T) {
 	require.ErrorIs(t, postgres.SQL(nil).Valid(), postgres.ErrNoDB)
 	require.ErrorIs(t, postgres.Pgx(nil).Valid(), postgres.ErrNoDB)
 	require.ErrorIs(t, postgres.Tx{}.Valid(), postgres.ErrNoDB)
-	require.ErrorIs(t, postgres.DB{}.Ping(context.Background()), postgres.ErrNoDB)
+	require.ErrorIs(t, postgres.DB{}.PingContext(context.Background()), postgres.ErrNoDB)
 	require.ErrorIs(t, postgres.DB{}.InTx(context.Background(), func(postgres.Tx) error { return nil }), postgres.ErrNoDB)
 }
 
@@ -30,7 +30,7 @@ func TestInTxCommitsOrRollsBackOnBothDrivers(t *testing.T) {
 		s := pgtest.New(t)
 		db := s.Handles(t, driver)
 		require.Equal(t, driver == pgtest.DriverPgx, db.Pgx() != nil)
-		require.NoError(t, db.Ping(ctx))
+		require.NoError(t, db.PingContext(ctx))
 		_, err := s.DB.ExecContext(ctx, `CREATE TABLE t (v text)`)
 		require.NoError(t, err)
 		insert := func(v string) func(postgres.Tx) error {

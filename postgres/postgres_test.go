@@ -31,12 +31,12 @@ func TestOpenPoolSendsTheMarkWithBegin(t *testing.T) {
 			pool, perr := postgres.OpenPgx(context.Background(), s.URL)
 			require.NoError(t, perr)
 			defer pool.Close()
-			store, err = idempotency.NewPostgresStore(pool)
+			store, err = idempotency.NewPostgresStore(postgres.From(pool))
 		} else {
 			db, oerr := postgres.Open(s.URL)
 			require.NoError(t, oerr)
 			defer db.Close()
-			store, err = idempotency.NewPostgresStore(db)
+			store, err = idempotency.NewPostgresStore(postgres.From(db))
 		}
 		require.NoError(t, err)
 		testMarkTravelsWithBegin(t, s, store)

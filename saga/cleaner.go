@@ -43,6 +43,6 @@ type Cleaner = cleaner.Cleaner
 
 // NewCleaner returns a cleaner of the saga tables in db's search_path, for
 // every saga type.
-func NewCleaner[P postgres.Pool](db P, cfg CleanerConfig) (*Cleaner, error) {
+func NewCleaner(db postgres.DB, cfg CleanerConfig) (*Cleaner, error) {
 	return cleaner.NewFrom(db, cleanerTable, cfg)
 }

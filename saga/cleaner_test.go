@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -19,9 +20,9 @@ func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg saga.CleanerC
 	t.Helper()
 	switch h := s.Handle(t, driver).(type) {
 	case *sql.DB:
-		return saga.NewCleaner(h, cfg)
+		return saga.NewCleaner(postgres.From(h), cfg)
 	case *pgxpool.Pool:
-		return saga.NewCleaner(h, cfg)
+		return saga.NewCleaner(postgres.From(h), cfg)
 	}
 	t.Fatalf("no pool for driver %s", driver)
 	return nil, nil
@@ -65,7 +66,7 @@ func testCleanerDeletesOldFinishedSagas(t *testing.T, driver string) {
 		WHERE state IN ('completed', 'compensated') AND updated_at < now() - interval '30 days' ORDER BY updated_at LIMIT 1000`)
 	require.Contains(t, plan, "millwright_saga_instances_finished_idx", "the batch walks the index of migration 003")
 
-	_, err = saga.NewCleaner(s.DB, saga.CleanerConfig{Retention: time.Second, BatchSize: -1})
+	_, err = saga.NewCleaner(postgres.From(s.DB), saga.CleanerConfig{Retention: time.Second, BatchSize: -1})
 	require.ErrorContains(t, err, "saga: CleanerConfig.Retention 1s is too short")
 	require.ErrorContains(t, err, "CleanerConfig.BatchSize -1", "every field error, joined")
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // A transition written against a version the row no longer has fails
@@ -30,10 +31,10 @@ func TestCommitOfAStaleVersionFails(t *testing.T) {
 			Compensation: func(data) (Command, error) { return Command{Topic: "one"}, nil },
 		})
 		require.NoError(t, err)
-		o, err := NewOrchestrator(s.DB, def, Config{ReplyTopic: "conflict.replies"})
+		o, err := NewOrchestrator(postgres.From(s.DB), def, Config{ReplyTopic: "conflict.replies"})
 		require.NoError(t, err)
 		ctx := context.Background()
-		require.NoError(t, o.Start(ctx, pool.Handle(), "s-1", data{}))
+		require.NoError(t, o.Start(ctx, storage.AsTx(pool), "s-1", data{}))
 
 		load := func() instance {
 			row, err := storage.LockSaga(ctx, pool, "s-1")

@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -52,12 +53,12 @@ func TestConcurrentRepliesMakeOneTransition(t *testing.T) {
 		db.SetMaxOpenConns(1)
 		t.Cleanup(func() { db.Close() })
 		require.NoError(t, db.QueryRow(`SELECT pg_backend_pid()`).Scan(&pids[i]))
-		orchs[i], err = saga.NewOrchestrator(db, def, saga.Config{ReplyTopic: tp.replies})
+		orchs[i], err = saga.NewOrchestrator(postgres.From(db), def, saga.Config{ReplyTopic: tp.replies})
 		require.NoError(t, err)
 	}
 	tx, err := s.DB.Begin()
 	require.NoError(t, err)
-	require.NoError(t, orchs[0].Start(ctx, tx, "race", Order{ID: "race"}))
+	require.NoError(t, orchs[0].Start(ctx, postgres.SQLTx(tx), "race", Order{ID: "race"}))
 	require.NoError(t, tx.Commit())
 
 	lock, err := s.DB.Begin()
@@ -91,7 +92,7 @@ func TestConcurrentRepliesMakeOneTransition(t *testing.T) {
 		}
 	}
 
-	info, h, err := saga.Get(ctx, s.DB, "race")
+	info, h, err := saga.Get(ctx, postgres.From(s.DB), "race")
 	require.NoError(t, err)
 	require.EqualValues(t, 2, info.Version, "one transition")
 	kinds := map[string]int{}

@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 )
@@ -56,30 +57,30 @@ func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, saga.Migrations())
 	def := saga.MustDefine("x", saga.Step[struct{}]{Name: "s", Command: func(struct{}) (saga.Command, error) { return saga.Command{Topic: "t"}, nil }, NoCompensation: true})
-	_, err := saga.NewOrchestrator(s.DB, def, saga.Config{BatchSize: 20000})
+	_, err := saga.NewOrchestrator(postgres.From(s.DB), def, saga.Config{BatchSize: 20000})
 	require.ErrorContains(t, err, "BatchSize 20000")
-	_, err = saga.NewOrchestrator(s.DB, def, saga.Config{PollInterval: time.Microsecond})
+	_, err = saga.NewOrchestrator(postgres.From(s.DB), def, saga.Config{PollInterval: time.Microsecond})
 	require.ErrorContains(t, err, "PollInterval")
-	_, err = saga.NewOrchestrator((*sql.DB)(nil), def, saga.Config{})
-	require.ErrorContains(t, err, "db is nil")
-	_, err = saga.NewOrchestrator((*pgxpool.Pool)(nil), def, saga.Config{})
-	require.ErrorContains(t, err, "db is nil")
-	_, err = saga.NewOrchestrator[struct{}](s.DB, nil, saga.Config{})
+	_, err = saga.NewOrchestrator(postgres.From((*sql.DB)(nil)), def, saga.Config{})
+	require.ErrorIs(t, err, postgres.ErrNoDB)
+	_, err = saga.NewOrchestrator(postgres.From((*pgxpool.Pool)(nil)), def, saga.Config{})
+	require.ErrorIs(t, err, postgres.ErrNoDB)
+	_, err = saga.NewOrchestrator[struct{}](postgres.From(s.DB), nil, saga.Config{})
 	require.ErrorContains(t, err, "saga.Define")
-	o, err := saga.NewOrchestrator(s.DB, def, saga.Config{})
+	o, err := saga.NewOrchestrator(postgres.From(s.DB), def, saga.Config{})
 	require.NoError(t, err)
 	require.Equal(t, "x_replies", o.ReplyTopic())
 	require.Equal(t, []string{"x_replies"}, o.ReplyTopics())
 	require.Equal(t, []string{"s"}, o.Definition().Steps())
 	for _, n := range []int{-1, 65} {
-		_, err = saga.NewOrchestrator(s.DB, def, saga.Config{ReplyShards: n})
+		_, err = saga.NewOrchestrator(postgres.From(s.DB), def, saga.Config{ReplyShards: n})
 		require.ErrorContains(t, err, fmt.Sprintf("ReplyShards %d: want 1..64", n))
 	}
 	// Every field's error at once.
-	_, err = saga.NewOrchestrator(s.DB, def, saga.Config{ReplyShards: 65, BatchSize: 20000})
+	_, err = saga.NewOrchestrator(postgres.From(s.DB), def, saga.Config{ReplyShards: 65, BatchSize: 20000})
 	require.ErrorContains(t, err, "ReplyShards 65")
 	require.ErrorContains(t, err, "BatchSize 20000")
-	o, err = saga.NewOrchestrator(s.DB, def, saga.Config{ReplyShards: 3})
+	o, err = saga.NewOrchestrator(postgres.From(s.DB), def, saga.Config{ReplyShards: 3})
 	require.NoError(t, err)
 	require.Equal(t, []string{"x_replies", "x_replies_1", "x_replies_2"}, o.ReplyTopics())
 }
@@ -91,10 +92,10 @@ func TestHandleReplyRejectsForeignReplies(t *testing.T) {
 	s := pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), saga.Migrations())
 	s.DB.SetMaxOpenConns(4)
 	tp := newTopics()
-	o, err := saga.NewOrchestrator(s.DB, ordersDef(t, tp, defOpts{}), saga.Config{ReplyTopic: tp.replies})
+	o, err := saga.NewOrchestrator(postgres.From(s.DB), ordersDef(t, tp, defOpts{}), saga.Config{ReplyTopic: tp.replies})
 	require.NoError(t, err)
 	ctx := context.Background()
-	require.NoError(t, o.Start(ctx, s.DB, "o-1", Order{ID: "o-1"}))
+	require.NoError(t, o.StartOutsideTx(ctx, postgres.From(s.DB), "o-1", Order{ID: "o-1"}))
 
 	cmd := commandFor("o-1", reserve, saga.PhaseForward, "1", tp.replies)
 	for name, tc := range map[string]struct {
@@ -118,7 +119,7 @@ func TestHandleReplyRejectsForeignReplies(t *testing.T) {
 			require.True(t, retry.IsPermanent(err), "permanent: %v", err)
 		})
 	}
-	info, h, err := saga.Get(ctx, s.DB, "o-1")
+	info, h, err := saga.Get(ctx, postgres.From(s.DB), "o-1")
 	require.NoError(t, err)
 	require.EqualValues(t, 1, info.Version)
 	require.Len(t, h, 1)

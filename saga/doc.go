@@ -62,8 +62,8 @@
 // (through the outbox, in the transaction of their effect) or NewReply;
 // both copy the saga keys (metadata.SagaID, SagaStep, SagaPhase,
 // SagaAttempt) and set metadata.SagaReplyType. A failure reply carries its
-// reason in metadata.SagaError. A participant on pgx writes its effect and
-// outbox.Add(ctx, tx, ev) in the same pgx.Tx.
+// reason in metadata.SagaError. A participant writes its effect and
+// outbox.Add(ctx, tx, ev) in the same transaction (idempotency.TxFromContext).
 //
 // A transport that hands a topic's messages to its consumer one at a
 // time (sql; RabbitMQ with one consumer) applies one reply at a time. Set

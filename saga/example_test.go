@@ -17,6 +17,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -33,7 +34,7 @@ func exampleDB() (*sql.DB, func()) {
 		os.Exit(1)
 	}
 	db, _ := sql.Open("postgres", exampleURL(schema))
-	if _, err := migrate.Up(context.Background(), db, outbox.Migrations(), idempotency.Migrations(), saga.Migrations()); err != nil {
+	if _, err := migrate.Up(context.Background(), postgres.From(db), outbox.Migrations(), idempotency.Migrations(), saga.Migrations()); err != nil {
 		panic(err)
 	}
 	return db, func() {
@@ -87,8 +88,8 @@ func Example() {
 	defer cleanup()
 	broker := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
 
-	orders, _ := saga.NewOrchestrator(db, shopSaga(), saga.Config{PollInterval: 50 * time.Millisecond})
-	store, _ := idempotency.NewPostgresStore(db)
+	orders, _ := saga.NewOrchestrator(postgres.From(db), shopSaga(), saga.Config{PollInterval: 50 * time.Millisecond})
+	store, _ := idempotency.NewPostgresStore(postgres.From(db))
 	dedup, _ := idempotency.NewMiddleware(store, idempotency.Config{Consumer: "shop-orders-saga", Registerer: nil})
 
 	router, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
@@ -118,7 +119,7 @@ func Example() {
 	go router.Run(ctx)
 	defer router.Close()
 	<-router.Running()
-	relay, _ := outbox.NewRelay(db, broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
+	relay, _ := outbox.NewRelay(postgres.From(db), broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
 	go relay.Run(ctx)
 	defer relay.Close()
 	go orders.Run(ctx)
@@ -126,14 +127,14 @@ func Example() {
 
 	tx, _ := db.BeginTx(ctx, nil)
 	// ... the order's own rows are written in tx too ...
-	if err := orders.Start(ctx, tx, "order-7", ShopOrder{ID: "order-7"}); err != nil {
+	if err := orders.Start(ctx, postgres.SQLTx(tx), "order-7", ShopOrder{ID: "order-7"}); err != nil {
 		fmt.Println(err)
 		return
 	}
 	_ = tx.Commit()
 
 	for deadline := time.Now().Add(time.Minute); ; {
-		info, _, _ := saga.Get(ctx, db, "order-7")
+		info, _, _ := saga.Get(ctx, postgres.From(db), "order-7")
 		if time.Now().After(deadline) {
 			fmt.Println("still", info.State, "after a minute")
 			break

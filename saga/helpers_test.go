@@ -339,7 +339,7 @@ func (p *participants) answerInPgxTx(msg *message.Message, typ string, act actio
 	if act == fail {
 		ev.Metadata[metadata.SagaError] = step + " " + phase + " refused"
 	}
-	if err := outbox.Add(ctx, tx, ev); err != nil {
+	if err := outbox.Add(ctx, postgres.PgxTx(tx), ev); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)
@@ -379,19 +379,19 @@ type bundle struct {
 
 // handle is the pool the tests read sagas through: the pgx pool on pgx,
 // else the *sql.DB.
-func (b *bundle) handle() saga.Querier {
+func (b *bundle) handle() postgres.Handle {
 	if b.pgx != nil {
-		return b.pgx
+		return postgres.From(b.pgx)
 	}
-	return b.schema.DB
+	return postgres.From(b.schema.DB)
 }
 
 // resolve is saga.Resolve on the bundle's driver.
 func (b *bundle) resolve(ctx context.Context, id string, action saga.ResolveAction, note string, dryRun bool) (saga.Resolution, error) {
 	if b.pgx != nil {
-		return saga.Resolve(ctx, b.pgx, id, action, note, dryRun)
+		return saga.Resolve(ctx, postgres.From(b.pgx), id, action, note, dryRun)
 	}
-	return saga.Resolve(ctx, b.schema.DB, id, action, note, dryRun)
+	return saga.Resolve(ctx, postgres.From(b.schema.DB), id, action, note, dryRun)
 }
 
 // setup opens a schema, a transport (gochannel by default), starts an
@@ -443,13 +443,13 @@ func setupOn(t *testing.T, tcfg *transport.Config, o defOpts, tp topics, driver 
 		// The reply consumers' idempotency middleware then hands
 		// HandleReply a pgx.Tx (idempotency.PgxTxFromContext).
 		b.pgx = b.schema.Pgx(t)
-		b.store, err = idempotency.NewPostgresStore(b.pgx)
+		b.store, err = idempotency.NewPostgresStore(postgres.From(b.pgx))
 		require.NoError(t, err)
-		relay, err = outbox.NewRelay(b.pgx, tr.Publisher(), relayCfg)
+		relay, err = outbox.NewRelay(postgres.From(b.pgx), tr.Publisher(), relayCfg)
 	} else {
-		b.store, err = idempotency.NewPostgresStore(b.schema.DB)
+		b.store, err = idempotency.NewPostgresStore(postgres.From(b.schema.DB))
 		require.NoError(t, err)
-		relay, err = outbox.NewRelay(b.schema.DB, tr.Publisher(), relayCfg)
+		relay, err = outbox.NewRelay(postgres.From(b.schema.DB), tr.Publisher(), relayCfg)
 	}
 	require.NoError(t, err)
 	runBackground(t, "relay", relay.Run, relay.Close)
@@ -542,9 +542,9 @@ func (b *bundle) startOrchestrator(t *testing.T) *orch {
 	var o *saga.Orchestrator[Order]
 	var err error
 	if b.pgx != nil {
-		o, err = saga.NewOrchestrator(b.pgx, b.def, cfg)
+		o, err = saga.NewOrchestrator(postgres.From(b.pgx), b.def, cfg)
 	} else {
-		o, err = saga.NewOrchestrator(b.schema.DB, b.def, cfg)
+		o, err = saga.NewOrchestrator(postgres.From(b.schema.DB), b.def, cfg)
 	}
 	require.NoError(t, err)
 	dedup, err := idempotency.NewMiddleware(b.store, idempotency.Config{Consumer: "orders-saga", Registerer: reg})
@@ -578,13 +578,13 @@ func (b *bundle) start(t *testing.T, o *orch, id string) {
 	if b.pgx != nil {
 		tx, err := b.pgx.Begin(ctx)
 		require.NoError(t, err)
-		require.NoError(t, o.o.Start(ctx, tx, id, Order{ID: id, Amount: 42}))
+		require.NoError(t, o.o.Start(ctx, postgres.PgxTx(tx), id, Order{ID: id, Amount: 42}))
 		require.NoError(t, tx.Commit(ctx))
 		return
 	}
 	tx, err := b.schema.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	require.NoError(t, o.o.Start(ctx, tx, id, Order{ID: id, Amount: 42}))
+	require.NoError(t, o.o.Start(ctx, postgres.SQLTx(tx), id, Order{ID: id, Amount: 42}))
 	require.NoError(t, tx.Commit())
 }
 

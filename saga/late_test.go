@@ -16,6 +16,7 @@ import (
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 )
@@ -27,7 +28,7 @@ func (b *bundle) waitLateUndone(t *testing.T, id string) []saga.HistoryEntry {
 	var h []saga.HistoryEntry
 	poll.Until(t, 30*time.Second, func() bool {
 		var err error
-		h, err = saga.History(context.Background(), b.schema.DB, id)
+		h, err = saga.History(context.Background(), postgres.From(b.schema.DB), id)
 		require.NoError(t, err)
 		late := slices.IndexFunc(h, func(e saga.HistoryEntry) bool { return e.Kind == saga.KindLateSuccess })
 		return late >= 0 && h[len(h)-1].Kind == saga.KindCompensated && len(h)-1 > late
@@ -105,7 +106,7 @@ func lateCompensatedAfterTheSagaIsCompensated(t *testing.T, opts defOpts, cause 
 		require.Equal(t, []string{
 			shipping + ":late_success", shipping + ":compensation", shipping + ":compensation_reply", ":compensated",
 		}, afterLate(h))
-		info, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+		info, _, err := saga.Get(context.Background(), postgres.From(b.schema.DB), "late")
 		require.NoError(t, err)
 		require.Equal(t, cause, info.LastError, "the reason is still the timeout")
 		require.Equal(t, cause, info.Cause)
@@ -120,7 +121,7 @@ func lateCompensatedAfterTheSagaIsCompensated(t *testing.T, opts defOpts, cause 
 		require.NoError(t, b.tr.Publisher().Publish(b.tp.replies, again))
 		h = b.waitHistory(t, "late", saga.KindDuplicate)
 		require.Equal(t, shipping+":duplicate", historyKinds(h)[len(h)-1])
-		after, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+		after, _, err := saga.Get(context.Background(), postgres.From(b.schema.DB), "late")
 		require.NoError(t, err)
 		require.Equal(t, info.Version, after.Version)
 		require.Len(t, b.parts.commands("late"), 7)
@@ -280,7 +281,7 @@ func TestCompensationTimeoutKeepsCause(t *testing.T) {
 
 	info = b.waitState(t, "recovers", saga.StateCompensated)
 	require.Equal(t, cause, info.LastError)
-	h, err := saga.History(context.Background(), b.schema.DB, "recovers")
+	h, err := saga.History(context.Background(), postgres.From(b.schema.DB), "recovers")
 	require.NoError(t, err)
 	require.Contains(t, historyKinds(h), charge+":timeout")
 	require.Equal(t, []string{fwd(reserve), fwd(charge), fwd(shipping), comp(charge, 1), comp(charge, 2), comp(reserve, 1)}, b.parts.commands("recovers"))

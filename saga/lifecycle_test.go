@@ -13,6 +13,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -41,7 +42,7 @@ func TestOrchestratorLifecycle(t *testing.T) {
 	schema := pgtest.New(t, outbox.Migrations(), idempotency.Migrations(), saga.Migrations())
 	def := ordersDef(t, newTopics(), defOpts{})
 	newOrch := func() *saga.Orchestrator[Order] {
-		o, err := saga.NewOrchestrator(schema.DB, def, saga.Config{PollInterval: time.Hour})
+		o, err := saga.NewOrchestrator(postgres.From(schema.DB), def, saga.Config{PollInterval: time.Hour})
 		require.NoError(t, err)
 		return o
 	}
@@ -70,7 +71,7 @@ func TestOrchestratorLifecycle(t *testing.T) {
 	require.NoError(t, closedFirst.Close(), "Close before Run")
 	require.NoError(t, closedFirst.Run(context.Background()), "Run after Close returns at once")
 
-	_, err := saga.NewOrchestrator(schema.DB, def, saga.Config{PollInterval: -1, BatchSize: -1, CloseTimeout: -1})
+	_, err := saga.NewOrchestrator(postgres.From(schema.DB), def, saga.Config{PollInterval: -1, BatchSize: -1, CloseTimeout: -1})
 	for _, field := range []string{"PollInterval", "BatchSize", "CloseTimeout"} {
 		require.ErrorContains(t, err, "Config."+field, "every field error is reported")
 	}

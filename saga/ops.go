@@ -54,11 +54,6 @@ type HistoryEntry struct {
 	At      time.Time
 }
 
-// Querier is what List, Get, History and CountStuck read through: a
-// *sql.DB, *sql.Tx or *sql.Conn, or a *pgxpool.Pool, pgx.Tx or *pgx.Conn
-// (as outbox.Executor).
-type Querier any
-
 // Filter selects instances for List. Zero fields match everything.
 type Filter struct {
 	Type  string
@@ -79,8 +74,8 @@ func infoOf(r storage.SagaInfoRow) Info {
 }
 
 // List returns instances matching f, newest first.
-func List(ctx context.Context, db Querier, f Filter) ([]Info, error) {
-	q, err := storage.From(db)
+func List(ctx context.Context, db postgres.Handle, f Filter) ([]Info, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return nil, fmt.Errorf("saga: listing instances: %w", err)
 	}
@@ -101,8 +96,8 @@ func List(ctx context.Context, db Querier, f Filter) ([]Info, error) {
 
 // Get returns instance id and its step history, oldest entry first. The
 // error wraps ErrNotFound when there is no such instance.
-func Get(ctx context.Context, db Querier, id string) (Info, []HistoryEntry, error) {
-	q, err := storage.From(db)
+func Get(ctx context.Context, db postgres.Handle, id string) (Info, []HistoryEntry, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return Info{}, nil, fmt.Errorf("saga %q: %w", id, err)
 	}
@@ -110,7 +105,7 @@ func Get(ctx context.Context, db Querier, id string) (Info, []HistoryEntry, erro
 	if err != nil {
 		return in, nil, err
 	}
-	h, err := History(ctx, q, id)
+	h, err := History(ctx, db, id)
 	return in, h, err
 }
 
@@ -126,8 +121,8 @@ func get(ctx context.Context, q storage.Querier, id string) (Info, error) {
 }
 
 // History returns the step history of saga id, oldest entry first.
-func History(ctx context.Context, db Querier, id string) ([]HistoryEntry, error) {
-	q, err := storage.From(db)
+func History(ctx context.Context, db postgres.Handle, id string) ([]HistoryEntry, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return nil, fmt.Errorf("saga %q: reading history: %w", id, err)
 	}
@@ -176,7 +171,7 @@ type Resolution struct {
 // history; no Definition is needed, so the CLI can call it. With dryRun
 // nothing is written. The error wraps ErrNotFound or ErrNotStuck when the
 // saga cannot be resolved.
-func Resolve[P postgres.Pool](ctx context.Context, db P, id string, action ResolveAction, note string, dryRun bool) (Resolution, error) {
+func Resolve(ctx context.Context, db postgres.DB, id string, action ResolveAction, note string, dryRun bool) (Resolution, error) {
 	if action != ResolveRetry && action != ResolveSkip {
 		return Resolution{}, fmt.Errorf("saga: Resolve %q: unknown action %q: want %q or %q", id, action, ResolveRetry, ResolveSkip)
 	}
@@ -199,15 +194,14 @@ func Resolve[P postgres.Pool](ctx context.Context, db P, id string, action Resol
 	return r, nil
 }
 
-// ResolveTx is Resolve in the caller's transaction tx (a *sql.Tx or
-// pgx.Tx, as Querier): the caller commits, and the change is made if and
+// ResolveTx is Resolve in the caller's transaction tx: the caller commits, and the change is made if and
 // only if it does. The operator console uses it to resolve and audit in
 // one transaction, in the schema it selected.
-func ResolveTx(ctx context.Context, tx Querier, id string, action ResolveAction, note string, dryRun bool) (Resolution, error) {
+func ResolveTx(ctx context.Context, tx postgres.Tx, id string, action ResolveAction, note string, dryRun bool) (Resolution, error) {
 	if action != ResolveRetry && action != ResolveSkip {
 		return Resolution{}, fmt.Errorf("saga: Resolve %q: unknown action %q: want %q or %q", id, action, ResolveRetry, ResolveSkip)
 	}
-	q, err := storage.From(tx)
+	q, err := storage.FromTx(tx)
 	if err != nil {
 		return Resolution{}, fmt.Errorf("saga: Resolve %q: %w", id, err)
 	}

@@ -228,9 +228,9 @@ type Orchestrator[D any] struct {
 // NewOrchestrator returns an orchestrator of def's instances stored in db,
 // a *sql.DB or a *pgxpool.Pool (with saga, outbox and idempotency
 // migrations applied).
-func NewOrchestrator[D any, P postgres.Pool](db P, def *Definition[D], cfg Config) (*Orchestrator[D], error) {
-	if isNil(db) {
-		return nil, errors.New("saga: NewOrchestrator: db is nil: pass the *sql.DB or *pgxpool.Pool holding the saga and outbox tables")
+func NewOrchestrator[D any](db postgres.DB, def *Definition[D], cfg Config) (*Orchestrator[D], error) {
+	if err := db.Valid(); err != nil {
+		return nil, fmt.Errorf("saga: NewOrchestrator: pass the database holding the saga and outbox tables: %w", err)
 	}
 	pool, err := storage.PoolFrom(db)
 	if err != nil {
@@ -338,15 +338,19 @@ func replyShard(base string, i int) string {
 }
 
 // Start creates saga instance id with data and writes the first step's
-// command to the outbox, both through tx, the caller's transaction (a
-// *sql.Tx or a pgx.Tx; any outbox.Executor): the saga starts if and only if
-// it commits. It returns an error wrapping ErrAlreadyStarted when the id
+// command to the outbox, both in tx, the caller's transaction: the saga
+// starts if and only if it commits. It returns an error wrapping ErrAlreadyStarted when the id
 // exists; the transaction is then left usable, and nothing is written.
-func (o *Orchestrator[D]) Start(ctx context.Context, tx outbox.Executor, id string, data D) error {
-	if isNil(tx) {
-		return errors.New("saga: Start: nil transaction: pass the business transaction (a *sql.Tx or a pgx.Tx)")
-	}
-	q, err := storage.From(tx)
+// StartOutsideTx starts saga id in a transaction of its own on db: for a
+// caller with no business rows to commit beside it. A service that writes
+// its own rows in the same unit of work calls Start with that transaction,
+// or a saga may start for a change that never committed.
+func (o *Orchestrator[D]) StartOutsideTx(ctx context.Context, db postgres.DB, id string, data D) error {
+	return db.InTx(ctx, func(tx postgres.Tx) error { return o.Start(ctx, tx, id, data) })
+}
+
+func (o *Orchestrator[D]) Start(ctx context.Context, tx postgres.Tx, id string, data D) error {
+	q, err := storage.FromTx(tx)
 	if err != nil {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
 	}
@@ -369,7 +373,7 @@ func (o *Orchestrator[D]) Start(ctx context.Context, tx outbox.Executor, id stri
 	if !inserted {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, ErrAlreadyStarted)
 	}
-	if err := outbox.Add(ctx, q, t.events...); err != nil {
+	if err := outbox.Add(ctx, tx, t.events...); err != nil {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
 	}
 	o.m.started.Inc()
@@ -385,21 +389,9 @@ func isNil(x any) bool {
 	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
-// middlewareTx returns the idempotency middleware's transaction in ctx, a
-// *sql.Tx or a pgx.Tx, whichever driver its store runs on.
-func middlewareTx(ctx context.Context) (any, bool) {
-	if tx, ok := idempotency.TxFromContext(ctx); ok {
-		return tx, true
-	}
-	if tx, ok := idempotency.PgxTxFromContext(ctx); ok {
-		return tx, true
-	}
-	return nil, false
-}
-
 // HandleReply applies a participant's reply. Consume Config.ReplyTopic with
 // it behind the idempotency middleware: it then writes through the
-// middleware's transaction (idempotency.TxFromContext or PgxTxFromContext,
+// middleware's transaction (idempotency.TxFromContext,
 // on either driver), so the processed
 // mark, the state change, the history and the next command commit together.
 // Without the middleware it uses a transaction of its own on the
@@ -427,8 +419,8 @@ func (o *Orchestrator[D]) HandleReply(msg *message.Message) (err error) {
 	// traceparent of ctx).
 	ctx, span := tracing.Config{TracerProvider: o.cfg.TracerProvider}.StartSagaStep(msg.Context(), o.def.name, r.step, msg)
 	defer func() { tracing.EndSpan(span, err) }()
-	if tx, ok := middlewareTx(ctx); ok {
-		q, err := storage.From(tx)
+	if tx, ok := idempotency.TxFromContext(ctx); ok {
+		q, err := storage.FromTx(tx)
 		if err != nil {
 			return fmt.Errorf("saga %s %q: the idempotency middleware's transaction: %w", o.def.name, r.sagaID, err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 )
@@ -67,7 +68,7 @@ func TestHappyPath(t *testing.T) {
 			tx, err := b.pgx.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(ctx) }()
-			require.ErrorIs(t, o.o.Start(ctx, tx, "order-1", Order{}), saga.ErrAlreadyStarted)
+			require.ErrorIs(t, o.o.Start(ctx, postgres.PgxTx(tx), "order-1", Order{}), saga.ErrAlreadyStarted)
 			var one int
 			require.NoError(t, tx.QueryRow(ctx, `SELECT 1`).Scan(&one))
 			return
@@ -75,7 +76,7 @@ func TestHappyPath(t *testing.T) {
 		tx, err := b.schema.DB.Begin()
 		require.NoError(t, err)
 		defer tx.Rollback()
-		require.ErrorIs(t, o.o.Start(ctx, tx, "order-1", Order{}), saga.ErrAlreadyStarted)
+		require.ErrorIs(t, o.o.Start(ctx, postgres.SQLTx(tx), "order-1", Order{}), saga.ErrAlreadyStarted)
 		_, err = tx.Exec(`SELECT 1`)
 		require.NoError(t, err)
 	})
@@ -162,7 +163,7 @@ func TestStepTimeoutAndLateReply(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, b.tr.Publisher().Publish(b.tp.replies, late))
 			h := b.waitHistory(t, "slow", saga.KindLateReply)
-			after, _, err := saga.Get(context.Background(), b.schema.DB, "slow")
+			after, _, err := saga.Get(context.Background(), postgres.From(b.schema.DB), "slow")
 			require.NoError(t, err)
 			require.Equal(t, saga.StateCompensated, after.State)
 			require.Equal(t, info.Version, after.Version, "a late reply changes nothing")
@@ -197,7 +198,7 @@ func TestDuplicateReplies(t *testing.T) {
 		return metricValue(t, o.reg, idempotency.MetricDuplicates, map[string]string{"consumer": "orders-saga"}) >= 1
 	}, 30*time.Second, 10*time.Millisecond)
 
-	after, h, err := saga.Get(context.Background(), b.schema.DB, "dup")
+	after, h, err := saga.Get(context.Background(), postgres.From(b.schema.DB), "dup")
 	require.NoError(t, err)
 	require.Equal(t, before.Version, after.Version)
 	require.Equal(t, before.Data, after.Data, "the duplicate's payload is not applied")
@@ -386,7 +387,7 @@ func TestCrashBeforeCommitWritesEachCommandOnce(t *testing.T) {
 		perTopic = append(perTopic, n)
 	}
 	require.Equal(t, []int{1, 1, 1}, perTopic, "one command per step")
-	h, err := saga.History(context.Background(), b.schema.DB, "crashy")
+	h, err := saga.History(context.Background(), postgres.From(b.schema.DB), "crashy")
 	require.NoError(t, err)
 	require.Len(t, h, 7, "%v", historyKinds(h))
 	require.EqualValues(t, 3, metricValue(t, o.reg, idempotency.MetricProcessed, map[string]string{"consumer": "orders-saga"}))
@@ -401,11 +402,11 @@ func TestCommandBuildErrorCompensates(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil, defOpts{})
 	o := b.startOrchestrator(t)
-	require.NoError(t, o.o.Start(context.Background(), b.schema.DB, "negative", Order{ID: "negative", Amount: -1}))
+	require.NoError(t, o.o.StartOutsideTx(context.Background(), postgres.From(b.schema.DB), "negative", Order{ID: "negative", Amount: -1}))
 	info := b.waitState(t, "negative", saga.StateCompensated)
 	require.Equal(t, []string{fwd(reserve), comp(reserve, 1)}, b.parts.commands("negative"))
 	require.Contains(t, info.LastError, `step "charge_payment": building command: negative amount -1`)
-	h, err := saga.History(context.Background(), b.schema.DB, "negative")
+	h, err := saga.History(context.Background(), postgres.From(b.schema.DB), "negative")
 	require.NoError(t, err)
 	require.Equal(t, charge+":command", historyKinds(h)[2])
 	require.Contains(t, h[2].Error, "negative amount")

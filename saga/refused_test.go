@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -103,13 +104,13 @@ func setupRefused(t *testing.T, driver string) *refusedBundle {
 	var store *idempotency.PostgresStore
 	if driver == pgtest.DriverPgx {
 		b.pgx = b.schema.Pgx(t)
-		b.o, err = saga.NewOrchestrator(b.pgx, refusedDef(t), cfg)
+		b.o, err = saga.NewOrchestrator(postgres.From(b.pgx), refusedDef(t), cfg)
 		require.NoError(t, err)
-		store, err = idempotency.NewPostgresStore(b.pgx)
+		store, err = idempotency.NewPostgresStore(postgres.From(b.pgx))
 	} else {
-		b.o, err = saga.NewOrchestrator(b.schema.DB, refusedDef(t), cfg)
+		b.o, err = saga.NewOrchestrator(postgres.From(b.schema.DB), refusedDef(t), cfg)
 		require.NoError(t, err)
-		store, err = idempotency.NewPostgresStore(b.schema.DB)
+		store, err = idempotency.NewPostgresStore(postgres.From(b.schema.DB))
 	}
 	require.NoError(t, err)
 	b.dedup, err = idempotency.NewMiddleware(store, idempotency.Config{Consumer: "refused-saga", Registerer: b.reg})
@@ -117,11 +118,11 @@ func setupRefused(t *testing.T, driver string) *refusedBundle {
 	return b
 }
 
-func (b *refusedBundle) handle() saga.Querier {
+func (b *refusedBundle) handle() postgres.Handle {
 	if b.pgx != nil {
-		return b.pgx
+		return postgres.From(b.pgx)
 	}
-	return b.schema.DB
+	return postgres.From(b.schema.DB)
 }
 
 func (b *refusedBundle) start(t *testing.T, id string, d refusedData) error {
@@ -131,7 +132,7 @@ func (b *refusedBundle) start(t *testing.T, id string, d refusedData) error {
 		tx, err := b.pgx.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
-		if err := b.o.Start(ctx, tx, id, d); err != nil {
+		if err := b.o.Start(ctx, postgres.PgxTx(tx), id, d); err != nil {
 			return err
 		}
 		require.NoError(t, tx.Commit(ctx))
@@ -140,7 +141,7 @@ func (b *refusedBundle) start(t *testing.T, id string, d refusedData) error {
 	tx, err := b.schema.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
-	if err := b.o.Start(ctx, tx, id, d); err != nil {
+	if err := b.o.Start(ctx, postgres.SQLTx(tx), id, d); err != nil {
 		return err
 	}
 	require.NoError(t, tx.Commit())
@@ -227,9 +228,9 @@ func TestRunSetsAsideAnInstanceWhoseCommandTheOutboxRefuses(t *testing.T) {
 		// Resolved, it is tried again (and set aside again while the
 		// command is still refused), and nothing else is held.
 		if b.pgx != nil {
-			_, err = saga.Resolve(ctx, b.pgx, "huge", saga.ResolveRetry, "", false)
+			_, err = saga.Resolve(ctx, postgres.From(b.pgx), "huge", saga.ResolveRetry, "", false)
 		} else {
-			_, err = saga.Resolve(ctx, b.schema.DB, "huge", saga.ResolveRetry, "", false)
+			_, err = saga.Resolve(ctx, postgres.From(b.schema.DB), "huge", saga.ResolveRetry, "", false)
 		}
 		require.NoError(t, err)
 		n, err = b.o.RunOnce(ctx)
@@ -352,10 +353,10 @@ func TestDefinitionAndConfigRefuseWhatEveryTransitionWouldFailOn(t *testing.T) {
 	def, err := saga.Define("text", saga.Step[refusedData]{Name: "a", Command: cmd, NoCompensation: true})
 	require.NoError(t, err)
 	for _, src := range []string{"/orders\xff", "/orders\x00", "http://[::1"} {
-		_, err = saga.NewOrchestrator(schema.DB, def, saga.Config{Source: src})
+		_, err = saga.NewOrchestrator(postgres.From(schema.DB), def, saga.Config{Source: src})
 		require.ErrorContains(t, err, "Config.Source", "%q", src)
 	}
-	_, err = saga.NewOrchestrator(schema.DB, def, saga.Config{Source: "/orders-service"})
+	_, err = saga.NewOrchestrator(postgres.From(schema.DB), def, saga.Config{Source: "/orders-service"})
 	require.NoError(t, err)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // A transition costs the statements it did before the storage layer: the
@@ -34,14 +35,14 @@ func TestRoundTripsPerTransition(t *testing.T) {
 			Step[data]{Name: "one", Command: cmd, Compensation: cmd, Timeout: time.Hour},
 			Step[data]{Name: "two", Command: cmd, Compensation: cmd, Timeout: time.Hour})
 		require.NoError(t, err)
-		o, err := NewOrchestrator(s.DB, def, Config{})
+		o, err := NewOrchestrator(postgres.From(s.DB), def, Config{})
 		require.NoError(t, err)
 		pool := s.Pool(t, driver)
 		counting := &countingPool{Pool: pool}
 		o.pool = counting
 		ctx := context.Background()
 		for _, id := range []string{"a", "b", "c"} {
-			require.NoError(t, o.Start(ctx, pool.Handle(), id, data{}))
+			require.NoError(t, o.Start(ctx, storage.AsTx(pool), id, data{}))
 		}
 
 		handle := func(id, step, phase string, attempt int, typ string) int64 {
@@ -58,7 +59,7 @@ func TestRoundTripsPerTransition(t *testing.T) {
 		require.EqualValues(t, 2, handle("a", "one", PhaseForward, 1, "one.succeeded"), "success: lock, write")
 		require.EqualValues(t, 3, handle("a", "two", PhaseForward, 1, "two.failed"), "failure: lock, history, write")
 		require.EqualValues(t, 3, handle("a", "two", PhaseForward, 1, "two.failed"), "duplicate: lock, history, write")
-		info, _, err := Get(ctx, pool, "a")
+		info, _, err := Get(ctx, storage.AsTx(pool), "a")
 		require.NoError(t, err)
 		require.Equal(t, StateCompensating, info.State)
 
@@ -72,7 +73,7 @@ func TestRoundTripsPerTransition(t *testing.T) {
 		require.Equal(t, 2, n)
 		require.EqualValues(t, 4, counting.n.Load()-before)
 		for _, id := range []string{"b", "c"} {
-			info, _, err := Get(ctx, pool, id)
+			info, _, err := Get(ctx, storage.AsTx(pool), id)
 			require.NoError(t, err)
 			require.Equal(t, StateCompensating, info.State, id)
 		}

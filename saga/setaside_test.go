@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 )
@@ -75,12 +76,12 @@ func TestRunSetsAsideAnInstanceItCannotDecideOn(t *testing.T) {
 	def := asideDef(t, &compensations)
 	reg := prometheus.NewRegistry()
 	logs := newSyncLogger()
-	o, err := saga.NewOrchestrator(schema.DB, def, saga.Config{PollInterval: 10 * time.Millisecond, Registerer: reg, Logger: logs})
+	o, err := saga.NewOrchestrator(postgres.From(schema.DB), def, saga.Config{PollInterval: 10 * time.Millisecond, Registerer: reg, Logger: logs})
 	require.NoError(t, err)
 	start := func(id string) {
 		tx, err := schema.DB.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		require.NoError(t, o.Start(ctx, tx, id, asideData{ID: id}))
+		require.NoError(t, o.Start(ctx, postgres.SQLTx(tx), id, asideData{ID: id}))
 		require.NoError(t, tx.Commit())
 	}
 	for _, id := range []string{"good", "outofrange", "panics"} {
@@ -100,7 +101,7 @@ func TestRunSetsAsideAnInstanceItCannotDecideOn(t *testing.T) {
 		t.Helper()
 		var last saga.Info
 		poll.Until(t, time.Minute, func() bool {
-			info, _, err := saga.Get(ctx, schema.DB, id)
+			info, _, err := saga.Get(ctx, postgres.From(schema.DB), id)
 			last = info
 			return err == nil && info.State == want
 		}, "saga %s: want %s, got %+v", id, want, later(func() string { return fmt.Sprintf("%+v", last) }))
@@ -116,11 +117,11 @@ func TestRunSetsAsideAnInstanceItCannotDecideOn(t *testing.T) {
 	require.Contains(t, pan.LastError, "recovered from a panic: boom: compensation of panics")
 
 	for _, id := range []string{"outofrange", "panics"} {
-		h, err := saga.History(ctx, schema.DB, id)
+		h, err := saga.History(ctx, postgres.From(schema.DB), id)
 		require.NoError(t, err)
 		require.Equal(t, saga.KindStuck, h[len(h)-1].Kind, "%s: %+v", id, h)
 	}
-	stuck, err := saga.List(ctx, schema.DB, saga.Filter{Type: "aside", State: saga.StateStuck})
+	stuck, err := saga.List(ctx, postgres.From(schema.DB), saga.Filter{Type: "aside", State: saga.StateStuck})
 	require.NoError(t, err)
 	var ids []string
 	for _, in := range stuck {
@@ -160,12 +161,12 @@ func TestReplyToAnInstanceOutOfItsDefinitionIsRefused(t *testing.T) {
 	compensations := 0
 	def := asideDef(t, &compensations)
 	reg := prometheus.NewRegistry()
-	o, err := saga.NewOrchestrator(schema.DB, def, saga.Config{Registerer: reg})
+	o, err := saga.NewOrchestrator(postgres.From(schema.DB), def, saga.Config{Registerer: reg})
 	require.NoError(t, err)
 	start := func(id string) {
 		tx, err := schema.DB.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		require.NoError(t, o.Start(ctx, tx, id, asideData{ID: id}))
+		require.NoError(t, o.Start(ctx, postgres.SQLTx(tx), id, asideData{ID: id}))
 		require.NoError(t, tx.Commit())
 	}
 	reply := func(id, phase, typ, payload string) *message.Message {
@@ -192,7 +193,7 @@ func TestReplyToAnInstanceOutOfItsDefinitionIsRefused(t *testing.T) {
 	require.True(t, retry.IsPermanent(err), "%v", err)
 	require.Contains(t, err.Error(), "recovered from a panic: boom: OnSuccess cannot read the reply")
 	require.Equal(t, 1.0, metricValue(t, reg, saga.MetricLoopPanics, map[string]string{"component": "saga.Orchestrator"}))
-	info, _, err := saga.Get(ctx, schema.DB, "s2")
+	info, _, err := saga.Get(ctx, postgres.From(schema.DB), "s2")
 	require.NoError(t, err)
 	require.Equal(t, saga.StateRunning, info.State, "the refused reply changed nothing")
 	require.Equal(t, "first", info.Step)

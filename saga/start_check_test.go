@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -18,7 +19,7 @@ func TestOrchestrator_RunWithoutMigrationsFailsAtOnce(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t) // no migrations
 	def := saga.MustDefine("x", saga.Step[struct{}]{Name: "s", Command: func(struct{}) (saga.Command, error) { return saga.Command{Topic: "t"}, nil }, NoCompensation: true})
-	o, err := saga.NewOrchestrator(s.DB, def, saga.Config{ReplyTopic: "x.replies", PollInterval: 10 * time.Millisecond})
+	o, err := saga.NewOrchestrator(postgres.From(s.DB), def, saga.Config{ReplyTopic: "x.replies", PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- o.Run(context.Background()) }()

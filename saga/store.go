@@ -127,7 +127,7 @@ func (o *Orchestrator[D]) stage(ctx context.Context, queue *storage.Queue, old i
 	// The commands go on a queue of their own first: a refused one leaves
 	// none of them queued.
 	cmds := storage.NewQueue(queue)
-	if err := outbox.Add(ctx, cmds, t.events...); err != nil {
+	if err := outbox.Add(ctx, storage.AsTx(cmds), t.events...); err != nil {
 		return err
 	}
 	return queue.Batch(ctx, append(cmds.Statements(), ss...)...)
@@ -153,7 +153,7 @@ func (o *Orchestrator[D]) refusal(ctx context.Context, q storage.Querier, t *tra
 	}
 	for _, ev := range t.events {
 		// Which command: each alone, on a queue that is thrown away.
-		if e := outbox.Add(ctx, storage.NewQueue(q), ev); e != nil {
+		if e := outbox.Add(ctx, storage.AsTx(storage.NewQueue(q)), ev); e != nil {
 			return fmt.Sprintf("the outbox refused the %s command %q of step %q (topic %q, %d-byte payload); fix the definition's command (or raise the limit it exceeds: outbox.MaxEventBytes, the transport's), %s: %v",
 				ev.Metadata[metadata.SagaPhase], ev.EventType, ev.Metadata[metadata.SagaStep], ev.Topic, len(ev.Payload), resolve, e)
 		}

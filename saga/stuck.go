@@ -10,6 +10,7 @@ import (
 
 	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // MetricStuckNow is a gauge, with a "type" label: sagas in the stuck state
@@ -47,7 +48,7 @@ func (c *stuckCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c *stuckCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), stuckQueryTimeout)
 	defer cancel()
-	n, err := CountStuck(ctx, c.db, c.typ)
+	n, err := countStuck(ctx, c.db, c.typ)
 	if err != nil {
 		c.logger.Error("saga: "+MetricStuckNow+" not reported", err, watermill.LogFields{"saga_type": c.typ})
 		return
@@ -58,12 +59,15 @@ func (c *stuckCollector) Collect(ch chan<- prometheus.Metric) {
 // CountStuck returns how many sagas of type typ are stuck now. It reads the
 // (type, state) index, so it stays cheap however many finished sagas the
 // table holds.
-// db is a *sql.DB or a *pgxpool.Pool (any Querier).
-func CountStuck(ctx context.Context, db Querier, typ string) (int64, error) {
-	q, err := storage.From(db)
+func CountStuck(ctx context.Context, db postgres.Handle, typ string) (int64, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
 		return 0, fmt.Errorf("saga %s: counting stuck sagas: %w", typ, err)
 	}
+	return countStuck(ctx, q, typ)
+}
+
+func countStuck(ctx context.Context, q storage.Querier, typ string) (int64, error) {
 	n, err := storage.CountSagas(ctx, q, typ, string(StateStuck))
 	if err != nil {
 		return 0, fmt.Errorf("saga %s: counting stuck sagas%s: %w", typ, storage.Hint(err), err)

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 )
@@ -31,7 +32,7 @@ func TestStuckGaugeFollowsTheTable(t *testing.T) {
 	b.waitState(t, "g1", saga.StateStuck)
 	b.waitState(t, "g2", saga.StateStuck)
 	require.Equal(t, 2.0, metricValue(t, o.reg, saga.MetricStuckNow, map[string]string{"type": "orders"}))
-	n, err := saga.CountStuck(context.Background(), b.schema.DB, "orders")
+	n, err := saga.CountStuck(context.Background(), postgres.From(b.schema.DB), "orders")
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
 
@@ -41,7 +42,7 @@ func TestStuckGaugeFollowsTheTable(t *testing.T) {
 		}
 		return succeed
 	})
-	_, err = saga.Resolve(context.Background(), b.schema.DB, "g1", saga.ResolveRetry, "fixed", false)
+	_, err = saga.Resolve(context.Background(), postgres.From(b.schema.DB), "g1", saga.ResolveRetry, "fixed", false)
 	require.NoError(t, err)
 	b.waitState(t, "g1", saga.StateCompensated)
 	require.Equal(t, 1.0, metricValue(t, o.reg, saga.MetricStuckNow, map[string]string{"type": "orders"}), "g2 is still stuck")
@@ -53,7 +54,7 @@ func TestStuckGaugeFollowsTheTable(t *testing.T) {
 func TestStoppedAfterClose(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil, defOpts{})
-	o, err := saga.NewOrchestrator(b.schema.DB, b.def, saga.Config{ReplyTopic: b.tp.replies, PollInterval: 10 * time.Millisecond, Registerer: prometheus.NewRegistry()})
+	o, err := saga.NewOrchestrator(postgres.From(b.schema.DB), b.def, saga.Config{ReplyTopic: b.tp.replies, PollInterval: 10 * time.Millisecond, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	require.False(t, o.Stopped())
 	done := make(chan error, 1)
@@ -69,7 +70,7 @@ func TestStoppedAfterClose(t *testing.T) {
 	require.True(t, o.Stopped())
 
 	// Run returning on its own (ctx ended) counts too.
-	o2, err := saga.NewOrchestrator(b.schema.DB, b.def, saga.Config{ReplyTopic: b.tp.replies, PollInterval: 10 * time.Millisecond})
+	o2, err := saga.NewOrchestrator(postgres.From(b.schema.DB), b.def, saga.Config{ReplyTopic: b.tp.replies, PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { done <- o2.Run(ctx) }()

@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 )
@@ -54,11 +55,11 @@ func TestOnSuccessErrorIsRetriedByRedelivery(t *testing.T) {
 		},
 	)
 	require.NoError(t, err)
-	o, err := saga.NewOrchestrator(schema.DB, def, saga.Config{})
+	o, err := saga.NewOrchestrator(postgres.From(schema.DB), def, saga.Config{})
 	require.NoError(t, err)
 	tx, err := schema.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	require.NoError(t, o.Start(ctx, tx, "f1", asideData{ID: "f1"}))
+	require.NoError(t, o.Start(ctx, postgres.SQLTx(tx), "f1", asideData{ID: "f1"}))
 	require.NoError(t, tx.Commit())
 
 	reply := message.NewMessage(watermill.NewUUID(), nil)
@@ -69,13 +70,13 @@ func TestOnSuccessErrorIsRetriedByRedelivery(t *testing.T) {
 	err = o.HandleReply(reply)
 	require.Error(t, err)
 	require.False(t, retry.IsPermanent(err), "a passing error must be redelivered, not dead-lettered: %v", err)
-	info, _, err := saga.Get(ctx, schema.DB, "f1")
+	info, _, err := saga.Get(ctx, postgres.From(schema.DB), "f1")
 	require.NoError(t, err)
 	require.Equal(t, saga.StateRunning, info.State)
 	require.Equal(t, "first", info.Step, "nothing changed")
 
 	require.NoError(t, o.HandleReply(reply), "the redelivery")
-	info, _, err = saga.Get(ctx, schema.DB, "f1")
+	info, _, err = saga.Get(ctx, postgres.From(schema.DB), "f1")
 	require.NoError(t, err)
 	require.Equal(t, saga.StateRunning, info.State)
 	require.Equal(t, "second", info.Step, "the redelivered success moved the saga on")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
@@ -101,7 +102,7 @@ func testLateSuccessOnTransport(t *testing.T, kind transport.Kind) {
 	// The step timed out, then its compensation's first attempt.
 	poll.Until(t, 30*time.Second, func() bool { return shippingTimeouts(t, b) == 2 },
 		"the shipping step and its compensation time out")
-	info, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+	info, _, err := saga.Get(context.Background(), postgres.From(b.schema.DB), "late")
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(info.LastError, cause+`; then compensation of step "schedule_shipping" (attempt `), info.LastError)
 	require.Equal(t, cause, info.Cause)
@@ -131,7 +132,7 @@ func testLateSuccessOnTransport(t *testing.T, kind transport.Kind) {
 	require.Equal(t, 1, applied)
 	require.Equal(t, 1, undone, "cancelled exactly once")
 	requireLateCancellationLast(t, b)
-	final, _, err := saga.Get(context.Background(), b.schema.DB, "late")
+	final, _, err := saga.Get(context.Background(), postgres.From(b.schema.DB), "late")
 	require.NoError(t, err)
 	require.Equal(t, saga.StateCompensated, final.State)
 	require.Equal(t, cause, final.LastError)
@@ -162,7 +163,7 @@ func setupLateOnTransport(t *testing.T, kind transport.Kind) *bundle {
 // shippingTimeouts counts the shipping step's timeouts in the history of
 // saga "late".
 func shippingTimeouts(t *testing.T, b *bundle) int {
-	h, err := saga.History(context.Background(), b.schema.DB, "late")
+	h, err := saga.History(context.Background(), postgres.From(b.schema.DB), "late")
 	require.NoError(t, err)
 	n := 0
 	for _, e := range h {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
 )
@@ -153,8 +154,8 @@ func TestOutboxEventsDecodeWithCloudEventsSDK(t *testing.T) {
 				{Topic: topic, AggregateType: "order", AggregateID: "o-1", EventType: "order.created.v1", Payload: []byte(`{"order_id":"o-1"}`)},
 				{Topic: topic, AggregateID: "o-2", Payload: []byte(`{"signed": "as is"}`), RawPayload: true, ID: "raw-" + watermill.NewShortUUID()},
 			}
-			require.NoError(t, outbox.Add(ctx, schema.DB, events...))
-			relay, err := outbox.NewRelay(schema.DB, tr.Publisher(), outbox.RelayConfig{})
+			require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(schema.DB), events...))
+			relay, err := outbox.NewRelay(postgres.From(schema.DB), tr.Publisher(), outbox.RelayConfig{})
 			require.NoError(t, err)
 			published := 0
 			for published < len(events) {

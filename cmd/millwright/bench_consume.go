@@ -20,6 +20,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/park"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
@@ -132,7 +133,7 @@ func runBenchConsume(cmd *cobra.Command, _ []string) error {
 	defer db.Close()
 	db.SetMaxOpenConns(conns)
 	db.SetMaxIdleConns(conns)
-	if _, err := migrate.Up(ctx, db, idempotency.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), idempotency.Migrations()); err != nil {
 		return err
 	}
 	if usePark, _ := f.GetBool("park"); usePark {
@@ -162,14 +163,14 @@ func runBenchConsume(cmd *cobra.Command, _ []string) error {
 // retry budget outlasts --fail-for many times, so the failing key heals
 // instead of going to the DLQ.
 func parkFailingKey(ctx context.Context, db *sql.DB) (stop func(), err error) {
-	if _, err := migrate.Up(ctx, db, dlq.Migrations(), park.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), dlq.Migrations(), park.Migrations()); err != nil {
 		return nil, err
 	}
 	var parkers []*park.Parker
 	n := 0
 	consumebench.KeyFailureMiddleware = func() (message.HandlerMiddleware, error) {
 		n++
-		p, err := park.New(db, park.Config{
+		p, err := park.New(postgres.From(db), park.Config{
 			Retry:        retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: time.Second, MaxAttempts: -1, MaxElapsedTime: 30 * time.Minute},
 			PollInterval: 50 * time.Millisecond,
 		})

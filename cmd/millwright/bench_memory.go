@@ -20,6 +20,7 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 func init() {
@@ -111,7 +112,7 @@ func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) 
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(4)
-	if _, err := migrate.Up(ctx, db, outbox.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), outbox.Migrations()); err != nil {
 		return row, err
 	}
 	payload := `{"order_id":"` + strings.Repeat("x", 270) + `"}`
@@ -130,7 +131,7 @@ func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) 
 	runtime.ReadMemStats(&ms)
 	row.BaseHeapMiB = mib(ms.HeapInuse)
 
-	relay, err := outbox.NewRelay(db, discard{}, outbox.RelayConfig{BatchSize: 500, PollInterval: 50 * time.Millisecond})
+	relay, err := outbox.NewRelay(postgres.From(db), discard{}, outbox.RelayConfig{BatchSize: 500, PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		return row, err
 	}
@@ -163,7 +164,7 @@ func measureRelayMemory(ctx context.Context, admin *sql.DB, base string, n int) 
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(rctx) }()
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Minute)
-	err = outboxtest.WaitDrained(wctx, db)
+	err = outboxtest.WaitDrained(wctx, postgres.From(db))
 	wcancel()
 	elapsed := time.Since(start)
 	cancel()

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/dlq"
@@ -40,15 +38,15 @@ type cleanTarget struct {
 // cleanTargets lists every table millwright writes, in the order
 // `millwright clean` cleans them.
 var cleanTargets = []cleanTarget{
-	{"outbox", "published outbox events", outbox.DefaultRetention, cleanerOf(outbox.NewCleaner[*sql.DB], outbox.NewCleaner[*pgxpool.Pool]),
+	{"outbox", "published outbox events", outbox.DefaultRetention, outbox.NewCleaner,
 		"they can no longer be inspected or re-published"},
-	{"idempotency", "processed marks", idempotency.DefaultRetention, cleanerOf(idempotency.NewCleaner[*sql.DB], idempotency.NewCleaner[*pgxpool.Pool]),
+	{"idempotency", "processed marks", idempotency.DefaultRetention, idempotency.NewCleaner,
 		"redeliveries of those events will be processed again"},
-	{"dlq", "dead letters", dlq.DefaultRetention, cleanerOf(dlq.NewCleaner[*sql.DB], dlq.NewCleaner[*pgxpool.Pool]),
+	{"dlq", "dead letters", dlq.DefaultRetention, dlq.NewCleaner,
 		"replayed or not, they can no longer be replayed"},
-	{"saga", "completed and compensated sagas (with their steps)", saga.DefaultRetention, cleanerOf(saga.NewCleaner[*sql.DB], saga.NewCleaner[*pgxpool.Pool]),
+	{"saga", "completed and compensated sagas (with their steps)", saga.DefaultRetention, saga.NewCleaner,
 		"a reply still arriving for one of them fails as not found"},
-	{"audit", "audit rows", audit.DefaultRetention, cleanerOf(audit.NewCleaner[*sql.DB], audit.NewCleaner[*pgxpool.Pool]),
+	{"audit", "audit rows", audit.DefaultRetention, audit.NewCleaner,
 		"the record of those commands is lost"},
 }
 

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/subtle"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +14,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"golang.org/x/crypto/bcrypt"
 
@@ -92,13 +90,7 @@ func runConsole(cmd *cobra.Command, ready chan<- string) error {
 	}
 	defer pool.Close()
 	cfg := console.Config{Authenticate: auth, BasePath: basePath, Logger: redact.Logger(watermill.NewStdLoggerWithOut(cmd.ErrOrStderr(), false, false))}
-	type made struct {
-		h   *console.Handler
-		err error
-	}
-	m := onPool(pool, func(db *sql.DB) made { h, err := console.New(db, cfg); return made{h, err} },
-		func(db *pgxpool.Pool) made { h, err := console.New(db, cfg); return made{h, err} })
-	h, err := m.h, m.err
+	h, err := console.New(pool.handle(), cfg)
 	if err != nil {
 		return fmt.Errorf("millwright console: %w", err)
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/dlq"
@@ -41,7 +39,7 @@ commands read that table and replay rows to their original topic (or another).`,
 
 // dlqStore is the dead-letter store on the command's pool (--driver).
 func dlqStore(pool *cliPool) *dlq.Store {
-	return onPool(pool, dlq.NewStore[*sql.DB], dlq.NewStore[*pgxpool.Pool])
+	return dlq.NewStore(pool.handle())
 }
 
 // addDLQFilterFlags adds the row selection flags shared by list and replay.

@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 )
 
 // `dlq list` and `dlq show` print a dead letter's binary UUID, key and
@@ -31,7 +32,7 @@ func TestDLQShowsBinaryMetadataQuoted(t *testing.T) {
 	msg.Metadata.Set(metadata.OrderingKey, "key"+binary)
 	msg.Metadata.Set("header"+binary, "value"+binary)
 	msg.Metadata.Set("text", "plain é")
-	id, err := dlq.NewStore(s.DB).Insert(context.Background(), msg)
+	id, err := dlq.NewStore(postgres.From(s.DB)).Insert(context.Background(), msg)
 	require.NoError(t, err)
 
 	out, err := runDLQ(t, s.URL, "show", strconv.FormatInt(id, 10))

@@ -19,6 +19,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgconntest"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 )
 
 // seedManyDeadLetters stores n dead letters of topic "orders".
@@ -41,7 +42,7 @@ func seedManyDeadLetters(t *testing.T, store *dlq.Store, n int) {
 func TestDLQReplayProgress(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	seedManyDeadLetters(t, store, 300)
 
 	stdout, stderr, err := runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--transport", "mem://", "--rate", "0", "--yes")
@@ -58,7 +59,7 @@ func TestDLQReplayProgress(t *testing.T) {
 func TestDLQReplayInterruptedSaysHowFar(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	seedManyDeadLetters(t, store, 300)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -106,7 +107,7 @@ func TestDLQReplayInterruptedSaysHowFar(t *testing.T) {
 func TestDLQReplaySIGINTSaysHowFar(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	seedManyDeadLetters(t, store, 300)
 	bin := pgconntest.Build(t, ".")
 

@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 )
 
 // `dlq replay` says which consumer each replay is for, and warns before
@@ -23,7 +24,7 @@ func TestDLQReplaySaysWhichConsumerAReplayIsFor(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	ids := seedDeadLetters(t, store) // no consumer recorded: two on orders, one on invoices
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"n":9}`))
 	msg.Metadata.Set(metadata.EventID, "evt-9")

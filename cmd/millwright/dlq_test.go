@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 )
 
 // runDLQ runs `millwright dlq args...` against the schema (stdin not a
@@ -51,7 +52,7 @@ func TestDLQCommands(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	ids := seedDeadLetters(t, store)
 
 	out, err := runDLQ(t, s.URL, "list", "--topic", "orders")
@@ -103,9 +104,13 @@ func TestDLQCommands(t *testing.T) {
 func TestDLQResolvedState(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	ids := seedDeadLetters(t, store)
-	ok, err := dlq.ResolveTx(context.Background(), s.DB, ids[0], dlq.Resolution{Actor: "park retrier/billing"})
+	var ok bool
+	err := postgres.SQL(s.DB).InTx(context.Background(), func(tx postgres.Tx) (err error) {
+		ok, err = dlq.ResolveTx(context.Background(), tx, ids[0], dlq.Resolution{Actor: "park retrier/billing"})
+		return err
+	})
 	require.NoError(t, err)
 	require.True(t, ok)
 

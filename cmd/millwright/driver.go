@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
 // The Postgres driver of the components a command runs (--driver).
@@ -90,13 +91,12 @@ func openPool(cmd *cobra.Command) (*cliPool, error) {
 	return &cliPool{pgx: p}, nil
 }
 
-// handle is the pool itself, for the components' executor parameters (a
-// *sql.DB or a *pgxpool.Pool).
-func (p *cliPool) handle() any {
+// handle is the pool as the components take it.
+func (p *cliPool) handle() postgres.DB {
 	if p.pgx != nil {
-		return p.pgx
+		return postgres.Pgx(p.pgx)
 	}
-	return p.sql
+	return postgres.SQL(p.sql)
 }
 
 // storage is the pool as a storage.Pool, for the CLI's own reads.
@@ -116,15 +116,6 @@ func (p *cliPool) Close() {
 	_ = p.sql.Close()
 }
 
-// onPool calls onSQL or onPgx, whichever fits p's driver: the way to the
-// components' generic constructors (func NewX[P postgres.Pool]).
-func onPool[T any](p *cliPool, onSQL func(*sql.DB) T, onPgx func(*pgxpool.Pool) T) T {
-	if p.pgx != nil {
-		return onPgx(p.pgx)
-	}
-	return onSQL(p.sql)
-}
-
 // openPgx opens a pgx pool on u (pgconn.PgxConfig: connect_timeout as
 // lib/pq's) and pings it; pgconn.ConnectPgx says what a failed connect
 // was, as the database/sql pool's do.
@@ -140,20 +131,5 @@ func openPgx(ctx context.Context, u string) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-// openCleaner builds a component's cleaner on the CLI's pool: a *sql.DB
-// or a *pgxpool.Pool (--driver).
-type openCleaner func(db any, cfg cleaner.Config) (*cleaner.Cleaner, error)
-
-// cleanerOf is the openCleaner of a component's generic NewCleaner,
-// instantiated for each driver.
-func cleanerOf(onSQL func(*sql.DB, cleaner.Config) (*cleaner.Cleaner, error), onPgx func(*pgxpool.Pool, cleaner.Config) (*cleaner.Cleaner, error)) openCleaner {
-	return func(db any, cfg cleaner.Config) (*cleaner.Cleaner, error) {
-		switch db := db.(type) {
-		case *sql.DB:
-			return onSQL(db, cfg)
-		case *pgxpool.Pool:
-			return onPgx(db, cfg)
-		}
-		return nil, fmt.Errorf("cmd/millwright: %T is neither a *sql.DB nor a *pgxpool.Pool", db)
-	}
-}
+// openCleaner builds a component's cleaner on the CLI's pool.
+type openCleaner func(db postgres.DB, cfg cleaner.Config) (*cleaner.Cleaner, error)

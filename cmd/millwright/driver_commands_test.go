@@ -11,6 +11,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -71,13 +72,13 @@ func TestOperatorCommandsOnEveryDriver(t *testing.T) {
 		out, err := run(dlqCmd, "replay", "--all", "--transport", "mem://", "--rate", "0", "--yes")
 		require.NoError(t, err, out)
 		require.Contains(t, out, "published 3 message(s)")
-		require.Zero(t, pendingDeadLetters(t, dlq.NewStore(s.DB)), "every dead letter marked replayed")
+		require.Zero(t, pendingDeadLetters(t, dlq.NewStore(postgres.From(s.DB))), "every dead letter marked replayed")
 		lastAudit("dlq replay", 3)
 
 		out, err = run(sagaCmd, "resolve", "o-1", "--action", "skip", "--note", "refunded by hand", "--yes")
 		require.NoError(t, err, out)
 		require.Contains(t, out, "resolved saga o-1 (type orders)")
-		in, hist, err := saga.Get(ctx, s.DB, "o-1")
+		in, hist, err := saga.Get(ctx, postgres.From(s.DB), "o-1")
 		require.NoError(t, err)
 		require.Equal(t, saga.StateCompensating, in.State, "skip goes on with the earlier steps' compensations")
 		require.NotEmpty(t, hist)

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
@@ -59,7 +57,7 @@ func TestOpenPoolOfEachDriver(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, p.sql, "pq: a *sql.DB")
 	require.Nil(t, p.pgx, "pq: no pgx pool beside it")
-	require.IsType(t, (*sql.DB)(nil), p.handle())
+	require.Equal(t, p.sql, p.handle().SQL())
 	var schema string
 	require.NoError(t, p.sql.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&schema))
 	require.Equal(t, s.Name, schema, "on the URL's schema")
@@ -70,7 +68,7 @@ func TestOpenPoolOfEachDriver(t *testing.T) {
 	defer p.Close()
 	require.NotNil(t, p.pgx, "pgx: a *pgxpool.Pool")
 	require.Nil(t, p.sql, "pgx: no *sql.DB beside it")
-	require.IsType(t, (*pgxpool.Pool)(nil), p.handle())
+	require.Equal(t, p.pgx, p.handle().Pgx())
 	require.NoError(t, p.pgx.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
 	require.Equal(t, s.Name, schema, "on the URL's schema")
 

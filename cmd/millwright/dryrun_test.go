@@ -12,6 +12,7 @@ import (
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -22,7 +23,7 @@ func seedForEveryChange(t *testing.T) *pgtest.Schema {
 	t.Helper()
 	s := pgtest.New(t, dlq.Migrations(), saga.Migrations(), idempotency.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
-	seedDeadLetters(t, dlq.NewStore(s.DB))
+	seedDeadLetters(t, dlq.NewStore(postgres.From(s.DB)))
 	for _, q := range []string{
 		`INSERT INTO millwright_saga_instances (id, type, state, current_step, data, version, compensation_attempts, last_error)
 			VALUES ('o-1', 'orders', 'stuck', 1, '{}', 3, 3, 'refund failed')`,

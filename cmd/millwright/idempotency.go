@@ -13,6 +13,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/postgres"
 )
 
 func init() {
@@ -104,7 +105,7 @@ func runBenchIdempotency(cmd *cobra.Command, _ []string) error {
 	defer db.Close()
 	db.SetMaxOpenConns(cfg.Workers)
 	db.SetMaxIdleConns(cfg.Workers)
-	if _, err := migrate.Up(ctx, db, idempotency.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), idempotency.Migrations()); err != nil {
 		return err
 	}
 	cfg.DB, cfg.URL = db, schemaURL

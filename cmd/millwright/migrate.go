@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // migrationSources lists every component's migrations; components append to
@@ -67,7 +68,7 @@ docs/partitioning.md.`,
 				sources = append(sources[:len(sources):len(sources)], outbox.PartitionedMigrations())
 			}
 			if dry {
-				pending, err := migrate.Pending(cmd.Context(), db, sources...)
+				pending, err := migrate.Pending(cmd.Context(), postgres.From(db), sources...)
 				if err != nil {
 					return err
 				}
@@ -87,7 +88,7 @@ docs/partitioning.md.`,
 					return fmt.Errorf("creating schema %s: %w", schema, err)
 				}
 			}
-			applied, err := migrate.Up(cmd.Context(), db, sources...)
+			applied, err := migrate.Up(cmd.Context(), postgres.From(db), sources...)
 			if errors.Is(err, migrate.ErrNoSchema) {
 				// Only the URL's search_path can name a missing schema:
 				// the one of --schema was created above.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/postgres"
 )
 
 // TestMigrateDryRunListsAndChangesNothing: --dry-run lists every pending
@@ -22,7 +23,7 @@ func TestMigrateDryRunListsAndChangesNothing(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t)
 	ctx := context.Background()
-	pending, err := migrate.Pending(ctx, s.DB, migrationSources...)
+	pending, err := migrate.Pending(ctx, postgres.From(s.DB), migrationSources...)
 	require.NoError(t, err)
 	require.NotEmpty(t, pending)
 

@@ -19,6 +19,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -358,7 +359,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 	defer db.Close()
 	db.SetMaxOpenConns(24)
 	db.SetMaxIdleConns(24)
-	if _, err := migrate.Up(ctx, db, outbox.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), outbox.Migrations()); err != nil {
 		return err
 	}
 	cfg.DB, cfg.URL = db, schemaURL

@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // retryFailed runs `outbox retry-failed`'s change (or, with dry, lists
@@ -35,7 +36,7 @@ func retryFailed(cmd *cobra.Command, pool *cliPool, filter outbox.FailedFilter, 
 // (--driver); progress may be nil.
 func retryFailedOn(ctx context.Context, pool *cliPool, filter outbox.FailedFilter, dry bool, progress func(done, total int)) ([]outbox.FailedEvent, error) {
 	if pool.pgx != nil {
-		return outbox.RetryFailedWithProgress(ctx, pool.pgx, filter, dry, progress)
+		return outbox.RetryFailedWithProgress(ctx, postgres.From(pool.pgx), filter, dry, progress)
 	}
-	return outbox.RetryFailedWithProgress(ctx, pool.sql, filter, dry, progress)
+	return outbox.RetryFailedWithProgress(ctx, postgres.From(pool.sql), filter, dry, progress)
 }

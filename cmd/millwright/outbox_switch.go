@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // outboxSwitchCmds are `outbox switch-to-debezium` and `outbox
@@ -88,13 +89,13 @@ func runOutboxSwitch(cmd *cobra.Command, args []string, toDebezium bool) error {
 func switchOn(ctx context.Context, pool *cliPool, cfg outbox.CaptureSwitch, toDebezium bool) (outbox.SwitchReport, error) {
 	switch {
 	case toDebezium && pool.pgx != nil:
-		return outbox.SwitchToDebezium(ctx, pool.pgx, cfg)
+		return outbox.SwitchToDebezium(ctx, postgres.From(pool.pgx), cfg)
 	case toDebezium:
-		return outbox.SwitchToDebezium(ctx, pool.sql, cfg)
+		return outbox.SwitchToDebezium(ctx, postgres.From(pool.sql), cfg)
 	case pool.pgx != nil:
-		return outbox.SwitchToRelay(ctx, pool.pgx, cfg)
+		return outbox.SwitchToRelay(ctx, postgres.From(pool.pgx), cfg)
 	default:
-		return outbox.SwitchToRelay(ctx, pool.sql, cfg)
+		return outbox.SwitchToRelay(ctx, postgres.From(pool.sql), cfg)
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/park"
@@ -38,7 +36,7 @@ releases it (the head stays in the DLQ; the rest goes on).`,
 }
 
 func parkStore(pool *cliPool) *park.Store {
-	return onPool(pool, park.NewStore[*sql.DB], park.NewStore[*pgxpool.Pool])
+	return park.NewStore(pool.handle())
 }
 
 // parkedRow is one key of `parked list --json`.

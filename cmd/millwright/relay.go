@@ -34,6 +34,7 @@ import (
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 )
@@ -373,18 +374,15 @@ func (p *relayProcess) openPgx(ctx context.Context) error {
 
 // newRelay makes a relay on the pool of the process's driver.
 func (p *relayProcess) newRelay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-	if p.pgx != nil {
-		return outbox.NewRelay(p.pgx, pub, cfg)
-	}
-	return outbox.NewRelay(p.db, pub, cfg)
+	return outbox.NewRelay(p.pool(), pub, cfg)
 }
 
-// pool is the relays' and cleaners' pool: a *pgxpool.Pool or a *sql.DB.
-func (p *relayProcess) pool() any {
+// pool is the relays' and cleaners' pool, on the process's driver.
+func (p *relayProcess) pool() postgres.DB {
 	if p.pgx != nil {
-		return p.pgx
+		return postgres.Pgx(p.pgx)
 	}
-	return p.db
+	return postgres.SQL(p.db)
 }
 
 // openTransport opens the transport and the health checks of the database
@@ -443,11 +441,11 @@ func (p *relayProcess) components(tables map[string]bool) error {
 		retention        time.Duration
 		open             openCleaner
 	}{
-		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, cleanerOf(outbox.NewCleaner[*sql.DB], outbox.NewCleaner[*pgxpool.Pool])},
-		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, cleanerOf(idempotency.NewCleaner[*sql.DB], idempotency.NewCleaner[*pgxpool.Pool])},
-		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, cleanerOf(dlq.NewCleaner[*sql.DB], dlq.NewCleaner[*pgxpool.Pool])},
-		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, cleanerOf(saga.NewCleaner[*sql.DB], saga.NewCleaner[*pgxpool.Pool])},
-		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, cleanerOf(audit.NewCleaner[*sql.DB], audit.NewCleaner[*pgxpool.Pool])},
+		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, outbox.NewCleaner},
+		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, idempotency.NewCleaner},
+		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, dlq.NewCleaner},
+		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, saga.NewCleaner},
+		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, audit.NewCleaner},
 	}
 	for _, c := range cleaners {
 		if c.retention <= 0 || !tables[c.table] {

@@ -31,6 +31,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrations"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
 )
@@ -42,7 +43,7 @@ func writeEvents(t *testing.T, db *sql.DB, topic string, n int) {
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
-	pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{})
+	pub, err := outbox.NewTxPublisher(postgres.SQLTx(tx), outbox.PublisherConfig{})
 	require.NoError(t, err)
 	msgs := make([]*message.Message, n)
 	for i := range msgs {

@@ -16,6 +16,7 @@ import (
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -68,7 +69,7 @@ func TestStateChangingCommandsRefuseWithoutYesOffTerminal(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations(), saga.Migrations(), idempotency.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	seedDeadLetters(t, store)
 	// Something for each command to change: a stuck saga, expired
 	// idempotency marks and failed outbox rows.
@@ -127,7 +128,7 @@ func TestDLQReplayAuditsCountsAndDryRunChangesNothing(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	seedDeadLetters(t, store)
 
 	out, stderr, err := runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--dry-run")
@@ -177,7 +178,7 @@ func TestConfirmationPromptOnTerminal(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	ids := seedDeadLetters(t, store)
 
 	_, stderr, err := runCLI(t, dlqCmd(), fakeTTY{strings.NewReader("n\n")}, s.URL, "replay", "--all", "--transport", "mem://")
@@ -208,7 +209,7 @@ func TestSagaResolveAudited(t *testing.T) {
 
 	_, _, err = runCLI(t, sagaCmd(), nil, s.URL, "resolve", "o-1", "--dry-run")
 	require.NoError(t, err)
-	in, _, err := saga.Get(context.Background(), s.DB, "o-1")
+	in, _, err := saga.Get(context.Background(), postgres.From(s.DB), "o-1")
 	require.NoError(t, err)
 	require.Equal(t, saga.StateStuck, in.State, "dry run changed nothing")
 
@@ -279,7 +280,7 @@ func TestNoChangeWithoutAuditTable(t *testing.T) {
 	t.Parallel()
 	s := pgtest.New(t, dlq.Migrations())
 	s.DB.SetMaxOpenConns(2)
-	store := dlq.NewStore(s.DB)
+	store := dlq.NewStore(postgres.From(s.DB))
 	seedDeadLetters(t, store)
 	_, _, err := runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--transport", "mem://", "--yes")
 	require.ErrorIs(t, err, audit.ErrNotMigrated)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/sagabench"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"
@@ -230,9 +231,9 @@ required. Every run past flag validation is recorded in millwright_audit.`,
 // resolveSaga is saga.Resolve on the command's pool (--driver).
 func resolveSaga(ctx context.Context, pool *cliPool, id string, action saga.ResolveAction, note string, dryRun bool) (saga.Resolution, error) {
 	if pool.pgx != nil {
-		return saga.Resolve(ctx, pool.pgx, id, action, note, dryRun)
+		return saga.Resolve(ctx, postgres.From(pool.pgx), id, action, note, dryRun)
 	}
-	return saga.Resolve(ctx, pool.sql, id, action, note, dryRun)
+	return saga.Resolve(ctx, postgres.From(pool.sql), id, action, note, dryRun)
 }
 
 func benchSagaCmd() *cobra.Command {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -65,14 +66,14 @@ func TestSagaCommands(t *testing.T) {
 	out, err = runSaga(t, s.URL, "resolve", "o-1", "--dry-run")
 	require.NoError(t, err)
 	require.Contains(t, out, `dry run: would resend the compensation of step "charge_payment"`)
-	in, _, err := saga.Get(context.Background(), s.DB, "o-1")
+	in, _, err := saga.Get(context.Background(), postgres.From(s.DB), "o-1")
 	require.NoError(t, err)
 	require.Equal(t, saga.StateStuck, in.State)
 
 	out, err = runSaga(t, s.URL, "resolve", "o-1", "--action", "skip", "--note", "refunded by hand", "--yes")
 	require.NoError(t, err)
 	require.Contains(t, out, "resolved saga o-1")
-	in, h, err := saga.Get(context.Background(), s.DB, "o-1")
+	in, h, err := saga.Get(context.Background(), postgres.From(s.DB), "o-1")
 	require.NoError(t, err)
 	require.Equal(t, saga.StateCompensating, in.State)
 	require.Equal(t, 0, in.StepIndex)

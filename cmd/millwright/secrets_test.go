@@ -25,6 +25,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
@@ -106,7 +107,7 @@ func TestSecretsNeverShown(t *testing.T) {
 	s.DB.SetMaxOpenConns(2)
 	dbURL := withPassword(t, s.URL, "postgres")
 	require.Contains(t, dbURL, thePassword)
-	seedDeadLetters(t, dlq.NewStore(s.DB))
+	seedDeadLetters(t, dlq.NewStore(postgres.From(s.DB)))
 	ctx := context.Background()
 
 	t.Run("cli", func(t *testing.T) {
@@ -272,9 +273,9 @@ func TestSecretsNeverShown(t *testing.T) {
 			}
 			l.add("dlq envelope payload", string(d.Payload))
 			require.NotEmpty(t, d.Metadata.Get(metadata.DeadLetterError))
-			id, err := dlq.NewStore(s.DB).Insert(ctx, d)
+			id, err := dlq.NewStore(postgres.From(s.DB)).Insert(ctx, d)
 			require.NoError(t, err)
-			stored, err := dlq.NewStore(s.DB).Get(ctx, id)
+			stored, err := dlq.NewStore(postgres.From(s.DB)).Get(ctx, id)
 			require.NoError(t, err)
 			l.add("dlq stored error", stored.Error)
 			out, errOut, err := runCLI(t, dlqCmd(), nil, dbURL, "show", strconv.FormatInt(id, 10))

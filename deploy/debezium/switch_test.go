@@ -16,6 +16,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -56,7 +57,7 @@ func (e *env) write(ctx context.Context, goroutines, aggs int, every time.Durati
 				ev := seqEvent{Agg: agg, Seq: seq[agg]}
 				body, _ := json.Marshal(ev)
 				id := fmt.Sprintf("%s-%d", agg, ev.Seq)
-				if err := outbox.Add(ctx, e.schema.DB, outbox.Event{ID: id, Topic: e.topic, AggregateType: "acct", AggregateID: agg, Payload: body}); err != nil {
+				if err := outbox.AddOutsideTx(ctx, postgres.From(e.schema.DB), outbox.Event{ID: id, Topic: e.topic, AggregateType: "acct", AggregateID: agg, Payload: body}); err != nil {
 					w.errs <- err
 					return
 				}
@@ -123,7 +124,7 @@ func (p *flakyPublisher) Close() error { return nil } // the transport's, closed
 // called (Close: the relay drains its in-flight claims, publishing and
 // marking them).
 func (e *env) runRelay(ctx context.Context, t *testing.T, pub message.Publisher) (stop func()) {
-	relay, err := outbox.NewRelay(e.schema.DB, pub, outbox.RelayConfig{PollInterval: 50 * time.Millisecond,
+	relay, err := outbox.NewRelay(postgres.From(e.schema.DB), pub, outbox.RelayConfig{PollInterval: 50 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
@@ -184,13 +185,13 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	sw := outbox.CaptureSwitch{Slot: e.name, Publication: e.name}
 	dry := sw
 	dry.DryRun = true
-	rep, err := outbox.SwitchToDebezium(ctx, e.schema.DB, dry)
+	rep, err := outbox.SwitchToDebezium(ctx, postgres.From(e.schema.DB), dry)
 	require.NoError(t, err)
 	require.Len(t, rep.Steps, 4, "a dry run lists every step: %v", rep.Steps)
 	failedBefore := pub.failed.Load()
 	pub.failFirst.Store(true) // every row the relay publishes from now on fails once first
 	sw.Wait = 3 * time.Minute
-	rep, err = outbox.SwitchToDebezium(ctx, e.schema.DB, sw)
+	rep, err = outbox.SwitchToDebezium(ctx, postgres.From(e.schema.DB), sw)
 	require.NoError(t, err)
 	require.True(t, rep.Ready, "%+v", rep)
 	pub.failFirst.Store(false)
@@ -209,7 +210,7 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	atSwitch := w.written.Load()
 	e.start(ctx, t)
 	stopTracker := e.track(ctx, t)
-	_, err = outbox.RetryFailed(ctx, e.schema.DB, outbox.FailedFilter{}, true)
+	_, err = outbox.RetryFailed(ctx, postgres.From(e.schema.DB), outbox.FailedFilter{}, true)
 	require.ErrorIs(t, err, outbox.ErrCaptureActive)
 	until(ctx, t, "Debezium relaying", func() (bool, error) { return w.written.Load() > atSwitch+1500, nil })
 
@@ -227,14 +228,14 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	})
 	confirmWait := time.Since(confirmStart)
 	stopTracker()
-	_, err = outbox.SwitchToRelay(ctx, e.schema.DB, outbox.CaptureSwitch{Slot: e.name, Publication: e.name})
+	_, err = outbox.SwitchToRelay(ctx, postgres.From(e.schema.DB), outbox.CaptureSwitch{Slot: e.name, Publication: e.name})
 	require.ErrorContains(t, err, "stop the connector first", "refused while the connector streams")
 	require.NoError(t, e.connect.Stop(ctx, e.name))
 	until(ctx, t, "connector releasing the slot", func() (bool, error) {
 		st, err := storage.ReadCaptureState(ctx, e.q, e.name, e.name)
 		return !st.SlotActive, err
 	})
-	rep, err = outbox.SwitchToRelay(ctx, e.schema.DB, outbox.CaptureSwitch{Slot: e.name, Publication: e.name})
+	rep, err = outbox.SwitchToRelay(ctx, postgres.From(e.schema.DB), outbox.CaptureSwitch{Slot: e.name, Publication: e.name})
 	require.NoError(t, err)
 	stopRelay = e.runRelay(ctx, t, pub)
 	require.NoError(t, e.connect.Delete(ctx, e.name))
@@ -262,7 +263,7 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 // track runs an outbox.CaptureTracker (a round every 500ms) until the
 // returned stop.
 func (e *env) track(ctx context.Context, t *testing.T) (stop func()) {
-	tr, err := outbox.NewCaptureTracker(e.schema.DB, outbox.CaptureConfig{Slot: e.name, Interval: 500 * time.Millisecond})
+	tr, err := outbox.NewCaptureTracker(postgres.From(e.schema.DB), outbox.CaptureConfig{Slot: e.name, Interval: 500 * time.Millisecond})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- tr.Run(ctx) }()

@@ -17,6 +17,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // TestDebeziumRecordsEqualRelayRecords relays the same outbox rows twice,
@@ -47,9 +48,9 @@ func TestDebeziumRecordsEqualRelayRecords(t *testing.T) {
 		events = append(events, outbox.Event{Topic: e.topic, AggregateType: "acct", AggregateID: fmt.Sprintf("a-%d", i%7), EventType: "acct.moved",
 			Payload: []byte(fmt.Sprintf(`{"i": %d, "pad": "%s"}`, i, strings.Repeat("x", i)))})
 	}
-	require.NoError(t, outbox.Add(ctx, e.schema.DB, events...))
+	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(e.schema.DB), events...))
 
-	relay, err := outbox.NewRelay(e.schema.DB, e.tr.Publisher(), outbox.RelayConfig{})
+	relay, err := outbox.NewRelay(postgres.From(e.schema.DB), e.tr.Publisher(), outbox.RelayConfig{})
 	require.NoError(t, err)
 	for published := 0; published < len(events); {
 		n, err := relay.RunOnce(ctx)

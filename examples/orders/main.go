@@ -204,7 +204,7 @@ func (c *common) openPool(ctx context.Context, dbURL string) (app.Config, func()
 		db.Close()
 		return app.Config{}, nil, fmt.Errorf("connecting (is Postgres running at -database-url?): %w", err)
 	}
-	if _, err := migrate.Up(ctx, db, app.AllMigrations()...); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), app.AllMigrations()...); err != nil {
 		db.Close()
 		return app.Config{}, nil, fmt.Errorf("migrating: %w", err)
 	}

@@ -105,7 +105,7 @@ func (s *service) start(ctx context.Context, tx postgres.Tx, msg *message.Messag
 	if p.Amount <= 0 {
 		return retry.Permanent(fmt.Errorf("payment %s: amount %d is not positive", p.ID, p.Amount))
 	}
-	return s.saga.Start(ctx, tx.Pgx(), p.ID, p)
+	return s.saga.Start(ctx, tx, p.ID, p)
 }
 
 func (s *service) funds(ctx context.Context, tx postgres.Tx, cmd *message.Message) (any, error) {
@@ -182,7 +182,7 @@ func demo(ctx context.Context, s *service, n int, out io.Writer) error {
 
 // serve runs the service with its HTTP API until SIGINT or SIGTERM.
 func serve(ctx context.Context, s *service, listen string) error {
-	ops, err := console.New(s.db.Pgx(), console.Config{BasePath: "/console", Authenticate: operator})
+	ops, err := console.New(s.db, console.Config{BasePath: "/console", Authenticate: operator})
 	if err != nil {
 		return err
 	}

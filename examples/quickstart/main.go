@@ -229,7 +229,7 @@ func openDatabase(ctx context.Context, driver, dbURL string) (*sql.DB, postgres.
 	if err := db.PingContext(ctx); err != nil {
 		return fail(fmt.Errorf("connecting (is Postgres running at --database-url?): %w", err))
 	}
-	if _, err := migrate.Up(ctx, db, migrations.All()...); err != nil {
+	if _, err := migrate.Up(ctx, postgres.SQL(db), migrations.All()...); err != nil {
 		return fail(fmt.Errorf("migrating: %w", err))
 	}
 	if _, err := db.ExecContext(ctx, `
@@ -252,7 +252,7 @@ func openDatabase(ctx context.Context, driver, dbURL string) (*sql.DB, postgres.
 // notification applied, and returns the effects counted (all, distinct
 // orders).
 func waitSettled(ctx context.Context, db *sql.DB, dups func() uint64, runID string, n int) (effects, distinct int, err error) {
-	err = outboxtest.WaitDrained(ctx, db)
+	err = outboxtest.WaitDrained(ctx, postgres.SQL(db))
 	for err == nil {
 		err = db.QueryRowContext(ctx, `SELECT count(*), count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1`, runID+"-%").Scan(&effects, &distinct)
 		// Every delivery runs twice (Duplicator): settled once every

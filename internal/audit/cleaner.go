@@ -23,6 +23,6 @@ var cleanerTable = cleaner.Table{
 // NewCleaner returns the retention cleaner of millwright_audit in db's
 // search_path: rows older than cfg.Retention (default DefaultRetention, at
 // least 24h) are deleted in bounded batches, one instance at a time.
-func NewCleaner[P postgres.Pool](db P, cfg cleaner.Config) (*cleaner.Cleaner, error) {
+func NewCleaner(db postgres.DB, cfg cleaner.Config) (*cleaner.Cleaner, error) {
 	return cleaner.NewFrom(db, cleanerTable, cfg)
 }

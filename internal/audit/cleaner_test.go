@@ -12,6 +12,7 @@ import (
 	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // newCleaner builds the cleaner on the pool of driver: the generic
@@ -20,9 +21,9 @@ func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg cleaner.Confi
 	t.Helper()
 	switch h := s.Handle(t, driver).(type) {
 	case *sql.DB:
-		return audit.NewCleaner(h, cfg)
+		return audit.NewCleaner(postgres.From(h), cfg)
 	case *pgxpool.Pool:
-		return audit.NewCleaner(h, cfg)
+		return audit.NewCleaner(postgres.From(h), cfg)
 	}
 	t.Fatalf("no pool for driver %s", driver)
 	return nil, nil
@@ -56,6 +57,6 @@ func testCleanerDeletesRows(t *testing.T, driver string) {
 	require.Len(t, entries, 1)
 	require.Equal(t, "new", entries[0].Command)
 
-	_, err = audit.NewCleaner(s.DB, cleaner.Config{Retention: time.Hour})
+	_, err = audit.NewCleaner(postgres.From(s.DB), cleaner.Config{Retention: time.Hour})
 	require.ErrorContains(t, err, "audit: CleanerConfig.Retention 1h0m0s is too short")
 }

@@ -10,7 +10,7 @@
 //
 // A cleaner runs on a storage.Pool: a *sql.DB (database/sql, lib/pq) or a
 // *pgxpool.Pool (pgx v5), alike; the components' NewCleaner take either
-// (NewCleaner[P postgres.Pool]). A round holds one connection of the pool
+// (NewCleaner(db postgres.DB, ...)). A round holds one connection of the pool
 // (storage.Session) for its lock and its statements.
 //
 // Guarantees, for every table:

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millwright/millwright/internal/txhook"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -28,6 +29,10 @@ func From(x any) (Querier, error) {
 		return e, nil
 	case Tx:
 		return e, nil
+	case postgres.DB:
+		return FromDB(e)
+	case postgres.Tx:
+		return FromTx(e)
 	case PgxExecutor:
 		return NewPgx(e), nil
 	case SQLExecutor:
@@ -51,6 +56,8 @@ func PoolFrom(x any) (Pool, error) {
 		return NewPgxPool(p), nil
 	case Pool:
 		return p, nil
+	case postgres.DB:
+		return FromDB(p)
 	}
 	if x == nil || fmt.Sprint(x) == "<nil>" {
 		return nil, fmt.Errorf("%w: nil pool: pass an open *sql.DB or *pgxpool.Pool", ErrUnsupported)
@@ -73,6 +80,9 @@ func FromDB(d postgres.DB) (Pool, error) {
 // FromTx returns the Querier of a postgres.Tx; a zero Tx is an error that
 // wraps postgres.ErrNoDB (and ErrUnsupported) and names the fix.
 func FromTx(t postgres.Tx) (Querier, error) {
+	if q, ok := txhook.Unwrap(t).(Querier); ok {
+		return q, nil
+	}
 	switch {
 	case t.Pgx() != nil:
 		return NewPgx(t.Pgx()), nil
@@ -91,4 +101,21 @@ func TxOf(tx Tx) postgres.Tx {
 		return postgres.PgxTx(h)
 	}
 	return postgres.Tx{}
+}
+
+// FromHandle returns the Querier of a postgres.DB or postgres.Tx.
+func FromHandle(h postgres.Handle) (Querier, error) {
+	switch h := h.(type) {
+	case postgres.DB:
+		return FromDB(h)
+	case postgres.Tx:
+		return FromTx(h)
+	}
+	return nil, fmt.Errorf("%w: nil handle: pass a postgres.DB or postgres.Tx (%w)", ErrUnsupported, postgres.ErrNoDB)
+}
+
+// AsTx returns a postgres.Tx holding q (a transaction or statement queue
+// of millwright's own), for a public write that takes a postgres.Tx.
+func AsTx(q Querier) postgres.Tx {
+	return txhook.Wrap(q).(postgres.Tx)
 }

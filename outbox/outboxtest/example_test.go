@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 func ExampleWaitDrained() {
@@ -29,13 +30,13 @@ func ExampleWaitDrained() {
 	defer admin.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
 	db, _ := sql.Open("postgres", exampleURL(schema))
 	defer db.Close()
-	_, _ = migrate.Up(ctx, db, outbox.Migrations())
+	_, _ = migrate.Up(ctx, postgres.From(db), outbox.Migrations())
 
 	// The code under test writes an event...
-	_ = outbox.Add(ctx, db, outbox.Event{Topic: "orders", AggregateID: "o-1", Payload: []byte(`{}`)})
+	_ = outbox.AddOutsideTx(ctx, postgres.From(db), outbox.Event{Topic: "orders", AggregateID: "o-1", Payload: []byte(`{}`)})
 
 	// ...a relay runs as in production...
-	relay, _ := outbox.NewRelay(db, gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}),
+	relay, _ := outbox.NewRelay(postgres.From(db), gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}),
 		outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
 	go relay.Run(ctx)
 	defer relay.Close()
@@ -43,7 +44,7 @@ func ExampleWaitDrained() {
 	// ...and the test waits for it before asserting on the consumer side.
 	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	fmt.Println(outboxtest.WaitDrained(wait, db))
+	fmt.Println(outboxtest.WaitDrained(wait, postgres.From(db)))
 	// Output: <nil>
 }
 

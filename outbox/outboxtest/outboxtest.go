@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // PollInterval is how often WaitDrained reads the outbox.
@@ -16,13 +17,12 @@ const PollInterval = 10 * time.Millisecond
 // failed state: they will never drain on their own.
 var ErrFailedEvents = errors.New("outboxtest: outbox has failed events")
 
-// WaitDrained waits until the outbox in db's search_path (any
-// outbox.Executor: a *sql.DB or *pgxpool.Pool, a transaction of either)
-// has no pending row,
+// WaitDrained waits until the outbox in db's search_path has no pending
+// row,
 // that is until every committed event has been published (or has failed).
 // It returns ctx's error, naming the backlog, if ctx ends first (give ctx a
 // deadline), and ErrFailedEvents if drained but some rows failed.
-func WaitDrained(ctx context.Context, db outbox.Executor) error {
+func WaitDrained(ctx context.Context, db postgres.DB) error {
 	t := time.NewTicker(PollInterval)
 	defer t.Stop()
 	var last outbox.Stats

@@ -15,6 +15,7 @@ import (
 
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/saga/sagatest"
 )
@@ -30,7 +31,7 @@ func exampleDB() (*sql.DB, func()) {
 		os.Exit(1)
 	}
 	db, _ := sql.Open("postgres", exampleURL(schema))
-	if _, err := migrate.Up(context.Background(), db, outbox.Migrations(), saga.Migrations()); err != nil {
+	if _, err := migrate.Up(context.Background(), postgres.From(db), outbox.Migrations(), saga.Migrations()); err != nil {
 		panic(err)
 	}
 	return db, func() {
@@ -52,7 +53,7 @@ func ExampleParticipant() {
 		saga.Step[struct{}]{Name: "debit", Command: cmd, Compensation: cmd},
 		saga.Step[struct{}]{Name: "credit", Command: cmd, Compensation: cmd},
 	)
-	o, _ := saga.NewOrchestrator(db, def, saga.Config{})
+	o, _ := saga.NewOrchestrator(postgres.From(db), def, saga.Config{})
 	p := sagatest.NewParticipant(broker)
 	p.Script(func(c sagatest.Command) sagatest.Answer {
 		if c.Step == "credit" {
@@ -69,14 +70,14 @@ func ExampleParticipant() {
 	go router.Run(ctx)
 	defer router.Close()
 	<-router.Running()
-	relay, _ := outbox.NewRelay(db, broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
+	relay, _ := outbox.NewRelay(postgres.From(db), broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
 	go relay.Run(ctx)
 	defer relay.Close()
 
-	_ = o.Start(ctx, db, "t-1", struct{}{})
+	_ = o.StartOutsideTx(ctx, postgres.From(db), "t-1", struct{}{})
 	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	info, err := sagatest.WaitState(wait, db, "t-1", saga.StateCompleted, saga.StateCompensated)
+	info, err := sagatest.WaitState(wait, postgres.From(db), "t-1", saga.StateCompleted, saga.StateCompensated)
 	fmt.Println(info.State, err)
 	fmt.Println(p.Trace("t-1"))
 	// Output:

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -19,7 +20,7 @@ const PollInterval = 10 * time.Millisecond
 // WaitState waits until saga id is in one of states and returns it. It
 // returns an error naming the state it is in if ctx ends first (give ctx a
 // deadline).
-func WaitState(ctx context.Context, db saga.Querier, id string, states ...saga.State) (saga.Info, error) {
+func WaitState(ctx context.Context, db postgres.Handle, id string, states ...saga.State) (saga.Info, error) {
 	t := time.NewTicker(PollInterval)
 	defer t.Stop()
 	var last saga.Info

@@ -3,6 +3,7 @@ package sagatest_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/saga/sagatest"
 )
@@ -24,18 +26,22 @@ func TestWaitState(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	_, err = sagatest.WaitState(ctx, s.DB, "s-1", saga.StateCompleted)
+	_, err = sagatest.WaitState(ctx, postgres.From(s.DB), "s-1", saga.StateCompleted)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, `saga "s-1" is running`)
 
 	// The saga completes only after WaitState has read it running and
 	// polled again: the waiting path, not a first read that matches.
-	db := &countingDB{DB: s.DB, polledTwice: make(chan struct{})}
+	db := &countingDB{polledTwice: make(chan struct{})}
+	connector, err := postgres.NewConnector(s.URL)
+	require.NoError(t, err)
+	db.DB = sql.OpenDB(countingConnector{connector, db})
+	t.Cleanup(func() { _ = db.Close() })
 	done := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		info, err := sagatest.WaitState(ctx, db, "s-1", saga.StateCompleted)
+		info, err := sagatest.WaitState(ctx, postgres.SQL(db.DB), "s-1", saga.StateCompleted)
 		if err == nil && info.State != saga.StateCompleted {
 			err = context.Canceled
 		}
@@ -59,7 +65,7 @@ func TestWaitState(t *testing.T) {
 
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel2()
-	_, err = sagatest.WaitState(ctx2, s.DB, "missing", saga.StateCompleted)
+	_, err = sagatest.WaitState(ctx2, postgres.From(s.DB), "missing", saga.StateCompleted)
 	require.ErrorContains(t, err, "never read")
 }
 
@@ -73,9 +79,37 @@ type countingDB struct {
 	polledTwice chan struct{}
 }
 
-func (d *countingDB) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+func (d *countingDB) saw(query string) {
 	if strings.Contains(query, "FROM millwright_saga_instances") && d.polls.Add(1) == 2 {
 		close(d.polledTwice)
 	}
-	return d.DB.QueryContext(ctx, query, args...)
+}
+
+// countingConnector counts the queries of its connections (WaitState
+// takes a postgres.DB, so the count is taken below database/sql).
+type countingConnector struct {
+	driver.Connector
+	d *countingDB
+}
+
+func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{conn, c.d}, nil
+}
+
+type countingConn struct {
+	driver.Conn
+	d *countingDB
+}
+
+func (c countingConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	c.d.saw(query)
+	q, ok := c.Conn.(driver.QueryerContext)
+	if !ok {
+		return nil, driver.ErrSkip
+	}
+	return q.QueryContext(ctx, query, args)
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -201,7 +202,7 @@ func (f *failover) writeBacklog(ctx context.Context, t *testing.T, from, through
 		}
 		tx, err := f.db.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		require.NoError(t, outbox.Add(ctx, tx, events...))
+		require.NoError(t, outbox.Add(ctx, postgres.SQLTx(tx), events...))
 		require.NoError(t, tx.Commit())
 	}
 	t.Logf("failover: wrote events %d to %d of each aggregate (%d events) in %s", from, through, (through-from+1)*foAggregates, time.Since(begin).Round(time.Millisecond))
@@ -216,7 +217,7 @@ func (f *failover) openCluster(ctx context.Context, t *testing.T) *Transport {
 }
 
 func (f *failover) startConsumers(ctx context.Context, t *testing.T) {
-	store, err := idempotency.NewPostgresStore(f.poolOf(t, 14))
+	store, err := idempotency.NewPostgresStore(postgres.From(f.poolOf(t, 14)))
 	require.NoError(t, err)
 	f.dedup, err = idempotency.NewMiddleware(store, idempotency.Config{Consumer: "failover"})
 	require.NoError(t, err)
@@ -255,7 +256,8 @@ func (f *failover) startConsumers(ctx context.Context, t *testing.T) {
 // apply is the consumers' effect: one row, in the middleware's
 // transaction, so it commits with the mark.
 func (f *failover) apply(msg *message.Message) error {
-	tx, ok := idempotency.TxFromContext(msg.Context())
+	pt, ok := idempotency.TxFromContext(msg.Context())
+	tx := pt.SQL()
 	if !ok {
 		return errors.New("handler ran without the idempotency middleware's transaction")
 	}
@@ -282,7 +284,7 @@ func (f *failover) startRelays(ctx context.Context, t *testing.T) {
 	for i := range foRelays {
 		tr := f.openCluster(ctx, t)
 		f.relayPubs = append(f.relayPubs, tr.pub)
-		relay, err := outbox.NewRelay(f.poolOf(t, 6), f.pub.wrap(tr.pub), outbox.RelayConfig{
+		relay, err := outbox.NewRelay(postgres.From(f.poolOf(t, 6)), f.pub.wrap(tr.pub), outbox.RelayConfig{
 			BatchSize: 500, PollInterval: 50 * time.Millisecond,
 			Retry: retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: time.Second, MaxAttempts: -1},
 		})

@@ -81,18 +81,18 @@ func wire[P postgres.Pool](a *App, pool P) error {
 	if err != nil {
 		return err
 	}
-	a.orch, err = saga.NewOrchestrator(pool, def, saga.Config{
+	a.orch, err = saga.NewOrchestrator(postgres.From(pool), def, saga.Config{
 		ReplyTopic: a.topics.Replies, PollInterval: a.cfg.SagaPollInterval, Source: "examples/orders/orchestrator",
 		Registerer: a.cfg.Registerer, Logger: a.cfg.Logger,
 	})
 	if err != nil {
 		return err
 	}
-	a.store = dlq.NewStore(pool)
-	a.newParker = func(cfg park.Config) (*park.Parker, error) { return park.New(pool, cfg) }
-	a.newIdempotencyStore = func() (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(pool) }
+	a.store = dlq.NewStore(postgres.From(pool))
+	a.newParker = func(cfg park.Config) (*park.Parker, error) { return park.New(postgres.From(pool), cfg) }
+	a.newIdempotencyStore = func() (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(postgres.From(pool)) }
 	a.newRelay = func(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-		return outbox.NewRelay(pool, pub, cfg)
+		return outbox.NewRelay(postgres.From(pool), pub, cfg)
 	}
 	// Retention, each table at its package's DefaultRetention: published
 	// outbox rows and processed-event marks (7 days), finished sagas (30
@@ -101,10 +101,10 @@ func wire[P postgres.Pool](a *App, pool P) error {
 	// Cleaner and CleanerConfig are the same types.
 	a.newCleaners = func(cfg outbox.CleanerConfig) ([]*outbox.Cleaner, error) {
 		var cs []*outbox.Cleaner
-		for _, open := range []func(P, outbox.CleanerConfig) (*outbox.Cleaner, error){
-			outbox.NewCleaner[P], idempotency.NewCleaner[P], saga.NewCleaner[P], dlq.NewCleaner[P],
+		for _, open := range []func(postgres.DB, outbox.CleanerConfig) (*outbox.Cleaner, error){
+			outbox.NewCleaner, idempotency.NewCleaner, saga.NewCleaner, dlq.NewCleaner,
 		} {
-			c, err := open(pool, cfg)
+			c, err := open(postgres.From(pool), cfg)
 			if err != nil {
 				return nil, err
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // The services' business code runs on either Postgres driver: pgx v5 (a
@@ -28,9 +29,8 @@ type db interface {
 	exec(ctx context.Context, q string, args ...any) error
 	queryRow(ctx context.Context, q string, args ...any) row
 	ping(ctx context.Context) error
-	// handle is the *pgxpool.Pool or *sql.DB, for millwright's functions
-	// that take either (outbox.ReadStats).
-	handle() any
+	// handle is the database for millwright's functions (outbox.ReadStats).
+	handle() postgres.DB
 }
 
 // tx is a business transaction, on either driver.
@@ -43,9 +43,9 @@ type tx interface {
 	emit(ctx context.Context, ev outbox.Event, stmts ...statement) error
 	commit(ctx context.Context) error
 	rollback(ctx context.Context) error
-	// handle is the pgx.Tx or *sql.Tx, for millwright's functions that
-	// take either (outbox.Add, saga's Start).
-	handle() any
+	// handle is the transaction for millwright's functions (outbox.Add,
+	// saga's Start).
+	handle() postgres.Tx
 }
 
 // row is *sql.Row or pgx.Row. Both return an error for which
@@ -62,11 +62,11 @@ type statement struct {
 // txFromContext returns the idempotency middleware's transaction of the
 // message whose context is ctx, whichever driver its store runs on.
 func txFromContext(ctx context.Context) (tx, error) {
-	if t, ok := idempotency.PgxTxFromContext(ctx); ok {
-		return pgxTx{t}, nil
-	}
-	if t, ok := idempotency.TxFromContext(ctx); ok {
-		return sqlTx{t}, nil
+	if pt, ok := idempotency.TxFromContext(ctx); ok {
+		if pt.Pgx() != nil {
+			return pgxTx{pt.Pgx()}, nil
+		}
+		return sqlTx{pt.SQL()}, nil
 	}
 	return nil, errors.New("no idempotency transaction in the message context: add the idempotency middleware")
 }
@@ -89,7 +89,7 @@ func (d pgxDB) queryRow(ctx context.Context, q string, args ...any) row {
 	return d.pool.QueryRow(ctx, q, args...)
 }
 func (d pgxDB) ping(ctx context.Context) error { return d.pool.Ping(ctx) }
-func (d pgxDB) handle() any                    { return d.pool }
+func (d pgxDB) handle() postgres.DB            { return postgres.Pgx(d.pool) }
 
 type pgxTx struct{ tx pgx.Tx }
 
@@ -120,7 +120,7 @@ func (t pgxTx) emit(ctx context.Context, ev outbox.Event, stmts ...statement) er
 
 func (t pgxTx) commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
 func (t pgxTx) rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
-func (t pgxTx) handle() any                        { return t.tx }
+func (t pgxTx) handle() postgres.Tx                { return postgres.PgxTx(t.tx) }
 
 // database/sql (lib/pq).
 
@@ -140,7 +140,7 @@ func (d sqlDB) queryRow(ctx context.Context, q string, args ...any) row {
 	return d.db.QueryRowContext(ctx, q, args...)
 }
 func (d sqlDB) ping(ctx context.Context) error { return d.db.PingContext(ctx) }
-func (d sqlDB) handle() any                    { return d.db }
+func (d sqlDB) handle() postgres.DB            { return postgres.SQL(d.db) }
 
 type sqlTx struct{ tx *sql.Tx }
 
@@ -164,9 +164,9 @@ func (t sqlTx) emit(ctx context.Context, ev outbox.Event, stmts ...statement) er
 			return err
 		}
 	}
-	return outbox.Add(ctx, t.tx, ev)
+	return outbox.Add(ctx, postgres.SQLTx(t.tx), ev)
 }
 
 func (t sqlTx) commit(context.Context) error   { return t.tx.Commit() }
 func (t sqlTx) rollback(context.Context) error { return t.tx.Rollback() }
-func (t sqlTx) handle() any                    { return t.tx }
+func (t sqlTx) handle() postgres.Tx            { return postgres.SQLTx(t.tx) }

@@ -13,6 +13,7 @@ import (
 	"github.com/millwright/millwright/examples/orders/app"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -85,7 +86,7 @@ func runLateShipment(t *testing.T, kind transport.Kind) {
 	// saga's reason still names the step's timeout.
 	cause := `step "ship" timed out after 5s`
 	poll.Until(t, time.Minute, func() bool {
-		h, err := saga.History(ctx, schema.DB, "late-1")
+		h, err := saga.History(ctx, postgres.From(schema.DB), "late-1")
 		require.NoError(t, err)
 		n := 0
 		for _, e := range h {
@@ -95,7 +96,7 @@ func runLateShipment(t *testing.T, kind transport.Kind) {
 		}
 		return n == 2
 	}, "the ship step and its first cancellation time out")
-	info, _, err := saga.Get(ctx, schema.DB, "late-1")
+	info, _, err := saga.Get(ctx, postgres.From(schema.DB), "late-1")
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(info.LastError, cause+`; then compensation of step "ship" (attempt `), info.LastError)
 	require.Zero(t, count(t, schema.DB, `SELECT count(*) FROM orders_shipments`), "shipping was down")
@@ -111,7 +112,7 @@ func runLateShipment(t *testing.T, kind transport.Kind) {
 	require.NoError(t, err, "summary %s", s)
 	var h []saga.HistoryEntry
 	poll.Until(t, time.Minute, func() bool {
-		h, err = saga.History(ctx, schema.DB, "late-1")
+		h, err = saga.History(ctx, postgres.From(schema.DB), "late-1")
 		require.NoError(t, err)
 		late := slices.IndexFunc(h, func(e saga.HistoryEntry) bool { return e.Kind == saga.KindLateSuccess })
 		return late >= 0 && h[len(h)-1].Kind == saga.KindCompensated && len(h)-1 > late
@@ -127,7 +128,7 @@ func runLateShipment(t *testing.T, kind transport.Kind) {
 	require.NoError(t, err)
 	require.Equal(t, app.StatusCancelled, o.Status)
 	require.Equal(t, cause, o.Reason)
-	info, _, err = saga.Get(ctx, schema.DB, "late-1")
+	info, _, err = saga.Get(ctx, postgres.From(schema.DB), "late-1")
 	require.NoError(t, err)
 	require.Equal(t, saga.StateCompensated, info.State)
 	require.Equal(t, cause, info.LastError)

@@ -25,6 +25,7 @@ import (
 	"github.com/millwright/millwright/examples/orders/app"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	tramqp "github.com/millwright/millwright/transport/amqp"
@@ -330,7 +331,7 @@ func runReliability(t *testing.T, kind transport.Kind, fake bool, driver string,
 	require.Equal(t, n, count(t, db, `SELECT count(*) FROM millwright_saga_instances WHERE state IN ('completed', 'compensated')`))
 	require.Zero(t, count(t, db, `SELECT count(*) FROM millwright_outbox WHERE status <> 'published'`), "outbox rows not published")
 	// The dead-letter queue holds exactly the poison message.
-	dead, err := dlq.NewStore(db).List(ctx, dlq.Filter{})
+	dead, err := dlq.NewStore(postgres.From(db)).List(ctx, dlq.Filter{})
 	require.NoError(t, err)
 	require.NotEmpty(t, dead)
 	for _, d := range dead {

@@ -27,6 +27,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/park"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
@@ -100,10 +101,10 @@ func registries(t *testing.T) map[string]*recorder {
 	regs := map[string]*recorder{}
 	reg := func(name string) *recorder { r := newRecorder(); regs[name] = r; return r }
 
-	_, err = outbox.NewRelay(schema.DB, tr.Publisher(), outbox.RelayConfig{Registerer: reg("outbox relay")})
+	_, err = outbox.NewRelay(postgres.From(schema.DB), tr.Publisher(), outbox.RelayConfig{Registerer: reg("outbox relay")})
 	require.NoError(t, err)
 
-	_, err = outbox.NewCaptureTracker(schema.DB, outbox.CaptureConfig{Slot: "lint", Registerer: reg("outbox capture")})
+	_, err = outbox.NewCaptureTracker(postgres.From(schema.DB), outbox.CaptureConfig{Slot: "lint", Registerer: reg("outbox capture")})
 	require.NoError(t, err)
 
 	_, err = idempotency.NewMiddleware(idempotency.NewMemoryStore(), idempotency.Config{Consumer: "lint", Registerer: reg("idempotency")})
@@ -115,7 +116,7 @@ func registries(t *testing.T) map[string]*recorder {
 	r := reg("dlq")
 	_, err = dlq.NewMiddleware(tr.Publisher(), dlq.Config{Registerer: r})
 	require.NoError(t, err)
-	store := dlq.NewStore(schema.DB)
+	store := dlq.NewStore(postgres.From(schema.DB))
 	r.MustRegister(dlq.NewDepthCollector(store))
 	// The depth gauge has a sample per topic with stored dead letters.
 	dead := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
@@ -124,9 +125,9 @@ func registries(t *testing.T) map[string]*recorder {
 	require.NoError(t, err)
 
 	r = reg("park")
-	_, err = park.New(schema.DB, park.Config{Registerer: r})
+	_, err = park.New(postgres.From(schema.DB), park.Config{Registerer: r})
 	require.NoError(t, err)
-	r.MustRegister(park.NewCollector(park.NewStore(schema.DB)))
+	r.MustRegister(park.NewCollector(park.NewStore(postgres.From(schema.DB))))
 	// The gauges have samples per handler with parked keys.
 	_, err = schema.DB.Exec(`INSERT INTO millwright_parked_keys (handler, key, due_at) VALUES ('lint', 'k', now())`)
 	require.NoError(t, err)
@@ -137,7 +138,7 @@ func registries(t *testing.T) map[string]*recorder {
 		NoCompensation: true,
 	})
 	require.NoError(t, err)
-	_, err = saga.NewOrchestrator(schema.DB, def, saga.Config{Registerer: reg("saga")})
+	_, err = saga.NewOrchestrator(postgres.From(schema.DB), def, saga.Config{Registerer: reg("saga")})
 	require.NoError(t, err)
 
 	sqlTr, err := sqltransport.Open(ctx, sqltransport.Config{DB: schema.DB, Registerer: reg("transport/sql")}, nil)

@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 )
 
 // poolLimit is what pgtest.New gives each schema's pool.
@@ -83,13 +84,13 @@ func TestPoolsStayBoundedUnderLoad(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, schemas*goroutines)
 	for i, db := range pools {
-		store, err := idempotency.NewPostgresStore(db)
+		store, err := idempotency.NewPostgresStore(postgres.From(db))
 		require.NoError(t, err)
 		mw, err := idempotency.NewMiddleware(store, idempotency.Config{Consumer: "load", Registerer: prometheus.NewRegistry()})
 		require.NoError(t, err)
 		h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 			tx, _ := idempotency.TxFromContext(msg.Context())
-			_, err := tx.ExecContext(msg.Context(), `SELECT pg_sleep(0.002)`)
+			_, err := tx.SQL().ExecContext(msg.Context(), `SELECT pg_sleep(0.002)`)
 			return nil, err
 		})
 		var next atomic.Int64

@@ -20,6 +20,7 @@ import (
 	"github.com/lib/pq" // also registers the "postgres" driver
 
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/postgres"
 )
 
 // EnvDatabaseURL names the environment variable holding the test server's URL.
@@ -85,7 +86,7 @@ func New(tb testing.TB, sources ...migrate.Source) *Schema {
 		admin.Close()
 	})
 	if len(sources) > 0 {
-		if _, err := migrate.Up(ctx, db, sources...); err != nil {
+		if _, err := migrate.Up(ctx, postgres.From(db), sources...); err != nil {
 			tb.Fatalf("pgtest: migrate: %v", err)
 		}
 	}

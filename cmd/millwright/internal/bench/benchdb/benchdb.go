@@ -24,6 +24,7 @@ import (
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // The drivers a bench measures on.
@@ -144,14 +145,13 @@ func (p *Pool) Begin(ctx context.Context) (*Tx, error) {
 	return &Tx{sql: tx}, nil
 }
 
-// Executor is the driver's transaction (*sql.Tx or pgx.Tx), for the
-// calls that take the caller's transaction (saga's Start, the outbox's
-// Append).
-func (t *Tx) Executor() any {
+// Handle is the transaction for the calls that take the caller's
+// transaction (saga's Start, outbox.Add).
+func (t *Tx) Handle() postgres.Tx {
 	if t.pgx != nil {
-		return t.pgx
+		return postgres.PgxTx(t.pgx)
 	}
-	return t.sql
+	return postgres.SQLTx(t.sql)
 }
 
 // Exec runs q with args in the transaction.

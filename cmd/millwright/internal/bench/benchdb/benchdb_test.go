@@ -43,7 +43,7 @@ func TestScratchAndPoolOnBothDrivers(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tx.Exec(ctx, `CREATE TABLE t (v int)`))
 		require.NoError(t, tx.Exec(ctx, `INSERT INTO t VALUES ($1)`, 1))
-		require.NotNil(t, tx.Executor())
+		require.NoError(t, tx.Handle().Valid())
 		require.NoError(t, tx.Commit(ctx))
 		tx.Rollback(ctx) // a no-op after Commit
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/kafka" // the kind under test
 )
@@ -330,7 +331,7 @@ func (b *bench) router(tr *transport.Transport, tp *topic, group string, r run) 
 	if err != nil {
 		return nil, nil, err
 	}
-	store, err := idempotency.NewPostgresStore(b.cfg.DB)
+	store, err := idempotency.NewPostgresStore(postgres.From(b.cfg.DB))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -380,7 +381,8 @@ func (b *bench) router(tr *transport.Transport, tp *topic, group string, r run) 
 			return errors.New("bench consume: the failing key's simulated transient failure")
 		}
 		if sleep != "" {
-			tx, ok := idempotency.TxFromContext(msg.Context())
+			pt, ok := idempotency.TxFromContext(msg.Context())
+			tx := pt.SQL()
 			if !ok {
 				return errors.New("bench consume: no idempotency transaction in the message context")
 			}

@@ -37,6 +37,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/connecttest"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Config configures Run.
@@ -176,7 +177,7 @@ func open(ctx context.Context, cfg Config) (*bench, func(), error) {
 	if b.db, err = pgconn.Open(b.url); err == nil {
 		b.db.SetMaxOpenConns(cfg.Writers + 8)
 		b.q = storage.NewSQLPool(b.db)
-		_, err = migrate.Up(ctx, b.db, outbox.Migrations())
+		_, err = migrate.Up(ctx, postgres.From(b.db), outbox.Migrations())
 	}
 	drop := func() {
 		c, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)

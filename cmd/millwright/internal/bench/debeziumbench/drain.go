@@ -9,6 +9,7 @@ import (
 
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // drainAggregates spread the backlog, as the issue's failover test does.
@@ -79,7 +80,7 @@ func (b *bench) writeBacklog(ctx context.Context, topic string) error {
 		evs = append(evs, outbox.Event{Topic: topic, AggregateType: "acct", AggregateID: fmt.Sprintf("a-%d", i%drainAggregates),
 			EventType: "acct.moved", Payload: []byte(fmt.Sprintf(`{"seq":%d,"amount":125,"currency":"EUR","note":"backlog event"}`, i))})
 		if len(evs) == perTx || i == b.cfg.Backlog-1 {
-			if err := outbox.Add(ctx, b.db, evs...); err != nil {
+			if err := outbox.AddOutsideTx(ctx, postgres.From(b.db), evs...); err != nil {
 				return err
 			}
 			evs = evs[:0]
@@ -97,7 +98,7 @@ func (b *bench) relayDrain(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	defer tr.Close()
-	relay, err := outbox.NewRelay(b.db, tr.Publisher(), outbox.RelayConfig{})
+	relay, err := outbox.NewRelay(postgres.From(b.db), tr.Publisher(), outbox.RelayConfig{})
 	if err != nil {
 		return 0, err
 	}

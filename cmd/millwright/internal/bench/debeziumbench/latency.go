@@ -10,6 +10,7 @@ import (
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // latencyRun is one relay's commit-to-consume figures.
@@ -43,7 +44,7 @@ func (b *bench) latency(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	defer tr.Close()
-	relay, err := outbox.NewRelay(b.db, tr.Publisher(), outbox.RelayConfig{ListenURL: b.url})
+	relay, err := outbox.NewRelay(postgres.From(b.db), tr.Publisher(), outbox.RelayConfig{ListenURL: b.url})
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +183,7 @@ func (b *bench) pacedTx(ctx context.Context, topic, id string, i int64) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO bench_orders (customer, total) VALUES ('c-42', 99.5)`); err != nil {
 		return err
 	}
-	if err := outbox.Add(ctx, tx, outbox.Event{ID: id, Topic: topic, AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i%drainAggregates),
+	if err := outbox.Add(ctx, postgres.SQLTx(tx), outbox.Event{ID: id, Topic: topic, AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i%drainAggregates),
 		EventType: "order.placed.v1", Payload: []byte(`{"order_id":"o-42","customer":"c-42","total":99.5}`)}); err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // The write variants: a business row alone, with an outbox event (what the
@@ -105,7 +106,7 @@ func (b *bench) businessTx(ctx context.Context, variant, topic string) error {
 		return err
 	}
 	if variant != variantBare {
-		if err := outbox.Add(ctx, tx, outbox.Event{Topic: topic, AggregateType: "order", AggregateID: "o-42", EventType: "order.placed.v1",
+		if err := outbox.Add(ctx, postgres.SQLTx(tx), outbox.Event{Topic: topic, AggregateType: "order", AggregateID: "o-42", EventType: "order.placed.v1",
 			Payload: []byte(`{"order_id":"o-42","customer":"c-42","total":99.5}`)}); err != nil {
 			return err
 		}

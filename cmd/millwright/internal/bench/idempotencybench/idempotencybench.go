@@ -24,6 +24,7 @@ import (
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Budget is the most the transactional middleware may cost, as the
@@ -172,8 +173,12 @@ func openPool(ctx context.Context, driver, rawURL string, conns int) (*pool, err
 		return nil, err
 	}
 	store, err := benchdb.Build(p,
-		func(db *sql.DB) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(db) },
-		func(db *pgxpool.Pool) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(db) })
+		func(db *sql.DB) (*idempotency.PostgresStore, error) {
+			return idempotency.NewPostgresStore(postgres.From(db))
+		},
+		func(db *pgxpool.Pool) (*idempotency.PostgresStore, error) {
+			return idempotency.NewPostgresStore(postgres.From(db))
+		})
 	if err != nil {
 		p.Close()
 		return nil, err
@@ -188,11 +193,13 @@ func variants(p *pool) ([]variant, error) {
 		mctx := msg.Context()
 		const insert = `INSERT INTO bench_effects (event_id, payload) VALUES ($1, $2)`
 		id, body := msg.Metadata.Get(metadata.EventID), string(msg.Payload)
-		if tx, ok := idempotency.TxFromContext(mctx); ok {
+		if pt, ok := idempotency.TxFromContext(mctx); ok && pt.SQL() != nil {
+			tx := pt.SQL()
 			_, err := tx.ExecContext(mctx, insert, id, body)
 			return nil, err
 		}
-		if tx, ok := idempotency.PgxTxFromContext(mctx); ok {
+		if pt, ok := idempotency.TxFromContext(mctx); ok && pt.Pgx() != nil {
+			tx := pt.Pgx()
 			_, err := tx.Exec(mctx, insert, id, body)
 			return nil, err
 		}

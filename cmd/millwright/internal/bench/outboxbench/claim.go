@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // discardPublisher accepts everything: the claim benchmark measures the
@@ -46,7 +47,7 @@ func (b *bench) benchClaim(ctx context.Context, published int) error {
 		}
 	}
 	measure := func(db *sql.DB) (idle, busy float64, err error) {
-		r, err := outbox.NewRelay(db, discardPublisher{}, outbox.RelayConfig{BatchSize: 100})
+		r, err := outbox.NewRelay(postgres.From(db), discardPublisher{}, outbox.RelayConfig{BatchSize: 100})
 		if err != nil {
 			return 0, 0, err
 		}
@@ -65,7 +66,7 @@ func (b *bench) benchClaim(ctx context.Context, published int) error {
 			for j := range evs {
 				evs[j] = outbox.Event{Topic: "bench_claim", AggregateID: strconv.Itoa(i*100 + j), Payload: b.payload}
 			}
-			if err := outbox.Add(ctx, db, evs...); err != nil {
+			if err := outbox.AddOutsideTx(ctx, postgres.From(db), evs...); err != nil {
 				return 0, 0, err
 			}
 			start := time.Now()
@@ -118,7 +119,7 @@ func (b *bench) sibling(ctx context.Context, suffix string) (*sql.DB, error) {
 		drop()
 		return nil, err
 	}
-	if _, err := migrate.Up(ctx, db, outbox.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), outbox.Migrations()); err != nil {
 		db.Close()
 		drop()
 		return nil, err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -209,7 +210,7 @@ func (b *bench) emitDrain(kind string, pub message.Publisher, variants []drainVa
 func (b *bench) relays(ctx context.Context, pub message.Publisher, k int) error {
 	var rs []*outbox.Relay
 	for range k {
-		r, err := outbox.NewRelay(b.DB, pub, outbox.RelayConfig{BatchSize: drainBatch})
+		r, err := outbox.NewRelay(postgres.From(b.DB), pub, outbox.RelayConfig{BatchSize: drainBatch})
 		if err != nil {
 			return err
 		}
@@ -331,7 +332,7 @@ func (b *bench) fill(ctx context.Context, topic string, n int) error {
 		}
 		evs = append(evs, outbox.Event{Topic: topic, AggregateType: "order", AggregateID: agg, EventType: "order.created.v1", Payload: b.payload})
 		if len(evs) == cap(evs) || i == n-1 {
-			if err := outbox.Add(ctx, b.DB, evs...); err != nil {
+			if err := outbox.AddOutsideTx(ctx, postgres.From(b.DB), evs...); err != nil {
 				return err
 			}
 			evs = evs[:0]

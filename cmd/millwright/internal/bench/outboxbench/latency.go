@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -132,10 +133,10 @@ type (
 // 1 s poll fallback.
 func (b *bench) relayLatency(ctx context.Context, t *transport.Transport, spans *spanLog) (writeFunc, startFunc) {
 	write := func(ctx context.Context, tx *sql.Tx, topic, id, agg string) error {
-		return outbox.Add(ctx, tx, outbox.Event{ID: id, Topic: topic, AggregateType: "order", AggregateID: agg, Payload: b.payload})
+		return outbox.Add(ctx, postgres.SQLTx(tx), outbox.Event{ID: id, Topic: topic, AggregateType: "order", AggregateID: agg, Payload: b.payload})
 	}
 	start := func() (func(), error) {
-		r, err := outbox.NewRelay(b.DB, t.Publisher(), outbox.RelayConfig{ListenURL: b.URL, PollInterval: time.Second,
+		r, err := outbox.NewRelay(postgres.From(b.DB), t.Publisher(), outbox.RelayConfig{ListenURL: b.URL, PollInterval: time.Second,
 			TracerProvider: spans.provider()})
 		if err != nil {
 			return nil, err

@@ -11,6 +11,7 @@ import (
 	"github.com/millwright/millwright/internal/cleaner"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // SectionRetention is the retention section: removing Config.PublishedRows
@@ -127,7 +128,7 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 			return run, err
 		}
 	}
-	warm, err := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: 365 * 24 * time.Hour})
+	warm, err := outbox.NewCleaner(postgres.From(db), outbox.CleanerConfig{Retention: 365 * 24 * time.Hour})
 	if err != nil {
 		return run, err
 	}
@@ -157,7 +158,7 @@ func (b *bench) retentionRound(ctx context.Context, partitioned bool, rows, roun
 
 	w := startWriters(ctx, db, b.payload)
 	time.Sleep(time.Second) // the baseline window: writers alone
-	c, err := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: time.Millisecond})
+	c, err := outbox.NewCleaner(postgres.From(db), outbox.CleanerConfig{Retention: time.Millisecond})
 	if err != nil {
 		_ = w.halt()
 		return run, err
@@ -257,7 +258,7 @@ func autovacuumOff(ctx context.Context, db *sql.DB) error {
 // layout and gives it one partition per past day instead of the one
 // partition of everything before today that the migration creates.
 func partitionPastDays(ctx context.Context, db *sql.DB) error {
-	if _, err := migrate.Up(ctx, db, outbox.Migrations(), outbox.PartitionedMigrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), outbox.Migrations(), outbox.PartitionedMigrations()); err != nil {
 		return err
 	}
 	var before string
@@ -285,7 +286,7 @@ func partitionPastDays(ctx context.Context, db *sql.DB) error {
 
 // idleRound is the median of 50 relay rounds with nothing due.
 func idleRound(ctx context.Context, db *sql.DB) (time.Duration, error) {
-	r, err := outbox.NewRelay(db, discardPublisher{}, outbox.RelayConfig{BatchSize: 100})
+	r, err := outbox.NewRelay(postgres.From(db), discardPublisher{}, outbox.RelayConfig{BatchSize: 100})
 	if err != nil {
 		return 0, err
 	}
@@ -343,7 +344,7 @@ func startWriters(ctx context.Context, db *sql.DB, payload []byte) *writers {
 			defer w.wg.Done()
 			for i := 0; !w.stop.Load(); i++ {
 				start := time.Now()
-				err := outbox.Add(ctx, db, outbox.Event{Topic: "bench_retention", AggregateType: "order", AggregateID: fmt.Sprintf("w%d-%d", n, i), Payload: payload})
+				err := outbox.AddOutsideTx(ctx, postgres.From(db), outbox.Event{Topic: "bench_retention", AggregateType: "order", AggregateID: fmt.Sprintf("w%d-%d", n, i), Payload: payload})
 				end := time.Now()
 				w.mu.Lock()
 				if err != nil && w.err == nil {

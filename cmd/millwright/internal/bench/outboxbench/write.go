@@ -16,6 +16,7 @@ import (
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/roundtrips"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Write-overhead variants: the same business transaction (BEGIN, insert an
@@ -230,7 +231,7 @@ func (w *pqWriter) write(ctx context.Context, i int64, variant int) error {
 			return err
 		}
 	case writeOutbox, writeBatched: // database/sql has no batch: the same as Add
-		if err := outbox.Add(ctx, tx, outbox.Event{Topic: "orders", AggregateType: "customer", AggregateID: cust, EventType: "order.created.v1", Payload: w.payload}); err != nil {
+		if err := outbox.Add(ctx, postgres.SQLTx(tx), outbox.Event{Topic: "orders", AggregateType: "customer", AggregateID: cust, EventType: "order.created.v1", Payload: w.payload}); err != nil {
 			return err
 		}
 	}
@@ -272,7 +273,7 @@ func (w *pgxWriter) write(ctx context.Context, i int64, variant int) error {
 			return err
 		}
 	case writeOutbox:
-		if err := outbox.Add(ctx, tx, outbox.Event{Topic: "orders", AggregateType: "customer", AggregateID: cust, EventType: "order.created.v1", Payload: w.payload}); err != nil {
+		if err := outbox.Add(ctx, postgres.PgxTx(tx), outbox.Event{Topic: "orders", AggregateType: "customer", AggregateID: cust, EventType: "order.created.v1", Payload: w.payload}); err != nil {
 			return err
 		}
 	}

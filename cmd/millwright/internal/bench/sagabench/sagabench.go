@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/stats"
 	"github.com/millwright/millwright/idempotency"
+	"github.com/millwright/millwright/postgres"
 
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/benchdb"
 	"github.com/millwright/millwright/cmd/millwright/internal/bench/roundtrips"
@@ -587,7 +588,7 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, driver string
 	defer db.Close()
 	db.SetMaxOpenConns(32)
 	db.SetMaxIdleConns(32)
-	if _, err := migrate.Up(ctx, db, outbox.Migrations(), idempotency.Migrations(), saga.Migrations()); err != nil {
+	if _, err := migrate.Up(ctx, postgres.From(db), outbox.Migrations(), idempotency.Migrations(), saga.Migrations()); err != nil {
 		return res, nil, err
 	}
 
@@ -945,14 +946,20 @@ func openParties(ctx context.Context, driver, rawURL string, def *saga.Definitio
 	}
 	ps := &parties{close: p.Close}
 	ps.orch, err = benchdb.Build(p,
-		func(db *sql.DB) (*saga.Orchestrator[benchOrder], error) { return saga.NewOrchestrator(db, def, scfg) },
+		func(db *sql.DB) (*saga.Orchestrator[benchOrder], error) {
+			return saga.NewOrchestrator(postgres.From(db), def, scfg)
+		},
 		func(db *pgxpool.Pool) (*saga.Orchestrator[benchOrder], error) {
-			return saga.NewOrchestrator(db, def, scfg)
+			return saga.NewOrchestrator(postgres.From(db), def, scfg)
 		})
 	if err == nil {
 		ps.store, err = benchdb.Build(p,
-			func(db *sql.DB) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(db) },
-			func(db *pgxpool.Pool) (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(db) })
+			func(db *sql.DB) (*idempotency.PostgresStore, error) {
+				return idempotency.NewPostgresStore(postgres.From(db))
+			},
+			func(db *pgxpool.Pool) (*idempotency.PostgresStore, error) {
+				return idempotency.NewPostgresStore(postgres.From(db))
+			})
 	}
 	if err != nil {
 		p.Close()
@@ -964,7 +971,7 @@ func openParties(ctx context.Context, driver, rawURL string, def *saga.Definitio
 			return err
 		}
 		defer tx.Rollback(ctx) // no-op after commit
-		if err := ps.orch.Start(ctx, tx.Executor(), id, benchOrder{ID: id}); err != nil {
+		if err := ps.orch.Start(ctx, tx.Handle(), id, benchOrder{ID: id}); err != nil {
 			return err
 		}
 		return tx.Commit(ctx)
@@ -984,7 +991,7 @@ func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (
 			return nil, nil, err
 		}
 		return func(pub message.Publisher, c outbox.RelayConfig) (*outbox.Relay, error) {
-			return outbox.NewRelay(p.Pgx, pub, c)
+			return outbox.NewRelay(postgres.From(p.Pgx), pub, c)
 		}, p.Close, nil
 	}
 	db, err := openTimedDB(rawURL, rt)
@@ -992,7 +999,7 @@ func openRelayPool(ctx context.Context, driver, rawURL string, rt *relayTimes) (
 		return nil, nil, err
 	}
 	return func(pub message.Publisher, c outbox.RelayConfig) (*outbox.Relay, error) {
-			return outbox.NewRelay(db, pub, c)
+			return outbox.NewRelay(postgres.From(db), pub, c)
 		},
 		func() { _ = db.Close() }, nil
 }
