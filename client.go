@@ -293,7 +293,7 @@ func (c *Client) Run(ctx context.Context) (err error) {
 		startCtx, cancelStart = context.WithTimeout(ctx, c.cfg.StartTimeout)
 	}
 	defer cancelStart()
-	tr, router, err := c.open(startCtx)
+	tr, router, err := c.open(ctx, startCtx)
 	if err != nil {
 		if ctx.Err() != nil && startCtx.Err() == ctx.Err() {
 			return nil // stopped while starting: nothing ran
@@ -397,8 +397,11 @@ func closeErr(what string, err error) error {
 }
 
 // open waits for the database, migrates, opens the transport and builds
-// the router with every handler and the components that need it.
-func (c *Client) open(ctx context.Context) (*transport.Transport, *message.Router, error) {
+// the router with every handler and the components that need it. Waits
+// end with startCtx (Config.StartTimeout); the transport is opened on
+// ctx, Run's own, since a transport may keep the context it was opened
+// with, and waits for its broker until startCtx's deadline.
+func (c *Client) open(runCtx, ctx context.Context) (*transport.Transport, *message.Router, error) {
 	err := c.untilReady(ctx, "reaching the database", func(ctx context.Context) error {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -419,7 +422,10 @@ func (c *Client) open(ctx context.Context) (*transport.Transport, *message.Route
 	broker := health.Waiting("the broker")
 	c.health.Add("broker", broker)
 	tcfg.OnWait = broker.Failed
-	tr, err := transport.Open(ctx, tcfg)
+	if d, ok := ctx.Deadline(); ok && tcfg.WaitForBroker == 0 {
+		tcfg.WaitForBroker = max(time.Until(d), time.Millisecond)
+	}
+	tr, err := transport.Open(runCtx, tcfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("millwright: opening the transport: %w", err)
 	}
