@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -143,4 +146,52 @@ func TestAtMost250Lines(t *testing.T) {
 		lines += bytes.Count(b, []byte("\n"))
 	}
 	require.LessOrEqual(t, lines, 250, "non-test Go lines of examples/payments")
+}
+
+// serve's HTTP surface: readiness once everything runs, metrics, the
+// console behind its password, and a payment submitted over HTTP settled;
+// the context's end (SIGTERM in main) stops it with nil.
+func TestServe(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.New(t)
+	pool := schema.Pgx(t)
+	tcfg, err := transport.ParseURL(schema.URL)
+	require.NoError(t, err)
+	s, err := newService(postgres.Pgx(pool), millwright.Config{Name: "payments", Transport: tcfg, DatabaseURL: schema.URL, Grace: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	require.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close()) // serve listens on it again
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, s, addr) }()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	require.Eventually(t, func() bool { code, _ := get("/readyz"); return code == http.StatusOK }, time.Minute, 50*time.Millisecond)
+	code, body := get("/metrics")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "millwright_saga_")
+	code, _ = get("/console/")
+	require.Equal(t, http.StatusUnauthorized, code)
+
+	resp, err := http.Post("http://"+addr+"/payments", "application/json", strings.NewReader(`{"id":"web-1","account":"a1","amount":250}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+	require.Eventually(t, func() bool {
+		var state string
+		return pool.QueryRow(ctx, `SELECT state FROM payments WHERE id = 'web-1'`).Scan(&state) == nil && state == "settled"
+	}, time.Minute, 50*time.Millisecond)
+	cancel()
+	require.NoError(t, <-served)
 }
