@@ -31,16 +31,23 @@ import (
 func TestSIGTERMLetsHandlersFinish(t *testing.T) {
 	t.Parallel()
 	bin := pgconntest.Build(t, "./testdata/slowservice")
-	for _, kind := range []transport.Kind{transport.SQL, transport.Kafka} {
+	for _, kind := range []transport.Kind{transport.SQL, transport.Kafka, transport.AMQP} {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			schema := pgtest.New(t)
+			name := "slow-" + strings.ToLower(watermill.NewShortUUID()[:8])
 			env := append(os.Environ(), "MILLWRIGHT_DATABASE_URL="+schema.URL+"&pool_max_conns=10", // 8 handlers at once
-				"SLOW_HOLD=3s", "SLOW_N=20",
-				"SLOW_NAME=slow-"+strings.ToLower(watermill.NewShortUUID()[:8]), "MILLWRIGHT_TRANSPORT=", shutdown.GraceEnv+"=")
+				"SLOW_HOLD=3s", "SLOW_N=20", "SLOW_NAME="+name, "MILLWRIGHT_TRANSPORT=", shutdown.GraceEnv+"=")
 			switch kind {
 			case transport.SQL: // lib/pq refuses the URL's pool_max_conns
 				env = append(env, "MILLWRIGHT_TRANSPORT=sql", "MILLWRIGHT_SQL_URL="+schema.URL)
+			case transport.AMQP:
+				env = append(env, "MILLWRIGHT_TRANSPORT=amqp", "MILLWRIGHT_AMQP_URL="+transporttest.AMQPURL())
+				var topics, groups []string
+				for _, h := range []string{"slow1", "slow2", "slow3"} {
+					topics, groups = append(topics, name+"."+h), append(groups, name+"."+h)
+				}
+				transporttest.DeleteAMQPTopology(t, topics, groups...)
 			case transport.Kafka:
 				cfg := transporttest.Config(t, kind)
 				env = append(env, "MILLWRIGHT_TRANSPORT=kafka", "MILLWRIGHT_KAFKA_BROKERS="+strings.Join(cfg.Kafka.Brokers, ","))
