@@ -1,11 +1,11 @@
 // Package millwright is the client of millwright's reliable event-driven
 // services: one value, built from the service's database and a Config, on
 // which the service registers what it does, and whose Run starts
-// everything that needs, in order, and stops it again.
+// everything it needs, in order, and stops it again.
 //
 //	pool, _ := postgres.OpenPgx(ctx, url)
 //	client, err := millwright.NewClient(postgres.Pgx(pool), millwright.Config{Name: "payments", Migrate: true})
-//	orders, err := millwright.AddSaga(client, paymentSaga, saga.Config{})      // an orchestrator
+//	payments, err := millwright.AddSaga(client, paymentSaga, saga.Config{})    // an orchestrator: payments.Start(ctx, tx, id, data)
 //	err = client.Handle("start", "payments.submitted", start, millwright.HandlerConfig{})
 //	err = client.Participant("charges", "payments.charges", charge, millwright.HandlerConfig{})
 //	http.Handle("/", client.Handler())                                      // /healthz, /readyz, /metrics
