@@ -1,8 +1,9 @@
-// Command quickstart shows millwright end to end on one machine: an order
-// and its event are written in one Postgres transaction through the outbox,
-// a relay publishes the event through the configured transport, and an
-// idempotent consumer (with retry and dead-lettering) applies its effect
-// exactly once, even though every message is delivered twice.
+// Command quickstart shows millwright end to end on one machine, on its
+// client: an order and its event are written in one Postgres transaction
+// through the outbox, the client's relay publishes the event through the
+// configured transport, and an idempotent handler (behind park and retry)
+// applies its effect exactly once, even though every message is delivered
+// twice.
 //
 //	go run ./examples/quickstart                         # Postgres transport (default), pgx driver (default)
 //	go run ./examples/quickstart -driver pq              # database/sql (lib/pq) instead of pgx
@@ -11,11 +12,10 @@
 //	MILLWRIGHT_TRANSPORT=pstest go run ./examples/quickstart   # in-process Pub/Sub, a development fake
 //
 // (-embedded kafka and -embedded googlecloud are shorthands for the last
-// two.) The service's code that depends on the Postgres driver is in
-// pgx.go (pgx v5: *pgxpool.Pool, pgx.Tx, outbox.AddToBatch) and sql.go
-// (database/sql: *sql.DB, *sql.Tx, outbox.Add); -driver or
-// MILLWRIGHT_DATABASE_DRIVER chooses one. It prints one summary line counted from the database (TestOutputLine
-// runs it and compares):
+// two.) -driver or MILLWRIGHT_DATABASE_DRIVER chooses the Postgres driver;
+// the client and the code below are the same on both (postgres.DB and
+// postgres.Tx). It prints one summary line counted from the database
+// (TestOutputLine runs it and compares):
 //
 //	driver=pgx transport=sql orders=20 published=20 effects=20 duplicates_skipped=20 lost=0 duplicate_effects=0
 //
@@ -39,37 +39,21 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/migrate"
+	"github.com/millwright/millwright/migrations"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
 	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/shutdown"
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/all"      // configuration chooses among every kind
 	_ "github.com/millwright/millwright/transport/embedded" // and the development fakes (-embedded, kfake, pstest)
 )
 
-const (
-	topic    = "quickstart.order_created"
-	consumer = "quickstart-notifier"
-)
-
-// service is the part of the program that depends on the Postgres driver:
-// pgxService (pgx.go) or sqlService (sql.go).
-type service interface {
-	// placeOrder writes an order and its event, with w, in one
-	// transaction.
-	placeOrder(ctx context.Context, w *outbox.Writer, id string) error
-	// notify is the consumer's handler.
-	notify(msg *message.Message) error
-	idempotencyStore() (*idempotency.PostgresStore, error)
-	relay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error)
-	close()
-}
+const topic = "quickstart.order_created"
 
 // orderCreated is the event of order id.
 func orderCreated(id string) outbox.Event {
@@ -112,80 +96,103 @@ func run() error {
 	ctx, stop := shutdown.Context(context.Background(), "quickstart")
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	wlog := watermill.NewSlogLogger(log)
 
-	db, svc, err := openDatabase(ctx, o.driver, o.dbURL)
+	db, handle, err := openDatabase(ctx, o.driver, o.dbURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	defer svc.close()
+	if p := handle.Pgx(); p != nil {
+		defer p.Close()
+	}
 
 	// The transport comes from configuration alone.
-	cfg, err := transportConfig(o.transport, o.embedded, o.dbURL)
+	tcfg, err := transportConfig(o.transport, o.embedded, o.dbURL)
 	if err != nil {
 		return err
 	}
-	cfg.Logger = wlog
-	tr, err := transport.Open(ctx, cfg)
+	reg := prometheus.NewRegistry()
+	client, err := millwright.NewClient(handle, millwright.Config{Name: "quickstart", Transport: tcfg, DatabaseURL: o.dbURL,
+		Logger: log, Registry: reg, Relay: relay.Config{PollInterval: time.Second}})
 	if err != nil {
 		return err
 	}
-	defer tr.Close()
-	// The outbox's writer refuses at write time what this transport would
-	// refuse (its names, its message size on the wire).
-	w, err := outbox.NewWriter(outbox.WriterConfig{Limits: tr.Limits()})
-	if err != nil {
+	// Duplicator delivers every message twice, inside the retry and
+	// outside the idempotency, to show that the effect still happens once.
+	if err := client.Handle("notifier", topic, notify, millwright.HandlerConfig{Inside: []message.HandlerMiddleware{middleware.Duplicator}}); err != nil {
 		return err
 	}
-	router, idem, err := newConsumer(svc, tr, wlog)
-	if err != nil {
+	errc := make(chan error, 1)
+	go func() { errc <- client.Run(ctx) }()
+	select {
+	case <-client.Running():
+	case err := <-errc:
 		return err
 	}
-
-	// Relay: publishes committed outbox rows through the transport.
-	rel, err := svc.relay(tr.Publisher(), relay.Config{ListenURL: o.dbURL, Logger: wlog, PollInterval: time.Second})
-	if err != nil {
-		return err
-	}
-
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, 2)
-	go func() { errc <- router.Run(runCtx) }()
-	go func() { errc <- rel.Run(runCtx) }()
-	<-router.Running()
 
 	// Place orders: business row and event in one transaction.
 	runID := watermill.NewShortUUID()
 	for i := range o.orders {
-		if err := svc.placeOrder(ctx, w, fmt.Sprintf("%s-%03d", runID, i)); err != nil {
-			return err
+		id := fmt.Sprintf("%s-%03d", runID, i)
+		err := handle.InTx(ctx, func(tx postgres.Tx) error {
+			return errors.Join(execTx(ctx, tx, `INSERT INTO quickstart_orders (id) VALUES ($1)`, id), client.Add(ctx, tx, orderCreated(id)))
+		})
+		if err != nil {
+			return errors.Join(fmt.Errorf("placing order %s: %w", id, err), client.Close())
 		}
 	}
 
 	// Wait until every event is published and every notification applied.
 	waitCtx, waitCancel := context.WithTimeout(ctx, o.timeout)
 	defer waitCancel()
-	effects, distinct, err := waitSettled(waitCtx, db, idem, runID, o.orders)
+	dups := func() uint64 { return duplicates(reg) }
+	effects, distinct, err := waitSettled(waitCtx, db, dups, runID, o.orders)
+	kind := client.Transport().Kind()
 	if err != nil {
+		_ = client.Close()
 		if waitCtx.Err() == nil {
 			return err // not the deadline: the database failed
 		}
-		return notSettled(ctx, db, o.driver, tr.Kind(), runID, o.orders, o.timeout, context.Cause(waitCtx))
+		return notSettled(ctx, db, o.driver, kind, runID, o.orders, o.timeout, context.Cause(waitCtx))
 	}
-	cancel()
-	_ = rel.Close()
-	_ = router.Close()
-	for i := 0; i < 2; i++ {
-		if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
-			log.Warn("shutdown", "error", err)
+	if err := errors.Join(client.Close(), <-errc); err != nil {
+		log.Warn("shutdown", "error", err)
+	}
+	// Read after the client drained: the Duplicator's second delivery of
+	// the last message runs after its effect committed.
+	return report(ctx, db, o.driver, kind, runID, o.orders, effects, distinct, dups())
+}
+
+// notify is the handler: it applies the event's effect in the
+// transaction that records the event as processed, whatever the driver.
+func notify(ctx context.Context, tx postgres.Tx, msg *message.Message) error {
+	return execTx(ctx, tx, `INSERT INTO quickstart_notifications (order_id) VALUES ($1)`, string(msg.Payload))
+}
+
+// execTx runs a statement in tx, on either driver.
+func execTx(ctx context.Context, tx postgres.Tx, query string, args ...any) error {
+	var err error
+	if t := tx.Pgx(); t != nil {
+		_, err = t.Exec(ctx, query, args...)
+	} else {
+		_, err = tx.SQL().ExecContext(ctx, query, args...)
+	}
+	return err
+}
+
+// duplicates is the count of deliveries the idempotency middleware
+// skipped, from the client's registry.
+func duplicates(reg *prometheus.Registry) uint64 {
+	mfs, _ := reg.Gather()
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() == idempotency.MetricDuplicates {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
 		}
 	}
-	// Read after the router drained: the Duplicator's second delivery of
-	// the last message runs after its effect committed.
-	dups := idem.Stats().Duplicates
-	return report(ctx, db, o.driver, tr.Kind(), runID, o.orders, effects, distinct, dups)
+	return uint64(n)
 }
 
 // report prints the summary line of a settled run, and fails when the
@@ -203,92 +210,57 @@ func report(ctx context.Context, db *sql.DB, driver string, kind transport.Kind,
 	return nil
 }
 
-// openDatabase migrates the database at dbURL and opens the service on
-// driver. The migrations and the summary's counts run on the returned
-// *sql.DB whatever the driver.
-func openDatabase(ctx context.Context, driver, dbURL string) (*sql.DB, service, error) {
+// openDatabase migrates the database at dbURL and opens the service's
+// handle on driver. The migrations and the summary's counts run on the
+// returned *sql.DB whatever the driver.
+func openDatabase(ctx context.Context, driver, dbURL string) (*sql.DB, postgres.DB, error) {
 	if driver != "pgx" && driver != "pq" {
-		return nil, nil, fmt.Errorf("-driver %q (or MILLWRIGHT_DATABASE_DRIVER): want pgx or pq", driver)
+		return nil, postgres.DB{}, fmt.Errorf("-driver %q (or MILLWRIGHT_DATABASE_DRIVER): want pgx or pq", driver)
 	}
 	// Bounded connections: connect_timeout (10s unless the URL sets one),
 	// and calls that give up when ctx ends, even on a silent server.
 	db, err := postgres.Open(dbURL)
 	if err != nil {
-		return nil, nil, err
+		return nil, postgres.DB{}, err
 	}
 	db.SetMaxOpenConns(10)
+	fail := func(err error) (*sql.DB, postgres.DB, error) { db.Close(); return nil, postgres.DB{}, err }
 	// Only a database that does not answer gets the hint about the URL: a
 	// migration the server refuses (a missing schema, say) names its own
 	// cause.
 	if err := db.PingContext(ctx); err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("connecting (is Postgres running at --database-url?): %w", err)
+		return fail(fmt.Errorf("connecting (is Postgres running at --database-url?): %w", err))
 	}
-	if _, err := migrate.Up(ctx, postgres.From(db), outbox.Migrations(), idempotency.Migrations(), dlq.Migrations()); err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("migrating: %w", err)
+	if _, err := migrate.Up(ctx, postgres.SQL(db), migrations.All()...); err != nil {
+		return fail(fmt.Errorf("migrating: %w", err))
 	}
 	if _, err := db.ExecContext(ctx, `
 		CREATE TABLE IF NOT EXISTS quickstart_orders (id TEXT PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL DEFAULT now());
 		CREATE TABLE IF NOT EXISTS quickstart_notifications (order_id TEXT NOT NULL, sent_at TIMESTAMPTZ NOT NULL DEFAULT now());`); err != nil {
-		db.Close()
-		return nil, nil, err
+		return fail(err)
 	}
 	if driver == "pq" {
-		return db, sqlService{db}, nil
+		return db, postgres.SQL(db), nil
 	}
-	svc, err := openPgx(ctx, dbURL)
+	// Bounded like postgres.Open; pool_max_conns in the URL sets its size.
+	pool, err := postgres.OpenPgx(ctx, dbURL)
 	if err != nil {
-		db.Close()
-		return nil, nil, err
+		return fail(err)
 	}
-	return db, svc, nil
-}
-
-// newConsumer returns the router with the consumer: the dead-letter stack
-// (recover, retry with jitter, DLQ) around the idempotency middleware,
-// which runs the handler in the transaction that records the event id.
-// Duplicator delivers every message twice to show that the effect still
-// happens once.
-func newConsumer(svc service, tr *transport.Transport, wlog watermill.LoggerAdapter) (*message.Router, *idempotency.Middleware, error) {
-	sub, err := tr.Subscriber(consumer)
-	if err != nil {
-		return nil, nil, err
-	}
-	reg := prometheus.NewRegistry()
-	store, err := svc.idempotencyStore()
-	if err != nil {
-		return nil, nil, err
-	}
-	idem, err := idempotency.NewMiddleware(store, idempotency.Config{Consumer: consumer, Registerer: reg})
-	if err != nil {
-		return nil, nil, err
-	}
-	dead, err := dlq.NewMiddleware(tr.Publisher(), dlq.Config{ConsumerGroup: consumer, Registerer: reg, Logger: wlog,
-		Retry: retry.Policy{InitialInterval: 50 * time.Millisecond, MaxAttempts: 5}})
-	if err != nil {
-		return nil, nil, err
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, wlog)
-	if err != nil {
-		return nil, nil, err
-	}
-	router.AddConsumerHandler("notify", topic, sub, svc.notify)
-	router.AddMiddleware(dead.Middleware, middleware.Duplicator, idem.Middleware)
-	return router, idem, nil
+	return db, postgres.Pgx(pool), nil
 }
 
 // waitSettled waits until every event of the run is published and every
 // notification applied, and returns the effects counted (all, distinct
 // orders).
-func waitSettled(ctx context.Context, db *sql.DB, idem *idempotency.Middleware, runID string, n int) (effects, distinct int, err error) {
-	err = outboxtest.WaitDrained(ctx, postgres.From(db))
+func waitSettled(ctx context.Context, db *sql.DB, dups func() uint64, runID string, n int) (effects, distinct int, err error) {
+	err = outboxtest.WaitDrained(ctx, postgres.SQL(db))
 	for err == nil {
 		err = db.QueryRowContext(ctx, `SELECT count(*), count(DISTINCT order_id) FROM quickstart_notifications WHERE order_id LIKE $1`, runID+"-%").Scan(&effects, &distinct)
 		// Every delivery runs twice (Duplicator): settled once every
 		// effect is applied and every second run has been skipped, so the
 		// count printed below is complete however the shutdown goes.
-		if err != nil || (distinct == n && idem.Stats().Duplicates >= uint64(n)) {
+		if err != nil || (distinct == n && dups() >= uint64(n)) {
 			break
 		}
 		select {
