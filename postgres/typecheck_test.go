@@ -19,6 +19,12 @@ import (
 
 // publicPackages are the packages a service imports.
 var publicPackages = []string{
+	"github.com/millwright/millwright",
+	"github.com/millwright/millwright/audit",
+	"github.com/millwright/millwright/failure",
+	"github.com/millwright/millwright/outbox/capture",
+	"github.com/millwright/millwright/outbox/relay",
+	"github.com/millwright/millwright/retention",
 	"github.com/millwright/millwright/cloudevent",
 	"github.com/millwright/millwright/console",
 	"github.com/millwright/millwright/dlq",
