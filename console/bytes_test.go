@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -18,12 +19,12 @@ import (
 )
 
 // A dead letter whose Kafka key and header are bytes that are not text
-// (newline, 0xff, 0x01, NUL) is shown with its bytes quoted, and the
-// console, which replays through the outbox (text metadata), refuses to
-// replay it, naming the header and `millwright dlq replay` (which
-// publishes the bytes): nothing is queued, the row stays dead. It used to
-// queue the message with U+FFFD in place of the bytes, and the consumer
-// received another key and headers (issue 40).
+// (newline, 0xff, 0x01, NUL) is shown with its bytes quoted. An edit of
+// its metadata (shown as text) is refused, naming the header: nothing is
+// queued. Its replay, and an edit of its payload alone, go through the
+// outbox with the binary entries packed, which the relay restores: the
+// queued row unpacks to the original bytes. It used to queue the message
+// with U+FFFD in place of the bytes (issue 40).
 func TestBinaryDeadLetterIsShownQuotedAndNotReplayedChanged(t *testing.T) {
 	t.Parallel()
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
@@ -48,15 +49,22 @@ func TestBinaryDeadLetterIsShownQuotedAndNotReplayedChanged(t *testing.T) {
 		require.NotContains(t, body, "\uFFFD", "no byte is shown replaced")
 
 		tok := b.token(t)
-		for _, c := range []struct{ path string }{{"/dead-letters/replay"}, {"/dead-letters/" + sid + "/edit"}} {
-			form := url.Values{"id": {sid}, "action": {"replay"}, "encoding": {"text"}, "payload": {`{"n":2}`}}
-			status, body = b.post(t, c.path, tok, form)
-			require.Equal(t, http.StatusBadRequest, status, "%s: %s", c.path, body)
-			require.Contains(t, body, `metadata &#34;header\n\xff\x01\x00&#34; is not UTF-8 text`, c.path)
-			require.Contains(t, body, "millwright parked retry", c.path)
-		}
+		form := url.Values{"id": {sid}, "action": {"replay"}, "encoding": {"text"}, "payload": {`{"n":2}`}, "metadata": {`{"text": "edited"}`}}
+		status, body = b.post(t, "/dead-letters/"+sid+"/edit", tok, form)
+		require.Equal(t, http.StatusBadRequest, status, body)
+		require.Contains(t, body, `metadata &#34;header\n\xff\x01\x00&#34; is not UTF-8 text`)
 		require.Empty(t, b.outboxPayloads(t, "bin"), "nothing was queued")
 		require.Equal(t, dlq.StateDead, b.state(t, id))
+
+		form.Del("metadata")
+		status, body = b.post(t, "/dead-letters/"+sid+"/edit", tok, form)
+		require.Equal(t, http.StatusOK, status, body)
+		require.Equal(t, []string{`{"n":2}`}, b.outboxPayloads(t, "bin"), "the payload's edit is queued")
+		md := map[string]string{}
+		require.NoError(t, json.Unmarshal([]byte(pgtest.Column[string](t, b.schema.DB, `SELECT metadata::text FROM millwright_outbox WHERE topic = 'bin'`)[0]), &md))
+		require.NoError(t, metadata.UnpackBinary(md), "as the relay does")
+		require.Equal(t, "value"+binary, md["header"+binary], "the header's bytes travel")
+		require.Equal(t, "key"+binary, md[metadata.OrderingKey], "so do the key's")
 		d, err := b.store.Get(context.Background(), id)
 		require.NoError(t, err)
 		require.Equal(t, "value"+binary, d.Metadata["header"+binary], "the stored bytes are intact")

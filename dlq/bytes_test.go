@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"testing/fstest"
@@ -22,6 +23,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
@@ -35,8 +37,10 @@ const binary = "\x0a\xff\x01\x00"
 // A Kafka message with a binary key (metadata.OrderingKey), a binary
 // header (key and value) and a binary UUID fails, is dead-lettered and
 // recorded from the dead-letter topic with every byte (issue 40), on both
-// drivers. Replays go through the outbox, whose metadata is text, so its
-// replay is refused with ErrNotReplayable instead of sending other bytes.
+// drivers. Its replay goes through the outbox, whose metadata is text: the
+// binary entries travel packed (metadata.BinaryEntries) and the real relay
+// publishes them byte for byte, so the consumer gets the original key and
+// header; an edit of its metadata is refused (ErrNotReplayable).
 func TestBinaryKeyedDeadLetterKeepsItsBytesAndIsNotReplayedChanged(t *testing.T) {
 	t.Parallel()
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
@@ -94,25 +98,52 @@ func TestBinaryKeyedDeadLetterKeepsItsBytesAndIsNotReplayedChanged(t *testing.T)
 		}, "the dead letter of %q is recorded", uuid)
 		require.EqualValues(t, 1, failed.Load(), "the original failed once, then was dead-lettered")
 
-		// The outbox's metadata is text (JSONB): a replay would reach the
-		// consumer with other bytes, so it is refused, naming the row, and
-		// nothing is queued or marked.
-		_, err = replay(t, ctx, store, dlq.ReplayOptions{Filter: dlq.Filter{Topic: topic}})
-		require.ErrorIs(t, err, dlq.ErrNotReplayable)
-		require.ErrorContains(t, err, fmt.Sprintf("dead letter %d", dls[0].ID))
-		require.Empty(t, queued(t, store))
 		d, err := store.Get(ctx, dls[0].ID)
 		require.NoError(t, err)
-		require.Equal(t, dlq.StateDead, d.State)
 		require.Equal(t, uuid, d.MessageUUID, "dlq list and show read the UUID's bytes")
 		for k, v := range orig.Metadata {
 			require.Equal(t, v, d.Metadata[k], "metadata %q is kept byte for byte", k)
 		}
+
+		// An edit of its metadata would send the text the form showed:
+		// refused, naming the row, nothing queued or marked.
+		_, err = dlq.ReplayTx(ctx, postgres.Tx{}, dls[0].ID, dlq.ReplayOneOptions{})
+		require.Error(t, err)
+		err = handlesOf(t, store).db.InTx(ctx, func(tx postgres.Tx) error {
+			_, err := dlq.ReplayTx(ctx, tx, dls[0].ID, dlq.ReplayOneOptions{By: audit.Operator{User: "tester"},
+				Edit: &dlq.Edit{Payload: []byte(`{"order":1}`), Metadata: map[string]string{"text": "plain é"}}})
+			return err
+		})
+		require.ErrorIs(t, err, dlq.ErrNotReplayable)
+		require.ErrorContains(t, err, fmt.Sprintf("dead letter %d", dls[0].ID))
+		require.Empty(t, queued(t, store))
+
+		// Replayed as it is: the real relay publishes it to Kafka, and the
+		// consumer gets every byte of its key and header.
+		rep, err := replay(t, ctx, store, dlq.ReplayOptions{Filter: dlq.Filter{Topic: topic}})
+		require.NoError(t, err)
+		require.Len(t, rep.Items, 1)
+		rl, err := relay.New(handlesOf(t, store).db, tr.Publisher(), relay.Config{PollInterval: 50 * time.Millisecond})
+		require.NoError(t, err)
+		rctx, stop := context.WithCancel(ctx)
+		relayDone := make(chan error, 1)
+		go func() { relayDone <- rl.Run(rctx) }()
+		t.Cleanup(func() { stop(); <-relayDone })
+		var got *message.Message
 		select {
-		case got := <-replayed:
-			t.Fatalf("nothing was replayed, yet %q reached the consumer", got.UUID)
-		default:
+		case got = <-replayed:
+		case <-ctx.Done():
+			t.Fatalf("the replay of %q never reached the consumer", uuid)
 		}
+		require.Equal(t, strconv.FormatInt(dls[0].ID, 10), got.Metadata.Get(metadata.DeadLetterReplayOf))
+		require.NotContains(t, got.Metadata, metadata.BinaryEntries, "the relay unpacked it")
+		for k, v := range orig.Metadata {
+			require.Equal(t, v, got.Metadata[k], "metadata %q reached the consumer byte for byte", k)
+		}
+		d, err = store.Get(ctx, dls[0].ID)
+		require.NoError(t, err)
+		require.Equal(t, dlq.StateReplayed, d.State)
+		require.EqualValues(t, 1, failed.Load(), "the replay was applied, not failed")
 	})
 }
 

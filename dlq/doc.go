@@ -132,10 +132,11 @@
 // (ReplayCommand, by ReplayOptions.By), in one transaction: a relay then
 // publishes it exactly once, and a second run skips it unless forced. A
 // superseded row is never replayed again, not even forced. The outbox's
-// metadata is text: a dead letter whose UUID or metadata is not
-// (a binary key or header) is refused (ErrNotReplayable) rather than sent
-// with other bytes; a key held by park is retried byte for byte by
-// `millwright parked retry`.
+// metadata is text: the entries of a dead letter that are not (a binary
+// key or header) travel packed (metadata.PackBinary) and the relay
+// publishes them byte for byte; an edit of such a dead letter's metadata
+// is refused (ErrNotReplayable: the form showed text), and a binary UUID
+// gives way to an event id of the outbox's.
 //
 // A dead letter written by package park whose message is applied later
 // through park (`millwright parked retry`, or a replay that took its held

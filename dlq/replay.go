@@ -248,10 +248,12 @@ func replayEvent(d DeadLetter, opts ReplayOneOptions) (outbox.Event, ReplayItem,
 		return outbox.Event{}, item, fmt.Errorf("%w: dead letter %d has no original topic recorded: pass a target topic (`millwright dlq replay --id %d --target TOPIC`)", ErrNotReplayable, d.ID, d.ID)
 	}
 	item.For = d.replayFor(item.To, opts.For)
-	// The stored metadata first: an edit form showed it as text, so an
-	// edit of a binary one would send its text, not its bytes.
-	if err := outboxCarries(d.ID, "", d.Metadata); err != nil {
-		return outbox.Event{}, item, err
+	// An edit form showed the metadata as text: an edit of a binary one
+	// would send its text, not its bytes.
+	if opts.Edit != nil && opts.Edit.Metadata != nil {
+		if err := textOnly(d.ID, d.Metadata); err != nil {
+			return outbox.Event{}, item, err
+		}
 	}
 	md := maps.Clone(d.Metadata)
 	if opts.Edit != nil && opts.Edit.Metadata != nil {
@@ -266,9 +268,12 @@ func replayEvent(d DeadLetter, opts ReplayOneOptions) (outbox.Event, ReplayItem,
 	if id == "" {
 		id = d.MessageUUID
 	}
-	if err := outboxCarries(d.ID, id, md); err != nil {
-		return outbox.Event{}, item, err
+	if !metadata.IsText(id) {
+		id = "" // the outbox gives the replay an event id of its own
 	}
+	// The outbox stores text: a binary key or header travels packed, and
+	// the relay publishes it byte for byte.
+	md = metadata.PackBinary(md)
 	payload := d.Payload
 	if opts.Edit != nil {
 		payload = opts.Edit.Payload
@@ -280,18 +285,13 @@ func replayEvent(d DeadLetter, opts ReplayOneOptions) (outbox.Event, ReplayItem,
 	}, item, nil
 }
 
-// outboxCarries refuses a replay the outbox cannot carry as it is: its
-// metadata and event id are text (JSONB, text columns), and a binary
-// Kafka key or header (bytes that are not UTF-8, or NUL) would reach the
-// consumer changed.
-func outboxCarries(rowID int64, id string, md map[string]string) error {
-	const fix = "replays go through the outbox, whose metadata is text: for a key held by package park, `millwright parked retry` runs its held message byte for byte; otherwise republish the message by hand (`millwright dlq show` prints its bytes)"
-	if storage.CheckText(id) != nil {
-		return fmt.Errorf("%w: dead letter %d: its message UUID %q is not UTF-8 text: %s", ErrNotReplayable, rowID, id, fix)
-	}
+// textOnly refuses an edited replay of a dead letter whose stored
+// metadata is not all text: the edit form showed it as text, so the edit
+// would send other bytes than the original's.
+func textOnly(rowID int64, md map[string]string) error {
 	for _, k := range slices.Sorted(maps.Keys(md)) {
-		if storage.CheckText(k) != nil || storage.CheckText(md[k]) != nil {
-			return fmt.Errorf("%w: dead letter %d: metadata %q is not UTF-8 text (a binary key or header): %s", ErrNotReplayable, rowID, k, fix)
+		if !metadata.IsText(k) || !metadata.IsText(md[k]) {
+			return fmt.Errorf("%w: dead letter %d: metadata %q is not UTF-8 text (a binary key or header), and an edit of its metadata would send the text the form showed: replay it without editing the metadata (the bytes are kept), or republish it by hand (`millwright dlq show` prints its bytes)", ErrNotReplayable, rowID, k)
 		}
 	}
 	return nil

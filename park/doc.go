@@ -147,8 +147,9 @@
 //     message reaches its handler with byte-identical metadata.
 //     TestBinaryKeysAndMetadataStayBytes. The dead letters park writes
 //     keep the UUID and metadata bytes too (dlq migration 005); a replay
-//     (through the outbox, whose metadata is text) refuses them, and
-//     `millwright parked retry` runs the held head with every byte.
+//     (through the outbox, the binary entries packed and restored by the
+//     relay) reaches the handler with every byte, as `millwright parked
+//     retry` does.
 //     TestReplayOfBinaryKeyedDeadLetterKeepsItsBytes.
 //   - No record kills the retrier: a round that panics (in
 //     Config.Publish, in park, or in a handler no middleware inside park

@@ -155,6 +155,7 @@ func (b *bundle) replay(t *testing.T, h message.HandlerFunc, opts dlq.ReplayOpti
 		m := message.NewMessage(id, payload)
 		require.NoError(t, json.Unmarshal([]byte(md), &m.Metadata))
 		m.Metadata.Set(metadata.EventID, id)
+		require.NoError(t, metadata.UnpackBinary(m.Metadata)) // as the relay does
 		msgs = append(msgs, m)
 	}
 	require.NoError(t, rows.Err())

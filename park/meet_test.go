@@ -462,19 +462,21 @@ func TestReplayOfBinaryKeyedDeadLetterKeepsItsBytes(t *testing.T) {
 		mu.Lock()
 		refuse = false
 		mu.Unlock()
-		// The outbox's metadata is text: the replay is refused rather than
-		// sent with other bytes, and changes nothing.
-		_, err = b.replay(t, h, dlq.ReplayOptions{Target: "orders"})
-		require.ErrorIs(t, err, dlq.ErrNotReplayable)
-		require.True(t, b.keys(t)[0].Held, "the key stays held")
-		// `millwright parked retry` runs the held head from park's own
-		// table, byte for byte.
-		require.NoError(t, b.store.Retry(context.Background(), "billing", "\x0a\xff\x01"))
+		// The replay goes through the outbox (its binary entries packed,
+		// unpacked as the relay does) into the held key's place.
+		rep, err := b.replay(t, h, dlq.ReplayOptions{Target: "orders"})
+		require.NoError(t, err)
+		require.Len(t, rep.Items, 1)
 		b.drain(t, p, nil)
 		mu.Lock()
 		defer mu.Unlock()
-		require.Len(t, seen, 2, "refused once, then the retried head applied once")
-		require.Equal(t, want, seen[1], "the retried head reached the handler with the original bytes")
+		require.Len(t, seen, 2, "refused once, then the replay applied once")
+		got := seen[1]
+		require.NotEmpty(t, got.Get(metadata.DeadLetterReplayOf))
+		for k, v := range want {
+			require.Equal(t, v, got[k], "metadata %q reached the handler byte for byte", k)
+		}
+		require.NotContains(t, got, metadata.BinaryEntries)
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -217,7 +218,8 @@ type storedRow struct {
 }
 
 // rowMessage builds the message of a claimed row: the metadata the row's
-// columns give (eventmeta.Derived), overridden by the metadata column. The
+// columns give (eventmeta.Derived), overridden by the metadata column,
+// with the entries packed under metadata.BinaryEntries restored. The
 // event_id column is authoritative for the message UUID and
 // metadata.EventID. A metadata column that is not a JSON object of strings
 // (only a hand-written row can have one) is ignored and reported for the
@@ -273,6 +275,11 @@ func rowMessageCached(r storedRow, cache *metaCache) (*message.Message, error) {
 		// writer, or by hand) would send the aggregate unkeyed: it may
 		// replace the aggregate's key, not remove it.
 		msg.Metadata.Set(metadata.OrderingKey, eventmeta.OrderingKey(r.aggType, r.aggID))
+	}
+	// Entries the outbox could store only packed (a replayed dead letter's
+	// binary key or header) go out byte for byte, over anything above.
+	if uerr := metadata.UnpackBinary(msg.Metadata); uerr != nil {
+		err = errors.Join(err, uerr)
 	}
 	return msg, err
 }
