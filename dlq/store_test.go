@@ -149,7 +149,7 @@ func queued(t *testing.T, store *dlq.Store) []sent {
 		require.NoError(t, rows.Scan(&topic, &id, &payload, &md))
 		m := message.NewMessage(id, payload)
 		require.NoError(t, json.Unmarshal([]byte(md), &m.Metadata))
-		m.Metadata.Set(metadata.EventID, id) // the relay sets it from the event_id column
+		m.Metadata.Set(metadata.EventID, id)                  // the relay sets it from the event_id column
 		require.NoError(t, metadata.UnpackBinary(m.Metadata)) // and unpacks what the outbox packed
 		out = append(out, sent{topic, m})
 	}
