@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/health"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/migrate"
@@ -48,6 +49,9 @@ type Client struct {
 	hard     context.Context
 	hardStop context.CancelFunc
 
+	// writer is the outbox Writer of Add: the default limits until Run
+	// opens the transport, then that transport's.
+	writer  atomic.Pointer[outbox.Writer]
 	mu      sync.Mutex
 	started bool
 	routes  []route
@@ -104,6 +108,11 @@ func NewClient(db postgres.DB, cfg Config) (*Client, error) {
 	c.hard, c.hardStop = context.WithCancel(context.Background())
 	h.Add("start", c.start)
 	h.Add("database", health.Ping(db))
+	w, err := outbox.NewWriter(outbox.WriterConfig{Source: "/" + cfg.Name})
+	if err != nil {
+		return nil, fmt.Errorf("millwright: the outbox writer: %w", err)
+	}
+	c.writer.Store(w)
 	if t := cfg.Relay.DeadLetterTopic; t != "" && !cfg.NoRelay {
 		// The relay's dead letters (events past their retry budget) are
 		// recorded beside the handlers'. Record is idempotent.
@@ -120,7 +129,7 @@ func NewClient(db postgres.DB, cfg Config) (*Client, error) {
 // handler's effects and its events (Client.Add) in it, and they commit
 // once, with the mark, however often the message is delivered. A
 // returned error is retried (Config.Retry in place, then Config.Park),
-// then dead-lettered; retry.Permanent(err) dead-letters at once.
+// then dead-lettered; failure.Permanent(err) dead-letters at once.
 type HandlerFunc func(ctx context.Context, tx postgres.Tx, msg *message.Message) error
 
 // HandlerConfig configures one handler. The zero value is the default.
@@ -155,7 +164,7 @@ func (c *Client) Handle(name, topic string, h HandlerFunc, cfg HandlerConfig) er
 		if idem {
 			var ok bool
 			if tx, ok = idempotency.TxFromContext(msg.Context()); !ok {
-				return retry.Permanent(fmt.Errorf("millwright: handler %s: no idempotency transaction in the message's context", name))
+				return failure.Permanent(fmt.Errorf("millwright: handler %s: no idempotency transaction in the message's context", name))
 			}
 		}
 		return h(msg.Context(), tx, msg)
@@ -204,12 +213,7 @@ func (c *Client) Add(ctx context.Context, tx postgres.Tx, events ...outbox.Event
 	if err := tx.Valid(); err != nil {
 		return fmt.Errorf("millwright: Add: %w", err)
 	}
-	for i := range events {
-		if events[i].Source == "" {
-			events[i].Source = "/" + c.cfg.Name
-		}
-	}
-	return outbox.Add(ctx, tx, events...)
+	return c.writer.Load().Add(ctx, tx, events...)
 }
 
 // Running is closed once Run has started everything: the handlers are
@@ -430,8 +434,12 @@ func (c *Client) open(runCtx, ctx context.Context) (*transport.Transport, *messa
 		return nil, nil, fmt.Errorf("millwright: opening the transport: %w", err)
 	}
 	broker.Done()
-	// outbox.Add refuses at write time what this transport would refuse.
-	outbox.SetTransportLimits(tr.Limits())
+	// Add refuses at write time what this transport would refuse.
+	w, err := outbox.NewWriter(outbox.WriterConfig{Limits: tr.Limits(), Source: "/" + c.cfg.Name})
+	if err != nil {
+		return nil, nil, fmt.Errorf("millwright: the outbox writer of the transport: %w", err)
+	}
+	c.writer.Store(w)
 	c.mu.Lock()
 	c.tr = tr
 	c.mu.Unlock()
@@ -485,7 +493,7 @@ func (c *Client) migrate(runCtx, startCtx context.Context) error {
 	return c.untilReady(startCtx, "migrating the database", func(context.Context) error {
 		_, err := migrate.Up(runCtx, c.db, sources...)
 		if err != nil && errors.Is(err, migrate.ErrNoSchema) {
-			return retry.Permanent(err)
+			return failure.Permanent(err)
 		}
 		return err
 	})
@@ -500,7 +508,7 @@ var startupRetry = retry.Policy{InitialInterval: 200 * time.Millisecond, MaxInte
 func (c *Client) untilReady(ctx context.Context, what string, step func(context.Context) error) error {
 	for attempt := 1; ; attempt++ {
 		err := step(ctx)
-		if err == nil || retry.IsPermanent(err) {
+		if err == nil || failure.IsPermanent(err) {
 			if err != nil {
 				err = fmt.Errorf("millwright: %s: %w", what, err)
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
@@ -96,7 +97,7 @@ func TestClientLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.Handle("apply", "items", func(ctx context.Context, tx postgres.Tx, msg *message.Message) error {
 		if string(msg.Payload) == "poison" {
-			return retry.Permanent(errors.New("poison"))
+			return failure.Permanent(errors.New("poison"))
 		}
 		_, err := tx.Pgx().Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, string(msg.Payload))
 		return err

@@ -11,12 +11,12 @@ import (
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/health"
-	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/metrics"
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 )
@@ -143,28 +143,27 @@ func (c *Client) components(tr *transport.Transport) error {
 		if rc.CloseTimeout == 0 {
 			rc.CloseTimeout = graceMargin
 		}
-		relay, err := outbox.NewRelay(c.db, tr.Publisher(), rc)
+		rl, err := relay.New(c.db, tr.Publisher(), rc)
 		if err != nil {
 			return fmt.Errorf("millwright: relay: %w", err)
 		}
-		c.parts = append(c.parts, part{name: "outbox relay", run: relay.Run, running: relay.Running(), close: relay.Close})
-		c.health.Add("relay", health.Relay(relay, max(time.Minute, 10*rc.PollInterval)))
+		c.parts = append(c.parts, part{name: "outbox relay", run: rl.Run, running: rl.Running(), close: rl.Close})
+		c.health.Add("relay", health.Relay(rl, max(time.Minute, 10*rc.PollInterval)))
 	}
-	// Every package's Cleaner and CleanerConfig are the same types.
 	for _, cl := range []struct {
 		table     string
 		retention time.Duration
-		open      func(postgres.DB, outbox.CleanerConfig) (*outbox.Cleaner, error)
+		open      func(postgres.DB, retention.Config) (*retention.Cleaner, error)
 	}{
-		{"outbox", c.cfg.Retention.Outbox, outbox.NewCleaner},
-		{"idempotency", c.cfg.Retention.Idempotency, idempotency.NewCleaner},
-		{"dead letters", c.cfg.Retention.DeadLetters, dlq.NewCleaner},
-		{"sagas", c.cfg.Retention.Sagas, saga.NewCleaner},
+		{"outbox", c.cfg.Retention.Outbox, retention.NewOutboxCleaner},
+		{"idempotency", c.cfg.Retention.Idempotency, retention.NewIdempotencyCleaner},
+		{"dead letters", c.cfg.Retention.DeadLetters, retention.NewDeadLetterCleaner},
+		{"sagas", c.cfg.Retention.Sagas, retention.NewSagaCleaner},
 	} {
 		if cl.retention == -1 {
 			continue
 		}
-		k, err := cl.open(c.db, outbox.CleanerConfig{Retention: cl.retention, Logger: c.wlog, CloseTimeout: graceMargin})
+		k, err := cl.open(c.db, retention.Config{Retention: cl.retention, Logger: c.wlog, CloseTimeout: graceMargin})
 		if err != nil {
 			return fmt.Errorf("millwright: %s cleaner: %w", cl.table, err)
 		}

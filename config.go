@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millwright/millwright/migrate"
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
@@ -37,7 +37,7 @@ type Config struct {
 	// StartTimeout.
 	Transport transport.Config
 	// DatabaseURL is the service database's URL: the relay LISTENs on it
-	// (outbox.RelayConfig.ListenURL) and, with no transport configured,
+	// (relay.Config.ListenURL) and, with no transport configured,
 	// the sql transport uses it. Default: the pgx pool's connection
 	// string; on database/sql, "" (the relay polls, and a transport must
 	// be configured).
@@ -108,7 +108,7 @@ type Config struct {
 	// to 2 s. With DeadLetterTopic set, the client also records that
 	// topic's dead letters in millwright_dead_letters (handler
 	// "relay-dead-letters"). Default: the relay's defaults.
-	Relay outbox.RelayConfig
+	Relay relay.Config
 	// NoRelay leaves the relay out of Run: another process relays this
 	// database's outbox (`millwright relay`). Default false.
 	NoRelay bool

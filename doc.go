@@ -42,7 +42,7 @@
 // in-place retry, idempotency, the handler. Park decides on the final
 // outcome of the in-place attempts (so it is outside the retry), and
 // every attempt goes through the deduplication (so idempotency is
-// inside). A poison message (retry.Permanent, dlq.Malformed, or a key
+// inside). A poison message (failure.Permanent, dlq.Malformed, or a key
 // still failing after Config.Park) reaches millwright_dead_letters by
 // one route, park's, in the transaction that holds its key: no
 // dead-letter topic, no recorder, and no dlq.Middleware around a parked

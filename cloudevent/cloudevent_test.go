@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/cloudevent"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 )
 
 func TestBindingKeys(t *testing.T) {
@@ -119,7 +119,7 @@ func TestVersionRouter(t *testing.T) {
 	msg.Metadata.Set(metadata.EventType, "order.created.v3")
 	err := h(msg)
 	require.True(t, errors.Is(err, cloudevent.ErrUnknownType))
-	require.True(t, retry.IsPermanent(err), "unknown versions must go to the DLQ, not be retried")
+	require.True(t, failure.IsPermanent(err), "unknown versions must go to the DLQ, not be retried")
 	require.ErrorContains(t, err, "order.created.v3")
 
 	fell := false

@@ -36,7 +36,7 @@
 // Validate checks what the CloudEvents spec requires and names each
 // offending key; the transports do not validate, so non-CloudEvents
 // messages still flow. A VersionRouter never drops a message: an event type
-// with no handler and no fallback fails with retry.Permanent(ErrUnknownType)
+// with no handler and no fallback fails with failure.Permanent(ErrUnknownType)
 // so the dead-letter queue keeps it until a consumer for it is deployed.
 //
 // Why not github.com/cloudevents/sdk-go: its validation is the same checks

@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/cloudevent"
-	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/failure"
 )
 
 // OrderCreatedV1 is the first version of the event. Currency was added
@@ -71,7 +71,7 @@ func Example_schemaEvolution() {
 		Handle("order.created.v1", func(m *message.Message) error {
 			var e OrderCreatedV1
 			if err := json.Unmarshal(m.Payload, &e); err != nil {
-				return retry.Permanent(err)
+				return failure.Permanent(err)
 			}
 			fmt.Printf("legacy: order %s amount %.2f %s\n", e.OrderID, e.Amount, e.Currency)
 			return nil
@@ -82,7 +82,7 @@ func Example_schemaEvolution() {
 		Handle("order.created.v2", func(m *message.Message) error {
 			var e OrderCreatedV2
 			if err := json.Unmarshal(m.Payload, &e); err != nil {
-				return retry.Permanent(err)
+				return failure.Permanent(err)
 			}
 			fmt.Printf("migrated: order %s amount %d cents %s\n", e.OrderID, e.AmountCents, e.Currency)
 			return nil
@@ -97,7 +97,7 @@ func Example_schemaEvolution() {
 
 	// A version nobody handles yet fails permanently: the DLQ keeps it.
 	err := migrated.Handler()(newEvent("e-2-v3", "v3", struct{}{}))
-	fmt.Println("v3:", errors.Is(err, cloudevent.ErrUnknownType), retry.IsPermanent(err))
+	fmt.Println("v3:", errors.Is(err, cloudevent.ErrUnknownType), failure.IsPermanent(err))
 
 	// Output:
 	// v1 without currency: o-0 9.5 USD

@@ -9,11 +9,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 )
 
-// ErrUnknownType is returned (wrapped in retry.Permanent, so retry stops
+// ErrUnknownType is returned (wrapped in failure.Permanent, so retry stops
 // and the DLQ keeps the message) by a VersionRouter's handler for a
 // message whose ce_type has no handler. Deploy a consumer that handles the
 // version, then replay the dead letters.
@@ -90,7 +90,7 @@ func (r *VersionRouter) Handler() message.NoPublishHandlerFunc {
 		if r.fallback != nil {
 			return r.fallback(msg)
 		}
-		return retry.Permanent(fmt.Errorf("%w %q (message %s; handled: %s): deploy a consumer for it and replay from the DLQ",
+		return failure.Permanent(fmt.Errorf("%w %q (message %s; handled: %s): deploy a consumer for it and replay from the DLQ",
 			ErrUnknownType, typ, msg.UUID, strings.Join(r.Types(), ", ")))
 	}
 }

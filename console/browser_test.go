@@ -19,10 +19,12 @@ import (
 
 	"github.com/millwright/millwright/console"
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrations"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
@@ -68,7 +70,7 @@ func runShop(t *testing.T) *shop {
 			Qty int `json:"qty"`
 		}
 		if err := json.Unmarshal(msg.Payload, &order); err != nil {
-			return nil, retry.Permanent(fmt.Errorf("billing: decoding order: %w", err))
+			return nil, failure.Permanent(fmt.Errorf("billing: decoding order: %w", err))
 		}
 		_, err := s.DB.ExecContext(msg.Context(), `INSERT INTO processed VALUES ($1, $2)`, msg.UUID, string(msg.Payload))
 		return nil, err
@@ -99,13 +101,13 @@ func runShop(t *testing.T) *shop {
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(ctx) }()
 	<-router.Running()
-	relay, err := outbox.NewRelay(postgres.From(s.DB), broker, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+	rel, err := relay.New(postgres.From(s.DB), broker, relay.Config{PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(ctx) }()
+	go func() { relayDone <- rel.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		_ = relay.Close()
+		_ = rel.Close()
 		_ = router.Close()
 		<-relayDone
 		<-routerDone
@@ -376,5 +378,5 @@ func checkAudit(t *testing.T, ctx context.Context, sh *shop, base string) {
 		screenshot("audit"),
 	)
 	require.Equal(t, browserActor, run(t, ctx, chromedp.Text(css(`#audit td.who`))))
-	require.Equal(t, "console dlq edit-replay", run(t, ctx, chromedp.Text(css(`#audit td.command`))))
+	require.Equal(t, dlq.EditReplayCommand, run(t, ctx, chromedp.Text(css(`#audit td.command`))))
 }

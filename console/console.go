@@ -15,8 +15,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/millwright/millwright/internal/redact"
-	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -106,7 +106,7 @@ func (c Config) Validate() error {
 
 // Handler is the console, an http.Handler. It is safe for concurrent use.
 type Handler struct {
-	pool storage.Pool
+	db   postgres.DB
 	cfg  Config
 	mux  *http.ServeMux
 	tmpl *template.Template
@@ -115,8 +115,7 @@ type Handler struct {
 // New returns the console on db, a *sql.DB or *pgxpool.Pool of the
 // database holding millwright's tables.
 func New(db postgres.DB, cfg Config) (*Handler, error) {
-	pool, err := storage.PoolFrom(db)
-	if err != nil {
+	if err := db.Valid(); err != nil {
 		return nil, fmt.Errorf("console: New: db is nil: pass postgres.From(pool) of an open *sql.DB or *pgxpool.Pool: %w", err)
 	}
 	if err := cfg.setDefaults(); err != nil {
@@ -129,7 +128,7 @@ func New(db postgres.DB, cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("console: parsing templates: %w", err)
 	}
-	h := &Handler{pool: pool, cfg: cfg, tmpl: tmpl, mux: http.NewServeMux()}
+	h := &Handler{db: db, cfg: cfg, tmpl: tmpl, mux: http.NewServeMux()}
 	h.routes()
 	return h, nil
 }
@@ -263,9 +262,9 @@ const maxFormBytes = 4 << 20
 // millwright tables (and Config.Schemas); "" picks the default: the
 // first of Config.Schemas, else the pool's current schema, else the first.
 func (h *Handler) selectSchema(ctx context.Context, want string) (string, []string, error) {
-	found, err := storage.ListConsoleSchemas(ctx, h.pool)
+	found, err := migrate.Schemas(ctx, h.db)
 	if err != nil {
-		return "", nil, fmt.Errorf("listing the schemas with millwright tables: %w", err)
+		return "", nil, err
 	}
 	if h.cfg.Schemas != nil {
 		found = slices.DeleteFunc(found, func(s string) bool { return !slices.Contains(h.cfg.Schemas, s) })
@@ -287,44 +286,29 @@ func (h *Handler) selectSchema(ctx context.Context, want string) (string, []stri
 			}
 		}
 	}
-	var current string
-	if err := h.pool.QueryRow(ctx, storage.S(`SELECT COALESCE(current_schema()::text, '')`), &current); err == nil && slices.Contains(found, current) {
+	if current, err := migrate.CurrentSchema(ctx, h.db); err == nil && slices.Contains(found, current) {
 		return current, found, nil
 	}
 	return found[0], found, nil
 }
 
-// begin starts a transaction whose search_path is the request's schema.
-func (h *Handler) begin(ctx context.Context, q *req, readOnly bool) (storage.Tx, error) {
-	tx, err := h.pool.Begin(ctx, storage.TxOptions{ReadOnly: readOnly, First: []storage.Statement{storage.SetLocalSearchPath(q.schema)}})
-	if err != nil {
-		return nil, fmt.Errorf("opening a transaction in schema %s: %w", q.schema, err)
-	}
-	return tx, nil
+// write runs f in a transaction whose search_path is the request's
+// schema, committed when f returns nil.
+func (h *Handler) write(ctx context.Context, q *req, f func(tx postgres.Tx) error) error {
+	return migrate.InSchema(ctx, h.db, q.schema, false, f)
 }
 
 // read runs f in a read-only transaction in the request's schema.
-func (h *Handler) read(ctx context.Context, q *req, f func(tx storage.Tx) error) error {
-	tx, err := h.begin(ctx, q, true)
-	if err != nil {
-		return err
-	}
-	defer rollback(ctx, tx)
-	return f(tx)
-}
-
-func rollback(ctx context.Context, tx storage.Tx) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = tx.Rollback(rctx)
+func (h *Handler) read(ctx context.Context, q *req, f func(tx postgres.Tx) error) error {
+	return migrate.InSchema(ctx, h.db, q.schema, true, f)
 }
 
 // fail answers err: the operator sees the message with secrets masked;
 // the log gets it too.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
-	msg := redact.Text(err.Error())
+	msg := dlq.Redacted(err.Error())
 	if status >= 500 {
-		h.cfg.Logger.Error("console: request failed", redact.Error(err), watermill.LogFields{"path": r.URL.Path, "method": r.Method})
+		h.cfg.Logger.Error("console: request failed", errors.New(msg), watermill.LogFields{"path": r.URL.Path, "method": r.Method})
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)

@@ -198,5 +198,5 @@ func TestEditAndReplayQueuesTheEditedCopyAndSupersedesTheOriginal(t *testing.T) 
 
 	// The audit table names the operator and the action.
 	who := pgtest.Column[string](t, b.schema.DB, `SELECT os_user || ' ' || command FROM millwright_audit ORDER BY id`)
-	require.Equal(t, []string{testActor + " console dlq edit-replay"}, who)
+	require.Equal(t, []string{testActor + " " + dlq.EditReplayCommand}, who, "the audit row dlq.ReplayTx writes, whoever calls it")
 }

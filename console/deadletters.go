@@ -12,17 +12,11 @@ import (
 	"time"
 
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/internal/redact"
-
-	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 )
 
-// Dead-letter states (dlq migration 003).
-const (
-	stateDead       = dlq.StateDead
-	stateReplayed   = dlq.StateReplayed
-	stateSuperseded = dlq.StateSuperseded
-)
+// stateDead is the state of a dead letter that can be replayed.
+const stateDead = dlq.StateDead
 
 // topicGroup sums the groups of one topic.
 type topicGroup struct {
@@ -35,8 +29,8 @@ type deadLettersData struct {
 	Topic, ErrorType, Query string
 	All                     bool
 	Topics                  []topicGroup
-	Groups                  []storage.DeadLetterGroup
-	Rows                    []storage.DeadLetterRow
+	Groups                  []dlq.Group
+	Rows                    []dlq.DeadLetter
 	Total                   int
 	Limit                   int
 }
@@ -46,20 +40,20 @@ const listLimit = 200
 func (h *Handler) deadLetters(ctx context.Context, q *req) error {
 	d := deadLettersData{Topic: q.FormValue("topic"), ErrorType: q.FormValue("error_type"), Query: q.FormValue("q"),
 		All: q.FormValue("all") == "1", Limit: listLimit}
-	f := storage.DeadLetterFilter{Topic: d.Topic, ErrorType: d.ErrorType, ErrorContains: d.Query, Pending: !d.All}
-	err := h.read(ctx, q, func(tx storage.Tx) error {
+	f := dlq.Filter{Topic: d.Topic, ErrorType: d.ErrorType, ErrorContains: d.Query, Pending: !d.All}
+	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		// The groups show every topic and error type (filtered by text
 		// only), so that picking one does not hide the others.
-		groups, err := storage.GroupDeadLetters(ctx, tx, storage.DeadLetterFilter{ErrorContains: d.Query, Pending: !d.All})
+		groups, err := dlq.Groups(ctx, tx, dlq.Filter{ErrorContains: d.Query, Pending: !d.All})
 		if err != nil {
-			return fmt.Errorf("grouping dead letters (did `millwright migrate` run in schema %s?): %w", q.schema, err)
+			return fmt.Errorf("schema %s: %w", q.schema, err)
 		}
 		d.Groups, d.Topics = groups, topicsOf(groups)
-		if d.Total, err = storage.CountDeadLetters(ctx, tx, f); err != nil {
-			return fmt.Errorf("counting dead letters: %w", err)
+		if d.Total, err = dlq.Count(ctx, tx, f); err != nil {
+			return err
 		}
 		f.Limit = listLimit
-		d.Rows, err = storage.ListDeadLetters(ctx, tx, f)
+		d.Rows, err = dlq.List(ctx, tx, f)
 		return err
 	})
 	if err != nil {
@@ -68,7 +62,7 @@ func (h *Handler) deadLetters(ctx context.Context, q *req) error {
 	return h.render(q, "deadletters.html", &view{Title: "Dead letters", Nav: "dlq", Data: d})
 }
 
-func topicsOf(groups []storage.DeadLetterGroup) []topicGroup {
+func topicsOf(groups []dlq.Group) []topicGroup {
 	var out []topicGroup
 	for _, g := range groups {
 		if len(out) == 0 || out[len(out)-1].Topic != g.Topic {
@@ -89,13 +83,12 @@ func topicsOf(groups []storage.DeadLetterGroup) []topicGroup {
 
 // letterView is one dead letter as its page shows it.
 type letterView struct {
-	Row                storage.DeadLetterRow
+	Row                dlq.DeadLetter
 	Payload            payloadView
 	CloudEvents, Trace []kv
 	Headers            []kv
 	Error, Stack       string
 	Replayable         bool
-	MetadataError      string
 	// ReplayFor is the consumer a replay is for (dlq.ReplayTarget of the
 	// recorded consumer group and handler); "" when none is recorded and
 	// every consumer group on the topic runs the replay.
@@ -106,14 +99,11 @@ type letterView struct {
 // newLetterView reads the UUID and metadata of r from their lossless
 // copies (dlq migration 005), shown quoted (Go syntax) where they are not
 // text: a binary key or header.
-func newLetterView(r storage.DeadLetterRow) letterView {
+func newLetterView(r dlq.DeadLetter) letterView {
 	v := letterView{Row: r, Payload: viewPayload(r.Payload), Replayable: r.State == stateDead,
 		ReplayFor: dlq.ReplayTarget(r.ConsumerGroup, r.Handler)}
-	v.Row.MessageUUID = dlq.Printable(r.MessageUUIDRaw)
-	md, err := r.MetadataMap()
-	if err != nil {
-		v.MetadataError = err.Error()
-	}
+	v.Row.MessageUUID = dlq.Printable(r.MessageUUID)
+	md := r.Metadata
 	v.metadata = md
 	shown := make(map[string]string, len(md))
 	for k, val := range md {
@@ -131,14 +121,14 @@ func pathID(q *req) (int64, error) {
 	return id, nil
 }
 
-func (h *Handler) loadLetter(ctx context.Context, q *req, id int64) (storage.DeadLetterRow, error) {
-	var row storage.DeadLetterRow
-	err := h.read(ctx, q, func(tx storage.Tx) error {
+func (h *Handler) loadLetter(ctx context.Context, q *req, id int64) (dlq.DeadLetter, error) {
+	var row dlq.DeadLetter
+	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		var err error
-		row, err = storage.GetDeadLetter(ctx, tx, id)
+		row, err = dlq.Get(ctx, tx, id)
 		return err
 	})
-	if storage.IsNoRows(err) {
+	if errors.Is(err, dlq.ErrNotFound) {
 		return row, notFound("no dead letter %d in schema %s", id, q.schema)
 	}
 	return row, err
@@ -172,12 +162,7 @@ type editData struct {
 // shownValue is a metadata value as the console shows it: masked for a
 // secret-named key, with URL passwords and secret parameters masked
 // otherwise.
-func shownValue(k, v string) string {
-	if redact.SecretName(k) {
-		return redact.Mask
-	}
-	return redact.Text(v)
-}
+func shownValue(k, v string) string { return dlq.RedactedValue(k, v) }
 
 // metadataText is metadata as the edit form shows it: a JSON object, keys
 // sorted, values as shownValue shows them (a value left as shown keeps the
@@ -256,14 +241,14 @@ func (h *Handler) edit(ctx context.Context, q *req) error {
 		return err
 	}
 	lv := newLetterView(row)
-	e := &edit{payload: payload}
+	e := &dlq.Edit{Payload: payload}
 	mdText := q.PostForm.Get("metadata")
 	if strings.TrimSpace(mdText) != "" {
-		if e.metadata, err = editedMetadata(mdText, lv.metadata); err != nil {
+		if e.Metadata, err = editedMetadata(mdText, lv.metadata); err != nil {
 			return err
 		}
-		if maps.Equal(e.metadata, lv.metadata) {
-			e.metadata = nil
+		if maps.Equal(e.Metadata, lv.metadata) {
+			e.Metadata = nil
 		}
 	}
 	if q.PostForm.Get("action") == "replay" {
@@ -271,9 +256,9 @@ func (h *Handler) edit(ctx context.Context, q *req) error {
 	}
 	edited := viewPayload(payload)
 	d := editData{Letter: lv, Encoding: q.PostForm.Get("encoding"), Text: q.PostForm.Get("payload"), Metadata: mdText, Preview: true,
-		Diff: lineDiff(lv.Payload.Text, edited.Text), Changed: string(payload) != string(row.Payload) || e.metadata != nil}
-	if e.metadata != nil {
-		d.MetadataDiff = lineDiff(metadataText(lv.metadata), metadataText(e.metadata))
+		Diff: lineDiff(lv.Payload.Text, edited.Text), Changed: string(payload) != string(row.Payload) || e.Metadata != nil}
+	if e.Metadata != nil {
+		d.MetadataDiff = lineDiff(metadataText(lv.metadata), metadataText(e.Metadata))
 	}
 	if lv.Payload.Kind == "json" && edited.Kind != "json" {
 		d.JSONNote = "The original payload is JSON; the edited one is not."
@@ -293,7 +278,7 @@ type outcome struct {
 	Note  string
 }
 
-func (h *Handler) editReplay(ctx context.Context, q *req, id int64, e *edit) error {
+func (h *Handler) editReplay(ctx context.Context, q *req, id int64, e *dlq.Edit) error {
 	res := resultData{}
 	err := h.takeAndQueue(ctx, q, id, e)
 	switch {
@@ -355,8 +340,8 @@ func (h *Handler) replay(ctx context.Context, q *req) error {
 		return h.render(q, "result.html", &view{Title: "Replay", Nav: "dlq", Data: res})
 	}
 	d := replayData{}
-	err = h.read(ctx, q, func(tx storage.Tx) error {
-		rows, err := storage.ListDeadLetters(ctx, tx, storage.DeadLetterFilter{IDs: ids})
+	err = h.read(ctx, q, func(tx postgres.Tx) error {
+		rows, err := dlq.List(ctx, tx, dlq.Filter{IDs: ids})
 		for _, r := range rows {
 			if r.State != stateDead {
 				d.Skipped = append(d.Skipped, outcome{ID: r.ID, Topic: r.OriginalTopic, Note: "is " + r.State + ": it will not be sent"})

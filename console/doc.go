@@ -20,18 +20,21 @@
 //
 // Guarantees:
 //
-//   - Edit and replay is atomic: the edited message is queued with
-//     outbox.Add in the transaction that marks the dead letter superseded
-//     (a conditional update from the 'dead' state). Of two operators
-//     editing or replaying one dead letter at once, or an edit racing
-//     `millwright dlq replay`, exactly one commits and only its message is
-//     ever sent; the other is told so and nothing of it is queued. Replays
-//     from the console go through the outbox as well, so a relay publishes
-//     them (run `millwright relay`). The outbox's metadata is text: a dead
-//     letter whose UUID or metadata holds bytes that are not UTF-8 text (a
-//     binary Kafka key or header) is shown quoted and not replayed here
-//     (the refusal names the key); `millwright dlq replay` publishes its
-//     bytes unchanged.
+//   - Replay and edit and replay are dlq.ReplayTx, the one replay
+//     `millwright dlq replay` runs too: the message (or the edited copy) is
+//     queued with outbox.Add in the transaction that takes the dead letter
+//     out of the dead state (it waits for a row another replay holds) and
+//     writes its audit row. Of two operators editing or replaying one dead
+//     letter at once, or an edit racing `millwright dlq replay`, exactly
+//     one commits and only its message is ever sent; the other is told so
+//     and nothing of it is queued. A relay publishes the replays (run
+//     `millwright relay`). The outbox's metadata is text: a dead letter
+//     whose UUID or metadata holds bytes that are not UTF-8 text (a binary
+//     Kafka key or header) is shown quoted and not replayed (the refusal
+//     names the key).
+//   - The console imports no internal package: it reads and acts through
+//     the public functions of dlq, outbox, saga, audit and migrate, in a
+//     transaction of the selected schema (migrate.InSchema).
 //   - Every state-changing request is a POST carrying a CSRF token (a
 //     signed double submit: an HttpOnly SameSite=Strict cookie and its
 //     HMAC with the operator's name in the form); a cross-site Origin or

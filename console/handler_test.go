@@ -17,7 +17,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrations"
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/capture"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -323,8 +323,8 @@ func TestOutboxRetryFailedRefusedUnderCapture(t *testing.T) {
 		VALUES ('e1', 'payments', 'a', '{}', 'failed', 9, 'down')`)
 	require.NoError(t, err)
 	pub := "con_" + b.schema.Name
-	require.NoError(t, outbox.EnableCapture(context.Background(), postgres.From(b.schema.DB), pub))
-	t.Cleanup(func() { _ = outbox.DisableCapture(context.Background(), postgres.From(b.schema.DB), pub) })
+	require.NoError(t, capture.Enable(context.Background(), postgres.From(b.schema.DB), pub))
+	t.Cleanup(func() { _ = capture.Disable(context.Background(), postgres.From(b.schema.DB), pub) })
 	ids := pgtest.Column[string](t, b.schema.DB, `SELECT id::text FROM millwright_outbox WHERE event_id = 'e1'`)
 	status, body := b.post(t, "/outbox/retry-failed", b.token(t), url.Values{"id": ids})
 	require.Equal(t, http.StatusConflict, status, body)

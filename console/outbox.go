@@ -8,24 +8,32 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
-	"github.com/millwright/millwright/internal/audit"
-	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/audit"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // relayView is one relay and the lanes it holds.
 type relayView struct {
-	storage.OutboxRelayRow
+	outbox.RelayInfo
 	// Own are the lanes of its share; Borrowed those lent to it.
 	Own, Borrowed string
 }
 
+// outboxStats are the outbox's totals.
+type outboxStats struct {
+	Pending, Failed  int64
+	OldestPendingAge time.Duration
+}
+
 type outboxData struct {
-	Stats    storage.OutboxStats
-	Topics   []storage.OutboxTopicBacklog
+	Stats    outboxStats
+	Topics   []outbox.TopicBacklog
 	Relays   []relayView
 	Free     string
-	Problems []storage.OutboxProblem
+	Problems []outbox.ProblemEvent
 	Failed   int
 	Retried  int64
 	Notice   string
@@ -41,37 +49,27 @@ func (h *Handler) outbox(ctx context.Context, q *req) error {
 
 func (h *Handler) loadOutbox(ctx context.Context, q *req) (outboxData, error) {
 	var d outboxData
-	err := h.read(ctx, q, func(tx storage.Tx) error {
-		var err error
-		if d.Stats, err = storage.ReadOutboxStats(ctx, tx); err != nil {
-			return fmt.Errorf("reading the outbox of schema %s%s: %w", q.schema, storage.Hint(err), err)
-		}
-		if d.Topics, err = storage.ReadOutboxBacklog(ctx, tx); err != nil {
-			return err
-		}
-		relays, err := storage.ReadOutboxRelays(ctx, tx)
+	err := h.read(ctx, q, func(tx postgres.Tx) error {
+		o, err := outbox.ReadOverview(ctx, tx, listLimit)
 		if err != nil {
-			return err
+			return fmt.Errorf("schema %s: %w", q.schema, err)
 		}
-		lanes, err := storage.ReadOutboxLanes(ctx, tx)
-		if err != nil {
-			return err
-		}
-		d.Relays, d.Free = relaysOf(relays, lanes)
-		d.Problems, err = storage.ReadOutboxProblems(ctx, tx, listLimit, 2000)
+		d.Stats = outboxStats{Pending: o.Pending, Failed: o.Failed, OldestPendingAge: o.OldestPendingAge}
+		d.Topics, d.Problems = o.Topics, o.Problems
+		d.Relays, d.Free = relaysOf(o.Relays, o.Lanes)
 		for _, p := range d.Problems {
 			if p.Failed {
 				d.Failed++
 			}
 		}
-		return err
+		return nil
 	})
 	return d, err
 }
 
 // relaysOf lists the lanes each relay holds (a lease still running), its
 // own and those lent to it, and the lanes nobody holds.
-func relaysOf(relays []storage.OutboxRelayRow, lanes []storage.OutboxLane) ([]relayView, string) {
+func relaysOf(relays []outbox.RelayInfo, lanes []outbox.LaneInfo) ([]relayView, string) {
 	own, lent := map[string][]string{}, map[string][]string{}
 	var free []string
 	for _, l := range lanes {
@@ -89,7 +87,7 @@ func relaysOf(relays []storage.OutboxRelayRow, lanes []storage.OutboxLane) ([]re
 	seen := map[string]bool{}
 	for _, r := range relays {
 		seen[r.ID] = true
-		out = append(out, relayView{OutboxRelayRow: r, Own: strings.Join(own[r.ID], " "), Borrowed: strings.Join(lent[r.ID], " ")})
+		out = append(out, relayView{RelayInfo: r, Own: strings.Join(own[r.ID], " "), Borrowed: strings.Join(lent[r.ID], " ")})
 	}
 	// A lane held by a relay that no longer announces itself still shows.
 	var ghosts []string
@@ -105,7 +103,7 @@ func relaysOf(relays []storage.OutboxRelayRow, lanes []storage.OutboxLane) ([]re
 	}
 	slices.Sort(ghosts)
 	for _, o := range ghosts {
-		out = append(out, relayView{OutboxRelayRow: storage.OutboxRelayRow{ID: o, Load: "?"}, Own: strings.Join(own[o], " "), Borrowed: strings.Join(lent[o], " ")})
+		out = append(out, relayView{RelayInfo: outbox.RelayInfo{ID: o, Load: "?"}, Own: strings.Join(own[o], " "), Borrowed: strings.Join(lent[o], " ")})
 	}
 	return out, strings.Join(free, " ")
 }
@@ -126,44 +124,28 @@ func (h *Handler) retryFailed(ctx context.Context, q *req) error {
 	if len(ids) == 0 && topic == "" && q.PostForm.Get("all") != "1" {
 		return badRequest("nothing selected: tick failed rows, or retry a whole topic")
 	}
-	tx, err := h.begin(ctx, q, false)
-	if err != nil {
-		return err
-	}
-	defer rollback(ctx, tx)
-	rows, err := storage.ListFailedEvents(ctx, tx, topic, ids, true)
-	if err != nil {
-		return fmt.Errorf("listing failed outbox rows: %w", err)
-	}
-	sel := make([]int64, len(rows))
-	for i, r := range rows {
-		sel[i] = r.ID
-	}
 	var n int64
-	if len(sel) > 0 {
-		if n, err = storage.ResetFailedEvents(ctx, tx, sel); err != nil {
-			if errors.Is(err, storage.ErrCaptureActive) {
-				// Refused, nothing changed: the reason and the fix.
-				return &httpError{status: http.StatusConflict, msg: err.Error()}
-			}
-			return fmt.Errorf("resetting %d failed outbox row(s): %w", len(sel), err)
+	err := h.write(ctx, q, func(tx postgres.Tx) error {
+		evs, err := outbox.RetryFailedTx(ctx, tx, outbox.FailedFilter{Topic: topic, IDs: ids}, outbox.RetryOptions{})
+		if errors.Is(err, outbox.ErrCaptureActive) {
+			// Refused, nothing changed: the reason and the fix.
+			return &httpError{status: http.StatusConflict, msg: err.Error()}
 		}
-		if err := storage.NotifyOutboxRelays(ctx, tx); err != nil {
-			return fmt.Errorf("waking the relays: %w", err)
+		if err != nil {
+			return err
 		}
-	}
-	args := []string{"--schema=" + q.schema}
-	if topic != "" {
-		args = append(args, "--topic="+topic)
-	}
-	for _, id := range ids {
-		args = append(args, "--id="+strconv.FormatInt(id, 10))
-	}
-	if err := h.audit(ctx, tx, q, "console outbox retry-failed", args, n); err != nil {
+		n = int64(len(evs))
+		args := []string{"--schema=" + q.schema}
+		if topic != "" {
+			args = append(args, "--topic="+topic)
+		}
+		for _, id := range ids {
+			args = append(args, "--id="+strconv.FormatInt(id, 10))
+		}
+		return h.audit(ctx, tx, q, "console outbox retry-failed", args, n)
+	})
+	if err != nil {
 		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("committing retry-failed: %w", err)
 	}
 	d, err := h.loadOutbox(ctx, q)
 	if err != nil {
@@ -176,7 +158,7 @@ func (h *Handler) retryFailed(ctx context.Context, q *req) error {
 
 func (h *Handler) auditPage(ctx context.Context, q *req) error {
 	var rows []audit.Entry
-	err := h.read(ctx, q, func(tx storage.Tx) error {
+	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		var err error
 		rows, err = audit.List(ctx, tx, listLimit)
 		return err

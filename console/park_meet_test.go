@@ -19,9 +19,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
@@ -84,11 +86,11 @@ func testEditReplayOfHeldKey(t *testing.T, topic string, pub message.Publisher, 
 	_, err := db.Exec(`CREATE TABLE ledger (seq BIGSERIAL PRIMARY KEY, event_id TEXT NOT NULL, payload TEXT NOT NULL)`)
 	require.NoError(t, err)
 
-	relay, err := outbox.NewRelay(postgres.From(db), pub, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+	rel, err := relay.New(postgres.From(db), pub, relay.Config{PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(ctx) }()
-	t.Cleanup(func() { _ = relay.Close(); <-relayDone })
+	go func() { relayDone <- rel.Run(ctx) }()
+	t.Cleanup(func() { _ = rel.Close(); <-relayDone })
 
 	parker, err := park.New(postgres.From(db), park.Config{PollInterval: 10 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 5 * time.Millisecond, Jitter: retry.JitterNone, MaxAttempts: 50}})
@@ -99,7 +101,7 @@ func testEditReplayOfHeldKey(t *testing.T, topic string, pub message.Publisher, 
 	apply := func(m *message.Message) error {
 		if string(m.Payload) == "bad" {
 			refused.Add(1)
-			return retry.Permanent(errors.New("order refused: amount missing"))
+			return failure.Permanent(errors.New("order refused: amount missing"))
 		}
 		_, err := db.ExecContext(m.Context(), `INSERT INTO ledger (event_id, payload) VALUES ($1, $2)`, m.Metadata.Get(metadata.EventID), string(m.Payload))
 		return err

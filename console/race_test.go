@@ -11,12 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
+	"github.com/millwright/millwright/postgres"
 )
 
 // operator is a second browser: its own cookies, token and name.
@@ -36,8 +37,8 @@ func (a basicAuth) RoundTrip(r *http.Request) (*http.Response, error) {
 	return http.DefaultTransport.RoundTrip(r)
 }
 
-// waitBlocked waits until n console UPDATEs of the dead letters wait for
-// the lock holder holds.
+// waitBlocked waits until n console replays (dlq.ReplayTx's row lock)
+// wait for the lock holder holds.
 func waitBlocked(t *testing.T, b *bundle, holder, n int) {
 	t.Helper()
 	// Waiters queue behind each other: the second is blocked by the first.
@@ -45,7 +46,7 @@ func waitBlocked(t *testing.T, b *bundle, holder, n int) {
 		return len(pgtest.Column[int](t, b.schema.DB, `WITH RECURSIVE w(pid) AS (
 				SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))
 				UNION SELECT a.pid FROM pg_stat_activity a JOIN w ON w.pid = ANY(pg_blocking_pids(a.pid)))
-			SELECT pid FROM w JOIN pg_stat_activity USING (pid) WHERE query LIKE '%UPDATE millwright_dead_letters SET state%'`, holder)) == n
+			SELECT pid FROM w JOIN pg_stat_activity USING (pid) WHERE query LIKE '%FROM millwright_dead_letters%FOR UPDATE%'`, holder)) == n
 	}, "%d console update(s) blocked behind backend %d", n, holder)
 }
 
@@ -138,64 +139,32 @@ func TestTwoOperatorsRacingOnOneDeadLetterSendExactlyOneMessage(t *testing.T) {
 	})
 }
 
-// blockingPublisher holds its first Publish until released.
-type blockingPublisher struct {
-	entered, release chan struct{}
-	mu               sync.Mutex
-	sent             []*message.Message
-}
-
-func (p *blockingPublisher) Publish(_ string, msgs ...*message.Message) error {
-	close(p.entered)
-	<-p.release
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.sent = append(p.sent, msgs...)
-	return nil
-}
-
-func (p *blockingPublisher) Close() error { return nil }
-
-// TestAnEditLosesToTheCLIsReplayInFlight: `millwright dlq replay` holds the
-// row while it publishes; an edit made meanwhile waits, then finds the row
+// TestAnEditLosesToTheCLIsReplayInFlight: `millwright dlq replay`
+// (dlq.Replay, one dlq.ReplayTx per row) holds the row while its
+// transaction is open; an edit made meanwhile waits, then finds the row
 // replayed and queues nothing.
 func TestAnEditLosesToTheCLIsReplayInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id := b.deadLetter(t, "cli-race", "T", "boom", []byte(`{"v":1}`), nil)
 	tok := b.token(t)
-	pub := &blockingPublisher{entered: make(chan struct{}), release: make(chan struct{})}
-	replayed := make(chan error, 1)
-	go func() {
-		_, err := b.store.Replay(context.Background(), pub, dlq.ReplayOptions{Filter: dlq.Filter{IDs: []int64{id}}})
-		replayed <- err
-	}()
-	select {
-	case <-pub.entered:
-	case err := <-replayed:
-		t.Fatalf("the replay ended before publishing: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("the CLI replay did not reach Publish within 20s")
-	}
-	// Only backends holding a lock on this test's own table: the server is
-	// shared, and pg_stat_activity lists every database's and schema's
-	// sessions (a dlq replay of another test, package or CI run in the
-	// same state matched before, and made two holders).
-	holder := pgtest.Column[int](t, b.schema.DB, `SELECT a.pid FROM pg_stat_activity a
-		WHERE a.query LIKE '%FOR UPDATE SKIP LOCKED%' AND a.query LIKE '%millwright_dead_letters%' AND a.state = 'idle in transaction'
-		AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.granted AND l.relation = 'millwright_dead_letters'::regclass)`)
-	require.Len(t, holder, 1, "the replay holds the row in its transaction")
+	ctx := context.Background()
+	tx, err := b.schema.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	_, err = dlq.ReplayTx(ctx, postgres.SQLTx(tx), id, dlq.ReplayOneOptions{By: audit.Operator{User: "cli"}})
+	require.NoError(t, err)
+	var holder int
+	require.NoError(t, tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&holder))
 	done := make(chan string, 1)
 	go func() {
 		_, body := b.post(t, "/dead-letters/"+strconv.FormatInt(id, 10)+"/edit", tok, url.Values{"encoding": {"text"}, "payload": {`{"v":2}`}, "action": {"replay"}})
 		done <- body
 	}()
-	waitBlocked(t, b, holder[0], 1)
-	close(pub.release)
-	require.NoError(t, <-replayed)
+	waitBlocked(t, b, holder, 1)
+	require.NoError(t, tx.Commit())
 	body := <-done
 	require.Contains(t, body, "another operator replayed or edited it first")
-	require.Empty(t, b.outboxPayloads(t, "cli-race"), "the edit queued nothing")
-	require.Len(t, pub.sent, 1)
+	require.Equal(t, []string{`{"v":1}`}, b.outboxPayloads(t, "cli-race"), "the CLI's replay alone is queued")
 	require.Equal(t, "replayed", b.state(t, id))
 }

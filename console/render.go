@@ -12,7 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/millwright/millwright/internal/redact"
+	"github.com/millwright/millwright/dlq"
 )
 
 // view is what every template gets: the layout's fields and the page's
@@ -88,7 +88,7 @@ var funcs = template.FuncMap{
 		return t.UTC().Format("2006-01-02 15:04:05Z")
 	},
 	"short":  shorten,
-	"redact": redact.Text,
+	"redact": dlq.Redacted,
 	"dur":    roundAge,
 }
 

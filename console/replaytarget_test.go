@@ -17,11 +17,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
@@ -47,11 +49,11 @@ func TestConsoleReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T)
 	}
 	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
-	relay, err := outbox.NewRelay(postgres.From(db), ps, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+	rel, err := relay.New(postgres.From(db), ps, relay.Config{PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(ctx) }()
-	t.Cleanup(func() { _ = relay.Close(); <-relayDone })
+	go func() { relayDone <- rel.Run(ctx) }()
+	t.Cleanup(func() { _ = rel.Close(); <-relayDone })
 	idem, err := idempotency.NewPostgresStore(postgres.From(db))
 	require.NoError(t, err)
 
@@ -68,7 +70,7 @@ func TestConsoleReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T)
 		apply := func(m *message.Message) error {
 			if name == "billing" && billingRefuses.Load() {
 				refused.Add(1)
-				return retry.Permanent(errors.New("billing: customer 7 unknown"))
+				return failure.Permanent(errors.New("billing: customer 7 unknown"))
 			}
 			q := `INSERT INTO effects_` + name + ` (event_id) VALUES ($1)`
 			if tx, ok := idempotency.TxFromContext(m.Context()); ok {

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/millwright/millwright/internal/storage"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -16,7 +16,7 @@ var sagaStates = []saga.State{saga.StateRunning, saga.StateCompensating, saga.St
 type sagasData struct {
 	Type, State string
 	States      []saga.State
-	Summary     []storage.SagaSummary
+	Summary     []saga.Summary
 	Sagas       []saga.Info
 	Limit       int
 }
@@ -26,12 +26,12 @@ func (h *Handler) sagas(ctx context.Context, q *req) error {
 	if d.State != "" && !isSagaState(d.State) {
 		return badRequest("saga state %q: want one of running, compensating, stuck, completed, compensated", d.State)
 	}
-	err := h.read(ctx, q, func(tx storage.Tx) error {
+	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		var err error
-		if d.Summary, err = storage.SummarizeSagas(ctx, tx); err != nil {
-			return fmt.Errorf("counting the sagas of schema %s%s: %w", q.schema, storage.Hint(err), err)
+		if d.Summary, err = saga.Summarize(ctx, tx); err != nil {
+			return fmt.Errorf("schema %s: %w", q.schema, err)
 		}
-		d.Sagas, err = saga.List(ctx, storage.AsTx(tx), saga.Filter{Type: d.Type, State: saga.State(d.State), Limit: listLimit})
+		d.Sagas, err = saga.List(ctx, tx, saga.Filter{Type: d.Type, State: saga.State(d.State), Limit: listLimit})
 		return err
 	})
 	if err != nil {
@@ -82,8 +82,8 @@ func timelineClass(kind string) string {
 
 func (h *Handler) loadSaga(ctx context.Context, q *req, id string) (sagaData, error) {
 	var d sagaData
-	err := h.read(ctx, q, func(tx storage.Tx) error {
-		in, hist, err := saga.Get(ctx, storage.AsTx(tx), id)
+	err := h.read(ctx, q, func(tx postgres.Tx) error {
+		in, hist, err := saga.Get(ctx, tx, id)
 		if errors.Is(err, saga.ErrNotFound) {
 			return notFound("no saga %q in schema %s", id, q.schema)
 		}
@@ -119,25 +119,22 @@ func (h *Handler) resolve(ctx context.Context, q *req) error {
 	if reason == "" {
 		return badRequest("resolving saga %q needs a reason (it goes into its history and the audit table)", id)
 	}
-	tx, err := h.begin(ctx, q, false)
+	var res saga.Resolution
+	err := h.write(ctx, q, func(tx postgres.Tx) error {
+		var err error
+		res, err = saga.ResolveTx(ctx, tx, id, action, q.actor+": "+reason, false)
+		switch {
+		case errors.Is(err, saga.ErrNotFound):
+			return notFound("no saga %q in schema %s", id, q.schema)
+		case errors.Is(err, saga.ErrNotStuck):
+			return &httpError{status: 409, msg: err.Error()}
+		case err != nil:
+			return err
+		}
+		return h.audit(ctx, tx, q, "console saga resolve", []string{"--schema=" + q.schema, "--id=" + id, "--action=" + string(action), "--reason=" + reason}, 1)
+	})
 	if err != nil {
 		return err
-	}
-	defer rollback(ctx, tx)
-	res, err := saga.ResolveTx(ctx, storage.AsTx(tx), id, action, q.actor+": "+reason, false)
-	switch {
-	case errors.Is(err, saga.ErrNotFound):
-		return notFound("no saga %q in schema %s", id, q.schema)
-	case errors.Is(err, saga.ErrNotStuck):
-		return &httpError{status: 409, msg: err.Error()}
-	case err != nil:
-		return err
-	}
-	if err := h.audit(ctx, tx, q, "console saga resolve", []string{"--schema=" + q.schema, "--id=" + id, "--action=" + string(action), "--reason=" + reason}, 1); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("committing the resolution of saga %q: %w", id, err)
 	}
 	d, err := h.loadSaga(ctx, q, id)
 	if err != nil {

@@ -2,31 +2,22 @@ package dlq_test
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
+
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/testing/pgtest"
-	"github.com/millwright/millwright/postgres"
 )
 
-// newCleaner builds the cleaner on the pool of driver: the generic
-// constructor, instantiated for *sql.DB or *pgxpool.Pool.
-func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg dlq.CleanerConfig) (*dlq.Cleaner, error) {
+// newCleaner builds the cleaner on the pool of driver.
+func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg retention.Config) (*retention.Cleaner, error) {
 	t.Helper()
-	switch h := s.Handle(t, driver).(type) {
-	case *sql.DB:
-		return dlq.NewCleaner(postgres.From(h), cfg)
-	case *pgxpool.Pool:
-		return dlq.NewCleaner(postgres.From(h), cfg)
-	}
-	t.Fatalf("no pool for driver %s", driver)
-	return nil, nil
+	return retention.NewDeadLetterCleaner(s.Handles(t, driver), cfg)
 }
 
 func TestCleanerDeletesDeadLettersOlderThanRetentionReplayedOrNot(t *testing.T) {
@@ -49,15 +40,15 @@ func testCleanerDeletesDeadLetters(t *testing.T, driver string) {
 	_, err = s.DB.Exec(`UPDATE millwright_dead_letters SET replayed_at = now() WHERE id = $1`, ids[0])
 	require.NoError(t, err)
 
-	c, err := newCleaner(t, s, driver, dlq.CleanerConfig{})
+	c, err := newCleaner(t, s, driver, retention.Config{})
 	require.NoError(t, err)
-	require.Equal(t, dlq.DefaultRetention, c.Config().Retention)
+	require.Equal(t, retention.DefaultDeadLetterRetention, c.Config().Retention)
 	n, err := c.Count(context.Background())
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
 	stats, err := c.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, dlq.CleanStats{Deleted: 2, Batches: 1}, stats)
+	require.Equal(t, retention.Stats{Deleted: 2, Batches: 1}, stats)
 	var left []int64
 	rows, err := s.DB.Query(`SELECT id FROM millwright_dead_letters`)
 	require.NoError(t, err)
@@ -73,6 +64,6 @@ func testCleanerDeletesDeadLetters(t *testing.T, driver string) {
 	plan := pgtest.Plan(t, s.DB, `SELECT id FROM millwright_dead_letters WHERE created_at < now() - interval '90 days' ORDER BY created_at LIMIT 1000`)
 	require.Contains(t, plan, "millwright_dead_letters_created_idx", "the batch walks the index of migration 002")
 
-	_, err = dlq.NewCleaner(postgres.From(s.DB), dlq.CleanerConfig{Retention: time.Minute})
-	require.ErrorContains(t, err, "dlq: CleanerConfig.Retention 1m0s is too short")
+	_, err = retention.NewDeadLetterCleaner(postgres.From(s.DB), retention.Config{Retention: time.Minute})
+	require.ErrorContains(t, err, "dlq cleaner: retention.Config.Retention 1m0s is too short")
 }

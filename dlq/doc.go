@@ -26,7 +26,7 @@
 //
 //	handler.AddMiddleware(mw.Middleware, dedup.Middleware) // outermost first
 //
-// Handlers return retry.Permanent(err) for errors retrying cannot fix, and
+// Handlers return failure.Permanent(err) for errors retrying cannot fix, and
 // Malformed(err) (or DecodeJSON's error) for payloads they cannot read: both
 // go to the dead-letter topic after one attempt.
 //
@@ -105,26 +105,37 @@
 // handler's path would be a dual write that can disagree with it. Record is
 // idempotent, so redelivered dead letters are stored once.
 //
+// Every row of the table is written by one function, whatever gave up on
+// the message: Store.Record stores what reaches a dead-letter topic (the
+// middleware's dead letters, and the outbox relay's copies of events it
+// could not publish), and package park, which holds a key behind its dead
+// letter, writes it with RecordTx in the transaction that holds the key.
+// Both fill every column the same way (TestRecordTxWritesLikeTheRecorder).
+//
 // A message's UUID, payload and metadata are stored byte for byte (a Kafka
 // key or header is bytes, not text): DeadLetter.MessageUUID and Metadata
-// read them back, and Replay publishes them unchanged, so the replay has
-// the original's key (its partition) and headers. Searches and the
-// console's groups read text columns beside them, where bytes that are not
-// UTF-8 show as U+FFFD; `millwright dlq list|show` and the console print
-// such a UUID, key or value quoted ("\n\xff\x01\x00"). The console
-// replays through the outbox, whose metadata is text: it refuses a dead
-// letter with binary metadata, naming the key, and `millwright dlq
-// replay` publishes it. (A row recorded before migration 005 has what its
+// read them back. Searches and the console's groups read text columns
+// beside them, where bytes that are not UTF-8 show as U+FFFD; `millwright
+// dlq list|show` and the console print such a UUID, key or value quoted
+// ("\n\xff\x01\x00"). (A row recorded before migration 005 has what its
 // text kept.)
 //
-// Store.List and Store.Get inspect them; Replay publishes them back (to the
-// original topic by default) at a bounded rate, with a dry run, and marks
-// each replayed row so that a second run does not publish it again unless
-// forced. The millwright CLI wraps these as `millwright dlq list|show|replay`.
-// The operator console (package console) also edits and replays: the
-// edited copy goes out through the outbox in the transaction that marks
-// the row StateSuperseded, and Replay never publishes a superseded row,
-// not even forced, so only one of the two is ever sent.
+// Store.List and Store.Get inspect them (List, Count, Get and Groups on a
+// postgres.Handle: a DB, or the caller's transaction). Replay is one function whoever runs
+// it: ReplayTx replays one dead letter in the caller's transaction (the
+// operator console's, which edits too: ReplayOneOptions.Edit), and Replay
+// runs it on each row a filter selects, at a bounded rate, with a dry run
+// (`millwright dlq replay`). Each replay queues the message through the
+// outbox (outbox.Add: the original event id, payload and metadata, or the
+// edit), moves the row out of the dead state (StateReplayed, or
+// StateSuperseded for an edited copy) and writes its audit row
+// (ReplayCommand, by ReplayOptions.By), in one transaction: a relay then
+// publishes it exactly once, and a second run skips it unless forced. A
+// superseded row is never replayed again, not even forced. The outbox's
+// metadata is text: a dead letter whose UUID or metadata is not
+// (a binary key or header) is refused (ErrNotReplayable) rather than sent
+// with other bytes; a key held by park is retried byte for byte by
+// `millwright parked retry`.
 //
 // A dead letter written by package park whose message is applied later
 // through park (`millwright parked retry`, or a replay that took its held
@@ -140,11 +151,10 @@
 // A replay goes to the original topic, so every consumer group on it
 // receives it, including the groups that applied the original. Their
 // idempotency marks do not protect them: marks are kept 7 days
-// (idempotency.DefaultRetention), dead letters 90, and a group without
+// (retention.DefaultIdempotencyRetention), dead letters 90, and a group without
 // idempotency has none. So a replay names the consumer it is for:
 // metadata.DeadLetterReplayFor = ReplayTarget(consumer group, handler),
-// the pair the dead letter records, set by Store.Replay and the console's
-// replay and edit. The two middlewares that record dead letters check it
+// the pair the dead letter records, set by ReplayTx. The two middlewares that record dead letters check it
 // before their handler, through one ReplayGate, with the very identity
 // they record: this package's Middleware (Config.ConsumerGroup and the
 // Watermill handler name) and park's Middleware (park.Config.ConsumerGroup
@@ -172,9 +182,9 @@
 //
 // # Retention
 //
-// A Cleaner deletes dead letters recorded longer ago than
-// CleanerConfig.Retention (default DefaultRetention, 90 days; at least an
-// hour), replayed or not, BatchSize rows per statement, one instance per
+// retention.NewDeadLetterCleaner's cleaner deletes dead letters recorded
+// longer ago than retention.Config.Retention (default
+// retention.DefaultDeadLetterRetention, 90 days; at least an hour), replayed or not, BatchSize rows per statement, one instance per
 // schema at a time (an advisory lock; the others skip). The depth alert
 // fires within minutes of a dead letter, so one this old has been replayed
 // or judged not worth it. `millwright dlq clean --dry-run` (or `millwright

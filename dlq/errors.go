@@ -7,7 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/failure"
 )
 
 // MalformedError marks a message whose payload cannot be understood (JSON
@@ -24,13 +24,13 @@ func (e *MalformedError) Error() string { return "malformed message: " + e.Err.E
 func (e *MalformedError) Unwrap() error { return e.Err }
 
 // Malformed marks err as a malformed payload. The result is also
-// retry.Permanent: the message goes straight to the dead-letter topic with
+// failure.Permanent: the message goes straight to the dead-letter topic with
 // reason "malformed", without wasting retries. Malformed(nil) is nil.
 func Malformed(err error) error {
 	if err == nil {
 		return nil
 	}
-	return retry.Permanent(&MalformedError{Err: err})
+	return failure.Permanent(&MalformedError{Err: err})
 }
 
 // IsMalformed reports whether err or an error it wraps came from Malformed.

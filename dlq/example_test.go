@@ -2,6 +2,7 @@ package dlq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,8 +10,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -64,4 +67,26 @@ func ExampleNewMiddleware() {
 	// Output:
 	// {"Amount": : reason=malformed attempts=1 type=*json.SyntaxError
 	// {"Amount": 10}: reason=exhausted attempts=3 type=*errors.errorString
+}
+
+// A service's own operator tool replays one dead letter as the console
+// and `millwright dlq replay` do: in one transaction, the dead letter
+// leaves the dead state, its message is queued in the outbox (a relay
+// publishes it) and the audit row names the operator.
+func ExampleReplayTx() {
+	ctx := context.Background()
+	var db postgres.DB // postgres.From(pool), on the schema of the dead letters and the outbox
+	err := db.InTx(ctx, func(tx postgres.Tx) error {
+		item, err := dlq.ReplayTx(ctx, tx, 42, dlq.ReplayOneOptions{By: audit.Operator{User: "alice"}})
+		if err == nil {
+			fmt.Printf("queued dead letter %d to %s\n", item.ID, item.To)
+		}
+		return err
+	})
+	switch {
+	case errors.Is(err, dlq.ErrNotDead):
+		fmt.Println("already replayed by someone else: nothing queued")
+	case err != nil:
+		fmt.Println(err)
+	}
 }

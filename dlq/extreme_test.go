@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 )
 
 // A dead letter whose failure times are valid RFC 3339 that Postgres
@@ -64,7 +64,7 @@ func TestUnstorableDeadLetterIsPermanent(t *testing.T) {
 		msg := deadLetter("orders", "a longer error", time.Now())
 		err = store.Record(msg)
 		require.Error(t, err)
-		require.True(t, retry.IsPermanent(err), "a refused value is permanent: %v", err)
+		require.True(t, failure.IsPermanent(err), "a refused value is permanent: %v", err)
 		require.Contains(t, err.Error(), "cannot be stored")
 		require.Contains(t, err.Error(), msg.UUID)
 		require.Contains(t, err.Error(), "value too long", "the error carries the server's reason")

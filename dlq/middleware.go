@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/logfields"
 	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/internal/redact"
@@ -24,12 +25,15 @@ import (
 const (
 	// ReasonExhausted: every attempt the retry policy allowed failed.
 	ReasonExhausted = "exhausted"
-	// ReasonPermanent: the handler returned a retry.Permanent error.
+	// ReasonPermanent: the handler returned a failure.Permanent error.
 	ReasonPermanent = "permanent"
 	// ReasonMalformed: the handler returned a Malformed error.
 	ReasonMalformed = "malformed"
 	// ReasonPanic: the retries are exhausted and the last attempt panicked.
 	ReasonPanic = "panic"
+	// ReasonSkipped: an operator skipped a parked key's head before park
+	// gave up on it (park.SkipTx, `millwright parked skip`).
+	ReasonSkipped = "skipped"
 )
 
 // Metric names.
@@ -399,7 +403,7 @@ func classify(err error) (reason, text, typ, stack string) {
 		switch e := cause.(type) {
 		case *retry.Error:
 			next = e.Err
-		case *retry.PermanentError:
+		case *failure.PermanentError:
 			next = e.Err
 		case *MalformedError:
 			next = e.Err
@@ -414,7 +418,7 @@ func classify(err error) (reason, text, typ, stack string) {
 	switch {
 	case IsMalformed(err):
 		reason = ReasonMalformed
-	case retry.IsPermanent(err):
+	case failure.IsPermanent(err):
 		reason = ReasonPermanent
 	case isPanic:
 		reason = ReasonPanic

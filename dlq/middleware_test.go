@@ -18,6 +18,7 @@ import (
 
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/dlq/dlqtest"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/retry"
 )
@@ -172,7 +173,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, topic, reason st
 func TestPermanentErrorSkipsRetries(t *testing.T) {
 	t.Parallel()
 	b := setup(t, dlq.Config{Retry: fastRetry}, nil, func(*message.Message) error {
-		return retry.Permanent(fmt.Errorf("order refers to unknown customer: %w", errUnknown))
+		return failure.Permanent(fmt.Errorf("order refers to unknown customer: %w", errUnknown))
 	})
 	b.publish(t, "x")
 	dl := b.nextDead(t)

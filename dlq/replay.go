@@ -7,10 +7,14 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
+	"maps"
+	"slices"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // ReplayOptions selects and paces a replay.
@@ -19,13 +23,13 @@ type ReplayOptions struct {
 	// resolved: applied later through package park) are skipped unless
 	// Force is set (Filter.Pending is then ignored).
 	Filter Filter
-	// Target is the topic to publish to. Default "": each row's original
+	// Target is the topic to replay to. Default "": each row's original
 	// topic.
 	Target string
-	// DryRun reports what would be published where, and publishes and marks
+	// DryRun reports what would be queued where, and queues and marks
 	// nothing.
 	DryRun bool
-	// Rate caps publishing at this many messages per second. Default 0: no
+	// Rate caps queueing at this many messages per second. Default 0: no
 	// cap. Must be >= 0.
 	Rate float64
 	// Force replays rows already replayed or resolved, too (never a superseded row:
@@ -40,35 +44,26 @@ type ReplayOptions struct {
 	// the original topic.
 	For string
 	// Progress, if set, is called on Replay's goroutine after each selected
-	// row is handled (published and marked, listed in a dry run, or skipped
+	// row is handled (queued and marked, listed in a dry run, or skipped
 	// as taken by a concurrent replay) with the number handled so far; a
-	// progress report counts the rows to handle with CountSelected. Default
+	// progress report counts the rows to handle with CountReplay. Default
 	// nil.
 	Progress func(handled int)
-}
+	// By is the operator, for the audit row of each replayed dead letter
+	// (ReplayTx). By.User is required unless DryRun.
+	By audit.Operator
 
-// CountSelected returns how many rows a Replay with opts would handle
-// now (the total of ReplayOptions.Progress): the rows the filter selects,
-// without those already replayed unless opts.Force, at most Filter.Limit.
-func (s *Store) CountSelected(ctx context.Context, opts ReplayOptions) (int, error) {
-	f := opts.Filter
-	f.Pending = !opts.Force
-	n, err := s.Count(ctx, f)
-	if err != nil {
-		return 0, err
-	}
-	if f.Limit > 0 {
-		n = min(n, f.Limit)
-	}
-	return n, nil
+	// page is how many rows Replay reads at a time; 0 means
+	// defaultReplayPage. Tests set it small.
+	page int
 }
 
 // ReplayItem is one dead letter replayed (or, in a dry run, to be replayed).
 type ReplayItem struct {
 	// ID is the row id.
 	ID int64
-	// MessageUUID is the UUID the message is published with (the original,
-	// byte for byte).
+	// MessageUUID is the dead letter's message UUID, the replay's event id
+	// unless its metadata names one (metadata.EventID).
 	MessageUUID string
 	// From is the dead letter's original topic; To the topic published to.
 	From, To string
@@ -82,67 +77,273 @@ type ReplayItem struct {
 
 // ReplayReport says what a replay did.
 type ReplayReport struct {
-	// DryRun is true when nothing was published.
+	// DryRun is true when nothing was queued.
 	DryRun bool
-	// Items lists the messages published (or to be published), in order.
+	// Items lists the messages queued (or to be queued), in order.
 	Items []ReplayItem
 	// SkippedReplayed counts rows the filter selected that were skipped
 	// because they were no longer dead: replayed, superseded or resolved
 	// before (0 with Force).
 	SkippedReplayed int
-	// SkippedConcurrent counts rows another replay took between selection
-	// and publishing.
+	// SkippedConcurrent counts rows another replay took (or held) between
+	// selection and queueing, or that were cleaned meanwhile.
 	SkippedConcurrent int
 }
 
-// Replay publishes the dead letters opts selects to their original topic
-// (or opts.Target) through pub, oldest first, and marks each one replayed
-// (replayed_at, replay_count). The replayed message has the original UUID,
-// payload and metadata (trace context and event id included, so an
-// idempotent consumer processes it at most once) plus
-// metadata.DeadLetterReplayOf = the row id and, published to its original
-// topic, metadata.DeadLetterReplayFor = the consumer that gave up on it
-// (ReplayTarget): every consumer group on the topic receives the replay,
-// and the others ack it without running their handler (dlq.Middleware and
-// park's Middleware check it), so a group that applied the original does
-// not apply it again after its idempotency marks expired. A dead letter
-// that records no consumer (recorded before consumers were recorded, or
-// by a middleware without a handler name and group) goes to every
-// consumer of the topic; ReplayItem.For is then "". A consumer behind package
-// park takes the replay for its parked copy's replacement (a held key's
-// head is then applied in its place), not for a redelivery.
+// ErrNotDead is returned (wrapped) by ReplayTx when the dead letter is
+// no longer dead (replayed, superseded by an edit, or resolved through
+// park, before or by a concurrent replay holding its row), and not forced:
+// nothing was queued.
+var ErrNotDead = errors.New("dlq: the dead letter was already replayed, superseded or resolved")
+
+// ErrNotReplayable is returned (wrapped) by ReplayTx and Replay for a dead
+// letter the outbox cannot carry as it is: no original topic recorded (and
+// no target), or a message UUID or metadata that is not text (a binary
+// Kafka key or header: the outbox's metadata is JSONB). The error names
+// the row and the fix; nothing was queued.
+var ErrNotReplayable = errors.New("dlq: the dead letter cannot be replayed through the outbox")
+
+// ReplayCommand and EditReplayCommand are the millwright_audit commands of
+// a replayed dead letter (ReplayTx without and with an Edit): one row per
+// dead letter, whoever replayed it (`millwright dlq replay`, whose run has
+// its own row too, the console, a service).
+const (
+	ReplayCommand     = "replay dead letter"
+	EditReplayCommand = "edit and replay dead letter"
+)
+
+// Edit is an operator's edit of a dead letter (the console's edit and
+// replay): the payload, and the metadata when it was edited too.
+type Edit struct {
+	// Payload replaces the stored payload.
+	Payload []byte
+	// Metadata replaces the stored metadata; nil keeps it.
+	Metadata map[string]string
+}
+
+// ReplayOneOptions says how ReplayTx replays one dead letter.
+type ReplayOneOptions struct {
+	// By is the operator, for the audit row. By.User is required.
+	By audit.Operator
+	// Target, Force and For are as in ReplayOptions.
+	Target string
+	Force  bool
+	For    string
+	// Edit, if not nil, replays an edited copy: the dead letter becomes
+	// superseded (by the copy's event id) and is never replayed again.
+	// Only a dead row can be edited (Force does not apply).
+	Edit *Edit
+}
+
+// ReplayTx replays dead letter id through the outbox, in tx: it locks the
+// row (FOR UPDATE: a concurrent replay's transaction is waited for, and its
+// outcome decides), queues its message with outbox.Add (its event id,
+// metadata.EventID or else the message UUID, its payload and metadata, or
+// the Edit's), moves the
+// row out of the dead state (replayed, or superseded for an edit) and
+// writes its audit row (ReplayCommand or EditReplayCommand, by opts.By),
+// all in tx: committed, the relay publishes the message exactly once;
+// rolled back, nothing happened. It is the one replay: Replay (the CLI's
+// `millwright dlq replay`) and the operator console call it.
 //
-// Each row is locked (FOR UPDATE SKIP LOCKED) while it is published and
-// marked, so concurrent replays do not publish it twice. If the marking
-// fails after a successful publish, the row may be published again by a
-// later replay: delivery is at least once. Replay stops at the first
-// failed publish and returns the report so far with the error.
+// The message carries metadata.DeadLetterReplayOf = id and, sent to its
+// original topic, metadata.DeadLetterReplayFor = the consumer that gave up
+// on it (ReplayTarget, or opts.For): every consumer group on the topic
+// receives it, and the others ack it without running their handler.
+//
+// Errors: ErrNotFound (no such row), ErrNotDead (not dead and not
+// forced, or taken by a concurrent replay that committed first: nothing
+// queued), ErrNotReplayable, audit.ErrNotMigrated (the audit table is
+// missing: every replay is audited), or the database's. After an error,
+// roll tx back.
+func ReplayTx(ctx context.Context, tx postgres.Tx, id int64, opts ReplayOneOptions) (ReplayItem, error) {
+	if err := opts.By.Valid(); err != nil {
+		return ReplayItem{}, fmt.Errorf("dlq: ReplayTx: %w", err)
+	}
+	if err := validReplayFor(opts.For); err != nil {
+		return ReplayItem{}, err
+	}
+	q, err := storage.FromTx(tx)
+	if err != nil {
+		return ReplayItem{}, fmt.Errorf("dlq: ReplayTx: %w", err)
+	}
+	if err := audit.Ready(ctx, tx); err != nil {
+		return ReplayItem{}, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
+	}
+	force := opts.Force && opts.Edit == nil
+	row, ok, err := storage.LockDeadLetterToReplay(ctx, q, id, force)
+	if err != nil {
+		return ReplayItem{}, fmt.Errorf("dlq: replaying dead letter %d%s: %w", id, storage.Hint(err), err)
+	}
+	if !ok {
+		// Gone, or not dead (the lock waited for a concurrent replay and
+		// read its outcome): which one.
+		if _, err := storage.GetDeadLetter(ctx, q, id); storage.IsNoRows(err) {
+			return ReplayItem{}, fmt.Errorf("dlq: dead letter %d: %w (see `millwright dlq list`)", id, ErrNotFound)
+		} else if err != nil {
+			return ReplayItem{}, fmt.Errorf("dlq: reading dead letter %d: %w", id, err)
+		}
+		return ReplayItem{}, fmt.Errorf("dlq: dead letter %d: %w", id, ErrNotDead)
+	}
+	d, err := deadLetter(row)
+	if err != nil {
+		return ReplayItem{}, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
+	}
+	ev, item, err := replayEvent(d, opts)
+	if err != nil {
+		return ReplayItem{}, err
+	}
+	command, args := ReplayCommand, replayArgs(d, item, opts)
+	switch {
+	case opts.Edit != nil:
+		command = EditReplayCommand
+		err = storage.TakeDeadLetter(ctx, q, id, StateSuperseded, ev.ID, opts.By.User)
+	case d.State == StateDead:
+		err = storage.TakeDeadLetter(ctx, q, id, StateReplayed, "", opts.By.User)
+	default: // forced: replayed or resolved before
+		err = storage.MarkDeadLetterReplayed(ctx, q, id)
+	}
+	if err != nil {
+		return ReplayItem{}, fmt.Errorf("dlq: marking dead letter %d replayed: %w", id, err)
+	}
+	if err := outbox.Add(ctx, tx, ev); err != nil {
+		return ReplayItem{}, fmt.Errorf("dlq: queueing dead letter %d through the outbox (run `millwright migrate` for the outbox tables if they are missing; nothing was changed): %w", id, err)
+	}
+	if _, err := audit.RecordTx(ctx, tx, opts.By.Entry(command, args, 1)); err != nil {
+		return ReplayItem{}, fmt.Errorf("dlq: auditing the replay of dead letter %d: %w", id, err)
+	}
+	return item, nil
+}
+
+// replayArgs are the audit row's arguments of a replay of d: what
+// decided it, never the payload.
+func replayArgs(d DeadLetter, item ReplayItem, opts ReplayOneOptions) []string {
+	args := []string{"--id=" + strconv.FormatInt(d.ID, 10)}
+	if item.To != d.OriginalTopic {
+		args = append(args, "--target="+item.To)
+	}
+	if opts.For != "" {
+		args = append(args, "--for="+opts.For)
+	}
+	if opts.Force && d.State != StateDead {
+		args = append(args, "--force")
+	}
+	if opts.Edit != nil {
+		args = append(args, fmt.Sprintf("--payload-bytes=%d", len(opts.Edit.Payload)))
+		if opts.Edit.Metadata != nil {
+			args = append(args, "--metadata-edited")
+		}
+	}
+	return args
+}
+
+// replayEvent is the outbox event replaying d as opts says, and its
+// report item.
+func replayEvent(d DeadLetter, opts ReplayOneOptions) (outbox.Event, ReplayItem, error) {
+	item := ReplayItem{ID: d.ID, MessageUUID: d.MessageUUID, From: d.OriginalTopic, To: opts.Target, Error: d.Error}
+	if item.To == "" {
+		item.To = d.OriginalTopic
+	}
+	if item.To == "" {
+		return outbox.Event{}, item, fmt.Errorf("%w: dead letter %d has no original topic recorded: pass a target topic (`millwright dlq replay --id %d --target TOPIC`)", ErrNotReplayable, d.ID, d.ID)
+	}
+	item.For = d.replayFor(item.To, opts.For)
+	// The stored metadata first: an edit form showed it as text, so an
+	// edit of a binary one would send its text, not its bytes.
+	if err := outboxCarries(d.ID, "", d.Metadata); err != nil {
+		return outbox.Event{}, item, err
+	}
+	md := maps.Clone(d.Metadata)
+	if opts.Edit != nil && opts.Edit.Metadata != nil {
+		md = maps.Clone(opts.Edit.Metadata)
+	}
+	if md == nil {
+		md = map[string]string{}
+	}
+	md[metadata.DeadLetterReplayOf] = strconv.FormatInt(d.ID, 10)
+	setReplayFor(md, item.For) // the other consumer groups on the topic ack it unrun
+	id := md[metadata.EventID]
+	if id == "" {
+		id = d.MessageUUID
+	}
+	if err := outboxCarries(d.ID, id, md); err != nil {
+		return outbox.Event{}, item, err
+	}
+	payload := d.Payload
+	if opts.Edit != nil {
+		payload = opts.Edit.Payload
+	}
+	return outbox.Event{
+		Topic: item.To, ID: id, Payload: payload, RawPayload: true, Metadata: md,
+		AggregateType: md[metadata.AggregateType], AggregateID: md[metadata.AggregateID],
+		EventType: md[metadata.EventType], Source: md[metadata.EventSource],
+	}, item, nil
+}
+
+// outboxCarries refuses a replay the outbox cannot carry as it is: its
+// metadata and event id are text (JSONB, text columns), and a binary
+// Kafka key or header (bytes that are not UTF-8, or NUL) would reach the
+// consumer changed.
+func outboxCarries(rowID int64, id string, md map[string]string) error {
+	const fix = "replays go through the outbox, whose metadata is text: for a key held by package park, `millwright parked retry` runs its held message byte for byte; otherwise republish the message by hand (`millwright dlq show` prints its bytes)"
+	if storage.CheckText(id) != nil {
+		return fmt.Errorf("%w: dead letter %d: its message UUID %q is not UTF-8 text: %s", ErrNotReplayable, rowID, id, fix)
+	}
+	for _, k := range slices.Sorted(maps.Keys(md)) {
+		if storage.CheckText(k) != nil || storage.CheckText(md[k]) != nil {
+			return fmt.Errorf("%w: dead letter %d: metadata %q is not UTF-8 text (a binary key or header): %s", ErrNotReplayable, rowID, k, fix)
+		}
+	}
+	return nil
+}
+
+// Replay replays the dead letters opts selects through the outbox, oldest
+// first, each in its own transaction of db by ReplayTx (with its audit row
+// by opts.By): committed, the relay publishes it exactly once. It is
+// `millwright dlq replay`. A dry run (opts.DryRun) reports what would be
+// queued where and changes nothing.
+//
+// The outbox tables (outbox.Migrations) must be in db's search_path, and a
+// relay must run on them for the replays to reach the broker: Replay only
+// queues. A row a concurrent replay (another run, the console) holds is
+// waited for; one it took is skipped and counted (SkippedConcurrent).
+// Replay stops at the first other error (a dead letter the outbox cannot
+// carry, ErrNotReplayable, included: the dry run finds it first) and
+// returns the report so far with it: every row reported was committed, so
+// running the same replay again continues with the rest.
 //
 // Memory stays bounded whatever the backlog: rows are read 500 references
 // at a time (id order, keyset paging) and each payload only inside its own
 // transaction; the report keeps one small item per message.
-func (s *Store) Replay(ctx context.Context, pub message.Publisher, opts ReplayOptions) (ReplayReport, error) {
-	rep := ReplayReport{DryRun: opts.DryRun}
-	if s.err != nil {
-		return rep, s.err
+func Replay(ctx context.Context, db postgres.DB, opts ReplayOptions) (ReplayReport, error) {
+	pool, err := storage.FromDB(db)
+	if err != nil {
+		return ReplayReport{DryRun: opts.DryRun}, fmt.Errorf("dlq: Replay: %w", err)
 	}
+	return replay(ctx, pool, opts)
+}
+
+func replay(ctx context.Context, pool storage.Pool, opts ReplayOptions) (ReplayReport, error) {
+	rep := ReplayReport{DryRun: opts.DryRun}
 	if opts.Rate < 0 {
 		return rep, fmt.Errorf("dlq: replay rate %v must be >= 0 (0 means unlimited)", opts.Rate)
 	}
 	if err := validReplayFor(opts.For); err != nil {
 		return rep, err
 	}
-	if pub == nil && !opts.DryRun {
-		return rep, errors.New("dlq: replay needs a message.Publisher unless it is a dry run")
+	if !opts.DryRun {
+		if err := opts.By.Valid(); err != nil {
+			return rep, fmt.Errorf("dlq: Replay: %w", err)
+		}
 	}
 	if !opts.Force {
-		skipped, err := s.countReplayed(ctx, opts.Filter)
+		skipped, err := countReplayed(ctx, pool, opts.Filter)
 		if err != nil {
 			return rep, err
 		}
 		rep.SkippedReplayed = skipped
 	}
-	r := &replayer{store: s, pub: pub, opts: opts, rep: &rep, next: time.Now()}
+	r := &replayer{pool: pool, opts: opts, rep: &rep, next: time.Now()}
 	if opts.Rate > 0 {
 		r.interval = time.Duration(float64(time.Second) / opts.Rate)
 	}
@@ -150,16 +351,36 @@ func (s *Store) Replay(ctx context.Context, pub message.Publisher, opts ReplayOp
 	return rep, err
 }
 
+// CountReplay returns how many rows a Replay with opts would handle now
+// (the total of ReplayOptions.Progress): the rows the filter selects,
+// without those already replayed unless opts.Force, at most Filter.Limit.
+func CountReplay(ctx context.Context, db postgres.DB, opts ReplayOptions) (int, error) {
+	pool, err := storage.FromDB(db)
+	if err != nil {
+		return 0, fmt.Errorf("dlq: CountReplay: %w", err)
+	}
+	f := opts.Filter
+	f.Pending = !opts.Force
+	n, err := count(ctx, pool, f)
+	if err != nil {
+		return 0, err
+	}
+	if f.Limit > 0 {
+		n = min(n, f.Limit)
+	}
+	return n, nil
+}
+
 // countReplayed counts the rows f selects (without its limit) that were
 // replayed before.
-func (s *Store) countReplayed(ctx context.Context, f Filter) (int, error) {
+func countReplayed(ctx context.Context, q storage.Querier, f Filter) (int, error) {
 	f.Pending, f.Limit = false, 0
-	total, err := s.Count(ctx, f)
+	total, err := count(ctx, q, f)
 	if err != nil {
 		return 0, err
 	}
 	f.Pending = true
-	pending, err := s.Count(ctx, f)
+	pending, err := count(ctx, q, f)
 	if err != nil {
 		return 0, err
 	}
@@ -168,8 +389,7 @@ func (s *Store) countReplayed(ctx context.Context, f Filter) (int, error) {
 
 // replayer is one Replay's state.
 type replayer struct {
-	store    *Store
-	pub      message.Publisher
+	pool     storage.Pool
 	opts     ReplayOptions
 	rep      *ReplayReport
 	interval time.Duration
@@ -178,12 +398,12 @@ type replayer struct {
 }
 
 // run replays page after page. Keyset paging by id: memory holds one page
-// of row references (not payloads: replayOne reads each row in its own
+// of row references (not payloads: each row is read in its own
 // transaction), however many dead letters the filter selects.
 func (r *replayer) run(ctx context.Context) error {
 	f := r.opts.Filter
 	f.Pending = !r.opts.Force
-	page := r.store.replayPage
+	page := r.opts.page
 	if page <= 0 {
 		page = defaultReplayPage
 	}
@@ -194,19 +414,19 @@ func (r *replayer) run(ctx context.Context) error {
 		if remaining > 0 {
 			pf.Limit = min(page, remaining)
 		}
-		refs, err := r.store.listRefs(ctx, pf)
+		refs, err := listRefs(ctx, r.pool, pf)
 		if err != nil {
 			return err
 		}
-		for _, d := range refs {
-			if err := r.handle(ctx, d); err != nil {
+		for _, id := range refs {
+			if err := r.handle(ctx, id); err != nil {
 				return err
 			}
 		}
 		if len(refs) < pf.Limit {
 			return nil
 		}
-		f.afterID = refs[len(refs)-1].id
+		f.afterID = refs[len(refs)-1]
 		if remaining > 0 {
 			if remaining -= len(refs); remaining == 0 {
 				return nil
@@ -216,39 +436,76 @@ func (r *replayer) run(ctx context.Context) error {
 }
 
 // handle replays (or, in a dry run, lists) one row, paced by the rate.
-func (r *replayer) handle(ctx context.Context, d rowRef) error {
-	item := ReplayItem{ID: d.id, MessageUUID: d.uuid, From: d.topic, To: r.opts.Target, Error: d.err}
-	if item.To == "" {
-		item.To = d.topic
-	}
-	if item.To == "" {
-		return fmt.Errorf("dlq: dead letter %d has no original topic recorded: pass a target topic", d.id)
-	}
-	if dl, err := r.store.Get(ctx, d.id); err == nil {
-		item.For = dl.replayFor(item.To, r.opts.For)
-	} else if !errors.Is(err, ErrNotFound) {
-		return err
-	}
-	if !r.opts.DryRun {
-		if err := r.pace(ctx); err != nil {
-			return err
+func (r *replayer) handle(ctx context.Context, id int64) error {
+	one := ReplayOneOptions{By: r.opts.By, Target: r.opts.Target, Force: r.opts.Force, For: r.opts.For}
+	if r.opts.DryRun {
+		d, err := get(ctx, r.pool, id)
+		if errors.Is(err, ErrNotFound) {
+			return nil // cleaned meanwhile
 		}
-		published, err := r.store.replayOne(ctx, r.pub, d.id, item.To, r.opts.Force, item.For)
 		if err != nil {
 			return err
 		}
-		if !published {
-			r.rep.SkippedConcurrent++
-			r.progress()
-			return nil
+		_, item, err := replayEvent(d, one)
+		if err != nil {
+			return err
 		}
+		r.rep.Items = append(r.rep.Items, item)
+		r.progress()
+		return nil
+	}
+	if err := r.pace(ctx); err != nil {
+		return err
+	}
+	item, err := r.replayOne(ctx, id, one)
+	switch {
+	case errors.Is(err, ErrNotDead), errors.Is(err, ErrNotFound):
+		r.rep.SkippedConcurrent++
+		r.progress()
+		return nil
+	case err != nil:
+		return err
 	}
 	r.rep.Items = append(r.rep.Items, item)
 	r.progress()
 	return nil
 }
 
-// pace waits for the next publish the rate allows.
+// replayOne runs ReplayTx on row id in its own transaction.
+func (r *replayer) replayOne(ctx context.Context, id int64, one ReplayOneOptions) (ReplayItem, error) {
+	tx, err := r.pool.Begin(ctx, storage.TxOptions{})
+	if err != nil {
+		return ReplayItem{}, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
+	}
+	defer func() {
+		// Bounded, and run even when ctx has ended (no-op after Commit).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	before, err := storage.DeadLetterReplayCount(ctx, tx, id)
+	if storage.IsNoRows(err) {
+		return ReplayItem{}, ErrNotFound
+	}
+	if err != nil {
+		return ReplayItem{}, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
+	}
+	item, err := ReplayTx(ctx, storage.TxOf(tx), id, one)
+	if err != nil {
+		return item, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if commitLanded(ctx, r.pool, tx, id, before) {
+			// The commit was cut (an interrupt cancels ctx) after the
+			// server applied it: the row is queued and marked, so count it.
+			return item, nil
+		}
+		return item, fmt.Errorf("dlq: committing the replay of dead letter %d (nothing was queued if it failed; run the replay again): %w", id, err)
+	}
+	return item, nil
+}
+
+// pace waits for the next replay the rate allows.
 func (r *replayer) pace(ctx context.Context) error {
 	if r.interval <= 0 {
 		return nil
@@ -273,71 +530,17 @@ func (r *replayer) progress() {
 // defaultReplayPage is how many row references Replay reads at a time.
 const defaultReplayPage = 500
 
-// rowRef is what Replay needs of a row before locking it.
-type rowRef struct {
-	id               int64
-	uuid, topic, err string
-}
-
-// listRefs returns the references of the rows f selects, by id.
-func (s *Store) listRefs(ctx context.Context, f Filter) ([]rowRef, error) {
-	refs, err := storage.ListDeadLetterRefs(ctx, s.pool, f.selection())
+// listRefs returns the ids of the rows f selects, by id.
+func listRefs(ctx context.Context, q storage.Querier, f Filter) ([]int64, error) {
+	refs, err := storage.ListDeadLetterRefs(ctx, q, f.selection())
 	if err != nil {
 		return nil, fmt.Errorf("dlq: listing dead letters to replay (did `millwright migrate` run?): %w", err)
 	}
-	out := make([]rowRef, len(refs))
+	out := make([]int64, len(refs))
 	for i, r := range refs {
-		out[i] = rowRef{id: r.ID, uuid: r.MessageUUID, topic: r.Topic, err: r.Error}
+		out[i] = r.ID
 	}
 	return out, nil
-}
-
-// replayOne publishes and marks one row inside a transaction holding its
-// lock. It returns false when the row was taken by another replay.
-func (s *Store) replayOne(ctx context.Context, pub message.Publisher, id int64, topic string, force bool, target string) (bool, error) {
-	tx, err := s.pool.Begin(ctx, storage.TxOptions{})
-	if err != nil {
-		return false, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
-	}
-	defer func() {
-		// Bounded, and run even when ctx has ended (no-op after Commit).
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = tx.Rollback(rctx)
-	}()
-	row, ok, err := storage.LockDeadLetterForReplay(ctx, tx, id, force)
-	if err != nil {
-		return false, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
-	}
-	if !ok {
-		return false, nil
-	}
-	d, err := deadLetter(row)
-	if err != nil {
-		return false, fmt.Errorf("dlq: replaying dead letter %d: %w", id, err)
-	}
-	msg := message.NewMessage(d.MessageUUID, d.Payload)
-	for k, v := range d.Metadata {
-		msg.Metadata.Set(k, v)
-	}
-	msg.Metadata.Set(metadata.DeadLetterReplayOf, strconv.FormatInt(d.ID, 10))
-	setReplayFor(msg.Metadata, target)
-	msg.SetContext(ctx)
-	if err := pub.Publish(topic, msg); err != nil {
-		return false, fmt.Errorf("dlq: publishing dead letter %d (message %s) to %q: %w; it stays unreplayed", d.ID, d.MessageUUID, topic, err)
-	}
-	if err := storage.MarkDeadLetterReplayed(ctx, tx, id); err != nil {
-		return false, fmt.Errorf("dlq: dead letter %d was published to %q but marking it replayed failed (a later replay may publish it again): %w", id, topic, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		if s.commitLanded(ctx, tx, id, row.ReplayCount) {
-			// The commit was cut (an interrupt cancels ctx) after the
-			// server applied it: the row is marked, so count it.
-			return true, nil
-		}
-		return false, fmt.Errorf("dlq: dead letter %d was published to %q but marking it replayed failed (a later replay may publish it again): %w", id, topic, err)
-	}
-	return true, nil
 }
 
 // commitLanded reports whether a commit that returned an error was applied
@@ -346,14 +549,14 @@ func (s *Store) replayOne(ctx context.Context, pub message.Publisher, id int64, 
 // read back on a fresh, bounded context, by a read that waits for the
 // row's lock (the server ends the cut transaction one way or the other).
 // Any doubt (the read fails) is false, which keeps the row counted as
-// unmarked and the error reported.
-func (s *Store) commitLanded(ctx context.Context, tx storage.Tx, id int64, before int) bool {
+// not replayed and the error reported.
+func commitLanded(ctx context.Context, pool storage.Pool, tx storage.Tx, id int64, before int) bool {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	// A commit never sent leaves the transaction, and its lock, open on
 	// this connection: end it first (a no-op when the driver already did).
 	_ = tx.Rollback(rctx)
-	n, err := storage.DeadLetterReplayCount(rctx, s.pool, id)
+	n, err := storage.DeadLetterReplayCount(rctx, pool, id)
 	return err == nil && n == before+1
 }
 

@@ -7,12 +7,13 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
 )
 
 // lostAnswerPool's transactions lose their commit's answer: Commit
@@ -45,14 +46,12 @@ func (t lostAnswerTx) Commit(ctx context.Context) error {
 
 // A replay whose commit's answer is lost reads the outcome back: a
 // commit the server applied counts the row as replayed (what the table
-// holds); one never applied is the error that says the message went out
-// unmarked, and the row stays pending, without waiting on its own lock.
+// holds); one never applied is the error, and the row stays pending
+// (nothing queued), without waiting on its own lock.
 func TestReplayReadsBackACommitWhoseAnswerWasLost(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, Migrations())
+	s := pgtest.New(t, Migrations(), outbox.Migrations(), audit.Migrations())
 	ctx := context.Background()
-	pub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
-	defer pub.Close()
 	for _, applied := range []bool{true, false} {
 		store := &Store{pool: lostAnswerPool{Pool: storage.NewSQLPool(s.DB), applied: applied}}
 		msg := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
@@ -60,7 +59,7 @@ func TestReplayReadsBackACommitWhoseAnswerWasLost(t *testing.T) {
 		id, err := store.Insert(ctx, msg)
 		require.NoError(t, err)
 
-		rep, err := store.Replay(ctx, pub, ReplayOptions{Filter: Filter{IDs: []int64{id}}})
+		rep, err := replay(ctx, store.pool, ReplayOptions{Filter: Filter{IDs: []int64{id}}, By: audit.Operator{User: "tester"}})
 		d, gerr := store.Get(ctx, id)
 		require.NoError(t, gerr)
 		if applied {
@@ -70,7 +69,7 @@ func TestReplayReadsBackACommitWhoseAnswerWasLost(t *testing.T) {
 			continue
 		}
 		require.ErrorIs(t, err, errAnswerLost)
-		require.ErrorContains(t, err, "was published to \"orders\" but marking it replayed failed")
+		require.ErrorContains(t, err, "committing the replay of dead letter")
 		require.Empty(t, rep.Items)
 		require.Nil(t, d.ReplayedAt, "never applied: still pending")
 	}

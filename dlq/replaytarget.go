@@ -45,7 +45,7 @@ func ReplayTarget(consumerGroup, handler string) string {
 // metadata.DeadLetterReplayFor = ReplayTarget(consumerGroup, handler), the
 // dead letter's recorded consumer. When it records none the key is removed
 // (a stored message may carry an older replay's): the replay is for every
-// consumer. Store.Replay and the operator console's replay call it.
+// consumer. ReplayTx (the replay of the CLI and the console) calls it.
 func SetReplayFor(md map[string]string, consumerGroup, handler string) {
 	setReplayFor(md, ReplayTarget(consumerGroup, handler))
 }

@@ -17,11 +17,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
@@ -38,7 +41,7 @@ import (
 //   - "audit" (no idempotency) applied it too;
 //   - "billing" refused it (permanently), so it was dead-lettered.
 //
-// After `millwright dlq replay` (Store.Replay), billing has applied it
+// After `millwright dlq replay` (dlq.Replay), billing has applied it
 // once and the other two still once each: they acked the replay without
 // running their handler, and counted it.
 //
@@ -93,13 +96,14 @@ func TestReplayIsAppliedOnlyByTheConsumerThatDeadLetteredIt(t *testing.T) {
 // through subscriber(group), pub publishes.
 func testReplayTargeted(t *testing.T, topic string, ps message.Publisher, subscriber func(group string) message.Subscriber) {
 	ctx := context.Background()
-	s := pgtest.New(t, dlq.Migrations(), idempotency.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), idempotency.Migrations(), outbox.Migrations(), audit.Migrations())
 	db := s.DB
 	for _, g := range []string{"ledger", "audit", "billing"} {
 		_, err := db.Exec(fmt.Sprintf(`CREATE TABLE effects_%s (event_id TEXT NOT NULL)`, g))
 		require.NoError(t, err)
 	}
 	store := dlq.NewStore(postgres.From(db))
+	stores.Store(store, storeOf{db: postgres.SQL(db), schema: s})
 	idem, err := idempotency.NewPostgresStore(postgres.From(db))
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
@@ -123,7 +127,7 @@ func testReplayTargeted(t *testing.T, topic string, ps message.Publisher, subscr
 		apply := func(m *message.Message) ([]*message.Message, error) {
 			if name == "billing" && billingRefuses.Load() {
 				refused.Add(1)
-				return nil, retry.Permanent(errors.New("billing: customer 7 unknown"))
+				return nil, failure.Permanent(errors.New("billing: customer 7 unknown"))
 			}
 			q := `INSERT INTO effects_` + name + ` (event_id) VALUES ($1)`
 			if pt, ok := idempotency.TxFromContext(m.Context()); ok && pt.SQL() != nil {
@@ -181,7 +185,7 @@ func testReplayTargeted(t *testing.T, topic string, ps message.Publisher, subscr
 	require.EqualValues(t, 1, refused.Load(), "a permanent error: one attempt")
 	require.Zero(t, effects("billing"))
 
-	// Days later: ledger's mark expired (idempotency.DefaultRetention is
+	// Days later: ledger's mark expired (retention.DefaultIdempotencyRetention is
 	// shorter than the dead letters' 90 days); billing was fixed.
 	res, err := db.Exec(`DELETE FROM millwright_processed_events WHERE consumer = 'ledger'`)
 	require.NoError(t, err)
@@ -190,10 +194,11 @@ func testReplayTargeted(t *testing.T, topic string, ps message.Publisher, subscr
 	require.EqualValues(t, 1, n, "ledger's mark existed and is gone")
 	billingRefuses.Store(false)
 
-	rep, err := store.Replay(ctx, ps, dlq.ReplayOptions{Filter: dlq.Filter{IDs: []int64{rows[0].ID}}})
+	rep, err := replay(t, ctx, store, dlq.ReplayOptions{Filter: dlq.Filter{IDs: []int64{rows[0].ID}}})
 	require.NoError(t, err)
 	require.Len(t, rep.Items, 1)
 	require.Equal(t, dlq.ReplayTarget("billing", "billing"), rep.Items[0].For)
+	relayQueued(t, store, ps)
 	poll.Until(t, 120*time.Second, func() bool {
 		return groups["ledger"].replays.Load() == 1 && groups["audit"].replays.Load() == 1 && groups["billing"].replays.Load() == 1
 	}, "every group acked the replay")
@@ -248,22 +253,21 @@ func TestReplayWithoutARecordedConsumerIsForEveryConsumer(t *testing.T) {
 	old.Metadata.Set(metadata.DeadLetterHandler, "")
 	recorded := deadLetter("orders", "boom", time.Now())
 	ids := insert(t, store, old, recorded)
-	pub := &recordingPublisher{}
-	rep, err := store.Replay(ctx, pub, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids}})
+	rep, err := replay(t, ctx, store, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids}})
 	require.NoError(t, err)
 	require.Len(t, rep.Items, 2)
 	require.Empty(t, rep.Items[0].For)
 	require.Equal(t, "billing/h", rep.Items[1].For)
-	sent := pub.published()
+	sent := queued(t, store)
 	require.Len(t, sent, 2)
 	_, has := sent[0].msg.Metadata[metadata.DeadLetterReplayFor]
 	require.False(t, has, "no target: every consumer runs it")
 	require.Equal(t, "billing/h", sent[1].msg.Metadata.Get(metadata.DeadLetterReplayFor))
 
-	rep, err = store.Replay(ctx, pub, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids[1:]}, Target: "orders.retry", Force: true})
+	rep, err = replay(t, ctx, store, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids[1:]}, Target: "orders.retry", Force: true})
 	require.NoError(t, err)
 	require.Empty(t, rep.Items[0].For)
-	_, has = pub.published()[2].msg.Metadata[metadata.DeadLetterReplayFor]
+	_, has = queued(t, store)[2].msg.Metadata[metadata.DeadLetterReplayFor]
 	require.False(t, has, "a replay to another topic is for that topic's consumers")
 }
 
@@ -274,20 +278,19 @@ func TestReplayForOverridesTheRecordedConsumer(t *testing.T) {
 	ctx := context.Background()
 	store, _ := newStore(t)
 	ids := insert(t, store, deadLetter("orders", "boom", time.Now()))
-	pub := &recordingPublisher{}
-	_, err := store.Replay(ctx, pub, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids}, For: "billing"})
+	_, err := replay(t, ctx, store, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids}, For: "billing"})
 	require.ErrorContains(t, err, `replay for "billing": want`)
-	require.Empty(t, pub.published())
+	require.Empty(t, queued(t, store))
 
-	rep, err := store.Replay(ctx, pub, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids}, For: dlq.ReplayTarget("billing-v2", "h")})
+	rep, err := replay(t, ctx, store, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids}, For: dlq.ReplayTarget("billing-v2", "h")})
 	require.NoError(t, err)
 	require.Equal(t, "billing-v2/h", rep.Items[0].For)
-	require.Equal(t, "billing-v2/h", pub.published()[0].msg.Metadata.Get(metadata.DeadLetterReplayFor))
+	require.Equal(t, "billing-v2/h", queued(t, store)[0].msg.Metadata.Get(metadata.DeadLetterReplayFor))
 
-	rep, err = store.Replay(ctx, pub, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids}, For: dlq.ReplayEveryConsumer, Force: true})
+	rep, err = replay(t, ctx, store, dlq.ReplayOptions{Filter: dlq.Filter{IDs: ids}, For: dlq.ReplayEveryConsumer, Force: true})
 	require.NoError(t, err)
 	require.Empty(t, rep.Items[0].For)
-	_, has := pub.published()[1].msg.Metadata[metadata.DeadLetterReplayFor]
+	_, has := queued(t, store)[1].msg.Metadata[metadata.DeadLetterReplayFor]
 	require.False(t, has)
 }
 

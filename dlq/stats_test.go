@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -28,7 +29,7 @@ func TestStatsCountWithoutPrometheus(t *testing.T) {
 	m, err := dlq.NewMiddleware(pub, dlq.Config{Retry: retry.Policy{MaxAttempts: 1}})
 	require.NoError(t, err)
 	permanent := m.Middleware(func(*message.Message) ([]*message.Message, error) {
-		return nil, retry.Permanent(errors.New("bad order"))
+		return nil, failure.Permanent(errors.New("bad order"))
 	})
 	panics := m.Middleware(func(*message.Message) ([]*message.Message, error) { panic("boom") })
 	for range 2 {
@@ -42,7 +43,7 @@ func TestStatsCountWithoutPrometheus(t *testing.T) {
 	down, err := dlq.NewMiddleware(failingPublisher{}, dlq.Config{Retry: retry.Policy{MaxAttempts: 1}})
 	require.NoError(t, err)
 	_, err = down.Middleware(func(*message.Message) ([]*message.Message, error) {
-		return nil, retry.Permanent(errors.New("bad order"))
+		return nil, failure.Permanent(errors.New("bad order"))
 	})(message.NewMessage(watermill.NewUUID(), nil))
 	require.Error(t, err, "nacked for redelivery")
 	require.Equal(t, dlq.Stats{PublishFailures: 1, ByReason: map[string]uint64{}}, down.Stats())

@@ -12,11 +12,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/retry"
 )
 
 // ErrNotFound is returned by Store.Get when no dead letter has the id.
@@ -60,6 +60,10 @@ type DeadLetter struct {
 	ReplayCount int
 	// State is StateDead, StateReplayed, StateSuperseded or StateResolved.
 	State string
+	// SupersededBy is the event id of the edited copy that replaced a
+	// superseded dead letter, SupersededActor who edited it (or who
+	// replayed it, for a replayed one).
+	SupersededBy, SupersededActor string
 }
 
 // The states of a dead letter (migrations 003 and 004). A superseded one
@@ -109,7 +113,7 @@ func ResolveTx(ctx context.Context, tx postgres.Tx, id int64, r Resolution) (res
 	if err != nil {
 		return false, fmt.Errorf("dlq: ResolveTx: %w", err)
 	}
-	if err := audit.Ready(ctx, q); errors.Is(err, audit.ErrNotMigrated) {
+	if err := audit.Ready(ctx, tx); errors.Is(err, audit.ErrNotMigrated) {
 		return false, fmt.Errorf("%w (dead letter %d stays dead)", ErrNotAudited, id)
 	} else if err != nil {
 		return false, fmt.Errorf("dlq: resolving dead letter %d: %w", id, err)
@@ -120,13 +124,9 @@ func ResolveTx(ctx context.Context, tx postgres.Tx, id int64, r Resolution) (res
 		}
 		return false, err
 	}
-	host := r.Host
-	if host == "" {
-		host = audit.Hostname()
-	}
 	args := append([]string{"--id=" + strconv.FormatInt(id, 10)}, r.Args...)
-	if _, err := audit.Record(ctx, q, audit.Entry{User: r.Actor, Host: host, Command: ResolveCommand,
-		Args: audit.RedactArgs(args), Confirmed: "applied", Affected: 1}); err != nil {
+	by := audit.Operator{User: r.Actor, Host: r.Host, Confirmed: "applied"}
+	if _, err := audit.RecordTx(ctx, tx, by.Entry(ResolveCommand, args, 1)); err != nil {
 		return false, fmt.Errorf("dlq: auditing the resolution of dead letter %d: %w", id, err)
 	}
 	return true, nil
@@ -139,9 +139,6 @@ type Store struct {
 	pool storage.Pool
 	// err is NewStore's: a nil pool. Every method returns it.
 	err error
-	// replayPage is how many rows Replay reads at a time; 0 means
-	// defaultReplayPage. Tests set it small.
-	replayPage int
 }
 
 // NewStore returns a Store on db, a *sql.DB (lib/pq, or pgx's stdlib
@@ -166,7 +163,7 @@ func NewStore(db postgres.DB) *Store {
 // keys is stored too, with what is known, rather than dropped. Values
 // Postgres refuses are made storable (see parseEnvelope); a row refused
 // all the same (a data error: a column altered by hand, say) is a
-// retry.Permanent error naming the value, since a redelivery would be
+// failure.Permanent error naming the value, since a redelivery would be
 // refused again, and never "did migrate run?".
 func (s *Store) Record(msg *message.Message) error {
 	_, err := s.Insert(msg.Context(), msg)
@@ -187,13 +184,76 @@ func (s *Store) Insert(ctx context.Context, msg *message.Message) (int64, error)
 	if err != nil {
 		return 0, err
 	}
-	id, err := storage.InsertDeadLetter(ctx, s.pool, r.row())
+	return record(ctx, s.pool, r)
+}
+
+// RecordTx writes dead letter d in tx, the transaction of the state change
+// that gave up on its message (package park's, holding the message's key
+// behind it), and returns its id, or 0 when the same dead letter (its
+// DeadLetterTopic, MessageUUID and LastFailure) was recorded before. It is
+// the one writer of millwright_dead_letters: Store.Record (the dead-letter
+// topics' recorder) goes through the same code, so every row has the same
+// fields filled the same way. ID, CreatedAt, the replay fields and State
+// are ignored (a new row is dead). Text Postgres refuses is stored with
+// U+FFFD in the text columns, the UUID and metadata (without the
+// dead-letter keys, which the columns hold) byte for byte beside them;
+// Attempts is clamped to 0..2^31-1; a zero or unstorable
+// FirstFailure is now, a LastFailure likewise the first failure.
+func RecordTx(ctx context.Context, tx postgres.Tx, d DeadLetter) (int64, error) {
+	q, err := storage.FromTx(tx)
+	if err != nil {
+		return 0, fmt.Errorf("dlq: RecordTx: %w", err)
+	}
+	r, err := newEnvelope(d, time.Now())
+	if err != nil {
+		return 0, err
+	}
+	return record(ctx, q, r)
+}
+
+// newEnvelope is d made storable, as parseEnvelope makes a message.
+func newEnvelope(d DeadLetter, now time.Time) (envelope, error) {
+	r := envelope{DeadLetter: DeadLetter{
+		MessageUUID: d.MessageUUID, OriginalTopic: storable(d.OriginalTopic), DeadLetterTopic: storable(d.DeadLetterTopic),
+		ConsumerGroup: storable(d.ConsumerGroup), Handler: storable(d.Handler), Reason: storable(d.Reason),
+		Error: storable(d.Error), ErrorType: storable(d.ErrorType), Stack: storable(d.Stack),
+		Attempts: min(max(d.Attempts, 0), maxAttempts), Payload: d.Payload, Metadata: map[string]string{},
+	}}
+	r.FirstFailure = d.FirstFailure
+	if r.FirstFailure.IsZero() || storage.CheckTime(r.FirstFailure) != nil {
+		r.FirstFailure = now
+	}
+	r.LastFailure = d.LastFailure
+	if r.LastFailure.IsZero() || storage.CheckTime(r.LastFailure) != nil {
+		r.LastFailure = r.FirstFailure
+	}
+	asText := map[string]string{}
+	for k, v := range d.Metadata {
+		if !isDeadLetterKey(k) { // as parseEnvelope: the envelope is in the columns
+			r.Metadata[k] = v
+			asText[storable(k)] = storable(v)
+		}
+	}
+	b, err := json.Marshal(asText)
+	if err != nil {
+		return r, fmt.Errorf("dlq: encoding metadata of dead letter %q: %w", r.MessageUUID, err)
+	}
+	r.metadataJSON = string(b)
+	if r.Payload == nil {
+		r.Payload = []byte{}
+	}
+	return r, nil
+}
+
+// record inserts r through q.
+func record(ctx context.Context, q storage.Querier, r envelope) (int64, error) {
+	id, err := storage.InsertDeadLetter(ctx, q, r.row())
 	if storage.IsDataError(err) {
-		// parseEnvelope makes every value storable; a row refused all the
+		// The envelope makes every value storable; a row refused all the
 		// same (a column changed by hand, say) is refused again at every
 		// redelivery: permanent, so that a retry policy around the
 		// recorder stops at once, and named, not "did migrate run?".
-		return 0, retry.Permanent(fmt.Errorf("dlq: dead letter %q from %s cannot be stored: the table refuses a value it carries, and a redelivery carries the same: %w", r.MessageUUID, r.DeadLetterTopic, err))
+		return 0, failure.Permanent(fmt.Errorf("dlq: dead letter %q from %s cannot be stored: the table refuses a value it carries, and a redelivery carries the same: %w", r.MessageUUID, r.DeadLetterTopic, err))
 	}
 	if err != nil {
 		return 0, fmt.Errorf("dlq: recording dead letter %q from %s%s: %w", r.MessageUUID, r.DeadLetterTopic, storage.Hint(err), err)
@@ -296,6 +356,8 @@ type Filter struct {
 	// Since and Until bound the last failure time: Since <= t < Until. Zero
 	// means unbounded.
 	Since, Until time.Time
+	// ErrorType selects one error type (DeadLetter.ErrorType).
+	ErrorType string
 	// ErrorContains selects rows whose error contains this text, ignoring case.
 	ErrorContains string
 	// Pending selects only rows still dead: never replayed, superseded or
@@ -311,7 +373,7 @@ type Filter struct {
 // selection is f as the storage layer reads it.
 func (f Filter) selection() storage.DeadLetterFilter {
 	return storage.DeadLetterFilter{
-		IDs: f.IDs, Topic: f.Topic, Since: f.Since, Until: f.Until, ErrorContains: f.ErrorContains,
+		IDs: f.IDs, Topic: f.Topic, Since: f.Since, Until: f.Until, ErrorType: f.ErrorType, ErrorContains: f.ErrorContains,
 		Pending: f.Pending, AfterID: f.afterID, Limit: f.Limit,
 	}
 }
@@ -324,7 +386,7 @@ func deadLetter(r storage.DeadLetterRow) (DeadLetter, error) {
 		ConsumerGroup: r.ConsumerGroup, Handler: r.Handler, Reason: r.Reason, Error: r.Error,
 		ErrorType: r.ErrorType, Stack: r.Stack, Attempts: r.Attempts, FirstFailure: r.FirstFailure,
 		LastFailure: r.LastFailure, Payload: r.Payload, CreatedAt: r.CreatedAt, ReplayedAt: r.ReplayedAt,
-		ReplayCount: r.ReplayCount, State: r.State,
+		ReplayCount: r.ReplayCount, State: r.State, SupersededBy: r.SupersededBy, SupersededActor: r.SupersededActor,
 	}
 	md, err := r.MetadataMap()
 	if err != nil {
@@ -339,7 +401,21 @@ func (s *Store) List(ctx context.Context, f Filter) ([]DeadLetter, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
-	rows, err := storage.ListDeadLetters(ctx, s.pool, f.selection())
+	return list(ctx, s.pool, f)
+}
+
+// List is Store.List on db, or in the caller's transaction (the operator
+// console's, with its SET LOCAL search_path).
+func List(ctx context.Context, db postgres.Handle, f Filter) ([]DeadLetter, error) {
+	q, err := storage.FromHandle(db)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: List: %w", err)
+	}
+	return list(ctx, q, f)
+}
+
+func list(ctx context.Context, q storage.Querier, f Filter) ([]DeadLetter, error) {
+	rows, err := storage.ListDeadLetters(ctx, q, f.selection())
 	if err != nil {
 		return nil, fmt.Errorf("dlq: listing dead letters%s: %w", storage.Hint(err), err)
 	}
@@ -359,9 +435,22 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 	if s.err != nil {
 		return 0, s.err
 	}
-	n, err := storage.CountDeadLetters(ctx, s.pool, f.selection())
+	return count(ctx, s.pool, f)
+}
+
+// Count is Store.Count on db, or in the caller's transaction.
+func Count(ctx context.Context, db postgres.Handle, f Filter) (int, error) {
+	q, err := storage.FromHandle(db)
 	if err != nil {
-		return 0, fmt.Errorf("dlq: counting dead letters: %w", err)
+		return 0, fmt.Errorf("dlq: Count: %w", err)
+	}
+	return count(ctx, q, f)
+}
+
+func count(ctx context.Context, q storage.Querier, f Filter) (int, error) {
+	n, err := storage.CountDeadLetters(ctx, q, f.selection())
+	if err != nil {
+		return 0, fmt.Errorf("dlq: counting dead letters%s: %w", storage.Hint(err), err)
 	}
 	return n, nil
 }
@@ -371,14 +460,57 @@ func (s *Store) Get(ctx context.Context, id int64) (DeadLetter, error) {
 	if s.err != nil {
 		return DeadLetter{}, s.err
 	}
-	r, err := storage.GetDeadLetter(ctx, s.pool, id)
+	return get(ctx, s.pool, id)
+}
+
+// Get is Store.Get on db, or in the caller's transaction.
+func Get(ctx context.Context, db postgres.Handle, id int64) (DeadLetter, error) {
+	q, err := storage.FromHandle(db)
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("dlq: Get: %w", err)
+	}
+	return get(ctx, q, id)
+}
+
+func get(ctx context.Context, q storage.Querier, id int64) (DeadLetter, error) {
+	r, err := storage.GetDeadLetter(ctx, q, id)
 	if storage.IsNoRows(err) {
 		return DeadLetter{}, fmt.Errorf("dlq: dead letter %d: %w (see `millwright dlq list`)", id, ErrNotFound)
 	}
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("dlq: reading dead letter %d: %w", id, err)
+		return DeadLetter{}, fmt.Errorf("dlq: reading dead letter %d%s: %w", id, storage.Hint(err), err)
 	}
 	return deadLetter(r)
+}
+
+// Group is the dead letters of one original topic and error type.
+type Group struct {
+	Topic, ErrorType string
+	// Count counts the rows; Dead those still in the dead state.
+	Count, Dead int64
+	// FirstSeen and LastSeen bound their last failures.
+	FirstSeen, LastSeen time.Time
+	// SampleError is the error of the newest row.
+	SampleError string
+}
+
+// Groups returns the dead letters f selects (its Topic, ErrorContains and
+// Pending) grouped by original topic and error type, by topic then error
+// type: the operator console's summary, in its transaction.
+func Groups(ctx context.Context, db postgres.Handle, f Filter) ([]Group, error) {
+	q, err := storage.FromHandle(db)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: Groups: %w", err)
+	}
+	gs, err := storage.GroupDeadLetters(ctx, q, f.selection())
+	if err != nil {
+		return nil, fmt.Errorf("dlq: grouping dead letters%s: %w", storage.Hint(err), err)
+	}
+	out := make([]Group, len(gs))
+	for i, g := range gs {
+		out[i] = Group(g)
+	}
+	return out, nil
 }
 
 // Depth returns the number of dead letters not yet replayed, by original

@@ -3,6 +3,7 @@ package dlq_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"strconv"
 	"sync"
@@ -17,11 +18,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -83,12 +86,74 @@ func newStore(t *testing.T) (*dlq.Store, *pgtest.Schema) { return newStoreOn(t, 
 // *pgxpool.Pool for pgtest.DriverPgx.
 func newStoreOn(t *testing.T, driver string) (*dlq.Store, *pgtest.Schema) {
 	t.Helper()
-	s := pgtest.New(t, dlq.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(4)
+	var store *dlq.Store
+	db := postgres.SQL(s.DB)
 	if driver == pgtest.DriverPgx {
-		return dlq.NewStore(postgres.From(s.Pgx(t))), s
+		p := s.Pgx(t)
+		store, db = dlq.NewStore(postgres.Pgx(p)), postgres.Pgx(p)
+	} else {
+		store = dlq.NewStore(db)
 	}
-	return dlq.NewStore(postgres.From(s.DB)), s
+	stores.Store(store, storeOf{db: db, schema: s})
+	return store, s
+}
+
+// stores maps a test's Store to its database and schema.
+var stores sync.Map
+
+type storeOf struct {
+	db     postgres.DB
+	schema *pgtest.Schema
+}
+
+func handlesOf(t *testing.T, store *dlq.Store) storeOf {
+	t.Helper()
+	v, ok := stores.Load(store)
+	require.True(t, ok, "the store was not made by newStoreOn")
+	return v.(storeOf)
+}
+
+// replay runs dlq.Replay on store's database, as operator "tester".
+func replay(t *testing.T, ctx context.Context, store *dlq.Store, opts dlq.ReplayOptions) (dlq.ReplayReport, error) {
+	t.Helper()
+	if opts.By.User == "" {
+		opts.By = audit.Operator{User: "tester"}
+	}
+	return dlq.Replay(ctx, handlesOf(t, store).db, opts)
+}
+
+// relayQueued publishes the events queued in store's outbox with pub and
+// removes them, in id order: what a relay does, without its lanes.
+func relayQueued(t *testing.T, store *dlq.Store, pub message.Publisher) {
+	t.Helper()
+	for _, e := range queued(t, store) {
+		require.NoError(t, pub.Publish(e.topic, e.msg))
+	}
+	_, err := handlesOf(t, store).schema.DB.Exec(`DELETE FROM millwright_outbox`)
+	require.NoError(t, err)
+}
+
+// queued returns the events queued in store's outbox, in id order, as the
+// relay publishes them (its UUID is the event id).
+func queued(t *testing.T, store *dlq.Store) []sent {
+	t.Helper()
+	rows, err := handlesOf(t, store).schema.DB.Query(`SELECT topic, event_id, COALESCE(payload_raw, convert_to(payload::text, 'UTF8')), metadata::text FROM millwright_outbox ORDER BY id`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []sent
+	for rows.Next() {
+		var topic, id, md string
+		var payload []byte
+		require.NoError(t, rows.Scan(&topic, &id, &payload, &md))
+		m := message.NewMessage(id, payload)
+		require.NoError(t, json.Unmarshal([]byte(md), &m.Metadata))
+		m.Metadata.Set(metadata.EventID, id) // the relay sets it from the event_id column
+		out = append(out, sent{topic, m})
+	}
+	require.NoError(t, rows.Err())
+	return out
 }
 
 func insert(t *testing.T, store *dlq.Store, msgs ...*message.Message) []int64 {
@@ -227,20 +292,19 @@ func TestReplayDryRunPublishesNothing(t *testing.T) {
 		ctx := context.Background()
 		store, _ := newStoreOn(t, driver)
 		ids := insert(t, store, deadLetter("orders", "a", time.Now()), deadLetter("invoices", "b", time.Now()))
-		pub := &recordingPublisher{}
-		rep, err := store.Replay(ctx, pub, dlq.ReplayOptions{DryRun: true})
+		rep, err := replay(t, ctx, store, dlq.ReplayOptions{DryRun: true})
 		require.NoError(t, err)
 		require.True(t, rep.DryRun)
 		require.Len(t, rep.Items, 2)
 		require.Equal(t, ids[0], rep.Items[0].ID)
 		require.Equal(t, "orders", rep.Items[0].To)
 		require.Equal(t, "invoices", rep.Items[1].To)
-		require.Empty(t, pub.published())
+		require.Empty(t, queued(t, store))
 		rows, err := store.List(ctx, dlq.Filter{Pending: true})
 		require.NoError(t, err)
 		require.Len(t, rows, 2, "a dry run marks nothing")
 
-		rep, err = store.Replay(ctx, nil, dlq.ReplayOptions{DryRun: true, Target: "orders.retry"})
+		rep, err = replay(t, ctx, store, dlq.ReplayOptions{DryRun: true, Target: "orders.retry"})
 		require.NoError(t, err)
 		require.Equal(t, "orders.retry", rep.Items[1].To)
 	})
@@ -254,17 +318,19 @@ func TestReplayPublishesMarksAndSkipsReplayed(t *testing.T) {
 		store, _ := newStoreOn(t, driver)
 		orig := deadLetter("orders", "boom", time.Now())
 		ids := insert(t, store, orig)
-		pub := &recordingPublisher{}
 
-		rep, err := store.Replay(ctx, pub, dlq.ReplayOptions{})
+		rep, err := replay(t, ctx, store, dlq.ReplayOptions{})
 		require.NoError(t, err)
 		require.Len(t, rep.Items, 1)
-		sentMsgs := pub.published()
+		sentMsgs := queued(t, store)
 		require.Len(t, sentMsgs, 1)
 		require.Equal(t, "orders", sentMsgs[0].topic)
 		m := sentMsgs[0].msg
-		require.Equal(t, orig.UUID, m.UUID)
+		require.Equal(t, "evt-"+orig.UUID, m.UUID, "the relay publishes a replay with its event id as UUID")
 		require.Equal(t, orig.Payload, m.Payload)
+		delete(m.Metadata, metadata.EventSource) // the outbox's default source
+		require.Equal(t, "application/json", m.Metadata.Get(metadata.EventDataContentType), "the outbox says a JSON payload is JSON")
+		delete(m.Metadata, metadata.EventDataContentType)
 		require.Equal(t, message.Metadata{
 			metadata.EventID:             "evt-" + orig.UUID,
 			metadata.TraceParent:         traceParent,
@@ -276,36 +342,40 @@ func TestReplayPublishesMarksAndSkipsReplayed(t *testing.T) {
 		require.NotNil(t, d.ReplayedAt)
 		require.Equal(t, 1, d.ReplayCount)
 
-		rep, err = store.Replay(ctx, pub, dlq.ReplayOptions{})
+		rep, err = replay(t, ctx, store, dlq.ReplayOptions{})
 		require.NoError(t, err)
 		require.Empty(t, rep.Items, "a second replay publishes nothing")
 		require.Equal(t, 1, rep.SkippedReplayed)
-		require.Len(t, pub.published(), 1)
+		require.Len(t, queued(t, store), 1)
 
-		rep, err = store.Replay(ctx, pub, dlq.ReplayOptions{Force: true, Target: "orders.v2"})
+		rep, err = replay(t, ctx, store, dlq.ReplayOptions{Force: true, Target: "orders.v2"})
 		require.NoError(t, err)
 		require.Len(t, rep.Items, 1)
-		require.Equal(t, "orders.v2", pub.published()[1].topic)
+		require.Equal(t, "orders.v2", queued(t, store)[1].topic)
 		d, err = store.Get(ctx, ids[0])
 		require.NoError(t, err)
 		require.Equal(t, 2, d.ReplayCount)
 	})
 }
 
-func TestReplayPublishFailureLeavesRowUnreplayed(t *testing.T) {
+// A replay where the outbox tables are missing fails naming the fix, and
+// changes nothing: the row stays dead, no audit row is written.
+func TestReplayWithoutTheOutboxChangesNothing(t *testing.T) {
 	t.Parallel()
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		t.Parallel()
 		ctx := context.Background()
-		store, _ := newStoreOn(t, driver)
+		s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+		store := dlq.NewStore(postgres.From(s.DB))
 		ids := insert(t, store, deadLetter("orders", "boom", time.Now()))
-		pub := &recordingPublisher{fail: errors.New("broker down")}
-		_, err := store.Replay(ctx, pub, dlq.ReplayOptions{})
-		require.ErrorContains(t, err, "broker down")
+		_, err := dlq.Replay(ctx, s.Handles(t, driver), dlq.ReplayOptions{By: audit.Operator{User: "tester"}})
+		require.ErrorContains(t, err, "millwright migrate")
 		d, err := store.Get(ctx, ids[0])
 		require.NoError(t, err)
+		require.Equal(t, dlq.StateDead, d.State)
 		require.Nil(t, d.ReplayedAt)
 		require.Zero(t, d.ReplayCount)
+		require.Equal(t, []int{0}, pgtest.Column[int](t, s.DB, `SELECT count(*)::int FROM millwright_audit`))
 	})
 }
 
@@ -315,15 +385,14 @@ func TestReplayRateLimit(t *testing.T) {
 	for range 5 {
 		insert(t, store, deadLetter("orders", "boom", time.Now()))
 	}
-	pub := &recordingPublisher{}
 	start := time.Now()
-	rep, err := store.Replay(context.Background(), pub, dlq.ReplayOptions{Rate: 100})
+	rep, err := replay(t, context.Background(), store, dlq.ReplayOptions{Rate: 100})
 	require.NoError(t, err)
 	require.Len(t, rep.Items, 5)
 	// 5 messages at 100/s: the 5th may not go before 40 ms.
 	require.GreaterOrEqual(t, time.Since(start), 40*time.Millisecond)
 
-	_, err = store.Replay(context.Background(), pub, dlq.ReplayOptions{Rate: -1})
+	_, err = replay(t, context.Background(), store, dlq.ReplayOptions{Rate: -1})
 	require.ErrorContains(t, err, "rate")
 }
 
@@ -387,9 +456,10 @@ func TestReplayAfterFixProcessesOnce(t *testing.T) {
 	})
 
 	fixed.Store(true)
-	rep, err := store.Replay(ctx, ps, dlq.ReplayOptions{})
+	rep, err := replay(t, ctx, store, dlq.ReplayOptions{})
 	require.NoError(t, err)
 	require.Len(t, rep.Items, 1)
+	relayQueued(t, store, ps)
 	select {
 	case id := <-processed:
 		require.Equal(t, "evt-1", id)
@@ -399,9 +469,10 @@ func TestReplayAfterFixProcessesOnce(t *testing.T) {
 
 	// Forced replay again: delivered (the publisher blocks until the
 	// handler acked it), but the idempotency middleware skips it.
-	rep, err = store.Replay(ctx, ps, dlq.ReplayOptions{Force: true})
+	rep, err = replay(t, ctx, store, dlq.ReplayOptions{Force: true})
 	require.NoError(t, err)
 	require.Len(t, rep.Items, 1)
+	relayQueued(t, store, ps)
 	require.Empty(t, processed, "the replayed event was processed twice")
 }
 
@@ -410,12 +481,12 @@ func TestReplayAfterFixProcessesOnce(t *testing.T) {
 func TestStoreOnNilPoolFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
+	_, err := dlq.Replay(ctx, postgres.DB{}, dlq.ReplayOptions{DryRun: true})
+	require.ErrorIs(t, err, postgres.ErrNoDB)
 	for _, store := range []*dlq.Store{dlq.NewStore(postgres.From((*sql.DB)(nil))), dlq.NewStore(postgres.From((*pgxpool.Pool)(nil)))} {
 		_, err := store.List(ctx, dlq.Filter{})
 		require.ErrorContains(t, err, "db is nil")
 		_, err = store.Insert(ctx, deadLetter("orders", "boom", time.Now()))
-		require.ErrorContains(t, err, "db is nil")
-		_, err = store.Replay(ctx, nil, dlq.ReplayOptions{DryRun: true})
 		require.ErrorContains(t, err, "db is nil")
 		_, err = store.Depth(ctx)
 		require.ErrorContains(t, err, "db is nil")

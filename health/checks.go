@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// LastSuccesser is what the Relay check needs: *outbox.Relay has it
+// LastSuccesser is what the Relay check needs: *relay.Relay has it
 // (LastSuccess is the end of its last round that completed without error;
 // zero before the first).
 type LastSuccesser interface {
@@ -27,7 +27,7 @@ func Relay(r LastSuccesser, maxAge time.Duration) Checker {
 	}
 	return CheckerFunc(func(context.Context) error {
 		if r == nil {
-			return errors.New("no relay: pass the *outbox.Relay to health.Relay")
+			return errors.New("no relay: pass the *relay.Relay to health.Relay")
 		}
 		if !closed(r.Running()) {
 			return errors.New("not running: Relay.Run has not started")

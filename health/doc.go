@@ -23,7 +23,7 @@
 // The checks for millwright's components:
 //
 //   - Relay: ready once Run started and its last successful round
-//     (outbox.Relay.LastSuccess) is at most MaxAge old. A round that finds
+//     (relay.Relay.LastSuccess) is at most MaxAge old. A round that finds
 //     nothing to publish is a success: an idle relay stays ready.
 //   - Router: ready while the Watermill router runs (Running closed,
 //     IsRunning true) and is not closed.
@@ -44,7 +44,7 @@
 //	}
 //	h.Add("database", health.Ping(db))
 //	h.Add("router", health.Router(router))
-//	h.Add("relay", health.Relay(relay, time.Minute))     // *outbox.Relay
+//	h.Add("relay", health.Relay(relay, time.Minute))     // *relay.Relay
 //	h.Add("orders-saga", health.Orchestrator(orchestrator)) // *saga.Orchestrator
 //	mux.Handle("/healthz", h.Live())
 //	mux.Handle("/readyz", h.Ready())

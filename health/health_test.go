@@ -19,13 +19,13 @@ import (
 
 	"github.com/millwright/millwright/health"
 	"github.com/millwright/millwright/internal/testing/pgtest"
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
 var (
-	_ health.LastSuccesser     = (*outbox.Relay)(nil)
+	_ health.LastSuccesser     = (*relay.Relay)(nil)
 	_ health.RouterState       = (*message.Router)(nil)
 	_ health.OrchestratorState = (*saga.Orchestrator[struct{}])(nil)
 )

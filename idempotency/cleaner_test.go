@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
+
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/testing/pgtest"
-	"github.com/millwright/millwright/postgres"
 )
 
 // insertMarks inserts n marks processed age ago.
@@ -23,18 +23,10 @@ func insertMarks(t *testing.T, b *pgBundle, prefix string, n int, age time.Durat
 	require.NoError(t, err)
 }
 
-// newCleaner builds the cleaner on the pool of driver: the generic
-// constructor, instantiated for *sql.DB or *pgxpool.Pool.
-func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg idempotency.CleanerConfig) (*idempotency.Cleaner, error) {
+// newCleaner builds the cleaner on the pool of driver.
+func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg retention.Config) (*retention.Cleaner, error) {
 	t.Helper()
-	switch h := s.Handle(t, driver).(type) {
-	case *sql.DB:
-		return idempotency.NewCleaner(postgres.From(h), cfg)
-	case *pgxpool.Pool:
-		return idempotency.NewCleaner(postgres.From(h), cfg)
-	}
-	t.Fatalf("no pool for driver %s", driver)
-	return nil, nil
+	return retention.NewIdempotencyCleaner(s.Handles(t, driver), cfg)
 }
 
 func TestCleanerDeletesOnlyOldMarksInBatches(t *testing.T) {
@@ -51,18 +43,18 @@ func testCleanerDeletesOnlyOldMarks(t *testing.T, driver string) {
 	insertMarks(t, b, "recent-", 5, 6*24*time.Hour)
 	insertMarks(t, b, "new-", 5, 0)
 
-	c, err := newCleaner(t, b.schema, driver, idempotency.CleanerConfig{BatchSize: 10})
+	c, err := newCleaner(t, b.schema, driver, retention.Config{BatchSize: 10})
 	require.NoError(t, err)
 	stats, err := c.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, idempotency.CleanStats{Deleted: 25, Batches: 3}, stats)
+	require.Equal(t, retention.Stats{Deleted: 25, Batches: 3}, stats)
 
 	require.Equal(t, 10, countRows(t, b.schema.DB, `SELECT count(*) FROM millwright_processed_events`))
 	require.Zero(t, countRows(t, b.schema.DB, `SELECT count(*) FROM millwright_processed_events WHERE event_id LIKE 'old-%'`))
 
 	stats, err = c.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, idempotency.CleanStats{}, stats, "nothing left to delete")
+	require.Equal(t, retention.Stats{}, stats, "nothing left to delete")
 }
 
 func TestCleanerSkipsWhileAnotherHoldsTheLock(t *testing.T) {
@@ -70,9 +62,9 @@ func TestCleanerSkipsWhileAnotherHoldsTheLock(t *testing.T) {
 	b := setupPG(t)
 	insertMarks(t, b, "old-", 3, 8*24*time.Hour)
 
-	other, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{})
+	other, err := retention.NewIdempotencyCleaner(postgres.From(b.schema.DB), retention.Config{})
 	require.NoError(t, err)
-	c, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{})
+	c, err := retention.NewIdempotencyCleaner(postgres.From(b.schema.DB), retention.Config{})
 	require.NoError(t, err)
 
 	// Hold the cleaner's lock the way a running cleaner does, on its own session.
@@ -117,12 +109,12 @@ func TestCleanerLockIsPerSchema(t *testing.T) {
 	t.Cleanup(func() { holderDB.Close() })
 	var holderPID int
 	require.NoError(t, holderDB.QueryRow(`SELECT pg_backend_pid()`).Scan(&holderPID))
-	holder, err := idempotency.NewCleaner(postgres.From(holderDB), idempotency.CleanerConfig{})
+	holder, err := retention.NewIdempotencyCleaner(postgres.From(holderDB), retention.Config{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); _ = block.Rollback() }) // before holderDB.Close, which waits for the DELETE
 	type result struct {
-		stats idempotency.CleanStats
+		stats retention.Stats
 		err   error
 	}
 	held := make(chan result, 1)
@@ -135,17 +127,17 @@ func TestCleanerLockIsPerSchema(t *testing.T) {
 		return pgtest.WaitingOnLock(t, a.schema.DB, holderPID) == 1
 	})
 
-	otherA, err := idempotency.NewCleaner(postgres.From(a.schema.DB), idempotency.CleanerConfig{})
+	otherA, err := retention.NewIdempotencyCleaner(postgres.From(a.schema.DB), retention.Config{})
 	require.NoError(t, err)
 	stats, err := otherA.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, idempotency.CleanStats{Skipped: true}, stats, "a second cleaner of schema A skips")
+	require.Equal(t, retention.Stats{Skipped: true}, stats, "a second cleaner of schema A skips")
 
-	c, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{})
+	c, err := retention.NewIdempotencyCleaner(postgres.From(b.schema.DB), retention.Config{})
 	require.NoError(t, err)
 	stats, err = c.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, idempotency.CleanStats{Deleted: 2, Batches: 1}, stats, "schema B's cleaner is not excluded by A's")
+	require.Equal(t, retention.Stats{Deleted: 2, Batches: 1}, stats, "schema B's cleaner is not excluded by A's")
 	select {
 	case r := <-held:
 		t.Fatalf("schema A's cleaner finished while its table was locked: %+v, %v", r.stats, r.err)
@@ -156,7 +148,7 @@ func TestCleanerLockIsPerSchema(t *testing.T) {
 	select {
 	case r := <-held:
 		require.NoError(t, r.err)
-		require.Equal(t, idempotency.CleanStats{Deleted: 3, Batches: 1}, r.stats)
+		require.Equal(t, retention.Stats{Deleted: 3, Batches: 1}, r.stats)
 	case <-time.After(10 * time.Second):
 		t.Fatal("schema A's cleaner did not finish within 10s of the table lock's release")
 	}
@@ -166,7 +158,7 @@ func TestCleanerRunAndClose(t *testing.T) {
 	t.Parallel()
 	b := setupPG(t)
 	insertMarks(t, b, "old-", 4, 2*time.Hour)
-	c, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{Retention: time.Hour, Interval: 10 * time.Millisecond})
+	c, err := retention.NewIdempotencyCleaner(postgres.From(b.schema.DB), retention.Config{Retention: time.Hour, Interval: 10 * time.Millisecond})
 	require.NoError(t, err)
 
 	runErr := make(chan error, 1)
@@ -184,7 +176,7 @@ func TestCleanerRunAndClose(t *testing.T) {
 func TestCleanerRunStopsWithContext(t *testing.T) {
 	t.Parallel()
 	b := setupPG(t)
-	c, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{})
+	c, err := retention.NewIdempotencyCleaner(postgres.From(b.schema.DB), retention.Config{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	runErr := make(chan error, 1)
@@ -194,7 +186,7 @@ func TestCleanerRunStopsWithContext(t *testing.T) {
 	require.NoError(t, <-runErr)
 	require.NoError(t, c.Close())
 
-	never, err := idempotency.NewCleaner(postgres.From(b.schema.DB), idempotency.CleanerConfig{})
+	never, err := retention.NewIdempotencyCleaner(postgres.From(b.schema.DB), retention.Config{})
 	require.NoError(t, err)
 	require.NoError(t, never.Close(), "Close without Run does not block")
 	require.NoError(t, never.Run(context.Background()), "Run after Close returns nil at once")
@@ -203,17 +195,17 @@ func TestCleanerRunStopsWithContext(t *testing.T) {
 func TestCleanerConfigValidate(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		cfg  idempotency.CleanerConfig
+		cfg  retention.Config
 		want string
 	}{
-		{idempotency.CleanerConfig{Retention: time.Second}, "Retention 1s is too short"},
-		{idempotency.CleanerConfig{BatchSize: -1}, "BatchSize -1 out of range"},
-		{idempotency.CleanerConfig{Interval: time.Microsecond}, "Interval 1µs too short"},
-		{idempotency.CleanerConfig{Retention: time.Second, BatchSize: -1}, "BatchSize -1 out of range"}, // every field error, joined
+		{retention.Config{Retention: time.Second}, "Retention 1s is too short"},
+		{retention.Config{BatchSize: -1}, "BatchSize -1 out of range"},
+		{retention.Config{Interval: time.Microsecond}, "Interval 1µs too short"},
+		{retention.Config{Retention: time.Second, BatchSize: -1}, "BatchSize -1 out of range"}, // every field error, joined
 	} {
-		_, err := idempotency.NewCleaner(postgres.From(new(sql.DB)), tc.cfg)
+		_, err := retention.NewIdempotencyCleaner(postgres.From(new(sql.DB)), tc.cfg)
 		require.ErrorContains(t, err, tc.want)
 	}
-	_, err := idempotency.NewCleaner(postgres.From((*sql.DB)(nil)), idempotency.CleanerConfig{})
-	require.ErrorContains(t, err, "db is nil")
+	_, err := retention.NewIdempotencyCleaner(postgres.From((*sql.DB)(nil)), retention.Config{})
+	require.ErrorIs(t, err, postgres.ErrNoDB)
 }

@@ -54,7 +54,7 @@
 // The id is the metadata.EventID ("ce_id") value the outbox writes, else the
 // result of Config.KeyFunc (KeyFromUUID uses Watermill's message UUID). A
 // message with neither fails with an error wrapping ErrNoEventID, marked
-// retry.Permanent: it is not processed and not acked, so it reaches the
+// failure.Permanent: it is not processed and not acked, so it reaches the
 // dead-letter path with that reason instead of being processed twice or
 // dropped.
 //
@@ -126,7 +126,7 @@
 //     the same id, and a downstream idempotency middleware drops it. In MarkAfterSuccess mode the handler's external effect
 //     repeats with the run, as for a failed mark.
 //   - neither: a handler that returns messages fails with
-//     ErrNoProducedDestination (retry.Permanent, no mark, effects rolled
+//     ErrNoProducedDestination (failure.Permanent, no mark, effects rolled
 //     back in Transactional mode), so the dead-letter path parks the
 //     message with the fields to set; replay it after the fix. In
 //     MarkAfterSuccess mode the external effect has happened by then, and
@@ -142,12 +142,12 @@
 //
 // # Retention
 //
-// A Cleaner deletes marks older than CleanerConfig.Retention (default 7
-// days), BatchSize rows per statement, each statement its own transaction
+// retention.NewIdempotencyCleaner's cleaner deletes marks older than
+// retention.Config.Retention (default 7 days), BatchSize rows per statement, each statement its own transaction
 // skipping rows locked by others, so consumers never wait on it. Run one in
 // every consumer process: a per-schema advisory lock lets one work at a time
 // and the others skip. Close lets the batch in flight finish, cancelling it
-// after CleanerConfig.CloseTimeout (default 30s). `millwright idempotency
+// after retention.Config.CloseTimeout (default 30s). `millwright idempotency
 // clean --dry-run` shows what a round would delete.
 //
 // Sizing: rows = events/s x retention, per consumer. With a 20-character
@@ -179,7 +179,7 @@
 // of its own. A duplicate ends that transaction on the server (the mark's
 // row count is checked there), so skipping it costs the ROLLBACK's round
 // trip, as before. MarkAfterSuccess mode's mark is one round trip on
-// either driver (the lock timeout and the insert in one batch). `millwright bench
+// either driver (the lock timeout and the insert in one batch). `millwright-bench
 // idempotency` compares a handler inserting one row with and without the
 // middleware.
 package idempotency

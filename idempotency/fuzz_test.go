@@ -13,10 +13,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/idempotency/idempotencytest"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 )
 
 // FuzzEventID extracts event ids from hostile metadata: no panic; an
@@ -69,7 +69,7 @@ func FuzzEventID(f *testing.F) {
 // permanent ErrNoEventID, an ErrInvalidEventID naming where the id came
 // from when there was one, quoting at most a bounded prefix of it.
 func checkEventIDRefusal(t *testing.T, err error, want, uuid string) {
-	if !errors.Is(err, idempotency.ErrNoEventID) || !retry.IsPermanent(err) {
+	if !errors.Is(err, idempotency.ErrNoEventID) || !failure.IsPermanent(err) {
 		t.Fatalf("error is not a permanent ErrNoEventID: %v", err)
 	}
 	if want != "" && !errors.Is(err, idempotency.ErrInvalidEventID) {
@@ -96,7 +96,7 @@ func TestOversizedEventIDFailsPermanently(t *testing.T) {
 	_, _ = rand.Read(rnd[:])
 	_, err := m.Middleware(countingHandler(&calls))(idempotencytest.NewMessage(hex.EncodeToString(rnd[:]), nil))
 	require.ErrorIs(t, err, idempotency.ErrInvalidEventID)
-	require.True(t, retry.IsPermanent(err))
+	require.True(t, failure.IsPermanent(err))
 	require.Contains(t, err.Error(), "4096 bytes long: want at most 1024")
 	require.Less(t, len(err.Error()), 400, "the id is not echoed whole")
 	require.Zero(t, calls.Load())

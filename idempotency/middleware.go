@@ -12,10 +12,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/logfields"
 	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 )
 
 // Mode chooses when the processed mark is written.
@@ -47,7 +47,7 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
-// ErrNoEventID is returned by the middleware, wrapped in retry.Permanent,
+// ErrNoEventID is returned by the middleware, wrapped in failure.Permanent,
 // for a message that has no event id: neither the metadata.EventID key nor
 // Config.KeyFunc gave one. Such a message cannot be deduplicated, so it is
 // not processed and not acked; retrying cannot help, so the retry middleware
@@ -56,7 +56,7 @@ func (m Mode) String() string {
 var ErrNoEventID = errors.New("message has no event id")
 
 // ErrInvalidEventID is returned by the middleware, wrapped in
-// retry.Permanent, for a message whose event id cannot be stored: longer
+// failure.Permanent, for a message whose event id cannot be stored: longer
 // than MaxEventIDBytes, not valid UTF-8, or holding a NUL byte. Such a
 // message is not processed; the dead-letter path parks it. Test with
 // errors.Is(err, ErrInvalidEventID); the error also matches ErrNoEventID
@@ -247,7 +247,7 @@ func counter(cfg Config, name, help string) (prometheus.Counter, error) {
 
 // EventID returns the id the middleware deduplicates msg by: the
 // metadata.EventID value, else Config.KeyFunc's. When there is none the
-// error wraps ErrNoEventID and is marked retry.Permanent.
+// error wraps ErrNoEventID and is marked failure.Permanent.
 func (m *Middleware) EventID(msg *message.Message) (string, error) {
 	if id := msg.Metadata.Get(metadata.EventID); id != "" {
 		return m.checkEventID(msg, id, "metadata "+metadata.EventID)
@@ -255,13 +255,13 @@ func (m *Middleware) EventID(msg *message.Message) (string, error) {
 	if m.cfg.KeyFunc != nil {
 		id, err := m.cfg.KeyFunc(msg)
 		if err != nil {
-			return "", retry.Permanent(fmt.Errorf("idempotency: consumer %q: message %s: KeyFunc: %w (%w)", m.cfg.Consumer, msg.UUID, err, ErrNoEventID))
+			return "", failure.Permanent(fmt.Errorf("idempotency: consumer %q: message %s: KeyFunc: %w (%w)", m.cfg.Consumer, msg.UUID, err, ErrNoEventID))
 		}
 		if id != "" {
 			return m.checkEventID(msg, id, "Config.KeyFunc's id")
 		}
 	}
-	return "", retry.Permanent(fmt.Errorf("idempotency: consumer %q: message %s: %w: set the %q metadata key when publishing (the outbox does) or configure Config.KeyFunc",
+	return "", failure.Permanent(fmt.Errorf("idempotency: consumer %q: message %s: %w: set the %q metadata key when publishing (the outbox does) or configure Config.KeyFunc",
 		m.cfg.Consumer, msg.UUID, ErrNoEventID, metadata.EventID))
 }
 
@@ -283,7 +283,7 @@ func (m *Middleware) checkEventID(msg *message.Message, id, from string) (string
 	if len(shown) > 64 {
 		shown = strings.ToValidUTF8(shown[:64], "") + "..."
 	}
-	return "", retry.Permanent(fmt.Errorf("idempotency: consumer %q: message %s: %s %q %s: %w (%w)",
+	return "", failure.Permanent(fmt.Errorf("idempotency: consumer %q: message %s: %s %q %s: %w (%w)",
 		m.cfg.Consumer, msg.UUID, from, shown, problem, ErrInvalidEventID, ErrNoEventID))
 }
 

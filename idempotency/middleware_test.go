@@ -12,11 +12,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/idempotency/idempotencytest"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/retry"
 )
 
 // stores runs f against each store kind.
@@ -205,7 +205,7 @@ func TestMiddlewareMissingEventID(t *testing.T) {
 		msg := message.NewMessage("uuid-1", nil)
 		_, err := h(msg)
 		require.ErrorIs(t, err, idempotency.ErrNoEventID)
-		require.True(t, retry.IsPermanent(err), "retrying cannot give the message an id")
+		require.True(t, failure.IsPermanent(err), "retrying cannot give the message an id")
 		require.Contains(t, err.Error(), "ce_id", "the error names the missing key")
 		require.Contains(t, err.Error(), "billing", "the error names the consumer")
 		require.Zero(t, calls.Load(), "handler not run")
@@ -222,7 +222,7 @@ func TestMiddlewareMissingEventID(t *testing.T) {
 			KeyFunc: func(*message.Message) (string, error) { return "", errors.New("bad payload") }})
 		_, err = failingKey.Middleware(countingHandler(&calls))(message.NewMessage("uuid-2", nil))
 		require.ErrorIs(t, err, idempotency.ErrNoEventID)
-		require.True(t, retry.IsPermanent(err))
+		require.True(t, failure.IsPermanent(err))
 		require.Contains(t, err.Error(), "bad payload")
 	})
 }
@@ -341,7 +341,7 @@ func TestPostgresStoreRejectsNULInID(t *testing.T) {
 	var calls atomic.Int64
 	_, err := m.Middleware(countingHandler(&calls))(idempotencytest.NewMessage("evt\x00-1", nil))
 	require.ErrorIs(t, err, idempotency.ErrNoEventID)
-	require.True(t, retry.IsPermanent(err), "retrying cannot fix the id")
+	require.True(t, failure.IsPermanent(err), "retrying cannot fix the id")
 	require.Zero(t, calls.Load())
 }
 

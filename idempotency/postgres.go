@@ -8,9 +8,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/retry"
 )
 
 // PostgresStore keeps marks in the millwright_processed_events table (see
@@ -119,7 +119,7 @@ func migrationHint(err error) string {
 // fails permanently instead of being retried against a database error.
 func checkKey(consumer, eventID string) error {
 	if strings.IndexByte(consumer, 0) >= 0 || strings.IndexByte(eventID, 0) >= 0 || !utf8.ValidString(consumer) || !utf8.ValidString(eventID) {
-		return retry.Permanent(fmt.Errorf("idempotency: consumer %q event %q: %w: ids must be valid UTF-8 without NUL bytes", consumer, eventID, ErrNoEventID))
+		return failure.Permanent(fmt.Errorf("idempotency: consumer %q event %q: %w: ids must be valid UTF-8 without NUL bytes", consumer, eventID, ErrNoEventID))
 	}
 	return nil
 }

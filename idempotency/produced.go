@@ -9,13 +9,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
-	"github.com/millwright/millwright/retry"
 )
 
 // ErrNoProducedDestination is returned by the middleware, wrapped in
-// retry.Permanent, when the handler returned messages and the Config names
+// failure.Permanent, when the handler returned messages and the Config names
 // no destination for them (neither Config.ProducedToOutbox nor
 // Config.ProducedPublisher), or no topic (Config.ProducedTopic empty and
 // the router handler has no publish topic). The middleware never hands
@@ -52,12 +52,12 @@ func (m *Middleware) sendProduced(ctx context.Context, id string, tx Tx, produce
 	}
 	for i, p := range produced {
 		if p == nil {
-			return retry.Permanent(fmt.Errorf("idempotency: consumer %q event %q: the handler returned a nil message at index %d of %d",
+			return failure.Permanent(fmt.Errorf("idempotency: consumer %q event %q: the handler returned a nil message at index %d of %d",
 				m.cfg.Consumer, id, i, len(produced)))
 		}
 	}
 	if !m.cfg.ProducedToOutbox && m.cfg.ProducedPublisher == nil {
-		return retry.Permanent(fmt.Errorf("idempotency: consumer %q event %q: %w (%d message(s)): set Config.ProducedToOutbox to write them to the outbox with the mark (published by the relay), or Config.ProducedPublisher to publish them before the mark commits; the router's own publish comes after the commit and loses them when it fails",
+		return failure.Permanent(fmt.Errorf("idempotency: consumer %q event %q: %w (%d message(s)): set Config.ProducedToOutbox to write them to the outbox with the mark (published by the relay), or Config.ProducedPublisher to publish them before the mark commits; the router's own publish comes after the commit and loses them when it fails",
 			m.cfg.Consumer, id, ErrNoProducedDestination, len(produced)))
 	}
 	topic := m.cfg.ProducedTopic
@@ -65,14 +65,14 @@ func (m *Middleware) sendProduced(ctx context.Context, id string, tx Tx, produce
 		topic = message.PublishTopicFromCtx(ctx)
 	}
 	if topic == "" {
-		return retry.Permanent(fmt.Errorf("idempotency: consumer %q event %q: %w (%d message(s)): no topic: set Config.ProducedTopic, or register the handler with Router.AddHandler and a publish topic",
+		return failure.Permanent(fmt.Errorf("idempotency: consumer %q event %q: %w (%d message(s)): no topic: set Config.ProducedTopic, or register the handler with Router.AddHandler and a publish topic",
 			m.cfg.Consumer, id, ErrNoProducedDestination, len(produced)))
 	}
 
 	if m.cfg.ProducedToOutbox {
 		st, ok := tx.(DatabaseTx)
 		if !ok {
-			return retry.Permanent(fmt.Errorf("idempotency: consumer %q event %q: Config.ProducedToOutbox needs a store whose units of work are database transactions (PostgresStore), not %T: use NewPostgresStore, or Config.ProducedPublisher",
+			return failure.Permanent(fmt.Errorf("idempotency: consumer %q event %q: Config.ProducedToOutbox needs a store whose units of work are database transactions (PostgresStore), not %T: use NewPostgresStore, or Config.ProducedPublisher",
 				m.cfg.Consumer, id, tx))
 		}
 		events := make([]outbox.Event, len(produced))
@@ -86,7 +86,7 @@ func (m *Middleware) sendProduced(ctx context.Context, id string, tx Tx, produce
 			err = fmt.Errorf("idempotency: consumer %q event %q: writing %d produced message(s) to the outbox (topic %q), the mark is not committed: %w",
 				m.cfg.Consumer, id, len(produced), topic, err)
 			if errors.Is(err, outbox.ErrInvalidEvent) {
-				return retry.Permanent(err) // the same messages fail every run
+				return failure.Permanent(err) // the same messages fail every run
 			}
 			return err
 		}

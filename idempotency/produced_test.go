@@ -13,11 +13,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/idempotency/idempotencytest"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
@@ -165,15 +167,15 @@ func (r *producedRun) config(t *testing.T) idempotency.Config {
 	}
 	// The relay's publisher is the one that fails once.
 	cfg.ProducedToOutbox, cfg.ProducedTopic = true, "invoices"
-	relay, err := outbox.NewRelay(postgres.From(r.schema.DB), r.flaky, outbox.RelayConfig{
+	rel, err := relay.New(postgres.From(r.schema.DB), r.flaky, relay.Config{
 		PollInterval: 10 * time.Millisecond,
 		Retry:        retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 	})
 	require.NoError(t, err)
 	relayErr := make(chan error, 1)
-	go func() { relayErr <- relay.Run(r.ctx) }()
+	go func() { relayErr <- rel.Run(r.ctx) }()
 	t.Cleanup(func() {
-		require.NoError(t, relay.Close())
+		require.NoError(t, rel.Close())
 		<-relayErr
 	})
 	return cfg
@@ -342,7 +344,7 @@ func TestProducedWithoutDestinationFails(t *testing.T) {
 				m, _ := newMiddleware(t, store, idempotency.Config{Consumer: "billing", Mode: mode})
 				out, err := m.Middleware(produce)(idempotencytest.NewMessage("evt-1", nil))
 				require.ErrorIs(t, err, idempotency.ErrNoProducedDestination)
-				require.True(t, retry.IsPermanent(err), "retrying cannot configure a destination")
+				require.True(t, failure.IsPermanent(err), "retrying cannot configure a destination")
 				require.ErrorContains(t, err, "Config.ProducedToOutbox")
 				require.ErrorContains(t, err, "Config.ProducedPublisher")
 				require.Empty(t, out, "nothing goes back to the router")
@@ -355,7 +357,7 @@ func TestProducedWithoutDestinationFails(t *testing.T) {
 				m, _ = newMiddleware(t, store, idempotency.Config{Consumer: "billing", Mode: mode, ProducedPublisher: pub})
 				_, err = m.Middleware(produce)(idempotencytest.NewMessage("evt-1", nil))
 				require.ErrorIs(t, err, idempotency.ErrNoProducedDestination)
-				require.True(t, retry.IsPermanent(err))
+				require.True(t, failure.IsPermanent(err))
 				require.ErrorContains(t, err, "Config.ProducedTopic")
 				require.Empty(t, pub.attempts())
 				seen, err = store.Processed(bg, "billing", "evt-1")
@@ -419,7 +421,7 @@ func testProducedToOutboxCommitsWithTheMark(t *testing.T, driver string) {
 				return []*message.Message{message.NewMessage(watermill.NewUUID(), nil), bad}, nil
 			})(idempotencytest.NewMessage("evt-bad", nil))
 			require.ErrorIs(t, err, outbox.ErrInvalidEvent)
-			require.True(t, retry.IsPermanent(err), "the same follow-up fails every run")
+			require.True(t, failure.IsPermanent(err), "the same follow-up fails every run")
 			require.Zero(t, countRows(t, s.DB, `SELECT count(*) FROM millwright_outbox`))
 			require.Zero(t, countRows(t, s.DB, `SELECT count(*) FROM millwright_processed_events`))
 

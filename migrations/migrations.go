@@ -1,9 +1,9 @@
 package migrations
 
 import (
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/park"

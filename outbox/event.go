@@ -8,7 +8,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -17,8 +16,8 @@ import (
 
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox/internal/eventmeta"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/tracing"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -52,69 +51,16 @@ type Event struct {
 	// UUID. Default: a random UUID.
 	ID string
 	// Source is the CloudEvents source (metadata.EventSource), a
-	// URI-reference such as "/orders-service". Default: DefaultSource().
+	// URI-reference such as "/orders-service". Default: the Writer's
+	// (WriterConfig.Source).
 	Source string
 }
 
-// DefaultMaxEventBytes is the default of MaxEventBytes: 1 MiB, Kafka's
-// default (Sarama's Producer.MaxMessageBytes), the smallest limit among
-// the transports (Pub/Sub takes 10 MB, RabbitMQ 16 MiB by default).
+// DefaultMaxEventBytes is the size limit of a Writer built without
+// limits, and of the package-level Add: 1 MiB, Kafka's default (Sarama's
+// Producer.MaxMessageBytes), the smallest limit among the transports
+// (Pub/Sub takes 10 MB, RabbitMQ 16 MiB by default).
 const DefaultMaxEventBytes = transport.KafkaMaxMessageBytes
-
-// MaxEventBytes bounds one event as the relay's transport kind counts it
-// on the wire (transport.Limits.Size: payload, key, headers and the
-// CloudEvents attributes the relay adds; see SetTransportLimits); Add and
-// TxPublisher.Publish refuse a larger event with ErrInvalidEvent (wrapping
-// transport.ErrMessageTooLarge), at write time, in the business
-// transaction, rather than leave the relay to find out from the broker.
-// SetTransportLimits sets it to the kind's limit; set it after that to
-// override (0 or less: no size limit).
-var MaxEventBytes = func() *atomic.Int64 {
-	var v atomic.Int64
-	v.Store(DefaultMaxEventBytes)
-	return &v
-}()
-
-// writeLimits holds the transport.Limits of SetTransportLimits.
-var writeLimits atomic.Pointer[transport.Limits]
-
-// SetTransportLimits makes Add check every event against the rules of the
-// transport its relays publish to: the topic must be a name that kind
-// takes (transport.ValidateName), and the event, counted as that kind
-// counts a message on the wire, must fit l.MaxBytes, which becomes
-// MaxEventBytes; for Pub/Sub, each metadata value must fit an attribute
-// (1,024 bytes), for the sql transport the id its 36-character column.
-// Call it once at start-up, before the first Add, with the relay's
-// settings, whether or not this process opens the transport:
-//
-//	cfg, err := transport.FromEnv() // the relay's MILLWRIGHT_TRANSPORT settings
-//	outbox.SetTransportLimits(transport.LimitsFor(cfg))
-//	// or, with an open transport: outbox.SetTransportLimits(t.Limits())
-//
-// Until it is called, Add applies the rules every kind shares: a name
-// some kind takes, and MaxEventBytes counted as Kafka counts it. A
-// broker whose limit is lower than its kind's default (a Kafka topic's
-// max.message.bytes) is not known to Add: lower MaxEventBytes to it; the
-// publisher reports an event the broker refuses for its size as a
-// permanent error (transport.ErrMessageTooLarge, retry.Permanent).
-func SetTransportLimits(l transport.Limits) {
-	writeLimits.Store(&l)
-	MaxEventBytes.Store(int64(l.MaxBytes))
-}
-
-// TransportLimits returns the limits Add checks events against: those of
-// SetTransportLimits, with MaxBytes from MaxEventBytes.
-func TransportLimits() transport.Limits {
-	l := transport.DefaultLimits("")
-	if p := writeLimits.Load(); p != nil {
-		l = *p
-	}
-	if max := MaxEventBytes.Load(); int64(l.MaxBytes) != max {
-		l.MaxBytes = int(min(max, int64(^uint(0)>>1)))
-		l.Setting = "outbox.MaxEventBytes"
-	}
-	return l
-}
 
 // ErrInvalidEvent is returned (wrapped) by Add and TxPublisher.Publish for an
 // event that cannot be stored; the message names the field to fix.
@@ -138,21 +84,14 @@ const maxRowsPerInsert = 1000
 // every error, Add's own checks (ErrInvalidEvent) and the server's (say, a
 // schema without the outbox table), is returned by Add itself, on every
 // driver and pool.
-func Add(ctx context.Context, tx postgres.Tx, events ...Event) (err error) {
-	ctx, span := tracing.StartWriteSpan(ctx, len(events))
-	defer func() { tracing.EndSpan(span, err) }()
-	q, err := storage.FromTx(tx)
-	if err != nil {
-		return fmt.Errorf("outbox: Add: %w", err)
-	}
-	for len(events) > 0 {
-		n := min(len(events), maxRowsPerInsert)
-		if err := insert(ctx, q, events[:n]); err != nil {
-			return err
-		}
-		events = events[n:]
-	}
-	return nil
+//
+// Add is the default Writer's (see Writer): it checks events against the
+// rules every transport kind shares, with Kafka's size limit, and gives
+// them the source of $MILLWRIGHT_SERVICE_NAME. A service whose relay
+// publishes elsewhere writes through a Writer built from its transport's
+// limits.
+func Add(ctx context.Context, tx postgres.Tx, events ...Event) error {
+	return defaultWriter().Add(ctx, tx, events...)
 }
 
 // AddOutsideTx writes events to the outbox in a transaction of its own on
@@ -160,15 +99,28 @@ func Add(ctx context.Context, tx postgres.Tx, events ...Event) (err error) {
 // commit beside its events (a scheduler, an import); a service that
 // changes its own tables in the same unit of work calls Add with that
 // transaction instead, or an event may announce a change that never
-// committed, or a committed change lose its event.
+// committed, or a committed change lose its event. It is the default
+// Writer's, as Add.
 func AddOutsideTx(ctx context.Context, db postgres.DB, events ...Event) error {
-	return db.InTx(ctx, func(tx postgres.Tx) error { return Add(ctx, tx, events...) })
+	return defaultWriter().AddOutsideTx(ctx, db, events...)
 }
 
-func insert(ctx context.Context, q storage.Querier, events []Event) error {
+// add writes events through q, 1,000 per INSERT.
+func (w *Writer) add(ctx context.Context, q storage.Querier, events []Event) error {
+	for len(events) > 0 {
+		n := min(len(events), maxRowsPerInsert)
+		if err := w.insert(ctx, q, events[:n]); err != nil {
+			return err
+		}
+		events = events[n:]
+	}
+	return nil
+}
+
+func (w *Writer) insert(ctx context.Context, q storage.Querier, events []Event) error {
 	rows := make([]storage.EventRow, len(events))
 	for i, ev := range events {
-		row, err := prepare(ctx, ev)
+		row, err := w.prepare(ctx, ev)
 		if err != nil {
 			return fmt.Errorf("outbox: event %d (topic %q): %w", i, ev.Topic, err)
 		}
@@ -184,15 +136,15 @@ func insert(ctx context.Context, q storage.Querier, events []Event) error {
 // the defaults, the NUL check, the metadata to store, the CloudEvents
 // check, the metadata the relay derives (not stored twice), and the size
 // check.
-func prepare(ctx context.Context, ev Event) (storage.EventRow, error) {
+func (w *Writer) prepare(ctx context.Context, ev Event) (storage.EventRow, error) {
 	if ev.Topic == "" {
 		return storage.EventRow{}, fmt.Errorf("%w: Topic is empty: set the topic the relay should publish to", ErrInvalidEvent)
 	}
-	limits := TransportLimits()
+	limits := w.limits
 	if err := limits.ValidateTopic(ev.Topic); err != nil {
 		return storage.EventRow{}, fmt.Errorf("%w: %w (the relay's transport would refuse it on every attempt)", ErrInvalidEvent, err)
 	}
-	ev, aggID := withDefaults(ev)
+	ev, aggID := withDefaults(ev, w.source)
 	if err := checkNUL(ev, aggID); err != nil {
 		return storage.EventRow{}, err
 	}
@@ -217,15 +169,15 @@ func prepare(ctx context.Context, ev Event) (storage.EventRow, error) {
 	return row, nil
 }
 
-// withDefaults fills in the ID, Source and EventType ev leaves empty, and
-// returns it with its aggregate id: the event's own id when it has no
-// aggregate.
-func withDefaults(ev Event) (Event, string) {
+// withDefaults fills in the ID, Source (with source) and EventType ev
+// leaves empty, and returns it with its aggregate id: the event's own id
+// when it has no aggregate.
+func withDefaults(ev Event, source string) (Event, string) {
 	if ev.ID == "" {
 		ev.ID = uuid.NewString()
 	}
 	if ev.Source == "" {
-		ev.Source = DefaultSource()
+		ev.Source = source
 	}
 	if ev.EventType == "" {
 		// CloudEvents requires a type: the topic names what happened when
@@ -308,7 +260,7 @@ func storedMetadata(ctx context.Context, ev Event) (map[string]string, bool) {
 // twice; ce_time is kept, created_at is not known yet. It returns md (nil
 // when empty).
 func dropDerived(ev Event, aggID string, isJSON bool, md map[string]string) map[string]string {
-	derivedMetadata(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
+	eventmeta.Derived(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
 		if sv, ok := md[k]; ok && sv == v && k != metadata.EventTime {
 			delete(md, k)
 		}
@@ -335,7 +287,7 @@ func checkWire(limits transport.Limits, ev Event, aggID string, isJSON bool, md 
 			}
 		}
 		more := true
-		derivedMetadata(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
+		eventmeta.Derived(ev.ID, ev.AggregateType, aggID, ev.EventType, isJSON, time.Time{}, func(k, v string) {
 			if _, stored := md[k]; more && !stored {
 				more = yield(k, v)
 			}
@@ -347,49 +299,11 @@ func checkWire(limits transport.Limits, ev Event, aggID string, isJSON bool, md 
 	if err := limits.CheckMessage(ev.Topic, ev.ID, ev.Payload, all); err != nil {
 		hint := "store large data elsewhere and send a reference"
 		if errors.Is(err, transport.ErrMessageTooLarge) && limits.MaxBytes > 0 {
-			hint += "; the limit is outbox.MaxEventBytes, set for the relay's transport by outbox.SetTransportLimits"
+			hint += "; the limit is the outbox Writer's: build it with outbox.WriterConfig{Limits: <the relay's transport>.Limits()}, and WriterConfig.MaxEventBytes for a lower broker limit"
 		}
 		return fmt.Errorf("%w: %w: %s", ErrInvalidEvent, err, hint)
 	}
 	return nil
-}
-
-// derivedMetadata calls set with the metadata of an event that its row's
-// columns give, and that Add therefore does not store in the metadata
-// column: the CloudEvents id, specversion, time (created_at, the writing
-// transaction's start; the zero time stands for the longest value), subject,
-// type and datacontenttype, the aggregate and the ordering key. Stored
-// metadata wins over these, except the id.
-func derivedMetadata(eventID, aggType, aggID, eventType string, isJSON bool, created time.Time, set func(k, v string)) {
-	set(metadata.EventID, eventID)
-	set(metadata.EventSpecVersion, "1.0")
-	if created.IsZero() {
-		set(metadata.EventTime, "2006-01-02T15:04:05.999999-07:00")
-	} else {
-		set(metadata.EventTime, created.UTC().Format(time.RFC3339Nano))
-	}
-	if aggID != "" {
-		set(metadata.EventSubject, aggID)
-		set(metadata.AggregateID, aggID)
-		set(metadata.OrderingKey, orderingKey(aggType, aggID))
-	}
-	if aggType != "" {
-		set(metadata.AggregateType, aggType)
-	}
-	if eventType != "" {
-		set(metadata.EventType, eventType)
-	}
-	if isJSON {
-		set(metadata.EventDataContentType, "application/json")
-	}
-}
-
-// orderingKey is the metadata.OrderingKey of an aggregate.
-func orderingKey(aggType, aggID string) string {
-	if aggType == "" {
-		return aggID
-	}
-	return aggType + "/" + aggID
 }
 
 // appendMetadataJSON appends md as a JSON object of strings, as
@@ -436,3 +350,8 @@ func appendJSONString(b []byte, s string) []byte {
 	}
 	return append(b, '"')
 }
+
+// ErrCaptureActive is returned (wrapped, with the slot or trigger and the
+// fix) by RetryFailed and the console's retry while Debezium capture is on
+// (package outbox/capture).
+var ErrCaptureActive = storage.ErrCaptureActive

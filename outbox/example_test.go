@@ -17,7 +17,9 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/transport"
 )
 
 // exampleDB opens a scratch schema on the local test server with the
@@ -59,9 +61,9 @@ func Example() {
 	})
 	_ = tx.Commit()
 
-	relay, _ := outbox.NewRelay(postgres.From(db), broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
-	go relay.Run(ctx)
-	defer relay.Close()
+	rel, _ := relay.New(postgres.From(db), broker, relay.Config{PollInterval: 10 * time.Millisecond})
+	go rel.Run(ctx)
+	defer rel.Close()
 
 	var msg *message.Message
 	select {
@@ -118,4 +120,25 @@ func exampleURL(schema string) string {
 		sep = "&"
 	}
 	return u + sep + "search_path=" + schema
+}
+
+// A Writer checks events against the limits of the transport its relay
+// publishes to (here RabbitMQ's defaults) and gives events without a
+// source its own.
+func ExampleNewWriter() {
+	w, err := outbox.NewWriter(outbox.WriterConfig{Limits: transport.DefaultLimits(transport.AMQP), Source: "/orders-service"})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(w.Limits().MaxBytes, w.Source())
+
+	// A lower broker limit than the kind's default.
+	small, err := outbox.NewWriter(outbox.WriterConfig{Limits: transport.DefaultLimits(transport.Kafka), MaxEventBytes: 64 << 10})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(small.Limits().MaxBytes, small.Limits().Setting)
+	// Output:
+	// 16777216 /orders-service
+	// 65536 outbox.WriterConfig.MaxEventBytes
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,24 +16,37 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
 )
 
-// The tests of this file set the process-wide limits of Add
-// (SetTransportLimits): they do not run in parallel, and so run before
-// every parallel test of the package starts.
+// newWriter returns a Writer of cfg.
+func newWriter(t *testing.T, cfg outbox.WriterConfig) *outbox.Writer {
+	t.Helper()
+	w, err := outbox.NewWriter(cfg)
+	require.NoError(t, err)
+	return w
+}
 
-// useLimits sets Add's limits for the test and restores the default after.
-func useLimits(t *testing.T, l transport.Limits) {
-	t.Cleanup(func() { outbox.SetTransportLimits(transport.DefaultLimits("")) })
-	outbox.SetTransportLimits(l)
+// addIn writes events with w in a transaction of db, committed when w
+// takes them. It returns every error (it runs in goroutines too).
+func addIn(ctx context.Context, db *sql.DB, w *outbox.Writer, events ...outbox.Event) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := w.Add(ctx, postgres.SQLTx(tx), events...); err != nil {
+		return errors.Join(err, tx.Rollback())
+	}
+	return tx.Commit()
 }
 
 // capturePublisher keeps a copy of the last message it forwards.
@@ -57,8 +71,12 @@ func (p *capturePublisher) Publish(topic string, msgs ...*message.Message) error
 // the byte: the relayed message with one byte more is refused by Sarama
 // (Producer.MaxMessageBytes) or the Pub/Sub client, permanently.
 func TestAdd_EventAtTheWireLimitPublishesOneByteMoreIsRefused(t *testing.T) {
+	t.Parallel()
 	for _, kind := range []transport.Kind{transport.Kafka, transport.GoogleCloud, transport.AMQP, transport.SQL} {
-		t.Run(string(kind), func(t *testing.T) { wireLimit(t, kind) })
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			wireLimit(t, kind)
+		})
 	}
 }
 
@@ -69,8 +87,8 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	tr, err := transport.Open(ctx, transporttest.Config(t, kind))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tr.Close() })
-	limits, setting := wireLimitsOf(t, tr, kind)
-	max := int(outbox.MaxEventBytes.Load())
+	w, limits, setting := wireLimitsOf(t, tr, kind)
+	max := w.Limits().MaxBytes
 
 	topic := "size_" + watermill.NewShortUUID()
 	received := subscribeSizeTopic(ctx, t, tr, kind, topic)
@@ -79,18 +97,18 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	// Add counted (without them Add counts the longest it may add).
 	tctx := trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, TraceFlags: trace.FlagsSampled}))
-	atLimit := largestAccepted(tctx, t, s.DB, topic, max)
+	atLimit := largestAccepted(tctx, t, s.DB, w, topic, max)
 
-	require.NoError(t, outbox.AddOutsideTx(tctx, postgres.From(s.DB), sizeEvent(topic, atLimit)), "an event at the limit is stored")
+	require.NoError(t, addIn(tctx, s.DB, w, sizeEvent(topic, atLimit)), "an event at the limit is stored")
 
 	capture := &capturePublisher{Publisher: tr.Publisher()}
-	relay, err := outbox.NewRelay(postgres.From(s.DB), capture, outbox.RelayConfig{PollInterval: 20 * time.Millisecond,
+	rel, err := relay.New(postgres.From(s.DB), capture, relay.Config{PollInterval: 20 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: 3}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
+	go func() { done <- rel.Run(ctx) }()
 	t.Cleanup(func() {
-		require.NoError(t, relay.Close())
+		require.NoError(t, rel.Close())
 		require.NoError(t, <-done)
 	})
 	select {
@@ -104,13 +122,13 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	}
 	require.NoError(t, outboxtest.WaitDrained(ctx, postgres.From(s.DB)))
 
-	err = outbox.AddOutsideTx(tctx, postgres.From(s.DB), sizeEvent(topic, atLimit+1))
+	err = addIn(tctx, s.DB, w, sizeEvent(topic, atLimit+1))
 	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
 	require.ErrorContains(t, err, "is "+strconv.Itoa(max+1)+" bytes on the wire of "+string(kind))
 	require.ErrorContains(t, err, "over the limit of "+strconv.Itoa(max))
 	require.ErrorContains(t, err, setting)
-	require.ErrorContains(t, err, "SetTransportLimits")
+	require.ErrorContains(t, err, "outbox.WriterConfig{Limits:")
 	capture.mu.Lock()
 	sent := capture.last
 	capture.mu.Unlock()
@@ -121,9 +139,9 @@ func wireLimit(t *testing.T, kind transport.Kind) {
 	requireClientRefusesOneByteMore(t, tr, topic, sent)
 }
 
-// wireLimitsOf checks tr's limits for kind and makes them outbox's for
-// the test; it returns them and the setting Add's error names.
-func wireLimitsOf(t *testing.T, tr *transport.Transport, kind transport.Kind) (transport.Limits, string) {
+// wireLimitsOf checks tr's limits for kind and returns a Writer of them,
+// the limits and the setting the Writer's errors name.
+func wireLimitsOf(t *testing.T, tr *transport.Transport, kind transport.Kind) (*outbox.Writer, transport.Limits, string) {
 	limits := tr.Limits()
 	setting := limits.Setting
 	switch kind {
@@ -134,14 +152,14 @@ func wireLimitsOf(t *testing.T, tr *transport.Transport, kind transport.Kind) (t
 	case transport.AMQP:
 		require.Equal(t, transport.AMQPMaxMessageBytes, limits.MaxBytes)
 	}
-	useLimits(t, limits)
+	cfg := outbox.WriterConfig{Limits: limits}
 	if kind == transport.SQL {
 		// 1 GiB is the sql transport's limit; a lower MaxEventBytes
 		// checks the counting and names itself.
-		outbox.MaxEventBytes.Store(64 << 10)
-		setting = "outbox.MaxEventBytes"
+		cfg.MaxEventBytes = 64 << 10
+		setting = "outbox.WriterConfig.MaxEventBytes"
 	}
-	return limits, setting
+	return newWriter(t, cfg), limits, setting
 }
 
 // subscribeSizeTopic subscribes group size-test to topic.
@@ -168,12 +186,12 @@ func sizeEvent(topic string, n int) outbox.Event {
 
 // largestAccepted is the largest payload Add takes (the metadata takes
 // less than 4 KiB), found by bisection in rolled back transactions.
-func largestAccepted(tctx context.Context, t *testing.T, db *sql.DB, topic string, max int) int {
+func largestAccepted(tctx context.Context, t *testing.T, db *sql.DB, w *outbox.Writer, topic string, max int) int {
 	accepts := func(n int) bool {
 		tx, err := db.BeginTx(tctx, nil)
 		require.NoError(t, err)
 		defer tx.Rollback() //nolint:errcheck // probe only
-		return outbox.Add(tctx, postgres.SQLTx(tx), sizeEvent(topic, n)) == nil
+		return w.Add(tctx, postgres.SQLTx(tx), sizeEvent(topic, n)) == nil
 	}
 	lo, hi := max-4096, max+1 // accepts(lo), !accepts(hi)
 	require.True(t, accepts(lo), "a payload of %d bytes", lo)
@@ -197,15 +215,16 @@ func requireClientRefusesOneByteMore(t *testing.T, tr *transport.Transport, topi
 	}
 	err := tr.Publisher().Publish(topic, over)
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge, "the client refuses one byte more: %v", err)
-	require.True(t, retry.IsPermanent(err), "%v", err)
+	require.True(t, failure.IsPermanent(err), "%v", err)
 }
 
 // Add refuses a topic that the relay's transport refuses, whichever it
-// is: before SetTransportLimits, names that no kind takes; after it, the
-// kind's rule (Pub/Sub: 3 characters or more, starting with a letter).
-// With Pub/Sub's limits, a metadata value too long for an attribute is
-// refused too.
+// is: with the default Writer (Add), names that no kind takes; with a
+// Writer of a kind's limits, the kind's rule (Pub/Sub: 3 characters or
+// more, starting with a letter). With Pub/Sub's limits, a metadata value
+// too long for an attribute is refused too.
 func TestAdd_RefusesWhatTheTransportRefuses(t *testing.T) {
+	t.Parallel()
 	s := pgtest.New(t, outbox.Migrations())
 	ctx := context.Background()
 	for _, bad := range []string{"bad topic/ü", "-orders", "orders;drop", strings.Repeat("t", 256)} {
@@ -215,14 +234,14 @@ func TestAdd_RefusesWhatTheTransportRefuses(t *testing.T) {
 	}
 	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "ab", Payload: []byte(`{}`)}), "some kind takes it")
 
-	useLimits(t, transport.LimitsFor(transport.Config{Kind: transport.GoogleCloud}))
-	err := outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "ab", Payload: []byte(`{}`)})
+	w := newWriter(t, outbox.WriterConfig{Limits: transport.LimitsFor(transport.Config{Kind: transport.GoogleCloud})})
+	err := addIn(ctx, s.DB, w, outbox.Event{Topic: "ab", Payload: []byte(`{}`)})
 	require.ErrorIs(t, err, transport.ErrInvalidName)
 	require.ErrorContains(t, err, "Pub/Sub names have at least 3 characters")
-	err = outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1025)}})
+	err = addIn(ctx, s.DB, w, outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1025)}})
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge)
 	require.ErrorContains(t, err, `metadata "note" is 1025 bytes`)
-	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(s.DB), outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1024)}}))
+	require.NoError(t, addIn(ctx, s.DB, w, outbox.Event{Topic: "orders", Payload: []byte(`{}`), Metadata: map[string]string{"note": strings.Repeat("n", 1024)}}))
 	require.Zero(t, countRows(t, s, "topic = 'ab'")-1, "only the first ab event was stored")
 }
 

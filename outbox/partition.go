@@ -23,13 +23,13 @@ const PartitionedComponent = "outbox_partitioned"
 // gives. Once applied, the layout stays partitioned: there is no way back
 // but by hand.
 //
-// On the partitioned layout Add and the Relay work unchanged, and the
-// Cleaner, instead of deleting rows, creates partitions
-// CleanerConfig.PartitionsAhead days ahead and detaches and drops the
-// partitions older than CleanerConfig.Retention (counted from created_at)
+// On the partitioned layout Add and the relay work unchanged, and the
+// outbox's cleaner (retention.NewOutboxCleaner), instead of deleting rows, creates partitions
+// retention.Config.PartitionsAhead days ahead and detaches and drops the
+// partitions older than retention.Config.Retention (counted from created_at)
 // that hold no pending or failed row. A DEFAULT partition takes rows no
 // daily partition covers, so a write never fails for want of a partition;
-// the Cleaner reports its rows (CleanStats.DefaultRows). See
+// the cleaner reports its rows (retention.Stats.DefaultRows). See
 // docs/partitioning.md.
 func PartitionedMigrations() migrate.Source {
 	return migrate.Embedded(PartitionedComponent, partitionedMigrationFiles, "migrations_partitioned")

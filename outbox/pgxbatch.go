@@ -7,7 +7,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millwright/millwright/internal/storage"
-	"github.com/millwright/millwright/tracing"
 )
 
 // AddToBatch queues the INSERT of events into b, a pgx.Batch the caller
@@ -22,9 +21,14 @@ import (
 // results (BatchResults.Exec or Close) at the position AddToBatch queued
 // it, as for any statement of a pgx.Batch. Events are queued 1,000 per
 // INSERT, like Add.
-func AddToBatch(ctx context.Context, b *pgx.Batch, events ...Event) (err error) {
-	ctx, span := tracing.StartWriteSpan(ctx, len(events))
-	defer func() { tracing.EndSpan(span, err) }()
+//
+// AddToBatch is the default Writer's (see Add and Writer).
+func AddToBatch(ctx context.Context, b *pgx.Batch, events ...Event) error {
+	return defaultWriter().AddToBatch(ctx, b, events...)
+}
+
+// addToBatch is AddToBatch with w's limits and source.
+func (w *Writer) addToBatch(ctx context.Context, b *pgx.Batch, events []Event) error {
 	if b == nil {
 		return fmt.Errorf("outbox: AddToBatch: nil *pgx.Batch")
 	}
@@ -33,7 +37,7 @@ func AddToBatch(ctx context.Context, b *pgx.Batch, events ...Event) (err error) 
 		n := min(len(events), maxRowsPerInsert)
 		rows := make([]storage.EventRow, n)
 		for i, ev := range events[:n] {
-			row, err := prepare(ctx, ev)
+			row, err := w.prepare(ctx, ev)
 			if err != nil {
 				return fmt.Errorf("outbox: event %d (topic %q): %w", i, ev.Topic, err)
 			}

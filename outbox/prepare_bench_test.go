@@ -13,7 +13,7 @@ func BenchmarkPrepare(b *testing.B) {
 	ev := Event{Topic: "orders", AggregateType: "customer", AggregateID: "c-1", EventType: "order.created.v1", Payload: payload}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := prepare(ctx, ev); err != nil {
+		if _, err := defaultWriter().prepare(ctx, ev); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -44,6 +44,10 @@ func ReadProblems(ctx context.Context, db postgres.Handle, limit int) ([]Problem
 	if err != nil {
 		return nil, fmt.Errorf("outbox: ReadProblems: %w", err)
 	}
+	return readProblems(ctx, q, limit)
+}
+
+func readProblems(ctx context.Context, q storage.Querier, limit int) ([]ProblemEvent, error) {
 	ps, err := storage.ReadOutboxProblems(ctx, q, limit, MaxProblemErrorChars)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: reading failed and retrying events%s: %w", storage.Hint(err), err)

@@ -35,6 +35,10 @@ type PublisherConfig struct {
 	// RawPayloads stores every payload byte for byte, JSON included (see
 	// Event.RawPayload). Default false.
 	RawPayloads bool
+	// Writer checks and writes the messages: its limits are those of the
+	// relay's transport, its source the one of messages that carry none
+	// and of a config without Source. Default nil: the package-level Add's.
+	Writer *Writer
 }
 
 // NewTxPublisher returns a publisher that writes to the outbox in tx, the
@@ -64,7 +68,7 @@ func (p *TxPublisher) Publish(topic string, msgs ...*message.Message) error {
 			events[i].Source = p.cfg.Source
 		}
 	}
-	return Add(ctx, p.tx, events...)
+	return p.cfg.Writer.Add(ctx, p.tx, events...)
 }
 
 // Close does nothing: the transaction belongs to the caller.

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/millwright/millwright/cloudevent"
@@ -14,49 +13,8 @@ import (
 )
 
 // EnvServiceName is the environment variable naming the service: "/" +
-// its value is the default CloudEvents source (see DefaultSource).
+// its value is the default CloudEvents source (see WriterConfig.Source).
 const EnvServiceName = "MILLWRIGHT_SERVICE_NAME"
-
-var defaultSource atomic.Pointer[string]
-
-// SetDefaultSource sets the CloudEvents source of events written without
-// Event.Source, for the whole process: a URI-reference such as
-// "/orders-service" or "https://example.com/orders". Call it once at start-up.
-// It returns an error, naming the fix, for an empty source or one that is
-// not a URI-reference, and then leaves the default unchanged.
-func SetDefaultSource(source string) error {
-	if err := checkSource(source); err != nil {
-		return fmt.Errorf("outbox: SetDefaultSource: %w", err)
-	}
-	defaultSource.Store(&source)
-	return nil
-}
-
-// DefaultSource returns the CloudEvents source (metadata.EventSource) of
-// events written without Event.Source, so that every event the relay
-// publishes is valid CloudEvents 1.0, which requires a source. In order:
-// the value given to SetDefaultSource; "/" + $MILLWRIGHT_SERVICE_NAME; "/"
-// + the program's file name (os.Args[0]), as a last resort that is valid
-// but says little: name your service.
-func DefaultSource() string {
-	if p := defaultSource.Load(); p != nil {
-		return *p
-	}
-	env := os.Getenv(EnvServiceName)
-	if c := derivedSource.Load(); c != nil && c.env == env {
-		return c.source
-	}
-	src := sourceFromName(env)
-	derivedSource.Store(&envSource{env: env, source: src})
-	return src
-}
-
-// envSource is the default source derived from a value of
-// $MILLWRIGHT_SERVICE_NAME, kept so that each write does not derive it
-// again (os.Args[0] does not change; the variable may, in tests).
-type envSource struct{ env, source string }
-
-var derivedSource atomic.Pointer[envSource]
 
 // sourceFromName is "/" + the service name env (trimmed), else the
 // program's file name, escaped into a URI-reference if need be.
@@ -77,7 +35,7 @@ func sourceFromName(env string) string {
 
 func checkSource(src string) error {
 	if src == "" {
-		return fmt.Errorf("%w: the CloudEvents source is empty: set Event.Source, outbox.SetDefaultSource or %s (e.g. orders-service)", ErrInvalidEvent, EnvServiceName)
+		return fmt.Errorf("%w: the CloudEvents source is empty: set Event.Source, outbox.WriterConfig.Source or %s (e.g. orders-service)", ErrInvalidEvent, EnvServiceName)
 	}
 	if _, err := url.Parse(src); err != nil {
 		return fmt.Errorf("%w: the CloudEvents source %q is not a URI-reference: use a path such as \"/orders-service\" or an absolute URI", ErrInvalidEvent, src)

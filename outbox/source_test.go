@@ -16,16 +16,16 @@ import (
 func TestPrepareMakesEveryEventValidCloudEvents(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	row, err := prepare(ctx, Event{Topic: "orders", AggregateID: "o-1", Payload: []byte(`{}`)})
+	row, err := defaultWriter().prepare(ctx, Event{Topic: "orders", AggregateID: "o-1", Payload: []byte(`{}`)})
 	require.NoError(t, err)
 	var md map[string]string
 	require.NoError(t, json.Unmarshal([]byte(row.Metadata), &md))
-	require.Equal(t, DefaultSource(), md[metadata.EventSource])
-	require.NotEmpty(t, DefaultSource())
+	require.Equal(t, defaultWriter().Source(), md[metadata.EventSource])
+	require.NotEmpty(t, defaultWriter().Source())
 	require.Equal(t, "orders", row.EventType, "event_type defaults to the topic")
 
 	// A RawPayload JSON event carries its content type.
-	row, err = prepare(ctx, Event{Topic: "orders", Payload: []byte(`{"a": 1}`), RawPayload: true})
+	row, err = defaultWriter().prepare(ctx, Event{Topic: "orders", Payload: []byte(`{"a": 1}`), RawPayload: true})
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal([]byte(row.Metadata), &md))
 	require.Equal(t, "application/json", md[metadata.EventDataContentType])
@@ -37,10 +37,13 @@ func TestPrepareMakesEveryEventValidCloudEvents(t *testing.T) {
 		"spec version 0.3":           {Topic: "orders", Metadata: map[string]string{metadata.EventSpecVersion: "0.3"}},
 		"type with spaces":           {Topic: "orders", EventType: " order.created "},
 	} {
-		_, err := prepare(ctx, ev)
+		_, err := defaultWriter().prepare(ctx, ev)
 		require.ErrorIs(t, err, ErrInvalidEvent, name)
 		require.ErrorContains(t, err, "CloudEvent", name)
 	}
-	require.ErrorIs(t, SetDefaultSource(""), ErrInvalidEvent)
-	require.ErrorContains(t, SetDefaultSource(""), EnvServiceName)
+	_, err = NewWriter(WriterConfig{Source: "%zz"})
+	require.ErrorIs(t, err, ErrInvalidEvent)
+	require.ErrorContains(t, err, "WriterConfig.Source")
+	require.ErrorIs(t, checkSource(""), ErrInvalidEvent)
+	require.ErrorContains(t, checkSource(""), EnvServiceName)
 }

@@ -26,7 +26,11 @@
 //
 // The tables come from Migrations (`millwright migrate` applies them).
 // `millwright parked list` shows parked keys; `millwright parked retry KEY`
-// and `millwright parked release KEY` act on held ones.
+// and `millwright parked release KEY` act on held ones, and `millwright
+// parked skip KEY` dead-letters a retried head and goes on. Each is one
+// function (RetryTx, ReleaseTx, SkipTx) that runs in the caller's
+// transaction, so an operator tool adds its audit row to it; the Store's
+// Retry, Release and Skip run them in a transaction of their own.
 //
 // # Middleware order
 //
@@ -98,7 +102,7 @@
 //   - The first round comes after the policy's first jittered delay; each
 //     failed round reschedules with the next. When Config.Retry is spent
 //     (rounds, or MaxElapsedTime since the first failure), or a round fails
-//     with retry.Permanent, the message is written to millwright_dead_letters
+//     with failure.Permanent, the message is written to millwright_dead_letters
 //     in the transaction that holds or advances its key, so `millwright dlq
 //     list|show|replay` see it: handler, consumer group, reason, error, Go
 //     type, stack, attempts (in place and rounds), first and last failure,
@@ -142,8 +146,9 @@
 //     Kafka keys that are not UTF-8 too) never share a lane, and a retried
 //     message reaches its handler with byte-identical metadata.
 //     TestBinaryKeysAndMetadataStayBytes. The dead letters park writes
-//     keep the UUID and metadata bytes too (dlq migration 005), and a
-//     replay finds its parked message by the dead letter's id.
+//     keep the UUID and metadata bytes too (dlq migration 005); a replay
+//     (through the outbox, whose metadata is text) refuses them, and
+//     `millwright parked retry` runs the held head with every byte.
 //     TestReplayOfBinaryKeyedDeadLetterKeepsItsBytes.
 //   - No record kills the retrier: a round that panics (in
 //     Config.Publish, in park, or in a handler no middleware inside park

@@ -2,6 +2,7 @@ package park_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -10,11 +11,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
@@ -67,7 +70,7 @@ func (a *app) handle(msg *message.Message) ([]*message.Message, error) {
 	defer a.mu.Unlock()
 	a.calls[msg.UUID]++
 	if a.permanent[msg.UUID] {
-		return nil, retry.Permanent(errors.New("rejected by business rule"))
+		return nil, failure.Permanent(errors.New("rejected by business rule"))
 	}
 	if a.failing[msg.UUID] {
 		return nil, errTransient
@@ -122,7 +125,7 @@ type bundle struct {
 
 func setup(t *testing.T, driver string) *bundle {
 	t.Helper()
-	s := pgtest.New(t, audit.Migrations(), dlq.Migrations(), park.Migrations())
+	s := pgtest.New(t, audit.Migrations(), dlq.Migrations(), park.Migrations(), outbox.Migrations())
 	b := &bundle{schema: s, driver: driver}
 	if driver == pgtest.DriverPgx {
 		b.store, b.dlq = park.NewStore(postgres.From(s.Pgx(t))), dlq.NewStore(postgres.From(s.Pgx(t)))
@@ -130,6 +133,39 @@ func setup(t *testing.T, driver string) *bundle {
 		b.store, b.dlq = park.NewStore(postgres.From(s.DB)), dlq.NewStore(postgres.From(s.DB))
 	}
 	return b
+}
+
+// replay replays dead letters with dlq.Replay (through the outbox, as the
+// CLI and the console do) and delivers what it queued to h, as a relay
+// would publish it (the event id as UUID).
+func (b *bundle) replay(t *testing.T, h message.HandlerFunc, opts dlq.ReplayOptions) (dlq.ReplayReport, error) {
+	t.Helper()
+	opts.By = audit.Operator{User: "tester"}
+	rep, err := dlq.Replay(context.Background(), b.schema.Handles(t, b.driver), opts)
+	if err != nil {
+		return rep, err
+	}
+	rows, err := b.schema.DB.Query(`DELETE FROM millwright_outbox RETURNING event_id, COALESCE(payload_raw, convert_to(payload::text, 'UTF8')), metadata::text`)
+	require.NoError(t, err)
+	var msgs []*message.Message
+	for rows.Next() {
+		var id, md string
+		var payload []byte
+		require.NoError(t, rows.Scan(&id, &payload, &md))
+		m := message.NewMessage(id, payload)
+		require.NoError(t, json.Unmarshal([]byte(md), &m.Metadata))
+		m.Metadata.Set(metadata.EventID, id)
+		msgs = append(msgs, m)
+	}
+	require.NoError(t, rows.Err())
+	require.NoError(t, rows.Close())
+	for _, m := range msgs {
+		m.SetContext(context.Background())
+		if _, err := h(m); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
 }
 
 // parker returns a new Parker (a fresh instance: its own handler

@@ -21,11 +21,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/park"
-	"github.com/millwright/millwright/retry"
 )
 
 // ledger is a consumer's table: the payloads applied, by message UUID, in
@@ -39,7 +39,7 @@ type ledger struct {
 func (l *ledger) handle(m *message.Message) ([]*message.Message, error) {
 	if string(m.Payload) == "bad" {
 		l.refused.Add(1)
-		return nil, retry.Permanent(errors.New("payload refused by business rule"))
+		return nil, failure.Permanent(errors.New("payload refused by business rule"))
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -59,25 +59,6 @@ func raw(uuid, key, payload string) *message.Message {
 	m.SetContext(context.Background())
 	return m
 }
-
-// publisherTo is a message.Publisher that delivers to h (a broker in one
-// step), requiring an ack.
-type publisherTo struct {
-	t *testing.T
-	h message.HandlerFunc
-}
-
-func (p publisherTo) Publish(_ string, msgs ...*message.Message) error {
-	for _, m := range msgs {
-		m.SetContext(context.Background())
-		if _, err := p.h(m); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (publisherTo) Close() error { return nil }
 
 // A dead letter replayed (`millwright dlq replay`, same UUID, same
 // payload, after the handler was fixed) or edited (a new payload, same
@@ -99,7 +80,7 @@ func TestReplayedDeadLetterOfHeldKeyIsApplied(t *testing.T) {
 				h := chain(t, p, "billing", func(m *message.Message) ([]*message.Message, error) {
 					if how == "replay" && m.UUID == "k1" && refuseOnce.Load() {
 						l.refused.Add(1)
-						return nil, retry.Permanent(errors.New("handler bug"))
+						return nil, failure.Permanent(errors.New("handler bug"))
 					}
 					return l.handle(m)
 				})
@@ -120,7 +101,7 @@ func TestReplayedDeadLetterOfHeldKeyIsApplied(t *testing.T) {
 
 				if how == "replay" {
 					refuseOnce.Store(false) // the handler is fixed, then the dead letter replayed
-					rep, err := b.dlq.Replay(ctx, publisherTo{t, h}, dlq.ReplayOptions{Target: "orders"})
+					rep, err := b.replay(t, h, dlq.ReplayOptions{Target: "orders"})
 					require.NoError(t, err)
 					require.Len(t, rep.Items, 1)
 				} else {
@@ -296,7 +277,7 @@ func TestRoundLongerThanLeaseRunsOnce(t *testing.T) {
 		handle := func(m *message.Message) ([]*message.Message, error) {
 			if m.UUID == "k1" {
 				if calls.Add(1) == 1 {
-					return nil, retry.Permanent(errors.New("first delivery fails")) // parks (held) below
+					return nil, failure.Permanent(errors.New("first delivery fails")) // parks (held) below
 				}
 				if inFlight.Add(1) > 1 {
 					overlap.Add(1)
@@ -438,11 +419,10 @@ func counted(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return sum
 }
 
-// A dead letter keeps its metadata as text (the dead-letter table's JSON):
-// a binary key or header comes back from `millwright dlq replay` with
-// U+FFFD in place of its bytes. The replay still finds its held head (by
-// the dead letter's id) and the handler gets the parked copy's bytes for
-// every entry the text form only mangled.
+// A dead letter with a binary key or header cannot be replayed through the
+// outbox (its metadata is text): the replay is refused and changes
+// nothing, and `millwright parked retry` applies the held head with every
+// byte it had.
 func TestReplayOfBinaryKeyedDeadLetterKeepsItsBytes(t *testing.T) {
 	t.Parallel()
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
@@ -459,7 +439,7 @@ func TestReplayOfBinaryKeyedDeadLetterKeepsItsBytes(t *testing.T) {
 			defer mu.Unlock()
 			seen = append(seen, maps.Clone(m.Metadata))
 			if refuse {
-				return nil, retry.Permanent(errors.New("handler bug"))
+				return nil, failure.Permanent(errors.New("handler bug"))
 			}
 			return nil, nil
 		})
@@ -482,17 +462,19 @@ func TestReplayOfBinaryKeyedDeadLetterKeepsItsBytes(t *testing.T) {
 		mu.Lock()
 		refuse = false
 		mu.Unlock()
-		rep, err := b.dlq.Replay(context.Background(), publisherTo{t, h}, dlq.ReplayOptions{Target: "orders"})
-		require.NoError(t, err)
-		require.Len(t, rep.Items, 1)
+		// The outbox's metadata is text: the replay is refused rather than
+		// sent with other bytes, and changes nothing.
+		_, err = b.replay(t, h, dlq.ReplayOptions{Target: "orders"})
+		require.ErrorIs(t, err, dlq.ErrNotReplayable)
+		require.True(t, b.keys(t)[0].Held, "the key stays held")
+		// `millwright parked retry` runs the held head from park's own
+		// table, byte for byte.
+		require.NoError(t, b.store.Retry(context.Background(), "billing", "\x0a\xff\x01"))
 		b.drain(t, p, nil)
 		mu.Lock()
 		defer mu.Unlock()
-		require.Len(t, seen, 2, "refused once, then the replay applied once")
-		got := seen[1]
-		require.NotEmpty(t, got.Get(metadata.DeadLetterReplayOf))
-		delete(got, metadata.DeadLetterReplayOf)
-		require.Equal(t, want, got, "the replay reached the handler with the original bytes")
+		require.Len(t, seen, 2, "refused once, then the retried head applied once")
+		require.Equal(t, want, seen[1], "the retried head reached the handler with the original bytes")
 	})
 }
 

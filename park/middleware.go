@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/logfields"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
@@ -102,7 +103,7 @@ func (p *Parker) handle(handler string, h message.HandlerFunc, msg *message.Mess
 	// The decision is made: a shutdown starting now must not turn it into
 	// a redelivery of a message that used its in-place attempts.
 	wctx := context.WithoutCancel(ctx)
-	if retry.IsPermanent(herr) {
+	if failure.IsPermanent(herr) {
 		return nil, p.deadLetterFirst(wctx, handler, pm, herr)
 	}
 	f := dlq.Describe(herr)
@@ -124,7 +125,7 @@ func (p *Parker) handle(handler string, h message.HandlerFunc, msg *message.Mess
 func (p *Parker) deadLetterFirst(ctx context.Context, handler string, pm storage.ParkedMessage, cause error) error {
 	f := dlq.Describe(cause)
 	row := p.deadLetterRow(handler, pm, f)
-	id, err := storage.ParkDead(ctx, p.pool, pm, row, p.cfg.OnDeadLetter == Hold)
+	id, err := storage.ParkDead(ctx, p.pool, pm, row, p.cfg.OnDeadLetter == Hold, p.recordDeadLetter(handler, pm, f))
 	if err != nil {
 		return errors.Join(cause, fmt.Errorf("park: handler %q: recording the dead letter of message %s failed, nacked for redelivery%s: %w", handler, pm.MessageUUID, storage.Hint(err), err))
 	}
@@ -140,10 +141,29 @@ func (p *Parker) logDeadLetter(handler string, pm storage.ParkedMessage, f dlq.F
 	})
 }
 
-// deadLetterRow is the dead letter of pm, as dlq's Store reads it: its
-// UUID and metadata byte for byte (dlq migration 005, what a replay
-// publishes), and as text for searches (bytes that are not UTF-8 shown as
-// U+FFFD there). A replay finds the parked copy by the dead letter's id.
+// recordDeadLetter writes the dead letter of pm with dlq.RecordTx, the one
+// writer of dead letters, in park's transaction (the one that holds the
+// key, or drops the head): every dead letter has its fields filled the
+// same way, whoever gave up. A replay finds the parked copy by its id.
+func (p *Parker) recordDeadLetter(handler string, pm storage.ParkedMessage, f dlq.Failure) storage.RecordDeadLetter {
+	md, err := storage.DecodeParkedMetadata(pm.Metadata)
+	if err != nil {
+		md = map[string]string{"millwright_park_metadata_error": err.Error()}
+	}
+	d := dlq.DeadLetter{
+		MessageUUID: pm.MessageUUID, OriginalTopic: pm.Topic, DeadLetterTopic: p.cfg.DeadLetterTopic(pm.Topic),
+		ConsumerGroup: p.cfg.ConsumerGroup, Handler: handler, Reason: f.Reason, Error: f.Error, ErrorType: f.ErrorType,
+		Stack: f.Stack, Attempts: f.Attempts, FirstFailure: f.FirstFailure, LastFailure: f.LastFailure,
+		Payload: pm.Payload, Metadata: md,
+	}
+	return func(ctx context.Context, tx storage.Tx) (int64, error) {
+		return dlq.RecordTx(ctx, storage.TxOf(tx), d)
+	}
+}
+
+// deadLetterRow is the key state's view of pm's dead letter (its handler,
+// attempts, failure times and error), which DeadLetterParked copies onto
+// the held key; the row itself is written by recordDeadLetter.
 func (p *Parker) deadLetterRow(handler string, pm storage.ParkedMessage, f dlq.Failure) storage.DeadLetterRow {
 	md, err := storage.DecodeParkedMetadata(pm.Metadata)
 	if err != nil {

@@ -11,8 +11,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/park"

@@ -14,6 +14,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/internal/redact"
+	"github.com/millwright/millwright/internal/runner"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/postgres"
@@ -189,12 +190,11 @@ type Parker struct {
 	handlers  map[string]message.HandlerFunc
 	conflicts error // every refused second registration of a name
 
-	wake    chan struct{}
-	running chan struct{}
-	runOnce sync.Once
-	closed  chan struct{}
-	close   sync.Once
-	done    chan struct{}
+	wake chan struct{}
+	// run is Run, Close and Running: the one lifecycle of the long-running
+	// components, with no close timeout (Close cancels the rounds in
+	// flight at once, then waits for them).
+	run *runner.Runner
 
 	parked    *prometheus.CounterVec
 	retries   *prometheus.CounterVec
@@ -216,7 +216,7 @@ func New(db postgres.DB, cfg Config) (*Parker, error) {
 		return nil, err
 	}
 	p := &Parker{pool: pool, cfg: cfg, handlers: map[string]message.HandlerFunc{},
-		wake: make(chan struct{}, 1), running: make(chan struct{}), closed: make(chan struct{}), done: make(chan struct{})}
+		wake: make(chan struct{}, 1), run: runner.New("park.Parker", 0)}
 	if cfg.Registerer != nil {
 		if p.parked, err = counter(cfg.Registerer, MetricParked, "Messages parked, by handler and cause (failed, behind).", "handler", "cause"); err != nil {
 			return nil, err

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/retry"
 )
@@ -34,29 +35,23 @@ func Retried(ctx context.Context) (round int, ok bool) {
 // router is running), up to Config.Concurrency keys at once: a slow
 // round holds its own slot only. It runs until ctx ends or Close is
 // called, then waits for its rounds in flight. A database error is logged
-// and retried at the next poll; Run returns nil when stopped. Run once
-// per Parker.
+// and retried at the next poll; Run returns nil when stopped.
+//
+// Run, Close and Running follow the lifecycle of every long-running
+// component (internal/runner, as outbox.Relay and saga.Orchestrator): Run
+// once per Parker (a second call returns an error wrapping
+// runner.ErrRunTwice at once); Run after Close returns nil at once.
 func (p *Parker) Run(ctx context.Context) error {
-	started := false
-	p.runOnce.Do(func() { started = true })
-	if !started {
-		return errors.New("park: Run called twice on one Parker (or after Close); create one Parker per retrier")
-	}
+	return p.run.Run(ctx, p.loop)
+}
+
+// loop is Run's loop on p.run: it claims due keys each poll (or when a
+// round ends with room for more) until ctx ends or Close drains it, then
+// waits for the rounds in flight. Close cancels their context at once.
+func (p *Parker) loop(ctx context.Context, draining <-chan struct{}) error {
 	if err := p.conflict(); err != nil {
-		close(p.done)
 		return fmt.Errorf("park: Run: %w", err)
 	}
-	defer close(p.done)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-p.closed:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	close(p.running)
 	var (
 		wg    sync.WaitGroup
 		slots = make(chan struct{}, p.cfg.Concurrency)
@@ -67,6 +62,8 @@ func (p *Parker) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			return nil
+		case <-draining:
 			return nil
 		case <-t.C:
 		case <-p.wake:
@@ -110,26 +107,15 @@ func (p *Parker) startRounds(ctx context.Context, wg *sync.WaitGroup, slots chan
 	return len(claims)
 }
 
-// Running is closed once Run has started.
-func (p *Parker) Running() <-chan struct{} { return p.running }
+// Running is closed once Run has started (or returned at once because
+// Close came first).
+func (p *Parker) Running() <-chan struct{} { return p.run.Running() }
 
 // Close stops Run, waiting for its rounds in flight (their handlers get a
-// cancelled context). It is idempotent and returns at once when Run never
-// started.
-func (p *Parker) Close() error {
-	p.close.Do(func() { close(p.closed) })
-	started := false
-	p.runOnce.Do(func() {}) // a Run after Close refuses to start
-	select {
-	case <-p.running:
-		started = true
-	default:
-	}
-	if started {
-		<-p.done
-	}
-	return nil
-}
+// cancelled context at once). It is idempotent, safe from several
+// goroutines, and returns at once when Run never started (a later Run then
+// returns nil at once).
+func (p *Parker) Close() error { return p.run.Close() }
 
 // RetryDue runs one round synchronously: it claims the due keys of the
 // registered handlers (at most Config.Concurrency), retries their head
@@ -302,16 +288,16 @@ func (p *Parker) retryKey(ctx context.Context, c storage.ParkedClaim) error {
 	if !retry.Final(herr) {
 		// Shutting down: due again at once, same budget, for the next
 		// retrier (without waiting out the lease).
-		return p.lost(storage.RescheduleParked(wctx, p.pool, c.Handler, c.Key, c.Claim, failure(c, 0, c.PrevDelay, herr, c.Rounds)))
+		return p.lost(storage.RescheduleParked(wctx, p.pool, c.Handler, c.Key, c.Claim, failureAfter(c, 0, c.PrevDelay, herr, c.Rounds)))
 	}
 	f := dlq.Describe(herr)
 	f.Attempts += c.Attempts
 	if c.FirstFailure.Valid {
 		f.FirstFailure = c.FirstFailure.Time
 	}
-	if delay, ok := p.nextDelay(round, since(f.FirstFailure), c.PrevDelay); ok && !retry.IsPermanent(herr) {
+	if delay, ok := p.nextDelay(round, since(f.FirstFailure), c.PrevDelay); ok && !failure.IsPermanent(herr) {
 		p.countRetry(c.Handler, "failed")
-		ff := failure(c, delay, delay, herr, round)
+		ff := failureAfter(c, delay, delay, herr, round)
 		ff.Attempts, ff.FirstFailure = f.Attempts, f.FirstFailure
 		return p.lost(storage.RescheduleParked(wctx, p.pool, c.Handler, c.Key, c.Claim, ff))
 	}
@@ -338,7 +324,7 @@ func (p *Parker) nextDelay(round int, elapsed, prev time.Duration) (time.Duratio
 func (p *Parker) deadLetterHead(ctx context.Context, c storage.ParkedClaim, round int, f dlq.Failure, cause error) error {
 	row := p.deadLetterRow(c.Handler, *c.Head, f)
 	hold := p.cfg.OnDeadLetter == Hold
-	id, err := storage.DeadLetterParked(ctx, p.pool, c.Claim, c.Head.ID, round, row, c.Key, hold)
+	id, err := storage.DeadLetterParked(ctx, p.pool, c.Claim, c.Head.ID, round, row, c.Key, hold, p.recordDeadLetter(c.Handler, *c.Head, f))
 	if err := p.lost(err); err != nil {
 		return fmt.Errorf("park: handler %q key %s: recording the dead letter of message %s (it stays parked, retried after the lease): %w",
 			c.Handler, keyText(c.Key), c.Head.MessageUUID, err)
@@ -351,8 +337,8 @@ func (p *Parker) deadLetterHead(ctx context.Context, c storage.ParkedClaim, roun
 	return nil
 }
 
-// failure is the failure state after a round of c.
-func failure(c storage.ParkedClaim, due, prev time.Duration, err error, rounds int) storage.ParkFailure {
+// failureAfter is the failure state after a round of c.
+func failureAfter(c storage.ParkedClaim, due, prev time.Duration, err error, rounds int) storage.ParkFailure {
 	now := time.Now()
 	f := storage.ParkFailure{DueIn: due, Attempts: c.Attempts, Rounds: rounds, PrevDelay: prev, FirstFailure: now, LastFailure: now, LastError: dlq.Describe(err).Error}
 	if c.FirstFailure.Valid {
@@ -385,7 +371,7 @@ func (p *Parker) message(ctx context.Context, c storage.ParkedClaim, round int) 
 
 func (p *Parker) publish(handler string, msgs []*message.Message) error {
 	if p.cfg.Publish == nil {
-		return retry.Permanent(fmt.Errorf("%w (handler %q returned %d)", ErrProduced, handler, len(msgs)))
+		return failure.Permanent(fmt.Errorf("%w (handler %q returned %d)", ErrProduced, handler, len(msgs)))
 	}
 	if err := p.cfg.Publish(handler, msgs); err != nil {
 		return fmt.Errorf("park: publishing the %d messages handler %q produced: %w", len(msgs), handler, err)

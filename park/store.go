@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/postgres"
 )
@@ -162,7 +163,18 @@ func (s *Store) ReleaseKey(ctx context.Context, k Key, force bool) error {
 	if s.err != nil {
 		return s.err
 	}
-	err := storage.ReleaseParked(ctx, s.pool, k.Handler, k.lane(), force)
+	return s.inTx(ctx, func(tx postgres.Tx) error { return ReleaseTx(ctx, tx, k, force) })
+}
+
+// ReleaseTx is Release of k in tx, the caller's transaction: the caller's
+// audit row (audit.RecordTx) commits with it. `millwright parked release`
+// and Store.Release call it.
+func ReleaseTx(ctx context.Context, tx postgres.Tx, k Key, force bool) error {
+	q, err := storage.FromTx(tx)
+	if err != nil {
+		return fmt.Errorf("park: ReleaseTx: %w", err)
+	}
+	err = storage.DropParkedHead(ctx, q, k.Handler, k.lane(), force, nil)
 	if errors.Is(err, storage.ErrParkedClaimLost) {
 		what := "parked"
 		if !force {
@@ -171,6 +183,122 @@ func (s *Store) ReleaseKey(ctx context.Context, k Key, force bool) error {
 		return fmt.Errorf("park: %s is not %s (see `millwright parked list`): %w", k, what, ErrNotParked)
 	}
 	return err
+}
+
+// SkipOptions are SkipTx's options.
+type SkipOptions struct {
+	// ConsumerGroup is the consumer group of the key's handler
+	// (park.Config.ConsumerGroup), recorded on the dead letter of a head
+	// that had none, so that its replay is for that consumer. Default "":
+	// the dead letter names no consumer, and a replay of it goes to every
+	// consumer group of its topic.
+	ConsumerGroup string
+	// DeadLetterTopic is recorded on that dead letter. Default: the
+	// head's topic's dlq.DefaultTopic.
+	DeadLetterTopic string
+}
+
+// Skip is SkipTx in a transaction of the Store's own.
+func (s *Store) Skip(ctx context.Context, k Key, opts SkipOptions) (deadLetterID int64, err error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	err = s.inTx(ctx, func(tx postgres.Tx) error {
+		deadLetterID, err = SkipTx(ctx, tx, k, opts)
+		return err
+	})
+	return deadLetterID, err
+}
+
+// SkipTx drops k's head and goes on with the key's next message, like
+// release, but never loses the head: a head that has no dead letter yet
+// (a key not held, still being retried) is dead-lettered first
+// (dlq.RecordTx, reason dlq.ReasonSkipped), in tx, so it stays in the DLQ
+// for a later replay. It returns the head's dead letter id. A held key's
+// head already has one: SkipTx is then ReleaseTx. ErrNotParked when the
+// key is not parked.
+func SkipTx(ctx context.Context, tx postgres.Tx, k Key, opts SkipOptions) (deadLetterID int64, err error) {
+	q, err := storage.FromTx(tx)
+	if err != nil {
+		return 0, fmt.Errorf("park: SkipTx: %w", err)
+	}
+	err = storage.DropParkedHead(ctx, q, k.Handler, k.lane(), true, func(head storage.ParkedMessage) error {
+		keys, err := storage.ListParked(ctx, q, k.Handler, k.lane(), 1)
+		if err != nil {
+			return err
+		}
+		switch {
+		case head.DeadLetterID != 0:
+			deadLetterID = head.DeadLetterID
+			return nil
+		case len(keys) == 1 && keys[0].Held && keys[0].DeadLetterID.Valid:
+			deadLetterID = keys[0].DeadLetterID.Int64 // the held head's
+			return nil
+		}
+		d, err := skippedDeadLetter(keys, k, head, opts)
+		if err != nil {
+			return err
+		}
+		id, err := dlq.RecordTx(ctx, tx, d)
+		if err != nil {
+			return err
+		}
+		if id == 0 {
+			return fmt.Errorf("park: skipping %s: its head's dead letter (message %q) was recorded before, but the head does not name it: release it (`millwright parked release --force`) after checking `millwright dlq list`", k, head.MessageUUID)
+		}
+		deadLetterID = id
+		return nil
+	})
+	if errors.Is(err, storage.ErrParkedClaimLost) {
+		return 0, fmt.Errorf("park: %s is not parked (see `millwright parked list`): %w", k, ErrNotParked)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("park: skipping %s: %w", k, err)
+	}
+	return deadLetterID, nil
+}
+
+// skippedDeadLetter is the dead letter of head, skipped by an operator:
+// the key's failure state (attempts, times, last error) and the message
+// byte for byte.
+func skippedDeadLetter(keys []storage.ParkedKey, k Key, head storage.ParkedMessage, opts SkipOptions) (dlq.DeadLetter, error) {
+	md, err := storage.DecodeParkedMetadata(head.Metadata)
+	if err != nil {
+		return dlq.DeadLetter{}, fmt.Errorf("parked message %d: %w", head.ID, err)
+	}
+	d := dlq.DeadLetter{
+		MessageUUID: head.MessageUUID, OriginalTopic: head.Topic, DeadLetterTopic: opts.DeadLetterTopic,
+		ConsumerGroup: opts.ConsumerGroup, Handler: k.Handler, Reason: dlq.ReasonSkipped,
+		Payload: head.Payload, Metadata: md, LastFailure: time.Now(),
+	}
+	if d.DeadLetterTopic == "" {
+		d.DeadLetterTopic = dlq.DefaultTopic(head.Topic)
+	}
+	if len(keys) == 1 {
+		st := keys[0]
+		d.Attempts, d.Error = st.Attempts, st.LastError
+		d.FirstFailure, d.LastFailure = st.FirstFailure.Time, st.LastFailure.Time
+		if !st.LastFailure.Valid {
+			d.LastFailure = time.Now()
+		}
+	}
+	if d.Error == "" {
+		d.Error = "skipped by an operator before it failed"
+	}
+	return d, nil
+}
+
+// inTx runs fn in a transaction of the Store's pool.
+func (s *Store) inTx(ctx context.Context, fn func(postgres.Tx) error) error {
+	tx, err := s.pool.Begin(ctx, storage.TxOptions{})
+	if err != nil {
+		return fmt.Errorf("park: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := fn(storage.TxOf(tx)); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // Retry makes a parked key's head due at once with a fresh budget, held or
@@ -188,7 +316,18 @@ func (s *Store) RetryKey(ctx context.Context, k Key) error {
 	if s.err != nil {
 		return s.err
 	}
-	err := storage.RetryParked(ctx, s.pool, k.Handler, k.lane())
+	return s.inTx(ctx, func(tx postgres.Tx) error { return RetryTx(ctx, tx, k) })
+}
+
+// RetryTx is Retry of k in tx, the caller's transaction: the caller's
+// audit row (audit.RecordTx) commits with it. `millwright parked retry`
+// and Store.Retry call it.
+func RetryTx(ctx context.Context, tx postgres.Tx, k Key) error {
+	q, err := storage.FromTx(tx)
+	if err != nil {
+		return fmt.Errorf("park: RetryTx: %w", err)
+	}
+	err = storage.RetryParked(ctx, q, k.Handler, k.lane())
 	if errors.Is(err, storage.ErrParkedClaimLost) {
 		return fmt.Errorf("park: %s is not parked (see `millwright parked list`): %w", k, ErrNotParked)
 	}

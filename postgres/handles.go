@@ -17,7 +17,7 @@ import (
 // service that picks its driver at run time builds its components once:
 //
 //	db := postgres.From(pool) // *pgxpool.Pool or *sql.DB
-//	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{})
+//	r, err := relay.New(db, pub, relay.Config{}) // package outbox/relay
 //
 // The zero DB holds no pool; components refuse it with ErrNoDB. A DB is a
 // small value: copy it freely; it is safe for concurrent use when its pool

@@ -19,6 +19,12 @@ import (
 
 // publicPackages are the packages a service imports.
 var publicPackages = []string{
+	"github.com/millwright/millwright",
+	"github.com/millwright/millwright/audit",
+	"github.com/millwright/millwright/failure",
+	"github.com/millwright/millwright/outbox/capture",
+	"github.com/millwright/millwright/outbox/relay",
+	"github.com/millwright/millwright/retention",
 	"github.com/millwright/millwright/cloudevent",
 	"github.com/millwright/millwright/console",
 	"github.com/millwright/millwright/dlq",
@@ -26,9 +32,12 @@ var publicPackages = []string{
 	"github.com/millwright/millwright/idempotency",
 	"github.com/millwright/millwright/migrate",
 	"github.com/millwright/millwright/outbox",
+	"github.com/millwright/millwright/outbox/capture",
 	"github.com/millwright/millwright/outbox/outboxtest",
+	"github.com/millwright/millwright/outbox/relay",
 	"github.com/millwright/millwright/park",
 	"github.com/millwright/millwright/postgres",
+	"github.com/millwright/millwright/retention",
 	"github.com/millwright/millwright/retry",
 	"github.com/millwright/millwright/saga",
 	"github.com/millwright/millwright/saga/sagatest",

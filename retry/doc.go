@@ -2,7 +2,7 @@
 //
 // Policy is the one backoff policy of millwright: the retry middleware, Do
 // and the outbox relay use it alike. Errors decide whether to retry: wrap an
-// error with Permanent to stop at once.
+// error with failure.Permanent (package failure) to stop at once.
 //
 // # Middleware
 //
@@ -29,11 +29,11 @@
 //
 //   - Jitter is on by default (JitterFull, see its doc for why): handlers that
 //     fail together do not retry in lockstep.
-//   - An error wrapped with Permanent, anywhere in its chain, stops retrying
+//   - An error wrapped with failure.Permanent, anywhere in its chain, stops retrying
 //     after the attempt that returned it.
 //   - A panic in the handler is recovered into a *PanicError whose Stack
 //     method returns the panicking goroutine's stack; it is retried like any
-//     error (wrap with Permanent and re-panic to change that).
+//     error (wrap with failure.Permanent and re-panic to change that).
 //   - The wait between attempts ends as soon as the message's context (or
 //     Do's ctx) ends: shutdown never waits out a backoff. The result is then
 //     an *Error with Interrupted set, which the dlq package does not park:

@@ -8,47 +8,6 @@ import (
 	"time"
 )
 
-// PermanentError marks an error that retrying cannot fix (a malformed
-// payload, a rejected business rule). Create it with Permanent; test for it
-// with IsPermanent or errors.As.
-type PermanentError struct {
-	// Err is the error that stopped the work.
-	Err error
-}
-
-// Permanent wraps err so that the retry middleware and Do stop at once
-// instead of retrying, and the dead-letter middleware parks the message
-// without wasting attempts. Permanent(nil) returns nil, so it can wrap a
-// call's result directly: `return retry.Permanent(json.Unmarshal(...))`.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	if IsPermanent(err) {
-		return err
-	}
-	return &PermanentError{Err: err}
-}
-
-// Error returns the wrapped error's text unchanged, so logs and dead letters
-// show the cause rather than the wrapper.
-func (e *PermanentError) Error() string {
-	if e.Err == nil {
-		return "permanent error"
-	}
-	return e.Err.Error()
-}
-
-// Unwrap returns the wrapped error.
-func (e *PermanentError) Unwrap() error { return e.Err }
-
-// IsPermanent reports whether err or any error it wraps was marked with
-// Permanent.
-func IsPermanent(err error) bool {
-	var p *PermanentError
-	return errors.As(err, &p)
-}
-
 // PanicError is a recovered panic, returned by the middleware and Do in
 // place of the panic. It carries the panicking goroutine's stack.
 type PanicError struct {

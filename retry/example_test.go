@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -29,16 +30,17 @@ func ExampleDo() {
 	// err: <nil>
 }
 
-func ExamplePermanent() {
+// A permanent error (package failure) stops the retries at once.
+func Example_permanent() {
 	rm, _ := retry.NewMiddleware(retry.Config{Policy: retry.Policy{InitialInterval: time.Millisecond}})
 	handler := rm.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		fmt.Println("attempt", retry.Attempt(msg.Context()))
-		return nil, retry.Permanent(fmt.Errorf("order %s: unknown currency %q", msg.UUID, "XXX"))
+		return nil, failure.Permanent(fmt.Errorf("order %s: unknown currency %q", msg.UUID, "XXX"))
 	})
 	_, err := handler(message.NewMessage("order-1", nil))
 	var re *retry.Error
 	errors.As(err, &re)
-	fmt.Println("permanent:", retry.IsPermanent(err), "attempts:", re.Attempts)
+	fmt.Println("permanent:", failure.IsPermanent(err), "attempts:", re.Attempts)
 	fmt.Println(err)
 	// Output:
 	// attempt 1

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/logfields"
 	"github.com/millwright/millwright/internal/promreg"
 
@@ -81,7 +82,7 @@ func (c Config) Validate() error {
 // message.Router.AddMiddleware or Handler.AddMiddleware.
 //
 // It recovers panics into *PanicError (with the stack), stops at once on
-// Permanent errors, waits jittered delays that end early when the message's
+// failure.Permanent errors, waits jittered delays that end early when the message's
 // context ends, gives every attempt the message's original context (so an
 // attempt that cancelled or replaced it does not poison the next one,
 // Watermill issue #467), and makes the attempt number available through
@@ -130,7 +131,7 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				m.logger.Error("Giving up on message", err, logfields.Of(message.SubscribeTopicFromCtx(original), msg).Add(watermill.LogFields{
 					"handler":   message.HandlerNameFromCtx(original),
 					"attempts":  re.Attempts,
-					"permanent": IsPermanent(err),
+					"permanent": failure.IsPermanent(err),
 				}))
 			}
 			return nil, err
@@ -159,7 +160,7 @@ func (m *Middleware) notify(msg *message.Message, ctx context.Context, attempt i
 	}
 }
 
-// Do calls fn until it succeeds, returns a Permanent error, or the policy is
+// Do calls fn until it succeeds, returns a permanent error (failure.Permanent), or the policy is
 // exhausted, waiting the policy's jittered delays between attempts. Panics
 // in fn are recovered into *PanicError. The ctx given to fn carries the
 // attempt number (see Attempt). Do returns nil on success, or an *Error
@@ -209,7 +210,7 @@ func run(ctx context.Context, p Policy, fn func(context.Context) error, notify f
 			first = last
 		}
 		fail := &Error{Err: err, Attempts: attempt, FirstFailure: first, LastFailure: last}
-		if IsPermanent(err) {
+		if failure.IsPermanent(err) {
 			return fail
 		}
 		if p.Exhausted(attempt, time.Since(start)) {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/retry"
 )
 
@@ -166,10 +167,10 @@ func TestMiddlewarePermanentStopsAtOnce(t *testing.T) {
 	m := newMiddleware(t, retry.Config{Policy: retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour}})
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) {
 		calls++
-		return nil, retry.Permanent(errBoom)
+		return nil, failure.Permanent(errBoom)
 	})(newMsg())
 	require.Equal(t, 1, calls)
-	require.True(t, retry.IsPermanent(err))
+	require.True(t, failure.IsPermanent(err))
 	require.ErrorIs(t, err, errBoom)
 	var re *retry.Error
 	require.ErrorAs(t, err, &re)
@@ -201,10 +202,10 @@ func TestMiddlewareRecoversPanicWithStack(t *testing.T) {
 
 	// panic(err) is visible to errors.Is.
 	_, err = m.Middleware(func(*message.Message) ([]*message.Message, error) {
-		panic(retry.Permanent(errBoom))
+		panic(failure.Permanent(errBoom))
 	})(newMsg())
 	require.ErrorIs(t, err, errBoom)
-	require.True(t, retry.IsPermanent(err))
+	require.True(t, failure.IsPermanent(err))
 }
 
 func TestMiddlewareShutdownDuringBackoffReturnsPromptly(t *testing.T) {
@@ -309,26 +310,11 @@ func TestDo(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, calls)
 
-	err = retry.Do(context.Background(), fast, func(context.Context) error { return retry.Permanent(errBoom) })
-	require.True(t, retry.IsPermanent(err))
+	err = retry.Do(context.Background(), fast, func(context.Context) error { return failure.Permanent(errBoom) })
+	require.True(t, failure.IsPermanent(err))
 
 	err = retry.Do(context.Background(), retry.Policy{Jitter: "random"}, func(context.Context) error { return nil })
 	require.ErrorContains(t, err, "Jitter")
-}
-
-func TestPermanent(t *testing.T) {
-	t.Parallel()
-	require.NoError(t, retry.Permanent(nil))
-	require.False(t, retry.IsPermanent(nil))
-	require.False(t, retry.IsPermanent(errBoom))
-	p := retry.Permanent(errBoom)
-	require.Equal(t, "boom", p.Error())
-	require.Same(t, p, retry.Permanent(p), "wrapping twice is a no-op")
-	wrapped := errors.Join(errors.New("context"), p)
-	require.True(t, retry.IsPermanent(wrapped))
-	var pe *retry.PermanentError
-	require.ErrorAs(t, wrapped, &pe)
-	require.Equal(t, errBoom, pe.Err)
 }
 
 func TestMiddlewareSkipsMessageWhoseContextEnded(t *testing.T) {

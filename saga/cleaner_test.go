@@ -2,30 +2,22 @@ package saga_test
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
-	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
-// newCleaner builds the cleaner on the pool of driver: the generic
-// constructor, instantiated for *sql.DB or *pgxpool.Pool.
-func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg saga.CleanerConfig) (*saga.Cleaner, error) {
+// newCleaner builds the cleaner on the pool of driver.
+func newCleaner(t *testing.T, s *pgtest.Schema, driver string, cfg retention.Config) (*retention.Cleaner, error) {
 	t.Helper()
-	switch h := s.Handle(t, driver).(type) {
-	case *sql.DB:
-		return saga.NewCleaner(postgres.From(h), cfg)
-	case *pgxpool.Pool:
-		return saga.NewCleaner(postgres.From(h), cfg)
-	}
-	t.Fatalf("no pool for driver %s", driver)
-	return nil, nil
+	return retention.NewSagaCleaner(s.Handles(t, driver), cfg)
 }
 
 func TestCleanerDeletesOldFinishedSagasWithTheirSteps(t *testing.T) {
@@ -46,15 +38,15 @@ func testCleanerDeletesOldFinishedSagas(t *testing.T, driver string) {
 		INSERT INTO millwright_saga_steps (saga_id, step, kind) SELECT id, 's', 'command' FROM millwright_saga_instances`)
 	require.NoError(t, err)
 
-	c, err := newCleaner(t, s, driver, saga.CleanerConfig{})
+	c, err := newCleaner(t, s, driver, retention.Config{})
 	require.NoError(t, err)
-	require.Equal(t, saga.DefaultRetention, c.Config().Retention)
+	require.Equal(t, retention.DefaultSagaRetention, c.Config().Retention)
 	n, err := c.Count(context.Background())
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
 	stats, err := c.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, saga.CleanStats{Deleted: 2, Batches: 1}, stats)
+	require.Equal(t, retention.Stats{Deleted: 2, Batches: 1}, stats)
 
 	var left, steps string
 	require.NoError(t, s.DB.QueryRow(`SELECT string_agg(id, ',' ORDER BY id) FROM millwright_saga_instances`).Scan(&left))
@@ -66,7 +58,7 @@ func testCleanerDeletesOldFinishedSagas(t *testing.T, driver string) {
 		WHERE state IN ('completed', 'compensated') AND updated_at < now() - interval '30 days' ORDER BY updated_at LIMIT 1000`)
 	require.Contains(t, plan, "millwright_saga_instances_finished_idx", "the batch walks the index of migration 003")
 
-	_, err = saga.NewCleaner(postgres.From(s.DB), saga.CleanerConfig{Retention: time.Second, BatchSize: -1})
-	require.ErrorContains(t, err, "saga: CleanerConfig.Retention 1s is too short")
-	require.ErrorContains(t, err, "CleanerConfig.BatchSize -1", "every field error, joined")
+	_, err = retention.NewSagaCleaner(postgres.From(s.DB), retention.Config{Retention: time.Second, BatchSize: -1})
+	require.ErrorContains(t, err, "saga cleaner: retention.Config.Retention 1s is too short")
+	require.ErrorContains(t, err, "retention.Config.BatchSize -1", "every field error, joined")
 }

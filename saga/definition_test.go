@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
@@ -116,7 +117,7 @@ func TestHandleReplyRejectsForeignReplies(t *testing.T) {
 			tc.edit(reply.Metadata)
 			err = o.HandleReply(reply)
 			require.ErrorContains(t, err, tc.want)
-			require.True(t, retry.IsPermanent(err), "permanent: %v", err)
+			require.True(t, failure.IsPermanent(err), "permanent: %v", err)
 		})
 	}
 	info, h, err := saga.Get(ctx, postgres.From(s.DB), "o-1")

@@ -45,7 +45,7 @@
 //	dedup, _ := idempotency.NewMiddleware(store, idempotency.Config{Consumer: "orders-saga"})
 //	router.AddConsumerHandler("orders-saga", o.ReplyTopic(), sub, o.HandleReply).AddMiddleware(dedup.Middleware)
 //	go o.Run(ctx)    // step timeouts, compensation retries, resolved sagas
-//	go relay.Run(ctx) // outbox.Relay: publishes the commands
+//	go relay.Run(ctx) // relay.Relay: publishes the commands
 //
 //	tx, _ := db.BeginTx(ctx, nil)
 //	// ... business writes ...
@@ -81,7 +81,7 @@
 // Config.Registerer set, the gauge MetricStuckNow counts the sagas stuck
 // now (alert MillwrightSagaStuck, docs/runbooks.md), and
 // health.Orchestrator reports whether the Run loop runs (Stopped).
-// `millwright bench saga` measures completed sagas per second.
+// `millwright-bench saga` measures completed sagas per second.
 //
 // # Guarantees
 //
@@ -143,7 +143,7 @@
 //     as the other deadlines: its last error says why (`millwright saga
 //     list --state stuck`), its deadline is cleared, and MetricStuck
 //     counts it. HandleReply refuses a reply to such an instance with a
-//     retry.Permanent error (for the dead-letter path).
+//     failure.Permanent error (for the dead-letter path).
 //   - Nor does a transition that can never be written: one whose command
 //     outbox.Add refuses (outbox.ErrInvalidEvent: a payload past the
 //     transport's size limit, a topic it cannot take, a NUL byte, not a
@@ -182,9 +182,9 @@
 // (its transaction rolls back and another instance fires those deadlines).
 // It is idempotent; Run after Close returns at once.
 //
-// A Cleaner deletes completed and compensated sagas whose last transition
-// is older than CleanerConfig.Retention (default DefaultRetention, 30
-// days), with their step history, BatchSize sagas per statement, one
+// retention.NewSagaCleaner's cleaner deletes completed and compensated
+// sagas whose last transition is older than retention.Config.Retention
+// (default retention.DefaultSagaRetention, 30 days), with their step history, BatchSize sagas per statement, one
 // instance per schema at a time. Running, compensating and stuck sagas are
 // never deleted. A reply still arriving for a deleted saga fails
 // permanently with ErrNotFound.

@@ -17,6 +17,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
@@ -119,9 +120,9 @@ func Example() {
 	go router.Run(ctx)
 	defer router.Close()
 	<-router.Running()
-	relay, _ := outbox.NewRelay(postgres.From(db), broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
-	go relay.Run(ctx)
-	defer relay.Close()
+	rel, _ := relay.New(postgres.From(db), broker, relay.Config{PollInterval: 10 * time.Millisecond})
+	go rel.Run(ctx)
+	defer rel.Close()
 	go orders.Run(ctx)
 	defer orders.Close()
 

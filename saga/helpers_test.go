@@ -23,6 +23,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
@@ -437,22 +438,22 @@ func setupOn(t *testing.T, tcfg *transport.Config, o defOpts, tp topics, driver 
 	b.tr = tr
 	t.Cleanup(func() { _ = tr.Close() })
 	b.def = ordersDef(t, b.tp, o)
-	relayCfg := outbox.RelayConfig{PollInterval: 20 * time.Millisecond, ListenURL: b.schema.URL, BatchSize: 100}
-	var relay *outbox.Relay
+	relayCfg := relay.Config{PollInterval: 20 * time.Millisecond, ListenURL: b.schema.URL, BatchSize: 100}
+	var rel *relay.Relay
 	if driver == pgtest.DriverPgx {
 		// The reply consumers' idempotency middleware then hands
 		// HandleReply a pgx.Tx (idempotency.PgxTxFromContext).
 		b.pgx = b.schema.Pgx(t)
 		b.store, err = idempotency.NewPostgresStore(postgres.From(b.pgx))
 		require.NoError(t, err)
-		relay, err = outbox.NewRelay(postgres.From(b.pgx), tr.Publisher(), relayCfg)
+		rel, err = relay.New(postgres.From(b.pgx), tr.Publisher(), relayCfg)
 	} else {
 		b.store, err = idempotency.NewPostgresStore(postgres.From(b.schema.DB))
 		require.NoError(t, err)
-		relay, err = outbox.NewRelay(postgres.From(b.schema.DB), tr.Publisher(), relayCfg)
+		rel, err = relay.New(postgres.From(b.schema.DB), tr.Publisher(), relayCfg)
 	}
 	require.NoError(t, err)
-	runBackground(t, "relay", relay.Run, relay.Close)
+	runBackground(t, "relay", rel.Run, rel.Close)
 
 	b.parts = newParticipants(tr.Publisher())
 	if driver == pgtest.DriverPgx {

@@ -94,6 +94,33 @@ func List(ctx context.Context, db postgres.Handle, f Filter) ([]Info, error) {
 	return out, nil
 }
 
+// Summary counts the instances of one type in one state.
+type Summary struct {
+	Type  string
+	State State
+	Count int64
+	// Oldest is when the oldest of them started.
+	Oldest time.Time
+}
+
+// Summarize counts the instances by type and state (by type, then
+// state): the operator console's overview, in its transaction.
+func Summarize(ctx context.Context, db postgres.Handle) ([]Summary, error) {
+	q, err := storage.FromHandle(db)
+	if err != nil {
+		return nil, fmt.Errorf("saga: Summarize: %w", err)
+	}
+	rows, err := storage.SummarizeSagas(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("saga: counting instances%s: %w", storage.Hint(err), err)
+	}
+	out := make([]Summary, len(rows))
+	for i, r := range rows {
+		out[i] = Summary{Type: r.Type, State: State(r.State), Count: r.Count, Oldest: r.Oldest}
+	}
+	return out, nil
+}
+
 // Get returns instance id and its step history, oldest entry first. The
 // error wraps ErrNotFound when there is no such instance.
 func Get(ctx context.Context, db postgres.Handle, id string) (Info, []HistoryEntry, error) {
@@ -175,28 +202,29 @@ func Resolve(ctx context.Context, db postgres.DB, id string, action ResolveActio
 	if action != ResolveRetry && action != ResolveSkip {
 		return Resolution{}, fmt.Errorf("saga: Resolve %q: unknown action %q: want %q or %q", id, action, ResolveRetry, ResolveSkip)
 	}
-	pool, err := storage.PoolFrom(db)
-	if err != nil {
-		return Resolution{}, fmt.Errorf("saga: Resolve %q: %w", id, err)
+	var r Resolution
+	errDry := errors.New("dry run: roll back")
+	err := db.InTx(ctx, func(tx postgres.Tx) error {
+		var err error
+		if r, err = ResolveTx(ctx, tx, id, action, note, dryRun); err != nil {
+			return err
+		}
+		if dryRun {
+			return errDry // nothing was written; roll back all the same
+		}
+		return nil
+	})
+	if errors.Is(err, errDry) {
+		err = nil
 	}
-	tx, err := pool.Begin(ctx, storage.TxOptions{})
-	if err != nil {
-		return Resolution{}, fmt.Errorf("saga: Resolve %q: begin: %w", id, err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	r, err := resolveIn(ctx, tx, id, action, note, dryRun)
-	if err != nil || dryRun {
-		return r, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return r, fmt.Errorf("saga %q: commit: %w", id, err)
-	}
-	return r, nil
+	return r, err
 }
 
-// ResolveTx is Resolve in the caller's transaction tx: the caller commits, and the change is made if and
-// only if it does. The operator console uses it to resolve and audit in
-// one transaction, in the schema it selected.
+// ResolveTx is Resolve in the caller's transaction tx: the caller commits,
+// and the change is made if and only if it does. Resolve and the CLI's
+// `millwright saga resolve` call it; the operator console too, adding its
+// audit row (audit.RecordTx) in the same transaction, in the schema it
+// selected.
 func ResolveTx(ctx context.Context, tx postgres.Tx, id string, action ResolveAction, note string, dryRun bool) (Resolution, error) {
 	if action != ResolveRetry && action != ResolveSkip {
 		return Resolution{}, fmt.Errorf("saga: Resolve %q: unknown action %q: want %q or %q", id, action, ResolveRetry, ResolveSkip)

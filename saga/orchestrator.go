@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/promreg"
 	"github.com/millwright/millwright/internal/runner"
@@ -23,7 +24,6 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/tracing"
 )
 
@@ -94,7 +94,7 @@ const (
 	// from, with a "component" label (here saga.Orchestrator): the
 	// definition's code (a Command, Compensation or OnSuccess) panicked on
 	// an instance. Run sets that instance aside as stuck, naming the
-	// panic; HandleReply refuses the reply with a retry.Permanent error.
+	// panic; HandleReply refuses the reply with a failure.Permanent error.
 	// The same series counts the other loops' panics (outbox relay,
 	// cleaners).
 	MetricLoopPanics = "millwright_loop_panics_total"
@@ -398,7 +398,7 @@ func isNil(x any) bool {
 // orchestrator's pool, and a redelivered reply is recorded as a duplicate.
 //
 // A reply that cannot belong to this saga type (no saga id, unknown step or
-// reply type) returns an error marked retry.Permanent, for the dead-letter
+// reply type) returns an error marked failure.Permanent, for the dead-letter
 // path. A reply to a command that is no longer current (the step timed out,
 // was compensated, or was answered before) is recorded in the history as
 // late_reply or duplicate and acknowledged. A reply whose transition can
@@ -412,7 +412,7 @@ func isNil(x any) bool {
 func (o *Orchestrator[D]) HandleReply(msg *message.Message) (err error) {
 	r, err := o.d.parseReply(msg)
 	if err != nil {
-		return retry.Permanent(err)
+		return failure.Permanent(err)
 	}
 	// The step's span continues the reply's trace; the commands this
 	// transition writes to the outbox carry it on (outbox.Add stores the
@@ -458,14 +458,14 @@ func (o *Orchestrator[D]) applyReply(ctx context.Context, q storage.Querier, r r
 	// current, instead of computing a transition that conflicts.
 	row, err := storage.LockSaga(ctx, q, r.sagaID)
 	if storage.IsNoRows(err) {
-		return nil, retry.Permanent(fmt.Errorf("saga %s: reply for %q: %w (was the instance deleted?)", o.def.name, r.sagaID, ErrNotFound))
+		return nil, failure.Permanent(fmt.Errorf("saga %s: reply for %q: %w (was the instance deleted?)", o.def.name, r.sagaID, ErrNotFound))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("saga %s %q: loading instance%s: %w", o.def.name, r.sagaID, storage.Hint(err), err)
 	}
 	in := fromRow(row)
 	if in.typ != o.def.name {
-		return nil, retry.Permanent(fmt.Errorf("saga %s: reply for %q, an instance of saga type %q: give each saga type its own reply topic", o.def.name, r.sagaID, in.typ))
+		return nil, failure.Permanent(fmt.Errorf("saga %s: reply for %q, an instance of saga type %q: give each saga type its own reply topic", o.def.name, r.sagaID, in.typ))
 	}
 	t, err := o.decideGuarded(ctx, q, in, input{reply: r}, time.Now(), watermill.LogFields{"reply": r.reply.Type, "step": r.step})
 	var le *loadError
@@ -476,7 +476,7 @@ func (o *Orchestrator[D]) applyReply(ctx context.Context, q storage.Querier, r r
 		// No decision can be made on this reply (the instance's position
 		// is not in the definition, or the definition's code panicked on
 		// it): redelivering it would fail the same way.
-		return nil, retry.Permanent(fmt.Errorf("saga %s: reply %s to step %q of %q: %w", o.def.name, r.reply.Type, r.step, r.sagaID, err))
+		return nil, failure.Permanent(fmt.Errorf("saga %s: reply %s to step %q of %q: %w", o.def.name, r.reply.Type, r.step, r.sagaID, err))
 	case err != nil:
 		// Any other error of the definition's code (OnSuccess, a
 		// Compensation builder) may pass: the reply is redelivered, as

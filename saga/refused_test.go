@@ -30,7 +30,7 @@ type refusedData struct {
 
 // oversized is a payload outbox.Add refuses: one byte past the transport
 // limit it checks events against.
-func oversized() []byte { return make([]byte, outbox.TransportLimits().MaxBytes+1) }
+func oversized() []byte { return make([]byte, outbox.DefaultMaxEventBytes+1) }
 
 // refusedDef is a two-step saga whose commands outbox.Add refuses for some
 // instances: the first step's compensation of a saga whose id starts with
@@ -212,7 +212,7 @@ func TestRunSetsAsideAnInstanceWhoseCommandTheOutboxRefuses(t *testing.T) {
 		require.True(t, huge.Deadline.IsZero(), "a set-aside saga is not fired again")
 		require.Contains(t, huge.LastError, `step "first" timed out`, "the cause is kept")
 		require.Contains(t, huge.LastError, `set aside: the outbox refused the compensation command "first.undo.v1" of step "first" (topic "refused.first", `)
-		require.Contains(t, huge.LastError, "outbox.MaxEventBytes")
+		require.Contains(t, huge.LastError, "outbox.DefaultMaxEventBytes")
 		require.Contains(t, huge.LastError, "millwright saga resolve huge")
 		require.Zero(t, b.commands(t, "huge", "first.undo.v1"), "nothing is sent for the refused saga")
 		require.Equal(t, saga.KindStuck, h[len(h)-1].Kind, "%+v", h)

@@ -13,13 +13,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -183,14 +183,14 @@ func TestReplyToAnInstanceOutOfItsDefinitionIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	err = o.HandleReply(reply("s1", saga.PhaseCompensation, "first.compensated", ""))
 	require.Error(t, err)
-	require.True(t, retry.IsPermanent(err), "%v", err)
+	require.True(t, failure.IsPermanent(err), "%v", err)
 	require.True(t, errors.Is(err, saga.ErrUnknownPosition), "%v", err)
 	require.Contains(t, err.Error(), "resume_step is step index 5")
 
 	start("s2")
 	err = o.HandleReply(reply("s2", saga.PhaseForward, "first.succeeded", "poison"))
 	require.Error(t, err)
-	require.True(t, retry.IsPermanent(err), "%v", err)
+	require.True(t, failure.IsPermanent(err), "%v", err)
 	require.Contains(t, err.Error(), "recovered from a panic: boom: OnSuccess cannot read the reply")
 	require.Equal(t, 1.0, metricValue(t, reg, saga.MetricLoopPanics, map[string]string{"component": "saga.Orchestrator"}))
 	info, _, err := saga.Get(ctx, postgres.From(schema.DB), "s2")

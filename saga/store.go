@@ -154,7 +154,7 @@ func (o *Orchestrator[D]) refusal(ctx context.Context, q storage.Querier, t *tra
 	for _, ev := range t.events {
 		// Which command: each alone, on a queue that is thrown away.
 		if e := outbox.Add(ctx, storage.AsTx(storage.NewQueue(q)), ev); e != nil {
-			return fmt.Sprintf("the outbox refused the %s command %q of step %q (topic %q, %d-byte payload); fix the definition's command (or raise the limit it exceeds: outbox.MaxEventBytes, the transport's), %s: %v",
+			return fmt.Sprintf("the outbox refused the %s command %q of step %q (topic %q, %d-byte payload); fix the definition's command (or raise the limit it exceeds: the outbox Writer's, outbox.DefaultMaxEventBytes, or the transport's), %s: %v",
 				ev.Metadata[metadata.SagaPhase], ev.EventType, ev.Metadata[metadata.SagaStep], ev.Topic, len(ev.Payload), resolve, e)
 		}
 	}

@@ -11,12 +11,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -69,7 +69,7 @@ func TestOnSuccessErrorIsRetriedByRedelivery(t *testing.T) {
 	}
 	err = o.HandleReply(reply)
 	require.Error(t, err)
-	require.False(t, retry.IsPermanent(err), "a passing error must be redelivered, not dead-lettered: %v", err)
+	require.False(t, failure.IsPermanent(err), "a passing error must be redelivered, not dead-lettered: %v", err)
 	info, _, err := saga.Get(ctx, postgres.From(schema.DB), "f1")
 	require.NoError(t, err)
 	require.Equal(t, saga.StateRunning, info.State)

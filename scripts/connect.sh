@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One Kafka Connect worker, in distributed mode, with Debezium's PostgreSQL
-# connector: what the Debezium tests and `millwright bench debezium` relay
+# connector: what the Debezium tests and `millwright-bench debezium` relay
 # the outbox through.
 #
 #   scripts/connect.sh up       fetch (once, cached), start the worker if it is

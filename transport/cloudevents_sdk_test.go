@@ -24,6 +24,7 @@ import (
 
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -155,11 +156,11 @@ func TestOutboxEventsDecodeWithCloudEventsSDK(t *testing.T) {
 				{Topic: topic, AggregateID: "o-2", Payload: []byte(`{"signed": "as is"}`), RawPayload: true, ID: "raw-" + watermill.NewShortUUID()},
 			}
 			require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(schema.DB), events...))
-			relay, err := outbox.NewRelay(postgres.From(schema.DB), tr.Publisher(), outbox.RelayConfig{})
+			rel, err := relay.New(postgres.From(schema.DB), tr.Publisher(), relay.Config{})
 			require.NoError(t, err)
 			published := 0
 			for published < len(events) {
-				n, err := relay.RunOnce(ctx)
+				n, err := rel.RunOnce(ctx)
 				require.NoError(t, err)
 				require.NoError(t, ctx.Err(), "relay published %d of %d events", published, len(events))
 				published += n
@@ -192,7 +193,7 @@ func TestOutboxEventsDecodeWithCloudEventsSDK(t *testing.T) {
 			require.Equal(t, events[1].Payload, raw.Data(), "RawPayload kept byte for byte")
 			require.Equal(t, topic, raw.Type(), "EventType defaults to the topic")
 			for _, ev := range byID {
-				require.Equal(t, outbox.DefaultSource(), ev.Source(), "%s: event %s", kind, ev.ID())
+				require.Equal(t, defaultSource(t), ev.Source(), "%s: event %s", kind, ev.ID())
 				require.Equal(t, "1.0", ev.SpecVersion())
 				require.Equal(t, "application/json", ev.DataContentType(), "%s: event %s", kind, ev.ID())
 				require.False(t, ev.Time().IsZero())
@@ -287,4 +288,12 @@ func readWire(ctx context.Context, t *testing.T, kind transport.Kind, cfg transp
 		require.NoError(t, rows.Err())
 	}
 	return out
+}
+
+// defaultSource is the CloudEvents source of events written without one
+// by outbox.Add: that of a Writer with the default settings.
+func defaultSource(t *testing.T) string {
+	w, err := outbox.NewWriter(outbox.WriterConfig{})
+	require.NoError(t, err)
+	return w.Source()
 }

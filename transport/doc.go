@@ -15,7 +15,7 @@
 // program links only the broker clients it uses:
 //
 //	import _ "github.com/millwright/millwright/transport/kafka" // Kafka only
-//	import _ "github.com/millwright/millwright/transport/all"   // all five, and the fakes
+//	import _ "github.com/millwright/millwright/transport/all"   // all five (no fake)
 //
 // A kind that is not linked is refused by Validate, Open, ParseURL and
 // FromEnv with an error naming the import to add. A 24-line program that
@@ -41,7 +41,7 @@
 // listener that does not speak the configured TLS or SASL). A broker it
 // cannot reach (refused, closed, no answer within the kind's
 // ConnectTimeout, 10s by default) is waited for, attempt after attempt
-// with backoff (WaitPolicy), each failure logged with what Open waits for
+// with backoff (0.5s doubling to 5s, jittered), each failure logged with what Open waits for
 // and passed to Config.OnWait (health.Waiter makes readiness say "waiting
 // for the broker"), until Open's ctx ends or Config.WaitForBroker passes
 // (NoWait: the first failure is returned; env MILLWRIGHT_WAIT_FOR_BROKER):
@@ -54,17 +54,18 @@
 // brokers take: topic names (ValidateName) and the largest message,
 // counted as the kind counts it on the wire (Kafka: Sarama's ByteSize,
 // payload, key and headers; Pub/Sub: the publish request; RabbitMQ: the
-// body; sql: payload and metadata). outbox.SetTransportLimits makes
-// outbox.Add refuse at write time what the relay could never publish. A
+// body; sql: payload and metadata). An outbox.Writer built with them
+// (outbox.WriterConfig.Limits) refuses at write time what the relay could
+// never publish. A
 // message a broker or client refuses for its size or name fails with an
-// error marked retry.Permanent and wrapping ErrMessageTooLarge or
+// error marked failure.Permanent and wrapping ErrMessageTooLarge or
 // ErrInvalidName (IsPermanent), from the kafka, googlecloud and sql
 // publishers and the name check of every kind.
 //
 // Development fakes, NOT FOR PRODUCTION, are selected by configuration
-// alone, in programs that link them (transport/embedded, which
-// transport/all imports; production builds that import only their kind
-// do not): MILLWRIGHT_TRANSPORT=kfake (or kfake://) makes Open start an
+// alone, in programs that link them (import transport/embedded;
+// transport/all does not, so a production build never does):
+// MILLWRIGHT_TRANSPORT=kfake (or kfake://) makes Open start an
 // in-process Kafka (franz-go's kfake), and MILLWRIGHT_TRANSPORT=pstest (or
 // pstest://PROJECT) an in-process Pub/Sub (the Google client's pstest);
 // Close stops them, and everything they held is lost. Config.String says

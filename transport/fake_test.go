@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/transport"
+	_ "github.com/millwright/millwright/transport/embedded" // the fakes, selected by MILLWRIGHT_TRANSPORT alone
 )
 
 // A new application selects the in-process development fakes by

@@ -8,11 +8,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/millwright/millwright/cloudevent"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 )
 
-// ErrMessageTooLarge is wrapped, together with retry.Permanent, by the
+// ErrMessageTooLarge is wrapped, together with failure.Permanent, by the
 // publish errors of kinds whose broker (or client library) refused a
 // message for its size, and by Limits.Check for a message over the kind's
 // limit. Publishing it again cannot succeed: the outbox relay fails such a
@@ -21,12 +21,12 @@ var ErrMessageTooLarge = errors.New("message too large")
 
 // IsPermanent reports whether a publish error says the message can never be
 // published as it is (ErrMessageTooLarge, ErrInvalidName, or any error
-// marked retry.Permanent), so that retrying it only wastes the retry budget.
+// marked failure.Permanent), so that retrying it only wastes the retry budget.
 // The errors of this package and of the kind sub-packages are already
-// marked retry.Permanent, so retry.IsPermanent gives the same answer for
+// marked failure.Permanent, so failure.IsPermanent gives the same answer for
 // them.
 func IsPermanent(err error) bool {
-	return retry.IsPermanent(err) || errors.Is(err, ErrMessageTooLarge) || errors.Is(err, ErrInvalidName)
+	return failure.IsPermanent(err) || errors.Is(err, ErrMessageTooLarge) || errors.Is(err, ErrInvalidName)
 }
 
 // Each kind's largest message by default, as Limits.Size counts it.
@@ -64,7 +64,7 @@ const sqlMaxUUID = 36
 // Limits are what a kind's brokers take: the topic names (ValidateName)
 // and the largest message, counted as the kind counts a message on the
 // wire. The outbox checks every event against them when it is written
-// (outbox.SetTransportLimits), so that no event is stored that the relay
+// (outbox.WriterConfig.Limits), so that no event is stored that the relay
 // could never publish.
 type Limits struct {
 	// Kind whose rules apply. "" applies the rules every kind shares:
@@ -192,7 +192,7 @@ func protoBytesField(n int) int {
 
 // Check reports what in the message the kind's brokers would refuse: the
 // topic name (ErrInvalidName) and what CheckMessage checks. Its errors are
-// marked retry.Permanent.
+// marked failure.Permanent.
 func (l Limits) Check(topic, uuid string, payload []byte, md map[string]string) error {
 	if err := l.ValidateTopic(topic); err != nil {
 		return err
@@ -204,7 +204,7 @@ func (l Limits) Check(topic, uuid string, payload []byte, md map[string]string) 
 // kind's brokers would refuse: the size (ErrMessageTooLarge, naming the
 // limit and the setting), and the kind's other rules (Pub/Sub's attribute
 // count and sizes, the sql transport's 36-character UUID). Its errors are
-// marked retry.Permanent.
+// marked failure.Permanent.
 func (l Limits) CheckMessage(topic, uuid string, payload []byte, md iter.Seq2[string, string]) error {
 	if l.MaxBytes > 0 {
 		if size := l.SizeSeq(topic, uuid, payload, md); size > l.MaxBytes {
@@ -212,7 +212,7 @@ func (l Limits) CheckMessage(topic, uuid string, payload []byte, md iter.Seq2[st
 			if kind == "" {
 				kind = "any transport (counted as kafka)"
 			}
-			return retry.Permanent(fmt.Errorf("transport: %w: message %s for topic %s is %d bytes on the wire of %s (payload %d), over the limit of %d (%s)",
+			return failure.Permanent(fmt.Errorf("transport: %w: message %s for topic %s is %d bytes on the wire of %s (payload %d), over the limit of %d (%s)",
 				ErrMessageTooLarge, uuid, topic, size, kind, len(payload), l.MaxBytes, l.Setting))
 		}
 	}
@@ -222,18 +222,18 @@ func (l Limits) CheckMessage(topic, uuid string, payload []byte, md iter.Seq2[st
 		for k, v := range md {
 			n++
 			if w := cloudevent.PubSub.WireKey(k); len(w) > pubSubMaxAttributeKey {
-				return retry.Permanent(fmt.Errorf("transport: %w: message %s for topic %s: metadata key %.40q... is %d bytes as a Pub/Sub attribute name, over Pub/Sub's limit of %d", ErrMessageTooLarge, uuid, topic, k, len(w), pubSubMaxAttributeKey))
+				return failure.Permanent(fmt.Errorf("transport: %w: message %s for topic %s: metadata key %.40q... is %d bytes as a Pub/Sub attribute name, over Pub/Sub's limit of %d", ErrMessageTooLarge, uuid, topic, k, len(w), pubSubMaxAttributeKey))
 			}
 			if len(v) > pubSubMaxAttributeValue {
-				return retry.Permanent(fmt.Errorf("transport: %w: message %s for topic %s: metadata %q is %d bytes, over Pub/Sub's limit of %d bytes per attribute value: carry it in the payload", ErrMessageTooLarge, uuid, topic, k, len(v), pubSubMaxAttributeValue))
+				return failure.Permanent(fmt.Errorf("transport: %w: message %s for topic %s: metadata %q is %d bytes, over Pub/Sub's limit of %d bytes per attribute value: carry it in the payload", ErrMessageTooLarge, uuid, topic, k, len(v), pubSubMaxAttributeValue))
 			}
 		}
 		if n > pubSubMaxAttributes {
-			return retry.Permanent(fmt.Errorf("transport: %w: message %s for topic %s has %d Pub/Sub attributes (its metadata and the UUID), over Pub/Sub's limit of %d", ErrMessageTooLarge, uuid, topic, n, pubSubMaxAttributes))
+			return failure.Permanent(fmt.Errorf("transport: %w: message %s for topic %s has %d Pub/Sub attributes (its metadata and the UUID), over Pub/Sub's limit of %d", ErrMessageTooLarge, uuid, topic, n, pubSubMaxAttributes))
 		}
 	case SQL:
 		if n := utf8.RuneCountInString(uuid); n > sqlMaxUUID {
-			return retry.Permanent(fmt.Errorf("transport: %w: message UUID %.40q... for topic %s is too long: %d characters, over the %d of the sql transport's uuid column (watermill-sql's VARCHAR(36)): use a UUID", ErrMessageTooLarge, uuid, topic, n, sqlMaxUUID))
+			return failure.Permanent(fmt.Errorf("transport: %w: message UUID %.40q... for topic %s is too long: %d characters, over the %d of the sql transport's uuid column (watermill-sql's VARCHAR(36)): use a UUID", ErrMessageTooLarge, uuid, topic, n, sqlMaxUUID))
 		}
 	}
 	return nil

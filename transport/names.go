@@ -9,7 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/failure"
 )
 
 // Topic and consumer-group names reach SQL (watermill-sql makes tables of
@@ -39,7 +39,7 @@ const anyKind Kind = "(any kind)"
 // ErrInvalidName is wrapped by the errors of Publish, Subscribe and
 // Subscriber for a topic or group name outside the allow-list, and of
 // Limits.Check (outbox.Add) for such a topic. Those errors are also marked
-// retry.Permanent: the name does not become valid by retrying.
+// failure.Permanent: the name does not become valid by retrying.
 var ErrInvalidName = fmt.Errorf("invalid name")
 
 // ValidateName reports whether name may be used as a topic or consumer
@@ -47,7 +47,7 @@ var ErrInvalidName = fmt.Errorf("invalid name")
 // '_' and '-', starting with a letter or digit (Pub/Sub: at least 3,
 // starting with a letter).
 func ValidateName(kind Kind, what, name string) error {
-	return retry.Permanent(validateName(kind, what, name))
+	return failure.Permanent(validateName(kind, what, name))
 }
 
 func validateName(kind Kind, what, name string) error {

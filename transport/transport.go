@@ -11,7 +11,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 )
 
 // Kind names a transport.
@@ -68,7 +67,7 @@ type Config struct {
 	// instead of exiting. Default 0: until Open's ctx ends (a service's
 	// start context: its shutdown signal). A positive duration stops
 	// waiting after that long; NoWait (-1) returns the first failure.
-	// Between attempts Open backs off (WaitPolicy: 0.5s doubling to 5s,
+	// Between attempts Open backs off (0.5s doubling to 5s,
 	// full jitter) and logs each failure at error level with what it
 	// waits for, to Logger (to slog's default logger when Logger is nil:
 	// a wait is never silent). Configuration errors (Validate), and those the broker
@@ -91,12 +90,6 @@ type Config struct {
 // NoWait is the WaitForBroker value that makes Open return its first
 // failure instead of waiting for the broker.
 const NoWait time.Duration = -1
-
-// WaitPolicy paces Open's attempts while it waits for a broker (see
-// Config.WaitForBroker): 0.5s, doubling, at most 5s between attempts,
-// full jitter, so that services that started together do not retry in
-// lockstep; a broker back after a restart is reached within 5s.
-var WaitPolicy = retry.Policy{InitialInterval: 500 * time.Millisecond, MaxInterval: 5 * time.Second, MaxAttempts: -1}
 
 // Validate reports a configuration that cannot work, naming the field and
 // the fix. It checks only the selected kind.

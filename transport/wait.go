@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/failure"
 )
 
 // ErrGaveUpWaiting is wrapped by Open's error when it stopped waiting for
@@ -18,7 +19,7 @@ import (
 var ErrGaveUpWaiting = errors.New("gave up waiting for the broker")
 
 // openWaiting opens cfg's kind through d, attempt after attempt while the
-// failure is one waiting can fix (not retry.Permanent), until ctx ends or
+// failure is one waiting can fix (not failure.Permanent), until ctx ends or
 // cfg.WaitForBroker passes; it logs each failure and tells cfg.OnWait.
 func openWaiting(ctx context.Context, cfg Config, d Driver) (Backend, error) {
 	logger := cfg.Logger
@@ -28,7 +29,6 @@ func openWaiting(ctx context.Context, cfg Config, d Driver) (Backend, error) {
 		logger = watermill.NewSlogLogger(nil)
 	}
 	start := time.Now()
-	var prev time.Duration
 	for attempt := 1; ; attempt++ {
 		b, err := d.Open(ctx, cfg)
 		if err == nil {
@@ -39,14 +39,13 @@ func openWaiting(ctx context.Context, cfg Config, d Driver) (Backend, error) {
 			}
 			return b, nil
 		}
-		if cfg.WaitForBroker == NoWait || retry.IsPermanent(err) || ctx.Err() != nil {
+		if cfg.WaitForBroker == NoWait || failure.IsPermanent(err) || ctx.Err() != nil {
 			if ctx.Err() != nil && attempt > 1 {
 				return nil, gaveUp(ctx, cfg, attempt, start, err)
 			}
 			return nil, fmt.Errorf("transport: opening %s: %w", cfg, err)
 		}
-		delay := WaitPolicy.Delay(attempt, prev)
-		prev = delay
+		delay := waitDelay(attempt)
 		waited := time.Since(start)
 		if cfg.WaitForBroker > 0 {
 			// The last attempt comes at the bound, not a jittered delay
@@ -77,4 +76,23 @@ func openWaiting(ctx context.Context, cfg Config, d Driver) (Backend, error) {
 func gaveUp(ctx context.Context, cfg Config, attempts int, start time.Time, last error) error {
 	return fmt.Errorf("transport: opening %s: %w after %d attempts in %s (the start context ended: %w); last failure: %w",
 		cfg, ErrGaveUpWaiting, attempts, time.Since(start).Round(time.Millisecond), context.Cause(ctx), last)
+}
+
+// Open's pace while it waits for a broker (see Config.WaitForBroker).
+const (
+	waitInitial = 500 * time.Millisecond
+	waitMax     = 5 * time.Second
+)
+
+// waitDelay is the pause after Open's attempt number attempt failed: 0.5s,
+// doubling, at most 5s, with full jitter (uniform up to that), as
+// retry.Policy's default jitter, so that services that started together
+// do not retry in lockstep; a broker back after a restart is reached
+// within 5s.
+func waitDelay(attempt int) time.Duration {
+	d := waitMax
+	if attempt < 5 { // 0.5s << 4 is past waitMax
+		d = min(waitInitial<<max(attempt-1, 0), waitMax)
+	}
+	return time.Duration(rand.Int64N(int64(d) + 1))
 }

@@ -8,12 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
-	"github.com/millwright/millwright/internal/cleaner"
-	"github.com/millwright/millwright/outbox"
-	"github.com/millwright/millwright/saga"
+	"github.com/millwright/millwright/retention"
 )
 
 // Retention from the CLI: `millwright clean` runs one round of every
@@ -38,15 +33,15 @@ type cleanTarget struct {
 // cleanTargets lists every table millwright writes, in the order
 // `millwright clean` cleans them.
 var cleanTargets = []cleanTarget{
-	{"outbox", "published outbox events", outbox.DefaultRetention, outbox.NewCleaner,
+	{"outbox", "published outbox events", retention.DefaultOutboxRetention, retention.NewOutboxCleaner,
 		"they can no longer be inspected or re-published"},
-	{"idempotency", "processed marks", idempotency.DefaultRetention, idempotency.NewCleaner,
+	{"idempotency", "processed marks", retention.DefaultIdempotencyRetention, retention.NewIdempotencyCleaner,
 		"redeliveries of those events will be processed again"},
-	{"dlq", "dead letters", dlq.DefaultRetention, dlq.NewCleaner,
+	{"dlq", "dead letters", retention.DefaultDeadLetterRetention, retention.NewDeadLetterCleaner,
 		"replayed or not, they can no longer be replayed"},
-	{"saga", "completed and compensated sagas (with their steps)", saga.DefaultRetention, saga.NewCleaner,
+	{"saga", "completed and compensated sagas (with their steps)", retention.DefaultSagaRetention, retention.NewSagaCleaner,
 		"a reply still arriving for one of them fails as not found"},
-	{"audit", "audit rows", audit.DefaultRetention, audit.NewCleaner,
+	{"audit", "audit rows", retention.DefaultAuditRetention, retention.NewAuditCleaner,
 		"the record of those commands is lost"},
 }
 
@@ -74,13 +69,13 @@ millwright_audit (a dry run writes nothing else).
 Progress (rows deleted of those counted) goes to stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			retention, _ := cmd.Flags().GetDuration("retention")
+			age, _ := cmd.Flags().GetDuration("retention")
 			batch, _ := cmd.Flags().GetInt("batch-size")
-			return runClean(cmd, args, []cleanTarget{t}, func(cleanTarget) time.Duration { return retention }, batch)
+			return runClean(cmd, args, []cleanTarget{t}, func(cleanTarget) time.Duration { return age }, batch)
 		},
 	}
 	cmd.Flags().Duration("retention", t.retention, "keep "+t.rows+" this long")
-	cmd.Flags().Int("batch-size", cleaner.DefaultBatchSize, fmt.Sprintf("rows per DELETE statement (1 to %d)", cleaner.MaxBatchSize))
+	cmd.Flags().Int("batch-size", retention.DefaultBatchSize, fmt.Sprintf("rows per DELETE statement (1 to %d)", retention.MaxBatchSize))
 	addSafetyFlags(cmd)
 	addDatabaseFlag(cmd)
 	return cmd
@@ -112,7 +107,7 @@ is recorded in millwright_audit (a dry run writes nothing else). Progress
 	for _, t := range cleanTargets {
 		cmd.Flags().Duration(t.component+"-retention", t.retention, "keep "+t.rows+" this long")
 	}
-	cmd.Flags().Int("batch-size", cleaner.DefaultBatchSize, fmt.Sprintf("rows per DELETE statement (1 to %d)", cleaner.MaxBatchSize))
+	cmd.Flags().Int("batch-size", retention.DefaultBatchSize, fmt.Sprintf("rows per DELETE statement (1 to %d)", retention.MaxBatchSize))
 	addSafetyFlags(cmd)
 	addDatabaseFlag(cmd)
 	return cmd
@@ -129,12 +124,12 @@ func retentionFlag(cmd *cobra.Command, t cleanTarget) string {
 
 // buildCleaners builds the cleaner of each target into cleaners, on the
 // command's pool (--driver), which also carries the run's audit row.
-func buildCleaners(cmd *cobra.Command, pool *cliPool, targets []cleanTarget, cleaners []*cleaner.Cleaner, retention func(cleanTarget) time.Duration, batch int) error {
+func buildCleaners(cmd *cobra.Command, pool *cliPool, targets []cleanTarget, cleaners []*retention.Cleaner, age func(cleanTarget) time.Duration, batch int) error {
 	var errs []error
 	for i, t := range targets {
 		var err error
-		if cleaners[i], err = t.open(pool.handle(), cleaner.Config{Retention: retention(t), BatchSize: batch}); err != nil {
-			errs = append(errs, fmt.Errorf("%s --%s=%s --batch-size=%d: %w", cmd.CommandPath(), retentionFlag(cmd, t), retention(t), batch, err))
+		if cleaners[i], err = t.open(pool.handle(), retention.Config{Retention: age(t), BatchSize: batch}); err != nil {
+			errs = append(errs, fmt.Errorf("%s --%s=%s --batch-size=%d: %w", cmd.CommandPath(), retentionFlag(cmd, t), age(t), batch, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -142,12 +137,12 @@ func buildCleaners(cmd *cobra.Command, pool *cliPool, targets []cleanTarget, cle
 
 // runClean counts (dry run) or cleans each target once, printing a line
 // per table, and audits the run with the total.
-func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, retention func(cleanTarget) time.Duration, batch int) error {
+func runClean(cmd *cobra.Command, args []string, targets []cleanTarget, age func(cleanTarget) time.Duration, batch int) error {
 	// The cleaners are built, and so their retention and batch size
 	// validated, before anything is written (the audit row included).
-	cleaners := make([]*cleaner.Cleaner, len(targets))
+	cleaners := make([]*retention.Cleaner, len(targets))
 	change, pool, err := openChange(cmd, args, func(pool *cliPool) error {
-		return buildCleaners(cmd, pool, targets, cleaners, retention, batch)
+		return buildCleaners(cmd, pool, targets, cleaners, age, batch)
 	})
 	if err != nil {
 		return err

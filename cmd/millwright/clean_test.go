@@ -6,9 +6,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"
@@ -114,5 +114,5 @@ func TestComponentCleanCommands(t *testing.T) {
 	require.Equal(t, 3, counts["millwright_processed_events"], "only the named component is cleaned")
 
 	_, _, err := runCLI(t, dlqCmd(), nil, s.URL, "clean", "--yes", "--retention", "1m")
-	require.ErrorContains(t, err, "dlq: CleanerConfig.Retention 1m0s is too short")
+	require.ErrorContains(t, err, "dlq cleaner: retention.Config.Retention 1m0s is too short")
 }

@@ -17,8 +17,8 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/console"
-	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/redact"
 )
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,9 +14,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/transport"
+	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
 )
 
 func init() {
@@ -221,43 +222,52 @@ func printDLQDeadLetter(out io.Writer, d dlq.DeadLetter) {
 func dlqReplayCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "replay",
-		Short: "Publish dead letters back to their original topic (or --target)",
-		Long: `Publish the selected dead letters, oldest first, to their original topic (or
---target) with their original UUID, payload and metadata, and mark each row
-replayed. Rows already replayed are skipped unless --force. --dry-run prints
-exactly which message would go to which topic and publishes and marks
-nothing. At least one filter flag, or --all, is required, so a bare command
-cannot replay everything by accident. On a terminal it shows the selection
-and asks to confirm; elsewhere --yes is required. Every run past flag
-validation is recorded in millwright_audit (a dry run writes nothing else).
-Progress (messages published of those selected) goes to stderr; an
-interrupted replay says how far it got, and re-running it continues with the
-rest (without --force).
+		Short: "Replay dead letters through the outbox to their original topic (or --target)",
+		Long: `Replay the selected dead letters, oldest first, to their original topic (or
+--target) with their original event id, payload and metadata: each is
+queued in the outbox (millwright_outbox) and its row marked replayed in one
+transaction, with an audit row, and a relay publishes it: exactly once.
+This is the replay the operator console runs (dlq.ReplayTx). The outbox
+tables must be in the schema (millwright migrate), and a relay must run on
+it (millwright relay, or the service's own) for the replays to reach the
+broker; the command says how many it queued and whether a relay is alive.
+
+Rows already replayed are skipped unless --force. --dry-run prints exactly
+which message would go to which topic and queues and marks nothing. At
+least one filter flag, or --all, is required, so a bare command cannot
+replay everything by accident. On a terminal it shows the selection and
+asks to confirm; elsewhere --yes is required. Every run past flag
+validation is recorded in millwright_audit (a dry run writes nothing else),
+and every replayed dead letter gets its own audit row ("dlq replay") in
+its transaction. Progress (messages queued of those selected) goes to
+stderr; an interrupted replay says how far it got, and re-running it
+continues with the rest (without --force).
 
 Every consumer group on the topic receives a replay, but it is for the
 consumer that gave up on it (its consumer group and handler, printed as
 "for consumer <group>/<handler> only"): the others ack it without running
 their handler. A dead letter that records no consumer (older rows), or a
 replay to --target, goes to every consumer of the topic; the output warns
-about the first kind before anything is published. --for names another
+about the first kind before anything is queued. --for names another
 consumer (the new name of a renamed consumer group or handler, which its
 old dead letters no longer match: every group would skip them), or '*'
 for every consumer group.
 
-The publisher comes from the transport named by --transport (a kind or URL,
-default $MILLWRIGHT_TRANSPORT, with the other MILLWRIGHT_* variables).`,
+A dead letter whose message UUID or metadata is not text (a binary Kafka
+key or header) cannot be carried by the outbox and is refused, naming it.`,
 		Args: cobra.NoArgs,
 		RunE: runDLQReplay,
 	}
 	addDLQFilterFlags(cmd, 0)
 	f := cmd.Flags()
-	f.Bool("dry-run", false, "print what would be published where; publish and mark nothing (writes only the audit row)")
-	f.Float64("rate", 10, "publish at most this many messages per second (0: unlimited)")
-	f.String("target", "", "publish to this topic instead of each dead letter's original topic")
+	f.Bool("dry-run", false, "print what would be queued where; queue and mark nothing (writes only the audit row)")
+	f.Float64("rate", 10, "queue at most this many messages per second (0: unlimited)")
+	f.String("target", "", "replay to this topic instead of each dead letter's original topic")
 	f.Bool("force", false, "also replay dead letters replayed before")
 	f.String("for", "", "the consumer the replays are for, as <consumer group>/<handler> (a renamed group or handler), or '*' for every consumer group on the topic (default: the consumer each dead letter records)")
 	f.Bool("all", false, "replay every dead letter the other flags allow (required when no filter is given)")
-	f.String("transport", "", "transport kind or URL to publish with (default $MILLWRIGHT_TRANSPORT)")
+	f.String("transport", "", "ignored: replays go through the outbox and the relay publishes them (kept so that older scripts still run)")
+	_ = f.MarkDeprecated("transport", "replays go through the outbox; the relay publishes them with its transport")
 	addSafetyFlags(cmd)
 	return cmd
 }
@@ -286,31 +296,23 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 	if opts.Rate < 0 {
 		return fmt.Errorf("--rate %v: want >= 0 (0 means unlimited)", opts.Rate)
 	}
-	// The transport is read (not opened) before anything is written: a dry
-	// run needs none, but one given must be valid.
-	var tcfg transport.Config
-	if !opts.DryRun || fl.Changed("transport") {
-		if tcfg, err = dlqTransportConfig(cmd); err != nil {
-			return err
-		}
-	}
 	change, pool, err := openChange(cmd, args)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	store := dlqStore(pool)
+	db := pool.handle()
 	out := cmd.OutOrStdout()
 
 	if opts.DryRun {
-		rep, err := store.Replay(cmd.Context(), nil, opts)
+		rep, err := dlq.Replay(cmd.Context(), db, opts)
 		printDLQReplay(out, rep)
 		return change.finish(int64(len(rep.Items)), err)
 	}
 	err = change.confirm(func() (string, error) {
 		preview := opts
 		preview.DryRun = true
-		rep, err := store.Replay(cmd.Context(), nil, preview)
+		rep, err := dlq.Replay(cmd.Context(), db, preview)
 		if err != nil {
 			return "", err
 		}
@@ -321,91 +323,72 @@ func runDLQReplay(cmd *cobra.Command, args []string) error {
 	if err != nil {
 		return err
 	}
-
-	return publishDLQReplay(cmd, change, store, opts, tcfg)
+	opts.By = audit.Operator{User: audit.CurrentUser(), Host: audit.Hostname(), Confirmed: change.confirmed}
+	return queueDLQReplay(cmd, change, db, opts)
 }
 
-// publishDLQReplay is the confirmed run of `dlq replay`: it publishes the
-// selection with the transport of tcfg, reporting progress, and audits
-// the run.
-func publishDLQReplay(cmd *cobra.Command, change *change, store *dlq.Store, opts dlq.ReplayOptions, tcfg transport.Config) error {
-	tcfg.WaitForBroker = transport.NoWait // an operator command fails at once; services wait
-	tr, err := transport.Open(cmd.Context(), tcfg)
+// queueDLQReplay is the confirmed run of `dlq replay`: it queues the
+// selection through the outbox (dlq.Replay), reporting progress, says
+// whether a relay will publish it, and audits the run.
+func queueDLQReplay(cmd *cobra.Command, change *change, db postgres.DB, opts dlq.ReplayOptions) error {
+	total, err := dlq.CountReplay(cmd.Context(), db, opts)
 	if err != nil {
-		return change.finish(0, err)
-	}
-	total, err := store.CountSelected(cmd.Context(), opts)
-	if err != nil {
-		_ = tr.Close()
 		return change.finish(0, err)
 	}
 	prog := newProgress(cmd, "dlq replay", "messages", int64(total))
 	opts.Progress = func(n int) { prog.Set(int64(n)) }
-	rep, err := store.Replay(cmd.Context(), tr.Publisher(), opts)
+	rep, err := dlq.Replay(cmd.Context(), db, opts)
 	printDLQReplay(cmd.OutOrStdout(), rep)
 	if err != nil && cmd.Context().Err() != nil {
 		// The audit row and main's line say what stopped it.
-		err = fmt.Errorf("dlq replay interrupted after publishing %d: %w", len(rep.Items), stoppedBy(cmd.Context(), err))
+		err = fmt.Errorf("dlq replay interrupted after queueing %d: %w", len(rep.Items), stoppedBy(cmd.Context(), err))
+	}
+	if len(rep.Items) > 0 {
+		fmt.Fprintln(cmd.ErrOrStderr(), dlqRelayNote(cmd, db))
 	}
 	// Last, so that it is the line an operator sees.
 	if err != nil {
 		prog.Stopped(stoppedBy(cmd.Context(), err), dlqReplayResume(opts, len(rep.Items)))
 	} else {
-		prog.Finish(fmt.Sprintf("%d published", len(rep.Items)))
-	}
-	if cerr := tr.Close(); cerr != nil && err == nil {
-		err = fmt.Errorf("closing transport %s (messages above were published): %w", tr, cerr)
+		prog.Finish(fmt.Sprintf("%d queued", len(rep.Items)))
 	}
 	return change.finish(int64(len(rep.Items)), err)
 }
 
-// dlqReplayResume says what re-running a replay that stopped after
-// publishing n messages does: each published row was marked replayed in
-// the transaction that published it, so without --force the same command
-// skips them and continues with the rest (a row whose marking failed after
-// its publish may go again: at least once, as always); with --force it
-// would publish them again.
-func dlqReplayResume(opts dlq.ReplayOptions, n int) string {
-	if opts.Force {
-		return fmt.Sprintf("re-running with --force would publish the %d above again: narrow the selection (--id, --since) to continue with the rest", n)
+// dlqRelayNote tells the operator who publishes the queued replays: the
+// relays that announce themselves live on this outbox, or a warning that
+// none does (the replays wait in the outbox until one runs).
+func dlqRelayNote(cmd *cobra.Command, db postgres.DB) string {
+	live, err := outbox.LiveRelays(cmd.Context(), db)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("note: the replays are queued in the outbox; could not check for a relay (%v): run `millwright outbox status` to see them publish", err)
+	case live == 0:
+		return "warning: the replays are queued in the outbox, but no relay is running on it: they reach the broker once one runs (`millwright relay`, or the service's own)"
 	}
-	return fmt.Sprintf("re-running the same command continues safely: the %d published are marked replayed and skipped", n)
+	return fmt.Sprintf("the replays are queued in the outbox; %d live relay(s) publish them (`millwright outbox status` shows the backlog)", live)
 }
 
-// dlqTransportConfig reads the transport from --transport or the
-// environment. A URL is parsed as is; a bare kind name is exported as
-// MILLWRIGHT_TRANSPORT so that the other MILLWRIGHT_* variables fill in
-// that kind's settings.
-func dlqTransportConfig(cmd *cobra.Command) (transport.Config, error) {
-	v, _ := cmd.Flags().GetString("transport")
-	if strings.Contains(v, "://") {
-		cfg, err := transport.ParseURL(v)
-		if err != nil {
-			return cfg, fmt.Errorf("--transport: %w", err)
-		}
-		return cfg, nil
+// dlqReplayResume says what re-running a replay that stopped after
+// queueing n messages does: each queued row was marked replayed in the
+// transaction that queued it, so without --force the same command skips
+// them and continues with the rest; with --force it would queue them again.
+func dlqReplayResume(opts dlq.ReplayOptions, n int) string {
+	if opts.Force {
+		return fmt.Sprintf("re-running with --force would queue the %d above again: narrow the selection (--id, --since) to continue with the rest", n)
 	}
-	if v != "" {
-		if err := os.Setenv(transport.EnvTransport, v); err != nil {
-			return transport.Config{}, err
-		}
-	}
-	cfg, err := transport.FromEnv()
-	if err != nil {
-		return cfg, fmt.Errorf("dlq replay needs a transport to publish with (or use --dry-run): %w", err)
-	}
-	return cfg, nil
+	return fmt.Sprintf("re-running the same command continues safely: the %d queued are marked replayed and skipped", n)
 }
 
 func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
-	verb := "published"
+	verb := "queued"
 	if rep.DryRun {
-		verb = "would publish"
+		verb = "would queue"
 	}
 	// First, so that the confirmation prompt (the first lines) shows it.
 	if n := dlqUntargeted(rep); n > 0 {
 		fmt.Fprintf(out, "warning: %d replay(s) below name no consumer (the dead letter records none, or --for '*'): every consumer group on the topic receives the replay and runs it, and a group that applied the original applies it again unless it still holds its idempotency mark (kept %s by default; dead letters %s)\n",
-			n, dlqDays(idempotency.DefaultRetention), dlqDays(dlq.DefaultRetention))
+			n, dlqDays(retention.DefaultIdempotencyRetention), dlqDays(retention.DefaultDeadLetterRetention))
 	}
 	for _, it := range rep.Items {
 		line := fmt.Sprintf("%s dead letter %d (message %s) from %s to %s", verb, it.ID, dlq.Printable(it.MessageUUID), it.From, it.To)
@@ -425,7 +408,7 @@ func printDLQReplay(out io.Writer, rep dlq.ReplayReport) {
 		summary += fmt.Sprintf("; skipped %d taken by a concurrent replay", rep.SkippedConcurrent)
 	}
 	if rep.DryRun {
-		summary += " (dry run: nothing published, nothing marked)"
+		summary += " (dry run: nothing queued, nothing marked)"
 	}
 	fmt.Fprintln(out, summary)
 }

@@ -10,10 +10,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -22,7 +23,7 @@ import (
 // U+FFFD nor written raw to the terminal.
 func TestDLQShowsBinaryMetadataQuoted(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	const binary = "\x0a\xff\x01\x00"
 	uuid := binary + watermill.NewUUID()

@@ -14,11 +14,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgconntest"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -41,15 +42,15 @@ func seedManyDeadLetters(t *testing.T, store *dlq.Store, n int) {
 // summary.
 func TestDLQReplayProgress(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	store := dlq.NewStore(postgres.From(s.DB))
 	seedManyDeadLetters(t, store, 300)
 
 	stdout, stderr, err := runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--transport", "mem://", "--rate", "0", "--yes")
 	require.NoError(t, err, stderr)
-	require.Contains(t, stdout, "published 300 message(s)")
+	require.Contains(t, stdout, "queued 300 message(s)")
 	require.Regexp(t, `(?m)^dlq replay: 30/300 messages \(10%\), [0-9.]+/s, about .* left`, stderr)
-	require.Regexp(t, `(?m)^dlq replay: done, 300/300 messages \(100%\) in [^ ]+ \([0-9.]+/s\); 300 published$`, stderr)
+	require.Regexp(t, `(?m)^dlq replay: done, 300/300 messages \(100%\) in [^ ]+ \([0-9.]+/s\); 300 queued$`, stderr)
 	require.Equal(t, 0, pendingDeadLetters(t, store))
 }
 
@@ -58,7 +59,7 @@ func TestDLQReplayProgress(t *testing.T) {
 // re-run replays exactly the rest.
 func TestDLQReplayInterruptedSaysHowFar(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	store := dlq.NewStore(postgres.From(s.DB))
 	seedManyDeadLetters(t, store, 300)
 
@@ -97,7 +98,7 @@ func TestDLQReplayInterruptedSaysHowFar(t *testing.T) {
 
 	stdout, stderr, err := runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--transport", "mem://", "--rate", "0", "--yes")
 	require.NoError(t, err, stderr)
-	require.Contains(t, stdout, "published "+strconv.Itoa(300-replayed)+" message(s); skipped "+strconv.Itoa(replayed)+" already replayed")
+	require.Contains(t, stdout, "queued "+strconv.Itoa(300-replayed)+" message(s); skipped "+strconv.Itoa(replayed)+" already replayed")
 	require.Equal(t, 0, pendingDeadLetters(t, store))
 }
 
@@ -106,7 +107,7 @@ func TestDLQReplayInterruptedSaysHowFar(t *testing.T) {
 // its audit row with that count.
 func TestDLQReplaySIGINTSaysHowFar(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	store := dlq.NewStore(postgres.From(s.DB))
 	seedManyDeadLetters(t, store, 300)
 	bin := pgconntest.Build(t, ".")
@@ -127,6 +128,7 @@ func TestDLQReplaySIGINTSaysHowFar(t *testing.T) {
 	require.Len(t, rows, 1, out)
 	require.EqualValues(t, replayed, rows[0].Affected)
 	require.Contains(t, rows[0].Error, "interrupt")
+	require.Len(t, itemAuditRows(t, s), replayed, "one row per dead letter queued, committed with it")
 }
 
 // requireStoppedLine checks the line of a replay of 300 that stopped: it
@@ -135,7 +137,7 @@ func TestDLQReplaySIGINTSaysHowFar(t *testing.T) {
 // It returns the rows replayed.
 func requireStoppedLine(t *testing.T, out string, store *dlq.Store, why string) int {
 	t.Helper()
-	m := regexp.MustCompile(`(?m)^dlq replay: stopped at (\d+)/300 messages \(\d+%\) after [^:]+: (.*); re-running the same command continues safely: the (\d+) published are marked replayed and skipped$`).
+	m := regexp.MustCompile(`(?m)^dlq replay: stopped at (\d+)/300 messages \(\d+%\) after [^:]+: (.*); re-running the same command continues safely: the (\d+) queued are marked replayed and skipped$`).
 		FindStringSubmatch(out)
 	require.NotNil(t, m, "output:\n%s", out)
 	require.Contains(t, m[2], why, "the line says why it stopped")

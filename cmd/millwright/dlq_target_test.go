@@ -10,10 +10,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -22,7 +23,7 @@ import (
 // topic would run it.
 func TestDLQReplaySaysWhichConsumerAReplayIsFor(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	store := dlq.NewStore(postgres.From(s.DB))
 	ids := seedDeadLetters(t, store) // no consumer recorded: two on orders, one on invoices
@@ -41,7 +42,7 @@ func TestDLQReplaySaysWhichConsumerAReplayIsFor(t *testing.T) {
 
 	out, err := runDLQ(t, s.URL, "replay", "--dry-run", "--topic", "orders")
 	require.NoError(t, err, out)
-	require.Contains(t, out, "would publish dead letter "+strconv.FormatInt(targeted, 10)+" ")
+	require.Contains(t, out, "would queue dead letter "+strconv.FormatInt(targeted, 10)+" ")
 	require.Contains(t, out, "to orders for consumer billing/charge only")
 	require.Contains(t, out, "warning: 2 replay(s) below name no consumer")
 	require.Contains(t, out, "every consumer group on the topic receives the replay")

@@ -11,10 +11,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -50,7 +51,7 @@ func seedDeadLetters(t *testing.T, db *dlq.Store) []int64 {
 
 func TestDLQCommands(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	store := dlq.NewStore(postgres.From(s.DB))
 	ids := seedDeadLetters(t, store)
@@ -82,28 +83,28 @@ func TestDLQCommands(t *testing.T) {
 	out, err = runDLQ(t, s.URL, "replay", "--dry-run", "--all", "--target", "orders.retry")
 	require.NoError(t, err)
 	for _, id := range ids {
-		require.Contains(t, out, "would publish dead letter "+strconv.FormatInt(id, 10)+" ")
+		require.Contains(t, out, "would queue dead letter "+strconv.FormatInt(id, 10)+" ")
 	}
 	require.Contains(t, out, "to orders.retry")
-	require.Contains(t, out, "would publish 3 message(s)")
-	require.Contains(t, out, "nothing published")
+	require.Contains(t, out, "would queue 3 message(s)")
+	require.Contains(t, out, "nothing queued")
 	pending, err := store.Count(context.Background(), dlq.Filter{Pending: true})
 	require.NoError(t, err)
 	require.Equal(t, 3, pending, "dry run marked nothing")
 
 	out, err = runDLQ(t, s.URL, "replay", "--topic", "orders", "--transport", "mem://", "--rate", "0", "--yes")
 	require.NoError(t, err, out)
-	require.Contains(t, out, "published 2 message(s)")
+	require.Contains(t, out, "queued 2 message(s)")
 	out, err = runDLQ(t, s.URL, "replay", "--topic", "orders", "--transport", "mem://", "--yes")
 	require.NoError(t, err, out)
-	require.Contains(t, out, "published 0 message(s); skipped 2 already replayed")
+	require.Contains(t, out, "queued 0 message(s); skipped 2 already replayed")
 }
 
 // A dead letter resolved through park (its message applied later) shows
 // its state, leaves --pending, and is not replayed without --force.
 func TestDLQResolvedState(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	store := dlq.NewStore(postgres.From(s.DB))
 	ids := seedDeadLetters(t, store)
 	var ok bool
@@ -127,11 +128,11 @@ func TestDLQResolvedState(t *testing.T) {
 	require.Contains(t, out, "resolved")
 	out, err = runDLQ(t, s.URL, "replay", "--id", strconv.FormatInt(ids[0], 10), "--dry-run")
 	require.NoError(t, err)
-	require.NotContains(t, out, "would publish dead letter "+strconv.FormatInt(ids[0], 10), "not replayed unless forced:\n%s", out)
+	require.NotContains(t, out, "would queue dead letter "+strconv.FormatInt(ids[0], 10), "not replayed unless forced:\n%s", out)
 	out, err = runDLQ(t, s.URL, "replay", "--id", strconv.FormatInt(ids[0], 10), "--dry-run", "--force")
 	require.NoError(t, err)
-	require.Contains(t, out, "would publish dead letter "+strconv.FormatInt(ids[0], 10), "forced:\n%s", out)
-	entries, err := audit.List(context.Background(), s.DB, 0)
+	require.Contains(t, out, "would queue dead letter "+strconv.FormatInt(ids[0], 10), "forced:\n%s", out)
+	entries, err := audit.List(context.Background(), postgres.SQL(s.DB), 0)
 	require.NoError(t, err)
 	require.NotEmpty(t, entries)
 	require.Equal(t, dlq.ResolveCommand, entries[len(entries)-1].Command, "the resolution's audit row")

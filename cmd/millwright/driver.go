@@ -4,55 +4,40 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/internal/cli"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
 )
 
 // The Postgres driver of the components a command runs (--driver).
 const (
-	envDriver = "MILLWRIGHT_DATABASE_DRIVER"
-	driverPQ  = "pq"
-	driverPgx = "pgx"
-	// defaultDriver: the components run on pgxpool (issue 32).
-	defaultDriver = driverPgx
+	envDriver     = cli.EnvDriver
+	driverPQ      = cli.DriverPQ
+	driverPgx     = cli.DriverPgx
+	defaultDriver = cli.DefaultDriver
 )
 
 // addDriverFlag adds --driver, persistent, to the root: every command
 // takes it.
 func addDriverFlag(cmd *cobra.Command) {
-	cmd.PersistentFlags().String("driver", "", "Postgres driver: pgx (a pgxpool.Pool) or pq (database/sql on lib/pq); default $"+envDriver+", else "+defaultDriver+
-		". Every command that reads or changes millwright's tables runs on one pool of it, its audit row included: relay, clean and every <component> clean, outbox status and retry-failed, dlq list, show and replay, saga list, show and resolve, idempotency stats, audit list."+
-		" The benchmarks measure on it (unset: on both, side by side). migrate and the benchmarks' scratch schemas use database/sql")
+	cli.AddDriverFlag(cmd, "Every command that reads or changes millwright's tables runs on one pool of it, its audit row included: relay, clean and every <component> clean, outbox status and retry-failed, dlq list, show and replay, saga list, show and resolve, idempotency stats, audit list."+
+		" migrate uses database/sql")
 }
 
 // driverOf returns the driver the command uses: --driver, else
 // $MILLWRIGHT_DATABASE_DRIVER, else pgx.
-func driverOf(cmd *cobra.Command) (string, error) { return driverFrom(cmd, os.LookupEnv) }
+func driverOf(cmd *cobra.Command) (string, error) { return cli.DriverOf(cmd) }
 
 // driverFrom is driverOf with the environment read through lookup.
 func driverFrom(cmd *cobra.Command, lookup func(string) (string, bool)) (string, error) {
-	d, from := "", "--driver"
-	if f := cmd.Flags().Lookup("driver"); f != nil && f.Changed {
-		d = f.Value.String()
-	} else if v, ok := lookup(envDriver); ok {
-		d, from = v, "$"+envDriver
-	}
-	switch d = strings.ToLower(strings.TrimSpace(d)); d {
-	case "":
-		return defaultDriver, nil
-	case driverPQ, driverPgx:
-		return d, nil
-	}
-	return "", fmt.Errorf("driver %q (%s): want pgx or pq", d, from)
+	return cli.DriverFrom(cmd, lookup)
 }
 
 // cliPool is the one database pool of a command invocation, on the
@@ -131,5 +116,5 @@ func openPgx(ctx context.Context, u string) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-// openCleaner builds a component's cleaner on the CLI's pool.
-type openCleaner func(db postgres.DB, cfg cleaner.Config) (*cleaner.Cleaner, error)
+// openCleaner builds a table's cleaner (retention.NewOutboxCleaner, ...).
+type openCleaner func(db postgres.DB, cfg retention.Config) (*retention.Cleaner, error)

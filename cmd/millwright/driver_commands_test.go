@@ -8,8 +8,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
@@ -71,7 +71,7 @@ func TestOperatorCommandsOnEveryDriver(t *testing.T) {
 
 		out, err := run(dlqCmd, "replay", "--all", "--transport", "mem://", "--rate", "0", "--yes")
 		require.NoError(t, err, out)
-		require.Contains(t, out, "published 3 message(s)")
+		require.Contains(t, out, "queued 3 message(s)")
 		require.Zero(t, pendingDeadLetters(t, dlq.NewStore(postgres.From(s.DB))), "every dead letter marked replayed")
 		lastAudit("dlq replay", 3)
 

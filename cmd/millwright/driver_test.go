@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
 )

@@ -57,3 +57,22 @@ func TestHelpOfEveryCommand(t *testing.T) { // not parallel: the global rootCmd
 		}
 	}
 }
+
+// The operator command carries no benchmark: `millwright --help` points
+// to millwright-bench once, and there is no bench subcommand.
+func TestHelpPointsToTheBenchCommand(t *testing.T) { // not parallel: the global rootCmd
+	out, _, err := runCLI(t, rootCmd, nil, "", "--help")
+	require.NoError(t, err)
+	require.Equal(t, 1, strings.Count(out, "millwright-bench"), "millwright --help:\n%s", out)
+	require.Nil(t, subcommand(rootCmd, "bench"), "millwright has a bench command")
+}
+
+// subcommand is the direct subcommand of root called name, or nil.
+func subcommand(root *cobra.Command, name string) *cobra.Command {
+	for _, c := range root.Commands() {
+		if c.Name() == name {
+			return c
+		}
+	}
+	return nil
+}

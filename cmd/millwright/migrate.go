@@ -12,9 +12,9 @@ import (
 	"github.com/lib/pq"
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/cmd/millwright/internal/progress"
+	"github.com/millwright/millwright/internal/cli"
+	"github.com/millwright/millwright/internal/cli/progress"
 	"github.com/millwright/millwright/internal/pgconn"
-	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
@@ -115,9 +115,7 @@ docs/partitioning.md.`,
 }
 
 // addDatabaseFlag adds --database-url to a command that talks to Postgres.
-func addDatabaseFlag(cmd *cobra.Command) {
-	cmd.Flags().String("database-url", "", "Postgres URL (default $MILLWRIGHT_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/test?sslmode=disable); connect_timeout=10 (seconds) applies unless the URL or $PGCONNECT_TIMEOUT sets one")
-}
+func addDatabaseFlag(cmd *cobra.Command) { cli.AddDatabaseFlag(cmd) }
 
 // migrateProgress turns the progress notices of a migration (the
 // partitioned-outbox conversion: "millwright progress: <what>: <done> of
@@ -173,7 +171,7 @@ func commandURL(cmd *cobra.Command) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return withSchema(databaseURL(u), schema), nil
+	return withSchema(cli.DatabaseURL(u), schema), nil
 }
 
 // openDBWith is openDB opening the pool with open.
@@ -182,14 +180,5 @@ func openDBWith(cmd *cobra.Command, open func(string) (*sql.DB, error)) (*sql.DB
 	if err != nil {
 		return nil, err
 	}
-	db, err := open(u)
-	if err != nil {
-		return nil, fmt.Errorf("opening database %s: %w", redact.URL(u), redact.Error(err))
-	}
-	if err := db.PingContext(cmd.Context()); err != nil {
-		db.Close()
-		// lib/pq's URL parse errors quote the whole URL, password included.
-		return nil, fmt.Errorf("connecting to database %s: %w", redact.URL(u), redact.Error(err))
-	}
-	return db, nil
+	return cli.OpenDB(cmd.Context(), u, open)
 }

@@ -6,9 +6,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 func TestOutboxRetryFailedSafety(t *testing.T) {
@@ -36,7 +37,7 @@ func TestOutboxRetryFailedSafety(t *testing.T) {
 	require.Contains(t, out, "3 failed event(s) back to pending")
 	require.Equal(t, 0, failed())
 
-	rows, err := audit.List(context.Background(), s.DB, 0)
+	rows, err := audit.List(context.Background(), postgres.SQL(s.DB), 0)
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
 	require.Equal(t, "outbox retry-failed", rows[0].Command)

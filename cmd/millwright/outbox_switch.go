@@ -7,12 +7,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/capture"
 	"github.com/millwright/millwright/postgres"
 )
 
 // outboxSwitchCmds are `outbox switch-to-debezium` and `outbox
-// switch-to-relay`: outbox.SwitchToDebezium and outbox.SwitchToRelay on
+// switch-to-relay`: capture.SwitchToDebezium and capture.SwitchToRelay on
 // the command's pool, confirmed and audited like every change.
 func outboxSwitchCmds() []*cobra.Command {
 	toDbz := &cobra.Command{
@@ -25,7 +25,7 @@ boundary, then counts the pending rows inserted before the boundary: the slot
 never streams them, so the relays must publish them first. With --wait it
 waits for that count to reach 0. It is idempotent: run it again until it
 reports "ready". Then stop the relays, start the connector on the slot
-(snapshot.mode=no_data) and an outbox.CaptureTracker. While capture is on,
+(snapshot.mode=no_data) and a capture.Tracker. While capture is on,
 ` + "`outbox retry-failed`" + ` is refused. --dry-run only reports.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return runOutboxSwitch(cmd, args, true) },
@@ -53,7 +53,7 @@ its last confirmed mark goes out again, in order). --dry-run only reports.`,
 }
 
 func runOutboxSwitch(cmd *cobra.Command, args []string, toDebezium bool) error {
-	cfg := outbox.CaptureSwitch{}
+	cfg := capture.SwitchConfig{}
 	cfg.Slot, _ = cmd.Flags().GetString("slot")
 	cfg.Publication, _ = cmd.Flags().GetString("publication")
 	cfg.DryRun, _ = cmd.Flags().GetBool("dry-run")
@@ -86,20 +86,20 @@ func runOutboxSwitch(cmd *cobra.Command, args []string, toDebezium bool) error {
 	return change.finish(rep.Marked, err)
 }
 
-func switchOn(ctx context.Context, pool *cliPool, cfg outbox.CaptureSwitch, toDebezium bool) (outbox.SwitchReport, error) {
+func switchOn(ctx context.Context, pool *cliPool, cfg capture.SwitchConfig, toDebezium bool) (capture.SwitchReport, error) {
 	switch {
 	case toDebezium && pool.pgx != nil:
-		return outbox.SwitchToDebezium(ctx, postgres.From(pool.pgx), cfg)
+		return capture.SwitchToDebezium(ctx, postgres.From(pool.pgx), cfg)
 	case toDebezium:
-		return outbox.SwitchToDebezium(ctx, postgres.From(pool.sql), cfg)
+		return capture.SwitchToDebezium(ctx, postgres.From(pool.sql), cfg)
 	case pool.pgx != nil:
-		return outbox.SwitchToRelay(ctx, postgres.From(pool.pgx), cfg)
+		return capture.SwitchToRelay(ctx, postgres.From(pool.pgx), cfg)
 	default:
-		return outbox.SwitchToRelay(ctx, postgres.From(pool.sql), cfg)
+		return capture.SwitchToRelay(ctx, postgres.From(pool.sql), cfg)
 	}
 }
 
-func printSwitch(out io.Writer, rep outbox.SwitchReport, toDebezium bool) {
+func printSwitch(out io.Writer, rep capture.SwitchReport, toDebezium bool) {
 	verb := "done"
 	if rep.DryRun {
 		verb = "to do"

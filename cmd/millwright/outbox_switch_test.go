@@ -6,10 +6,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/postgres"
 )
 
 // The switch to Debezium and back is a command with a dry run (issue 40
@@ -75,7 +76,7 @@ func TestOutboxSwitchCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "1 failed event(s) back to pending")
 
-	rows, err := audit.List(context.Background(), s.DB, 0)
+	rows, err := audit.List(context.Background(), postgres.SQL(s.DB), 0)
 	require.NoError(t, err)
 	var cmds []string
 	for _, r := range rows {

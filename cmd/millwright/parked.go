@@ -31,7 +31,7 @@ A key is held when its head was dead-lettered under park.Hold: nothing of it
 runs until an operator retries it (the head again, then the rest) or
 releases it (the head stays in the DLQ; the rest goes on).`,
 	}
-	cmd.AddCommand(parkedListCmd(), parkedChangeCmd("retry"), parkedChangeCmd("release"))
+	cmd.AddCommand(parkedListCmd(), parkedChangeCmd("retry"), parkedChangeCmd("release"), parkedChangeCmd("skip"))
 	return cmd
 }
 
@@ -181,8 +181,21 @@ messages in order.`,
 due at once (or the key is released when none is left). The dead letter,
 replayed later, is applied after the key's later messages: out of order.
 --force also drops the head of a key that is not held: a message that never
-reached the DLQ, which is then lost.`,
+reached the DLQ, which is then lost (` + "`millwright parked skip`" + ` keeps it in the DLQ).`,
 		does: "drop the head of %s and go on with its %d later message(s)",
+	},
+	"skip": {
+		short: "Dead-letter a parked key's head (if it is not yet) and go on with its later messages",
+		long: `Skip is release that never loses the head: a head still being retried (the key
+is not held) is first recorded in millwright_dead_letters (reason skipped,
+with the key's attempts and last error), then dropped from the key, so the
+key's next message is due at once; a held key's head is already a dead
+letter and is dropped as release does. The dead letter can be replayed
+later (` + "`millwright dlq replay --id`" + `), after the key's later messages: out of order.
+--consumer-group names the handler's consumer group (park.Config.ConsumerGroup)
+on the dead letter, so that its replay is for that consumer only; without
+it the replay goes to every consumer group of the topic.`,
+		does: "dead-letter the head of %s (unless it is already) and go on with its %d later message(s)",
 	},
 }
 
@@ -203,7 +216,10 @@ validation is recorded in millwright_audit.`,
 	cmd.Flags().Bool("hex", false, "KEY is the key's bytes in hex (a binary key, shown as hex:... by `parked list`)")
 	cmd.Flags().Bool("no-key", false, "KEY is the UUID of a message parked without a key (shown as (no key) UUID by `parked list`)")
 	if action == "release" {
-		cmd.Flags().Bool("force", false, "also drop the head of a key that is not held (it never reached the DLQ: it is lost)")
+		cmd.Flags().Bool("force", false, "also drop the head of a key that is not held (it never reached the DLQ: it is lost; `parked skip` keeps it)")
+	}
+	if action == "skip" {
+		cmd.Flags().String("consumer-group", "", "the handler's consumer group, recorded on the dead letter so that its replay is for that consumer (default: none, every consumer group runs the replay)")
 	}
 	cmd.Flags().Bool("dry-run", false, "print what would be done; change nothing but the audit row")
 	addSafetyFlags(cmd)
@@ -246,15 +262,23 @@ func runParkedChange(cmd *cobra.Command, args []string, action string) error {
 	if err := change.confirm(func() (string, error) { return "will " + what, nil }); err != nil {
 		return err
 	}
-	if action == "retry" {
+	var deadLetter int64
+	switch action {
+	case "retry":
 		err = store.RetryKey(ctx, k)
-	} else {
+	case "release":
 		err = store.ReleaseKey(ctx, k, force)
+	case "skip":
+		group, _ := cmd.Flags().GetString("consumer-group")
+		deadLetter, err = store.Skip(ctx, k, park.SkipOptions{ConsumerGroup: group})
 	}
 	if err != nil {
 		return change.finish(0, err)
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "done: %s; a running retrier of handler %q acts within its poll interval\n", what, k.Handler)
+	if deadLetter != 0 {
+		fmt.Fprintf(cmd.OutOrStdout(), "the head is dead letter %d (`millwright dlq show %d`)\n", deadLetter, deadLetter)
+	}
 	return change.finish(1, nil)
 }
 

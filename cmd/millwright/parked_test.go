@@ -7,10 +7,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/park"
+	"github.com/millwright/millwright/postgres"
 )
 
 // seedParked parks two keys of handler billing: "held" (held behind dead
@@ -146,4 +147,35 @@ func TestParkedBinaryAndKeylessKeys(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{"6b0afe01", "756e31"}, due, "exactly the binary key 0afe01 and the keyless lane of n1 were retried")
+}
+
+// `parked skip` dead-letters a head still being retried (reason skipped,
+// the key's attempts and error, the consumer group given), drops it and
+// goes on; a held key's head is already a dead letter and is only
+// dropped. A dry run changes nothing.
+func TestParkedSkipKeepsTheHeadInTheDLQ(t *testing.T) {
+	t.Parallel()
+	s := seedParked(t)
+	before := parkedMessages(t, s)
+	out, _, err := runCLI(t, parkedCmd(), nil, s.URL, "skip", "due", "--dry-run")
+	require.NoError(t, err)
+	require.Contains(t, out, `dry run: would dead-letter the head of key "due" of handler "billing"`)
+	require.Equal(t, before, parkedMessages(t, s))
+	require.Equal(t, []int{0}, pgtest.Column[int](t, s.DB, `SELECT count(*)::int FROM millwright_dead_letters`))
+
+	out, _, err = runCLI(t, parkedCmd(), nil, s.URL, "skip", "due", "--consumer-group", "billing-svc", "--yes")
+	require.NoError(t, err)
+	require.Contains(t, out, "the head is dead letter 1")
+	require.Equal(t, "held:m1,held:m2", parkedMessages(t, s), "the head dropped; the key had no later message and is released")
+	dls, err := dlq.NewStore(postgres.From(s.DB)).List(t.Context(), dlq.Filter{})
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	d := dls[0]
+	require.Equal(t, []any{"m3", "orders", "orders.dlq", "billing-svc", "billing", dlq.ReasonSkipped, "timeout", 2, dlq.StateDead},
+		[]any{d.MessageUUID, d.OriginalTopic, d.DeadLetterTopic, d.ConsumerGroup, d.Handler, d.Reason, d.Error, d.Attempts, d.State})
+
+	_, _, err = runCLI(t, parkedCmd(), nil, s.URL, "skip", "held", "--yes")
+	require.NoError(t, err)
+	require.Equal(t, "held:m2", parkedMessages(t, s), "a held head is dropped; its dead letter 7 stays where it is")
+	require.Equal(t, []int{1}, pgtest.Column[int](t, s.DB, `SELECT count(*)::int FROM millwright_dead_letters`), "no second dead letter")
 }

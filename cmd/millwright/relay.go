@@ -24,18 +24,15 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/cmd/millwright/internal/relayenv"
-	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/health"
-	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
-	"github.com/millwright/millwright/internal/cleaner"
+	"github.com/millwright/millwright/internal/cli"
 	"github.com/millwright/millwright/internal/interrupt"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/saga"
+	"github.com/millwright/millwright/retention"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -190,7 +187,7 @@ type relayProcess struct {
 	tr      *transport.Transport
 	reg     *prometheus.Registry
 	h       *health.Handler
-	relays  []*outbox.Relay
+	relays  []*relay.Relay
 	comps   []component
 }
 
@@ -333,7 +330,7 @@ func (p *relayProcess) openDB(ctx context.Context) (tables map[string]bool, err 
 			return nil, err
 		}
 	}
-	if p.readyDB, err = pgconn.Open(withDSNParam(u, "application_name", readyAppName(u))); err != nil {
+	if p.readyDB, err = pgconn.Open(cli.WithDSNParam(u, "application_name", readyAppName(u))); err != nil {
 		return nil, fmt.Errorf("opening the readiness pool on %s: %w", redact.URL(u), redact.ErrorOf(err, u))
 	}
 	p.readyDB.SetMaxOpenConns(1)
@@ -373,8 +370,8 @@ func (p *relayProcess) openPgx(ctx context.Context) error {
 }
 
 // newRelay makes a relay on the pool of the process's driver.
-func (p *relayProcess) newRelay(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-	return outbox.NewRelay(p.pool(), pub, cfg)
+func (p *relayProcess) newRelay(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
+	return relay.New(p.pool(), pub, cfg)
 }
 
 // pool is the relays' and cleaners' pool, on the process's driver.
@@ -408,7 +405,7 @@ func (p *relayProcess) openTransport(ctx context.Context, tcfg transport.Config,
 		listenURL = p.cfg.DatabaseURL
 	}
 	for i := range p.cfg.Relays {
-		r, err := p.newRelay(pub, outbox.RelayConfig{
+		r, err := p.newRelay(pub, relay.Config{
 			BatchSize: p.cfg.BatchSize, Workers: p.cfg.Workers, PollInterval: p.cfg.PollInterval, ListenURL: listenURL,
 			DeadLetterTopic: p.cfg.DeadLetterTopic, CloseTimeout: p.cfg.DrainTimeout, Lease: p.cfg.Lease,
 			Registerer: p.reg, Logger: p.logger,
@@ -441,17 +438,17 @@ func (p *relayProcess) components(tables map[string]bool) error {
 		retention        time.Duration
 		open             openCleaner
 	}{
-		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, outbox.NewCleaner},
-		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, idempotency.NewCleaner},
-		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, dlq.NewCleaner},
-		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, saga.NewCleaner},
-		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, audit.NewCleaner},
+		{"outbox cleaner", relayenv.OutboxRetention, "millwright_outbox", p.cfg.OutboxRetention, retention.NewOutboxCleaner},
+		{"idempotency cleaner", relayenv.IdempotencyRetention, "millwright_processed_events", p.cfg.IdempotencyRetention, retention.NewIdempotencyCleaner},
+		{"dead-letter cleaner", relayenv.DLQRetention, "millwright_dead_letters", p.cfg.DLQRetention, retention.NewDeadLetterCleaner},
+		{"saga cleaner", relayenv.SagaRetention, "millwright_saga_instances", p.cfg.SagaRetention, retention.NewSagaCleaner},
+		{"audit cleaner", relayenv.AuditRetention, "millwright_audit", p.cfg.AuditRetention, retention.NewAuditCleaner},
 	}
 	for _, c := range cleaners {
 		if c.retention <= 0 || !tables[c.table] {
 			continue
 		}
-		ccfg := cleaner.Config{Retention: c.retention, Interval: p.cfg.CleanInterval, Logger: p.logger}
+		ccfg := retention.Config{Retention: c.retention, Interval: p.cfg.CleanInterval, Logger: p.logger}
 		if p.reg != nil { // a nil *Registry is not a nil Registerer
 			ccfg.Registerer = p.reg // millwright_loop_panics_total of the cleaners
 		}
@@ -521,20 +518,6 @@ func readyAppName(dsn string) string {
 		}
 	}
 	return relayenv.ReadyAppName
-}
-
-// withDSNParam returns dsn (a postgres:// URL or a key=value DSN) with key
-// set to value, replacing the DSN's own (lib/pq takes the last of a
-// repeated key=value).
-func withDSNParam(dsn, key, value string) string {
-	u, err := url.Parse(dsn)
-	if err != nil || !strings.HasPrefix(u.Scheme, "postgres") {
-		return dsn + " " + key + "='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(value) + "'"
-	}
-	q := u.Query()
-	q.Set(key, value)
-	u.RawQuery = q.Encode()
-	return u.String()
 }
 
 // brokerCheck is the broker part of readiness: a TCP connection to the

@@ -31,6 +31,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrations"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -135,9 +136,9 @@ func TestRelayCommand(t *testing.T) {
 	poll.Until(t, 30*time.Second, func() bool {
 		var code int
 		code, metrics = httpGet(t, base+relayenv.PathMetrics)
-		return code == http.StatusOK && strings.Contains(metrics, "\n"+outbox.MetricPublished+" 20\n")
+		return code == http.StatusOK && strings.Contains(metrics, "\n"+relay.MetricPublished+" 20\n")
 	}, "/metrics does not count the 20 events published")
-	require.Contains(t, metrics, "\n"+outbox.MetricPendingCount+" ")
+	require.Contains(t, metrics, "\n"+relay.MetricPendingCount+" ")
 	require.Contains(t, metrics, "\ngo_goroutines ")
 
 	// The database goes away (only for the relay: the proxy refuses its

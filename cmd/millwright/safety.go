@@ -14,7 +14,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/millwright/millwright/internal/audit"
+	"github.com/millwright/millwright/audit"
+	"github.com/millwright/millwright/internal/cli"
+	"github.com/millwright/millwright/postgres"
 )
 
 // Operator safety for commands that change state (dlq replay, outbox
@@ -87,14 +89,14 @@ func addSafetyFlags(cmd *cobra.Command) {
 
 // terminal is implemented by an input that reports whether it is a
 // terminal; tests use it to stand in for one.
-type terminal interface{ IsTerminal() bool }
+type terminal = cli.Terminal
 
 func isTerminal(r io.Reader) bool {
 	if t, ok := r.(terminal); ok {
 		return t.IsTerminal()
 	}
 	f, ok := r.(*os.File)
-	return ok && fileIsTerminal(f)
+	return ok && cli.FileIsTerminal(f)
 }
 
 // change is one run of a state-changing command.
@@ -104,9 +106,9 @@ type change struct {
 	dryRun    bool
 	yes       bool
 	confirmed string
-	// audit is where finish writes the audit row: the command's pool (a
-	// *sql.DB or a *pgxpool.Pool); nil for a dry run without the table.
-	audit any
+	// audit is where finish writes the audit row: the command's pool;
+	// the zero DB for a dry run without the table.
+	audit postgres.DB
 }
 
 // newChange reads --dry-run and --yes and refuses at once, before any
@@ -155,7 +157,7 @@ func openChange(cmd *cobra.Command, args []string, validate ...func(*cliPool) er
 // that could not be audited; finish writes there.
 // A dry run changes nothing but its audit row, so it runs without the
 // table: it is audited only where the table exists.
-func (c *change) ready(db any) error {
+func (c *change) ready(db postgres.DB) error {
 	if err := audit.Ready(c.cmd.Context(), db); err != nil {
 		if c.dryRun {
 			fmt.Fprintf(c.cmd.ErrOrStderr(), "dry run not audited: %v\n", err)
@@ -200,7 +202,7 @@ func (c *change) confirm(describe func() (string, error)) error {
 // finish writes the audit row for the run and returns runErr, joined with
 // the audit error if the row could not be written.
 func (c *change) finish(affected int64, runErr error) error {
-	if c.audit == nil {
+	if c.audit.Valid() != nil {
 		return runErr
 	}
 	if c.confirmed == "" {

@@ -11,9 +11,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/audit"
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
@@ -51,11 +51,40 @@ func runCLI(t *testing.T, root *cobra.Command, in io.Reader, dbURL string, args 
 	return out.String(), errOut.String(), err
 }
 
+// auditRows returns the audit rows of command runs, newest first: not
+// the rows the operator actions write per item in their transaction (a
+// replayed dead letter's "dlq replay", see itemAuditRows).
 func auditRows(t *testing.T, s *pgtest.Schema) []audit.Entry {
 	t.Helper()
-	rows, err := audit.List(context.Background(), s.DB, 0)
+	rows, err := audit.List(context.Background(), postgres.SQL(s.DB), 0)
 	require.NoError(t, err)
-	return rows
+	var out []audit.Entry
+	for _, r := range rows {
+		if !itemCommand(r.Command) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// itemAuditRows returns the audit rows the operator actions wrote per
+// item, newest first, as "command args...".
+func itemAuditRows(t *testing.T, s *pgtest.Schema) []string {
+	t.Helper()
+	rows, err := audit.List(context.Background(), postgres.SQL(s.DB), 0)
+	require.NoError(t, err)
+	var out []string
+	for _, r := range rows {
+		if itemCommand(r.Command) {
+			out = append(out, strings.Join(append([]string{r.User, r.Command}, r.Args...), " "))
+		}
+	}
+	return out
+}
+
+// itemCommand reports the audit commands of the rows written per item.
+func itemCommand(c string) bool {
+	return c == dlq.ReplayCommand || c == dlq.EditReplayCommand || c == dlq.ResolveCommand
 }
 
 func pendingDeadLetters(t *testing.T, store *dlq.Store) int {
@@ -126,14 +155,14 @@ func tableContents(t *testing.T, s *pgtest.Schema) map[string]string {
 
 func TestDLQReplayAuditsCountsAndDryRunChangesNothing(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	store := dlq.NewStore(postgres.From(s.DB))
 	seedDeadLetters(t, store)
 
 	out, stderr, err := runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--dry-run")
 	require.NoError(t, err)
-	require.Contains(t, out, "would publish 3 message(s)")
+	require.Contains(t, out, "would queue 3 message(s)")
 	require.Contains(t, stderr, "audited as millwright_audit row")
 	require.Equal(t, 3, pendingDeadLetters(t, store), "dry run marked nothing")
 	rows := auditRows(t, s)
@@ -148,7 +177,7 @@ func TestDLQReplayAuditsCountsAndDryRunChangesNothing(t *testing.T) {
 
 	out, _, err = runCLI(t, dlqCmd(), nil, s.URL, "replay", "--topic", "orders", "--transport", "mem://", "--rate", "0", "--yes")
 	require.NoError(t, err, out)
-	require.Contains(t, out, "published 2 message(s)")
+	require.Contains(t, out, "queued 2 message(s)")
 	require.Equal(t, 1, pendingDeadLetters(t, store))
 	rows = auditRows(t, s)
 	require.Len(t, rows, 2)
@@ -158,15 +187,20 @@ func TestDLQReplayAuditsCountsAndDryRunChangesNothing(t *testing.T) {
 	require.Contains(t, rows[0].Args, "--topic=orders")
 	require.Empty(t, rows[0].Error)
 
+	require.Equal(t, []string{audit.CurrentUser() + " replay dead letter --id=2", audit.CurrentUser() + " replay dead letter --id=1"}, itemAuditRows(t, s),
+		"each replayed dead letter has its own row, written with it")
+
 	// A run refused for a flag writes nothing, not even an audit row.
-	_, _, err = runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--transport", "nosuch://x", "--yes")
-	require.ErrorContains(t, err, "unknown URL scheme")
+	_, _, err = runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--since", "yesterday", "--yes")
+	require.ErrorContains(t, err, "--since")
 	require.Len(t, auditRows(t, s), 2)
 
 	// A failing run is audited with its error and what it did: here the
-	// broker cannot be reached (nothing listens on port 1).
-	_, _, err = runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--transport", "amqp://guest:guest@127.0.0.1:1/", "--yes")
-	require.Error(t, err)
+	// outbox table is gone, so nothing can be queued.
+	_, err = s.DB.Exec(`DROP TABLE millwright_outbox`)
+	require.NoError(t, err)
+	_, _, err = runCLI(t, dlqCmd(), nil, s.URL, "replay", "--all", "--yes")
+	require.ErrorContains(t, err, "millwright migrate")
 	rows = auditRows(t, s)
 	require.Len(t, rows, 3)
 	require.EqualValues(t, 0, rows[0].Affected)
@@ -176,14 +210,14 @@ func TestDLQReplayAuditsCountsAndDryRunChangesNothing(t *testing.T) {
 
 func TestConfirmationPromptOnTerminal(t *testing.T) {
 	t.Parallel()
-	s := pgtest.New(t, dlq.Migrations(), audit.Migrations())
+	s := pgtest.New(t, dlq.Migrations(), outbox.Migrations(), audit.Migrations())
 	s.DB.SetMaxOpenConns(2)
 	store := dlq.NewStore(postgres.From(s.DB))
 	ids := seedDeadLetters(t, store)
 
 	_, stderr, err := runCLI(t, dlqCmd(), fakeTTY{strings.NewReader("n\n")}, s.URL, "replay", "--all", "--transport", "mem://")
 	require.ErrorIs(t, err, ErrNotConfirmed)
-	require.Contains(t, stderr, "would publish 3 message(s)", "the prompt shows what will change")
+	require.Contains(t, stderr, "would queue 3 message(s)", "the prompt shows what will change")
 	require.Contains(t, stderr, "Proceed? [y/N]")
 	require.Equal(t, 3, pendingDeadLetters(t, store))
 

@@ -12,19 +12,6 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 )
 
-// defaultDatabaseURL is the local development server.
-const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-
-func databaseURL(flag string) string {
-	if flag != "" {
-		return flag
-	}
-	if u := os.Getenv("MILLWRIGHT_DATABASE_URL"); u != "" {
-		return u
-	}
-	return defaultDatabaseURL
-}
-
 // envSchema names the Postgres schema of millwright's tables when --schema
 // is not given.
 const envSchema = "MILLWRIGHT_SCHEMA"
@@ -33,7 +20,7 @@ const envSchema = "MILLWRIGHT_SCHEMA"
 // cmd takes it: `millwright --schema s outbox status` and `millwright
 // outbox status --schema s` both work.
 func addSchemaFlag(cmd *cobra.Command) {
-	cmd.PersistentFlags().String("schema", "", "Postgres schema of millwright's tables (default $"+envSchema+", else the database URL's search_path, normally public): a plain identifier of at most 63 bytes, folded to lower case as Postgres folds unquoted names; migrate creates it. The benchmarks use scratch schemas of their own")
+	cmd.PersistentFlags().String("schema", "", "Postgres schema of millwright's tables (default $"+envSchema+", else the database URL's search_path, normally public): a plain identifier of at most 63 bytes, folded to lower case as Postgres folds unquoted names; migrate creates it.")
 }
 
 var schemaRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)

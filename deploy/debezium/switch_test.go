@@ -16,6 +16,8 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/capture"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
@@ -124,13 +126,13 @@ func (p *flakyPublisher) Close() error { return nil } // the transport's, closed
 // called (Close: the relay drains its in-flight claims, publishing and
 // marking them).
 func (e *env) runRelay(ctx context.Context, t *testing.T, pub message.Publisher) (stop func()) {
-	relay, err := outbox.NewRelay(postgres.From(e.schema.DB), pub, outbox.RelayConfig{PollInterval: 50 * time.Millisecond,
+	rel, err := relay.New(postgres.From(e.schema.DB), pub, relay.Config{PollInterval: 50 * time.Millisecond,
 		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
+	go func() { done <- rel.Run(ctx) }()
 	return func() {
-		require.NoError(t, relay.Close())
+		require.NoError(t, rel.Close())
 		select {
 		case err := <-done:
 			require.NoError(t, err)
@@ -159,7 +161,7 @@ func until(ctx context.Context, t *testing.T, what string, cond func() (bool, er
 
 // TestSwitchRelayToDebeziumAndBack moves a system under write load from
 // millwright's relay to Debezium and back with the public operations
-// (outbox.SwitchToDebezium and SwitchToRelay, the CLI's switch-to-debezium
+// (capture.SwitchToDebezium and SwitchToRelay, the CLI's switch-to-debezium
 // and switch-to-relay; docs/operations.md "Relaying with Debezium"), with
 // publish failures injected into the relay all along (every 7th publish
 // call fails: rows from before the slot are rewritten by their failed
@@ -182,16 +184,16 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	// publishes every row inserted before it (failing some attempts
 	// meanwhile), then stops; the connector starts on the slot, and the
 	// capture tracker marks what it delivers.
-	sw := outbox.CaptureSwitch{Slot: e.name, Publication: e.name}
+	sw := capture.SwitchConfig{Slot: e.name, Publication: e.name}
 	dry := sw
 	dry.DryRun = true
-	rep, err := outbox.SwitchToDebezium(ctx, postgres.From(e.schema.DB), dry)
+	rep, err := capture.SwitchToDebezium(ctx, postgres.From(e.schema.DB), dry)
 	require.NoError(t, err)
 	require.Len(t, rep.Steps, 4, "a dry run lists every step: %v", rep.Steps)
 	failedBefore := pub.failed.Load()
 	pub.failFirst.Store(true) // every row the relay publishes from now on fails once first
 	sw.Wait = 3 * time.Minute
-	rep, err = outbox.SwitchToDebezium(ctx, postgres.From(e.schema.DB), sw)
+	rep, err = capture.SwitchToDebezium(ctx, postgres.From(e.schema.DB), sw)
 	require.NoError(t, err)
 	require.True(t, rep.Ready, "%+v", rep)
 	pub.failFirst.Store(false)
@@ -228,14 +230,14 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 	})
 	confirmWait := time.Since(confirmStart)
 	stopTracker()
-	_, err = outbox.SwitchToRelay(ctx, postgres.From(e.schema.DB), outbox.CaptureSwitch{Slot: e.name, Publication: e.name})
+	_, err = capture.SwitchToRelay(ctx, postgres.From(e.schema.DB), capture.SwitchConfig{Slot: e.name, Publication: e.name})
 	require.ErrorContains(t, err, "stop the connector first", "refused while the connector streams")
 	require.NoError(t, e.connect.Stop(ctx, e.name))
 	until(ctx, t, "connector releasing the slot", func() (bool, error) {
 		st, err := storage.ReadCaptureState(ctx, e.q, e.name, e.name)
 		return !st.SlotActive, err
 	})
-	rep, err = outbox.SwitchToRelay(ctx, postgres.From(e.schema.DB), outbox.CaptureSwitch{Slot: e.name, Publication: e.name})
+	rep, err = capture.SwitchToRelay(ctx, postgres.From(e.schema.DB), capture.SwitchConfig{Slot: e.name, Publication: e.name})
 	require.NoError(t, err)
 	stopRelay = e.runRelay(ctx, t, pub)
 	require.NoError(t, e.connect.Delete(ctx, e.name))
@@ -260,10 +262,10 @@ func TestSwitchRelayToDebeziumAndBack(t *testing.T) {
 		written, atSwitch, atBack, len(recs), dups, pub.failed.Load(), failedInDrain, rewritten, confirmWait.Round(time.Millisecond), rep.Marked, rep.Pending)
 }
 
-// track runs an outbox.CaptureTracker (a round every 500ms) until the
+// track runs an capture.Tracker (a round every 500ms) until the
 // returned stop.
 func (e *env) track(ctx context.Context, t *testing.T) (stop func()) {
-	tr, err := outbox.NewCaptureTracker(postgres.From(e.schema.DB), outbox.CaptureConfig{Slot: e.name, Interval: 500 * time.Millisecond})
+	tr, err := capture.NewTracker(postgres.From(e.schema.DB), capture.Config{Slot: e.name, Interval: 500 * time.Millisecond})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- tr.Run(ctx) }()

@@ -17,6 +17,7 @@ import (
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -50,10 +51,10 @@ func TestDebeziumRecordsEqualRelayRecords(t *testing.T) {
 	}
 	require.NoError(t, outbox.AddOutsideTx(ctx, postgres.From(e.schema.DB), events...))
 
-	relay, err := outbox.NewRelay(postgres.From(e.schema.DB), e.tr.Publisher(), outbox.RelayConfig{})
+	rel, err := relay.New(postgres.From(e.schema.DB), e.tr.Publisher(), relay.Config{})
 	require.NoError(t, err)
 	for published := 0; published < len(events); {
-		n, err := relay.RunOnce(ctx)
+		n, err := rel.RunOnce(ctx)
 		require.NoError(t, err)
 		require.NoError(t, ctx.Err())
 		published += n

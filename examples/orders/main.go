@@ -37,11 +37,11 @@ import (
 	"github.com/millwright/millwright/health"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
-	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/shutdown"
 	"github.com/millwright/millwright/transport"
-	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
+	_ "github.com/millwright/millwright/transport/all"      // configuration chooses among every kind
+	_ "github.com/millwright/millwright/transport/embedded" // and the development fakes (-embedded, kfake, pstest)
 )
 
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
@@ -170,9 +170,6 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 		return nil, nil, err
 	}
 	closers = append(closers, func() { _ = tr.Close() })
-	// outbox.Add refuses at write time what this transport would refuse
-	// (its names, its message size on the wire).
-	outbox.SetTransportLimits(tr.Limits())
 	pool.DatabaseURL, pool.Transport, pool.Logger, pool.Duplicate = dbURL, tr, log, duplicate
 	pool.TopicPrefix, pool.Park = c.topicPrefix, c.park
 	a, err := app.New(pool)

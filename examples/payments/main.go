@@ -29,11 +29,11 @@ import (
 	"github.com/millwright/millwright"
 	"github.com/millwright/millwright/console"
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
 )
@@ -103,7 +103,7 @@ func (s *service) start(ctx context.Context, tx postgres.Tx, msg *message.Messag
 		return err
 	}
 	if p.Amount <= 0 {
-		return retry.Permanent(fmt.Errorf("payment %s: amount %d is not positive", p.ID, p.Amount))
+		return failure.Permanent(fmt.Errorf("payment %s: amount %d is not positive", p.ID, p.Amount))
 	}
 	return s.saga.Start(ctx, tx, p.ID, p)
 }

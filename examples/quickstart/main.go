@@ -45,10 +45,12 @@ import (
 	"github.com/millwright/millwright/migrations"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/shutdown"
 	"github.com/millwright/millwright/transport"
-	_ "github.com/millwright/millwright/transport/all" // configuration chooses among every kind
+	_ "github.com/millwright/millwright/transport/all"      // configuration chooses among every kind
+	_ "github.com/millwright/millwright/transport/embedded" // and the development fakes (-embedded, kfake, pstest)
 )
 
 const topic = "quickstart.order_created"
@@ -111,7 +113,7 @@ func run() error {
 	}
 	reg := prometheus.NewRegistry()
 	client, err := millwright.NewClient(handle, millwright.Config{Name: "quickstart", Transport: tcfg, DatabaseURL: o.dbURL,
-		Logger: log, Registry: reg, Relay: outbox.RelayConfig{PollInterval: time.Second}})
+		Logger: log, Registry: reg, Relay: relay.Config{PollInterval: time.Second}})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,6 @@
 // Package runner is the one lifecycle of millwright's long-running
 // components (outbox.Relay, outbox.Cleaner, idempotency.Cleaner,
-// saga.Orchestrator, the retention cleaners): Run blocks until the loop
+// saga.Orchestrator, park.Parker's retrier, the retention cleaners): Run blocks until the loop
 // returns; Close asks the loop to drain (finish its current round and
 // return), cancels the loop's context if it has not returned within the
 // close timeout, and waits for it; Running is closed once the loop runs.

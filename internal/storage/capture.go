@@ -214,7 +214,7 @@ func MarkCaptured(ctx context.Context, q Querier, slot string) (rows int64, mark
 		return 0, 0, fmt.Errorf("marking captured rows published: %w", err)
 	}
 	if !registered {
-		return 0, 0, fmt.Errorf("slot %q: %w: run `millwright outbox switch-to-debezium --slot %s` (outbox.SwitchToDebezium) first", slot, ErrSlotNotRegistered, slot)
+		return 0, 0, fmt.Errorf("slot %q: %w: run `millwright outbox switch-to-debezium --slot %s` (capture.SwitchToDebezium) first", slot, ErrSlotNotRegistered, slot)
 	}
 	if mark == 0 {
 		return 0, 0, nil
@@ -269,7 +269,7 @@ func ReadSlotLag(ctx context.Context, q Querier) ([]SlotLag, error) {
 	return out, err
 }
 
-// TruncateOutbox empties the outbox: `millwright bench debezium` between
+// TruncateOutbox empties the outbox: `millwright-bench debezium` between
 // its measurements, in its scratch schema. Never on a live outbox.
 func TruncateOutbox(ctx context.Context, q Querier) error {
 	_, err := q.Exec(ctx, S(`TRUNCATE millwright_outbox`))

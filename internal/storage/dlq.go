@@ -78,6 +78,8 @@ RETURNING id`
 	uuidRawColumn     = `COALESCE(message_uuid_raw, convert_to(message_uuid, 'UTF8'))`
 	lockDeadLetterSQL = `SELECT ` + deadLetterColumns + ` FROM millwright_dead_letters
 WHERE id = $1 AND (state = 'dead' OR ($2 AND state <> 'superseded')) FOR UPDATE SKIP LOCKED`
+	lockDeadLetterWaitSQL = `SELECT ` + deadLetterColumns + ` FROM millwright_dead_letters
+WHERE id = $1 AND (state = 'dead' OR ($2 AND state <> 'superseded')) FOR UPDATE`
 	deadLetterReplayedSQL = `UPDATE millwright_dead_letters SET replayed_at = now(), replay_count = replay_count + 1, state = 'replayed' WHERE id = $1`
 	deadLetterDepthSQL    = `SELECT original_topic, count(*) FROM millwright_dead_letters WHERE state = 'dead' GROUP BY original_topic`
 )
@@ -285,6 +287,19 @@ func ListDeadLetterRefs(ctx context.Context, q Querier, f DeadLetterFilter) ([]D
 // replayed, superseded, or locked by a concurrent replay or edit.
 func LockDeadLetterForReplay(ctx context.Context, tx Querier, id int64, force bool) (d DeadLetterRow, ok bool, err error) {
 	d, err = queryDeadLetterRow(ctx, tx, Statement{SQL: lockDeadLetterSQL, Args: []any{id, force}, Expect: NoExpect, What: "locking a dead letter to replay"})
+	if IsNoRows(err) {
+		return d, false, nil
+	}
+	return d, err == nil, err
+}
+
+// LockDeadLetterToReplay is LockDeadLetterForReplay waiting for a row
+// another transaction holds (FOR UPDATE, no SKIP LOCKED), then deciding on
+// its committed state: of two replays (the CLI's, the console's) of one
+// row, the second sees the first's outcome instead of skipping a row that
+// may yet stay dead (dlq.ReplayTx).
+func LockDeadLetterToReplay(ctx context.Context, tx Querier, id int64, force bool) (d DeadLetterRow, ok bool, err error) {
+	d, err = queryDeadLetterRow(ctx, tx, Statement{SQL: lockDeadLetterWaitSQL, Args: []any{id, force}, Expect: NoExpect, What: "locking a dead letter to replay"})
 	if IsNoRows(err) {
 		return d, false, nil
 	}

@@ -8,7 +8,7 @@ import (
 
 // The relay's lanes (millwright_outbox_lanes, millwright_outbox_relays):
 // the statements by which relays divide the outbox's 64 lanes between
-// them. See outbox/relay_lanes.go for what each decision means; this file
+// them. See outbox/relay/lanes.go for what each decision means; this file
 // holds only the statements.
 
 // OutboxLaneExpr is a row's lane, exactly as

@@ -218,21 +218,34 @@ func parkHead(ctx context.Context, q Querier, m ParkedMessage, f ParkFailure, he
 	return head, err
 }
 
-// ParkDead records dl, the dead letter of m whose handler failed
-// permanently before its key was parked, and with hold also parks m as its
-// key's held head (in one transaction), so that the key's later messages
-// wait for the operator. It returns the dead letter's id.
-func ParkDead(ctx context.Context, p Pool, m ParkedMessage, dl DeadLetterRow, hold bool) (id int64, err error) {
-	if !hold {
-		return InsertDeadLetter(ctx, p, dl)
+// RecordDeadLetter writes a dead letter in tx and returns its id (0 when
+// it was recorded before): package dlq's writer (dlq.RecordTx), so that
+// park's dead letters are written like every other. ParkDead and
+// DeadLetterParked take one; nil writes dl with InsertDeadLetter.
+type RecordDeadLetter func(ctx context.Context, tx Tx) (int64, error)
+
+func (rec RecordDeadLetter) write(ctx context.Context, tx Tx, dl DeadLetterRow) (int64, error) {
+	if rec == nil {
+		return InsertDeadLetter(ctx, tx, dl)
 	}
+	return rec(ctx, tx)
+}
+
+// ParkDead records dl, the dead letter of m whose handler failed
+// permanently before its key was parked (through rec), and with hold also
+// parks m as its key's held head (in one transaction), so that the key's
+// later messages wait for the operator. It returns the dead letter's id.
+func ParkDead(ctx context.Context, p Pool, m ParkedMessage, dl DeadLetterRow, hold bool, rec RecordDeadLetter) (id int64, err error) {
 	tx, err := p.Begin(ctx, TxOptions{})
 	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if id, err = InsertDeadLetter(ctx, tx, dl); err != nil {
+	if id, err = rec.write(ctx, tx, dl); err != nil {
 		return 0, err
+	}
+	if !hold {
+		return id, tx.Commit(ctx)
 	}
 	f := ParkFailure{Attempts: dl.Attempts, FirstFailure: dl.FirstFailure, LastFailure: dl.LastFailure, LastError: dl.Error}
 	if _, err = parkHead(ctx, tx, m, f, true, id); err != nil {
@@ -510,15 +523,15 @@ WHERE handler = $1 AND key = $2 AND claims = $3`, Args: []any{handler, []byte(ke
 }
 
 // DeadLetterParked records dl, the dead letter of a claimed key's head
-// headID, in millwright_dead_letters, in one transaction with what follows
+// headID, in millwright_dead_letters (through rec), in one transaction with what follows
 // for the key: hold keeps the head and holds the key (nothing of it runs
 // until ReleaseParked or RetryParked), else the head is deleted and the
 // next message is due at once. It returns the dead letter's id (0 when the
 // same dead letter was stored before).
-func DeadLetterParked(ctx context.Context, p Pool, claim, headID int64, rounds int, dl DeadLetterRow, key string, hold bool) (id int64, err error) {
+func DeadLetterParked(ctx context.Context, p Pool, claim, headID int64, rounds int, dl DeadLetterRow, key string, hold bool, rec RecordDeadLetter) (id int64, err error) {
 	err = inKeyTx(ctx, p, lockParked(dl.Handler, key, claim, false), func(tx Tx) error {
 		var err error
-		if id, err = InsertDeadLetter(ctx, tx, dl); err != nil {
+		if id, err = rec.write(ctx, tx, dl); err != nil {
 			return err
 		}
 		if hold {
@@ -545,6 +558,38 @@ func ReleaseParked(ctx context.Context, p Pool, handler, key string, force bool)
 		return tx.Batch(ctx, S(`DELETE FROM millwright_parked_messages WHERE id = (SELECT min(id) FROM millwright_parked_messages
     WHERE handler = $1 AND key = $2)`, handler, []byte(key)), advanceParked(handler, key))
 	})
+}
+
+// DropParkedHead is ReleaseParked in the caller's transaction q: it locks
+// the key (held only, unless force), deletes its head and makes the next
+// message due at once, or releases the key. before, if not nil, runs after
+// the lock with the head about to go (package park's skip dead-letters it
+// there). ErrParkedClaimLost when the key is not parked (or not held).
+func DropParkedHead(ctx context.Context, q Querier, handler, key string, force bool, before func(head ParkedMessage) error) error {
+	lock := lockParked(handler, key, -1, !force)
+	if _, err := q.Exec(ctx, lock); errors.Is(err, ErrConflict) {
+		return fmt.Errorf("%s: %w", lock.What, ErrParkedClaimLost)
+	} else if err != nil {
+		return err
+	}
+	if before != nil {
+		msgs, err := ListParkedMessages(ctx, q, handler, key)
+		if err != nil {
+			return err
+		}
+		if len(msgs) == 0 {
+			return fmt.Errorf("parked key %s has no message: %w", laneText(key), ErrParkedClaimLost)
+		}
+		if err := before(msgs[0]); err != nil {
+			return err
+		}
+	}
+	if _, err := q.Exec(ctx, S(`DELETE FROM millwright_parked_messages WHERE id = (SELECT min(id) FROM millwright_parked_messages
+    WHERE handler = $1 AND key = $2)`, handler, []byte(key))); err != nil {
+		return err
+	}
+	_, err := q.Exec(ctx, advanceParked(handler, key))
+	return err
 }
 
 // RetryParked makes a parked key's head due at once with a fresh budget,

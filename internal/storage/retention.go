@@ -12,7 +12,7 @@ import (
 
 // RetentionTable is what a cleaner deletes old rows from: the SQL
 // fragments of its DELETE, its lock, and its partition mode. The tables
-// millwright cleans are the variables below; internal/cleaner's tests
+// millwright cleans are the variables below; package retention's tests
 // define their own.
 type RetentionTable struct {
 	// Name is the table, unqualified: it is found on the search_path.

@@ -15,6 +15,7 @@ import (
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -36,10 +37,10 @@ func ExampleWaitDrained() {
 	_ = outbox.AddOutsideTx(ctx, postgres.From(db), outbox.Event{Topic: "orders", AggregateID: "o-1", Payload: []byte(`{}`)})
 
 	// ...a relay runs as in production...
-	relay, _ := outbox.NewRelay(postgres.From(db), gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}),
-		outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
-	go relay.Run(ctx)
-	defer relay.Close()
+	rel, _ := relay.New(postgres.From(db), gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}),
+		relay.Config{PollInterval: 10 * time.Millisecond})
+	go rel.Run(ctx)
+	defer rel.Close()
 
 	// ...and the test waits for it before asserting on the consumer side.
 	wait, cancel := context.WithTimeout(ctx, 10*time.Second)

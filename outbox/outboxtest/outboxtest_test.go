@@ -12,6 +12,7 @@ import (
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/outbox/outboxtest"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 )
 
@@ -29,7 +30,7 @@ func TestWaitDrained(t *testing.T) {
 	require.ErrorContains(t, err, "1 pending")
 
 	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
-	r, err := outbox.NewRelay(postgres.From(s.DB), ps, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
+	r, err := relay.New(postgres.From(s.DB), ps, relay.Config{PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	go func() { _ = r.Run(ctx) }()
 	defer r.Close()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/saga/sagatest"
@@ -70,9 +71,9 @@ func ExampleParticipant() {
 	go router.Run(ctx)
 	defer router.Close()
 	<-router.Running()
-	relay, _ := outbox.NewRelay(postgres.From(db), broker, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
-	go relay.Run(ctx)
-	defer relay.Close()
+	rel, _ := relay.New(postgres.From(db), broker, relay.Config{PollInterval: 10 * time.Millisecond})
+	go rel.Run(ctx)
+	defer rel.Close()
 
 	_ = o.StartOutsideTx(ctx, postgres.From(db), "t-1", struct{}{})
 	wait, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -16,10 +16,10 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/millwright/millwright/cloudevent"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -114,7 +114,7 @@ type Transport struct {
 // sooner). It makes one attempt: transport.Open is what waits for a broker
 // that is down (transport.Config.WaitForBroker). An error that waiting
 // cannot fix (configuration, credentials or vhost refused, TLS against a
-// plaintext port) is marked retry.Permanent. Errors name the URL as
+// plaintext port) is marked failure.Permanent. Errors name the URL as
 // amqp.Config.URL.
 func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
 	return open(ctx, cfg, logger, "amqp.Config.URL")
@@ -125,7 +125,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, urlFrom string) (*Transport, error) {
 	setDefaults(&cfg)
 	if err := validate(cfg); err != nil {
-		return nil, retry.Permanent(err)
+		return nil, failure.Permanent(err)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}

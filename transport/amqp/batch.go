@@ -11,8 +11,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -297,7 +297,7 @@ func (p *publisher) confirmed(conn *amqp091.Connection, s *slot, topic string, m
 		if tooLarge(why, len(msg.Payload)) {
 			// No retry can make the broker take it; the other messages
 			// on the channel only lost their channel.
-			err = retry.Permanent(fmt.Errorf("amqp: message %s to exchange %q: %w: its body of %d bytes is over the broker's max_message_size (%s): store large data elsewhere and send a reference",
+			err = failure.Permanent(fmt.Errorf("amqp: message %s to exchange %q: %w: its body of %d bytes is over the broker's max_message_size (%s): store large data elsewhere and send a reference",
 				msg.UUID, topic, transport.ErrMessageTooLarge, len(msg.Payload), why.Reason))
 		}
 		return true, err

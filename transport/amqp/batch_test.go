@@ -15,9 +15,9 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -522,7 +522,7 @@ func TestVhostRefusalsThatWaitingFixesAreNotPermanent(t *testing.T) {
 		{"NOT_ALLOWED - vhost orders is down", false},
 	} {
 		err := amqp.ConnectError("amqp://app:secret@127.0.0.1:5672/orders", "MILLWRIGHT_AMQP_URL", &amqp091.Error{Code: amqp091.NotAllowed, Reason: tc.reason})
-		require.Equal(t, tc.permanent, retry.IsPermanent(err), "%s: %v", tc.reason, err)
+		require.Equal(t, tc.permanent, failure.IsPermanent(err), "%s: %v", tc.reason, err)
 		require.NotContains(t, err.Error(), "secret")
 	}
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
 )
@@ -67,7 +67,7 @@ func TestRefusedCredentialsAreNotWaitedFor(t *testing.T) {
 	_, err = transport.Open(ctx, cfg)
 	require.Error(t, err)
 	t.Log(err)
-	require.True(t, retry.IsPermanent(err), "%v", err)
+	require.True(t, failure.IsPermanent(err), "%v", err)
 	require.NotErrorIs(t, err, transport.ErrGaveUpWaiting)
 	require.Contains(t, err.Error(), "refused the user and password")
 	require.Contains(t, err.Error(), "Config.AMQP.URL")

@@ -135,7 +135,7 @@
 // watermill-amqp's subscriber (KeyParallelism 0) in another process makes
 // this one wait until that consumer stops.
 //
-// `millwright bench consume --kind amqp` measures it against
+// `millwright-bench consume --kind amqp` measures it against
 // watermill-amqp's subscriber in the same run (idempotency middleware, a
 // pg_sleep in its transaction, KeyParallelism 16): on 2026-12-03, at
 // --scale 0.2 on a 2-core machine loaded by other work, 7.5x the msgs/s

@@ -10,8 +10,9 @@
 // ordering key at a time). Use them to try millwright without a broker and
 // to run tests; point the same code at a real cluster through configuration.
 //
-// Importing this package (transport/all does) also links the fakes that
-// configuration selects: MILLWRIGHT_TRANSPORT=kfake or pstest makes
-// transport.Open start one and Close stop it. Production programs that
-// import only their kind's package link neither fake.
+// Importing this package also links the fakes that configuration
+// selects: MILLWRIGHT_TRANSPORT=kfake or pstest makes transport.Open start
+// one and Close stop it. Nothing else links them (transport/all does not,
+// nor does the millwright operator command), so a production program
+// links neither fake unless it imports this package.
 package embedded

@@ -9,12 +9,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/transport"
 )
 
 // classify marks the publish errors that no retry can fix as
-// retry.Permanent, so that the outbox relay fails its row at once, with
+// failure.Permanent, so that the outbox relay fails its row at once, with
 // the cause, instead of spending its retry budget on it:
 //
 //   - a message the client refuses for its size (pubsub.ErrOversizedMessage:
@@ -31,7 +31,7 @@ func classify(err error) error {
 		return nil
 	}
 	if errors.Is(err, pubsub.ErrOversizedMessage) {
-		return retry.Permanent(fmt.Errorf("googlecloud: %w: %w (Pub/Sub takes 10 MB per publish request: store large data elsewhere and send a reference)", transport.ErrMessageTooLarge, err))
+		return failure.Permanent(fmt.Errorf("googlecloud: %w: %w (Pub/Sub takes 10 MB per publish request: store large data elsewhere and send a reference)", transport.ErrMessageTooLarge, err))
 	}
 	var se interface{ GRPCStatus() *status.Status }
 	if !errors.As(err, &se) || se.GRPCStatus().Code() != codes.InvalidArgument {
@@ -39,10 +39,10 @@ func classify(err error) error {
 	}
 	msg := strings.ToLower(se.GRPCStatus().Message())
 	if strings.Contains(msg, "size") || strings.Contains(msg, "exceed") || strings.Contains(msg, "too large") || strings.Contains(msg, "too long") || strings.Contains(msg, "limit") {
-		return retry.Permanent(fmt.Errorf("googlecloud: %w: %w", transport.ErrMessageTooLarge, err))
+		return failure.Permanent(fmt.Errorf("googlecloud: %w: %w", transport.ErrMessageTooLarge, err))
 	}
 	if strings.Contains(msg, "name") {
-		return retry.Permanent(fmt.Errorf("googlecloud: %w: %w", transport.ErrInvalidName, err))
+		return failure.Permanent(fmt.Errorf("googlecloud: %w: %w", transport.ErrInvalidName, err))
 	}
-	return retry.Permanent(err)
+	return failure.Permanent(err)
 }

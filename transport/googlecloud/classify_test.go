@@ -9,8 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
 )
@@ -31,7 +31,7 @@ func TestTooLargeIsPermanent(t *testing.T) {
 
 	err = pub.Publish(topic, message.NewMessage(watermill.NewUUID(), bytes.Repeat([]byte("x"), transport.GoogleCloudMaxMessageBytes)))
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge, "%v", err)
-	require.True(t, retry.IsPermanent(err), "%v", err)
+	require.True(t, failure.IsPermanent(err), "%v", err)
 
 	require.NoError(t, pub.Publish(topic, message.NewMessage(watermill.NewUUID(), bytes.Repeat([]byte("x"), 1000))))
 }
@@ -61,8 +61,8 @@ func TestPublishBatchFailsOnlyTheRefusedMessage(t *testing.T) {
 	require.ErrorAs(t, err, &be, "%v", err)
 	require.Len(t, be.Failed, 2, "%v", err)
 	require.ErrorIs(t, be.Failed[1], transport.ErrMessageTooLarge)
-	require.True(t, retry.IsPermanent(be.Failed[1]))
+	require.True(t, failure.IsPermanent(be.Failed[1]))
 	require.Error(t, be.Failed[2])
-	require.False(t, retry.IsPermanent(be.Failed[2]), "the key's next message is held back, not refused: %v", be.Failed[2])
+	require.False(t, failure.IsPermanent(be.Failed[2]), "the key's next message is held back, not refused: %v", be.Failed[2])
 	require.Contains(t, be.Failed[2].Error(), "not sent")
 }

@@ -24,9 +24,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/millwright/millwright/cloudevent"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -137,7 +137,7 @@ func validate(c Config) error {
 		errs = append(errs, fmt.Errorf("googlecloud: Fake starts its own in-process Pub/Sub, but EmulatorHost is set (%s): unset MILLWRIGHT_PUBSUB_EMULATOR_HOST, or select the emulator with gcppubsub://PROJECT?emulator=%s", c.EmulatorHost, c.EmulatorHost))
 	}
 	if c.Fake && loadFake() == nil {
-		errs = append(errs, errors.New(`googlecloud: Fake (the in-process development fake, pstest) is not linked into this program: add import _ "github.com/millwright/millwright/transport/embedded" (or _ "github.com/millwright/millwright/transport/all")`))
+		errs = append(errs, errors.New(`googlecloud: Fake (the in-process development fake, pstest) is not linked into this program: add import _ "github.com/millwright/millwright/transport/embedded"`))
 	}
 	if c.ProjectID == "" && !c.Fake {
 		errs = append(errs, errors.New("googlecloud: ProjectID is empty: set it (env MILLWRIGHT_PUBSUB_PROJECT or gcppubsub://PROJECT), or use the in-process development fake (MILLWRIGHT_TRANSPORT=pstest)"))
@@ -229,7 +229,7 @@ type Transport struct {
 // service answers. It makes one attempt: transport.Open is what waits for
 // a service that is down (transport.Config.WaitForBroker). An error that
 // waiting cannot fix (configuration, credentials) is marked
-// retry.Permanent. Errors name settings as googlecloud.Config fields.
+// failure.Permanent. Errors name settings as googlecloud.Config fields.
 func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *Transport, err error) {
 	return open(ctx, cfg, logger, fieldSettings)
 }
@@ -239,7 +239,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (_ *T
 func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, setting func(field string) string) (_ *Transport, err error) {
 	setDefaults(&cfg)
 	if err := validate(cfg); err != nil {
-		return nil, retry.Permanent(err)
+		return nil, failure.Permanent(err)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -252,7 +252,7 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, setti
 	if cfg.Fake {
 		cfg.EmulatorHost, stopFake, err = (*loadFake())()
 		if err != nil {
-			return nil, retry.Permanent(fmt.Errorf("googlecloud: starting the in-process development fake (pstest): %w", err))
+			return nil, failure.Permanent(fmt.Errorf("googlecloud: starting the in-process development fake (pstest): %w", err))
 		}
 		defer func() {
 			if err != nil {
@@ -285,7 +285,7 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, setti
 			// (GKE Workload Identity): waiting can fix that.
 			return nil, err
 		}
-		return nil, retry.Permanent(err)
+		return nil, failure.Permanent(err)
 	}
 	// The gRPC connection is lazy: ask something cheap to learn whether
 	// the service answers at all.
@@ -299,7 +299,7 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, setti
 		}
 		err = fmt.Errorf("googlecloud: %w", contactError(ctx, cctx, what, cfg.ConnectTimeout, start, err, hint))
 		if status.Code(err) == codes.Unauthenticated {
-			err = retry.Permanent(err) // the credentials were refused
+			err = failure.Permanent(err) // the credentials were refused
 		}
 		return nil, err
 	}

@@ -9,12 +9,12 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/transport"
 )
 
 // classify marks the errors of one message that no retry can fix as
-// retry.Permanent, so that the outbox relay fails its row at once, with
+// failure.Permanent, so that the outbox relay fails its row at once, with
 // the cause, instead of spending its retry budget on it:
 //
 //   - a message over Sarama's Producer.MaxMessageBytes (Sarama's own
@@ -45,11 +45,11 @@ func (p *Publisher) classify(km *sarama.ProducerMessage, err error) error {
 		if size <= limit {
 			return fmt.Errorf("%w (this message alone, %d bytes as a record batch, fits the topic's max.message.bytes of %d: another message of its batch was too large)", err, size, limit)
 		}
-		return retry.Permanent(fmt.Errorf("%w: %w: it is %d bytes as a record batch, over topic %s's max.message.bytes of %d (raise it, or store large data elsewhere and send a reference)", transport.ErrMessageTooLarge, err, size, km.Topic, limit))
+		return failure.Permanent(fmt.Errorf("%w: %w: it is %d bytes as a record batch, over topic %s's max.message.bytes of %d (raise it, or store large data elsewhere and send a reference)", transport.ErrMessageTooLarge, err, size, km.Topic, limit))
 	case errors.As(err, &ce) && strings.Contains(string(ce), "MaxMessageBytes"):
-		return retry.Permanent(fmt.Errorf("%w: %w (raise Sarama's Producer.MaxMessageBytes with Config.Tune, and the topic's max.message.bytes, or store large data elsewhere and send a reference)", transport.ErrMessageTooLarge, err))
+		return failure.Permanent(fmt.Errorf("%w: %w (raise Sarama's Producer.MaxMessageBytes with Config.Tune, and the topic's max.message.bytes, or store large data elsewhere and send a reference)", transport.ErrMessageTooLarge, err))
 	case errors.Is(err, sarama.ErrInvalidTopic):
-		return retry.Permanent(fmt.Errorf("%w: %w", transport.ErrInvalidName, err))
+		return failure.Permanent(fmt.Errorf("%w: %w", transport.ErrInvalidName, err))
 	}
 	return err
 }

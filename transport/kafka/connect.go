@@ -13,7 +13,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/failure"
 )
 
 // settings names where a transport.Config field's value came from
@@ -32,7 +32,7 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, setti
 	}
 	setDefaults(&cfg)
 	if err := validate(cfg); err != nil {
-		return nil, retry.Permanent(err)
+		return nil, failure.Permanent(err)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -41,7 +41,7 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, setti
 	if cfg.Fake {
 		cfg.Brokers, stopFake, err = (*loadFake())()
 		if err != nil {
-			return nil, retry.Permanent(fmt.Errorf("kafka: starting the in-process development fake (kfake): %w", err))
+			return nil, failure.Permanent(fmt.Errorf("kafka: starting the in-process development fake (kfake): %w", err))
 		}
 		defer func() {
 			if err != nil {
@@ -52,7 +52,7 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, setti
 	}
 	sc, err := saramaConfig(cfg)
 	if err != nil {
-		return nil, retry.Permanent(err)
+		return nil, failure.Permanent(err)
 	}
 
 	type result struct {
@@ -109,12 +109,12 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, setti
 // as a listener of another protocol does, only as "client has run out of
 // available brokers to talk to" (the broker's own error goes to its
 // logger): so each bootstrap broker is asked again, alone, to learn what
-// it said. Refusals that waiting cannot fix are marked retry.Permanent.
+// it said. Refusals that waiting cannot fix are marked failure.Permanent.
 func connectError(cfg Config, sc *sarama.Config, setting settings, err error) error {
 	brokers := strings.Join(cfg.Brokers, ",")
 	from := setting("Kafka.Brokers")
 	if errors.Is(err, sarama.ErrSASLAuthenticationFailed) {
-		return retry.Permanent(credentialsRefused(cfg, brokers, from, setting, err))
+		return failure.Permanent(credentialsRefused(cfg, brokers, from, setting, err))
 	}
 	if errors.Is(err, sarama.ErrOutOfBrokers) && !cfg.Fake {
 		for _, addr := range cfg.Brokers {
@@ -150,23 +150,23 @@ func diagnose(cfg Config, sc *sarama.Config, setting settings, addr string) erro
 	)
 	switch {
 	case tlsOn && (errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &invalid) || errors.As(err, &verify)):
-		return retry.Permanent(fmt.Errorf("kafka: broker %s (from %s): its TLS certificate is not trusted: %w (set the CA that signed it: MILLWRIGHT_KAFKA_TLS_CA_FILE, or ca_file= in the kafka:// URL; TLS from %s)",
+		return failure.Permanent(fmt.Errorf("kafka: broker %s (from %s): its TLS certificate is not trusted: %w (set the CA that signed it: MILLWRIGHT_KAFKA_TLS_CA_FILE, or ca_file= in the kafka:// URL; TLS from %s)",
 			addr, from, err, setting("Kafka.TLS")))
 	case tlsOn && (errors.As(err, &record) || closed(err)):
 		mismatch := fmt.Errorf("kafka: broker %s (from %s) closed the connection during the TLS handshake: %w; TLS is on (from %s), but the listener at that address does not speak TLS",
 			addr, from, err, setting("Kafka.TLS"))
 		if probe(plain(sc), addr) == nil {
 			// It answers plaintext Kafka: a PLAINTEXT (or SASL_PLAINTEXT) listener.
-			return retry.Permanent(fmt.Errorf("%w: it answers plaintext Kafka, so it is a PLAINTEXT or SASL_PLAINTEXT listener (a listener mismatch): point %s at the broker's SSL or SASL_SSL listener, or turn TLS off", mismatch, from))
+			return failure.Permanent(fmt.Errorf("%w: it answers plaintext Kafka, so it is a PLAINTEXT or SASL_PLAINTEXT listener (a listener mismatch): point %s at the broker's SSL or SASL_SSL listener, or turn TLS off", mismatch, from))
 		}
 		return fmt.Errorf("%w (a listener mismatch?): point %s at the broker's SSL or SASL_SSL listener, or turn TLS off", mismatch, from)
 	case saslOn && errors.Is(err, sarama.ErrSASLAuthenticationFailed):
-		return retry.Permanent(credentialsRefused(cfg, addr, from, setting, err))
+		return failure.Permanent(credentialsRefused(cfg, addr, from, setting, err))
 	case saslOn && errors.Is(err, sarama.ErrIllegalSASLState):
-		return retry.Permanent(fmt.Errorf("kafka: broker %s (from %s) refused the SASL handshake: %w; SASL %s is on (from %s), but the listener at that address does not take SASL: it is a PLAINTEXT or SSL listener (a listener mismatch): point %s at the broker's SASL_PLAINTEXT or SASL_SSL listener, or turn SASL off",
+		return failure.Permanent(fmt.Errorf("kafka: broker %s (from %s) refused the SASL handshake: %w; SASL %s is on (from %s), but the listener at that address does not take SASL: it is a PLAINTEXT or SSL listener (a listener mismatch): point %s at the broker's SASL_PLAINTEXT or SASL_SSL listener, or turn SASL off",
 			addr, from, err, mech, setting("Kafka.SASL"), from))
 	case saslOn && errors.Is(err, sarama.ErrUnsupportedSASLMechanism):
-		return retry.Permanent(fmt.Errorf("kafka: broker %s (from %s) does not enable SASL mechanism %s (from %s): %w (use one its listener enables)",
+		return failure.Permanent(fmt.Errorf("kafka: broker %s (from %s) does not enable SASL mechanism %s (from %s): %w (use one its listener enables)",
 			addr, from, mech, setting("Kafka.SASL"), err))
 	case saslOn && closed(err):
 		return fmt.Errorf("kafka: broker %s (from %s) closed the connection during the SASL handshake: %w; SASL %s is on (from %s): the listener at that address may not take SASL over plaintext (an SSL or SASL_SSL listener needs TLS too; a listener mismatch): check %s and the broker's listeners",

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
 )
@@ -40,7 +40,7 @@ func openFromEnv(t *testing.T) error {
 	}
 	require.Error(t, err)
 	require.NotErrorIs(t, err, transport.ErrGaveUpWaiting, "a listener mismatch must fail at once, not be waited for")
-	require.True(t, retry.IsPermanent(err), "a listener mismatch is permanent: %v", err)
+	require.True(t, failure.IsPermanent(err), "a listener mismatch is permanent: %v", err)
 	require.NotContains(t, err.Error(), "hunter2")
 	t.Log(err)
 	return err

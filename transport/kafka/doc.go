@@ -46,7 +46,7 @@
 //     broker.session.timeout.ms, 9 s by default). Longer outages reach
 //     the caller as errors: the outbox relay leaves the rows pending and
 //     retries them with its own backoff, well inside its publish bound
-//     (0.4 x RelayConfig.Lease), which Sarama's calls ignore.
+//     (0.4 x relay.Config.Lease), which Sarama's calls ignore.
 //   - Producer.Idempotent = false (Java enable.idempotence=true): Sarama
 //     1.43.3, the version watermill-kafka v3.0.6 pins, mis-sequences
 //     retried batches of its idempotent producer (IBM/sarama#2619, #2803,

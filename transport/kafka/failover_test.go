@@ -23,11 +23,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
 )
@@ -263,7 +265,7 @@ func (f *failover) apply(msg *message.Message) error {
 	}
 	var ev foEvent
 	if err := json.Unmarshal(msg.Payload, &ev); err != nil {
-		return retry.Permanent(fmt.Errorf("payload of %s: %w", msg.UUID, err))
+		return failure.Permanent(fmt.Errorf("payload of %s: %w", msg.UUID, err))
 	}
 	_, err := tx.ExecContext(msg.Context(), `INSERT INTO failover_effects (event_id, agg, seq) VALUES ($1, $2, $3)`,
 		msg.Metadata.Get(metadata.EventID), ev.Agg, ev.Seq)
@@ -284,15 +286,15 @@ func (f *failover) startRelays(ctx context.Context, t *testing.T) {
 	for i := range foRelays {
 		tr := f.openCluster(ctx, t)
 		f.relayPubs = append(f.relayPubs, tr.pub)
-		relay, err := outbox.NewRelay(postgres.From(f.poolOf(t, 6)), f.pub.wrap(tr.pub), outbox.RelayConfig{
+		rel, err := relay.New(postgres.From(f.poolOf(t, 6)), f.pub.wrap(tr.pub), relay.Config{
 			BatchSize: 500, PollInterval: 50 * time.Millisecond,
 			Retry: retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: time.Second, MaxAttempts: -1},
 		})
 		require.NoError(t, err, "relay %d", i)
 		done := make(chan error, 1)
-		go func() { done <- relay.Run(ctx) }()
+		go func() { done <- rel.Run(ctx) }()
 		t.Cleanup(func() {
-			require.NoError(t, relay.Close())
+			require.NoError(t, rel.Close())
 			require.NoError(t, <-done)
 		})
 	}

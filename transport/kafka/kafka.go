@@ -87,7 +87,7 @@ func validate(c Config) error {
 	case c.Fake && len(c.Brokers) > 0:
 		errs = append(errs, fmt.Errorf("kafka: Fake starts its own in-process broker, but Brokers is set (%s): unset MILLWRIGHT_KAFKA_BROKERS, or select the real cluster with kafka://host:9092", strings.Join(c.Brokers, ",")))
 	case c.Fake && loadFake() == nil:
-		errs = append(errs, errors.New(`kafka: Fake (the in-process development fake, kfake) is not linked into this program: add import _ "github.com/millwright/millwright/transport/embedded" (or _ "github.com/millwright/millwright/transport/all")`))
+		errs = append(errs, errors.New(`kafka: Fake (the in-process development fake, kfake) is not linked into this program: add import _ "github.com/millwright/millwright/transport/embedded"`))
 	case !c.Fake && len(c.Brokers) == 0:
 		errs = append(errs, errors.New("kafka: Brokers is empty: set at least one host:port (env MILLWRIGHT_KAFKA_BROKERS or kafka://host:9092), or use the in-process development fake (MILLWRIGHT_TRANSPORT=kfake)"))
 	}
@@ -204,7 +204,7 @@ type Transport struct {
 // waits for a cluster that is down (transport.Config.WaitForBroker). An
 // error that waiting cannot fix (configuration, credentials refused, a
 // listener that does not speak the configured TLS or SASL) is marked
-// retry.Permanent. Errors name settings as kafka.Config fields.
+// failure.Permanent. Errors name settings as kafka.Config fields.
 func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
 	return open(ctx, cfg, logger, fieldSettings)
 }

@@ -12,9 +12,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/kafka"
 	"github.com/millwright/millwright/transport/transporttest"
@@ -50,7 +50,7 @@ func TestTooLargeIsPermanent(t *testing.T) {
 	require.Error(t, err)
 	require.ErrorIs(t, err, sarama.ErrMessageSizeTooLarge, "the broker's answer: %v", err)
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge, "%v", err)
-	require.True(t, retry.IsPermanent(err), "a message too large for the topic is permanent: %v", err)
+	require.True(t, failure.IsPermanent(err), "a message too large for the topic is permanent: %v", err)
 	require.True(t, transport.IsPermanent(err))
 
 	bp := pub.(transport.BatchPublisher)
@@ -60,12 +60,12 @@ func TestTooLargeIsPermanent(t *testing.T) {
 	var be *batch.Error
 	require.True(t, errors.As(err, &be), "a partial failure: %v", err)
 	require.ErrorIs(t, be.Failed[1], transport.ErrMessageTooLarge)
-	require.True(t, retry.IsPermanent(be.Failed[1]), "%v", be.Failed[1])
+	require.True(t, failure.IsPermanent(be.Failed[1]), "%v", be.Failed[1])
 	// The broker refuses a whole record batch: the small message, when
 	// Sarama put it in the large one's batch, failed too, but not for
 	// good, since alone it fits.
 	if e := be.Failed[0]; e != nil {
-		require.False(t, retry.IsPermanent(e), "the small message's refusal is not its own: %v", e)
+		require.False(t, failure.IsPermanent(e), "the small message's refusal is not its own: %v", e)
 		require.NotErrorIs(t, e, transport.ErrMessageTooLarge)
 	}
 
@@ -74,7 +74,7 @@ func TestTooLargeIsPermanent(t *testing.T) {
 	err = pub.Publish(topic, message.NewMessage(watermill.NewUUID(), bytes.Repeat([]byte("x"), transport.KafkaMaxMessageBytes)))
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge, "%v", err)
 	require.ErrorContains(t, err, "Producer.MaxMessageBytes")
-	require.True(t, retry.IsPermanent(err), "%v", err)
+	require.True(t, failure.IsPermanent(err), "%v", err)
 }
 
 // A topic outside the allow-list is refused with a permanent error.
@@ -83,7 +83,7 @@ func TestInvalidTopicIsPermanent(t *testing.T) {
 	tr := transporttest.Open(t, transport.Kafka)
 	err := tr.Publisher().Publish("bad topic/ü", message.NewMessage(watermill.NewUUID(), []byte("x")))
 	require.ErrorIs(t, err, transport.ErrInvalidName)
-	require.True(t, retry.IsPermanent(err), "an invalid name does not become valid by retrying: %v", err)
+	require.True(t, failure.IsPermanent(err), "an invalid name does not become valid by retrying: %v", err)
 }
 
 // transport.Limits counts a message as Sarama does (ByteSize of what the

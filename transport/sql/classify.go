@@ -6,9 +6,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/storage"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -18,7 +18,7 @@ import (
 // the uuid column's 36 characters, a payload over 1 GiB). A message that
 // fails them is not sent, and neither is the rest of the call: the error
 // is a *batch.Error (transport.BatchError) whose refused messages' errors
-// are permanent (transport.ErrMessageTooLarge, retry.Permanent) and whose
+// are permanent (transport.ErrMessageTooLarge, failure.Permanent) and whose
 // others' are not, so the outbox relay fails only the refused rows and
 // sends the others again. A database error of a one-message call that no
 // retry can fix (a value too long for its column, a program limit) is
@@ -58,7 +58,7 @@ func precheck(topic string, msgs []*message.Message) error {
 }
 
 // classify marks a Postgres error that the same statement would get again
-// as retry.Permanent: class 54 (program limit exceeded) and 22001 (a value
+// as failure.Permanent: class 54 (program limit exceeded) and 22001 (a value
 // too long for its column) wrap transport.ErrMessageTooLarge; other data
 // exceptions (class 22, e.g. a character the encoding cannot hold) are
 // permanent. Connection errors and the like are returned unchanged.
@@ -69,9 +69,9 @@ func classify(err error) error {
 	}
 	switch {
 	case strings.HasPrefix(code, "54") || code == "22001":
-		return retry.Permanent(fmt.Errorf("sql: %w: %w", transport.ErrMessageTooLarge, err))
+		return failure.Permanent(fmt.Errorf("sql: %w: %w", transport.ErrMessageTooLarge, err))
 	case strings.HasPrefix(code, "22"):
-		return retry.Permanent(err)
+		return failure.Permanent(err)
 	}
 	return err
 }

@@ -9,8 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/batch"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/transporttest"
 )
@@ -29,14 +29,14 @@ func TestMessageTheTableCannotHoldIsPermanent(t *testing.T) {
 	err := pub.Publish(topic, bad)
 	require.ErrorIs(t, err, transport.ErrMessageTooLarge, "%v", err)
 	require.ErrorContains(t, err, "too long")
-	require.True(t, retry.IsPermanent(err), "the id does not get shorter by retrying: %v", err)
+	require.True(t, failure.IsPermanent(err), "the id does not get shorter by retrying: %v", err)
 
 	err = pub.(transport.BatchPublisher).PublishBatch(topic, good, bad)
 	var be *batch.Error
 	require.True(t, errors.As(err, &be), "%v", err)
-	require.True(t, retry.IsPermanent(be.Failed[1]), "%v", be.Failed[1])
+	require.True(t, failure.IsPermanent(be.Failed[1]), "%v", be.Failed[1])
 	require.Error(t, be.Failed[0], "all or none: the good message was not sent")
-	require.False(t, retry.IsPermanent(be.Failed[0]), "but it may be sent again: %v", be.Failed[0])
+	require.False(t, failure.IsPermanent(be.Failed[0]), "but it may be sent again: %v", be.Failed[0])
 
 	require.NoError(t, pub.Publish(topic, good))
 }

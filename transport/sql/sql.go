@@ -14,13 +14,13 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/internal/batch"
 	"github.com/millwright/millwright/internal/closers"
 	"github.com/millwright/millwright/internal/pgconn"
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/sqlschema"
 	"github.com/millwright/millwright/internal/storage"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -118,7 +118,7 @@ type Transport struct {
 // waits for a database that is down (transport.Config.WaitForBroker). An
 // error that waiting cannot fix (configuration, credentials refused, a
 // database that does not exist, SSL the server does not have) is marked
-// retry.Permanent. Errors name the URL as sql.Config.URL.
+// failure.Permanent. Errors name the URL as sql.Config.URL.
 func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Transport, error) {
 	return open(ctx, cfg, logger, "sql.Config.URL")
 }
@@ -128,7 +128,7 @@ func Open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Tra
 func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, urlFrom string) (*Transport, error) {
 	setDefaults(&cfg)
 	if err := validate(cfg); err != nil {
-		return nil, retry.Permanent(err)
+		return nil, failure.Permanent(err)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -141,7 +141,7 @@ func open(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, urlFr
 		// statement.
 		db, err = pgconn.Open(pgconn.WithConnectTimeout(cfg.URL, cfg.ConnectTimeout))
 		if err != nil {
-			return nil, retry.Permanent(fmt.Errorf("sql: opening %s (from %s): %w", redact.URL(cfg.URL), urlFrom, redact.ErrorOf(err, cfg.URL)))
+			return nil, failure.Permanent(fmt.Errorf("sql: opening %s (from %s): %w", redact.URL(cfg.URL), urlFrom, redact.ErrorOf(err, cfg.URL)))
 		}
 		db.SetMaxOpenConns(cfg.MaxOpenConns)
 		db.SetMaxIdleConns(cfg.MaxOpenConns)

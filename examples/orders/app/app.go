@@ -15,11 +15,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/metrics"
 	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/retention"
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/shutdown"
@@ -34,11 +37,13 @@ type App struct {
 	topics Topics
 	orch   *saga.Orchestrator[Fulfilment]
 	store  *dlq.Store
+	// writer checks events against the transport's limits.
+	writer *outbox.Writer
 	// The constructors of millwright's components are generic over the
 	// pool (postgres.Pool): wire builds them on Config's pool.
 	newIdempotencyStore func() (*idempotency.PostgresStore, error)
-	newRelay            func(message.Publisher, outbox.RelayConfig) (*outbox.Relay, error)
-	newCleaners         func(outbox.CleanerConfig) ([]*outbox.Cleaner, error)
+	newRelay            func(message.Publisher, relay.Config) (*relay.Relay, error)
+	newCleaners         func(retention.Config) ([]*retention.Cleaner, error)
 
 	newParker func(park.Config) (*park.Parker, error)
 
@@ -57,6 +62,11 @@ func New(cfg Config) (*App, error) {
 	}
 	a := &App{cfg: cfg, topics: NewTopics(cfg.TopicPrefix), subs: map[string]message.Subscriber{}, parkers: map[string]*park.Parker{}}
 	var err error
+	// Events are refused at write time when this transport would refuse
+	// them (its names, its message size on the wire).
+	if a.writer, err = outbox.NewWriter(outbox.WriterConfig{Limits: cfg.Transport.Limits()}); err != nil {
+		return nil, err
+	}
 	if cfg.Pgx != nil {
 		a.db = pgxDB{cfg.Pgx}
 		err = wire(a, cfg.Pgx)
@@ -91,18 +101,17 @@ func wire[P postgres.Pool](a *App, pool P) error {
 	a.store = dlq.NewStore(postgres.From(pool))
 	a.newParker = func(cfg park.Config) (*park.Parker, error) { return park.New(postgres.From(pool), cfg) }
 	a.newIdempotencyStore = func() (*idempotency.PostgresStore, error) { return idempotency.NewPostgresStore(postgres.From(pool)) }
-	a.newRelay = func(pub message.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, error) {
-		return outbox.NewRelay(postgres.From(pool), pub, cfg)
+	a.newRelay = func(pub message.Publisher, cfg relay.Config) (*relay.Relay, error) {
+		return relay.New(postgres.From(pool), pub, cfg)
 	}
-	// Retention, each table at its package's DefaultRetention: published
+	// Retention, each table at its default (package retention): published
 	// outbox rows and processed-event marks (7 days), finished sagas (30
 	// days), dead letters (90 days). One cleaner of each per schema works
-	// at a time, whatever the number of relay processes. Every package's
-	// Cleaner and CleanerConfig are the same types.
-	a.newCleaners = func(cfg outbox.CleanerConfig) ([]*outbox.Cleaner, error) {
-		var cs []*outbox.Cleaner
-		for _, open := range []func(postgres.DB, outbox.CleanerConfig) (*outbox.Cleaner, error){
-			outbox.NewCleaner, idempotency.NewCleaner, saga.NewCleaner, dlq.NewCleaner,
+	// at a time, whatever the number of relay processes.
+	a.newCleaners = func(cfg retention.Config) ([]*retention.Cleaner, error) {
+		var cs []*retention.Cleaner
+		for _, open := range []func(postgres.DB, retention.Config) (*retention.Cleaner, error){
+			retention.NewOutboxCleaner, retention.NewIdempotencyCleaner, retention.NewSagaCleaner, retention.NewDeadLetterCleaner,
 		} {
 			c, err := open(postgres.From(pool), cfg)
 			if err != nil {
@@ -386,15 +395,15 @@ func (a *App) startService(ctx context.Context, r *message.Router, s Service) (l
 		err = a.untilReady(ctx, "reaching the database", func() error { return a.db.ping(ctx) })
 	case Inventory:
 		err = a.consumer(ctx, r, "inventory", a.topics.InventoryCommands, GroupInventory,
-			participant("inventory", validStock, reserve, release))
+			participant(a.writer, "inventory", validStock, reserve, release))
 		consumers++
 	case Billing:
 		err = a.consumer(ctx, r, "billing", a.topics.BillingCommands, GroupBilling,
-			participant("billing", validPayment, a.charge, refund))
+			participant(a.writer, "billing", validPayment, a.charge, refund))
 		consumers++
 	case Shipping:
 		err = a.consumer(ctx, r, "shipping", a.topics.ShippingCommands, GroupShipping,
-			participant("shipping", validShipment, schedule, cancelShipment))
+			participant(a.writer, "shipping", validShipment, schedule, cancelShipment))
 		consumers++
 	case Notify:
 		err = a.consumer(ctx, r, "notify", a.topics.OrderEvents, GroupNotify, a.notify)
@@ -409,14 +418,14 @@ func (a *App) startService(ctx context.Context, r *message.Router, s Service) (l
 		err = a.recorders(ctx, r)
 		consumers++
 	case Relay:
-		var relay *outbox.Relay
-		relay, err = a.NewRelay(a.cfg.Transport.Publisher())
+		var rel *relay.Relay
+		rel, err = a.NewRelay(a.cfg.Transport.Publisher())
 		if err != nil {
 			break
 		}
-		loops = append(loops, loop{relay.Run, relay.Running(), relay.Close})
-		var cleaners []*outbox.Cleaner
-		if cleaners, err = a.newCleaners(outbox.CleanerConfig{Logger: a.cfg.Logger}); err != nil {
+		loops = append(loops, loop{rel.Run, rel.Running(), rel.Close})
+		var cleaners []*retention.Cleaner
+		if cleaners, err = a.newCleaners(retention.Config{Logger: a.cfg.Logger}); err != nil {
 			break
 		}
 		for _, c := range cleaners {
@@ -430,11 +439,11 @@ func (a *App) startService(ctx context.Context, r *message.Router, s Service) (l
 
 // NewRelay returns an outbox relay configured like the one Run starts,
 // publishing through pub (wrapped by Config.RelayPublisher when set).
-func (a *App) NewRelay(pub message.Publisher) (*outbox.Relay, error) {
+func (a *App) NewRelay(pub message.Publisher) (*relay.Relay, error) {
 	if a.cfg.RelayPublisher != nil {
 		pub = a.cfg.RelayPublisher(pub)
 	}
-	return a.newRelay(pub, outbox.RelayConfig{
+	return a.newRelay(pub, relay.Config{
 		ListenURL: a.cfg.DatabaseURL, Lease: a.cfg.RelayLease, Retry: a.cfg.RelayRetry,
 		Registerer: a.cfg.Registerer, MetricsInterval: time.Second, Logger: a.cfg.Logger,
 	})
@@ -472,7 +481,7 @@ var startupRetry = retry.Policy{InitialInterval: 200 * time.Millisecond, MaxInte
 // untilReady runs step until it succeeds, backing off between attempts
 // and logging each failure with what was being done, until ctx ends; it
 // then returns the last failure with ctx's error. A permanent error
-// (retry.Permanent) is returned at once.
+// (failure.Permanent) is returned at once.
 func (a *App) untilReady(ctx context.Context, what string, step func() error) error {
 	p := startupRetry.WithDefaults()
 	for attempt := 1; ; attempt++ {
@@ -483,7 +492,7 @@ func (a *App) untilReady(ctx context.Context, what string, step func() error) er
 			}
 			return nil
 		}
-		if retry.IsPermanent(err) {
+		if failure.IsPermanent(err) {
 			return err
 		}
 		delay := p.Backoff(attempt)

@@ -20,7 +20,7 @@ import (
 	"github.com/millwright/millwright/idempotency"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/transport"
 )
@@ -136,7 +136,7 @@ func testHTTPOrderLifecycle(t *testing.T, driver string) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		for _, name := range []string{
-			outbox.MetricPendingCount, outbox.MetricOldestPendingAge, outbox.MetricFailedCount, outbox.MetricPublishLatency, outbox.MetricPublished,
+			relay.MetricPendingCount, relay.MetricOldestPendingAge, relay.MetricFailedCount, relay.MetricPublishLatency, relay.MetricPublished,
 			idempotency.MetricProcessed, idempotency.MetricDuplicates,
 			dlq.MetricDeadLetters, dlq.MetricDepth,
 			saga.MetricStarted, saga.MetricCompleted, saga.MetricCompensated, saga.MetricDuration,

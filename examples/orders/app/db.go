@@ -21,7 +21,7 @@ import (
 // copy the one your service uses.
 //
 // With pgx, a business statement and the event it announces go to the
-// server in one pgx.Batch (outbox.AddToBatch): one round trip.
+// server in one pgx.Batch (outbox.Writer.AddToBatch): one round trip.
 
 // db is the example's pool, on either driver.
 type db interface {
@@ -38,9 +38,9 @@ type tx interface {
 	// exec runs a statement and returns the rows it affected.
 	exec(ctx context.Context, q string, args ...any) (int64, error)
 	queryRow(ctx context.Context, q string, args ...any) row
-	// emit writes the statements, then ev through the outbox, in the
-	// transaction. An error of any of them is returned by emit.
-	emit(ctx context.Context, ev outbox.Event, stmts ...statement) error
+	// emit writes the statements, then ev through the outbox with w, in
+	// the transaction. An error of any of them is returned by emit.
+	emit(ctx context.Context, w *outbox.Writer, ev outbox.Event, stmts ...statement) error
 	commit(ctx context.Context) error
 	rollback(ctx context.Context) error
 	// handle is the transaction for millwright's functions (outbox.Add,
@@ -104,12 +104,12 @@ func (t pgxTx) queryRow(ctx context.Context, q string, args ...any) row {
 
 // emit queues the statements and the event's INSERT in one pgx.Batch: one
 // round trip. The INSERT's own error comes back from the batch's results.
-func (t pgxTx) emit(ctx context.Context, ev outbox.Event, stmts ...statement) error {
+func (t pgxTx) emit(ctx context.Context, w *outbox.Writer, ev outbox.Event, stmts ...statement) error {
 	b := &pgx.Batch{}
 	for _, s := range stmts {
 		b.Queue(s.sql, s.args...)
 	}
-	if err := outbox.AddToBatch(ctx, b, ev); err != nil {
+	if err := w.AddToBatch(ctx, b, ev); err != nil {
 		return err
 	}
 	if err := t.tx.SendBatch(ctx, b).Close(); err != nil {
@@ -156,15 +156,15 @@ func (t sqlTx) queryRow(ctx context.Context, q string, args ...any) row {
 	return t.tx.QueryRowContext(ctx, q, args...)
 }
 
-// emit runs the statements, then outbox.Add, which returns its INSERT's
+// emit runs the statements, then Writer.Add, which returns its INSERT's
 // error itself.
-func (t sqlTx) emit(ctx context.Context, ev outbox.Event, stmts ...statement) error {
+func (t sqlTx) emit(ctx context.Context, w *outbox.Writer, ev outbox.Event, stmts ...statement) error {
 	for _, s := range stmts {
 		if _, err := t.tx.ExecContext(ctx, s.sql, s.args...); err != nil {
 			return err
 		}
 	}
-	return outbox.Add(ctx, postgres.SQLTx(t.tx), ev)
+	return w.Add(ctx, postgres.SQLTx(t.tx), ev)
 }
 
 func (t sqlTx) commit(context.Context) error   { return t.tx.Commit() }

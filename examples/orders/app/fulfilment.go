@@ -9,9 +9,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/outbox"
-	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -80,7 +80,7 @@ func (a *App) startSaga(msg *message.Message) error {
 	ctx := msg.Context()
 	tx, err := txFromContext(ctx)
 	if err != nil {
-		return retry.Permanent(fmt.Errorf("orchestrator: %w", err))
+		return failure.Permanent(fmt.Errorf("orchestrator: %w", err))
 	}
 	if msg.Metadata.Get(metadata.EventType) != EventOrderCreated {
 		return nil // the orchestrator's own order.completed/cancelled events
@@ -120,7 +120,7 @@ func (a *App) handleReply(msg *message.Message) error {
 	ctx := msg.Context()
 	tx, err := txFromContext(ctx)
 	if err != nil {
-		return retry.Permanent(fmt.Errorf("orchestrator: %w", err))
+		return failure.Permanent(fmt.Errorf("orchestrator: %w", err))
 	}
 	return a.settle(ctx, tx, msg.Metadata.Get(metadata.SagaID))
 }
@@ -159,7 +159,7 @@ func (a *App) settle(ctx context.Context, tx tx, orderID string) error {
 		return err
 	}
 	// The ledger row and the event: one round trip on pgx.
-	return tx.emit(ctx, outbox.Event{Topic: a.topics.OrderEvents, AggregateType: "order", AggregateID: orderID,
+	return tx.emit(ctx, a.writer, outbox.Event{Topic: a.topics.OrderEvents, AggregateType: "order", AggregateID: orderID,
 		EventType: evType, Payload: payload, Source: "examples/orders/orchestrator"},
 		effectStatement("orchestrator", orderID, s.Status))
 }
@@ -170,7 +170,7 @@ func (a *App) notify(msg *message.Message) error {
 	ctx := msg.Context()
 	tx, err := txFromContext(ctx)
 	if err != nil {
-		return retry.Permanent(fmt.Errorf("notify: %w", err))
+		return failure.Permanent(fmt.Errorf("notify: %w", err))
 	}
 	var ev struct {
 		ID string `json:"id"`

@@ -87,9 +87,9 @@ func (a *App) PlaceOrder(ctx context.Context, o Order) (Order, error) {
 	if err != nil {
 		return Order{}, fmt.Errorf("placing order %s: %w", o.ID, err)
 	}
-	// outbox.Add takes the business transaction as it is: a pgx.Tx or a
-	// *sql.Tx.
-	if err := outbox.Add(ctx, tx.handle(), outbox.Event{
+	// The event is written in the business transaction, checked against
+	// the transport's limits (App.writer).
+	if err := tx.emit(ctx, a.writer, outbox.Event{
 		Topic: a.topics.OrderEvents, AggregateType: "order", AggregateID: o.ID,
 		EventType: EventOrderCreated, Payload: payload, Source: "examples/orders/orders",
 	}); err != nil {

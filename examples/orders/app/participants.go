@@ -9,8 +9,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millwright/millwright/dlq"
+	"github.com/millwright/millwright/failure"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/retry"
+	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -66,14 +67,14 @@ func (c ShipmentCommand) order() string { return c.OrderID }
 // forward or compensate in that transaction, and writes the reply through
 // the outbox in the same transaction, so the effect, the reply and the
 // processed mark commit together or not at all.
-func participant[C command](service string, valid func(C) error,
+func participant[C command](w *outbox.Writer, service string, valid func(C) error,
 	forward, compensate func(ctx context.Context, tx tx, c C) (outcome, error),
 ) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
 		tx, err := txFromContext(ctx)
 		if err != nil {
-			return retry.Permanent(fmt.Errorf("%s: %w", service, err))
+			return failure.Permanent(fmt.Errorf("%s: %w", service, err))
 		}
 		if !saga.IsCommand(msg) {
 			return dlq.Malformed(fmt.Errorf("%s: message %s is not a saga command (no %s metadata)", service, msg.UUID, metadata.SagaID))
@@ -113,7 +114,7 @@ func participant[C command](service string, valid func(C) error,
 		if out.effect != "" {
 			ledger = append(ledger, effectStatement(service, c.order(), out.effect))
 		}
-		return tx.emit(ctx, ev, ledger...)
+		return tx.emit(ctx, w, ev, ledger...)
 	}
 }
 

@@ -217,7 +217,7 @@ func setup(t *testing.T, kind transport.Kind, fake bool, driver string) *bundle 
 
 // relayLease is the relays' lease: short, so that the lanes of the relay
 // the test kills come free soon, but above the slowest healthy publish
-// (RelayConfig.Lease's rule). Pub/Sub's publishes (the emulator, a JVM
+// (relay.Config.Lease's rule). Pub/Sub's publishes (the emulator, a JVM
 // sharing two cores with the whole suite, and pstest under -race) took
 // over the 0.4 s a 1 s lease leaves a batch's publish in loaded CI runs:
 // a third to all of the batches were cut, and the orders settled slowly

@@ -92,7 +92,7 @@ func parkClaimSkipsLockedHeldAndNotDue(t *testing.T, st Setup) {
 	require.NoError(t, err)
 	_, err = storage.ParkHead(ctx, p, pm("l1", "later"), pf(time.Hour))
 	require.NoError(t, err)
-	_, err = storage.ParkDead(ctx, p, pm("x1", "held"), dlRow("x1", "orders", "boom", dlAt.Add(time.Second)), true)
+	_, err = storage.ParkDead(ctx, p, pm("x1", "held"), dlRow("x1", "orders", "boom", dlAt.Add(time.Second)), true, nil)
 	require.NoError(t, err)
 	other, err := storage.ClaimParked(ctx, p, []string{"other"}, 10, time.Minute)
 	require.NoError(t, err)
@@ -172,7 +172,7 @@ func parkDeadLetterHoldsOrContinues(t *testing.T, st Setup) {
 	}
 	for _, c := range claim(t, p) {
 		dl := dlRow(c.Head.MessageUUID, "orders", "boom", dlAt.Add(time.Minute))
-		id, err := storage.DeadLetterParked(ctx, p, c.Claim, c.Head.ID, 3, dl, c.Key, c.Key == "hold")
+		id, err := storage.DeadLetterParked(ctx, p, c.Claim, c.Head.ID, 3, dl, c.Key, c.Key == "hold", nil)
 		require.NoError(t, err)
 		require.NotZero(t, id)
 	}
@@ -216,7 +216,7 @@ func parkReplayReplacesHeldHeadAndResolves(t *testing.T, st Setup) {
 	_, err = storage.ParkBehind(ctx, p, pm("r2", "k"))
 	require.NoError(t, err)
 	c := claim(t, p)[0]
-	id, err := storage.DeadLetterParked(ctx, p, c.Claim, c.Head.ID, 1, dlRow("r1", "orders", "boom", dlAt.Add(time.Minute)), c.Key, true)
+	id, err := storage.DeadLetterParked(ctx, p, c.Claim, c.Head.ID, 1, dlRow("r1", "orders", "boom", dlAt.Add(time.Minute)), c.Key, true, nil)
 	require.NoError(t, err)
 	require.NotZero(t, id)
 
@@ -273,7 +273,7 @@ func parkReplayWaitsForRunningHead(t *testing.T, st Setup) {
 	_, err = storage.ParkBehind(ctx, p, pm("w2", "k"))
 	require.NoError(t, err)
 	c := claim(t, p)[0]
-	id, err := storage.DeadLetterParked(ctx, p, c.Claim, c.Head.ID, 1, dlRow("w1", "orders", "boom", dlAt.Add(time.Minute)), c.Key, true)
+	id, err := storage.DeadLetterParked(ctx, p, c.Claim, c.Head.ID, 1, dlRow("w1", "orders", "boom", dlAt.Add(time.Minute)), c.Key, true, nil)
 	require.NoError(t, err)
 	require.NoError(t, storage.RetryParked(ctx, p, "h", "k"))
 

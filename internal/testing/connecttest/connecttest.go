@@ -1,5 +1,5 @@
 // Package connecttest drives a Kafka Connect worker's REST API for the
-// Debezium tests and `millwright bench debezium`: create a connector, wait
+// Debezium tests and `millwright-bench debezium`: create a connector, wait
 // until its task runs, stop it (offsets flushed), delete it.
 package connecttest
 

@@ -31,7 +31,7 @@ import (
 
 // Packages are the directories (relative to the module root) whose
 // Metric* constants name exported metrics.
-var Packages = []string{"outbox", "idempotency", "retry", "dlq", "park", "saga",
+var Packages = []string{"outbox", "outbox/relay", "outbox/capture", "idempotency", "retry", "dlq", "park", "saga",
 	"transport/sql", "transport/amqp", "transport/googlecloud", "transport/kafka"}
 
 // Source says where a metric name is defined.

@@ -25,7 +25,8 @@ import (
 	"github.com/millwright/millwright/internal/testing/metricscheck"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/metadata"
-	"github.com/millwright/millwright/outbox"
+	"github.com/millwright/millwright/outbox/capture"
+	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/park"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
@@ -101,10 +102,10 @@ func registries(t *testing.T) map[string]*recorder {
 	regs := map[string]*recorder{}
 	reg := func(name string) *recorder { r := newRecorder(); regs[name] = r; return r }
 
-	_, err = outbox.NewRelay(postgres.From(schema.DB), tr.Publisher(), outbox.RelayConfig{Registerer: reg("outbox relay")})
+	_, err = relay.New(postgres.From(schema.DB), tr.Publisher(), relay.Config{Registerer: reg("outbox relay")})
 	require.NoError(t, err)
 
-	_, err = outbox.NewCaptureTracker(postgres.From(schema.DB), outbox.CaptureConfig{Slot: "lint", Registerer: reg("outbox capture")})
+	_, err = capture.NewTracker(postgres.From(schema.DB), capture.Config{Slot: "lint", Registerer: reg("outbox capture")})
 	require.NoError(t, err)
 
 	_, err = idempotency.NewMiddleware(idempotency.NewMemoryStore(), idempotency.Config{Consumer: "lint", Registerer: reg("idempotency")})

@@ -13,10 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/millwright/millwright/dlq"
-	"github.com/millwright/millwright/idempotency"
-	"github.com/millwright/millwright/internal/audit"
-	"github.com/millwright/millwright/saga"
+	"github.com/millwright/millwright/retention"
 	"github.com/millwright/millwright/transport"
 )
 
@@ -115,20 +112,20 @@ var Vars = []Var{
 	{Addr, DefaultAddr, "HTTP address of /metrics, /healthz and /readyz (--addr takes its place): every interface by default, as the orchestrator's probes and Prometheus reach the pod at its IP; 127.0.0.1:9090 keeps them on this host"},
 	{Relays, "1", "relays run in this process (1..64); more than one helps only when one relay's round trip to the broker is the limit"},
 	{BatchSize, "500", "rows claimed and published at a time per relay (1..10000)"},
-	{Workers, "4", "batches the running relays of the outbox keep in flight together while they have a backlog (1..64; outbox.RelayConfig.Workers): each relay publishes ceil(this / live relays) groups of its lanes at once"},
+	{Workers, "4", "batches the running relays of the outbox keep in flight together while they have a backlog (1..64; relay.Config.Workers): each relay publishes ceil(this / live relays) groups of its lanes at once"},
 	{PollInterval, "1s", "how often an idle relay looks for rows when no notification wakes it"},
 	{Listen, "true", "LISTEN for the outbox trigger's notifications on " + DatabaseURL + " (two extra connections per relay); false polls only"},
 	{DeadLetterTopic, "", "topic receiving a copy of each event that exhausts its attempts (empty: rows are only marked failed)"},
 	{DrainTimeout, "20s", "on SIGTERM, how long the batches in flight may take to finish before they are abandoned (their rows are republished after the lease); keep it below the pod's terminationGracePeriodSeconds"},
-	{Lease, "30s", "how long a relay's hold on its lanes lasts without renewal (outbox.RelayConfig.Lease, at least 1s): a batch's publish is cut a tenth of it before the lanes' lease ends, so keep the slowest batch under about 0.4 x this; a relay that dies is replaced after it"},
+	{Lease, "30s", "how long a relay's hold on its lanes lasts without renewal (relay.Config.Lease, at least 1s): a batch's publish is cut a tenth of it before the lanes' lease ends, so keep the slowest batch under about 0.4 x this; a relay that dies is replaced after it"},
 	{ReadyMaxAge, "30s", "/readyz fails when a relay's last successful round is older than this"},
 	{Driver, "pgx", "Postgres driver the relays and cleaners run on: pgx (a pgxpool.Pool) or pq (database/sql on lib/pq); --driver takes its place. The sql transport and /readyz use database/sql either way"},
 	{MaxConns, "4 per relay + 4", "size of the relays' and cleaners' database pool; /readyz pings through one connection of its own, and LISTEN adds two per relay"},
 	{OutboxRetention, "168h", "age at which published outbox rows are deleted by the outbox cleaner; 0 disables it"},
-	{IdempotencyRetention, idempotency.DefaultRetention.String(), "age at which processed-event rows are deleted by the idempotency cleaner (only when millwright_processed_events exists); 0 disables it"},
-	{DLQRetention, dlq.DefaultRetention.String(), "age at which dead letters (replayed or not) are deleted by the dead-letter cleaner (only when millwright_dead_letters exists); 0 disables it"},
-	{SagaRetention, saga.DefaultRetention.String(), "age at which completed and compensated sagas, with their steps, are deleted by the saga cleaner (only when millwright_saga_instances exists; running, compensating and stuck sagas are never deleted); 0 disables it"},
-	{AuditRetention, audit.DefaultRetention.String(), "age at which audit rows are deleted by the audit cleaner (only when millwright_audit exists); 0 disables it"},
+	{IdempotencyRetention, retention.DefaultIdempotencyRetention.String(), "age at which processed-event rows are deleted by the idempotency cleaner (only when millwright_processed_events exists); 0 disables it"},
+	{DLQRetention, retention.DefaultDeadLetterRetention.String(), "age at which dead letters (replayed or not) are deleted by the dead-letter cleaner (only when millwright_dead_letters exists); 0 disables it"},
+	{SagaRetention, retention.DefaultSagaRetention.String(), "age at which completed and compensated sagas, with their steps, are deleted by the saga cleaner (only when millwright_saga_instances exists; running, compensating and stuck sagas are never deleted); 0 disables it"},
+	{AuditRetention, retention.DefaultAuditRetention.String(), "age at which audit rows are deleted by the audit cleaner (only when millwright_audit exists); 0 disables it"},
 	{CleanInterval, "1m", "interval between cleaning rounds"},
 }
 
@@ -193,8 +190,8 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	c := Config{
 		Addr: DefaultAddr, Relays: 1, BatchSize: 500, Workers: 4, PollInterval: time.Second, Listen: true,
 		DrainTimeout: 20 * time.Second, Lease: 30 * time.Second, ReadyMaxAge: 30 * time.Second,
-		OutboxRetention: 7 * 24 * time.Hour, IdempotencyRetention: idempotency.DefaultRetention,
-		DLQRetention: dlq.DefaultRetention, SagaRetention: saga.DefaultRetention, AuditRetention: audit.DefaultRetention,
+		OutboxRetention: retention.DefaultOutboxRetention, IdempotencyRetention: retention.DefaultIdempotencyRetention,
+		DLQRetention: retention.DefaultDeadLetterRetention, SagaRetention: retention.DefaultSagaRetention, AuditRetention: retention.DefaultAuditRetention,
 		CleanInterval: time.Minute,
 	}
 	var errs []error
