@@ -415,7 +415,7 @@ func (c *Client) open(runCtx, ctx context.Context) (*transport.Transport, *messa
 		return nil, nil, err
 	}
 	if c.cfg.Migrate {
-		if err := c.migrate(ctx); err != nil {
+		if err := c.migrate(runCtx, ctx); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -485,11 +485,13 @@ func (c *Client) transportConfig() (transport.Config, error) {
 	return tcfg, nil
 }
 
-// migrate applies millwright's migrations and the service's.
-func (c *Client) migrate(ctx context.Context) error {
+// migrate applies millwright's migrations and the service's. A
+// migration in progress runs on Run's context: StartTimeout (startCtx)
+// bounds the waits between attempts, not a long migration.
+func (c *Client) migrate(runCtx, startCtx context.Context) error {
 	sources := append(migrations.All(), c.cfg.Migrations...)
-	return c.untilReady(ctx, "migrating the database", func(ctx context.Context) error {
-		_, err := migrate.Up(ctx, c.db, sources...)
+	return c.untilReady(startCtx, "migrating the database", func(context.Context) error {
+		_, err := migrate.Up(runCtx, c.db, sources...)
 		if err != nil && errors.Is(err, migrate.ErrNoSchema) {
 			return failure.Permanent(err)
 		}

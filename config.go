@@ -53,7 +53,7 @@ type Config struct {
 
 	// StartTimeout bounds how long Run waits for the database and the
 	// broker at start (each attempt logged; a service started before its
-	// broker waits for it). Default 2 minutes; -1 waits until Run's ctx
+	// broker waits for it). A migration in progress is not cut by it. Default 2 minutes; -1 waits until Run's ctx
 	// ends; otherwise at least 1s.
 	StartTimeout time.Duration
 	// Grace is how long Run takes, at most, to return after its ctx ends:
