@@ -6,7 +6,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/outbox"
-	"github.com/millwright/millwright/postgres"
 )
 
 // retryFailed runs `outbox retry-failed`'s change (or, with dry, lists
@@ -35,8 +34,5 @@ func retryFailed(cmd *cobra.Command, pool *cliPool, filter outbox.FailedFilter, 
 // retryFailedOn is outbox.RetryFailedWithProgress on the command's pool
 // (--driver); progress may be nil.
 func retryFailedOn(ctx context.Context, pool *cliPool, filter outbox.FailedFilter, dry bool, progress func(done, total int)) ([]outbox.FailedEvent, error) {
-	if pool.pgx != nil {
-		return outbox.RetryFailedWithProgress(ctx, postgres.From(pool.pgx), filter, dry, progress)
-	}
-	return outbox.RetryFailedWithProgress(ctx, postgres.From(pool.sql), filter, dry, progress)
+	return outbox.RetryFailedWithProgress(ctx, pool.handle(), filter, dry, progress)
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millwright/millwright/outbox/capture"
-	"github.com/millwright/millwright/postgres"
 )
 
 // outboxSwitchCmds are `outbox switch-to-debezium` and `outbox
@@ -87,16 +86,10 @@ func runOutboxSwitch(cmd *cobra.Command, args []string, toDebezium bool) error {
 }
 
 func switchOn(ctx context.Context, pool *cliPool, cfg capture.SwitchConfig, toDebezium bool) (capture.SwitchReport, error) {
-	switch {
-	case toDebezium && pool.pgx != nil:
-		return capture.SwitchToDebezium(ctx, postgres.From(pool.pgx), cfg)
-	case toDebezium:
-		return capture.SwitchToDebezium(ctx, postgres.From(pool.sql), cfg)
-	case pool.pgx != nil:
-		return capture.SwitchToRelay(ctx, postgres.From(pool.pgx), cfg)
-	default:
-		return capture.SwitchToRelay(ctx, postgres.From(pool.sql), cfg)
+	if toDebezium {
+		return capture.SwitchToDebezium(ctx, pool.handle(), cfg)
 	}
+	return capture.SwitchToRelay(ctx, pool.handle(), cfg)
 }
 
 func printSwitch(out io.Writer, rep capture.SwitchReport, toDebezium bool) {

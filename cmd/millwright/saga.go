@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
 )
 
@@ -224,8 +223,5 @@ required. Every run past flag validation is recorded in millwright_audit.`,
 
 // resolveSaga is saga.Resolve on the command's pool (--driver).
 func resolveSaga(ctx context.Context, pool *cliPool, id string, action saga.ResolveAction, note string, dryRun bool) (saga.Resolution, error) {
-	if pool.pgx != nil {
-		return saga.Resolve(ctx, postgres.From(pool.pgx), id, action, note, dryRun)
-	}
-	return saga.Resolve(ctx, postgres.From(pool.sql), id, action, note, dryRun)
+	return saga.Resolve(ctx, pool.handle(), id, action, note, dryRun)
 }
