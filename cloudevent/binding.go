@@ -46,6 +46,10 @@ var (
 	// 3.1.3.1). "ce-datacontenttype", shown in that spec's example, is
 	// accepted on consume.
 	PubSub = Binding{Prefix: "ce-", ContentType: "Content-Type", CaseInsensitive: true}
+	// NATS: headers "ce-<attr>", datacontenttype in the "content-type"
+	// header (NATS protocol binding 1.0.1, 3.1.3.1, binary mode). NATS
+	// headers keep their case as sent.
+	NATS = Binding{Prefix: "ce-", ContentType: "content-type"}
 )
 
 // WireKey returns the wire name of metadata key k: a CloudEvents attribute

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The local services millwright's tests, benchmarks and demo run against:
 # PostgreSQL and RabbitMQ from Debian's packages, a real Apache Kafka 4.x
-# broker (KRaft, single node) from Maven Central jars, and Google's Pub/Sub
-# emulator from its Debian package.
+# broker (KRaft, single node) from Maven Central jars, Google's Pub/Sub
+# emulator from its Debian package, and nats-server with JetStream, built
+# from its Go module.
 #
 #   scripts/services.sh up       install what is missing, start what is down,
 #                                wait until each answers; print one status line
@@ -14,6 +15,10 @@
 #   scripts/services.sh restart kafka
 #                                stop the broker `up` started and start it again
 #                                on the same log directory (the reconnect test)
+#   scripts/services.sh restart nats
+#                                stop the nats-server `up` started and start it
+#                                again on the same JetStream store (the
+#                                reconnect test)
 #   scripts/services.sh pubsub up|down
 #                                the emulator alone (up prints its export)
 #   scripts/services.sh pubsub threads
@@ -40,13 +45,14 @@
 #
 # Idempotent: a second `up` finds everything running and downloads nothing
 # (Kafka's jars are cached under the state directory, keyed by
-# scripts/kafka/pom.xml). State, logs and Kafka's log directory live in
+# scripts/kafka/pom.xml; nats-server's binary under nats-<version>, keyed
+# by its module version, MILLWRIGHT_NATS_VERSION, default v2.15.3). State, logs and Kafka's log directory live in
 # MILLWRIGHT_SERVICES_DIR (default ~/.cache/millwright/services).
 #
 # Addresses (fixed, loopback only): Postgres 127.0.0.1:5432 (trust auth for
 # users postgres and root, database test), RabbitMQ 127.0.0.1:5672
 # (guest/guest), Kafka 127.0.0.1:9092 (controller 127.0.0.1:9093), Pub/Sub
-# emulator 127.0.0.1:8085 (MILLWRIGHT_PUBSUB_PORT moves it: a second
+# emulator 127.0.0.1:8085, nats-server 127.0.0.1:4222 (MILLWRIGHT_PUBSUB_PORT moves the emulator: a second
 # emulator beside the shared one, with a MILLWRIGHT_SERVICES_DIR of its own,
 # as scripts/test-lib.sh starts).
 set -uo pipefail
@@ -482,6 +488,56 @@ pubsub_bound() {
 	say pubsub "restarted: $(threads_of "$p") threads now (pid $p)${n:+, $n before}"
 }
 
+# ---------------------------------------------------------------- NATS
+
+# nats-server, built from its Go module (the version below) with the Go
+# toolchain into nats-<version>/bin under the state directory, once; the
+# JetStream store in nats-<version>/data.
+NATS_VERSION="${MILLWRIGHT_NATS_VERSION:-v2.15.3}"
+NATS_PORT=4222
+nats_home() { echo "$state/nats-$NATS_VERSION"; }
+nats_pid() { pid_from "$state/nats.pid"; }
+nats_ready() { port_open "$NATS_PORT" && grep -q 'Server is ready' "$state/nats.log" 2>/dev/null; }
+
+# nats_build: go install github.com/nats-io/nats-server/v2@NATS_VERSION into
+# nats-<version>/bin (the module cache and the build cache keep what it
+# fetched and compiled).
+nats_build() {
+	local home; home="$(nats_home)"
+	[ -x "$home/bin/nats-server" ] && [ -f "$home/bin/.complete" ] && return 0
+	need_tools "build nats-server" go || return 1
+	mkdir -p "$home/bin"
+	if ! (cd / && GOFLAGS= GOBIN="$home/bin" go install "github.com/nats-io/nats-server/v2@$NATS_VERSION") >"$state/nats-build.log" 2>&1; then
+		echo "go install github.com/nats-io/nats-server/v2@$NATS_VERSION failed (see $state/nats-build.log)"; return 1
+	fi
+	touch "$home/bin/.complete"
+}
+
+nats_up() {
+	local why
+	if ! why="$(nats_build)"; then say nats "unavailable: $why"; return 1; fi
+	local home; home="$(nats_home)"
+	local how="already running"
+	if ! port_open "$NATS_PORT"; then
+		# A server started by `up` begins with an empty store, as Kafka's
+		# log directory does; `restart nats` keeps it (the reconnect test
+		# needs the messages to survive the restart).
+		if [ "${1:-fresh}" = fresh ]; then
+			rm -rf "$home/data"
+		fi
+		mkdir -p "$home/data"
+		: >"$state/nats.log"
+		start_detached "$state/nats.log" "$state/nats.pid" \
+			"$home/bin/nats-server" -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$home/data" -n millwright-test
+		touch "$state/started/nats"
+		how="started"
+	fi
+	await nats 60 "$NATS_PORT" "$state/nats.pid" "$state/nats.log" "'Server is ready'" nats_ready || return 1
+	say nats "$how: nats-server $NATS_VERSION with JetStream (store $home/data) on 127.0.0.1:$NATS_PORT"
+}
+
+nats_down() { stop_started nats "$state/nats.pid"; }
+
 # ---------------------------------------------------------------- env
 
 print_env() {
@@ -489,6 +545,7 @@ print_env() {
 	port_open 5672 && echo "export MILLWRIGHT_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:5672/'"
 	kafka_ready && echo "export MILLWRIGHT_TEST_KAFKA_BROKERS='127.0.0.1:$KAFKA_PORT'"
 	port_open "$PUBSUB_PORT" && echo "export MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST='127.0.0.1:$PUBSUB_PORT'"
+	nats_ready && echo "export MILLWRIGHT_TEST_NATS_URL='nats://127.0.0.1:$NATS_PORT'"
 	# The cluster only when asked for (up --kafka-brokers 3): with its
 	# variable set, the whole suite would run the failover test too.
 	[ -n "${with_cluster:-}" ] && kc_env
@@ -530,6 +587,7 @@ up)
 	rabbit_up || rc=1
 	kafka_up || rc=1
 	pubsub_up || rc=1
+	nats_up || rc=1
 	if [ "${2:-}" = --kafka-brokers ]; then
 		kc_main up >/dev/null || rc=1
 		with_cluster=1
@@ -538,7 +596,7 @@ up)
 	exit "$rc"
 	;;
 down)
-	kc_main down; pubsub_down; kafka_down; rabbit_down; pg_down
+	kc_main down; nats_down; pubsub_down; kafka_down; rabbit_down; pg_down
 	;;
 cluster)
 	shift
@@ -550,6 +608,7 @@ status)
 	status_line rabbitmq "127.0.0.1:5672" port_open 5672
 	status_line kafka "Apache Kafka $(kafka_version) on 127.0.0.1:$KAFKA_PORT" kafka_ready
 	status_line pubsub "Pub/Sub emulator $(pubsub_version) on 127.0.0.1:$PUBSUB_PORT ($(pubsub_threads 2>/dev/null || echo '?') threads)" port_open "$PUBSUB_PORT"
+	status_line nats "nats-server $NATS_VERSION (JetStream) on 127.0.0.1:$NATS_PORT" nats_ready
 	[ -f "$state/started/kafka-cluster" ] && kc_status
 	print_env
 	;;
@@ -563,7 +622,11 @@ restart)
 		kafka_down && kafka_up keep
 		;;
 	pubsub) pubsub_bound -1 ;;
-	*) echo "usage: $0 restart kafka|pubsub" >&2; exit 2 ;;
+	nats)
+		[ -f "$state/started/nats" ] || { say nats "not started by this script: not restarting it"; exit 1; }
+		nats_down && nats_up keep
+		;;
+	*) echo "usage: $0 restart kafka|pubsub|nats" >&2; exit 2 ;;
 	esac
 	;;
 pubsub)
@@ -583,7 +646,7 @@ pubsub)
 	esac
 	;;
 *)
-	echo "usage: $0 up [--kafka-brokers 3]|down|status|env|restart kafka|pubsub|pubsub up|down|threads|restart|restart-if-over N|cluster ...|connect up|down|status" >&2
+	echo "usage: $0 up [--kafka-brokers 3]|down|status|env|restart kafka|pubsub|nats|pubsub up|down|threads|restart|restart-if-over N|cluster ...|connect up|down|status" >&2
 	exit 2
 	;;
 esac

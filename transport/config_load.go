@@ -16,7 +16,7 @@ const EnvPrefix = "MILLWRIGHT_"
 // Environment variables read by FromEnv.
 const (
 	// EnvTransport selects the transport: a kind name (kafka, amqp,
-	// googlecloud, sql, gochannel), a development fake (kfake, pstest), or
+	// googlecloud, sql, gochannel, nats), a development fake (kfake, pstest), or
 	// a URL (see ParseURL).
 	EnvTransport = EnvPrefix + "TRANSPORT"
 
@@ -56,6 +56,14 @@ const (
 	// EnvSQLListenURL is where the sql subscribers' LISTEN connection goes
 	// (SQLConfig.ListenURL; "-" turns the NOTIFY wake-up off).
 	EnvSQLListenURL = EnvPrefix + "SQL_LISTEN_URL"
+
+	EnvNATSURL = EnvPrefix + "NATS_URL" // nats://host:4222 (comma-separated for several servers)
+	// EnvNATSKeyParallelism, above 0, turns on the key-parallel consumer
+	// (nats.Config.KeyParallelism).
+	EnvNATSKeyParallelism = EnvPrefix + "NATS_KEY_PARALLELISM"
+	// EnvNATSAckWait is the consumers' AckWait (nats.Config.AckWait): a
+	// duration such as 30s.
+	EnvNATSAckWait = EnvPrefix + "NATS_ACK_WAIT"
 
 	// EnvDeclareGroups lists consumer groups (comma-separated) whose AMQP
 	// queues or Pub/Sub subscriptions the publisher creates up front.
@@ -191,6 +199,7 @@ func isKind(k Kind) bool {
 //	gcppubsub://PROJECT?emulator=host:8085   ... through an emulator
 //	postgres://user:pass@host:5432/db        Postgres (watermill-sql)
 //	mem://                                   in-process (gochannel)
+//	nats://host:4222                         NATS JetStream (tls:// for TLS)
 //	kfake://                                 DEVELOPMENT FAKE: in-process Kafka (kafka.Config.Fake)
 //	pstest://[PROJECT]                       DEVELOPMENT FAKE: in-process Pub/Sub (googlecloud.Config.Fake)
 //

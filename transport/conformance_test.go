@@ -55,6 +55,8 @@ const envTestReconnect = "MILLWRIGHT_TEST_RECONNECT"
 //     their application_name (the other tests' sessions live on).
 //   - kafka: scripts/services.sh restart kafka stops the broker process and
 //     starts it again on the same log directory.
+//   - nats: scripts/services.sh restart nats stops nats-server and starts
+//     it again on the same JetStream store.
 //   - googlecloud: the emulator keeps its state in memory, so a restart
 //     would lose the topics and messages the test checks; instead the
 //     suite reaches it through a TCP proxy (internal/testing/faultproxy) and the
@@ -95,6 +97,11 @@ func reconnectCommandFor(t *testing.T, kind transport.Kind, appName string) ([]s
 		return []string{"bash", script, "restart", "kafka"}, ""
 	case transport.GoogleCloud:
 		return []string{"kill", "-USR1", strconv.Itoa(os.Getpid())}, ""
+	case transport.NATS:
+		if transporttest.NATSURL() != transporttest.DefaultNATSURL {
+			return nil, "the nats-server is not the one scripts/services.sh runs, which is the only one this test may restart"
+		}
+		return []string{"bash", script, "restart", "nats"}, ""
 	}
 	return nil, "no broker to cut"
 }
@@ -195,6 +202,30 @@ func TestConformance(t *testing.T) {
 			ExactlyOnceDelivery:   false,
 			GuaranteedOrder:       false,
 			Persistent:            true,
+		}, pub, group)
+	})
+
+	t.Run("nats", func(t *testing.T) {
+		t.Parallel()
+		restart := reconnectCommand(t, transport.NATS, "")
+		pub, group := constructors(func(t *testing.T) transport.Config {
+			c := transporttest.Config(t, transport.NATS)
+			// TestMessageCtx wants a message's context cancelled within
+			// 30s of Close while it is still unacked: the drain bound.
+			c.NATS.KeyDrainTimeout = 5 * time.Second
+			return c
+		}, "test")
+		tests.TestPubSub(t, tests.Features{
+			RestartServiceCommand: restart,
+			ForceShort:            short(),
+			ConsumerGroups:        true,
+			ExactlyOnceDelivery:   false,
+			// One message at a time, in stream order, a nacked one run
+			// again in its place (KeyParallelism 0); the members of a
+			// group share its consumer, so order holds with one member.
+			GuaranteedOrder:                     true,
+			GuaranteedOrderWithSingleSubscriber: true,
+			Persistent:                          true,
 		}, pub, group)
 	})
 

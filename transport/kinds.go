@@ -76,7 +76,7 @@ func Registered() []Kind {
 
 // driverPackages are the sub-packages that register each kind.
 var driverPackages = map[Kind]string{
-	Kafka: "kafka", AMQP: "amqp", GoogleCloud: "googlecloud", SQL: "sql", GoChannel: "gochannel",
+	Kafka: "kafka", AMQP: "amqp", GoogleCloud: "googlecloud", SQL: "sql", GoChannel: "gochannel", NATS: "nats",
 }
 
 // driver returns kind's registered Driver, or an error naming the import
@@ -116,6 +116,9 @@ func (c SQLConfig) Validate() error { return validateKind(SQL, Config{SQL: c}) }
 
 // Validate reports in-process transport settings that cannot work.
 func (c GoChannelConfig) Validate() error { return validateKind(GoChannel, Config{GoChannel: c}) }
+
+// Validate reports NATS JetStream settings that cannot work.
+func (c NATSConfig) Validate() error { return validateKind(NATS, Config{NATS: c}) }
 
 // KafkaConfig selects and tunes the Kafka cluster.
 type KafkaConfig struct {
@@ -390,4 +393,81 @@ type GoChannelConfig struct {
 	// NotPersistent drops messages published while no subscriber listens
 	// and keeps none in memory. Default false: persistent.
 	NotPersistent bool
+}
+
+// NATSConfig selects and tunes the NATS JetStream connection (package
+// transport/nats explains the streams and consumers it creates).
+type NATSConfig struct {
+	// URL is nats://host:4222 (several servers comma-separated:
+	// nats://h1:4222,nats://h2:4222; user:pass@ or a token in the URL
+	// authenticate; tls:// for TLS). Required.
+	URL string
+	// TLS configures TLS. Default nil: plaintext for nats://, the system
+	// roots for tls://.
+	TLS *tls.Config
+	// Replicas of the streams the transport creates. Default 1; at most 5
+	// (a JetStream cluster's limit), and at most the cluster's size.
+	Replicas int
+	// MaxAge bounds how long a stream the transport creates keeps a
+	// message (JetStream's limits retention: messages stay after every
+	// consumer acked them, so that a new consumer group starts at the
+	// oldest). Default 7 days; -1: forever.
+	MaxAge time.Duration
+	// DuplicateWindow is how long the stream remembers a message's
+	// Nats-Msg-Id (the outbox event id, or the message UUID): a message
+	// published again within it (the relay after a lost acknowledgement)
+	// is acknowledged and dropped by the server. Default 2 minutes
+	// (JetStream's); at most MaxAge.
+	DuplicateWindow time.Duration
+	// AckWait is how long the server waits for a delivered message's
+	// acknowledgement before it delivers it again. While a handler runs,
+	// the subscriber tells the server it is still in progress every
+	// AckWait/3, so a slow handler is not overtaken by its own redelivery;
+	// AckWait thus bounds how long a consumer that died holds its
+	// messages. Default 30s; at least 1s.
+	AckWait time.Duration
+	// MaxAckPending bounds the messages a consumer group holds delivered
+	// and unacknowledged (over all its members). Default 1,000, or 16 ×
+	// KeyParallelism when that is larger; at least KeyParallelism.
+	MaxAckPending int
+	// MaxDeliver is how many times the server delivers a message before it
+	// gives up on it. Default -1: no limit, so a message that keeps
+	// failing is never dropped by the server; millwright's retry, park and
+	// dlq middlewares end its attempts, with a dead letter. A positive
+	// value makes the subscriber hand the last delivery's failure to the
+	// dead letter topic DeadLetterTopic instead of letting the server drop
+	// it; it requires DeadLetterTopic.
+	MaxDeliver int
+	// DeadLetterTopic receives, with MaxDeliver set, a message whose
+	// handler failed at its last delivery: the message, its metadata, and
+	// the dlq metadata naming the topic, the group, the deliveries and the
+	// error. Default "": none (MaxDeliver must then be -1).
+	DeadLetterTopic string
+	// KeyParallelism, above 0, makes subscribers millwright's
+	// key-parallel consumer (nats.KeyedSubscriber): messages of different
+	// ordering keys (metadata.OrderingKey, the aggregate) are handled
+	// concurrently, up to this many at once per subscription; one key's
+	// messages stay in stream order, one at a time; a nacked message runs
+	// again in its key's place instead of being redelivered behind its
+	// key's later ones; each message is acknowledged only after its
+	// handler finished. Default 0: one message at a time per subscription.
+	// Env MILLWRIGHT_NATS_KEY_PARALLELISM.
+	KeyParallelism int
+	// KeyDrainTimeout bounds how long a subscription's end (Close, or its
+	// context) waits for handlers still running; the rest have their
+	// message's context cancelled and the server delivers them again after
+	// AckWait. Default 30s (Watermill's Router CloseTimeout).
+	KeyDrainTimeout time.Duration
+	// MaxPayload is the largest message (payload plus headers) the
+	// server takes: its max_payload. Default 1 MiB (nats-server's
+	// default); Open reads the server's own and refuses a message over it.
+	MaxPayload int
+	// ConnectTimeout bounds Open's connection attempt and each JetStream
+	// API call (creating a stream or consumer, a publish's
+	// acknowledgement). Default 10s.
+	ConnectTimeout time.Duration
+	// Registerer receives the nats Metric* gauges (stream messages,
+	// consumer pending and unacknowledged messages). Default nil: none
+	// registered.
+	Registerer prometheus.Registerer
 }

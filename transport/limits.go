@@ -46,6 +46,10 @@ const (
 	// SQLMaxMessageBytes is the largest Postgres field value (1 GiB - 1),
 	// the bound of the BYTEA payload column of the sql transport's tables.
 	SQLMaxMessageBytes = 1<<30 - 1
+	// NATSMaxMessageBytes is nats-server's max_payload default (1 MiB),
+	// which the client and the server compare with a message's headers
+	// and payload together.
+	NATSMaxMessageBytes = 1 << 20
 )
 
 // Pub/Sub's limits on attributes (https://cloud.google.com/pubsub/quotas).
@@ -95,6 +99,8 @@ func DefaultLimits(kind Kind) Limits {
 		return Limits{Kind: kind, MaxBytes: GoogleCloudMaxMessageBytes, Setting: "Pub/Sub's publish request limit of 10 MB"}
 	case SQL:
 		return Limits{Kind: kind, MaxBytes: SQLMaxMessageBytes, Setting: "Postgres's largest field value"}
+	case NATS:
+		return Limits{Kind: kind, MaxBytes: NATSMaxMessageBytes, Setting: "nats-server's max_payload (1 MiB by default)"}
 	}
 	return Limits{Kind: kind}
 }
@@ -132,6 +138,9 @@ func (t *Transport) Limits() Limits { return t.limits }
 //   - googlecloud: the publish request of this one message (its encoded
 //     data, attributes and ordering key, and the topic's full name);
 //   - amqp: the body (RabbitMQ's max_message_size counts nothing else);
+//   - nats: the payload and the headers block as the client encodes it
+//     (the metadata under their CloudEvents NATS names, the UUID header
+//     and Nats-Msg-Id), which max_payload counts together;
 //   - sql and others: the payload plus the metadata's names and values.
 func (l Limits) Size(topic, uuid string, payload []byte, md map[string]string) int {
 	return l.SizeSeq(topic, uuid, payload, maps.All(md))
@@ -168,6 +177,15 @@ func (l Limits) SizeSeq(topic, uuid string, payload []byte, md iter.Seq2[string,
 		return msg + 5 + protoBytesField(len("projects//topics/")+project+len(topic))
 	case AMQP:
 		return len(payload)
+	case NATS:
+		// "NATS/1.0\r\n", "Name: value\r\n" per header, "\r\n".
+		size := len(payload) + 10 + 2
+		size += len(uuidHeader) + len(uuid) + 4
+		size += len(natsMsgIDHeader) + len(uuid) + 4
+		for k, v := range md {
+			size += len(cloudevent.NATS.WireKey(k)) + len(v) + 4
+		}
+		return size
 	}
 	size := len(payload)
 	for k, v := range md {
@@ -179,6 +197,10 @@ func (l Limits) SizeSeq(topic, uuid string, payload []byte, md iter.Seq2[string,
 // uuidHeader is the header or attribute in which watermill's Kafka and
 // Pub/Sub marshalers carry the message UUID.
 const uuidHeader = "_watermill_message_uuid"
+
+// natsMsgIDHeader is JetStream's deduplication header, which the nats
+// publisher sets to the message UUID (the outbox event id).
+const natsMsgIDHeader = "Nats-Msg-Id"
 
 // protoBytesField is the encoded size of a protobuf length-delimited field
 // of n bytes with a one-byte tag.

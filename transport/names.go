@@ -22,13 +22,17 @@ var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 // maxNameLen is the longest topic or group name each kind accepts. Postgres
 // truncates identifiers at 63 bytes, and watermill-sql prefixes topics with
 // "watermill_offsets_" (18 bytes); Pub/Sub caps names at 255 and AMQP
-// at 255 bytes including the "_<group>" suffix.
+// at 255 bytes including the "_<group>" suffix. NATS JetStream keeps a
+// stream (named after its topic, with a 9-byte suffix when the topic has a
+// dot) and its consumers in directories of the server's store, whose
+// names a file system caps at 255 bytes.
 var maxNameLen = map[Kind]int{
 	Kafka:       249,
 	AMQP:        120,
 	GoogleCloud: 120,
 	SQL:         45,
 	GoChannel:   255,
+	NATS:        200,
 	anyKind:     255,
 }
 

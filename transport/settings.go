@@ -93,6 +93,7 @@ var builtinKinds = map[string]Kind{
 	"gcppubsub": GoogleCloud, "pubsub": GoogleCloud, FakePubSub: GoogleCloud,
 	"postgres": SQL, "postgresql": SQL,
 	"mem": GoChannel, "gochannel": GoChannel,
+	"nats": NATS,
 }
 
 // scheme is a URL scheme or fake name registered by a kind.

@@ -23,6 +23,7 @@ const (
 	GoogleCloud Kind = "googlecloud"
 	SQL         Kind = "sql"
 	GoChannel   Kind = "gochannel"
+	NATS        Kind = "nats"
 )
 
 // The development fakes: names MILLWRIGHT_TRANSPORT accepts, and URL
@@ -38,7 +39,7 @@ const (
 )
 
 // Kinds lists every kind, in documentation order.
-var Kinds = []Kind{Kafka, AMQP, GoogleCloud, SQL, GoChannel}
+var Kinds = []Kind{Kafka, AMQP, GoogleCloud, SQL, GoChannel, NATS}
 
 // OrderingKey is the metadata key whose value keeps messages in order
 // (metadata.OrderingKey, repeated here for discoverability).
@@ -59,6 +60,8 @@ type Config struct {
 	SQL SQLConfig
 	// GoChannel settings, used when Kind is gochannel (gochannel.Config).
 	GoChannel GoChannelConfig
+	// NATS settings, used when Kind is nats (nats.Config).
+	NATS NATSConfig
 	// Logger receives the transport's logs. Default: none.
 	Logger watermill.LoggerAdapter `json:"-"`
 	// WaitForBroker is how long Open keeps trying to reach a broker it

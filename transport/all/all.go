@@ -22,5 +22,6 @@ import (
 	_ "github.com/millwright/millwright/transport/gochannel"   // registers gochannel
 	_ "github.com/millwright/millwright/transport/googlecloud" // registers googlecloud
 	_ "github.com/millwright/millwright/transport/kafka"       // registers kafka
+	_ "github.com/millwright/millwright/transport/nats"        // registers nats
 	_ "github.com/millwright/millwright/transport/sql"         // registers sql
 )

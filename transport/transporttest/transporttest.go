@@ -24,6 +24,10 @@ const (
 	EnvPubSubHost    = "MILLWRIGHT_TEST_PUBSUB_EMULATOR_HOST"
 	EnvPubSubProject = "MILLWRIGHT_TEST_PUBSUB_PROJECT"
 	EnvAMQPURL       = "MILLWRIGHT_TEST_AMQP_URL"
+	// EnvNATSURL is the nats-server (with JetStream) the nats kind's
+	// tests use; default DefaultNATSURL. There is no in-process fallback:
+	// a test of the nats kind fails when no server answers.
+	EnvNATSURL = "MILLWRIGHT_TEST_NATS_URL"
 	// EnvRequireReal fails a test that would fall back to an in-process
 	// fake because no real broker answers: "1" or "all" for every kind, or
 	// a comma-separated list of kinds ("kafka,googlecloud").
@@ -39,6 +43,7 @@ const (
 	DefaultAMQPURL      = "amqp://guest:guest@127.0.0.1:5672/"
 	DefaultKafkaBroker  = "127.0.0.1:9092"
 	DefaultPubSubHost   = "127.0.0.1:8085"
+	DefaultNATSURL      = "nats://127.0.0.1:4222"
 	defaultPubSubProjID = "millwright-test"
 )
 
@@ -107,8 +112,8 @@ func (b brokers) describe() string {
 	if b.pubsub == nil {
 		p = "googlecloud=FAKE (pstest: " + b.pubsubWhy + ")"
 	}
-	return fmt.Sprintf("brokers: %s; %s; amqp=real %s; sql=real %s; gochannel=in-process",
-		k, p, redact.URL(AMQPURL()), redact.URL(pgtest.BaseURL()))
+	return fmt.Sprintf("brokers: %s; %s; amqp=real %s; sql=real %s; nats=real %s; gochannel=in-process",
+		k, p, redact.URL(AMQPURL()), redact.URL(pgtest.BaseURL()), redact.URL(NATSURL()))
 }
 
 // Brokers describes, in one line, which brokers this process's tests use
@@ -123,7 +128,7 @@ func Real(kind transport.Kind) bool {
 		return choose().kafka != nil
 	case transport.GoogleCloud:
 		return choose().pubsub != nil
-	case transport.AMQP, transport.SQL:
+	case transport.AMQP, transport.SQL, transport.NATS:
 		return true
 	}
 	return false
@@ -213,6 +218,10 @@ func Config(t testing.TB, kind transport.Kind) transport.Config {
 		c.SQL.URL = pgtest.New(t).URL
 		c.SQL.MaxOpenConns = 5
 		return c
+	case transport.NATS:
+		c := transport.Config{Kind: kind}
+		c.NATS.URL = NATSURL()
+		return c
 	case transport.GoChannel:
 		return transport.Config{Kind: kind}
 	}
@@ -226,6 +235,14 @@ func AMQPURL() string {
 		return u
 	}
 	return DefaultAMQPURL
+}
+
+// NATSURL returns the nats-server URL tests use.
+func NATSURL() string {
+	if u := os.Getenv(EnvNATSURL); u != "" {
+		return u
+	}
+	return DefaultNATSURL
 }
 
 // Open opens a transport of the given kind and closes it at cleanup.
