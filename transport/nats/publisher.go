@@ -128,7 +128,7 @@ func (p *Publisher) sendWave(topic string, msgs []*message.Message, idx []int) [
 	futures := make([]jetstream.PubAckFuture, len(idx))
 	for j, i := range idx {
 		nm := Marshal(topic, msgs[i])
-		f, err := p.t.js.PublishMsgAsync(nm, jetstream.WithMsgID(msgs[i].UUID), jetstream.WithExpectStream(StreamName(topic)))
+		f, err := p.t.js.PublishMsgAsync(nm, jetstream.WithMsgID(msgs[i].UUID))
 		if err != nil {
 			errs[j] = p.classify(topic, msgs[i], nm, err)
 			continue
