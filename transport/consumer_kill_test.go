@@ -125,7 +125,7 @@ func TestConsumerKilledMidStream(t *testing.T) {
 	)
 	emulatorBound := googlecloud.EmulatorStreamDeadline + 2*googlecloud.EmulatorMaxExtension
 	var cases []killCase
-	for _, kind := range []transport.Kind{transport.GoogleCloud, transport.Kafka, transport.AMQP, transport.SQL} {
+	for _, kind := range []transport.Kind{transport.GoogleCloud, transport.Kafka, transport.AMQP, transport.SQL, transport.NATS} {
 		cases = append(cases, millwrightCase(t, kind, emulatorBound))
 	}
 	// The key-parallel RabbitMQ consumer: each delivery acked only after
@@ -133,6 +133,11 @@ func TestConsumerKilledMidStream(t *testing.T) {
 	keyedAMQP := transporttest.Config(t, transport.AMQP)
 	keyedAMQP.AMQP.KeyParallelism = 8
 	cases = append(cases, millwrightCaseConfig(t, "amqp-keyed", keyedAMQP, emulatorBound))
+	// The key-parallel NATS consumer: the killed one's held messages come
+	// back AckWait (30 s) after its last in-progress acknowledgement.
+	keyedNATS := transporttest.Config(t, transport.NATS)
+	keyedNATS.NATS.KeyParallelism = 8
+	cases = append(cases, millwrightCaseConfig(t, "nats-keyed", keyedNATS, emulatorBound))
 	if gc := transporttest.Config(t, transport.GoogleCloud).GoogleCloud; gc.EmulatorHost != "" && !gc.Fake {
 		cases = append(cases, googleClientCase(t, googlecloud.EmulatorStreamDeadline, emulatorBound))
 		if os.Getenv(envTestEmulatorBug) == "1" {

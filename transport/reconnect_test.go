@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/testing/faultproxy"
@@ -33,7 +34,7 @@ import (
 // reconnectCommand); every intended message must arrive at least once, and
 // nothing else may arrive. Runs only with MILLWRIGHT_TEST_RECONNECT=1.
 func TestReconnectUnderLoad(t *testing.T) {
-	for _, kind := range []transport.Kind{transport.AMQP, transport.SQL, transport.Kafka, transport.GoogleCloud} {
+	for _, kind := range []transport.Kind{transport.AMQP, transport.SQL, transport.Kafka, transport.GoogleCloud, transport.NATS} {
 		t.Run(string(kind), func(t *testing.T) {
 			var cfg transport.Config
 			appName := ""
@@ -74,8 +75,42 @@ func TestReconnectUnderLoad(t *testing.T) {
 					return nil
 				}
 			}
+			if kind == transport.NATS {
+				cut = natsRestartProven(t, cfg.NATS.URL, cut)
+			}
 			runReconnectUnderLoad(t, cfg, cut)
 		})
+	}
+}
+
+// natsRestartProven wraps cut (scripts/services.sh restart nats) with the
+// proof that it restarted the server: nats-server draws a new server id
+// at each start.
+func natsRestartProven(t *testing.T, url string, cut func(context.Context) error) func(context.Context) error {
+	serverID := func() (string, error) {
+		nc, err := natsgo.Connect(url, natsgo.Timeout(10*time.Second), natsgo.RetryOnFailedConnect(false))
+		if err != nil {
+			return "", fmt.Errorf("connecting to %s to read its server id: %w", url, err)
+		}
+		defer nc.Close()
+		return nc.ConnectedServerId(), nil
+	}
+	return func(ctx context.Context) error {
+		before, err := serverID()
+		if err != nil {
+			return err
+		}
+		if err := cut(ctx); err != nil {
+			return err
+		}
+		after, err := serverID()
+		if err != nil {
+			return err
+		}
+		if after == before {
+			return fmt.Errorf("nats-server at %s has the same server id %s after the restart: it was not restarted", url, before)
+		}
+		return nil
 	}
 }
 
