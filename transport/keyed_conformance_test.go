@@ -61,3 +61,27 @@ func TestConformanceAMQPKeyed(t *testing.T) {
 		Persistent:                          true,
 	}, pub, group)
 }
+
+// TestConformanceNATSKeyed runs Watermill's universal suite through the
+// key-parallel NATS consumer (NATSConfig.KeyParallelism): messages without
+// an ordering key run concurrently, so no order is declared.
+func TestConformanceNATSKeyed(t *testing.T) {
+	t.Parallel()
+	restart := reconnectCommand(t, transport.NATS, "")
+	pub, group := constructors(func(t *testing.T) transport.Config {
+		c := transporttest.Config(t, transport.NATS)
+		c.NATS.KeyParallelism = 8
+		// TestMessageCtx wants a message's context cancelled within 30s of
+		// Close while it is still unacked: that is the drain bound.
+		c.NATS.KeyDrainTimeout = 5 * time.Second
+		return c
+	}, "test")
+	tests.TestPubSub(t, tests.Features{
+		RestartServiceCommand: restart,
+		ForceShort:            short(),
+		ConsumerGroups:        true,
+		ExactlyOnceDelivery:   false,
+		GuaranteedOrder:       false,
+		Persistent:            true,
+	}, pub, group)
+}
