@@ -481,6 +481,9 @@ func (c *Client) transportConfig() (transport.Config, error) {
 		if tcfg.Kind == transport.AMQP && tcfg.AMQP.KeyParallelism == 0 {
 			tcfg.AMQP.KeyParallelism = kp
 		}
+		if tcfg.Kind == transport.NATS && tcfg.NATS.KeyParallelism == 0 {
+			tcfg.NATS.KeyParallelism = kp
+		}
 	}
 	return tcfg, nil
 }

@@ -79,8 +79,9 @@ type Config struct {
 	// messages: park.Hold (they wait for an operator) or park.Continue.
 	// Default park.Hold.
 	OnDeadLetter park.OnDeadLetter
-	// KeyParallelism makes the Kafka and RabbitMQ consumers key-parallel
-	// (transport.KafkaConfig.KeyParallelism, AMQPConfig.KeyParallelism)
+	// KeyParallelism makes the Kafka, RabbitMQ and NATS consumers
+	// key-parallel (transport.KafkaConfig.KeyParallelism,
+	// AMQPConfig.KeyParallelism, NATSConfig.KeyParallelism)
 	// when the transport's own setting is 0: that many keys of one
 	// partition or queue in flight at once, each key in order (park
 	// keeps a failing key's later messages behind it only if they arrive
@@ -88,7 +89,8 @@ type Config struct {
 	// exclusively: a second process of the group is a standby. Other
 	// kinds deliver by ordering key already. Default 16; -1 leaves the
 	// transport's setting (one message at a time, or its environment's
-	// MILLWRIGHT_KAFKA_KEY_PARALLELISM / MILLWRIGHT_AMQP_KEY_PARALLELISM);
+	// MILLWRIGHT_KAFKA_KEY_PARALLELISM / MILLWRIGHT_AMQP_KEY_PARALLELISM /
+	// MILLWRIGHT_NATS_KEY_PARALLELISM);
 	// valid -1..1024.
 	KeyParallelism int
 

@@ -30,51 +30,51 @@ func registerTemporarily(t *testing.T, kind Kind, d Driver) {
 // traced settings and description through its Settings alone: ParseURL,
 // FromEnv, Config.Setting and Config.String dispatch to it.
 func TestSettingsOfARegisteredKind(t *testing.T) {
-	const nats Kind = "nats"
-	const envNATS = EnvPrefix + "NATS_TEST_URL"
-	registerTemporarily(t, nats, Driver{
+	const nsq Kind = "nsq"
+	const envNSQ = EnvPrefix + "NSQ_TEST_URL"
+	registerTemporarily(t, nsq, Driver{
 		Validate: func(Config) error { return nil },
 		Open:     func(context.Context, Config) (Backend, error) { return nil, errors.New("not for opening") },
 		Settings: Settings{
-			Schemes: []string{"nats"},
-			Aliases: []string{"nats+tls"},
+			Schemes: []string{"nsq"},
+			Aliases: []string{"nsq+tls"},
 			ParseURL: func(c *Config, u URL) error {
 				if u.Rest == "" {
-					return errors.New("transport: nats URL has no server")
+					return errors.New("transport: nsq URL has no server")
 				}
 				c.AMQP.URL = u.Scheme + "|" + u.Rest // any field: the kind's own
 				return nil
 			},
 			FromEnv: func(c *Config, env Env) error {
-				if v := env.Get(envNATS); v != "" {
+				if v := env.Get(envNSQ); v != "" {
 					c.AMQP.URL = v
-					env.From("NATS.URL", envNATS)
+					env.From("NSQ.URL", envNSQ)
 				}
 				return nil
 			},
-			Fields:   map[string]func(Config) string{"NATS.URL": func(c Config) string { return c.AMQP.URL }},
-			Describe: func(c Config) string { return "nats at " + c.AMQP.URL },
+			Fields:   map[string]func(Config) string{"NSQ.URL": func(c Config) string { return c.AMQP.URL }},
+			Describe: func(c Config) string { return "nsq at " + c.AMQP.URL },
 		},
 	})
 
-	c, err := ParseURL("NATS+TLS://n1:4222")
+	c, err := ParseURL("NSQ+TLS://n1:4150")
 	require.NoError(t, err, "a registered kind is valid")
-	require.Equal(t, nats, c.Kind)
-	require.Equal(t, "nats+tls|n1:4222", c.AMQP.URL)
-	require.Equal(t, SourceURL, c.Setting("NATS.URL"))
-	require.Equal(t, "nats at nats+tls|n1:4222", c.String())
+	require.Equal(t, nsq, c.Kind)
+	require.Equal(t, "nsq+tls|n1:4150", c.AMQP.URL)
+	require.Equal(t, SourceURL, c.Setting("NSQ.URL"))
+	require.Equal(t, "nsq at nsq+tls|n1:4150", c.String())
 
-	_, err = ParseURL("nats://")
-	require.EqualError(t, err, "transport: nats URL has no server")
-	require.Equal(t, "want one of kafka, amqp, googlecloud, sql, gochannel, nats", "want one of "+kindList())
+	_, err = ParseURL("nsq://")
+	require.EqualError(t, err, "transport: nsq URL has no server")
+	require.Equal(t, "want one of kafka, amqp, googlecloud, sql, gochannel, nats, nsq", "want one of "+kindList())
 	_, err = ParseURL("stomp://x")
-	require.ErrorContains(t, err, "mem or nats, or a development fake: kfake, pstest", "the unknown-scheme error lists the registered schemes")
+	require.ErrorContains(t, err, "mem, nats or nsq, or a development fake: kfake, pstest", "the unknown-scheme error lists the registered schemes")
 
-	env := map[string]string{EnvTransport: "nats://n2:4222", envNATS: " nats://n3:4222 "}
+	env := map[string]string{EnvTransport: "nsq://n2:4150", envNSQ: " nsq://n3:4150 "}
 	c, err = fromLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	require.NoError(t, err)
-	require.Equal(t, "nats://n3:4222", c.AMQP.URL, "the kind's FromEnv ran, after its URL")
-	require.Equal(t, envNATS, c.Setting("NATS.URL"))
+	require.Equal(t, "nsq://n3:4150", c.AMQP.URL, "the kind's FromEnv ran, after its URL")
+	require.Equal(t, envNSQ, c.Setting("NSQ.URL"))
 }
 
 // Two kinds cannot claim one scheme: the second registration panics, as

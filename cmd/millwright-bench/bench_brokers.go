@@ -41,7 +41,11 @@ func addBenchBrokerFlags(cmd *cobra.Command) {
 	f.String("kafka-brokers", "", "comma-separated host:port of a real Kafka (default $"+transport.EnvKafkaBrokers+", else an embedded kfake cluster; an explicit empty value forces kfake)")
 	f.String("pubsub-emulator", "", "host:port of a Pub/Sub emulator (default $"+transport.EnvPubSubEmulatorHost+", else an embedded pstest server; an explicit empty value forces pstest)")
 	f.String("amqp-url", "", "RabbitMQ URL (default $"+transport.EnvAMQPURL+", else "+defaultAMQPURL+")")
+	f.String("nats-url", "", "nats-server URL, JetStream enabled (default $"+transport.EnvNATSURL+", else "+defaultNATSURL+")")
 }
+
+// defaultNATSURL is where scripts/services.sh runs nats-server.
+const defaultNATSURL = "nats://127.0.0.1:4222"
 
 // benchBrokers is the broker choice of one benchmark run, read from the
 // flags addBenchBrokerFlags adds.
@@ -49,6 +53,7 @@ type benchBrokers struct {
 	kafka    []string // empty: embedded kfake
 	emulator string   // empty: embedded pstest
 	amqpURL  string
+	natsURL  string
 	// from says where each real broker came from ("--kafka-brokers" or
 	// the variable), for the notice.
 	from map[transport.Kind]string
@@ -92,6 +97,10 @@ func benchBrokersFromFlags(cmd *cobra.Command) (benchBrokers, error) {
 	b.amqpURL, _ = value("amqp-url", transport.EnvAMQPURL)
 	if b.amqpURL == "" {
 		b.amqpURL = defaultAMQPURL
+	}
+	b.natsURL, _ = value("nats-url", transport.EnvNATSURL)
+	if b.natsURL == "" {
+		b.natsURL = defaultNATSURL
 	}
 	return b, nil
 }
@@ -207,6 +216,10 @@ func (b benchBrokers) open(kind transport.Kind) (benchBroker, error) {
 		c := transport.Config{Kind: kind}
 		c.AMQP.URL = b.amqpURL
 		return benchBroker{Config: c, Label: "rabbitmq " + urlHost(b.amqpURL)}, nil
+	case transport.NATS:
+		c := transport.Config{Kind: kind}
+		c.NATS.URL = b.natsURL
+		return benchBroker{Config: c, Label: "nats " + urlHost(b.natsURL)}, nil
 	}
 	return benchBroker{}, fmt.Errorf("no broker for transport %q", kind)
 }

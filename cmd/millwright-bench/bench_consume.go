@@ -60,12 +60,19 @@ exchange per delay with a queue for each consumer, watermill-amqp's subscriber
 read over its steady state) against the keyed consumer
 (amqp.Config.KeyParallelism, MILLWRIGHT_AMQP_KEY_PARALLELISM, --key-parallelism
 keys at once over the queue). Reorders are counted; RabbitMQ has no committed
-position to read, so no commit samples.`,
+position to read, so no commit samples.
+
+With --kind nats the same scenario runs on NATS JetStream: one stream per
+delay with a durable consumer for each consumer, the subscriber one message
+at a time (KeyParallelism 0; its run stops after about 15 s of messages)
+against the keyed consumer (nats.Config.KeyParallelism,
+MILLWRIGHT_NATS_KEY_PARALLELISM, --key-parallelism keys at once).`,
 		Args: cobra.NoArgs,
 		RunE: runBenchConsume,
 	}
 	f := cmd.Flags()
-	f.String("kind", consumebench.KindKafka, "broker: kafka, or amqp (RabbitMQ: the keyed consumer against watermill-amqp's subscriber, throughput only)")
+	f.String("kind", consumebench.KindKafka, "broker: kafka, amqp (RabbitMQ: the keyed consumer against watermill-amqp's subscriber, throughput only) or nats (JetStream: the keyed consumer against one at a time, throughput only)")
+	f.String("nats-url", "", "URL of a real nats-server with JetStream, with --kind nats (default $"+transport.EnvNATSURL+")")
 	f.String("kafka-brokers", "", "comma-separated host:port of a real Kafka (default $"+transport.EnvKafkaBrokers+")")
 	f.String("amqp-url", "", "URL of a real RabbitMQ, with --kind amqp (default $"+transport.EnvAMQPURL+")")
 	f.Int32("partitions", 8, "partitions of each topic")
@@ -207,6 +214,14 @@ func benchConsumeBroker(cmd *cobra.Command, cfg *consumebench.Config) error {
 		if cfg.AMQPURL == "" {
 			return errors.New("bench consume: --kind amqp needs a real RabbitMQ: set --amqp-url or " + transport.EnvAMQPURL)
 		}
+	case consumebench.KindNATS:
+		cfg.NATSURL, _ = f.GetString("nats-url")
+		if cfg.NATSURL == "" {
+			cfg.NATSURL = os.Getenv(transport.EnvNATSURL)
+		}
+		if cfg.NATSURL == "" {
+			return errors.New("bench consume: --kind nats needs a real nats-server with JetStream: set --nats-url or " + transport.EnvNATSURL)
+		}
 	case consumebench.KindKafka:
 		brokers, _ := f.GetString("kafka-brokers")
 		if brokers == "" {
@@ -217,7 +232,7 @@ func benchConsumeBroker(cmd *cobra.Command, cfg *consumebench.Config) error {
 			return errors.New("bench consume: needs a real Kafka: set --kafka-brokers or " + transport.EnvKafkaBrokers)
 		}
 	default:
-		return fmt.Errorf("bench consume: --kind %q: want kafka or amqp", cfg.Kind)
+		return fmt.Errorf("bench consume: --kind %q: want kafka, amqp or nats", cfg.Kind)
 	}
 	return nil
 }

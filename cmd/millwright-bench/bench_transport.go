@@ -31,7 +31,7 @@ Postgres are the local servers (--amqp-url, --database-url); Postgres work
 happens in a scratch schema that is dropped afterwards.`,
 		RunE: runBenchTransport,
 	}
-	cmd.Flags().String("kinds", "gochannel,sql,amqp,kafka,googlecloud", "comma-separated kinds to measure")
+	cmd.Flags().String("kinds", "gochannel,sql,amqp,kafka,googlecloud,nats", "comma-separated kinds to measure")
 	cmd.Flags().String("publishers", "1,8", "comma-separated publisher goroutine counts")
 	cmd.Flags().Int("messages", 2000, "messages per run")
 	cmd.Flags().Int("runs", 3, "runs per layer; the median is printed")
@@ -63,7 +63,7 @@ func runBenchTransport(cmd *cobra.Command, _ []string) error {
 		pubs = append(pubs, p)
 	}
 
-	kindList, err := benchKinds("transport", strings.Split(kinds, ","), transport.GoChannel, transport.SQL, transport.AMQP, transport.Kafka, transport.GoogleCloud)
+	kindList, err := benchKinds("transport", strings.Split(kinds, ","), transport.GoChannel, transport.SQL, transport.AMQP, transport.Kafka, transport.GoogleCloud, transport.NATS)
 	if err != nil {
 		return err
 	}

@@ -18,9 +18,12 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	wgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/jetstream"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wgochannel "github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -28,6 +31,7 @@ import (
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/all" // benchmarks every kind
 	"github.com/millwright/millwright/transport/amqp"
+	tnats "github.com/millwright/millwright/transport/nats"
 )
 
 // Row is one measured case.
@@ -103,6 +107,9 @@ func Run(ctx context.Context, opts Options, emit func(Row)) error {
 					p.close()
 					if kind == transport.AMQP {
 						deleteAMQP(cfg.AMQP.URL, topic, "bench")
+					}
+					if kind == transport.NATS {
+						deleteNATS(cfg.NATS.URL, topic)
 					}
 					if err != nil {
 						return fmt.Errorf("%s %s, %d publishers: %w", kind, layer, pubs, err)
@@ -197,6 +204,23 @@ func deleteAMQP(url, topic, group string) {
 	_ = amqp.DeleteTopology(url, []string{topic}, group)
 }
 
+// deleteNATS removes the streams a run made (millwright's, or
+// watermill-nats's, named after the topic).
+func deleteNATS(url, topic string) {
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = js.DeleteStream(ctx, tnats.StreamName(topic))
+}
+
 func viaTransport(ctx context.Context, cfg transport.Config) (pair, error) {
 	cfg.WaitForBroker = transport.NoWait // a benchmark fails at once on a broker that is down
 	tr, err := transport.Open(ctx, cfg)
@@ -255,6 +279,21 @@ func direct(_ context.Context, cfg transport.Config) (pair, error) {
 			return pair{}, err
 		}
 		sub, err := wamqp.NewSubscriber(c, logger)
+		if err != nil {
+			pub.Close()
+			return pair{}, err
+		}
+		return pair{pub: pub, sub: sub, close: func() { sub.Close(); pub.Close() }}, nil
+
+	case transport.NATS:
+		// watermill-nats's JetStream publisher and subscriber: its stream
+		// (named after the topic, created by SubscribeInitialize) and a
+		// consumer of group "bench" on it.
+		pub, err := wnats.NewPublisher(wnats.PublisherConfig{URL: cfg.NATS.URL, Logger: logger})
+		if err != nil {
+			return pair{}, err
+		}
+		sub, err := wnats.NewSubscriber(wnats.SubscriberConfig{URL: cfg.NATS.URL, Logger: logger, ResourceInitializer: wnats.GroupedConsumer("bench")})
 		if err != nil {
 			pub.Close()
 			return pair{}, err

@@ -52,6 +52,7 @@ var KeyFailureMiddleware = func() (message.HandlerMiddleware, error) {
 const (
 	KindKafka = "kafka"
 	KindAMQP  = "amqp"
+	KindNATS  = "nats"
 )
 
 // Config configures Run.
@@ -64,6 +65,10 @@ type Config struct {
 	Brokers []string
 	// AMQPURL is the RabbitMQ URL. Required with KindAMQP.
 	AMQPURL string
+	// NATSURL is the nats-server URL (JetStream). Required with KindNATS
+	// (nats.Config.KeyParallelism against the same consumer one message
+	// at a time; the throughput scenario only).
+	NATSURL string
 	// DB is a pool on a scratch schema with idempotency.Migrations()
 	// applied; its MaxOpenConns bounds the handlers running at once.
 	// Required.
@@ -125,8 +130,10 @@ func (c *Config) setDefaults() {
 func (c Config) Validate() error {
 	var errs []error
 	switch {
-	case c.Kind != KindKafka && c.Kind != KindAMQP:
-		errs = append(errs, fmt.Errorf("bench consume: --kind %q: want kafka or amqp", c.Kind))
+	case c.Kind != KindKafka && c.Kind != KindAMQP && c.Kind != KindNATS:
+		errs = append(errs, fmt.Errorf("bench consume: --kind %q: want kafka, amqp or nats", c.Kind))
+	case c.Kind == KindNATS && (c.NATSURL == "" || c.DB == nil):
+		errs = append(errs, errors.New("bench consume: Config.NATSURL and Config.DB are required (--nats-url or MILLWRIGHT_NATS_URL; --database-url)"))
 	case c.Kind == KindAMQP && (c.AMQPURL == "" || c.DB == nil):
 		errs = append(errs, errors.New("bench consume: Config.AMQPURL and Config.DB are required (--amqp-url or MILLWRIGHT_AMQP_URL; --database-url)"))
 	case c.Kind == KindKafka && (len(c.Brokers) == 0 || c.DB == nil):
@@ -169,7 +176,7 @@ const (
 // Row is one run's figures, and one --json object.
 type Row struct {
 	Bench    string  `json:"bench"`    // "consume"
-	Kind     string  `json:"kind"`     // "kafka" or "amqp"
+	Kind     string  `json:"kind"`     // "kafka", "amqp" or "nats"
 	Scenario string  `json:"scenario"` // "throughput" or "one key failing"
 	Consumer string  `json:"consumer"`
 	DelayMS  float64 `json:"delay_ms"`
@@ -222,6 +229,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Kind == KindAMQP {
 		return runAMQP(ctx, cfg, rep)
 	}
+	if cfg.Kind == KindNATS {
+		return runNATS(ctx, cfg, rep)
+	}
 	total := 2 * len(cfg.Delays)
 	if cfg.FailFor > 0 {
 		total += 3
@@ -253,6 +263,9 @@ func (r Report) WriteTable(w io.Writer) error {
 	where := fmt.Sprintf("Kafka, %d partitions", r.Partitions)
 	if r.Kind == KindAMQP {
 		where = "RabbitMQ, one queue per consumer"
+	}
+	if r.Kind == KindNATS {
+		where = "NATS JetStream, one stream, a durable consumer per consumer"
 	}
 	fmt.Fprintf(w, "%s, %d keys; idempotency middleware; handler: SELECT pg_sleep(delay) in its transaction; keyed consumer KeyParallelism %d; %d database connections\n",
 		where, r.Keys, r.KeyParallelism, r.MaxConns)
