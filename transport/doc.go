@@ -1,6 +1,7 @@
 // Package transport opens a Watermill publisher and subscribers for one of
-// five brokers, chosen by configuration alone, so the same application code
-// runs on Kafka, RabbitMQ, Google Cloud Pub/Sub, Postgres or in process.
+// six brokers, chosen by configuration alone, so the same application code
+// runs on Kafka, RabbitMQ, Google Cloud Pub/Sub, NATS JetStream, Postgres
+// or in process.
 //
 //	cfg, err := transport.FromEnv() // MILLWRIGHT_TRANSPORT=kafka://h1:9092,h2:9092
 //	if err != nil { ... }
@@ -15,7 +16,7 @@
 // program links only the broker clients it uses:
 //
 //	import _ "github.com/millwright/millwright/transport/kafka" // Kafka only
-//	import _ "github.com/millwright/millwright/transport/all"   // all five (no fake)
+//	import _ "github.com/millwright/millwright/transport/all"   // all six (no fake)
 //
 // A kind that is not linked is refused by Validate, Open, ParseURL and
 // FromEnv with an error naming the import to add. A 24-line program that
@@ -32,7 +33,8 @@
 //
 // Guarantees common to every kind: Publish returns nil only once the broker
 // has accepted the message (Kafka acks=all, RabbitMQ publisher confirms,
-// Pub/Sub server ack, a committed Postgres insert); delivery is at least
+// Pub/Sub server ack, a JetStream stream's acknowledgement, a committed
+// Postgres insert); delivery is at least
 // once (a nacked or unacked message comes back); each consumer group gets
 // every message and its members share them; messages carrying
 // metadata.OrderingKey keep their order where the kind can (see the README
@@ -82,14 +84,17 @@
 // with a wait bounded by the lease a closed subscriber's messages keep:
 // see .ci/run), through Open, on real brokers (TestConformance:
 // PostgreSQL 15, RabbitMQ 3.10, Apache Kafka 4.1.1 in KRaft mode, Google's
-// Pub/Sub emulator; scripts/services.sh starts them). Reconnecting is
+// Pub/Sub emulator, nats-server 2.15.3 with JetStream; scripts/services.sh
+// starts them). Reconnecting is
 // proven by TestReconnectUnderLoad, in a stage of its own
 // (MILLWRIGHT_TEST_RECONNECT=1, .ci/run), because its cut reaches every
 // client of the broker: RabbitMQ closes all connections (rabbitmqctl
 // close_all_connections), the test's own Postgres sessions are
 // terminated, the Kafka broker process is restarted on its log directory,
-// and the emulator's connections are cut through a TCP proxy (a restart
-// would lose the emulator's in-memory topics, which is not a reconnect).
+// the emulator's connections are cut through a TCP proxy (a restart
+// would lose the emulator's in-memory topics, which is not a reconnect),
+// and nats-server is restarted on its JetStream store (proven by its new
+// server id).
 // It is upstream's TestReconnect scenario with exact bookkeeping. Upstream's
 // TestReconnect (the same environment variable enables it, by hand) records
 // a message as published only after Publish returns, in a goroutine it
@@ -100,7 +105,11 @@
 // Each kind declares only the Features it has; the cases the suite skips, and why:
 //
 //   - TestPublishSubscribeInOrder and TestNoAck (both need GuaranteedOrder):
-//     skipped on kafka, amqp, googlecloud and gochannel. The suite
+//     skipped on kafka, amqp, googlecloud and gochannel, and on nats with
+//     KeyParallelism (messages without a key run concurrently); nats one
+//     message at a time declares it, with one subscriber
+//     (GuaranteedOrderWithSingleSubscriber: the members of a group share
+//     its consumer). The suite
 //     publishes without ordering keys, and those kinds order only per key
 //     (Kafka partition, Pub/Sub ordering key) or not across redeliveries
 //     (a requeued AMQP message falls behind with prefetch > 1). Per-key

@@ -522,7 +522,7 @@ func readyAppName(dsn string) string {
 
 // brokerCheck is the broker part of readiness: a TCP connection to the
 // broker's address succeeds (kafka: any bootstrap broker; amqp: the URL's
-// host; googlecloud: the emulator or pubsub.googleapis.com), or, for the
+// host; nats: any of the URL's servers; googlecloud: the emulator or pubsub.googleapis.com), or, for the
 // sql transport, its database answers a ping. It says the network path is
 // open; whether publishes succeed is what the relay check's last
 // successful round says.
@@ -542,6 +542,16 @@ func brokerCheck(tcfg transport.Config, db *sql.DB) health.Checker {
 				host = net.JoinHostPort(u.Hostname(), port)
 			}
 			addrs = []string{host}
+		}
+	case transport.NATS:
+		for _, raw := range strings.Split(tcfg.NATS.URL, ",") {
+			if u, err := url.Parse(strings.TrimSpace(raw)); err == nil && u.Hostname() != "" {
+				host := u.Host
+				if u.Port() == "" {
+					host = net.JoinHostPort(u.Hostname(), "4222")
+				}
+				addrs = append(addrs, host)
+			}
 		}
 	case transport.GoogleCloud:
 		addrs = []string{"pubsub.googleapis.com:443"}

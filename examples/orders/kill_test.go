@@ -69,7 +69,7 @@ func TestOrdersUnderKillsKeyParallel(t *testing.T) {
 		t.Skip("separate processes killed under load: not in -short")
 	}
 	bin := pgconntest.Build(t, ".")
-	for _, kind := range []transport.Kind{transport.AMQP, transport.Kafka} {
+	for _, kind := range []transport.Kind{transport.AMQP, transport.Kafka, transport.NATS} {
 		t.Run(string(kind), func(t *testing.T) {
 			var keyed, single killRun
 			t.Run("runs", func(t *testing.T) {
@@ -136,7 +136,7 @@ func runUnderKills(t *testing.T, bin string, kind transport.Kind, keyed bool) ki
 	topics := app.NewTopics(prefix)
 
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		for _, k := range []string{transport.EnvAMQPKeyParallelism, transport.EnvKafkaKeyParallelism, transport.EnvTransport, transport.EnvDeclareGroups, "MILLWRIGHT_ORDERS_TOPIC_PREFIX", "MILLWRIGHT_ORDERS_PARK"} {
+		for _, k := range []string{transport.EnvAMQPKeyParallelism, transport.EnvKafkaKeyParallelism, transport.EnvNATSKeyParallelism, transport.EnvNATSAckWait, transport.EnvTransport, transport.EnvDeclareGroups, "MILLWRIGHT_ORDERS_TOPIC_PREFIX", "MILLWRIGHT_ORDERS_PARK"} {
 			if strings.HasPrefix(kv, k+"=") {
 				return true
 			}
@@ -159,6 +159,16 @@ func runUnderKills(t *testing.T, bin string, kind transport.Kind, keyed bool) ki
 		if keyed {
 			env = append(env, transport.EnvKafkaKeyParallelism+"=16")
 		}
+	case transport.NATS:
+		args = append(args, "-transport", transporttest.NATSURL())
+		// A killed process's held messages come back AckWait after its
+		// last in-progress acknowledgement: 5 s rather than 30 s keeps
+		// the kills' cost small.
+		env = append(env, transport.EnvNATSAckWait+"=5s")
+		if keyed {
+			env = append(env, transport.EnvNATSKeyParallelism+"=16")
+		}
+		t.Cleanup(func() { transporttest.DeleteNATSStreams(t, topics.All()) })
 	}
 
 	// The test places the orders (PlaceOrder writes the order and its

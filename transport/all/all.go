@@ -1,6 +1,7 @@
 // Package all registers every real transport kind with package transport:
-// Kafka, RabbitMQ, Google Cloud Pub/Sub, Postgres and the in-process
-// gochannel. One import lets configuration alone choose among all five:
+// Kafka, RabbitMQ, Google Cloud Pub/Sub, NATS JetStream, Postgres and the
+// in-process gochannel. One import lets configuration alone choose among
+// all six:
 //
 //	import (
 //		"github.com/millwright/millwright/transport"
@@ -9,7 +10,7 @@
 //
 // It links every broker client. A program that uses one kind imports only
 // that kind's package instead (transport/kafka, transport/amqp,
-// transport/googlecloud, transport/sql, transport/gochannel), as with
+// transport/googlecloud, transport/nats, transport/sql, transport/gochannel), as with
 // database/sql drivers.
 //
 // It does not link the development fakes (kfake and pstest): a program

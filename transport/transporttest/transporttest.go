@@ -10,12 +10,16 @@ import (
 	"testing"
 	"time"
 
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/all" // tests use every kind
 	"github.com/millwright/millwright/transport/amqp"
 	"github.com/millwright/millwright/transport/embedded"
+	tnats "github.com/millwright/millwright/transport/nats"
 )
 
 // Environment variables naming real brokers for tests.
@@ -254,6 +258,28 @@ func Open(t testing.TB, kind transport.Kind) *transport.Transport {
 	}
 	t.Cleanup(func() { _ = tr.Close() })
 	return tr
+}
+
+// DeleteNATSStreams deletes the streams of the given topics now (call
+// it from t.Cleanup), so tests leave a shared nats-server's store as they
+// found it.
+func DeleteNATSStreams(t testing.TB, topics []string) {
+	t.Helper()
+	nc, err := natsgo.Connect(NATSURL())
+	if err != nil {
+		t.Logf("transporttest: deleting NATS streams: %v", err)
+		return
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return
+	}
+	for _, topic := range topics {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = js.DeleteStream(ctx, tnats.StreamName(topic))
+		cancel()
+	}
 }
 
 // DeleteAMQPTopology deletes, at test cleanup, the exchanges of the given

@@ -48,6 +48,7 @@ var defaultOrders = map[transport.Kind]int{
 	transport.Kafka:       100,
 	transport.AMQP:        100,
 	transport.GoogleCloud: 50,
+	transport.NATS:        100,
 }
 
 // amqpURL is the RabbitMQ the tests use (MILLWRIGHT_TEST_AMQP_URL or the local one).
@@ -99,7 +100,7 @@ func TestReliability(t *testing.T) {
 		driver string // of the services: pgtest.DriverPQ or DriverPgx
 	}
 	var variants []variant
-	for _, kind := range []transport.Kind{transport.GoChannel, transport.SQL, transport.Kafka, transport.AMQP, transport.GoogleCloud} {
+	for _, kind := range []transport.Kind{transport.GoChannel, transport.SQL, transport.Kafka, transport.AMQP, transport.GoogleCloud, transport.NATS} {
 		switch {
 		case kind == transport.Kafka || kind == transport.GoogleCloud:
 			if transporttest.Real(kind) {
@@ -178,6 +179,12 @@ func setup(t *testing.T, kind transport.Kind, fake bool, driver string) *bundle 
 		refused := new(atomic.Int64)
 		f.refused = refused.Load
 		f.refuse = func(d time.Duration) { refuseProduce(k, d, refused) }
+	case transport.NATS:
+		// The outage is made at the relay's publisher (nats.go buffers
+		// what is published while it reconnects, so a cut connection is
+		// not a refusal the relay would see).
+		cfg = transporttest.Config(t, kind)
+		t.Cleanup(func() { transporttest.DeleteNATSStreams(t, app.NewTopics(prefix).All()) })
 	case transport.GoogleCloud:
 		if !fake {
 			cfg = transporttest.Config(t, kind)
