@@ -18,6 +18,8 @@ import (
 	cespec "github.com/cloudevents/sdk-go/v2/binding/spec"
 	ceevent "github.com/cloudevents/sdk-go/v2/event"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -27,6 +29,7 @@ import (
 	"github.com/millwright/millwright/outbox/relay"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/transport"
+	tnats "github.com/millwright/millwright/transport/nats"
 	"github.com/millwright/millwright/transport/transporttest"
 )
 
@@ -271,6 +274,28 @@ func readWire(ctx context.Context, t *testing.T, kind transport.Kind, cfg transp
 				h.Set(k, v)
 			}
 			out = append(out, cehttp.NewMessage(h, io.NopCloser(bytes.NewReader(m.Data))))
+		}
+	case transport.NATS:
+		// The stream as it holds the messages: their headers are the
+		// CloudEvents NATS protocol binding's ("ce-<attr>", content-type).
+		nc, err := natsgo.Connect(cfg.NATS.URL)
+		require.NoError(t, err)
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		require.NoError(t, err)
+		st, err := js.Stream(ctx, tnats.StreamName(topic))
+		require.NoError(t, err)
+		for seq := uint64(1); len(out) < n; seq++ {
+			raw, err := st.GetMsg(ctx, seq)
+			require.NoError(t, err, "message %d of stream %s", seq, tnats.StreamName(topic))
+			w := wireMessage{prefix: "ce-", contentType: raw.Header.Get("content-type"), headers: map[string]string{}, body: raw.Data}
+			for k, vs := range raw.Header {
+				if k != "content-type" && len(vs) > 0 {
+					w.headers[k] = vs[0]
+				}
+			}
+			require.Equal(t, w.headers["ce-id"], raw.Header.Get("Nats-Msg-Id"), "Nats-Msg-Id is the event id")
+			out = append(out, w)
 		}
 	case transport.SQL:
 		// No CloudEvents binding exists for SQL: the row keeps the

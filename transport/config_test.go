@@ -251,12 +251,15 @@ func TestUnreachableBrokerFailsWithinBound(t *testing.T) {
 					cfg, err = transport.ParseURL("gcppubsub://p-project?emulator=" + addr)
 				case transport.SQL:
 					cfg, err = transport.ParseURL("postgres://u:hunter2@" + addr + "/db?sslmode=disable")
+				case transport.NATS:
+					cfg, err = transport.ParseURL("nats://u:hunter2@" + addr)
 				}
 				require.NoError(t, err)
 				cfg.Kafka.ConnectTimeout = 3 * time.Second
 				cfg.AMQP.ConnectTimeout = 3 * time.Second
 				cfg.GoogleCloud.ConnectTimeout = 3 * time.Second
 				cfg.SQL.ConnectTimeout = 3 * time.Second
+				cfg.NATS.ConnectTimeout = 3 * time.Second
 				cfg.WaitForBroker = transport.NoWait // one attempt: its bound is what is tested
 				start := time.Now()
 				tr, err := transport.Open(context.Background(), cfg)

@@ -94,7 +94,7 @@ func TestRegisterRefusesASchemeTwice(t *testing.T) {
 func TestSchemeListFollowsKinds(t *testing.T) {
 	t.Parallel()
 	err := errNoScheme()
-	require.Equal(t, "transport: URL has no scheme (not shown: it may hold a password): want kafka://, amqp://, amqps://, gcppubsub://, postgres:// or mem://", err.Error())
+	require.Equal(t, "transport: URL has no scheme (not shown: it may hold a password): want kafka://, amqp://, amqps://, gcppubsub://, postgres://, mem:// or nats://", err.Error())
 	_, fakes := schemeList("")
 	require.Equal(t, "kfake, pstest", fakes)
 	require.False(t, strings.Contains(err.Error(), " pubsub://"), "aliases are not listed")
