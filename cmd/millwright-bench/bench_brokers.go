@@ -8,6 +8,10 @@ import (
 	"strings"
 	"time"
 
+	tnats "github.com/millwright/millwright/transport/nats"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"cloud.google.com/go/pubsub"
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -132,7 +136,8 @@ const sinkGroup = "bench"
 
 // dropTopics deletes, best effort, topics a benchmark created on a real
 // Kafka, the exchanges and sinkGroup queues of the topics on RabbitMQ, and
-// the sinkGroup subscriptions of the topics on a Pub/Sub emulator (both
+// the streams of the topics on NATS, the sinkGroup subscriptions of the
+// topics on a Pub/Sub emulator (both
 // hold what the drain published): each run uses topics of its own, which
 // would otherwise pile up on the broker. Fakes are discarded whole; other
 // kinds keep theirs.
@@ -143,6 +148,12 @@ func (b benchBroker) dropTopics(ctx context.Context, topics ...string) {
 	}
 	if b.stop == nil && b.Config.Kind == transport.GoogleCloud && b.Config.GoogleCloud.EmulatorHost != "" && len(topics) > 0 {
 		dropSinkSubscriptions(ctx, b.Config.GoogleCloud, topics)
+		return
+	}
+	if b.Config.Kind == transport.NATS {
+		for _, t := range topics {
+			deleteNATSStream(b.Config.NATS.URL, t)
+		}
 		return
 	}
 	if b.stop != nil || b.Config.Kind != transport.Kafka || len(topics) == 0 {
@@ -293,4 +304,20 @@ func benchKinds(bench string, given []string, supported ...transport.Kind) ([]tr
 		return nil, fmt.Errorf("bench %s: --kinds is empty: want one or more of %s", bench, want)
 	}
 	return kinds, nil
+}
+
+// deleteNATSStream deletes, best effort, the stream of topic.
+func deleteNATSStream(url, topic string) {
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = js.DeleteStream(ctx, tnats.StreamName(topic))
 }

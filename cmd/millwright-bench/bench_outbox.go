@@ -80,7 +80,7 @@ Each drain and latency row names the broker it ran on.`,
 	cmd.Flags().Int("hot", 0, "percent of the drain's backlog on one more aggregate (0..100; one lane, so one relay publishes those)")
 	cmd.Flags().IntSlice("relays", []int{1, 2}, "relay counts of the drain; the bare loop runs at the same counts")
 	cmd.Flags().Int("published-rows", 1000000, "published rows for the claim and retention sections (0 skips them)")
-	cmd.Flags().StringSlice("kinds", []string{"gochannel", "kafka"}, "transports for drain and latency: gochannel, kafka, googlecloud, amqp, sql")
+	cmd.Flags().StringSlice("kinds", []string{"gochannel", "kafka"}, "transports for drain and latency: gochannel, kafka, googlecloud, amqp, sql, nats")
 	addBenchBrokerFlags(cmd)
 	cmd.Flags().Int("rate", 200, "events/s for the latency run")
 	cmd.Flags().Duration("latency-duration", 5*time.Second, "length of each latency run")
@@ -137,7 +137,7 @@ func runBenchOutbox(cmd *cobra.Command, _ []string) error {
 		}
 	}
 	if slices.Contains(cfg.Sections, outboxbench.SectionDrain) || slices.Contains(cfg.Sections, outboxbench.SectionLatency) {
-		kinds, err := benchKinds("outbox", kindFlag, transport.GoChannel, transport.Kafka, transport.GoogleCloud, transport.AMQP, transport.SQL)
+		kinds, err := benchKinds("outbox", kindFlag, transport.GoChannel, transport.Kafka, transport.GoogleCloud, transport.AMQP, transport.SQL, transport.NATS)
 		if err != nil {
 			return err
 		}
