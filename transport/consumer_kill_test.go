@@ -25,6 +25,7 @@ import (
 	"github.com/millwright/millwright/metadata"
 	"github.com/millwright/millwright/transport"
 	"github.com/millwright/millwright/transport/googlecloud"
+	tnats "github.com/millwright/millwright/transport/nats"
 	"github.com/millwright/millwright/transport/transporttest"
 )
 
@@ -134,7 +135,8 @@ func TestConsumerKilledMidStream(t *testing.T) {
 	keyedAMQP.AMQP.KeyParallelism = 8
 	cases = append(cases, millwrightCaseConfig(t, "amqp-keyed", keyedAMQP, emulatorBound))
 	// The key-parallel NATS consumer: the killed one's held messages come
-	// back AckWait (30 s) after its last in-progress acknowledgement.
+	// back AckWait (30 s) after its last in-progress acknowledgement, and
+	// the successor is pinned PinnedTTL after the killed one's last pull.
 	keyedNATS := transporttest.Config(t, transport.NATS)
 	keyedNATS.NATS.KeyParallelism = 8
 	cases = append(cases, millwrightCaseConfig(t, "nats-keyed", keyedNATS, emulatorBound))
@@ -267,6 +269,11 @@ func millwrightCase(t *testing.T, kind transport.Kind, emulatorBound time.Durati
 func millwrightCaseConfig(t *testing.T, name string, cfg transport.Config, emulatorBound time.Duration) killCase {
 	kind := cfg.Kind
 	kc := killCase{name: name, bound: 45 * time.Second, atKill: 11}
+	if kind == transport.NATS {
+		// The group's pin moves to the successor PinnedTTL after the
+		// killed member's last pull, once its held messages are back.
+		kc.bound = tnats.RedeliveryBound(cfg.NATS)
+	}
 	if kind == transport.GoogleCloud {
 		cfg.GoogleCloud.MaxExtension = 0
 		kc.bound = emulatorBound

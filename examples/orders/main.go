@@ -57,7 +57,7 @@ const usage = `usage:
 services: orders (HTTP API), orchestrator, inventory, billing, shipping, notify, relay, dlq
 
 The transport comes from -transport or MILLWRIGHT_TRANSPORT (kafka, amqp,
-googlecloud, sql, gochannel, or a URL; see the transport package), default
+googlecloud, nats, sql, gochannel, or a URL; see the transport package), default
 the sql transport on the database. -embedded kafka|googlecloud starts an
 in-process fake broker (demo, or serve with every service in one process).
 The services run on pgx v5 by default; -driver pq or

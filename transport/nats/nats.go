@@ -247,8 +247,36 @@ func (t *Transport) consumerConfig(topic, group string) jetstream.ConsumerConfig
 		FilterSubject: topic,
 		ReplayPolicy:  jetstream.ReplayInstantPolicy,
 		Replicas:      0, // the stream's
+		// One member at a time receives the group's messages (see
+		// Subscriber): the pinned client of priority group pinGroup.
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{pinGroup},
+		PinnedTTL:      PinnedTTL(t.cfg),
 	}
 }
+
+// pinGroup is the priority group every millwright subscriber pulls in.
+const pinGroup = "millwright"
+
+// pullExpiry is how long each pull request waits, so that a live member
+// pulls at least this often and keeps its pin.
+func pullExpiry(c Config) time.Duration { return max(time.Second, c.AckWait/3) }
+
+// PinnedTTL is how long after a member's last pull request the server
+// moves the group's pin to another member: AckWait, plus the longest a
+// live member goes between pulls (AckWait/3), plus 5 s, so that a dead
+// member's held messages have come back (AckWait after its last
+// in-progress acknowledgement) before the next member is pinned and pulls
+// them, ahead of their keys' later messages. It is also the longest a
+// group waits after its member dies (RedeliveryBound).
+func PinnedTTL(c Config) time.Duration {
+	setDefaults(&c)
+	return c.AckWait + pullExpiry(c) + 5*time.Second
+}
+
+// RedeliveryBound is how long after a member of a group dies holding
+// messages its successor has them all, each key in order: PinnedTTL.
+func RedeliveryBound(c Config) time.Duration { return PinnedTTL(c) }
 
 // ensureConsumer creates or updates group's durable consumer on topic.
 func (t *Transport) ensureConsumer(ctx context.Context, topic, group string) (jetstream.Consumer, error) {

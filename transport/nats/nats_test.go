@@ -448,3 +448,104 @@ func TestOpenRefusesWhatCannotWork(t *testing.T) {
 	require.False(t, errors.Is(err, context.Canceled))
 	require.Contains(t, err.Error(), "nats://127.0.0.1:1")
 }
+
+// TestOneMemberAtATimeThenTakeover: two members of a group (two
+// transports, as two processes) on one topic: only the pinned one
+// receives. "graceful": it ends its subscription holding messages, naks
+// them (confirmed) and unpins, and the other takes over at once.
+// "stalled": it stops holding a message its handler never finishes (as a
+// member that died), so nothing is nak'ed and the pin stays; the server
+// redelivers the held messages after AckWait (1 s), not in stream order,
+// and pins the other member after PinnedTTL (7 s). Either way every key's
+// first copies stay in order across the handover.
+func TestOneMemberAtATimeThenTakeover(t *testing.T) {
+	t.Parallel()
+	for _, crash := range []bool{false, true} {
+		name := "graceful"
+		if crash {
+			name = "stalled"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testTakeover(t, crash)
+		})
+	}
+}
+
+func testTakeover(t *testing.T, crash bool) {
+	const keys, perKey, firstTakes = 4, 5, 6
+	topic := freshTopic(t)
+	change := func(c *transport.NATSConfig) {
+		c.KeyParallelism = 4
+		if crash {
+			c.AckWait = time.Second
+			c.KeyDrainTimeout = 10 * time.Millisecond
+		}
+	}
+	tr1, tr2 := open(t, change), open(t, change)
+	sub1, err := tr1.Subscriber("members")
+	require.NoError(t, err)
+	require.NoError(t, sub1.(message.SubscribeInitializer).SubscribeInitialize(topic))
+	publishKeys(t, tr1, topic, keys, perKey)
+
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	defer cancel1()
+	msgs1, err := sub1.Subscribe(ctx1, topic)
+	require.NoError(t, err)
+	var arrivals []string
+	first := <-msgs1 // sub1 pulls, and holds the pin
+	arrivals = append(arrivals, string(first.Payload))
+	first.Ack()
+
+	sub2, err := tr2.Subscriber("members")
+	require.NoError(t, err)
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	msgs2, err := sub2.Subscribe(ctx2, topic)
+	require.NoError(t, err)
+	for len(arrivals) < firstTakes {
+		select {
+		case m := <-msgs1:
+			arrivals = append(arrivals, string(m.Payload))
+			m.Ack()
+		case m := <-msgs2:
+			t.Fatalf("the standby member received %s while the pinned one was consuming", m.Payload)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the pinned member received %d of %d", len(arrivals), firstTakes)
+		}
+	}
+	cancel1() // ends holding unacked messages: they are nak'ed and the pin handed on
+	for m := range msgs1 {
+		if !crash {
+			m.Nack() // handed out as the subscription ended: not handled here
+		}
+	}
+	seen := map[string]bool{}
+	for _, a := range arrivals {
+		seen[a] = true
+	}
+	deadline := time.After(30 * time.Second)
+	for len(seen) < keys*perKey {
+		select {
+		case m := <-msgs2:
+			arrivals = append(arrivals, string(m.Payload))
+			seen[string(m.Payload)] = true
+			m.Ack()
+		case <-deadline:
+			t.Fatalf("after the handover the group has %d of %d messages; arrivals %v", len(seen), keys*perKey, arrivals)
+		}
+	}
+	// The first copy of each message comes in its key's order.
+	next := map[string]int{}
+	firstCopy := map[string]bool{}
+	for _, a := range arrivals {
+		if firstCopy[a] {
+			continue
+		}
+		firstCopy[a] = true
+		r, ok := keyedtest.ParseRef(a)
+		require.True(t, ok, a)
+		require.Equal(t, next[r.Key], r.Seq, "key %s out of order across the handover; arrivals %v", r.Key, arrivals)
+		next[r.Key]++
+	}
+}

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,6 +49,15 @@ import (
 //     Config.DeadLetterTopic with its metadata and the dlq context
 //     (MetadataDeadLetter*), and acknowledged, instead of being run a
 //     last time and dropped by the server if that fails too;
+//   - one member of a consumer group at a time receives its messages: the
+//     group's consumer pins one pulling client (JetStream's pinned-client
+//     priority policy), and the others wait as standbys. That is what
+//     keeps a key in order across the group's members (JetStream would
+//     otherwise hand a key's messages to whichever member pulls). When
+//     the pinned member stops pulling (it died), the server pins another
+//     after PinnedTTL, by which time the dead member's held messages are
+//     back, ahead of their keys' later ones; a member that ends its
+//     subscription unpins itself at once;
 //   - the end of a subscription (Close, or Subscribe's ctx) stops fetching,
 //     waits up to KeyDrainTimeout for the messages out, then, if every
 //     handler returned, naks the messages it still holds in stream order
@@ -186,7 +196,9 @@ type subscription struct {
 func (sub *subscription) messages() (jetstream.MessagesContext, error) {
 	cfg := sub.s.t.cfg
 	batch := min(cfg.MaxAckPending, max(16, 2*cfg.KeyParallelism))
-	it, err := sub.cons.Messages(jetstream.PullMaxMessages(batch), jetstream.PullHeartbeat(5*time.Second))
+	exp := pullExpiry(cfg)
+	it, err := sub.cons.Messages(jetstream.PullMaxMessages(batch), jetstream.PullExpiry(exp), jetstream.PullHeartbeat(min(5*time.Second, exp/2)),
+		jetstream.PullPriorityGroup(pinGroup))
 	if err != nil {
 		return nil, fmt.Errorf("nats: consuming stream %s through consumer %s: %w", StreamName(sub.topic), ConsumerName(sub.s.group), err)
 	}
@@ -199,9 +211,37 @@ func (sub *subscription) run(ctx context.Context, it jetstream.MessagesContext) 
 	defer stopProgress()
 	sub.s.logger.Info("Consuming from NATS JetStream", sub.fields)
 	delay := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		m, err := it.Next(jetstream.NextContext(ctx))
+	// Redeliveries wait in reorder, sorted by stream sequence before they
+	// run: JetStream serves its redelivery queue before new messages but
+	// not in stream order (seen: 20, 7, 9..16, 6, 17..19 after a member
+	// died), so a burst of them is collected until a new message comes
+	// or none for reorderWindow, then submitted in stream order.
+	var reorder []jetstream.Msg
+	flush := func() bool {
+		slices.SortFunc(reorder, func(a, b jetstream.Msg) int { return cmp.Compare(streamSeq(a), streamSeq(b)) })
+		defer func() { reorder = reorder[:0] }()
+		for _, m := range reorder {
+			if !sub.submit(ctx, m) {
+				return false // the rest stay held: given back at the end
+			}
+		}
+		return true
+	}
+	stopped := false
+	for !stopped && ctx.Err() == nil {
+		var (
+			m   jetstream.Msg
+			err error
+		)
+		if len(reorder) > 0 {
+			m, err = it.Next(jetstream.NextMaxWait(reorderWindow))
+		} else {
+			m, err = it.Next(jetstream.NextContext(ctx))
+		}
 		if err != nil {
+			if len(reorder) > 0 && !flush() {
+				break
+			}
 			if ctx.Err() != nil {
 				break
 			}
@@ -215,8 +255,8 @@ func (sub *subscription) run(ctx context.Context, it jetstream.MessagesContext) 
 				}
 				continue
 			}
-			// Missed heartbeats and the like: the iterator goes on.
-			sub.s.logger.Debug("NATS pull iterator warning", sub.fields.Add(watermill.LogFields{"err": err.Error()}))
+			// A quiet reorderWindow, missed heartbeats and the like: the
+			// iterator goes on.
 			continue
 		}
 		delay = 100 * time.Millisecond
@@ -228,18 +268,50 @@ func (sub *subscription) run(ctx context.Context, it jetstream.MessagesContext) 
 		if !sub.hold(md.Sequence.Stream, m) {
 			continue // a redelivery of a message still held: its first copy is running or waiting
 		}
-		if mx := sub.s.t.cfg.MaxDeliver; mx > 1 && md.NumDelivered >= uint64(mx) {
-			sub.deadLetter(ctx, m, md)
+		if md.NumDelivered > 1 {
+			reorder = append(reorder, m)
 			continue
 		}
-		sub.seq++
-		if err := sub.part.Submit(ctx, m.Headers().Get(metadata.OrderingKey), sub.seq, m); err != nil {
-			sub.release(md.Sequence.Stream)
+		if len(reorder) > 0 && !flush() {
 			break
 		}
+		stopped = !sub.submit(ctx, m)
 	}
-	it.Stop()
-	sub.stop()
+	// What the client pulled and never handed to run is delivered to
+	// this member too: collect it, to give it back with the held ones.
+	it.Drain()
+	var buffered []jetstream.Msg
+	for {
+		m, err := it.Next(jetstream.NextMaxWait(time.Second))
+		if err != nil {
+			break
+		}
+		buffered = append(buffered, m)
+	}
+	sub.stop(buffered)
+}
+
+// reorderWindow is how long a burst of redeliveries is collected without
+// a new message before it is sorted and run.
+const reorderWindow = 100 * time.Millisecond
+
+// submit hands m to the partition, or to the dead letter topic at
+// MaxDeliver's end; false when the subscription is ending (m stays held,
+// and is given back with the others).
+func (sub *subscription) submit(ctx context.Context, m jetstream.Msg) bool {
+	md, err := m.Metadata()
+	if err != nil {
+		return true
+	}
+	if mx := sub.s.t.cfg.MaxDeliver; mx > 1 && md.NumDelivered >= uint64(mx) {
+		sub.deadLetter(ctx, m, md)
+		return true
+	}
+	sub.seq++
+	if err := sub.part.Submit(ctx, m.Headers().Get(metadata.OrderingKey), sub.seq, m); err != nil {
+		return false
+	}
+	return true
 }
 
 // resubscribe creates the consumer again and starts pulling, with backoff,
@@ -327,16 +399,53 @@ func (sub *subscription) keepInProgress() func() {
 	return func() { close(stop); <-done }
 }
 
+// streamSeq is m's stream sequence (0 when it has no JetStream metadata).
+func streamSeq(m jetstream.Msg) uint64 {
+	md, err := m.Metadata()
+	if err != nil {
+		return 0
+	}
+	return md.Sequence.Stream
+}
+
+// nakConfirmed naks m and waits for the server to confirm it (a nak sent
+// as a request, as a double ack is), within ConnectTimeout; without the
+// confirmation it falls back to a plain nak.
+func (sub *subscription) nakConfirmed(m jetstream.Msg) {
+	ctx, cancel := context.WithTimeout(context.Background(), sub.s.t.cfg.ConnectTimeout)
+	defer cancel()
+	if m.Reply() == "" {
+		return
+	}
+	if _, err := sub.s.t.nc.RequestWithContext(ctx, m.Reply(), []byte("-NAK")); err != nil {
+		_ = m.Nak()
+	}
+}
+
 // stop drains the partition within KeyDrainTimeout, naks what is still
-// held when every handler returned, and closes the output channel.
-func (sub *subscription) stop() {
+// held (and what was pulled and not yet handed out) when every handler
+// returned, unpins the group, and closes the output channel.
+func (sub *subscription) stop(buffered []jetstream.Msg) {
 	ctx, cancel := context.WithTimeout(context.Background(), sub.s.t.cfg.KeyDrainTimeout)
 	defer cancel()
 	_, _, finished := sub.part.Drain(ctx)
 	if finished {
-		for _, m := range sub.heldInOrder() {
-			_ = m.Nak()
+		// Every message this member holds or pulled goes back in stream
+		// order, each nak confirmed by the server before the next and
+		// before the pin moves: the next member gets them first, ahead of
+		// their keys' later messages.
+		back := append(sub.heldInOrder(), buffered...)
+		slices.SortFunc(back, func(a, b jetstream.Msg) int { return cmp.Compare(streamSeq(a), streamSeq(b)) })
+		for _, m := range back {
+			sub.nakConfirmed(m)
 		}
+		// Hand the pin on now (the held messages first, in order), not
+		// after PinnedTTL.
+		uctx, cancel := context.WithTimeout(context.Background(), sub.s.t.cfg.ConnectTimeout)
+		if s, err := sub.s.t.js.Stream(uctx, StreamName(sub.topic)); err == nil {
+			_ = s.UnpinConsumer(uctx, ConsumerName(sub.s.group), pinGroup)
+		}
+		cancel()
 	} else {
 		sub.s.logger.Info("Handlers still running after KeyDrainTimeout: their messages' contexts are cancelled, and the server redelivers every held message, in stream order, after AckWait", sub.fields)
 	}
