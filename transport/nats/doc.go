@@ -36,8 +36,8 @@
 // Subscribe: explicit acks; deliver all (a new group starts at the oldest
 // message); AckWait Config.AckWait (default 30s); MaxAckPending
 // Config.MaxAckPending (default 1,000, or 16 × KeyParallelism); MaxDeliver
-// Config.MaxDeliver (default -1, unlimited). The members of a group pull
-// from the same consumer and share its messages.
+// Config.MaxDeliver (default -1, unlimited); the pinned-client priority
+// policy, priority group "millwright", PinnedTTL (below).
 //
 // # Publishing guarantees
 //
@@ -70,11 +70,22 @@
 // acknowledgements while a message is held, so a handler that outlives
 // AckWait is not overtaken by its own redelivery; MaxDeliver's end goes
 // to Config.DeadLetterTopic, never a silent drop. A consumer that dies
-// holding messages has them redelivered, in stream order, AckWait after
-// its last in-progress acknowledgement. Where it falls short: the members
-// of one group share a consumer, and JetStream hands a key's messages to
-// whichever member pulls: per-key order across members holds only with
-// one member consuming at a time.
+// holding messages has them redelivered AckWait after its last
+// in-progress acknowledgement.
+//
+// One member of a group consumes at a time (the pinned client of
+// JetStream's pinned-client priority policy; the others are standbys),
+// which keeps a key in order across the group's members; a member that
+// dies hands the pin on PinnedTTL (AckWait + AckWait/3 + 5 s, 45 s by
+// default) after its last pull, once its held messages are back, and
+// those redeliveries (which JetStream sends out of stream order: seen 20,
+// 7, 9..16, 6, 17..19) are collected and sorted by stream sequence before
+// they run. A member that ends its subscription gives its messages back
+// (naks confirmed by the server, in stream order) and hands the pin on at
+// once. Where it falls short: a group's throughput is one member's (use
+// KeyParallelism); a standby takes over a dead member's group only after
+// PinnedTTL (RedeliveryBound); priority groups need nats-server 2.11 or
+// later.
 //
 // CloudEvents (NATS protocol binding, binary mode): the metadata.Event*
 // attributes travel as "ce-<attr>" headers and datacontenttype as
