@@ -228,3 +228,26 @@ func TestReconnectUnderLoadAMQPKeyed(t *testing.T) {
 		return nil
 	})
 }
+
+// TestReconnectUnderLoadNATSKeyed is TestReconnectUnderLoad on the
+// key-parallel NATS consumer (NATSConfig.KeyParallelism): nats-server is
+// restarted twice on its store under load (scripts/services.sh restart
+// nats, proven by a new server id). Runs only with
+// MILLWRIGHT_TEST_RECONNECT=1, in .ci/run's reconnect stage: the restart
+// reaches every client of the server.
+func TestReconnectUnderLoadNATSKeyed(t *testing.T) {
+	cfg := transporttest.Config(t, transport.NATS)
+	cfg.NATS.KeyParallelism = 8
+	cmd := reconnectCommand(t, transport.NATS, "")
+	if cmd == nil {
+		t.Skip(envTestReconnect + " is not 1 (the restart reaches every client of the server)")
+	}
+	cut := func(ctx context.Context) error {
+		out, err := exec.CommandContext(ctx, cmd[0], cmd[1:]...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("restarting nats-server (%v): %w: %s", cmd, err, out)
+		}
+		return nil
+	}
+	runReconnectUnderLoad(t, cfg, natsRestartProven(t, cfg.NATS.URL, cut))
+}
