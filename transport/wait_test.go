@@ -84,6 +84,8 @@ func proxiedConfig(t *testing.T, kind transport.Kind) (transport.Config, *faultp
 		target = cfg.GoogleCloud.EmulatorHost
 	case transport.SQL:
 		target = hostOf(t, cfg.SQL.URL)
+	case transport.NATS:
+		target = hostOf(t, cfg.NATS.URL)
 	}
 	p, err := faultproxy.New(target)
 	require.NoError(t, err)
@@ -103,11 +105,15 @@ func proxiedConfig(t *testing.T, kind transport.Kind) (transport.Config, *faultp
 	case transport.SQL:
 		cfg.SQL.URL, err = p.URL(cfg.SQL.URL)
 		require.NoError(t, err)
+	case transport.NATS:
+		cfg.NATS.URL, err = p.URL(cfg.NATS.URL)
+		require.NoError(t, err)
 	}
 	cfg.Kafka.ConnectTimeout = 5 * time.Second
 	cfg.AMQP.ConnectTimeout = 5 * time.Second
 	cfg.GoogleCloud.ConnectTimeout = 5 * time.Second
 	cfg.SQL.ConnectTimeout = 5 * time.Second
+	cfg.NATS.ConnectTimeout = 5 * time.Second
 	return cfg, p
 }
 
@@ -122,7 +128,7 @@ func hostOf(t *testing.T, raw string) string {
 	return host
 }
 
-var brokerKinds = []transport.Kind{transport.Kafka, transport.AMQP, transport.GoogleCloud, transport.SQL}
+var brokerKinds = []transport.Kind{transport.Kafka, transport.AMQP, transport.GoogleCloud, transport.SQL, transport.NATS}
 
 // TestOpenWaitsForABrokerThatIsDown: Open is called while the broker is
 // unreachable (the proxy in front of it refuses every connection). It
