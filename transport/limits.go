@@ -183,6 +183,9 @@ func (l Limits) SizeSeq(topic, uuid string, payload []byte, md iter.Seq2[string,
 		size += len(uuidHeader) + len(uuid) + 4
 		size += len(natsMsgIDHeader) + len(uuid) + 4
 		for k, v := range md {
+			if k == metadata.DeadLetterReplayOf {
+				size += len("-replay-") + len(v) // in Nats-Msg-Id (nats.MsgID)
+			}
 			size += len(cloudevent.NATS.WireKey(k)) + len(v) + 4
 		}
 		return size

@@ -45,7 +45,9 @@
 //     message; each carries its UUID (the outbox event id) as
 //     Nats-Msg-Id, so a message published again within the duplicate
 //     window (the relay after a lost acknowledgement) is acknowledged and
-//     dropped by the server.
+//     dropped by the server. A replayed dead letter keeps its event id, so
+//     its Nats-Msg-Id adds the dead letter's id (MsgID): the replay is
+//     not dropped as a duplicate of the original.
 //   - A key's messages go one at a time, the keys together (see
 //     Publisher): a key stops at its first failure, so the stream never
 //     holds a message of a key after one that failed (the relay's

@@ -324,6 +324,12 @@ func TestWireIsCloudEventsBinaryWithMsgID(t *testing.T) {
 	info, err := s.Info(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), info.State.Msgs, "the duplicate window dropped the republish")
+	replay := m.Copy()
+	replay.Metadata.Set(metadata.DeadLetterReplayOf, "17")
+	require.NoError(t, tr.Publisher().Publish(topic, replay))
+	info, err = s.Info(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), info.State.Msgs, "a replayed dead letter (same event id) is not a duplicate")
 	raw, err := s.GetMsg(context.Background(), 1)
 	require.NoError(t, err)
 	require.Equal(t, m.UUID, raw.Header.Get("ce-id"))
@@ -332,6 +338,10 @@ func TestWireIsCloudEventsBinaryWithMsgID(t *testing.T) {
 	require.Equal(t, m.Metadata.Get("traceparent"), raw.Header.Get("traceparent"))
 	require.Equal(t, m.UUID, raw.Header.Get("Nats-Msg-Id"))
 	require.Equal(t, m.UUID, raw.Header.Get(tnats.UUIDHeader))
+
+	replayed, err := s.GetMsg(context.Background(), 2)
+	require.NoError(t, err)
+	require.Equal(t, m.UUID+"-replay-17", replayed.Header.Get("Nats-Msg-Id"))
 
 	sub, err := tr.Subscriber("wire")
 	require.NoError(t, err)

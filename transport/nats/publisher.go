@@ -128,7 +128,7 @@ func (p *Publisher) sendWave(topic string, msgs []*message.Message, idx []int) [
 	futures := make([]jetstream.PubAckFuture, len(idx))
 	for j, i := range idx {
 		nm := Marshal(topic, msgs[i])
-		f, err := p.t.js.PublishMsgAsync(nm, jetstream.WithMsgID(msgs[i].UUID))
+		f, err := p.t.js.PublishMsgAsync(nm, jetstream.WithMsgID(MsgID(msgs[i])))
 		if err != nil {
 			errs[j] = p.classify(topic, msgs[i], nm, err)
 			continue
@@ -179,6 +179,19 @@ func (p *Publisher) classify(topic string, m *message.Message, nm *natsgo.Msg, e
 		return fmt.Errorf("nats: message %s to topic %s: no stream %s answered (deleted, or its server is down): the next publish creates it again: %w", m.UUID, topic, StreamName(topic), err)
 	}
 	return fmt.Errorf("nats: message %s to topic %s: %w", m.UUID, topic, err)
+}
+
+// MsgID is m's Nats-Msg-Id: its UUID (the outbox event id), so that the
+// stream's duplicate window drops the same event published again (the
+// relay after a lost acknowledgement); for a replayed dead letter
+// (metadata.DeadLetterReplayOf), which keeps its event id on purpose, the
+// UUID and "-replay-" and the dead letter's id, so that the replay is not
+// taken for a duplicate of the original and dropped.
+func MsgID(m *message.Message) string {
+	if r := m.Metadata.Get(metadata.DeadLetterReplayOf); r != "" {
+		return m.UUID + "-replay-" + r
+	}
+	return m.UUID
 }
 
 // headerSize is the encoded size of nm's headers.
