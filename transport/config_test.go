@@ -95,7 +95,7 @@ func TestBadConfigErrorsNameTheFieldAndHideSecrets(t *testing.T) {
 		{"malformed amqp URL with password", func() (transport.Config, error) {
 			return transport.ParseURL("amqp://user:hunter2@host:99999999999/%zz")
 		}, "malformed amqp URL"},
-		{"unknown scheme", func() (transport.Config, error) { return transport.ParseURL("nats://x") }, `unknown URL scheme "nats"`},
+		{"unknown scheme", func() (transport.Config, error) { return transport.ParseURL("nsq://x") }, `unknown URL scheme "nsq"`},
 		{"no scheme", func() (transport.Config, error) { return transport.ParseURL("localhost:9092") }, "has no scheme"},
 		{"bad sasl", func() (transport.Config, error) { return transport.ParseURL("kafka://u:hunter2@h:1?sasl=GSSAPI") }, `SASL mechanism "GSSAPI"`},
 		{"unknown partitioner", func() (transport.Config, error) {

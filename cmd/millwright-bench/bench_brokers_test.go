@@ -125,9 +125,9 @@ func TestBenchCommandsRefuseBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{benchSagaCmd, []string{"--kinds", "gochannel,nats"}, `bench saga: --kinds: invalid transport "nats": want one of gochannel, kafka, googlecloud, amqp, sql`},
+		{benchSagaCmd, []string{"--kinds", "gochannel,nsq"}, `bench saga: --kinds: invalid transport "nsq": want one of gochannel, kafka, googlecloud, amqp, sql`},
 		{benchSagaCmd, []string{"--kafka-brokers", "nohost"}, `--kafka-brokers "nohost"`},
-		{benchOutboxCmd, []string{"--kinds", "nats"}, `bench outbox: --kinds: invalid transport "nats": want one of gochannel, kafka, googlecloud, amqp, sql`},
+		{benchOutboxCmd, []string{"--kinds", "nsq"}, `bench outbox: --kinds: invalid transport "nsq": want one of gochannel, kafka, googlecloud, amqp, sql, nats`},
 		{benchOutboxCmd, []string{"--pubsub-emulator", "nohost"}, `--pubsub-emulator "nohost"`},
 	} {
 		_, _, err := runCLI(t, tc.cmd(), nil, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=1", tc.args...)
@@ -140,8 +140,8 @@ func TestBenchCommandsRefuseBadFlags(t *testing.T) {
 func TestBenchCPUProfile(t *testing.T) { // not parallel: the global rootCmd
 	path := filepath.Join(t.TempDir(), "cpu.pprof")
 	_, _, err := runCLI(t, rootCmd, nil, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
-		"saga", "--kinds", "nats", "--cpuprofile", path)
-	require.ErrorContains(t, err, `invalid transport "nats"`)
+		"saga", "--kinds", "nsq", "--cpuprofile", path)
+	require.ErrorContains(t, err, `invalid transport "nsq"`)
 	require.NoError(t, stopCPUProfile())
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)

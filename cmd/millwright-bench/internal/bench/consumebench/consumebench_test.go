@@ -26,9 +26,12 @@ func TestConfigValidateKind(t *testing.T) {
 	c := Config{Kind: KindAMQP}
 	c.setDefaults()
 	require.ErrorContains(t, c.Validate(), "Config.AMQPURL and Config.DB are required")
-	c = Config{Kind: "nats"}
+	c = Config{Kind: KindNATS}
 	c.setDefaults()
-	require.ErrorContains(t, c.Validate(), `--kind "nats": want kafka or amqp`)
+	require.ErrorContains(t, c.Validate(), "Config.NATSURL and Config.DB are required")
+	c = Config{Kind: "nsq"}
+	c.setDefaults()
+	require.ErrorContains(t, c.Validate(), `--kind "nsq": want kafka, amqp or nats`)
 }
 
 func TestMessagesScale(t *testing.T) {
