@@ -138,6 +138,7 @@ var TransportVars = []string{
 	transport.EnvKafkaPartitions, transport.EnvKafkaPartitioner, transport.EnvKafkaKeyParallelism, transport.EnvKafkaKeyMaxInFlight,
 	transport.EnvAMQPURL, transport.EnvAMQPPrefetch, transport.EnvAMQPKeyParallelism, transport.EnvAMQPAllowUnroutable,
 	transport.EnvPubSubProject, transport.EnvPubSubEmulatorHost, transport.EnvPubSubCredentialsFile, transport.EnvPubSubAllowUnreceived,
+	transport.EnvNATSURL, transport.EnvNATSKeyParallelism, transport.EnvNATSAckWait,
 	transport.EnvSQLURL, transport.EnvDeclareGroups,
 }
 
