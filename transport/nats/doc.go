@@ -89,6 +89,14 @@
 // PinnedTTL (RedeliveryBound); priority groups need nats-server 2.11 or
 // later.
 //
+// `millwright-bench consume --kind nats` measures the key-parallel
+// consumer against the same subscriber one message at a time, in the same
+// run (idempotency middleware, a pg_sleep in its transaction,
+// KeyParallelism 16, 10,000 keys): on 2026-12-06, at --scale 0.5 on a
+// 2-core machine loaded by other work, 16.2x the msgs/s at a 50 ms handler
+// (277 against 17) and 7.2x with a trivial one, 0 reorders (an earlier
+// run: 15.9x and 2.9x).
+//
 // CloudEvents (NATS protocol binding, binary mode): the metadata.Event*
 // attributes travel as "ce-<attr>" headers and datacontenttype as
 // "content-type" (cloudevent.NATS); traceparent and other metadata as
