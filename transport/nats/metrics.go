@@ -26,6 +26,9 @@ const (
 	MetricConsumerRedelivered = "millwright_nats_consumer_redelivered"
 )
 
+// metricsInterval is how often the gauges are read from the server.
+var metricsInterval = 10 * time.Second
+
 type metrics struct {
 	t                                   *Transport
 	stream, pending, ackPend, redeliver *prometheus.GaugeVec
@@ -67,7 +70,7 @@ func (m *metrics) watch(topic, group string) {
 
 func (m *metrics) loop() {
 	defer close(m.done)
-	tick := time.NewTicker(10 * time.Second)
+	tick := time.NewTicker(metricsInterval)
 	defer tick.Stop()
 	for {
 		select {

@@ -22,6 +22,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/internal/testing/keyedtest"
@@ -558,4 +559,41 @@ func testTakeover(t *testing.T, crash bool) {
 		require.Equal(t, next[r.Key], r.Seq, "key %s out of order across the handover; arrivals %v", r.Key, arrivals)
 		next[r.Key]++
 	}
+}
+
+// TestMetricsShowTheGroupsLag: with a Registerer, the stream's messages
+// and the group's pending (its lag), then its unacknowledged messages,
+// are read from the server.
+func TestMetricsShowTheGroupsLag(t *testing.T) {
+	tnats.SetMetricsInterval(50 * time.Millisecond) // not parallel: a package variable
+	defer tnats.SetMetricsInterval(10 * time.Second)
+	topic := freshTopic(t)
+	reg := prometheus.NewRegistry()
+	tr := open(t, func(c *transport.NATSConfig) { c.Registerer = reg })
+	sub, err := tr.Subscriber("lag")
+	require.NoError(t, err)
+	require.NoError(t, sub.(message.SubscribeInitializer).SubscribeInitialize(topic))
+	publishKeys(t, tr, topic, 1, 3)
+	gauge := func(name string) float64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == name && len(mf.GetMetric()) > 0 {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return -1
+	}
+	require.Eventually(t, func() bool {
+		return gauge(tnats.MetricStreamMessages) == 3 && gauge(tnats.MetricConsumerPending) == 3
+	}, 30*time.Second, 20*time.Millisecond, "stream 3 messages, group lag 3")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	held := <-msgs // delivered, not acknowledged
+	require.Eventually(t, func() bool {
+		return gauge(tnats.MetricConsumerAckPending) >= 1 && gauge(tnats.MetricConsumerPending) < 3
+	}, 30*time.Second, 20*time.Millisecond, "one held unacknowledged, the lag down")
+	held.Ack()
 }
