@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -66,6 +67,8 @@ func validateName(kind Kind, what, name string) error {
 		return fmt.Errorf("transport: %w: %s %.40q... is %d bytes, %s allows %d", ErrInvalidName, what, name, len(name), kind, max)
 	case !nameRe.MatchString(name):
 		return fmt.Errorf("transport: %w: %s %q: use letters, digits, '.', '_' and '-', starting with a letter or digit", ErrInvalidName, what, name)
+	case kind == NATS && (strings.Contains(name, "..") || strings.HasSuffix(name, ".")):
+		return fmt.Errorf("transport: %w: %s %q: a NATS subject's tokens (between dots) may not be empty", ErrInvalidName, what, name)
 	case kind == GoogleCloud && (len(name) < 3 || !(name[0] >= 'A' && name[0] <= 'Z' || name[0] >= 'a' && name[0] <= 'z')):
 		return fmt.Errorf("transport: %w: %s %q: Pub/Sub names have at least 3 characters and start with a letter", ErrInvalidName, what, name)
 	}

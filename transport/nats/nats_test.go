@@ -597,3 +597,18 @@ func TestMetricsShowTheGroupsLag(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "one held unacknowledged, the lag down")
 	held.Ack()
 }
+
+// TestBadSubjectIsRefusedForGood: a topic with an empty subject token is
+// refused by the name check (outbox.Add's Limits too), permanently.
+func TestBadSubjectIsRefusedForGood(t *testing.T) {
+	t.Parallel()
+	tr := open(t, nil)
+	for _, topic := range []string{"orders..created", "orders."} {
+		err := tr.Limits().ValidateTopic(topic)
+		require.ErrorIs(t, err, transport.ErrInvalidName, topic)
+		err = tr.Publisher().Publish(topic, message.NewMessage(watermill.NewUUID(), []byte("x")))
+		require.ErrorIs(t, err, transport.ErrInvalidName, topic)
+		require.True(t, transport.IsPermanent(err), "%v", err)
+	}
+	require.NoError(t, tr.Limits().ValidateTopic("orders.created.v1"))
+}
