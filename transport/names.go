@@ -50,7 +50,8 @@ var ErrInvalidName = fmt.Errorf("invalid name")
 // ValidateName reports whether name may be used as a topic or consumer
 // group on kind: 1 to the kind's maximum length of letters, digits, '.',
 // '_' and '-', starting with a letter or digit (Pub/Sub: at least 3,
-// starting with a letter).
+// starting with a letter; NATS: no empty token between dots, nor a
+// trailing dot).
 func ValidateName(kind Kind, what, name string) error {
 	return failure.Permanent(validateName(kind, what, name))
 }
