@@ -199,7 +199,7 @@ func isKind(k Kind) bool {
 //	gcppubsub://PROJECT?emulator=host:8085   ... through an emulator
 //	postgres://user:pass@host:5432/db        Postgres (watermill-sql)
 //	mem://                                   in-process (gochannel)
-//	nats://host:4222                         NATS JetStream (tls:// for TLS)
+//	nats://host:4222                         NATS JetStream (TLS: NATSConfig.TLS, or tls:// in MILLWRIGHT_NATS_URL)
 //	kfake://                                 DEVELOPMENT FAKE: in-process Kafka (kafka.Config.Fake)
 //	pstest://[PROJECT]                       DEVELOPMENT FAKE: in-process Pub/Sub (googlecloud.Config.Fake)
 //

@@ -56,7 +56,8 @@
 // brokers take: topic names (ValidateName) and the largest message,
 // counted as the kind counts it on the wire (Kafka: Sarama's ByteSize,
 // payload, key and headers; Pub/Sub: the publish request; RabbitMQ: the
-// body; sql: payload and metadata). An outbox.Writer built with them
+// body; NATS: payload and headers, against max_payload; sql: payload and
+// metadata). An outbox.Writer built with them
 // (outbox.WriterConfig.Limits) refuses at write time what the relay could
 // never publish. A
 // message a broker or client refuses for its size or name fails with an

@@ -400,10 +400,12 @@ type GoChannelConfig struct {
 type NATSConfig struct {
 	// URL is nats://host:4222 (several servers comma-separated:
 	// nats://h1:4222,nats://h2:4222; user:pass@ or a token in the URL
-	// authenticate; tls:// for TLS). Required.
+	// authenticate). Required. MILLWRIGHT_TRANSPORT takes nats:// URLs;
+	// a tls://host:4222 server URL goes in MILLWRIGHT_NATS_URL (with
+	// MILLWRIGHT_TRANSPORT=nats) or here.
 	URL string
 	// TLS configures TLS. Default nil: plaintext for nats://, the system
-	// roots for tls://.
+	// roots for tls:// server URLs.
 	TLS *tls.Config
 	// Replicas of the streams the transport creates. Default 1; at most 5
 	// (a JetStream cluster's limit), and at most the cluster's size.
