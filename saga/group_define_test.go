@@ -12,7 +12,9 @@ import (
 func TestDefineRejectsInvalidGroups(t *testing.T) {
 	t.Parallel()
 	cmd := func(struct{}) (saga.Command, error) { return saga.Command{Topic: "t"}, nil }
-	br := func(name string) saga.Step[struct{}] { return saga.Step[struct{}]{Name: name, Command: cmd, Compensation: cmd} }
+	br := func(name string) saga.Step[struct{}] {
+		return saga.Step[struct{}]{Name: name, Command: cmd, Compensation: cmd}
+	}
 	type steps = []saga.Step[struct{}]
 	for name, tc := range map[string]struct {
 		steps steps
