@@ -45,7 +45,7 @@ type instance struct {
 	cause sql.NullString
 	// branches is the state of each branch of the groups entered, by
 	// branch name (group.go); never mutated in place (decisions clone it).
-	branches map[string]branchState
+	branches map[string]BranchInfo
 }
 
 // attempt is the wire attempt number of the current compensation.

@@ -101,7 +101,7 @@ func (d *Definition[D]) groupAt(i int) (group, bool) {
 	return group{}, false
 }
 
-// Branch states, in instance.branches (the branches column).
+// Branch states (BranchInfo.State).
 const (
 	BranchRunning   = "running"
 	BranchSucceeded = "succeeded"
@@ -109,10 +109,13 @@ const (
 	BranchTimedOut  = "timed_out"
 )
 
-// branchState is one branch's entry in the branches column: a JSON object
-// keyed by branch name. Entries stay after the group completes, so that a
-// later step's failure compensates the branches.
-type branchState struct {
+// BranchInfo is the state of one branch of a parallel group, as stored in
+// the instance's branches column (a JSON object keyed by branch name) and
+// shown by Info.Branches. Entries stay after the group completes, so that
+// a later step's failure compensates the branches.
+type BranchInfo struct {
+	// State is BranchRunning, BranchSucceeded, BranchFailed or
+	// BranchTimedOut.
 	State string `json:"state"`
 	// Deadline of a running branch.
 	Deadline time.Time `json:"deadline,omitzero"`
@@ -122,7 +125,7 @@ type branchState struct {
 }
 
 // marshalBranches is the branches column of in (nil: NULL).
-func marshalBranches(b map[string]branchState) []byte {
+func marshalBranches(b map[string]BranchInfo) []byte {
 	if len(b) == 0 {
 		return nil
 	}
@@ -133,8 +136,8 @@ func marshalBranches(b map[string]branchState) []byte {
 // branchesOf reads the branches column. The orchestrator alone writes it
 // (marshalBranches); should it ever be unreadable it reads as no entry, and
 // a decision on the running group refuses the instance (checkBranches).
-func branchesOf(raw []byte) map[string]branchState {
-	var b map[string]branchState
+func branchesOf(raw []byte) map[string]BranchInfo {
+	var b map[string]BranchInfo
 	if len(raw) == 0 || json.Unmarshal(raw, &b) != nil {
 		return nil
 	}
@@ -186,7 +189,7 @@ func (d decider[D]) sendGroup(t *transition, g group, data D, now time.Time) err
 	var hist []histRow
 	branches := maps.Clone(t.in.branches)
 	if branches == nil {
-		branches = make(map[string]branchState, g.last-g.first+1)
+		branches = make(map[string]BranchInfo, g.last-g.first+1)
 	}
 	var deadline time.Time
 	for i := g.first; i <= g.last; i++ {
@@ -202,7 +205,7 @@ func (d decider[D]) sendGroup(t *transition, g group, data D, now time.Time) err
 		evs = append(evs, ev)
 		hist = append(hist, histRow{step: s.Name, kind: KindCommand, detail: cmd.Type, attempt: 1})
 		dl := now.Add(s.Timeout)
-		branches[s.Name] = branchState{State: BranchRunning, Deadline: dl}
+		branches[s.Name] = BranchInfo{State: BranchRunning, Deadline: dl}
 		if deadline.IsZero() || dl.Before(deadline) {
 			deadline = dl
 		}
@@ -275,12 +278,12 @@ func (d decider[D]) onBranchReply(in instance, g group, r replyInfo, h history, 
 	switch {
 	case success:
 		kind := KindReply
-		next := branchState{State: BranchSucceeded}
+		next := BranchInfo{State: BranchSucceeded}
 		if st.State == BranchTimedOut {
 			// Its effect happened after all. The group failed (it
 			// timed out) and still awaits other branches, so the
 			// compensation sent once they are done comes after it.
-			kind, next = KindLateSuccess, branchState{State: BranchTimedOut, LateSuccess: true}
+			kind, next = KindLateSuccess, BranchInfo{State: BranchTimedOut, LateSuccess: true}
 			t.note(note{what: noteLateSuccess, step: s.Name, state: in.state})
 		}
 		t.record(s.Name, kind, r.reply.Type, r.attempt, "")
@@ -292,7 +295,7 @@ func (d decider[D]) onBranchReply(in instance, g group, r replyInfo, h history, 
 		e := replyError(r.reply)
 		t.record(s.Name, KindReply, r.reply.Type, r.attempt, e)
 		d.branchFailed(t, g, fmt.Sprintf("group %q branch %q failed: %s", g.name, s.Name, e))
-		t.in.branches[s.Name] = branchState{State: BranchFailed}
+		t.in.branches[s.Name] = BranchInfo{State: BranchFailed}
 	}
 	if err := d.settleGroup(t, g, data, h, now); err != nil {
 		return nil, err
@@ -380,7 +383,7 @@ func (d decider[D]) groupDeadline(t *transition, data D, h history, now time.Tim
 		t.record(s.Name, KindTimeout, "", 1, msg)
 		t.note(note{what: noteTimeout, step: s.Name})
 		d.branchFailed(t, g, msg)
-		t.in.branches[s.Name] = branchState{State: BranchTimedOut}
+		t.in.branches[s.Name] = BranchInfo{State: BranchTimedOut}
 	}
 	return true, d.settleGroup(t, g, data, h, now)
 }

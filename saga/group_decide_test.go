@@ -79,7 +79,7 @@ func inGroup(t *testing.T, d decider[order]) *transition {
 	require.Equal(t, []string{"charge/forward/1 charge.v1", "points/forward/1 points.v1"}, commands(tr), "every branch's command in one transition")
 	require.Equal(t, StateRunning, tr.in.state)
 	require.Equal(t, t0.Add(10*time.Second), tr.in.deadline.Time, "the earliest branch deadline")
-	require.Equal(t, map[string]branchState{
+	require.Equal(t, map[string]BranchInfo{
 		"charge": {State: BranchRunning, Deadline: t0.Add(10 * time.Second)},
 		"points": {State: BranchRunning, Deadline: t0.Add(20 * time.Second)},
 	}, tr.in.branches)

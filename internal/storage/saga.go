@@ -225,10 +225,12 @@ type SagaInfoRow struct {
 	CompensationAttempts int
 	Cause, LastError     string
 	CreatedAt, UpdatedAt time.Time
+	// Branches is the branches column (nil: NULL).
+	Branches []byte
 }
 
 const sagaInfoSelect = `SELECT i.id, i.type, i.state, i.current_step, i.data::text, i.version, i.deadline_at,
-	i.awaiting_reply, i.compensation_attempts, COALESCE(i.cause, ''), COALESCE(i.last_error, ''), i.created_at, i.updated_at,
+	i.awaiting_reply, i.compensation_attempts, COALESCE(i.cause, ''), COALESCE(i.last_error, ''), i.created_at, i.updated_at, i.branches::text,
 	COALESCE((SELECT s.step FROM millwright_saga_steps s WHERE s.saga_id = i.id
 		AND s.kind IN ('command', 'compensation', 'resolved') ORDER BY s.id DESC LIMIT 1), '')
 	FROM millwright_saga_instances i`
@@ -236,7 +238,7 @@ const sagaInfoSelect = `SELECT i.id, i.type, i.state, i.current_step, i.data::te
 func scanSagaInfo(r Row) (SagaInfoRow, error) {
 	var in SagaInfoRow
 	err := r.Scan(&in.ID, &in.Type, &in.State, &in.StepIndex, &in.Data, &in.Version, &in.Deadline,
-		&in.AwaitingReply, &in.CompensationAttempts, &in.Cause, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.Step)
+		&in.AwaitingReply, &in.CompensationAttempts, &in.Cause, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.Branches, &in.Step)
 	return in, err
 }
 
