@@ -243,6 +243,9 @@ func (d *Definition[D]) Steps() []string {
 // path, where each failure or timeout leads, and the compensations in
 // reverse order.
 func (d *Definition[D]) Mermaid() string {
+	if len(d.groups) > 0 {
+		return d.mermaidWithGroups() // group.go
+	}
 	var b strings.Builder
 	id := func(s string) string { return strings.NewReplacer(".", "_", "-", "_").Replace(s) }
 	fmt.Fprintf(&b, "stateDiagram-v2\n")

@@ -387,3 +387,109 @@ func (d decider[D]) groupDeadline(t *transition, data D, h history, now time.Tim
 	}
 	return true, d.settleGroup(t, g, data, h, now)
 }
+
+// mermaidWithGroups is Mermaid for a definition with parallel groups: each
+// group is a composite state whose branches fork and join; the compensation
+// chain walks the steps and branches backwards, as the decider does.
+func (d *Definition[D]) mermaidWithGroups() string {
+	var b strings.Builder
+	id := func(s string) string { return strings.NewReplacer(".", "_", "-", "_").Replace(s) }
+	// node is the diagram state of step index i: its group's, or its own.
+	node := func(i int) string {
+		if g, ok := d.groupAt(i); ok {
+			return id(g.name)
+		}
+		return id(d.steps[i].Name)
+	}
+	compTarget := func(i int) string {
+		for j := i; j >= 0; j-- {
+			if d.steps[j].Compensation != nil {
+				return "undo_" + id(d.steps[j].Name)
+			}
+		}
+		return "Compensated"
+	}
+	fmt.Fprintf(&b, "stateDiagram-v2\n")
+	fmt.Fprintf(&b, "    %%%% saga %s\n", d.name)
+	fmt.Fprintf(&b, "    [*] --> %s\n", node(0))
+	for i := 0; i < len(d.steps); i++ {
+		g, isGroup := d.groupAt(i)
+		last := i
+		if isGroup {
+			last = g.last
+		}
+		next := "Completed"
+		if last+1 < len(d.steps) {
+			next = node(last + 1)
+		}
+		if !isGroup {
+			s := d.steps[i]
+			fmt.Fprintf(&b, "    %s --> %s: %s\n", id(s.Name), next, s.SuccessReply)
+			fmt.Fprintf(&b, "    %s --> %s: %s\n", id(s.Name), compTarget(i-1), s.FailureReply)
+			fmt.Fprintf(&b, "    %s --> %s: timeout %s\n", id(s.Name), compTarget(i), s.Timeout)
+			continue
+		}
+		gid := id(g.name)
+		fmt.Fprintf(&b, "    state %s {\n", gid)
+		fmt.Fprintf(&b, "        state %s_fork <<fork>>\n", gid)
+		fmt.Fprintf(&b, "        state %s_join <<join>>\n", gid)
+		fmt.Fprintf(&b, "        [*] --> %s_fork\n", gid)
+		for j := g.first; j <= g.last; j++ {
+			s := d.steps[j]
+			fmt.Fprintf(&b, "        %s_fork --> %s\n", gid, id(s.Name))
+			fmt.Fprintf(&b, "        %s --> %s_join: %s, %s or timeout %s\n", id(s.Name), gid, s.SuccessReply, s.FailureReply, s.Timeout)
+		}
+		fmt.Fprintf(&b, "        %s_join --> [*]\n", gid)
+		fmt.Fprintf(&b, "    }\n")
+		fmt.Fprintf(&b, "    %s --> %s: every branch succeeded\n", gid, next)
+		// Which compensation comes first depends on which branches
+		// succeeded or timed out (the failed ones are skipped).
+		for _, to := range groupCompTargets(d, g, g.last, compTarget) {
+			fmt.Fprintf(&b, "    %s --> %s: a branch failed or timed out\n", gid, to)
+		}
+		fmt.Fprintf(&b, "    note right of %s: after a failure the running branches are awaited; then the branches that succeeded or timed out are compensated, the failed ones skipped\n", gid)
+		i = g.last
+	}
+	stuck := false
+	for i := len(d.steps) - 1; i >= 0; i-- {
+		s := d.steps[i]
+		if s.Compensation == nil {
+			continue
+		}
+		stuck = true
+		u := "undo_" + id(s.Name)
+		targets := []string{compTarget(i - 1)}
+		if g, ok := d.groupAt(i); ok {
+			targets = groupCompTargets(d, g, i-1, compTarget)
+		}
+		for _, to := range targets {
+			fmt.Fprintf(&b, "    %s --> %s: %s\n", u, to, s.CompensatedReply)
+		}
+		fmt.Fprintf(&b, "    %s --> %s: %s (retry)\n", u, u, s.CompensationFailedReply)
+		fmt.Fprintf(&b, "    %s --> Stuck: retries exhausted\n", u)
+	}
+	for i := len(d.steps) - 1; i >= 0; i-- {
+		if s := d.steps[i]; s.Compensation != nil {
+			fmt.Fprintf(&b, "    Compensated --> undo_%s: %s late\n", id(s.Name), s.SuccessReply)
+		}
+	}
+	if stuck {
+		fmt.Fprintf(&b, "    note right of Stuck: millwright saga resolve ID (retry or skip)\n")
+	}
+	fmt.Fprintf(&b, "    Completed --> [*]\n")
+	fmt.Fprintf(&b, "    Compensated --> [*]\n")
+	return b.String()
+}
+
+// groupCompTargets are the compensations that may come next from branch
+// index i of group g down (i < g.first: none of the group's): any branch
+// with a Compensation at or below i, else the first one before the group.
+func groupCompTargets[D any](d *Definition[D], g group, i int, compTarget func(int) string) []string {
+	var out []string
+	for j := i; j >= g.first; j-- {
+		if d.steps[j].Compensation != nil {
+			out = append(out, compTarget(j))
+		}
+	}
+	return append(out, compTarget(g.first-1))
+}

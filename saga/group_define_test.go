@@ -49,3 +49,31 @@ func TestDefineRejectsInvalidGroups(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"first", "a", "b", "last"}, d.Steps())
 }
+
+func TestMermaidDrawsGroups(t *testing.T) {
+	t.Parallel()
+	cmd := func(struct{}) (saga.Command, error) { return saga.Command{Topic: "t"}, nil }
+	d := saga.MustDefine("x",
+		saga.Step[struct{}]{Name: "first", Command: cmd, Compensation: cmd},
+		saga.Step[struct{}]{Name: "g", Parallel: []saga.Step[struct{}]{
+			{Name: "a", Command: cmd, Compensation: cmd, Timeout: time.Second},
+			{Name: "b", Command: cmd, NoCompensation: true, Timeout: time.Second}}},
+		saga.Step[struct{}]{Name: "last", Command: cmd, NoCompensation: true})
+	m := d.Mermaid()
+	for _, want := range []string{
+		"    first --> g: first.succeeded\n",
+		"    state g {\n",
+		"        state g_fork <<fork>>\n",
+		"        g_fork --> a\n",
+		"        g_fork --> b\n",
+		"        a --> g_join: a.succeeded, a.failed or timeout 1s\n",
+		"    g --> last: every branch succeeded\n",
+		"    g --> undo_a: a branch failed or timed out\n",
+		"    g --> undo_first: a branch failed or timed out\n",
+		"    last --> undo_a: last.failed\n",
+		"    undo_a --> undo_first: a.compensated\n",
+		"    undo_first --> Compensated: first.compensated\n",
+	} {
+		require.Contains(t, m, want)
+	}
+}
