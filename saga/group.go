@@ -363,7 +363,9 @@ func (d decider[D]) settleGroup(t *transition, g group, data D, h history, now t
 
 // groupDeadline handles the passed deadline of instance in while it runs
 // a group: the branches whose own deadline passed time out. ok is false
-// when in runs no group.
+// when in runs no group. The instance's deadline (the earliest branch's)
+// passed by the database's clock, so its branch is due even if now, the
+// orchestrator's clock, is a little behind: the round makes progress.
 func (d decider[D]) groupDeadline(t *transition, data D, h history, now time.Time) (ok bool, err error) {
 	g, running := d.runningGroup(t.in)
 	if !running {
@@ -373,10 +375,14 @@ func (d decider[D]) groupDeadline(t *transition, data D, h history, now time.Tim
 		return true, err
 	}
 	t.in.branches = maps.Clone(t.in.branches)
+	due := now
+	if t.in.deadline.Valid && t.in.deadline.Time.After(due) {
+		due = t.in.deadline.Time
+	}
 	for i := g.first; i <= g.last; i++ {
 		s := d.def.steps[i]
 		st := t.in.branches[s.Name]
-		if st.State != BranchRunning || st.Deadline.After(now) {
+		if st.State != BranchRunning || st.Deadline.After(due) {
 			continue
 		}
 		msg := fmt.Sprintf("group %q branch %q timed out after %s", g.name, s.Name, s.Timeout)

@@ -150,13 +150,7 @@ func TestDecideGroupLastCompletes(t *testing.T) {
 		in = tr.in
 	}
 	require.Equal(t, StateCompleted, in.state)
-	require.Equal(t, []string{"b:reply:1", "b:completed:0"}, func() []string {
-		var out []string
-		for _, h := range tr.hist {
-			out = append(out, h.step+":"+h.kind+":"+string(rune('0'+h.attempt)))
-		}
-		return out
-	}())
+	require.Equal(t, []string{"b:reply:1", "b:completed:0"}, kinds(tr))
 }
 
 // One branch fails while the other is in flight: the other is awaited,
@@ -208,11 +202,9 @@ func TestDecideGroupBothFail(t *testing.T) {
 func TestDecideGroupBranchTimesOut(t *testing.T) {
 	d := groupDef(t)
 	tr := inGroup(t, d)
-	early := decideAt(t, d, tr.in, deadline, false, t0.Add(5*time.Second))
-	require.Empty(t, early.hist, "no branch is due yet")
-	require.Equal(t, tr.in.branches, early.in.branches)
-
-	tr = decideAt(t, d, tr.in, deadline, false, t0.Add(10*time.Second))
+	// The instance's deadline passed by the database's clock: charge is
+	// due even if the orchestrator's clock is behind; points is not.
+	tr = decideAt(t, d, tr.in, deadline, false, t0.Add(5*time.Second))
 	require.Equal(t, []string{"charge:timeout:1"}, kinds(tr))
 	require.Empty(t, tr.events)
 	require.True(t, tr.has(noteTimeout))
@@ -319,4 +311,72 @@ func TestDecideGroupWithoutBranchStateIsRefused(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnknownPosition)
 	_, err = d.decide(in, deadline, loaded, t0.Add(time.Hour))
 	require.ErrorIs(t, err, ErrUnknownPosition)
+}
+
+// Every outcome of a three-branch group (each branch succeeds, fails or
+// times out), in every order of the answers: nothing is compensated while
+// a branch runs; then exactly the branches with a Compensation that
+// succeeded or timed out are compensated, once each, last declared first,
+// then reserve; with all succeeded, ship is next.
+func TestDecideGroupEveryOutcomeAndOrder(t *testing.T) {
+	cmd := func(topic string) func(order) (Command, error) {
+		return func(order) (Command, error) { return Command{Topic: topic, Type: topic + ".v1"}, nil }
+	}
+	def, err := Define("orders",
+		Step[order]{Name: "reserve", Command: cmd("inventory"), Compensation: cmd("inventory")},
+		Step[order]{Name: "g", Parallel: []Step[order]{
+			{Name: "a", Command: cmd("a"), Compensation: cmd("a"), Timeout: 10 * time.Second},
+			{Name: "b", Command: cmd("b"), Compensation: cmd("b"), Timeout: 10 * time.Second},
+			{Name: "c", Command: cmd("c"), NoCompensation: true, Timeout: 10 * time.Second},
+		}},
+		Step[order]{Name: "ship", Command: cmd("shipping"), NoCompensation: true},
+	)
+	require.NoError(t, err)
+	cfg := Config{}
+	cfg.setDefaults(def.name)
+	d := decider[order]{def: def, cfg: cfg}
+	outcomes := []string{"succeeded", "failed", "timeout"}
+	perms := [][]string{{"a", "b", "c"}, {"a", "c", "b"}, {"b", "a", "c"}, {"b", "c", "a"}, {"c", "a", "b"}, {"c", "b", "a"}}
+	for _, oa := range outcomes {
+		for _, ob := range outcomes {
+			for _, oc := range outcomes {
+				out := map[string]string{"a": oa, "b": ob, "c": oc}
+				for _, perm := range perms {
+					name := oa + "/" + ob + "/" + oc + " answered " + perm[0] + perm[1] + perm[2]
+					// The answers of the branches that do not time out,
+					// in perm's order, then their deadline if any does.
+					var inputs []input
+					for _, b := range perm {
+						if out[b] != "timeout" {
+							inputs = append(inputs, input{reply: reply(d, b, PhaseForward, 1, b+"."+out[b], "")})
+						}
+					}
+					if len(inputs) < 3 {
+						inputs = append(inputs, deadline)
+					}
+					tr := decideAt(t, d, running(0, `{}`), input{reply: reply(d, "reserve", PhaseForward, 1, "reserve.succeeded", "")}, false, t0)
+					require.Len(t, tr.events, 3, name)
+					for j, inp := range inputs {
+						tr = decideAt(t, d, tr.in, inp, false, t0.Add(10*time.Second))
+						if j < len(inputs)-1 {
+							require.Empty(t, tr.events, "%s: sent while a branch runs", name)
+							require.Equal(t, StateRunning, tr.in.state, name)
+						}
+					}
+					if oa == "succeeded" && ob == "succeeded" && oc == "succeeded" {
+						require.Equal(t, []string{"ship/forward/1 shipping.v1"}, commands(tr), name)
+						continue
+					}
+					var want []string
+					for _, b := range []string{"b", "a"} { // c has no compensation
+						if out[b] != "failed" {
+							want = append(want, b)
+						}
+					}
+					want = append(want, "reserve")
+					require.Equal(t, want, compensateAll(t, d, tr), name)
+				}
+			}
+		}
+	}
 }
