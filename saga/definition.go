@@ -102,7 +102,8 @@ type Step[D any] struct {
 	// Name is unique within the saga. When a branch fails or times out, the
 	// branches still running are awaited (or time out), then the branches
 	// that succeeded or timed out are compensated, last declared first,
-	// then the steps before the group. See group.go.
+	// then the steps before the group. See "Parallel branches" in the
+	// package doc.
 	Parallel []Step[D]
 }
 
