@@ -43,6 +43,9 @@ type instance struct {
 	resumeStep sql.NullInt64
 	// cause is why the saga is compensating.
 	cause sql.NullString
+	// forwardRetry: the round (compAttempts, compStarted, attemptBase)
+	// counts a Retriable step's command attempts (wait.go).
+	forwardRetry bool
 }
 
 // attempt is the wire attempt number of the current compensation.
@@ -237,6 +240,9 @@ func (d decider[D]) decide(in instance, inp input, h history, now time.Time) (*t
 
 // sendCommand makes step i's command current.
 func (d decider[D]) sendCommand(t *transition, i int, data D, now time.Time) error {
+	if ok, err := d.enterStep(t, i, data, now); ok { // wait.go: waiting, timer, Retriable
+		return err
+	}
 	s := d.def.steps[i]
 	cmd, err := s.Command(data)
 	if err != nil {
@@ -329,6 +335,9 @@ func answeredKinds(r replyInfo) []string {
 
 // onReply computes what reply r does to instance in.
 func (d decider[D]) onReply(in instance, r replyInfo, h history, now time.Time) (*transition, error) {
+	if t, ok, err := d.onRetriableReply(in, r, h, now); ok { // wait.go
+		return t, err
+	}
 	if ok, _ := d.current(in, r); !ok {
 		return d.onStaleReply(in, r, h, now)
 	}
@@ -646,6 +655,8 @@ func (d decider[D]) onDeadline(in instance, h history, now time.Time) (*transiti
 		return t, nil
 	}
 	switch {
+	case in.state == StateRunning && d.waitDeadline(in): // wait.go: timer, Retriable, skipped
+		err = d.onWaitDeadline(t, data, h, now)
 	case in.state == StateRunning:
 		s := d.def.steps[in.step]
 		msg := fmt.Sprintf("step %q timed out after %s", s.Name, s.Timeout)

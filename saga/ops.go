@@ -169,10 +169,13 @@ type ResolveAction string
 
 const (
 	// ResolveRetry sends the stuck compensation again with a fresh retry
-	// budget: for a participant that was broken and is fixed.
+	// budget: for a participant that was broken and is fixed. A saga stuck
+	// on a Retriable step's command has that command sent again instead.
 	ResolveRetry ResolveAction = "retry"
 	// ResolveSkip records the stuck compensation as done by hand and goes
-	// on with the compensations of the earlier steps.
+	// on with the compensations of the earlier steps. A saga stuck on a
+	// Retriable step's command takes the step as done by hand and goes on
+	// with the next step (or completes).
 	ResolveSkip ResolveAction = "skip"
 )
 
@@ -254,6 +257,11 @@ func resolveIn(ctx context.Context, tx storage.Querier, id string, action Resolv
 	r := Resolution{Info: in, Action: action, DryRun: dryRun}
 	if in.State != StateStuck {
 		return r, fmt.Errorf("saga %q is %s, not stuck: only stuck sagas are resolved: %w", id, in.State, ErrNotStuck)
+	}
+	if fwd, err := storage.SagaForwardRetry(ctx, tx, id); err != nil {
+		return r, fmt.Errorf("saga %q: reading forward_retry%s: %w", id, storage.Hint(err), err)
+	} else if fwd { // stuck on a Retriable step's command (wait.go)
+		return resolveForward(ctx, tx, r, note)
 	}
 	next, resume := resolution(&r, resume)
 	if dryRun {
