@@ -30,7 +30,9 @@ type Info struct {
 	AwaitingReply bool
 	// CompensationAttempts counts the attempts of the current
 	// compensation round (a round starts when the compensation of a step
-	// starts, and again after a late success or an operator's retry).
+	// starts, and again after a late success or an operator's retry). At
+	// a Retriable step (running, or stuck on its command) it counts the
+	// attempts of the step's command instead.
 	CompensationAttempts int
 	// Cause is why the saga is compensating ("" if it never failed): the
 	// failure reply, timeout or command error that started the
@@ -196,7 +198,9 @@ type Resolution struct {
 // the stuck compensation is sent again with a fresh budget; with
 // ResolveSkip the compensation is taken as done by hand and the earlier
 // steps' compensations follow (for the compensation of a late success, the
-// ones it interrupted). The change is a row update (the next Run
+// ones it interrupted). A saga stuck on a Retriable step's command has
+// the command sent again in a fresh round (retry), or the step taken as
+// done by hand and the next step sent (skip). The change is a row update (the next Run
 // round of any orchestrator of the type sends the command), recorded in the
 // history; no Definition is needed, so the CLI can call it. With dryRun
 // nothing is written. The error wraps ErrNotFound or ErrNotStuck when the
