@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
+	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/outbox"
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/retry"
@@ -51,7 +52,11 @@ func (b *bundle) sendEvent(t *testing.T, o *orch, id, eventType string, payload 
 	t.Helper()
 	ev, err := o.o.SignalEvent(id, eventType, payload)
 	require.NoError(t, err)
-	require.NoError(t, postgres.From(b.schema.DB).InTx(context.Background(), func(tx postgres.Tx) error {
+	db := postgres.From(b.schema.DB)
+	if b.pgx != nil {
+		db = postgres.From(b.pgx)
+	}
+	require.NoError(t, db.InTx(context.Background(), func(tx postgres.Tx) error {
 		return outbox.Add(context.Background(), tx, ev)
 	}))
 }
@@ -60,6 +65,18 @@ func (b *bundle) sendEvent(t *testing.T, o *orch, id, eventType string, payload 
 func (b *bundle) signal(t *testing.T, o *orch, id, eventType string, payload any, commit bool) error {
 	t.Helper()
 	ctx := context.Background()
+	if b.pgx != nil {
+		tx, err := b.pgx.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := o.o.Signal(ctx, postgres.PgxTx(tx), id, eventType, payload); err != nil {
+			return err
+		}
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+		}
+		return nil
+	}
 	tx, err := b.schema.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
@@ -81,10 +98,17 @@ func (b *bundle) info(t *testing.T, id string) (saga.Info, []string) {
 
 // The event arrives before the timeout, by Signal in the caller's
 // transaction (rolled back: not applied; committed: applied) and through
-// the transport: the saga continues with the event's payload.
+// the transport: the saga continues with the event's payload. On both
+// drivers.
 func TestWaitingStepEventBeforeTimeoutContinues(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, defOpts{})
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		t.Parallel()
+		testWaitingStepEventBeforeTimeoutContinues(t, setupDriver(t, driver, defOpts{}))
+	})
+}
+
+func testWaitingStepEventBeforeTimeoutContinues(t *testing.T, b *bundle) {
 	b.def = approvalDef(t, b.tp, time.Minute)
 	o := b.startOrchestrator(t)
 	for _, id := range []string{"w-signal", "w-event"} {

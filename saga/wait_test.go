@@ -350,3 +350,21 @@ func TestDefineWaitingStepRules(t *testing.T) {
 	require.False(t, strings.Contains(m, "undo_w"), "a wait has no compensation")
 	require.Equal(t, "e", d.steps[1].SuccessReply)
 }
+
+// A saga may begin with a waiting step: Start sends nothing and records
+// the wait.
+func TestDecideStartWithAWait(t *testing.T) {
+	def := MustDefine("w", Step[waitData]{Name: "approval", WaitFor: "approved", Timeout: time.Minute})
+	d := decider[waitData]{def: def, cfg: Config{ReplyTopic: "w_replies", ReplyShards: 1}}
+	tr, err := d.decideStart("o-1", waitData{}, t0)
+	require.NoError(t, err)
+	require.Empty(t, tr.events)
+	require.Equal(t, []string{"approval:wait:1"}, kinds(tr))
+	require.Equal(t, t0.Add(time.Minute), tr.in.deadline.Time)
+	require.True(t, tr.in.awaiting)
+	r, err := d.signalReply("o-1", "approved", nil)
+	require.NoError(t, err)
+	tr.in.version = 1
+	tr = decideW(t, d, tr.in, input{reply: r}, history{})
+	require.Equal(t, []string{"approval:reply:1", "approval:completed:0"}, kinds(tr))
+}
