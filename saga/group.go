@@ -45,6 +45,7 @@ func (d *Definition[D]) addGroup(name string, pos int, s Step[D]) []error {
 		{"NoCompensation", s.NoCompensation}, {"SuccessReply", s.SuccessReply != ""}, {"FailureReply", s.FailureReply != ""},
 		{"CompensatedReply", s.CompensatedReply != ""}, {"CompensationFailedReply", s.CompensationFailedReply != ""},
 		{"Timeout", s.Timeout != 0}, {"CompensationTimeout", s.CompensationTimeout != 0},
+		{"WaitFor", s.WaitFor != ""}, {"Sleep", s.Sleep != 0}, {"Until", s.Until != nil}, {"Retriable", s.Retriable},
 	} {
 		if f.set {
 			set = append(set, f.name)
@@ -59,6 +60,13 @@ func (d *Definition[D]) addGroup(name string, pos int, s Step[D]) []error {
 		if b.Parallel != nil {
 			errs = append(errs, fmt.Errorf("%s branch %d (%q): Parallel is set: a branch cannot itself be a group; declare its branches in the outer group", where, j, b.Name))
 			continue
+		}
+		if b.WaitFor != "" || b.Sleep != 0 || b.Until != nil || b.Retriable {
+			// A branch sends a command and is compensated like an
+			// ordinary step; waits, timers and forward retries run
+			// between steps, not beside them.
+			errs = append(errs, fmt.Errorf("%s branch %d (%q): WaitFor, Sleep, Until and Retriable are not supported in a parallel group: "+
+				"put the waiting, timer or Retriable step before or after the group", where, j, b.Name))
 		}
 		if !nameRE.MatchString(b.Name) {
 			errs = append(errs, fmt.Errorf("%s branch %d: Name %q: want letters, digits, '_', '-' or '.', not empty", where, j, b.Name))

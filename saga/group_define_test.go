@@ -36,6 +36,12 @@ func TestDefineRejectsInvalidGroups(t *testing.T) {
 			want: `group "g": Name is also used by another step, branch or group`},
 		"branch without compensation": {steps: steps{{Name: "g", Parallel: steps{br("a"), {Name: "b", Command: cmd}}}},
 			want: `step "b": no Compensation`},
+		"waiting branch": {steps: steps{{Name: "g", Parallel: steps{br("a"), {Name: "b", WaitFor: "approved"}}}},
+			want: `branch 1 ("b"): WaitFor, Sleep, Until and Retriable are not supported in a parallel group`},
+		"retriable branch": {steps: steps{{Name: "g", Parallel: steps{br("a"), {Name: "b", Command: cmd, Retriable: true}}}},
+			want: `branch 1 ("b"): WaitFor, Sleep, Until and Retriable are not supported in a parallel group`},
+		"group with a timer": {steps: steps{{Name: "g", Sleep: time.Second, Parallel: steps{br("a"), br("b")}}},
+			want: `but Sleep is set`},
 		"branch without command": {steps: steps{{Name: "g", Parallel: steps{br("a"), {Name: "b", NoCompensation: true}}}},
 			want: `step "b": Command is nil`},
 	} {
