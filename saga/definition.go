@@ -107,6 +107,8 @@ type Definition[D any] struct {
 	name  string
 	steps []Step[D]
 	index map[string]int
+	// v is the version and step graph fingerprint (versions.go).
+	v defVersion
 }
 
 // Define declares a saga type named name whose steps run in the given
