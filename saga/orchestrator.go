@@ -232,8 +232,10 @@ type Orchestrator[D any] struct {
 	m    metrics
 	// guard recovers a panic of the definition's code on one instance.
 	guard *runner.Guard
-	// vs is the versions it runs, with def's (versions.go).
+	// vs is the versions it runs, with def's (versions.go); db is for
+	// its operator actions (Migrate).
 	vs versionSet
+	db postgres.DB
 
 	r *runner.Runner // Run, Close and Running
 }
@@ -261,6 +263,7 @@ func NewOrchestrator[D any](db postgres.DB, def *Definition[D], cfg Config) (*Or
 	if o.vs, err = newVersionSet(def, cfg); err != nil { // versions.go
 		return nil, err
 	}
+	o.db = db
 	if o.m, err = newMetrics(cfg.Registerer, def.name); err != nil {
 		return nil, err
 	}
