@@ -170,7 +170,7 @@ func TestVersionsOldInstancesEndByTheirOwnSteps(t *testing.T) {
 		"ship-": {"reserve_inventory/forward/1", "charge_payment/forward/1", "schedule_shipping/forward/1",
 			"charge_payment/compensation/1", "reserve_inventory/compensation/1"},
 		"comp-": {"reserve_inventory/forward/1", "charge_payment/forward/1", "reserve_inventory/compensation/1"},
-		"v2-": {"reserve_inventory/forward/1", "fraud_check/forward/1", "charge_payment/forward/1", "schedule_shipping/forward/1"},
+		"v2-":   {"reserve_inventory/forward/1", "fraud_check/forward/1", "charge_payment/forward/1", "schedule_shipping/forward/1"},
 	}
 	end := map[string]saga.State{"wait-": saga.StateCompleted, "ship-": saga.StateCompensated, "comp-": saga.StateCompensated, "v2-": saga.StateCompleted}
 	for _, id := range append(v1, "v2-1") {
