@@ -376,6 +376,9 @@ func (o *Orchestrator[D]) Start(ctx context.Context, tx postgres.Tx, id string, 
 	if id == "" {
 		return errors.New("saga: Start: empty saga id: pass a unique id, e.g. the order id or a UUID")
 	}
+	if err := o.vs.refused.get(); err != nil { // versions.go
+		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
+	}
 	t, err := o.d.decideStart(id, data, time.Now())
 	if err != nil {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)

@@ -344,11 +344,35 @@ type versionSet struct {
 	nums []int64
 	fps  []string
 	migs []Migration
+	// refused is CheckVersions' last ErrDefinitionChanged: Start refuses
+	// too, rather than start instances on a graph that was refused.
+	refused *refusal
+}
+
+// refusal holds an error across goroutines.
+type refusal struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (r *refusal) set(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.err = err
+}
+
+func (r *refusal) get() error {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
 }
 
 // newVersionSet checks cfg.Versions and cfg.Migrations against own.
 func newVersionSet(own Versioned, cfg Config) (versionSet, error) {
-	vs := versionSet{name: own.Name(), own: own.Version(), by: map[int]version{}}
+	vs := versionSet{name: own.Name(), own: own.Version(), by: map[int]version{}, refused: &refusal{}}
 	var errs []error
 	add := func(v Versioned, what string) {
 		if v == nil || isNil(v) {
@@ -487,7 +511,8 @@ func (o *Orchestrator[D]) versionFor(in instance, r replyInfo) (stepDecider, rep
 // error for each version live instances run on that the orchestrator does
 // not run (they are left as they are). Run calls it before its first
 // round (and returns its ErrDefinitionChanged); a service may call it
-// before it starts serving.
+// before it starts serving. Once it has returned ErrDefinitionChanged,
+// Start returns that error too, until a CheckVersions passes.
 func (o *Orchestrator[D]) CheckVersions(ctx context.Context) error {
 	q := o.pool
 	var errs []error
@@ -510,7 +535,9 @@ func (o *Orchestrator[D]) CheckVersions(ctx context.Context) error {
 				o.def.name, n, what, c.Count, n, ErrDefinitionChanged))
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	err := errors.Join(errs...)
+	o.vs.refused.set(err)
+	if err != nil {
 		return err
 	}
 	for _, n := range o.vs.nums {

@@ -248,6 +248,8 @@ func TestVersionsStepInsertedUnderTheSameVersionIsRefused(t *testing.T) {
 	require.ErrorContains(t, err, `saga "orders" version 1: step "fraud_check" inserted before "charge_payment" since the 2 running instance(s) started; `+
 		`give the changed definition a new version (saga.DefineVersion) and keep version 1 registered in Config.Versions`)
 	require.NoError(t, o.Close())
+	require.ErrorIs(t, o.StartOutsideTx(context.Background(), postgres.From(b.schema.DB), "new-1", Order{ID: "new-1"}), saga.ErrDefinitionChanged,
+		"no new instance on the refused graph")
 
 	// A reply reaching it anyway is not decided by the changed steps.
 	reply, err := saga.NewReply(b.parts.command("wait-1", "charge_payment", saga.PhaseForward), "charge_payment.succeeded", map[string]string{"ID": "p-1"})
