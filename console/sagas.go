@@ -17,7 +17,9 @@ type sagasData struct {
 	Type, State string
 	States      []saga.State
 	Summary     []saga.Summary
-	Sagas       []saga.Info
+	// Versions counts the instances per definition version.
+	Versions []saga.VersionInfo
+	Sagas    []saga.Info
 	Limit       int
 }
 
@@ -29,6 +31,9 @@ func (h *Handler) sagas(ctx context.Context, q *req) error {
 	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		var err error
 		if d.Summary, err = saga.Summarize(ctx, tx); err != nil {
+			return fmt.Errorf("schema %s: %w", q.schema, err)
+		}
+		if d.Versions, err = saga.Versions(ctx, tx); err != nil {
 			return fmt.Errorf("schema %s: %w", q.schema, err)
 		}
 		d.Sagas, err = saga.List(ctx, tx, saga.Filter{Type: d.Type, State: saga.State(d.State), Limit: listLimit})

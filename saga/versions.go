@@ -584,6 +584,8 @@ type VersionInfo struct {
 	// orchestrator's definition or Config.Versions). At 0 it is retired:
 	// remove it from Config.Versions.
 	Live int64
+	// Finished counts the completed and compensated instances.
+	Finished int64
 	// Fingerprints registered for the version (millwright_saga_definitions),
 	// first registered first; empty for a version whose orchestrator has
 	// not run since versions were introduced.
@@ -627,6 +629,8 @@ func Versions(ctx context.Context, db postgres.Handle) ([]VersionInfo, error) {
 		v.Counts[State(r.State)] += r.Count
 		if s := State(r.State); s != StateCompleted && s != StateCompensated {
 			v.Live += r.Count
+		} else {
+			v.Finished += r.Count
 		}
 	}
 	for _, d := range defs {
