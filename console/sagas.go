@@ -20,7 +20,7 @@ type sagasData struct {
 	// Versions counts the instances per definition version.
 	Versions []saga.VersionInfo
 	Sagas    []saga.Info
-	Limit       int
+	Limit    int
 }
 
 func (h *Handler) sagas(ctx context.Context, q *req) error {
