@@ -17,10 +17,11 @@ type sagasData struct {
 	Type, State string
 	States      []saga.State
 	Summary     []saga.Summary
+	Sagas       []saga.Info
+	Limit       int
+
 	// Versions counts the instances per definition version.
 	Versions []saga.VersionInfo
-	Sagas    []saga.Info
-	Limit    int
 }
 
 func (h *Handler) sagas(ctx context.Context, q *req) error {
