@@ -33,8 +33,7 @@ func (in instance) row() storage.SagaInstance {
 	return storage.SagaInstance{ID: in.id, Type: in.typ, State: string(in.state), Step: in.step, Data: in.data, Version: in.version,
 		Deadline: in.deadline, Awaiting: in.awaiting, CompAttempts: in.compAttempts, CompStarted: in.compStarted,
 		LastError: storableNull(in.lastError), CreatedAt: in.createdAt, AttemptBase: in.attemptBase, ResumeStep: in.resumeStep,
-		Cause:      storableNull(in.cause),
-		DefVersion: in.defVersion, DefFingerprint: in.fingerprint}
+		Cause: storableNull(in.cause), DefVersion: in.defVersion, DefFingerprint: in.fingerprint}
 }
 
 func storableNull(s sql.NullString) sql.NullString {
