@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millwright/millwright/metadata"
@@ -200,4 +201,38 @@ func TestMigrationPlanPlacesOnlyInstancesWaitingForward(t *testing.T) {
 	o = &Orchestrator[order]{def: v2r, vs: vs}
 	p = o.planOne(vs.migs[0], at(1, `{}`))
 	require.True(t, strings.Contains(p.plan.Stays, `step "reserve" ran and has a compensation, but version 2 has no step "reserve" before "charge"`), p.plan.Stays)
+}
+
+func TestVersionsReplyToAStepOnlyAnOlderVersionHasIsMatchedInThatVersion(t *testing.T) {
+	t.Parallel()
+	v1 := vdef(t, 1, vstep("reserve", true), vstep("charge", true), vstep("ship", false))
+	v2 := vdef(t, 2, vstep("reserve", true), vstep("charge", true)) // ship removed
+	cfg := Config{}
+	cfg.setDefaults("order")
+	vs, err := newVersionSet(v2, Config{Versions: []Versioned{v1}})
+	require.NoError(t, err)
+	o := &Orchestrator[order]{def: v2, d: decider[order]{def: v2, cfg: cfg}, vs: vs, cfg: cfg}
+	msg := message.NewMessage("r-1", []byte(`{}`))
+	for k, v := range map[string]string{metadata.SagaID: "o-1", metadata.SagaStep: "ship", metadata.SagaPhase: PhaseForward,
+		metadata.SagaAttempt: "1", metadata.SagaReplyType: "ship.succeeded"} {
+		msg.Metadata.Set(k, v)
+	}
+	_, err = o.d.parseReply(msg)
+	require.ErrorContains(t, err, `unknown step "ship"`, "version 2 alone does not know it")
+	r, err := o.parseReply(msg)
+	require.NoError(t, err, "version 1 does")
+
+	in := running(2, `{"id":"o-1"}`)
+	in.defVersion = 1
+	d, r, err := o.versionFor(in, r)
+	require.NoError(t, err)
+	require.Equal(t, 2, r.stepIdx)
+	tr, err := d.decide(in, input{reply: r}, history{}, t0)
+	require.NoError(t, err)
+	require.Equal(t, StateCompleted, tr.in.state, "version 1's last step succeeded")
+
+	// The same reply to an instance of version 2 is refused: not its step.
+	in.defVersion, in.step = 2, 1
+	_, _, err = o.versionFor(in, r)
+	require.ErrorContains(t, err, `reply names step "ship", which version 2 of the saga does not have (its steps: reserve, charge)`)
 }
