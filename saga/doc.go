@@ -127,7 +127,8 @@
 //
 // PlanMigration lists, per live instance of the old version, where it
 // stands, where it would land and what it does next, or why it stays.
-// Migrate applies the same plan instance by instance, each in its own
+// Migrate plans again and applies that plan; ApplyMigration applies a
+// plan the operator reviewed. Either goes instance by instance, each in its own
 // transaction: the row is locked and planned again (an instance that moved
 // on since the plan stays, and the report says so), then moved, with a
 // "migrated" history row and an audit row (audit.RecordTx, command "saga

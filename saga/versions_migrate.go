@@ -218,7 +218,8 @@ func (o *Orchestrator[D]) PlanMigration(ctx context.Context) ([]MigrationPlan, e
 	return out, nil
 }
 
-// Migrate applies Config.Migrations as PlanMigration shows them: each
+// Migrate applies Config.Migrations as PlanMigration shows them (it is
+// PlanMigration then ApplyMigration): each
 // instance the plan moves is locked in a transaction of its own,
 // planned again under the lock (an instance that moved on since the plan
 // stays, and the report says so: run the migration again), then moved,
@@ -228,15 +229,35 @@ func (o *Orchestrator[D]) PlanMigration(ctx context.Context) ([]MigrationPlan, e
 // table (audit.Migrations). A database error stops it; the instances
 // moved so far stay moved and are in the report.
 func (o *Orchestrator[D]) Migrate(ctx context.Context, operator audit.Operator) (MigrationReport, error) {
-	var rep MigrationReport
-	if err := operator.Valid(); err != nil {
-		return rep, fmt.Errorf("saga %s: Migrate: %w", o.def.name, err)
-	}
-	if err := audit.Ready(ctx, o.db); err != nil {
-		return rep, fmt.Errorf("saga %s: Migrate: %w", o.def.name, err)
+	if err := o.migrationReady(ctx, operator); err != nil {
+		return MigrationReport{}, err
 	}
 	plans, err := o.PlanMigration(ctx)
 	if err != nil {
+		return MigrationReport{}, err
+	}
+	return o.ApplyMigration(ctx, operator, plans)
+}
+
+func (o *Orchestrator[D]) migrationReady(ctx context.Context, operator audit.Operator) error {
+	if err := operator.Valid(); err != nil {
+		return fmt.Errorf("saga %s: Migrate: %w", o.def.name, err)
+	}
+	if err := audit.Ready(ctx, o.db); err != nil {
+		return fmt.Errorf("saga %s: Migrate: %w", o.def.name, err)
+	}
+	return nil
+}
+
+// ApplyMigration is Migrate applying plans, a dry run an operator
+// reviewed (PlanMigration's): exactly the instances it moves, each only
+// if planning it again under its lock gives the same entry (else it
+// stays, and its entry in the report says it moved on). An entry of a
+// version no migration of the orchestrator starts from is an error,
+// before anything is written.
+func (o *Orchestrator[D]) ApplyMigration(ctx context.Context, operator audit.Operator, plans []MigrationPlan) (MigrationReport, error) {
+	var rep MigrationReport
+	if err := o.migrationReady(ctx, operator); err != nil {
 		return rep, err
 	}
 	migs := map[int]Migration{}
@@ -244,6 +265,12 @@ func (o *Orchestrator[D]) Migrate(ctx context.Context, operator audit.Operator) 
 		migs[m.from.Version()] = m
 	}
 	for _, p := range plans {
+		if _, ok := migs[p.FromVersion]; p.Moves() && !ok {
+			return rep, fmt.Errorf("saga %s: ApplyMigration: saga %q's plan is from version %d, which no migration in Config.Migrations starts from", o.def.name, p.SagaID, p.FromVersion)
+		}
+	}
+	for _, p := range plans {
+		var err error
 		if p.Moves() {
 			if p, err = o.migrateOne(ctx, migs[p.FromVersion], p, operator); err != nil {
 				return rep, err

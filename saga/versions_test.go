@@ -324,6 +324,22 @@ func TestVersionsMigrationDoesWhatItsDryRunSays(t *testing.T) {
 	}
 	slices.Sort(audited)
 	require.Equal(t, []string{"ship-1", "wait-1", "wait-2"}, audited)
+	// The reviewed plan applied again: every instance it moves has moved
+	// on (to version 2); the re-check under the lock leaves them be.
+	again, err := o2.o.ApplyMigration(ctx, audit.Operator{User: "alice"}, plan)
+	require.NoError(t, err)
+	require.Zero(t, again.Moved)
+	for i, p := range again.Plans {
+		if plan[i].Moves() {
+			require.Contains(t, p.Stays, "it moved on since the plan (now running, version 2", p.SagaID)
+			require.Zero(t, p.ToVersion)
+		} else {
+			require.Equal(t, plan[i], p)
+		}
+	}
+	entries, err = audit.List(ctx, postgres.From(b.schema.DB), 0)
+	require.NoError(t, err)
+	require.Len(t, entries, 3, "nothing written again")
 	for _, p := range plan {
 		info, h, err := saga.Get(ctx, b.handle(), p.SagaID)
 		require.NoError(t, err)
