@@ -413,6 +413,9 @@ func newVersionSet(own Versioned, cfg Config) (versionSet, error) {
 			errs = append(errs, fmt.Errorf("saga %s: %s migrates saga %q to %q: migrations are between versions of the orchestrator's own type",
 				own.Name(), what, m.from.Name(), m.to.Name()))
 			continue
+		case m.from.Version() == m.to.Version():
+			errs = append(errs, fmt.Errorf("saga %s: %s migrates version %d to itself: a migration moves instances to another version", own.Name(), what, m.from.Version()))
+			continue
 		case from[m.from.Version()]:
 			errs = append(errs, fmt.Errorf("saga %s: %s: a migration from version %d is declared twice: keep one", own.Name(), what, m.from.Version()))
 			continue
