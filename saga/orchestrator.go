@@ -431,6 +431,12 @@ func isNil(x any) bool {
 // or data field and the fix; the history records the reply, so a
 // redelivery is a duplicate) and is acknowledged: redelivering it would
 // fail the same way forever.
+//
+// Each instance is decided by the definition version it runs on (the
+// orchestrator's own or one in Config.Versions); a reply to an instance
+// of a version it does not run, or whose steps changed under its version,
+// leaves the instance as it is and returns an error wrapping
+// ErrVersionNotRegistered or ErrDefinitionChanged (see versions.go).
 func (o *Orchestrator[D]) HandleReply(msg *message.Message) (err error) {
 	r, err := o.parseReply(msg) // with its version's steps (versions.go)
 	if err != nil {
@@ -593,7 +599,9 @@ func (o *Orchestrator[D]) Running() <-chan struct{} { return o.r.Running() }
 // (millwright_saga_instances, millwright_saga_steps) exist in the
 // search_path of its pool, and returns an error naming those missing
 // and the fix (`millwright migrate`) if they do not; while the database
-// cannot be asked, it logs and asks again after PollInterval.
+// cannot be asked, it logs and asks again after PollInterval. Then it
+// runs CheckVersions and returns its ErrDefinitionChanged: a registered
+// version whose steps changed while instances of it run.
 func (o *Orchestrator[D]) Run(ctx context.Context) error {
 	return o.r.Run(ctx, func(ctx context.Context, draining <-chan struct{}) error {
 		var wait time.Duration // the first round at once
@@ -642,7 +650,10 @@ func (o *Orchestrator[D]) checkTables(ctx context.Context) error {
 }
 
 // RunOnce fires up to BatchSize due deadlines in one transaction and
-// returns how many it fired. The transitions are written in one batch.
+// returns how many it fired. It claims only instances of the versions the
+// orchestrator runs (its definition's and Config.Versions), on their
+// registered step graphs; others are left to the orchestrators that run
+// them. The transitions are written in one batch.
 // An instance no decision can be made on (its position is not a step of
 // the definition: ErrUnknownPosition; or the definition's code panicked on
 // it, counted in MetricLoopPanics), or whose transition can never be
