@@ -19,6 +19,9 @@ type sagasData struct {
 	Summary     []saga.Summary
 	Sagas       []saga.Info
 	Limit       int
+
+	// Versions counts the instances per definition version.
+	Versions []saga.VersionInfo
 }
 
 func (h *Handler) sagas(ctx context.Context, q *req) error {
@@ -29,6 +32,9 @@ func (h *Handler) sagas(ctx context.Context, q *req) error {
 	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		var err error
 		if d.Summary, err = saga.Summarize(ctx, tx); err != nil {
+			return fmt.Errorf("schema %s: %w", q.schema, err)
+		}
+		if d.Versions, err = saga.Versions(ctx, tx); err != nil {
 			return fmt.Errorf("schema %s: %w", q.schema, err)
 		}
 		d.Sagas, err = saga.List(ctx, tx, saga.Filter{Type: d.Type, State: saga.State(d.State), Limit: listLimit})

@@ -49,6 +49,10 @@ type instance struct {
 	// forwardRetry: the round (compAttempts, compStarted, attemptBase)
 	// counts a Retriable step's command attempts (wait.go).
 	forwardRetry bool
+	// defVersion and fingerprint: the definition version the instance
+	// runs on, and its step graph's fingerprint (versions.go).
+	defVersion  int
+	fingerprint sql.NullString
 }
 
 // attempt is the wire attempt number of the current compensation.
@@ -197,6 +201,7 @@ func (d decider[D]) decideStart(id string, data D, now time.Time) (*transition, 
 		return nil, fmt.Errorf("marshalling data %T: %w", data, err)
 	}
 	t := &transition{in: instance{id: id, typ: d.def.name, state: StateRunning, data: raw, awaiting: true, createdAt: now}}
+	t.in.defVersion, t.in.fingerprint = d.def.Version(), sql.NullString{String: d.def.Fingerprint(), Valid: true}
 	if err := d.sendCommand(t, 0, data, now); err != nil {
 		return nil, err
 	}

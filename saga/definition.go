@@ -152,6 +152,8 @@ type Definition[D any] struct {
 	index map[string]int
 	// groups are the Parallel steps, whose branches are in steps.
 	groups []group
+	// v is the version and step graph fingerprint (versions.go).
+	v defVersion
 }
 
 // Define declares a saga type named name whose steps run in the given

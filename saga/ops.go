@@ -24,7 +24,14 @@ type Info struct {
 	// StepIndex is the current step's index (-1 when none is left).
 	StepIndex int
 	Data      json.RawMessage
-	Version   int64
+	// Version is the row's revision: it grows by one at each transition.
+	// (The definition version the instance runs on is
+	// DefinitionVersion.)
+	Version int64
+	// DefinitionVersion is the version of the saga's definition the
+	// instance runs on (DefineVersion; 1 for Define and for instances
+	// from before versions).
+	DefinitionVersion int
 	// Deadline is when the timeout loop acts next (zero: nothing scheduled).
 	Deadline      time.Time
 	AwaitingReply bool
@@ -71,7 +78,7 @@ func infoOf(r storage.SagaInfoRow) Info {
 	in := Info{ID: r.ID, Type: r.Type, State: State(r.State), Step: r.Step, StepIndex: r.StepIndex, Data: r.Data,
 		Version: r.Version, Deadline: r.Deadline.Time, AwaitingReply: r.AwaitingReply,
 		CompensationAttempts: r.CompensationAttempts, Cause: r.Cause, LastError: r.LastError,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Branches: branchesOf(r.Branches)}
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Branches: branchesOf(r.Branches), DefinitionVersion: r.DefVersion}
 	if in.State == StateCompleted || in.StepIndex < 0 {
 		in.Step = ""
 	}

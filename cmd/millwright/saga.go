@@ -28,7 +28,7 @@ millwright_saga_steps. These commands read them and hand stuck sagas back to
 the orchestrators. A saga type's state diagram comes from its Go definition:
 print Definition.Mermaid().`,
 	}
-	cmd.AddCommand(sagaListCmd(), sagaShowCmd(), sagaResolveCmd(), cleanCmd("saga"))
+	cmd.AddCommand(sagaListCmd(), sagaShowCmd(), sagaResolveCmd(), cleanCmd("saga"), sagaVersionsCmd())
 	return cmd
 }
 
@@ -69,9 +69,11 @@ func sagaListCmd() *cobra.Command {
 				return nil
 			}
 			w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tTYPE\tSTATE\tSTEP\tVERSION\tCREATED\tUPDATED\tLAST ERROR")
+			// DEF is the definition version the instance runs on; VERSION
+			// the row's revision.
+			fmt.Fprintln(w, "ID\tTYPE\tDEF\tSTATE\tSTEP\tVERSION\tCREATED\tUPDATED\tLAST ERROR")
 			for _, in := range rows {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", in.ID, in.Type, in.State, dash(in.Step), in.Version,
+				fmt.Fprintf(w, "%s\t%s\tv%d\t%s\t%s\t%d\t%s\t%s\t%s\n", in.ID, in.Type, in.DefinitionVersion, in.State, dash(in.Step), in.Version,
 					in.CreatedAt.UTC().Format(time.RFC3339), in.UpdatedAt.UTC().Format(time.RFC3339), dash(oneLine(in.LastError, 80)))
 			}
 			if err := w.Flush(); err != nil {
@@ -116,12 +118,13 @@ func sagaShowCmd() *cobra.Command {
 			w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 			fmt.Fprintf(w, "id:\t%s\n", in.ID)
 			fmt.Fprintf(w, "type:\t%s\n", in.Type)
+			fmt.Fprintf(w, "definition version:\t%d\n", in.DefinitionVersion)
 			fmt.Fprintf(w, "state:\t%s\n", in.State)
 			fmt.Fprintf(w, "step:\t%s\n", dash(in.Step))
 			if len(in.Branches) > 0 {
 				fmt.Fprintf(w, "branches:\t%s\n", branchesLine(in.Branches))
 			}
-			fmt.Fprintf(w, "version:\t%d\n", in.Version)
+			fmt.Fprintf(w, "version:\t%d (row revision)\n", in.Version)
 			fmt.Fprintf(w, "created:\t%s\n", in.CreatedAt.UTC().Format(time.RFC3339Nano))
 			fmt.Fprintf(w, "updated:\t%s\n", in.UpdatedAt.UTC().Format(time.RFC3339Nano))
 			if !in.Deadline.IsZero() {

@@ -37,6 +37,11 @@ type SagaInstance struct {
 	// ForwardRetry: the round columns (CompAttempts, CompStarted,
 	// AttemptBase) count a Retriable step's command attempts.
 	ForwardRetry bool
+	// DefVersion and DefFingerprint are the definition version the
+	// instance runs on and the fingerprint of its step graph
+	// (saga_versions.go). Written by InsertSaga and MigrateSaga only.
+	DefVersion     int
+	DefFingerprint sql.NullString
 }
 
 // SagaStep is one row of a saga's step history (millwright_saga_steps) as a
@@ -49,12 +54,14 @@ type SagaStep struct {
 
 const sagaInstanceColumns = `id, type, state, current_step, data::text, version, deadline_at, awaiting_reply,
 	compensation_attempts, compensation_started_at, last_error, created_at,
-	compensation_attempt_base, resume_step, cause, branches::text, forward_retry`
+	compensation_attempt_base, resume_step, cause, branches::text, forward_retry,
+	def_version, def_fingerprint`
 
 func (in *SagaInstance) dest() []any {
 	return []any{&in.ID, &in.Type, &in.State, &in.Step, &in.Data, &in.Version, &in.Deadline, &in.Awaiting,
 		&in.CompAttempts, &in.CompStarted, &in.LastError, &in.CreatedAt,
-		&in.AttemptBase, &in.ResumeStep, &in.Cause, &in.Branches, &in.ForwardRetry}
+		&in.AttemptBase, &in.ResumeStep, &in.Cause, &in.Branches, &in.ForwardRetry,
+		&in.DefVersion, &in.DefFingerprint}
 }
 
 // The history rows go as five arrays, unnested in order: one statement
@@ -72,8 +79,10 @@ func sagaStepArgs(first any, steps []SagaStep) []any {
 }
 
 const insertSagaSQL = `WITH x AS (INSERT INTO millwright_saga_instances
-	(id, type, state, current_step, data, deadline_at, awaiting_reply, created_at, updated_at, branches)
-	VALUES ($1, $7, $8, $9, $10::jsonb, $11, $12, $13, $13, $14::jsonb) ON CONFLICT (id) DO NOTHING RETURNING id)
+	(id, type, state, current_step, data, deadline_at, awaiting_reply, created_at, updated_at, branches,
+	def_version, def_fingerprint)
+	VALUES ($1, $7, $8, $9, $10::jsonb, $11, $12, $13, $13, $14::jsonb,
+	$15, $16) ON CONFLICT (id) DO NOTHING RETURNING id)
 	INSERT INTO millwright_saga_steps (saga_id, step, kind, detail, attempt, error)
 	SELECT x.id, u.s, u.k, u.d, u.a, NULLIF(u.e, '') FROM x, ` + sagaStepsFrom + ` ORDER BY u.o`
 
@@ -95,7 +104,8 @@ func InsertSaga(ctx context.Context, q Querier, in SagaInstance, steps []SagaSte
 		return false, fmt.Errorf("storage: inserting saga %q: its data: %w", in.ID, err)
 	}
 	args := append(sagaStepArgs(in.ID, steps), in.Type, in.State, in.Step, string(in.Data),
-		sagaNullTime(in.Deadline), in.Awaiting, in.CreatedAt, sagaNullJSON(in.Branches))
+		sagaNullTime(in.Deadline), in.Awaiting, in.CreatedAt, sagaNullJSON(in.Branches),
+		in.DefVersion, sagaNullString(in.DefFingerprint))
 	n, err := q.Exec(ctx, Statement{SQL: insertSagaSQL, Args: args, Expect: NoExpect, What: "inserting saga instance " + in.ID})
 	if err != nil {
 		return false, err
@@ -230,18 +240,22 @@ type SagaInfoRow struct {
 	CreatedAt, UpdatedAt time.Time
 	// Branches is the branches column (nil: NULL).
 	Branches []byte
+	// DefVersion is the definition version the instance runs on.
+	DefVersion int
 }
 
 const sagaInfoSelect = `SELECT i.id, i.type, i.state, i.current_step, i.data::text, i.version, i.deadline_at,
 	i.awaiting_reply, i.compensation_attempts, COALESCE(i.cause, ''), COALESCE(i.last_error, ''), i.created_at, i.updated_at, i.branches::text,
 	COALESCE((SELECT s.step FROM millwright_saga_steps s WHERE s.saga_id = i.id
-		AND s.kind IN ('command', 'compensation', 'resolved', 'wait', 'timer') ORDER BY s.id DESC LIMIT 1), '')
+		AND s.kind IN ('command', 'compensation', 'resolved', 'wait', 'timer') ORDER BY s.id DESC LIMIT 1), ''),
+	i.def_version
 	FROM millwright_saga_instances i`
 
 func scanSagaInfo(r Row) (SagaInfoRow, error) {
 	var in SagaInfoRow
 	err := r.Scan(&in.ID, &in.Type, &in.State, &in.StepIndex, &in.Data, &in.Version, &in.Deadline,
-		&in.AwaitingReply, &in.CompensationAttempts, &in.Cause, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.Branches, &in.Step)
+		&in.AwaitingReply, &in.CompensationAttempts, &in.Cause, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.Branches, &in.Step,
+		&in.DefVersion)
 	return in, err
 }
 
@@ -332,7 +346,8 @@ func CountSagas(ctx context.Context, q Querier, typ, state string) (int64, error
 }
 
 // SagaTables are the tables an orchestrator works on.
-var SagaTables = []string{"millwright_saga_instances", "millwright_saga_steps"}
+var SagaTables = []string{"millwright_saga_instances", "millwright_saga_steps",
+	"millwright_saga_definitions"}
 
 func sagaNullTime(t sql.NullTime) any {
 	if !t.Valid {

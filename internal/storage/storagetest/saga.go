@@ -33,6 +33,7 @@ func exerciseSaga(t *testing.T, setup func(t *testing.T) Setup) {
 		{"DataJSONBCannotHoldIsRefused", sagaDataJSONBCannotHoldIsRefused},
 		{"CheckJSONBAgreesWithTheServer", checkJSONBAgreesWithTheServer},
 		{"BranchesRoundTrip", sagaBranchesRoundTrip},
+		{"Versions", sagaVersions}, // saga_versions.go
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -297,7 +298,7 @@ func sagaCheckTables(t *testing.T, p storage.Pool) {
 	require.NoError(t, err)
 	info, err = storage.LookupTables(ctx, tx, storage.SagaTables...)
 	require.NoError(t, err)
-	require.Equal(t, []string{"millwright_saga_instances", "millwright_saga_steps"}, info.Missing)
+	require.Equal(t, storage.SagaTables, info.Missing)
 	require.Equal(t, "pg_catalog", info.Schema)
 	require.Equal(t, "pg_catalog", info.SearchPath)
 }
