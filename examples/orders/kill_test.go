@@ -242,6 +242,7 @@ func runUnderKills(t *testing.T, bin string, kind transport.Kind, keyed bool) ki
 	require.Zero(t, s.Pending, "orders lost (never settled)")
 	require.Zero(t, s.UnnotifiedEvents, "order events never notified")
 	require.Zero(t, s.DuplicateEffects, "effects applied twice")
+	require.Zero(t, s.BrokenCompensations, "settled orders whose participants contradict the outcome (an effect never undone, or undone on a completed order)")
 	require.Zero(t, s.DeadLetters, "dead letters")
 	require.Equal(t, killOrders/5, s.Compensated, "every fifth order fails payment")
 	var parked int

@@ -352,8 +352,8 @@ func demo(args []string, stdout io.Writer) error {
 		fmt.Fprintln(os.Stderr, "orders: stopping:", err)
 	}
 	switch {
-	case s.Pending != 0 || s.DuplicateEffects != 0:
-		return fmt.Errorf("lost=%d duplicate_effects=%d: want 0", s.Pending, s.DuplicateEffects)
+	case s.Pending != 0 || s.DuplicateEffects != 0 || s.BrokenCompensations != 0:
+		return fmt.Errorf("lost=%d duplicate_effects=%d broken_compensations=%d: want 0", s.Pending, s.DuplicateEffects, s.BrokenCompensations)
 	}
 	return nil
 }
