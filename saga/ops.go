@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/postgres"
 )
@@ -320,3 +321,9 @@ func resolution(r *Resolution, resume sql.NullInt64) (int, sql.NullInt64) {
 	}
 	return next, sql.NullInt64{}
 }
+
+// RedactedData is the instance's data as an operator may see it: the value
+// of every key named like a secret (a token, a password) masked, and the
+// password of every URL in a string. `millwright saga show` and the
+// console show the data this way.
+func (i Info) RedactedData() json.RawMessage { return redact.JSON(i.Data) }

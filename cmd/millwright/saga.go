@@ -138,7 +138,7 @@ func sagaShowCmd() *cobra.Command {
 				fmt.Fprintf(w, "compensation attempts:\t%d\n", in.CompensationAttempts)
 			}
 			fmt.Fprintf(w, "last error:\t%s\n", dash(in.LastError))
-			fmt.Fprintf(w, "data:\t%s\n", in.Data)
+			fmt.Fprintf(w, "data:\t%s\n", in.RedactedData())
 			if err := w.Flush(); err != nil {
 				return err
 			}
