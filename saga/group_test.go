@@ -100,3 +100,59 @@ func testGroupBranchFailsWhileTheOtherIsInFlight(t *testing.T, b *bundle) {
 		require.Equal(t, want, [2]int{applied, undone}, "%s: applied, undone", step)
 	}
 }
+
+// A branch times out while the other succeeded: both are compensated (the
+// timed-out one's effect is unknown), then the step before the group. The
+// timed-out branch's participant then comes back and applies the command
+// it held: its late success is undone by its compensation, sent again, so
+// that nothing of the saga is left in place. Counted from the
+// participants' side.
+func TestGroupLateSuccessAfterTheBranchTimedOut(t *testing.T) {
+	t.Parallel()
+	b := setupDriver(t, pgtest.DriverPgx, defOpts{})
+	ship := stepOf(b.tp, shipping)
+	ship.Timeout = 300 * time.Millisecond
+	def, err := saga.Define("orders", stepOf(b.tp, reserve),
+		saga.Step[Order]{Name: "fulfil", Parallel: []saga.Step[Order]{stepOf(b.tp, charge), ship}})
+	require.NoError(t, err)
+	b.def = def
+	o := b.startOrchestrator(t)
+	b.parts.setDecide(func(_, step, phase string, _ int) action {
+		if phase == saga.PhaseForward && step == shipping {
+			return hold
+		}
+		return succeed
+	})
+	const id = "group-late-1"
+	b.start(t, o, id)
+	info := b.waitState(t, id, saga.StateCompensated)
+	require.Equal(t, saga.BranchTimedOut, info.Branches[shipping].State)
+	require.Equal(t, saga.BranchSucceeded, info.Branches[charge].State)
+	require.Equal(t, []string{comp(shipping, 1), comp(charge, 1), comp(reserve, 1)}, b.parts.commands(id)[3:],
+		"the timed-out and the succeeded branch, last declared first, then the step before the group")
+
+	// Shipping is back: it applies the command it held, after its
+	// compensation found nothing to undo.
+	n, err := b.parts.release(id, shipping, saga.PhaseForward, succeed)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	poll.Until(t, 30*time.Second, func() bool {
+		_, applied, undone := b.parts.effect(id, shipping)
+		return applied == 1 && undone == 1
+	}, "the late shipment undone")
+	info = b.waitState(t, id, saga.StateCompensated)
+	for step, want := range map[string][2]int{reserve: {1, 1}, charge: {1, 1}, shipping: {1, 1}} {
+		inPlace, applied, undone := b.parts.effect(id, step)
+		require.False(t, inPlace, step)
+		require.Equal(t, want, [2]int{applied, undone}, "%s: applied, undone", step)
+	}
+	h, err := saga.History(context.Background(), b.handle(), id)
+	require.NoError(t, err)
+	late := 0
+	for _, e := range h {
+		if e.Kind == saga.KindLateSuccess && e.Step == shipping {
+			late++
+		}
+	}
+	require.Equal(t, 1, late, "one late success recorded for the timed-out branch")
+}
