@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/millwright/millwright/postgres"
@@ -19,6 +21,9 @@ type sagasData struct {
 	Summary     []saga.Summary
 	Sagas       []saga.Info
 	Limit       int
+
+	// Versions counts the instances per definition version.
+	Versions []saga.VersionInfo
 }
 
 func (h *Handler) sagas(ctx context.Context, q *req) error {
@@ -29,6 +34,9 @@ func (h *Handler) sagas(ctx context.Context, q *req) error {
 	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		var err error
 		if d.Summary, err = saga.Summarize(ctx, tx); err != nil {
+			return fmt.Errorf("schema %s: %w", q.schema, err)
+		}
+		if d.Versions, err = saga.Versions(ctx, tx); err != nil {
 			return fmt.Errorf("schema %s: %w", q.schema, err)
 		}
 		d.Sagas, err = saga.List(ctx, tx, saga.Filter{Type: d.Type, State: saga.State(d.State), Limit: listLimit})
@@ -54,6 +62,15 @@ func isSagaState(s string) bool {
 type timelineEntry struct {
 	saga.HistoryEntry
 	Class string
+	// Branch: the entry is of a branch of a parallel group (its commands
+	// and replies interleave with the other branches').
+	Branch bool
+}
+
+// branchRow is one branch of a parallel group the saga entered.
+type branchRow struct {
+	Name string
+	saga.BranchInfo
 }
 
 type sagaData struct {
@@ -62,6 +79,14 @@ type sagaData struct {
 	Mermaid  string
 	Stuck    bool
 	Result   string
+	// Data is the saga's data, secrets masked (saga.Info.RedactedData).
+	Data payloadView
+	// Branches are the branches of the groups entered, by name.
+	Branches []branchRow
+	// Waiting is the event a waiting step waits for ("" when the saga
+	// is not at a waiting step); Timer is set at a timer step.
+	Waiting string
+	Timer   bool
 }
 
 func timelineClass(kind string) string {
@@ -74,8 +99,10 @@ func timelineClass(kind string) string {
 		return "problem"
 	case saga.KindLateReply, saga.KindLateSuccess, saga.KindDuplicate:
 		return "late"
-	case saga.KindCompleted, saga.KindResolved:
+	case saga.KindCompleted, saga.KindResolved, saga.KindTimerFired, saga.KindMigrated:
 		return "done"
+	case saga.KindWait, saga.KindTimer:
+		return "wait"
 	}
 	return "other"
 }
@@ -89,10 +116,24 @@ func (h *Handler) loadSaga(ctx context.Context, q *req, id string) (sagaData, er
 		}
 		d.Info = in
 		for _, e := range hist {
-			d.Timeline = append(d.Timeline, timelineEntry{HistoryEntry: e, Class: timelineClass(e.Kind)})
+			_, branch := in.Branches[e.Step]
+			d.Timeline = append(d.Timeline, timelineEntry{HistoryEntry: e, Class: timelineClass(e.Kind), Branch: branch})
+		}
+		for _, name := range slices.Sorted(maps.Keys(in.Branches)) {
+			d.Branches = append(d.Branches, branchRow{Name: name, BranchInfo: in.Branches[name]})
+		}
+		// At a waiting or timer step, the last entry of that step says so.
+		if in.State == saga.StateRunning && len(hist) > 0 {
+			switch last := hist[len(hist)-1]; {
+			case last.Kind == saga.KindWait && last.Step == in.Step:
+				d.Waiting = last.Detail
+			case last.Kind == saga.KindTimer && last.Step == in.Step:
+				d.Timer = true
+			}
 		}
 		return err
 	})
+	d.Data = viewPayload(d.Info.RedactedData())
 	d.Mermaid = h.cfg.SagaDiagrams[d.Info.Type]
 	d.Stuck = d.Info.State == saga.StateStuck
 	return d, err

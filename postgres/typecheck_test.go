@@ -149,6 +149,9 @@ var anyParams = map[string]bool{
 	"saga.NewReply payload":   true,
 	"saga.Reply.Decode v":     true,
 	"saga.ReplyEvent payload": true,
+	// The event a waiting step waits for: a value to encode.
+	"saga.Orchestrator.Signal payload":      true,
+	"saga.Orchestrator.SignalEvent payload": true,
 }
 
 // TestNoPublicWriteTakesAny: no exported function or method of the

@@ -43,6 +43,16 @@ type instance struct {
 	resumeStep sql.NullInt64
 	// cause is why the saga is compensating.
 	cause sql.NullString
+	// branches is the state of each branch of the groups entered, by
+	// branch name (group.go); never mutated in place (decisions clone it).
+	branches map[string]BranchInfo
+	// forwardRetry: the round (compAttempts, compStarted, attemptBase)
+	// counts a Retriable step's command attempts (wait.go).
+	forwardRetry bool
+	// defVersion and fingerprint: the definition version the instance
+	// runs on, and its step graph's fingerprint (versions.go).
+	defVersion  int
+	fingerprint sql.NullString
 }
 
 // attempt is the wire attempt number of the current compensation.
@@ -191,6 +201,7 @@ func (d decider[D]) decideStart(id string, data D, now time.Time) (*transition, 
 		return nil, fmt.Errorf("marshalling data %T: %w", data, err)
 	}
 	t := &transition{in: instance{id: id, typ: d.def.name, state: StateRunning, data: raw, awaiting: true, createdAt: now}}
+	t.in.defVersion, t.in.fingerprint = d.def.Version(), sql.NullString{String: d.def.Fingerprint(), Valid: true}
 	if err := d.sendCommand(t, 0, data, now); err != nil {
 		return nil, err
 	}
@@ -237,6 +248,12 @@ func (d decider[D]) decide(in instance, inp input, h history, now time.Time) (*t
 
 // sendCommand makes step i's command current.
 func (d decider[D]) sendCommand(t *transition, i int, data D, now time.Time) error {
+	if g, ok := d.def.groupAt(i); ok {
+		return d.sendGroup(t, g, data, now)
+	}
+	if ok, err := d.enterStep(t, i, data, now); ok { // wait.go: waiting, timer, Retriable
+		return err
+	}
 	s := d.def.steps[i]
 	cmd, err := s.Command(data)
 	if err != nil {
@@ -329,6 +346,12 @@ func answeredKinds(r replyInfo) []string {
 
 // onReply computes what reply r does to instance in.
 func (d decider[D]) onReply(in instance, r replyInfo, h history, now time.Time) (*transition, error) {
+	if t, ok, err := d.groupReply(in, r, h, now); ok {
+		return t, err
+	}
+	if t, ok, err := d.onRetriableReply(in, r, h, now); ok { // wait.go
+		return t, err
+	}
 	if ok, _ := d.current(in, r); !ok {
 		return d.onStaleReply(in, r, h, now)
 	}
@@ -402,7 +425,8 @@ func (d decider[D]) onStaleReply(in instance, r replyInfo, h history, now time.T
 	// that is not current timed out: the saga is compensating (at this
 	// step or an earlier one), compensated, or stuck.
 	if !h.answered && r.phase == PhaseForward && r.reply.Type == s.SuccessReply && s.Compensation != nil &&
-		in.step <= r.stepIdx && (in.state == StateCompensating || in.state == StateCompensated || in.state == StateStuck) {
+		in.step <= r.stepIdx && (in.state == StateCompensating || in.state == StateCompensated || in.state == StateStuck) &&
+		d.lateSuccessPossible(in, r.stepIdx) {
 		return d.onLateSuccess(in, r, h, now)
 	}
 	kind := KindLateReply
@@ -512,7 +536,7 @@ func (d decider[D]) compensateFrom(t *transition, i int, data D, h history, now 
 	if i >= len(d.def.steps) {
 		return fmt.Errorf("saga %s %q: compensating from step index %d, but the definition has %d step(s): %w", d.def.name, t.in.id, i, len(d.def.steps), ErrUnknownPosition)
 	}
-	for ; i >= 0 && d.def.steps[i].Compensation == nil; i-- {
+	for ; i >= 0 && !d.compensable(t.in, i); i-- {
 	}
 	t.in.compAttempts, t.in.compStarted, t.in.attemptBase = 0, sql.NullTime{}, 0
 	if i < 0 {
@@ -645,7 +669,15 @@ func (d decider[D]) onDeadline(in instance, h history, now time.Time) (*transiti
 		t.note(note{what: noteStuck})
 		return t, nil
 	}
+	if ok, err := d.groupDeadline(t, data, h, now); ok {
+		if err != nil {
+			return nil, err
+		}
+		return t, nil
+	}
 	switch {
+	case in.state == StateRunning && d.waitDeadline(in): // wait.go: timer, Retriable, skipped
+		err = d.onWaitDeadline(t, data, h, now)
 	case in.state == StateRunning:
 		s := d.def.steps[in.step]
 		msg := fmt.Sprintf("step %q timed out after %s", s.Name, s.Timeout)

@@ -39,6 +39,67 @@
 // Mermaid state diagram (see its example): render it in docs or in a
 // test that keeps a checked-in diagram up to date.
 //
+// # Parallel branches
+//
+// A step whose Parallel field is set is a group: its branches, ordinary
+// steps (Command, reply types, Timeout, Compensation or NoCompensation),
+// run at once, and the group succeeds when every branch has:
+//
+//	saga.Step[Order]{Name: "fulfil", Parallel: []saga.Step[Order]{
+//		{Name: "charge_payment", Command: charge, Compensation: refund, Timeout: 30 * time.Second},
+//		{Name: "schedule_shipping", Command: ship, Compensation: cancel, Timeout: time.Minute},
+//	}},
+//
+// A group sets only Name and Parallel and has at least two branches; a
+// branch is not itself a group; names are unique across steps, branches and
+// groups (Define names the offending field). Entering the group sends every
+// branch's command in one transition; each branch has its own deadline (the
+// instance's deadline is the earliest of the running ones) and its own
+// replies. When a branch fails or times out, the branches still running
+// are awaited (or time out); once none runs, exactly the branches that
+// succeeded or timed out (effect unknown) are compensated, last declared
+// first, then the steps before the group, last first. A failed branch is
+// not compensated. A later step's failure compensates every branch of the
+// completed group. A timed-out branch's success is undone like any late
+// success: recorded as late_success and compensated with the others if the
+// group still runs, or its compensation sent again if the saga already
+// compensated it. Branch states are stored in the instance's branches
+// column (saga migration 004) and shown by Info.Branches and `millwright
+// saga show`; Definition.Mermaid draws a group as a fork and join.
+// # Waiting, timer and Retriable steps
+//
+// A step with WaitFor sends no command: it waits, up to its Timeout, for
+// an event of that type correlated to the saga (a manual approval, a
+// payment provider's webhook). Deliver it in your own transaction, which
+// also holds whatever the event changed:
+//
+//	saga.Step[Order]{Name: "approval", WaitFor: "approval.granted", Timeout: 48 * time.Hour,
+//		OnSuccess: func(o *Order, r saga.Reply) error { return r.Decode(&o.Approval) }}
+//
+//	err := o.Signal(ctx, tx, orderID, "approval.granted", body) // applied iff tx commits
+//
+// or through the transport, with the outbox event of SignalEvent on the
+// saga's reply topic (HandleReply applies it). The event is the step's
+// success; its FailureReply (default "<step>.failed") rejects the step.
+// The timeout compensates the earlier steps (a wait has nothing to undo).
+// An event that finds the saga not waiting for it (its wait timed out, it
+// came before) is recorded in the history as late_reply and ignored;
+// Signal returns ErrNotWaiting instead, saying where the saga is. A
+// timer step (Sleep: 10 * time.Minute, or Until: func(o Order) time.Time
+// {...}) goes on when its time has come. Both are the instance's
+// deadline_at, so they survive restarts; the history records them as
+// kind wait and timer (timer_fired).
+//
+// A Retriable step is retried instead of compensated: its failure reply
+// or timeout sends the command again (metadata.SagaAttempt + 1) after the
+// step's Retry backoff; once Retry is spent the saga is stuck, and
+// `millwright saga resolve ID` sends the command again with a fresh budget
+// (--action skip: the step was done by hand, the saga goes on). A success
+// of any attempt is the step's, so its participant must be idempotent. In
+// the saga literature these are the steps after the pivot: Define refuses
+// a Retriable step with a Compensation, and after the first Retriable step
+// only Retriable steps and timers, naming the step that breaks the rule.
+//
 // # Running
 //
 //	o, _ := saga.NewOrchestrator(db, orders, saga.Config{})
@@ -72,9 +133,91 @@
 // of a saga's replies go to the same one), and N replies are applied at
 // once. Kafka's partitions already do this.
 //
+// # Versions
+//
+// An instance runs on the definition version it started on, to its end.
+// Change a saga's steps (insert, remove, rename or reorder one, change a
+// reply type or a compensation) under a new version, and keep the old
+// one registered while its instances run:
+//
+//	var ordersV1 = saga.MustDefine("orders", reserve, charge, ship)   // version 1
+//	ordersV2, _ := saga.DefineVersion("orders", 2, reserve, fraudCheck, charge, ship)
+//	o, _ := saga.NewOrchestrator(db, ordersV2, saga.Config{
+//		Versions: []saga.Versioned{ordersV1}, // any data type
+//	})
+//
+// Start uses the orchestrator's own definition (ordersV2); HandleReply and
+// Run decide each instance with its own version's steps. Each instance
+// stores its version (Info.DefinitionVersion) and the fingerprint of its
+// version's step graph (Definition.Fingerprint: step order, names, reply
+// types, compensation or not; timeouts and retry policies may change
+// freely). Before its first round Run calls CheckVersions, which refuses
+// (ErrDefinitionChanged, and Start refuses too) a registered version whose
+// live instances started on another graph, naming the change:
+//
+//	saga "orders" version 1: step "fraud_check" inserted before "charge" since the 3 running
+//	instance(s) started; give the changed definition a new version (saga.DefineVersion) and
+//	keep version 1 registered in Config.Versions
+//
+// An instance of a version the orchestrator does not run is left as it
+// is, never decided by another version: Run does not claim its deadlines
+// and logs its version at start-up, HandleReply returns an error wrapping
+// ErrVersionNotRegistered (not permanent: during a rolling deploy a
+// process that runs the version takes the redelivery). Instances from
+// before versions are version 1, without a fingerprint (not checked).
+// Deploy a release with versions everywhere before registering a second
+// version: an orchestrator of an earlier release decides every instance
+// with its own definition.
+//
+// A version is retired when none of its instances is running,
+// compensating or stuck: Versions, `millwright saga versions` and the
+// console's sagas page count the instances per version; then drop it from
+// Config.Versions.
+//
+// # Migrating running instances
+//
+// Instead of waiting for old instances to end, a service may move them to
+// a newer version with a declared, typed migration:
+//
+//	mig := saga.Migrate(ordersV1, ordersV2, func(o OrderV1, at saga.Position) (Order, saga.Position, error) {
+//		return Order{ID: o.ID, Amount: o.Amount}, at, nil // or an error: it stays on version 1
+//	})
+//	o, _ := saga.NewOrchestrator(db, ordersV2, saga.Config{Versions: []saga.Versioned{ordersV1}, Migrations: []saga.Migration{mig}})
+//	plans, _ := o.PlanMigration(ctx)                          // dry run: writes nothing
+//	report, _ := o.Migrate(ctx, audit.Operator{User: "alice"}) // applies it
+//
+// PlanMigration lists, per live instance of the old version, where it
+// stands, where it would land and what it does next, or why it stays.
+// Migrate plans again and applies that plan; ApplyMigration applies a
+// plan the operator reviewed. Either goes instance by instance, each in its own
+// transaction: the row is locked and planned again (an instance that moved
+// on since the plan stays, and the report says so), then moved, with a
+// "migrated" history row and an audit row (audit.RecordTx, command "saga
+// migrate"). It needs the audit table (audit.Migrations).
+//
+// A migration places an instance running forward, waiting for its current
+// step's reply, at the step of the same name in the new version: the
+// command is in flight and its reply names the step, so nothing is sent
+// and the reply, when it comes, is decided by the new version. An instance
+// stays on its version, and is reported with the reason, when it is
+// compensating or stuck, when the function refuses it or places it at
+// another step, when that step's reply types or compensation differ, or
+// when a later failure would compensate differently (the new version has
+// a step with a compensation before it that never ran for the instance,
+// or a step that ran with a compensation is gone from before it).
+//
+// The CLI holds no definitions, so it cannot plan a migration: a service
+// exposes PlanMigration and Migrate to its operators (an admin endpoint
+// beside the console it mounts, or a subcommand of its own binary that
+// builds the same orchestrator). Migration runs as that operator action
+// only, never by itself at an instance's next transition: the dry run is
+// there to be read before anything moves.
+//
 // # Operating
 //
-// `millwright saga list --type orders --state stuck` lists instances,
+// `millwright saga list --type orders --state stuck` lists instances
+// (with their definition version), `millwright saga versions` counts them
+// per version,
 // `millwright saga show ID` prints one with its step history (times,
 // reply types, errors), and `millwright saga resolve ID [--action skip]
 // [--dry-run]` hands a stuck saga back to the orchestrators. With

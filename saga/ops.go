@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/millwright/millwright/internal/redact"
 	"github.com/millwright/millwright/internal/storage"
 	"github.com/millwright/millwright/postgres"
 )
@@ -24,13 +25,22 @@ type Info struct {
 	// StepIndex is the current step's index (-1 when none is left).
 	StepIndex int
 	Data      json.RawMessage
-	Version   int64
+	// Version is the row's revision: it grows by one at each transition.
+	// (The definition version the instance runs on is
+	// DefinitionVersion.)
+	Version int64
+	// DefinitionVersion is the version of the saga's definition the
+	// instance runs on (DefineVersion; 1 for Define and for instances
+	// from before versions).
+	DefinitionVersion int
 	// Deadline is when the timeout loop acts next (zero: nothing scheduled).
 	Deadline      time.Time
 	AwaitingReply bool
 	// CompensationAttempts counts the attempts of the current
 	// compensation round (a round starts when the compensation of a step
-	// starts, and again after a late success or an operator's retry).
+	// starts, and again after a late success or an operator's retry). At
+	// a Retriable step (running, or stuck on its command) it counts the
+	// attempts of the step's command instead.
 	CompensationAttempts int
 	// Cause is why the saga is compensating ("" if it never failed): the
 	// failure reply, timeout or command error that started the
@@ -42,6 +52,9 @@ type Info struct {
 	LastError string
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// Branches is the state of each branch of the parallel groups the
+	// saga entered, by branch name (nil: none entered).
+	Branches map[string]BranchInfo
 }
 
 // HistoryEntry is one row of a saga's step history.
@@ -66,7 +79,7 @@ func infoOf(r storage.SagaInfoRow) Info {
 	in := Info{ID: r.ID, Type: r.Type, State: State(r.State), Step: r.Step, StepIndex: r.StepIndex, Data: r.Data,
 		Version: r.Version, Deadline: r.Deadline.Time, AwaitingReply: r.AwaitingReply,
 		CompensationAttempts: r.CompensationAttempts, Cause: r.Cause, LastError: r.LastError,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Branches: branchesOf(r.Branches), DefinitionVersion: r.DefVersion}
 	if in.State == StateCompleted || in.StepIndex < 0 {
 		in.Step = ""
 	}
@@ -169,10 +182,13 @@ type ResolveAction string
 
 const (
 	// ResolveRetry sends the stuck compensation again with a fresh retry
-	// budget: for a participant that was broken and is fixed.
+	// budget: for a participant that was broken and is fixed. A saga stuck
+	// on a Retriable step's command has that command sent again instead.
 	ResolveRetry ResolveAction = "retry"
 	// ResolveSkip records the stuck compensation as done by hand and goes
-	// on with the compensations of the earlier steps.
+	// on with the compensations of the earlier steps. A saga stuck on a
+	// Retriable step's command takes the step as done by hand and goes on
+	// with the next step (or completes).
 	ResolveSkip ResolveAction = "skip"
 )
 
@@ -193,7 +209,9 @@ type Resolution struct {
 // the stuck compensation is sent again with a fresh budget; with
 // ResolveSkip the compensation is taken as done by hand and the earlier
 // steps' compensations follow (for the compensation of a late success, the
-// ones it interrupted). The change is a row update (the next Run
+// ones it interrupted). A saga stuck on a Retriable step's command has
+// the command sent again in a fresh round (retry), or the step taken as
+// done by hand and the next step sent (skip). The change is a row update (the next Run
 // round of any orchestrator of the type sends the command), recorded in the
 // history; no Definition is needed, so the CLI can call it. With dryRun
 // nothing is written. The error wraps ErrNotFound or ErrNotStuck when the
@@ -255,6 +273,11 @@ func resolveIn(ctx context.Context, tx storage.Querier, id string, action Resolv
 	if in.State != StateStuck {
 		return r, fmt.Errorf("saga %q is %s, not stuck: only stuck sagas are resolved: %w", id, in.State, ErrNotStuck)
 	}
+	if fwd, err := storage.SagaForwardRetry(ctx, tx, id); err != nil {
+		return r, fmt.Errorf("saga %q: reading forward_retry%s: %w", id, storage.Hint(err), err)
+	} else if fwd { // stuck on a Retriable step's command (wait.go)
+		return resolveForward(ctx, tx, r, note)
+	}
 	next, resume := resolution(&r, resume)
 	if dryRun {
 		return r, nil
@@ -298,3 +321,9 @@ func resolution(r *Resolution, resume sql.NullInt64) (int, sql.NullInt64) {
 	}
 	return next, sql.NullInt64{}
 }
+
+// RedactedData is the instance's data as an operator may see it: the value
+// of every key named like a secret (a token, a password) masked, and the
+// password of every URL in a string. `millwright saga show` and the
+// console show the data this way.
+func (i Info) RedactedData() json.RawMessage { return redact.JSON(i.Data) }

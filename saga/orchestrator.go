@@ -158,6 +158,17 @@ type Config struct {
 	// Logger. Default watermill.NopLogger. Stuck sagas are logged at error
 	// level, timeouts and ignored replies at info.
 	Logger watermill.LoggerAdapter
+	// Versions are other versions of the orchestrator's saga type (each a
+	// *Definition of any data type, built with DefineVersion) whose
+	// instances it keeps running, each by its own version's steps, until
+	// none is left (see Versions and `millwright saga versions`); Start
+	// uses the orchestrator's own definition. Default none. Each version
+	// once; all share ReplyTopic.
+	Versions []Versioned
+	// Migrations move live instances of one version to another (see
+	// Migrate, PlanMigration and (*Orchestrator).Migrate); both versions
+	// are the orchestrator's definition or in Versions. Default none.
+	Migrations []Migration
 }
 
 func (c *Config) setDefaults(name string) {
@@ -221,6 +232,10 @@ type Orchestrator[D any] struct {
 	m    metrics
 	// guard recovers a panic of the definition's code on one instance.
 	guard *runner.Guard
+	// vs is the versions it runs, with def's (versions.go); db is for
+	// its operator actions (Migrate).
+	vs versionSet
+	db postgres.DB
 
 	r *runner.Runner // Run, Close and Running
 }
@@ -245,6 +260,10 @@ func NewOrchestrator[D any](db postgres.DB, def *Definition[D], cfg Config) (*Or
 	}
 	o := &Orchestrator[D]{pool: pool, def: def, cfg: cfg, d: decider[D]{def: def, cfg: cfg},
 		r: runner.New("saga.Orchestrator", cfg.CloseTimeout)}
+	if o.vs, err = newVersionSet(def, cfg); err != nil { // versions.go
+		return nil, err
+	}
+	o.db = db
 	if o.m, err = newMetrics(cfg.Registerer, def.name); err != nil {
 		return nil, err
 	}
@@ -357,6 +376,9 @@ func (o *Orchestrator[D]) Start(ctx context.Context, tx postgres.Tx, id string, 
 	if id == "" {
 		return errors.New("saga: Start: empty saga id: pass a unique id, e.g. the order id or a UUID")
 	}
+	if err := o.vs.refused.get(); err != nil { // versions.go
+		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
+	}
 	t, err := o.d.decideStart(id, data, time.Now())
 	if err != nil {
 		return fmt.Errorf("saga %s: Start(%q): %w", o.def.name, id, err)
@@ -409,8 +431,14 @@ func isNil(x any) bool {
 // or data field and the fix; the history records the reply, so a
 // redelivery is a duplicate) and is acknowledged: redelivering it would
 // fail the same way forever.
+//
+// Each instance is decided by the definition version it runs on (the
+// orchestrator's own or one in Config.Versions); a reply to an instance
+// of a version it does not run, or whose steps changed under its version,
+// leaves the instance as it is and returns an error wrapping
+// ErrVersionNotRegistered or ErrDefinitionChanged (see versions.go).
 func (o *Orchestrator[D]) HandleReply(msg *message.Message) (err error) {
-	r, err := o.d.parseReply(msg)
+	r, err := o.parseReply(msg) // with its version's steps (versions.go)
 	if err != nil {
 		return failure.Permanent(err)
 	}
@@ -467,6 +495,14 @@ func (o *Orchestrator[D]) applyReply(ctx context.Context, q storage.Querier, r r
 	if in.typ != o.def.name {
 		return nil, failure.Permanent(fmt.Errorf("saga %s: reply for %q, an instance of saga type %q: give each saga type its own reply topic", o.def.name, r.sagaID, in.typ))
 	}
+	// The instance's own version decides (versions.go); a version this
+	// orchestrator does not run leaves it as it is.
+	vd, r, err := o.versionFor(in, r)
+	if errors.Is(err, ErrVersionNotRegistered) || errors.Is(err, ErrDefinitionChanged) {
+		return nil, err
+	} else if err != nil {
+		return nil, failure.Permanent(err)
+	}
 	t, err := o.decideGuarded(ctx, q, in, input{reply: r}, time.Now(), watermill.LogFields{"reply": r.reply.Type, "step": r.step})
 	var le *loadError
 	switch {
@@ -491,7 +527,7 @@ func (o *Orchestrator[D]) applyReply(ctx context.Context, q storage.Querier, r r
 		// same way. The instance is set aside, and the reply recorded
 		// and acknowledged.
 		reason := fmt.Sprintf("reply %s to step %q (attempt %d): %s", r.reply.Type, r.step, r.attempt, o.refusal(ctx, q, t, err))
-		t = o.d.setAsideRefused(in, t, reason, !errors.Is(err, storage.ErrJSONBRefuses))
+		t = vd.setAsideRefused(in, t, reason, !errors.Is(err, storage.ErrJSONBRefuses))
 		err = o.stage(ctx, queue, in.version, t)
 	}
 	if err == nil {
@@ -519,7 +555,11 @@ func (o *Orchestrator[D]) report(t *transition) {
 		case noteStuck:
 			o.m.stuck.Inc()
 			if n.step != "" {
-				o.cfg.Logger.Error("saga: stuck: compensation retries exhausted; fix the participant, then run `millwright saga resolve "+id+"`",
+				what := "compensation retries exhausted"
+				if n.phase == PhaseForward { // wait.go: a Retriable step
+					what = "retries of the Retriable step's command exhausted"
+				}
+				o.cfg.Logger.Error("saga: stuck: "+what+"; fix the participant, then run `millwright saga resolve "+id+"`",
 					errors.New(t.in.lastError.String), watermill.LogFields{"saga_type": typ, "saga_id": id, "step": n.step, "attempts": n.attempt})
 			}
 		case noteTimeout:
@@ -563,7 +603,9 @@ func (o *Orchestrator[D]) Running() <-chan struct{} { return o.r.Running() }
 // (millwright_saga_instances, millwright_saga_steps) exist in the
 // search_path of its pool, and returns an error naming those missing
 // and the fix (`millwright migrate`) if they do not; while the database
-// cannot be asked, it logs and asks again after PollInterval.
+// cannot be asked, it logs and asks again after PollInterval. Then it
+// runs CheckVersions and returns its ErrDefinitionChanged: a registered
+// version whose steps changed while instances of it run.
 func (o *Orchestrator[D]) Run(ctx context.Context) error {
 	return o.r.Run(ctx, func(ctx context.Context, draining <-chan struct{}) error {
 		var wait time.Duration // the first round at once
@@ -571,10 +613,10 @@ func (o *Orchestrator[D]) Run(ctx context.Context) error {
 		for runner.Wait(ctx, draining, wait) {
 			wait = o.cfg.PollInterval
 			if !checked {
-				err := o.checkTables(ctx)
+				err := o.startupCheck(ctx) // tables, then versions (versions.go)
 				var missing *schemacheck.MissingError
 				switch {
-				case errors.As(err, &missing):
+				case errors.As(err, &missing), errors.Is(err, ErrDefinitionChanged):
 					return err
 				case err != nil && ctx.Err() != nil:
 					return nil
@@ -612,7 +654,10 @@ func (o *Orchestrator[D]) checkTables(ctx context.Context) error {
 }
 
 // RunOnce fires up to BatchSize due deadlines in one transaction and
-// returns how many it fired. The transitions are written in one batch.
+// returns how many it fired. It claims only instances of the versions the
+// orchestrator runs (its definition's and Config.Versions), on their
+// registered step graphs; others are left to the orchestrators that run
+// them. The transitions are written in one batch.
 // An instance no decision can be made on (its position is not a step of
 // the definition: ErrUnknownPosition; or the definition's code panicked on
 // it, counted in MetricLoopPanics), or whose transition can never be
@@ -629,7 +674,7 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("saga %s: begin: %w", o.def.name, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := storage.ClaimDueSagas(ctx, tx, o.def.name, o.cfg.BatchSize)
+	rows, err := o.claimDue(ctx, tx) // of the versions it runs (versions.go)
 	if err != nil {
 		return 0, fmt.Errorf("saga %s: claiming due deadlines%s: %w", o.def.name, storage.Hint(err), err)
 	}
@@ -651,7 +696,7 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 			// not in the definition, or the definition's code panicked
 			// on it) must not hold back the others' deadlines, nor be
 			// fired again every round: it is set aside for an operator.
-			t = o.d.setAside(in, err.Error())
+			t = o.vs.of(in, o.d).setAside(in, err.Error())
 		case err != nil:
 			// Any other error of the definition's code (a Compensation
 			// builder) may pass: this instance's deadline is tried again
@@ -668,7 +713,7 @@ func (o *Orchestrator[D]) RunOnce(ctx context.Context) (int, error) {
 			// claim this instance first again every round, and no
 			// deadline of this saga type would fire again. It is set
 			// aside instead, and the others' deadlines are fired.
-			t = o.d.setAsideRefused(in, t, o.refusal(ctx, tx, t, err), !errors.Is(err, storage.ErrJSONBRefuses))
+			t = o.vs.of(in, o.d).setAsideRefused(in, t, o.refusal(ctx, tx, t, err), !errors.Is(err, storage.ErrJSONBRefuses))
 			err = o.stage(ctx, queue, in.version, t)
 		}
 		if err != nil {

@@ -21,7 +21,9 @@ import (
 func fromRow(r storage.SagaInstance) instance {
 	return instance{id: r.ID, typ: r.Type, state: State(r.State), step: r.Step, data: r.Data, version: r.Version,
 		deadline: r.Deadline, awaiting: r.Awaiting, compAttempts: r.CompAttempts, compStarted: r.CompStarted,
-		lastError: r.LastError, createdAt: r.CreatedAt, attemptBase: r.AttemptBase, resumeStep: r.ResumeStep, cause: r.Cause}
+		lastError: r.LastError, createdAt: r.CreatedAt, attemptBase: r.AttemptBase, resumeStep: r.ResumeStep, cause: r.Cause,
+		branches: branchesOf(r.Branches), forwardRetry: r.ForwardRetry,
+		defVersion: r.DefVersion, fingerprint: r.DefFingerprint}
 }
 
 // row is in as stored. Its texts (last_error, cause) are made storable:
@@ -32,7 +34,8 @@ func (in instance) row() storage.SagaInstance {
 	return storage.SagaInstance{ID: in.id, Type: in.typ, State: string(in.state), Step: in.step, Data: in.data, Version: in.version,
 		Deadline: in.deadline, Awaiting: in.awaiting, CompAttempts: in.compAttempts, CompStarted: in.compStarted,
 		LastError: storableNull(in.lastError), CreatedAt: in.createdAt, AttemptBase: in.attemptBase, ResumeStep: in.resumeStep,
-		Cause: storableNull(in.cause)}
+		Cause: storableNull(in.cause), Branches: marshalBranches(in.branches), ForwardRetry: in.forwardRetry,
+		DefVersion: in.defVersion, DefFingerprint: in.fingerprint}
 }
 
 func storableNull(s sql.NullString) sql.NullString {
@@ -56,7 +59,11 @@ func steps(h []histRow) []storage.SagaStep {
 // except after a success whose next command cannot be built: that step's
 // OnSuccess and the next Command then run twice, on the same data.
 func (o *Orchestrator[D]) decideIn(ctx context.Context, q storage.Querier, in instance, inp input, now time.Time) (*transition, error) {
-	t, err := o.d.decide(in, inp, history{}, now)
+	d, err := o.vs.decider(in) // the instance's own version (versions.go)
+	if err != nil {
+		return nil, err
+	}
+	t, err := d.decide(in, inp, history{}, now)
 	if !errors.Is(err, errNeedHistory) {
 		return t, err
 	}
@@ -64,7 +71,7 @@ func (o *Orchestrator[D]) decideIn(ctx context.Context, q storage.Querier, in in
 	if err != nil {
 		return nil, &loadError{fmt.Errorf("saga %s %q: reading history: %w", o.def.name, in.id, err)}
 	}
-	return o.d.decide(in, inp, h, now)
+	return d.decide(in, inp, h, now)
 }
 
 // loadError is a decision's failure to read the history: the round or the

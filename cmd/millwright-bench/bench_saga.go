@@ -41,7 +41,10 @@ Figures: sagas/s = sagas / (first start .. last completion); duration = start
 to completion per saga; P99/P50 their ratio. The hop table splits a step's
 time: command written -> participant (commit, relay wake-up, claim, publish,
 delivery), participant -> orchestrator (reply publish, delivery), and the
-orchestrator's transaction. The ceiling is the database's single-row commit
+orchestrator's transaction. --shapes runs the same three steps as a line, with
+reserve and charge at once (a two-branch group), and as a line with a second
+version of the saga registered beside it; VS LINEAR compares each with the
+linear run of the same kind and driver. The ceiling is the database's single-row commit
 rate with --starters writers, measured in the same run, over the
 transactions one saga costs (TX/SAGA); OF CEILING is the throughput's
 fraction of it.`,
@@ -64,6 +67,8 @@ fraction of it.`,
 	cmd.Flags().Int("relay-publish-concurrency", 0, "the relays' PublishConcurrency: concurrent Publish calls of a batch on publishers without PublishBatch (amqp, googlecloud, gochannel); 0: the relay's default")
 	cmd.Flags().Duration("ceiling", 3*time.Second, "how long the database's commit rate is measured (0 skips the ceiling)")
 	cmd.Flags().Bool("keep-schema", false, "keep each run's scratch schema (printed) for inspection")
+	cmd.Flags().StringSlice("shapes", []string{sagabench.ShapeLinear, sagabench.ShapeParallel, sagabench.ShapeVersions},
+		"saga shapes: linear (reserve, charge, ship), parallel (reserve and charge at once, then ship), versions (linear with a second version registered)")
 	return cmd
 }
 
@@ -83,6 +88,7 @@ func benchSagaConfig(cmd *cobra.Command) (sagabench.Config, error) {
 	cfg.Rounds, _ = f.GetInt("rounds")
 	cfg.RelayPublishConcurrency, _ = f.GetInt("relay-publish-concurrency")
 	cfg.CeilingFor, _ = f.GetDuration("ceiling")
+	cfg.Shapes, _ = f.GetStringSlice("shapes")
 	if cfg.Sagas < 1 || cfg.Starters < 1 || cfg.LatencySagas < 0 || cfg.LatencyRate <= 0 || cfg.Consumers < 1 || cfg.Relays < 1 || cfg.SQLReplyShards < 1 || cfg.Rounds < 1 || cfg.CeilingFor < 0 || cfg.RelayPublishConcurrency < 0 {
 		return cfg, errors.New("bench saga: --sagas, --starters, --consumers, --relays, --sql-reply-shards and --rounds must be at least 1, --latency-sagas, --ceiling and --relay-publish-concurrency at least 0, --latency-rate above 0")
 	}

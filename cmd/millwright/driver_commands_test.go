@@ -126,6 +126,7 @@ func TestOperatorCommandsOnEveryDriver(t *testing.T) {
 			{dlqCmd, []string{"show", "1"}, "original topic:"},
 			{sagaCmd, []string{"list", "--state", "compensating"}, "o-1"},
 			{sagaCmd, []string{"show", "o-1"}, "skip: refunded by hand"},
+			{sagaCmd, []string{"versions"}, "orders"},
 			{outboxCmd, []string{"status"}, "(all)"},
 			{idempotencyCmd, []string{"stats"}, "CONSUMER"},
 			{auditCmd, []string{"list"}, "saga resolve"},

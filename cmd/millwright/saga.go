@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -25,7 +28,7 @@ millwright_saga_steps. These commands read them and hand stuck sagas back to
 the orchestrators. A saga type's state diagram comes from its Go definition:
 print Definition.Mermaid().`,
 	}
-	cmd.AddCommand(sagaListCmd(), sagaShowCmd(), sagaResolveCmd(), cleanCmd("saga"))
+	cmd.AddCommand(sagaListCmd(), sagaShowCmd(), sagaResolveCmd(), cleanCmd("saga"), sagaVersionsCmd())
 	return cmd
 }
 
@@ -66,9 +69,11 @@ func sagaListCmd() *cobra.Command {
 				return nil
 			}
 			w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tTYPE\tSTATE\tSTEP\tVERSION\tCREATED\tUPDATED\tLAST ERROR")
+			// DEF is the definition version the instance runs on; VERSION
+			// the row's revision.
+			fmt.Fprintln(w, "ID\tTYPE\tDEF\tSTATE\tSTEP\tVERSION\tCREATED\tUPDATED\tLAST ERROR")
 			for _, in := range rows {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", in.ID, in.Type, in.State, dash(in.Step), in.Version,
+				fmt.Fprintf(w, "%s\t%s\tv%d\t%s\t%s\t%d\t%s\t%s\t%s\n", in.ID, in.Type, in.DefinitionVersion, in.State, dash(in.Step), in.Version,
 					in.CreatedAt.UTC().Format(time.RFC3339), in.UpdatedAt.UTC().Format(time.RFC3339), dash(oneLine(in.LastError, 80)))
 			}
 			if err := w.Flush(); err != nil {
@@ -113,9 +118,13 @@ func sagaShowCmd() *cobra.Command {
 			w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 			fmt.Fprintf(w, "id:\t%s\n", in.ID)
 			fmt.Fprintf(w, "type:\t%s\n", in.Type)
+			fmt.Fprintf(w, "definition version:\t%d\n", in.DefinitionVersion)
 			fmt.Fprintf(w, "state:\t%s\n", in.State)
 			fmt.Fprintf(w, "step:\t%s\n", dash(in.Step))
-			fmt.Fprintf(w, "version:\t%d\n", in.Version)
+			if len(in.Branches) > 0 {
+				fmt.Fprintf(w, "branches:\t%s\n", branchesLine(in.Branches))
+			}
+			fmt.Fprintf(w, "version:\t%d (row revision)\n", in.Version)
 			fmt.Fprintf(w, "created:\t%s\n", in.CreatedAt.UTC().Format(time.RFC3339Nano))
 			fmt.Fprintf(w, "updated:\t%s\n", in.UpdatedAt.UTC().Format(time.RFC3339Nano))
 			if !in.Deadline.IsZero() {
@@ -129,7 +138,7 @@ func sagaShowCmd() *cobra.Command {
 				fmt.Fprintf(w, "compensation attempts:\t%d\n", in.CompensationAttempts)
 			}
 			fmt.Fprintf(w, "last error:\t%s\n", dash(in.LastError))
-			fmt.Fprintf(w, "data:\t%s\n", in.Data)
+			fmt.Fprintf(w, "data:\t%s\n", in.RedactedData())
 			if err := w.Flush(); err != nil {
 				return err
 			}
@@ -163,6 +172,10 @@ participant is fixed:
   --action retry  sends the stuck compensation again with a fresh budget;
   --action skip   records it as done by hand and continues with the
                   compensations of the earlier steps.
+
+A saga is also stuck when a Retriable step's command spent its retry
+budget: retry then sends that command again with a fresh budget, and skip
+records the step as done by hand and goes on with the next step.
 
 The next round of any running orchestrator of the saga's type acts on it.
 --dry-run prints what would be done and writes only its audit row. On a
@@ -224,4 +237,22 @@ required. Every run past flag validation is recorded in millwright_audit.`,
 // resolveSaga is saga.Resolve on the command's pool (--driver).
 func resolveSaga(ctx context.Context, pool *cliPool, id string, action saga.ResolveAction, note string, dryRun bool) (saga.Resolution, error) {
 	return saga.Resolve(ctx, pool.handle(), id, action, note, dryRun)
+}
+
+// branchesLine is a saga's parallel branches for `saga show`, by name:
+// "charge=succeeded, ship=running (due 2026-...)".
+func branchesLine(bs map[string]saga.BranchInfo) string {
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(bs)) {
+		b := bs[name]
+		p := name + "=" + b.State
+		if b.State == saga.BranchRunning && !b.Deadline.IsZero() {
+			p += " (due " + b.Deadline.UTC().Format(time.RFC3339Nano) + ")"
+		}
+		if b.LateSuccess {
+			p += " (succeeded late)"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, ", ")
 }

@@ -52,12 +52,17 @@ func (r killRun) percentile(p float64) time.Duration {
 // processes, `orders serve relay` and `orders serve dlq inventory billing
 // shipping notify orchestrator` with park in every consumer
 // (MILLWRIGHT_ORDERS_PARK=true, app.Config.Park), and SIGKILLs the consumers' process
-// killTimes times while orders are placed, restarting it at once. It runs
+// killTimes times while orders are placed, restarting it at once, each
+// restart on the other version of the order saga (1: reserve, charge,
+// ship; 2: reserve and charge at once, then ship), so that every kill is
+// also a deploy with the other version's orders in flight. It runs
 // twice at the same time on each broker, on its own schema and topics:
 // with the key-parallel consumers (MILLWRIGHT_<KIND>_KEY_PARALLELISM=16)
 // and with the one-at-a-time ones. From the database, each run must end
 // with every order settled and notified (nothing lost), no effect applied
-// twice, no dead letter, and (key-parallel) no order's events applied out
+// twice, no order whose participants contradict its outcome (a charge or
+// reservation of a cancelled order never undone), orders on both saga
+// versions, no dead letter, and (key-parallel) no order's events applied out
 // of order: its created notification before its completed or cancelled
 // one. The order latency (created to settled) p50 and p99 of both runs and
 // their ratio are logged, not asserted: a timed bound would be a flaky test
@@ -136,7 +141,7 @@ func runUnderKills(t *testing.T, bin string, kind transport.Kind, keyed bool) ki
 	topics := app.NewTopics(prefix)
 
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		for _, k := range []string{transport.EnvAMQPKeyParallelism, transport.EnvKafkaKeyParallelism, transport.EnvNATSKeyParallelism, transport.EnvNATSAckWait, transport.EnvTransport, transport.EnvDeclareGroups, "MILLWRIGHT_ORDERS_TOPIC_PREFIX", "MILLWRIGHT_ORDERS_PARK"} {
+		for _, k := range []string{transport.EnvAMQPKeyParallelism, transport.EnvKafkaKeyParallelism, transport.EnvNATSKeyParallelism, transport.EnvNATSAckWait, transport.EnvTransport, transport.EnvDeclareGroups, "MILLWRIGHT_ORDERS_TOPIC_PREFIX", "MILLWRIGHT_ORDERS_PARK", "MILLWRIGHT_ORDERS_SAGA_VERSION"} {
 			if strings.HasPrefix(kv, k+"=") {
 				return true
 			}
@@ -185,7 +190,13 @@ func runUnderKills(t *testing.T, bin string, kind transport.Kind, keyed bool) ki
 
 	startService(t, bin, env, args, "relay")
 	names := []string{"dlq", "inventory", "billing", "shipping", "notify", "orchestrator"}
-	consumers := startService(t, bin, env, args, names...)
+	// Each restart of the consumers is also a deploy of the other version
+	// of the order saga (1: reserve, charge, ship; 2: reserve and charge at
+	// once, then ship), while orders of the version before are in flight.
+	versionEnv := func(k int) []string {
+		return append(slices.Clone(env), fmt.Sprintf("MILLWRIGHT_ORDERS_SAGA_VERSION=%d", 1+k%2))
+	}
+	consumers := startService(t, bin, versionEnv(0), args, names...)
 
 	placed := make(chan error, 1)
 	go func() {
@@ -216,7 +227,7 @@ func runUnderKills(t *testing.T, bin string, kind transport.Kind, keyed bool) ki
 		settledSome(k * killOrders / (2 * killTimes))
 		require.True(t, consumers.kill(), "the fault: the consumers' process died of SIGKILL, not before (output:\n%s)", consumers.out.String())
 		r.kills++
-		consumers = startService(t, bin, env, args, names...)
+		consumers = startService(t, bin, versionEnv(k), args, names...)
 	}
 	require.NoError(t, <-placed)
 
@@ -252,8 +263,16 @@ func runUnderKills(t *testing.T, bin string, kind transport.Kind, keyed bool) ki
 	require.Zero(t, s.Pending, "orders lost (never settled)")
 	require.Zero(t, s.UnnotifiedEvents, "order events never notified")
 	require.Zero(t, s.DuplicateEffects, "effects applied twice")
+	require.Zero(t, s.BrokenCompensations, "settled orders whose participants contradict the outcome (an effect never undone, or undone on a completed order)")
 	require.Zero(t, s.DeadLetters, "dead letters")
 	require.Equal(t, killOrders/5, s.Compensated, "every fifth order fails payment")
+	var perVersion [3]int
+	for _, v := range []int{1, 2} {
+		require.NoError(t, schema.DB.QueryRowContext(ctx, `SELECT count(*) FROM millwright_saga_instances WHERE id LIKE $1 AND def_version = $2`, pattern, v).Scan(&perVersion[v]))
+	}
+	t.Logf("%s %s: orders on saga version 1: %d, on version 2: %d", kind, mode, perVersion[1], perVersion[2])
+	require.Positive(t, perVersion[1], "no order ran on version 1: the deploys did not happen")
+	require.Positive(t, perVersion[2], "no order ran on version 2 (the parallel group): the deploys did not happen")
 	var parked int
 	require.NoError(t, schema.DB.QueryRowContext(ctx, `SELECT count(*) FROM millwright_parked_messages`).Scan(&parked))
 	require.Zero(t, parked, "messages left parked")

@@ -26,6 +26,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -93,6 +94,7 @@ type common struct {
 	databaseURL, driver, schema, transport, embedded, logLevel string
 	topicPrefix                                                string
 	park                                                       bool
+	sagaVersion                                                string
 	// onWait, if set, hears each failed attempt while transport.Open
 	// waits for the broker (transport.Config.OnWait).
 	onWait func(error)
@@ -105,6 +107,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.transport, "transport", os.Getenv(transport.EnvTransport), "transport kind or URL (env "+transport.EnvTransport+"; default: sql on the database)")
 	fs.StringVar(&c.topicPrefix, "topic-prefix", os.Getenv("MILLWRIGHT_ORDERS_TOPIC_PREFIX"), "prefix of every topic, so that several runs can share a broker (env MILLWRIGHT_ORDERS_TOPIC_PREFIX)")
 	fs.BoolVar(&c.park, "park", os.Getenv("MILLWRIGHT_ORDERS_PARK") == "true", "guard the consumers with package park instead of dlq's middleware (app.Config.Park; env MILLWRIGHT_ORDERS_PARK=true)")
+	fs.StringVar(&c.sagaVersion, "saga-version", envOr("MILLWRIGHT_ORDERS_SAGA_VERSION", "2"), "version of the order saga new orders start on: 1 (reserve, charge, ship) or 2 (reserve and charge at once, then ship); both always run (env MILLWRIGHT_ORDERS_SAGA_VERSION)")
 	fs.StringVar(&c.embedded, "embedded", "", "start an in-process broker: kafka or googlecloud (not for production)")
 	fs.StringVar(&c.logLevel, "log", "error", "log level: debug, info, warn, error")
 }
@@ -172,6 +175,10 @@ func (c *common) open(ctx context.Context, duplicate bool) (*env, func(), error)
 	closers = append(closers, func() { _ = tr.Close() })
 	pool.DatabaseURL, pool.Transport, pool.Logger, pool.Duplicate = dbURL, tr, log, duplicate
 	pool.TopicPrefix, pool.Park = c.topicPrefix, c.park
+	if pool.SagaVersion, err = strconv.Atoi(c.sagaVersion); err != nil || (pool.SagaVersion != 1 && pool.SagaVersion != 2) {
+		cleanup()
+		return nil, nil, fmt.Errorf("-saga-version %q (env MILLWRIGHT_ORDERS_SAGA_VERSION): want 1 (reserve, charge, ship) or 2 (reserve and charge at once, then ship)", c.sagaVersion)
+	}
 	a, err := app.New(pool)
 	if err != nil {
 		cleanup()
@@ -352,8 +359,8 @@ func demo(args []string, stdout io.Writer) error {
 		fmt.Fprintln(os.Stderr, "orders: stopping:", err)
 	}
 	switch {
-	case s.Pending != 0 || s.DuplicateEffects != 0:
-		return fmt.Errorf("lost=%d duplicate_effects=%d: want 0", s.Pending, s.DuplicateEffects)
+	case s.Pending != 0 || s.DuplicateEffects != 0 || s.BrokenCompensations != 0:
+		return fmt.Errorf("lost=%d duplicate_effects=%d broken_compensations=%d: want 0", s.Pending, s.DuplicateEffects, s.BrokenCompensations)
 	}
 	return nil
 }

@@ -22,7 +22,7 @@ func TestDemo(t *testing.T) {
 			"-orders", "12", "-fail-payment-every", "4", "-fail-shipping-every", "5"}, &out)
 		require.NoError(t, err)
 		// Orders 4, 8 and 12 fail payment, 5 and 10 fail shipping.
-		require.Equal(t, "orders=12 completed=7 compensated=5 dlq=1 lost=0 duplicate_effects=0\n", out.String())
+		require.Equal(t, "orders=12 completed=7 compensated=5 dlq=1 lost=0 duplicate_effects=0 broken_compensations=0\n", out.String())
 	})
 }
 
@@ -54,7 +54,7 @@ func TestDemoMixedCaseSchema(t *testing.T) {
 	err := demo([]string{"-database-url", pgtest.BaseURL(), "-schema", name, "-transport", "gochannel",
 		"-orders", "2"}, &out)
 	require.NoError(t, err)
-	require.Equal(t, "orders=2 completed=2 compensated=0 dlq=1 lost=0 duplicate_effects=0\n", out.String())
+	require.Equal(t, "orders=2 completed=2 compensated=0 dlq=1 lost=0 duplicate_effects=0 broken_compensations=0\n", out.String())
 }
 
 func TestDemoRejectsSchemaNeedingQuotes(t *testing.T) {

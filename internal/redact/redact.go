@@ -18,6 +18,8 @@
 package redact
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -243,4 +245,42 @@ func (g logger) Debug(msg string, f watermill.LogFields) { g.l.Debug(Text(msg), 
 func (g logger) Trace(msg string, f watermill.LogFields) { g.l.Trace(Text(msg), fields(f)) }
 func (g logger) With(f watermill.LogFields) watermill.LoggerAdapter {
 	return logger{g.l.With(fields(f))}
+}
+
+// JSON returns the JSON document b with its secrets masked: the value of
+// every object key named like a secret (SecretName) replaced by Mask,
+// whatever its type, and every other string through Text (URL passwords).
+// Numbers keep their text. b that is not JSON is returned through Text.
+func JSON(b []byte) []byte {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil || dec.More() {
+		return []byte(Text(string(b)))
+	}
+	out, err := json.Marshal(jsonValue(v))
+	if err != nil {
+		return []byte(Text(string(b)))
+	}
+	return out
+}
+
+func jsonValue(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			if SecretName(k) {
+				x[k] = Mask
+			} else {
+				x[k] = jsonValue(e)
+			}
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = jsonValue(e)
+		}
+	case string:
+		return Text(x)
+	}
+	return v
 }

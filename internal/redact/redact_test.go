@@ -98,3 +98,14 @@ func TestLoggerRedactsMessageErrorAndFields(t *testing.T) {
 	require.Equal(t, 4, strings.Count(out, "\n"), out)
 	require.Contains(t, out, "n=3")
 }
+
+func TestJSONMasksSecretKeysAndURLPasswords(t *testing.T) {
+	t.Parallel()
+	got := redact.JSON([]byte(`{"order_id":"o-1","amount":12.50,"card":{"api_token":"tok_123","last4":"4242"},"password":7,
+		"callbacks":["postgres://u:hunter2@db/x"],"n":12345678901234567890}`))
+	require.JSONEq(t, `{"order_id":"o-1","amount":12.50,"card":{"api_token":"xxxxx","last4":"4242"},"password":"xxxxx",
+		"callbacks":["postgres://u:xxxxx@db/x"],"n":12345678901234567890}`, string(got))
+	require.NotContains(t, string(got), "hunter2")
+	require.NotContains(t, string(got), "tok_123")
+	require.Equal(t, "not json token=xxxxx", string(redact.JSON([]byte("not json token=abc"))))
+}

@@ -87,13 +87,19 @@ func New(cfg Config) (*App, error) {
 // constructors of the other components on pool, a *pgxpool.Pool or a
 // *sql.DB: the same calls on either driver.
 func wire[P postgres.Pool](a *App, pool P) error {
-	def, err := a.definition()
+	v1, v2, err := a.definitions()
 	if err != nil {
 		return err
 	}
+	// New orders start on Config.SagaVersion; the other version stays
+	// registered, so that its running orders finish by its own steps.
+	def, other := v2, v1
+	if a.cfg.SagaVersion == 1 {
+		def, other = v1, v2
+	}
 	a.orch, err = saga.NewOrchestrator(postgres.From(pool), def, saga.Config{
 		ReplyTopic: a.topics.Replies, PollInterval: a.cfg.SagaPollInterval, Source: "examples/orders/orchestrator",
-		Registerer: a.cfg.Registerer, Logger: a.cfg.Logger,
+		Registerer: a.cfg.Registerer, Logger: a.cfg.Logger, Versions: []saga.Versioned{other},
 	})
 	if err != nil {
 		return err

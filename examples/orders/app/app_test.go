@@ -107,7 +107,7 @@ func testHTTPOrderLifecycle(t *testing.T, driver string) {
 	defer cancel()
 	s, err := a.WaitSettled(ctx, "%", 1)
 	require.NoError(t, err, "summary %s", s)
-	require.Equal(t, "orders=3 completed=1 compensated=2 dlq=1 lost=0 duplicate_effects=0", s.String())
+	require.Equal(t, "orders=3 completed=1 compensated=2 dlq=1 lost=0 duplicate_effects=0 broken_compensations=0", s.String())
 
 	get := func(id string) app.Order {
 		resp, err := http.Get(srv.URL + "/orders/" + id)

@@ -103,6 +103,13 @@ type Config struct {
 	// StepTimeout is how long the saga waits for a participant's reply
 	// before it compensates. Default 1 minute.
 	StepTimeout time.Duration
+	// SagaVersion is the version of the order saga new orders start on:
+	// 1, reserve, then charge, then ship; 2 (the default), reserve and
+	// charge at once (a parallel group), then ship. Both versions are
+	// always registered, so that an order started on one finishes by its
+	// steps whichever version the process starts new orders on: a deploy
+	// from 1 to 2 (or back) leaves no order behind.
+	SagaVersion int
 	// SagaPollInterval is how often the orchestrator looks for due
 	// timeouts. Default 1s.
 	SagaPollInterval time.Duration
@@ -142,6 +149,9 @@ func (c *Config) setDefaults() {
 	if c.SagaPollInterval == 0 {
 		c.SagaPollInterval = time.Second
 	}
+	if c.SagaVersion == 0 {
+		c.SagaVersion = 2
+	}
 	if c.PaymentLimitCents == 0 {
 		c.PaymentLimitCents = 100000
 	}
@@ -161,6 +171,9 @@ func (c Config) Validate() error {
 	}
 	if c.PaymentLimitCents < 0 {
 		errs = append(errs, fmt.Errorf("orders: Config.PaymentLimitCents %d is negative", c.PaymentLimitCents))
+	}
+	if c.SagaVersion != 1 && c.SagaVersion != 2 {
+		errs = append(errs, fmt.Errorf("orders: Config.SagaVersion %d: want 1 (reserve, charge, ship) or 2 (reserve and charge at once, then ship)", c.SagaVersion))
 	}
 	return errors.Join(errs...)
 }

@@ -27,13 +27,22 @@ func Example() {
 	// Output:
 	// stateDiagram-v2
 	//     %% saga order_fulfilment
-	//     [*] --> reserve
-	//     reserve --> charge: reserve.succeeded
-	//     reserve --> Compensated: reserve.failed
-	//     reserve --> undo_reserve: timeout 1m0s
-	//     charge --> ship: charge.succeeded
-	//     charge --> undo_reserve: charge.failed
-	//     charge --> undo_charge: timeout 1m0s
+	//     [*] --> prepare
+	//     state prepare {
+	//         state prepare_fork <<fork>>
+	//         state prepare_join <<join>>
+	//         [*] --> prepare_fork
+	//         prepare_fork --> reserve
+	//         reserve --> prepare_join: reserve.succeeded, reserve.failed or timeout 1m0s
+	//         prepare_fork --> charge
+	//         charge --> prepare_join: charge.succeeded, charge.failed or timeout 1m0s
+	//         prepare_join --> [*]
+	//     }
+	//     prepare --> ship: every branch succeeded
+	//     prepare --> undo_charge: a branch failed or timed out
+	//     prepare --> undo_reserve: a branch failed or timed out
+	//     prepare --> Compensated: a branch failed or timed out
+	//     note right of prepare: after a failure the running branches are awaited; then the branches that succeeded or timed out are compensated, the failed ones skipped
 	//     ship --> Completed: ship.succeeded
 	//     ship --> undo_charge: ship.failed
 	//     ship --> undo_ship: timeout 1m0s
@@ -41,6 +50,7 @@ func Example() {
 	//     undo_ship --> undo_ship: ship.compensation_failed (retry)
 	//     undo_ship --> Stuck: retries exhausted
 	//     undo_charge --> undo_reserve: charge.compensated
+	//     undo_charge --> Compensated: charge.compensated
 	//     undo_charge --> undo_charge: charge.compensation_failed (retry)
 	//     undo_charge --> Stuck: retries exhausted
 	//     undo_reserve --> Compensated: reserve.compensated

@@ -42,12 +42,16 @@ type Fulfilment struct {
 	FailShipping bool   `json:"fail_shipping,omitempty"`
 }
 
-// definition is the order workflow: reserve stock, charge the payment,
-// schedule the shipment; a failure undoes the earlier steps in reverse
-// (refund, then release), a timeout the timed-out step too (cancel,
-// refund, release), and a step's success after its timeout is undone by
-// its compensation.
-func (a *App) definition() (*saga.Definition[Fulfilment], error) {
+// definitions are the two versions of the order workflow. Version 1:
+// reserve stock, charge the payment, schedule the shipment, one after the
+// other. Version 2: reserve and charge at once (neither needs the other),
+// then schedule the shipment. In both a failure undoes the steps that took
+// effect, last first (in version 2, whichever of reserve and charge
+// succeeded, once the other has answered or timed out), a timeout the
+// timed-out step too, and a step's success after its timeout is undone by
+// its compensation. The versions keep their step names: replies and the
+// participants are the same.
+func (a *App) definitions() (v1, v2 *saga.Definition[Fulfilment], err error) {
 	t := a.topics
 	stock := func(typ string) func(Fulfilment) (saga.Command, error) {
 		return func(d Fulfilment) (saga.Command, error) {
@@ -64,11 +68,14 @@ func (a *App) definition() (*saga.Definition[Fulfilment], error) {
 			return saga.Command{Topic: t.ShippingCommands, Type: typ, Payload: ShipmentCommand{OrderID: d.OrderID, Refuse: d.FailShipping}}, nil
 		}
 	}
-	return saga.Define(SagaName,
-		saga.Step[Fulfilment]{Name: "reserve", Command: stock(CommandReserve), Compensation: stock(CommandRelease), Timeout: a.cfg.StepTimeout},
-		saga.Step[Fulfilment]{Name: "charge", Command: payment(CommandCharge), Compensation: payment(CommandRefund), Timeout: a.cfg.StepTimeout},
-		saga.Step[Fulfilment]{Name: "ship", Command: shipment(CommandSchedule), Compensation: shipment(CommandCancel), Timeout: a.cfg.StepTimeout},
-	)
+	reserve := saga.Step[Fulfilment]{Name: "reserve", Command: stock(CommandReserve), Compensation: stock(CommandRelease), Timeout: a.cfg.StepTimeout}
+	charge := saga.Step[Fulfilment]{Name: "charge", Command: payment(CommandCharge), Compensation: payment(CommandRefund), Timeout: a.cfg.StepTimeout}
+	ship := saga.Step[Fulfilment]{Name: "ship", Command: shipment(CommandSchedule), Compensation: shipment(CommandCancel), Timeout: a.cfg.StepTimeout}
+	if v1, err = saga.DefineVersion(SagaName, 1, reserve, charge, ship); err != nil {
+		return nil, nil, err
+	}
+	v2, err = saga.DefineVersion(SagaName, 2, saga.Step[Fulfilment]{Name: "prepare", Parallel: []saga.Step[Fulfilment]{reserve, charge}}, ship)
+	return v1, v2, err
 }
 
 // Mermaid returns the order workflow as a Mermaid state diagram.

@@ -317,6 +317,7 @@ func runReliability(t *testing.T, kind transport.Kind, fake bool, driver string,
 	require.Equal(t, want.completed, s.Completed, "completed orders")
 	require.Equal(t, n-want.completed, s.Compensated, "compensated orders")
 	require.Zero(t, s.DuplicateEffects, "effects applied twice: %v", duplicateEffects(t, db))
+	require.Zero(t, s.BrokenCompensations, "settled orders whose participants contradict the outcome")
 	require.Zero(t, s.UnnotifiedEvents)
 	require.Equal(t, 2*n, s.Notifications, "one notification per order event")
 

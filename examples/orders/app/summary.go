@@ -24,6 +24,12 @@ type Summary struct {
 	// DuplicateEffects counts effects applied more than once (rows of
 	// orders_effects beyond the first per service, order and action).
 	DuplicateEffects int
+	// BrokenCompensations counts settled orders whose participants'
+	// state contradicts the outcome: a completed order without its
+	// reservation, charge and scheduled shipment, or a cancelled one that
+	// still holds any of them (an effect the saga never undid, or undid
+	// on an order it completed).
+	BrokenCompensations int
 	// Notifications counts notifications sent; UnnotifiedEvents counts
 	// order events (created, plus the settlement of settled orders) that
 	// got none.
@@ -33,8 +39,8 @@ type Summary struct {
 
 // String is the demo's one summary line.
 func (s Summary) String() string {
-	return fmt.Sprintf("orders=%d completed=%d compensated=%d dlq=%d lost=%d duplicate_effects=%d",
-		s.Orders, s.Completed, s.Compensated, s.DeadLetters, s.Pending, s.DuplicateEffects)
+	return fmt.Sprintf("orders=%d completed=%d compensated=%d dlq=%d lost=%d duplicate_effects=%d broken_compensations=%d",
+		s.Orders, s.Completed, s.Compensated, s.DeadLetters, s.Pending, s.DuplicateEffects, s.BrokenCompensations)
 }
 
 // Settled reports whether every order has settled and been notified.
@@ -57,6 +63,18 @@ func (a *App) Count(ctx context.Context, pattern string) (Summary, error) {
 		pattern).Scan(&s.DuplicateEffects)
 	if err != nil {
 		return s, fmt.Errorf("counting effects: %w", err)
+	}
+	// What each participant holds of a settled order, against its outcome.
+	err = a.db.queryRow(ctx, `SELECT count(*) FROM orders_orders o
+		LEFT JOIN orders_reservations r ON r.order_id = o.id
+		LEFT JOIN orders_payments p ON p.order_id = o.id
+		LEFT JOIN orders_shipments s ON s.order_id = o.id
+		WHERE o.id LIKE $1 AND (
+			(o.status = 'completed' AND (r.status IS DISTINCT FROM 'reserved' OR p.status IS DISTINCT FROM 'charged' OR s.status IS DISTINCT FROM 'scheduled'))
+			OR (o.status = 'cancelled' AND (r.status = 'reserved' OR p.status = 'charged' OR s.status = 'scheduled')))`,
+		pattern).Scan(&s.BrokenCompensations)
+	if err != nil {
+		return s, fmt.Errorf("checking compensations: %w", err)
 	}
 	err = a.db.queryRow(ctx, `SELECT count(DISTINCT message_uuid) FROM millwright_dead_letters WHERE message_uuid LIKE $1`,
 		pattern).Scan(&s.DeadLetters)

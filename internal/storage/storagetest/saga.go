@@ -28,9 +28,12 @@ func exerciseSaga(t *testing.T, setup func(t *testing.T) Setup) {
 		{"ClaimDueSkipsLockedAndOtherTypes", sagaClaimDueSkipsLockedAndOtherTypes},
 		{"InfoListAndCount", sagaInfoListAndCount},
 		{"Resolve", sagaResolve},
+		{"ResolveForward", sagaResolveForward},
 		{"CheckTables", sagaCheckTables},
 		{"DataJSONBCannotHoldIsRefused", sagaDataJSONBCannotHoldIsRefused},
 		{"CheckJSONBAgreesWithTheServer", checkJSONBAgreesWithTheServer},
+		{"BranchesRoundTrip", sagaBranchesRoundTrip},
+		{"Versions", sagaVersions}, // saga_versions.go
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -100,6 +103,7 @@ func sagaLockAndTransition(t *testing.T, p storage.Pool) {
 	next.LastError = sql.NullString{String: "it's broken", Valid: true}
 	next.AttemptBase, next.ResumeStep = 3, sql.NullInt64{Int64: -1, Valid: true}
 	next.Cause = sql.NullString{String: "cause", Valid: true}
+	next.ForwardRetry = true
 	history := []storage.SagaStep{{Step: "reserve", Kind: "reply", Attempt: 1}, {Step: "reserve", Kind: "compensation", Attempt: 4}}
 	ss, err := storage.SagaTransition(next, 1, history)
 	require.NoError(t, err)
@@ -294,7 +298,7 @@ func sagaCheckTables(t *testing.T, p storage.Pool) {
 	require.NoError(t, err)
 	info, err = storage.LookupTables(ctx, tx, storage.SagaTables...)
 	require.NoError(t, err)
-	require.Equal(t, []string{"millwright_saga_instances", "millwright_saga_steps"}, info.Missing)
+	require.Equal(t, storage.SagaTables, info.Missing)
 	require.Equal(t, "pg_catalog", info.Schema)
 	require.Equal(t, "pg_catalog", info.SearchPath)
 }
@@ -438,4 +442,83 @@ func checkJSONBAgreesWithTheServer(t *testing.T, p storage.Pool) {
 	}
 	require.Positive(t, accepted)
 	require.Positive(t, refused)
+}
+
+// sagaBranchesRoundTrip: the branches column (parallel branches' states)
+// is written by InsertSaga and SagaTransition and read by LockSaga,
+// ClaimDueSagas and GetSaga; nil is NULL.
+func sagaBranchesRoundTrip(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	in := newSaga("s-1", "orders")
+	in.Branches = []byte(`{"a":{"state":"running","deadline":"2026-12-06T10:00:00Z"},"b":{"state":"running"}}`)
+	_, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "a", Kind: "command", Attempt: 1}, {Step: "b", Kind: "command", Attempt: 1}})
+	require.NoError(t, err)
+	got, err := storage.LockSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.JSONEq(t, string(in.Branches), string(got.Branches))
+
+	next := got
+	next.Branches = []byte(`{"a":{"state":"succeeded"},"b":{"state":"timed_out","late_success":true}}`)
+	ss, err := storage.SagaTransition(next, got.Version, nil)
+	require.NoError(t, err)
+	require.NoError(t, p.Batch(ctx, ss...))
+	info, err := storage.GetSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.JSONEq(t, string(next.Branches), string(info.Branches))
+
+	got, err = storage.LockSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	got.Branches = nil
+	ss, err = storage.SagaTransition(got, got.Version, nil)
+	require.NoError(t, err)
+	require.NoError(t, p.Batch(ctx, ss...))
+	got, err = storage.LockSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.Nil(t, got.Branches, "nil is NULL")
+	info, err = storage.GetSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.Nil(t, info.Branches)
+}
+
+// sagaResolveForward: a saga stuck on a Retriable step's command
+// (forward_retry) is handed back running, due now: retry keeps
+// forward_retry and starts a round numbered after the earlier attempts;
+// skip clears it.
+func sagaResolveForward(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	for _, retry := range []bool{true, false} {
+		id := fmt.Sprintf("f-%v", retry)
+		in := newSaga(id, "orders")
+		in.State, in.Step, in.Deadline = "stuck", 2, sql.NullTime{}
+		_, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "charge", Kind: "stuck", Attempt: 3}})
+		require.NoError(t, err)
+		fwd, err := storage.SagaForwardRetry(ctx, p, id)
+		require.NoError(t, err)
+		require.False(t, fwd, "false by default")
+		_, err = p.Exec(ctx, storage.S(`UPDATE millwright_saga_instances SET forward_retry = true, compensation_attempts = 3,
+			compensation_attempt_base = 1, compensation_started_at = now() WHERE id = $1`, id))
+		require.NoError(t, err)
+		fwd, err = storage.SagaForwardRetry(ctx, p, id)
+		require.NoError(t, err)
+		require.True(t, fwd)
+
+		require.NoError(t, storage.ResolveSagaForward(ctx, p, id, retry, storage.SagaStep{Step: "charge", Kind: "resolved", Detail: "by hand", Attempt: 3}))
+		got, err := storage.LockSaga(ctx, p, id)
+		require.NoError(t, err)
+		require.Equal(t, "running", got.State)
+		require.Equal(t, 2, got.Step)
+		require.False(t, got.Awaiting)
+		require.True(t, got.Deadline.Valid, "due now")
+		require.Equal(t, retry, got.ForwardRetry)
+		require.Zero(t, got.CompAttempts)
+		require.False(t, got.CompStarted.Valid)
+		require.Equal(t, 4, got.AttemptBase, "after the 3 attempts of the round")
+		h, err := storage.SagaHistory(ctx, p, id)
+		require.NoError(t, err)
+		require.Equal(t, "resolved", h[1].Kind)
+	}
+	_, err := storage.SagaForwardRetry(ctx, p, "missing")
+	require.True(t, storage.IsNoRows(err), "err: %v", err)
+	err = storage.ResolveSagaForward(ctx, p, "missing", true, storage.SagaStep{Kind: "resolved"})
+	require.ErrorIs(t, err, storage.ErrConflict)
 }

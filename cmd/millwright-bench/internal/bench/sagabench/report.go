@@ -97,7 +97,7 @@ func (r Report) WriteJSON(w io.Writer) error { return stats.WriteJSON(w, r.Rows)
 // the footer that says what the figures count.
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TRANSPORT\tDRIVER\tBROKER\tRUN\tSAGAS\tSAGAS/S\tP50 MS\tP99 MS\tP99/P50\tMAX MS\tVS GOCHANNEL\tVS PQ\tTX/SAGA\tRT/SAGA\tOF CEILING")
+	fmt.Fprintln(tw, "TRANSPORT\tDRIVER\tSHAPE\tBROKER\tRUN\tSAGAS\tSAGAS/S\tP50 MS\tP99 MS\tP99/P50\tMAX MS\tVS GOCHANNEL\tVS PQ\tVS LINEAR\tTX/SAGA\tRT/SAGA\tOF CEILING")
 	var hops []Row
 	var ceiling *Row
 	for _, row := range r.Rows {
@@ -125,8 +125,15 @@ func (r Report) WriteTable(w io.Writer) error {
 		if row.VsPQ > 0 {
 			vsPQ = fmt.Sprintf("%.2fx", row.VsPQ)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%s\t%.2f\t%.1f\t%s\n", row.Kind, row.Driver, row.Broker, row.Run, row.Sagas, row.Rate,
-			row.P50, row.P99, row.P99OverP50, row.Max, ratio, vsPQ, row.TxPerSaga, row.RoundTrips, of)
+		vsLinear := "-"
+		switch {
+		case row.VsLinear > 0 && row.Run == "throughput":
+			vsLinear = fmt.Sprintf("%.2fx rate", row.VsLinear)
+		case row.VsLinear > 0:
+			vsLinear = fmt.Sprintf("%.2fx p50", row.VsLinear)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%s\t%s\t%.2f\t%.1f\t%s\n", row.Kind, row.Driver, row.Shape, row.Broker, row.Run, row.Sagas, row.Rate,
+			row.P50, row.P99, row.P99OverP50, row.Max, ratio, vsPQ, vsLinear, row.TxPerSaga, row.RoundTrips, of)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -135,13 +142,13 @@ func (r Report) WriteTable(w io.Writer) error {
 		fmt.Fprintln(w, "\nwhere a step's time goes (per step, every step of every measured saga; the relay's rows time its statements")
 		fmt.Fprintln(w, "and publishes within the first hop, per call):")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "TRANSPORT\tDRIVER\tRUN\tHOP\tCALLS\tP50 MS\tP99 MS\tMAX MS")
+		fmt.Fprintln(tw, "TRANSPORT\tDRIVER\tSHAPE\tRUN\tHOP\tCALLS\tP50 MS\tP99 MS\tMAX MS")
 		for _, h := range hops {
 			calls := "-"
 			if h.Calls > 0 {
 				calls = fmt.Sprint(h.Calls)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.1f\n", h.Kind, h.Driver, h.Run, h.Hop, calls, h.P50, h.P99, h.Max)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.1f\n", h.Kind, h.Driver, h.Shape, h.Run, h.Hop, calls, h.P50, h.P99, h.Max)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -159,7 +166,10 @@ func (r Report) WriteTable(w io.Writer) error {
 	if err := writeRounds(w, r.Rows); err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "\nsagas: 3 steps; TX/SAGA: write transactions committed per saga by all parties (orchestrator: start + 3 replies,")
+	fmt.Fprintln(w, "\nshapes: linear runs reserve, charge, ship one after the other; parallel runs reserve and charge at once (a two-branch")
+	fmt.Fprintln(w, "group), then ship; versions is linear with the parallel saga registered beside it as a second version. VS LINEAR: a shape's")
+	fmt.Fprintln(w, "rate (throughput) or p50 (latency) over the linear run's of the same kind and driver in this run.")
+	fmt.Fprintln(w, "sagas: 3 steps; TX/SAGA: write transactions committed per saga by all parties (orchestrator: start + 3 replies,")
 	fmt.Fprintln(w, "each with its idempotency mark; relay: claim + mark per batch, shared by its rows; sql: also the transport's")
 	fmt.Fprintln(w, "3 reply inserts, not its consumers' offset updates, one per batch; the participants here write nothing).")
 	fmt.Fprintln(w, "RT/SAGA: round trips per saga of the orchestrator (its timeout loop included), its idempotency store and the starter")
@@ -188,7 +198,7 @@ func writeRounds(w io.Writer, rows []Row) error {
 		for i, f := range figs {
 			parts[i] = fmt.Sprintf("%.0f", f)
 		}
-		lines = append(lines, fmt.Sprintf("  %s on %s %s: %s %s", row.Kind, row.Driver, row.Run, strings.Join(parts, ", "), unit))
+		lines = append(lines, fmt.Sprintf("  %s on %s, %s saga, %s: %s %s", row.Kind, row.Driver, row.Shape, row.Run, strings.Join(parts, ", "), unit))
 	}
 	if len(lines) == 0 {
 		return nil

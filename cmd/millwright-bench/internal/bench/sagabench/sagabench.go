@@ -122,7 +122,24 @@ type Config struct {
 	// Step, if set, is called after each run (and after the ceiling) with
 	// the runs done and the runs in all. Default nil.
 	Step func(done, total int)
+	// Shapes of saga to run (ShapeLinear, ShapeParallel, ShapeVersions),
+	// each kind's runs in every one in turn. Default ShapeLinear.
+	Shapes []string
 }
+
+// Shapes of the bench's saga: the same three steps (reserve, charge,
+// ship), each answered at once by its participant.
+const (
+	// ShapeLinear runs reserve, then charge, then ship.
+	ShapeLinear = "linear"
+	// ShapeParallel runs reserve and charge at once (a two-branch
+	// saga.Step Parallel group), then ship.
+	ShapeParallel = "parallel"
+	// ShapeVersions is ShapeLinear with a second version of the saga type
+	// (the parallel one) registered beside it in saga.Config.Versions: what
+	// running two versions side by side costs the version that runs.
+	ShapeVersions = "versions"
+)
 
 func (c *Config) setDefaults() {
 	if c.Sagas == 0 {
@@ -151,6 +168,9 @@ func (c *Config) setDefaults() {
 	}
 	if len(c.Drivers) == 0 {
 		c.Drivers = []string{DriverPQ, DriverPgx}
+	}
+	if len(c.Shapes) == 0 {
+		c.Shapes = []string{ShapeLinear}
 	}
 	if c.Progress == nil {
 		c.Progress = io.Discard
@@ -181,6 +201,11 @@ func (c Config) Validate() error {
 	if len(c.Kinds) == 0 {
 		errs = append(errs, errors.New("bench saga: no kinds to run"))
 	}
+	for _, sh := range c.Shapes {
+		if sh != ShapeLinear && sh != ShapeParallel && sh != ShapeVersions {
+			errs = append(errs, fmt.Errorf("bench saga: --shapes %q: want %s, %s or %s", sh, ShapeLinear, ShapeParallel, ShapeVersions))
+		}
+	}
 	for _, k := range c.Kinds {
 		if k != transport.SQL && c.OpenBroker == nil {
 			errs = append(errs, fmt.Errorf("bench saga: kind %s needs Config.OpenBroker", k))
@@ -204,6 +229,13 @@ type Row struct {
 	Kind  string `json:"kind,omitempty"`
 	// Driver is the Postgres driver of the run ("pq" or "pgx").
 	Driver string `json:"driver,omitempty"`
+	// Shape is the saga's shape (ShapeLinear, ShapeParallel,
+	// ShapeVersions).
+	Shape string `json:"shape,omitempty"`
+	// VsLinear is, for a run of another shape, its Rate (throughput) or
+	// P50 (latency) over the linear run's of the same kind, driver and
+	// run in the same Run.
+	VsLinear float64 `json:"vs_linear,omitempty"`
 	// RoundTrips is the round trips one measured saga cost the
 	// orchestrator, its idempotency store and its starter together (not
 	// the relay): their pool's connections go through a counting proxy
@@ -307,10 +339,10 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			f()
 		}
 	}()
-	results := make([][]roundResult, len(cfg.Kinds)*len(plans)*len(cfg.Drivers))
+	results := make([][]roundResult, len(cfg.Kinds)*len(plans)*len(cfg.Drivers)*len(cfg.Shapes))
 	step := func() {}
 	if cfg.Step != nil {
-		done, total := 0, cfg.Rounds*len(cfg.Kinds)*len(plans)*len(cfg.Drivers)
+		done, total := 0, cfg.Rounds*len(cfg.Kinds)*len(plans)*len(cfg.Drivers)*len(cfg.Shapes)
 		if cfg.CeilingFor > 0 {
 			total++
 		}
@@ -320,21 +352,23 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		for ki, kind := range cfg.Kinds {
 			for pi, p := range plans {
 				for di, driver := range cfg.Drivers {
-					fmt.Fprintf(cfg.Progress, "%s %s on %s: %d sagas (round %d of %d) ...\n", kind, p.mode, driver, p.n, round+1, cfg.Rounds)
-					rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-					r, h, err := runKind(rctx, cfg, kind, driver, p.n, p.rate, atEnd)
-					cancel()
-					if err != nil {
-						// The runs so far are reported with the error.
-						return Report{Rows: runsSoFar(results)}, fmt.Errorf("bench saga %s %s on %s (round %d): %w", kind, p.mode, driver, round+1, err)
+					for si, shape := range cfg.Shapes {
+						fmt.Fprintf(cfg.Progress, "%s %s on %s, %s saga: %d sagas (round %d of %d) ...\n", kind, p.mode, driver, shape, p.n, round+1, cfg.Rounds)
+						rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+						r, h, err := runKind(rctx, cfg, kind, driver, shape, p.n, p.rate, atEnd)
+						cancel()
+						if err != nil {
+							// The runs so far are reported with the error.
+							return Report{Rows: runsSoFar(results)}, fmt.Errorf("bench saga %s %s on %s, %s saga (round %d): %w", kind, p.mode, driver, shape, round+1, err)
+						}
+						r.Run = p.mode
+						for i := range h {
+							h[i].Run, h[i].Driver, h[i].Shape = p.mode, driver, shape
+						}
+						i := ((ki*len(plans)+pi)*len(cfg.Drivers)+di)*len(cfg.Shapes) + si
+						results[i] = append(results[i], roundResult{run: r, hops: h})
+						step()
 					}
-					r.Run = p.mode
-					for i := range h {
-						h[i].Run, h[i].Driver = p.mode, driver
-					}
-					i := (ki*len(plans)+pi)*len(cfg.Drivers) + di
-					results[i] = append(results[i], roundResult{run: r, hops: h})
-					step()
 				}
 			}
 		}
@@ -391,24 +425,34 @@ func medianRuns(results [][]roundResult, rounds int) (runs, hops []Row) {
 // and the throughput's share of the database's ceiling (OfCeiling, when
 // measured).
 func compareRuns(runs []Row, ceiling *Row) {
-	base, pq := map[string]Row{}, map[string]Row{}
+	base, pq, linear := map[string]Row{}, map[string]Row{}, map[string]Row{}
 	for _, r := range runs {
 		if r.Kind == string(transport.GoChannel) {
-			base[r.Run+"\x00"+r.Driver] = r
+			base[r.Run+"\x00"+r.Driver+"\x00"+r.Shape] = r
 		}
 		if r.Driver == DriverPQ {
-			pq[r.Kind+"\x00"+r.Run] = r
+			pq[r.Kind+"\x00"+r.Run+"\x00"+r.Shape] = r
+		}
+		if r.Shape == ShapeLinear {
+			linear[r.Kind+"\x00"+r.Run+"\x00"+r.Driver] = r
 		}
 	}
 	for i, r := range runs {
-		if p, ok := pq[r.Kind+"\x00"+r.Run]; ok && r.Driver != DriverPQ {
+		if l, ok := linear[r.Kind+"\x00"+r.Run+"\x00"+r.Driver]; ok && r.Shape != ShapeLinear {
+			if r.Run == "throughput" && l.Rate > 0 {
+				runs[i].VsLinear = r.Rate / l.Rate
+			} else if r.Run == "latency" && l.P50 > 0 {
+				runs[i].VsLinear = r.P50 / l.P50
+			}
+		}
+		if p, ok := pq[r.Kind+"\x00"+r.Run+"\x00"+r.Shape]; ok && r.Driver != DriverPQ {
 			if r.Run == "throughput" && p.Rate > 0 {
 				runs[i].VsPQ = r.Rate / p.Rate
 			} else if r.Run == "latency" && r.P50 > 0 {
 				runs[i].VsPQ = p.P50 / r.P50
 			}
 		}
-		if b, ok := base[r.Run+"\x00"+r.Driver]; ok {
+		if b, ok := base[r.Run+"\x00"+r.Driver+"\x00"+r.Shape]; ok {
 			if r.Run == "throughput" && b.Rate > 0 {
 				runs[i].VsGoChannel = r.Rate / b.Rate
 			} else if r.Run == "latency" && b.P50 > 0 {
@@ -475,6 +519,48 @@ func (c *hopClock) first(m map[string]time.Time, k string, t time.Time) {
 	c.mu.Unlock()
 }
 
+// latest records t under k in m unless a later time is there.
+func (c *hopClock) latest(m map[string]time.Time, k string, t time.Time) {
+	c.mu.Lock()
+	if old, ok := m[k]; !ok || t.After(old) {
+		m[k] = t
+	}
+	c.mu.Unlock()
+}
+
+// shapeOf is the bench saga of shape, from its three steps: the
+// orchestrator's definition and Config (Versions), the steps whose
+// commands the start writes, and the step whose command each step's
+// success writes (for the hop clock).
+func shapeOf(shape string, reserve, charge, ship saga.Step[benchOrder]) (def *saga.Definition[benchOrder], cfg saga.Config, firsts []string, next map[string]string, err error) {
+	linear := func(version int) (*saga.Definition[benchOrder], error) {
+		return saga.DefineVersion("bench_orders", version, reserve, charge, ship)
+	}
+	parallel := func(version int) (*saga.Definition[benchOrder], error) {
+		return saga.DefineVersion("bench_orders", version,
+			saga.Step[benchOrder]{Name: "prepare", Parallel: []saga.Step[benchOrder]{reserve, charge}}, ship)
+	}
+	switch shape {
+	case ShapeParallel:
+		def, err = parallel(1)
+		return def, cfg, []string{"reserve", "charge"}, map[string]string{"reserve": "ship", "charge": "ship"}, err
+	case ShapeVersions:
+		// The running version is the newer one, so that Start uses it
+		// (an orchestrator starts its own definition's version); the
+		// other is registered beside it, as after a deploy that keeps the
+		// previous version's instances running.
+		var other *saga.Definition[benchOrder]
+		if other, err = parallel(1); err != nil {
+			return nil, cfg, nil, nil, err
+		}
+		cfg.Versions = []saga.Versioned{other}
+		def, err = linear(2)
+	default:
+		def, err = linear(1)
+	}
+	return def, cfg, []string{"reserve"}, map[string]string{"reserve": "charge", "charge": "ship"}, err
+}
+
 // kafkaPartitions is the partition count of the topics a Kafka run
 // creates (transport/kafka's default is 8).
 const kafkaPartitions = 32
@@ -514,7 +600,9 @@ func (c *hopClock) timed(nextStep map[string]string) message.HandlerMiddleware {
 				now := time.Now()
 				c.first(c.done, k, now)
 				if next := nextStep[msg.Metadata.Get(metadata.SagaStep)]; next != "" {
-					c.first(c.committed, msg.Metadata.Get(metadata.SagaID)+"\x00"+next, now)
+					// The latest: after a group, the next step's command
+					// is written by the reply that completes the group.
+					c.latest(c.committed, msg.Metadata.Get(metadata.SagaID)+"\x00"+next, now)
 				}
 			}
 			return out, err
@@ -571,8 +659,8 @@ func brokerFor(cfg Config, kind transport.Kind, db *sql.DB) (Broker, int, error)
 // runKind runs n sagas on one kind; rate > 0 paces the starts. It hands
 // the deletion of the run's topics to atEnd, which Run calls when every
 // run is done.
-func runKind(ctx context.Context, cfg Config, kind transport.Kind, driver string, n int, rate float64, atEnd func(func())) (Row, []Row, error) {
-	res := Row{Bench: "saga", Row: RowRun, Kind: string(kind), Driver: driver, Sagas: n}
+func runKind(ctx context.Context, cfg Config, kind transport.Kind, driver, shape string, n int, rate float64, atEnd func(func())) (Row, []Row, error) {
+	res := Row{Bench: "saga", Row: RowRun, Kind: string(kind), Driver: driver, Shape: shape, Sagas: n}
 	schema, schemaURL, drop, err := cfg.Scratch(ctx, "mw_bench_saga")
 	if err != nil {
 		return res, nil, err
@@ -631,8 +719,7 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, driver string
 			},
 		}
 	}
-	nextStep := map[string]string{"reserve": "charge", "charge": "ship"}
-	def, err := saga.Define("bench_orders", step("reserve", topics[0]), step("charge", topics[1]), step("ship", topics[2]))
+	def, scfg, firsts, nextStep, err := shapeOf(shape, step("reserve", topics[0]), step("charge", topics[1]), step("ship", topics[2]))
 	if err != nil {
 		return res, nil, err
 	}
@@ -642,7 +729,8 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, driver string
 		return res, nil, err
 	}
 	defer counter.Close()
-	ps, err := openParties(ctx, driver, countedURL, def, saga.Config{ReplyTopic: replies, ReplyShards: shards, Registerer: reg})
+	scfg.ReplyTopic, scfg.ReplyShards, scfg.Registerer = replies, shards, reg
+	ps, err := openParties(ctx, driver, countedURL, def, scfg)
 	if err != nil {
 		return res, nil, err
 	}
@@ -741,7 +829,10 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, driver string
 		if err := ps.start(ctx, id); err != nil {
 			return err
 		}
-		clock.first(clock.committed, id+"\x00reserve", time.Now())
+		now := time.Now()
+		for _, s := range firsts {
+			clock.first(clock.committed, id+"\x00"+s, now)
+		}
 		return nil
 	}
 	for i := range warmupSagas {

@@ -124,8 +124,60 @@ func TestRunGoChannel(t *testing.T) {
 	require.Contains(t, table.String(), "RT/SAGA")
 	require.Contains(t, table.String(), "database ceiling:")
 	require.Contains(t, table.String(), "external figure, not measured here: dtm")
-	require.Contains(t, table.String(), "gochannel on pq throughput: ")
-	require.Contains(t, table.String(), "gochannel on pgx latency: ")
+	require.Contains(t, table.String(), "gochannel on pq, linear saga, throughput: ")
+	require.Contains(t, table.String(), "gochannel on pgx, linear saga, latency: ")
+}
+
+// Each shape runs its sagas to completion; the parallel and versions runs
+// are compared with the linear one of the same driver and run, and the
+// parallel saga's hops are timed like the linear one's (the group's two
+// commands from the start, ship's from the reply that completed the
+// group).
+func TestRunShapes(t *testing.T) {
+	t.Parallel()
+	admin, scr := scratch(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := sagabench.Run(ctx, sagabench.Config{
+		Admin: admin, Scratch: scr,
+		OpenBroker: func(kind transport.Kind) (sagabench.Broker, error) {
+			return sagabench.Broker{Config: transport.Config{Kind: kind}, Label: "in-process"}, nil
+		},
+		Kinds: []transport.Kind{transport.GoChannel}, Drivers: []string{sagabench.DriverPgx}, Sagas: 20, Starters: 4,
+		LatencySagas: 5, LatencyRate: 50,
+		Shapes: []string{sagabench.ShapeLinear, sagabench.ShapeParallel, sagabench.ShapeVersions},
+	})
+	require.NoError(t, err)
+	shapes := map[string]int{}
+	hops := map[string]int{}
+	for _, r := range rep.Rows {
+		switch r.Row {
+		case sagabench.RowRun:
+			shapes[r.Shape]++
+			require.Positive(t, r.Rate, r)
+			if r.Shape == sagabench.ShapeLinear {
+				require.Zero(t, r.VsLinear, r)
+			} else {
+				require.Positive(t, r.VsLinear, "compared with the linear run: %+v", r)
+			}
+		case sagabench.RowHop:
+			if !strings.HasPrefix(r.Hop, "relay: ") {
+				hops[r.Shape]++
+				require.Positive(t, r.Max, r)
+			}
+		}
+	}
+	require.Equal(t, map[string]int{"linear": 2, "parallel": 2, "versions": 2}, shapes, "throughput and latency of each shape")
+	require.Equal(t, map[string]int{"linear": 8, "parallel": 8, "versions": 8}, hops, "four hops per run of each shape")
+	var table strings.Builder
+	require.NoError(t, rep.WriteTable(&table))
+	require.Contains(t, table.String(), "VS LINEAR")
+}
+
+func TestConfigShapes(t *testing.T) {
+	t.Parallel()
+	_, err := sagabench.Run(context.Background(), sagabench.Config{Kinds: []transport.Kind{transport.GoChannel}, Shapes: []string{"diamond"}})
+	require.ErrorContains(t, err, `--shapes "diamond": want linear, parallel or versions`)
 }
 
 func TestConfigValidate(t *testing.T) {
