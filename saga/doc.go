@@ -175,6 +175,15 @@
 // Deadlines are computed from the orchestrator's clock and compared with
 // the database's; keep the clocks synchronised (NTP).
 //
+// # Testing
+//
+// sagatest.Simulator runs a definition in memory on the orchestrator's
+// own decisions, with no database or broker: the test scripts the
+// participants' replies and moves a fake clock, then asserts the commands
+// sent, the state, the data and the history (see its example).
+// sagatest.Participant answers commands on a real broker, for tests of
+// the wiring with Postgres.
+//
 // # Lifecycle and retention
 //
 // Orchestrator.Run blocks until ctx ends or Close is called; Close lets the

@@ -1,0 +1,96 @@
+// Package sagasim lets saga/sagatest drive package saga's decider in
+// memory without a public saga type for it: package saga sets New at init
+// (saga/simulate.go), and sagatest's Simulator calls it. The engine holds
+// the instances and their step history as the orchestrator's tables
+// would, and applies every input through the same decisions the
+// orchestrator makes; it has no clock of its own (every call takes now)
+// and no goroutines.
+package sagasim
+
+import (
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// New returns an engine for def, a *saga.Definition[D], with cfg, a
+// saga.Config (its ReplyTopic, ReplyShards and Source shape the commands).
+// Set by package saga.
+var New func(def, cfg any) (Engine, error)
+
+// Engine is one simulated orchestrator with its tables. It is not safe
+// for concurrent use.
+type Engine interface {
+	// Start starts saga id with data (a D) at now, as Orchestrator.Start.
+	Start(id string, data any, now time.Time) error
+	// Reply applies r at now, as Orchestrator.HandleReply applies its
+	// message, and returns r completed (its phase, attempt and type).
+	Reply(r Reply, now time.Time) (Reply, error)
+	// ReplyMessage applies reply message msg at now, as
+	// Orchestrator.HandleReply, and returns what it says.
+	ReplyMessage(msg *message.Message, now time.Time) (Reply, error)
+	// Due returns the earliest deadline at or before limit (the saga
+	// whose deadline it is, and when), ok false when none is due.
+	Due(limit time.Time) (id string, at time.Time, ok bool)
+	// Fire fires saga id's deadline at now, as Orchestrator.RunOnce.
+	Fire(id string, now time.Time) error
+	// Instance returns saga id as stored, ok false when there is none.
+	Instance(id string) (Instance, bool)
+	// IDs returns the sagas in the order they started.
+	IDs() []string
+	// History returns saga id's step history, oldest first.
+	History(id string) []Row
+	// Commands returns every command sent, oldest first: the engine's own
+	// slice, to read only.
+	Commands() []Command
+	// Steps returns the definition's step names.
+	Steps() []string
+}
+
+// Reply is a participant's reply. Phase "" takes the phase the reply type
+// belongs to; Attempt 0 the attempt of the newest command of the step in
+// that phase; Type "" the step's own reply type of Phase: its failure
+// (or compensation failure) when Failed, else its success (or
+// compensated).
+type Reply struct {
+	SagaID, Step, Phase string
+	Attempt             int
+	Type                string
+	Failed              bool
+	Payload             []byte
+	// Error is the failure reason (metadata.SagaError).
+	Error string
+}
+
+// Instance is a saga instance as stored.
+type Instance struct {
+	ID, Type, State string
+	// StepIndex is current_step; Step its name ("" when none).
+	StepIndex            int
+	Step                 string
+	Data                 []byte
+	Version              int64
+	Deadline             time.Time // zero: none
+	Awaiting             bool
+	CompensationAttempts int
+	Cause, LastError     string
+	CreatedAt, UpdatedAt time.Time
+}
+
+// Row is one row of a saga's step history.
+type Row struct {
+	Step, Kind, Detail string
+	Attempt            int
+	Error              string
+	At                 time.Time
+}
+
+// Command is a command the engine sent (an outbox event).
+type Command struct {
+	SagaID, Step, Phase string
+	Attempt             int
+	Topic, Type         string
+	Payload             []byte
+	Metadata            map[string]string
+	At                  time.Time
+}
