@@ -1,6 +1,7 @@
 package saga
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 	"strconv"
@@ -249,6 +250,49 @@ func (e *simEngine[D]) Fire(id string, now time.Time) error {
 	}
 	e.write(s, t, now)
 	return nil
+}
+
+// Resolve is resolveIn on memory: the stuck saga is handed back to the
+// deadline loop, due now.
+func (e *simEngine[D]) Resolve(id, action, note string, dryRun bool, now time.Time) (any, error) {
+	a := ResolveAction(action)
+	if a != ResolveRetry && a != ResolveSkip {
+		return Resolution{}, fmt.Errorf("saga: Resolve %q: unknown action %q: want %q or %q", id, action, ResolveRetry, ResolveSkip)
+	}
+	s, ok := e.sagas[id]
+	if !ok {
+		return Resolution{}, fmt.Errorf("saga %q: %w", id, ErrNotFound)
+	}
+	inst, _ := e.Instance(id)
+	r := Resolution{Info: simInfo(inst), Action: a, DryRun: dryRun}
+	if s.in.state != StateStuck {
+		return r, fmt.Errorf("saga %q is %s, not stuck: only stuck sagas are resolved: %w", id, s.in.state, ErrNotStuck)
+	}
+	next, resume := resolution(&r, s.in.resumeStep)
+	if dryRun {
+		return r, nil
+	}
+	detail := action
+	if note = strings.TrimSpace(note); note != "" {
+		detail += ": " + note
+	}
+	// storage.ResolveSaga's row and history.
+	in := &s.in
+	in.state, in.step, in.version, in.awaiting = StateCompensating, next, in.version+1, false
+	in.deadline = sql.NullTime{Time: now, Valid: true}
+	in.compAttempts, in.compStarted, in.resumeStep = 0, sql.NullTime{}, resume
+	s.updatedAt = now
+	s.hist = append(s.hist, storage.SagaStep{Step: r.Info.Step, Kind: KindResolved, Detail: detail, Attempt: r.Info.CompensationAttempts})
+	s.at = append(s.at, now)
+	return r, nil
+}
+
+// simInfo is inst as saga.Get returns it.
+func simInfo(inst sagasim.Instance) Info {
+	return Info{ID: inst.ID, Type: inst.Type, State: State(inst.State), Step: inst.Step, StepIndex: inst.StepIndex,
+		Data: inst.Data, Version: inst.Version, Deadline: inst.Deadline, AwaitingReply: inst.Awaiting,
+		CompensationAttempts: inst.CompensationAttempts, Cause: inst.Cause, LastError: inst.LastError,
+		CreatedAt: inst.CreatedAt, UpdatedAt: inst.UpdatedAt}
 }
 
 // decide is Orchestrator.decideGuarded: the decision without the history

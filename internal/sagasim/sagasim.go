@@ -34,6 +34,9 @@ type Engine interface {
 	Due(limit time.Time) (id string, at time.Time, ok bool)
 	// Fire fires saga id's deadline at now, as Orchestrator.RunOnce.
 	Fire(id string, now time.Time) error
+	// Resolve is saga.Resolve (action a saga.ResolveAction) at now; it
+	// returns a saga.Resolution.
+	Resolve(id, action, note string, dryRun bool, now time.Time) (any, error)
 	// Instance returns saga id as stored, ok false when there is none.
 	Instance(id string) (Instance, bool)
 	// IDs returns the sagas in the order they started.

@@ -21,7 +21,8 @@
 // step; ReplyTo answers a given command again (a duplicate) or an older
 // one (late); HandleReply takes a reply message a participant's own
 // handler made; Advance moves the clock, firing the step timeouts and
-// compensation retries that fall due. Info, Data and History read an
+// compensation retries that fall due; Resolve is the operator's action on
+// a stuck saga. Info, Data and History read an
 // instance as saga.Get and saga.History would. Nothing happens between
 // calls: a test is exactly reproducible and takes microseconds.
 //

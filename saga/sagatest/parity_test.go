@@ -130,6 +130,15 @@ func TestOrchestratorParity(t *testing.T) {
 		}}
 	}
 	deadline := input{"deadline", fire}
+	resolve := func(a saga.ResolveAction) input {
+		return input{"resolve " + string(a), func(id string) {
+			want, err := saga.Resolve(ctx, db, id, a, "fixed by hand", false)
+			require.NoError(t, err)
+			got, err := sim.Resolve(id, a, "fixed by hand")
+			require.NoError(t, err)
+			require.Equal(t, want.Description, got.Description)
+		}}
+	}
 
 	// One saga after the other: each ends with no deadline, so that the
 	// simulator's clock fires only the deadline fire names.
@@ -147,6 +156,10 @@ func TestOrchestratorParity(t *testing.T) {
 		// Attempt 1 fails, 2 and 3 time out (each after its backoff).
 		{"stuck", []input{ok("reserve", nil), ok("charge", nil), fail("ship"), notUndone("charge"), deadline, deadline,
 			deadline, deadline, undone("charge"), ok("ship", nil)}, saga.StateStuck},
+		{"resolved", []input{ok("reserve", nil), ok("charge", nil), fail("ship"), notUndone("charge"), deadline, notUndone("charge"),
+			deadline, notUndone("charge"), resolve(saga.ResolveRetry), deadline, notUndone("charge"), deadline,
+			notUndone("charge"), deadline, notUndone("charge"), resolve(saga.ResolveSkip), deadline, undone("reserve")},
+			saga.StateCompensated},
 	} {
 		start(tc.id)
 		for i, in := range tc.inputs {

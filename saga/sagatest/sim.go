@@ -368,6 +368,17 @@ func (s *Simulator[D]) answer(c Command) Answer {
 	return Succeed
 }
 
+// Resolve is saga.Resolve for a stuck simulated saga: with
+// saga.ResolveRetry its compensation is sent again with a fresh budget,
+// with saga.ResolveSkip the compensations before it follow, once the
+// deadline due now fires (Advance(0) or RunUntilIdle). The error wraps
+// saga.ErrNotFound or saga.ErrNotStuck when the saga cannot be resolved.
+func (s *Simulator[D]) Resolve(id string, action saga.ResolveAction, note string) (saga.Resolution, error) {
+	r, err := s.e.Resolve(id, string(action), note, false, s.now)
+	res, _ := r.(saga.Resolution)
+	return res, err
+}
+
 // Info returns saga id as saga.Get would; an unknown id is an error
 // wrapping saga.ErrNotFound.
 func (s *Simulator[D]) Info(id string) (saga.Info, error) {

@@ -380,3 +380,39 @@ func TestSimIsDeterministic(t *testing.T) {
 		require.Equal(t, c1[i].String()+c1[i].At.String(), c2[i].String()+c2[i].At.String())
 	}
 }
+
+func TestSimResolveStuck(t *testing.T) {
+	t.Parallel()
+	sim := newSim(t, simDef(t))
+	require.NoError(t, sim.OnStep("ship", sagatest.Fail))
+	require.NoError(t, sim.OnCompensation("charge", sagatest.Fail))
+	require.NoError(t, sim.Start("o-1", simOrder{ID: "o-1"}))
+	_, err := sim.Resolve("o-1", saga.ResolveRetry, "")
+	require.ErrorIs(t, err, saga.ErrNotStuck)
+	require.NoError(t, sim.RunUntilIdle())
+	require.Equal(t, saga.StateStuck, sim.State("o-1"))
+
+	// The participant is fixed; the operator retries.
+	require.NoError(t, sim.OnCompensation("charge", sagatest.Succeed))
+	res, err := sim.Resolve("o-1", saga.ResolveRetry, "gateway fixed")
+	require.NoError(t, err)
+	require.Contains(t, res.Description, `resend the compensation of step "charge"`)
+	require.Equal(t, saga.StateCompensating, sim.State("o-1"))
+	require.NoError(t, sim.RunUntilIdle())
+	require.Equal(t, saga.StateCompensated, sim.State("o-1"))
+	trace := sim.Trace("o-1")
+	require.Equal(t, []string{"charge/compensation/4", "reserve/compensation/1"}, trace[len(trace)-2:])
+	h := sim.History("o-1")
+	var resolved []saga.HistoryEntry
+	for _, e := range h {
+		if e.Kind == saga.KindResolved {
+			resolved = append(resolved, e)
+		}
+	}
+	require.Equal(t, []saga.HistoryEntry{{Step: "charge", Kind: saga.KindResolved, Detail: "retry: gateway fixed", Attempt: 3, At: sim.Now()}}, resolved)
+
+	_, err = sim.Resolve("o-404", saga.ResolveSkip, "")
+	require.ErrorIs(t, err, saga.ErrNotFound)
+	_, err = sim.Resolve("o-1", "undo", "")
+	require.ErrorContains(t, err, `unknown action "undo"`)
+}
