@@ -263,8 +263,7 @@ func (e *simEngine[D]) Resolve(id, action, note string, dryRun bool, now time.Ti
 	if !ok {
 		return Resolution{}, fmt.Errorf("saga %q: %w", id, ErrNotFound)
 	}
-	inst, _ := e.Instance(id)
-	r := Resolution{Info: simInfo(inst), Action: a, DryRun: dryRun}
+	r := Resolution{Info: s.info(), Action: a, DryRun: dryRun}
 	if s.in.state != StateStuck {
 		return r, fmt.Errorf("saga %q is %s, not stuck: only stuck sagas are resolved: %w", id, s.in.state, ErrNotStuck)
 	}
@@ -285,14 +284,6 @@ func (e *simEngine[D]) Resolve(id, action, note string, dryRun bool, now time.Ti
 	s.hist = append(s.hist, storage.SagaStep{Step: r.Info.Step, Kind: KindResolved, Detail: detail, Attempt: r.Info.CompensationAttempts})
 	s.at = append(s.at, now)
 	return r, nil
-}
-
-// simInfo is inst as saga.Get returns it.
-func simInfo(inst sagasim.Instance) Info {
-	return Info{ID: inst.ID, Type: inst.Type, State: State(inst.State), Step: inst.Step, StepIndex: inst.StepIndex,
-		Data: inst.Data, Version: inst.Version, Deadline: inst.Deadline, AwaitingReply: inst.Awaiting,
-		CompensationAttempts: inst.CompensationAttempts, Cause: inst.Cause, LastError: inst.LastError,
-		CreatedAt: inst.CreatedAt, UpdatedAt: inst.UpdatedAt}
 }
 
 // decide is Orchestrator.decideGuarded: the decision without the history
@@ -361,14 +352,19 @@ func simRefusal(id string, err error) string {
 	return "its new data cannot be stored; fix the step's OnSuccess (or the reply it copied), then `millwright saga resolve " + id + "`: " + err.Error()
 }
 
-func (e *simEngine[D]) Instance(id string) (sagasim.Instance, bool) {
+func (e *simEngine[D]) Info(id string) (any, bool) {
 	s, ok := e.sagas[id]
 	if !ok {
-		return sagasim.Instance{}, false
+		return Info{}, false
 	}
+	return s.info(), true
+}
+
+// info is infoOf(storage.GetSaga's row) from memory.
+func (s *simSaga) info() Info {
 	in := s.in
-	out := sagasim.Instance{ID: in.id, Type: in.typ, State: string(in.state), StepIndex: in.step, Data: append([]byte(nil), in.data...),
-		Version: in.version, Awaiting: in.awaiting, CompensationAttempts: in.compAttempts, Cause: in.cause.String,
+	out := Info{ID: in.id, Type: in.typ, State: in.state, StepIndex: in.step, Data: append([]byte(nil), in.data...),
+		Version: in.version, AwaitingReply: in.awaiting, CompensationAttempts: in.compAttempts, Cause: in.cause.String,
 		LastError: in.lastError.String, CreatedAt: in.createdAt, UpdatedAt: s.updatedAt}
 	if in.deadline.Valid {
 		out.Deadline = in.deadline.Time
@@ -384,7 +380,7 @@ func (e *simEngine[D]) Instance(id string) (sagasim.Instance, bool) {
 	if in.state == StateCompleted || in.step < 0 {
 		out.Step = ""
 	}
-	return out, true
+	return out
 }
 
 func (e *simEngine[D]) IDs() []string { return append([]string(nil), e.ids...) }

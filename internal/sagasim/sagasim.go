@@ -37,8 +37,9 @@ type Engine interface {
 	// Resolve is saga.Resolve (action a saga.ResolveAction) at now; it
 	// returns a saga.Resolution.
 	Resolve(id, action, note string, dryRun bool, now time.Time) (any, error)
-	// Instance returns saga id as stored, ok false when there is none.
-	Instance(id string) (Instance, bool)
+	// Info returns saga id as saga.Get would (a saga.Info), ok false when
+	// there is none.
+	Info(id string) (any, bool)
 	// IDs returns the sagas in the order they started.
 	IDs() []string
 	// History returns saga id's step history, oldest first.
@@ -63,21 +64,6 @@ type Reply struct {
 	Payload             []byte
 	// Error is the failure reason (metadata.SagaError).
 	Error string
-}
-
-// Instance is a saga instance as stored.
-type Instance struct {
-	ID, Type, State string
-	// StepIndex is current_step; Step its name ("" when none).
-	StepIndex            int
-	Step                 string
-	Data                 []byte
-	Version              int64
-	Deadline             time.Time // zero: none
-	Awaiting             bool
-	CompensationAttempts int
-	Cause, LastError     string
-	CreatedAt, UpdatedAt time.Time
 }
 
 // Row is one row of a saga's step history.

@@ -382,20 +382,17 @@ func (s *Simulator[D]) Resolve(id string, action saga.ResolveAction, note string
 // Info returns saga id as saga.Get would; an unknown id is an error
 // wrapping saga.ErrNotFound.
 func (s *Simulator[D]) Info(id string) (saga.Info, error) {
-	in, ok := s.e.Instance(id)
+	in, ok := s.e.Info(id)
 	if !ok {
 		return saga.Info{}, fmt.Errorf("sagatest: saga %q: %w (started: %q)", id, saga.ErrNotFound, s.e.IDs())
 	}
-	return saga.Info{ID: in.ID, Type: in.Type, State: saga.State(in.State), Step: in.Step, StepIndex: in.StepIndex,
-		Data: json.RawMessage(in.Data), Version: in.Version, Deadline: in.Deadline, AwaitingReply: in.Awaiting,
-		CompensationAttempts: in.CompensationAttempts, Cause: in.Cause, LastError: in.LastError,
-		CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt}, nil
+	return in.(saga.Info), nil
 }
 
 // State returns saga id's state, "" for an unknown id.
 func (s *Simulator[D]) State(id string) saga.State {
-	in, _ := s.e.Instance(id)
-	return saga.State(in.State)
+	in, _ := s.e.Info(id)
+	return in.(saga.Info).State
 }
 
 // Data returns saga id's data, decoded as the orchestrator decodes it.
