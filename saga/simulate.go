@@ -118,7 +118,6 @@ func (e *simEngine[D]) Start(id string, data any, now time.Time) error {
 		return fmt.Errorf("saga %s: Start(%q): %w", e.name(), id, ErrAlreadyStarted)
 	}
 	s := &simSaga{}
-	t.in.version = 1 // the column's default
 	e.sagas[id] = s
 	e.ids = append(e.ids, id)
 	e.write(s, t, now)
@@ -312,14 +311,15 @@ func (s *simSaga) history(inp input) history {
 }
 
 // write stores transition t of s at now: the row (as the database would
-// return it), the history and the commands; a transition whose version is
-// 0 only its history.
+// return it; a new saga's as InsertSaga writes it), the history and the
+// commands; a transition whose version is 0 only its history.
 func (e *simEngine[D]) write(s *simSaga, t *transition, now time.Time) {
-	if t.in.version != 0 {
+	switch {
+	case s.in.version == 0: // Start: inserted
+		s.in = fromRow(storage.InsertedSaga(t.in.row()))
+		s.updatedAt = now
+	case t.in.version != 0:
 		v := s.in.version + 1
-		if s.in.version == 0 { // inserted
-			v = t.in.version
-		}
 		s.in = fromRow(t.in.row())
 		s.in.version = v
 		s.updatedAt = now

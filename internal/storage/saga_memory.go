@@ -22,3 +22,11 @@ func SagaFactsOf(rows []SagaStep, f SagaFactsQuery) SagaFacts {
 	}
 	return out
 }
+
+// InsertedSaga returns in as InsertSaga stores it: the columns it writes,
+// the others at their defaults (version 1), as a read of the row returns
+// them. Saga's simulator keeps its rows so: keep the two in step.
+func InsertedSaga(in SagaInstance) SagaInstance {
+	return SagaInstance{ID: in.ID, Type: in.Type, State: in.State, Step: in.Step, Data: in.Data, Version: 1,
+		Deadline: in.Deadline, Awaiting: in.Awaiting, CreatedAt: in.CreatedAt}
+}
