@@ -63,6 +63,7 @@ type Simulator[D any] struct {
 	now time.Time
 
 	script  func(Command) Answer
+	payload func(Command) any
 	answers map[stepPhase]Answer
 	// done marks, by index into e.Commands(), the commands answered (by
 	// hand or by the script) or handed to the script; every command
@@ -275,6 +276,11 @@ func (s *Simulator[D]) Advance(d time.Duration) error {
 // command for which OnStep or OnCompensation set none. Default: Succeed.
 func (s *Simulator[D]) Script(f func(Command) Answer) { s.script = f }
 
+// ScriptPayload sets the function that gives the payload of each reply
+// RunUntilIdle sends (marshalled as Reply's; nil: none, sent as {}): what
+// a step's OnSuccess reads, a reservation id say.
+func (s *Simulator[D]) ScriptPayload(f func(Command) any) { s.payload = f }
+
 // OnStep sets the answer RunUntilIdle gives step's commands (Succeed,
 // Fail or Silent: it times out). The error names an unknown step.
 func (s *Simulator[D]) OnStep(step string, a Answer) error {
@@ -339,6 +345,13 @@ func (s *Simulator[D]) RunUntilIdle() error {
 			r := sagasim.Reply{SagaID: c.SagaID, Step: c.Step, Phase: c.Phase, Attempt: c.Attempt, Failed: a == Fail}
 			if a == Fail {
 				r.Error = "sagatest: scripted failure of " + c.String()
+			}
+			if s.payload != nil {
+				body, err := marshal(s.payload(c))
+				if err != nil {
+					return fmt.Errorf("sagatest: RunUntilIdle: the payload of the reply to %s of %q: %w", c, c.SagaID, err)
+				}
+				r.Payload = body
 			}
 			if err := s.reply(r); err != nil {
 				return fmt.Errorf("sagatest: RunUntilIdle: answering %s of %q: %w", c, c.SagaID, err)

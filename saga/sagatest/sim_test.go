@@ -88,12 +88,24 @@ func TestSimAllSucceed(t *testing.T) {
 	require.Equal(t, sim.Now().Add(10*time.Second), info.Deadline)
 
 	// The rest by the default script: every command succeeds.
+	sim.ScriptPayload(func(c sagatest.Command) any {
+		if c.Step == "reserve" {
+			return map[string]string{"reservation": "r-" + c.SagaID}
+		}
+		return nil
+	})
 	require.NoError(t, sim.RunUntilIdle())
 	require.Equal(t, saga.StateCompleted, sim.State("o-1"))
 	require.Equal(t, []string{"reserve/forward/1", "charge/forward/1", "ship/forward/1"}, sim.Trace("o-1"))
 	require.Equal(t, []string{"reserve:command", "reserve:reply", "charge:command", "charge:reply", "ship:command", "ship:reply", "ship:completed"},
 		kinds(sim, "o-1"))
 	require.Equal(t, sagatest.SimEpoch, sim.Now(), "no deadline fired, no time passed")
+	// A second saga, entirely by script: the payload reaches the data.
+	require.NoError(t, sim.Start("o-2", simOrder{ID: "o-2"}))
+	require.NoError(t, sim.RunUntilIdle())
+	data, err = sim.Data("o-2")
+	require.NoError(t, err)
+	require.Equal(t, simOrder{ID: "o-2", Reservation: "r-o-2"}, data)
 
 	// Commands carry what the participant receives.
 	cmds := sim.Sent("o-1")
