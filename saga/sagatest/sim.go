@@ -52,12 +52,13 @@ func WithConfig(cfg saga.Config) SimOption { return func(c *simConfig) { c.cfg =
 // calls, there are no goroutines and no wall clock, so a test is exactly
 // reproducible. It is not safe for concurrent use.
 //
-// Two things differ from production, on purpose: retry backoffs are taken
+// What differs from production, on purpose: retry backoffs are taken
 // without jitter (a compensation is retried after exactly its
-// exponential delay; the orchestrator waits a random part of it), and a
+// exponential delay; the orchestrator waits a random part of it); a
 // deadline fires exactly when it is due (Run fires it up to
-// Config.PollInterval later). The outbox's checks of a command (its size,
-// CloudEvents fields) are not made.
+// Config.PollInterval later); the outbox's checks of a command (its size,
+// CloudEvents fields) are not made; and there is one orchestrator, so no
+// two transitions of a saga ever race.
 type Simulator[D any] struct {
 	e   sagasim.Engine
 	now time.Time
