@@ -43,6 +43,9 @@ type instance struct {
 	resumeStep sql.NullInt64
 	// cause is why the saga is compensating.
 	cause sql.NullString
+	// branches is the state of each branch of the groups entered, by
+	// branch name (group.go); never mutated in place (decisions clone it).
+	branches map[string]BranchInfo
 }
 
 // attempt is the wire attempt number of the current compensation.
@@ -237,6 +240,9 @@ func (d decider[D]) decide(in instance, inp input, h history, now time.Time) (*t
 
 // sendCommand makes step i's command current.
 func (d decider[D]) sendCommand(t *transition, i int, data D, now time.Time) error {
+	if g, ok := d.def.groupAt(i); ok {
+		return d.sendGroup(t, g, data, now)
+	}
 	s := d.def.steps[i]
 	cmd, err := s.Command(data)
 	if err != nil {
@@ -329,6 +335,9 @@ func answeredKinds(r replyInfo) []string {
 
 // onReply computes what reply r does to instance in.
 func (d decider[D]) onReply(in instance, r replyInfo, h history, now time.Time) (*transition, error) {
+	if t, ok, err := d.groupReply(in, r, h, now); ok {
+		return t, err
+	}
 	if ok, _ := d.current(in, r); !ok {
 		return d.onStaleReply(in, r, h, now)
 	}
@@ -402,7 +411,8 @@ func (d decider[D]) onStaleReply(in instance, r replyInfo, h history, now time.T
 	// that is not current timed out: the saga is compensating (at this
 	// step or an earlier one), compensated, or stuck.
 	if !h.answered && r.phase == PhaseForward && r.reply.Type == s.SuccessReply && s.Compensation != nil &&
-		in.step <= r.stepIdx && (in.state == StateCompensating || in.state == StateCompensated || in.state == StateStuck) {
+		in.step <= r.stepIdx && (in.state == StateCompensating || in.state == StateCompensated || in.state == StateStuck) &&
+		d.lateSuccessPossible(in, r.stepIdx) {
 		return d.onLateSuccess(in, r, h, now)
 	}
 	kind := KindLateReply
@@ -512,7 +522,7 @@ func (d decider[D]) compensateFrom(t *transition, i int, data D, h history, now 
 	if i >= len(d.def.steps) {
 		return fmt.Errorf("saga %s %q: compensating from step index %d, but the definition has %d step(s): %w", d.def.name, t.in.id, i, len(d.def.steps), ErrUnknownPosition)
 	}
-	for ; i >= 0 && d.def.steps[i].Compensation == nil; i-- {
+	for ; i >= 0 && !d.compensable(t.in, i); i-- {
 	}
 	t.in.compAttempts, t.in.compStarted, t.in.attemptBase = 0, sql.NullTime{}, 0
 	if i < 0 {
@@ -643,6 +653,12 @@ func (d decider[D]) onDeadline(in instance, h history, now time.Time) (*transiti
 		t.in.lastError = sql.NullString{String: err.Error(), Valid: true}
 		t.record("", KindStuck, "", 0, err.Error())
 		t.note(note{what: noteStuck})
+		return t, nil
+	}
+	if ok, err := d.groupDeadline(t, data, h, now); ok {
+		if err != nil {
+			return nil, err
+		}
 		return t, nil
 	}
 	switch {

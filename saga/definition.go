@@ -94,6 +94,17 @@ type Step[D any] struct {
 	// retry.Policy defaults (5 attempts, from 100ms, full jitter).
 	// MaxAttempts -1 retries forever.
 	Retry retry.Policy
+	// Parallel, when set, makes the step a group of at least 2 branches
+	// that run at once: every branch's command is sent when the group is
+	// reached, each branch has its own Timeout and replies, and the group
+	// succeeds when all branches succeeded. A group sets only Name and
+	// Parallel; a branch is an ordinary step (not itself a group) whose
+	// Name is unique within the saga. When a branch fails or times out, the
+	// branches still running are awaited (or time out), then the branches
+	// that succeeded or timed out are compensated, last declared first,
+	// then the steps before the group. See "Parallel branches" in the
+	// package doc.
+	Parallel []Step[D]
 }
 
 // DefaultTimeout is Step.Timeout's default.
@@ -107,6 +118,8 @@ type Definition[D any] struct {
 	name  string
 	steps []Step[D]
 	index map[string]int
+	// groups are the Parallel steps, whose branches are in steps.
+	groups []group
 }
 
 // Define declares a saga type named name whose steps run in the given
@@ -124,16 +137,21 @@ func Define[D any](name string, steps ...Step[D]) (*Definition[D], error) {
 	}
 	d := &Definition[D]{name: name, index: make(map[string]int, len(steps))}
 	for i, s := range steps {
+		if s.Parallel != nil {
+			errs = append(errs, d.addGroup(name, i, s)...)
+			continue
+		}
 		if !nameRE.MatchString(s.Name) {
 			errs = append(errs, fmt.Errorf("saga: %q step %d: Name %q: want letters, digits, '_', '-' or '.', not empty", name, i, s.Name))
 		} else if _, dup := d.index[s.Name]; dup {
 			errs = append(errs, fmt.Errorf("saga: %q step %d: Name %q is used by an earlier step: step names must be unique", name, i, s.Name))
 		}
-		d.index[s.Name] = i
+		d.index[s.Name] = len(d.steps)
 		s = s.withDefaults()
 		errs = append(errs, s.check(name)...)
 		d.steps = append(d.steps, s)
 	}
+	errs = append(errs, d.checkGroupNames(name)...)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -212,7 +230,8 @@ func MustDefine[D any](name string, steps ...Step[D]) *Definition[D] {
 // Name returns the saga type's name.
 func (d *Definition[D]) Name() string { return d.name }
 
-// Steps returns the step names in order.
+// Steps returns the step names in order; a group's branches stand in for
+// the group, in their declared order.
 func (d *Definition[D]) Steps() []string {
 	names := make([]string, len(d.steps))
 	for i, s := range d.steps {
@@ -225,6 +244,9 @@ func (d *Definition[D]) Steps() []string {
 // path, where each failure or timeout leads, and the compensations in
 // reverse order.
 func (d *Definition[D]) Mermaid() string {
+	if len(d.groups) > 0 {
+		return d.mermaidWithGroups() // group.go
+	}
 	var b strings.Builder
 	id := func(s string) string { return strings.NewReplacer(".", "_", "-", "_").Replace(s) }
 	fmt.Fprintf(&b, "stateDiagram-v2\n")

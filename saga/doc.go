@@ -39,6 +39,34 @@
 // Mermaid state diagram (see its example): render it in docs or in a
 // test that keeps a checked-in diagram up to date.
 //
+// # Parallel branches
+//
+// A step whose Parallel field is set is a group: its branches, ordinary
+// steps (Command, reply types, Timeout, Compensation or NoCompensation),
+// run at once, and the group succeeds when every branch has:
+//
+//	saga.Step[Order]{Name: "fulfil", Parallel: []saga.Step[Order]{
+//		{Name: "charge_payment", Command: charge, Compensation: refund, Timeout: 30 * time.Second},
+//		{Name: "schedule_shipping", Command: ship, Compensation: cancel, Timeout: time.Minute},
+//	}},
+//
+// A group sets only Name and Parallel and has at least two branches; a
+// branch is not itself a group; names are unique across steps, branches and
+// groups (Define names the offending field). Entering the group sends every
+// branch's command in one transition; each branch has its own deadline (the
+// instance's deadline is the earliest of the running ones) and its own
+// replies. When a branch fails or times out, the branches still running
+// are awaited (or time out); once none runs, exactly the branches that
+// succeeded or timed out (effect unknown) are compensated, last declared
+// first, then the steps before the group, last first. A failed branch is
+// not compensated. A later step's failure compensates every branch of the
+// completed group. A timed-out branch's success is undone like any late
+// success: recorded as late_success and compensated with the others if the
+// group still runs, or its compensation sent again if the saga already
+// compensated it. Branch states are stored in the instance's branches
+// column (saga migration 004) and shown by Info.Branches and `millwright
+// saga show`; Definition.Mermaid draws a group as a fork and join.
+//
 // # Running
 //
 //	o, _ := saga.NewOrchestrator(db, orders, saga.Config{})

@@ -42,6 +42,9 @@ type Info struct {
 	LastError string
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// Branches is the state of each branch of the parallel groups the
+	// saga entered, by branch name (nil: none entered).
+	Branches map[string]BranchInfo
 }
 
 // HistoryEntry is one row of a saga's step history.
@@ -66,7 +69,7 @@ func infoOf(r storage.SagaInfoRow) Info {
 	in := Info{ID: r.ID, Type: r.Type, State: State(r.State), Step: r.Step, StepIndex: r.StepIndex, Data: r.Data,
 		Version: r.Version, Deadline: r.Deadline.Time, AwaitingReply: r.AwaitingReply,
 		CompensationAttempts: r.CompensationAttempts, Cause: r.Cause, LastError: r.LastError,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Branches: branchesOf(r.Branches)}
 	if in.State == StateCompleted || in.StepIndex < 0 {
 		in.Step = ""
 	}

@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -115,6 +118,9 @@ func sagaShowCmd() *cobra.Command {
 			fmt.Fprintf(w, "type:\t%s\n", in.Type)
 			fmt.Fprintf(w, "state:\t%s\n", in.State)
 			fmt.Fprintf(w, "step:\t%s\n", dash(in.Step))
+			if len(in.Branches) > 0 {
+				fmt.Fprintf(w, "branches:\t%s\n", branchesLine(in.Branches))
+			}
 			fmt.Fprintf(w, "version:\t%d\n", in.Version)
 			fmt.Fprintf(w, "created:\t%s\n", in.CreatedAt.UTC().Format(time.RFC3339Nano))
 			fmt.Fprintf(w, "updated:\t%s\n", in.UpdatedAt.UTC().Format(time.RFC3339Nano))
@@ -224,4 +230,22 @@ required. Every run past flag validation is recorded in millwright_audit.`,
 // resolveSaga is saga.Resolve on the command's pool (--driver).
 func resolveSaga(ctx context.Context, pool *cliPool, id string, action saga.ResolveAction, note string, dryRun bool) (saga.Resolution, error) {
 	return saga.Resolve(ctx, pool.handle(), id, action, note, dryRun)
+}
+
+// branchesLine is a saga's parallel branches for `saga show`, by name:
+// "charge=succeeded, ship=running (due 2026-...)".
+func branchesLine(bs map[string]saga.BranchInfo) string {
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(bs)) {
+		b := bs[name]
+		p := name + "=" + b.State
+		if b.State == saga.BranchRunning && !b.Deadline.IsZero() {
+			p += " (due " + b.Deadline.UTC().Format(time.RFC3339Nano) + ")"
+		}
+		if b.LateSuccess {
+			p += " (succeeded late)"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, ", ")
 }

@@ -31,6 +31,9 @@ type SagaInstance struct {
 	AttemptBase  int
 	ResumeStep   sql.NullInt64
 	Cause        sql.NullString
+	// Branches is the state of the branches of the saga's parallel
+	// groups, a JSON object (nil: NULL, no group entered).
+	Branches []byte
 }
 
 // SagaStep is one row of a saga's step history (millwright_saga_steps) as a
@@ -43,12 +46,12 @@ type SagaStep struct {
 
 const sagaInstanceColumns = `id, type, state, current_step, data::text, version, deadline_at, awaiting_reply,
 	compensation_attempts, compensation_started_at, last_error, created_at,
-	compensation_attempt_base, resume_step, cause`
+	compensation_attempt_base, resume_step, cause, branches::text`
 
 func (in *SagaInstance) dest() []any {
 	return []any{&in.ID, &in.Type, &in.State, &in.Step, &in.Data, &in.Version, &in.Deadline, &in.Awaiting,
 		&in.CompAttempts, &in.CompStarted, &in.LastError, &in.CreatedAt,
-		&in.AttemptBase, &in.ResumeStep, &in.Cause}
+		&in.AttemptBase, &in.ResumeStep, &in.Cause, &in.Branches}
 }
 
 // The history rows go as five arrays, unnested in order: one statement
@@ -66,8 +69,8 @@ func sagaStepArgs(first any, steps []SagaStep) []any {
 }
 
 const insertSagaSQL = `WITH x AS (INSERT INTO millwright_saga_instances
-	(id, type, state, current_step, data, deadline_at, awaiting_reply, created_at, updated_at)
-	VALUES ($1, $7, $8, $9, $10::jsonb, $11, $12, $13, $13) ON CONFLICT (id) DO NOTHING RETURNING id)
+	(id, type, state, current_step, data, deadline_at, awaiting_reply, created_at, updated_at, branches)
+	VALUES ($1, $7, $8, $9, $10::jsonb, $11, $12, $13, $13, $14::jsonb) ON CONFLICT (id) DO NOTHING RETURNING id)
 	INSERT INTO millwright_saga_steps (saga_id, step, kind, detail, attempt, error)
 	SELECT x.id, u.s, u.k, u.d, u.a, NULLIF(u.e, '') FROM x, ` + sagaStepsFrom + ` ORDER BY u.o`
 
@@ -89,7 +92,7 @@ func InsertSaga(ctx context.Context, q Querier, in SagaInstance, steps []SagaSte
 		return false, fmt.Errorf("storage: inserting saga %q: its data: %w", in.ID, err)
 	}
 	args := append(sagaStepArgs(in.ID, steps), in.Type, in.State, in.Step, string(in.Data),
-		sagaNullTime(in.Deadline), in.Awaiting, in.CreatedAt)
+		sagaNullTime(in.Deadline), in.Awaiting, in.CreatedAt, sagaNullJSON(in.Branches))
 	n, err := q.Exec(ctx, Statement{SQL: insertSagaSQL, Args: args, Expect: NoExpect, What: "inserting saga instance " + in.ID})
 	if err != nil {
 		return false, err
@@ -175,7 +178,7 @@ func LoadSagaFacts(ctx context.Context, q Querier, f SagaFactsQuery) (SagaFacts,
 const updateSagaSQL = `UPDATE millwright_saga_instances SET
 	state = $3, current_step = $4, data = $5::jsonb, version = version + 1, deadline_at = $6, awaiting_reply = $7,
 	compensation_attempts = $8, compensation_started_at = $9, last_error = $10, compensation_attempt_base = $11,
-	resume_step = $12, cause = $13, updated_at = now()
+	resume_step = $12, cause = $13, branches = $14::jsonb, updated_at = now()
 	WHERE id = $1 AND version = $2`
 
 const insertSagaStepsSQL = `INSERT INTO millwright_saga_steps (saga_id, step, kind, detail, attempt, error)
@@ -195,7 +198,7 @@ func SagaTransition(in SagaInstance, old int64, steps []SagaStep) ([]Statement, 
 	ss := []Statement{{SQL: updateSagaSQL, Expect: 1, What: "writing saga instance " + in.ID + " over version " + fmt.Sprint(old),
 		Args: []any{in.ID, old, in.State, in.Step, string(in.Data), sagaNullTime(in.Deadline), in.Awaiting,
 			in.CompAttempts, sagaNullTime(in.CompStarted), sagaNullString(in.LastError), in.AttemptBase,
-			sagaNullInt(in.ResumeStep), sagaNullString(in.Cause)}}}
+			sagaNullInt(in.ResumeStep), sagaNullString(in.Cause), sagaNullJSON(in.Branches)}}}
 	if len(steps) > 0 {
 		ss = append(ss, SagaSteps(in.ID, steps))
 	}
@@ -222,10 +225,12 @@ type SagaInfoRow struct {
 	CompensationAttempts int
 	Cause, LastError     string
 	CreatedAt, UpdatedAt time.Time
+	// Branches is the branches column (nil: NULL).
+	Branches []byte
 }
 
 const sagaInfoSelect = `SELECT i.id, i.type, i.state, i.current_step, i.data::text, i.version, i.deadline_at,
-	i.awaiting_reply, i.compensation_attempts, COALESCE(i.cause, ''), COALESCE(i.last_error, ''), i.created_at, i.updated_at,
+	i.awaiting_reply, i.compensation_attempts, COALESCE(i.cause, ''), COALESCE(i.last_error, ''), i.created_at, i.updated_at, i.branches::text,
 	COALESCE((SELECT s.step FROM millwright_saga_steps s WHERE s.saga_id = i.id
 		AND s.kind IN ('command', 'compensation', 'resolved') ORDER BY s.id DESC LIMIT 1), '')
 	FROM millwright_saga_instances i`
@@ -233,7 +238,7 @@ const sagaInfoSelect = `SELECT i.id, i.type, i.state, i.current_step, i.data::te
 func scanSagaInfo(r Row) (SagaInfoRow, error) {
 	var in SagaInfoRow
 	err := r.Scan(&in.ID, &in.Type, &in.State, &in.StepIndex, &in.Data, &in.Version, &in.Deadline,
-		&in.AwaitingReply, &in.CompensationAttempts, &in.Cause, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.Step)
+		&in.AwaitingReply, &in.CompensationAttempts, &in.Cause, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.Branches, &in.Step)
 	return in, err
 }
 
@@ -345,4 +350,11 @@ func sagaNullInt(n sql.NullInt64) any {
 		return nil
 	}
 	return n.Int64
+}
+
+func sagaNullJSON(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return string(b)
 }

@@ -31,6 +31,7 @@ func exerciseSaga(t *testing.T, setup func(t *testing.T) Setup) {
 		{"CheckTables", sagaCheckTables},
 		{"DataJSONBCannotHoldIsRefused", sagaDataJSONBCannotHoldIsRefused},
 		{"CheckJSONBAgreesWithTheServer", checkJSONBAgreesWithTheServer},
+		{"BranchesRoundTrip", sagaBranchesRoundTrip},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -438,4 +439,40 @@ func checkJSONBAgreesWithTheServer(t *testing.T, p storage.Pool) {
 	}
 	require.Positive(t, accepted)
 	require.Positive(t, refused)
+}
+
+// sagaBranchesRoundTrip: the branches column (parallel branches' states)
+// is written by InsertSaga and SagaTransition and read by LockSaga,
+// ClaimDueSagas and GetSaga; nil is NULL.
+func sagaBranchesRoundTrip(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	in := newSaga("s-1", "orders")
+	in.Branches = []byte(`{"a":{"state":"running","deadline":"2026-12-06T10:00:00Z"},"b":{"state":"running"}}`)
+	_, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "a", Kind: "command", Attempt: 1}, {Step: "b", Kind: "command", Attempt: 1}})
+	require.NoError(t, err)
+	got, err := storage.LockSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.JSONEq(t, string(in.Branches), string(got.Branches))
+
+	next := got
+	next.Branches = []byte(`{"a":{"state":"succeeded"},"b":{"state":"timed_out","late_success":true}}`)
+	ss, err := storage.SagaTransition(next, got.Version, nil)
+	require.NoError(t, err)
+	require.NoError(t, p.Batch(ctx, ss...))
+	info, err := storage.GetSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.JSONEq(t, string(next.Branches), string(info.Branches))
+
+	got, err = storage.LockSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	got.Branches = nil
+	ss, err = storage.SagaTransition(got, got.Version, nil)
+	require.NoError(t, err)
+	require.NoError(t, p.Batch(ctx, ss...))
+	got, err = storage.LockSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.Nil(t, got.Branches, "nil is NULL")
+	info, err = storage.GetSaga(ctx, p, "s-1")
+	require.NoError(t, err)
+	require.Nil(t, info.Branches)
 }
