@@ -46,6 +46,9 @@ type instance struct {
 	// branches is the state of each branch of the groups entered, by
 	// branch name (group.go); never mutated in place (decisions clone it).
 	branches map[string]BranchInfo
+	// forwardRetry: the round (compAttempts, compStarted, attemptBase)
+	// counts a Retriable step's command attempts (wait.go).
+	forwardRetry bool
 }
 
 // attempt is the wire attempt number of the current compensation.
@@ -243,6 +246,9 @@ func (d decider[D]) sendCommand(t *transition, i int, data D, now time.Time) err
 	if g, ok := d.def.groupAt(i); ok {
 		return d.sendGroup(t, g, data, now)
 	}
+	if ok, err := d.enterStep(t, i, data, now); ok { // wait.go: waiting, timer, Retriable
+		return err
+	}
 	s := d.def.steps[i]
 	cmd, err := s.Command(data)
 	if err != nil {
@@ -336,6 +342,9 @@ func answeredKinds(r replyInfo) []string {
 // onReply computes what reply r does to instance in.
 func (d decider[D]) onReply(in instance, r replyInfo, h history, now time.Time) (*transition, error) {
 	if t, ok, err := d.groupReply(in, r, h, now); ok {
+		return t, err
+	}
+	if t, ok, err := d.onRetriableReply(in, r, h, now); ok { // wait.go
 		return t, err
 	}
 	if ok, _ := d.current(in, r); !ok {
@@ -662,6 +671,8 @@ func (d decider[D]) onDeadline(in instance, h history, now time.Time) (*transiti
 		return t, nil
 	}
 	switch {
+	case in.state == StateRunning && d.waitDeadline(in): // wait.go: timer, Retriable, skipped
+		err = d.onWaitDeadline(t, data, h, now)
 	case in.state == StateRunning:
 		s := d.def.steps[in.step]
 		msg := fmt.Sprintf("step %q timed out after %s", s.Name, s.Timeout)

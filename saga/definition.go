@@ -92,7 +92,8 @@ type Step[D any] struct {
 	// Retry is the backoff between attempts of a failed (or unanswered)
 	// compensation; when it is exhausted the saga becomes stuck. Default:
 	// retry.Policy defaults (5 attempts, from 100ms, full jitter).
-	// MaxAttempts -1 retries forever.
+	// MaxAttempts -1 retries forever. For a Retriable step it is the
+	// backoff between attempts of its command.
 	Retry retry.Policy
 	// Parallel, when set, makes the step a group of at least 2 branches
 	// that run at once: every branch's command is sent when the group is
@@ -105,6 +106,37 @@ type Step[D any] struct {
 	// then the steps before the group. See "Parallel branches" in the
 	// package doc.
 	Parallel []Step[D]
+
+	// WaitFor makes the step a waiting step: it sends no command (leave
+	// Command nil) and waits, up to Timeout, for an event of this type
+	// correlated to the saga (an approval, a webhook), delivered with
+	// Orchestrator.Signal in the caller's transaction or through the
+	// transport (Orchestrator.SignalEvent, consumed by HandleReply). The
+	// event is the step's success (SuccessReply is WaitFor; OnSuccess may
+	// copy its payload into the data); an event of type FailureReply
+	// rejects the step. Its timeout compensates the earlier steps, and an
+	// event after it is recorded and ignored. A wait has nothing to undo
+	// (NoCompensation is implied). Unique among the saga's waiting steps.
+	WaitFor string
+	// Sleep and Until make the step a timer: it sends no command and
+	// succeeds when Sleep has passed since it began, or at the time Until
+	// returns for the data (a time already past goes on at the next
+	// poll). Set one of them, and none of Command, WaitFor, the reply
+	// fields, OnSuccess, Timeout or Compensation. NoCompensation is
+	// implied. Sleep: minimum 1ms.
+	Sleep time.Duration
+	Until func(data D) time.Time
+	// Retriable makes a failure reply or a timeout of the step's command
+	// send it again (metadata.SagaAttempt + 1) after Retry's backoff
+	// instead of compensating; once Retry is spent the saga is stuck for
+	// an operator (`millwright saga resolve`: retry sends the command
+	// again, skip takes the step as done by hand and goes on). Such a step
+	// is never undone: it may not set Compensation (NoCompensation is
+	// implied), and after the first Retriable step (the pivot: the saga
+	// can no longer go back) only Retriable steps or timers may follow.
+	// Its participant must be idempotent: the same command may arrive
+	// more than once, and a success of any attempt is the step's.
+	Retriable bool
 }
 
 // DefaultTimeout is Step.Timeout's default.
@@ -147,11 +179,13 @@ func Define[D any](name string, steps ...Step[D]) (*Definition[D], error) {
 			errs = append(errs, fmt.Errorf("saga: %q step %d: Name %q is used by an earlier step: step names must be unique", name, i, s.Name))
 		}
 		d.index[s.Name] = len(d.steps)
+		errs = append(errs, s.checkWait(name)...) // wait.go, on the step as given
 		s = s.withDefaults()
 		errs = append(errs, s.check(name)...)
 		d.steps = append(d.steps, s)
 	}
 	errs = append(errs, d.checkGroupNames(name)...)
+	errs = append(errs, checkWaitSteps(name, d.steps)...) // wait.go
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -161,6 +195,7 @@ func Define[D any](name string, steps ...Step[D]) (*Definition[D], error) {
 // withDefaults returns s with its unset reply types, timeouts and retry
 // policy set to their defaults.
 func (s Step[D]) withDefaults() Step[D] {
+	s = s.waitDefaults() // wait.go
 	if s.SuccessReply == "" {
 		s.SuccessReply = s.Name + ".succeeded"
 	}
@@ -187,7 +222,7 @@ func (s Step[D]) withDefaults() Step[D] {
 // type name.
 func (s Step[D]) check(name string) []error {
 	var errs []error
-	if s.Command == nil {
+	if s.Command == nil && !s.commandless() { // wait.go
 		errs = append(errs, fmt.Errorf("saga: %q step %q: Command is nil: set the function that builds the step's command", name, s.Name))
 	}
 	// A step without a compensation keeps whatever its command did,
@@ -252,6 +287,7 @@ func (d *Definition[D]) Mermaid() string {
 	fmt.Fprintf(&b, "stateDiagram-v2\n")
 	fmt.Fprintf(&b, "    %%%% saga %s\n", d.name)
 	fmt.Fprintf(&b, "    [*] --> %s\n", id(d.steps[0].Name))
+	stuck := false
 	// compTarget(i) is the first compensation at or below step i, or the
 	// end state when no step down from i has one.
 	compTarget := func(i int) string {
@@ -267,11 +303,13 @@ func (d *Definition[D]) Mermaid() string {
 		if i+1 < len(d.steps) {
 			next = id(d.steps[i+1].Name)
 		}
+		if d.mermaidWait(&b, i, id(s.Name), next, compTarget, &stuck) { // wait.go
+			continue
+		}
 		fmt.Fprintf(&b, "    %s --> %s: %s\n", id(s.Name), next, s.SuccessReply)
 		fmt.Fprintf(&b, "    %s --> %s: %s\n", id(s.Name), compTarget(i-1), s.FailureReply)
 		fmt.Fprintf(&b, "    %s --> %s: timeout %s\n", id(s.Name), compTarget(i), s.Timeout)
 	}
-	stuck := false
 	for i := len(d.steps) - 1; i >= 0; i-- {
 		s := d.steps[i]
 		if s.Compensation == nil {

@@ -66,6 +66,39 @@
 // compensated it. Branch states are stored in the instance's branches
 // column (saga migration 004) and shown by Info.Branches and `millwright
 // saga show`; Definition.Mermaid draws a group as a fork and join.
+// # Waiting, timer and Retriable steps
+//
+// A step with WaitFor sends no command: it waits, up to its Timeout, for
+// an event of that type correlated to the saga (a manual approval, a
+// payment provider's webhook). Deliver it in your own transaction, which
+// also holds whatever the event changed:
+//
+//	saga.Step[Order]{Name: "approval", WaitFor: "approval.granted", Timeout: 48 * time.Hour,
+//		OnSuccess: func(o *Order, r saga.Reply) error { return r.Decode(&o.Approval) }}
+//
+//	err := o.Signal(ctx, tx, orderID, "approval.granted", body) // applied iff tx commits
+//
+// or through the transport, with the outbox event of SignalEvent on the
+// saga's reply topic (HandleReply applies it). The event is the step's
+// success; its FailureReply (default "<step>.failed") rejects the step.
+// The timeout compensates the earlier steps (a wait has nothing to undo).
+// An event that finds the saga not waiting for it (its wait timed out, it
+// came before) is recorded in the history as late_reply and ignored;
+// Signal returns ErrNotWaiting instead, saying where the saga is. A
+// timer step (Sleep: 10 * time.Minute, or Until: func(o Order) time.Time
+// {...}) goes on when its time has come. Both are the instance's
+// deadline_at, so they survive restarts; the history records them as
+// kind wait and timer (timer_fired).
+//
+// A Retriable step is retried instead of compensated: its failure reply
+// or timeout sends the command again (metadata.SagaAttempt + 1) after the
+// step's Retry backoff; once Retry is spent the saga is stuck, and
+// `millwright saga resolve ID` sends the command again with a fresh budget
+// (--action skip: the step was done by hand, the saga goes on). A success
+// of any attempt is the step's, so its participant must be idempotent. In
+// the saga literature these are the steps after the pivot: Define refuses
+// a Retriable step with a Compensation, and after the first Retriable step
+// only Retriable steps and timers, naming the step that breaks the rule.
 //
 // # Running
 //

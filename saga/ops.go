@@ -30,7 +30,9 @@ type Info struct {
 	AwaitingReply bool
 	// CompensationAttempts counts the attempts of the current
 	// compensation round (a round starts when the compensation of a step
-	// starts, and again after a late success or an operator's retry).
+	// starts, and again after a late success or an operator's retry). At
+	// a Retriable step (running, or stuck on its command) it counts the
+	// attempts of the step's command instead.
 	CompensationAttempts int
 	// Cause is why the saga is compensating ("" if it never failed): the
 	// failure reply, timeout or command error that started the
@@ -172,10 +174,13 @@ type ResolveAction string
 
 const (
 	// ResolveRetry sends the stuck compensation again with a fresh retry
-	// budget: for a participant that was broken and is fixed.
+	// budget: for a participant that was broken and is fixed. A saga stuck
+	// on a Retriable step's command has that command sent again instead.
 	ResolveRetry ResolveAction = "retry"
 	// ResolveSkip records the stuck compensation as done by hand and goes
-	// on with the compensations of the earlier steps.
+	// on with the compensations of the earlier steps. A saga stuck on a
+	// Retriable step's command takes the step as done by hand and goes on
+	// with the next step (or completes).
 	ResolveSkip ResolveAction = "skip"
 )
 
@@ -196,7 +201,9 @@ type Resolution struct {
 // the stuck compensation is sent again with a fresh budget; with
 // ResolveSkip the compensation is taken as done by hand and the earlier
 // steps' compensations follow (for the compensation of a late success, the
-// ones it interrupted). The change is a row update (the next Run
+// ones it interrupted). A saga stuck on a Retriable step's command has
+// the command sent again in a fresh round (retry), or the step taken as
+// done by hand and the next step sent (skip). The change is a row update (the next Run
 // round of any orchestrator of the type sends the command), recorded in the
 // history; no Definition is needed, so the CLI can call it. With dryRun
 // nothing is written. The error wraps ErrNotFound or ErrNotStuck when the
@@ -257,6 +264,11 @@ func resolveIn(ctx context.Context, tx storage.Querier, id string, action Resolv
 	r := Resolution{Info: in, Action: action, DryRun: dryRun}
 	if in.State != StateStuck {
 		return r, fmt.Errorf("saga %q is %s, not stuck: only stuck sagas are resolved: %w", id, in.State, ErrNotStuck)
+	}
+	if fwd, err := storage.SagaForwardRetry(ctx, tx, id); err != nil {
+		return r, fmt.Errorf("saga %q: reading forward_retry%s: %w", id, storage.Hint(err), err)
+	} else if fwd { // stuck on a Retriable step's command (wait.go)
+		return resolveForward(ctx, tx, r, note)
 	}
 	next, resume := resolution(&r, resume)
 	if dryRun {

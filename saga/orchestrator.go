@@ -519,7 +519,11 @@ func (o *Orchestrator[D]) report(t *transition) {
 		case noteStuck:
 			o.m.stuck.Inc()
 			if n.step != "" {
-				o.cfg.Logger.Error("saga: stuck: compensation retries exhausted; fix the participant, then run `millwright saga resolve "+id+"`",
+				what := "compensation retries exhausted"
+				if n.phase == PhaseForward { // wait.go: a Retriable step
+					what = "retries of the Retriable step's command exhausted"
+				}
+				o.cfg.Logger.Error("saga: stuck: "+what+"; fix the participant, then run `millwright saga resolve "+id+"`",
 					errors.New(t.in.lastError.String), watermill.LogFields{"saga_type": typ, "saga_id": id, "step": n.step, "attempts": n.attempt})
 			}
 		case noteTimeout:

@@ -121,6 +121,9 @@ func (d decider[D]) parseReply(msg *message.Message) (replyInfo, error) {
 		r.reply.Type = md.Get(metadata.EventType)
 	}
 	s := d.def.steps[idx]
+	if s.isTimer() { // wait.go
+		return r, d.timerReplyError(r)
+	}
 	want := []string{s.SuccessReply, s.FailureReply}
 	if r.phase == PhaseCompensation {
 		want = []string{s.CompensatedReply, s.CompensationFailedReply}

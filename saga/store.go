@@ -22,7 +22,7 @@ func fromRow(r storage.SagaInstance) instance {
 	return instance{id: r.ID, typ: r.Type, state: State(r.State), step: r.Step, data: r.Data, version: r.Version,
 		deadline: r.Deadline, awaiting: r.Awaiting, compAttempts: r.CompAttempts, compStarted: r.CompStarted,
 		lastError: r.LastError, createdAt: r.CreatedAt, attemptBase: r.AttemptBase, resumeStep: r.ResumeStep, cause: r.Cause,
-		branches: branchesOf(r.Branches)}
+		branches: branchesOf(r.Branches), forwardRetry: r.ForwardRetry}
 }
 
 // row is in as stored. Its texts (last_error, cause) are made storable:
@@ -33,7 +33,7 @@ func (in instance) row() storage.SagaInstance {
 	return storage.SagaInstance{ID: in.id, Type: in.typ, State: string(in.state), Step: in.step, Data: in.data, Version: in.version,
 		Deadline: in.deadline, Awaiting: in.awaiting, CompAttempts: in.compAttempts, CompStarted: in.compStarted,
 		LastError: storableNull(in.lastError), CreatedAt: in.createdAt, AttemptBase: in.attemptBase, ResumeStep: in.resumeStep,
-		Cause: storableNull(in.cause), Branches: marshalBranches(in.branches)}
+		Cause: storableNull(in.cause), Branches: marshalBranches(in.branches), ForwardRetry: in.forwardRetry}
 }
 
 func storableNull(s sql.NullString) sql.NullString {

@@ -170,6 +170,10 @@ participant is fixed:
   --action skip   records it as done by hand and continues with the
                   compensations of the earlier steps.
 
+A saga is also stuck when a Retriable step's command spent its retry
+budget: retry then sends that command again with a fresh budget, and skip
+records the step as done by hand and goes on with the next step.
+
 The next round of any running orchestrator of the saga's type acts on it.
 --dry-run prints what would be done and writes only its audit row. On a
 terminal it shows the resolution and asks to confirm; elsewhere --yes is

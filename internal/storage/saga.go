@@ -34,6 +34,9 @@ type SagaInstance struct {
 	// Branches is the state of the branches of the saga's parallel
 	// groups, a JSON object (nil: NULL, no group entered).
 	Branches []byte
+	// ForwardRetry: the round columns (CompAttempts, CompStarted,
+	// AttemptBase) count a Retriable step's command attempts.
+	ForwardRetry bool
 }
 
 // SagaStep is one row of a saga's step history (millwright_saga_steps) as a
@@ -46,12 +49,12 @@ type SagaStep struct {
 
 const sagaInstanceColumns = `id, type, state, current_step, data::text, version, deadline_at, awaiting_reply,
 	compensation_attempts, compensation_started_at, last_error, created_at,
-	compensation_attempt_base, resume_step, cause, branches::text`
+	compensation_attempt_base, resume_step, cause, branches::text, forward_retry`
 
 func (in *SagaInstance) dest() []any {
 	return []any{&in.ID, &in.Type, &in.State, &in.Step, &in.Data, &in.Version, &in.Deadline, &in.Awaiting,
 		&in.CompAttempts, &in.CompStarted, &in.LastError, &in.CreatedAt,
-		&in.AttemptBase, &in.ResumeStep, &in.Cause, &in.Branches}
+		&in.AttemptBase, &in.ResumeStep, &in.Cause, &in.Branches, &in.ForwardRetry}
 }
 
 // The history rows go as five arrays, unnested in order: one statement
@@ -178,7 +181,7 @@ func LoadSagaFacts(ctx context.Context, q Querier, f SagaFactsQuery) (SagaFacts,
 const updateSagaSQL = `UPDATE millwright_saga_instances SET
 	state = $3, current_step = $4, data = $5::jsonb, version = version + 1, deadline_at = $6, awaiting_reply = $7,
 	compensation_attempts = $8, compensation_started_at = $9, last_error = $10, compensation_attempt_base = $11,
-	resume_step = $12, cause = $13, branches = $14::jsonb, updated_at = now()
+	resume_step = $12, cause = $13, branches = $14::jsonb, forward_retry = $15, updated_at = now()
 	WHERE id = $1 AND version = $2`
 
 const insertSagaStepsSQL = `INSERT INTO millwright_saga_steps (saga_id, step, kind, detail, attempt, error)
@@ -198,7 +201,7 @@ func SagaTransition(in SagaInstance, old int64, steps []SagaStep) ([]Statement, 
 	ss := []Statement{{SQL: updateSagaSQL, Expect: 1, What: "writing saga instance " + in.ID + " over version " + fmt.Sprint(old),
 		Args: []any{in.ID, old, in.State, in.Step, string(in.Data), sagaNullTime(in.Deadline), in.Awaiting,
 			in.CompAttempts, sagaNullTime(in.CompStarted), sagaNullString(in.LastError), in.AttemptBase,
-			sagaNullInt(in.ResumeStep), sagaNullString(in.Cause), sagaNullJSON(in.Branches)}}}
+			sagaNullInt(in.ResumeStep), sagaNullString(in.Cause), sagaNullJSON(in.Branches), in.ForwardRetry}}}
 	if len(steps) > 0 {
 		ss = append(ss, SagaSteps(in.ID, steps))
 	}
@@ -232,7 +235,7 @@ type SagaInfoRow struct {
 const sagaInfoSelect = `SELECT i.id, i.type, i.state, i.current_step, i.data::text, i.version, i.deadline_at,
 	i.awaiting_reply, i.compensation_attempts, COALESCE(i.cause, ''), COALESCE(i.last_error, ''), i.created_at, i.updated_at, i.branches::text,
 	COALESCE((SELECT s.step FROM millwright_saga_steps s WHERE s.saga_id = i.id
-		AND s.kind IN ('command', 'compensation', 'resolved') ORDER BY s.id DESC LIMIT 1), '')
+		AND s.kind IN ('command', 'compensation', 'resolved', 'wait', 'timer') ORDER BY s.id DESC LIMIT 1), '')
 	FROM millwright_saga_instances i`
 
 func scanSagaInfo(r Row) (SagaInfoRow, error) {
@@ -357,4 +360,31 @@ func sagaNullJSON(b []byte) any {
 		return nil
 	}
 	return string(b)
+}
+
+// SagaForwardRetry reports whether instance id's current round is a
+// Retriable step's command (forward_retry); no such instance is an error
+// for which IsNoRows holds.
+func SagaForwardRetry(ctx context.Context, q Querier, id string) (bool, error) {
+	var fwd bool
+	err := q.QueryRow(ctx, S(`SELECT forward_retry FROM millwright_saga_instances WHERE id = $1`, id), &fwd)
+	return fwd, err
+}
+
+const resolveSagaForwardSQL = `UPDATE millwright_saga_instances SET state = 'running',
+	version = version + 1, deadline_at = now(), awaiting_reply = false,
+	compensation_attempt_base = compensation_attempt_base + GREATEST(compensation_attempts, 1),
+	compensation_attempts = 0, compensation_started_at = NULL, forward_retry = $2, updated_at = now()
+	WHERE id = $1`
+
+// ResolveSagaForward hands saga id, stuck on a Retriable step's command,
+// back to the timeout loop, due now: retry true sends the command again
+// in a fresh round of attempts (numbered after the earlier ones); false
+// (skip) takes the step as done and goes on with the next one. It records
+// the resolution in the history: two statements in one batch. The instance
+// must be locked by q's transaction.
+func ResolveSagaForward(ctx context.Context, q Querier, id string, retry bool, resolved SagaStep) error {
+	return q.Batch(ctx,
+		Statement{SQL: resolveSagaForwardSQL, Args: []any{id, retry}, Expect: 1, What: "resolving saga " + id},
+		SagaSteps(id, []SagaStep{resolved}))
 }

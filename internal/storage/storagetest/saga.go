@@ -28,6 +28,7 @@ func exerciseSaga(t *testing.T, setup func(t *testing.T) Setup) {
 		{"ClaimDueSkipsLockedAndOtherTypes", sagaClaimDueSkipsLockedAndOtherTypes},
 		{"InfoListAndCount", sagaInfoListAndCount},
 		{"Resolve", sagaResolve},
+		{"ResolveForward", sagaResolveForward},
 		{"CheckTables", sagaCheckTables},
 		{"DataJSONBCannotHoldIsRefused", sagaDataJSONBCannotHoldIsRefused},
 		{"CheckJSONBAgreesWithTheServer", checkJSONBAgreesWithTheServer},
@@ -101,6 +102,7 @@ func sagaLockAndTransition(t *testing.T, p storage.Pool) {
 	next.LastError = sql.NullString{String: "it's broken", Valid: true}
 	next.AttemptBase, next.ResumeStep = 3, sql.NullInt64{Int64: -1, Valid: true}
 	next.Cause = sql.NullString{String: "cause", Valid: true}
+	next.ForwardRetry = true
 	history := []storage.SagaStep{{Step: "reserve", Kind: "reply", Attempt: 1}, {Step: "reserve", Kind: "compensation", Attempt: 4}}
 	ss, err := storage.SagaTransition(next, 1, history)
 	require.NoError(t, err)
@@ -475,4 +477,47 @@ func sagaBranchesRoundTrip(t *testing.T, p storage.Pool) {
 	info, err = storage.GetSaga(ctx, p, "s-1")
 	require.NoError(t, err)
 	require.Nil(t, info.Branches)
+}
+
+// sagaResolveForward: a saga stuck on a Retriable step's command
+// (forward_retry) is handed back running, due now: retry keeps
+// forward_retry and starts a round numbered after the earlier attempts;
+// skip clears it.
+func sagaResolveForward(t *testing.T, p storage.Pool) {
+	ctx := context.Background()
+	for _, retry := range []bool{true, false} {
+		id := fmt.Sprintf("f-%v", retry)
+		in := newSaga(id, "orders")
+		in.State, in.Step, in.Deadline = "stuck", 2, sql.NullTime{}
+		_, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "charge", Kind: "stuck", Attempt: 3}})
+		require.NoError(t, err)
+		fwd, err := storage.SagaForwardRetry(ctx, p, id)
+		require.NoError(t, err)
+		require.False(t, fwd, "false by default")
+		_, err = p.Exec(ctx, storage.S(`UPDATE millwright_saga_instances SET forward_retry = true, compensation_attempts = 3,
+			compensation_attempt_base = 1, compensation_started_at = now() WHERE id = $1`, id))
+		require.NoError(t, err)
+		fwd, err = storage.SagaForwardRetry(ctx, p, id)
+		require.NoError(t, err)
+		require.True(t, fwd)
+
+		require.NoError(t, storage.ResolveSagaForward(ctx, p, id, retry, storage.SagaStep{Step: "charge", Kind: "resolved", Detail: "by hand", Attempt: 3}))
+		got, err := storage.LockSaga(ctx, p, id)
+		require.NoError(t, err)
+		require.Equal(t, "running", got.State)
+		require.Equal(t, 2, got.Step)
+		require.False(t, got.Awaiting)
+		require.True(t, got.Deadline.Valid, "due now")
+		require.Equal(t, retry, got.ForwardRetry)
+		require.Zero(t, got.CompAttempts)
+		require.False(t, got.CompStarted.Valid)
+		require.Equal(t, 4, got.AttemptBase, "after the 3 attempts of the round")
+		h, err := storage.SagaHistory(ctx, p, id)
+		require.NoError(t, err)
+		require.Equal(t, "resolved", h[1].Kind)
+	}
+	_, err := storage.SagaForwardRetry(ctx, p, "missing")
+	require.True(t, storage.IsNoRows(err), "err: %v", err)
+	err = storage.ResolveSagaForward(ctx, p, "missing", true, storage.SagaStep{Kind: "resolved"})
+	require.ErrorIs(t, err, storage.ErrConflict)
 }
