@@ -66,6 +66,7 @@
 // compensated it. Branch states are stored in the instance's branches
 // column (saga migration 004) and shown by Info.Branches and `millwright
 // saga show`; Definition.Mermaid draws a group as a fork and join.
+//
 // # Waiting, timer and Retriable steps
 //
 // A step with WaitFor sends no command: it waits, up to its Timeout, for

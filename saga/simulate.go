@@ -1,6 +1,7 @@
 package saga
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -74,6 +75,7 @@ type simEngine[D any] struct {
 	sagas map[string]*simSaga
 	ids   []string
 	cmds  []sagasim.Command
+	waits []sagasim.Wait
 	// replies numbers the replies, naming them in errors.
 	replies int
 }
@@ -172,6 +174,47 @@ func (e *simEngine[D]) ReplyMessage(msg *message.Message, now time.Time) (sagasi
 	return r, nil
 }
 
+// Signal is Orchestrator.Signal on memory, or with transport the
+// delivery of Orchestrator.SignalEvent's event through HandleReply.
+func (e *simEngine[D]) Signal(id, eventType string, payload any, transport bool, now time.Time) error {
+	r, err := e.d.signalReply(id, eventType, payload)
+	if err != nil {
+		return err
+	}
+	if transport {
+		e.replies++
+		msg := message.NewMessage("sim-event-"+strconv.Itoa(e.replies), r.reply.Payload)
+		for k, v := range r.reply.Metadata {
+			msg.Metadata.Set(k, v)
+		}
+		msg.Metadata.Set(metadata.EventID, msg.UUID)
+		msg.Metadata.Set(metadata.EventType, eventType)
+		_, err := e.ReplyMessage(msg, now)
+		return err
+	}
+	s, ok := e.sagas[id]
+	if !ok {
+		return fmt.Errorf("saga %s: Signal(%q, %q): %w", e.name(), id, eventType, ErrNotFound)
+	}
+	if err := e.d.waiting(s.in, r); err != nil {
+		return err
+	}
+	t, err := e.decide(s, input{reply: r}, now)
+	if err != nil {
+		return fmt.Errorf("saga %s: event %s for step %q of %q: %w", e.name(), eventType, r.step, id, err)
+	}
+	if err := checkData(t); err != nil {
+		reason := fmt.Sprintf("reply %s to step %q (attempt %d): %s", eventType, r.step, r.attempt, simRefusal(id, err))
+		t = e.d.setAsideRefused(s.in, t, reason, false)
+	}
+	e.write(s, t, now)
+	return nil
+}
+
+// Waits returns the waits begun, oldest first: the engine's own slice, to
+// read only.
+func (e *simEngine[D]) Waits() []sagasim.Wait { return e.waits }
+
 // fillReply completes r's phase (from its type), type (from its phase)
 // and attempt (the newest command of its step in that phase), naming what
 // does not fit.
@@ -185,6 +228,10 @@ func (e *simEngine[D]) fillReply(r *sagasim.Reply) error {
 	}
 	s := e.d.def.steps[i]
 	switch {
+	case s.isTimer():
+		return fmt.Errorf("saga %s %q: step %q is a timer step: it takes no replies (Advance the clock past it)", e.name(), r.SagaID, r.Step)
+	case s.isWait() && r.Type == "" && r.Phase == PhaseForward:
+		return fmt.Errorf("saga %s %q: step %q is a waiting step: it has no command to answer; deliver its event %q with Signal or SignalEvent", e.name(), r.SagaID, r.Step, s.WaitFor)
 	case r.Type == "" && r.Phase == PhaseForward:
 		r.Type = s.SuccessReply
 		if r.Failed {
@@ -266,7 +313,20 @@ func (e *simEngine[D]) Resolve(id, action, note string, dryRun bool, now time.Ti
 	if s.in.state != StateStuck {
 		return r, fmt.Errorf("saga %q is %s, not stuck: only stuck sagas are resolved: %w", id, s.in.state, ErrNotStuck)
 	}
-	next, resume := resolution(&r, s.in.resumeStep)
+	in := &s.in
+	var next int
+	var resume sql.NullInt64
+	if in.forwardRetry {
+		// Stuck on a Retriable step's command: resolveForward (its
+		// description, from a dry run that writes nothing).
+		dry := r
+		dry.DryRun = true
+		if dry, err := resolveForward(context.Background(), nil, dry, note); err == nil {
+			r.Description = dry.Description
+		}
+	} else {
+		next, resume = resolution(&r, in.resumeStep)
+	}
 	if dryRun {
 		return r, nil
 	}
@@ -274,11 +334,18 @@ func (e *simEngine[D]) Resolve(id, action, note string, dryRun bool, now time.Ti
 	if note = strings.TrimSpace(note); note != "" {
 		detail += ": " + note
 	}
-	// storage.ResolveSaga's row and history.
-	in := &s.in
-	in.state, in.step, in.version, in.awaiting = StateCompensating, next, in.version+1, false
-	in.deadline = sql.NullTime{Time: now, Valid: true}
-	in.compAttempts, in.compStarted, in.resumeStep = 0, sql.NullTime{}, resume
+	if in.forwardRetry {
+		// storage.ResolveSagaForward's row.
+		in.state, in.version, in.awaiting = StateRunning, in.version+1, false
+		in.deadline = sql.NullTime{Time: now, Valid: true}
+		in.attemptBase += max(in.compAttempts, 1)
+		in.compAttempts, in.compStarted, in.forwardRetry = 0, sql.NullTime{}, a == ResolveRetry
+	} else {
+		// storage.ResolveSaga's row.
+		in.state, in.step, in.version, in.awaiting = StateCompensating, next, in.version+1, false
+		in.deadline = sql.NullTime{Time: now, Valid: true}
+		in.compAttempts, in.compStarted, in.resumeStep = 0, sql.NullTime{}, resume
+	}
 	s.updatedAt = now
 	s.hist = append(s.hist, storage.SagaStep{Step: r.Info.Step, Kind: KindResolved, Detail: detail, Attempt: r.Info.CompensationAttempts})
 	s.at = append(s.at, now)
@@ -327,6 +394,10 @@ func (e *simEngine[D]) write(s *simSaga, t *transition, now time.Time) {
 	for _, r := range steps(t.hist) {
 		s.hist = append(s.hist, r)
 		s.at = append(s.at, now)
+		if r.Kind == KindWait {
+			st := e.d.def.steps[e.d.def.index[r.Step]]
+			e.waits = append(e.waits, sagasim.Wait{SagaID: s.in.id, Step: r.Step, Event: st.WaitFor, Reject: st.FailureReply, At: now})
+		}
 	}
 	for _, ev := range t.events {
 		md := make(map[string]string, len(ev.Metadata))
@@ -365,14 +436,14 @@ func (s *simSaga) info() Info {
 	in := s.in
 	out := Info{ID: in.id, Type: in.typ, State: in.state, StepIndex: in.step, Data: append([]byte(nil), in.data...),
 		Version: in.version, AwaitingReply: in.awaiting, CompensationAttempts: in.compAttempts, Cause: in.cause.String,
-		LastError: in.lastError.String, CreatedAt: in.createdAt, UpdatedAt: s.updatedAt}
+		LastError: in.lastError.String, CreatedAt: in.createdAt, UpdatedAt: s.updatedAt, Branches: in.branches}
 	if in.deadline.Valid {
 		out.Deadline = in.deadline.Time
 	}
 	// As storage.GetSaga: the step of the newest command, compensation or
 	// resolution; none once completed or with no step left.
 	for i := len(s.hist) - 1; i >= 0; i-- {
-		if k := s.hist[i].Kind; k == KindCommand || k == KindCompensation || k == KindResolved {
+		if k := s.hist[i].Kind; k == KindCommand || k == KindCompensation || k == KindResolved || k == KindWait || k == KindTimer {
 			out.Step = s.hist[i].Step
 			break
 		}

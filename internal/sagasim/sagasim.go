@@ -29,6 +29,13 @@ type Engine interface {
 	// ReplyMessage applies reply message msg at now, as
 	// Orchestrator.HandleReply, and returns what it says.
 	ReplyMessage(msg *message.Message, now time.Time) (Reply, error)
+	// Signal delivers event eventType for saga id at now: as
+	// Orchestrator.Signal, or with transport as HandleReply applies
+	// Orchestrator.SignalEvent's event.
+	Signal(id, eventType string, payload any, transport bool, now time.Time) error
+	// Waits returns the waiting steps begun, oldest first: the engine's own
+	// slice, to read only.
+	Waits() []Wait
 	// Due returns the earliest deadline at or before limit (the saga
 	// whose deadline it is, and when), ok false when none is due.
 	Due(limit time.Time) (id string, at time.Time, ok bool)
@@ -72,6 +79,14 @@ type Row struct {
 	Attempt            int
 	Error              string
 	At                 time.Time
+}
+
+// Wait is a waiting step a saga began (Step.WaitFor).
+type Wait struct {
+	SagaID, Step string
+	// Event is the awaited event type; Reject the step's FailureReply.
+	Event, Reject string
+	At            time.Time
 }
 
 // Command is a command the engine sent (an outbox event).

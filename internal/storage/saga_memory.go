@@ -28,5 +28,5 @@ func SagaFactsOf(rows []SagaStep, f SagaFactsQuery) SagaFacts {
 // them. Saga's simulator keeps its rows so: keep the two in step.
 func InsertedSaga(in SagaInstance) SagaInstance {
 	return SagaInstance{ID: in.ID, Type: in.Type, State: in.State, Step: in.Step, Data: in.Data, Version: 1,
-		Deadline: in.Deadline, Awaiting: in.Awaiting, CreatedAt: in.CreatedAt}
+		Deadline: in.Deadline, Awaiting: in.Awaiting, CreatedAt: in.CreatedAt, Branches: in.Branches}
 }

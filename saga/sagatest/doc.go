@@ -20,9 +20,13 @@
 // Reply (with a payload for OnSuccess) answer the newest command of a
 // step; ReplyTo answers a given command again (a duplicate) or an older
 // one (late); HandleReply takes a reply message a participant's own
-// handler made; Advance moves the clock, firing the step timeouts and
-// compensation retries that fall due; Resolve is the operator's action on
-// a stuck saga. Info, Data and History read an
+// handler made; Signal and SignalEvent deliver the event a waiting step
+// (Step.WaitFor) waits for, in the caller's transaction or through the
+// transport; Advance moves the clock, firing the step timeouts, timers
+// and retries that fall due; Resolve is the operator's action on a stuck
+// saga. Parallel groups, waiting, timer and Retriable steps run as in
+// the orchestrator: RunUntilIdle answers each branch's command, signals
+// each wait (OnStep(wait, Silent) lets it time out) and fires each timer. Info, Data and History read an
 // instance as saga.Get and saga.History would. Nothing happens between
 // calls: a test is exactly reproducible and takes microseconds.
 //

@@ -71,6 +71,8 @@ type Simulator[D any] struct {
 	// before next is done.
 	done map[int]bool
 	next int
+	// waits is how many of e.Waits() were handed to the script.
+	waits int
 }
 
 type stepPhase struct{ step, phase string }
@@ -210,6 +212,26 @@ func (s *Simulator[D]) HandleReply(msg *message.Message) error {
 	return nil
 }
 
+// Signal delivers event eventType (payload marshalled with encoding/json,
+// []byte as is) to saga id, waiting for it at a step with Step.WaitFor
+// (or rejecting it, with that step's FailureReply), as
+// Orchestrator.Signal: the error wraps saga.ErrNotWaiting, and nothing is
+// recorded, when the saga does not wait for it now (its wait timed out,
+// the event came before, the step is not reached yet), saga.ErrNotFound
+// for an unknown saga, and names the awaited events when no step waits
+// for eventType.
+func (s *Simulator[D]) Signal(id, eventType string, payload any) error {
+	return s.e.Signal(id, eventType, payload, false, s.now)
+}
+
+// SignalEvent delivers event eventType to saga id through the transport,
+// as HandleReply applies Orchestrator.SignalEvent's event: an event the
+// saga does not wait for now is recorded in its history (late_reply or
+// duplicate) and ignored.
+func (s *Simulator[D]) SignalEvent(id, eventType string, payload any) error {
+	return s.e.Signal(id, eventType, payload, true, s.now)
+}
+
 func (s *Simulator[D]) reply(r sagasim.Reply) error {
 	r, err := s.e.Reply(r, s.now)
 	if err != nil {
@@ -278,12 +300,15 @@ func (s *Simulator[D]) Advance(d time.Duration) error {
 func (s *Simulator[D]) Script(f func(Command) Answer) { s.script = f }
 
 // ScriptPayload sets the function that gives the payload of each reply
-// RunUntilIdle sends (marshalled as Reply's; nil: none, sent as {}): what
-// a step's OnSuccess reads, a reservation id say.
+// (and waited-for event) RunUntilIdle sends (marshalled as Reply's; nil:
+// none, sent as {}): what a step's OnSuccess reads, a reservation id say.
 func (s *Simulator[D]) ScriptPayload(f func(Command) any) { s.payload = f }
 
 // OnStep sets the answer RunUntilIdle gives step's commands (Succeed,
-// Fail or Silent: it times out). The error names an unknown step.
+// Fail or Silent: it times out). For a waiting step (Step.WaitFor),
+// Succeed signals its event as soon as the saga waits, Fail the step's
+// FailureReply event, Silent nothing (the wait times out). The error
+// names an unknown step.
 func (s *Simulator[D]) OnStep(step string, a Answer) error {
 	return s.on(step, saga.PhaseForward, a)
 }
@@ -319,8 +344,10 @@ func (s *Simulator[D]) checkStep(step string) error {
 // RunUntilIdle plays the participants and the clock until nothing is
 // left to happen: it hands each command sent and not yet answered to the
 // script, oldest first, and applies its answer at once (a participant
-// answering without delay); when no command is left it moves the clock to
-// the next deadline and fires it (as Advance). It returns when no command
+// answering without delay); then each wait begun (a waiting step, handed
+// as a Command with its event as Type and no Topic nor Message; the
+// answer is signalled); when none is left it moves the clock to the next
+// deadline and fires it (as Advance: timers, timeouts, retries). It returns when no command
 // is left and no saga has a deadline (every saga is completed,
 // compensated or stuck, or waits for an answer Silent withheld and has no
 // deadline), or with an error after MaxSimActions replies and deadlines
@@ -356,6 +383,27 @@ func (s *Simulator[D]) RunUntilIdle() error {
 			}
 			if err := s.reply(r); err != nil {
 				return fmt.Errorf("sagatest: RunUntilIdle: answering %s of %q: %w", c, c.SagaID, err)
+			}
+			continue
+		}
+		if waits := s.e.Waits(); s.waits < len(waits) {
+			w := waits[s.waits]
+			s.waits++
+			c := Command{SagaID: w.SagaID, Step: w.Step, Phase: saga.PhaseForward, Attempt: 1, Type: w.Event, At: w.At}
+			event := w.Event
+			switch s.answer(c) {
+			case Silent:
+				continue
+			case Fail:
+				event = w.Reject
+			}
+			var payload any
+			if s.payload != nil {
+				payload = s.payload(c)
+			}
+			// A wait already answered by hand is left alone.
+			if err := s.Signal(w.SagaID, event, payload); err != nil && !errors.Is(err, saga.ErrNotWaiting) {
+				return fmt.Errorf("sagatest: RunUntilIdle: answering the wait of step %q of %q: %w", w.Step, w.SagaID, err)
 			}
 			continue
 		}

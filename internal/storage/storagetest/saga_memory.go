@@ -41,13 +41,15 @@ func sagaInsertedIsStored(t *testing.T, p storage.Pool) {
 	in.CompStarted = sql.NullTime{Time: in.CreatedAt.Add(time.Second), Valid: true}
 	in.LastError, in.Cause = sql.NullString{String: "last", Valid: true}, sql.NullString{String: "cause", Valid: true}
 	in.ResumeStep = sql.NullInt64{Int64: 1, Valid: true}
+	in.Branches, in.ForwardRetry = []byte(`{"pack": {"state": "running"}}`), true
 	_, err := storage.InsertSaga(ctx, p, in, []storage.SagaStep{{Step: "reserve", Kind: "command", Attempt: 1}})
 	require.NoError(t, err)
 	got, err := storage.LockSaga(ctx, p, "s-1")
 	require.NoError(t, err)
 	want := storage.InsertedSaga(in)
 	require.JSONEq(t, string(want.Data), string(got.Data))
-	got.Data, want.Data = nil, nil
+	require.JSONEq(t, string(want.Branches), string(got.Branches))
+	got.Data, want.Data, got.Branches, want.Branches = nil, nil, nil, nil
 	got.CreatedAt, want.CreatedAt = got.CreatedAt.UTC(), want.CreatedAt.UTC()
 	got.Deadline.Time, want.Deadline.Time = got.Deadline.Time.UTC(), want.Deadline.Time.UTC()
 	require.Equal(t, want, got)
