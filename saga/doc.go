@@ -66,6 +66,7 @@
 // compensated it. Branch states are stored in the instance's branches
 // column (saga migration 004) and shown by Info.Branches and `millwright
 // saga show`; Definition.Mermaid draws a group as a fork and join.
+//
 // # Waiting, timer and Retriable steps
 //
 // A step with WaitFor sends no command: it waits, up to its Timeout, for
@@ -317,6 +318,15 @@
 //
 // Deadlines are computed from the orchestrator's clock and compared with
 // the database's; keep the clocks synchronised (NTP).
+//
+// # Testing
+//
+// sagatest.Simulator runs a definition in memory on the orchestrator's
+// own decisions, with no database or broker: the test scripts the
+// participants' replies and moves a fake clock, then asserts the commands
+// sent, the state, the data and the history (see its example).
+// sagatest.Participant answers commands on a real broker, for tests of
+// the wiring with Postgres.
 //
 // # Lifecycle and retention
 //

@@ -205,12 +205,27 @@ func runUnderKills(t *testing.T, bin string, kind transport.Kind, keyed bool) ki
 	}
 	consumers := startService(t, bin, versionEnv(0), args, names...)
 
+	// The orders are placed in killTimes+1 batches, batch j after the
+	// j-th restart: the last batch is placed when only the last process
+	// (version 2) runs, so some orders start on version 2 whatever the
+	// broker's pace; the first kill waits for orders settled while only
+	// the first process (version 1) ran.
+	restarted := make(chan struct{}, killTimes)
+	batch := killOrders / (killTimes + 1)
 	placed := make(chan error, 1)
 	go func() {
 		defer close(placed)
 		tick := time.NewTicker(killOrderEvery)
 		defer tick.Stop()
 		for i := 1; i <= killOrders; i++ {
+			if i > 1 && (i-1)%batch == 0 && (i-1)/batch <= killTimes {
+				select {
+				case <-restarted:
+				case <-ctx.Done():
+					placed <- ctx.Err()
+					return
+				}
+			}
 			o := app.Order{ID: fmt.Sprintf("%s-%05d", run, i), SKU: []string{"book", "lamp"}[i%2], Qty: 1 + i%3, AmountCents: int64(1000 + 37*i), FailPayment: i%5 == 0}
 			if _, err := a.PlaceOrder(ctx, o); err != nil {
 				placed <- err
@@ -235,6 +250,7 @@ func runUnderKills(t *testing.T, bin string, kind transport.Kind, keyed bool) ki
 		require.True(t, consumers.kill(), "the fault: the consumers' process died of SIGKILL, not before (output:\n%s)", consumers.out.String())
 		r.kills++
 		consumers = startService(t, bin, versionEnv(k), args, names...)
+		restarted <- struct{}{}
 	}
 	require.NoError(t, <-placed)
 

@@ -49,12 +49,20 @@ func WaitState(ctx context.Context, db postgres.Handle, id string, states ...sag
 	}
 }
 
-// Command is a saga command as a Participant received it.
+// Command is a saga command as a Participant received it, or as a
+// Simulator sent it.
 type Command struct {
 	SagaID  string
 	Step    string
 	Phase   string // saga.PhaseForward or saga.PhaseCompensation
 	Attempt int
+	// Topic, Type and Payload are the saga.Command's (Topic as the
+	// Participant's subscription names it).
+	Topic   string
+	Type    string
+	Payload []byte
+	// At is when the Simulator sent it (zero from a Participant).
+	At      time.Time
 	Message *message.Message
 }
 
@@ -124,7 +132,9 @@ func (p *Participant) Handle(msg *message.Message) error {
 	}
 	md := msg.Metadata
 	attempt, _ := strconv.Atoi(md.Get(metadata.SagaAttempt))
-	c := Command{SagaID: md.Get(metadata.SagaID), Step: md.Get(metadata.SagaStep), Phase: md.Get(metadata.SagaPhase), Attempt: attempt, Message: msg.Copy()}
+	cp := msg.Copy()
+	c := Command{SagaID: md.Get(metadata.SagaID), Step: md.Get(metadata.SagaStep), Phase: md.Get(metadata.SagaPhase), Attempt: attempt,
+		Topic: message.SubscribeTopicFromCtx(msg.Context()), Type: md.Get(metadata.EventType), Payload: cp.Payload, Message: cp}
 	p.mu.Lock()
 	if key := md.Get(metadata.EventID); key != "" {
 		if p.seen[key] {
