@@ -74,14 +74,7 @@ func TestOrdersUnderKillsKeyParallel(t *testing.T) {
 		t.Skip("separate processes killed under load: not in -short")
 	}
 	bin := pgconntest.Build(t, ".")
-	// nats is not in this list yet: its runs lose nothing, apply nothing
-	// twice and reorder nothing (before the saga versions came in, both
-	// modes passed; after, key-parallel passed), but one-at-a-time started
-	// every order's saga before the first restart (120 on version 1, none
-	// on version 2), which fails the deploy check of runUnderKills; a successor takes
-	// over a killed member's group only after nats.PinnedTTL. Run it by
-	// adding transport.NATS here (runUnderKills handles it).
-	for _, kind := range []transport.Kind{transport.AMQP, transport.Kafka} {
+	for _, kind := range []transport.Kind{transport.AMQP, transport.Kafka, transport.NATS} {
 		t.Run(string(kind), func(t *testing.T) {
 			var keyed, single killRun
 			t.Run("runs", func(t *testing.T) {
