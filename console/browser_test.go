@@ -98,6 +98,9 @@ func runShop(t *testing.T) *shop {
 	router.AddConsumerHandler("orchestrator", o.ReplyTopic(), broker, o.HandleReply)
 
 	ctx, cancel := context.WithCancel(context.Background())
+	// What Orchestrator.Run does first: record the definition's step
+	// graph, which the console draws the saga page's diagram from.
+	require.NoError(t, o.CheckVersions(ctx))
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(ctx) }()
 	<-router.Running()
@@ -359,6 +362,7 @@ func checkSagaTimeline(t *testing.T, ctx context.Context, sh *shop, base string)
 	require.Equal(t, []string{"command debit", "reply debit", "command credit", "reply credit",
 		"compensation debit", "compensation_reply debit", "compensated "}, got, "the timeline, in the order of the saga's history")
 	require.Equal(t, sh.diagram, run(t, ctx, chromedp.Text(css(`#diagram`))))
+	checkSagaDiagram(t, ctx)
 
 }
 
@@ -379,4 +383,29 @@ func checkAudit(t *testing.T, ctx context.Context, sh *shop, base string) {
 	)
 	require.Equal(t, browserActor, run(t, ctx, chromedp.Text(css(`#audit td.who`))))
 	require.Equal(t, dlq.EditReplayCommand, run(t, ctx, chromedp.Text(css(`#audit td.command`))))
+}
+
+// checkSagaDiagram: the compensated saga's definition is drawn as an SVG
+// from the step graph its orchestrator recorded, with the path it took:
+// debit taken, credit failed, debit's compensation sent and done,
+// credit's compensation never sent, and the saga at Compensated. Its
+// timeline is drawn to scale: one bar per command and its reply.
+func checkSagaDiagram(t *testing.T, ctx context.Context) {
+	classes := run(t, ctx, chromedp.Evaluate[map[string]string](`Object.fromEntries([...document.querySelectorAll("#saga-diagram g.dg-box")].map(
+		g => [(g.classList.contains("undo") ? "undo " : "") + (g.dataset.step || g.textContent), g.getAttribute("class")]))`))
+	require.Equal(t, map[string]string{
+		"debit":       "dg-box step kind-command taken",
+		"credit":      "dg-box step kind-command failed",
+		"undo debit":  "dg-box undo comp-done",
+		"undo credit": "dg-box undo",
+		"Completed":   "dg-box end end-completed",
+		"Compensated": "dg-box end end-compensated taken current",
+	}, classes, "the diagram's boxes and what this saga did at each")
+	edges := run(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#saga-diagram line.dg-edge.taken")].map(l => l.getAttribute("class"))`))
+	require.Equal(t, []string{"dg-edge fwd taken", "dg-edge comp undo-link taken", "dg-edge comp taken", "dg-edge fail taken"}, edges,
+		"the edges this saga took: debit to credit, debit's compensation, from it to Compensated, and credit's failure to it")
+	bars := run(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#saga-gantt g.gt-bar")].map(g => g.getAttribute("class"))`))
+	require.Equal(t, []string{"gt-bar gt-forward", "gt-bar gt-failed", "gt-bar gt-compensation"}, bars, "the timeline's bars: debit, credit (failed), debit's compensation")
+	took := run(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("#timeline li .took").length`))
+	require.Equal(t, 3, took, "each reply on the timeline says how long its command took")
 }
