@@ -18,7 +18,9 @@
 // definition drawn as a server-rendered SVG with the instance's path marked
 // (from the step graph its orchestrator recorded, saga.StepGraph; the
 // Mermaid source of Config.SagaDiagrams besides); resolving a stuck saga. The outbox backlog per topic, the relays and the lanes each holds
-// (and was lent), failed rows and retry-failed. The audit table.
+// (and was lent), failed rows and retry-failed. The audit table. Consumer
+// lag per group and partition or queue (Config.Lag, a lag.Reader; read
+// from the brokers when the page loads).
 //
 // Guarantees:
 //
