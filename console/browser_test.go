@@ -29,6 +29,7 @@ import (
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/saga/sagatest"
+	"github.com/millwright/millwright/transport/lag"
 )
 
 // Environment of the browser test: the chromium binary (scripts/chromium.sh
@@ -242,6 +243,7 @@ func TestBrowser(t *testing.T) {
 		Schemas:      []string{sh.schema.Name},
 		SagaDiagrams: map[string]string{"transfer": sh.diagram},
 		BasePath:     "/ops",
+		Lag:          browserLag,
 	})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
@@ -272,6 +274,7 @@ func TestBrowser(t *testing.T) {
 	editAndReplay(t, ctx, sh, base, poison)
 	checkSagaTimeline(t, ctx, sh, base)
 	checkAudit(t, ctx, sh, base)
+	checkLag(t, ctx, base)
 }
 
 // checkScriptDoesNotRun: a payload with a script is shown as text and
@@ -408,4 +411,29 @@ func checkSagaDiagram(t *testing.T, ctx context.Context) {
 	require.Equal(t, []string{"gt-bar gt-forward", "gt-bar gt-failed", "gt-bar gt-compensation"}, bars, "the timeline's bars: debit, credit (failed), debit's compensation")
 	took := run(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("#timeline li .took").length`))
 	require.Equal(t, 3, took, "each reply on the timeline says how long its command took")
+}
+
+// browserLag is the Lag page's reader in the browser test: fixed rows (the
+// figures from the real brokers are TestLagOfAConsumerGroupOnKafka's and
+// transport/kafka's TestLagOfAKeyParallelConsumer's).
+var browserLag = lag.Readers{fixedLag{
+	{Transport: "kafka", Group: "billing", Topic: "orders.placed", Partition: 0, Committed: 4100, End: 5100, Lag: 1000, Unacked: -1, Keyed: true, KeysInFlight: 12, Waiting: 31},
+	{Transport: "kafka", Group: "billing", Topic: "orders.placed", Partition: 1, Committed: 5012, End: 5012, Lag: 0, Unacked: -1, Keyed: true, KeysInFlight: 0, Waiting: 0},
+	{Transport: "amqp", Group: "shipping", Topic: "orders.placed_shipping", Partition: lag.NoPartition, Committed: -1, End: -1, Lag: 42, Unacked: 8},
+}}
+
+type fixedLag []lag.Partition
+
+func (f fixedLag) Lag(context.Context) ([]lag.Partition, error) { return f, nil }
+
+// checkLag: the Lag page shows each group's total and its partitions.
+func checkLag(t *testing.T, ctx context.Context, base string) {
+	do(t, ctx, "the lag page",
+		chromedp.Navigate(base+"/lag"),
+		chromedp.WaitVisible(css(`table.lag`)),
+		screenshot("lag"),
+	)
+	totals := run(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("h2.lag-group")].map(h => h.textContent)`))
+	require.Equal(t, []string{"amqp · shipping · 42 behind", "kafka · billing · 1000 behind"}, totals)
+	require.Equal(t, "1000", run(t, ctx, chromedp.Text(css(`table.lag[data-group="billing"] tr[data-partition="0"] td.lag-messages`))))
 }
