@@ -29,6 +29,7 @@ import (
 	"github.com/millwright/millwright/retry"
 	"github.com/millwright/millwright/saga"
 	"github.com/millwright/millwright/saga/sagatest"
+	"github.com/millwright/millwright/transport/lag"
 )
 
 // Environment of the browser test: the chromium binary (scripts/chromium.sh
@@ -98,6 +99,9 @@ func runShop(t *testing.T) *shop {
 	router.AddConsumerHandler("orchestrator", o.ReplyTopic(), broker, o.HandleReply)
 
 	ctx, cancel := context.WithCancel(context.Background())
+	// What Orchestrator.Run does first: record the definition's step
+	// graph, which the console draws the saga page's diagram from.
+	require.NoError(t, o.CheckVersions(ctx))
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(ctx) }()
 	<-router.Running()
@@ -239,6 +243,7 @@ func TestBrowser(t *testing.T) {
 		Schemas:      []string{sh.schema.Name},
 		SagaDiagrams: map[string]string{"transfer": sh.diagram},
 		BasePath:     "/ops",
+		Lag:          browserLag,
 	})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
@@ -269,6 +274,7 @@ func TestBrowser(t *testing.T) {
 	editAndReplay(t, ctx, sh, base, poison)
 	checkSagaTimeline(t, ctx, sh, base)
 	checkAudit(t, ctx, sh, base)
+	checkLag(t, ctx, base)
 }
 
 // checkScriptDoesNotRun: a payload with a script is shown as text and
@@ -359,6 +365,7 @@ func checkSagaTimeline(t *testing.T, ctx context.Context, sh *shop, base string)
 	require.Equal(t, []string{"command debit", "reply debit", "command credit", "reply credit",
 		"compensation debit", "compensation_reply debit", "compensated "}, got, "the timeline, in the order of the saga's history")
 	require.Equal(t, sh.diagram, run(t, ctx, chromedp.Text(css(`#diagram`))))
+	checkSagaDiagram(t, ctx)
 
 }
 
@@ -379,4 +386,54 @@ func checkAudit(t *testing.T, ctx context.Context, sh *shop, base string) {
 	)
 	require.Equal(t, browserActor, run(t, ctx, chromedp.Text(css(`#audit td.who`))))
 	require.Equal(t, dlq.EditReplayCommand, run(t, ctx, chromedp.Text(css(`#audit td.command`))))
+}
+
+// checkSagaDiagram: the compensated saga's definition is drawn as an SVG
+// from the step graph its orchestrator recorded, with the path it took:
+// debit taken, credit failed, debit's compensation sent and done,
+// credit's compensation never sent, and the saga at Compensated. Its
+// timeline is drawn to scale: one bar per command and its reply.
+func checkSagaDiagram(t *testing.T, ctx context.Context) {
+	classes := run(t, ctx, chromedp.Evaluate[map[string]string](`Object.fromEntries([...document.querySelectorAll("#saga-diagram g.dg-box")].map(
+		g => [(g.classList.contains("undo") ? "undo " : "") + (g.dataset.step || g.textContent), g.getAttribute("class")]))`))
+	require.Equal(t, map[string]string{
+		"debit":       "dg-box step kind-command taken",
+		"credit":      "dg-box step kind-command failed",
+		"undo debit":  "dg-box undo comp-done",
+		"undo credit": "dg-box undo",
+		"Completed":   "dg-box end end-completed",
+		"Compensated": "dg-box end end-compensated taken current",
+	}, classes, "the diagram's boxes and what this saga did at each")
+	edges := run(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#saga-diagram line.dg-edge.taken")].map(l => l.getAttribute("class"))`))
+	require.Equal(t, []string{"dg-edge fwd taken", "dg-edge comp undo-link taken", "dg-edge comp taken", "dg-edge fail taken"}, edges,
+		"the edges this saga took: debit to credit, debit's compensation, from it to Compensated, and credit's failure to it")
+	bars := run(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#saga-gantt g.gt-bar")].map(g => g.getAttribute("class"))`))
+	require.Equal(t, []string{"gt-bar gt-forward", "gt-bar gt-failed", "gt-bar gt-compensation"}, bars, "the timeline's bars: debit, credit (failed), debit's compensation")
+	took := run(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("#timeline li .took").length`))
+	require.Equal(t, 3, took, "each reply on the timeline says how long its command took")
+}
+
+// browserLag is the Lag page's reader in the browser test: fixed rows (the
+// figures from the real brokers are TestLagOfAConsumerGroupOnKafka's and
+// transport/kafka's TestLagOfAKeyParallelConsumer's).
+var browserLag = lag.Readers{fixedLag{
+	{Transport: "kafka", Group: "billing", Topic: "orders.placed", Partition: 0, Committed: 4100, End: 5100, Lag: 1000, Unacked: -1, Keyed: true, KeysInFlight: 12, Waiting: 31},
+	{Transport: "kafka", Group: "billing", Topic: "orders.placed", Partition: 1, Committed: 5012, End: 5012, Lag: 0, Unacked: -1, Keyed: true, KeysInFlight: 0, Waiting: 0},
+	{Transport: "amqp", Group: "shipping", Topic: "orders.placed_shipping", Partition: lag.NoPartition, Committed: -1, End: -1, Lag: 42, Unacked: 8},
+}}
+
+type fixedLag []lag.Partition
+
+func (f fixedLag) Lag(context.Context) ([]lag.Partition, error) { return f, nil }
+
+// checkLag: the Lag page shows each group's total and its partitions.
+func checkLag(t *testing.T, ctx context.Context, base string) {
+	do(t, ctx, "the lag page",
+		chromedp.Navigate(base+"/lag"),
+		chromedp.WaitVisible(css(`table.lag`)),
+		screenshot("lag"),
+	)
+	totals := run(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("h2.lag-group")].map(h => h.textContent)`))
+	require.Equal(t, []string{"amqp · shipping · 42 behind", "kafka · billing · 1000 behind"}, totals)
+	require.Equal(t, "1000", run(t, ctx, chromedp.Text(css(`table.lag[data-group="billing"] tr[data-partition="0"] td.lag-messages`))))
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/millwright/millwright/dlq"
 	"github.com/millwright/millwright/migrate"
 	"github.com/millwright/millwright/postgres"
+	"github.com/millwright/millwright/transport/lag"
 )
 
 //go:embed templates/*.html
@@ -49,6 +50,11 @@ type Config struct {
 	// (saga.Definition.Mermaid()), shown on the type's sagas. Default
 	// nil: no diagrams.
 	SagaDiagrams map[string]string
+	// Lag reads consumer lag for the Consumer lag page (lag.go): a
+	// transport's lag reader (kafka.NewLagReader, amqp.NewLagReader) or
+	// several joined (lag.Readers). Default nil: the page says how to
+	// configure it.
+	Lag lag.Reader
 	// CSRFKey signs the CSRF tokens. Default nil: 32 random bytes, so
 	// that tokens last as long as the process; several replicas behind
 	// one address need a shared key of at least 32 bytes.
@@ -150,6 +156,7 @@ func (h *Handler) routes() {
 	h.page("GET /outbox", h.outbox)
 	h.page("POST /outbox/retry-failed", h.retryFailed)
 	h.page("GET /audit", h.auditPage)
+	h.page("GET /lag", h.lagPage) // lag.go
 }
 
 // ServeHTTP serves the console: security headers on every answer, then

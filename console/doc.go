@@ -14,9 +14,13 @@
 // its payload (JSON pretty-printed, binary as hex), headers, CloudEvents
 // attributes, trace context, attempts and stack; replay of one or a
 // selection after a dry run; edit and replay. Sagas by type and state, one
-// saga's timeline and its definition's Mermaid source; resolving a stuck
-// saga. The outbox backlog per topic, the relays and the lanes each holds
-// (and was lent), failed rows and retry-failed. The audit table.
+// saga's timeline (with each step's duration, and drawn to scale) and its
+// definition drawn as a server-rendered SVG with the instance's path marked
+// (from the step graph its orchestrator recorded, saga.StepGraph; the
+// Mermaid source of Config.SagaDiagrams besides); resolving a stuck saga. The outbox backlog per topic, the relays and the lanes each holds
+// (and was lent), failed rows and retry-failed. The audit table. Consumer
+// lag per group and partition or queue (Config.Lag, a lag.Reader; read
+// from the brokers when the page loads).
 //
 // Guarantees:
 //

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/millwright/millwright/postgres"
 	"github.com/millwright/millwright/saga"
@@ -65,6 +66,9 @@ type timelineEntry struct {
 	// Branch: the entry is of a branch of a parallel group (its commands
 	// and replies interleave with the other branches').
 	Branch bool
+	// Took is how long the step's command (or compensation) waited for
+	// this reply ("" for entries that are not replies).
+	Took string
 }
 
 // branchRow is one branch of a parallel group the saga entered.
@@ -87,6 +91,11 @@ type sagaData struct {
 	// is not at a waiting step); Timer is set at a timer step.
 	Waiting string
 	Timer   bool
+	// Diagram is the definition drawn with this instance's path (nil when
+	// no step graph is recorded for its version: Mermaid is shown
+	// instead); Gantt the timeline drawn to scale.
+	Diagram *sagaDiagram
+	Gantt   *sagaGantt
 }
 
 func timelineClass(kind string) string {
@@ -114,11 +123,25 @@ func (h *Handler) loadSaga(ctx context.Context, q *req, id string) (sagaData, er
 		if errors.Is(err, saga.ErrNotFound) {
 			return notFound("no saga %q in schema %s", id, q.schema)
 		}
+		if err != nil {
+			return err
+		}
 		d.Info = in
+		sent := map[string]time.Time{}
 		for _, e := range hist {
 			_, branch := in.Branches[e.Step]
-			d.Timeline = append(d.Timeline, timelineEntry{HistoryEntry: e, Class: timelineClass(e.Kind), Branch: branch})
+			te := timelineEntry{HistoryEntry: e, Class: timelineClass(e.Kind), Branch: branch}
+			took(sent, &te)
+			d.Timeline = append(d.Timeline, te)
 		}
+		steps, ok, err := saga.StepGraph(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if ok {
+			d.Diagram = layoutSaga(steps, in, hist)
+		}
+		d.Gantt = layoutGantt(hist, h.cfg.now())
 		for _, name := range slices.Sorted(maps.Keys(in.Branches)) {
 			d.Branches = append(d.Branches, branchRow{Name: name, BranchInfo: in.Branches[name]})
 		}
@@ -131,7 +154,7 @@ func (h *Handler) loadSaga(ctx context.Context, q *req, id string) (sagaData, er
 				d.Timer = true
 			}
 		}
-		return err
+		return nil
 	})
 	d.Data = viewPayload(d.Info.RedactedData())
 	d.Mermaid = h.cfg.SagaDiagrams[d.Info.Type]
@@ -183,4 +206,28 @@ func (h *Handler) resolve(ctx context.Context, q *req) error {
 	}
 	d.Result = res.Description
 	return h.render(q, "saga.html", &view{Title: "Saga " + id, Nav: "sagas", Data: d})
+}
+
+// took sets te.Took for a reply: the time since its step's command (or
+// compensation), which sent records by step and phase.
+func took(sent map[string]time.Time, te *timelineEntry) {
+	switch te.Kind {
+	case saga.KindCommand, saga.KindWait, saga.KindTimer:
+		sent["f"+te.Step] = te.At
+	case saga.KindCompensation:
+		sent["c"+te.Step] = te.At
+	case saga.KindReply, saga.KindTimerFired, saga.KindTimeout:
+		if at, ok := sent["f"+te.Step]; ok {
+			te.Took = fmtTook(te.At.Sub(at))
+			delete(sent, "f"+te.Step)
+		} else if at, ok := sent["c"+te.Step]; ok && te.Kind == saga.KindTimeout {
+			te.Took = fmtTook(te.At.Sub(at))
+			delete(sent, "c"+te.Step)
+		}
+	case saga.KindCompensationReply:
+		if at, ok := sent["c"+te.Step]; ok {
+			te.Took = fmtTook(te.At.Sub(at))
+			delete(sent, "c"+te.Step)
+		}
+	}
 }

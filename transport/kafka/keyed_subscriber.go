@@ -80,6 +80,7 @@ type KeyedSubscriber struct {
 	unmarshaler wkafka.Unmarshaler
 	logger      watermill.LoggerAdapter
 	panics      atomic.Int64
+	live        keyedLive // the partitions held now, for LagReader (keyed_lag.go)
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -249,6 +250,8 @@ func (h *keyedHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		return err
 	}
 	p.OnPanic(h.panicked)
+	h.s.live.track(topic, part, p)
+	defer h.s.live.untrack(topic, part, p)
 	defer h.drain(sess, p, topic, part)
 	for {
 		select {

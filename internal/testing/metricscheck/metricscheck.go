@@ -32,7 +32,8 @@ import (
 // Packages are the directories (relative to the module root) whose
 // Metric* constants name exported metrics.
 var Packages = []string{"outbox", "outbox/relay", "outbox/capture", "idempotency", "retry", "dlq", "park", "saga",
-	"transport/sql", "transport/amqp", "transport/googlecloud", "transport/kafka"}
+	"transport/sql", "transport/amqp", "transport/googlecloud", "transport/kafka",
+	"transport/lag"}
 
 // Source says where a metric name is defined.
 type Source struct {

@@ -34,9 +34,15 @@ import (
 	"github.com/millwright/millwright/transport"
 	_ "github.com/millwright/millwright/transport/gochannel"
 	_ "github.com/millwright/millwright/transport/googlecloud"
+	"github.com/millwright/millwright/transport/lag"
 	sqltransport "github.com/millwright/millwright/transport/sql"
 	"github.com/millwright/millwright/transport/transporttest"
 )
+
+// fixedLag is a lag.Reader of fixed rows.
+type fixedLag []lag.Partition
+
+func (f fixedLag) Lag(context.Context) ([]lag.Partition, error) { return f, nil }
 
 // recorder is a fresh registry that remembers the collectors it accepted,
 // so that the test can give every labelled vector a child: a vector with
@@ -152,6 +158,10 @@ func registries(t *testing.T) map[string]*recorder {
 	gcTr, err := transport.Open(ctx, gcCfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = gcTr.Close() })
+
+	// Consumer lag, from a reader of fixed rows: every series it exports.
+	reg("transport/lag").MustRegister(lag.NewCollector(fixedLag{{Transport: "kafka", Group: "g", Topic: "t", Partition: 0,
+		Committed: 1, End: 2, Lag: 1, Unacked: 0, Keyed: true, KeysInFlight: 1, Waiting: 0}}, lag.CollectorConfig{}))
 
 	// The example registers the relay, consumers' middlewares and saga
 	// as it starts them.
