@@ -150,6 +150,10 @@ func (h *Handler) routes() {
 	h.page("GET /outbox", h.outbox)
 	h.page("POST /outbox/retry-failed", h.retryFailed)
 	h.page("GET /audit", h.auditPage)
+	// Parked keys (parked.go).
+	h.page("GET /parked", h.parked)
+	h.page("GET /parked/key", h.parkedKey)
+	h.page("POST /parked/action", h.parkedAction)
 }
 
 // ServeHTTP serves the console: security headers on every answer, then

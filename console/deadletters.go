@@ -94,6 +94,10 @@ type letterView struct {
 	// every consumer group on the topic runs the replay.
 	ReplayFor string
 	metadata  map[string]string
+	// Parked is the dead letter's parked key (parked.go), ParkedError why
+	// it could not be read.
+	Parked      *letterParked
+	ParkedError string
 }
 
 // newLetterView reads the UUID and metadata of r from their lossless
@@ -143,7 +147,9 @@ func (h *Handler) deadLetter(ctx context.Context, q *req) error {
 	if err != nil {
 		return err
 	}
-	return h.render(q, "deadletter.html", &view{Title: fmt.Sprintf("Dead letter %d", id), Nav: "dlq", Data: newLetterView(row)})
+	lv := newLetterView(row)
+	lv.Parked, lv.ParkedError = h.deadLetterParked(ctx, q, row)
+	return h.render(q, "deadletter.html", &view{Title: fmt.Sprintf("Dead letter %d", id), Nav: "dlq", Data: lv})
 }
 
 // editData is the edit form and its preview.
