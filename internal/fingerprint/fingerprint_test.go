@@ -15,17 +15,17 @@ func TestNormalize(t *testing.T) {
 	for in, want := range map[string]string{
 		"charging order 1234: card declined":                                 "charging order <n>: card declined",
 		"charging order 98: card declined":                                   "charging order <n>: card declined",
-		"account 3f2a6c1e-9b7d-4c2a-8e1f-0a1b2c3d4e5f not found":              "account <uuid> not found",
-		"account 3F2A6C1E-9B7D-4C2A-8E1F-0A1B2C3D4E5F not found":              "account <uuid> not found",
-		"object 507f1f77bcf86cd799439011 missing, trace 0xdeadbeef":            "object <hex> missing, trace <hex>",
-		"context deadline exceeded after 1m30.5s (budget 500ms)":               "context deadline exceeded after <duration> (budget <duration>)",
-		`user "alice" has no role 'admin'`:                                    `user "<value>" has no role '<value>'`,
-		"can't decode: don't know field `amount_cents`":                       "can't decode: don't know field `<value>`",
+		"account 3f2a6c1e-9b7d-4c2a-8e1f-0a1b2c3d4e5f not found":             "account <uuid> not found",
+		"account 3F2A6C1E-9B7D-4C2A-8E1F-0A1B2C3D4E5F not found":             "account <uuid> not found",
+		"object 507f1f77bcf86cd799439011 missing, trace 0xdeadbeef":          "object <hex> missing, trace <hex>",
+		"context deadline exceeded after 1m30.5s (budget 500ms)":             "context deadline exceeded after <duration> (budget <duration>)",
+		`user "alice" has no role 'admin'`:                                   `user "<value>" has no role '<value>'`,
+		"can't decode: don't know field `amount_cents`":                      "can't decode: don't know field `<value>`",
 		`decoding "{\"qty\":\"two\"}": want int`:                             `decoding "<value>": want int`,
 		"pq: duplicate key value violates unique constraint \"orders_pkey\"": "pq: duplicate key value violates unique constraint \"<value>\"",
-		"  spaces\tand\nnewlines  ":                                           "spaces and newlines",
-		"deadbeef is a word, facade too":                                      "deadbeef is a word, facade too",
-		"v1.2.3 at 2026-12-06T09:50:58Z":                                      "v<n> at <n>-<n>-<n>T<n>:<n>:<n>Z",
+		"  spaces\tand\nnewlines  ":                                          "spaces and newlines",
+		"deadbeef is a word, facade too":                                     "deadbeef is a word, facade too",
+		"v1.2.3 at 2026-12-06T09:50:58Z":                                     "v<n> at <n>-<n>-<n>T<n>:<n>:<n>Z",
 	} {
 		require.Equal(t, want, fingerprint.Normalize(in), "Normalize(%q)", in)
 	}
