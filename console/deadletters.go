@@ -33,14 +33,18 @@ type deadLettersData struct {
 	Rows                    []dlq.DeadLetter
 	Total                   int
 	Limit                   int
+	// Cause filters by fingerprint; Causes are the groups by fingerprint
+	// (causes.go).
+	Cause  string
+	Causes []dlq.Cause
 }
 
 const listLimit = 200
 
 func (h *Handler) deadLetters(ctx context.Context, q *req) error {
 	d := deadLettersData{Topic: q.FormValue("topic"), ErrorType: q.FormValue("error_type"), Query: q.FormValue("q"),
-		All: q.FormValue("all") == "1", Limit: listLimit}
-	f := dlq.Filter{Topic: d.Topic, ErrorType: d.ErrorType, ErrorContains: d.Query, Pending: !d.All}
+		All: q.FormValue("all") == "1", Limit: listLimit, Cause: q.FormValue("cause")}
+	f := dlq.Filter{Topic: d.Topic, ErrorType: d.ErrorType, ErrorContains: d.Query, Pending: !d.All, Fingerprint: d.Cause}
 	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		// The groups show every topic and error type (filtered by text
 		// only), so that picking one does not hide the others.
@@ -49,6 +53,9 @@ func (h *Handler) deadLetters(ctx context.Context, q *req) error {
 			return fmt.Errorf("schema %s: %w", q.schema, err)
 		}
 		d.Groups, d.Topics = groups, topicsOf(groups)
+		if d.Causes, err = dlq.Causes(ctx, tx, dlq.Filter{ErrorContains: d.Query, Pending: !d.All}); err != nil {
+			return err
+		}
 		if d.Total, err = dlq.Count(ctx, tx, f); err != nil {
 			return err
 		}
