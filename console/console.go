@@ -157,6 +157,10 @@ func (h *Handler) routes() {
 	h.page("POST /outbox/retry-failed", h.retryFailed)
 	h.page("GET /audit", h.auditPage)
 	h.page("GET /lag", h.lagPage) // lag.go
+	// Parked keys (parked.go).
+	h.page("GET /parked", h.parked)
+	h.page("GET /parked/key", h.parkedKey)
+	h.page("POST /parked/action", h.parkedAction)
 }
 
 // ServeHTTP serves the console: security headers on every answer, then

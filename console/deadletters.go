@@ -33,14 +33,18 @@ type deadLettersData struct {
 	Rows                    []dlq.DeadLetter
 	Total                   int
 	Limit                   int
+	// Cause filters by fingerprint; Causes are the groups by fingerprint
+	// (causes.go).
+	Cause  string
+	Causes []dlq.Cause
 }
 
 const listLimit = 200
 
 func (h *Handler) deadLetters(ctx context.Context, q *req) error {
 	d := deadLettersData{Topic: q.FormValue("topic"), ErrorType: q.FormValue("error_type"), Query: q.FormValue("q"),
-		All: q.FormValue("all") == "1", Limit: listLimit}
-	f := dlq.Filter{Topic: d.Topic, ErrorType: d.ErrorType, ErrorContains: d.Query, Pending: !d.All}
+		All: q.FormValue("all") == "1", Limit: listLimit, Cause: q.FormValue("cause")}
+	f := dlq.Filter{Topic: d.Topic, ErrorType: d.ErrorType, ErrorContains: d.Query, Pending: !d.All, Fingerprint: d.Cause}
 	err := h.read(ctx, q, func(tx postgres.Tx) error {
 		// The groups show every topic and error type (filtered by text
 		// only), so that picking one does not hide the others.
@@ -49,6 +53,9 @@ func (h *Handler) deadLetters(ctx context.Context, q *req) error {
 			return fmt.Errorf("schema %s: %w", q.schema, err)
 		}
 		d.Groups, d.Topics = groups, topicsOf(groups)
+		if d.Causes, err = dlq.Causes(ctx, tx, dlq.Filter{ErrorContains: d.Query, Pending: !d.All}); err != nil {
+			return err
+		}
 		if d.Total, err = dlq.Count(ctx, tx, f); err != nil {
 			return err
 		}
@@ -94,6 +101,10 @@ type letterView struct {
 	// every consumer group on the topic runs the replay.
 	ReplayFor string
 	metadata  map[string]string
+	// Parked is the dead letter's parked key (parked.go), ParkedError why
+	// it could not be read.
+	Parked      *letterParked
+	ParkedError string
 }
 
 // newLetterView reads the UUID and metadata of r from their lossless
@@ -143,7 +154,9 @@ func (h *Handler) deadLetter(ctx context.Context, q *req) error {
 	if err != nil {
 		return err
 	}
-	return h.render(q, "deadletter.html", &view{Title: fmt.Sprintf("Dead letter %d", id), Nav: "dlq", Data: newLetterView(row)})
+	lv := newLetterView(row)
+	lv.Parked, lv.ParkedError = h.deadLetterParked(ctx, q, row)
+	return h.render(q, "deadletter.html", &view{Title: fmt.Sprintf("Dead letter %d", id), Nav: "dlq", Data: lv})
 }
 
 // editData is the edit form and its preview.

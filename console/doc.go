@@ -10,14 +10,21 @@
 //	})
 //	mux.Handle("/console/", authMiddleware(h))
 //
-// Pages: dead letters grouped by topic and by error type, each one with
+// Pages: dead letters grouped by cause (dlq.Causes: the failure's
+// fingerprint), by topic and by error type, each one with
 // its payload (JSON pretty-printed, binary as hex), headers, CloudEvents
 // attributes, trace context, attempts and stack; replay of one or a
 // selection after a dry run; edit and replay. Sagas by type and state, one
 // saga's timeline (with each step's duration, and drawn to scale) and its
 // definition drawn as a server-rendered SVG with the instance's path marked
 // (from the step graph its orchestrator recorded, saga.StepGraph; the
-// Mermaid source of Config.SagaDiagrams besides); resolving a stuck saga. The outbox backlog per topic, the relays and the lanes each holds
+// Mermaid source of Config.SagaDiagrams besides); resolving a stuck saga.
+// Parked keys (package park), held or retrying, with their head
+// message and error; a key's messages; retry, release and skip after a dry
+// run (park.RetryTx, ReleaseTx, SkipTx, what `millwright parked` runs, in
+// the transaction of the audit row; a confirmation whose key's head
+// changed since its dry run is refused). A dead letter's page shows its
+// key's park state. The outbox backlog per topic, the relays and the lanes each holds
 // (and was lent), failed rows and retry-failed. The audit table. Consumer
 // lag per group and partition or queue (Config.Lag, a lag.Reader; read
 // from the brokers when the page loads).
@@ -37,7 +44,7 @@
 //     Kafka key or header) is shown quoted and not replayed (the refusal
 //     names the key).
 //   - The console imports no internal package: it reads and acts through
-//     the public functions of dlq, outbox, saga, audit and migrate, in a
+//     the public functions of dlq, outbox, park, saga, audit and migrate, in a
 //     transaction of the selected schema (migrate.InSchema).
 //   - Every state-changing request is a POST carrying a CSRF token (a
 //     signed double submit: an HttpOnly SameSite=Strict cookie and its

@@ -64,6 +64,10 @@ type DeadLetter struct {
 	// superseded dead letter, SupersededActor who edited it (or who
 	// replayed it, for a replayed one).
 	SupersededBy, SupersededActor string
+	// Fingerprint is the failure's cause (Fingerprint of Handler,
+	// ErrorType and Error), stored by RecordTx; computed when read for a
+	// row recorded before dlq migration 006.
+	Fingerprint string
 }
 
 // The states of a dead letter (migrations 003 and 004). A superseded one
@@ -271,6 +275,7 @@ func (r envelope) row() storage.DeadLetterRow {
 		ConsumerGroup: r.ConsumerGroup, Handler: r.Handler, Reason: r.Reason, Error: r.Error,
 		ErrorType: r.ErrorType, Stack: r.Stack, Attempts: r.Attempts, FirstFailure: r.FirstFailure,
 		LastFailure: r.LastFailure, Payload: r.Payload, Metadata: r.metadataJSON,
+		Fingerprint: Fingerprint(r.Handler, r.ErrorType, r.Error),
 	}
 }
 
@@ -363,6 +368,8 @@ type Filter struct {
 	// Pending selects only rows still dead: never replayed, superseded or
 	// resolved.
 	Pending bool
+	// Fingerprint selects one cause (DeadLetter.Fingerprint, Causes).
+	Fingerprint string
 	// Limit caps the number of rows, oldest first. 0 means no limit.
 	Limit int
 
@@ -374,7 +381,7 @@ type Filter struct {
 func (f Filter) selection() storage.DeadLetterFilter {
 	return storage.DeadLetterFilter{
 		IDs: f.IDs, Topic: f.Topic, Since: f.Since, Until: f.Until, ErrorType: f.ErrorType, ErrorContains: f.ErrorContains,
-		Pending: f.Pending, AfterID: f.afterID, Limit: f.Limit,
+		Pending: f.Pending, AfterID: f.afterID, Limit: f.Limit, Fingerprint: f.Fingerprint,
 	}
 }
 
@@ -387,6 +394,10 @@ func deadLetter(r storage.DeadLetterRow) (DeadLetter, error) {
 		ErrorType: r.ErrorType, Stack: r.Stack, Attempts: r.Attempts, FirstFailure: r.FirstFailure,
 		LastFailure: r.LastFailure, Payload: r.Payload, CreatedAt: r.CreatedAt, ReplayedAt: r.ReplayedAt,
 		ReplayCount: r.ReplayCount, State: r.State, SupersededBy: r.SupersededBy, SupersededActor: r.SupersededActor,
+		Fingerprint: r.Fingerprint,
+	}
+	if d.Fingerprint == "" {
+		d.Fingerprint = Fingerprint(d.Handler, d.ErrorType, d.Error)
 	}
 	md, err := r.MetadataMap()
 	if err != nil {
@@ -415,7 +426,11 @@ func List(ctx context.Context, db postgres.Handle, f Filter) ([]DeadLetter, erro
 }
 
 func list(ctx context.Context, q storage.Querier, f Filter) ([]DeadLetter, error) {
-	rows, err := storage.ListDeadLetters(ctx, q, f.selection())
+	sel, err := resolveSelection(ctx, q, f)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := storage.ListDeadLetters(ctx, q, sel)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: listing dead letters%s: %w", storage.Hint(err), err)
 	}
@@ -448,7 +463,11 @@ func Count(ctx context.Context, db postgres.Handle, f Filter) (int, error) {
 }
 
 func count(ctx context.Context, q storage.Querier, f Filter) (int, error) {
-	n, err := storage.CountDeadLetters(ctx, q, f.selection())
+	sel, err := resolveSelection(ctx, q, f)
+	if err != nil {
+		return 0, err
+	}
+	n, err := storage.CountDeadLetters(ctx, q, sel)
 	if err != nil {
 		return 0, fmt.Errorf("dlq: counting dead letters%s: %w", storage.Hint(err), err)
 	}

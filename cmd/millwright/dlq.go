@@ -34,7 +34,7 @@ func dlqCmd() *cobra.Command {
 dlq.Store.Record, consuming those topics, stores them in Postgres. These
 commands read that table and replay rows to their original topic (or another).`,
 	}
-	cmd.AddCommand(dlqListCmd(), dlqShowCmd(), dlqReplayCmd(), cleanCmd("dlq"))
+	cmd.AddCommand(dlqListCmd(), dlqShowCmd(), dlqReplayCmd(), dlqGroupsCmd(), cleanCmd("dlq"))
 	return cmd
 }
 

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/millwright/millwright/internal/fingerprint"
 )
 
 // Dead letters: millwright_dead_letters, one row per message a consumer
@@ -42,7 +44,16 @@ type DeadLetterRow struct {
 	// SupersededBy is the event id of the edited copy that replaced a
 	// superseded row, SupersededActor who edited it.
 	State, SupersededBy, SupersededActor string
+	// Fingerprint is the failure's cause (fingerprint.Of of Handler,
+	// ErrorType and Error; dlq migration 006). Inserted, "" stores the
+	// one computed from the row; read back, "" is a row recorded before
+	// the migration (or by an older version), NULL in the table.
+	Fingerprint string
 }
+
+// Cause is the handler, error type and message of dead letters without a
+// stored fingerprint: what their fingerprint is computed from.
+type Cause struct{ Handler, ErrorType, Error string }
 
 // DeadLetterFilter selects rows; the zero filter selects every row.
 type DeadLetterFilter struct {
@@ -59,6 +70,11 @@ type DeadLetterFilter struct {
 	// Pending selects rows still dead: never replayed, superseded or
 	// resolved.
 	Pending bool
+	// Fingerprint selects one cause: the rows with that fingerprint, and
+	// the rows without one (recorded before dlq migration 006) whose
+	// handler, error type and error are one of Unfingerprinted.
+	Fingerprint     string
+	Unfingerprinted []Cause
 	// AfterID selects rows with a larger id (keyset paging).
 	AfterID int64
 	// Limit caps the rows, by id; 0 is no cap.
@@ -67,13 +83,14 @@ type DeadLetterFilter struct {
 
 const (
 	insertDeadLetterSQL = `INSERT INTO millwright_dead_letters (message_uuid, original_topic, dlq_topic, consumer_group, handler,
-    reason, error, error_type, stack, attempts, first_failure_at, last_failure_at, payload, metadata, message_uuid_raw, metadata_raw)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16)
+    reason, error, error_type, stack, attempts, first_failure_at, last_failure_at, payload, metadata, message_uuid_raw, metadata_raw, fingerprint)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16, $17)
 ON CONFLICT (dlq_topic, message_uuid, last_failure_at) DO NOTHING
 RETURNING id`
 	deadLetterColumns = `id, message_uuid, original_topic, dlq_topic, consumer_group, handler, reason, error, error_type,
     stack, attempts, first_failure_at, last_failure_at, payload, metadata::text, created_at, replayed_at, replay_count,
-    state, superseded_by, superseded_actor, ` + uuidRawColumn + `, metadata_raw IS NOT NULL, COALESCE(metadata_raw, ''::bytea)`
+    state, superseded_by, superseded_actor, ` + uuidRawColumn + `, metadata_raw IS NOT NULL, COALESCE(metadata_raw, ''::bytea),
+    COALESCE(fingerprint, '')`
 	// uuidRawColumn is the UUID's bytes, the text's for a row without them.
 	uuidRawColumn     = `COALESCE(message_uuid_raw, convert_to(message_uuid, 'UTF8'))`
 	lockDeadLetterSQL = `SELECT ` + deadLetterColumns + ` FROM millwright_dead_letters
@@ -104,17 +121,21 @@ func InsertDeadLetter(ctx context.Context, q Querier, r DeadLetterRow) (int64, e
 	if r.MetadataRaw != nil {
 		mdRaw = r.MetadataRaw
 	}
+	fp := r.Fingerprint
+	if fp == "" {
+		fp = fingerprint.Of(r.Handler, r.ErrorType, r.Error)
+	}
 	var id int64
 	err := q.QueryRow(ctx, Statement{SQL: insertDeadLetterSQL, Args: []any{
 		r.MessageUUID, r.OriginalTopic, r.DLQTopic, r.ConsumerGroup, r.Handler, r.Reason, r.Error,
-		r.ErrorType, r.Stack, r.Attempts, r.FirstFailure, r.LastFailure, payload, md, []byte(uuidRaw), mdRaw,
+		r.ErrorType, r.Stack, r.Attempts, r.FirstFailure, r.LastFailure, payload, md, []byte(uuidRaw), mdRaw, fp,
 	}, Expect: NoExpect, What: "recording a dead letter"}, &id)
 	if IsNoRows(err) {
 		return 0, nil
 	}
 	return id, nameField(err, "message_uuid", "original_topic", "dlq_topic", "consumer_group", "handler",
 		"reason", "error", "error_type", "stack", "attempts", "first_failure_at", "last_failure_at", "payload", "metadata",
-		"message_uuid_raw", "metadata_raw")
+		"message_uuid_raw", "metadata_raw", "fingerprint")
 }
 
 // MetadataMap returns the row's metadata byte for byte: MetadataRaw
@@ -169,6 +190,16 @@ func (f DeadLetterFilter) where() (string, []any) {
 	if f.Pending {
 		conds = append(conds, "state = 'dead'")
 	}
+	if f.Fingerprint != "" {
+		hs, ts, es := make([]string, len(f.Unfingerprinted)), make([]string, len(f.Unfingerprinted)), make([]string, len(f.Unfingerprinted))
+		for i, c := range f.Unfingerprinted {
+			hs[i], ts[i], es[i] = c.Handler, c.ErrorType, c.Error
+		}
+		n := len(args)
+		args = append(args, f.Fingerprint, hs, ts, es)
+		conds = append(conds, fmt.Sprintf(`(fingerprint = $%d OR (fingerprint IS NULL AND (handler, error_type, error) IN
+    (SELECT * FROM unnest($%d::text[], $%d::text[], $%d::text[]))))`, n+1, n+2, n+3, n+4))
+	}
 	if f.AfterID > 0 {
 		add("id > ?", f.AfterID)
 	}
@@ -198,7 +229,7 @@ func scanDeadLetterRow(r Row) (DeadLetterRow, error) {
 	err := r.Scan(&d.ID, &d.MessageUUID, &d.OriginalTopic, &d.DLQTopic, &d.ConsumerGroup, &d.Handler,
 		&d.Reason, &d.Error, &d.ErrorType, &d.Stack, &d.Attempts, &d.FirstFailure, &d.LastFailure, &d.Payload,
 		&d.Metadata, &d.CreatedAt, &replayed, &d.ReplayCount, &d.State, &d.SupersededBy, &d.SupersededActor,
-		&uuidRaw, &hasMDRaw, &d.MetadataRaw)
+		&uuidRaw, &hasMDRaw, &d.MetadataRaw, &d.Fingerprint)
 	d.MessageUUIDRaw = string(uuidRaw)
 	if !hasMDRaw {
 		d.MetadataRaw = nil
