@@ -62,6 +62,7 @@ fraction of it.`,
 	cmd.Flags().Float64("latency-rate", 20, "sagas started per second in the latency run")
 	cmd.Flags().Int("consumers", 16, "subscribers per topic in one consumer group on amqp (whose subscribers handle one message at a time); 1 elsewhere")
 	cmd.Flags().Int("relays", 1, "outbox relays")
+	cmd.Flags().Int("kafka-key-parallelism", 0, "on kafka, messages of different sagas handled at once per partition by every consumer (transport/kafka Config.KeyParallelism; 0: one at a time, Watermill's subscriber)")
 	cmd.Flags().Int("sql-reply-shards", 4, "reply topics on sql (saga.Config.ReplyShards: watermill-sql applies a topic's messages one at a time); other kinds use one")
 	cmd.Flags().Int("rounds", 3, "rounds of every run, the kinds taking turns; each row is its median round (all rounds' figures are printed below the tables)")
 	cmd.Flags().Int("relay-publish-concurrency", 0, "the relays' PublishConcurrency: concurrent Publish calls of a batch on publishers without PublishBatch (amqp, googlecloud, gochannel); 0: the relay's default")
@@ -85,12 +86,13 @@ func benchSagaConfig(cmd *cobra.Command) (sagabench.Config, error) {
 	cfg.Consumers, _ = f.GetInt("consumers")
 	cfg.Relays, _ = f.GetInt("relays")
 	cfg.SQLReplyShards, _ = f.GetInt("sql-reply-shards")
+	cfg.KafkaKeyParallelism, _ = f.GetInt("kafka-key-parallelism")
 	cfg.Rounds, _ = f.GetInt("rounds")
 	cfg.RelayPublishConcurrency, _ = f.GetInt("relay-publish-concurrency")
 	cfg.CeilingFor, _ = f.GetDuration("ceiling")
 	cfg.Shapes, _ = f.GetStringSlice("shapes")
-	if cfg.Sagas < 1 || cfg.Starters < 1 || cfg.LatencySagas < 0 || cfg.LatencyRate <= 0 || cfg.Consumers < 1 || cfg.Relays < 1 || cfg.SQLReplyShards < 1 || cfg.Rounds < 1 || cfg.CeilingFor < 0 || cfg.RelayPublishConcurrency < 0 {
-		return cfg, errors.New("bench saga: --sagas, --starters, --consumers, --relays, --sql-reply-shards and --rounds must be at least 1, --latency-sagas, --ceiling and --relay-publish-concurrency at least 0, --latency-rate above 0")
+	if cfg.Sagas < 1 || cfg.Starters < 1 || cfg.LatencySagas < 0 || cfg.LatencyRate <= 0 || cfg.Consumers < 1 || cfg.Relays < 1 || cfg.SQLReplyShards < 1 || cfg.Rounds < 1 || cfg.CeilingFor < 0 || cfg.RelayPublishConcurrency < 0 || cfg.KafkaKeyParallelism < 0 {
+		return cfg, errors.New("bench saga: --sagas, --starters, --consumers, --relays, --sql-reply-shards and --rounds must be at least 1, --latency-sagas, --ceiling, --kafka-key-parallelism and --relay-publish-concurrency at least 0, --latency-rate above 0")
 	}
 	return cfg, nil
 }

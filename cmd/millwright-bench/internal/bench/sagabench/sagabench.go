@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -101,6 +102,14 @@ type Config struct {
 	// whose consumer group applies a topic's replies one at a time; other
 	// kinds use one reply topic. Default 4.
 	SQLReplyShards int
+	// KafkaKeyParallelism is transport/kafka's Config.KeyParallelism of
+	// every Kafka consumer of the run (the participants' and the
+	// orchestrator's): messages of different sagas in one partition are
+	// handled at once, each saga's in order (commands and replies are
+	// keyed by saga id). 0: one message per partition at a time
+	// (Watermill's subscriber), which queues each partition's replies
+	// behind the orchestrator's transaction. Default 0.
+	KafkaKeyParallelism int
 	// Rounds is how many times every run is repeated, the kinds taking
 	// turns within a round so that the machine's drift falls on all of
 	// them; a run's row is its median round (by rate for throughput, by
@@ -304,6 +313,13 @@ var Hops = []string{
 	// The reply handler: the idempotency middleware's transaction with
 	// the transition (and the next command) in it, commit included.
 	"orchestrator transaction",
+	// Kafka only, the command hop split at the message's producer
+	// timestamp (set by Sarama as the relay hands it over): commit ->
+	// handed to the producer (the relay's wake-up, claim, the batch
+	// before it), and -> the participant (produce request, broker, the
+	// consumer's fetch and its partition's queue).
+	"command: committed -> produced",
+	"command: produced -> participant",
 }
 
 // Report is what Run measured.
@@ -500,10 +516,13 @@ type hopClock struct {
 	// committed is when the transaction that wrote a step's command
 	// committed (the start's, or the previous step's reply handler's).
 	committed, received, started, done map[string]time.Time
+	// produced is the Kafka producer timestamp of a step's command.
+	produced map[string]time.Time
 }
 
 func newHopClock() *hopClock {
-	return &hopClock{committed: map[string]time.Time{}, received: map[string]time.Time{}, started: map[string]time.Time{}, done: map[string]time.Time{}}
+	return &hopClock{committed: map[string]time.Time{}, received: map[string]time.Time{}, started: map[string]time.Time{}, done: map[string]time.Time{},
+		produced: map[string]time.Time{}}
 }
 
 func stepKey(msg *message.Message) string {
@@ -575,6 +594,9 @@ const amqpChannels = 32
 func (c *hopClock) participant(pub message.Publisher) message.NoPublishHandlerFunc {
 	return func(cmd *message.Message) error {
 		c.first(c.received, stepKey(cmd), time.Now())
+		if ts, ok := wkafka.MessageTimestampFromCtx(cmd.Context()); ok && !ts.IsZero() {
+			c.first(c.produced, stepKey(cmd), ts)
+		}
 		typ := cmd.Metadata.Get(metadata.SagaStep) + ".succeeded"
 		if cmd.Metadata.Get(metadata.SagaPhase) == saga.PhaseCompensation {
 			typ = cmd.Metadata.Get(metadata.SagaStep) + ".compensated"
@@ -643,6 +665,10 @@ func brokerFor(cfg Config, kind transport.Kind, db *sql.DB) (Broker, int, error)
 		// Watermill's Kafka subscriber handles a partition's messages
 		// one at a time: partitions are the reply handler's concurrency.
 		br.Config.Kafka.Partitions = kafkaPartitions
+	}
+	if kind == transport.Kafka && cfg.KafkaKeyParallelism > 0 {
+		br.Config.Kafka.KeyParallelism = cfg.KafkaKeyParallelism
+		br.Label += fmt.Sprintf(", %d keys at once per partition", cfg.KafkaKeyParallelism)
 	}
 	if kind == transport.AMQP {
 		consumers = cfg.Consumers
@@ -801,8 +827,21 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, driver, shape
 	}
 	defer closeRelays()
 	relayPub := pub
+	if kind == transport.Kafka {
+		// The relay gets a producer of its own, as in a service whose
+		// participants run elsewhere: Sarama's producer sends one request
+		// at a time per broker (Net.MaxOpenRequests 1, for order under
+		// retries), and shared with every participant's reply it queued
+		// the relay's publishes behind theirs (see the hop split).
+		rtr, err := transport.Open(ctx, tcfg)
+		if err != nil {
+			return res, nil, err
+		}
+		defer rtr.Close()
+		relayPub = rtr.Publisher()
+	}
 	if kind != transport.SQL && driver == DriverPQ {
-		relayPub = rt.timed(pub)
+		relayPub = rt.timed(relayPub)
 	}
 	for range cfg.Relays {
 		rel, err := newRelay(relayPub, relay.Config{ListenURL: schemaURL, PollInterval: 100 * time.Millisecond,
@@ -979,7 +1018,7 @@ func hopRows(ctx context.Context, db *sql.DB, clock *hopClock, run Row) ([]Row, 
 		return nil, fmt.Errorf("reading command times: %w", err)
 	}
 	defer rows.Close()
-	var written, relayed, delivered, handled []float64
+	var written, relayed, delivered, handled, toProducer, fromProducer []float64
 	clock.mu.Lock()
 	defer clock.mu.Unlock()
 	for rows.Next() {
@@ -1000,12 +1039,19 @@ func hopRows(ctx context.Context, db *sql.DB, clock *hopClock, run Row) ([]Row, 
 		relayed = append(relayed, ms(recv.Sub(com)))
 		delivered = append(delivered, ms(st.Sub(recv)))
 		handled = append(handled, ms(end.Sub(st)))
+		if prod, ok := clock.produced[k]; ok {
+			toProducer = append(toProducer, ms(prod.Sub(com)))
+			fromProducer = append(fromProducer, ms(recv.Sub(prod)))
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	var out []Row
-	for i, xs := range [][]float64{written, relayed, delivered, handled} {
+	for i, xs := range [][]float64{written, relayed, delivered, handled, toProducer, fromProducer} {
+		if len(xs) == 0 {
+			continue
+		}
 		r := Row{Bench: "saga", Row: RowHop, Kind: run.Kind, Broker: run.Broker, Hop: Hops[i], Sagas: run.Sagas,
 			P50: stats.Percentile(xs, 50), P99: stats.Percentile(xs, 99), Max: stats.Percentile(xs, 100)}
 		if r.P50 > 0 {
