@@ -84,6 +84,7 @@ Each drain and latency row names the broker it ran on.`,
 	addBenchBrokerFlags(cmd)
 	cmd.Flags().Int("rate", 200, "events/s for the latency run")
 	cmd.Flags().Duration("latency-duration", 5*time.Second, "length of each latency run")
+	cmd.Flags().Bool("no-forwarders", false, "latency: run the relay alone, without Watermill's forwarder beside it")
 	cmd.Flags().StringSlice("sections", []string{"write", "drain", "claim", "latency"}, "which parts to run: write, drain, claim, latency, retention")
 	return cmd
 }
@@ -100,6 +101,7 @@ func benchOutboxConfig(cmd *cobra.Command) (outboxbench.Config, error) {
 	published, _ := f.GetInt("published-rows")
 	rate, _ := f.GetInt("rate")
 	latDur, _ := f.GetDuration("latency-duration")
+	noFwd, _ := f.GetBool("no-forwarders")
 	sections, _ := f.GetStringSlice("sections")
 	asJSON, _ := f.GetBool("json")
 	if rounds < 1 || writes < 1 || backlog < 1 || rate < 1 || published < 0 || aggregates < 1 {
@@ -118,7 +120,7 @@ func benchOutboxConfig(cmd *cobra.Command) (outboxbench.Config, error) {
 		return outboxbench.Config{}, fmt.Errorf("bench outbox: %w", err)
 	}
 	return outboxbench.Config{Drivers: drivers, Rounds: rounds, Writes: writes, Backlog: backlog, Aggregates: aggregates, HotPercent: hot, Relays: relays,
-		PublishedRows: published, Rate: rate, LatencyDuration: latDur, Sections: sections, Group: sinkGroup,
+		PublishedRows: published, Rate: rate, LatencyDuration: latDur, NoForwarders: noFwd, Sections: sections, Group: sinkGroup,
 		Out: cmd.OutOrStdout(), JSON: asJSON}, nil
 }
 

@@ -48,6 +48,9 @@ func (b *bench) benchLatency(ctx context.Context, kind string, t *transport.Tran
 			return b.forwarderLatency(ctx, t, round, 10*time.Millisecond)
 		}},
 	}
+	if b.NoForwarders {
+		variants = variants[:1]
+	}
 	var horizon *horizonSampler
 	var (
 		latePs  []float64 // per relay run: p99 oversleep of a 1 ms sleep
@@ -87,7 +90,10 @@ func (b *bench) benchLatency(ctx context.Context, kind string, t *transport.Tran
 	if kind == "sql" {
 		consumer = fmt.Sprintf(" (consumer woken by NOTIFY, polls every %s as fallback)", SQLConsumerPoll)
 	}
-	fwd := median(variants[2].p99s) // the forwarder at a 10 ms poll
+	var fwd float64
+	if len(variants) > 2 {
+		fwd = median(variants[2].p99s) // the forwarder at a 10 ms poll
+	}
 	for i, v := range variants {
 		b.emit(Row{Case: "latency " + kind, Variant: fmt.Sprintf("%s: commit to consumer p50 at %d/s%s", v.name, b.Rate, consumer), Value: median(v.p50s), Unit: "ms", Runs: v.p50s})
 		row := Row{Case: "latency " + kind, Variant: fmt.Sprintf("%s: commit to consumer p99 at %d/s%s", v.name, b.Rate, consumer), Value: median(v.p99s), Unit: "ms", Runs: v.p99s}

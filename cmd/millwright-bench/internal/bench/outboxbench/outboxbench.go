@@ -66,6 +66,10 @@ type Config struct {
 	// Rate (events/s) and LatencyDuration shape each latency run.
 	Rate            int
 	LatencyDuration time.Duration
+	// NoForwarders leaves Watermill's forwarder out of the latency
+	// section: the relay alone (at 2,000 events/s a forwarder run at
+	// its 1 s poll lasts minutes, as its backlog drains).
+	NoForwarders bool
 	// Sections to run (SectionWrite, ...).
 	Sections []string
 	// Drivers the write section runs on, in order: DriverPQ (lib/pq
