@@ -831,8 +831,8 @@ func runKind(ctx context.Context, cfg Config, kind transport.Kind, driver, shape
 		// The relay gets a producer of its own, as in a service whose
 		// participants run elsewhere: Sarama's producer sends one request
 		// at a time per broker (Net.MaxOpenRequests 1, for order under
-		// retries), and shared with every participant's reply it queued
-		// the relay's publishes behind theirs (see the hop split).
+		// retries), and a shared one would queue the relay's publishes
+		// behind every participant's reply.
 		rtr, err := transport.Open(ctx, tcfg)
 		if err != nil {
 			return res, nil, err
