@@ -133,6 +133,11 @@ type ReplayOneOptions struct {
 	// superseded (by the copy's event id) and is never replayed again.
 	// Only a dead row can be edited (Force does not apply).
 	Edit *Edit
+
+	// bulk, when not 0, is the bulk action (RunBulk) this replay is part
+	// of: its one audit row records the filter and the count, so the
+	// replay writes none of its own.
+	bulk int64
 }
 
 // ReplayTx replays dead letter id through the outbox, in tx: it locks the
@@ -213,6 +218,9 @@ func ReplayTx(ctx context.Context, tx postgres.Tx, id int64, opts ReplayOneOptio
 	entry := opts.By.Entry(command, args, 1)
 	if opts.Edit != nil {
 		entry.Change = EditChange(d, *opts.Edit)
+	}
+	if opts.bulk != 0 {
+		return item, nil
 	}
 	if _, err := audit.RecordTx(ctx, tx, entry); err != nil {
 		return ReplayItem{}, fmt.Errorf("dlq: auditing the replay of dead letter %d: %w", id, err)
