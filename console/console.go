@@ -187,6 +187,7 @@ func (h *Handler) routes() {
 	h.page("GET /outbox", h.outbox)
 	h.page("POST /outbox/retry-failed", h.retryFailed)
 	h.page("GET /audit", h.auditPage)
+	h.bulkRoutes() // bulk.go
 }
 
 // ServeHTTP serves the console: security headers on every answer, then

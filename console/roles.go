@@ -101,10 +101,9 @@ var routeRoles = map[string]Role{
 	"POST /dead-letters/{id}/edit": RoleAdmin,
 	"POST /sagas/{id}/resolve":     RoleAdmin,
 	// Bulk actions: each route needs the role of its action.
-	"POST /dead-letters/bulk/replay":      RoleOperator,
-	"POST /dead-letters/bulk/discard":     RoleAdmin,
-	"POST /dead-letters/bulk/edit":        RoleAdmin,
-	"POST /dead-letters/bulk/{id}/resume": RoleOperator, // and the job's own action's role (bulk.go)
+	"POST /dead-letters/bulk/replay":  RoleOperator,
+	"POST /dead-letters/bulk/discard": RoleAdmin,
+	"POST /bulk/{id}/resume":          RoleOperator, // and the job's own action's role (bulk.go)
 }
 
 // Route is one route of the console and the role it needs.
