@@ -53,6 +53,12 @@ type Entry struct {
 	// Error is the command's error when it failed, possibly after changing
 	// Affected rows; empty on success.
 	Error string
+	// Change is what the action changed in a message, for the actions
+	// that change one (dlq.ReplayTx with an Edit: the console's edit and
+	// replay): a line diff, each line starting with "  " (kept), "- "
+	// (removed) or "+ " (added), secrets masked. Empty for the others.
+	// Stored as given (audit migration 002).
+	Change string
 }
 
 // ErrNotMigrated is returned by Ready and Record when millwright_audit does
@@ -108,7 +114,7 @@ func record(ctx context.Context, q storage.Querier, e Entry) (int64, error) {
 	}
 	id, err := storage.InsertAudit(ctx, q, storage.AuditRow{
 		User: e.User, Host: e.Host, Command: e.Command, Args: e.Args, DryRun: e.DryRun,
-		Confirmed: e.Confirmed, Affected: e.Affected, Error: e.Error,
+		Confirmed: e.Confirmed, Affected: e.Affected, Error: e.Error, Change: e.Change,
 	})
 	if storage.Code(err) == "42P01" { // undefined_table
 		return 0, ErrNotMigrated
@@ -136,7 +142,7 @@ func List(ctx context.Context, db postgres.Handle, limit int) ([]Entry, error) {
 	}
 	for i, r := range rows {
 		out[i] = Entry{ID: r.ID, At: r.At, User: r.User, Host: r.Host, Command: r.Command, Args: r.Args,
-			DryRun: r.DryRun, Confirmed: r.Confirmed, Affected: r.Affected, Error: r.Error}
+			DryRun: r.DryRun, Confirmed: r.Confirmed, Affected: r.Affected, Error: r.Error, Change: r.Change}
 	}
 	return out, nil
 }

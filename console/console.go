@@ -9,6 +9,7 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"path"
 	"slices"
 	"strings"
 	"time"
@@ -37,15 +38,35 @@ type Config struct {
 	// request's context with WithActor and passes ContextActor. Must be
 	// safe for concurrent use.
 	Authenticate func(w http.ResponseWriter, r *http.Request) (actor string, ok bool)
+	// Identify is Authenticate with the operator's role: it returns the
+	// operator's name and Role, or ok false after writing the response
+	// itself. Set Identify or Authenticate, not both (ContextIdentity
+	// reads WithActor and WithRole). Must be safe for concurrent use.
+	Identify func(w http.ResponseWriter, r *http.Request) (id Identity, ok bool)
+	// DefaultRole is the role of an operator the hook gives none
+	// (Authenticate, which has no role, unless the host's middleware
+	// called WithRole; an Identity with an empty Role). Default
+	// RoleAdmin, so that a host that set Authenticate before roles
+	// existed keeps every action; set RoleViewer to make every action
+	// something the hook grants.
+	DefaultRole Role
+	// NeverEdit lists topics whose dead letters are never edited, by any
+	// role (replayed unchanged only): path.Match patterns, e.g.
+	// "payments.*". Default nil: every topic is editable by admins.
+	NeverEdit []string
 	// BasePath is the path the handler is mounted at, e.g. "/console"
 	// (links and the CSRF cookie are under it); the handler strips it.
 	// Default "": the root.
 	BasePath string
-	// Schemas limits the schemas offered to these names. Default nil:
-	// every schema of the database that holds a millwright table. A name
-	// given here is offered only while the database has such a table in
-	// it.
+	// Schemas are the schemas offered, in this order (the first is the
+	// default). Default nil: the pool's current schema only (the first
+	// of its search_path). A name given here is offered only while the
+	// database has millwright tables in it. The console never lists the
+	// database's other schemas (another team's data) unless AllSchemas.
 	Schemas []string
+	// AllSchemas offers every schema of the database that holds a
+	// millwright table, Schemas or not. Default false.
+	AllSchemas bool
 	// SagaDiagrams maps a saga type to its Mermaid diagram
 	// (saga.Definition.Mermaid()), shown on the type's sagas. Default
 	// nil: no diagrams.
@@ -85,13 +106,27 @@ func (c *Config) setDefaults() error {
 	if c.now == nil {
 		c.now = time.Now
 	}
+	if c.DefaultRole == "" {
+		c.DefaultRole = RoleAdmin
+	}
 	return nil
 }
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
-	if c.Authenticate == nil {
-		return errors.New("console: Config.Authenticate is nil: pass the host's authentication (or ContextActor behind the host's auth middleware); the console has no anonymous mode")
+	if c.Authenticate == nil && c.Identify == nil {
+		return errors.New("console: Config.Authenticate is nil: pass the host's authentication (or ContextActor behind the host's auth middleware; Config.Identify to give roles too); the console has no anonymous mode")
+	}
+	if c.Authenticate != nil && c.Identify != nil {
+		return errors.New("console: Config.Authenticate and Config.Identify are both set: pass one (Identify returns the role too)")
+	}
+	if err := c.DefaultRole.Valid(); err != nil {
+		return fmt.Errorf("%w (Config.DefaultRole)", err)
+	}
+	for _, p := range c.NeverEdit {
+		if _, err := path.Match(p, ""); err != nil || p == "" {
+			return fmt.Errorf("console: Config.NeverEdit %q: want a topic or a path.Match pattern such as payments.*", p)
+		}
 	}
 	if c.BasePath != "" && !strings.HasPrefix(c.BasePath, "/") {
 		return fmt.Errorf("console: Config.BasePath %q: want a path starting with /, e.g. /console", c.BasePath)
@@ -116,6 +151,8 @@ type Handler struct {
 	cfg  Config
 	mux  *http.ServeMux
 	tmpl *template.Template
+	// patterns are the routes registered by page, for Routes.
+	patterns []string
 }
 
 // New returns the console on db, a *sql.DB or *pgxpool.Pool of the
@@ -161,6 +198,7 @@ func (h *Handler) routes() {
 	h.page("GET /parked", h.parked)
 	h.page("GET /parked/key", h.parkedKey)
 	h.page("POST /parked/action", h.parkedAction)
+	h.bulkRoutes() // bulk.go
 }
 
 // ServeHTTP serves the console: security headers on every answer, then
@@ -188,15 +226,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.mux.ServeHTTP(w, r)
 		return
 	}
-	actor, ok := h.cfg.Authenticate(w, r)
+	id, ok := h.identify(w, r)
 	if !ok {
 		return
 	}
-	if strings.TrimSpace(actor) == "" {
+	if strings.TrimSpace(id.Name) == "" {
 		http.Error(w, "console: the authentication hook returned an empty operator name", http.StatusInternalServerError)
 		return
 	}
-	r = r.WithContext(context.WithValue(r.Context(), actorKey{}, actor))
+	if err := id.Role.Valid(); err != nil {
+		h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("the authentication hook returned operator %q with an invalid role: %w", id.Name, err))
+		return
+	}
+	r = r.WithContext(WithRole(context.WithValue(r.Context(), actorKey{}, id.Name), id.Role))
+	// The role is checked on the server for every route, before anything
+	// else: a page that hid the button is not the defence.
+	if err := h.checkRole(r); err != nil {
+		h.fail(w, r, http.StatusForbidden, err)
+		return
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		if err := h.checkPost(w, r); err != nil {
 			h.fail(w, r, http.StatusForbidden, err)
@@ -211,6 +259,7 @@ type req struct {
 	*http.Request
 	w       http.ResponseWriter
 	actor   string
+	role    Role
 	schema  string
 	schemas []string
 }
@@ -235,6 +284,7 @@ func notFound(format string, args ...any) error {
 }
 
 func (h *Handler) page(pattern string, f pageFunc) {
+	h.patterns = append(h.patterns, pattern)
 	h.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		if h.cfg.RequestTimeout > 0 {
@@ -249,7 +299,7 @@ func (h *Handler) page(pattern string, f pageFunc) {
 				return
 			}
 		}
-		q := &req{Request: r, w: w, actor: actorOf(r)}
+		q := &req{Request: r, w: w, actor: actorOf(r), role: roleOf(r)}
 		schema, schemas, err := h.selectSchema(ctx, r.FormValue("schema"))
 		if err == nil {
 			q.schema, q.schemas = schema, schemas
@@ -277,12 +327,13 @@ func (h *Handler) selectSchema(ctx context.Context, want string) (string, []stri
 	if err != nil {
 		return "", nil, err
 	}
-	if h.cfg.Schemas != nil {
-		found = slices.DeleteFunc(found, func(s string) bool { return !slices.Contains(h.cfg.Schemas, s) })
+	found, err = h.scope(ctx, found)
+	if err != nil {
+		return "", nil, err
 	}
 	if len(found) == 0 {
 		return "", nil, &httpError{status: http.StatusServiceUnavailable,
-			msg: "no schema of this database holds millwright tables (run `millwright migrate`), or none of Config.Schemas does"}
+			msg: "no schema the console is configured with holds millwright tables: run `millwright migrate`, or name the schemas (Config.Schemas, `millwright console --schema`; Config.AllSchemas, --all-schemas, for every schema of the database)"}
 	}
 	if want != "" {
 		if !slices.Contains(found, want) {
@@ -290,14 +341,7 @@ func (h *Handler) selectSchema(ctx context.Context, want string) (string, []stri
 		}
 		return want, found, nil
 	}
-	if h.cfg.Schemas != nil {
-		for _, s := range h.cfg.Schemas {
-			if slices.Contains(found, s) {
-				return s, found, nil
-			}
-		}
-	}
-	if current, err := migrate.CurrentSchema(ctx, h.db); err == nil && slices.Contains(found, current) {
+	if current, err := migrate.CurrentSchema(ctx, h.db); h.cfg.Schemas == nil && err == nil && slices.Contains(found, current) {
 		return current, found, nil
 	}
 	return found[0], found, nil

@@ -216,6 +216,9 @@ func (h *Handler) editForm(ctx context.Context, q *req) error {
 	if err != nil {
 		return err
 	}
+	if err := h.editable(row.OriginalTopic); err != nil {
+		return err
+	}
 	lv := newLetterView(row)
 	d := editData{Letter: lv, Encoding: "text", Text: lv.Payload.Text, Metadata: metadataText(lv.metadata)}
 	if lv.Payload.Kind == "binary" {
@@ -251,6 +254,9 @@ func (h *Handler) edit(ctx context.Context, q *req) error {
 	}
 	row, err := h.loadLetter(ctx, q, id)
 	if err != nil {
+		return err
+	}
+	if err := h.editable(row.OriginalTopic); err != nil {
 		return err
 	}
 	lv := newLetterView(row)

@@ -58,7 +58,22 @@
 //     and passwords are never shown: errors, stacks and metadata values
 //     have URL passwords and secret-named parameters masked, metadata keys
 //     named like a secret show a mask.
-//   - The schema comes from a selector listing the schemas that hold
-//     millwright tables; any other name is refused, and the chosen one
-//     reaches SQL only as an argument of set_config.
+//   - The schema comes from a selector listing the schemas the console is
+//     configured with (Config.Schemas, else the pool's current schema;
+//     Config.AllSchemas for every schema holding millwright tables); any
+//     other name is refused, and the chosen one reaches SQL only as an
+//     argument of set_config.
+//   - Roles (Role): a viewer reads, an operator also replays (one, a
+//     selection, in bulk) and retries failed outbox rows, an admin also
+//     edits and replays, discards and resolves sagas. Every route's role
+//     (Handler.Routes) is checked on the server before anything else, a
+//     refusal is a 403 naming the role needed, and a POST route without a
+//     declared role needs admin; Config.NeverEdit topics are never
+//     edited, by any role.
+//   - Bulk actions over the dead letters page's filter run in batches,
+//     each its own transaction through dlq.BulkBatchTx (dlq.ReplayTx for
+//     each dead letter) that advances the job's cursor: an interrupted job
+//     resumes after its last committed batch and handles nothing twice;
+//     one audit row records the filter and the count. An edit's audit row
+//     carries its diff (dlq.EditChange), secrets masked.
 package console

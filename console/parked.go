@@ -230,6 +230,12 @@ func (h *Handler) parkedAction(ctx context.Context, q *req) error {
 	if !ok {
 		return badRequest("action %q: want retry, release or skip", op)
 	}
+	// Retry and release resume the key's own messages (an operator's);
+	// skip dead-letters its head and goes on without it (an admin's, as
+	// discarding is).
+	if need := parkedNeed(op); !q.role.Allows(need) {
+		return &httpError{status: http.StatusForbidden, msg: fmt.Sprintf("refused: %s of a parked key needs the %s role; %s is %s", op, need, q.actor, article(q.role))}
+	}
 	k, err := formKey(q)
 	if err != nil {
 		return err
@@ -353,4 +359,12 @@ type letterParked struct {
 	Key          parkedKeyView
 	ID           int64
 	URL, HeadURL string
+}
+
+// parkedNeed is the role parked-key action op needs.
+func parkedNeed(op string) Role {
+	if op == "skip" {
+		return RoleAdmin
+	}
+	return RoleOperator
 }

@@ -29,7 +29,10 @@ type view struct {
 	Status  int
 	Notice  string
 	Data    any
-	now     time.Time
+	// Role is the operator's (Can, CanEdit).
+	Role      Role
+	neverEdit func(topic string) error
+	now       time.Time
 }
 
 // URL returns the console's path with the schema and the key/value pairs
@@ -106,6 +109,7 @@ func (h *Handler) render(q *req, name string, v *view) error {
 	v.Base, v.Schema, v.Schemas, v.Actor = h.cfg.BasePath, q.schema, q.schemas, q.actor
 	v.CSRF = h.csrfToken(q.w, q.Request)
 	v.now = h.cfg.now()
+	v.Role, v.neverEdit = q.role, h.editable
 	var buf bytes.Buffer
 	if err := h.tmpl.ExecuteTemplate(&buf, name, v); err != nil {
 		return fmt.Errorf("rendering %s: %w", name, err)

@@ -133,6 +133,11 @@ type ReplayOneOptions struct {
 	// superseded (by the copy's event id) and is never replayed again.
 	// Only a dead row can be edited (Force does not apply).
 	Edit *Edit
+
+	// bulk, when not 0, is the bulk action (RunBulk) this replay is part
+	// of: its one audit row records the filter and the count, so the
+	// replay writes none of its own.
+	bulk int64
 }
 
 // ReplayTx replays dead letter id through the outbox, in tx: it locks the
@@ -141,7 +146,8 @@ type ReplayOneOptions struct {
 // metadata.EventID or else the message UUID, its payload and metadata, or
 // the Edit's), moves the
 // row out of the dead state (replayed, or superseded for an edit) and
-// writes its audit row (ReplayCommand or EditReplayCommand, by opts.By),
+// writes its audit row (ReplayCommand or EditReplayCommand, by opts.By;
+// an edit's row carries EditChange, the diff with secrets masked),
 // all in tx: committed, the relay publishes the message exactly once;
 // rolled back, nothing happened. It is the one replay: Replay (the CLI's
 // `millwright dlq replay`) and the operator console call it.
@@ -209,7 +215,14 @@ func ReplayTx(ctx context.Context, tx postgres.Tx, id int64, opts ReplayOneOptio
 	if err := outbox.Add(ctx, tx, ev); err != nil {
 		return ReplayItem{}, fmt.Errorf("dlq: queueing dead letter %d through the outbox (run `millwright migrate` for the outbox tables if they are missing; nothing was changed): %w", id, err)
 	}
-	if _, err := audit.RecordTx(ctx, tx, opts.By.Entry(command, args, 1)); err != nil {
+	entry := opts.By.Entry(command, args, 1)
+	if opts.Edit != nil {
+		entry.Change = EditChange(d, *opts.Edit)
+	}
+	if opts.bulk != 0 {
+		return item, nil
+	}
+	if _, err := audit.RecordTx(ctx, tx, entry); err != nil {
 		return ReplayItem{}, fmt.Errorf("dlq: auditing the replay of dead letter %d: %w", id, err)
 	}
 	return item, nil

@@ -375,13 +375,16 @@ type Filter struct {
 
 	// afterID selects rows with a larger id: Replay's keyset paging.
 	afterID int64
+	// maxID, when not 0, selects rows with an id up to it: a bulk
+	// action's bound.
+	maxID int64
 }
 
 // selection is f as the storage layer reads it.
 func (f Filter) selection() storage.DeadLetterFilter {
 	return storage.DeadLetterFilter{
 		IDs: f.IDs, Topic: f.Topic, Since: f.Since, Until: f.Until, ErrorType: f.ErrorType, ErrorContains: f.ErrorContains,
-		Pending: f.Pending, AfterID: f.afterID, Limit: f.Limit, Fingerprint: f.Fingerprint,
+		Pending: f.Pending, AfterID: f.afterID, MaxID: f.maxID, Limit: f.Limit, Fingerprint: f.Fingerprint,
 	}
 }
 

@@ -54,7 +54,22 @@ browser, basic auth with any user name (recorded in the audit table) and
 the token as password; --basic-auth-file takes lines "user:bcrypt-hash"
 (htpasswd -nbB user password). Without either, only a loopback address is
 accepted, requests must name a loopback host (no DNS rebinding), and
-actions are recorded as the OS user running the console.`,
+actions are recorded as the OS user running the console.
+
+Roles: viewer (reads only), operator (also replays dead letters, one, a
+selection or in bulk, and retries failed outbox rows), admin (also edits
+and replays, discards dead letters, resolves stuck sagas). --token takes a
+comma-separated list of ROLE:TOKEN entries (a bare TOKEN is admin):
+  --token viewer:s3cr3t-v,operator:s3cr3t-o,admin:s3cr3t-a
+and --basic-auth-file lines take the role as a third field (none: admin):
+  erin:$2y$05$...:operator
+A refused action answers 403 naming the role it needs. --never-edit
+PATTERN (repeatable, path.Match syntax: payments.*) makes a topic's dead
+letters never editable, by any role.
+
+Schemas: the console shows --schema ($` + envSchema + `, else the database
+URL's search_path) only; --all-schemas offers every schema of the
+database holding millwright tables.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runConsole(cmd, consoleReady)
@@ -65,6 +80,8 @@ actions are recorded as the OS user running the console.`,
 	f.String("token", "", "bearer token required of every request (default $"+envConsoleToken+")")
 	f.String("basic-auth-file", "", "file of user:bcrypt-hash lines (htpasswd -nbB); the user name is recorded in the audit table")
 	f.String("base-path", "", "path prefix to serve under, e.g. /console, behind a reverse proxy")
+	f.StringArray("never-edit", nil, "topic (or path.Match pattern, e.g. payments.*) whose dead letters no role may edit; repeatable")
+	f.Bool("all-schemas", false, "offer every schema of the database holding millwright tables (default: only --schema)")
 	addDatabaseFlag(cmd)
 	return cmd
 }
@@ -89,7 +106,17 @@ func runConsole(cmd *cobra.Command, ready chan<- string) error {
 		return err
 	}
 	defer pool.Close()
-	cfg := console.Config{Authenticate: auth, BasePath: basePath, Logger: redact.Logger(watermill.NewStdLoggerWithOut(cmd.ErrOrStderr(), false, false))}
+	neverEdit, _ := fl.GetStringArray("never-edit")
+	allSchemas, _ := fl.GetBool("all-schemas")
+	schema, err := schemaOf(cmd)
+	if err != nil {
+		return err
+	}
+	cfg := console.Config{Identify: auth, BasePath: basePath, NeverEdit: neverEdit, AllSchemas: allSchemas,
+		Logger: redact.Logger(watermill.NewStdLoggerWithOut(cmd.ErrOrStderr(), false, false))}
+	if schema != "" {
+		cfg.Schemas = []string{schema}
+	}
 	h, err := console.New(pool.handle(), cfg)
 	if err != nil {
 		return fmt.Errorf("millwright console: %w", err)
@@ -121,12 +148,20 @@ func runConsole(cmd *cobra.Command, ready chan<- string) error {
 
 // consoleAuth returns the authentication of --token or --basic-auth-file,
 // or none on a loopback address (the OS user acts).
-func consoleAuth(listen, token, authFile string) (func(http.ResponseWriter, *http.Request) (string, bool), string, error) {
+func consoleAuth(listen, token, authFile string) (identify, string, error) {
 	switch {
 	case token != "" && authFile != "":
 		return nil, "", errors.New("--token and --basic-auth-file: pass one of them")
 	case token != "":
-		return tokenAuth(token), "token", nil
+		tokens, err := parseTokens(token)
+		if err != nil {
+			return nil, "", err
+		}
+		how := "token"
+		if len(tokens) > 1 {
+			how = fmt.Sprintf("%d tokens", len(tokens))
+		}
+		return tokenAuth(tokens), how, nil
 	case authFile != "":
 		users, err := readBasicAuthFile(authFile)
 		if err != nil {
@@ -138,7 +173,48 @@ func consoleAuth(listen, token, authFile string) (func(http.ResponseWriter, *htt
 		return nil, "", fmt.Errorf("--listen %s is not a loopback address, and the console changes data: pass --token (or $%s) or --basic-auth-file, or listen on 127.0.0.1", listen, envConsoleToken)
 	}
 	user := audit.CurrentUser()
-	return func(http.ResponseWriter, *http.Request) (string, bool) { return user, true }, "none (loopback only; actions recorded as " + user + ")", nil
+	return func(http.ResponseWriter, *http.Request) (console.Identity, bool) {
+		return console.Identity{Name: user, Role: console.RoleAdmin}, true
+	}, "none (loopback only; actions recorded as " + user + ", an admin)", nil
+}
+
+// identify is a console.Config.Identify.
+type identify = func(http.ResponseWriter, *http.Request) (console.Identity, bool)
+
+// consoleToken is one --token entry: the token and its role.
+type consoleToken struct {
+	token []byte
+	role  console.Role
+	// named: the entry gave its role (the bearer operator is named by it).
+	named bool
+}
+
+// parseTokens reads --token: comma-separated TOKEN or ROLE:TOKEN entries;
+// a bare TOKEN is an admin (as before roles).
+func parseTokens(list string) ([]consoleToken, error) {
+	var out []consoleToken
+	for i, e := range strings.Split(list, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			return nil, fmt.Errorf("--token entry %d is empty: want TOKEN or ROLE:TOKEN entries separated by commas", i+1)
+		}
+		t := consoleToken{token: []byte(e), role: console.RoleAdmin}
+		if prefix, rest, ok := strings.Cut(e, ":"); ok {
+			if role, err := console.ParseRole(prefix); err == nil {
+				if rest == "" {
+					return nil, fmt.Errorf("--token entry %d (%s:) has no token after the role", i+1, prefix)
+				}
+				t = consoleToken{token: []byte(rest), role: role, named: true}
+			}
+		}
+		for _, o := range out {
+			if subtle.ConstantTimeCompare(o.token, t.token) == 1 {
+				return nil, fmt.Errorf("--token entry %d repeats an earlier token: give each role its own token", i+1)
+			}
+		}
+		out = append(out, t)
+	}
+	return out, nil
 }
 
 func isLoopback(listen string) bool {
@@ -178,26 +254,48 @@ func unauthorized(w http.ResponseWriter) {
 	http.Error(w, "millwright console: authentication required", http.StatusUnauthorized)
 }
 
-// tokenAuth accepts the bearer token, or basic auth with the token as the
-// password and the user name as the operator.
-func tokenAuth(token string) func(http.ResponseWriter, *http.Request) (string, bool) {
-	want := []byte(token)
-	return func(w http.ResponseWriter, r *http.Request) (string, bool) {
-		if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-			if subtle.ConstantTimeCompare([]byte(bearer), want) == 1 {
-				return "token", true
+// tokenAuth accepts a bearer token of the list, or basic auth with a
+// token as the password and the user name as the operator; the token's
+// entry gives the role.
+func tokenAuth(tokens []consoleToken) identify {
+	match := func(got string) (consoleToken, bool) {
+		var found consoleToken
+		ok := false
+		for _, t := range tokens { // every entry compared: no early exit
+			if subtle.ConstantTimeCompare([]byte(got), t.token) == 1 {
+				found, ok = t, true
 			}
-		} else if user, pass, ok := r.BasicAuth(); ok && user != "" && subtle.ConstantTimeCompare([]byte(pass), want) == 1 {
-			return user, true
+		}
+		return found, ok
+	}
+	return func(w http.ResponseWriter, r *http.Request) (console.Identity, bool) {
+		if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			if t, ok := match(bearer); ok {
+				name := "token"
+				if t.named {
+					name = string(t.role) + " token"
+				}
+				return console.Identity{Name: name, Role: t.role}, true
+			}
+		} else if user, pass, ok := r.BasicAuth(); ok && user != "" {
+			if t, ok := match(pass); ok {
+				return console.Identity{Name: user, Role: t.role}, true
+			}
 		}
 		unauthorized(w)
-		return "", false
+		return console.Identity{}, false
 	}
 }
 
-// readBasicAuthFile reads user:bcrypt-hash lines; blank lines and lines
-// starting with # are skipped.
-func readBasicAuthFile(path string) (map[string][]byte, error) {
+// basicUser is one --basic-auth-file line.
+type basicUser struct {
+	hash []byte
+	role console.Role
+}
+
+// readBasicAuthFile reads user:bcrypt-hash[:role] lines (no role: admin);
+// blank lines and lines starting with # are skipped.
+func readBasicAuthFile(path string) (map[string]basicUser, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("--basic-auth-file: %w", err)
@@ -206,8 +304,8 @@ func readBasicAuthFile(path string) (map[string][]byte, error) {
 	return parseBasicAuth(f, path)
 }
 
-func parseBasicAuth(r io.Reader, path string) (map[string][]byte, error) {
-	users := map[string][]byte{}
+func parseBasicAuth(r io.Reader, path string) (map[string]basicUser, error) {
+	users := map[string]basicUser{}
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -216,12 +314,21 @@ func parseBasicAuth(r io.Reader, path string) (map[string][]byte, error) {
 		}
 		user, hash, ok := strings.Cut(line, ":")
 		if !ok || user == "" {
-			return nil, fmt.Errorf("--basic-auth-file %s line %d: want user:bcrypt-hash (htpasswd -nbB user password)", path, n)
+			return nil, fmt.Errorf("--basic-auth-file %s line %d: want user:bcrypt-hash[:role] (htpasswd -nbB user password; role viewer, operator or admin)", path, n)
+		}
+		role := console.RoleAdmin
+		// A bcrypt hash has no colon: a third field is the role.
+		if h, r, ok := strings.Cut(hash, ":"); ok {
+			var err error
+			if role, err = console.ParseRole(r); err != nil {
+				return nil, fmt.Errorf("--basic-auth-file %s line %d (user %q): %v", path, n, user, err)
+			}
+			hash = h
 		}
 		if _, err := bcrypt.Cost([]byte(hash)); err != nil {
 			return nil, fmt.Errorf("--basic-auth-file %s line %d (user %q): the password is not a bcrypt hash (make one with htpasswd -nbB user password): %v", path, n, user, err)
 		}
-		users[user] = []byte(hash)
+		users[user] = basicUser{hash: []byte(hash), role: role}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("--basic-auth-file %s: %w", path, err)
@@ -232,13 +339,13 @@ func parseBasicAuth(r io.Reader, path string) (map[string][]byte, error) {
 	return users, nil
 }
 
-func basicAuthOf(users map[string][]byte) func(http.ResponseWriter, *http.Request) (string, bool) {
-	return func(w http.ResponseWriter, r *http.Request) (string, bool) {
+func basicAuthOf(users map[string]basicUser) identify {
+	return func(w http.ResponseWriter, r *http.Request) (console.Identity, bool) {
 		user, pass, ok := r.BasicAuth()
-		if hash, known := users[user]; ok && known && bcrypt.CompareHashAndPassword(hash, []byte(pass)) == nil {
-			return user, true
+		if u, known := users[user]; ok && known && bcrypt.CompareHashAndPassword(u.hash, []byte(pass)) == nil {
+			return console.Identity{Name: user, Role: u.role}, true
 		}
 		unauthorized(w)
-		return "", false
+		return console.Identity{}, false
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/millwright/millwright/console"
 	"github.com/millwright/millwright/internal/poll"
 	"github.com/millwright/millwright/internal/testing/pgtest"
 	"github.com/millwright/millwright/migrations"
@@ -153,7 +154,7 @@ func TestBasicAuthFile(t *testing.T) {
 		actor, ok := auth(rec, req)
 		require.Equal(t, c.ok, ok, c)
 		if ok {
-			require.Equal(t, c.user, actor)
+			require.Equal(t, console.Identity{Name: c.user, Role: console.RoleAdmin}, actor)
 		} else {
 			require.Equal(t, http.StatusUnauthorized, rec.code)
 			require.Contains(t, rec.h.Get("WWW-Authenticate"), "Basic")

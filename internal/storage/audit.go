@@ -23,13 +23,15 @@ type AuditRow struct {
 	Affected  int64
 	// Error is "" for none (stored as NULL).
 	Error string
+	// Change is "" for none (stored as NULL; audit migration 002).
+	Change string
 }
 
 const (
 	auditExistsSQL = `SELECT to_regclass('millwright_audit')::text`
-	insertAuditSQL = `INSERT INTO millwright_audit (os_user, hostname, command, args, dry_run, confirmed, affected, error)
-VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, '')) RETURNING id`
-	listAuditSQL = `SELECT id, at, os_user, hostname, command, args, dry_run, confirmed, affected, COALESCE(error, '')
+	insertAuditSQL = `INSERT INTO millwright_audit (os_user, hostname, command, args, dry_run, confirmed, affected, error, change)
+VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), NULLIF($9, '')) RETURNING id`
+	listAuditSQL = `SELECT id, at, os_user, hostname, command, args, dry_run, confirmed, affected, COALESCE(error, ''), COALESCE(change, '')
 FROM millwright_audit ORDER BY id DESC`
 )
 
@@ -51,7 +53,7 @@ func InsertAudit(ctx context.Context, q Querier, r AuditRow) (int64, error) {
 	}
 	var id int64
 	err := q.QueryRow(ctx, Statement{SQL: insertAuditSQL, Args: []any{
-		r.User, r.Host, r.Command, args, r.DryRun, r.Confirmed, r.Affected, r.Error,
+		r.User, r.Host, r.Command, args, r.DryRun, r.Confirmed, r.Affected, r.Error, r.Change,
 	}, Expect: NoExpect, What: "writing to millwright_audit"}, &id)
 	return id, err
 }
@@ -65,7 +67,7 @@ func ListAudit(ctx context.Context, q Querier, limit int) ([]AuditRow, error) {
 	var out []AuditRow
 	err := q.Query(ctx, s, func(r Row) error {
 		var e AuditRow
-		err := r.Scan(&e.ID, &e.At, &e.User, &e.Host, &e.Command, Array(&e.Args), &e.DryRun, &e.Confirmed, &e.Affected, &e.Error)
+		err := r.Scan(&e.ID, &e.At, &e.User, &e.Host, &e.Command, Array(&e.Args), &e.DryRun, &e.Confirmed, &e.Affected, &e.Error, &e.Change)
 		out = append(out, e)
 		return err
 	})

@@ -77,6 +77,9 @@ type DeadLetterFilter struct {
 	Unfingerprinted []Cause
 	// AfterID selects rows with a larger id (keyset paging).
 	AfterID int64
+	// MaxID, when not 0, selects rows with an id up to it (a bulk
+	// action's bound).
+	MaxID int64
 	// Limit caps the rows, by id; 0 is no cap.
 	Limit int
 }
@@ -94,9 +97,9 @@ RETURNING id`
 	// uuidRawColumn is the UUID's bytes, the text's for a row without them.
 	uuidRawColumn     = `COALESCE(message_uuid_raw, convert_to(message_uuid, 'UTF8'))`
 	lockDeadLetterSQL = `SELECT ` + deadLetterColumns + ` FROM millwright_dead_letters
-WHERE id = $1 AND (state = 'dead' OR ($2 AND state <> 'superseded')) FOR UPDATE SKIP LOCKED`
+WHERE id = $1 AND (state = 'dead' OR ($2 AND state NOT IN ('superseded', 'discarded'))) FOR UPDATE SKIP LOCKED`
 	lockDeadLetterWaitSQL = `SELECT ` + deadLetterColumns + ` FROM millwright_dead_letters
-WHERE id = $1 AND (state = 'dead' OR ($2 AND state <> 'superseded')) FOR UPDATE`
+WHERE id = $1 AND (state = 'dead' OR ($2 AND state NOT IN ('superseded', 'discarded'))) FOR UPDATE`
 	deadLetterReplayedSQL = `UPDATE millwright_dead_letters SET replayed_at = now(), replay_count = replay_count + 1, state = 'replayed' WHERE id = $1`
 	deadLetterDepthSQL    = `SELECT original_topic, count(*) FROM millwright_dead_letters WHERE state = 'dead' GROUP BY original_topic`
 )
@@ -199,6 +202,9 @@ func (f DeadLetterFilter) where() (string, []any) {
 		args = append(args, f.Fingerprint, hs, ts, es)
 		conds = append(conds, fmt.Sprintf(`(fingerprint = $%d OR (fingerprint IS NULL AND (handler, error_type, error) IN
     (SELECT * FROM unnest($%d::text[], $%d::text[], $%d::text[]))))`, n+1, n+2, n+3, n+4))
+	}
+	if f.MaxID > 0 {
+		add("id <= ?", f.MaxID)
 	}
 	if f.AfterID > 0 {
 		add("id > ?", f.AfterID)
