@@ -152,6 +152,11 @@ var anyParams = map[string]bool{
 	// The event a waiting step waits for: a value to encode.
 	"saga.Orchestrator.Signal payload":      true,
 	"saga.Orchestrator.SignalEvent payload": true,
+	// The simulator's replies and events: values to encode.
+	"sagatest.Simulator.Reply payload":       true,
+	"sagatest.Simulator.ReplyTo payload":     true,
+	"sagatest.Simulator.Signal payload":      true,
+	"sagatest.Simulator.SignalEvent payload": true,
 }
 
 // TestNoPublicWriteTakesAny: no exported function or method of the

@@ -36,11 +36,14 @@ type metrics struct {
 	watched                             map[[2]string]bool
 	stop                                chan struct{}
 	done                                chan struct{}
-	once                                sync.Once
+	// kick asks the loop for a refresh now: a group just watched has its
+	// series at once, not a metricsInterval later.
+	kick chan struct{}
+	once sync.Once
 }
 
 func newMetrics(t *Transport) *metrics {
-	m := &metrics{t: t, watched: map[[2]string]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
+	m := &metrics{t: t, watched: map[[2]string]bool{}, stop: make(chan struct{}), done: make(chan struct{}), kick: make(chan struct{}, 1)}
 	if t.cfg.Registerer == nil {
 		close(m.done)
 		return m
@@ -64,8 +67,16 @@ func newMetrics(t *Transport) *metrics {
 
 func (m *metrics) watch(topic, group string) {
 	m.mu.Lock()
-	m.watched[[2]string{topic, group}] = true
+	k := [2]string{topic, group}
+	added := !m.watched[k]
+	m.watched[k] = true
 	m.mu.Unlock()
+	if added {
+		select {
+		case m.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (m *metrics) loop() {
@@ -77,6 +88,8 @@ func (m *metrics) loop() {
 		case <-m.stop:
 			return
 		case <-tick.C:
+			m.refresh()
+		case <-m.kick:
 			m.refresh()
 		}
 	}

@@ -33,7 +33,7 @@ import (
 // Metric* constants name exported metrics.
 var Packages = []string{"outbox", "outbox/relay", "outbox/capture", "idempotency", "retry", "dlq", "park", "saga",
 	"transport/sql", "transport/amqp", "transport/googlecloud", "transport/kafka",
-	"transport/lag"}
+	"transport/lag", "transport/nats"}
 
 // Source says where a metric name is defined.
 type Source struct {

@@ -159,6 +159,19 @@ func registries(t *testing.T) map[string]*recorder {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = gcTr.Close() })
 
+	// NATS: a group subscribed to a topic with a message has every series
+	// (the transport reads them when the group is watched).
+	natsCfg := transporttest.Config(t, transport.NATS)
+	natsCfg.NATS.Registerer = reg("transport/nats")
+	natsTr, err := transport.Open(ctx, natsCfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = natsTr.Close() })
+	natsTopic := "lint_nats_" + strings.ReplaceAll(schema.Name, ".", "_")
+	require.NoError(t, natsTr.Publisher().Publish(natsTopic, message.NewMessage(watermill.NewUUID(), []byte("{}"))))
+	natsSub, err := natsTr.Subscriber("lint")
+	require.NoError(t, err)
+	require.NoError(t, natsSub.(message.SubscribeInitializer).SubscribeInitialize(natsTopic))
+
 	// Consumer lag, from a reader of fixed rows: every series it exports.
 	reg("transport/lag").MustRegister(lag.NewCollector(fixedLag{{Transport: "kafka", Group: "g", Topic: "t", Partition: 0,
 		Committed: 1, End: 2, Lag: 1, Unacked: 0, Keyed: true, KeysInFlight: 1, Waiting: 0}}, lag.CollectorConfig{}))
