@@ -172,56 +172,8 @@ func metadataView(md map[string]string) (ce, trace, other []kv) {
 }
 
 // diffLine is one line of a diff: Op is " ", "-" or "+".
-type diffLine struct{ Op, Text string }
+type diffLine = dlq.DiffLine
 
-// lineDiff is the line diff of a and b (longest common subsequence; the
-// payloads an operator edits are small, and it is bounded below).
-func lineDiff(a, b string) []diffLine {
-	x, y := strings.Split(a, "\n"), strings.Split(b, "\n")
-	if len(x)*len(y) > 4_000_000 {
-		out := make([]diffLine, 0, len(x)+len(y))
-		for _, l := range x {
-			out = append(out, diffLine{"-", l})
-		}
-		for _, l := range y {
-			out = append(out, diffLine{"+", l})
-		}
-		return out
-	}
-	n, m := len(x), len(y)
-	lcs := make([][]int32, n+1)
-	for i := range lcs {
-		lcs[i] = make([]int32, m+1)
-	}
-	for i := n - 1; i >= 0; i-- {
-		for j := m - 1; j >= 0; j-- {
-			if x[i] == y[j] {
-				lcs[i][j] = lcs[i+1][j+1] + 1
-			} else {
-				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
-			}
-		}
-	}
-	var out []diffLine
-	i, j := 0, 0
-	for i < n && j < m {
-		switch {
-		case x[i] == y[j]:
-			out = append(out, diffLine{" ", x[i]})
-			i, j = i+1, j+1
-		case lcs[i+1][j] >= lcs[i][j+1]:
-			out = append(out, diffLine{"-", x[i]})
-			i++
-		default:
-			out = append(out, diffLine{"+", y[j]})
-			j++
-		}
-	}
-	for ; i < n; i++ {
-		out = append(out, diffLine{"-", x[i]})
-	}
-	for ; j < m; j++ {
-		out = append(out, diffLine{"+", y[j]})
-	}
-	return out
-}
+// lineDiff is the line diff of a and b (dlq.LineDiff, the one the audit
+// row of the edit keeps too).
+func lineDiff(a, b string) []diffLine { return dlq.LineDiff(a, b) }

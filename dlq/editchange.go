@@ -11,6 +11,23 @@ import (
 	"github.com/millwright/millwright/internal/redact"
 )
 
+// DiffLine is one line of a line diff: Op is " " (kept), "-" (removed) or
+// "+" (added).
+type DiffLine struct{ Op, Text string }
+
+// LineDiff is the line diff of a and b (longest common subsequence,
+// bounded: past 4,000,000 cells every old line is removed and every new
+// one added): what the console's edit preview shows, and what EditChange
+// keeps in the audit row.
+func LineDiff(a, b string) []DiffLine {
+	d := linediff.Diff(a, b)
+	out := make([]DiffLine, len(d))
+	for i, l := range d {
+		out[i] = DiffLine{Op: string(l.Op), Text: l.Text}
+	}
+	return out
+}
+
 // maxChangeBytes bounds the change an audit row keeps of an edit.
 const maxChangeBytes = 32 << 10
 

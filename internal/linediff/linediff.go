@@ -1,6 +1,7 @@
 // Package linediff is the line diff of two texts (longest common
-// subsequence), for the audit row of an edited replay. The console has
-// its own copy for its pages: it imports no internal package.
+// subsequence), for the audit row of an edited replay and the console's
+// edit preview (through dlq.LineDiff: the console imports no internal
+// package).
 package linediff
 
 import "strings"
